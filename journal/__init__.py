@@ -1,0 +1,79 @@
+"""trainledger's torch-free core: the hash-chained, Ed25519-signed event journal.
+
+Importing this package never imports torch; the ``trainledger`` CLI's
+``keygen``, ``verify``, ``head``, ``show`` and ``demo`` run without it.
+"""
+
+__version__ = "0.1.0"
+
+from .codec import UnknownEvent, decode_line, encode_event, encode_record
+from .errors import (
+    ChainBroken,
+    HeadMismatch,
+    IntegrityError,
+    JournalClosed,
+    JournalError,
+    JournalIOError,
+    JournalLocked,
+    KeyFileError,
+    NonCanonicalRecord,
+    NotClosed,
+    RunMismatch,
+    SchemaError,
+    SealInvalid,
+    SequenceError,
+    UnsignedJournal,
+    UnsupportedFormat,
+    UntrustedKey,
+    UsageError,
+)
+from .events import FORMAT_VERSION, Event, RunClosed, RunOpened, RunResumed, Seal, StepObserved, TailRepaired
+from .keys import PublicKey, Signer, keygen, load_public_key, load_signer, trusted_keys
+from .reader import read_events
+from .verify import VerifyReport, parse_head, verify
+from .writer import Journal
+
+__all__ = [
+    "__version__",
+    "Journal",
+    "verify",
+    "VerifyReport",
+    "parse_head",
+    "read_events",
+    "Signer",
+    "PublicKey",
+    "keygen",
+    "load_signer",
+    "load_public_key",
+    "trusted_keys",
+    "Event",
+    "RunOpened",
+    "Seal",
+    "StepObserved",
+    "RunResumed",
+    "TailRepaired",
+    "RunClosed",
+    "UnknownEvent",
+    "FORMAT_VERSION",
+    "encode_event",
+    "encode_record",
+    "decode_line",
+    "JournalError",
+    "UsageError",
+    "JournalIOError",
+    "KeyFileError",
+    "JournalLocked",
+    "JournalClosed",
+    "UnsupportedFormat",
+    "IntegrityError",
+    "NonCanonicalRecord",
+    "SchemaError",
+    "ChainBroken",
+    "SequenceError",
+    "SealInvalid",
+    "RunMismatch",
+    "UntrustedKey",
+    "UnsignedJournal",
+    "NotClosed",
+    "HeadMismatch",
+]

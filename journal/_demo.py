@@ -1,0 +1,50 @@
+"""The torch-free demo run behind ``trainledger demo``.
+
+It simulates a training loop (a warm-up/cosine learning rate, a loss curve
+that decays toward a floor, noise, one loss spike) and writes it as a signed
+journal exactly as an embedded emitter would. The numbers are simulated and
+the run folder says so in ``run_opened.meta``; the journal is real.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from pathlib import Path
+
+from .errors import UsageError
+from .events import StepObserved
+from .keys import keygen, load_signer
+from .writer import Journal
+
+
+def _lr(step: int, steps: int, peak: float = 3e-4, warmup: int = 100) -> float:
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    frac = (step - warmup) / max(1, steps - warmup)
+    return 0.5 * peak * (1 + math.cos(math.pi * min(1.0, frac)))
+
+
+def run_demo(out: Path, *, steps: int = 2000, seed: int = 0) -> tuple[Path, Path]:
+    """Create ``out`` with a key pair and ``journal.jsonl``; return (journal, public key)."""
+    if (out / "journal.jsonl").exists():
+        raise UsageError(f"{out}/journal.jsonl already exists; choose another --out")
+    priv, pub = keygen(out)
+    signer = load_signer(priv)
+    rng = random.Random(seed)
+    spike_at = int(steps * 0.6)
+    tokens = 8 * 1024
+    meta = {"demo": True, "simulated": "loss, grad norm and step times are simulated, not trained",
+            "steps": steps, "seed": seed}
+    path = out / "journal.jsonl"
+    with Journal.create(path, signer=signer, meta=meta) as j:
+        for step in range(steps):
+            loss = 1.2 + 2.4 * math.exp(-step / (steps / 5)) + rng.gauss(0.0, 0.02)
+            grad_norm = 0.8 + 0.3 * math.exp(-step / (steps / 4)) + abs(rng.gauss(0.0, 0.05))
+            if step == spike_at:
+                loss *= 4.0
+                grad_norm *= 12.0
+            j.append(StepObserved(step=step, loss=loss, grad_norm=grad_norm, lr=_lr(step, steps),
+                                  step_time_s=0.25 + abs(rng.gauss(0.0, 0.01)), examples=8,
+                                  tokens=tokens, supervised_tokens=tokens - 8))
+    return path, pub

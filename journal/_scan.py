@@ -1,0 +1,364 @@
+"""The verifier's inner loop: check a byte range of a journal line by line.
+
+Shared by :func:`journal.verify.verify` (possibly in several processes, one
+byte range each), the streaming reader and ``Journal.open_append``. A range
+is checked given the seq and chain hash of the line just before it, so ranges
+are independent and can be checked in parallel: every line's hash is
+recomputed from the *stored* hash of the line before it, and since each of
+those is itself checked, the whole chain holds when every range does.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import itertools
+import operator
+import os
+from typing import Any
+
+from . import codec
+from .chain import LINE_TAG, seal_message
+from .codec import HASH_SUFFIX_LEN, UnknownEvent
+from .errors import (
+    ChainBroken,
+    IntegrityError,
+    JournalIOError,
+    RunMismatch,
+    SchemaError,
+    SealInvalid,
+    SequenceError,
+)
+from .events import RunClosed, RunOpened, Seal
+from .keys import PublicKey
+
+#: Longest line accepted. The writer never produces one near this; a longer
+#: "line" is garbage or an attack, and refusing it keeps memory bounded.
+MAX_LINE = 16 * 1024 * 1024
+BLOCK = 8 * 1024 * 1024
+BATCH = 2048
+
+_sha256 = hashlib.sha256
+_get_seq = operator.attrgetter("seq")
+_get_h = operator.attrgetter("h")
+_fromhex = bytes.fromhex
+_LINE_BASE = hashlib.sha256(LINE_TAG)
+_copy = type(_LINE_BASE).copy
+_update = type(_LINE_BASE).update
+_digest = type(_LINE_BASE).digest
+_add = operator.add
+_repeat = itertools.repeat
+_strip_hash = operator.itemgetter(slice(None, -HASH_SUFFIX_LEN))
+
+
+class ScanContext:
+    """What every range needs to know about the journal (picklable)."""
+
+    __slots__ = ("run_id", "key_id", "public_raw", "check_signatures", "expect_head")
+
+    def __init__(self, run_id: str, key_id: str | None, public_raw: bytes | None,
+                 check_signatures: bool, expect_head: tuple[int, str] | None):
+        self.run_id = run_id
+        self.key_id = key_id
+        self.public_raw = public_raw
+        self.check_signatures = check_signatures
+        self.expect_head = expect_head
+
+    def __getstate__(self):
+        return tuple(getattr(self, s) for s in self.__slots__)
+
+    def __setstate__(self, state):
+        for s, v in zip(self.__slots__, state):
+            setattr(self, s, v)
+
+
+class RangeResult:
+    """Facts gathered from one byte range; merged in file order by the verifier."""
+
+    __slots__ = ("start", "end", "count", "kinds", "first_seq", "last_seq", "last_hash", "last_kind",
+                 "seals", "last_seal_seq", "last_sealed_hash", "closed_seqs", "head_found", "torn_offset", "torn_bytes",
+                 "unknown", "error")
+
+    def __init__(self, start: int, end: int):
+        self.start = start
+        self.end = end
+        self.count = 0
+        self.kinds: dict[str, int] = {}
+        self.first_seq: int | None = None
+        self.last_seq: int | None = None
+        self.last_hash: str | None = None
+        self.last_kind: str | None = None
+        self.seals = 0
+        self.last_seal_seq: int | None = None
+        self.last_sealed_hash: str | None = None
+        self.closed_seqs: list[int] = []
+        self.head_found: bool | None = None
+        self.torn_offset: int | None = None
+        self.torn_bytes = 0
+        self.unknown = 0
+        self.error: tuple[str, str, int | None, int | None] | None = None
+
+    def __getstate__(self):
+        return tuple(getattr(self, s) for s in self.__slots__)
+
+    def __setstate__(self, state):
+        for s, v in zip(self.__slots__, state):
+            setattr(self, s, v)
+
+
+class Scanner:
+    """Checks consecutive lines: canonical form, seq, chain, seals, run binding."""
+
+    def __init__(self, ctx: ScanContext, prev_seq: int, prev_hash: bytes, result: RangeResult):
+        codec.refresh()
+        self.ctx = ctx
+        self.expect = prev_seq + 1
+        self.prev = prev_hash
+        self.res = result
+        self._pub = PublicKey(ctx.public_raw) if ctx.public_raw is not None else None
+        self._type_counts: dict[type, int] = {}
+        self._seal_t = codec.record_type(Seal)
+        self._opened_t = codec.record_type(RunOpened)
+        self._closed_t = codec.record_type(RunClosed)
+        # Kinds with no per-line rule beyond the chain: batches of them take the all-C path.
+        self._plain = {t for c, t in ((c, codec.record_type(c)) for c in codec.known_kinds().values())
+                       if c not in (Seal, RunOpened, RunClosed)}
+        self._plain_or_seal = self._plain | {self._seal_t}
+
+    # ------------------------------------------------------------ decoding
+
+    def _decode(self, lines: list[bytes], offset: int) -> list[Any]:
+        recs = codec.decode_batch(lines)
+        if recs is not None:
+            return recs
+        out = []
+        seq = self.expect
+        for line in lines:
+            if not line:
+                raise SchemaError("empty line", seq=seq, offset=offset)
+            try:
+                out.append(codec.decode_line(line, seq_hint=seq))
+            except IntegrityError as e:
+                e.offset = offset
+                raise
+            offset += len(line) + 1
+            seq += 1
+        return out
+
+    # ------------------------------------------------------------ the loop
+
+    def feed(self, lines: list[bytes], offset: int) -> list[Any]:
+        """Check ``lines`` (no newlines) starting at byte ``offset``; return their records.
+
+        The checks run as C-level ``map`` pipelines over the whole batch (no
+        Python bytecode per line); only when a batch fails, or holds a seal or
+        another rare kind, does a per-line loop find and name the line.
+        """
+        recs = self._decode(lines, offset)
+        n = len(recs)
+        if not n:
+            return recs
+        expect = self.expect
+        # h[i] must equal SHA-256(tag || h[i-1] || P[i]), h[i-1] read from the line before.
+        raw = list(map(_fromhex, map(_get_h, recs)))
+        prevs = [self.prev]
+        prevs += raw[:-1]
+        # Copying a hash object that has absorbed the tag is cheaper than building a
+        # new one (OpenSSL 3 looks the algorithm up on every construction).
+        hashers = list(map(_copy, _repeat(_LINE_BASE, n)))
+        list(map(_update, hashers, map(_add, prevs, map(_strip_hash, lines))))
+        computed = list(map(_digest, hashers))
+        types = list(map(type, recs))
+        kinds = set(types)
+        if (computed != raw or list(map(_get_seq, recs)) != list(range(expect, expect + n))
+                or self.ctx.expect_head is not None or not self._rare_ok(kinds, types, recs, prevs)):
+            self._slow(lines, recs, offset, prevs, computed, types)
+        else:
+            counts = self._type_counts
+            for t in kinds:
+                counts[t] = counts.get(t, 0) + types.count(t)
+        self.expect = expect + n
+        self.prev = raw[-1]
+        self._commit(recs)
+        return recs
+
+    def _rare_ok(self, kinds: set[type], types: list[type], recs: list[Any], prevs: list[bytes]) -> bool:
+        """Check the seals in a batch that is otherwise clean; False sends it to the slow path."""
+        if kinds <= self._plain:
+            return True
+        if not kinds <= self._plain_or_seal:
+            return False  # run_opened, run_closed, unknown kinds: the slow path handles them
+        seal_t = self._seal_t
+        i = -1
+        try:
+            for _ in range(types.count(seal_t)):
+                i = types.index(seal_t, i + 1)
+                self._check_seal(recs[i], prevs[i])
+        except IntegrityError:
+            return False  # named again, with full context, by the slow path
+        return True
+
+    def _slow(self, lines: list[bytes], recs: list[Any], offset: int, prevs: list[bytes],
+              computed: list[str], types: list[type]) -> None:
+        """Per-line checks: rare kinds, expect_head, and naming the first bad line."""
+        expect = self.expect
+        counts = self._type_counts
+        seal_t, opened_t, closed_t = self._seal_t, self._opened_t, self._closed_t
+        eh = self.ctx.expect_head
+        for i, rec in enumerate(recs):
+            try:
+                if rec.seq != expect:
+                    raise SequenceError(
+                        f"seq {rec.seq} where {expect} was expected"
+                        + (" (a line was deleted)" if rec.seq > expect else " (a line is repeated or out of order)"),
+                        seq=expect,
+                    )
+                if computed[i].hex() != rec.h:
+                    raise ChainBroken(f"chain broken at seq {expect}: hash mismatch", seq=expect)
+                t = types[i]
+                counts[t] = counts.get(t, 0) + 1
+                if t is seal_t:
+                    self._check_seal(rec, prevs[i])
+                elif t is opened_t:
+                    if expect != 0:
+                        raise RunMismatch(f"run_opened at seq {expect}: a second run's events were spliced in", seq=expect)
+                    if rec.run_id != self.ctx.run_id:
+                        raise RunMismatch("run_opened names another run", seq=expect)
+                elif t is closed_t:
+                    self.res.closed_seqs.append(expect)
+                if eh is not None and eh[0] == expect:
+                    self.res.head_found = rec.h == eh[1]
+            except IntegrityError as e:
+                if e.offset is None:
+                    e.offset = offset + sum(map(len, lines[:i])) + i
+                self.expect = expect
+                self.prev = prevs[i]
+                self._commit(recs[:i])
+                raise
+            expect += 1
+
+    def _commit(self, recs: list[Any]) -> None:
+        if recs:
+            res = self.res
+            if res.first_seq is None:
+                res.first_seq = recs[0].seq
+            res.count += len(recs)
+            last = recs[-1]
+            res.last_seq = last.seq
+            res.last_hash = last.h
+            res.last_kind = last.kind if type(last) is UnknownEvent else type(last).__struct_config__.tag
+
+    def _check_seal(self, rec: Any, prev: bytes) -> None:
+        seq = rec.seq
+        ctx = self.ctx
+        if rec.sealed_seq != seq - 1 or rec.sealed_hash != prev.hex():
+            raise SealInvalid(
+                f"seal at seq {seq} names head {rec.sealed_seq}:{rec.sealed_hash[:16]}, "
+                f"but the head before it is {seq - 1}:{prev.hex()[:16]} (a moved or replayed seal)",
+                seq=seq,
+            )
+        if ctx.key_id is None:
+            if rec.sig is not None or rec.key_id is not None:
+                raise SealInvalid(f"seal at seq {seq} is signed but the journal declared no key", seq=seq)
+        else:
+            if rec.key_id != ctx.key_id:
+                raise SealInvalid(
+                    f"seal at seq {seq} is by key {rec.key_id}, not the journal's key {ctx.key_id} (foreign-key seal)",
+                    seq=seq,
+                )
+            if rec.sig is None:
+                raise SealInvalid(f"seal at seq {seq} carries no signature", seq=seq)
+            if ctx.check_signatures and self._pub is not None:
+                try:
+                    sig = base64.b64decode(rec.sig, validate=True)
+                except (binascii.Error, ValueError):
+                    raise SealInvalid(f"seal at seq {seq}: signature is not base64", seq=seq) from None
+                if not self._pub.verify(sig, seal_message(ctx.run_id, seq - 1, prev)):
+                    raise SealInvalid(f"seal at seq {seq}: signature does not verify under key {ctx.key_id}", seq=seq)
+        self.res.seals += 1
+        self.res.last_seal_seq = seq
+        self.res.last_sealed_hash = rec.sealed_hash
+
+    def finish(self) -> None:
+        kinds = self.res.kinds
+        for t, n in self._type_counts.items():
+            kinds[_kind_name(t)] = kinds.get(_kind_name(t), 0) + n
+        if UnknownEvent in self._type_counts:
+            self.res.unknown += self._type_counts[UnknownEvent]
+
+
+def _kind_name(t: type) -> str:
+    return "(unknown kinds)" if t is UnknownEvent else t.__struct_config__.tag
+
+
+def iter_line_batches(f, start: int, end: int, result: RangeResult, *, is_last: bool):
+    """Yield ``(lines, offset)`` for the complete lines in ``[start, end)``.
+
+    A last partial line (no newline) is recorded as a torn tail when this is the
+    file's last range. Raises :class:`SchemaError` for a line over MAX_LINE.
+    """
+    pos = start
+    f.seek(start)
+    carry = b""
+    carry_off = start
+    while pos < end:
+        try:
+            block = f.read(min(BLOCK, end - pos))
+        except OSError as e:
+            raise JournalIOError(f"read failed at byte {pos}: {e.strerror}") from None
+        if not block:
+            break
+        pos += len(block)
+        data = carry + block if carry else block
+        cut = data.rfind(b"\n")
+        if cut < 0:
+            carry = data
+            if len(carry) > MAX_LINE:
+                raise SchemaError(f"line at byte {carry_off} is longer than {MAX_LINE} bytes", offset=carry_off)
+            continue
+        lines = data[:cut].split(b"\n")
+        carry = data[cut + 1:]
+        off = carry_off
+        carry_off = carry_off + cut + 1
+        if max(map(len, lines)) > MAX_LINE:
+            raise SchemaError(f"a line in bytes {off}..{carry_off} is longer than {MAX_LINE} bytes", offset=off)
+        for i in range(0, len(lines), BATCH):
+            chunk = lines[i:i + BATCH]
+            yield chunk, off
+            off += sum(map(len, chunk)) + len(chunk)
+        if len(carry) > MAX_LINE:
+            raise SchemaError(f"line at byte {carry_off} is longer than {MAX_LINE} bytes", offset=carry_off)
+    if carry:
+        if not is_last:  # pragma: no cover - ranges are cut at line boundaries
+            raise SchemaError("range does not end at a line boundary", offset=carry_off)
+        result.torn_offset = carry_off
+        result.torn_bytes = len(carry)
+
+
+def scan_range(path: str, start: int, end: int, prev_seq: int, prev_hash: bytes,
+               ctx: ScanContext, is_last: bool) -> RangeResult:
+    """Check ``[start, end)`` of the file; errors are returned in ``result.error``, not raised."""
+    res = RangeResult(start, end)
+    scanner = Scanner(ctx, prev_seq, prev_hash, res)
+    try:
+        with open(path, "rb", buffering=0) as f:
+            for lines, off in iter_line_batches(f, start, end, res, is_last=is_last):
+                scanner.feed(lines, off)
+    except IntegrityError as e:
+        res.error = (type(e).__name__, str(e), e.seq if e.seq is not None else scanner.expect, e.offset)
+    except OSError as e:
+        res.error = ("JournalIOError", f"{path}: {e.strerror}", None, None)
+    scanner.finish()
+    return res
+
+
+def _scan_range_star(args) -> RangeResult:
+    return scan_range(*args)
+
+
+def cpu_count() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1

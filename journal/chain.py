@@ -1,0 +1,48 @@
+"""Hash chain and seal messages (format v1; docs/FORMAT.md is the reference).
+
+- ``h[-1] = SHA-256("trainledger/v1/genesis\\0" || run_id)``
+- ``h[n]  = SHA-256("trainledger/v1/line\\0" || h[n-1] || P[n])`` where ``P[n]``
+  is line n exactly as written, up to (not including) its ``,"h":`` member.
+- a seal at seq n signs ``"trainledger/v1/seal\\0" || u16be(len(run_id)) ||
+  run_id || u64be(n-1) || h[n-1]`` with Ed25519.
+
+Hashes are raw 32-byte digests here and lowercase hex in the file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+from .errors import UsageError
+
+__all__ = ["GENESIS_TAG", "LINE_TAG", "SEAL_TAG", "genesis", "link", "seal_message", "check_run_id"]
+
+GENESIS_TAG = b"trainledger/v1/genesis\x00"
+LINE_TAG = b"trainledger/v1/line\x00"
+SEAL_TAG = b"trainledger/v1/seal\x00"
+
+_RUN_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}\Z")
+
+
+def check_run_id(run_id: str) -> str:
+    """Return ``run_id`` if it is 1-128 characters of ``[A-Za-z0-9._:-]``; raise ``UsageError`` otherwise."""
+    if not isinstance(run_id, str) or not _RUN_ID_RE.match(run_id):
+        raise UsageError(f"run id {run_id!r}: use 1-128 characters from A-Z a-z 0-9 . _ : -, starting with a letter or digit")
+    return run_id
+
+
+def genesis(run_id: str) -> bytes:
+    """``h[-1]``: binds the chain to its run id."""
+    return hashlib.sha256(GENESIS_TAG + run_id.encode()).digest()
+
+
+def link(prev: bytes, prefix: bytes) -> bytes:
+    """``h[n]`` from ``h[n-1]`` and the line's bytes before its hash member."""
+    return hashlib.sha256(LINE_TAG + prev + prefix).digest()
+
+
+def seal_message(run_id: str, sealed_seq: int, sealed_hash: bytes) -> bytes:
+    """The exact bytes an Ed25519 seal signs."""
+    rid = run_id.encode()
+    return SEAL_TAG + len(rid).to_bytes(2, "big") + rid + sealed_seq.to_bytes(8, "big") + sealed_hash

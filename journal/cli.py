@@ -1,0 +1,277 @@
+"""The ``trainledger`` command.
+
+Exit codes, for every subcommand: 0 success; 1 the journal does not verify
+(integrity failure); 2 usage or I/O error (bad arguments, missing file,
+unreadable or wrong key). A user mistake never prints a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from . import __version__
+from .errors import IntegrityError, JournalError
+from .keys import TRUSTED_KEYS_ENV, keygen, trusted_keys
+from .verify import VerifyReport, parse_head, verify
+
+__all__ = ["main", "build_parser"]
+
+_EPILOG = """exit codes: 0 ok, 1 integrity failure (the journal does not verify),
+2 usage or I/O error. Keys can be pinned once for a team in a file named by
+$%s (one public key per line).""" % TRUSTED_KEYS_ENV
+
+
+class _Progress:
+    """A one-line progress bar on stderr, shown only when stderr is a terminal."""
+
+    def __init__(self, label: str):
+        self.label = label
+        self.t0 = time.perf_counter()
+        self.last = 0.0
+        self.shown = False
+
+    def __call__(self, done: int, total: int) -> None:
+        now = time.perf_counter()
+        if now - self.last < 0.1 and done < total:
+            return
+        self.last = now
+        frac = done / total if total else 1.0
+        bar = "#" * int(frac * 30)
+        rate = done / (now - self.t0) / 1e6 if now > self.t0 else 0.0
+        sys.stderr.write(f"\r{self.label} [{bar:<30}] {frac:6.1%}  {done / 1e6:,.1f}/{total / 1e6:,.1f} MB  {rate:,.0f} MB/s")
+        sys.stderr.flush()
+        self.shown = True
+
+    def close(self) -> None:
+        if self.shown:
+            sys.stderr.write("\r" + " " * 100 + "\r")
+            sys.stderr.flush()
+
+
+def _progress_for(args: argparse.Namespace, label: str) -> _Progress | None:
+    if getattr(args, "json", False) or getattr(args, "no_progress", False) or not sys.stderr.isatty():
+        return None
+    return _Progress(label)
+
+
+def _add_trust(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("trust")
+    g.add_argument("--pubkey", action="append", default=[], metavar="FILE",
+                   help=f"pinned public key (repeatable); also read from ${TRUSTED_KEYS_ENV}")
+    g.add_argument("--trust-embedded", action="store_true",
+                   help="check against the key embedded in the journal (integrity only: authenticity not established)")
+    g.add_argument("--allow-unsigned", action="store_true", help="accept a journal that carries no signatures")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="trainledger",
+        description="Tamper-evident receipts for training runs: a hash-chained, Ed25519-signed event journal.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"trainledger {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("keygen", help="write an Ed25519 key pair (NAME.key, mode 0600, and NAME.pub)",
+                       description="Write an Ed25519 private key (PKCS8 PEM, mode 0600) and a one-line public key.")
+    p.add_argument("directory", metavar="DIR")
+    p.add_argument("--name", default="trainledger", help="file name stem (default: trainledger)")
+    p.add_argument("--force", action="store_true", help="overwrite existing key files")
+    p.set_defaults(func=_cmd_keygen)
+
+    p = sub.add_parser("verify", help="verify a journal offline against a pinned key",
+                       description="Check canonical form, seq continuity, every chain hash, every seal and the "
+                                   "tail state. Exit 0 intact, 1 integrity failure, 2 usage or I/O error.",
+                       epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("path", metavar="PATH")
+    _add_trust(p)
+    p.add_argument("--expect-head", metavar="SEQ:HASH",
+                   help="fail unless the journal contains this head (published earlier with 'trainledger head')")
+    p.add_argument("--require-closed", action="store_true", help="fail unless the run was closed and sealed")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--workers", type=int, default=None, help="processes for large journals (default: all cores)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar even on a terminal")
+    p.set_defaults(func=_cmd_verify)
+
+    p = sub.add_parser("head", help="print the latest sealed SEQ:HASH, to publish elsewhere",
+                       description="Verify the journal, then print its latest sealed head as SEQ:HASH. Publish it "
+                                   "somewhere the writer cannot rewrite; 'verify --expect-head' then detects truncation.")
+    p.add_argument("path", metavar="PATH")
+    _add_trust(p)
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar even on a terminal")
+    p.set_defaults(func=_cmd_head)
+
+    p = sub.add_parser("show", help="summarise a journal: run, key, events by kind, seals, tail",
+                       description="Summarise a journal. Checks the chain but not signatures (use verify for that).")
+    p.add_argument("path", metavar="PATH")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar even on a terminal")
+    p.set_defaults(func=_cmd_show)
+
+    p = sub.add_parser("demo", help="write a signed journal of a simulated run, then verify and summarise it",
+                       description="The torch-free demo: a key pair, a simulated training run written as a signed "
+                                   "journal, verification against the pinned public key, and a summary.")
+    p.add_argument("--out", metavar="DIR", default=None, help="run folder to create (default: runs/demo-<time>)")
+    p.add_argument("--steps", type=int, default=2000, help="simulated optimizer steps (default: 2000)")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    p.set_defaults(func=_cmd_demo)
+    return parser
+
+
+# ---------------------------------------------------------------- commands
+
+
+def _cmd_keygen(args: argparse.Namespace) -> int:
+    priv, pub = keygen(args.directory, name=args.name, force=args.force)
+    print(f"private key: {priv} (mode 0600; keep it secret)")
+    print(f"public key:  {pub}")
+    print(Path(pub).read_text().strip())
+    return 0
+
+
+def _verify_from_args(args: argparse.Namespace, *, label: str = "verifying", **extra) -> VerifyReport:
+    progress = _progress_for(args, label)
+    try:
+        return verify(
+            args.path,
+            keys=trusted_keys(args.pubkey) if hasattr(args, "pubkey") else (),
+            trust_embedded=getattr(args, "trust_embedded", False),
+            allow_unsigned=getattr(args, "allow_unsigned", False),
+            progress=progress,
+            **extra,
+        )
+    finally:
+        if progress is not None:
+            progress.close()
+
+
+def _fmt_int(n: int | None) -> str:
+    return "-" if n is None else f"{n:,}"
+
+
+def _print_report(r: VerifyReport, *, title: str) -> None:
+    trust = {"pinned": "pinned", "embedded": "embedded key only: authenticity NOT established",
+             "unsigned": "unsigned", "unchecked": "signatures not checked"}.get(r.trust or "", r.trust)
+    tail = r.tail or "-"
+    if r.tail == "open":
+        tail += f" ({_fmt_int(r.unsealed_events)} events after the last seal)"
+    elif r.tail == "torn":
+        tail += f" ({r.torn_bytes} bytes after the last complete line at byte {r.torn_offset})"
+    created = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(r.created_ns / 1e9)) if r.created_ns else "-"
+    print(f"{title}  {r.path}")
+    print(f"  run       {r.run_id}")
+    print(f"  key       {r.key_id or '-'} ({trust})")
+    print(f"  created   {created}")
+    print(f"  events    {_fmt_int(r.events)} in {r.bytes:,} bytes ({_fmt_int(r.seals)} seals)")
+    for kind, n in sorted(r.kinds.items(), key=lambda kv: (-kv[1], kv[0])):
+        print(f"    {kind:<22} {n:>12,}")
+    print(f"  tail      {tail}")
+    print(f"  head      {r.head or '-'}  (latest sealed)")
+    for note in r.notes:
+        print(f"  note: {note}")
+
+
+def _fail_line(r: VerifyReport | None, err: IntegrityError, path: str) -> str:
+    where = f"seq {err.seq}" if err.seq is not None else "journal"
+    if err.offset is not None:
+        where += f" (byte {err.offset})"
+    return f"FAIL {path}: {where}: {err}"
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    extra = {"require_closed": args.require_closed, "workers": args.workers}
+    if args.expect_head:
+        extra["expect_head"] = parse_head(args.expect_head)
+    try:
+        r = _verify_from_args(args, **extra)
+    except IntegrityError as e:
+        if args.json:
+            d = (e.report.to_dict() if e.report is not None else {"ok": False, "path": args.path,
+                                                                   "first_bad_seq": e.seq, "error": str(e)})
+            print(json.dumps(d))
+        else:
+            print(_fail_line(e.report, e, args.path))
+        return 1
+    if args.json:
+        print(json.dumps(r.to_dict()))
+    else:
+        _print_report(r, title="OK  ")
+    return 0
+
+
+def _cmd_head(args: argparse.Namespace) -> int:
+    try:
+        r = _verify_from_args(args)
+    except IntegrityError as e:
+        print(_fail_line(e.report, e, args.path), file=sys.stderr)
+        return 1
+    if r.head is None:
+        raise JournalError(f"{args.path}: no seal yet: nothing to publish")
+    if args.json:
+        print(json.dumps({"head": r.head, "seq": r.last_sealed_seq, "hash": r.last_sealed_hash,
+                          "run_id": r.run_id, "key_id": r.key_id}))
+    else:
+        print(r.head)
+    return 0
+
+
+def _cmd_show(args: argparse.Namespace) -> int:
+    try:
+        r = _verify_from_args(args, label="reading", check_signatures=False)
+    except IntegrityError as e:
+        print(_fail_line(e.report, e, args.path))
+        return 1
+    if args.json:
+        print(json.dumps(r.to_dict()))
+    else:
+        _print_report(r, title="JOURNAL")
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from ._demo import run_demo
+
+    if args.steps < 1:
+        raise JournalError(f"--steps must be at least 1, got {args.steps}")
+    out = Path(args.out) if args.out else Path("runs") / time.strftime("demo-%Y%m%dT%H%M%S")
+    journal_path, pub = run_demo(out, steps=args.steps, seed=args.seed)
+    print(f"wrote {journal_path} (public key {pub})")
+    print(f"$ trainledger verify {journal_path} --pubkey {pub} --require-closed")
+    r = verify(journal_path, keys=trusted_keys([str(pub)]), require_closed=True)
+    _print_report(r, title="OK  ")
+    return 0
+
+
+# ---------------------------------------------------------------- entry point
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "command", None):
+        parser.print_help()
+        return 2
+    try:
+        return args.func(args)
+    except JournalError as e:
+        print(f"trainledger {args.command}: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print(f"trainledger {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # `trainledger show ... | head`: not an error.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

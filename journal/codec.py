@@ -1,0 +1,357 @@
+"""The one place that turns events into bytes and bytes into events.
+
+A journal line is the canonical encoding of a *record*: the event's fields in
+declaration order after its ``kind`` tag, then ``seq``, ``ts`` and ``h``::
+
+    {"kind":"step_observed","step":3,"loss":2.5,...,"seq":7,"ts":1732...,"h":"9f2c..."}
+
+For each event class the codec derives a record class (a subclass with the
+three trailing members), so a decoded record *is* an instance of its event
+class and projections can treat live events and replayed records alike.
+
+Canonical form is whatever this module writes: msgspec's compact JSON, fields
+in declaration order, floats in shortest round-trip form, non-finite floats as
+``"NaN"``/``"Infinity"``/``"-Infinity"``. Decoding is strict by construction:
+a line is decoded, re-encoded, and must come back byte-identical, so duplicate
+keys, reordered keys, whitespace, other float spellings and numbers-as-strings
+all fail as :class:`NonCanonicalRecord`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import types
+import typing
+from collections.abc import Callable
+from typing import Any, Union
+
+import msgspec
+
+from .errors import NonCanonicalRecord, SchemaError
+from .events import Event
+
+__all__ = [
+    "UnknownEvent",
+    "encode_event",
+    "encoder_for",
+    "encode_record",
+    "decode_line",
+    "decode_batch",
+    "record_type",
+    "refresh",
+    "known_kinds",
+    "HASH_SUFFIX_LEN",
+]
+
+#: Length of ``,"h":"<64 hex>"}`` at the end of every line (newline excluded).
+HASH_SUFFIX_LEN = 72
+_BOUNDARY = b'},{"kind":"'
+_RESERVED = frozenset({"kind", "seq", "ts", "h"})
+_KIND_RE = re.compile(r"[a-z][a-z0-9_]{0,63}\Z")
+
+_encoder = msgspec.json.Encoder()
+_generic_decoder = msgspec.json.Decoder()
+
+
+class UnknownEvent(msgspec.Struct, frozen=True):
+    """A line whose kind this version does not know: verified, then skipped by projections."""
+
+    kind: str
+    seq: int
+    ts: int
+    h: str
+    fields: dict[str, Any]
+
+
+class _KindInfo:
+    """Per-class facts the hot paths need, computed once."""
+
+    __slots__ = ("cls", "kind", "record", "flat", "check", "encode")
+
+    def __init__(self, cls: type, kind: str, record: type, flat: bool):
+        self.cls = cls
+        self.kind = kind
+        self.record = record
+        # Scalar-only classes are fully validated by a strict typed decode; a class
+        # with containers also needs the decode to re-encode identically (an int
+        # inside a list[float] passes the decode but would not read back as written).
+        self.flat = flat
+        self.check = msgspec.json.Decoder(cls)
+        self.encode = _make_encoder(self.check, flat)
+
+
+_by_event: dict[type, _KindInfo] = {}  # event class -> info
+_by_record: dict[type, _KindInfo] = {}  # record class -> info
+_by_kind: dict[str, type] = {}  # kind -> event class
+_decoder: msgspec.json.Decoder | None = None
+_batch_decoder: msgspec.json.Decoder | None = None
+
+
+def _is_flat_type(t: Any) -> bool:
+    """True for scalar field types (no container that could hide a number)."""
+    ti = msgspec.inspect
+    flat = (ti.IntType, ti.FloatType, ti.StrType, ti.BoolType, ti.NoneType, ti.LiteralType)
+    if isinstance(t, flat):
+        return True
+    if isinstance(t, ti.UnionType):
+        return all(isinstance(x, flat) for x in t.types)
+    return False
+
+
+def _widened_floats(cls: type) -> list[tuple]:
+    """Record-field overrides that read a top-level float field as ``int | float``.
+
+    The writer does not turn ``loss=3`` into ``3.0`` (that would cost every
+    append a conversion); it writes ``3``, and the record reads it back as the
+    int 3, so the line stays canonical. Overridden fields keep their position.
+    """
+    out = []
+    for f in msgspec.structs.fields(cls):
+        t = f.type
+        args = typing.get_args(t) if typing.get_origin(t) in (Union, types.UnionType) else (t,)
+        if float in args and all(a in (float, type(None)) for a in args):
+            new_t = Union[(int, *args)]  # noqa: UP007
+            if f.default is not msgspec.NODEFAULT:
+                out.append((f.name, new_t, f.default))
+            elif f.default_factory is not msgspec.NODEFAULT:
+                out.append((f.name, new_t, msgspec.field(default_factory=f.default_factory)))
+            else:
+                out.append((f.name, new_t))
+    return out
+
+
+def _register(cls: type) -> _KindInfo:
+    info = _by_event.get(cls)
+    if info is not None:
+        return info
+    if not (isinstance(cls, type) and issubclass(cls, Event)) or cls is Event or cls in _by_record:
+        raise TypeError(f"not an event class: {cls!r}")
+    cfg = cls.__struct_config__
+    kind = cfg.tag
+    if not isinstance(kind, str) or not _KIND_RE.match(kind):
+        raise TypeError(f"{cls.__name__}: event tag must be snake_case (got {kind!r}); pass tag=\"...\"")
+    if not cfg.frozen:
+        raise TypeError(f"{cls.__name__}: event classes must be frozen")
+    clash = _RESERVED.intersection(cls.__struct_fields__)
+    if clash:
+        raise TypeError(f"{cls.__name__}: field names {sorted(clash)} are reserved for the journal")
+    other = _by_kind.get(kind)
+    if other is not None and other is not cls:
+        raise TypeError(f"{cls.__name__}: kind {kind!r} is already used by {other.__name__}")
+    record = msgspec.defstruct(
+        cls.__name__ + "Record",
+        _widened_floats(cls) + [("seq", int), ("ts", int), ("h", str)],
+        bases=(cls,),
+        tag=kind,
+        kw_only=True,
+        frozen=True,
+        module=cls.__module__,
+    )
+    fields = msgspec.inspect.type_info(cls).fields
+    flat = all(_is_flat_type(f.type) for f in fields)
+    info = _KindInfo(cls, kind, record, flat)
+    _by_event[cls] = info
+    _by_record[record] = info
+    _by_kind[kind] = cls
+    global _decoder, _batch_decoder
+    _decoder = _batch_decoder = None
+    return info
+
+
+def _walk(cls: type):
+    for sub in cls.__subclasses__():
+        if sub not in _by_record:
+            yield sub
+            yield from _walk(sub)
+
+
+def refresh() -> None:
+    """Register every :class:`Event` subclass defined so far (readers call this)."""
+    for cls in list(_walk(Event)):
+        if cls not in _by_event:
+            _register(cls)
+
+
+def known_kinds() -> dict[str, type]:
+    """Kind name -> event class, for every kind registered so far."""
+    refresh()
+    return dict(_by_kind)
+
+
+def record_type(cls: type) -> type:
+    """The record class (event + seq, ts, h) of an event class."""
+    return _register(cls).record
+
+
+def _decoders() -> tuple[msgspec.json.Decoder, msgspec.json.Decoder]:
+    global _decoder, _batch_decoder
+    if _decoder is None or _batch_decoder is None:
+        refresh()
+        records = tuple(info.record for info in _by_event.values())
+        union = Union[records] if len(records) > 1 else records[0]  # noqa: UP007
+        # strict=False lets "NaN"/"Infinity"/"-Infinity" decode into float fields; every
+        # other leniency it allows is caught by the byte-exact re-encoding check.
+        _decoder = msgspec.json.Decoder(union, strict=False)
+        _batch_decoder = msgspec.json.Decoder(list[union], strict=False)
+    return _decoder, _batch_decoder
+
+
+# ---------------------------------------------------------------- non-finite floats
+
+
+def _nonfinite_to_str(obj: Any) -> Any:
+    if isinstance(obj, float):
+        if obj != obj:
+            return "NaN"
+        if obj == math.inf:
+            return "Infinity"
+        if obj == -math.inf:
+            return "-Infinity"
+        return obj
+    if isinstance(obj, dict):
+        return {k: _nonfinite_to_str(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_nonfinite_to_str(v) for v in obj]
+    return obj
+
+
+def _make_encoder(check: msgspec.json.Decoder, flat: bool) -> Callable[[Any], bytes]:
+    """The canonical encoder of one event class: a closure, one call on the hot path."""
+    encode = _encoder.encode
+    decode = check.decode
+    invalid = msgspec.ValidationError
+
+    def encode_event(obj: Any) -> bytes:
+        out = encode(obj)
+        # Fields equal to their default (None included) are omitted, so a null here
+        # is a NaN or an infinity (msgspec writes those as null), or a None where
+        # None is not the default: the exact path handles all of them.
+        if out.find(b"null") >= 0:
+            return _encode_exact(obj)
+        # A strict typed decode proves every field has a type the reader accepts.
+        try:
+            back = decode(out)
+        except invalid:
+            return _encode_exact(obj)  # normalizes by schema, or raises TypeError
+        if not flat and encode(back) != out:
+            return _encode_exact(obj)
+        return out
+
+    return encode_event
+
+
+def _encode_exact(obj: Any) -> bytes:
+    """The slow, always-right path: normalize types by schema, spell non-finite floats."""
+    try:
+        norm = msgspec.convert(_nonfinite_to_str(msgspec.to_builtins(obj)), type(obj), strict=False)
+    except msgspec.ValidationError as e:
+        raise TypeError(f"{type(obj).__name__}: {e}") from None
+    return _encoder.encode(_nonfinite_to_str(msgspec.to_builtins(norm)))
+
+
+# ---------------------------------------------------------------- public API
+
+
+def encode_event(event: Event) -> bytes:
+    """Canonical bytes of an event without seq/ts/h: ``{"kind":...,<fields>}``.
+
+    Raises ``TypeError`` for an object that is not an event (records read back
+    from a journal included: they already carry seq, ts and h).
+    """
+    info = _by_event.get(type(event))
+    if info is None:
+        info = _register(type(event))
+    return info.encode(event)
+
+
+def encoder_for(cls: type) -> Callable[[Any], bytes]:
+    """The canonical encoder of one event class (what :func:`encode_event` calls)."""
+    return _register(cls).encode
+
+
+def encode_record(record: Any) -> bytes:
+    """Canonical bytes of a record (a full line without its newline)."""
+    if type(record) is UnknownEvent:
+        body = {"kind": record.kind, **record.fields, "seq": record.seq, "ts": record.ts, "h": record.h}
+        return _encoder.encode(body)
+    out = _encoder.encode(record)
+    # A decoded record has the right types; only non-finite floats need care.
+    return _encode_exact(record) if out.find(b"null") >= 0 else out
+
+
+def _decode_unknown(line: bytes, seq_hint: int | None) -> UnknownEvent:
+    try:
+        obj = _generic_decoder.decode(line)
+    except msgspec.DecodeError as e:
+        raise SchemaError(f"not a JSON event line: {e}", seq=seq_hint) from None
+    if not isinstance(obj, dict):
+        raise SchemaError("not a JSON object", seq=seq_hint)
+    keys = list(obj)
+    if len(keys) < 4 or keys[0] != "kind" or keys[-3:] != ["seq", "ts", "h"]:
+        raise SchemaError("line must start with kind and end with seq, ts, h", seq=seq_hint)
+    kind, seq, ts, h = obj["kind"], obj["seq"], obj["ts"], obj["h"]
+    if not isinstance(kind, str) or not _KIND_RE.match(kind):
+        raise SchemaError(f"bad kind {kind!r}", seq=seq_hint)
+    if kind in _by_kind:
+        # A known kind that failed typed decoding: report msgspec's reason.
+        try:
+            _decoders()[0].decode(line)
+        except msgspec.ValidationError as e:
+            raise SchemaError(f"{kind}: {e}", seq=seq if isinstance(seq, int) else seq_hint) from None
+        raise SchemaError(f"{kind}: does not decode", seq=seq_hint)  # pragma: no cover - defensive
+    if type(seq) is not int or type(ts) is not int or type(h) is not str:
+        raise SchemaError("seq and ts must be integers and h a string", seq=seq_hint)
+    fields = {k: v for k, v in obj.items() if k not in _RESERVED}
+    return UnknownEvent(kind=kind, seq=seq, ts=ts, h=h, fields=fields)
+
+
+def decode_line(line: bytes, *, seq_hint: int | None = None) -> Any:
+    """Decode one line (without its newline) into a record, strictly.
+
+    Returns a record (an instance of the event's class with ``seq``, ``ts``,
+    ``h``) or an :class:`UnknownEvent` for a kind this version does not know.
+    Raises :class:`SchemaError` for a line that is not a valid event and
+    :class:`NonCanonicalRecord` for one that is, but not in canonical form.
+    """
+    dec = _decoders()[0]
+    try:
+        rec = dec.decode(line)
+    except msgspec.DecodeError:
+        rec = _decode_unknown(line, seq_hint)
+    if encode_record(rec) != line:
+        seq = rec.seq if isinstance(rec.seq, int) else seq_hint
+        raise NonCanonicalRecord(
+            f"line is not in canonical form ({_first_difference(line, encode_record(rec))})", seq=seq
+        )
+    return rec
+
+
+def _first_difference(got: bytes, canon: bytes) -> str:
+    n = next((i for i, (a, b) in enumerate(zip(got, canon)) if a != b), min(len(got), len(canon)))
+    return f"first difference at byte {n}: {got[max(0, n - 12):n + 12]!r} vs canonical {canon[max(0, n - 12):n + 12]!r}"
+
+
+def decode_batch(lines: list[bytes]) -> list[Any] | None:
+    """Decode many lines at once; ``None`` unless every line is a known kind in canonical form.
+
+    The fast path of verification: one decode and one re-encode for the whole
+    batch, compared byte for byte. A ``None`` means "check these lines one by
+    one", which then finds and names the bad one.
+    """
+    if not lines:
+        return []
+    joined = b"[" + b",".join(lines) + b"]"
+    try:
+        records = _decoders()[1].decode(joined)
+    except msgspec.DecodeError:
+        return None
+    # Every record re-encodes to a line that starts with {"kind":", so the
+    # separator below occurs exactly between lines unless some line holds more
+    # than one object (or a nested object shaped like an event): then the
+    # line-by-line path decides. With the count right, line i == encoding i.
+    if len(records) != len(lines) or joined.count(_BOUNDARY) != len(lines) - 1:
+        return None
+    if _encoder.encode(records) != joined:
+        return None
+    return records

@@ -1,0 +1,140 @@
+"""Error types of the journal package.
+
+One root, :class:`JournalError`; messages read ``what: detail``. Each error
+knows the CLI exit code it maps to: 1 for an integrity failure (the journal
+does not verify), 2 for usage and I/O errors (the journal could not be
+checked at all).
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "JournalError",
+    "UsageError",
+    "JournalIOError",
+    "KeyFileError",
+    "JournalLocked",
+    "JournalClosed",
+    "UnsupportedFormat",
+    "IntegrityError",
+    "NonCanonicalRecord",
+    "SchemaError",
+    "ChainBroken",
+    "SequenceError",
+    "SealInvalid",
+    "RunMismatch",
+    "UntrustedKey",
+    "UnsignedJournal",
+    "NotClosed",
+    "HeadMismatch",
+]
+
+
+class JournalError(Exception):
+    """Root of every error this package raises on purpose."""
+
+    exit_code = 2
+
+
+class UsageError(JournalError, ValueError):
+    """Bad arguments: a malformed option, an impossible combination."""
+
+
+class JournalIOError(JournalError, OSError):
+    """A file could not be read, written or created."""
+
+
+class KeyFileError(JournalError):
+    """A key file is missing, malformed, of the wrong kind, or too open."""
+
+
+class JournalLocked(JournalError):
+    """Another writer (this process or another) holds the journal's lock."""
+
+
+class JournalClosed(JournalError):
+    """An append, seal or reopen was attempted on a closed journal."""
+
+
+class UnsupportedFormat(JournalError):
+    """The journal was written in a newer major format version."""
+
+
+class IntegrityError(JournalError):
+    """The journal does not verify.
+
+    ``seq`` is the first bad event's sequence number when it is known (for a
+    line that cannot be parsed, the seq it should have had), ``offset`` the
+    byte offset of its line, ``reason`` a short machine-friendly tag and
+    ``report`` the partial :class:`~journal.verify.VerifyReport` when the
+    error came out of a verification.
+    """
+
+    exit_code = 1
+    reason = "integrity"
+
+    def __init__(self, message: str, *, seq: int | None = None, offset: int | None = None):
+        super().__init__(message)
+        self.seq = seq
+        self.offset = offset
+        self.report = None
+
+
+class NonCanonicalRecord(IntegrityError):
+    """A line is not byte-identical to the canonical encoding of what it says."""
+
+    reason = "non-canonical"
+
+
+class SchemaError(IntegrityError):
+    """A line is not a valid event: not JSON, not UTF-8, wrong field types."""
+
+    reason = "schema"
+
+
+class ChainBroken(IntegrityError):
+    """A line's chain hash does not follow from the line before it."""
+
+    reason = "chain-broken"
+
+
+class SequenceError(IntegrityError):
+    """Sequence numbers skip, repeat or go backwards."""
+
+    reason = "seq"
+
+
+class SealInvalid(IntegrityError):
+    """A seal's signature, key or sealed head does not check out."""
+
+    reason = "seal-invalid"
+
+
+class RunMismatch(IntegrityError):
+    """An event belongs to another run (a second ``run_opened``, a foreign genesis)."""
+
+    reason = "run-mismatch"
+
+
+class UntrustedKey(IntegrityError):
+    """The journal is signed by a key that the caller did not pin."""
+
+    reason = "untrusted-key"
+
+
+class UnsignedJournal(IntegrityError):
+    """The journal carries no signatures and unsigned journals were not allowed."""
+
+    reason = "unsigned"
+
+
+class NotClosed(IntegrityError):
+    """``require_closed`` was asked for and the journal is not closed and sealed."""
+
+    reason = "not-closed"
+
+
+class HeadMismatch(IntegrityError):
+    """The journal does not contain the head recorded elsewhere (``expect_head``)."""
+
+    reason = "head-mismatch"

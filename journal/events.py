@@ -1,0 +1,121 @@
+"""Event kinds of the journal core.
+
+Every event is a frozen, tagged msgspec Struct whose tag (the ``kind`` member
+of the line) is a past-tense snake_case name. Later packages add kinds by
+subclassing :class:`Event` with a new ``tag``; the codec picks them up without
+any change here. Rules for a kind (checked by the codec when it first meets
+the class):
+
+- the names ``kind``, ``seq``, ``ts`` and ``h`` are reserved: the writer adds
+  them to every line;
+- fields are keyword-only; a field added later gets a default and goes last
+  (msgspec's schema evolution); a breaking change is a new kind.
+
+Float fields may hold NaN and +/-inf: the codec stores them as the strings
+``"NaN"``, ``"Infinity"`` and ``"-Infinity"`` and reads them back as floats,
+bit-exact for the infinities and as a NaN for NaN.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+__all__ = [
+    "Event",
+    "RunOpened",
+    "Seal",
+    "StepObserved",
+    "RunResumed",
+    "TailRepaired",
+    "RunClosed",
+    "FORMAT_VERSION",
+]
+
+#: Major.minor version of the line format this package writes. A reader refuses
+#: a newer major version; a newer minor version only adds event kinds.
+FORMAT_VERSION = "1.0"
+
+
+class Event(
+    msgspec.Struct,
+    tag_field="kind",
+    frozen=True,
+    kw_only=True,
+    forbid_unknown_fields=True,
+    omit_defaults=True,
+    gc=False,
+):
+    """Base class of every journal event. Subclass with ``tag="past_tense_name"``.
+
+    Fields equal to their default are left out of the line (``omit_defaults``):
+    lines stay short, and a ``null`` in an encoded event can only be a
+    non-finite float, which the codec then spells out. Events hold plain data
+    and cannot form reference cycles, so they are not tracked by the garbage
+    collector (``gc=False``): a training loop allocates one per step.
+    """
+
+
+class RunOpened(Event, tag="run_opened", frozen=True, kw_only=True):
+    """Always seq 0: which run this is, who signs it, and what wrote it."""
+
+    format_version: str
+    run_id: str
+    key_id: str | None
+    public_key: str | None
+    host: str
+    pid: int
+    software: dict[str, str]
+    meta: dict[str, Any] = {}
+
+
+class Seal(Event, tag="seal", frozen=True, kw_only=True):
+    """An Ed25519 signature over the chain head just before this line.
+
+    ``sig`` is base64 of the signature over the seal message (docs/FORMAT.md);
+    it and ``key_id`` are null in an unsigned journal.
+    """
+
+    sealed_seq: int
+    sealed_hash: str
+    key_id: str | None
+    sig: str | None
+
+
+class StepObserved(Event, tag="step_observed", frozen=True, kw_only=True):
+    """One optimizer step as the training loop saw it."""
+
+    step: int
+    loss: float
+    grad_norm: float | None = None
+    lr: float | None = None
+    step_time_s: float | None = None
+    examples: int | None = None
+    tokens: int | None = None
+    supervised_tokens: int | None = None
+
+
+class RunResumed(Event, tag="run_resumed", frozen=True, kw_only=True):
+    """A run continues in this journal after an interruption (written by the resume logic)."""
+
+    reason: str
+    from_step: int | None = None
+    checkpoint: str | None = None
+    detail: dict[str, Any] = {}
+
+
+class TailRepaired(Event, tag="tail_repaired", frozen=True, kw_only=True):
+    """Reopening found a torn last line and moved it aside, never deleting it."""
+
+    offset: int
+    length: int
+    sha256: str
+    sidecar: str
+
+
+class RunClosed(Event, tag="run_closed", frozen=True, kw_only=True):
+    """The last event of a run; only its closing seal may follow."""
+
+    status: str
+    reason: str | None = None

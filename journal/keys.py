@@ -1,0 +1,245 @@
+"""Ed25519 keys: generation, loading with permission checks, key ids, trust lists.
+
+Files written by :func:`keygen`:
+
+- ``trainledger.key``: the private key, PKCS8 PEM, mode 0600. Loading one that
+  group or others can read is refused, as ssh refuses such a key.
+- ``trainledger.pub``: one line, ``trainledger-ed25519 <base64 raw key> <key id>``.
+
+A key id is the first 16 hex digits of SHA-256 over the 32 raw public-key bytes.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import os
+import stat
+from pathlib import Path
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from .errors import KeyFileError, UsageError
+
+__all__ = [
+    "PUBKEY_PREFIX",
+    "TRUSTED_KEYS_ENV",
+    "Signer",
+    "PublicKey",
+    "key_id_of",
+    "keygen",
+    "load_signer",
+    "load_public_key",
+    "parse_public_key",
+    "trusted_keys",
+]
+
+PUBKEY_PREFIX = "trainledger-ed25519"
+#: Environment variable naming a file of pinned public keys, one per line (like ssh's allowed_signers).
+TRUSTED_KEYS_ENV = "TRAINLEDGER_TRUSTED_KEYS"
+_MAX_KEY_FILE = 64 * 1024
+
+
+def key_id_of(raw_public: bytes) -> str:
+    """Short, stable identifier of a public key."""
+    return hashlib.sha256(raw_public).hexdigest()[:16]
+
+
+class PublicKey:
+    """A pinned Ed25519 public key."""
+
+    __slots__ = ("raw", "key_id", "_key", "source")
+
+    def __init__(self, raw: bytes, source: str = "<memory>"):
+        if len(raw) != 32:
+            raise KeyFileError(f"{source}: an Ed25519 public key is 32 bytes, got {len(raw)}")
+        self.raw = raw
+        self.key_id = key_id_of(raw)
+        self._key = Ed25519PublicKey.from_public_bytes(raw)
+        self.source = source
+
+    @property
+    def b64(self) -> str:
+        return base64.b64encode(self.raw).decode()
+
+    def line(self) -> str:
+        """The one-line text form written to ``.pub`` files."""
+        return f"{PUBKEY_PREFIX} {self.b64} {self.key_id}"
+
+    def verify(self, signature: bytes, message: bytes) -> bool:
+        """Internal check used by the verifier, which turns False into :class:`SealInvalid`."""
+        try:
+            self._key.verify(signature, message)
+        except InvalidSignature:
+            return False
+        return True
+
+    def __repr__(self) -> str:
+        return f"PublicKey(key_id={self.key_id!r})"
+
+
+class Signer:
+    """Signs seals with an Ed25519 private key."""
+
+    __slots__ = ("_key", "public")
+
+    def __init__(self, private_key: Ed25519PrivateKey):
+        if not isinstance(private_key, Ed25519PrivateKey):
+            raise TypeError("Signer needs an Ed25519PrivateKey")
+        self._key = private_key
+        raw = private_key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+        self.public = PublicKey(raw)
+
+    @classmethod
+    def generate(cls) -> Signer:
+        """A fresh in-memory key (tests, throwaway runs)."""
+        return cls(Ed25519PrivateKey.generate())
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike) -> Signer:
+        return load_signer(path)
+
+    @property
+    def key_id(self) -> str:
+        return self.public.key_id
+
+    def sign(self, message: bytes) -> bytes:
+        return self._key.sign(message)
+
+    def private_pem(self) -> bytes:
+        return self._key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+
+    def __repr__(self) -> str:
+        return f"Signer(key_id={self.key_id!r})"
+
+
+def _read_small(path: Path, what: str) -> bytes:
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        raise KeyFileError(f"{path}: {what} not found") from None
+    except OSError as e:
+        raise KeyFileError(f"{path}: cannot read {what}: {e.strerror}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise KeyFileError(f"{path}: is a directory, expected a {what} file")
+    if st.st_size > _MAX_KEY_FILE:
+        raise KeyFileError(f"{path}: too large to be a {what} ({st.st_size} bytes)")
+    try:
+        return path.read_bytes()
+    except OSError as e:
+        raise KeyFileError(f"{path}: cannot read {what}: {e.strerror}") from None
+
+
+def load_signer(path: str | os.PathLike) -> Signer:
+    """Load a private key written by :func:`keygen` (or any unencrypted PKCS8 Ed25519 PEM).
+
+    Raises :class:`KeyFileError` if the file is missing, readable by group or
+    others, a public key, encrypted, or not an Ed25519 key.
+    """
+    p = Path(path)
+    data = _read_small(p, "private key")
+    if data.lstrip().startswith(PUBKEY_PREFIX.encode()) or b"PUBLIC KEY" in data:
+        raise KeyFileError(f"{p}: this is a public key; signing needs the private key (trainledger.key)")
+    mode = stat.S_IMODE(p.stat().st_mode)
+    if mode & 0o077:
+        raise KeyFileError(
+            f"{p}: private key is accessible by group or others (mode {mode:04o}); run: chmod 600 {p}"
+        )
+    if b"ENCRYPTED" in data:
+        raise KeyFileError(f"{p}: encrypted private keys are not supported")
+    try:
+        key = serialization.load_pem_private_key(data, password=None)
+    except (ValueError, TypeError) as e:
+        raise KeyFileError(f"{p}: not a PEM private key ({e})") from None
+    if not isinstance(key, Ed25519PrivateKey):
+        raise KeyFileError(f"{p}: not an Ed25519 key ({type(key).__name__})")
+    return Signer(key)
+
+
+def parse_public_key(text: str, source: str = "<text>") -> PublicKey:
+    """Parse ``trainledger-ed25519 <base64> [comment]`` or a PEM public key."""
+    stripped = text.strip()
+    if stripped.startswith("-----BEGIN"):
+        if "PRIVATE KEY" in stripped:
+            raise KeyFileError(f"{source}: this is a private key; give the public key (trainledger.pub)")
+        try:
+            key = serialization.load_pem_public_key(stripped.encode())
+        except ValueError as e:
+            raise KeyFileError(f"{source}: not a PEM public key ({e})") from None
+        if not isinstance(key, Ed25519PublicKey):
+            raise KeyFileError(f"{source}: not an Ed25519 public key")
+        return PublicKey(key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw), source)
+    parts = stripped.split()
+    if len(parts) < 2 or parts[0] != PUBKEY_PREFIX:
+        raise KeyFileError(f"{source}: not a public key (expected '{PUBKEY_PREFIX} <base64>')")
+    try:
+        raw = base64.b64decode(parts[1], validate=True)
+    except (binascii.Error, ValueError):
+        raise KeyFileError(f"{source}: public key is not valid base64") from None
+    pk = PublicKey(raw, source)
+    if len(parts) >= 3 and len(parts[2]) == 16 and parts[2] != pk.key_id:
+        raise KeyFileError(f"{source}: key id {parts[2]} does not match the key (computed {pk.key_id})")
+    return pk
+
+
+def load_public_key(path: str | os.PathLike) -> PublicKey:
+    """Load a ``.pub`` file (one line) or a PEM public key."""
+    p = Path(path)
+    data = _read_small(p, "public key")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise KeyFileError(f"{p}: not a text public key file") from None
+    return parse_public_key(text, str(p))
+
+
+def trusted_keys(paths: list[str] | tuple[str, ...] = (), *, env: dict[str, str] | None = None) -> list[PublicKey]:
+    """Keys pinned by ``--pubkey`` files plus the file named by ``$TRAINLEDGER_TRUSTED_KEYS``.
+
+    The trusted-keys file holds one public key per line; blank lines and lines
+    starting with ``#`` are ignored.
+    """
+    keys = [load_public_key(p) for p in paths]
+    env = os.environ if env is None else env
+    listing = env.get(TRUSTED_KEYS_ENV)
+    if listing:
+        p = Path(listing)
+        data = _read_small(p, "trusted-keys file")
+        for n, line in enumerate(data.decode("utf-8", "replace").splitlines(), 1):
+            if line.strip() and not line.lstrip().startswith("#"):
+                keys.append(parse_public_key(line, f"{p}:{n}"))
+    return keys
+
+
+def keygen(directory: str | os.PathLike, *, name: str = "trainledger", force: bool = False) -> tuple[Path, Path]:
+    """Write ``NAME.key`` (0600) and ``NAME.pub`` into ``directory``; return both paths.
+
+    Refuses to overwrite existing files unless ``force``.
+    """
+    d = Path(directory)
+    if d.exists() and not d.is_dir():
+        raise UsageError(f"{d}: exists and is not a directory")
+    d.mkdir(parents=True, exist_ok=True)
+    priv, pub = d / f"{name}.key", d / f"{name}.pub"
+    if not force:
+        for p in (priv, pub):
+            if p.exists():
+                raise UsageError(f"{p}: already exists; refusing to overwrite a key (use --force)")
+    signer = Signer.generate()
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | (0 if force else os.O_EXCL)
+    fd = os.open(priv, flags, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        os.write(fd, signer.private_pem())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    tmp = pub.with_suffix(".pub.tmp")
+    tmp.write_text(signer.public.line() + "\n")
+    os.replace(tmp, pub)
+    return priv, pub

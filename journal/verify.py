@@ -1,0 +1,437 @@
+"""Offline verification of a journal against pinned keys.
+
+:func:`verify` returns a :class:`VerifyReport` when every event present
+checks out, and raises a typed :class:`~journal.errors.IntegrityError` (with
+the partial report attached as ``.report``) when one does not. It never
+returns a bare bool. Memory stays flat in journal size: the file is read in
+blocks, and large files are split into byte ranges checked by worker
+processes (see ``journal/_scan.py`` for why ranges are independent).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import dataclasses
+import multiprocessing
+import os
+import stat
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from . import codec
+from ._scan import MAX_LINE, RangeResult, ScanContext, _scan_range_star, cpu_count, scan_range
+from .chain import genesis
+from .errors import (
+    HeadMismatch,
+    IntegrityError,
+    JournalIOError,
+    NotClosed,
+    RunMismatch,
+    SchemaError,
+    UnsignedJournal,
+    UnsupportedFormat,
+    UntrustedKey,
+    UsageError,
+)
+from .events import FORMAT_VERSION, RunOpened
+from .keys import PublicKey, key_id_of
+
+__all__ = ["VerifyReport", "verify", "parse_head", "PARALLEL_MIN_BYTES"]
+
+#: Files smaller than this are checked in-process; process start-up would cost more than it saves.
+PARALLEL_MIN_BYTES = 16 * 1024 * 1024
+
+_ERRORS = {cls.__name__: cls for cls in IntegrityError.__subclasses__()}
+_ERRORS["IntegrityError"] = IntegrityError
+
+
+@dataclasses.dataclass
+class VerifyReport:
+    """What verification established about one journal file."""
+
+    ok: bool
+    path: str
+    events: int = 0
+    run_id: str | None = None
+    key_id: str | None = None
+    #: "pinned" (a key the caller trusts), "embedded" (the journal's own key:
+    #: authenticity not established), "unsigned", or "unchecked" (signatures skipped).
+    trust: str | None = None
+    format_version: str | None = None
+    created_ns: int | None = None
+    #: "closed" (run_closed then its seal, nothing after), "open", or "torn"
+    #: (bytes after the last complete line).
+    tail: str | None = None
+    last_seq: int | None = None
+    last_hash: str | None = None
+    seals: int = 0
+    last_sealed_seq: int | None = None
+    last_sealed_hash: str | None = None
+    unsealed_events: int = 0
+    torn_offset: int | None = None
+    torn_bytes: int = 0
+    kinds: dict[str, int] = dataclasses.field(default_factory=dict)
+    unknown_events: int = 0
+    bytes: int = 0
+    first_bad_seq: int | None = None
+    error: str | None = None
+    error_kind: str | None = None
+    error_offset: int | None = None
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def head(self) -> str | None:
+        """The latest sealed head as ``SEQ:HASH``, the string to publish elsewhere."""
+        if self.last_sealed_seq is None:
+            return None
+        return f"{self.last_sealed_seq}:{self.last_sealed_hash}"
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["head"] = self.head
+        return d
+
+
+def parse_head(text: str) -> tuple[int, str]:
+    """Parse ``SEQ:HASH`` (64 lowercase hex digits); raise :class:`UsageError` otherwise."""
+    seq_s, sep, h = text.partition(":")
+    if not sep or not seq_s.isdigit() or len(h) != 64 or any(c not in "0123456789abcdef" for c in h):
+        raise UsageError(f"--expect-head {text!r}: expected SEQ:HASH with a 64-digit lowercase hex hash")
+    return int(seq_s), h
+
+
+def _open_checked(path: Path) -> int:
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        raise JournalIOError(f"{path}: no such file") from None
+    except OSError as e:
+        raise JournalIOError(f"{path}: {e.strerror}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise JournalIOError(f"{path}: is a directory, not a journal file")
+    if not stat.S_ISREG(st.st_mode):
+        raise JournalIOError(f"{path}: not a regular file")
+    try:
+        with open(path, "rb") as f:
+            f.read(1)
+    except OSError as e:
+        raise JournalIOError(f"{path}: {e.strerror}") from None
+    return st.st_size
+
+
+def _first_line(path: Path, size: int) -> bytes:
+    with open(path, "rb") as f:
+        data = f.read(min(size, 1 << 20))
+        cut = data.find(b"\n")
+        if cut < 0 and len(data) < size:
+            data += f.read(MAX_LINE + 1 - len(data))
+            cut = data.find(b"\n")
+    if cut < 0:
+        if size == 0:
+            raise SchemaError("empty file: not a journal (no run_opened)", seq=0, offset=0)
+        if len(data) > MAX_LINE:
+            raise SchemaError(f"not a journal: first line is longer than {MAX_LINE} bytes", seq=0, offset=0)
+        raise SchemaError("not a journal: no complete first line", seq=0, offset=0)
+    return data[:cut]
+
+
+def _read_opening(path: Path, size: int) -> tuple[Any, int]:
+    line = _first_line(path, size)
+    try:
+        rec = codec.decode_line(line, seq_hint=0)
+    except IntegrityError as e:
+        # A newer major version is a usage problem, not tampering: say so first.
+        _check_version_loose(line)
+        e.offset = 0
+        raise
+    if not isinstance(rec, RunOpened):
+        _check_version_loose(line)
+        raise SchemaError(f"not a journal: first event is {getattr(rec, 'kind', type(rec).__name__)!r}, not run_opened", seq=0, offset=0)
+    _check_version(rec.format_version)
+    if rec.seq != 0:
+        raise SchemaError(f"first event has seq {rec.seq}, not 0", seq=0, offset=0)
+    return rec, len(line)
+
+
+def _check_version(version: str) -> None:
+    major = version.split(".", 1)[0]
+    if not major.isdigit():
+        raise SchemaError(f"run_opened: bad format_version {version!r}", seq=0, offset=0)
+    if int(major) > int(FORMAT_VERSION.split(".")[0]):
+        raise UnsupportedFormat(
+            f"journal format {version} is newer than this trainledger understands ({FORMAT_VERSION}); upgrade trainledger"
+        )
+
+
+def _check_version_loose(line: bytes) -> None:
+    import msgspec
+
+    try:
+        obj = msgspec.json.decode(line)
+    except msgspec.DecodeError:
+        return
+    if isinstance(obj, dict) and obj.get("kind") == "run_opened" and isinstance(obj.get("format_version"), str):
+        major = obj["format_version"].split(".", 1)[0]
+        if major.isdigit() and int(major) > int(FORMAT_VERSION.split(".")[0]):
+            _check_version(obj["format_version"])
+
+
+def _boundaries(path: Path, size: int, first_end: int, parts: int) -> list[tuple[int, int, bytes]]:
+    """Cut points at line starts, each with the seq and hash of the line just before it."""
+    cuts: list[tuple[int, int, bytes]] = []
+    window = 1 << 16
+    with open(path, "rb") as f:
+        for k in range(1, parts):
+            target = size * k // parts
+            if target <= first_end or (cuts and target <= cuts[-1][0]):
+                continue
+            f.seek(target)
+            nl = f.read(window).find(b"\n")
+            if nl < 0:
+                continue
+            cut = target + nl + 1
+            if cut >= size:
+                continue
+            back = max(0, cut - 1 - window)
+            f.seek(back)
+            before = f.read(cut - 1 - back)
+            start = before.rfind(b"\n")
+            if start < 0:
+                continue
+            prev_line = before[start + 1:]
+            try:
+                import msgspec
+
+                obj = msgspec.json.decode(prev_line)
+                prev_seq, prev_h = obj["seq"], bytes.fromhex(obj["h"])
+                if type(prev_seq) is not int or len(prev_h) != 32:
+                    continue
+            except (msgspec.DecodeError, KeyError, TypeError, ValueError):
+                continue  # a bad line: leave it inside one range, whose scan reports it
+            if cuts and cut <= cuts[-1][0]:
+                continue
+            cuts.append((cut, prev_seq, prev_h))
+    return cuts
+
+
+def verify(
+    path: str | os.PathLike,
+    *,
+    keys: Sequence[PublicKey] = (),
+    trust_embedded: bool = False,
+    allow_unsigned: bool = False,
+    expect_head: str | tuple[int, str] | None = None,
+    require_closed: bool = False,
+    check_signatures: bool = True,
+    workers: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> VerifyReport:
+    """Verify a journal file and return what was established.
+
+    Checks canonical form, seq continuity, every chain hash, run binding, every
+    seal (the head it names and its Ed25519 signature under a pinned key) and
+    the tail state.
+
+    ``keys`` are the pinned public keys; the journal's key must be one of them.
+    ``trust_embedded`` checks against the key embedded in ``run_opened``
+    instead (the report says authenticity is not established).
+    ``check_signatures=False`` checks everything but signatures (``trainledger show``).
+
+    Raises :class:`IntegrityError` subclasses when the journal does not verify
+    (``err.report`` holds the partial report), :class:`UsageError` when no key
+    is pinned, :class:`JournalIOError` when the file cannot be read and
+    :class:`UnsupportedFormat` for a newer major format version.
+    """
+    p = Path(path)
+    head_req = parse_head(expect_head) if isinstance(expect_head, str) else expect_head
+    size = _open_checked(p)
+    report = VerifyReport(ok=False, path=str(p), bytes=size)
+    try:
+        opened, opened_len = _read_opening(p, size)
+    except IntegrityError as e:
+        _fail(report, e)
+        raise
+
+    report.run_id = opened.run_id
+    report.key_id = opened.key_id
+    report.format_version = opened.format_version
+    report.created_ns = opened.ts
+    public_raw: bytes | None = None
+    try:
+        if opened.key_id is None:
+            report.trust = "unsigned"
+            if opened.public_key is not None:
+                raise RunMismatch("run_opened embeds a public key but no key id", seq=0, offset=0)
+        else:
+            embedded = _embedded_key(opened)
+            if not check_signatures:
+                report.trust = "unchecked"
+            else:
+                pinned = [k for k in keys if k.key_id == opened.key_id]
+                if pinned:
+                    public_raw = pinned[0].raw
+                    report.trust = "pinned"
+                elif keys:
+                    raise UntrustedKey(
+                        f"journal is signed by key {opened.key_id}, which is not pinned "
+                        f"(pinned: {', '.join(k.key_id for k in keys)})",
+                        seq=0, offset=0,
+                    )
+                elif trust_embedded:
+                    public_raw = embedded
+                    report.trust = "embedded"
+                    report.notes.append("checked against the key embedded in the journal: authenticity not established")
+                else:
+                    raise UsageError(
+                        "no key pinned: pass --pubkey FILE (or set TRAINLEDGER_TRUSTED_KEYS); "
+                        "--trust-embedded checks integrity only"
+                    )
+    except IntegrityError as e:
+        _fail(report, e)
+        raise
+
+    ctx = ScanContext(opened.run_id, opened.key_id, public_raw, check_signatures, head_req)
+    results = _scan(p, size, opened_len + 1, ctx, workers, progress)
+
+    for res in results:
+        report.events += res.count
+        for k, n in res.kinds.items():
+            report.kinds[k] = report.kinds.get(k, 0) + n
+        report.unknown_events += res.unknown
+        report.seals += res.seals
+        if res.last_seq is not None:
+            report.last_seq, report.last_hash = res.last_seq, res.last_hash
+        if res.last_seal_seq is not None:
+            report.last_sealed_seq = res.last_seal_seq - 1
+            report.last_sealed_hash = res.last_sealed_hash
+        if res.torn_offset is not None:
+            report.torn_offset, report.torn_bytes = res.torn_offset, res.torn_bytes
+        if res.error is not None:
+            name, msg, seq, off = res.error
+            err_cls = _ERRORS.get(name)
+            err = err_cls(msg, seq=seq, offset=off) if err_cls else JournalIOError(msg)
+            if isinstance(err, IntegrityError):
+                _fail(report, err)
+            raise err
+    _finish(report, results, head_req, require_closed, allow_unsigned, ctx)
+    return report
+
+
+def _embedded_key(opened: Any) -> bytes:
+    try:
+        raw = base64.b64decode(opened.public_key or "", validate=True)
+    except (binascii.Error, ValueError):
+        raise RunMismatch("run_opened: public key is not base64", seq=0, offset=0) from None
+    if len(raw) != 32 or key_id_of(raw) != opened.key_id:
+        raise RunMismatch("run_opened: embedded public key does not match its key id", seq=0, offset=0)
+    return raw
+
+
+def _scan(p: Path, size: int, first_end: int, ctx: ScanContext, workers: int | None,
+          progress: Callable[[int, int], None] | None) -> list[RangeResult]:
+    g = genesis(ctx.run_id)
+    n = cpu_count() if workers is None else max(1, workers)
+    # Fork only from a single-threaded process (forking with live threads can deadlock).
+    parallel = n > 1 and size >= PARALLEL_MIN_BYTES and threading.active_count() == 1 \
+        and "fork" in multiprocessing.get_all_start_methods()
+    if not parallel:
+        if progress is None:
+            return [scan_range(str(p), 0, size, -1, g, ctx, True)]
+        # Still in pieces, so that a progress bar moves.
+        n_parts = max(1, min(64, size // (4 << 20)))
+        cuts = _boundaries(p, size, first_end, n_parts)
+        return _run_serial(p, size, g, ctx, cuts, progress)
+    cuts = _boundaries(p, size, first_end, n * 4)
+    tasks = _tasks(p, size, g, ctx, cuts)
+    results: list[RangeResult | None] = [None] * len(tasks)
+    done = 0
+    with multiprocessing.get_context("fork").Pool(n) as pool:
+        for i, res in pool.imap_unordered(_indexed, list(enumerate(tasks))):
+            results[i] = res
+            done += res.end - res.start
+            if progress is not None:
+                progress(done, size)
+    return [r for r in results if r is not None]
+
+
+def _indexed(item):
+    i, args = item
+    return i, _scan_range_star(args)
+
+
+def _tasks(p: Path, size: int, g: bytes, ctx: ScanContext, cuts: list[tuple[int, int, bytes]]) -> list[tuple]:
+    starts = [(0, -1, g)] + cuts
+    tasks = []
+    for i, (start, prev_seq, prev_h) in enumerate(starts):
+        end = starts[i + 1][0] if i + 1 < len(starts) else size
+        tasks.append((str(p), start, end, prev_seq, prev_h, ctx, i == len(starts) - 1))
+    return tasks
+
+
+def _run_serial(p, size, g, ctx, cuts, progress) -> list[RangeResult]:
+    out = []
+    for args in _tasks(p, size, g, ctx, cuts):
+        res = _scan_range_star(args)
+        out.append(res)
+        progress(res.end, size)
+        if res.error is not None:
+            break
+    return out
+
+
+def _fail(report: VerifyReport, err: IntegrityError) -> None:
+    report.ok = False
+    report.first_bad_seq = err.seq
+    report.error = str(err)
+    report.error_kind = err.reason
+    report.error_offset = err.offset
+    err.report = report
+
+
+def _finish(report: VerifyReport, results: list[RangeResult], head_req, require_closed: bool,
+            allow_unsigned: bool, ctx: ScanContext) -> None:
+    last = results[-1]
+    closed_seqs = [s for r in results for s in r.closed_seqs]
+    last_seq = report.last_seq if report.last_seq is not None else -1
+    seal_line = report.last_sealed_seq + 1 if report.last_sealed_seq is not None else None
+    try:
+        if len(closed_seqs) > 1:
+            raise RunMismatch(f"run_closed appears {len(closed_seqs)} times (seq {closed_seqs[1]})", seq=closed_seqs[1])
+        if closed_seqs and last_seq > closed_seqs[0] + 1:
+            raise RunMismatch(f"events after run_closed (seq {closed_seqs[0]})", seq=closed_seqs[0] + 1)
+        if closed_seqs and last_seq == closed_seqs[0] + 1 and seal_line != last_seq:
+            raise RunMismatch("the event after run_closed is not its seal", seq=last_seq)
+        report.unsealed_events = last_seq - seal_line if seal_line is not None else report.events
+        if last.torn_offset is not None:
+            report.tail = "torn"
+            report.notes.append(f"torn tail: {report.torn_bytes} bytes after the last complete line (a crash mid-write)")
+        elif closed_seqs and seal_line == last_seq:
+            report.tail = "closed"
+        else:
+            report.tail = "open"
+        if report.unsealed_events:
+            report.notes.append(f"{report.unsealed_events} events after the last seal are not signed")
+        if head_req is not None:
+            found = next((r.head_found for r in results if r.head_found is not None), None)
+            if found is None:
+                raise HeadMismatch(
+                    f"expected head {head_req[0]}:{head_req[1][:16]}... is beyond the end of the journal "
+                    f"(last seq {last_seq}): truncated",
+                    seq=last_seq + 1,
+                )
+            if not found:
+                raise HeadMismatch(f"event {head_req[0]} does not have the expected hash", seq=head_req[0])
+        if require_closed and report.tail != "closed":
+            raise NotClosed(f"journal is not closed and sealed (tail: {report.tail})", seq=last_seq + 1)
+        if ctx.key_id is None and not allow_unsigned:
+            raise UnsignedJournal("journal is unsigned (no key): pass --allow-unsigned to accept integrity without authenticity", seq=0)
+    except IntegrityError as e:
+        _fail(report, e)
+        raise
+    if ctx.key_id is None:
+        report.notes.append("unsigned journal: the chain shows accidental corruption, not tampering")
+    report.notes.append("truncation is only visible against a head recorded elsewhere (trainledger head)")
+    report.ok = True
