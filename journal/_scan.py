@@ -160,24 +160,27 @@ class Scanner:
         if not n:
             return recs
         expect = self.expect
-        # h[i] must equal SHA-256(tag || h[i-1] || P[i]), h[i-1] read from the line before.
-        raw = list(map(_fromhex, map(_get_h, recs)))
+        try:
+            # h[i] must equal SHA-256(tag || h[i-1] || P[i]), h[i-1] read from the line before.
+            raw = list(map(_fromhex, map(_get_h, recs)))
+        except ValueError:  # some h is not hex: the slow path names the line
+            self._slow(lines, recs, offset)
+            return recs
         prevs = [self.prev]
         prevs += raw[:-1]
         # Copying a hash object that has absorbed the tag is cheaper than building a
         # new one (OpenSSL 3 looks the algorithm up on every construction).
         hashers = list(map(_copy, _repeat(_LINE_BASE, n)))
         list(map(_update, hashers, map(_add, prevs, map(_strip_hash, lines))))
-        computed = list(map(_digest, hashers))
         types = list(map(type, recs))
         kinds = set(types)
-        if (computed != raw or list(map(_get_seq, recs)) != list(range(expect, expect + n))
+        if (list(map(_digest, hashers)) != raw or list(map(_get_seq, recs)) != list(range(expect, expect + n))
                 or self.ctx.expect_head is not None or not self._rare_ok(kinds, types, recs, prevs)):
-            self._slow(lines, recs, offset, prevs, computed, types)
-        else:
-            counts = self._type_counts
-            for t in kinds:
-                counts[t] = counts.get(t, 0) + types.count(t)
+            self._slow(lines, recs, offset)
+            return recs
+        counts = self._type_counts
+        for t in kinds:
+            counts[t] = counts.get(t, 0) + types.count(t)
         self.expect = expect + n
         self.prev = raw[-1]
         self._commit(recs)
@@ -190,23 +193,26 @@ class Scanner:
         if not kinds <= self._plain_or_seal:
             return False  # run_opened, run_closed, unknown kinds: the slow path handles them
         seal_t = self._seal_t
+        res = self.res
+        saved = (res.seals, res.last_seal_seq, res.last_sealed_hash)
         i = -1
         try:
             for _ in range(types.count(seal_t)):
                 i = types.index(seal_t, i + 1)
                 self._check_seal(recs[i], prevs[i])
         except IntegrityError:
-            return False  # named again, with full context, by the slow path
+            res.seals, res.last_seal_seq, res.last_sealed_hash = saved
+            return False  # checked again, and named with full context, by the slow path
         return True
 
-    def _slow(self, lines: list[bytes], recs: list[Any], offset: int, prevs: list[bytes],
-              computed: list[str], types: list[type]) -> None:
-        """Per-line checks: rare kinds, expect_head, and naming the first bad line."""
+    def _slow(self, lines: list[bytes], recs: list[Any], offset: int) -> None:
+        """Line by line: rare kinds, ``expect_head``, and naming the first bad line."""
         expect = self.expect
+        prev = self.prev
         counts = self._type_counts
         seal_t, opened_t, closed_t = self._seal_t, self._opened_t, self._closed_t
         eh = self.ctx.expect_head
-        for i, rec in enumerate(recs):
+        for i, (line, rec) in enumerate(zip(lines, recs)):
             try:
                 if rec.seq != expect:
                     raise SequenceError(
@@ -214,12 +220,12 @@ class Scanner:
                         + (" (a line was deleted)" if rec.seq > expect else " (a line is repeated or out of order)"),
                         seq=expect,
                     )
-                if computed[i].hex() != rec.h:
+                d = _sha256(LINE_TAG + prev + line[:-HASH_SUFFIX_LEN]).digest()
+                if d.hex() != rec.h:
                     raise ChainBroken(f"chain broken at seq {expect}: hash mismatch", seq=expect)
-                t = types[i]
-                counts[t] = counts.get(t, 0) + 1
+                t = type(rec)
                 if t is seal_t:
-                    self._check_seal(rec, prevs[i])
+                    self._check_seal(rec, prev)
                 elif t is opened_t:
                     if expect != 0:
                         raise RunMismatch(f"run_opened at seq {expect}: a second run's events were spliced in", seq=expect)
@@ -233,10 +239,15 @@ class Scanner:
                 if e.offset is None:
                     e.offset = offset + sum(map(len, lines[:i])) + i
                 self.expect = expect
-                self.prev = prevs[i]
+                self.prev = prev
                 self._commit(recs[:i])
                 raise
+            counts[t] = counts.get(t, 0) + 1
+            prev = d
             expect += 1
+        self.expect = expect
+        self.prev = prev
+        self._commit(recs)
 
     def _commit(self, recs: list[Any]) -> None:
         if recs:

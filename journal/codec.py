@@ -285,6 +285,8 @@ def _decode_unknown(line: bytes, seq_hint: int | None) -> UnknownEvent:
         obj = _generic_decoder.decode(line)
     except msgspec.DecodeError as e:
         raise SchemaError(f"not a JSON event line: {e}", seq=seq_hint) from None
+    except UnicodeDecodeError:
+        raise SchemaError("not valid UTF-8", seq=seq_hint) from None
     if not isinstance(obj, dict):
         raise SchemaError("not a JSON object", seq=seq_hint)
     keys = list(obj)
@@ -317,7 +319,7 @@ def decode_line(line: bytes, *, seq_hint: int | None = None) -> Any:
     dec = _decoders()[0]
     try:
         rec = dec.decode(line)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, UnicodeDecodeError):
         rec = _decode_unknown(line, seq_hint)
     if encode_record(rec) != line:
         seq = rec.seq if isinstance(rec.seq, int) else seq_hint
@@ -344,7 +346,7 @@ def decode_batch(lines: list[bytes]) -> list[Any] | None:
     joined = b"[" + b",".join(lines) + b"]"
     try:
         records = _decoders()[1].decode(joined)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, UnicodeDecodeError):
         return None
     # Every record re-encodes to a line that starts with {"kind":", so the
     # separator below occurs exactly between lines unless some line holds more

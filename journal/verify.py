@@ -171,7 +171,7 @@ def _check_version_loose(line: bytes) -> None:
 
     try:
         obj = msgspec.json.decode(line)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, UnicodeDecodeError):
         return
     if isinstance(obj, dict) and obj.get("kind") == "run_opened" and isinstance(obj.get("format_version"), str):
         major = obj["format_version"].split(".", 1)[0]
@@ -209,7 +209,7 @@ def _boundaries(path: Path, size: int, first_end: int, parts: int) -> list[tuple
                 prev_seq, prev_h = obj["seq"], bytes.fromhex(obj["h"])
                 if type(prev_seq) is not int or len(prev_h) != 32:
                     continue
-            except (msgspec.DecodeError, KeyError, TypeError, ValueError):
+            except (msgspec.DecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError):
                 continue  # a bad line: leave it inside one range, whose scan reports it
             if cuts and cut <= cuts[-1][0]:
                 continue

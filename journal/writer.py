@@ -55,8 +55,14 @@ _encode_event = codec.encode_event
 _encoders: dict[type, Any] = {}  # event class -> its canonical encoder
 
 
+_WRITER_OWNED = (RunOpened, Seal, RunClosed)
+
+
 def _encode_new(event: Event) -> bytes:
     cls = event.__class__
+    if cls in _WRITER_OWNED:
+        raise UsageError(f"{cls.__struct_config__.tag} events are written by the journal itself "
+                         "(Journal.create, seal(), close()), not appended")
     _encoders[cls] = codec.encoder_for(cls)  # TypeError for anything that is not an event class
     return _encoders[cls](event)
 
@@ -164,7 +170,11 @@ class Journal:
             raise UsageError(f"{p}: already exists; use Journal.open_append to continue it") from None
         except OSError as e:
             raise JournalIOError(f"{p}: cannot create journal: {e.strerror}") from None
-        _lock_or_raise(fd, p)
+        try:
+            _lock_or_raise(fd, p)
+        except JournalLocked:
+            os.close(fd)
+            raise
         self = cls._new(p, fd, signer, rid, 0, genesis(rid), seal_every, seal_interval_s, flush_interval_s, background)
         opened = RunOpened(
             format_version=FORMAT_VERSION,
@@ -176,7 +186,7 @@ class Journal:
             software=_software(),
             meta=meta_d,
         )
-        self.append(opened, durable=True)
+        self._append_owned(opened)
         _fsync_dir(p.parent)
         if self._ticker is not None:
             self._ticker.start()
@@ -219,7 +229,7 @@ class Journal:
             _lock_or_raise(fd, p)
             keys = [signer.public] if signer is not None else []
             try:
-                report = verify(p, keys=keys, allow_unsigned=True, workers=1)
+                report = verify(p, keys=keys, allow_unsigned=True, check_signatures=signer is not None, workers=1)
             except IntegrityError as e:
                 raise type(e)(f"{p}: cannot append: {e}", seq=e.seq, offset=e.offset) from None
             if signer is None and report.key_id is not None:
@@ -276,6 +286,13 @@ class Journal:
             elif ts - self._last_flush_ns >= self._flush_interval_ns or len(self._buf) >= _FLUSH_BYTES:
                 self._flush_locked(ts)
             return seq, hx.decode()
+
+    def _append_owned(self, event: Event) -> None:
+        """Write an event the journal owns (run_opened, run_closed) and seal it durably."""
+        with self._lock:
+            self._write_locked(_encode_event(event))
+            self._since_seal += 1
+            self._seal_locked(durable=True)
 
     def _write_locked(self, body: bytes) -> tuple[int, bytes, int]:
         """Chain and buffer one encoded event (the caller holds the lock); ``append`` inlines this."""
@@ -440,10 +457,10 @@ class Journal:
 
 
 def _lock_or_raise(fd: int, p: Path) -> None:
+    """Take the writer's lock (flock: per open file, so a second open in this process conflicts too)."""
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        os.close(fd)
         raise JournalLocked(f"{p}: another writer holds this journal (one writer per file)") from None
 
 

@@ -1,0 +1,67 @@
+"""Shared fixtures: real keys on disk, real journals, a seeded RNG that prints its seed."""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from journal import Journal, StepObserved, keygen, load_signer  # noqa: E402
+
+
+@pytest.fixture
+def rng(request) -> random.Random:
+    seed = int(os.environ.get("TRAINLEDGER_TEST_SEED", random.randrange(2**32)))
+    print(f"\n[{request.node.name}] seed={seed} (rerun with TRAINLEDGER_TEST_SEED={seed})")
+    return random.Random(seed)
+
+
+@pytest.fixture
+def keypair(tmp_path):
+    """A real key pair written by keygen: (signer, private path, public path)."""
+    priv, pub = keygen(tmp_path / "keys")
+    return load_signer(priv), priv, pub
+
+
+@pytest.fixture
+def signer(keypair):
+    return keypair[0]
+
+
+@pytest.fixture
+def pubkey(keypair):
+    return keypair[0].public
+
+
+def step(i: int, **kw) -> StepObserved:
+    kw.setdefault("loss", 3.0 - i * 0.01)
+    kw.setdefault("grad_norm", 1.0 + (i % 7) * 0.01)
+    kw.setdefault("lr", 3e-4)
+    kw.setdefault("step_time_s", 0.25)
+    kw.setdefault("tokens", 4096)
+    return StepObserved(step=i, **kw)
+
+
+@pytest.fixture
+def make_journal(tmp_path, signer):
+    """Write a closed journal of ``n`` step events; returns its path."""
+    counter = iter(range(10**6))
+
+    def make(n: int = 50, *, seal_every: int = 10, close: bool = True, run_id: str | None = None,
+             signer_=signer, name: str | None = None) -> Path:
+        path = tmp_path / (name or f"j{next(counter)}.jsonl")
+        j = Journal.create(path, signer=signer_, run_id=run_id, seal_every=seal_every, background=False)
+        for i in range(n):
+            j.append(step(i))
+        if close:
+            j.close()
+        else:
+            j.suspend()
+        return path
+
+    return make
