@@ -25,12 +25,22 @@ def _lr(step: int, steps: int, peak: float = 3e-4, warmup: int = 100) -> float:
     return 0.5 * peak * (1 + math.cos(math.pi * min(1.0, frac)))
 
 
-def run_demo(out: Path, *, steps: int = 2000, seed: int = 0) -> tuple[Path, Path]:
-    """Create ``out`` with a key pair and ``journal.jsonl``; return (journal, public key)."""
+def run_demo(out: Path, *, steps: int = 2000, seed: int = 0, key: Path | None = None) -> tuple[Path, Path]:
+    """Create ``out`` with ``journal.jsonl`` and its public key; return (journal, public key).
+
+    Signs with ``key`` (a private key file) when given, else with a new key pair
+    written into ``out``.
+    """
     if (out / "journal.jsonl").exists():
         raise UsageError(f"{out}/journal.jsonl already exists; choose another --out")
-    priv, pub = keygen(out)
-    signer = load_signer(priv)
+    if key is not None:
+        signer = load_signer(key)
+        out.mkdir(parents=True, exist_ok=True)
+        pub = out / "trainledger.pub"
+        pub.write_text(signer.public.line() + "\n")
+    else:
+        priv, pub = keygen(out)
+        signer = load_signer(priv)
     rng = random.Random(seed)
     spike_at = int(steps * 0.6)
     tokens = 8 * 1024

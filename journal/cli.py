@@ -122,6 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="DIR", default=None, help="run folder to create (default: runs/demo-<time>)")
     p.add_argument("--steps", type=int, default=2000, help="simulated optimizer steps (default: 2000)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    p.add_argument("--key", metavar="FILE", default=None,
+                   help="sign with this private key instead of a new key pair in the run folder")
     p.set_defaults(func=_cmd_demo)
     return parser
 
@@ -242,7 +244,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     if args.steps < 1:
         raise JournalError(f"--steps must be at least 1, got {args.steps}")
     out = Path(args.out) if args.out else Path("runs") / time.strftime("demo-%Y%m%dT%H%M%S")
-    journal_path, pub = run_demo(out, steps=args.steps, seed=args.seed)
+    journal_path, pub = run_demo(out, steps=args.steps, seed=args.seed,
+                                 key=Path(args.key) if args.key else None)
     print(f"wrote {journal_path} (public key {pub})")
     print(f"$ trainledger verify {journal_path} --pubkey {pub} --require-closed")
     r = verify(journal_path, keys=trusted_keys([str(pub)]), require_closed=True)

@@ -281,31 +281,36 @@ def encode_record(record: Any) -> bytes:
 
 
 def _decode_unknown(line: bytes, seq_hint: int | None) -> UnknownEvent:
+    """The slow path for a line the typed decoder refused: an unknown kind, or say why not."""
+    try:
+        line.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise SchemaError(f"not valid UTF-8 (byte {e.start})", seq=seq_hint) from None
     try:
         obj = _generic_decoder.decode(line)
     except msgspec.DecodeError as e:
         raise SchemaError(f"not a JSON event line: {e}", seq=seq_hint) from None
-    except UnicodeDecodeError:
-        raise SchemaError("not valid UTF-8", seq=seq_hint) from None
     if not isinstance(obj, dict):
-        raise SchemaError("not a JSON object", seq=seq_hint)
-    keys = list(obj)
-    if len(keys) < 4 or keys[0] != "kind" or keys[-3:] != ["seq", "ts", "h"]:
-        raise SchemaError("line must start with kind and end with seq, ts, h", seq=seq_hint)
-    kind, seq, ts, h = obj["kind"], obj["seq"], obj["ts"], obj["h"]
-    if not isinstance(kind, str) or not _KIND_RE.match(kind):
-        raise SchemaError(f"bad kind {kind!r}", seq=seq_hint)
-    if kind in _by_kind:
+        raise SchemaError(f"not a JSON object but a {type(obj).__name__}", seq=seq_hint)
+    kind = obj.get("kind")
+    seq = obj.get("seq")
+    seq = seq if type(seq) is int else seq_hint
+    if isinstance(kind, str) and kind in _by_kind:
         # A known kind that failed typed decoding: report msgspec's reason.
         try:
             _decoders()[0].decode(line)
         except msgspec.ValidationError as e:
-            raise SchemaError(f"{kind}: {e}", seq=seq if isinstance(seq, int) else seq_hint) from None
-        raise SchemaError(f"{kind}: does not decode", seq=seq_hint)  # pragma: no cover - defensive
-    if type(seq) is not int or type(ts) is not int or type(h) is not str:
-        raise SchemaError("seq and ts must be integers and h a string", seq=seq_hint)
+            raise SchemaError(f"{kind}: {e}", seq=seq) from None
+    keys = list(obj)
+    if len(keys) < 4 or keys[0] != "kind" or keys[-3:] != ["seq", "ts", "h"]:
+        raise SchemaError("not an event line: it must start with kind and end with seq, ts, h", seq=seq)
+    ts, h = obj["ts"], obj["h"]
+    if not isinstance(kind, str) or not _KIND_RE.match(kind):
+        raise SchemaError(f"bad kind {kind!r}", seq=seq)
+    if type(obj["seq"]) is not int or type(ts) is not int or type(h) is not str:
+        raise SchemaError("seq and ts must be integers and h a string", seq=seq)
     fields = {k: v for k, v in obj.items() if k not in _RESERVED}
-    return UnknownEvent(kind=kind, seq=seq, ts=ts, h=h, fields=fields)
+    return UnknownEvent(kind=kind, seq=obj["seq"], ts=ts, h=h, fields=fields)
 
 
 def decode_line(line: bytes, *, seq_hint: int | None = None) -> Any:
