@@ -36,7 +36,7 @@ from .keys import PublicKey
 #: Longest line accepted. The writer never produces one near this; a longer
 #: "line" is garbage or an attack, and refusing it keeps memory bounded.
 MAX_LINE = 16 * 1024 * 1024
-BLOCK = 8 * 1024 * 1024
+BLOCK = 1024 * 1024
 BATCH = 2048
 
 _sha256 = hashlib.sha256
