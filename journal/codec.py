@@ -166,11 +166,21 @@ def _walk(cls: type):
             yield from _walk(sub)
 
 
+_rejected: set[type] = set()
+
+
 def refresh() -> None:
-    """Register every :class:`Event` subclass defined so far (readers call this)."""
+    """Register every :class:`Event` subclass defined so far (readers call this).
+
+    A class that breaks the rules is skipped here (a reader must not fail
+    because some module defined a bad kind); encoding one raises ``TypeError``.
+    """
     for cls in list(_walk(Event)):
-        if cls not in _by_event:
-            _register(cls)
+        if cls not in _by_event and cls not in _rejected:
+            try:
+                _register(cls)
+            except TypeError:
+                _rejected.add(cls)
 
 
 def known_kinds() -> dict[str, type]:

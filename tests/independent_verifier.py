@@ -41,7 +41,14 @@ def parse_pubkey(text: str) -> bytes:
 
 
 def verify(data: bytes, pinned_public: bytes) -> dict:
-    """Return {'events', 'last_sealed_seq', 'tail'} or raise Bad naming the line."""
+    """Return {'events', 'last_sealed_seq', 'tail'} or raise Bad naming the problem."""
+    try:
+        return _verify(data, pinned_public)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+        raise Bad(f"malformed journal: {type(e).__name__}: {e}") from None
+
+
+def _verify(data: bytes, pinned_public: bytes) -> dict:
     end = data.rfind(b"\n") + 1
     body, torn = data[:end], data[end:]
     lines = body.split(b"\n")[:-1]
