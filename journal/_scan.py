@@ -18,7 +18,7 @@ import operator
 import os
 from typing import Any
 
-from . import codec
+from . import _accel, codec
 from .chain import LINE_TAG, seal_message
 from .codec import HASH_SUFFIX_LEN, UnknownEvent
 from .errors import (
@@ -36,10 +36,12 @@ from .keys import PublicKey
 #: Longest line accepted. The writer never produces one near this; a longer
 #: "line" is garbage or an attack, and refusing it keeps memory bounded.
 MAX_LINE = 16 * 1024 * 1024
-BLOCK = 1024 * 1024
-BATCH = 2048
+#: Bytes read at a time; each block's complete lines are checked as one batch
+#: (about 1,000 step events), small enough to stay in cache (tools/bench_journal.py).
+BLOCK = 256 * 1024
 
-_sha256 = hashlib.sha256
+_fast = _accel.fast
+_link = _accel.link
 _get_seq = operator.attrgetter("seq")
 _get_h = operator.attrgetter("h")
 _fromhex = bytes.fromhex
@@ -160,33 +162,40 @@ class Scanner:
         if not n:
             return recs
         expect = self.expect
-        try:
-            # h[i] must equal SHA-256(tag || h[i-1] || P[i]), h[i-1] read from the line before.
-            raw = list(map(_fromhex, map(_get_h, recs)))
-        except ValueError:  # some h is not hex: the slow path names the line
-            self._slow(lines, recs, offset)
-            return recs
-        prevs = [self.prev]
-        prevs += raw[:-1]
-        # Copying a hash object that has absorbed the tag is cheaper than building a
-        # new one (OpenSSL 3 looks the algorithm up on every construction).
-        hashers = list(map(_copy, _repeat(_LINE_BASE, n)))
-        list(map(_update, hashers, map(_add, prevs, map(_strip_hash, lines))))
+        # h[i] must equal SHA-256(tag || h[i-1] || P[i]), h[i-1] read from the line before.
+        if _fast is not None:
+            if _fast.chain_check(self.prev, lines) >= 0:
+                self._slow(lines, recs, offset)  # names the line and the reason
+                return recs
+            chain_ok = True
+        else:
+            try:
+                raw = list(map(_fromhex, map(_get_h, recs)))
+            except ValueError:  # some h is not hex: the slow path names the line
+                self._slow(lines, recs, offset)
+                return recs
+            prevs = [self.prev]
+            prevs += raw[:-1]
+            # Copying a hash object that has absorbed the tag is cheaper than building a
+            # new one (OpenSSL 3 looks the algorithm up on every construction).
+            hashers = list(map(_copy, _repeat(_LINE_BASE, n)))
+            list(map(_update, hashers, map(_add, prevs, map(_strip_hash, lines))))
+            chain_ok = list(map(_digest, hashers)) == raw
         types = list(map(type, recs))
         kinds = set(types)
-        if (list(map(_digest, hashers)) != raw or list(map(_get_seq, recs)) != list(range(expect, expect + n))
-                or self.ctx.expect_head is not None or not self._rare_ok(kinds, types, recs, prevs)):
+        if (not chain_ok or list(map(_get_seq, recs)) != list(range(expect, expect + n))
+                or self.ctx.expect_head is not None or not self._rare_ok(kinds, types, recs)):
             self._slow(lines, recs, offset)
             return recs
         counts = self._type_counts
         for t in kinds:
             counts[t] = counts.get(t, 0) + types.count(t)
         self.expect = expect + n
-        self.prev = raw[-1]
+        self.prev = _fromhex(recs[-1].h)
         self._commit(recs)
         return recs
 
-    def _rare_ok(self, kinds: set[type], types: list[type], recs: list[Any], prevs: list[bytes]) -> bool:
+    def _rare_ok(self, kinds: set[type], types: list[type], recs: list[Any]) -> bool:
         """Check the seals in a batch that is otherwise clean; False sends it to the slow path."""
         if kinds <= self._plain:
             return True
@@ -199,7 +208,7 @@ class Scanner:
         try:
             for _ in range(types.count(seal_t)):
                 i = types.index(seal_t, i + 1)
-                self._check_seal(recs[i], prevs[i])
+                self._check_seal(recs[i], _fromhex(recs[i - 1].h) if i else self.prev)
         except IntegrityError:
             res.seals, res.last_seal_seq, res.last_sealed_hash = saved
             return False  # checked again, and named with full context, by the slow path
@@ -220,7 +229,7 @@ class Scanner:
                         + (" (a line was deleted)" if rec.seq > expect else " (a line is repeated or out of order)"),
                         seq=expect,
                     )
-                d = _sha256(LINE_TAG + prev + line[:-HASH_SUFFIX_LEN]).digest()
+                d = _link(prev, line[:-HASH_SUFFIX_LEN])
                 if d.hex() != rec.h:
                     raise ChainBroken(f"chain broken at seq {expect}: hash mismatch", seq=expect)
                 t = type(rec)
@@ -304,10 +313,12 @@ def _kind_name(t: type) -> str:
 
 
 def iter_line_batches(f, start: int, end: int, result: RangeResult, *, is_last: bool):
-    """Yield ``(lines, offset)`` for the complete lines in ``[start, end)``.
+    """Yield ``(lines, offset)`` for the complete lines in ``[start, end)``, a block at a time.
 
-    A last partial line (no newline) is recorded as a torn tail when this is the
-    file's last range. Raises :class:`SchemaError` for a line over MAX_LINE.
+    Each read block (cut at its last newline) is one batch, so batches need no
+    bookkeeping of their own. A last partial line (no newline) is recorded as a
+    torn tail when this is the file's last range. Raises :class:`SchemaError`
+    for a line that runs past MAX_LINE bytes without a newline.
     """
     pos = start
     f.seek(start)
@@ -321,23 +332,16 @@ def iter_line_batches(f, start: int, end: int, result: RangeResult, *, is_last: 
         if not block:
             break
         pos += len(block)
-        data = carry + block if carry else block
-        cut = data.rfind(b"\n")
-        if cut < 0:
-            carry = data
-            if len(carry) > MAX_LINE:
-                raise SchemaError(f"line at byte {carry_off} is longer than {MAX_LINE} bytes", offset=carry_off)
-            continue
-        lines = data[:cut].split(b"\n")
-        carry = data[cut + 1:]
-        off = carry_off
-        carry_off = carry_off + cut + 1
-        if max(map(len, lines)) > MAX_LINE:
-            raise SchemaError(f"a line in bytes {off}..{carry_off} is longer than {MAX_LINE} bytes", offset=off)
-        for i in range(0, len(lines), BATCH):
-            chunk = lines[i:i + BATCH]
-            yield chunk, off
-            off += sum(map(len, chunk)) + len(chunk)
+        lines = block.split(b"\n")
+        if len(lines) == 1:  # no newline in this block: the line goes on
+            carry += block
+        else:
+            if carry:
+                lines[0] = carry + lines[0]
+            off = carry_off
+            carry = lines.pop()
+            carry_off = pos - len(carry)
+            yield lines, off
         if len(carry) > MAX_LINE:
             raise SchemaError(f"line at byte {carry_off} is longer than {MAX_LINE} bytes", offset=carry_off)
     if carry:

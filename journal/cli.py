@@ -181,7 +181,7 @@ def _print_report(r: VerifyReport, *, title: str) -> None:
         print(f"  note: {note}")
 
 
-def _fail_line(r: VerifyReport | None, err: IntegrityError, path: str) -> str:
+def _fail_line(err: IntegrityError, path: str) -> str:
     where = f"seq {err.seq}" if err.seq is not None else "journal"
     if err.offset is not None:
         where += f" (byte {err.offset})"
@@ -192,6 +192,11 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     extra = {"require_closed": args.require_closed, "workers": args.workers}
     if args.expect_head:
         extra["expect_head"] = parse_head(args.expect_head)
+    return _verify_and_print(args, "OK  ", **extra)
+
+
+def _verify_and_print(args: argparse.Namespace, title: str, **extra) -> int:
+    """Verify, then print the report (or the one-line failure); the exit code of verify and show."""
     try:
         r = _verify_from_args(args, **extra)
     except IntegrityError as e:
@@ -200,12 +205,12 @@ def _cmd_verify(args: argparse.Namespace) -> int:
                                                                    "first_bad_seq": e.seq, "error": str(e)})
             print(json.dumps(d))
         else:
-            print(_fail_line(e.report, e, args.path))
+            print(_fail_line(e, args.path))
         return 1
     if args.json:
         print(json.dumps(r.to_dict()))
     else:
-        _print_report(r, title="OK  ")
+        _print_report(r, title=title)
     return 0
 
 
@@ -213,7 +218,7 @@ def _cmd_head(args: argparse.Namespace) -> int:
     try:
         r = _verify_from_args(args)
     except IntegrityError as e:
-        print(_fail_line(e.report, e, args.path), file=sys.stderr)
+        print(_fail_line(e, args.path), file=sys.stderr)
         return 1
     if r.head is None:
         raise JournalError(f"{args.path}: no seal yet: nothing to publish")
@@ -226,16 +231,7 @@ def _cmd_head(args: argparse.Namespace) -> int:
 
 
 def _cmd_show(args: argparse.Namespace) -> int:
-    try:
-        r = _verify_from_args(args, label="reading", check_signatures=False)
-    except IntegrityError as e:
-        print(_fail_line(e.report, e, args.path))
-        return 1
-    if args.json:
-        print(json.dumps(r.to_dict()))
-    else:
-        _print_report(r, title="JOURNAL")
-    return 0
+    return _verify_and_print(args, "JOURNAL", label="reading", check_signatures=False)
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:

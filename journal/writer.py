@@ -34,8 +34,8 @@ from typing import Any
 
 import msgspec
 
-from . import codec
-from .chain import LINE_TAG, check_run_id, genesis, seal_message
+from . import _accel, codec
+from .chain import check_run_id, genesis, seal_message
 from .errors import IntegrityError, JournalClosed, JournalIOError, JournalLocked, UsageError
 from .events import FORMAT_VERSION, Event, RunClosed, RunOpened, Seal, TailRepaired
 from .keys import Signer
@@ -50,7 +50,7 @@ DEFAULT_SEAL_INTERVAL_S = 1.0
 DEFAULT_FLUSH_INTERVAL_S = 0.2
 _FLUSH_BYTES = 1 << 20
 
-_sha256 = hashlib.sha256
+_link = _accel.link
 _encode_event = codec.encode_event
 _encoders: dict[type, Any] = {}  # event class -> its canonical encoder
 
@@ -117,7 +117,6 @@ class Journal:
         self.key_id = signer.key_id if signer is not None else None
         self._seq = seq
         self._prev = prev
-        self._tag_prev = LINE_TAG + prev
         self._last_hash_hex = _hexlify(prev)
         self._buf = bytearray()
         self._lock = threading.Lock()
@@ -271,12 +270,11 @@ class Journal:
             seq = self._seq
             ts = _now()
             prefix = b'%b,"seq":%d,"ts":%d' % (body[:-1], seq, ts)
-            d = _sha256(self._tag_prev + prefix).digest()
+            d = _link(self._prev, prefix)
             hx = _hexlify(d)
             self._buf += b'%b,"h":"%b"}\n' % (prefix, hx)
             self._seq = seq + 1
             self._prev = d
-            self._tag_prev = LINE_TAG + d
             self._last_hash_hex = hx
             self._since_seal += 1
             if durable:
@@ -299,12 +297,11 @@ class Journal:
         seq = self._seq
         ts = _now()
         prefix = b'%b,"seq":%d,"ts":%d' % (body[:-1], seq, ts)
-        d = _sha256(self._tag_prev + prefix).digest()
+        d = _link(self._prev, prefix)
         hx = _hexlify(d)
         self._buf += b'%b,"h":"%b"}\n' % (prefix, hx)
         self._seq = seq + 1
         self._prev = d
-        self._tag_prev = LINE_TAG + d
         self._last_hash_hex = hx
         return seq, hx, ts
 

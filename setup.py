@@ -1,0 +1,14 @@
+"""Build hook for the optional C accelerator of the hash chain (journal/_chainfast.c).
+
+Metadata lives in pyproject.toml. The extension links OpenSSL's libcrypto
+(Debian: libssl-dev). It is optional: where it cannot be built, the install
+still succeeds and the journal uses hashlib (same bytes, slower).
+"""
+
+from setuptools import Extension, setup
+
+setup(
+    ext_modules=[
+        Extension("journal._chainfast", ["journal/_chainfast.c"], libraries=["crypto"], optional=True),
+    ]
+)

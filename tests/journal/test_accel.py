@@ -1,0 +1,76 @@
+"""The optional C accelerator and the hashlib path compute the same chain.
+
+STYLE: keep the obviously-correct version beside the optimised one and test
+that they agree. The hashlib path is journal.chain.link; the accelerator is
+journal._chainfast (built by setup.py where a compiler and OpenSSL headers exist).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from journal import _accel
+from journal.chain import LINE_TAG, link
+
+fast = pytest.importorskip("journal._chainfast", reason="C accelerator not built here; hashlib path only")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(min_size=32, max_size=32), st.binary(max_size=2000))
+def test_line_hash_matches_hashlib(prev, prefix):
+    assert fast.line_hash(prev, prefix) == link(prev, prefix) == hashlib.sha256(LINE_TAG + prev + prefix).digest()
+
+
+def _chain(prev: bytes, bodies: list[bytes]) -> list[bytes]:
+    out = []
+    for b in bodies:
+        h = link(prev, b)
+        out.append(b + b',"h":"' + h.hex().encode() + b'"}')
+        prev = h
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(min_size=32, max_size=32), st.lists(st.binary(max_size=300), max_size=30), st.data())
+def test_chain_check_finds_the_first_bad_line(prev, bodies, data):
+    lines = _chain(prev, bodies)
+    assert fast.chain_check(prev, lines) == -1
+    if lines:
+        i = data.draw(st.integers(0, len(lines) - 1))
+        j = data.draw(st.integers(0, len(lines[i]) - 1))
+        bad = bytearray(lines[i])
+        bad[j] ^= data.draw(st.integers(1, 255))
+        lines[i] = bytes(bad)
+        assert fast.chain_check(prev, lines) == i  # whatever byte changed, the changed line is named
+
+
+def test_chain_check_rejects_uppercase_and_short_lines():
+    prev = bytes(32)
+    line = _chain(prev, [b'{"kind":"x","seq":0,"ts":0'])[0]
+    assert fast.chain_check(prev, [line]) == -1
+    assert fast.chain_check(prev, [line.upper()]) == 0
+    assert fast.chain_check(prev, [b"short"]) == 0
+    with pytest.raises(TypeError):
+        fast.chain_check(prev, ["not bytes"])
+    with pytest.raises(TypeError):
+        fast.line_hash(b"short", b"x")
+
+
+def test_pure_python_path_passes_the_journal_tests():
+    """The attack and property tests again, with the accelerator switched off."""
+    env = dict(os.environ, TRAINLEDGER_NO_ACCEL="1")
+    code = "import journal._accel as a; print(a.describe())"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert "pure Python" in out.stdout
+    tests = [os.path.join(os.path.dirname(__file__), f) for f in ("test_attacks.py", "test_properties.py", "test_writer.py")]
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests],
+                       env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:]
+    assert _accel.fast is not None  # this process uses the accelerator
