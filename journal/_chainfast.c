@@ -8,10 +8,12 @@
  * context. journal/_accel.py falls back to hashlib when this module was not
  * built, and the tests check both paths agree.
  */
+#define _GNU_SOURCE /* memmem */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #define OPENSSL_SUPPRESS_DEPRECATED
 #include <openssl/sha.h>
+#include <string.h>
 
 static const unsigned char LINE_TAG[20] = "trainledger/v1/line"; /* 19 chars + the 0x00 */
 #define SUFFIX 72  /* ,"h":" + 64 hex + "} */
@@ -26,21 +28,13 @@ static void link_hash(const unsigned char *prev, const char *p, Py_ssize_t n, un
     SHA256_Final(out, &c);
 }
 
-static int unhex_lower(const char *s, unsigned char *out)
+static void to_hex(const unsigned char *raw, char *out)
 {
+    static const char digits[] = "0123456789abcdef";
     for (int i = 0; i < 32; i++) {
-        int v = 0;
-        for (int k = 0; k < 2; k++) {
-            char ch = s[2 * i + k];
-            int d;
-            if (ch >= '0' && ch <= '9') d = ch - '0';
-            else if (ch >= 'a' && ch <= 'f') d = ch - 'a' + 10;
-            else return 0;
-            v = (v << 4) | d;
-        }
-        out[i] = (unsigned char)v;
+        out[2 * i] = digits[raw[i] >> 4];
+        out[2 * i + 1] = digits[raw[i] & 15];
     }
-    return 1;
 }
 
 /* line_hash(prev: bytes, prefix: bytes) -> bytes: h[n] from h[n-1] and P[n]. */
@@ -56,46 +50,84 @@ static PyObject *line_hash(PyObject *self, PyObject *const *args, Py_ssize_t nar
     return PyBytes_FromStringAndSize((const char *)out, 32);
 }
 
-/*
- * chain_check(prev: bytes, lines: list[bytes]) -> int
- *
- * Each line (no newline) must end with ,"h":"<64 lowercase hex>"} holding the
- * h computed from the previous line's stored hash (prev for the first).
- * Returns the index of the first line that fails, or -1 when all hold.
- */
-static PyObject *chain_check(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+/* Parse the decimal digits ending just before s[end]; return the start index or -1. */
+static Py_ssize_t digits_before(const char *s, Py_ssize_t end, long long *value)
 {
-    if (nargs != 2 || !PyBytes_Check(args[0]) || PyBytes_GET_SIZE(args[0]) != 32 || !PyList_Check(args[1])) {
-        PyErr_SetString(PyExc_TypeError, "chain_check(prev: 32 bytes, lines: list[bytes])");
+    Py_ssize_t i = end;
+    while (i > 0 && s[i - 1] >= '0' && s[i - 1] <= '9' && end - i < 19)
+        i--;
+    if (i == end || (end - i > 1 && s[i] == '0'))
+        return -1;
+    long long v = 0;
+    for (Py_ssize_t k = i; k < end; k++)
+        v = v * 10 + (s[k] - '0');
+    *value = v;
+    return i;
+}
+
+/*
+ * check_lines(prev: bytes, lines: list[bytes], first_seq: int) -> int
+ *
+ * The per-line checks of a batch that need no JSON decoding. Line i (no
+ * newline) must
+ *   - end with ,"seq":<first_seq + i>,"ts":<digits>,"h":"<64 lowercase hex>"}
+ *     where the hex is the h computed from the previous line's stored hash
+ *     (prev for the first);
+ *   - hold no '},{"kind":"' (one event object per line: with this true for
+ *     every line, a batch decoded as one JSON array lines up with its lines).
+ * Returns the index of the first line that fails, or -1 when all hold. The
+ * caller then checks canonical form by decoding and re-encoding the batch.
+ */
+static PyObject *check_lines(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    long long first_seq;
+    if (nargs != 3 || !PyBytes_Check(args[0]) || PyBytes_GET_SIZE(args[0]) != 32 || !PyList_Check(args[1]) ||
+        !PyLong_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "check_lines(prev: 32 bytes, lines: list[bytes], first_seq: int)");
         return NULL;
     }
-    unsigned char prev[32], stored[32], got[32];
+    first_seq = PyLong_AsLongLong(args[2]);
+    if (first_seq == -1 && PyErr_Occurred())
+        return NULL;
+    unsigned char prev[32];
+    char hex[64];
     memcpy(prev, PyBytes_AS_STRING(args[0]), 32);
     PyObject *lines = args[1];
     Py_ssize_t n = PyList_GET_SIZE(lines);
+    static const char boundary[] = "},{\"kind\":\"";
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *line = PyList_GET_ITEM(lines, i);
         if (!PyBytes_Check(line)) {
-            PyErr_SetString(PyExc_TypeError, "chain_check: lines must be bytes");
+            PyErr_SetString(PyExc_TypeError, "check_lines: lines must be bytes");
             return NULL;
         }
         const char *s = PyBytes_AS_STRING(line);
         Py_ssize_t len = PyBytes_GET_SIZE(line);
-        if (len < SUFFIX || memcmp(s + len - SUFFIX, ",\"h\":\"", 6) != 0 || s[len - 2] != '"' ||
-            s[len - 1] != '}' || !unhex_lower(s + len - 66, stored))
+        if (len < SUFFIX + 16 || memcmp(s + len - SUFFIX, ",\"h\":\"", 6) != 0 || s[len - 2] != '"' ||
+            s[len - 1] != '}')
             return PyLong_FromSsize_t(i);
-        link_hash(prev, s, len - SUFFIX, got);
-        if (memcmp(got, stored, 32) != 0)
+        long long ts, seq;
+        Py_ssize_t a = digits_before(s, len - SUFFIX, &ts);
+        if (a < 6 || memcmp(s + a - 6, ",\"ts\":", 6) != 0)
             return PyLong_FromSsize_t(i);
-        memcpy(prev, stored, 32);
+        Py_ssize_t b = digits_before(s, a - 6, &seq);
+        if (b < 7 || memcmp(s + b - 7, ",\"seq\":", 7) != 0 || seq != first_seq + i)
+            return PyLong_FromSsize_t(i);
+        if (memmem(s, (size_t)len, boundary, sizeof boundary - 1) != NULL)
+            return PyLong_FromSsize_t(i);
+        /* Compare in hex: equality also proves the stored text is lowercase hex. */
+        link_hash(prev, s, len - SUFFIX, prev);
+        to_hex(prev, hex);
+        if (memcmp(hex, s + len - 66, 64) != 0)
+            return PyLong_FromSsize_t(i);
     }
     return PyLong_FromLong(-1);
 }
 
 static PyMethodDef methods[] = {
     {"line_hash", (PyCFunction)(void (*)(void))line_hash, METH_FASTCALL, "h[n] from h[n-1] (32 bytes) and P[n]."},
-    {"chain_check", (PyCFunction)(void (*)(void))chain_check, METH_FASTCALL,
-     "Index of the first line whose stored hash does not follow, or -1."},
+    {"check_lines", (PyCFunction)(void (*)(void))check_lines, METH_FASTCALL,
+     "Index of the first line whose seq, hash suffix or chain hash is wrong, or -1."},
     {NULL, NULL, 0, NULL},
 };
 

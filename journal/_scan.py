@@ -130,8 +130,8 @@ class Scanner:
 
     # ------------------------------------------------------------ decoding
 
-    def _decode(self, lines: list[bytes], offset: int) -> list[Any]:
-        recs = codec.decode_batch(lines)
+    def _decode(self, lines: list[bytes], offset: int, aligned: bool = False) -> list[Any]:
+        recs = codec.decode_batch(lines, aligned=aligned)
         if recs is not None:
             return recs
         out = []
@@ -153,22 +153,28 @@ class Scanner:
     def feed(self, lines: list[bytes], offset: int) -> list[Any]:
         """Check ``lines`` (no newlines) starting at byte ``offset``; return their records.
 
-        The checks run as C-level ``map`` pipelines over the whole batch (no
-        Python bytecode per line); only when a batch fails, or holds a seal or
-        another rare kind, does a per-line loop find and name the line.
+        The checks run over the whole batch at C level (the accelerator, or
+        ``map`` pipelines over hashlib without it: no Python bytecode per line);
+        only when a batch fails, or holds a rare kind, does a per-line loop
+        find and name the line.
         """
-        recs = self._decode(lines, offset)
-        n = len(recs)
-        if not n:
-            return recs
         expect = self.expect
-        # h[i] must equal SHA-256(tag || h[i-1] || P[i]), h[i-1] read from the line before.
         if _fast is not None:
-            if _fast.chain_check(self.prev, lines) >= 0:
+            # In C, per line: the seq, the hash suffix, one object per line, the chain hash.
+            fast_ok = _fast.check_lines(self.prev, lines, expect) < 0
+            recs = self._decode(lines, offset, aligned=fast_ok)
+            if not fast_ok:
                 self._slow(lines, recs, offset)  # names the line and the reason
                 return recs
-            chain_ok = True
+            n = len(recs)
+            if not n:
+                return recs
         else:
+            recs = self._decode(lines, offset)
+            n = len(recs)
+            if not n:
+                return recs
+            # h[i] must equal SHA-256(tag || h[i-1] || P[i]), h[i-1] read from the line before.
             try:
                 raw = list(map(_fromhex, map(_get_h, recs)))
             except ValueError:  # some h is not hex: the slow path names the line
@@ -180,11 +186,12 @@ class Scanner:
             # new one (OpenSSL 3 looks the algorithm up on every construction).
             hashers = list(map(_copy, _repeat(_LINE_BASE, n)))
             list(map(_update, hashers, map(_add, prevs, map(_strip_hash, lines))))
-            chain_ok = list(map(_digest, hashers)) == raw
+            if list(map(_digest, hashers)) != raw or list(map(_get_seq, recs)) != list(range(expect, expect + n)):
+                self._slow(lines, recs, offset)
+                return recs
         types = list(map(type, recs))
         kinds = set(types)
-        if (not chain_ok or list(map(_get_seq, recs)) != list(range(expect, expect + n))
-                or self.ctx.expect_head is not None or not self._rare_ok(kinds, types, recs)):
+        if self.ctx.expect_head is not None or not self._rare_ok(kinds, types, recs):
             self._slow(lines, recs, offset)
             return recs
         counts = self._type_counts

@@ -349,7 +349,7 @@ def _first_difference(got: bytes, canon: bytes) -> str:
     return f"first difference at byte {n}: {got[max(0, n - 12):n + 12]!r} vs canonical {canon[max(0, n - 12):n + 12]!r}"
 
 
-def decode_batch(lines: list[bytes]) -> list[Any] | None:
+def decode_batch(lines: list[bytes], *, aligned: bool = False) -> list[Any] | None:
     """Decode many lines at once; ``None`` unless every line is a known kind in canonical form.
 
     The fast path of verification: one decode and one re-encode for the whole
@@ -367,7 +367,7 @@ def decode_batch(lines: list[bytes]) -> list[Any] | None:
     # separator below occurs exactly between lines unless some line holds more
     # than one object (or a nested object shaped like an event): then the
     # line-by-line path decides. With the count right, line i == encoding i.
-    if len(records) != len(lines) or joined.count(_BOUNDARY) != len(lines) - 1:
+    if len(records) != len(lines) or (not aligned and joined.count(_BOUNDARY) != len(lines) - 1):
         return None
     if _encoder.encode(records) != joined:
         return None

@@ -246,8 +246,10 @@ def main() -> int:
 
     VALUES[:] = [_values(i) for i in range(max(args.steps, args.peer_steps, args.mlflow_steps, 50_000))]
     tmp = Path(tempfile.mkdtemp(prefix="tl-bench-"))
+    from journal import _accel
+
     results: dict = {"machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
-                                 "platform": platform.platform()}}
+                                 "platform": platform.platform()}, "hashing": _accel.describe()}
     try:
         overhead = timer_overhead()
         results["timer_overhead_ns"] = overhead
@@ -300,6 +302,7 @@ def main() -> int:
 
 
 def print_table(r: dict) -> None:
+    print(f"\nhash chain: {r['hashing']}")
     print(f"\nappend one step (5 scalars), per call, timer overhead {r['timer_overhead_ns']:.0f} ns subtracted\n")
     print("| logging one step | median µs | p90 µs | p99 µs | mean µs | median ÷ trainledger's |")
     print("|---|---:|---:|---:|---:|---:|")

@@ -28,37 +28,45 @@ def test_line_hash_matches_hashlib(prev, prefix):
     assert fast.line_hash(prev, prefix) == link(prev, prefix) == hashlib.sha256(LINE_TAG + prev + prefix).digest()
 
 
-def _chain(prev: bytes, bodies: list[bytes]) -> list[bytes]:
+def _chain(prev: bytes, payloads: list[bytes], first_seq: int = 0) -> list[bytes]:
     out = []
-    for b in bodies:
-        h = link(prev, b)
-        out.append(b + b',"h":"' + h.hex().encode() + b'"}')
+    for i, payload in enumerate(payloads):
+        body = b'{"kind":"x","v":"' + payload + b'","seq":%d,"ts":%d' % (first_seq + i, 1764374400000000000 + i)
+        h = link(prev, body)
+        out.append(body + b',"h":"' + h.hex().encode() + b'"}')
         prev = h
     return out
 
 
+payload = st.binary(max_size=300).filter(lambda b: b'},{"kind":"' not in b)
+
+
 @settings(max_examples=200, deadline=None)
-@given(st.binary(min_size=32, max_size=32), st.lists(st.binary(max_size=300), max_size=30), st.data())
-def test_chain_check_finds_the_first_bad_line(prev, bodies, data):
-    lines = _chain(prev, bodies)
-    assert fast.chain_check(prev, lines) == -1
+@given(st.binary(min_size=32, max_size=32), st.lists(payload, max_size=30), st.integers(0, 2**40), st.data())
+def test_check_lines_names_the_first_bad_line(prev, payloads, first_seq, data):
+    lines = _chain(prev, payloads, first_seq)
+    assert fast.check_lines(prev, lines, first_seq) == -1
     if lines:
         i = data.draw(st.integers(0, len(lines) - 1))
         j = data.draw(st.integers(0, len(lines[i]) - 1))
         bad = bytearray(lines[i])
         bad[j] ^= data.draw(st.integers(1, 255))
         lines[i] = bytes(bad)
-        assert fast.chain_check(prev, lines) == i  # whatever byte changed, the changed line is named
+        assert fast.check_lines(prev, lines, first_seq) == i  # whatever byte changed, that line is named
 
 
-def test_chain_check_rejects_uppercase_and_short_lines():
+def test_check_lines_structure_rules():
     prev = bytes(32)
-    line = _chain(prev, [b'{"kind":"x","seq":0,"ts":0'])[0]
-    assert fast.chain_check(prev, [line]) == -1
-    assert fast.chain_check(prev, [line.upper()]) == 0
-    assert fast.chain_check(prev, [b"short"]) == 0
+    lines = _chain(prev, [b"a", b"b", b"c"], first_seq=7)
+    assert fast.check_lines(prev, lines, 7) == -1
+    assert fast.check_lines(prev, lines, 6) == 0  # seq off by one
+    assert fast.check_lines(prev, [lines[0], lines[2]], 7) == 1  # a deleted line
+    assert fast.check_lines(prev, [lines[0].upper()], 7) == 0
+    assert fast.check_lines(prev, [b"short"], 7) == 0
+    two = _chain(prev, [b'q"},{"kind":"y'], 7)
+    assert fast.check_lines(prev, two, 7) == 0  # two objects on one line
     with pytest.raises(TypeError):
-        fast.chain_check(prev, ["not bytes"])
+        fast.check_lines(prev, ["not bytes"], 0)
     with pytest.raises(TypeError):
         fast.line_hash(b"short", b"x")
 
