@@ -191,7 +191,8 @@ class Scanner:
                 return recs
         types = list(map(type, recs))
         kinds = set(types)
-        if self.ctx.expect_head is not None or not self._rare_ok(kinds, types, recs):
+        eh = self.ctx.expect_head
+        if (eh is not None and expect <= eh[0] < expect + n) or not self._rare_ok(kinds, types, recs):
             self._slow(lines, recs, offset)
             return recs
         counts = self._type_counts
