@@ -1,4 +1,33 @@
-"""Torch-aware side of trainledger: health monitor, FLOPs/MFU, checkpoints, resume,
-rewind, manifest and the reference training loop. Not built yet (issues 3, 4, 7)."""
+"""Torch-aware side of trainledger: the tiny causal LM, FLOPs/MFU, training data.
 
-__all__: list[str] = []
+Issue 3 (in progress): the model, FLOP accounting and corpus are here; the
+health monitor follows. Checkpoints, resume, rewind and the manifest are
+issues 4 and 7.
+"""
+
+from .corpus import MarkovSource, random_batches, text_tokens
+from .flops import (
+    PEAK_FLOPS,
+    FlopConfig,
+    FlopCrossCheckRefused,
+    count_training_flops,
+    flop_config_from_causal_lm,
+    mfu,
+    peak_flops_per_sec,
+)
+from .model import CausalLM, build_causal_lm
+
+__all__ = [
+    "CausalLM",
+    "build_causal_lm",
+    "FlopConfig",
+    "flop_config_from_causal_lm",
+    "PEAK_FLOPS",
+    "peak_flops_per_sec",
+    "mfu",
+    "FlopCrossCheckRefused",
+    "count_training_flops",
+    "MarkovSource",
+    "random_batches",
+    "text_tokens",
+]
