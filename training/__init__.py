@@ -1,8 +1,8 @@
 """Torch-aware side of trainledger: the tiny causal LM, FLOPs/MFU, training data.
 
-Issue 3 (in progress): the model, FLOP accounting and corpus are here; the
-health monitor follows. Checkpoints, resume, rewind and the manifest are
-issues 4 and 7.
+Issue 3 (in progress): the model, FLOP accounting, corpus and the health
+monitor are here; its detection-quality and speed benchmarks are not yet.
+Checkpoints, resume, rewind and the manifest are issues 4 and 7.
 """
 
 from .corpus import MarkovSource, random_batches, text_tokens
@@ -16,6 +16,7 @@ from .flops import (
     peak_flops_per_sec,
 )
 from .model import CausalLM, build_causal_lm
+from .monitor import AnomalyDetected, TrainingHealthMonitor
 
 __all__ = [
     "CausalLM",
@@ -30,4 +31,6 @@ __all__ = [
     "MarkovSource",
     "random_batches",
     "text_tokens",
+    "TrainingHealthMonitor",
+    "AnomalyDetected",
 ]

@@ -1,0 +1,388 @@
+"""The training-health projection: anomaly detection, MFU and restart continuity as a fold.
+
+Torch-free, so that ``replay`` rebuilds on an auditor's machine exactly what
+the live :class:`training.monitor.TrainingHealthMonitor` saw and decided: the
+monitor feeds every event it appends through this same reducer.
+
+Scoring: each step's loss (and the log of its grad norm: norms are
+multiplicative) is scored against a causal rolling window of earlier accepted
+values, ``z = (x - median) / (1.4826 * MAD)``; ``z`` above the threshold is a
+spike. NaN and infinite values are flagged on the step they happen, warm-up
+included. Flagged and non-finite values never enter the baseline. After a
+``run_resumed`` (from the checkpoint of step ``s``) the baseline is the one
+that stood at step ``s``, and a spike on the first step after it is a
+``restart_discontinuity``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections import deque
+from typing import Any
+
+from .codec import UnknownEvent
+from .events import Event, RunResumed, StepObserved
+
+__all__ = [
+    "RunConfigured",
+    "AnomalyDetected",
+    "DetectorParams",
+    "RollingBaseline",
+    "HealthProjection",
+    "MAD_SCALE",
+]
+
+#: 1 / Phi^-1(3/4): makes the MAD a consistent estimator of the standard deviation for Gaussian noise.
+MAD_SCALE = 1.4826
+
+
+class RunConfigured(Event, tag="run_configured", frozen=True, kw_only=True):
+    """What the monitor measures against: FLOP accounting, peak, devices and detector settings."""
+
+    n_params: int | None = None
+    n_layer: int | None = None
+    n_head: int | None = None
+    head_dim: int | None = None
+    seq_len: int | None = None
+    recompute: str = "none"
+    peak_flops_per_sec: float | None = None
+    devices: int = 1
+    loss_window: int = 128
+    loss_min_periods: int = 16
+    loss_z_thresh: float = 8.0
+    grad_norm_window: int = 128
+    grad_norm_min_periods: int = 16
+    grad_norm_z_thresh: float = 8.0
+
+
+class AnomalyDetected(Event, tag="anomaly_detected", frozen=True, kw_only=True):
+    """A derived event: the reducer's verdict on a step, recorded for audit and recomputed by replay.
+
+    The JSON member is ``anomaly`` (``kind`` names the event kind on every
+    line); in Python, ``.kind`` reads the anomaly's kind, as monitor users expect.
+    """
+
+    step: int
+    anomaly: str
+    value: float
+    baseline_median: float | None = None
+    mad: float | None = None
+    z_score: float | None = None
+    threshold: float | None = None
+
+    @property
+    def kind(self) -> str:
+        """The anomaly's kind: loss_spike, grad_norm_spike, nan_loss, inf_loss, nan_grad_norm, ..."""
+        return self.anomaly
+
+
+class DetectorParams:
+    """Window, warm-up and threshold of one detector, validated."""
+
+    __slots__ = ("window", "min_periods", "z_thresh")
+
+    def __init__(self, window: int, min_periods: int, z_thresh: float, name: str):
+        if not isinstance(window, int) or window < 3:
+            raise ValueError(f"{name}_window must be an integer >= 3, got {window!r}")
+        if not isinstance(min_periods, int) or not 3 <= min_periods <= window:
+            raise ValueError(f"{name}_min_periods must be an integer in [3, {name}_window={window}], got {min_periods!r}")
+        if not isinstance(z_thresh, (int, float)) or not math.isfinite(z_thresh) or z_thresh <= 0:
+            raise ValueError(f"{name}_z_thresh must be a positive number, got {z_thresh!r}")
+        self.window, self.min_periods, self.z_thresh = window, min_periods, float(z_thresh)
+
+
+def _kth_deviation(s: list[float], m: float, k: int) -> float:
+    """The k-th smallest (0-based) of |s_i - m| for sorted ``s`` whose median is ``m``, in O(log n).
+
+    The deviations are two sorted runs, the lower half read outward from the
+    middle and the upper half; this is the k-th element of their union.
+    """
+    n = len(s)
+    split = n // 2  # s[:split] <= m <= s[split:]
+    a, b = split, n - split
+
+    def dev_a(t: int) -> float:  # t-th smallest deviation of the lower half
+        return m - s[split - 1 - t]
+
+    def dev_b(t: int) -> float:
+        return s[split + t] - m
+
+    lo, hi = max(0, k + 1 - b), min(k + 1, a)
+    while lo < hi:
+        i = (lo + hi) // 2  # take i from the lower half, k + 1 - i from the upper
+        if dev_a(i) < dev_b(k - i):
+            lo = i + 1
+        else:
+            hi = i
+    i, j = lo, k + 1 - lo
+    return max(dev_a(i - 1) if i > 0 else -math.inf, dev_b(j - 1) if j > 0 else -math.inf)
+
+
+class RollingBaseline:
+    """Causal rolling median and MAD over the last ``window`` accepted values.
+
+    A sorted copy of the window gives the median in O(1) and the MAD in
+    O(log n); appending is O(window) memory moves. Every accepted value is
+    also kept with its step, so a resume can put the window back as it stood
+    at any earlier step.
+    """
+
+    __slots__ = ("window", "_fifo", "_sorted", "_history")
+
+    def __init__(self, window: int):
+        self.window = window
+        self._fifo: deque[float] = deque()
+        self._sorted: list[float] = []
+        self._history: list[tuple[int, float]] = []
+
+    def __len__(self) -> int:
+        return len(self._fifo)
+
+    def median(self) -> float:
+        s = self._sorted
+        n = len(s)
+        h = n // 2
+        return s[h] if n % 2 else 0.5 * (s[h - 1] + s[h])
+
+    def mad(self, median: float) -> float:
+        s = self._sorted
+        n = len(s)
+        if n % 2:
+            return _kth_deviation(s, median, n // 2)
+        return 0.5 * (_kth_deviation(s, median, n // 2 - 1) + _kth_deviation(s, median, n // 2))
+
+    def add(self, step: int, x: float) -> None:
+        self._history.append((step, x))
+        self._fifo.append(x)
+        bisect.insort(self._sorted, x)
+        if len(self._fifo) > self.window:
+            old = self._fifo.popleft()
+            del self._sorted[bisect.bisect_left(self._sorted, old)]
+
+    def rewind_to(self, step: int) -> None:
+        """Forget values observed after ``step``: the window as it stood when step ``step`` was done."""
+        h = self._history
+        cut = len(h)
+        while cut and h[cut - 1][0] > step:
+            cut -= 1
+        del h[cut:]
+        recent = [x for _, x in h[-self.window:]]
+        self._fifo = deque(recent)
+        self._sorted = sorted(recent)
+
+    def state(self) -> dict[str, Any]:
+        return {"window": self.window, "history": [[s, x] for s, x in self._history]}
+
+    @classmethod
+    def from_state(cls, d: dict[str, Any]) -> RollingBaseline:
+        b = cls(int(d["window"]))
+        b._history = [(int(s), float(x)) for s, x in d["history"]]
+        recent = [x for _, x in b._history[-b.window:]]
+        b._fifo = deque(recent)
+        b._sorted = sorted(recent)
+        return b
+
+
+class _Detector:
+    __slots__ = ("p", "base", "kind", "log")
+
+    def __init__(self, p: DetectorParams, kind: str, log: bool):
+        self.p = p
+        self.base = RollingBaseline(p.window)
+        self.kind = kind
+        self.log = log
+
+    def score(self, step: int, raw: float, after_resume: bool) -> AnomalyDetected | None:
+        """Score one finite value; add it to the baseline unless it is flagged."""
+        x = math.log(raw) if self.log else raw
+        base = self.base
+        if len(base) >= self.p.min_periods:
+            med = base.median()
+            if x > med:
+                mad = base.mad(med)
+                scale = MAD_SCALE * mad
+                z = (x - med) / scale if scale > 0 else math.inf
+                if z > self.p.z_thresh:
+                    kind = "restart_discontinuity" if after_resume else self.kind
+                    return AnomalyDetected(step=step, anomaly=kind, value=raw, baseline_median=med, mad=mad,
+                                           z_score=z, threshold=self.p.z_thresh)
+        base.add(step, x)
+        return None
+
+
+class HealthProjection:
+    """The reducer. ``apply(event)`` folds one event in; for a ``step_observed`` it returns that step's anomalies.
+
+    No I/O, no clock, no randomness, no tensors: the same fold runs live and in replay.
+    """
+
+    def __init__(self, config: RunConfigured | None = None):
+        self.config = config or RunConfigured()
+        c = self.config
+        self._loss = _Detector(DetectorParams(c.loss_window, c.loss_min_periods, c.loss_z_thresh, "loss"),
+                               "loss_spike", log=False)
+        self._grad = _Detector(DetectorParams(c.grad_norm_window, c.grad_norm_min_periods, c.grad_norm_z_thresh,
+                                              "grad_norm"), "grad_norm_spike", log=True)
+        self.steps = 0
+        self.last_step: int | None = None
+        self.anomalies: list[AnomalyDetected] = []
+        self.by_kind: dict[str, int] = {}
+        self.mfu_sum = 0.0
+        self.mfu_min = math.inf
+        self.mfu_max = -math.inf
+        self.mfu_count = 0
+        self.tokens = 0
+        self.token_time_s = 0.0
+        self.restarts: list[dict[str, Any]] = []
+        self._pending_resume: dict[str, Any] | None = None
+        self.unknown_events = 0
+        self._fpt = None
+        if c.n_params is not None:
+            self._fpt = 6 * c.n_params + 12 * c.n_layer * c.n_head * c.head_dim * c.seq_len  # PaLM appendix B
+
+    # ------------------------------------------------------------ the fold
+
+    def apply(self, event: Any) -> list[AnomalyDetected]:
+        if isinstance(event, StepObserved):
+            return self._step(event)
+        if isinstance(event, RunResumed):
+            self._resume(event)
+        elif isinstance(event, RunConfigured):
+            if self.steps:
+                raise ValueError("run_configured after steps were observed")
+            self.__init__(event)
+        elif type(event) is UnknownEvent:
+            self.unknown_events += 1
+        return []
+
+    def _step(self, ev: StepObserved) -> list[AnomalyDetected]:
+        step = ev.step
+        self.steps += 1
+        self.last_step = step
+        after_resume = self._pending_resume is not None
+        out = []
+        loss = ev.loss
+        if loss != loss:
+            out.append(AnomalyDetected(step=step, anomaly="nan_loss", value=loss))
+        elif loss in (math.inf, -math.inf):
+            out.append(AnomalyDetected(step=step, anomaly="inf_loss", value=loss))
+        else:
+            a = self._loss.score(step, float(loss), after_resume)
+            if a is not None:
+                out.append(a)
+        g = ev.grad_norm
+        if g is not None:
+            if g != g:
+                out.append(AnomalyDetected(step=step, anomaly="nan_grad_norm", value=g))
+            elif g in (math.inf, -math.inf):
+                out.append(AnomalyDetected(step=step, anomaly="inf_grad_norm", value=g))
+            elif g > 0:
+                a = self._grad.score(step, float(g), after_resume)
+                if a is not None:
+                    out.append(a)
+        if after_resume:
+            r = self._pending_resume
+            r["at_step"] = step
+            r["continuity_ok"] = not any(a.kind == "restart_discontinuity" for a in out)
+            self.restarts.append(r)
+            self._pending_resume = None
+        st = ev.step_time_s
+        if st is not None and st > 0 and st == st and st != math.inf:
+            if ev.tokens is not None:
+                self.tokens += ev.tokens
+                self.token_time_s += st
+            m = self._mfu(ev, st)
+            if m is not None:
+                self.mfu_sum += m
+                self.mfu_count += 1
+                if m < self.mfu_min:
+                    self.mfu_min = m
+                if m > self.mfu_max:
+                    self.mfu_max = m
+        for a in out:
+            self.anomalies.append(a)
+            self.by_kind[a.kind] = self.by_kind.get(a.kind, 0) + 1
+        return out
+
+    def _mfu(self, ev: StepObserved, st: float) -> float | None:
+        c = self.config
+        if self._fpt is None or c.peak_flops_per_sec is None:
+            return None
+        if ev.tokens is not None:
+            flops = self._fpt * ev.tokens
+        elif ev.examples is not None:
+            flops = self._fpt * c.seq_len * ev.examples
+        else:
+            return None
+        return flops / st / (c.peak_flops_per_sec * c.devices)
+
+    def _resume(self, ev: RunResumed) -> None:
+        s = ev.from_step
+        if s is not None:
+            self._loss.base.rewind_to(s)
+            self._grad.base.rewind_to(s)
+        self._pending_resume = {"from_step": s, "reason": ev.reason, "checkpoint": ev.checkpoint}
+
+    # ------------------------------------------------------------ reading it out
+
+    def report(self) -> dict[str, Any]:
+        """JSON-serializable summary (the monitor's ``report()``)."""
+        n = self.mfu_count
+        return {
+            "steps": self.steps,
+            "last_step": self.last_step,
+            "mfu": {
+                "mean": self.mfu_sum / n if n else None,
+                "min": self.mfu_min if n else None,
+                "max": self.mfu_max if n else None,
+                "count": n,
+            },
+            "tokens_per_s": self.tokens / self.token_time_s if self.token_time_s > 0 else None,
+            "anomalies_by_kind": dict(sorted(self.by_kind.items())),
+            "anomalies": len(self.anomalies),
+            "restarts": {
+                "count": len(self.restarts),
+                "continuity_ok": all(r["continuity_ok"] for r in self.restarts),
+                "events": [dict(r) for r in self.restarts],
+            },
+        }
+
+    def state(self) -> dict[str, Any]:
+        """Everything needed to continue the fold elsewhere (a checkpoint stores this)."""
+        from .codec import encode_event  # the config as canonical JSON-ready data
+
+        import msgspec
+
+        return {
+            "config": msgspec.json.decode(encode_event(self.config)),
+            "loss": self._loss.base.state(),
+            "grad_norm": self._grad.base.state(),
+            "steps": self.steps,
+            "last_step": self.last_step,
+            "anomalies": [msgspec.to_builtins(a) for a in self.anomalies],
+            "mfu": [self.mfu_sum, self.mfu_min, self.mfu_max, self.mfu_count],
+            "tokens": [self.tokens, self.token_time_s],
+            "restarts": [dict(r) for r in self.restarts],
+            "pending_resume": self._pending_resume,
+            "unknown_events": self.unknown_events,
+        }
+
+    @classmethod
+    def from_state(cls, d: dict[str, Any]) -> HealthProjection:
+        import msgspec
+
+        cfg = msgspec.convert(d["config"], RunConfigured, strict=False)
+        p = cls(cfg)
+        p._loss.base = RollingBaseline.from_state(d["loss"])
+        p._grad.base = RollingBaseline.from_state(d["grad_norm"])
+        p.steps, p.last_step = d["steps"], d["last_step"]
+        p.anomalies = [msgspec.convert(a, AnomalyDetected, strict=False) for a in d["anomalies"]]
+        for a in p.anomalies:
+            p.by_kind[a.kind] = p.by_kind.get(a.kind, 0) + 1
+        p.mfu_sum, p.mfu_min, p.mfu_max, p.mfu_count = d["mfu"]
+        p.tokens, p.token_time_s = d["tokens"]
+        p.restarts = [dict(r) for r in d["restarts"]]
+        p._pending_resume = d["pending_resume"]
+        p.unknown_events = d["unknown_events"]
+        return p

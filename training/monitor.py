@@ -1,0 +1,151 @@
+"""TrainingHealthMonitor: the emitter users embed in a training loop.
+
+It records each step (and each resume) as a journal event and folds it
+through :class:`journal.health.HealthProjection`, the same reducer replay
+uses, so the live state and a replay of the journal cannot drift apart.
+
+Host-device syncs: ``observe_step`` takes Python floats. Calling
+``loss.item()`` every step forces the host to wait for the GPU; to avoid a
+sync per step, keep the per-step losses as tensors and hand them over in
+bulk (``torch.stack(losses).tolist()``, one sync) every N steps, calling
+``observe_step`` for each. Detection then lags by at most N steps.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+from journal import Journal, RunResumed, StepObserved, read_events
+from journal.health import AnomalyDetected, DetectorParams, HealthProjection, RunConfigured
+
+from .flops import FlopConfig
+
+__all__ = ["TrainingHealthMonitor", "AnomalyDetected"]
+
+
+def _opt_float(name: str, v: Any) -> float | None:
+    if v is None:
+        return None
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} must be a number (a Python float; call .item() on tensors), got {type(v).__name__}") from None
+
+
+class TrainingHealthMonitor:
+    """Anomaly detection, MFU and restart continuity for a training loop.
+
+    ``journal=`` appends every event (the run's configuration, each step, each
+    anomaly, each resume); without one the monitor runs in memory.
+    Example (the five-step loop of the seed document)::
+
+        monitor = TrainingHealthMonitor(flop_config=cfg, peak_flops_per_sec=1e12)
+        monitor.observe_step(step, float(loss.item()), grad_norm=float(gn.item()), step_time_s=dt, batch_size=4)
+        monitor.report()
+
+    Raises ``ValueError`` at construction for an invalid setting.
+    """
+
+    def __init__(
+        self,
+        *,
+        journal: Journal | None = None,
+        flop_config: FlopConfig | None = None,
+        peak_flops_per_sec: float | None = None,
+        devices: int = 1,
+        loss_window: int = 128,
+        loss_min_periods: int = 16,
+        loss_z_thresh: float = 8.0,
+        grad_norm_window: int = 128,
+        grad_norm_min_periods: int = 16,
+        grad_norm_z_thresh: float = 8.0,
+    ):
+        DetectorParams(loss_window, loss_min_periods, loss_z_thresh, "loss")
+        DetectorParams(grad_norm_window, grad_norm_min_periods, grad_norm_z_thresh, "grad_norm")
+        if peak_flops_per_sec is not None and not (isinstance(peak_flops_per_sec, (int, float))
+                                                   and math.isfinite(peak_flops_per_sec) and peak_flops_per_sec > 0):
+            raise ValueError(f"peak_flops_per_sec must be a positive number or None, got {peak_flops_per_sec!r}")
+        if not isinstance(devices, int) or devices < 1:
+            raise ValueError(f"devices must be a positive integer, got {devices!r}")
+        if flop_config is not None and not isinstance(flop_config, FlopConfig):
+            raise ValueError("flop_config must be a training.flops.FlopConfig (see flop_config_from_causal_lm)")
+        fc = flop_config
+        self.config = RunConfigured(
+            n_params=fc.n_params if fc else None, n_layer=fc.n_layer if fc else None,
+            n_head=fc.n_head if fc else None, head_dim=fc.head_dim if fc else None,
+            seq_len=fc.seq_len if fc else None, recompute=fc.recompute if fc else "none",
+            peak_flops_per_sec=float(peak_flops_per_sec) if peak_flops_per_sec is not None else None,
+            devices=devices,
+            loss_window=loss_window, loss_min_periods=loss_min_periods, loss_z_thresh=float(loss_z_thresh),
+            grad_norm_window=grad_norm_window, grad_norm_min_periods=grad_norm_min_periods,
+            grad_norm_z_thresh=float(grad_norm_z_thresh),
+        )
+        self.journal = journal
+        self._proj = HealthProjection(self.config)
+        if journal is not None:
+            journal.append(self.config)
+
+    def observe_step(self, step: int, loss: float, grad_norm: float | None = None, step_time_s: float | None = None,
+                     batch_size: int | None = None, tokens: int | None = None,
+                     lr: float | None = None) -> list[AnomalyDetected]:
+        """Record one optimizer step; return its anomalies (each with ``kind``, ``step``, ``value``, ``z_score``)."""
+        ev = StepObserved(step=int(step), loss=float(loss), grad_norm=_opt_float("grad_norm", grad_norm),
+                          lr=_opt_float("lr", lr), step_time_s=_opt_float("step_time_s", step_time_s),
+                          examples=None if batch_size is None else int(batch_size),
+                          tokens=None if tokens is None else int(tokens))
+        j = self.journal
+        if j is not None:
+            j.append(ev)
+        found = self._proj.apply(ev)
+        if j is not None:
+            for a in found:
+                j.append(a)
+        return found
+
+    def observe_resume(self, from_step: int | None, *, reason: str = "resumed from checkpoint",
+                       checkpoint: str | None = None) -> None:
+        """Record a resume from the checkpoint of step ``from_step``: the next step is scored against
+        the baseline as it stood then, and a jump there is a ``restart_discontinuity``."""
+        ev = RunResumed(reason=reason, from_step=from_step, checkpoint=checkpoint)
+        if self.journal is not None:
+            self.journal.append(ev)
+        self._proj.apply(ev)
+
+    def report(self) -> dict[str, Any]:
+        """JSON-serializable: steps, MFU mean/min/max/count, tokens/s, anomalies by kind, restarts."""
+        return self._proj.report()
+
+    @property
+    def anomalies(self) -> list[AnomalyDetected]:
+        return list(self._proj.anomalies)
+
+    def state(self) -> dict[str, Any]:
+        """The monitor's state (JSON-serializable), to store in a checkpoint."""
+        return self._proj.state()
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any], *, journal: Journal | None = None) -> TrainingHealthMonitor:
+        """Rebuild a monitor from :meth:`state`; it appends to ``journal`` from now on."""
+        self = object.__new__(cls)
+        self._proj = HealthProjection.from_state(state)
+        self.config = self._proj.config
+        self.journal = journal
+        return self
+
+    @staticmethod
+    def replay(path: str | os.PathLike) -> HealthProjection:
+        """Fold a journal's events through the reducer: the state a live monitor had at the end.
+
+        Reads (and chain-checks) the journal; verify signatures first when authenticity matters.
+        """
+        proj: HealthProjection | None = None
+        for ev in read_events(path):
+            if isinstance(ev, RunConfigured):
+                proj = HealthProjection(ev)
+            elif proj is None and isinstance(ev, (StepObserved, RunResumed)):
+                proj = HealthProjection()
+            if proj is not None and not isinstance(ev, RunConfigured):
+                proj.apply(ev)
+        return proj if proj is not None else HealthProjection()
