@@ -7,7 +7,8 @@ monitor feeds every event it appends through this same reducer.
 Scoring: each step's loss (and the log of its grad norm: norms are
 multiplicative) is scored against a causal rolling window of earlier accepted
 values, ``z = (x - median) / (1.4826 * MAD)``; ``z`` above the threshold is a
-spike. NaN and infinite values are flagged on the step they happen, warm-up
+candidate spike, flagged at once when far above it and otherwise when the
+next step confirms it (see ``_Detector``). NaN and infinite values are flagged on the step they happen, warm-up
 included. Flagged and non-finite values never enter the baseline. After a
 ``run_resumed`` (from the checkpoint of step ``s``) the baseline is the one
 that stood at step ``s``, and a spike on the first step after it is a
@@ -48,10 +49,10 @@ class RunConfigured(Event, tag="run_configured", frozen=True, kw_only=True):
     recompute: str = "none"
     peak_flops_per_sec: float | None = None
     devices: int = 1
-    loss_window: int = 128
+    loss_window: int = 64
     loss_min_periods: int = 16
     loss_z_thresh: float = 8.0
-    grad_norm_window: int = 128
+    grad_norm_window: int = 64
     grad_norm_min_periods: int = 16
     grad_norm_z_thresh: float = 8.0
 
@@ -70,6 +71,8 @@ class AnomalyDetected(Event, tag="anomaly_detected", frozen=True, kw_only=True):
     mad: float | None = None
     z_score: float | None = None
     threshold: float | None = None
+    #: The step whose observation confirmed the spike, when it came one step later.
+    detected_at: int | None = None
 
     @property
     def kind(self) -> str:
@@ -184,30 +187,75 @@ class RollingBaseline:
         return b
 
 
+#: A spike whose z exceeds this multiple of the threshold is flagged on the spot;
+#: a smaller one is flagged when the next step is still elevated (see _Detector).
+IMMEDIATE_FACTOR = 4.0
+#: The next step confirms a candidate spike when its own z exceeds this fraction of the threshold.
+CONFIRM_FRACTION = 0.25
+
+
 class _Detector:
-    __slots__ = ("p", "base", "kind", "log")
+    """One scored series (loss, or log grad norm).
+
+    A value with ``z > z_thresh`` is a *candidate*. Real spikes last (they
+    decay over a few steps); heavy-tailed noise makes lone outliers. So a
+    candidate is flagged on the spot when ``z > IMMEDIATE_FACTOR * z_thresh``
+    or on the first step after a resume, and otherwise on the next step, if
+    that step is still above ``CONFIRM_FRACTION * z_thresh`` (latency one
+    step, recorded as ``detected_at``). An unconfirmed candidate joins the
+    baseline late, as the noise it was.
+    """
+
+    __slots__ = ("p", "base", "kind", "log", "pending")
 
     def __init__(self, p: DetectorParams, kind: str, log: bool):
         self.p = p
         self.base = RollingBaseline(p.window)
         self.kind = kind
         self.log = log
+        self.pending: list | None = None  # [step, raw, x, median, mad, z] of a candidate spike
+
+    def _z(self, x: float) -> tuple[float, float, float] | None:
+        """(z, median, mad) of x against the baseline, or None in warm-up or at/below the median."""
+        base = self.base
+        if len(base) < self.p.min_periods:
+            return None
+        med = base.median()
+        if not x > med:
+            return None
+        mad = base.mad(med)
+        scale = MAD_SCALE * mad
+        return ((x - med) / scale if scale > 0 else math.inf), med, mad
+
+    def release(self) -> None:
+        """Give up on a candidate (no confirmation came): it joins the baseline."""
+        if self.pending is not None:
+            self.base.add(self.pending[0], self.pending[2])
+            self.pending = None
 
     def score(self, step: int, raw: float, after_resume: bool) -> AnomalyDetected | None:
-        """Score one finite value; add it to the baseline unless it is flagged."""
+        """Score one finite value; add it to the baseline unless it is (part of) a spike."""
         x = math.log(raw) if self.log else raw
-        base = self.base
-        if len(base) >= self.p.min_periods:
-            med = base.median()
-            if x > med:
-                mad = base.mad(med)
-                scale = MAD_SCALE * mad
-                z = (x - med) / scale if scale > 0 else math.inf
-                if z > self.p.z_thresh:
-                    kind = "restart_discontinuity" if after_resume else self.kind
-                    return AnomalyDetected(step=step, anomaly=kind, value=raw, baseline_median=med, mad=mad,
-                                           z_score=z, threshold=self.p.z_thresh)
-        base.add(step, x)
+        t = self.p.z_thresh
+        pend = self.pending
+        if pend is not None:
+            self.pending = None
+            cur = self._z(x)
+            if cur is not None and cur[0] > CONFIRM_FRACTION * t:
+                # Still elevated: the candidate was a spike. This value is its tail: keep it out too.
+                return AnomalyDetected(step=pend[0], anomaly=self.kind, value=pend[1], baseline_median=pend[3],
+                                       mad=pend[4], z_score=pend[5], threshold=t, detected_at=step)
+            self.base.add(pend[0], pend[2])
+        cur = self._z(x)
+        if cur is not None and cur[0] > t:
+            z, med, mad = cur
+            if after_resume or z > IMMEDIATE_FACTOR * t:
+                kind = "restart_discontinuity" if after_resume else self.kind
+                return AnomalyDetected(step=step, anomaly=kind, value=raw, baseline_median=med, mad=mad,
+                                       z_score=z, threshold=t)
+            self.pending = [step, raw, x, med, mad, z]
+            return None
+        self.base.add(step, x)
         return None
 
 
@@ -264,8 +312,10 @@ class HealthProjection:
         out = []
         loss = ev.loss
         if loss != loss:
+            self._loss.release()
             out.append(AnomalyDetected(step=step, anomaly="nan_loss", value=loss))
         elif loss in (math.inf, -math.inf):
+            self._loss.release()
             out.append(AnomalyDetected(step=step, anomaly="inf_loss", value=loss))
         else:
             a = self._loss.score(step, float(loss), after_resume)
@@ -274,8 +324,10 @@ class HealthProjection:
         g = ev.grad_norm
         if g is not None:
             if g != g:
+                self._grad.release()
                 out.append(AnomalyDetected(step=step, anomaly="nan_grad_norm", value=g))
             elif g in (math.inf, -math.inf):
+                self._grad.release()
                 out.append(AnomalyDetected(step=step, anomaly="inf_grad_norm", value=g))
             elif g > 0:
                 a = self._grad.score(step, float(g), after_resume)
@@ -319,6 +371,7 @@ class HealthProjection:
 
     def _resume(self, ev: RunResumed) -> None:
         s = ev.from_step
+        self._loss.pending = self._grad.pending = None  # the steps after the checkpoint are being redone
         if s is not None:
             self._loss.base.rewind_to(s)
             self._grad.base.rewind_to(s)
@@ -358,6 +411,7 @@ class HealthProjection:
             "config": msgspec.json.decode(encode_event(self.config)),
             "loss": self._loss.base.state(),
             "grad_norm": self._grad.base.state(),
+            "pending": [self._loss.pending, self._grad.pending],
             "steps": self.steps,
             "last_step": self.last_step,
             "anomalies": [msgspec.to_builtins(a) for a in self.anomalies],
@@ -376,6 +430,7 @@ class HealthProjection:
         p = cls(cfg)
         p._loss.base = RollingBaseline.from_state(d["loss"])
         p._grad.base = RollingBaseline.from_state(d["grad_norm"])
+        p._loss.pending, p._grad.pending = (list(x) if x is not None else None for x in d["pending"])
         p.steps, p.last_step = d["steps"], d["last_step"]
         p.anomalies = [msgspec.convert(a, AnomalyDetected, strict=False) for a in d["anomalies"]]
         for a in p.anomalies:

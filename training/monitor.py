@@ -55,10 +55,10 @@ class TrainingHealthMonitor:
         flop_config: FlopConfig | None = None,
         peak_flops_per_sec: float | None = None,
         devices: int = 1,
-        loss_window: int = 128,
+        loss_window: int = 64,
         loss_min_periods: int = 16,
         loss_z_thresh: float = 8.0,
-        grad_norm_window: int = 128,
+        grad_norm_window: int = 64,
         grad_norm_min_periods: int = 16,
         grad_norm_z_thresh: float = 8.0,
     ):

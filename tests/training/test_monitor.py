@@ -164,3 +164,25 @@ def test_tensor_inputs_give_a_clear_error():
     m = TrainingHealthMonitor()
     with pytest.raises(TypeError, match=r"\.item\(\)"):
         m.observe_step(0, 3.0, grad_norm=torch.ones(2))
+
+
+def _steady(m, n=40):
+    for i in range(n):
+        m.observe_step(i, 3.0 + 0.01 * ((i * 7) % 5 - 2))
+
+
+def test_moderate_spike_is_confirmed_by_the_next_step():
+    m = TrainingHealthMonitor(loss_window=30, loss_min_periods=10, loss_z_thresh=8.0)
+    _steady(m)
+    # MAD of the steady series is 0.01, so robust sigma = 0.0148: +0.2 is z ~ 13.5 (between 8 and 32).
+    assert m.observe_step(40, 3.2) == []  # a candidate: wait one step
+    found = m.observe_step(41, 3.1)  # still elevated: it was a spike
+    assert [(a.kind, a.step, a.detected_at) for a in found] == [("loss_spike", 40, 41)]
+
+
+def test_lone_outlier_is_not_a_spike():
+    m = TrainingHealthMonitor(loss_window=30, loss_min_periods=10, loss_z_thresh=8.0)
+    _steady(m)
+    assert m.observe_step(40, 3.2) == []
+    assert m.observe_step(41, 3.0) == []  # back to normal: heavy-tailed noise, not a spike
+    assert m.report()["anomalies"] == 0
