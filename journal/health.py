@@ -11,18 +11,17 @@ candidate spike, flagged at once when far above it and otherwise when the
 next step confirms it (see ``_Detector``). NaN and infinite values are flagged on the step they happen, warm-up
 included. Flagged and non-finite values never enter the baseline. After a
 ``run_resumed`` (from the checkpoint of step ``s``) the baseline is the one
-that stood at step ``s``, and a spike on the first step after it is a
-``restart_discontinuity``.
+that stood at step ``s``, and a spike in the first ``RESTART_WINDOW`` steps
+after it is a ``restart_discontinuity``.
 """
 
 from __future__ import annotations
 
 import bisect
 import math
-from collections import deque
 from typing import Any
 
-from .codec import UnknownEvent
+from .codec import UnknownEvent, record_type
 from .events import Event, RunResumed, StepObserved
 
 __all__ = [
@@ -33,6 +32,8 @@ __all__ = [
     "HealthProjection",
     "MAD_SCALE",
 ]
+
+_NONE: list = []  # shared empty result: callers only read it
 
 #: 1 / Phi^-1(3/4): makes the MAD a consistent estimator of the standard deviation for Gaussian noise.
 MAD_SCALE = 1.4826
@@ -127,20 +128,20 @@ class RollingBaseline:
 
     A sorted copy of the window gives the median in O(1) and the MAD in
     O(log n); appending is O(window) memory moves. Every accepted value is
-    also kept with its step, so a resume can put the window back as it stood
-    at any earlier step.
+    kept with its step (the window is the tail of that history), so a resume
+    can put the window back as it stood at any earlier step.
     """
 
-    __slots__ = ("window", "_fifo", "_sorted", "_history")
+    __slots__ = ("window", "_sorted", "_steps", "_values")
 
     def __init__(self, window: int):
         self.window = window
-        self._fifo: deque[float] = deque()
         self._sorted: list[float] = []
-        self._history: list[tuple[int, float]] = []
+        self._steps: list[int] = []
+        self._values: list[float] = []
 
     def __len__(self) -> int:
-        return len(self._fifo)
+        return len(self._sorted)
 
     def median(self) -> float:
         s = self._sorted
@@ -155,37 +156,54 @@ class RollingBaseline:
             return _kth_deviation(s, median, n // 2)
         return 0.5 * (_kth_deviation(s, median, n // 2 - 1) + _kth_deviation(s, median, n // 2))
 
+    def mad_at_least(self, d: float) -> bool:
+        """True when the MAD is certainly >= ``d`` (a sufficient test by counting, O(log n)).
+
+        At most n//2 - 1 deviations below ``d`` puts both middle order statistics
+        of the deviations (and so the MAD) at or above it.
+        """
+        s = self._sorted
+        m = self.median()
+        inside = bisect.bisect_left(s, m + d) - bisect.bisect_right(s, m - d)
+        return inside <= len(s) // 2 - 1
+
     def add(self, step: int, x: float) -> None:
-        self._history.append((step, x))
-        self._fifo.append(x)
-        bisect.insort(self._sorted, x)
-        if len(self._fifo) > self.window:
-            old = self._fifo.popleft()
-            del self._sorted[bisect.bisect_left(self._sorted, old)]
+        values = self._values
+        self._steps.append(step)
+        values.append(x)
+        s = self._sorted
+        bisect.insort(s, x)
+        if len(values) > self.window:
+            del s[bisect.bisect_left(s, values[-self.window - 1])]
+
+    def _rebuild(self) -> None:
+        self._sorted = sorted(self._values[-self.window:])
 
     def rewind_to(self, step: int) -> None:
         """Forget values observed after ``step``: the window as it stood when step ``step`` was done."""
-        h = self._history
-        cut = len(h)
-        while cut and h[cut - 1][0] > step:
+        steps = self._steps
+        cut = len(steps)
+        while cut and steps[cut - 1] > step:
             cut -= 1
-        del h[cut:]
-        recent = [x for _, x in h[-self.window:]]
-        self._fifo = deque(recent)
-        self._sorted = sorted(recent)
+        del self._steps[cut:]
+        del self._values[cut:]
+        self._rebuild()
 
     def state(self) -> dict[str, Any]:
-        return {"window": self.window, "history": [[s, x] for s, x in self._history]}
+        return {"window": self.window, "steps": list(self._steps), "values": list(self._values)}
 
     @classmethod
     def from_state(cls, d: dict[str, Any]) -> RollingBaseline:
         b = cls(int(d["window"]))
-        b._history = [(int(s), float(x)) for s, x in d["history"]]
-        recent = [x for _, x in b._history[-b.window:]]
-        b._fifo = deque(recent)
-        b._sorted = sorted(recent)
+        b._steps = [int(x) for x in d["steps"]]
+        b._values = [float(x) for x in d["values"]]
+        b._rebuild()
         return b
 
+
+#: Steps after a resume in which a jump is a restart_discontinuity (flagged at once, no
+#: confirmation): a lost optimizer or scheduler state shows in the loss after the first update.
+RESTART_WINDOW = 3
 
 #: A spike whose z exceeds this multiple of the threshold is flagged on the spot;
 #: a smaller one is flagged when the next step is still elevated (see _Detector).
@@ -206,23 +224,30 @@ class _Detector:
     baseline late, as the noise it was.
     """
 
-    __slots__ = ("p", "base", "kind", "log", "pending")
+    __slots__ = ("p", "base", "kind", "log", "pending", "inv_scale", "min_periods", "window")
 
     def __init__(self, p: DetectorParams, kind: str, log: bool):
         self.p = p
+        self.min_periods = p.min_periods
+        self.window = p.window
+        # z <= CONFIRM_FRACTION * z_thresh  <=>  MAD >= (x - median) * inv_scale
+        self.inv_scale = 1.0 / (MAD_SCALE * p.z_thresh * CONFIRM_FRACTION)
         self.base = RollingBaseline(p.window)
         self.kind = kind
         self.log = log
         self.pending: list | None = None  # [step, raw, x, median, mad, z] of a candidate spike
 
-    def _z(self, x: float) -> tuple[float, float, float] | None:
-        """(z, median, mad) of x against the baseline, or None in warm-up or at/below the median."""
+    def _z(self, x: float, exact: bool = False) -> tuple[float, float, float] | None:
+        """(z, median, mad) of x against the baseline, or None in warm-up, at/below the median,
+        or (unless ``exact``) when z is certainly below ``CONFIRM_FRACTION * z_thresh``."""
         base = self.base
         if len(base) < self.p.min_periods:
             return None
         med = base.median()
         if not x > med:
             return None
+        if not exact and base.mad_at_least((x - med) * self.inv_scale):
+            return None  # z is below every threshold in use: no need for the exact MAD
         mad = base.mad(med)
         scale = MAD_SCALE * mad
         return ((x - med) / scale if scale > 0 else math.inf), med, mad
@@ -235,7 +260,31 @@ class _Detector:
 
     def score(self, step: int, raw: float, after_resume: bool) -> AnomalyDetected | None:
         """Score one finite value; add it to the baseline unless it is (part of) a spike."""
-        x = math.log(raw) if self.log else raw
+        x = _log(raw) if self.log else raw
+        if self.pending is None:
+            # The common case, inlined: warm, and not even near a threshold (see _z and mad_at_least).
+            base = self.base
+            s = base._sorted
+            n = len(s)
+            if n >= self.min_periods:
+                h = n >> 1
+                med = s[h] if n & 1 else 0.5 * (s[h - 1] + s[h])
+                if x > med:
+                    d = (x - med) * self.inv_scale
+                    if _bisect_left(s, med + d) - _bisect_right(s, med - d) >= h:
+                        return self._score(step, raw, x, after_resume)
+            # base.add(step, x), inlined
+            values = base._values
+            base._steps.append(step)
+            values.append(x)
+            _insort(s, x)
+            w = self.window
+            if len(values) > w:
+                del s[_bisect_left(s, values[-w - 1])]
+            return None
+        return self._score(step, raw, x, after_resume)
+
+    def _score(self, step: int, raw: float, x: float, after_resume: bool) -> AnomalyDetected | None:
         t = self.p.z_thresh
         pend = self.pending
         if pend is not None:
@@ -257,6 +306,12 @@ class _Detector:
             return None
         self.base.add(step, x)
         return None
+
+
+_bisect_left = bisect.bisect_left
+_bisect_right = bisect.bisect_right
+_insort = bisect.insort
+_log = math.log
 
 
 class HealthProjection:
@@ -285,6 +340,11 @@ class HealthProjection:
         self.restarts: list[dict[str, Any]] = []
         self._pending_resume: dict[str, Any] | None = None
         self.unknown_events = 0
+        # Live events and the records read back from a journal take the same paths.
+        self._handlers = {}
+        for cls, fn in ((StepObserved, self._step), (RunResumed, self._resume), (RunConfigured, self._configure)):
+            self._handlers[cls] = fn
+            self._handlers[record_type(cls)] = fn
         self._fpt = None
         if c.n_params is not None:
             self._fpt = 6 * c.n_params + 12 * c.n_layer * c.n_head * c.head_dim * c.seq_len  # PaLM appendix B
@@ -292,69 +352,72 @@ class HealthProjection:
     # ------------------------------------------------------------ the fold
 
     def apply(self, event: Any) -> list[AnomalyDetected]:
-        if isinstance(event, StepObserved):
-            return self._step(event)
-        if isinstance(event, RunResumed):
-            self._resume(event)
-        elif isinstance(event, RunConfigured):
-            if self.steps:
-                raise ValueError("run_configured after steps were observed")
-            self.__init__(event)
-        elif type(event) is UnknownEvent:
+        handler = self._handlers.get(type(event))
+        if handler is not None:
+            return handler(event)
+        if type(event) is UnknownEvent:
             self.unknown_events += 1
-        return []
+        return _NONE
+
+    def _configure(self, event: RunConfigured) -> list[AnomalyDetected]:
+        if self.steps:
+            raise ValueError("run_configured after steps were observed")
+        self.__init__(event)
+        return _NONE
 
     def _step(self, ev: StepObserved) -> list[AnomalyDetected]:
         step = ev.step
         self.steps += 1
         self.last_step = step
         after_resume = self._pending_resume is not None
-        out = []
+        out = _NONE
         loss = ev.loss
-        if loss != loss:
-            self._loss.release()
-            out.append(AnomalyDetected(step=step, anomaly="nan_loss", value=loss))
-        elif loss in (math.inf, -math.inf):
-            self._loss.release()
-            out.append(AnomalyDetected(step=step, anomaly="inf_loss", value=loss))
-        else:
-            a = self._loss.score(step, float(loss), after_resume)
+        if loss - loss == 0:  # finite (NaN and +/-inf give NaN)
+            a = self._loss.score(step, loss, after_resume)
             if a is not None:
-                out.append(a)
+                out = [a]
+        else:
+            self._loss.release()
+            out = [AnomalyDetected(step=step, anomaly="nan_loss" if loss != loss else "inf_loss", value=loss)]
         g = ev.grad_norm
         if g is not None:
-            if g != g:
+            if g - g == 0:
+                if g > 0:
+                    a = self._grad.score(step, g, after_resume)
+                    if a is not None:
+                        out = out + [a]
+            else:
                 self._grad.release()
-                out.append(AnomalyDetected(step=step, anomaly="nan_grad_norm", value=g))
-            elif g in (math.inf, -math.inf):
-                self._grad.release()
-                out.append(AnomalyDetected(step=step, anomaly="inf_grad_norm", value=g))
-            elif g > 0:
-                a = self._grad.score(step, float(g), after_resume)
-                if a is not None:
-                    out.append(a)
+                out = out + [AnomalyDetected(step=step, anomaly="nan_grad_norm" if g != g else "inf_grad_norm",
+                                             value=g)]
         if after_resume:
             r = self._pending_resume
-            r["at_step"] = step
-            r["continuity_ok"] = not any(a.kind == "restart_discontinuity" for a in out)
-            self.restarts.append(r)
-            self._pending_resume = None
+            r.setdefault("at_step", step)
+            r["left"] -= 1
+            broke = any(a.anomaly == "restart_discontinuity" for a in out)
+            if broke or not r["left"]:
+                del r["left"]
+                r["continuity_ok"] = not broke
+                self.restarts.append(r)
+                self._pending_resume = None
         st = ev.step_time_s
-        if st is not None and st > 0 and st == st and st != math.inf:
+        if st is not None and st > 0 and st - st == 0:
             if ev.tokens is not None:
                 self.tokens += ev.tokens
                 self.token_time_s += st
-            m = self._mfu(ev, st)
-            if m is not None:
-                self.mfu_sum += m
-                self.mfu_count += 1
-                if m < self.mfu_min:
-                    self.mfu_min = m
-                if m > self.mfu_max:
-                    self.mfu_max = m
-        for a in out:
-            self.anomalies.append(a)
-            self.by_kind[a.kind] = self.by_kind.get(a.kind, 0) + 1
+            if self._fpt is not None:
+                m = self._mfu(ev, st)
+                if m is not None:
+                    self.mfu_sum += m
+                    self.mfu_count += 1
+                    if m < self.mfu_min:
+                        self.mfu_min = m
+                    if m > self.mfu_max:
+                        self.mfu_max = m
+        if out:
+            for a in out:
+                self.anomalies.append(a)
+                self.by_kind[a.anomaly] = self.by_kind.get(a.anomaly, 0) + 1
         return out
 
     def _mfu(self, ev: StepObserved, st: float) -> float | None:
@@ -369,13 +432,20 @@ class HealthProjection:
             return None
         return flops / st / (c.peak_flops_per_sec * c.devices)
 
-    def _resume(self, ev: RunResumed) -> None:
+    def _resume(self, ev: RunResumed) -> list[AnomalyDetected]:
+        prev = self._pending_resume
+        if prev is not None:  # resumed again before the window closed: no break was seen
+            del prev["left"]
+            prev["continuity_ok"] = True
+            self.restarts.append(prev)
         s = ev.from_step
         self._loss.pending = self._grad.pending = None  # the steps after the checkpoint are being redone
         if s is not None:
             self._loss.base.rewind_to(s)
             self._grad.base.rewind_to(s)
-        self._pending_resume = {"from_step": s, "reason": ev.reason, "checkpoint": ev.checkpoint}
+        self._pending_resume = {"from_step": s, "reason": ev.reason, "checkpoint": ev.checkpoint,
+                                "left": RESTART_WINDOW}
+        return _NONE
 
     # ------------------------------------------------------------ reading it out
 
@@ -395,7 +465,8 @@ class HealthProjection:
             "anomalies_by_kind": dict(sorted(self.by_kind.items())),
             "anomalies": len(self.anomalies),
             "restarts": {
-                "count": len(self.restarts),
+                # a resume whose continuity window is still open counts, and is not yet judged
+                "count": len(self.restarts) + (self._pending_resume is not None),
                 "continuity_ok": all(r["continuity_ok"] for r in self.restarts),
                 "events": [dict(r) for r in self.restarts],
             },

@@ -17,7 +17,8 @@ import math
 import os
 from typing import Any
 
-from journal import Journal, RunResumed, StepObserved, read_events
+from journal import Journal, RunResumed, StepObserved
+from journal.reader import read_event_batches
 from journal.health import AnomalyDetected, DetectorParams, HealthProjection, RunConfigured
 
 from .flops import FlopConfig
@@ -99,10 +100,12 @@ class TrainingHealthMonitor:
         if j is not None:
             j.append(ev)
         found = self._proj.apply(ev)
+        if not found:
+            return []
         if j is not None:
             for a in found:
                 j.append(a)
-        return found
+        return list(found)
 
     def observe_resume(self, from_step: int | None, *, reason: str = "resumed from checkpoint",
                        checkpoint: str | None = None) -> None:
@@ -140,12 +143,9 @@ class TrainingHealthMonitor:
 
         Reads (and chain-checks) the journal; verify signatures first when authenticity matters.
         """
-        proj: HealthProjection | None = None
-        for ev in read_events(path):
-            if isinstance(ev, RunConfigured):
-                proj = HealthProjection(ev)
-            elif proj is None and isinstance(ev, (StepObserved, RunResumed)):
-                proj = HealthProjection()
-            if proj is not None and not isinstance(ev, RunConfigured):
-                proj.apply(ev)
-        return proj if proj is not None else HealthProjection()
+        proj = HealthProjection()
+        apply = proj.apply  # run_configured (the first event the monitor writes) re-initializes it
+        for batch in read_event_batches(path):
+            for ev in batch:
+                apply(ev)
+        return proj
