@@ -349,6 +349,19 @@ def _first_difference(got: bytes, canon: bytes) -> str:
     return f"first difference at byte {n}: {got[max(0, n - 12):n + 12]!r} vs canonical {canon[max(0, n - 12):n + 12]!r}"
 
 
+def decode_unchecked(lines: list[bytes]) -> list[Any] | None:
+    """Decode a batch of known-kind lines *without* checking canonical form; ``None`` if it cannot.
+
+    Only for readers whose lines are checked elsewhere (``reader.fold_events``
+    checks them in another process at the same time).
+    """
+    try:
+        records = _decoders()[1].decode(b"[" + b",".join(lines) + b"]")
+    except (msgspec.DecodeError, UnicodeDecodeError):
+        return None
+    return records if len(records) == len(lines) else None
+
+
 def decode_batch(lines: list[bytes], *, aligned: bool = False) -> list[Any] | None:
     """Decode many lines at once; ``None`` unless every line is a known kind in canonical form.
 

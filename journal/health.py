@@ -224,30 +224,31 @@ class _Detector:
     baseline late, as the noise it was.
     """
 
-    __slots__ = ("p", "base", "kind", "log", "pending", "inv_scale", "min_periods", "window")
+    __slots__ = ("p", "base", "kind", "log", "pending", "inv_scale", "inv_scale_confirm", "min_periods", "window")
 
     def __init__(self, p: DetectorParams, kind: str, log: bool):
         self.p = p
         self.min_periods = p.min_periods
         self.window = p.window
-        # z <= CONFIRM_FRACTION * z_thresh  <=>  MAD >= (x - median) * inv_scale
-        self.inv_scale = 1.0 / (MAD_SCALE * p.z_thresh * CONFIRM_FRACTION)
+        # z <= z_thresh  <=>  MAD >= (x - median) * inv_scale (and likewise for the confirmation level)
+        self.inv_scale = 1.0 / (MAD_SCALE * p.z_thresh)
+        self.inv_scale_confirm = 1.0 / (MAD_SCALE * p.z_thresh * CONFIRM_FRACTION)
         self.base = RollingBaseline(p.window)
         self.kind = kind
         self.log = log
         self.pending: list | None = None  # [step, raw, x, median, mad, z] of a candidate spike
 
-    def _z(self, x: float, exact: bool = False) -> tuple[float, float, float] | None:
+    def _z(self, x: float, inv_scale: float) -> tuple[float, float, float] | None:
         """(z, median, mad) of x against the baseline, or None in warm-up, at/below the median,
-        or (unless ``exact``) when z is certainly below ``CONFIRM_FRACTION * z_thresh``."""
+        or when z is certainly at or below the level that ``inv_scale`` stands for."""
         base = self.base
         if len(base) < self.p.min_periods:
             return None
         med = base.median()
         if not x > med:
             return None
-        if not exact and base.mad_at_least((x - med) * self.inv_scale):
-            return None  # z is below every threshold in use: no need for the exact MAD
+        if base.mad_at_least((x - med) * inv_scale):
+            return None  # z is at or below the level asked about: no need for the exact MAD
         mad = base.mad(med)
         scale = MAD_SCALE * mad
         return ((x - med) / scale if scale > 0 else math.inf), med, mad
@@ -289,13 +290,13 @@ class _Detector:
         pend = self.pending
         if pend is not None:
             self.pending = None
-            cur = self._z(x)
+            cur = self._z(x, self.inv_scale_confirm)
             if cur is not None and cur[0] > CONFIRM_FRACTION * t:
                 # Still elevated: the candidate was a spike. This value is its tail: keep it out too.
                 return AnomalyDetected(step=pend[0], anomaly=self.kind, value=pend[1], baseline_median=pend[3],
                                        mad=pend[4], z_score=pend[5], threshold=t, detected_at=step)
             self.base.add(pend[0], pend[2])
-        cur = self._z(x)
+        cur = self._z(x, self.inv_scale)
         if cur is not None and cur[0] > t:
             z, med, mad = cur
             if after_resume or z > IMMEDIATE_FACTOR * t:

@@ -18,7 +18,7 @@ import os
 from typing import Any
 
 from journal import Journal, RunResumed, StepObserved
-from journal.reader import read_event_batches
+from journal.reader import fold_events
 from journal.health import AnomalyDetected, DetectorParams, HealthProjection, RunConfigured
 
 from .flops import FlopConfig
@@ -141,11 +141,10 @@ class TrainingHealthMonitor:
     def replay(path: str | os.PathLike) -> HealthProjection:
         """Fold a journal's events through the reducer: the state a live monitor had at the end.
 
-        Reads (and chain-checks) the journal; verify signatures first when authenticity matters.
+        Checks the chain and canonical form (in a second process, while this one folds) and
+        raises on an integrity error; verify signatures first when authenticity matters.
         """
         proj = HealthProjection()
-        apply = proj.apply  # run_configured (the first event the monitor writes) re-initializes it
-        for batch in read_event_batches(path):
-            for ev in batch:
-                apply(ev)
+        # run_configured (the first event the monitor writes) re-initializes it
+        fold_events(path, proj.apply)
         return proj
