@@ -34,6 +34,8 @@ __all__ = [
 ]
 
 _NONE: list = []  # shared empty result: callers only read it
+_up = math.nextafter
+_INF = math.inf
 
 #: 1 / Phi^-1(3/4): makes the MAD a consistent estimator of the standard deviation for Gaussian noise.
 MAD_SCALE = 1.4826
@@ -164,7 +166,9 @@ class RollingBaseline:
         """
         s = self._sorted
         m = self.median()
-        inside = bisect.bisect_left(s, m + d) - bisect.bisect_right(s, m - d)
+        # Widen the interval by one ulp each way: rounding can then only overcount the
+        # values inside, which makes the answer False (take the exact path), never wrong.
+        inside = bisect.bisect_left(s, _up(m + d, _INF)) - bisect.bisect_right(s, _up(m - d, -_INF))
         return inside <= len(s) // 2 - 1
 
     def add(self, step: int, x: float) -> None:
@@ -272,7 +276,7 @@ class _Detector:
                 med = s[h] if n & 1 else 0.5 * (s[h - 1] + s[h])
                 if x > med:
                     d = (x - med) * self.inv_scale
-                    if _bisect_left(s, med + d) - _bisect_right(s, med - d) >= h:
+                    if _bisect_left(s, _up(med + d, _INF)) - _bisect_right(s, _up(med - d, -_INF)) >= h:
                         return self._score(step, raw, x, after_resume)
             # base.add(step, x), inlined
             values = base._values
@@ -346,6 +350,7 @@ class HealthProjection:
         for cls, fn in ((StepObserved, self._step), (RunResumed, self._resume), (RunConfigured, self._configure)):
             self._handlers[cls] = fn
             self._handlers[record_type(cls)] = fn
+        self._peak = c.peak_flops_per_sec * c.devices if c.peak_flops_per_sec is not None else None
         self._fpt = None
         if c.n_params is not None:
             self._fpt = 6 * c.n_params + 12 * c.n_layer * c.n_head * c.head_dim * c.seq_len  # PaLM appendix B
@@ -359,6 +364,18 @@ class HealthProjection:
         if type(event) is UnknownEvent:
             self.unknown_events += 1
         return _NONE
+
+    def apply_all(self, events: list[Any]) -> None:
+        """Fold a batch of events (replay's loop: one call per batch, not per event)."""
+        handlers = self._handlers
+        for ev in events:
+            handler = handlers.get(type(ev))
+            if handler is not None:
+                handler(ev)
+                if handler.__func__ is HealthProjection._configure:
+                    handlers = self._handlers  # re-initialized: new bound methods
+            elif type(ev) is UnknownEvent:
+                self.unknown_events += 1
 
     def _configure(self, event: RunConfigured) -> list[AnomalyDetected]:
         if self.steps:
@@ -406,8 +423,15 @@ class HealthProjection:
             if ev.tokens is not None:
                 self.tokens += ev.tokens
                 self.token_time_s += st
-            if self._fpt is not None:
-                m = self._mfu(ev, st)
+            fpt = self._fpt
+            if fpt is not None and self._peak is not None:
+                # MFU = model FLOPs of the step / step time / (peak x devices)
+                if ev.tokens is not None:
+                    m = fpt * ev.tokens / st / self._peak
+                elif ev.examples is not None:
+                    m = fpt * self.config.seq_len * ev.examples / st / self._peak
+                else:
+                    m = None
                 if m is not None:
                     self.mfu_sum += m
                     self.mfu_count += 1
@@ -420,18 +444,6 @@ class HealthProjection:
                 self.anomalies.append(a)
                 self.by_kind[a.anomaly] = self.by_kind.get(a.anomaly, 0) + 1
         return out
-
-    def _mfu(self, ev: StepObserved, st: float) -> float | None:
-        c = self.config
-        if self._fpt is None or c.peak_flops_per_sec is None:
-            return None
-        if ev.tokens is not None:
-            flops = self._fpt * ev.tokens
-        elif ev.examples is not None:
-            flops = self._fpt * c.seq_len * ev.examples
-        else:
-            return None
-        return flops / st / (c.peak_flops_per_sec * c.devices)
 
     def _resume(self, ev: RunResumed) -> list[AnomalyDetected]:
         prev = self._pending_resume

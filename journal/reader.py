@@ -45,14 +45,14 @@ def read_event_batches(path: str | os.PathLike) -> Iterator[list[Any]]:
             yield scanner.feed(lines, off)
 
 
-def fold_events(path: str | os.PathLike, apply) -> None:
-    """Call ``apply(event)`` for every complete event, in order, with the same checks as :func:`read_events`.
+def fold_events(path: str | os.PathLike, apply_batch) -> None:
+    """Call ``apply_batch(events)`` for every batch of complete events, in order, with the checks of :func:`read_events`.
 
     The fast way to rebuild a projection: where the platform can fork, the
     chain and canonical-form checks run in a second process while this one
     decodes and folds, and any integrity error is raised at the end (the
     fold's result must then be thrown away; the exception says why).
-    Elsewhere it is ``for ev in read_events(path): apply(ev)``.
+    Elsewhere it is ``for batch in read_event_batches(path): apply_batch(batch)``.
     """
     import multiprocessing
     import threading
@@ -64,8 +64,7 @@ def fold_events(path: str | os.PathLike, apply) -> None:
     p = Path(path)
     if threading.active_count() != 1 or "fork" not in multiprocessing.get_all_start_methods():
         for batch in read_event_batches(p):
-            for ev in batch:
-                apply(ev)
+            apply_batch(batch)
         return
     size = _open_checked(p)
     _read_opening(p, size)  # a file that is not a journal fails here, at once
@@ -77,8 +76,7 @@ def fold_events(path: str | os.PathLike, apply) -> None:
     fold_error: BaseException | None = None
     try:
         for batch in _unchecked_batches(p, size):
-            for ev in batch:
-                apply(ev)
+            apply_batch(batch)
     except IntegrityError as e:  # the checking process names the problem more precisely
         fold_error = e
     try:

@@ -411,7 +411,14 @@ class Journal:
             self._since_seal += 1
             head = self._seal_locked(durable=True)
             self._release()
+        self._join_ticker()
         return head
+
+    def _join_ticker(self) -> None:
+        """Wait for the background thread to see the close (outside the lock it takes)."""
+        t = self._ticker
+        if t is not None and t.is_alive() and t is not threading.current_thread():
+            t.join()
 
     def suspend(self) -> None:
         """Stop writing without ending the run: seal, fsync, release the lock.
@@ -428,6 +435,7 @@ class Journal:
                 self._flush_locked(_now())
                 self._fsync()
             self._release()
+        self._join_ticker()
 
     def _release(self) -> None:
         self._closed = True

@@ -146,5 +146,5 @@ class TrainingHealthMonitor:
         """
         proj = HealthProjection()
         # run_configured (the first event the monitor writes) re-initializes it
-        fold_events(path, proj.apply)
+        fold_events(path, proj.apply_all)
         return proj

@@ -21,7 +21,7 @@ def _journal(tmp_path, signer, n=3000):
 def test_fold_sees_exactly_what_read_events_yields(tmp_path, signer):
     p = _journal(tmp_path, signer)
     folded = []
-    fold_events(p, folded.append)
+    fold_events(p, folded.extend)
     assert [e.h for e in folded] == [e.h for e in read_events(p)]
     assert sum(map(len, read_event_batches(p))) == len(folded)
 
@@ -33,6 +33,6 @@ def test_fold_raises_when_the_chain_is_broken(tmp_path, signer):
     lines[i] = lines[i].replace(b'"tokens":4096', b'"tokens":4097')
     write_lines(p, lines)
     with pytest.raises(ChainBroken):
-        fold_events(p, lambda ev: None)
+        fold_events(p, lambda batch: None)
     with pytest.raises(ChainBroken):
         list(read_events(p))
