@@ -474,6 +474,7 @@ class HealthProjection:
                 "max": self.mfu_max if n else None,
                 "count": n,
             },
+            "hfu": self._hfu(),
             "tokens_per_s": self.tokens / self.token_time_s if self.token_time_s > 0 else None,
             "anomalies_by_kind": dict(sorted(self.by_kind.items())),
             "anomalies": len(self.anomalies),
@@ -484,6 +485,23 @@ class HealthProjection:
                 "events": [dict(r) for r in self.restarts],
             },
         }
+
+    def _hfu(self) -> dict[str, Any] | None:
+        """Hardware FLOPs utilization, reported only when activation recompute is declared.
+
+        Recompute repeats forward work: selective adds the attention forward
+        (4·L·H·Q·T per token), full adds the whole forward (2N + 4·L·H·Q·T);
+        the same accounting as ``training.flops.FlopConfig.hardware_flops_per_token``.
+        """
+        c = self.config
+        n = self.mfu_count
+        if c.recompute == "none" or self._fpt is None or not n:
+            return None
+        attn_fwd = 4 * c.n_layer * c.n_head * c.head_dim * c.seq_len
+        extra = attn_fwd if c.recompute == "selective" else 2 * c.n_params + attn_fwd
+        r = (self._fpt + extra) / self._fpt
+        return {"mean": self.mfu_sum / n * r, "min": self.mfu_min * r, "max": self.mfu_max * r, "count": n,
+                "recompute": c.recompute}
 
     def state(self) -> dict[str, Any]:
         """Everything needed to continue the fold elsewhere (a checkpoint stores this)."""

@@ -186,3 +186,19 @@ def test_lone_outlier_is_not_a_spike():
     assert m.observe_step(40, 3.2) == []
     assert m.observe_step(41, 3.0) == []  # back to normal: heavy-tailed noise, not a spike
     assert m.report()["anomalies"] == 0
+
+
+def test_hfu_reported_only_when_recompute_is_declared():
+    from training.flops import FlopConfig
+
+    for recompute in ("selective", "full"):
+        cfg = FlopConfig(n_params=7104, n_layer=2, n_head=2, head_dim=8, seq_len=8, recompute=recompute)
+        m = TrainingHealthMonitor(flop_config=cfg, peak_flops_per_sec=1e12)
+        m.observe_step(0, 3.0, step_time_s=0.1, batch_size=4)
+        r = m.report()
+        assert r["hfu"]["mean"] == pytest.approx(cfg.hardware_flops_per_iter(4) / 0.1 / 1e12)
+        assert r["mfu"]["mean"] == pytest.approx(cfg.flops_per_iter(4) / 0.1 / 1e12)
+    plain = TrainingHealthMonitor(flop_config=FlopConfig(n_params=7104, n_layer=2, n_head=2, head_dim=8, seq_len=8),
+                                  peak_flops_per_sec=1e12)
+    plain.observe_step(0, 3.0, step_time_s=0.1, batch_size=4)
+    assert plain.report()["hfu"] is None
