@@ -1,11 +1,13 @@
 """Torch-aware side of trainledger: the tiny causal LM, FLOPs/MFU, training data.
 
-Issue 3 (in progress): the model, FLOP accounting, corpus and the health
-monitor are here; its detection-quality and speed benchmarks are not yet.
-Checkpoints, resume, rewind and the manifest are issues 4 and 7.
+The model, FLOP accounting, corpus and health monitor (issue 3); checkpoints
+with receipts and restore verdicts (issue 4, part 1: retention, background
+saves, the reference loop and spike rewind are still to come); the manifest
+is issue 7.
 """
 
-from .corpus import MarkovSource, random_batches, text_tokens
+from .checkpoint import CONTRACT, CheckpointSaved, ResumeRejected, restore_checkpoint, save_checkpoint
+from .corpus import BatchSampler, MarkovSource, random_batches, text_tokens
 from .flops import (
     PEAK_FLOPS,
     FlopConfig,
@@ -33,4 +35,10 @@ __all__ = [
     "text_tokens",
     "TrainingHealthMonitor",
     "AnomalyDetected",
+    "BatchSampler",
+    "CONTRACT",
+    "CheckpointSaved",
+    "ResumeRejected",
+    "save_checkpoint",
+    "restore_checkpoint",
 ]

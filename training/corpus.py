@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["MarkovSource", "text_tokens", "random_batches"]
+__all__ = ["MarkovSource", "text_tokens", "random_batches", "BatchSampler"]
 
 
 class MarkovSource:
@@ -88,3 +88,40 @@ def random_batches(tokens: torch.Tensor, batch: int, block: int, *, seed: int):
         x = torch.stack([tokens[s:s + block] for s in starts.tolist()])
         y = torch.stack([tokens[s + 1:s + 1 + block] for s in starts.tolist()])
         yield x, y
+
+
+class BatchSampler:
+    """Random ``(x, y)`` windows with a cursor that checkpoints: ``state_dict()`` / ``load_state_dict()``.
+
+    Restoring the state makes the sampler yield exactly the batches it would have
+    yielded next; skipping ``n`` batches (a spike rewind's data window) is ``skip(n)``.
+    """
+
+    def __init__(self, tokens: torch.Tensor, batch: int, block: int, *, seed: int):
+        if tokens.numel() <= block + 1:
+            raise ValueError(f"need more than block + 1 = {block + 1} tokens, have {tokens.numel()}")
+        self.tokens, self.batch, self.block, self.seed = tokens, batch, block, seed
+        self.generator = torch.Generator().manual_seed(seed)
+        self.batches_drawn = 0
+
+    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
+        starts = torch.randint(0, self.tokens.numel() - self.block - 1, (self.batch,), generator=self.generator)
+        self.batches_drawn += 1
+        s = starts.tolist()
+        x = torch.stack([self.tokens[i:i + self.block] for i in s])
+        y = torch.stack([self.tokens[i + 1:i + 1 + self.block] for i in s])
+        return x, y
+
+    def skip(self, n: int) -> None:
+        for _ in range(n):
+            torch.randint(0, self.tokens.numel() - self.block - 1, (self.batch,), generator=self.generator)
+            self.batches_drawn += 1
+
+    def state_dict(self) -> dict:
+        return {"seed": self.seed, "batches_drawn": self.batches_drawn, "generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("seed") != self.seed:
+            raise ValueError(f"sampler state is for seed {state.get('seed')}, this sampler uses seed {self.seed}")
+        self.generator.set_state(state["generator"])
+        self.batches_drawn = int(state["batches_drawn"])
