@@ -108,11 +108,14 @@ class TrainingHealthMonitor:
         return list(found)
 
     def observe_resume(self, from_step: int | None, *, reason: str = "resumed from checkpoint",
-                       checkpoint: str | None = None) -> None:
-        """Record a resume from the checkpoint of step ``from_step``: the next step is scored against
-        the baseline as it stood then, and a jump there is a ``restart_discontinuity``."""
+                       checkpoint: str | None = None, append: bool = True) -> None:
+        """Record a resume from the checkpoint of step ``from_step``: the next steps are scored against
+        the baseline as it stood then, and a jump there is a ``restart_discontinuity``.
+
+        ``append=False`` when ``run_resumed`` is already in the journal (``restore_checkpoint`` writes it).
+        """
         ev = RunResumed(reason=reason, from_step=from_step, checkpoint=checkpoint)
-        if self.journal is not None:
+        if self.journal is not None and append:
             self.journal.append(ev)
         self._proj.apply(ev)
 
