@@ -11,9 +11,9 @@ against that record and the contract: a complete, matching checkpoint gives
 :class:`ResumeRejected` error. Restoring weights only for fine-tuning is an
 explicit, named override recorded as ``weights_restored``, never a resume.
 
-Status (issue 4, part 1): blocking saves, restore verdicts and resume
-equivalence are built; retention, background saves and spike rewind are not
-yet (see the issue's note).
+Status (issue 4): blocking and background saves, restore verdicts, resume
+equivalence and retention (in ``training/loop.py``) are built; automatic
+spike rewind is not yet (see the issue's note).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import os
 import random
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,9 @@ __all__ = [
     "ResumeRejectedEvent",
     "save_checkpoint",
     "restore_checkpoint",
+    "Checkpointer",
+    "CheckpointFailed",
+    "BackgroundSaveError",
 ]
 
 #: What a checkpoint must hold for a resume to continue the run exactly.
@@ -56,6 +60,7 @@ class CheckpointSaved(Event, tag="checkpoint_saved", frozen=True, kw_only=True):
     contents: list[str]
     duration_s: float
     tokens: int = 0
+    background: bool = False
 
 
 class ResumeRejectedEvent(Event, tag="resume_rejected", frozen=True, kw_only=True):
@@ -108,21 +113,9 @@ def _set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save_checkpoint(run_dir: str | os.PathLike, journal: Journal, *, step: int, model: torch.nn.Module,
-                    optimizer: torch.optim.Optimizer, scheduler: Any = None, scaler: Any = None,
-                    sampler: Any = None, tokens: int = 0, accumulation_step: int = 0,
-                    manifest_id: str | None = None, extra: dict[str, Any] | None = None) -> CheckpointSaved:
-    """Save the full training state under ``run_dir/checkpoints/`` and record it, durably.
-
-    ``sampler`` is anything with ``state_dict()`` (``training.corpus.BatchSampler``).
-    ``extra`` (for example the monitor's ``state()``) is stored alongside.
-    Returns the ``checkpoint_saved`` event, which is sealed and on disk when this returns.
-    """
-    t0 = time.perf_counter()
-    run = Path(run_dir)
-    rel = Path("checkpoints") / f"step-{step:09d}.pt"
-    final = run / rel
-    final.parent.mkdir(parents=True, exist_ok=True)
+def _snapshot(*, step, model, optimizer, scheduler, scaler, sampler, tokens, accumulation_step, manifest_id,
+              extra, copy: bool) -> tuple[dict[str, Any], list[str]]:
+    """The checkpoint payload; with ``copy``, every tensor is cloned to host memory (for a background write)."""
     payload = {
         "format": _FORMAT,
         "model": model.state_dict(),
@@ -136,9 +129,29 @@ def save_checkpoint(run_dir: str | os.PathLike, journal: Journal, *, step: int, 
         "manifest_id": manifest_id,
         "extra": extra or {},
     }
+    if copy:
+        payload = _to_host(payload)
     contents = [k for k in CONTRACT if k in payload and (payload[k] is not None or k in _MAY_BE_NONE)]
     if sampler is None:
         contents.remove("sampler")
+    return payload, contents
+
+
+def _to_host(obj: Any) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: _to_host(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to_host(v) for v in obj) if not hasattr(obj, "_fields") else obj
+    return obj
+
+
+def _write(run: Path, journal: Journal, payload: dict[str, Any], contents: list[str], step: int, tokens: int,
+           t0: float, background: bool) -> CheckpointSaved:
+    rel = Path("checkpoints") / f"step-{step:09d}.pt"
+    final = run / rel
+    final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.with_name(final.name + ".tmp")
     with open(tmp, "wb") as f:
         torch.save(payload, f)
@@ -148,9 +161,93 @@ def save_checkpoint(run_dir: str | os.PathLike, journal: Journal, *, step: int, 
     os.replace(tmp, final)
     _fsync_dir(final.parent)
     ev = CheckpointSaved(step=step, path=rel.as_posix(), bytes=size, sha256=digest, contents=contents,
-                         duration_s=time.perf_counter() - t0, tokens=tokens)
+                         duration_s=time.perf_counter() - t0, tokens=tokens, background=background)
     journal.append(ev, durable=True)
     return ev
+
+
+def save_checkpoint(run_dir: str | os.PathLike, journal: Journal, *, step: int, model: torch.nn.Module,
+                    optimizer: torch.optim.Optimizer, scheduler: Any = None, scaler: Any = None,
+                    sampler: Any = None, tokens: int = 0, accumulation_step: int = 0,
+                    manifest_id: str | None = None, extra: dict[str, Any] | None = None) -> CheckpointSaved:
+    """Save the full training state under ``run_dir/checkpoints/`` and record it, durably (blocking).
+
+    ``sampler`` is anything with ``state_dict()`` (``training.corpus.BatchSampler``).
+    ``extra`` (for example the monitor's ``state()``) is stored alongside.
+    Returns the ``checkpoint_saved`` event, which is sealed and on disk when this returns.
+    See :class:`Checkpointer` for saves that write in the background.
+    """
+    t0 = time.perf_counter()
+    payload, contents = _snapshot(step=step, model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler,
+                                  sampler=sampler, tokens=tokens, accumulation_step=accumulation_step,
+                                  manifest_id=manifest_id, extra=extra, copy=False)
+    return _write(Path(run_dir), journal, payload, contents, step, tokens, t0, background=False)
+
+
+class CheckpointFailed(Event, tag="checkpoint_failed", frozen=True, kw_only=True):
+    """A background save that did not complete: nothing was recorded as saved."""
+
+    step: int
+    error: str
+
+
+class BackgroundSaveError(RuntimeError):
+    """The previous background save failed (raised on the next call, never silently dropped)."""
+
+
+class Checkpointer:
+    """Blocking or background saves for one run; at most one background write in flight.
+
+    ``save(..., background=True)`` snapshots the state to host memory in the
+    calling (training) thread, then writes, fsyncs and hashes it in a
+    background thread; ``checkpoint_saved`` is appended only once the file is
+    durable. A failed background save appends ``checkpoint_failed`` at once and
+    raises :class:`BackgroundSaveError` from the next ``save`` or ``wait``.
+    """
+
+    def __init__(self, run_dir: str | os.PathLike, journal: Journal):
+        self.run = Path(run_dir)
+        self.journal = journal
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._last: CheckpointSaved | None = None
+
+    def wait(self) -> CheckpointSaved | None:
+        """Wait for the background save in flight; return the newest ``checkpoint_saved``."""
+        t = self._thread
+        if t is not None:
+            t.join()
+            self._thread = None
+        if self._error is not None:
+            err, self._error = self._error, None
+            raise BackgroundSaveError(f"background checkpoint failed: {err}") from err
+        return self._last
+
+    def save(self, *, step: int, background: bool = False, **state: Any) -> CheckpointSaved | None:
+        """Save like :func:`save_checkpoint`; with ``background``, return at once (``None``)."""
+        self.wait()  # one write in flight at most; surfaces the previous one's failure
+        t0 = time.perf_counter()
+        tokens = state.get("tokens", 0)
+        if not background:
+            self._last = save_checkpoint(self.run, self.journal, step=step, **state)
+            return self._last
+        payload, contents = _snapshot(step=step, copy=True, **{k: state.get(k) for k in (
+            "model", "optimizer", "scheduler", "scaler", "sampler", "extra", "manifest_id")},
+            tokens=tokens, accumulation_step=state.get("accumulation_step", 0))
+
+        def work() -> None:
+            try:
+                self._last = _write(self.run, self.journal, payload, contents, step, tokens, t0, background=True)
+            except BaseException as e:  # recorded, then raised on the next call
+                self._error = e
+                try:
+                    self.journal.append(CheckpointFailed(step=step, error=f"{type(e).__name__}: {e}"), durable=True)
+                except Exception:  # noqa: BLE001 - the journal itself may be the failure; the error still surfaces
+                    pass
+
+        self._thread = threading.Thread(target=work, name=f"trainledger-checkpoint-{step}", daemon=True)
+        self._thread.start()
+        return None
 
 
 def _sha256_file(path: Path) -> tuple[str, int]:

@@ -141,3 +141,40 @@ def test_unrecorded_file_is_resume_invalid_unknown_checkpoint(tmp_path, signer):
     assert ei.value.code == "resume-invalid-unknown-checkpoint"
     j.close()
     assert verify(run_dir / "journal.jsonl", keys=[signer.public], require_closed=True).kinds["resume_rejected"] == 1
+
+
+def test_background_save_records_only_a_durable_file_and_restores(tmp_path, signer):
+    from training.checkpoint import Checkpointer
+
+    torch.set_num_threads(1)
+    run_dir = tmp_path / "run"
+    j = Journal.create(run_dir / "journal.jsonl", signer=signer, background=False)
+    model, opt, sched, sampler = resume_run.build()
+    for _ in range(5):
+        resume_run.train_step(model, opt, sched, sampler)
+    ck = Checkpointer(run_dir, j)
+    assert ck.save(step=4, background=True, model=model, optimizer=opt, scheduler=sched, sampler=sampler) is None
+    # Training goes on while the file is written; the snapshot was taken before this step.
+    after = [resume_run.train_step(model, opt, sched, sampler) for _ in range(3)]
+    ev = ck.wait()
+    assert ev.background and (run_dir / ev.path).stat().st_size == ev.bytes
+    model2, opt2, sched2, sampler2 = resume_run.build(seed=9)
+    restore_checkpoint(run_dir, j, ev.path, model=model2, optimizer=opt2, scheduler=sched2, sampler=sampler2)
+    assert [resume_run.train_step(model2, opt2, sched2, sampler2) for _ in range(3)] == after
+    j.close()
+
+
+def test_failed_background_save_is_an_event_and_an_error_on_the_next_call(tmp_path, signer):
+    from training.checkpoint import BackgroundSaveError, Checkpointer
+
+    run_dir = tmp_path / "run"
+    j = Journal.create(run_dir / "journal.jsonl", signer=signer, background=False)
+    (run_dir / "checkpoints").write_text("not a directory")  # the write will fail
+    model, opt, sched, sampler = resume_run.build()
+    ck = Checkpointer(run_dir, j)
+    ck.save(step=0, background=True, model=model, optimizer=opt, scheduler=sched, sampler=sampler)
+    with pytest.raises(BackgroundSaveError):
+        ck.save(step=1, background=True, model=model, optimizer=opt, scheduler=sched, sampler=sampler)
+    j.close()
+    kinds = [type(e).__struct_config__.tag for e in read_events(run_dir / "journal.jsonl")]
+    assert "checkpoint_failed" in kinds and "checkpoint_saved" not in kinds
