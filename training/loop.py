@@ -24,6 +24,7 @@ from .corpus import BatchSampler, MarkovSource
 from .flops import flop_config_from_causal_lm
 from .model import build_causal_lm
 from .monitor import TrainingHealthMonitor
+from .rewind import TRIGGERS, DataWindowSkipped, RewindDecided, RewindPolicy, RunStopped
 
 __all__ = ["LoopConfig", "CheckpointDeleted", "run_training"]
 
@@ -53,6 +54,9 @@ class LoopConfig:
     corpus_tokens: int = 20_000
     ckpt_every: int = 10
     keep_last: int = 2
+    #: Batches [start, end) replaced by garbage (random targets): a poisoned data shard, for
+    #: demonstrating and testing spike rewind. None in real use.
+    poison_batches: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         for name in ("steps", "ckpt_every", "keep_last", "batch_size", "corpus_tokens"):
@@ -88,12 +92,32 @@ def _live_checkpoints(run_dir: Path, journal_path: Path) -> list[CheckpointSaved
     return [ev for ev in saved if ev.path not in deleted and (run_dir / ev.path).exists()]
 
 
+def _rewind(run: Path, j: Journal, policy: RewindPolicy, spike: Any, target: CheckpointSaved, model, opt, sched,
+            sampler) -> dict[str, Any]:
+    """Record the decision, restore ``target``, skip the data window, scale the LR; return the restore's info."""
+    bad_end = sampler.batches_drawn  # every batch up to the spike's has been drawn
+    j.append(RewindDecided(spike_step=spike.step, anomaly=spike.kind, checkpoint=target.path, from_step=target.step,
+                           skip_batches=policy.skip_batches, lr_scale=policy.lr_scale,
+                           reason=f"{spike.kind} at step {spike.step} (value {spike.value:.4g})"), durable=True)
+    info = restore_checkpoint(run, j, target.path, model=model, optimizer=opt, scheduler=sched, sampler=sampler)
+    start_batch = sampler.batches_drawn
+    sampler.skip(max(policy.skip_batches, bad_end - start_batch))
+    j.append(DataWindowSkipped(start_batch=start_batch, end_batch=sampler.batches_drawn), durable=True)
+    if policy.lr_scale != 1.0:
+        sched.base_lrs = [lr * policy.lr_scale for lr in sched.base_lrs]
+        for g in opt.param_groups:
+            g["lr"] *= policy.lr_scale
+    return info
+
+
 def run_training(run_dir: str | Path, *, signer: Signer, config: LoopConfig = LoopConfig(),
-                 peak_flops_per_sec: float | None = None, stop_after: int | None = None) -> dict[str, Any]:
+                 peak_flops_per_sec: float | None = None, stop_after: int | None = None,
+                 rewind: RewindPolicy | None = None) -> dict[str, Any]:
     """Train (or resume) the run in ``run_dir``; return the final losses, parameters and report.
 
     ``stop_after`` ends this invocation after that many steps without closing
-    the run (tests use it, and a preempted job looks like it).
+    the run (tests use it, and a preempted job looks like it). ``rewind``
+    turns a loss spike (or NaN/inf) into an automatic, recorded rewind.
     """
     cfg = config
     run = Path(run_dir)
@@ -124,14 +148,19 @@ def run_training(run_dir: str | Path, *, signer: Signer, config: LoopConfig = Lo
         j = Journal.create(jpath, signer=signer, meta={"loop": dataclasses.asdict(cfg)})
         monitor = TrainingHealthMonitor(journal=j, flop_config=flops, peak_flops_per_sec=peak_flops_per_sec)
     losses = []
+    rewinds: list[int] = []
     try:
-        for step in range(start, cfg.steps):
+        step = start
+        while step < cfg.steps:
             if stop_after is not None and step - start >= stop_after:
                 j.suspend()
                 return {"stopped_at": step, "losses": losses}
             t0 = time.perf_counter()
             model.train()
+            batch_index = sampler.batches_drawn
             x, y = sampler.next()
+            if cfg.poison_batches and cfg.poison_batches[0] <= batch_index < cfg.poison_batches[1]:
+                y = torch.full_like(y, batch_index % cfg.vocab)  # every target one token: a corrupt shard
             loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
             opt.zero_grad()
             loss.backward()
@@ -140,9 +169,33 @@ def run_training(run_dir: str | Path, *, signer: Signer, config: LoopConfig = Lo
             sched.step()
             loss_f = loss.item()  # host-device sync (one per step; fine on the CPU)
             losses.append(loss_f)
-            monitor.observe_step(step, loss_f, grad_norm=float(grad_norm), step_time_s=time.perf_counter() - t0,
-                                 batch_size=cfg.batch_size, tokens=cfg.batch_size * cfg.block,
-                                 lr=sched.get_last_lr()[0])
+            found = monitor.observe_step(step, loss_f, grad_norm=float(grad_norm),
+                                         step_time_s=time.perf_counter() - t0, batch_size=cfg.batch_size,
+                                         tokens=cfg.batch_size * cfg.block, lr=sched.get_last_lr()[0])
+            spike = next((a for a in found if a.kind in TRIGGERS), None)
+            if rewind is not None and spike is not None:
+                rewinds = [s for s in rewinds if s > step - rewind.window_steps]
+                target = next((c for c in reversed(kept) if c.step <= spike.step - rewind.lookback_steps), None)
+                if len(rewinds) >= rewind.max_rewinds or target is None:
+                    rule = (f"max_rewinds={rewind.max_rewinds} per {rewind.window_steps} steps"
+                            if len(rewinds) >= rewind.max_rewinds
+                            else f"no checkpoint at least {rewind.lookback_steps} steps before the spike")
+                    j.append(RunStopped(rule=rule, reason=f"{spike.kind} at step {spike.step}"), durable=True)
+                    report = monitor.report()
+                    j.close(status="stopped", reason=rule)
+                    return {"losses": losses, "report": report, "stopped": rule,
+                            "verify": verify(jpath, keys=[signer.public], require_closed=True)}
+                rewinds.append(step)
+                info = _rewind(run, j, rewind, spike, target, model, opt, sched, sampler)
+                for c in [c for c in kept if c.step > target.step]:  # a branch the run abandoned
+                    (run / c.path).unlink(missing_ok=True)
+                    j.append(CheckpointDeleted(path=c.path, step=c.step, reason=f"rewound to step {target.step}"),
+                             durable=True)
+                kept = [c for c in kept if c.step <= target.step]
+                monitor = TrainingHealthMonitor.from_state(info["extra"]["monitor"], journal=j)
+                monitor.observe_resume(target.step, checkpoint=target.path, append=False)
+                step = target.step + 1
+                continue
             if (step + 1) % cfg.ckpt_every == 0 or step + 1 == cfg.steps:
                 ev = save_checkpoint(run, j, step=step, model=model, optimizer=opt, scheduler=sched,
                                      sampler=sampler, tokens=(step + 1) * cfg.batch_size * cfg.block,
@@ -153,6 +206,7 @@ def run_training(run_dir: str | Path, *, signer: Signer, config: LoopConfig = Lo
                     (run / old.path).unlink(missing_ok=True)
                     j.append(CheckpointDeleted(path=old.path, step=old.step,
                                                reason=f"retention: keep_last={cfg.keep_last}"), durable=True)
+            step += 1
         report = monitor.report()
         j.close()
     except BaseException:
