@@ -358,12 +358,14 @@ class HealthProjection:
     # ------------------------------------------------------------ the fold
 
     def apply(self, event: Any) -> list[AnomalyDetected]:
+        """Fold one event in; return the anomalies it revealed (a new list, the caller's to keep)."""
         handler = self._handlers.get(type(event))
         if handler is not None:
-            return handler(event)
+            found = handler(event)
+            return found if found else []
         if type(event) is UnknownEvent:
             self.unknown_events += 1
-        return _NONE
+        return []
 
     def apply_all(self, events: list[Any]) -> None:
         """Fold a batch of events (replay's loop: one call per batch, not per event)."""

@@ -100,12 +100,10 @@ class TrainingHealthMonitor:
         if j is not None:
             j.append(ev)
         found = self._proj.apply(ev)
-        if not found:
-            return []
-        if j is not None:
+        if found and j is not None:
             for a in found:
                 j.append(a)
-        return list(found)
+        return found
 
     def observe_resume(self, from_step: int | None, *, reason: str = "resumed from checkpoint",
                        checkpoint: str | None = None, append: bool = True) -> None:
