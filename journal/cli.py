@@ -116,6 +116,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="no progress bar even on a terminal")
     p.set_defaults(func=_cmd_show)
 
+    p = sub.add_parser("ladder", help="run the tiny pilot ladder on the CPU: signed journal, verify, outcome table",
+                       description="Run a pilot ladder (each rung trained and gated on its own receipts, a "
+                                   "signed decision after each), write its signed journal and key under OUT_DIR, "
+                                   "verify it and print the outcome. The rungs stand in, at a tiny scale, for "
+                                   "real ones that cannot run here. Needs the torch extra.")
+    p.add_argument("out", metavar="OUT_DIR", help="run folder to create (must not hold a ladder yet)")
+    p.add_argument("--preset", choices=("tiny", "halt"), default="tiny",
+                   help="tiny: the three-rung ladder that passes; halt: a rung with an impossible bar")
+    p.add_argument("--peak-flops", type=float, default=1.0e9,
+                   help="peak FLOPs/s to compute MFU against (default 1e9, the seed document's made-up value)")
+    p.set_defaults(func=_cmd_ladder)
+
     p = sub.add_parser("demo", help="write a signed journal of a simulated run, then verify and summarise it",
                        description="The torch-free demo: a key pair, a simulated training run written as a signed "
                                    "journal, verification against the pinned public key, and a summary.")
@@ -245,6 +257,47 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     print(f"wrote {journal_path} (public key {pub})")
     print(f"$ trainledger verify {journal_path} --pubkey {pub} --require-closed")
     r = verify(journal_path, keys=trusted_keys([str(pub)]), require_closed=True)
+    _print_report(r, title="OK  ")
+    return 0
+
+
+def _cmd_ladder(args: argparse.Namespace) -> int:
+    try:
+        from ladder.presets import PRESETS
+        from ladder.runner import run_pilot_ladder
+    except ImportError as e:
+        raise JournalError(f"the ladder needs the torch extra (pip install 'trainledger[torch]'): {e}") from None
+    from .keys import load_signer
+    from .writer import Journal
+
+    out = Path(args.out)
+    if (out / "ladder.jsonl").exists():
+        raise JournalError(f"{out}/ladder.jsonl already exists; choose another OUT_DIR")
+    priv, pub = keygen(out)
+    j = Journal.create(out / "ladder.jsonl", signer=load_signer(priv), meta={"preset": args.preset,
+                       "note": "tiny stand-in rungs: real targets are labels, not what ran"})
+    t0 = time.perf_counter()
+    try:
+        result = run_pilot_ladder(PRESETS[args.preset](), peak_flops_per_sec=args.peak_flops, journal=j,
+                                  work_dir=out / "rungs")
+    except BaseException:
+        j.suspend()
+        raise
+    j.close()
+    print(f"ladder '{args.preset}' in {time.perf_counter() - t0:.1f} s: {len(result.outcomes)} rungs attempted, "
+          f"halted_at={result.halted_at}, passed={result.passed_rungs()}, {result.decisions} decisions")
+    print(f"{'rung':<22} {'verdict':<8} {'final loss':>10} {'forget gap':>10} {'MFU mean':>10}  reason")
+    for o in result.outcomes:
+        mfu = o.measured.get("mfu_mean")
+        print(f"{o.name:<22} {'GO' if o.passed else 'NO-GO':<8} {o.measured['final_loss']:>10.4f} "
+              f"{o.measured['forgetting_gap']:>10.4f} {mfu if mfu is None else format(mfu, '10.3e'):>10}  {o.reason}")
+        for piece, why in o.artifacts.get("skipped_pieces", {}).items():
+            print(f"    skipped {piece}: {why}")
+        for key in ("F9_mup_transfer", "H2_moe_vs_dense"):
+            if key in o.artifacts:
+                print(f"    {key}: {o.artifacts[key]}")
+    print(f"$ trainledger verify {out / 'ladder.jsonl'} --pubkey {pub} --require-closed")
+    r = verify(out / "ladder.jsonl", keys=trusted_keys([str(pub)]), require_closed=True)
     _print_report(r, title="OK  ")
     return 0
 

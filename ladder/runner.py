@@ -1,0 +1,265 @@
+"""run_pilot_ladder: train each rung, gate it on its own receipts, record a decision, halt on a failure.
+
+Every verdict and decision is a sealed, durable journal event, and the
+:class:`LadderResult` is a projection of those events (:class:`LadderProjection`),
+so the live result and one rebuilt from the journal are the same object.
+
+The belief model of the decision entries: a Beta(a, b) posterior over "the
+next rung clears its bar", starting at Beta(1, 1) (uniform) and updated by
+each verdict (a += 1 on a pass, b += 1 on a failure); the entry records a and
+b before and after and the posterior mean. The action is "advance" after a
+pass and "halt_ladder" after a failure: the gate decides, the belief is
+what a reviewer reads to see how much evidence the ladder has accumulated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from journal import Event, Journal, Signer, read_events
+from training.checkpoint import restore_checkpoint, save_checkpoint
+from training.corpus import BatchSampler, MarkovSource
+from training.flops import flop_config_from_causal_lm
+from training.model import build_causal_lm
+from training.monitor import TrainingHealthMonitor
+
+from .pieces import SKIPPED_REASONS, moe_vs_dense, refuse_unavailable, transfer_lr
+from .rung import Rung
+
+__all__ = ["run_pilot_ladder", "LadderResult", "RungOutcome", "LadderProjection", "GateVerdict", "DecisionRecorded"]
+
+
+class RungStarted(Event, tag="rung_started", frozen=True, kw_only=True):
+    rung: str
+    real_target: str
+    spec: dict[str, Any]
+
+
+class GateVerdict(Event, tag="gate_verdict", frozen=True, kw_only=True):
+    rung: str
+    passed: bool
+    reason: str
+    measured: dict[str, Any]
+    bars: dict[str, Any]
+    artifacts: dict[str, Any]
+
+
+class DecisionRecorded(Event, tag="decision_recorded", frozen=True, kw_only=True):
+    rung: str
+    belief_before: dict[str, float]
+    evidence: list[str]  # chain hashes of the events the decision rests on
+    belief_after: dict[str, float]
+    action_chosen: str  # "advance" | "halt_ladder"
+
+
+@dataclasses.dataclass
+class RungOutcome:
+    name: str
+    passed: bool
+    reason: str
+    measured: dict[str, Any]
+    bars: dict[str, Any]
+    artifacts: dict[str, Any]
+
+
+@dataclasses.dataclass
+class LadderResult:
+    outcomes: list[RungOutcome]
+    halted_at: str | None
+    decisions: int
+
+    def passed_rungs(self) -> list[str]:
+        return [o.name for o in self.outcomes if o.passed]
+
+
+class LadderProjection:
+    """The reducer: verdicts and decisions in, :class:`LadderResult` out."""
+
+    def __init__(self) -> None:
+        self.outcomes: list[RungOutcome] = []
+        self.halted_at: str | None = None
+        self.decisions = 0
+
+    def apply(self, ev: Any) -> None:
+        if isinstance(ev, GateVerdict):
+            self.outcomes.append(RungOutcome(ev.rung, ev.passed, ev.reason, dict(ev.measured), dict(ev.bars),
+                                             dict(ev.artifacts)))
+        elif isinstance(ev, DecisionRecorded):
+            self.decisions += 1
+            if ev.action_chosen == "halt_ladder":
+                self.halted_at = ev.rung
+
+    def result(self) -> LadderResult:
+        return LadderResult(list(self.outcomes), self.halted_at, self.decisions)
+
+    @classmethod
+    def replay(cls, path: str | Path) -> LadderResult:
+        p = cls()
+        for ev in read_events(path):
+            p.apply(ev)
+        return p.result()
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.4f}" if 1e-3 <= abs(x) < 1e6 else f"{x:g}"
+
+
+def _gate(rung: Rung, m: dict[str, Any]) -> tuple[bool, str]:
+    """Every bar the rung set, with the literal margin; the first failure is the reason."""
+    checks = [(m["final_loss"] <= rung.max_final_loss,
+               f"final loss {_fmt(m['final_loss'])} {'<=' if m['final_loss'] <= rung.max_final_loss else '>'} "
+               f"target {_fmt(rung.max_final_loss)}"),
+              (m["forgetting_gap"] <= rung.max_forgetting_gap,
+               f"forgetting gap {_fmt(m['forgetting_gap'])} "
+               f"{'<=' if m['forgetting_gap'] <= rung.max_forgetting_gap else '>'} target {_fmt(rung.max_forgetting_gap)}")]
+    if rung.min_mfu_mean is not None:
+        ok = m["mfu_mean"] is not None and m["mfu_mean"] >= rung.min_mfu_mean
+        checks.append((ok, f"MFU mean {m['mfu_mean']} {'>=' if ok else '<'} target {rung.min_mfu_mean}"))
+    if rung.max_anomalies is not None:
+        ok = m["anomalies"] <= rung.max_anomalies
+        checks.append((ok, f"anomalies {m['anomalies']} {'<=' if ok else '>'} limit {rung.max_anomalies}"))
+    if rung.max_flops is not None:
+        ok = m["flops"] <= rung.max_flops
+        checks.append((ok, f"FLOPs {m['flops']:.3e} {'<=' if ok else '>'} box {rung.max_flops:.3e}"))
+    if rung.max_wall_s is not None:
+        ok = m["wall_s"] <= rung.max_wall_s
+        checks.append((ok, f"wall {m['wall_s']:.2f} s {'<=' if ok else '>'} box {rung.max_wall_s} s"))
+    if "continuity_ok" in m:
+        checks.append((m["continuity_ok"], "restart continuity " + ("ok" if m["continuity_ok"] else "broken")))
+    failed = [msg for ok, msg in checks if not ok]
+    return (not failed, failed[0] if failed else "; ".join(msg for _, msg in checks))
+
+
+def _train_rung(rung: Rung, j: Journal, work: Path, peak: float | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    torch.manual_seed(rung.seed)
+    artifacts: dict[str, Any] = {}
+    lr = rung.lr
+    if rung.exercise_mup_transfer:
+        lr = transfer_lr(rung.lr, rung.mup_base_width, rung.d_model)
+        artifacts["F9_mup_transfer"] = {"base_lr": rung.lr, "base_width": rung.mup_base_width,
+                                        "target_width": rung.d_model, "transferred_lr": lr}
+
+    def build():
+        torch.manual_seed(rung.seed)
+        model = build_causal_lm(rung.vocab, rung.d_model, rung.n_layer, rung.n_head, rung.block)
+        opt = torch.optim.AdamW(model.parameters(), lr=lr)
+        sampler = BatchSampler(MarkovSource(rung.vocab, seed=rung.seed).sample(20_000, seed=rung.seed + 1),
+                               rung.batch_size, rung.block, seed=rung.seed + 2)
+        return model, opt, sampler
+
+    model, opt, sampler = build()
+    flops = flop_config_from_causal_lm(model, seq_len=rung.block)
+    monitor = TrainingHealthMonitor(journal=j, flop_config=flops, peak_flops_per_sec=peak)
+    # The first data the rung sees (a second sampler with the same seed draws the same batch),
+    # re-measured after every step for the forgetting curve.
+    first_x, first_y = BatchSampler(sampler.tokens, rung.batch_size, rung.block, seed=rung.seed + 2).next()
+    forgetting: list[float] = []
+    losses: list[float] = []
+    mfu_series: list[float] = []
+    t_start = time.perf_counter()
+    kill_at = rung.steps // 2 if rung.exercise_fault_tolerance else None
+    step = 0
+    while step < rung.steps:
+        t0 = time.perf_counter()
+        model.train()
+        x, y = sampler.next()
+        loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
+        opt.zero_grad()
+        loss.backward()
+        gn = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1e9)
+        opt.step()
+        losses.append(loss.item())
+        dt = time.perf_counter() - t0
+        if peak is not None:
+            mfu_series.append(flops.flops_per_iter(rung.batch_size) / dt / peak)
+        monitor.observe_step(step, losses[-1], grad_norm=float(gn), step_time_s=dt,
+                             batch_size=rung.batch_size, tokens=rung.batch_size * rung.block, lr=lr)
+        model.eval()
+        with torch.no_grad():
+            forgetting.append(torch.nn.functional.cross_entropy(model(first_x).flatten(0, 1),
+                                                                first_y.flatten()).item())
+        if kill_at is not None and step == kill_at:
+            # F2: checkpoint, drop every live object as a killed process would, come back from the file.
+            ck = save_checkpoint(work, j, step=step, model=model, optimizer=opt, sampler=sampler,
+                                 extra={"monitor": monitor.state()})
+            del model, opt, sampler
+            model, opt, sampler = build()
+            info = restore_checkpoint(work, j, ck.path, model=model, optimizer=opt, sampler=sampler)
+            monitor = TrainingHealthMonitor.from_state(info["extra"]["monitor"], journal=j)
+            monitor.observe_resume(step, checkpoint=ck.path, append=False)
+            kill_at = None
+        step += 1
+    report = monitor.report()
+    wall = time.perf_counter() - t_start
+    if rung.exercise_moe_decision:
+        artifacts["H2_moe_vs_dense"] = moe_vs_dense(model, first_x, rung.moe_experts, rung.moe_max_relative_diff,
+                                                    seed=rung.seed)
+    skipped = {p: SKIPPED_REASONS[p] for p in rung.decision_pieces if p in SKIPPED_REASONS}
+    artifacts["skipped_pieces"] = skipped
+    artifacts["loss_curve"] = [round(x, 6) for x in losses]
+    artifacts["forgetting_curve"] = [round(x, 6) for x in forgetting]
+    artifacts["mfu_series"] = mfu_series
+    measured = {
+        "final_loss": losses[-1] if math.isfinite(losses[-1]) else math.inf,
+        "forgetting_gap": forgetting[-1] - min(forgetting),
+        "mfu_mean": report["mfu"]["mean"], "mfu_samples": report["mfu"]["count"],
+        "anomalies": report["anomalies"], "flops": flops.flops_per_iter(rung.batch_size) * rung.steps,
+        "wall_s": wall,
+    }
+    if rung.exercise_fault_tolerance:
+        measured["continuity_ok"] = report["restarts"]["continuity_ok"] and report["restarts"]["count"] == 1
+    return measured, artifacts
+
+
+def run_pilot_ladder(rungs: list[Rung], peak_flops_per_sec: float | None = None, journal: Journal | None = None, *,
+                     work_dir: str | Path | None = None) -> LadderResult:
+    """Run the ladder; return its result (also rebuildable from the journal by :class:`LadderProjection`).
+
+    ``journal`` receives every event (an unsigned in-memory-like journal in a
+    temporary directory is used when none is given). Raises
+    ``NotImplementedError`` before training anything if a rung opts into a
+    piece that does not exist here.
+    """
+    import tempfile
+
+    for r in rungs:
+        if not isinstance(r, Rung):
+            raise TypeError(f"rungs must be Rung objects, got {type(r).__name__}")
+        refuse_unavailable(r)
+    work = Path(work_dir) if work_dir is not None else Path(tempfile.mkdtemp(prefix="ladder-"))
+    own = journal is None
+    j = journal if journal is not None else Journal.create(work / "ladder.jsonl", signer=Signer.generate())
+    proj = LadderProjection()
+    a, b = 1.0, 1.0
+    try:
+        for rung in rungs:
+            opened = j.append(RungStarted(rung=rung.name, real_target=rung.real_target,
+                                          spec=dataclasses.asdict(rung)))
+            (work / rung.name).mkdir(parents=True, exist_ok=True)
+            measured, artifacts = _train_rung(rung, j, work / rung.name, peak_flops_per_sec)
+            passed, reason = _gate(rung, measured)
+            bars = {k: getattr(rung, k) for k in ("max_final_loss", "max_forgetting_gap", "min_mfu_mean",
+                                                  "max_anomalies", "max_flops", "max_wall_s")}
+            verdict = GateVerdict(rung=rung.name, passed=passed, reason=reason, measured=measured, bars=bars,
+                                  artifacts=artifacts)
+            _, vh = j.append(verdict, durable=True)
+            proj.apply(verdict)
+            before = {"a": a, "b": b, "mean": a / (a + b)}
+            a, b = (a + 1, b) if passed else (a, b + 1)
+            decision = DecisionRecorded(rung=rung.name, belief_before=before, evidence=[opened[1], vh],
+                                        belief_after={"a": a, "b": b, "mean": a / (a + b)},
+                                        action_chosen="advance" if passed else "halt_ladder")
+            j.append(decision, durable=True)
+            proj.apply(decision)
+            if not passed:
+                break
+    finally:
+        if own:
+            j.close()
+    return proj.result()
