@@ -22,7 +22,8 @@ from typing import Any
 
 import torch
 
-from journal import Event, Journal, Signer, read_events
+from journal import Journal, Signer, read_events
+from journal.kinds import DecisionRecorded, GateVerdict, RungStarted
 from training.checkpoint import restore_checkpoint, save_checkpoint
 from training.corpus import BatchSampler, MarkovSource
 from training.flops import flop_config_from_causal_lm
@@ -35,27 +36,10 @@ from .rung import Rung
 __all__ = ["run_pilot_ladder", "LadderResult", "RungOutcome", "LadderProjection", "GateVerdict", "DecisionRecorded"]
 
 
-class RungStarted(Event, tag="rung_started", frozen=True, kw_only=True):
-    rung: str
-    real_target: str
-    spec: dict[str, Any]
 
 
-class GateVerdict(Event, tag="gate_verdict", frozen=True, kw_only=True):
-    rung: str
-    passed: bool
-    reason: str
-    measured: dict[str, Any]
-    bars: dict[str, Any]
-    artifacts: dict[str, Any]
 
 
-class DecisionRecorded(Event, tag="decision_recorded", frozen=True, kw_only=True):
-    rung: str
-    belief_before: dict[str, float]
-    evidence: list[str]  # chain hashes of the events the decision rests on
-    belief_after: dict[str, float]
-    action_chosen: str  # "advance" | "halt_ladder"
 
 
 @dataclasses.dataclass

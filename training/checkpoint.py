@@ -28,7 +28,8 @@ from typing import Any
 
 import torch
 
-from journal import Event, Journal, RunResumed, read_events
+from journal import Journal, RunResumed, read_events
+from journal.kinds import CheckpointFailed, CheckpointSaved, ResumeRejectedEvent, WeightsRestored
 
 __all__ = [
     "CONTRACT",
@@ -50,34 +51,10 @@ _FORMAT = "trainledger-checkpoint/1"
 _MAY_BE_NONE = ("scheduler", "scaler", "manifest_id")
 
 
-class CheckpointSaved(Event, tag="checkpoint_saved", frozen=True, kw_only=True):
-    """A checkpoint file that is on disk (fsynced) with this digest."""
-
-    step: int
-    path: str  # relative to the run directory
-    bytes: int
-    sha256: str
-    contents: list[str]
-    duration_s: float
-    tokens: int = 0
-    background: bool = False
 
 
-class ResumeRejectedEvent(Event, tag="resume_rejected", frozen=True, kw_only=True):
-    """A restore that did not qualify as a resume, and why."""
-
-    path: str
-    reason: str  # resume-invalid-missing-state | resume-invalid-digest | resume-invalid-unknown-checkpoint
-    missing: list[str] = []
-    detail: str = ""
 
 
-class WeightsRestored(Event, tag="weights_restored", frozen=True, kw_only=True):
-    """The named override: weights only (e.g. to fine-tune). Not a resume."""
-
-    path: str
-    step: int
-    override: str
 
 
 class ResumeRejected(Exception):
@@ -184,11 +161,6 @@ def save_checkpoint(run_dir: str | os.PathLike, journal: Journal, *, step: int, 
     return _write(Path(run_dir), journal, payload, contents, step, tokens, t0, background=False)
 
 
-class CheckpointFailed(Event, tag="checkpoint_failed", frozen=True, kw_only=True):
-    """A background save that did not complete: nothing was recorded as saved."""
-
-    step: int
-    error: str
 
 
 class BackgroundSaveError(RuntimeError):

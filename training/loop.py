@@ -18,7 +18,8 @@ from typing import Any
 
 import torch
 
-from journal import Event, Journal, Signer, read_events, verify
+from journal import Journal, Signer, read_events, verify
+from journal.kinds import CheckpointDeleted
 from .checkpoint import CheckpointSaved, ResumeRejected, restore_checkpoint, save_checkpoint
 from .corpus import BatchSampler, MarkovSource
 from .flops import flop_config_from_causal_lm
@@ -29,12 +30,6 @@ from .rewind import TRIGGERS, DataWindowSkipped, RewindDecided, RewindPolicy, Ru
 __all__ = ["LoopConfig", "CheckpointDeleted", "run_training"]
 
 
-class CheckpointDeleted(Event, tag="checkpoint_deleted", frozen=True, kw_only=True):
-    """A checkpoint file removed on purpose, so the journal says why a referenced file is gone."""
-
-    path: str
-    step: int
-    reason: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -215,4 +210,3 @@ def run_training(run_dir: str | Path, *, signer: Signer, config: LoopConfig = Lo
         raise
     return {"losses": losses, "params": {k: v.detach().clone() for k, v in model.state_dict().items()},
             "report": report, "verify": verify(jpath, keys=[signer.public], require_closed=True)}
-

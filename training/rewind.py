@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from journal import Event
+from journal.kinds import DataWindowSkipped, RewindDecided, RunStopped
 
 __all__ = ["RewindPolicy", "RewindDecided", "DataWindowSkipped", "RunStopped", "TRIGGERS"]
 
@@ -47,23 +47,3 @@ class RewindPolicy:
             raise ValueError("RewindPolicy: lookback_steps and skip_batches >= 0, max_rewinds and window_steps >= 1")
         if not 0 < self.lr_scale <= 10:
             raise ValueError(f"RewindPolicy.lr_scale must be in (0, 10], got {self.lr_scale!r}")
-
-
-class RewindDecided(Event, tag="rewind_decided", frozen=True, kw_only=True):
-    spike_step: int
-    anomaly: str
-    checkpoint: str
-    from_step: int
-    skip_batches: int
-    lr_scale: float
-    reason: str
-
-
-class DataWindowSkipped(Event, tag="data_window_skipped", frozen=True, kw_only=True):
-    start_batch: int
-    end_batch: int
-
-
-class RunStopped(Event, tag="run_stopped", frozen=True, kw_only=True):
-    rule: str
-    reason: str
