@@ -22,8 +22,9 @@ from typing import Any
 
 import torch
 
-from journal import Journal, Signer, read_events
+from journal import Journal, Signer
 from journal.kinds import DecisionRecorded, GateVerdict, RungStarted
+from journal.ladder_outcome import LadderProjection, LadderResult, RungOutcome, beta_update, gate
 from training.checkpoint import restore_checkpoint, save_checkpoint
 from training.corpus import BatchSampler, MarkovSource
 from training.flops import flop_config_from_causal_lm
@@ -40,84 +41,6 @@ __all__ = ["run_pilot_ladder", "LadderResult", "RungOutcome", "LadderProjection"
 
 
 
-
-
-@dataclasses.dataclass
-class RungOutcome:
-    name: str
-    passed: bool
-    reason: str
-    measured: dict[str, Any]
-    bars: dict[str, Any]
-    artifacts: dict[str, Any]
-
-
-@dataclasses.dataclass
-class LadderResult:
-    outcomes: list[RungOutcome]
-    halted_at: str | None
-    decisions: int
-
-    def passed_rungs(self) -> list[str]:
-        return [o.name for o in self.outcomes if o.passed]
-
-
-class LadderProjection:
-    """The reducer: verdicts and decisions in, :class:`LadderResult` out."""
-
-    def __init__(self) -> None:
-        self.outcomes: list[RungOutcome] = []
-        self.halted_at: str | None = None
-        self.decisions = 0
-
-    def apply(self, ev: Any) -> None:
-        if isinstance(ev, GateVerdict):
-            self.outcomes.append(RungOutcome(ev.rung, ev.passed, ev.reason, dict(ev.measured), dict(ev.bars),
-                                             dict(ev.artifacts)))
-        elif isinstance(ev, DecisionRecorded):
-            self.decisions += 1
-            if ev.action_chosen == "halt_ladder":
-                self.halted_at = ev.rung
-
-    def result(self) -> LadderResult:
-        return LadderResult(list(self.outcomes), self.halted_at, self.decisions)
-
-    @classmethod
-    def replay(cls, path: str | Path) -> LadderResult:
-        p = cls()
-        for ev in read_events(path):
-            p.apply(ev)
-        return p.result()
-
-
-def _fmt(x: float) -> str:
-    return f"{x:.4f}" if 1e-3 <= abs(x) < 1e6 else f"{x:g}"
-
-
-def _gate(rung: Rung, m: dict[str, Any]) -> tuple[bool, str]:
-    """Every bar the rung set, with the literal margin; the first failure is the reason."""
-    checks = [(m["final_loss"] <= rung.max_final_loss,
-               f"final loss {_fmt(m['final_loss'])} {'<=' if m['final_loss'] <= rung.max_final_loss else '>'} "
-               f"target {_fmt(rung.max_final_loss)}"),
-              (m["forgetting_gap"] <= rung.max_forgetting_gap,
-               f"forgetting gap {_fmt(m['forgetting_gap'])} "
-               f"{'<=' if m['forgetting_gap'] <= rung.max_forgetting_gap else '>'} target {_fmt(rung.max_forgetting_gap)}")]
-    if rung.min_mfu_mean is not None:
-        ok = m["mfu_mean"] is not None and m["mfu_mean"] >= rung.min_mfu_mean
-        checks.append((ok, f"MFU mean {m['mfu_mean']} {'>=' if ok else '<'} target {rung.min_mfu_mean}"))
-    if rung.max_anomalies is not None:
-        ok = m["anomalies"] <= rung.max_anomalies
-        checks.append((ok, f"anomalies {m['anomalies']} {'<=' if ok else '>'} limit {rung.max_anomalies}"))
-    if rung.max_flops is not None:
-        ok = m["flops"] <= rung.max_flops
-        checks.append((ok, f"FLOPs {m['flops']:.3e} {'<=' if ok else '>'} box {rung.max_flops:.3e}"))
-    if rung.max_wall_s is not None:
-        ok = m["wall_s"] <= rung.max_wall_s
-        checks.append((ok, f"wall {m['wall_s']:.2f} s {'<=' if ok else '>'} box {rung.max_wall_s} s"))
-    if "continuity_ok" in m:
-        checks.append((m["continuity_ok"], "restart continuity " + ("ok" if m["continuity_ok"] else "broken")))
-    failed = [msg for ok, msg in checks if not ok]
-    return (not failed, failed[0] if failed else "; ".join(msg for _, msg in checks))
 
 
 def _train_rung(rung: Rung, j: Journal, work: Path, peak: float | None) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -227,15 +150,15 @@ def run_pilot_ladder(rungs: list[Rung], peak_flops_per_sec: float | None = None,
                                           spec=dataclasses.asdict(rung)))
             (work / rung.name).mkdir(parents=True, exist_ok=True)
             measured, artifacts = _train_rung(rung, j, work / rung.name, peak_flops_per_sec)
-            passed, reason = _gate(rung, measured)
             bars = {k: getattr(rung, k) for k in ("max_final_loss", "max_forgetting_gap", "min_mfu_mean",
                                                   "max_anomalies", "max_flops", "max_wall_s")}
+            passed, reason = gate(bars, measured)
             verdict = GateVerdict(rung=rung.name, passed=passed, reason=reason, measured=measured, bars=bars,
                                   artifacts=artifacts)
             _, vh = j.append(verdict, durable=True)
             proj.apply(verdict)
             before = {"a": a, "b": b, "mean": a / (a + b)}
-            a, b = (a + 1, b) if passed else (a, b + 1)
+            a, b = beta_update(a, b, passed)
             decision = DecisionRecorded(rung=rung.name, belief_before=before, evidence=[opened[1], vh],
                                         belief_after={"a": a, "b": b, "mean": a / (a + b)},
                                         action_chosen="advance" if passed else "halt_ladder")

@@ -1,0 +1,99 @@
+"""The pilot ladder's outcome as a projection, and its gate: torch-free, shared by the live runner and replay.
+
+Decision belief model: a Beta(a, b) posterior over "the next rung clears its
+bar", Beta(1, 1) before the first rung, a += 1 after a pass and b += 1 after a
+failure (:func:`beta_update`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from .kinds import DecisionRecorded, GateVerdict
+from .reader import read_events
+
+__all__ = ["RungOutcome", "LadderResult", "LadderProjection", "gate", "beta_update"]
+
+
+def beta_update(a: float, b: float, passed: bool) -> tuple[float, float]:
+    return (a + 1, b) if passed else (a, b + 1)
+
+
+@dataclasses.dataclass
+class RungOutcome:
+    name: str
+    passed: bool
+    reason: str
+    measured: dict[str, Any]
+    bars: dict[str, Any]
+    artifacts: dict[str, Any]
+
+
+@dataclasses.dataclass
+class LadderResult:
+    outcomes: list[RungOutcome]
+    halted_at: str | None
+    decisions: int
+
+    def passed_rungs(self) -> list[str]:
+        return [o.name for o in self.outcomes if o.passed]
+
+
+class LadderProjection:
+    """The reducer: verdicts and decisions in, :class:`LadderResult` out."""
+
+    def __init__(self) -> None:
+        self.outcomes: list[RungOutcome] = []
+        self.halted_at: str | None = None
+        self.decisions = 0
+
+    def apply(self, ev: Any) -> None:
+        if isinstance(ev, GateVerdict):
+            self.outcomes.append(RungOutcome(ev.rung, ev.passed, ev.reason, dict(ev.measured), dict(ev.bars),
+                                             dict(ev.artifacts)))
+        elif isinstance(ev, DecisionRecorded):
+            self.decisions += 1
+            if ev.action_chosen == "halt_ladder":
+                self.halted_at = ev.rung
+
+    def result(self) -> LadderResult:
+        return LadderResult(list(self.outcomes), self.halted_at, self.decisions)
+
+    @classmethod
+    def replay(cls, path: str | Path) -> LadderResult:
+        p = cls()
+        for ev in read_events(path):
+            p.apply(ev)
+        return p.result()
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.4f}" if 1e-3 <= abs(x) < 1e6 else f"{x:g}"
+
+
+def gate(bars: dict[str, Any], m: dict[str, Any]) -> tuple[bool, str]:
+    """Every bar set, with the literal margin; the first failure is the reason. Live and replay use this."""
+    mfl, mfg = bars["max_final_loss"], bars["max_forgetting_gap"]
+    checks = [(m["final_loss"] <= mfl,
+               f"final loss {_fmt(m['final_loss'])} {'<=' if m['final_loss'] <= mfl else '>'} target {_fmt(mfl)}"),
+              (m["forgetting_gap"] <= mfg,
+               f"forgetting gap {_fmt(m['forgetting_gap'])} {'<=' if m['forgetting_gap'] <= mfg else '>'} "
+               f"target {_fmt(mfg)}")]
+    if bars.get("min_mfu_mean") is not None:
+        ok = m["mfu_mean"] is not None and m["mfu_mean"] >= bars["min_mfu_mean"]
+        checks.append((ok, f"MFU mean {m['mfu_mean']} {'>=' if ok else '<'} target {bars['min_mfu_mean']}"))
+    if bars.get("max_anomalies") is not None:
+        ok = m["anomalies"] <= bars["max_anomalies"]
+        checks.append((ok, f"anomalies {m['anomalies']} {'<=' if ok else '>'} limit {bars['max_anomalies']}"))
+    if bars.get("max_flops") is not None:
+        ok = m["flops"] <= bars["max_flops"]
+        checks.append((ok, f"FLOPs {m['flops']:.3e} {'<=' if ok else '>'} box {bars['max_flops']:.3e}"))
+    if bars.get("max_wall_s") is not None:
+        ok = m["wall_s"] <= bars["max_wall_s"]
+        checks.append((ok, f"wall {m['wall_s']:.2f} s {'<=' if ok else '>'} box {bars['max_wall_s']} s"))
+    if "continuity_ok" in m:
+        checks.append((m["continuity_ok"], "restart continuity " + ("ok" if m["continuity_ok"] else "broken")))
+    failed = [msg for ok, msg in checks if not ok]
+    return (not failed, failed[0] if failed else "; ".join(msg for _, msg in checks))
