@@ -109,6 +109,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="no progress bar even on a terminal")
     p.set_defaults(func=_cmd_head)
 
+    p = sub.add_parser("replay", help="verify, rebuild every projection, and recompute every derived event",
+                       description="Verify the journal, fold it through every projection (health, MFU, "
+                                   "checkpoints and resumes, rewinds, ladder outcome) and recompute every derived "
+                                   "event (anomalies, gate verdicts, decisions) from the events they rest on. "
+                                   "Any difference from what was recorded exits 1.",
+                       epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("path", metavar="PATH")
+    _add_trust(p)
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar even on a terminal")
+    p.set_defaults(func=_cmd_replay)
+
     p = sub.add_parser("show", help="summarise a journal: run, key, events by kind, seals, tail",
                        description="Summarise a journal. Checks the chain but not signatures (use verify for that).")
     p.add_argument("path", metavar="PATH")
@@ -240,6 +252,48 @@ def _cmd_head(args: argparse.Namespace) -> int:
     else:
         print(r.head)
     return 0
+
+
+def _cmd_replay(args: argparse.Namespace) -> int:
+    from .replay import replay
+
+    try:
+        rec = replay(args.path, keys=trusted_keys(args.pubkey), trust_embedded=args.trust_embedded,
+                     allow_unsigned=args.allow_unsigned)
+    except IntegrityError as e:
+        print(_fail_line(e, args.path))
+        return 1
+    if args.json:
+        print(json.dumps(rec.to_dict(), default=str))
+        return 0 if rec.ok else 1
+    v = rec.verify
+    print(f"{'OK  ' if rec.ok else 'DIFF'}  {args.path}  run {v.run_id}  key {v.key_id} ({v.trust})  "
+          f"{v.events:,} events  tail {v.tail}")
+    if rec.health is not None:
+        h = rec.health
+        mfu = h["mfu"]
+        print(f"  steps {h['steps']:,}; MFU mean {mfu['mean']} over {mfu['count']}; tokens/s {h['tokens_per_s']}")
+        r = h["restarts"]
+        print(f"  restarts {r['count']} (continuity {'ok' if r['continuity_ok'] else 'BROKEN'})")
+    for kind, steps in sorted(rec.anomalies_by_kind.items()):
+        shown = ", ".join(map(str, steps[:10])) + (" ..." if len(steps) > 10 else "")
+        print(f"  anomaly {kind}: {len(steps)} at steps {shown}")
+    for c in rec.checkpoints:
+        print(f"  checkpoint step {c['step']} {c['path']} sha256 {c['sha256'][:16]}...")
+    for r in rec.resumes:
+        print(f"  resumed from step {r['from_step']} ({r['checkpoint'] or r['reason']}) at seq {r['seq']}")
+    for r in rec.rewinds:
+        print(f"  rewind: spike at step {r['spike_step']} -> {r['checkpoint']}, skipped {r.get('skipped_batches')}")
+    for s_ in rec.stops:
+        print(f"  stopped: {s_['rule']} ({s_['reason']})")
+    if rec.ladder is not None:
+        lad = rec.ladder
+        print(f"  ladder: passed {lad['passed_rungs']}, halted_at {lad['halted_at']}, {lad['decisions']} decisions")
+        for o in lad["outcomes"]:
+            print(f"    {o['rung']}: {'GO' if o['passed'] else 'NO-GO'}  {o['reason']}")
+    for d in rec.differences:
+        print(f"  DIFFERENCE seq {d['seq']} ({d['kind']}): {d['detail']}")
+    return 0 if rec.ok else 1
 
 
 def _cmd_show(args: argparse.Namespace) -> int:

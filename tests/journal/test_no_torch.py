@@ -27,6 +27,7 @@ SCRIPT = textwrap.dedent(r"""
     assert main(["verify", j, "--pubkey", pub, "--require-closed"]) == 0
     assert main(["head", j, "--pubkey", pub]) == 0
     assert main(["show", j]) == 0
+    assert main(["replay", j, "--pubkey", pub]) == 0
     try:
         import torch  # noqa: F401
     except ImportError:

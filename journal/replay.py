@@ -1,0 +1,169 @@
+"""Replay: verify a journal, fold it through every projection, and recompute every derived event.
+
+The derived events are the ones a writer *concluded*: anomalies (from the
+steps), gate verdicts (from the measured receipts and the bars) and
+decisions (from the verdicts and the belief model). Replay recomputes each
+from the events it rests on and reports every difference from what was
+recorded, with seq numbers. A signature proves who wrote a journal; replay
+checks that what they concluded follows from what they observed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+import msgspec
+
+from . import health, kinds  # noqa: F401 - registers the kinds replay folds
+from .events import RunResumed, StepObserved
+from .health import AnomalyDetected, HealthProjection, RunConfigured
+from .kinds import CheckpointSaved, DataWindowSkipped, DecisionRecorded, GateVerdict, RewindDecided, RunStopped
+from .ladder_outcome import LadderProjection, beta_update, gate
+from .reader import read_events
+from .verify import VerifyReport, verify
+
+__all__ = ["Reconstruction", "replay"]
+
+_ANOMALY_FIELDS = tuple(f for f in AnomalyDetected.__struct_fields__)
+
+
+@dataclasses.dataclass
+class Reconstruction:
+    """Everything replay rebuilt, and every way the recorded conclusions differ from it."""
+
+    verify: VerifyReport
+    health: dict[str, Any] | None
+    anomalies_by_kind: dict[str, list[int]]
+    checkpoints: list[dict[str, Any]]
+    resumes: list[dict[str, Any]]
+    rewinds: list[dict[str, Any]]
+    stops: list[dict[str, Any]]
+    ladder: dict[str, Any] | None
+    differences: list[dict[str, Any]]
+
+    @property
+    def ok(self) -> bool:
+        return not self.differences
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["verify"] = self.verify.to_dict()
+        d["ok"] = self.ok
+        return msgspec.to_builtins(d)
+
+
+def _fields(a: AnomalyDetected) -> tuple:
+    return tuple(getattr(a, f) for f in _ANOMALY_FIELDS)
+
+
+def _same_fields(x: tuple, y: tuple) -> bool:
+    return all((u == v) or (u != u and v != v) for u, v in zip(x, y))  # NaN equals NaN here
+
+
+def replay(path: str | os.PathLike, **verify_options: Any) -> Reconstruction:
+    """Verify ``path`` (same options as :func:`journal.verify.verify`), then rebuild and audit it.
+
+    Raises what :func:`verify` raises when the journal does not verify.
+    """
+    report = verify(path, **verify_options)
+    proj: HealthProjection | None = None
+    pending_recomputed: list[tuple[int, AnomalyDetected]] = []  # (seq of the step that produced it, anomaly)
+    recorded: list[tuple[int, AnomalyDetected]] = []
+    checkpoints, resumes, rewinds, stops = [], [], [], []
+    ladder = LadderProjection()
+    saw_ladder = False
+    differences: list[dict[str, Any]] = []
+    a, b = 1.0, 1.0
+    last_verdict: GateVerdict | None = None
+
+    for ev in read_events(path):
+        t = type(ev)
+        if isinstance(ev, RunConfigured):
+            proj = HealthProjection(ev)
+        elif isinstance(ev, (StepObserved, RunResumed)):
+            if proj is None:
+                proj = HealthProjection()
+            for an in proj.apply(ev):
+                pending_recomputed.append((ev.seq, an))
+            if isinstance(ev, RunResumed):
+                resumes.append({"seq": ev.seq, "from_step": ev.from_step, "checkpoint": ev.checkpoint,
+                                "reason": ev.reason})
+        elif isinstance(ev, AnomalyDetected):
+            recorded.append((ev.seq, ev))
+        elif isinstance(ev, CheckpointSaved):
+            checkpoints.append({"seq": ev.seq, "step": ev.step, "path": ev.path, "sha256": ev.sha256,
+                                "background": ev.background})
+        elif isinstance(ev, RewindDecided):
+            rewinds.append({"seq": ev.seq, "spike_step": ev.spike_step, "checkpoint": ev.checkpoint,
+                            "from_step": ev.from_step, "reason": ev.reason})
+        elif isinstance(ev, DataWindowSkipped) and rewinds:
+            rewinds[-1]["skipped_batches"] = [ev.start_batch, ev.end_batch]
+        elif isinstance(ev, RunStopped):
+            stops.append({"seq": ev.seq, "rule": ev.rule, "reason": ev.reason})
+        elif isinstance(ev, GateVerdict):
+            saw_ladder = True
+            ladder.apply(ev)
+            passed, reason = gate(dict(ev.bars), dict(ev.measured))
+            if passed != ev.passed or reason != ev.reason:
+                differences.append({"seq": ev.seq, "kind": "gate_verdict",
+                                    "detail": f"rung {ev.rung}: recorded passed={ev.passed} ({ev.reason!r}), "
+                                              f"the receipts give passed={passed} ({reason!r})"})
+            last_verdict = ev
+        elif isinstance(ev, DecisionRecorded):
+            saw_ladder = True
+            ladder.apply(ev)
+            before = {"a": a, "b": b, "mean": a / (a + b)}
+            if last_verdict is None or last_verdict.rung != ev.rung:
+                differences.append({"seq": ev.seq, "kind": "decision_recorded",
+                                    "detail": f"decision for rung {ev.rung} without its verdict"})
+                continue
+            a, b = beta_update(a, b, last_verdict.passed)
+            action = "advance" if last_verdict.passed else "halt_ladder"
+            after = {"a": a, "b": b, "mean": a / (a + b)}
+            if (ev.action_chosen != action or dict(ev.belief_before) != before or dict(ev.belief_after) != after
+                    or last_verdict.h not in ev.evidence):
+                differences.append({"seq": ev.seq, "kind": "decision_recorded",
+                                    "detail": f"rung {ev.rung}: recorded {ev.action_chosen} {dict(ev.belief_after)}, "
+                                              f"the verdict gives {action} {after}"})
+        del t
+
+    # Anomalies: what the steps imply against what the writer recorded, in order.
+    i = j = 0
+    while i < len(pending_recomputed) or j < len(recorded):
+        rc = pending_recomputed[i] if i < len(pending_recomputed) else None
+        rd = recorded[j] if j < len(recorded) else None
+        if rc is not None and rd is not None and _same_fields(_fields(rc[1]), _fields(rd[1])):
+            i += 1
+            j += 1
+        elif rd is not None and (rc is None or not any(
+                _same_fields(_fields(x[1]), _fields(rd[1])) for x in pending_recomputed[i:])):
+            differences.append({"seq": rd[0], "kind": "anomaly_detected",
+                                "detail": f"recorded {rd[1].kind} at step {rd[1].step}, which the observations "
+                                          "do not support"})
+            j += 1
+        else:
+            differences.append({"seq": rc[0], "kind": "anomaly_detected",
+                                "detail": f"the observations give {rc[1].kind} at step {rc[1].step} "
+                                          f"(z {rc[1].z_score}), which was not recorded"})
+            i += 1
+
+    by_kind: dict[str, list[int]] = {}
+    for _, an in pending_recomputed:
+        by_kind.setdefault(an.kind, []).append(an.step)
+    res = ladder.result() if saw_ladder else None
+    return Reconstruction(
+        verify=report,
+        health=proj.report() if proj is not None else None,
+        anomalies_by_kind=by_kind,
+        checkpoints=checkpoints,
+        resumes=resumes,
+        rewinds=rewinds,
+        stops=stops,
+        ladder=None if res is None else {"passed_rungs": res.passed_rungs(), "halted_at": res.halted_at,
+                                         "decisions": res.decisions,
+                                         "outcomes": [{"rung": o.name, "passed": o.passed, "reason": o.reason}
+                                                      for o in res.outcomes]},
+        differences=differences,
+    )
