@@ -121,6 +121,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="no progress bar even on a terminal")
     p.set_defaults(func=_cmd_replay)
 
+    p = sub.add_parser("query", help="SQL over one or more journals (or folders of them) with DuckDB",
+                       description="Load verified journals into an in-memory DuckDB and run SQL over the views "
+                                   "events, runs, steps, anomalies, checkpoints, resumes, rewinds, verdicts, "
+                                   "decisions, seals. File access is switched off before your SQL runs.",
+                       epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("paths", metavar="PATH", nargs="+", help="journals or folders; the last argument is the SQL "
+                                                          "unless --sql-file is given ('-' reads SQL from stdin)")
+    _add_trust(p)
+    p.add_argument("--sql-file", metavar="FILE", help="read the SQL from FILE")
+    p.add_argument("--param", action="append", default=[], metavar="VALUE",
+                   help="a value bound to the next ? in the SQL (repeatable; never pasted into the SQL)")
+    p.add_argument("--format", choices=("table", "csv", "json", "parquet"), default="table")
+    p.add_argument("--out", metavar="FILE", help="write the result here instead of stdout (required for parquet)")
+    p.add_argument("--no-verify", action="store_true", help="skip signature verification (says so on stderr)")
+    p.set_defaults(func=_cmd_query)
+
     p = sub.add_parser("show", help="summarise a journal: run, key, events by kind, seals, tail",
                        description="Summarise a journal. Checks the chain but not signatures (use verify for that).")
     p.add_argument("path", metavar="PATH")
@@ -294,6 +310,89 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     for d in rec.differences:
         print(f"  DIFFERENCE seq {d['seq']} ({d['kind']}): {d['detail']}")
     return 0 if rec.ok else 1
+
+
+def _cmd_query(args: argparse.Namespace) -> int:
+    import csv
+    import io
+
+    import duckdb
+
+    from .errors import UsageError
+    from .query import connect
+
+    paths = list(args.paths)
+    if args.sql_file:
+        try:
+            sql = Path(args.sql_file).read_text()
+        except OSError as e:
+            raise UsageError(f"{args.sql_file}: {e.strerror}") from None
+    else:
+        if len(paths) < 2:
+            raise UsageError("give at least one journal and the SQL (or --sql-file)")
+        sql = paths.pop()
+        if sql == "-":
+            sql = sys.stdin.read()
+    if args.format == "parquet" and not args.out:
+        raise UsageError("--format parquet needs --out FILE")
+    if args.no_verify:
+        print("trainledger query: --no-verify: signatures NOT checked", file=sys.stderr)
+        con = connect(paths, verify_first=False)
+    else:
+        try:
+            con = connect(paths, keys=trusted_keys(args.pubkey), trust_embedded=args.trust_embedded,
+                          allow_unsigned=args.allow_unsigned)
+        except IntegrityError as e:
+            print(_fail_line(e, str(e.report.path) if e.report else "journal"), file=sys.stderr)
+            return 1
+    try:
+        cur = con.execute(sql, args.param or None)
+        cols = [d[0] for d in cur.description] if cur.description else []
+        rows = cur.fetchall()
+    except duckdb.Error as e:
+        raise UsageError(f"query failed: {str(e).splitlines()[0]}") from None
+    if args.format == "parquet":
+        out = duckdb.connect(":memory:")  # our own connection, writing where the user asked
+        if rows:
+            out.execute("CREATE TABLE r AS SELECT * FROM (VALUES " + ", ".join(
+                "(" + ", ".join("?" for _ in cols) + ")" for _ in rows) + f") t({', '.join(map(_qi, cols))})",
+                [v for row in rows for v in row])
+        else:
+            out.execute(f"CREATE TABLE r ({', '.join(_qi(c) + ' VARCHAR' for c in cols)})")
+        out.execute(f"COPY r TO {_ql(args.out)} (FORMAT parquet)")
+        print(f"wrote {len(rows)} rows to {args.out}", file=sys.stderr)
+        return 0
+    buf = io.StringIO()
+    if args.format == "csv":
+        w = csv.writer(buf)
+        w.writerow(cols)
+        w.writerows(rows)
+    elif args.format == "json":
+        buf.write(json.dumps([dict(zip(cols, r)) for r in rows], default=str) + "\n")
+    else:
+        widths = [max(len(str(c)), *(len(_cell(r[i])) for r in rows)) if rows else len(str(c))
+                  for i, c in enumerate(cols)]
+        buf.write("  ".join(str(c).ljust(w) for c, w in zip(cols, widths)) + "\n")
+        for r in rows:
+            buf.write("  ".join(_cell(v).ljust(w) for v, w in zip(r, widths)) + "\n")
+        buf.write(f"({len(rows)} rows)\n")
+    if args.out:
+        Path(args.out).write_text(buf.getvalue())
+    else:
+        sys.stdout.write(buf.getvalue())
+    return 0
+
+
+def _cell(v) -> str:
+    return "NULL" if v is None else (f"{v:.6g}" if isinstance(v, float) else str(v))
+
+
+def _qi(name: str) -> str:
+    return '"' + str(name).replace('"', '""') + '"'
+
+
+def _ql(text: str) -> str:
+    return "'" + str(text).replace("'", "''") + "'"
 
 
 def _cmd_show(args: argparse.Namespace) -> int:

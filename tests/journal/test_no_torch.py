@@ -28,6 +28,7 @@ SCRIPT = textwrap.dedent(r"""
     assert main(["head", j, "--pubkey", pub]) == 0
     assert main(["show", j]) == 0
     assert main(["replay", j, "--pubkey", pub]) == 0
+    assert main(["query", "--pubkey", pub, j, "SELECT count(*) FROM steps"]) == 0
     try:
         import torch  # noqa: F401
     except ImportError:

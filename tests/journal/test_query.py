@@ -1,0 +1,66 @@
+"""trainledger query: views over real journals in real DuckDB, NaN/inf as DOUBLE, and a locked sandbox."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import duckdb
+import pytest
+
+from journal import Journal, StepObserved
+from journal.cli import main
+from journal.health import AnomalyDetected
+from journal.query import connect
+
+
+def _journal(path, signer, n=20, run_id=None):
+    with Journal.create(path, signer=signer, run_id=run_id, background=False) as j:
+        for i in range(n):
+            j.append(StepObserved(step=i, loss=[2.0, math.nan, math.inf, -math.inf][i % 4], tokens=100))
+        j.append(AnomalyDetected(step=1, anomaly="nan_loss", value=math.nan))
+    return path
+
+
+def test_views_and_non_finite_values(tmp_path, signer):
+    _journal(tmp_path / "a.jsonl", signer, run_id="run-a")
+    _journal(tmp_path / "b" / "b.jsonl", signer, n=8, run_id="run-b")
+    con = connect([tmp_path], keys=[signer.public])
+    assert con.execute("SELECT run_id, count(*) FROM steps GROUP BY 1 ORDER BY 1").fetchall() == [
+        ("run-a", 20), ("run-b", 8)]
+    losses = [r[0] for r in con.execute("SELECT loss FROM steps WHERE run_id = 'run-a' ORDER BY step LIMIT 4").fetchall()]
+    assert losses[0] == 2.0 and math.isnan(losses[1]) and losses[2] == math.inf and losses[3] == -math.inf
+    assert con.execute("SELECT anomaly, step FROM anomalies WHERE run_id = 'run-b'").fetchall() == [("nan_loss", 1)]
+    assert con.execute("SELECT count(*) FROM seals").fetchone()[0] >= 4
+    assert con.execute("SELECT count(*) FROM runs").fetchone()[0] == 2
+
+
+@pytest.mark.parametrize("sql", ["COPY (SELECT 1) TO '{out}'", "SELECT * FROM read_csv('/etc/passwd')",
+                                 "SELECT * FROM read_json_objects('/etc/hostname')",
+                                 "SET enable_external_access = true"])
+def test_queries_cannot_touch_files(tmp_path, signer, sql):
+    con = connect([_journal(tmp_path / "a.jsonl", signer)], keys=[signer.public])
+    with pytest.raises(duckdb.Error):
+        con.execute(sql.format(out=tmp_path / "stolen.csv"))
+    assert not (tmp_path / "stolen.csv").exists()
+
+
+def test_cli_formats_params_and_refusals(tmp_path, signer, keypair, capsys):
+    p = _journal(tmp_path / "a.jsonl", signer)
+    pub = str(keypair[2])
+    assert main(["query", "--pubkey", pub, "--format", "json", "--param", "3", str(p),
+                 "SELECT step, loss FROM steps WHERE step < ? ORDER BY step"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    assert main(["query", "--pubkey", pub, "--format", "csv", str(p), "SELECT count(*) AS n FROM steps"]) == 0
+    assert capsys.readouterr().out.splitlines() == ["n", "20"]
+    out = tmp_path / "r.parquet"
+    assert main(["query", "--pubkey", pub, "--format", "parquet", "--out", str(out), str(p),
+                 "SELECT step, loss FROM steps"]) == 0
+    assert duckdb.connect().execute(f"SELECT count(*) FROM '{out}'").fetchone()[0] == 20
+    assert main(["query", "--pubkey", pub, str(p), "COPY (SELECT 1) TO '/tmp/x.csv'"]) == 2
+    assert "query failed" in capsys.readouterr().err
+    assert main(["query", str(p), "SELECT 1"]) == 2  # no key pinned
+    capsys.readouterr()
+    assert main(["query", "--no-verify", str(p), "SELECT count(*) FROM events"]) == 0
+    assert "NOT checked" in capsys.readouterr().err
