@@ -9,7 +9,8 @@ NaN/inf.
 
 Views: ``events`` (run_id, file, seq, kind, ts, h, line), ``runs``,
 ``steps``, ``anomalies``, ``checkpoints``, ``resumes``, ``rewinds``,
-``verdicts``, ``decisions``, ``seals``.
+``verdicts``, ``decisions``, ``seals``, ``configs`` (the monitor's
+``run_configured``) and ``mfu`` (per step, from the config in force).
 """
 
 from __future__ import annotations
@@ -75,6 +76,14 @@ VIEWS = {
                  f"line->'$.belief_after' AS belief_after, line->'$.evidence' AS evidence FROM events "
                  f"WHERE kind = 'decision_recorded'",
     "seals": f"SELECT {_BASE}, {_i('sealed_seq')}, {_s('sealed_hash')}, {_s('key_id')} FROM events WHERE kind = 'seal'",
+    "configs": f"SELECT {_BASE}, {_i('n_params')}, {_i('n_layer')}, {_i('n_head')}, {_i('head_dim')}, {_i('seq_len')}, "
+               f"{_d('peak_flops_per_sec')}, COALESCE(TRY_CAST(line->>'$.devices' AS BIGINT), 1) AS devices "
+               f"FROM events WHERE kind = 'run_configured'",
+    # MFU per step, PaLM appendix B against the run_configured in force at that step (ASOF: the latest before it).
+    "mfu": "SELECT s.run_id, s.seq, s.step, (6.0 * c.n_params + 12.0 * c.n_layer * c.n_head * c.head_dim * c.seq_len) "
+           "* COALESCE(s.tokens, s.examples * c.seq_len) / s.step_time_s / (c.peak_flops_per_sec * c.devices) AS mfu "
+           "FROM steps s ASOF JOIN configs c ON s.run_id = c.run_id AND s.seq >= c.seq "
+           "WHERE s.step_time_s > 0 AND c.peak_flops_per_sec IS NOT NULL AND c.n_params IS NOT NULL",
 }
 
 

@@ -64,3 +64,19 @@ def test_cli_formats_params_and_refusals(tmp_path, signer, keypair, capsys):
     capsys.readouterr()
     assert main(["query", "--no-verify", str(p), "SELECT count(*) FROM events"]) == 0
     assert "NOT checked" in capsys.readouterr().err
+
+
+def test_mfu_view_matches_the_monitor(tmp_path, signer):
+    from training.flops import FlopConfig
+    from training.monitor import TrainingHealthMonitor
+
+    p = tmp_path / "m.jsonl"
+    cfg = FlopConfig(n_params=7104, n_layer=2, n_head=2, head_dim=8, seq_len=8)
+    with Journal.create(p, signer=signer, background=False) as j:
+        m = TrainingHealthMonitor(journal=j, flop_config=cfg, peak_flops_per_sec=1e12)
+        for i, dt in enumerate([0.1, 0.2, 0.05]):
+            m.observe_step(i, 3.0, step_time_s=dt, batch_size=4)
+    con = connect([p], keys=[signer.public])
+    got = [r[0] for r in con.execute("SELECT mfu FROM mfu ORDER BY step").fetchall()]
+    assert got == pytest.approx([cfg.flops_per_iter(4) / dt / 1e12 for dt in (0.1, 0.2, 0.05)])
+    assert sum(got) / 3 == pytest.approx(m.report()["mfu"]["mean"])
