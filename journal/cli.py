@@ -137,6 +137,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-verify", action="store_true", help="skip signature verification (says so on stderr)")
     p.set_defaults(func=_cmd_query)
 
+    p = sub.add_parser("watch", help="follow a journal while a run writes it, with a live view",
+                       description="Follow a journal like tail -f: step, loss, grad norm, tokens/s, MFU, last "
+                                   "anomaly, last checkpoint, seal lag. Exits 0 when the run closes, 130 on Ctrl-C. "
+                                   "Checks the chain as it reads; run verify for signatures.")
+    p.add_argument("path", metavar="PATH")
+    p.add_argument("--interval", type=float, default=0.5, help="seconds between refreshes (default 0.5)")
+    p.add_argument("--timeout", type=float, default=None, help="give up after this many seconds (exit 3)")
+    p.set_defaults(func=_cmd_watch)
+
     p = sub.add_parser("show", help="summarise a journal: run, key, events by kind, seals, tail",
                        description="Summarise a journal. Checks the chain but not signatures (use verify for that).")
     p.add_argument("path", metavar="PATH")
@@ -393,6 +402,14 @@ def _qi(name: str) -> str:
 
 def _ql(text: str) -> str:
     return "'" + str(text).replace("'", "''") + "'"
+
+
+def _cmd_watch(args: argparse.Namespace) -> int:
+    from .watch import watch
+
+    if not args.interval > 0:
+        raise JournalError(f"--interval must be positive, got {args.interval}")
+    return watch(args.path, interval=args.interval, timeout=args.timeout)
 
 
 def _cmd_show(args: argparse.Namespace) -> int:

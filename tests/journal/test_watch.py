@@ -1,0 +1,39 @@
+"""trainledger watch follows a journal being written by another process and exits when the run closes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+WRITER = r"""
+import sys, time
+from journal import Journal, Signer, StepObserved
+from journal.health import AnomalyDetected
+with Journal.create(sys.argv[1], signer=Signer.generate(), flush_interval_s=0.02) as j:
+    for i in range(30):
+        j.append(StepObserved(step=i, loss=3.0 - i * 0.01, grad_norm=1.0, step_time_s=0.01, tokens=512))
+        if i == 20:
+            j.append(AnomalyDetected(step=20, anomaly="loss_spike", value=9.0, z_score=42.0))
+        time.sleep(0.02)
+"""
+
+
+def test_watch_follows_a_live_run_until_it_closes(tmp_path):
+    p = tmp_path / "live.jsonl"
+    watcher = subprocess.Popen([sys.executable, "-m", "journal.cli", "watch", str(p), "--interval", "0.05",
+                                "--timeout", "60"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(0.3)  # the watcher starts before the file exists, like tail -F
+    writer = subprocess.run([sys.executable, "-c", WRITER, str(p)], capture_output=True, text=True, timeout=60)
+    assert writer.returncode == 0, writer.stderr
+    out, err = watcher.communicate(timeout=60)
+    assert watcher.returncode == 0, err
+    lines = out.strip().splitlines()
+    assert len(lines) > 3  # it refreshed while the run was going
+    assert "step 29" in lines[-1] and "loss_spike at step 20" in lines[-1] and "0 events after the last seal" in lines[-1]
+
+
+def test_watch_times_out_on_a_missing_file(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "journal.cli", "watch", str(tmp_path / "nope.jsonl"), "--interval",
+                        "0.05", "--timeout", "0.3"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 3
