@@ -110,7 +110,8 @@ def _check_in_child(path: str, send) -> None:
 
 
 def _unchecked_batches(p, size: int) -> Iterator[list[Any]]:
-    """Decode without checking (the other process checks): a batch decode per block."""
+    """Decode the first ``size`` bytes without checking them (they are checked elsewhere: by another
+    process in :func:`fold_events`, or already by :func:`journal.verify.verify` in replay)."""
     from . import codec
 
     res = RangeResult(0, size)

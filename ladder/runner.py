@@ -28,6 +28,7 @@ from journal.ladder_outcome import LadderProjection, LadderResult, RungOutcome, 
 from training.checkpoint import restore_checkpoint, save_checkpoint
 from training.corpus import BatchSampler, MarkovSource
 from training.flops import flop_config_from_causal_lm
+from training.loop import train_step
 from training.model import build_causal_lm
 from training.monitor import TrainingHealthMonitor
 
@@ -74,18 +75,13 @@ def _train_rung(rung: Rung, j: Journal, work: Path, peak: float | None) -> tuple
     step = 0
     while step < rung.steps:
         t0 = time.perf_counter()
-        model.train()
         x, y = sampler.next()
-        loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
-        opt.zero_grad()
-        loss.backward()
-        gn = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1e9)
-        opt.step()
-        losses.append(loss.item())
+        loss, gn = train_step(model, opt, x, y, max_grad_norm=1e9)
+        losses.append(loss)
         dt = time.perf_counter() - t0
         if peak is not None:
             mfu_series.append(flops.flops_per_iter(rung.batch_size) / dt / peak)
-        monitor.observe_step(step, losses[-1], grad_norm=float(gn), step_time_s=dt,
+        monitor.observe_step(step, losses[-1], grad_norm=gn, step_time_s=dt,
                              batch_size=rung.batch_size, tokens=rung.batch_size * rung.block, lr=lr)
         model.eval()
         with torch.no_grad():
@@ -128,8 +124,8 @@ def run_pilot_ladder(rungs: list[Rung], peak_flops_per_sec: float | None = None,
                      work_dir: str | Path | None = None) -> LadderResult:
     """Run the ladder; return its result (also rebuildable from the journal by :class:`LadderProjection`).
 
-    ``journal`` receives every event (an unsigned in-memory-like journal in a
-    temporary directory is used when none is given). Raises
+    ``journal`` receives every event; without one, a journal signed by a throwaway key is
+    written in ``work_dir`` (a temporary directory by default). Raises
     ``NotImplementedError`` before training anything if a rung opts into a
     piece that does not exist here.
     """

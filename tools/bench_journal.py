@@ -41,7 +41,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from journal import Journal, Signer, StepObserved, verify  # noqa: E402
+from journal import Journal, Signer, StepObserved  # noqa: E402
 
 pc = time.perf_counter_ns
 
@@ -276,7 +276,7 @@ def main() -> int:
         append = {k: {m: statistics.median(r[m] for r in v) for m in v[0]} for k, v in rows.items()}
         results["append"] = append
         tl = append["trainledger: build StepObserved + append"]["median_us"]
-        for k, v in append.items():
+        for v in append.values():
             v["ratio_to_trainledger"] = v["median_us"] / tl if tl else math.nan
 
         sweep = {}

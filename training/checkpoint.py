@@ -119,8 +119,10 @@ def _to_host(obj: Any) -> Any:
         return obj.detach().to("cpu", copy=True)
     if isinstance(obj, dict):
         return {k: _to_host(v) for k, v in obj.items()}
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # a namedtuple takes its fields positionally
+        return type(obj)(*(_to_host(v) for v in obj))
     if isinstance(obj, (list, tuple)):
-        return type(obj)(_to_host(v) for v in obj) if not hasattr(obj, "_fields") else obj
+        return type(obj)(_to_host(v) for v in obj)
     return obj
 
 

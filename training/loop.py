@@ -27,7 +27,7 @@ from .model import build_causal_lm
 from .monitor import TrainingHealthMonitor
 from .rewind import TRIGGERS, DataWindowSkipped, RewindDecided, RewindPolicy, RunStopped
 
-__all__ = ["LoopConfig", "CheckpointDeleted", "run_training"]
+__all__ = ["LoopConfig", "CheckpointDeleted", "run_training", "train_step"]
 
 
 
@@ -73,6 +73,22 @@ def _build(cfg: LoopConfig):
     tokens = MarkovSource(cfg.vocab, seed=cfg.seed).sample(cfg.corpus_tokens, seed=cfg.seed + 1)
     sampler = BatchSampler(tokens, cfg.batch_size, cfg.block, seed=cfg.seed + 2)
     return model, opt, sched, sampler
+
+
+def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor, *,
+               max_grad_norm: float) -> tuple[float, float]:
+    """One optimizer step of next-token cross-entropy; return the loss and the (pre-clip) grad norm.
+
+    The ``.item()`` and ``float()`` here are host-device syncs, one of each per step (fine on the CPU;
+    see ``training/monitor.py`` for batching them on a GPU).
+    """
+    model.train()
+    loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
+    optimizer.zero_grad()
+    loss.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=max_grad_norm)
+    optimizer.step()
+    return loss.item(), float(grad_norm)
 
 
 def _live_checkpoints(run_dir: Path, journal_path: Path) -> list[CheckpointSaved]:
@@ -151,20 +167,14 @@ def run_training(run_dir: str | Path, *, signer: Signer, config: LoopConfig = Lo
                 j.suspend()
                 return {"stopped_at": step, "losses": losses}
             t0 = time.perf_counter()
-            model.train()
             batch_index = sampler.batches_drawn
             x, y = sampler.next()
             if cfg.poison_batches and cfg.poison_batches[0] <= batch_index < cfg.poison_batches[1]:
                 y = torch.full_like(y, batch_index % cfg.vocab)  # every target one token: a corrupt shard
-            loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
-            opt.zero_grad()
-            loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)
-            opt.step()
+            loss_f, grad_norm = train_step(model, opt, x, y, max_grad_norm=1.0)
             sched.step()
-            loss_f = loss.item()  # host-device sync (one per step; fine on the CPU)
             losses.append(loss_f)
-            found = monitor.observe_step(step, loss_f, grad_norm=float(grad_norm),
+            found = monitor.observe_step(step, loss_f, grad_norm=grad_norm,
                                          step_time_s=time.perf_counter() - t0, batch_size=cfg.batch_size,
                                          tokens=cfg.batch_size * cfg.block, lr=sched.get_last_lr()[0])
             spike = next((a for a in found if a.kind in TRIGGERS), None)
