@@ -14,6 +14,7 @@ from pathlib import Path
 
 from .errors import UsageError
 from .events import StepObserved
+from .health import HealthProjection, RunConfigured
 from .keys import keygen, load_signer
 from .writer import Journal
 
@@ -48,13 +49,21 @@ def run_demo(out: Path, *, steps: int = 2000, seed: int = 0, key: Path | None = 
             "steps": steps, "seed": seed}
     path = out / "journal.jsonl"
     with Journal.create(path, signer=signer, meta=meta) as j:
+        # The monitor's fold, torch-free: what it concludes is recorded, so replay finds it consistent.
+        config = RunConfigured(n_params=124_000_000, n_layer=12, n_head=12, head_dim=64, seq_len=1024,
+                               peak_flops_per_sec=312e12, devices=8)
+        j.append(config)
+        health = HealthProjection(config)
         for step in range(steps):
             loss = 1.2 + 2.4 * math.exp(-step / (steps / 5)) + rng.gauss(0.0, 0.02)
             grad_norm = 0.8 + 0.3 * math.exp(-step / (steps / 4)) + abs(rng.gauss(0.0, 0.05))
             if step == spike_at:
                 loss *= 4.0
                 grad_norm *= 12.0
-            j.append(StepObserved(step=step, loss=loss, grad_norm=grad_norm, lr=_lr(step, steps),
-                                  step_time_s=0.25 + abs(rng.gauss(0.0, 0.01)), examples=8,
-                                  tokens=tokens, supervised_tokens=tokens - 8))
+            ev = StepObserved(step=step, loss=loss, grad_norm=grad_norm, lr=_lr(step, steps),
+                              step_time_s=0.25 + abs(rng.gauss(0.0, 0.01)), examples=8,
+                              tokens=tokens, supervised_tokens=tokens - 8)
+            j.append(ev)
+            for anomaly in health.apply(ev):
+                j.append(anomaly)
     return path, pub

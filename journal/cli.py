@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from . import __version__
-from .errors import IntegrityError, JournalError
+from .errors import IntegrityError, JournalError, UsageError
 from .keys import TRUSTED_KEYS_ENV, keygen, trusted_keys
 from .verify import VerifyReport, parse_head, verify
 
@@ -135,13 +135,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=("table", "csv", "json", "parquet"), default="table")
     p.add_argument("--out", metavar="FILE", help="write the result here instead of stdout (required for parquet)")
     p.add_argument("--no-verify", action="store_true", help="skip signature verification (says so on stderr)")
+    p.add_argument("--no-cache", action="store_true",
+                   help="read the journals even if a verified columnar copy matches their heads, and keep none")
     p.set_defaults(func=_cmd_query)
+
+    p = sub.add_parser("report", help="write one self-contained HTML page about a run (curves, verdicts, decisions)",
+                       description="Verify and replay a journal, then write one self-contained HTML file: the "
+                                   "verification verdict and key id, loss, grad norm, step time and MFU curves with "
+                                   "anomalies, checkpoints, resumes and rewinds marked, the ladder's verdicts and "
+                                   "decisions, and the manifest identity. Nothing is written for a journal that "
+                                   "does not verify. Needs matplotlib (pip install 'trainledger[report]').",
+                       epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("path", metavar="PATH")
+    p.add_argument("-o", "--out", metavar="FILE", default=None, help="where to write (default: report.html beside PATH)")
+    _add_trust(p)
+    p.set_defaults(func=_cmd_report)
 
     p = sub.add_parser("watch", help="follow a journal while a run writes it, with a live view",
                        description="Follow a journal like tail -f: step, loss, grad norm, tokens/s, MFU, last "
-                                   "anomaly, last checkpoint, seal lag. Exits 0 when the run closes, 130 on Ctrl-C. "
-                                   "Checks the chain as it reads; run verify for signatures.")
+                                   "anomaly, last checkpoint, seal lag. Exits 0 when the run closes, 130 on Ctrl-C, "
+                                   "1 at the first line that does not check out. Checks the chain as it reads, and "
+                                   "every seal's signature when a key is pinned (or with --trust-embedded).")
     p.add_argument("path", metavar="PATH")
+    _add_trust(p)
     p.add_argument("--interval", type=float, default=0.5, help="seconds between refreshes (default 0.5)")
     p.add_argument("--timeout", type=float, default=None, help="give up after this many seconds (exit 3)")
     p.set_defaults(func=_cmd_watch)
@@ -161,8 +177,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("out", metavar="OUT_DIR", help="run folder to create (must not hold a ladder yet)")
     p.add_argument("--preset", choices=("tiny", "halt"), default="tiny",
                    help="tiny: the three-rung ladder that passes; halt: a rung with an impossible bar")
-    p.add_argument("--peak-flops", type=float, default=1.0e9,
-                   help="peak FLOPs/s to compute MFU against (default 1e9, the seed document's made-up value)")
+    p.add_argument("--peak-flops", type=float, default=None,
+                   help="peak FLOP/s to compute MFU against (default: this CPU's measured fp32 matmul throughput, "
+                        "measured before the first rung and recorded in each run_configured)")
     p.set_defaults(func=_cmd_ladder)
 
     p = sub.add_parser("demo", help="write a signed journal of a simulated run, then verify and summarise it",
@@ -279,6 +296,26 @@ def _cmd_head(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_report(args: argparse.Namespace) -> int:
+    from .report import write_report
+
+    out = Path(args.out) if args.out else Path(args.path).with_name("report.html")
+    if out.is_dir():
+        raise UsageError(f"{out}: is a folder; give a file name with -o")
+    if not out.parent.is_dir():
+        raise UsageError(f"{out.parent}: no such folder")
+    try:
+        rec = write_report(args.path, out, keys=trusted_keys(args.pubkey), trust_embedded=args.trust_embedded,
+                           allow_unsigned=args.allow_unsigned)
+    except IntegrityError as e:
+        print(_fail_line(e, args.path))
+        print("trainledger report: no report written", file=sys.stderr)
+        return 1
+    print(f"wrote {out} ({out.stat().st_size / 1024:.0f} KiB): run {rec.verify.run_id}, {rec.verify.events:,} events, "
+          + ("replay consistent" if rec.ok else f"{len(rec.differences)} DIFFERENCES from the recomputation"))
+    return 0 if rec.ok else 1
+
+
 def _cmd_replay(args: argparse.Namespace) -> int:
     from .replay import replay
 
@@ -297,7 +334,9 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     if rec.health is not None:
         h = rec.health
         mfu = h["mfu"]
-        print(f"  steps {h['steps']:,}; MFU mean {mfu['mean']} over {mfu['count']}; tokens/s {h['tokens_per_s']}")
+        m = "-" if mfu["mean"] is None else f"{mfu['mean']:.2%} (min {mfu['min']:.2%}, max {mfu['max']:.2%})"
+        tps = "-" if h["tokens_per_s"] is None else f"{h['tokens_per_s']:,.0f}"
+        print(f"  steps {h['steps']:,}; MFU mean {m} over {mfu['count']:,} steps; tokens/s {tps}")
         r = h["restarts"]
         print(f"  restarts {r['count']} (continuity {'ok' if r['continuity_ok'] else 'BROKEN'})")
     for kind, steps in sorted(rec.anomalies_by_kind.items()):
@@ -327,8 +366,7 @@ def _cmd_query(args: argparse.Namespace) -> int:
 
     import duckdb
 
-    from .errors import UsageError
-    from .query import connect
+    from .query import CACHE_MIN_BYTES, open_views, refresh_cache_in_background
 
     paths = list(args.paths)
     if args.sql_file:
@@ -346,14 +384,19 @@ def _cmd_query(args: argparse.Namespace) -> int:
         raise UsageError("--format parquet needs --out FILE")
     if args.no_verify:
         print("trainledger query: --no-verify: signatures NOT checked", file=sys.stderr)
-        con = connect(paths, verify_first=False)
+        con, source = open_views(paths, verify_first=False)
     else:
+        trust = {"keys": trusted_keys(args.pubkey), "trust_embedded": args.trust_embedded,
+                 "allow_unsigned": args.allow_unsigned}
         try:
-            con = connect(paths, keys=trusted_keys(args.pubkey), trust_embedded=args.trust_embedded,
-                          allow_unsigned=args.allow_unsigned)
+            con, source = open_views(paths, use_cache=not args.no_cache, **trust)
         except IntegrityError as e:
             print(_fail_line(e, str(e.report.path) if e.report else "journal"), file=sys.stderr)
             return 1
+        # Large journals read cold: keep a verified columnar copy for next time, built off this process.
+        if (not args.no_cache and source.origin == "journals"
+                and sum(r["size"] for r in source.files) >= CACHE_MIN_BYTES):
+            refresh_cache_in_background(paths, **trust)
     try:
         cur = con.execute(sql, args.param or None)
         cols = [d[0] for d in cur.description] if cur.description else []
@@ -409,7 +452,8 @@ def _cmd_watch(args: argparse.Namespace) -> int:
 
     if not args.interval > 0:
         raise JournalError(f"--interval must be positive, got {args.interval}")
-    return watch(args.path, interval=args.interval, timeout=args.timeout)
+    return watch(args.path, interval=args.interval, timeout=args.timeout, keys=trusted_keys(args.pubkey),
+                 trust_embedded=args.trust_embedded, allow_unsigned=args.allow_unsigned)
 
 
 def _cmd_show(args: argparse.Namespace) -> int:
@@ -446,9 +490,15 @@ def _cmd_ladder(args: argparse.Namespace) -> int:
     priv, pub = keygen(out)
     j = Journal.create(out / "ladder.jsonl", signer=load_signer(priv), meta={"preset": args.preset,
                        "note": "tiny stand-in rungs: real targets are labels, not what ran"})
+    peak = args.peak_flops
+    if peak is None:
+        from training.flops import measure_matmul_peak
+
+        peak = measure_matmul_peak()
+        print(f"MFU is measured against this CPU's fp32 matmul throughput: {peak:.3g} FLOP/s (--peak-flops to set)")
     t0 = time.perf_counter()
     try:
-        result = run_pilot_ladder(PRESETS[args.preset](), peak_flops_per_sec=args.peak_flops, journal=j,
+        result = run_pilot_ladder(PRESETS[args.preset](), peak_flops_per_sec=peak, journal=j,
                                   work_dir=out / "rungs")
     except BaseException:
         j.suspend()
@@ -469,7 +519,17 @@ def _cmd_ladder(args: argparse.Namespace) -> int:
     print(f"$ trainledger verify {out / 'ladder.jsonl'} --pubkey {pub} --require-closed")
     r = verify(out / "ladder.jsonl", keys=trusted_keys([str(pub)]), require_closed=True)
     _print_report(r, title="OK  ")
-    return 0
+    try:
+        from .report import write_report
+
+        rec = write_report(out / "ladder.jsonl", out / "report.html", keys=trusted_keys([str(pub)]))
+    except UsageError as e:  # matplotlib missing: the run stands without its page
+        print(f"no report: {e}")
+        return 0
+    print(f"$ trainledger report {out / 'ladder.jsonl'} --pubkey {pub} -o {out / 'report.html'}")
+    print(f"wrote {out / 'report.html'}: replay " + ("consistent: every verdict and decision follows from its "
+                                                       "receipts" if rec.ok else "found DIFFERENCES"))
+    return 0 if rec.ok else 1
 
 
 # ---------------------------------------------------------------- entry point

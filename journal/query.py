@@ -1,21 +1,42 @@
 """SQL over journals with DuckDB, in memory, locked down before any user SQL runs.
 
-:func:`connect` verifies each journal (unless told not to), loads every line
-into an in-memory table, defines the views, and then turns off DuckDB's
-external access and locks its configuration, so a query over an untrusted
-journal cannot read or write other files (``COPY ... TO``, ``read_csv(...)``
-fail). Non-finite floats (stored as "NaN"/"Infinity") come back as DOUBLE
-NaN/inf.
+:func:`connect` verifies each journal (unless told not to), loads every
+verified line into an in-memory table, defines the views, and then turns off
+DuckDB's external access and locks its configuration, so a query over an
+untrusted journal cannot read or write other files (``COPY ... TO``,
+``read_csv(...)`` fail). Non-finite floats (stored as "NaN"/"Infinity") come
+back as DOUBLE NaN/inf.
 
 Views: ``events`` (run_id, file, seq, kind, ts, h, line), ``runs``,
 ``steps``, ``anomalies``, ``checkpoints``, ``resumes``, ``rewinds``,
-``verdicts``, ``decisions``, ``seals``, ``configs`` (the monitor's
-``run_configured``) and ``mfu`` (per step, from the config in force).
+``verdicts``, ``decisions``, ``seals``, ``stops``, ``configs`` (the
+monitor's ``run_configured``) and ``mfu`` (per step, from the config in force).
+
+The warm path. :func:`build_cache` writes a columnar copy of the loaded
+tables (every view materialised) to ``<cache dir>/q-<paths digest>.duckdb``
+together with what verification established for each file: size, last seq,
+head hash, key id and trust. A later :func:`connect` over the same files uses
+that copy instead of reading them when, for every file, the size is unchanged,
+the last complete line carries the cached head hash, and the cached trust
+satisfies the caller's trust options. A head hash commits to every line
+before it, so the copy holds exactly the verified content of the journal that
+ends in that head; a journal that grew has a new head and the copy is not
+used. The copy is as trustworthy as the cache directory (the user's own:
+``$TRAINLEDGER_CACHE_DIR``, else ``$XDG_CACHE_HOME/trainledger``, else
+``~/.cache/trainledger``). It is attached read-only, so user SQL cannot
+change it. ``trainledger query`` refreshes it in a background process after a
+cold query (``--no-cache`` turns both off).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 import os
+import re
+import subprocess
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -23,9 +44,77 @@ from typing import Any
 import duckdb
 
 from .errors import JournalIOError
-from .verify import _open_checked, _read_opening, verify
+from .keys import PublicKey
+from .verify import VerifyReport, _open_checked, _read_opening, verify
 
-__all__ = ["connect", "journal_files", "VIEWS"]
+__all__ = ["connect", "open_views", "build_cache", "refresh_cache_in_background", "cache_dir", "journal_files",
+           "VIEWS", "Source", "CACHE_MIN_BYTES"]
+
+CACHE_VERSION = 1
+#: ``trainledger query`` keeps a columnar copy only of journals at least this large; smaller ones load in
+#: well under a tenth of a second anyway.
+CACHE_MIN_BYTES = 16 * 1024 * 1024
+
+# Each typed view: the event kind and its fields with DuckDB types. One json_transform per row parses every
+# field at once; a float stored as "NaN"/"Infinity"/"-Infinity" becomes DOUBLE NaN/inf, nested values stay JSON.
+_TYPED: dict[str, tuple[str, list[tuple[str, str]]]] = {
+    "steps": ("step_observed", [("step", "BIGINT"), ("loss", "DOUBLE"), ("grad_norm", "DOUBLE"), ("lr", "DOUBLE"),
+                                ("step_time_s", "DOUBLE"), ("examples", "BIGINT"), ("tokens", "BIGINT"),
+                                ("supervised_tokens", "BIGINT")]),
+    "anomalies": ("anomaly_detected", [("step", "BIGINT"), ("anomaly", "VARCHAR"), ("value", "DOUBLE"),
+                                       ("baseline_median", "DOUBLE"), ("mad", "DOUBLE"), ("z_score", "DOUBLE"),
+                                       ("threshold", "DOUBLE"), ("detected_at", "BIGINT")]),
+    "checkpoints": ("checkpoint_saved", [("step", "BIGINT"), ("path", "VARCHAR"), ("bytes", "BIGINT"),
+                                         ("sha256", "VARCHAR"), ("duration_s", "DOUBLE"), ("contents", "JSON")]),
+    "resumes": ("run_resumed", [("reason", "VARCHAR"), ("from_step", "BIGINT"), ("checkpoint", "VARCHAR")]),
+    "rewinds": ("rewind_decided", [("spike_step", "BIGINT"), ("anomaly", "VARCHAR"), ("checkpoint", "VARCHAR"),
+                                   ("from_step", "BIGINT"), ("skip_batches", "BIGINT"), ("lr_scale", "DOUBLE"),
+                                   ("reason", "VARCHAR")]),
+    "verdicts": ("gate_verdict", [("rung", "VARCHAR"), ("passed", "BOOLEAN"), ("reason", "VARCHAR"),
+                                  ("measured", "JSON"), ("bars", "JSON")]),
+    "decisions": ("decision_recorded", [("rung", "VARCHAR"), ("action_chosen", "VARCHAR"),
+                                        ("belief_before", "JSON"), ("belief_after", "JSON"), ("evidence", "JSON")]),
+    "seals": ("seal", [("sealed_seq", "BIGINT"), ("sealed_hash", "VARCHAR"), ("key_id", "VARCHAR")]),
+    "stops": ("run_stopped", [("rule", "VARCHAR"), ("reason", "VARCHAR")]),
+    "configs": ("run_configured", [("n_params", "BIGINT"), ("n_layer", "BIGINT"), ("n_head", "BIGINT"),
+                                   ("head_dim", "BIGINT"), ("seq_len", "BIGINT"), ("peak_flops_per_sec", "DOUBLE"),
+                                   ("devices", "BIGINT")]),
+}
+# Fields whose default is omitted from the line (omit_defaults) and must read back as that default.
+_DEFAULTS = {("configs", "devices"): "1"}
+
+
+def _typed_view(name: str) -> str:
+    kind, fields = _TYPED[name]
+    shape = json.dumps({f: t for f, t in fields}, separators=(",", ":"))
+    cols = ", ".join(f"COALESCE(x.{f}, {_DEFAULTS[(name, f)]}) AS {f}" if (name, f) in _DEFAULTS else f"x.{f} AS {f}"
+                     for f, _ in fields)
+    return (f"SELECT run_id, seq, ts, {cols} FROM (SELECT run_id, seq, ts, json_transform(line, '{shape}') AS x "
+            f"FROM events WHERE kind = '{kind}')")
+
+
+VIEWS: dict[str, str] = {
+    "runs": "SELECT run_id, file, min(ts) AS created_ns, count(*) AS events, max(seq) AS last_seq FROM events "
+            "GROUP BY run_id, file",
+    **{name: _typed_view(name) for name in _TYPED},
+    # MFU per step, PaLM appendix B against the run_configured in force at that step (ASOF: the latest before it).
+    "mfu": "SELECT s.run_id, s.seq, s.step, (6.0 * c.n_params + 12.0 * c.n_layer * c.n_head * c.head_dim * c.seq_len) "
+           "* COALESCE(s.tokens, s.examples * c.seq_len) / s.step_time_s / (c.peak_flops_per_sec * c.devices) AS mfu "
+           "FROM steps s ASOF JOIN configs c ON s.run_id = c.run_id AND s.seq >= c.seq "
+           "WHERE s.step_time_s > 0 AND c.peak_flops_per_sec IS NOT NULL AND c.n_params IS NOT NULL",
+}
+
+_COMMON = '{"kind":"VARCHAR","seq":"BIGINT","ts":"BIGINT","h":"VARCHAR"}'
+
+
+@dataclasses.dataclass
+class Source:
+    """Where a connection's tables came from: ``"journals"`` (read now) or ``"cache"`` (a verified copy)."""
+
+    origin: str
+    files: list[dict[str, Any]]
+    cache_path: Path | None = None
+    verified: bool = True
 
 
 def journal_files(paths: Sequence[str | os.PathLike]) -> list[Path]:
@@ -43,88 +132,153 @@ def journal_files(paths: Sequence[str | os.PathLike]) -> list[Path]:
     return out
 
 
-def _d(field: str) -> str:
-    """A float field as DOUBLE: numbers and the "NaN"/"Infinity"/"-Infinity" spellings alike."""
-    return f"TRY_CAST(line->>'$.{field}' AS DOUBLE) AS {field}"
+def cache_dir() -> Path:
+    """``$TRAINLEDGER_CACHE_DIR``, else ``$XDG_CACHE_HOME/trainledger``, else ``~/.cache/trainledger``."""
+    if os.environ.get("TRAINLEDGER_CACHE_DIR"):
+        return Path(os.environ["TRAINLEDGER_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "trainledger"
 
 
-def _i(field: str) -> str:
-    return f"TRY_CAST(line->>'$.{field}' AS BIGINT) AS {field}"
+def _cache_path(files: list[Path]) -> Path:
+    digest = hashlib.sha256("\0".join(sorted(str(f.resolve()) for f in files)).encode()).hexdigest()[:24]
+    return cache_dir() / f"q-{digest}.duckdb"
 
 
-def _s(field: str) -> str:
-    return f"line->>'$.{field}' AS {field}"
-
-
-_BASE = "run_id, seq, ts"
-VIEWS = {
-    "runs": "SELECT run_id, file, min(ts) AS created_ns, count(*) AS events, max(seq) AS last_seq FROM events "
-            "GROUP BY run_id, file",
-    "steps": f"SELECT {_BASE}, {_i('step')}, {_d('loss')}, {_d('grad_norm')}, {_d('lr')}, {_d('step_time_s')}, "
-             f"{_i('examples')}, {_i('tokens')}, {_i('supervised_tokens')} FROM events WHERE kind = 'step_observed'",
-    "anomalies": f"SELECT {_BASE}, {_i('step')}, {_s('anomaly')}, {_d('value')}, {_d('baseline_median')}, {_d('mad')}, "
-                 f"{_d('z_score')}, {_d('threshold')}, {_i('detected_at')} FROM events WHERE kind = 'anomaly_detected'",
-    "checkpoints": f"SELECT {_BASE}, {_i('step')}, {_s('path')}, {_i('bytes')}, {_s('sha256')}, {_d('duration_s')}, "
-                   f"line->'$.contents' AS contents FROM events WHERE kind = 'checkpoint_saved'",
-    "resumes": f"SELECT {_BASE}, {_s('reason')}, {_i('from_step')}, {_s('checkpoint')} FROM events "
-               f"WHERE kind = 'run_resumed'",
-    "rewinds": f"SELECT {_BASE}, {_i('spike_step')}, {_s('anomaly')}, {_s('checkpoint')}, {_i('from_step')}, "
-               f"{_i('skip_batches')}, {_d('lr_scale')}, {_s('reason')} FROM events WHERE kind = 'rewind_decided'",
-    "verdicts": f"SELECT {_BASE}, {_s('rung')}, TRY_CAST(line->>'$.passed' AS BOOLEAN) AS passed, {_s('reason')}, "
-                f"line->'$.measured' AS measured, line->'$.bars' AS bars FROM events WHERE kind = 'gate_verdict'",
-    "decisions": f"SELECT {_BASE}, {_s('rung')}, {_s('action_chosen')}, line->'$.belief_before' AS belief_before, "
-                 f"line->'$.belief_after' AS belief_after, line->'$.evidence' AS evidence FROM events "
-                 f"WHERE kind = 'decision_recorded'",
-    "seals": f"SELECT {_BASE}, {_i('sealed_seq')}, {_s('sealed_hash')}, {_s('key_id')} FROM events WHERE kind = 'seal'",
-    "configs": f"SELECT {_BASE}, {_i('n_params')}, {_i('n_layer')}, {_i('n_head')}, {_i('head_dim')}, {_i('seq_len')}, "
-               f"{_d('peak_flops_per_sec')}, COALESCE(TRY_CAST(line->>'$.devices' AS BIGINT), 1) AS devices "
-               f"FROM events WHERE kind = 'run_configured'",
-    # MFU per step, PaLM appendix B against the run_configured in force at that step (ASOF: the latest before it).
-    "mfu": "SELECT s.run_id, s.seq, s.step, (6.0 * c.n_params + 12.0 * c.n_layer * c.n_head * c.head_dim * c.seq_len) "
-           "* COALESCE(s.tokens, s.examples * c.seq_len) / s.step_time_s / (c.peak_flops_per_sec * c.devices) AS mfu "
-           "FROM steps s ASOF JOIN configs c ON s.run_id = c.run_id AND s.seq >= c.seq "
-           "WHERE s.step_time_s > 0 AND c.peak_flops_per_sec IS NOT NULL AND c.n_params IS NOT NULL",
-}
-
-
-def connect(paths: Sequence[str | os.PathLike], *, verify_first: bool = True,
+def connect(paths: Sequence[str | os.PathLike], *, verify_first: bool = True, use_cache: bool = True,
             **verify_options: Any) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB connection with every journal loaded and the views defined, then locked.
 
     ``verify_first`` verifies each journal with ``verify_options`` (the same as
     :func:`journal.verify.verify`) and raises its error on the first that
     fails; ``False`` skips that (the CLI says so). Torn tails are left out.
+    ``use_cache`` answers from a verified columnar copy when one matches (see
+    the module docstring); it never builds one (:func:`build_cache` does).
+    """
+    return open_views(paths, verify_first=verify_first, use_cache=use_cache, **verify_options)[0]
+
+
+def open_views(paths: Sequence[str | os.PathLike], *, verify_first: bool = True, use_cache: bool = True,
+               **verify_options: Any) -> tuple[duckdb.DuckDBPyConnection, Source]:
+    """:func:`connect`, also saying where the tables came from."""
+    files = journal_files(paths)
+    if verify_first and use_cache:
+        hit = _warm(files, verify_options)
+        if hit is not None:
+            return hit
+    con, source = _load(files, verify_first, verify_options)
+    _define_views(con)
+    _lock(con)
+    return con, source
+
+
+def build_cache(paths: Sequence[str | os.PathLike], **verify_options: Any) -> Path:
+    """Verify the journals, load them and write the columnar copy a later :func:`connect` can use.
+
+    Written to a temporary file and renamed into place, so a reader never sees
+    half a copy; a copy for the same set of files is replaced.
     """
     files = journal_files(paths)
-    run_ids = {}
-    for f in files:
-        if verify_first:
-            run_ids[f] = verify(f, **verify_options).run_id
-        else:  # nothing checked: only the run id, from the first line
-            run_ids[f] = _read_opening(f, _open_checked(f))[0].run_id
+    con, source = _load(files, True, verify_options)
+    _define_views(con)
+    target = _cache_path(files)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f"{target.name}.tmp-{os.getpid()}")
+    tmp.unlink(missing_ok=True)
+    try:
+        con.execute("ATTACH ? AS c", [str(tmp)])
+        con.execute("CREATE TABLE c.meta AS SELECT ? AS version, ? AS files", [CACHE_VERSION, json.dumps(source.files)])
+        con.execute("CREATE TABLE c.events AS SELECT * FROM events_t")
+        for name in VIEWS:
+            con.execute(f"CREATE TABLE c.{name} AS SELECT * FROM {name}")
+        con.execute("DETACH c")
+        os.replace(tmp, target)
+    finally:
+        con.close()
+        tmp.unlink(missing_ok=True)
+        Path(f"{tmp}.wal").unlink(missing_ok=True)
+    return target
+
+
+def refresh_cache_in_background(paths: Sequence[str | os.PathLike], *, keys: Sequence[PublicKey] = (),
+                                trust_embedded: bool = False, allow_unsigned: bool = False) -> None:
+    """Start a detached, low-priority process that runs :func:`build_cache` (it verifies again itself)."""
+    spec = {"paths": [str(Path(p).resolve()) for p in paths], "keys": [k.line() for k in keys],
+            "trust_embedded": trust_embedded, "allow_unsigned": allow_unsigned}
+    subprocess.Popen([sys.executable, "-m", "journal.query", json.dumps(spec)], stdin=subprocess.DEVNULL,
+                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+
+# -- loading ----------------------------------------------------------------------------------------------------
+
+
+def _load(files: list[Path], verify_first: bool, verify_options: dict[str, Any]
+          ) -> tuple[duckdb.DuckDBPyConnection, Source]:
     con = duckdb.connect(":memory:")
-    con.execute("CREATE TABLE files (file VARCHAR, run_id VARCHAR)")
-    con.executemany("INSERT INTO files VALUES (?, ?)", [[str(f), r] for f, r in run_ids.items()])
-    # Lines are canonical JSON (verified); read each as one JSON value. A torn tail is not a line.
-    if any(_torn(f) for f in files):
-        _load_without_torn_tails(con, files)
-    else:
-        con.execute("CREATE TABLE raw AS SELECT filename AS file, json AS line "
-                    "FROM read_json_objects(?, format = 'newline_delimited', filename = true)",
-                    [[str(f) for f in files]])
-    con.execute(
-        "CREATE TABLE events_t AS SELECT f.run_id, r.file, CAST(r.line->>'$.seq' AS BIGINT) AS seq, "
-        "r.line->>'$.kind' AS kind, CAST(r.line->>'$.ts' AS BIGINT) AS ts, r.line->>'$.h' AS h, r.line AS line "
-        "FROM raw r JOIN files f ON f.file = r.file"
-    )
-    con.execute("DROP TABLE raw")
+    con.execute("CREATE TABLE events_t (run_id VARCHAR, file VARCHAR, seq BIGINT, kind VARCHAR, ts BIGINT, "
+                "h VARCHAR, line VARCHAR)")
+    if not verify_first:  # nothing checked: only the run id, from the first line
+        rows = [{"file": str(f), "run_id": _read_opening(f, _open_checked(f))[0].run_id, "last_seq": None}
+                for f in files]
+        _insert(con, rows, careful=True)
+        return con, Source("journals", rows, verified=False)
+    # Verify every file; while the last one is being checked, DuckDB reads them all (it releases the GIL, and
+    # the verifier's workers are separate processes), assuming what verification nearly always finds: that
+    # every line is sound. Only then are the rows used, and if any file turned out torn or grew meanwhile, or
+    # the quick read failed, it is read again, carefully.
+    names = [(_read_opening(f, _open_checked(f))[0].run_id, str(f)) for f in files]
+    quick: list[BaseException] = []
+
+    def read_all() -> None:
+        try:
+            _insert(con, [{"file": n, "run_id": r} for r, n in names], careful=False)
+        except duckdb.Error as e:
+            quick.append(e)
+
+    rows = [_file_row(f, verify(f, **verify_options)) for f in files[:-1]]
+    rows.append(_file_row(files[-1], verify(files[-1], _alongside=read_all, **verify_options)))
+    careful = bool(quick) or any(r["torn_offset"] is not None or Path(r["file"]).stat().st_size != r["size"]
+                                 for r in rows)
+    if careful:
+        con.execute("DELETE FROM events_t")
+        _insert(con, rows, careful=True)
+    return con, Source("journals", rows)
+
+
+def _insert(con: duckdb.DuckDBPyConnection, rows: list[dict[str, Any]], *, careful: bool) -> None:
+    """Read each file's lines (one string per line: canonical JSON has no raw control characters, so no CSV
+    quoting or splitting applies) and parse the common columns in one pass. ``careful``: a line may not be
+    JSON (a torn tail, an unverified file, a line a live writer is still writing) and lines past the verified
+    head are dropped."""
+    for r in rows:
+        parse = "try(json_transform(line, ?))" if careful else "json_transform(line, ?)"
+        con.execute(
+            f"INSERT INTO events_t SELECT ?, ?, c.seq, c.kind, c.ts, c.h, line FROM (SELECT {parse} AS c, line "
+            "FROM read_csv(?, columns = {'line': 'VARCHAR'}, delim = '\x01', quote = '', escape = '', "
+            f"header = false, auto_detect = false, ignore_errors = {str(careful).lower()}))",
+            [r["run_id"], r["file"], _COMMON, r["file"]])
+        if careful:
+            bound = r.get("last_seq")
+            con.execute("DELETE FROM events_t WHERE file = ? AND (seq IS NULL OR seq > ?)",
+                        [r["file"], bound if bound is not None else 2**62])
+
+
+def _file_row(f: Path, rep: VerifyReport) -> dict[str, Any]:
+    return {"file": str(f), "run_id": rep.run_id, "last_seq": rep.last_seq, "size": rep.bytes,
+            "last_hash": rep.last_hash, "key_id": rep.key_id, "trust": rep.trust, "tail": rep.tail,
+            "torn_offset": rep.torn_offset}
+
+
+def _define_views(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("CREATE VIEW events AS SELECT * FROM events_t")
     for name, sql in VIEWS.items():
         con.execute(f"CREATE VIEW {name} AS {sql}")
+
+
+def _lock(con: duckdb.DuckDBPyConnection) -> None:
     # From here on, no file access and no configuration changes: user SQL runs sandboxed.
     con.execute("SET enable_external_access = false")
     con.execute("SET lock_configuration = true")
-    return con
 
 
 def _torn(f: Path) -> bool:
@@ -133,10 +287,80 @@ def _torn(f: Path) -> bool:
         return fh.read(1) not in (b"\n", b"")
 
 
-def _load_without_torn_tails(con: duckdb.DuckDBPyConnection, files: list[Path]) -> None:
-    con.execute("CREATE TABLE raw (file VARCHAR, line JSON)")
-    for f in files:
-        data = f.read_bytes()
-        body = data[: data.rfind(b"\n") + 1]
-        rows = [[str(f), line.decode()] for line in body.splitlines()]
-        con.executemany("INSERT INTO raw VALUES (?, ?)", rows)
+# -- the warm path ----------------------------------------------------------------------------------------------
+
+_TAIL = re.compile(rb',"seq":(\d+),"ts":\d+,"h":"([0-9a-f]{64})"\}$')
+
+
+def _last_line_head(f: Path, size: int, torn_offset: int | None) -> tuple[int, str] | None:
+    end = torn_offset if torn_offset is not None else size
+    with open(f, "rb") as fh:
+        fh.seek(max(0, end - 65536))
+        chunk = fh.read(end - max(0, end - 65536))
+    if not chunk.endswith(b"\n"):
+        return None
+    m = _TAIL.search(chunk[chunk.rfind(b"\n", 0, len(chunk) - 1) + 1: -1])
+    return (int(m.group(1)), m.group(2).decode()) if m else None
+
+
+def _trust_ok(row: dict[str, Any], opts: dict[str, Any]) -> bool:
+    if opts.get("expect_head") is not None or opts.get("check_signatures", True) is False:
+        return False  # rare options: verify in full
+    if opts.get("require_closed") and row["tail"] != "closed":
+        return False
+    if row["trust"] == "unsigned":
+        return bool(opts.get("allow_unsigned"))
+    if row["trust"] not in ("pinned", "embedded"):
+        return False
+    keys = opts.get("keys") or ()
+    if keys:
+        return row["key_id"] in {k.key_id for k in keys}
+    return bool(opts.get("trust_embedded"))
+
+
+def _warm(files: list[Path], opts: dict[str, Any]) -> tuple[duckdb.DuckDBPyConnection, Source] | None:
+    path = _cache_path(files)
+    if not path.is_file():
+        return None
+    con = duckdb.connect(":memory:")
+    try:
+        con.execute("ATTACH ? AS cache (READ_ONLY)", [str(path)])
+        version, meta = con.execute("SELECT version, files FROM cache.meta").fetchone()
+        rows = json.loads(meta)
+        if version != CACHE_VERSION or sorted(r["file"] for r in rows) != sorted(map(str, files)):
+            con.close()
+            return None
+        for r in rows:
+            f = Path(r["file"])
+            if f.stat().st_size != r["size"] or not _trust_ok(r, opts):
+                con.close()
+                return None
+            if _last_line_head(f, r["size"], r["torn_offset"]) != (r["last_seq"], r["last_hash"]):
+                con.close()
+                return None
+    except (duckdb.Error, OSError, ValueError, KeyError, TypeError):
+        con.close()
+        return None  # an unreadable or foreign copy is ignored, never trusted
+    con.execute("CREATE VIEW events AS SELECT * FROM cache.events")
+    for name in VIEWS:
+        con.execute(f"CREATE VIEW {name} AS SELECT * FROM cache.{name}")
+    _lock(con)
+    return con, Source("cache", rows, cache_path=path)
+
+
+def _main(argv: list[str]) -> int:
+    """The background refresher: ``python -m journal.query SPEC_JSON``."""
+    from .keys import parse_public_key
+
+    spec = json.loads(argv[0])
+    try:
+        os.nice(10)
+    except OSError:
+        pass
+    build_cache(spec["paths"], keys=[parse_public_key(k, "cache spec") for k in spec["keys"]],
+                trust_embedded=spec["trust_embedded"], allow_unsigned=spec["allow_unsigned"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

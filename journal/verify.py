@@ -39,7 +39,7 @@ from .errors import (
 from .events import FORMAT_VERSION, RunOpened
 from .keys import PublicKey, key_id_of
 
-__all__ = ["VerifyReport", "verify", "parse_head", "PARALLEL_MIN_BYTES"]
+__all__ = ["VerifyReport", "verify", "resolve_key", "parse_head", "PARALLEL_MIN_BYTES"]
 
 #: Files smaller than this are checked in-process; process start-up would cost more than it saves.
 PARALLEL_MIN_BYTES = 16 * 1024 * 1024
@@ -228,6 +228,7 @@ def verify(
     check_signatures: bool = True,
     workers: int | None = None,
     progress: Callable[[int, int], None] | None = None,
+    _alongside: Callable[[], None] | None = None,
 ) -> VerifyReport:
     """Verify a journal file and return what was established.
 
@@ -259,42 +260,16 @@ def verify(
     report.key_id = opened.key_id
     report.format_version = opened.format_version
     report.created_ns = opened.ts
-    public_raw: bytes | None = None
     try:
-        if opened.key_id is None:
-            report.trust = "unsigned"
-            if opened.public_key is not None:
-                raise RunMismatch("run_opened embeds a public key but no key id", seq=0, offset=0)
-        else:
-            embedded = _embedded_key(opened)
-            if not check_signatures:
-                report.trust = "unchecked"
-            else:
-                pinned = [k for k in keys if k.key_id == opened.key_id]
-                if pinned:
-                    public_raw = pinned[0].raw
-                    report.trust = "pinned"
-                elif keys:
-                    raise UntrustedKey(
-                        f"journal is signed by key {opened.key_id}, which is not pinned "
-                        f"(pinned: {', '.join(k.key_id for k in keys)})",
-                        seq=0, offset=0,
-                    )
-                elif trust_embedded:
-                    public_raw = embedded
-                    report.trust = "embedded"
-                    report.notes.append("checked against the key embedded in the journal: authenticity not established")
-                else:
-                    raise UsageError(
-                        "no key pinned: pass --pubkey FILE (or set TRAINLEDGER_TRUSTED_KEYS); "
-                        "--trust-embedded checks integrity only"
-                    )
+        public_raw, report.trust, notes = resolve_key(opened, keys=keys, trust_embedded=trust_embedded,
+                                                      check_signatures=check_signatures)
+        report.notes += notes
     except IntegrityError as e:
         _fail(report, e)
         raise
 
     ctx = ScanContext(opened.run_id, opened.key_id, public_raw, check_signatures, head_req)
-    results = _scan(p, size, opened_len + 1, ctx, workers, progress)
+    results = _scan(p, size, opened_len + 1, ctx, workers, progress, _alongside)
 
     for res in results:
         report.events += res.count
@@ -320,6 +295,38 @@ def verify(
     return report
 
 
+def resolve_key(opened: Any, *, keys: Sequence[PublicKey] = (), trust_embedded: bool = False,
+                check_signatures: bool = True) -> tuple[bytes | None, str, list[str]]:
+    """The public key a journal's seals are checked against: (raw key or None, trust, notes).
+
+    Trust is "pinned", "embedded", "unsigned" or "unchecked" (as in :class:`VerifyReport`). Raises
+    :class:`UntrustedKey` when keys are pinned but not the journal's, :class:`UsageError` when none is pinned
+    and the embedded key is not accepted, :class:`RunMismatch` for an inconsistent embedded key. Whether an
+    unsigned journal is acceptable is the caller's decision (``allow_unsigned``).
+    """
+    if opened.key_id is None:
+        if opened.public_key is not None:
+            raise RunMismatch("run_opened embeds a public key but no key id", seq=0, offset=0)
+        return None, "unsigned", []
+    embedded = _embedded_key(opened)
+    if not check_signatures:
+        return None, "unchecked", []
+    pinned = [k for k in keys if k.key_id == opened.key_id]
+    if pinned:
+        return pinned[0].raw, "pinned", []
+    if keys:
+        raise UntrustedKey(
+            f"journal is signed by key {opened.key_id}, which is not pinned "
+            f"(pinned: {', '.join(k.key_id for k in keys)})",
+            seq=0, offset=0,
+        )
+    if trust_embedded:
+        return embedded, "embedded", ["checked against the key embedded in the journal: authenticity not established"]
+    raise UsageError(
+        "no key pinned: pass --pubkey FILE (or set TRAINLEDGER_TRUSTED_KEYS); --trust-embedded checks integrity only"
+    )
+
+
 def _embedded_key(opened: Any) -> bytes:
     try:
         raw = base64.b64decode(opened.public_key or "", validate=True)
@@ -331,13 +338,51 @@ def _embedded_key(opened: Any) -> bytes:
 
 
 def _scan(p: Path, size: int, first_end: int, ctx: ScanContext, workers: int | None,
-          progress: Callable[[int, int], None] | None) -> list[RangeResult]:
+          progress: Callable[[int, int], None] | None,
+          alongside: Callable[[], None] | None = None) -> list[RangeResult]:
+    """Check the file; ``alongside`` (other work that releases the GIL, e.g. a DuckDB load) runs in a thread
+    meanwhile, started only after any worker processes exist, so that nothing forks with it running."""
+    with _Alongside(alongside) as start:
+        return _scan_ranges(p, size, first_end, ctx, workers, progress, start)
+
+
+class _Alongside:
+    def __init__(self, fn: Callable[[], None] | None):
+        self.fn, self.thread, self.error = fn, None, None
+
+    def __enter__(self) -> Callable[[], None]:
+        return self.start
+
+    def start(self) -> None:
+        if self.fn is not None and self.thread is None:
+            self.thread = threading.Thread(target=self._run, name="trainledger-alongside", daemon=True)
+            self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.fn()
+        except BaseException as e:  # handed back to the caller's thread
+            self.error = e
+
+    def __exit__(self, *exc: object) -> None:
+        if exc[0] is None:
+            self.start()
+        if self.thread is not None:
+            self.thread.join()
+        if self.error is not None and exc[0] is None:
+            raise self.error
+
+
+def _scan_ranges(p: Path, size: int, first_end: int, ctx: ScanContext, workers: int | None,
+                 progress: Callable[[int, int], None] | None, start_alongside: Callable[[], None]
+                 ) -> list[RangeResult]:
     g = genesis(ctx.run_id)
     n = cpu_count() if workers is None else max(1, workers)
     # Fork only from a single-threaded process (forking with live threads can deadlock).
     parallel = n > 1 and size >= PARALLEL_MIN_BYTES and threading.active_count() == 1 \
         and "fork" in multiprocessing.get_all_start_methods()
     if not parallel:
+        start_alongside()
         if progress is None:
             return [scan_range(str(p), 0, size, -1, g, ctx, True)]
         # Still in pieces, so that a progress bar moves.
@@ -349,6 +394,7 @@ def _scan(p: Path, size: int, first_end: int, ctx: ScanContext, workers: int | N
     results: list[RangeResult | None] = [None] * len(tasks)
     done = 0
     with multiprocessing.get_context("fork").Pool(n) as pool:
+        start_alongside()  # the workers exist now
         for i, res in pool.imap_unordered(_indexed, list(enumerate(tasks))):
             results[i] = res
             done += res.end - res.start

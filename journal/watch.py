@@ -1,10 +1,13 @@
 """trainledger watch: follow a journal while a run writes it, with a live summary.
 
 Reads complete lines as they are appended (a torn last line waits for its
-newline), checks each against the chain, folds steps and anomalies through
+newline), checks each against the chain and every seal's signature under the
+pinned key (with no key pinned: the chain only, and the view says so; the
+same trust options as ``verify``), folds steps and anomalies through
 the health projection, and redraws: step, loss, grad norm, tokens/s, MFU,
-last anomaly, last checkpoint, seal lag. Exits when the run closes (0) or on
-Ctrl-C (130). On a terminal the view redraws in place; otherwise it prints
+last anomaly, last checkpoint, seal lag. Exits when the run closes (0), on
+Ctrl-C (130), or at the first line that does not check out (1, with the
+same one-line FAIL as ``verify``). On a terminal the view redraws in place; otherwise it prints
 one line per refresh.
 """
 
@@ -12,22 +15,26 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
 from . import codec, health, kinds  # noqa: F401 - registers the kinds the view shows
 from ._scan import RangeResult, ScanContext, Scanner
 from .chain import genesis
+from .errors import IntegrityError
 from .events import RunClosed, Seal, StepObserved
 from .health import AnomalyDetected, HealthProjection, RunConfigured
+from .keys import PublicKey
 from .kinds import CheckpointSaved
-from .verify import _open_checked, _read_opening
+from .verify import _open_checked, _read_opening, resolve_key
 
 __all__ = ["watch"]
 
 
 class _View:
-    def __init__(self) -> None:
+    def __init__(self, trust: str = "") -> None:
+        self.trust = trust
         self.proj = HealthProjection()
         self.step: StepObserved | None = None
         self.anomaly: AnomalyDetected | None = None
@@ -60,7 +67,8 @@ class _View:
         r = self.proj.report()
         s = self.step
         mfu = r["mfu"]["mean"]
-        out = [f"trainledger watch  {path}  ({self.events:,} events{', closed' if self.closed else ''})"]
+        out = [f"trainledger watch  {path}  ({self.events:,} events{', closed' if self.closed else ''}; "
+               f"{self.trust})"]
         if s is None:
             out.append("  no steps yet")
         else:
@@ -76,8 +84,10 @@ class _View:
         return out
 
 
-def watch(path: str | Path, *, interval: float = 0.5, out: TextIO = sys.stdout, timeout: float | None = None) -> int:
-    """Follow ``path`` until the run closes (return 0), Ctrl-C (130) or ``timeout`` seconds (3)."""
+def watch(path: str | Path, *, interval: float = 0.5, out: TextIO = sys.stdout, timeout: float | None = None,
+          keys: Sequence[PublicKey] = (), trust_embedded: bool = False, allow_unsigned: bool = False) -> int:
+    """Follow ``path`` until the run closes (return 0), Ctrl-C (130), ``timeout`` seconds (3) or a line that
+    does not check out (1). With ``keys`` (or ``trust_embedded``) every seal's signature is checked too."""
     p = Path(path)
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:  # the writer may not have created the file yet
@@ -91,11 +101,24 @@ def watch(path: str | Path, *, interval: float = 0.5, out: TextIO = sys.stdout, 
             return 3
         time.sleep(interval)
     opened, _ = _read_opening(p, _open_checked(p))
-    ctx = ScanContext(opened.run_id, opened.key_id, None, False, None)
+    if keys or trust_embedded or opened.key_id is None:
+        raw, trust, _ = resolve_key(opened, keys=keys, trust_embedded=trust_embedded)
+        if trust == "unsigned" and not allow_unsigned:
+            print(f"FAIL  {p}: the journal is unsigned (pass --allow-unsigned to follow it anyway)", file=out)
+            return 1
+        label = {"pinned": f"signatures checked: key {opened.key_id}, pinned",
+                 "embedded": f"signatures checked against the embedded key {opened.key_id}: authenticity not "
+                             "established", "unsigned": "unsigned journal: chain only"}[trust]
+        ctx = ScanContext(opened.run_id, opened.key_id, raw, trust != "unsigned", None)
+    else:
+        label = "chain checked, signatures NOT checked: pass --pubkey"
+        ctx = ScanContext(opened.run_id, opened.key_id, None, False, None)
     res = RangeResult(0, 0)
     scanner = Scanner(ctx, -1, genesis(opened.run_id), res)
-    view = _View()
+    view = _View(label)
     tty = out.isatty()
+    if not tty:
+        out.write(f"watching {p} ({label})\n")
     offset = 0
     carry = b""
     drawn = 0
@@ -129,3 +152,9 @@ def watch(path: str | Path, *, interval: float = 0.5, out: TextIO = sys.stdout, 
                 time.sleep(interval)
     except KeyboardInterrupt:
         return 130
+    except IntegrityError as e:
+        where = f" at seq {e.seq}" if e.seq is not None else ""
+        where += f" (byte {e.offset})" if e.offset is not None else ""
+        out.write(f"FAIL  {p}{where}: {e}\n")
+        out.flush()
+        return 1

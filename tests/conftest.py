@@ -14,6 +14,12 @@ sys.path.insert(0, str(Path(__file__).parent))
 from journal import Journal, StepObserved, keygen, load_signer  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def _own_cache_dir(tmp_path_factory, monkeypatch):
+    """No test reads or writes the user's query cache."""
+    monkeypatch.setenv("TRAINLEDGER_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+
+
 @pytest.fixture
 def rng(request) -> random.Random:
     seed = int(os.environ.get("TRAINLEDGER_TEST_SEED", random.randrange(2**32)))

@@ -12,6 +12,7 @@ not known, MFU is ``None``, never a guess.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 
 __all__ = [
@@ -22,6 +23,7 @@ __all__ = [
     "mfu",
     "FlopCrossCheckRefused",
     "count_training_flops",
+    "measure_matmul_peak",
 ]
 
 _RECOMPUTE = ("none", "selective", "full")
@@ -190,6 +192,31 @@ def mfu(flops_per_iter: float, step_time_s: float | None, peak: float | None, *,
     if peak is None or step_time_s is None or not step_time_s > 0 or not peak > 0:
         return None
     return flops_per_iter / step_time_s / (peak * devices)
+
+
+def measure_matmul_peak(n: int = 512, seconds: float = 0.3, dtype=None) -> float:
+    """This machine's measured dense matmul throughput in FLOP/s (the best of repeated n x n products).
+
+    A CPU has no datasheet peak that MFU could honestly be measured against; the
+    best sustained matmul rate, with torch's current thread count, is the
+    practical roofline. Recorded as ``peak_flops_per_sec`` like a datasheet peak.
+    """
+    import time
+
+    import torch
+
+    a = torch.randn(n, n, dtype=dtype or torch.float32)
+    b = torch.randn(n, n, dtype=dtype or torch.float32)
+    torch.mm(a, b)  # warm-up
+    best = math.inf
+    deadline = time.perf_counter() + seconds
+    while True:
+        t0 = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - t0)
+        if time.perf_counter() > deadline:
+            break
+    return 2.0 * n ** 3 / best
 
 
 class FlopCrossCheckRefused(RuntimeError):

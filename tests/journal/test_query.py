@@ -80,3 +80,61 @@ def test_mfu_view_matches_the_monitor(tmp_path, signer):
     got = [r[0] for r in con.execute("SELECT mfu FROM mfu ORDER BY step").fetchall()]
     assert got == pytest.approx([cfg.flops_per_iter(4) / dt / 1e12 for dt in (0.1, 0.2, 0.05)])
     assert sum(got) / 3 == pytest.approx(m.report()["mfu"]["mean"])
+
+
+def test_warm_copy_is_used_only_while_it_matches(tmp_path, signer):
+    """The columnar copy answers while size, head and trust match; growth, another key or a rare option reads
+    the journal again, and user SQL cannot write to the copy."""
+    from journal import Signer
+    from journal.errors import HeadMismatch
+    from journal.query import build_cache, open_views
+
+    p = tmp_path / "a.jsonl"
+    with Journal.create(p, signer=signer, run_id="run-w", background=False) as j:
+        for i in range(30):
+            j.append(StepObserved(step=i, loss=float(i), tokens=10))
+        j.suspend()
+    assert open_views([p], keys=[signer.public])[1].origin == "journals"
+    build_cache([p], keys=[signer.public])
+    con, src = open_views([p], keys=[signer.public])
+    assert src.origin == "cache"
+    assert con.execute("SELECT count(*), max(loss) FROM steps").fetchone() == (30, 29.0)
+    for sql in ["CREATE TABLE cache.x (a INT)", "DELETE FROM cache.steps", "UPDATE cache.meta SET version = 0",
+                f"ATTACH '{src.cache_path}' AS w", f"COPY cache.steps TO '{tmp_path / 'x.csv'}'"]:
+        with pytest.raises(duckdb.Error):
+            con.execute(sql)
+    assert open_views([p], trust_embedded=True)[1].origin == "cache"
+    assert open_views([p], keys=[signer.public, Signer.generate().public])[1].origin == "cache"
+    # --expect-head is checked against the journal itself, never answered from the copy.
+    with pytest.raises(HeadMismatch):
+        open_views([p], keys=[signer.public], expect_head="5:" + "0" * 64)
+    assert open_views([p], keys=[signer.public], use_cache=False)[1].origin == "journals"
+    # The journal grows: a new head, the copy is stale.
+    with Journal.open_append(p, signer=signer, background=False) as j:
+        j.append(StepObserved(step=30, loss=30.0, tokens=10))
+    con, src = open_views([p], keys=[signer.public])
+    assert src.origin == "journals"
+    assert con.execute("SELECT count(*), max(loss) FROM steps").fetchone() == (31, 30.0)
+
+
+def test_warm_copy_refuses_a_key_it_was_not_verified_under(tmp_path, signer):
+    from journal import Signer
+    from journal.errors import UntrustedKey
+    from journal.query import build_cache, open_views
+
+    p = _journal(tmp_path / "a.jsonl", signer)
+    build_cache([p], keys=[signer.public])
+    with pytest.raises(UntrustedKey):
+        open_views([p], keys=[Signer.generate().public])
+    with pytest.raises(Exception, match="no key pinned"):
+        open_views([p])
+
+
+def test_lines_a_live_writer_adds_after_verification_are_not_loaded(tmp_path, signer):
+    """A torn tail and lines past the verified head stay out of the tables."""
+    p = _journal(tmp_path / "a.jsonl", signer)
+    with open(p, "ab") as f:
+        f.write(b'{"kind":"step_observed","step":99,"loss":1.0,"seq":')
+    con = connect([p], keys=[signer.public])
+    assert con.execute("SELECT max(step) FROM steps").fetchone()[0] == 19
+    assert con.execute("SELECT count(*) FROM events WHERE seq IS NULL").fetchone()[0] == 0

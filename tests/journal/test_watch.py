@@ -37,3 +37,38 @@ def test_watch_times_out_on_a_missing_file(tmp_path):
     r = subprocess.run([sys.executable, "-m", "journal.cli", "watch", str(tmp_path / "nope.jsonl"), "--interval",
                         "0.05", "--timeout", "0.3"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 3
+
+
+def test_watch_checks_signatures_under_a_pinned_key(tmp_path, signer, keypair):
+    """With --pubkey every seal is checked as it is read; a journal re-signed by another key stops the view."""
+    from journal import Journal, Signer, StepObserved
+    from journal.cli import main
+
+    p = tmp_path / "j.jsonl"
+    with Journal.create(p, signer=signer, background=False) as j:
+        for i in range(5):
+            j.append(StepObserved(step=i, loss=1.0))
+    r = subprocess.run([sys.executable, "-m", "journal.cli", "watch", str(p), "--pubkey", str(keypair[2]),
+                        "--timeout", "30"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "signatures checked: key" in r.stdout
+    other = Signer.generate()
+    q = tmp_path / "other.jsonl"
+    with Journal.create(q, signer=other, background=False) as j:
+        j.append(StepObserved(step=0, loss=1.0))
+    assert main(["watch", str(q), "--pubkey", str(keypair[2]), "--timeout", "5"]) == 1  # not the pinned key
+    # A step rewritten and the chain recomputed: only the signatures can tell.
+    from journal_tools import read_lines, rechain, write_lines
+
+    lines = read_lines(p)
+    lines[3] = lines[3].replace(b'"loss":1.0', b'"loss":0.5')
+    bad = tmp_path / "bad.jsonl"
+    write_lines(bad, rechain(lines))
+    first_seal = next(k for k, ln in enumerate(lines) if b'"kind":"seal"' in ln and k > 3)
+    r = subprocess.run([sys.executable, "-m", "journal.cli", "watch", str(bad), "--pubkey", str(keypair[2]),
+                        "--timeout", "30"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "FAIL" in r.stdout and f"seq {first_seal}" in r.stdout
+    # Without a key the chain is still checked and the view says signatures were not.
+    r = subprocess.run([sys.executable, "-m", "journal.cli", "watch", str(bad), "--timeout", "30"],
+                       capture_output=True, text=True, timeout=60, env={**__import__("os").environ,
+                                                                          "TRAINLEDGER_TRUSTED_KEYS": ""})
+    assert r.returncode == 0 and "signatures NOT checked" in r.stdout

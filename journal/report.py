@@ -1,0 +1,298 @@
+"""trainledger report: one self-contained HTML page about a run.
+
+The page is built from :func:`journal.replay.replay` (verification, every
+projection, every recomputed conclusion) plus one more pass over the verified
+bytes for the curves: loss, grad norm, step time and MFU by step, with
+anomalies, checkpoints, resumes and rewinds marked. Plots are drawn by
+matplotlib (Agg, PNG) and embedded as data URIs; the page has no scripts and
+fetches nothing. matplotlib is the ``report`` extra:
+``pip install 'trainledger[report]'``.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from . import __version__
+from .errors import UsageError
+from .events import RunOpened, RunResumed, StepObserved
+from .health import AnomalyDetected, HealthProjection, RunConfigured
+from .kinds import CheckpointSaved, DecisionRecorded, GateVerdict, RewindDecided, RungStarted, RunStopped
+from .reader import _unchecked_batches
+from .replay import Reconstruction, replay
+
+__all__ = ["write_report", "MAX_POINTS"]
+
+#: Longer series are drawn as per-bucket mean lines with a min-max band of this many buckets.
+MAX_POINTS = 2000
+
+
+def _matplotlib():
+    try:
+        import matplotlib
+    except ImportError:
+        raise UsageError("trainledger report needs matplotlib: pip install 'trainledger[report]'") from None
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+class _Series:
+    """What the curves need, gathered in one pass over the verified bytes."""
+
+    def __init__(self) -> None:
+        self.step: list[int] = []
+        self.loss: list[float] = []
+        self.grad_norm: list[float] = []
+        self.step_time: list[float] = []
+        self.mfu: list[float] = []
+        #: (index into the series of the observation it was raised on, kind)
+        self.anomalies: list[tuple[int, str]] = []
+        self._last_index: dict[int, int] = {}
+        self.checkpoints: list[int] = []
+        self.resumes: list[int] = []
+        self.rewinds: list[int] = []
+        self.opened: RunOpened | None = None
+        self.verdicts: list[GateVerdict] = []
+        self.decisions: list[DecisionRecorded] = []
+        self.stops: list[RunStopped] = []
+        #: (index of the first observation after it, rung name) for each rung_started
+        self.rungs: list[tuple[int, str]] = []
+
+    def gather(self, path: Path, size: int) -> None:
+        fpt = peak = seq_len = None
+        for batch in _unchecked_batches(path, size):
+            for ev in batch:
+                if isinstance(ev, StepObserved):
+                    nan = math.nan
+                    self._last_index[ev.step] = len(self.step)
+                    self.step.append(ev.step)
+                    self.loss.append(ev.loss)
+                    self.grad_norm.append(nan if ev.grad_norm is None else ev.grad_norm)
+                    st = ev.step_time_s
+                    self.step_time.append(nan if st is None else st)
+                    m = nan
+                    if fpt is not None and peak and st and st > 0:
+                        tok = ev.tokens if ev.tokens is not None else (
+                            ev.examples * seq_len if ev.examples is not None and seq_len else None)
+                        if tok is not None:
+                            m = fpt * tok / st / peak
+                    self.mfu.append(m)
+                elif isinstance(ev, AnomalyDetected):
+                    i = self._last_index.get(ev.step)
+                    if i is not None:
+                        self.anomalies.append((i, ev.kind))
+                elif isinstance(ev, CheckpointSaved):
+                    self.checkpoints.append(ev.step)
+                elif isinstance(ev, RunResumed):
+                    if ev.from_step is not None:
+                        self.resumes.append(ev.from_step)
+                elif isinstance(ev, RewindDecided):
+                    self.rewinds.append(ev.spike_step)
+                elif isinstance(ev, RunConfigured):
+                    proj = HealthProjection(ev)  # the same FLOP accounting the monitor uses
+                    fpt, peak, seq_len = proj._fpt, proj._peak, ev.seq_len
+                elif isinstance(ev, RunOpened):
+                    self.opened = ev
+                elif isinstance(ev, GateVerdict):
+                    self.verdicts.append(ev)
+                elif isinstance(ev, DecisionRecorded):
+                    self.decisions.append(ev)
+                elif isinstance(ev, RunStopped):
+                    self.stops.append(ev)
+                elif isinstance(ev, RungStarted):
+                    self.rungs.append((len(self.step), ev.rung))
+
+
+def _bucketed(xs: list[int], ys: list[float]) -> tuple[list[float], list[float], list[float], list[float]] | None:
+    """Per-bucket (x, mean, min, max) over finite values, for series too long to draw point by point."""
+    n = len(xs)
+    if n <= MAX_POINTS:
+        return None
+    bx, mean, lo, hi = [], [], [], []
+    for b in range(MAX_POINTS):
+        i, j = b * n // MAX_POINTS, (b + 1) * n // MAX_POINTS
+        vals = [v for v in ys[i:j] if v - v == 0]
+        if not vals:
+            continue
+        bx.append((xs[i] + xs[j - 1]) / 2)
+        mean.append(sum(vals) / len(vals))
+        lo.append(min(vals))
+        hi.append(max(vals))
+    return bx, mean, lo, hi
+
+
+def _figure(plt, s: _Series) -> str:
+    panels = [("loss", s.loss, False), ("grad norm", s.grad_norm, True), ("step time (s)", s.step_time, False),
+              ("MFU", s.mfu, False)]
+    panels = [p for p in panels if any(v - v == 0 for v in p[1])]
+    fig, axes = plt.subplots(len(panels), 1, figsize=(11, 2.6 * len(panels)), sharex=True, squeeze=False)
+    marks = [(s.checkpoints, "tab:green", "checkpoint", ":"), (s.resumes, "tab:blue", "resume", "--"),
+             (s.rewinds, "tab:orange", "rewind", "-.")]
+    # A resume or rewind runs steps again: each stretch of increasing steps is its own line.
+    cuts = [0] + [i for i in range(1, len(s.step)) if s.step[i] <= s.step[i - 1]] + [len(s.step)]
+    for ax, (label, ys, logy) in zip(axes[:, 0], panels):
+        b = _bucketed(s.step, ys)  # long series: buckets over the whole record, repeats included
+        if b is None:
+            seen: set[str] = set()
+            for k in range(len(cuts) - 1):
+                i, j = cuts[k], cuts[k + 1]
+                rung = next((name for at, name in reversed(s.rungs) if at <= i), None)
+                if rung is None:
+                    ax.plot(s.step[i:j], ys[i:j], lw=0.9, color="tab:gray", label=label if k == 0 else None)
+                else:  # a ladder: one colour per rung
+                    color = f"C{[n for _, n in s.rungs].index(rung) % 10}"
+                    ax.plot(s.step[i:j], ys[i:j], lw=0.9, color=color, label=rung if rung not in seen else None)
+                    seen.add(rung)
+        else:
+            ax.fill_between(b[0], b[2], b[3], color="tab:gray", alpha=0.25, lw=0, label=f"{label} (min-max)")
+            ax.plot(b[0], b[1], lw=0.9, color="tab:gray", label=f"{label} (mean of {len(s.step) // MAX_POINTS}+)")
+        if logy and all(v > 0 for v in ys if v - v == 0):
+            ax.set_yscale("log")
+        for steps, color, name, style in marks:
+            for k, x in enumerate(steps):
+                ax.axvline(x, color=color, ls=style, lw=1, label=name if k == 0 else None)
+        pts = [(s.step[i], ys[i]) for i, _ in s.anomalies if ys[i] - ys[i] == 0]
+        if pts:
+            ax.scatter([p[0] for p in pts], [p[1] for p in pts], marker="x", color="tab:red", s=36, zorder=3,
+                       label="anomaly")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+        ax.legend(loc="upper right", fontsize=7, ncol=3)
+    axes[-1, 0].set_xlabel("step")
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=96)
+    plt.close(fig)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def _e(x: Any) -> str:
+    return html.escape(str(x))
+
+
+def _table(headers: list[str], rows: list[list[Any]], empty: str) -> str:
+    if not rows:
+        return f"<p class=muted>{_e(empty)}</p>"
+    head = "".join(f"<th>{_e(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in r) + "</tr>" for r in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    if isinstance(v, dict):
+        return ", ".join(f"{k}={_fmt(x)}" for k, x in v.items() if x is not None)
+    return str(v)
+
+
+_CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em auto;max-width:70em;color:#222;
+padding:0 1em}h1{font-size:1.5em;margin-bottom:.2em}h2{font-size:1.15em;margin-top:1.6em;border-bottom:1px solid #ddd}
+table{border-collapse:collapse;font-size:.9em;margin:.5em 0}td,th{border:1px solid #ddd;padding:.25em .6em;
+text-align:left;vertical-align:top}th{background:#f4f4f4}.ok{color:#176b2c;font-weight:600}
+.bad{color:#b3261e;font-weight:600}.muted{color:#777}code{font-size:.9em}img{max-width:100%}
+dl{display:grid;grid-template-columns:max-content auto;gap:.2em 1em}dt{color:#555}dd{margin:0}
+"""
+
+
+def render(rec: Reconstruction, s: _Series, png: str | None) -> str:
+    v = rec.verify
+    o = s.opened
+    trust = {"pinned": "a pinned key", "embedded": "the key embedded in the journal (integrity only: authenticity "
+             "not established)", "unsigned": "no key (the journal is unsigned)"}.get(v.trust or "", v.trust)
+    replay_ok = ("<span class=ok>every recorded conclusion follows from the observations</span>" if rec.ok else
+                 f"<span class=bad>{len(rec.differences)} recorded conclusion(s) differ from the recomputation</span>")
+    manifest = getattr(o, "manifest_id", None) if o is not None else None
+    label = getattr(o, "manifest_label", None) if o is not None else None
+    ident = [
+        ("run", v.run_id), ("file", v.path),
+        ("verification", f"<span class=ok>VERIFIED</span> {v.events:,} events against {_e(trust)}"),
+        ("key id", f"<code>{_e(v.key_id)}</code>"),
+        ("head", f"<code>{_e(v.head)}</code>"),
+        ("tail", f"{v.tail}; {v.seals} seals, last sealed seq {v.last_sealed_seq}"),
+        ("replay", replay_ok),
+        ("manifest", f"<code>{_e(manifest)}</code>" + (f" ({_e(label)})" if label else "")
+         if manifest else "<span class=muted>no manifest recorded in run_opened</span>"),
+        ("created", time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(v.created_ns / 1e9)) if v.created_ns else "-"),
+    ]
+    parts = [f"<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>trainledger report {_e(v.run_id)}</title>"
+             f"<style>{_CSS}</style></head><body>",
+             f"<h1>Run {_e(v.run_id)}</h1><p class=muted>trainledger {__version__} report</p><dl>",
+             "".join(f"<dt>{_e(k)}</dt><dd>{val if k in ('verification', 'key id', 'head', 'replay', 'manifest') else _e(val)}</dd>"
+                     for k, val in ident), "</dl>"]
+    if rec.differences:
+        parts.append("<h2>Differences from the recomputation</h2>")
+        parts.append(_table(["seq", "kind", "detail"], [[d["seq"], d["kind"], d["detail"]] for d in rec.differences], ""))
+    parts.append("<h2>Curves</h2>")
+    if png:
+        parts.append(f'<img alt="loss, grad norm, step time and MFU by step" src="data:image/png;base64,{png}">')
+    else:
+        parts.append("<p class=muted>no step observations in this journal</p>")
+    h = rec.health or {}
+    parts.append("<h2>Health</h2>")
+    mfu = (h.get("mfu") or {})
+    parts.append(_table(["steps", "last step", "anomalies", "MFU mean", "MFU min", "MFU max", "tokens/s"],
+                        [[h.get("steps", 0), h.get("last_step", "-"), sum(len(x) for x in rec.anomalies_by_kind.values()),
+                          *(f"{mfu[k]:.2%}" if mfu.get(k) is not None else "-" for k in ("mean", "min", "max")),
+                          f"{h['tokens_per_s']:,.0f}" if h.get("tokens_per_s") else "-"]], ""))
+    parts.append(_table(["anomaly", "count", "steps"],
+                        [[k, len(st), ", ".join(map(str, st[:20])) + (" ..." if len(st) > 20 else "")]
+                         for k, st in sorted(rec.anomalies_by_kind.items())], "no anomalies"))
+    parts.append("<h2>Checkpoints, resumes, rewinds, stops</h2>")
+    restored = {r.get("checkpoint") for r in rec.resumes} | {r.get("checkpoint") for r in rec.rewinds}
+    parts.append(_table(["seq", "step", "path", "sha256", "restored"],
+                        [[c["seq"], c["step"], c["path"], c["sha256"][:16], "yes" if c["path"] in restored else ""]
+                         for c in rec.checkpoints], "no checkpoints"))
+    parts.append(_table(["seq", "resumed from step", "checkpoint", "reason"],
+                        [[r["seq"], r["from_step"], r["checkpoint"], r["reason"]] for r in rec.resumes], "no resumes"))
+    parts.append(_table(["seq", "spike step", "back to step", "checkpoint", "reason"],
+                        [[r["seq"], r["spike_step"], r["from_step"], r["checkpoint"], r["reason"]] for r in rec.rewinds],
+                        "no rewinds"))
+    parts.append(_table(["seq", "rule", "reason"], [[x["seq"], x["rule"], x["reason"]] for x in rec.stops], "no stops"))
+    parts.append("<h2>Pilot ladder</h2>")
+    if rec.ladder is None:
+        parts.append("<p class=muted>no ladder in this journal</p>")
+    else:
+        lad = rec.ladder
+        parts.append(f"<p>passed rungs: {_e(', '.join(lad['passed_rungs']) or 'none')}; halted at: "
+                     f"{_e(lad['halted_at'] or 'nowhere')}</p>")
+        parts.append(_table(["seq", "rung", "verdict", "reason", "measured", "bars"],
+                            [[g.seq, g.rung, "PASS" if g.passed else "FAIL", g.reason, _fmt(dict(g.measured)),
+                              _fmt(dict(g.bars))] for g in s.verdicts], "no verdicts"))
+        parts.append(_table(["seq", "rung", "action", "belief before", "belief after", "evidence"],
+                            [[d.seq, d.rung, d.action_chosen, _fmt(dict(d.belief_before)), _fmt(dict(d.belief_after)),
+                              ", ".join(x[:12] for x in d.evidence)] for d in s.decisions], "no decisions"))
+    parts.append("</body></html>\n")
+    return "".join(parts)
+
+
+def write_report(path: str | os.PathLike, out: str | os.PathLike, **verify_options: Any) -> Reconstruction:
+    """Verify and replay ``path`` and write the HTML page to ``out`` (atomically); return the reconstruction.
+
+    Raises what :func:`journal.verify.verify` raises when the journal does not verify: no page is written
+    for a journal that does not verify.
+    """
+    plt = _matplotlib()
+    rec = replay(path, **verify_options)
+    s = _Series()
+    s.gather(Path(path), rec.verify.bytes)
+    png = _figure(plt, s) if s.step else None
+    text = render(rec, s, png)
+    dest = Path(out)
+    tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, dest)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return rec
