@@ -8,6 +8,7 @@ unreadable or wrong key). A user mistake never prints a traceback.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -150,6 +151,36 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--out", metavar="FILE", default=None, help="where to write (default: report.html beside PATH)")
     _add_trust(p)
     p.set_defaults(func=_cmd_report)
+
+    p = sub.add_parser("manifest", help="experiment manifests: validate, print the identity, write an example",
+                       description="An experiment manifest (TOML, YAML or JSON) freezes what a run is before it "
+                                   "starts. Its identity is the SHA-256 of its canonical encoding, the label left "
+                                   "out.")
+    msub = p.add_subparsers(dest="manifest_command", metavar="ACTION", required=True)
+    q = msub.add_parser("validate", help="print every finding; exit 1 if any is an error")
+    q.add_argument("file", metavar="FILE")
+    q.add_argument("--json", action="store_true", help="print one JSON object")
+    q = msub.add_parser("id", help="print the manifest's identity (sha256:...)")
+    q.add_argument("file", metavar="FILE")
+    q = msub.add_parser("init", help="write an example manifest for the tiny model, with its data files")
+    q.add_argument("directory", metavar="DIR")
+    p.set_defaults(func=_cmd_manifest)
+
+    p = sub.add_parser("preflight", help="run the experiment preflight gates in order, into a signed journal",
+                       description="Run the preflight state machine against the tiny model: schema, data lineage, "
+                                   "template compatibility (needs --template-check), one-batch smoke test, tiny "
+                                   "overfit, save/load inspection, resume equivalence, resource probe, evaluation "
+                                   "dry run, authority (needs --approval). Stops at the first gate that does not "
+                                   "pass; later gates are recorded as not run. Exit 0 only when ready to train.")
+    p.add_argument("manifest", metavar="MANIFEST")
+    p.add_argument("--data-root", metavar="DIR", help="where the manifest's relative refs point (default: its folder)")
+    p.add_argument("--journal", metavar="PATH", help="journal to write (default: preflight-<time>.jsonl beside it)")
+    p.add_argument("--key", metavar="FILE", help="private key to sign with (default: a new key pair beside it)")
+    p.add_argument("--template-check", metavar="MODULE:FUNCTION",
+                   help="your template/tokenizer/mask check: FUNCTION(manifest, root) -> (ok, detail)")
+    p.add_argument("--approval", metavar="FILE",
+                   help='JSON {"authority": ..., "manifest_id": ..., "decision": "approve"|"reject", "note": ...}')
+    p.set_defaults(func=_cmd_preflight)
 
     p = sub.add_parser("watch", help="follow a journal while a run writes it, with a live view",
                        description="Follow a journal like tail -f: step, loss, grad norm, tokens/s, MFU, last "
@@ -294,6 +325,101 @@ def _cmd_head(args: argparse.Namespace) -> int:
     else:
         print(r.head)
     return 0
+
+
+def _cmd_manifest(args: argparse.Namespace) -> int:
+    from training.manifest import load_findings, manifest_identity
+
+    if args.manifest_command == "init":
+        try:
+            from training.experiment import write_example
+        except ImportError as e:
+            raise JournalError(f"manifest init needs the torch extra (it samples the example data): {e}") from None
+        path = write_example(args.directory)
+        print(f"wrote {path} and its data, tokenizer and template files")
+        print(f"$ trainledger manifest validate {path}")
+        return 0
+    m, findings = load_findings(args.file)
+    if args.manifest_command == "id":
+        errors = [f for f in findings if f.severity == "error"]
+        if m is None:
+            print(f"FAIL  {args.file}: not a manifest: {findings[0].path}: {findings[0].message}", file=sys.stderr)
+            return 1
+        print(manifest_identity(m))
+        if errors:
+            print(f"note: the manifest has {len(errors)} error finding(s); run trainledger manifest validate",
+                  file=sys.stderr)
+        return 0
+    errors = [f for f in findings if f.severity == "error"]
+    if args.json:
+        print(json.dumps({"file": args.file, "identity": manifest_identity(m) if m is not None else None,
+                          "ok": not errors, "findings": [dataclasses.asdict(f) for f in findings]}))
+        return 1 if errors else 0
+    for f in findings:
+        print(f.line())
+    ident = manifest_identity(m) if m is not None else "-"
+    print(f"{'FAIL' if errors else 'OK'}  {args.file}: {len(errors)} error(s), "
+          f"{len(findings) - len(errors)} warning(s); identity {ident}")
+    return 1 if errors else 0
+
+
+def _cmd_preflight(args: argparse.Namespace) -> int:
+    import importlib
+
+    try:
+        from training.preflight import Approval, run_preflight
+    except ImportError as e:
+        raise JournalError(f"preflight needs the torch extra (pip install 'trainledger[torch]'): {e}") from None
+    from training.manifest import ManifestError, load_manifest
+
+    from .keys import load_signer
+    from .writer import Journal
+
+    mpath = Path(args.manifest)
+    try:
+        m = load_manifest(mpath)
+        problem = None
+    except ManifestError as e:  # the schema gate records it; nothing else runs
+        m, problem = None, e
+    if m is None:
+        print(f"FAIL  {mpath}: {problem}")
+        for f in problem.findings:
+            print("  " + f.line())
+        print("status: experiment-specified-failed-before-training at schema (fix the manifest; "
+              "trainledger manifest validate lists every finding)")
+        return 1
+    check = None
+    if args.template_check:
+        mod, _, fn = args.template_check.partition(":")
+        try:
+            check = getattr(importlib.import_module(mod), fn)
+        except (ImportError, AttributeError, ValueError) as e:
+            raise UsageError(f"--template-check {args.template_check}: cannot load it: {e}") from None
+    approval = None
+    if args.approval:
+        try:
+            approval = Approval(**json.loads(Path(args.approval).read_text()))
+        except (OSError, ValueError, TypeError) as e:
+            raise UsageError(f"--approval {args.approval}: {e}") from None
+    root = Path(args.data_root) if args.data_root else mpath.parent
+    jpath = Path(args.journal) if args.journal else mpath.parent / f"preflight-{time.strftime('%Y%m%dT%H%M%S')}.jsonl"
+    if args.key:
+        signer, pub = load_signer(args.key), None
+    else:
+        priv, pub = keygen(jpath.parent, name="preflight", force=True)
+        signer = load_signer(priv)
+
+    def show(r) -> None:
+        print(f"  {r.gate:<20} {r.status.upper():<8} {r.reason}", flush=True)
+
+    print(f"preflight {m.identity} ({m.label or 'no label'}) -> {jpath}")
+    with Journal.create(jpath, signer=signer, manifest_id=m.identity, manifest_label=m.label or None,
+                        meta={"preflight": True}) as j:
+        res = run_preflight(m, root, j, template_check=check, approval=approval, progress=show)
+    print(f"status: {res.status}")
+    if pub is not None:
+        print(f"$ trainledger verify {jpath} --pubkey {pub}")
+    return 0 if res.ready else 1
 
 
 def _cmd_report(args: argparse.Namespace) -> int:

@@ -68,6 +68,10 @@ class RunOpened(Event, tag="run_opened", frozen=True, kw_only=True):
     pid: int
     software: dict[str, str]
     meta: dict[str, Any] = {}
+    #: The experiment manifest's identity ("sha256:..."), when the run has one (training/manifest.py),
+    #: and its human-friendly label (not part of the identity).
+    manifest_id: str | None = None
+    manifest_label: str | None = None
 
 
 class Seal(Event, tag="seal", frozen=True, kw_only=True):

@@ -148,6 +148,8 @@ class Journal:
         seal_interval_s: float = DEFAULT_SEAL_INTERVAL_S,
         flush_interval_s: float = DEFAULT_FLUSH_INTERVAL_S,
         background: bool = True,
+        manifest_id: str | None = None,
+        manifest_label: str | None = None,
     ) -> Journal:
         """Create a new journal at ``path`` and write ``run_opened`` (sealed, durable).
 
@@ -184,6 +186,8 @@ class Journal:
             pid=os.getpid(),
             software=_software(),
             meta=meta_d,
+            manifest_id=manifest_id,
+            manifest_label=manifest_label,
         )
         self._append_owned(opened)
         _fsync_dir(p.parent)

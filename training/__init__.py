@@ -2,23 +2,31 @@
 
 The model, FLOP accounting, corpus and health monitor (issue 3); checkpoints
 with receipts and restore verdicts (issue 4, part 1: retention, background
-saves, the reference loop and spike rewind are still to come); the manifest
-is issue 7.
+saves, the reference loop and spike rewind); the experiment manifest, its
+preflight and the experiment loop with its stop rules (issue 7).
 """
 
-from .checkpoint import CONTRACT, CheckpointSaved, ResumeRejected, restore_checkpoint, save_checkpoint
-from .corpus import BatchSampler, MarkovSource, random_batches, text_tokens
-from .flops import (
-    PEAK_FLOPS,
-    FlopConfig,
-    FlopCrossCheckRefused,
-    count_training_flops,
-    flop_config_from_causal_lm,
-    mfu,
-    peak_flops_per_sec,
-)
-from .model import CausalLM, build_causal_lm
-from .monitor import AnomalyDetected, TrainingHealthMonitor
+# Names resolve on first use (PEP 562), so that the torch-free modules (training.manifest) import on a
+# machine without torch; everything else imports torch when touched.
+_WHERE = {
+    "CONTRACT": "checkpoint", "CheckpointSaved": "checkpoint", "ResumeRejected": "checkpoint",
+    "restore_checkpoint": "checkpoint", "save_checkpoint": "checkpoint",
+    "BatchSampler": "corpus", "MarkovSource": "corpus", "random_batches": "corpus", "text_tokens": "corpus",
+    "PEAK_FLOPS": "flops", "FlopConfig": "flops", "FlopCrossCheckRefused": "flops", "count_training_flops": "flops",
+    "flop_config_from_causal_lm": "flops", "mfu": "flops", "peak_flops_per_sec": "flops",
+    "CausalLM": "model", "build_causal_lm": "model",
+    "AnomalyDetected": "monitor", "TrainingHealthMonitor": "monitor",
+    "ExperimentManifest": "manifest", "load_manifest": "manifest", "validate": "manifest",
+}
+
+
+def __getattr__(name: str):
+    import importlib
+
+    if name not in _WHERE:
+        raise AttributeError(f"module 'training' has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
+
 
 __all__ = [
     "CausalLM",
@@ -41,4 +49,7 @@ __all__ = [
     "ResumeRejected",
     "save_checkpoint",
     "restore_checkpoint",
+    "ExperimentManifest",
+    "load_manifest",
+    "validate",
 ]

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from journal import Journal, RunResumed, read_events
-from journal.kinds import CheckpointFailed, CheckpointSaved, ResumeRejectedEvent, WeightsRestored
+from journal.kinds import CHECKPOINT_CONTRACT, CheckpointFailed, CheckpointSaved, ResumeRejectedEvent, WeightsRestored
 
 __all__ = [
     "CONTRACT",
@@ -45,7 +45,7 @@ __all__ = [
 ]
 
 #: What a checkpoint must hold for a resume to continue the run exactly.
-CONTRACT = ("model", "optimizer", "scheduler", "scaler", "rng", "sampler", "counters", "accumulation", "manifest_id")
+CONTRACT = CHECKPOINT_CONTRACT
 _FORMAT = "trainledger-checkpoint/1"
 # A run without a scheduler, a grad scaler or a manifest (yet) records that absence explicitly.
 _MAY_BE_NONE = ("scheduler", "scaler", "manifest_id")

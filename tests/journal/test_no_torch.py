@@ -29,6 +29,12 @@ SCRIPT = textwrap.dedent(r"""
     assert main(["show", j]) == 0
     assert main(["replay", j, "--pubkey", pub]) == 0
     assert main(["query", "--pubkey", pub, j, "SELECT count(*) FROM steps"]) == 0
+    # Manifests validate on an auditor's machine too (the example itself is written where torch is).
+    man = os.path.join(d, "m.json")
+    with open(man, "w") as f:
+        f.write(os.environ["TL_TEST_MANIFEST"])
+    assert main(["manifest", "validate", man]) == 0
+    assert main(["manifest", "id", man]) == 0
     try:
         import torch  # noqa: F401
     except ImportError:
@@ -42,7 +48,16 @@ SCRIPT = textwrap.dedent(r"""
 
 
 def test_journal_and_cli_run_without_torch():
-    out = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=120)
+    import json
+    import os
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "training"))
+    from manifest_fixtures import base, typed
+
+    d = base()
+    d["artifacts"]["config"] = typed(base()).artifacts.config
+    env = dict(os.environ, TL_TEST_MANIFEST=json.dumps(d))
+    out = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "TORCH_MODULES []" in out.stdout
 

@@ -1,0 +1,72 @@
+"""The preflight state machine on the tiny model: a blocked gate stops it, a complete one passes every gate."""
+
+from __future__ import annotations
+
+from manifest_fixtures import base, write
+
+from journal import Journal, read_events, verify
+from journal.cli import main
+from journal.kinds import PreflightCompleted, PreflightGate
+from training.manifest import load_manifest
+from training.preflight import GATES, Approval, run_preflight
+
+
+def template_ok(m, root):
+    return True, "raw-token template, identity tokenizer, no mask: nothing to misalign"
+
+
+def test_without_a_template_check_it_stops_blocked_and_later_gates_are_not_run(tmp_path, signer, keypair, capsys):
+    p = write(tmp_path, base())
+    j = tmp_path / "pf.jsonl"
+    assert main(["preflight", str(p), "--journal", str(j), "--key", str(keypair[1])]) == 1
+    out = capsys.readouterr().out
+    assert "status: experiment-specified-blocked-before-training at template_compat" in out
+    verify(j, keys=[signer.public], require_closed=True)
+    gates = [e for e in read_events(j) if isinstance(e, PreflightGate)]
+    assert [g.gate for g in gates] == list(GATES)
+    assert [g.status for g in gates] == ["passed", "passed", "blocked"] + ["not_run"] * 7
+    assert all(g.reason == "not run: the preflight stopped at template_compat" and g.measured == {}
+               for g in gates[3:])
+    done = [e for e in read_events(j) if isinstance(e, PreflightCompleted)]
+    assert done[0].stopped_at == "template_compat" and done[0].manifest_id == load_manifest(p).identity
+
+
+def test_a_full_preflight_passes_every_gate_with_measurements(tmp_path, signer):
+    p = write(tmp_path, base())
+    m = load_manifest(p)
+    with Journal.create(tmp_path / "pf.jsonl", signer=signer, manifest_id=m.identity) as j:
+        r = run_preflight(m, tmp_path, j, template_check=template_ok,
+                          approval=Approval("research-lead", m.identity, "approve"))
+    assert r.status == "ready-to-train", [(g.gate, g.status, g.reason) for g in r.gates]
+    g = {x.gate: x for x in r.gates}
+    assert g["smoke"].measured["supervised_tokens"] == 2 * 2 * 16  # microbatch x data-parallel x seq_len
+    assert g["overfit"].measured["drop"] >= 0.5 and g["overfit"].measured["last_loss"] < 1.0
+    assert g["save_load"].measured["contents"] == sorted(
+        ["model", "optimizer", "scheduler", "scaler", "rng", "sampler", "counters", "accumulation", "manifest_id"])
+    assert g["resume_equivalence"].measured["max_abs_diff"] == 0.0
+    assert len(g["resource_probe"].measured["grid"]) == 4
+    assert all(h["cases"] > 0 for h in g["eval_dry_run"].measured["hooks"].values())
+    events = [e for e in read_events(tmp_path / "pf.jsonl") if isinstance(e, PreflightGate)]
+    assert [e.status for e in events] == ["passed"] * len(GATES)
+
+
+def test_authority_is_never_implied(tmp_path, signer):
+    p = write(tmp_path, base())
+    m = load_manifest(p)
+    for approval, status in [(None, "blocked"), (Approval("research-lead", "sha256:" + "0" * 64, "approve"), "failed"),
+                             (Approval("intern", m.identity, "approve"), "failed"),
+                             (Approval("research-lead", m.identity, "reject", "budget"), "failed")]:
+        with Journal.create(tmp_path / f"pf-{status}-{id(approval)}.jsonl", signer=signer) as j:
+            r = run_preflight(m, tmp_path, j, template_check=template_ok, approval=approval)
+        assert r.stopped_at == "authority" and r.gates[-1].status == status
+        assert r.status == f"experiment-specified-{status}-before-training at authority"
+
+
+def test_a_changed_data_file_fails_lineage(tmp_path, signer):
+    p = write(tmp_path, base())
+    (tmp_path / "data" / "train.bin").write_bytes(b"\x01" * 100)
+    m = load_manifest(p)
+    with Journal.create(tmp_path / "pf.jsonl", signer=signer) as j:
+        r = run_preflight(m, tmp_path, j, template_check=template_ok)
+    assert r.status == "experiment-specified-failed-before-training at data_lineage"
+    assert "has digest" in r.gates[1].reason
