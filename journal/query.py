@@ -25,7 +25,8 @@ used. The copy is as trustworthy as the cache directory (the user's own:
 ``$TRAINLEDGER_CACHE_DIR``, else ``$XDG_CACHE_HOME/trainledger``, else
 ``~/.cache/trainledger``). It is attached read-only, so user SQL cannot
 change it. ``trainledger query`` refreshes it in a background process after a
-cold query (``--no-cache`` turns both off).
+cold query over journals of :data:`CACHE_MIN_BYTES` or more (``--no-cache``
+turns both off).
 """
 
 from __future__ import annotations
