@@ -115,7 +115,6 @@ class Source:
     origin: str
     files: list[dict[str, Any]]
     cache_path: Path | None = None
-    verified: bool = True
 
 
 def journal_files(paths: Sequence[str | os.PathLike]) -> list[Path]:
@@ -222,7 +221,7 @@ def _load(files: list[Path], verify_first: bool, verify_options: dict[str, Any]
         rows = [{"file": str(f), "run_id": _read_opening(f, _open_checked(f))[0].run_id, "last_seq": None}
                 for f in files]
         _insert(con, rows, careful=True)
-        return con, Source("journals", rows, verified=False)
+        return con, Source("journals", rows)
     # Verify every file; while the last one is being checked, DuckDB reads them all (it releases the GIL, and
     # the verifier's workers are separate processes), assuming what verification nearly always finds: that
     # every line is sound. Only then are the rows used, and if any file turned out torn or grew meanwhile, or
@@ -282,12 +281,6 @@ def _lock(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("SET lock_configuration = true")
 
 
-def _torn(f: Path) -> bool:
-    with open(f, "rb") as fh:
-        fh.seek(max(0, f.stat().st_size - 1))
-        return fh.read(1) not in (b"\n", b"")
-
-
 # -- the warm path ----------------------------------------------------------------------------------------------
 
 _TAIL = re.compile(rb',"seq":(\d+),"ts":\d+,"h":"([0-9a-f]{64})"\}$')
@@ -319,6 +312,21 @@ def _trust_ok(row: dict[str, Any], opts: dict[str, Any]) -> bool:
     return bool(opts.get("trust_embedded"))
 
 
+def _still_current(con: duckdb.DuckDBPyConnection, files: list[Path], opts: dict[str, Any]
+                   ) -> list[dict[str, Any]] | None:
+    """The attached copy's file rows, if it is of these files, they have not changed, and the trust fits."""
+    version, meta = con.execute("SELECT version, files FROM cache.meta").fetchone()
+    rows = json.loads(meta)
+    if version != CACHE_VERSION or sorted(r["file"] for r in rows) != sorted(map(str, files)):
+        return None
+    for r in rows:
+        f = Path(r["file"])
+        if (f.stat().st_size != r["size"] or not _trust_ok(r, opts)
+                or _last_line_head(f, r["size"], r["torn_offset"]) != (r["last_seq"], r["last_hash"])):
+            return None
+    return rows
+
+
 def _warm(files: list[Path], opts: dict[str, Any]) -> tuple[duckdb.DuckDBPyConnection, Source] | None:
     path = _cache_path(files)
     if not path.is_file():
@@ -326,22 +334,12 @@ def _warm(files: list[Path], opts: dict[str, Any]) -> tuple[duckdb.DuckDBPyConne
     con = duckdb.connect(":memory:")
     try:
         con.execute("ATTACH ? AS cache (READ_ONLY)", [str(path)])
-        version, meta = con.execute("SELECT version, files FROM cache.meta").fetchone()
-        rows = json.loads(meta)
-        if version != CACHE_VERSION or sorted(r["file"] for r in rows) != sorted(map(str, files)):
-            con.close()
-            return None
-        for r in rows:
-            f = Path(r["file"])
-            if f.stat().st_size != r["size"] or not _trust_ok(r, opts):
-                con.close()
-                return None
-            if _last_line_head(f, r["size"], r["torn_offset"]) != (r["last_seq"], r["last_hash"]):
-                con.close()
-                return None
+        rows = _still_current(con, files, opts)
     except (duckdb.Error, OSError, ValueError, KeyError, TypeError):
+        rows = None  # an unreadable or foreign copy is ignored, never trusted
+    if rows is None:
         con.close()
-        return None  # an unreadable or foreign copy is ignored, never trusted
+        return None
     con.execute("CREATE VIEW events AS SELECT * FROM cache.events")
     for name in VIEWS:
         con.execute(f"CREATE VIEW {name} AS SELECT * FROM cache.{name}")
