@@ -278,13 +278,6 @@ def _print_report(r: VerifyReport, *, title: str) -> None:
         print(f"  note: {note}")
 
 
-def _fail_line(err: IntegrityError, path: str) -> str:
-    where = f"seq {err.seq}" if err.seq is not None else "journal"
-    if err.offset is not None:
-        where += f" (byte {err.offset})"
-    return f"FAIL {path}: {where}: {err}"
-
-
 def _cmd_verify(args: argparse.Namespace) -> int:
     extra = {"require_closed": args.require_closed, "workers": args.workers}
     if args.expect_head:
@@ -302,7 +295,7 @@ def _verify_and_print(args: argparse.Namespace, title: str, **extra) -> int:
                                                                    "first_bad_seq": e.seq, "error": str(e)})
             print(json.dumps(d))
         else:
-            print(_fail_line(e, args.path))
+            print(e.fail_line(args.path))
         return 1
     if args.json:
         print(json.dumps(r.to_dict()))
@@ -315,7 +308,7 @@ def _cmd_head(args: argparse.Namespace) -> int:
     try:
         r = _verify_from_args(args)
     except IntegrityError as e:
-        print(_fail_line(e, args.path), file=sys.stderr)
+        print(e.fail_line(args.path), file=sys.stderr)
         return 1
     if r.head is None:
         raise JournalError(f"{args.path}: no seal yet: nothing to publish")
@@ -434,7 +427,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
         rec = write_report(args.path, out, keys=trusted_keys(args.pubkey), trust_embedded=args.trust_embedded,
                            allow_unsigned=args.allow_unsigned)
     except IntegrityError as e:
-        print(_fail_line(e, args.path))
+        print(e.fail_line(args.path))
         print("trainledger report: no report written", file=sys.stderr)
         return 1
     print(f"wrote {out} ({out.stat().st_size / 1024:.0f} KiB): run {rec.verify.run_id}, {rec.verify.events:,} events, "
@@ -449,7 +442,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         rec = replay(args.path, keys=trusted_keys(args.pubkey), trust_embedded=args.trust_embedded,
                      allow_unsigned=args.allow_unsigned)
     except IntegrityError as e:
-        print(_fail_line(e, args.path))
+        print(e.fail_line(args.path))
         return 1
     if args.json:
         print(json.dumps(rec.to_dict(), default=str))
@@ -517,7 +510,7 @@ def _cmd_query(args: argparse.Namespace) -> int:
         try:
             con, source = open_views(paths, use_cache=not args.no_cache, **trust)
         except IntegrityError as e:
-            print(_fail_line(e, str(e.report.path) if e.report else "journal"), file=sys.stderr)
+            print(e.fail_line(str(e.report.path) if e.report else "journal"), file=sys.stderr)
             return 1
         # Large journals read cold: keep a verified columnar copy for next time, built off this process.
         if (not args.no_cache and source.origin == "journals"

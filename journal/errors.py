@@ -79,6 +79,13 @@ class IntegrityError(JournalError):
         self.offset = offset
         self.report = None
 
+    def fail_line(self, path: str) -> str:
+        """The one line every command prints for it: ``FAIL <path>: seq N (byte B): <why>``."""
+        where = f"seq {self.seq}" if self.seq is not None else "journal"
+        if self.offset is not None:
+            where += f" (byte {self.offset})"
+        return f"FAIL {path}: {where}: {self}"
+
 
 class NonCanonicalRecord(IntegrityError):
     """A line is not byte-identical to the canonical encoding of what it says."""

@@ -153,8 +153,6 @@ def watch(path: str | Path, *, interval: float = 0.5, out: TextIO = sys.stdout, 
     except KeyboardInterrupt:
         return 130
     except IntegrityError as e:
-        where = f" at seq {e.seq}" if e.seq is not None else ""
-        where += f" (byte {e.offset})" if e.offset is not None else ""
-        out.write(f"FAIL  {p}{where}: {e}\n")
+        out.write(e.fail_line(str(p)) + "\n")
         out.flush()
         return 1
