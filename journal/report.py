@@ -24,8 +24,7 @@ from . import __version__
 from .errors import UsageError
 from .events import RunOpened, RunResumed, StepObserved
 from .health import AnomalyDetected, HealthProjection, RunConfigured
-from .kinds import CheckpointSaved, DecisionRecorded, GateVerdict, RewindDecided, RungStarted, RunStopped
-from .reader import _unchecked_batches
+from .kinds import CheckpointSaved, DecisionRecorded, GateVerdict, RewindDecided, RungStarted
 from .replay import Reconstruction, replay
 
 __all__ = ["write_report", "MAX_POINTS"]
@@ -46,7 +45,7 @@ def _matplotlib():
 
 
 class _Series:
-    """What the curves need, gathered in one pass over the verified bytes."""
+    """What the curves and the ladder tables need, folded during replay's pass over the journal."""
 
     def __init__(self) -> None:
         self.step: list[int] = []
@@ -63,53 +62,49 @@ class _Series:
         self.opened: RunOpened | None = None
         self.verdicts: list[GateVerdict] = []
         self.decisions: list[DecisionRecorded] = []
-        self.stops: list[RunStopped] = []
         #: (index of the first observation after it, rung name) for each rung_started
         self.rungs: list[tuple[int, str]] = []
+        self._fpt = self._peak = self._seq_len = None  # from the run_configured in force
 
-    def gather(self, path: Path, size: int) -> None:
-        fpt = peak = seq_len = None
-        for batch in _unchecked_batches(path, size):
-            for ev in batch:
-                if isinstance(ev, StepObserved):
-                    nan = math.nan
-                    self._last_index[ev.step] = len(self.step)
-                    self.step.append(ev.step)
-                    self.loss.append(ev.loss)
-                    self.grad_norm.append(nan if ev.grad_norm is None else ev.grad_norm)
-                    st = ev.step_time_s
-                    self.step_time.append(nan if st is None else st)
-                    m = nan
-                    if fpt is not None and peak and st and st > 0:
-                        tok = ev.tokens if ev.tokens is not None else (
-                            ev.examples * seq_len if ev.examples is not None and seq_len else None)
-                        if tok is not None:
-                            m = fpt * tok / st / peak
-                    self.mfu.append(m)
-                elif isinstance(ev, AnomalyDetected):
-                    i = self._last_index.get(ev.step)
-                    if i is not None:
-                        self.anomalies.append((i, ev.kind))
-                elif isinstance(ev, CheckpointSaved):
-                    self.checkpoints.append(ev.step)
-                elif isinstance(ev, RunResumed):
-                    if ev.from_step is not None:
-                        self.resumes.append(ev.from_step)
-                elif isinstance(ev, RewindDecided):
-                    self.rewinds.append(ev.spike_step)
-                elif isinstance(ev, RunConfigured):
-                    proj = HealthProjection(ev)  # the same FLOP accounting the monitor uses
-                    fpt, peak, seq_len = proj._fpt, proj._peak, ev.seq_len
-                elif isinstance(ev, RunOpened):
-                    self.opened = ev
-                elif isinstance(ev, GateVerdict):
-                    self.verdicts.append(ev)
-                elif isinstance(ev, DecisionRecorded):
-                    self.decisions.append(ev)
-                elif isinstance(ev, RunStopped):
-                    self.stops.append(ev)
-                elif isinstance(ev, RungStarted):
-                    self.rungs.append((len(self.step), ev.rung))
+    def apply(self, ev: Any) -> None:
+        """Fold one event (called by :func:`journal.replay.replay` for every event, in order)."""
+        if isinstance(ev, StepObserved):
+            nan = math.nan
+            self._last_index[ev.step] = len(self.step)
+            self.step.append(ev.step)
+            self.loss.append(ev.loss)
+            self.grad_norm.append(nan if ev.grad_norm is None else ev.grad_norm)
+            st = ev.step_time_s
+            self.step_time.append(nan if st is None else st)
+            m = nan
+            if self._fpt is not None and self._peak and st and st > 0:
+                tok = ev.tokens if ev.tokens is not None else (
+                    ev.examples * self._seq_len if ev.examples is not None and self._seq_len else None)
+                if tok is not None:
+                    m = self._fpt * tok / st / self._peak
+            self.mfu.append(m)
+        elif isinstance(ev, AnomalyDetected):
+            i = self._last_index.get(ev.step)
+            if i is not None:
+                self.anomalies.append((i, ev.kind))
+        elif isinstance(ev, CheckpointSaved):
+            self.checkpoints.append(ev.step)
+        elif isinstance(ev, RunResumed):
+            if ev.from_step is not None:
+                self.resumes.append(ev.from_step)
+        elif isinstance(ev, RewindDecided):
+            self.rewinds.append(ev.spike_step)
+        elif isinstance(ev, RunConfigured):
+            proj = HealthProjection(ev)  # the same FLOP accounting the monitor uses
+            self._fpt, self._peak, self._seq_len = proj._fpt, proj._peak, ev.seq_len
+        elif isinstance(ev, RunOpened):
+            self.opened = ev
+        elif isinstance(ev, GateVerdict):
+            self.verdicts.append(ev)
+        elif isinstance(ev, DecisionRecorded):
+            self.decisions.append(ev)
+        elif isinstance(ev, RungStarted):
+            self.rungs.append((len(self.step), ev.rung))
 
 
 def _bucketed(xs: list[int], ys: list[float]) -> tuple[list[float], list[float], list[float], list[float]] | None:
@@ -212,14 +207,14 @@ def render(rec: Reconstruction, s: _Series, png: str | None) -> str:
              "not established)", "unsigned": "no key (the journal is unsigned)"}.get(v.trust or "", v.trust)
     replay_ok = ("<span class=ok>every recorded conclusion follows from the observations</span>" if rec.ok else
                  f"<span class=bad>{len(rec.differences)} recorded conclusion(s) differ from the recomputation</span>")
-    manifest = getattr(o, "manifest_id", None) if o is not None else None
-    label = getattr(o, "manifest_label", None) if o is not None else None
-    ident = [
-        ("run", v.run_id), ("file", v.path),
+    manifest = o.manifest_id if o is not None else None
+    label = o.manifest_label if o is not None else None
+    ident = [  # (label, HTML)
+        ("run", _e(v.run_id)), ("file", _e(v.path)),
         ("verification", f"<span class=ok>VERIFIED</span> {v.events:,} events against {_e(trust)}"),
         ("key id", f"<code>{_e(v.key_id)}</code>"),
         ("head", f"<code>{_e(v.head)}</code>"),
-        ("tail", f"{v.tail}; {v.seals} seals, last sealed seq {v.last_sealed_seq}"),
+        ("tail", _e(f"{v.tail}; {v.seals} seals, last sealed seq {v.last_sealed_seq}")),
         ("replay", replay_ok),
         ("manifest", f"<code>{_e(manifest)}</code>" + (f" ({_e(label)})" if label else "")
          if manifest else "<span class=muted>no manifest recorded in run_opened</span>"),
@@ -228,8 +223,7 @@ def render(rec: Reconstruction, s: _Series, png: str | None) -> str:
     parts = [f"<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>trainledger report {_e(v.run_id)}</title>"
              f"<style>{_CSS}</style></head><body>",
              f"<h1>Run {_e(v.run_id)}</h1><p class=muted>trainledger {__version__} report</p><dl>",
-             "".join(f"<dt>{_e(k)}</dt><dd>{val if k in ('verification', 'key id', 'head', 'replay', 'manifest') else _e(val)}</dd>"
-                     for k, val in ident), "</dl>"]
+             "".join(f"<dt>{_e(k)}</dt><dd>{val}</dd>" for k, val in ident), "</dl>"]
     if rec.differences:
         parts.append("<h2>Differences from the recomputation</h2>")
         parts.append(_table(["seq", "kind", "detail"], [[d["seq"], d["kind"], d["detail"]] for d in rec.differences], ""))
@@ -283,9 +277,8 @@ def write_report(path: str | os.PathLike, out: str | os.PathLike, **verify_optio
     for a journal that does not verify.
     """
     plt = _matplotlib()
-    rec = replay(path, **verify_options)
     s = _Series()
-    s.gather(Path(path), rec.verify.bytes)
+    rec = replay(path, observe=s.apply, **verify_options)
     png = _figure(plt, s) if s.step else None
     text = render(rec, s, png)
     dest = Path(out)
