@@ -333,8 +333,8 @@ def _cmd_manifest(args: argparse.Namespace) -> int:
         print(f"$ trainledger manifest validate {path}")
         return 0
     m, findings = load_findings(args.file)
+    errors = [f for f in findings if f.severity == "error"]
     if args.manifest_command == "id":
-        errors = [f for f in findings if f.severity == "error"]
         if m is None:
             print(f"FAIL  {args.file}: not a manifest: {findings[0].path}: {findings[0].message}", file=sys.stderr)
             return 1
@@ -343,7 +343,6 @@ def _cmd_manifest(args: argparse.Namespace) -> int:
             print(f"note: the manifest has {len(errors)} error finding(s); run trainledger manifest validate",
                   file=sys.stderr)
         return 0
-    errors = [f for f in findings if f.severity == "error"]
     if args.json:
         print(json.dumps({"file": args.file, "identity": manifest_identity(m) if m is not None else None,
                           "ok": not errors, "findings": [dataclasses.asdict(f) for f in findings]}))
@@ -371,12 +370,9 @@ def _cmd_preflight(args: argparse.Namespace) -> int:
     mpath = Path(args.manifest)
     try:
         m = load_manifest(mpath)
-        problem = None
-    except ManifestError as e:  # the schema gate records it; nothing else runs
-        m, problem = None, e
-    if m is None:
-        print(f"FAIL  {mpath}: {problem}")
-        for f in problem.findings:
+    except ManifestError as e:  # not even typed: nothing can run, and no journal is written
+        print(f"FAIL  {mpath}: {e}")
+        for f in e.findings:
             print("  " + f.line())
         print("status: experiment-specified-failed-before-training at schema (fix the manifest; "
               "trainledger manifest validate lists every finding)")

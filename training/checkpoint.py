@@ -23,13 +23,21 @@ import os
 import random
 import threading
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from journal import Journal, RunResumed, read_events
-from journal.kinds import CHECKPOINT_CONTRACT, CheckpointFailed, CheckpointSaved, ResumeRejectedEvent, WeightsRestored
+from journal.kinds import (
+    CHECKPOINT_CONTRACT,
+    CheckpointDeleted,
+    CheckpointFailed,
+    CheckpointSaved,
+    ResumeRejectedEvent,
+    WeightsRestored,
+)
 
 __all__ = [
     "CONTRACT",
@@ -42,6 +50,8 @@ __all__ = [
     "Checkpointer",
     "CheckpointFailed",
     "BackgroundSaveError",
+    "live_checkpoints",
+    "enforce_retention",
 ]
 
 #: What a checkpoint must hold for a resume to continue the run exactly.
@@ -305,3 +315,25 @@ def restore_checkpoint(run_dir: str | os.PathLike, journal: Journal, path: str |
 def _reject(journal: Journal, rel: str, code: str, message: str, missing: tuple[str, ...] = ()) -> None:
     journal.append(ResumeRejectedEvent(path=rel, reason=code, missing=list(missing), detail=message), durable=True)
     raise ResumeRejected(code, f"{rel}: {message}", missing)
+
+
+def live_checkpoints(run_dir: str | os.PathLike, events: Iterable[Any]) -> list[CheckpointSaved]:
+    """Checkpoints the journal's ``events`` recorded, not recorded as deleted, whose files are there; oldest first."""
+    deleted = set()
+    saved: list[CheckpointSaved] = []
+    for ev in events:
+        if isinstance(ev, CheckpointSaved):
+            saved.append(ev)
+        elif isinstance(ev, CheckpointDeleted):
+            deleted.add(ev.path)
+    return [ev for ev in saved if ev.path not in deleted and (Path(run_dir) / ev.path).exists()]
+
+
+def enforce_retention(run_dir: str | os.PathLike, journal: Journal, kept: list[CheckpointSaved], keep_last: int,
+                      *, note: str = "") -> None:
+    """Delete the oldest of ``kept`` (in place) beyond ``keep_last``, each recorded as ``checkpoint_deleted``."""
+    while len(kept) > keep_last:
+        old = kept.pop(0)
+        (Path(run_dir) / old.path).unlink(missing_ok=True)
+        journal.append(CheckpointDeleted(path=old.path, step=old.step, reason=f"retention: keep_last={keep_last}{note}"),
+                       durable=True)

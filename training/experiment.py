@@ -38,7 +38,6 @@ import torch
 from journal import Journal, Signer, read_events
 from journal.events import RunOpened, StepObserved
 from journal.kinds import (
-    CheckpointDeleted,
     CheckpointSaved,
     CheckpointSelected,
     EvaluationRecorded,
@@ -46,7 +45,7 @@ from journal.kinds import (
     RunStopped,
 )
 
-from .checkpoint import ResumeRejected, restore_checkpoint, save_checkpoint
+from .checkpoint import ResumeRejected, enforce_retention, live_checkpoints, restore_checkpoint, save_checkpoint
 from .corpus import BatchSampler, MarkovSource
 from .flops import flop_config_from_causal_lm
 from .manifest import ExperimentManifest, config_digest, file_digest, manifest_identity
@@ -86,7 +85,7 @@ class DataGuard:
         if a.protected and self.reader == "training":
             raise ProtectedDataAccess(f"training tried to read the protected artifact {name!r}")
         data = (self.root / a.ref).read_bytes()
-        got = "sha256:" + hashlib.sha256(data).hexdigest()
+        got = _digest(data)
         if got != a.digest:
             raise ValueError(f"data artifact {name!r} ({a.ref}) has digest {got}, the manifest names {a.digest}")
         self.read.append(name)
@@ -192,7 +191,8 @@ def run_experiment(m: ExperimentManifest, root: str | Path, run_dir: str | Path,
                 "identity": ident, "journal": jpath}
 
     try:
-        opened = next(iter(read_events(jpath)))
+        history = list(read_events(jpath))  # one pass: the opening, live checkpoints, steps, evaluations
+        opened = history[0]
         if isinstance(opened, RunOpened) and opened.manifest_id != ident:
             return stop("identity-mismatch", f"the journal's run was opened under manifest {opened.manifest_id}, "
                                              f"this manifest is {ident}")
@@ -212,15 +212,10 @@ def run_experiment(m: ExperimentManifest, root: str | Path, run_dir: str | Path,
         sampler = BatchSampler(train_tokens, per_step, b.seq_len, seed=m.environment.seeds.get("data", 0))
         accumulation = runtime.accumulation or b.accumulation
         flops = flop_config_from_causal_lm(model, seq_len=b.seq_len)
-        kept: list[CheckpointSaved] = []
         start = 0
         monitor = None
-        saved = [e for e in read_events(jpath) if isinstance(e, (CheckpointSaved, CheckpointDeleted, StepObserved,
-                                                                 EvaluationRecorded))]
-        deleted = {e.path for e in saved if isinstance(e, CheckpointDeleted)}
-        kept = [e for e in saved if isinstance(e, CheckpointSaved) and e.path not in deleted
-                and (run / e.path).exists()]
-        evals = [e for e in saved if isinstance(e, EvaluationRecorded)]
+        kept = live_checkpoints(run, history)
+        evals = [e for e in history if isinstance(e, EvaluationRecorded)]
         for e in evals:
             baselines.setdefault(e.hook, e.metrics[next(h.metric for h in m.evaluation.hooks if h.name == e.hook)])
         if kept:
@@ -237,7 +232,7 @@ def run_experiment(m: ExperimentManifest, root: str | Path, run_dir: str | Path,
             monitor = TrainingHealthMonitor.from_state(info["extra"]["monitor"], journal=j)
             monitor.observe_resume(ck.step, checkpoint=ck.path, append=False)
             # Steps recorded after this checkpoint, before the interruption: re-executed now, they must agree.
-            recorded_losses = {e.step: e.loss for e in saved if isinstance(e, StepObserved) and e.step >= start
+            recorded_losses = {e.step: e.loss for e in history if isinstance(e, StepObserved) and e.step >= start
                                and e.seq > ck.seq}
             if runtime.reseed_sampler_on_resume is not None:
                 sampler = BatchSampler(train_tokens, per_step, b.seq_len, seed=runtime.reseed_sampler_on_resume)
@@ -317,12 +312,8 @@ def run_experiment(m: ExperimentManifest, root: str | Path, run_dir: str | Path,
                     supervised_tokens=state["supervised"], wall_s=time.perf_counter() - t_start,
                     durations_s={k: round(v, 6) for k, v in durations.items()}, peak_rss_bytes=_peak_rss(),
                     checkpoint_bytes=ev.bytes, checkpoint_s=ck_s, environment=_environment(m)))
-                while len(kept) > m.checkpoint.keep_last:
-                    old = kept.pop(0)
-                    (run / old.path).unlink(missing_ok=True)
-                    j.append(CheckpointDeleted(path=old.path, step=old.step,
-                                               reason=f"retention: keep_last={m.checkpoint.keep_last} (its "
-                                                      "evaluations stay in the journal and evals/)"), durable=True)
+                enforce_retention(run, j, kept, m.checkpoint.keep_last,
+                                  note=" (its evaluations stay in the journal and evals/)")
             step += 1
         selected = _select(m, j, evals)
         j.close()
@@ -397,7 +388,7 @@ def example_manifest_dict(files: dict[str, bytes]) -> dict[str, Any]:
             "futility": {"hook": "heldout", "metric": "loss", "threshold": 3.2, "by_update": 80},
         },
         "model": model,
-        "artifacts": {"config": _canonical_digest(model), "tokenizer": _digest(files["tokenizer.json"]),
+        "artifacts": {"config": config_digest(model), "tokenizer": _digest(files["tokenizer.json"]),
                       "template": _digest(files["template.json"]), "runtime": _digest(b"python3.11+torch2.13-cpu")},
         "data": {
             "recipe": _digest(b"MarkovSource(vocab=32, seed=0); retention: MarkovSource(vocab=32, seed=7)"),
@@ -440,10 +431,6 @@ def example_manifest_dict(files: dict[str, bytes]) -> dict[str, Any]:
         "preflight": {"overfit_steps": 300, "overfit_min_drop": 0.5, "resume_boundary": 6, "resume_steps": 12,
                       "probe_batches": [1, 4], "probe_seq_lens": [8, 16]},
     }
-
-
-def _canonical_digest(model: dict[str, Any]) -> str:
-    return config_digest(model)
 
 
 def example_files() -> dict[str, bytes]:

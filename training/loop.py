@@ -20,7 +20,15 @@ import torch
 
 from journal import Journal, Signer, read_events, verify
 from journal.kinds import CheckpointDeleted
-from .checkpoint import CheckpointSaved, ResumeRejected, restore_checkpoint, save_checkpoint
+
+from .checkpoint import (
+    CheckpointSaved,
+    ResumeRejected,
+    enforce_retention,
+    live_checkpoints,
+    restore_checkpoint,
+    save_checkpoint,
+)
 from .corpus import BatchSampler, MarkovSource
 from .flops import flop_config_from_causal_lm
 from .model import build_causal_lm
@@ -91,18 +99,6 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, x: torc
     return loss.item(), float(grad_norm)
 
 
-def _live_checkpoints(run_dir: Path, journal_path: Path) -> list[CheckpointSaved]:
-    """Checkpoints the journal recorded, not recorded as deleted, whose files are there; oldest first."""
-    deleted = set()
-    saved: list[CheckpointSaved] = []
-    for ev in read_events(journal_path):
-        if isinstance(ev, CheckpointSaved):
-            saved.append(ev)
-        elif isinstance(ev, CheckpointDeleted):
-            deleted.add(ev.path)
-    return [ev for ev in saved if ev.path not in deleted and (run_dir / ev.path).exists()]
-
-
 def _rewind(run: Path, j: Journal, policy: RewindPolicy, spike: Any, target: CheckpointSaved, model, opt, sched,
             sampler) -> dict[str, Any]:
     """Record the decision, restore ``target``, skip the data window, scale the LR; return the restore's info."""
@@ -140,7 +136,7 @@ def run_training(run_dir: str | Path, *, signer: Signer, config: LoopConfig = Lo
     kept: list[CheckpointSaved] = []
     if jpath.exists():
         j = Journal.open_append(jpath, signer=signer)  # raises JournalClosed for a finished run
-        kept = _live_checkpoints(run, jpath)
+        kept = live_checkpoints(run, read_events(jpath))
         ckpt = kept[-1] if kept else None
         monitor = None
         if ckpt is not None:
@@ -206,11 +202,7 @@ def run_training(run_dir: str | Path, *, signer: Signer, config: LoopConfig = Lo
                                      sampler=sampler, tokens=(step + 1) * cfg.batch_size * cfg.block,
                                      extra={"monitor": monitor.state()})
                 kept.append(ev)
-                while len(kept) > cfg.keep_last:
-                    old = kept.pop(0)
-                    (run / old.path).unlink(missing_ok=True)
-                    j.append(CheckpointDeleted(path=old.path, step=old.step,
-                                               reason=f"retention: keep_last={cfg.keep_last}"), durable=True)
+                enforce_retention(run, j, kept, cfg.keep_last)
             step += 1
         report = monitor.report()
         j.close()

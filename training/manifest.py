@@ -286,13 +286,8 @@ def _read_raw(path: Path) -> Any:
     raise UsageError(f"{path}: unknown manifest format {suffix or '(no extension)'}: use .toml, .yaml or .json")
 
 
-def _structure_findings(raw: Any, tp: Any, path: str, out: list[Finding]) -> None:
-    """Every missing required field and every unknown field, not only the first."""
-    info = msgspec.inspect.type_info(tp)
-    _walk(raw, info, path, out)
-
-
 def _walk(raw: Any, info: Any, path: str, out: list[Finding]) -> None:
+    """Every missing required field and every unknown field under ``info``, not only the first."""
     I = msgspec.inspect  # noqa: N806
     if isinstance(info, I.UnionType):
         info = next((t for t in info.types if not isinstance(t, I.NoneType)), info)
@@ -323,7 +318,7 @@ def parse_manifest(raw: Any) -> tuple[ExperimentManifest | None, list[Finding]]:
     if not isinstance(raw, dict):
         return None, [Finding("E_SCHEMA", "$", f"a manifest is a table/object, not {type(raw).__name__}")]
     findings: list[Finding] = []
-    _structure_findings(raw, ExperimentManifest, "", findings)
+    _walk(raw, msgspec.inspect.type_info(ExperimentManifest), "", findings)
     if findings:
         return None, findings
     try:
@@ -340,23 +335,18 @@ def parse_manifest(raw: Any) -> tuple[ExperimentManifest | None, list[Finding]]:
 
 def load_manifest(path: str | Path) -> ExperimentManifest:
     """Load and validate; raise :class:`ManifestError` (with every finding) if any finding is an error."""
-    p = Path(path)
-    raw = _read_raw(p)
-    m, findings = parse_manifest(raw)
-    if m is not None:
-        findings = validate(m, raw=raw)
+    m, findings = load_findings(path)
     errors = [f for f in findings if f.severity == "error"]
     if m is None or errors:
         first = errors[0] if errors else findings[0]
-        raise ManifestError(f"{p}: {len(errors)} error(s) in the manifest, first: {first.path}: {first.message}",
+        raise ManifestError(f"{path}: {len(errors)} error(s) in the manifest, first: {first.path}: {first.message}",
                             findings)
     return m
 
 
 def load_findings(path: str | Path) -> tuple[ExperimentManifest | None, list[Finding]]:
     """What ``trainledger manifest validate`` prints: the typed manifest (if it parses) and every finding."""
-    p = Path(path)
-    raw = _read_raw(p)
+    raw = _read_raw(Path(path))
     m, findings = parse_manifest(raw)
     if m is None:
         return None, findings + _lint(raw)

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import torch
 
 from journal import Journal, Signer
@@ -230,7 +231,7 @@ def _save_load(c: _Ctx) -> GateResult:
 
 def _resume(c: _Ctx) -> GateResult:
     plan = c.m.preflight
-    short = msgspec_replace(c.m, plan.resume_steps)
+    short = _shortened(c.m, plan.resume_steps)
     ctl = run_experiment(short, c.root, c.scratch / "control", signer=c.signer)
     part = run_experiment(short, c.root, c.scratch / "interrupted", signer=c.signer, stop_after=plan.resume_boundary)
     rest = run_experiment(short, c.root, c.scratch / "interrupted", signer=c.signer)
@@ -246,10 +247,8 @@ def _resume(c: _Ctx) -> GateResult:
                    updates=plan.resume_steps, max_abs_diff=worst)
 
 
-def msgspec_replace(m: ExperimentManifest, updates: int) -> ExperimentManifest:
+def _shortened(m: ExperimentManifest, updates: int) -> ExperimentManifest:
     """A shortened copy for the disposable resume test (its own identity; warm-up kept in updates)."""
-    import msgspec
-
     o = msgspec.structs.replace(m.optimization, planned_updates=updates, warmup_updates=m.warmup(),
                                 warmup_fraction=None, warmup_fraction_of=None)
     ck = msgspec.structs.replace(m.checkpoint, every_updates=max(1, updates // 4))
@@ -338,7 +337,6 @@ def run_preflight(m: ExperimentManifest, root: str | Path, journal: Journal, *,
     ident = manifest_identity(m)
     results: list[GateResult] = []
     stopped: GateResult | None = None
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     with tempfile.TemporaryDirectory(prefix="trainledger-preflight-") as tmp:
         ctx = _Ctx(m, Path(root), template_check, approval, Path(tmp))
         for gate in GATES:
@@ -352,7 +350,7 @@ def run_preflight(m: ExperimentManifest, root: str | Path, journal: Journal, *,
                 r.gate = gate
                 if r.status != "passed":
                     stopped = r
-            journal.append(PreflightGate(gate=gate, status=r.status, reason=r.reason, measured=_plain(r.measured),
+            journal.append(PreflightGate(gate=gate, status=r.status, reason=r.reason, measured=r.measured,
                                          manifest_id=ident), durable=True)
             results.append(r)
             if progress is not None:
@@ -365,13 +363,3 @@ def run_preflight(m: ExperimentManifest, root: str | Path, journal: Journal, *,
     journal.append(PreflightCompleted(manifest_id=ident, status=status,
                                       stopped_at=stopped.gate if stopped else None), durable=True)
     return PreflightResult(ident, status, stopped.gate if stopped else None, results)
-
-
-def _plain(x: Any) -> Any:
-    if isinstance(x, dict):
-        return {str(k): _plain(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_plain(v) for v in x]
-    if isinstance(x, float) and not math.isfinite(x):
-        return x
-    return x
