@@ -362,21 +362,21 @@ def _cmd_preflight(args: argparse.Namespace) -> int:
         from training.preflight import Approval, run_preflight
     except ImportError as e:
         raise JournalError(f"preflight needs the torch extra (pip install 'trainledger[torch]'): {e}") from None
-    from training.manifest import ManifestError, load_manifest
+    from training.manifest import load_findings
 
     from .keys import load_signer
     from .writer import Journal
 
     mpath = Path(args.manifest)
-    try:
-        m = load_manifest(mpath)
-    except ManifestError as e:  # not even typed: nothing can run, and no journal is written
-        print(f"FAIL  {mpath}: {e}")
-        for f in e.findings:
+    m, findings = load_findings(mpath)
+    if m is None:  # not even typed: nothing can run, and there is no identity to write a journal under
+        print(f"FAIL  {mpath}: not a manifest")
+        for f in findings:
             print("  " + f.line())
         print("status: experiment-specified-failed-before-training at schema (fix the manifest; "
               "trainledger manifest validate lists every finding)")
         return 1
+    # A typed manifest with error findings still runs: its schema gate fails and is recorded, later gates not_run.
     check = None
     if args.template_check:
         mod, _, fn = args.template_check.partition(":")
@@ -394,8 +394,10 @@ def _cmd_preflight(args: argparse.Namespace) -> int:
     jpath = Path(args.journal) if args.journal else mpath.parent / f"preflight-{time.strftime('%Y%m%dT%H%M%S')}.jsonl"
     if args.key:
         signer, pub = load_signer(args.key), None
+    elif (jpath.parent / "preflight.key").exists():  # the key of earlier preflights here: never overwritten
+        signer, pub = load_signer(jpath.parent / "preflight.key"), jpath.parent / "preflight.pub"
     else:
-        priv, pub = keygen(jpath.parent, name="preflight", force=True)
+        priv, pub = keygen(jpath.parent, name="preflight")
         signer = load_signer(priv)
 
     def show(r) -> None:

@@ -70,3 +70,24 @@ def test_a_changed_data_file_fails_lineage(tmp_path, signer):
         r = run_preflight(m, tmp_path, j, template_check=template_ok)
     assert r.status == "experiment-specified-failed-before-training at data_lineage"
     assert "has digest" in r.gates[1].reason
+
+
+def test_cli_records_a_failed_schema_gate_and_keeps_its_key(tmp_path, capsys):
+    """A manifest with error findings still gets its journal (schema failed, the rest not run); a second
+    preflight in the same folder signs with the same key instead of replacing it."""
+    d = base()
+    d["batch"]["accumulation"] = 8
+    p = write(tmp_path, d)
+    assert main(["preflight", str(p), "--journal", str(tmp_path / "a.jsonl")]) == 1
+    pub = (tmp_path / "preflight.pub").read_text()
+    assert "status: experiment-specified-failed-before-training at schema" in capsys.readouterr().out
+    gates = [e for e in read_events(tmp_path / "a.jsonl") if isinstance(e, PreflightGate)]
+    assert [g.status for g in gates] == ["failed"] + ["not_run"] * 9 and "E_EFFECTIVE_BATCH" in str(gates[0].measured)
+    assert main(["preflight", str(p), "--journal", str(tmp_path / "b.jsonl")]) == 1
+    assert (tmp_path / "preflight.pub").read_text() == pub
+    from journal import load_public_key
+    for name in ("a.jsonl", "b.jsonl"):
+        verify(tmp_path / name, keys=[load_public_key(tmp_path / "preflight.pub")], require_closed=True)
+    (tmp_path / "bad.yaml").write_text("label: [unclosed\n")
+    assert main(["preflight", str(tmp_path / "bad.yaml")]) == 2  # unreadable input: a usage error, as for validate
+    assert "not valid YAML" in capsys.readouterr().err
