@@ -175,7 +175,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("manifest", metavar="MANIFEST")
     p.add_argument("--data-root", metavar="DIR", help="where the manifest's relative refs point (default: its folder)")
     p.add_argument("--journal", metavar="PATH", help="journal to write (default: preflight-<time>.jsonl beside it)")
-    p.add_argument("--key", metavar="FILE", help="private key to sign with (default: a new key pair beside it)")
+    p.add_argument("--key", metavar="FILE",
+                   help="private key to sign with (default: preflight.key beside the journal, created on first use)")
     p.add_argument("--template-check", metavar="MODULE:FUNCTION",
                    help="your template/tokenizer/mask check: FUNCTION(manifest, root) -> (ok, detail)")
     p.add_argument("--approval", metavar="FILE",

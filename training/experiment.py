@@ -48,6 +48,7 @@ from journal.kinds import (
 from .checkpoint import ResumeRejected, enforce_retention, live_checkpoints, restore_checkpoint, save_checkpoint
 from .corpus import BatchSampler, MarkovSource
 from .flops import flop_config_from_causal_lm
+from .loop import warmup_cosine
 from .manifest import ExperimentManifest, config_digest, file_digest, manifest_identity
 from .model import build_causal_lm
 from .monitor import TrainingHealthMonitor
@@ -96,17 +97,6 @@ class DataGuard:
         return torch.cat([self.tokens(n) for n in names])
 
 
-def _schedule(m: ExperimentManifest):
-    warm, total = m.warmup(), m.optimization.planned_updates
-
-    def factor(u: int) -> float:
-        if u < warm:
-            return (u + 1) / warm
-        return 0.5 * (1 + math.cos(math.pi * min(1.0, (u - warm) / max(1, total - warm))))
-
-    return factor
-
-
 def build_from_manifest(m: ExperimentManifest, *, lr: float | None = None):
     """Model, optimizer and scheduler as the manifest states them (seeded by ``environment.seeds['torch']``)."""
     torch.manual_seed(m.environment.seeds.get("torch", 0))
@@ -114,7 +104,7 @@ def build_from_manifest(m: ExperimentManifest, *, lr: float | None = None):
     model = build_causal_lm(**arch)
     opt = torch.optim.AdamW(model.parameters(), lr=m.optimization.lr if lr is None else lr,
                             weight_decay=m.optimization.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, _schedule(m))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine(m.warmup(), m.optimization.planned_updates))
     return model, opt, sched
 
 

@@ -67,17 +67,22 @@ class LoopConfig:
                 raise ValueError(f"LoopConfig.{name} must be at least 1, got {getattr(self, name)!r}")
 
 
+def warmup_cosine(warmup: int, total: int):
+    """The LR factor by update: linear warm-up over ``warmup`` updates, then cosine to zero at ``total``."""
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        return 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / max(1, total - warmup))))
+
+    return factor
+
+
 def _build(cfg: LoopConfig):
     torch.manual_seed(cfg.seed)
     model = build_causal_lm(cfg.vocab, cfg.d_model, cfg.n_layer, cfg.n_head, cfg.block, dropout=cfg.dropout)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-
-    def lr_factor(step: int) -> float:  # linear warm-up, then cosine to zero at the last step
-        if step < cfg.warmup:
-            return (step + 1) / cfg.warmup
-        return 0.5 * (1 + math.cos(math.pi * min(1.0, (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup))))
-
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_factor)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine(cfg.warmup, cfg.steps))
     tokens = MarkovSource(cfg.vocab, seed=cfg.seed).sample(cfg.corpus_tokens, seed=cfg.seed + 1)
     sampler = BatchSampler(tokens, cfg.batch_size, cfg.block, seed=cfg.seed + 2)
     return model, opt, sched, sampler
