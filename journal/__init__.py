@@ -12,6 +12,7 @@ from .errors import (
     HeadMismatch,
     IntegrityError,
     JournalClosed,
+    UnsafePath,
     JournalError,
     JournalIOError,
     JournalLocked,
@@ -22,6 +23,7 @@ from .errors import (
     SchemaError,
     SealInvalid,
     SequenceError,
+    UnsealedEvents,
     UnsignedJournal,
     UnsupportedFormat,
     UntrustedKey,
@@ -29,7 +31,7 @@ from .errors import (
 )
 from .events import FORMAT_VERSION, Event, RunClosed, RunOpened, RunResumed, Seal, StepObserved, TailRepaired
 from .keys import PublicKey, Signer, keygen, load_public_key, load_signer, trusted_keys
-from .reader import read_events
+from .reader import read_events, read_signed_events
 from .verify import VerifyReport, parse_head, verify
 from .writer import Journal
 
@@ -40,6 +42,7 @@ __all__ = [
     "VerifyReport",
     "parse_head",
     "read_events",
+    "read_signed_events",
     "Signer",
     "PublicKey",
     "keygen",
@@ -64,6 +67,7 @@ __all__ = [
     "KeyFileError",
     "JournalLocked",
     "JournalClosed",
+    "UnsafePath",
     "UnsupportedFormat",
     "IntegrityError",
     "NonCanonicalRecord",
@@ -73,6 +77,7 @@ __all__ = [
     "SealInvalid",
     "RunMismatch",
     "UntrustedKey",
+    "UnsealedEvents",
     "UnsignedJournal",
     "NotClosed",
     "HeadMismatch",

@@ -79,7 +79,7 @@ class RangeResult:
     """Facts gathered from one byte range; merged in file order by the verifier."""
 
     __slots__ = ("start", "end", "count", "kinds", "first_seq", "last_seq", "last_hash", "last_kind",
-                 "seals", "last_seal_seq", "last_sealed_hash", "closed_seqs", "head_found", "torn_offset", "torn_bytes",
+                 "seals", "last_seal_seq", "last_sealed_hash", "last_seal_end", "last_seal_h", "closed_seqs", "head_found", "torn_offset", "torn_bytes",
                  "unknown", "error")
 
     def __init__(self, start: int, end: int):
@@ -94,6 +94,9 @@ class RangeResult:
         self.seals = 0
         self.last_seal_seq: int | None = None
         self.last_sealed_hash: str | None = None
+        #: byte offset just past the newline of the last good seal line: the signed prefix ends there
+        self.last_seal_end: int | None = None
+        self.last_seal_h: str | None = None  # the seal line's own chain hash
         self.closed_seqs: list[int] = []
         self.head_found: bool | None = None
         self.torn_offset: int | None = None
@@ -192,7 +195,7 @@ class Scanner:
         types = list(map(type, recs))
         kinds = set(types)
         eh = self.ctx.expect_head
-        if (eh is not None and expect <= eh[0] < expect + n) or not self._rare_ok(kinds, types, recs):
+        if (eh is not None and expect <= eh[0] < expect + n) or not self._rare_ok(kinds, types, recs, lines, offset):
             self._slow(lines, recs, offset)
             return recs
         counts = self._type_counts
@@ -203,7 +206,7 @@ class Scanner:
         self._commit(recs)
         return recs
 
-    def _rare_ok(self, kinds: set[type], types: list[type], recs: list[Any]) -> bool:
+    def _rare_ok(self, kinds: set[type], types: list[type], recs: list[Any], lines: list[bytes], offset: int) -> bool:
         """Check the seals in a batch that is otherwise clean; False sends it to the slow path."""
         if kinds <= self._plain:
             return True
@@ -211,15 +214,17 @@ class Scanner:
             return False  # run_opened, run_closed, unknown kinds: the slow path handles them
         seal_t = self._seal_t
         res = self.res
-        saved = (res.seals, res.last_seal_seq, res.last_sealed_hash)
+        saved = (res.seals, res.last_seal_seq, res.last_sealed_hash, res.last_seal_end, res.last_seal_h)
         i = -1
         try:
             for _ in range(types.count(seal_t)):
                 i = types.index(seal_t, i + 1)
                 self._check_seal(recs[i], _fromhex(recs[i - 1].h) if i else self.prev)
         except IntegrityError:
-            res.seals, res.last_seal_seq, res.last_sealed_hash = saved
+            res.seals, res.last_seal_seq, res.last_sealed_hash, res.last_seal_end, res.last_seal_h = saved
             return False  # checked again, and named with full context, by the slow path
+        if i >= 0:
+            res.last_seal_end = offset + sum(map(len, lines[:i + 1])) + i + 1
         return True
 
     def _slow(self, lines: list[bytes], recs: list[Any], offset: int) -> None:
@@ -243,6 +248,7 @@ class Scanner:
                 t = type(rec)
                 if t is seal_t:
                     self._check_seal(rec, prev)
+                    self.res.last_seal_end = offset + sum(map(len, lines[:i + 1])) + i + 1
                 elif t is opened_t:
                     if expect != 0:
                         raise RunMismatch(f"run_opened at seq {expect}: a second run's events were spliced in", seq=expect)
@@ -307,6 +313,7 @@ class Scanner:
         self.res.seals += 1
         self.res.last_seal_seq = seq
         self.res.last_sealed_hash = rec.sealed_hash
+        self.res.last_seal_h = rec.h
 
     def finish(self) -> None:
         kinds = self.res.kinds

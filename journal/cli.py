@@ -68,6 +68,9 @@ def _add_trust(p: argparse.ArgumentParser) -> None:
     g.add_argument("--trust-embedded", action="store_true",
                    help="check against the key embedded in the journal (integrity only: authenticity not established)")
     g.add_argument("--allow-unsigned", action="store_true", help="accept a journal that carries no signatures")
+    g.add_argument("--allow-unsealed", action="store_true",
+                   help="accept a signed journal whose last events no seal covers (a live or crashed run): only "
+                        "the signed prefix is verified and used; the rest is counted and left out")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -245,12 +248,19 @@ def _verify_from_args(args: argparse.Namespace, *, label: str = "verifying", **e
             keys=trusted_keys(args.pubkey) if hasattr(args, "pubkey") else (),
             trust_embedded=getattr(args, "trust_embedded", False),
             allow_unsigned=getattr(args, "allow_unsigned", False),
+            allow_unsealed=getattr(args, "allow_unsealed", False),
             progress=progress,
             **extra,
         )
     finally:
         if progress is not None:
             progress.close()
+
+
+def _trust_options(args: argparse.Namespace) -> dict:
+    """The trust options every reading command shares, as :func:`journal.verify.verify` takes them."""
+    return {"keys": trusted_keys(args.pubkey), "trust_embedded": args.trust_embedded,
+            "allow_unsigned": args.allow_unsigned, "allow_unsealed": args.allow_unsealed}
 
 
 def _fmt_int(n: int | None) -> str:
@@ -275,6 +285,9 @@ def _print_report(r: VerifyReport, *, title: str) -> None:
         print(f"    {kind:<22} {n:>12,}")
     print(f"  tail      {tail}")
     print(f"  head      {r.head or '-'}  (latest sealed)")
+    if r.unsealed_events and r.trust in ("pinned", "embedded"):
+        print(f"  UNSIGNED  {r.unsealed_events:,} events after seq {r.trusted_last_seq} are NOT signed: "
+              "not verified, left out")
     for note in r.notes:
         print(f"  note: {note}")
 
@@ -306,6 +319,7 @@ def _verify_and_print(args: argparse.Namespace, title: str, **extra) -> int:
 
 
 def _cmd_head(args: argparse.Namespace) -> int:
+    args.allow_unsealed = True  # head prints the latest sealed head: what came after it is never part of it
     try:
         r = _verify_from_args(args)
     except IntegrityError as e:
@@ -315,9 +329,11 @@ def _cmd_head(args: argparse.Namespace) -> int:
         raise JournalError(f"{args.path}: no seal yet: nothing to publish")
     if args.json:
         print(json.dumps({"head": r.head, "seq": r.last_sealed_seq, "hash": r.last_sealed_hash,
-                          "run_id": r.run_id, "key_id": r.key_id}))
+                          "run_id": r.run_id, "key_id": r.key_id, "unsealed_events": r.unsealed_events}))
     else:
         print(r.head)
+        if r.unsealed_events:
+            print(f"trainledger head: {r.unsealed_events:,} events after it are not signed yet", file=sys.stderr)
     return 0
 
 
@@ -423,8 +439,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
     if not out.parent.is_dir():
         raise UsageError(f"{out.parent}: no such folder")
     try:
-        rec = write_report(args.path, out, keys=trusted_keys(args.pubkey), trust_embedded=args.trust_embedded,
-                           allow_unsigned=args.allow_unsigned)
+        rec = write_report(args.path, out, **_trust_options(args))
     except IntegrityError as e:
         print(e.fail_line(args.path))
         print("trainledger report: no report written", file=sys.stderr)
@@ -438,8 +453,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     from .replay import replay
 
     try:
-        rec = replay(args.path, keys=trusted_keys(args.pubkey), trust_embedded=args.trust_embedded,
-                     allow_unsigned=args.allow_unsigned)
+        rec = replay(args.path, **_trust_options(args))
     except IntegrityError as e:
         print(e.fail_line(args.path))
         return 1
@@ -449,6 +463,11 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     v = rec.verify
     print(f"{'OK  ' if rec.ok else 'DIFF'}  {args.path}  run {v.run_id}  key {v.key_id} ({v.trust})  "
           f"{v.events:,} events  tail {v.tail}")
+    if v.unsealed_events and v.trust in ("pinned", "embedded"):
+        print(f"  UNSIGNED: {v.unsealed_events:,} events after seq {v.trusted_last_seq} are not signed; "
+              "replay left them out")
+    elif v.trust == "unsigned":
+        print("  UNSIGNED: the journal carries no signatures; anyone could have written it")
     if rec.health is not None:
         h = rec.health
         mfu = h["mfu"]
@@ -504,8 +523,7 @@ def _cmd_query(args: argparse.Namespace) -> int:
         print("trainledger query: --no-verify: signatures NOT checked", file=sys.stderr)
         con, source = open_views(paths, verify_first=False)
     else:
-        trust = {"keys": trusted_keys(args.pubkey), "trust_embedded": args.trust_embedded,
-                 "allow_unsigned": args.allow_unsigned}
+        trust = _trust_options(args)
         try:
             con, source = open_views(paths, use_cache=not args.no_cache, **trust)
         except IntegrityError as e:

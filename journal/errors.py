@@ -15,6 +15,7 @@ __all__ = [
     "KeyFileError",
     "JournalLocked",
     "JournalClosed",
+    "UnsafePath",
     "UnsupportedFormat",
     "IntegrityError",
     "NonCanonicalRecord",
@@ -25,6 +26,7 @@ __all__ = [
     "RunMismatch",
     "UntrustedKey",
     "UnsignedJournal",
+    "UnsealedEvents",
     "NotClosed",
     "HeadMismatch",
 ]
@@ -54,6 +56,12 @@ class JournalLocked(JournalError):
 
 class JournalClosed(JournalError):
     """An append, seal or reopen was attempted on a closed journal."""
+
+
+class UnsafePath(JournalError):
+    """A path recorded in a journal or a manifest leads outside the folder it must stay in."""
+
+    exit_code = 1
 
 
 class UnsupportedFormat(JournalError):
@@ -133,6 +141,15 @@ class UnsignedJournal(IntegrityError):
     """The journal carries no signatures and unsigned journals were not allowed."""
 
     reason = "unsigned"
+
+
+class UnsealedEvents(IntegrityError):
+    """A signed journal holds events that no seal covers, and they were not allowed (``allow_unsealed``).
+
+    Such events carry no signature: anyone who can write the file could have appended them.
+    """
+
+    reason = "unsealed"
 
 
 class NotClosed(IntegrityError):

@@ -110,12 +110,17 @@ class RunResumed(Event, tag="run_resumed", frozen=True, kw_only=True):
 
 
 class TailRepaired(Event, tag="tail_repaired", frozen=True, kw_only=True):
-    """Reopening found a torn last line and moved it aside, never deleting it."""
+    """Reopening found bytes after the signed prefix and moved them aside, never deleting them.
+
+    Those bytes are a torn last line (a crash mid-write) and, in a signed journal, any complete events that no
+    seal covered (``unsealed_events`` of them): nothing signs such events, so a writer never seals over them.
+    """
 
     offset: int
     length: int
     sha256: str
     sidecar: str
+    unsealed_events: int = 0
 
 
 class RunClosed(Event, tag="run_closed", frozen=True, kw_only=True):

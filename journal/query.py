@@ -36,6 +36,7 @@ import hashlib
 import json
 import os
 import re
+import stat
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -44,14 +45,16 @@ from typing import Any
 
 import duckdb
 
-from .errors import JournalIOError
+from ._scan import MAX_LINE
+from ._snapshot import PrivateCopies
+from .errors import JournalIOError, SchemaError
 from .keys import PublicKey
 from .verify import VerifyReport, _open_checked, _read_opening, verify
 
 __all__ = ["connect", "open_views", "build_cache", "refresh_cache_in_background", "cache_dir", "journal_files",
            "VIEWS", "Source", "CACHE_MIN_BYTES"]
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2
 #: ``trainledger query`` keeps a columnar copy only of journals at least this large; smaller ones load in
 #: well under a tenth of a second anyway.
 CACHE_MIN_BYTES = 16 * 1024 * 1024
@@ -145,6 +148,33 @@ def _cache_path(files: list[Path]) -> Path:
     return cache_dir() / f"q-{digest}.duckdb"
 
 
+def _safe_cache_dir(create: bool) -> Path | None:
+    """The cache folder if only this user can write it (a real folder, owned by us, no group/other write);
+    created 0700 when ``create``. ``None`` when it is missing or unsafe: the cache is then not used at all."""
+    d = cache_dir()
+    if create:
+        try:
+            d.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError:
+            return None
+    try:
+        st = os.lstat(d)
+    except OSError:
+        return None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
+        return None
+    return d
+
+
+def _safe_cache_file(path: Path) -> bool:
+    """A regular file (not a link), owned by us, that no one else can write."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o022
+
+
 def connect(paths: Sequence[str | os.PathLike], *, verify_first: bool = True, use_cache: bool = True,
             **verify_options: Any) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB connection with every journal loaded and the views defined, then locked.
@@ -179,10 +209,11 @@ def build_cache(paths: Sequence[str | os.PathLike], **verify_options: Any) -> Pa
     half a copy; a copy for the same set of files is replaced.
     """
     files = journal_files(paths)
+    if _safe_cache_dir(create=True) is None:
+        raise JournalIOError(f"{cache_dir()}: not a folder that only this user can write: no cache kept there")
     con, source = _load(files, True, verify_options)
     _define_views(con)
     target = _cache_path(files)
-    target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f"{target.name}.tmp-{os.getpid()}")
     tmp.unlink(missing_ok=True)
     try:
@@ -201,12 +232,16 @@ def build_cache(paths: Sequence[str | os.PathLike], **verify_options: Any) -> Pa
 
 
 def refresh_cache_in_background(paths: Sequence[str | os.PathLike], *, keys: Sequence[PublicKey] = (),
-                                trust_embedded: bool = False, allow_unsigned: bool = False) -> None:
+                                trust_embedded: bool = False, allow_unsigned: bool = False,
+                                allow_unsealed: bool = False) -> None:
     """Start a detached, low-priority process that runs :func:`build_cache` (it verifies again itself)."""
     spec = {"paths": [str(Path(p).resolve()) for p in paths], "keys": [k.line() for k in keys],
-            "trust_embedded": trust_embedded, "allow_unsigned": allow_unsigned}
-    subprocess.Popen([sys.executable, "-m", "journal.query", json.dumps(spec)], stdin=subprocess.DEVNULL,
-                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+            "trust_embedded": trust_embedded, "allow_unsigned": allow_unsigned, "allow_unsealed": allow_unsealed,
+            "cache_dir": str(cache_dir())}
+    # Isolated (-I: neither the current folder nor PYTHON* variables reach sys.path) and started from /, so a
+    # folder named journal/ where the user happens to stand is never imported.
+    subprocess.Popen([sys.executable, "-I", "-m", "journal.query", json.dumps(spec)], stdin=subprocess.DEVNULL,
+                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, cwd="/")
 
 
 # -- loading ----------------------------------------------------------------------------------------------------
@@ -215,58 +250,91 @@ def refresh_cache_in_background(paths: Sequence[str | os.PathLike], *, keys: Seq
 def _load(files: list[Path], verify_first: bool, verify_options: dict[str, Any]
           ) -> tuple[duckdb.DuckDBPyConnection, Source]:
     con = duckdb.connect(":memory:")
+    con.execute("SET autoinstall_known_extensions = false")
+    con.execute("SET autoload_known_extensions = false")
     con.execute("CREATE TABLE events_t (run_id VARCHAR, file VARCHAR, seq BIGINT, kind VARCHAR, ts BIGINT, "
                 "h VARCHAR, line VARCHAR)")
-    if not verify_first:  # nothing checked: only the run id, from the first line
-        rows = [{"file": str(f), "run_id": _read_opening(f, _open_checked(f))[0].run_id, "last_seq": None}
-                for f in files]
-        _insert(con, rows, careful=True)
-        return con, Source("journals", rows)
-    # Verify every file; while the last one is being checked, DuckDB reads them all (it releases the GIL, and
-    # the verifier's workers are separate processes), assuming what verification nearly always finds: that
-    # every line is sound. Only then are the rows used, and if any file turned out torn or grew meanwhile, or
-    # the quick read failed, it is read again, carefully.
-    names = [(_read_opening(f, _open_checked(f))[0].run_id, str(f)) for f in files]
-    quick: list[BaseException] = []
+    # Every file is copied into a private folder first and only the copy is verified and loaded: the bytes
+    # DuckDB reads are the bytes verification checked, and the path DuckDB sees is ours (no glob expansion).
+    with PrivateCopies() as copies:
+        if not verify_first:  # nothing checked: only the run id, from the first line
+            rows = []
+            for f in files:
+                copy = copies.copy(f)
+                rows.append({"file": str(f), "copy": str(copy), "run_id": _read_opening(copy, _open_checked(copy))[0].run_id,
+                             "last_seq": None})
+            _insert(con, rows, careful=True)
+            return con, Source("journals", [_public(r) for r in rows])
+        staged = [(f, copies.copy(f)) for f in files]
+        names = [{"file": str(f), "copy": str(c), "run_id": _read_opening(c, _open_checked(c))[0].run_id}
+                 for f, c in staged]
+        quick: list[BaseException] = []
 
-    def read_all() -> None:
-        try:
-            _insert(con, [{"file": n, "run_id": r} for r, n in names], careful=False)
-        except duckdb.Error as e:
-            quick.append(e)
+        def read_all() -> None:
+            # While the last file is being verified, DuckDB reads them all (it releases the GIL, and the
+            # verifier's workers are separate processes), assuming what verification nearly always finds: every
+            # line sound and signed. The rows are used only once verification agrees.
+            try:
+                _insert(con, names, careful=False)
+            except duckdb.Error as e:
+                quick.append(e)
 
-    rows = [_file_row(f, verify(f, **verify_options)) for f in files[:-1]]
-    rows.append(_file_row(files[-1], verify(files[-1], _alongside=read_all, **verify_options)))
-    careful = bool(quick) or any(r["torn_offset"] is not None or Path(r["file"]).stat().st_size != r["size"]
-                                 for r in rows)
-    if careful:
-        con.execute("DELETE FROM events_t")
-        _insert(con, rows, careful=True)
-    return con, Source("journals", rows)
+        rows = []
+        for i, (f, c) in enumerate(staged):
+            rep = verify(c, _alongside=read_all if i == len(staged) - 1 else None, **verify_options)
+            rep.path = str(f)
+            rows.append({**_file_row(f, rep), "copy": str(c)})
+        trimmed = False
+        for r in rows:
+            if r["trusted_bytes"] != r["size"]:  # an unsigned tail or torn bytes: keep only what was verified
+                os.truncate(r["copy"], r["trusted_bytes"])
+                trimmed = True
+        if quick or trimmed:
+            con.execute("DELETE FROM events_t")
+            _insert(con, rows, careful=False)
+        _check_loaded(con, rows)
+    return con, Source("journals", [_public(r) for r in rows])
+
+
+def _public(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in row.items() if k != "copy"}
+
+
+def _check_loaded(con: duckdb.DuckDBPyConnection, rows: list[dict[str, Any]]) -> None:
+    """Every verified line, and nothing else, was loaded: per file, the count and the last seq and hash."""
+    got = {f: (n, last, h) for f, n, last, h in con.execute(
+        "SELECT file, count(*), max(seq), arg_max(h, seq) FROM events_t GROUP BY file").fetchall()}
+    for r in rows:
+        want = (r["trusted_last_seq"] + 1, r["trusted_last_seq"], r["trusted_hash"])
+        if got.get(r["file"]) != want:
+            raise SchemaError(f"{r['file']}: DuckDB loaded {got.get(r['file'], (0,))[0]} lines where verification "
+                              f"checked {want[0]}", seq=None)
 
 
 def _insert(con: duckdb.DuckDBPyConnection, rows: list[dict[str, Any]], *, careful: bool) -> None:
-    """Read each file's lines (one string per line: canonical JSON has no raw control characters, so no CSV
-    quoting or splitting applies) and parse the common columns in one pass. ``careful``: a line may not be
-    JSON (a torn tail, an unverified file, a line a live writer is still writing) and lines past the verified
-    head are dropped."""
+    """Read each private copy's lines (one string per line: canonical JSON has no raw control characters, so
+    no CSV quoting or splitting applies) and parse the common columns in one pass. ``careful`` (unverified
+    files only): a line may not be JSON, and such lines are dropped."""
     for r in rows:
         parse = "try(json_transform(line, ?))" if careful else "json_transform(line, ?)"
         con.execute(
             f"INSERT INTO events_t SELECT ?, ?, c.seq, c.kind, c.ts, c.h, line FROM (SELECT {parse} AS c, line "
             "FROM read_csv(?, columns = {'line': 'VARCHAR'}, delim = '\x01', quote = '', escape = '', "
-            f"header = false, auto_detect = false, ignore_errors = {str(careful).lower()}))",
-            [r["run_id"], r["file"], _COMMON, r["file"]])
+            f"header = false, auto_detect = false, max_line_size = {MAX_LINE + 2}, "
+            f"ignore_errors = {str(careful).lower()}))",
+            [r["run_id"], r["file"], _COMMON, r["copy"]])
         if careful:
-            bound = r.get("last_seq")
-            con.execute("DELETE FROM events_t WHERE file = ? AND (seq IS NULL OR seq > ?)",
-                        [r["file"], bound if bound is not None else 2**62])
+            con.execute("DELETE FROM events_t WHERE file = ? AND seq IS NULL", [r["file"]])
 
 
 def _file_row(f: Path, rep: VerifyReport) -> dict[str, Any]:
+    trusted_last = rep.trusted_last_seq
     return {"file": str(f), "run_id": rep.run_id, "last_seq": rep.last_seq, "size": rep.bytes,
             "last_hash": rep.last_hash, "key_id": rep.key_id, "trust": rep.trust, "tail": rep.tail,
-            "torn_offset": rep.torn_offset}
+            "torn_offset": rep.torn_offset, "trusted_bytes": rep.trusted_bytes, "trusted_last_seq": trusted_last,
+            "trusted_hash": rep.last_hash if trusted_last == rep.last_seq else rep.seal_line_hash,
+            "unsealed_events": rep.unsealed_events if rep.trust in ("pinned", "embedded") else 0,
+            "resolved": str(f.resolve())}
 
 
 def _define_views(con: duckdb.DuckDBPyConnection) -> None:
@@ -302,6 +370,8 @@ def _trust_ok(row: dict[str, Any], opts: dict[str, Any]) -> bool:
         return False  # rare options: verify in full
     if opts.get("require_closed") and row["tail"] != "closed":
         return False
+    if row.get("unsealed_events") and not opts.get("allow_unsealed"):
+        return False
     if row["trust"] == "unsigned":
         return bool(opts.get("allow_unsigned"))
     if row["trust"] not in ("pinned", "embedded"):
@@ -317,10 +387,10 @@ def _still_current(con: duckdb.DuckDBPyConnection, files: list[Path], opts: dict
     """The attached copy's file rows, if it is of these files, they have not changed, and the trust fits."""
     version, meta = con.execute("SELECT version, files FROM cache.meta").fetchone()
     rows = json.loads(meta)
-    if version != CACHE_VERSION or sorted(r["file"] for r in rows) != sorted(map(str, files)):
+    if version != CACHE_VERSION or sorted(r["resolved"] for r in rows) != sorted(str(f.resolve()) for f in files):
         return None
     for r in rows:
-        f = Path(r["file"])
+        f = Path(r["resolved"])
         if (f.stat().st_size != r["size"] or not _trust_ok(r, opts)
                 or _last_line_head(f, r["size"], r["torn_offset"]) != (r["last_seq"], r["last_hash"])):
             return None
@@ -328,10 +398,14 @@ def _still_current(con: duckdb.DuckDBPyConnection, files: list[Path], opts: dict
 
 
 def _warm(files: list[Path], opts: dict[str, Any]) -> tuple[duckdb.DuckDBPyConnection, Source] | None:
+    if _safe_cache_dir(create=False) is None:
+        return None
     path = _cache_path(files)
-    if not path.is_file():
+    if not _safe_cache_file(path):
         return None
     con = duckdb.connect(":memory:")
+    con.execute("SET autoinstall_known_extensions = false")
+    con.execute("SET autoload_known_extensions = false")
     try:
         con.execute("ATTACH ? AS cache (READ_ONLY)", [str(path)])
         rows = _still_current(con, files, opts)
@@ -356,8 +430,10 @@ def _main(argv: list[str]) -> int:
         os.nice(10)
     except OSError:
         pass
+    os.environ["TRAINLEDGER_CACHE_DIR"] = spec["cache_dir"]  # -I dropped nothing we need but this
     build_cache(spec["paths"], keys=[parse_public_key(k, "cache spec") for k in spec["keys"]],
-                trust_embedded=spec["trust_embedded"], allow_unsigned=spec["allow_unsigned"])
+                trust_embedded=spec["trust_embedded"], allow_unsigned=spec["allow_unsigned"],
+                allow_unsealed=spec["allow_unsealed"])
     return 0
 
 

@@ -17,7 +17,7 @@ from ._scan import RangeResult, ScanContext, Scanner, iter_line_batches
 from .chain import genesis
 from .verify import _open_checked, _read_opening
 
-__all__ = ["read_events", "read_event_batches"]
+__all__ = ["read_events", "read_event_batches", "read_signed_events"]
 
 
 def read_events(path: str | os.PathLike) -> Iterator[Any]:
@@ -43,6 +43,44 @@ def read_event_batches(path: str | os.PathLike) -> Iterator[list[Any]]:
     with open(p, "rb", buffering=0) as f:
         for lines, off in iter_line_batches(f, 0, size, res, is_last=True):
             yield scanner.feed(lines, off)
+
+
+def read_signed_events(path: str | os.PathLike, keys) -> Iterator[Any]:
+    """Yield, in order, only the events that a seal under one of ``keys`` (pinned public keys) covers.
+
+    The one reader that may drive a decision (a resume, a restore, a deletion): each line is checked (canonical
+    form, seq, chain) and held back until a seal whose signature verifies covers it, in the same pass, so
+    nothing read here can differ from what was checked. Events after the last seal are never yielded.
+    Raises :class:`~journal.errors.UnsignedJournal` for an unsigned journal, the verifier's
+    :class:`~journal.errors.IntegrityError` subclasses when a line or seal is bad (at the point it is reached),
+    and :class:`~journal.errors.UntrustedKey` when the journal's key is not among ``keys``.
+    """
+    from pathlib import Path
+
+    from .errors import UnsignedJournal, UsageError
+    from .verify import resolve_key
+
+    keys = list(keys)
+    if not keys:
+        raise UsageError("read_signed_events needs the public key the journal must be signed with")
+    p = Path(path)
+    size = _open_checked(p)
+    opened, _ = _read_opening(p, size)
+    public_raw, trust, _ = resolve_key(opened, keys=keys)
+    if trust != "pinned" or public_raw is None:
+        raise UnsignedJournal(f"{p}: the journal is unsigned: nothing in it may drive a resume or a deletion", seq=0)
+    ctx = ScanContext(opened.run_id, opened.key_id, public_raw, True, None)
+    res = RangeResult(0, size)
+    scanner = Scanner(ctx, -1, genesis(opened.run_id), res)
+    pending: list[Any] = []
+    with open(p, "rb", buffering=0) as f:
+        for lines, off in iter_line_batches(f, 0, size, res, is_last=True):
+            pending += scanner.feed(lines, off)
+            sealed = res.last_seal_seq
+            if sealed is not None and pending and pending[0].seq <= sealed:
+                cut = sealed - pending[0].seq + 1
+                yield from pending[:cut]
+                del pending[:cut]
 
 
 def fold_events(path: str | os.PathLike, apply_batch) -> None:

@@ -24,7 +24,8 @@ from .health import AnomalyDetected, HealthProjection, RunConfigured
 from .kinds import CheckpointSaved, DataWindowSkipped, DecisionRecorded, GateVerdict, RewindDecided, RunStopped
 from .ladder_outcome import LadderProjection, beta_update, gate
 from .reader import _unchecked_batches
-from .verify import VerifyReport, verify
+from ._snapshot import PrivateCopies
+from .verify import VerifyReport, verify_copy
 
 __all__ = ["Reconstruction", "replay"]
 
@@ -71,9 +72,19 @@ def replay(path: str | os.PathLike, *, observe: Callable[[Any], None] | None = N
     ``observe``, when given, is called with every event in order during the same pass (the report draws its
     curves this way instead of decoding the journal a second time).
 
+    Only the signed prefix is folded (every event a pinned or embedded key's seal covers; in an unsigned
+    journal every complete line): events after the last seal are counted in ``verify.unsealed_events`` and
+    left out (``allow_unsealed=True`` is needed to get that far). The journal is copied first and the copy is
+    verified and folded, so nothing can be swapped in between.
+
     Raises what :func:`verify` raises when the journal does not verify.
     """
-    report = verify(path, **verify_options)
+    with PrivateCopies() as copies:
+        report, copy = verify_copy(path, copies, **verify_options)
+        return _rebuild(report, copy, observe)
+
+
+def _rebuild(report: VerifyReport, copy: Path, observe: Callable[[Any], None] | None) -> Reconstruction:
     proj: HealthProjection | None = None
     pending_recomputed: list[tuple[int, AnomalyDetected]] = []  # (seq of the step that produced it, anomaly)
     recorded: list[tuple[int, AnomalyDetected]] = []
@@ -85,7 +96,7 @@ def replay(path: str | os.PathLike, *, observe: Callable[[Any], None] | None = N
     last_verdict: GateVerdict | None = None
 
     # verify() has checked every byte it reported: decode those without checking them a second time.
-    for ev in (e for batch in _unchecked_batches(Path(path), report.bytes) for e in batch):
+    for ev in (e for batch in _unchecked_batches(copy, report.trusted_bytes) for e in batch):
         if observe is not None:
             observe(ev)
         if isinstance(ev, RunConfigured):

@@ -211,7 +211,12 @@ def render(rec: Reconstruction, s: _Series, png: str | None) -> str:
     label = o.manifest_label if o is not None else None
     ident = [  # (label, HTML)
         ("run", _e(v.run_id)), ("file", _e(v.path)),
-        ("verification", f"<span class=ok>VERIFIED</span> {v.events:,} events against {_e(trust)}"),
+        ("verification", (f"<span class=bad>NOT SIGNED</span> {v.events:,} events: the journal carries no signatures"
+                          if v.trust == "unsigned" else
+                          f"<span class=ok>VERIFIED</span> {v.trusted_last_seq + 1:,} events (seq 0 to "
+                          f"{v.trusted_last_seq}) against {_e(trust)}")
+         + (f"; <span class=bad>{v.unsealed_events:,} events after them are NOT signed</span> and are left out of "
+            "this page" if v.unsealed_events and v.trust != "unsigned" else "")),
         ("key id", f"<code>{_e(v.key_id)}</code>"),
         ("head", f"<code>{_e(v.head)}</code>"),
         ("tail", _e(f"{v.tail}; {v.seals} seals, last sealed seq {v.last_sealed_seq}")),

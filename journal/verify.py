@@ -31,6 +31,7 @@ from .errors import (
     NotClosed,
     RunMismatch,
     SchemaError,
+    UnsealedEvents,
     UnsignedJournal,
     UnsupportedFormat,
     UntrustedKey,
@@ -39,7 +40,7 @@ from .errors import (
 from .events import FORMAT_VERSION, RunOpened
 from .keys import PublicKey, key_id_of
 
-__all__ = ["VerifyReport", "verify", "resolve_key", "parse_head", "PARALLEL_MIN_BYTES"]
+__all__ = ["VerifyReport", "verify", "verify_copy", "resolve_key", "parse_head", "PARALLEL_MIN_BYTES"]
 
 #: Files smaller than this are checked in-process; process start-up would cost more than it saves.
 PARALLEL_MIN_BYTES = 16 * 1024 * 1024
@@ -70,7 +71,12 @@ class VerifyReport:
     seals: int = 0
     last_sealed_seq: int | None = None
     last_sealed_hash: str | None = None
+    #: events after the last seal: nothing signs them (counted, never called verified)
     unsealed_events: int = 0
+    #: bytes of the signed prefix: the file up to and including the last seal's line (None: no seal)
+    sealed_bytes: int | None = None
+    #: chain hash of the last seal's own line (where a writer continues after cutting an unsealed tail)
+    seal_line_hash: str | None = None
     torn_offset: int | None = None
     torn_bytes: int = 0
     kinds: dict[str, int] = dataclasses.field(default_factory=dict)
@@ -89,9 +95,25 @@ class VerifyReport:
             return None
         return f"{self.last_sealed_seq}:{self.last_sealed_hash}"
 
+    @property
+    def trusted_bytes(self) -> int:
+        """How many leading bytes every conclusion may rest on: in a signed journal the signed prefix (through
+        the last seal), otherwise every complete line."""
+        if self.trust in ("pinned", "embedded") and self.sealed_bytes is not None:
+            return self.sealed_bytes
+        return self.torn_offset if self.torn_offset is not None else self.bytes
+
+    @property
+    def trusted_last_seq(self) -> int | None:
+        """The seq of the last event inside :attr:`trusted_bytes`."""
+        if self.trust in ("pinned", "embedded") and self.last_sealed_seq is not None:
+            return self.last_sealed_seq + 1
+        return self.last_seq
+
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["head"] = self.head
+        d["trusted_bytes"] = self.trusted_bytes
         return d
 
 
@@ -223,6 +245,7 @@ def verify(
     keys: Sequence[PublicKey] = (),
     trust_embedded: bool = False,
     allow_unsigned: bool = False,
+    allow_unsealed: bool = False,
     expect_head: str | tuple[int, str] | None = None,
     require_closed: bool = False,
     check_signatures: bool = True,
@@ -240,6 +263,10 @@ def verify(
     ``trust_embedded`` checks against the key embedded in ``run_opened``
     instead (the report says authenticity is not established).
     ``check_signatures=False`` checks everything but signatures (``trainledger show``).
+    ``allow_unsealed`` accepts a signed journal whose last events no seal covers (a live run, a crash): the
+    report then stands for the signed prefix alone (``sealed_bytes``, ``head``) and counts the rest in
+    ``unsealed_events``; without it such a journal raises :class:`UnsealedEvents`. A signed journal with no
+    valid seal at all never verifies.
 
     Raises :class:`IntegrityError` subclasses when the journal does not verify
     (``err.report`` holds the partial report), :class:`UsageError` when no key
@@ -282,6 +309,8 @@ def verify(
         if res.last_seal_seq is not None:
             report.last_sealed_seq = res.last_seal_seq - 1
             report.last_sealed_hash = res.last_sealed_hash
+            report.sealed_bytes = res.last_seal_end
+            report.seal_line_hash = res.last_seal_h
         if res.torn_offset is not None:
             report.torn_offset, report.torn_bytes = res.torn_offset, res.torn_bytes
         if res.error is not None:
@@ -291,8 +320,22 @@ def verify(
             if isinstance(err, IntegrityError):
                 _fail(report, err)
             raise err
-    _finish(report, results, head_req, require_closed, allow_unsigned, ctx)
+    _finish(report, results, head_req, require_closed, allow_unsigned, allow_unsealed, ctx)
     return report
+
+
+def verify_copy(path: str | os.PathLike, copies: Any, **options: Any) -> tuple[VerifyReport, Path]:
+    """Copy ``path`` into ``copies`` (a :class:`journal._snapshot.PrivateCopies`), verify the copy, and return
+    the report (naming ``path``) and the copy, which is what the caller must read from then on."""
+    copy = copies.copy(path)
+    try:
+        report = verify(copy, **options)
+    except IntegrityError as e:
+        if e.report is not None:
+            e.report.path = str(path)
+        raise
+    report.path = str(path)
+    return report, copy
 
 
 def resolve_key(opened: Any, *, keys: Sequence[PublicKey] = (), trust_embedded: bool = False,
@@ -438,7 +481,7 @@ def _fail(report: VerifyReport, err: IntegrityError) -> None:
 
 
 def _finish(report: VerifyReport, results: list[RangeResult], head_req, require_closed: bool,
-            allow_unsigned: bool, ctx: ScanContext) -> None:
+            allow_unsigned: bool, allow_unsealed: bool, ctx: ScanContext) -> None:
     last = results[-1]
     closed_seqs = [s for r in results for s in r.closed_seqs]
     last_seq = report.last_seq if report.last_seq is not None else -1
@@ -458,8 +501,6 @@ def _finish(report: VerifyReport, results: list[RangeResult], head_req, require_
             report.tail = "closed"
         else:
             report.tail = "open"
-        if report.unsealed_events:
-            report.notes.append(f"{report.unsealed_events} events after the last seal are not signed")
         if head_req is not None:
             found = next((r.head_found for r in results if r.head_found is not None), None)
             if found is None:
@@ -472,6 +513,17 @@ def _finish(report: VerifyReport, results: list[RangeResult], head_req, require_
                 raise HeadMismatch(f"event {head_req[0]} does not have the expected hash", seq=head_req[0])
         if require_closed and report.tail != "closed":
             raise NotClosed(f"journal is not closed and sealed (tail: {report.tail})", seq=last_seq + 1)
+        signed = ctx.key_id is not None and report.trust in ("pinned", "embedded")
+        if signed and seal_line is None:
+            raise UnsealedEvents(f"no seal in the journal: none of its {report.events:,} events is signed", seq=1)
+        if report.unsealed_events:
+            if signed and not allow_unsealed:
+                raise UnsealedEvents(
+                    f"{report.unsealed_events:,} events after seq {seal_line} are not signed (the last seal covers "
+                    f"seq {report.last_sealed_seq}); --allow-unsealed accepts the signed prefix alone",
+                    seq=seal_line + 1)
+            report.notes.append(f"{report.unsealed_events:,} events after seq {seal_line} are NOT signed: "
+                                "not verified, left out of every conclusion")
         if ctx.key_id is None and not allow_unsigned:
             raise UnsignedJournal("journal is unsigned (no key): pass --allow-unsigned to accept integrity without authenticity", seq=0)
     except IntegrityError as e:

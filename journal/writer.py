@@ -232,7 +232,8 @@ class Journal:
             _lock_or_raise(fd, p)
             keys = [signer.public] if signer is not None else []
             try:
-                report = verify(p, keys=keys, allow_unsigned=True, check_signatures=signer is not None, workers=1)
+                report = verify(p, keys=keys, allow_unsigned=True, allow_unsealed=True,
+                                check_signatures=signer is not None, workers=1)
             except IntegrityError as e:
                 raise type(e)(f"{p}: cannot append: {e}", seq=e.seq, offset=e.offset) from None
             if signer is None and report.key_id is not None:
@@ -241,11 +242,21 @@ class Journal:
                 raise UsageError(f"{p}: journal is unsigned; open it with signer=None")
             if report.tail == "closed":
                 raise JournalClosed(f"{p}: the run was closed at seq {report.last_seq}; start a new journal")
-            assert report.last_seq is not None and report.last_hash is not None and report.run_id is not None
+            if report.last_seq is None or report.last_hash is None or report.run_id is None:
+                raise IntegrityError(f"{p}: cannot append: no complete event", seq=0)
             repair = None
-            if report.tail == "torn":
-                repair = _move_torn_tail(fd, p, report.torn_offset, report.torn_bytes)
-            self = cls._new(p, fd, signer, report.run_id, report.last_seq + 1, bytes.fromhex(report.last_hash),
+            next_seq, prev = report.last_seq + 1, report.last_hash
+            if signer is not None and report.unsealed_events:
+                # Nothing signs the events after the last seal: sealing over them would sign whatever anyone
+                # appended. They go to the sidecar with any torn bytes, and the chain goes on from the seal.
+                if report.sealed_bytes is None or report.seal_line_hash is None:  # verify refuses that already
+                    raise IntegrityError(f"{p}: cannot append: no seal", seq=1)
+                repair = _move_tail(fd, p, report.sealed_bytes, report.bytes - report.sealed_bytes,
+                                    unsealed=report.unsealed_events)
+                next_seq, prev = report.last_sealed_seq + 2, report.seal_line_hash
+            elif report.tail == "torn":
+                repair = _move_tail(fd, p, report.torn_offset, report.torn_bytes)
+            self = cls._new(p, fd, signer, report.run_id, next_seq, bytes.fromhex(prev),
                             seal_every, seal_interval_s, flush_interval_s, background)
         except BaseException:
             os.close(fd)
@@ -400,6 +411,11 @@ class Journal:
             return self._seq - 1, self._last_hash_hex.decode()
 
     @property
+    def public_key(self):
+        """The signer's :class:`~journal.keys.PublicKey` (``None`` for an unsigned journal)."""
+        return self._signer.public if self._signer is not None else None
+
+    @property
     def closed(self) -> bool:
         return self._closed
 
@@ -486,26 +502,38 @@ def _fsync_dir(d: Path) -> None:
         os.close(dfd)
 
 
-def _move_torn_tail(fd: int, p: Path, offset: int | None, length: int) -> TailRepaired:
-    """Copy the torn bytes to a sidecar (fsynced), then cut them off the journal."""
-    assert offset is not None
-    os.lseek(fd, offset, os.SEEK_SET)
-    torn = b""
-    while len(torn) < length:
-        chunk = os.read(fd, length - len(torn))
-        if not chunk:
-            break
-        torn += chunk
-    digest = hashlib.sha256(torn).hexdigest()
-    side = p.with_name(f"{p.name}.torn-{offset}-{digest[:12]}")
-    if not (side.exists() and side.read_bytes() == torn):
-        tmp = side.with_name(side.name + ".tmp")
-        with open(tmp, "wb") as f:
-            f.write(torn)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, side)
-        _fsync_dir(p.parent)
+def _move_tail(fd: int, p: Path, offset: int | None, length: int, *, unsealed: int = 0) -> TailRepaired:
+    """Copy the bytes from ``offset`` to a sidecar (fsynced), then cut them off the journal.
+
+    Streamed in blocks (the tail may be large); the sidecar is created fresh beside the journal: a link or
+    anything else planted under its name is replaced, never followed.
+    """
+    if offset is None:
+        raise JournalIOError(f"{p}: no offset for the tail to move")
+    tmp = p.with_name(f"{p.name}.tail-{os.getpid()}.tmp")
+    try:
+        tmp.unlink()
+    except FileNotFoundError:
+        pass
+    h = hashlib.sha256()
+    moved = 0
+    out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    try:
+        os.lseek(fd, offset, os.SEEK_SET)
+        while moved < length:
+            chunk = os.read(fd, min(1 << 20, length - moved))
+            if not chunk:
+                break
+            h.update(chunk)
+            os.write(out, chunk)
+            moved += len(chunk)
+        os.fsync(out)
+    finally:
+        os.close(out)
+    digest = h.hexdigest()
+    side = p.with_name(f"{p.name}.{'unsealed' if unsealed else 'torn'}-{offset}-{digest[:12]}")
+    os.replace(tmp, side)
+    _fsync_dir(p.parent)
     os.ftruncate(fd, offset)
     os.fsync(fd)
-    return TailRepaired(offset=offset, length=len(torn), sha256=digest, sidecar=side.name)
+    return TailRepaired(offset=offset, length=moved, sha256=digest, sidecar=side.name, unsealed_events=unsealed)

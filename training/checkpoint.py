@@ -29,7 +29,8 @@ from typing import Any
 
 import torch
 
-from journal import Journal, RunResumed, read_events
+from journal import Journal, RunResumed, UnsafePath, read_signed_events
+from journal._paths import confined
 from journal.kinds import (
     CHECKPOINT_CONTRACT,
     CheckpointDeleted,
@@ -52,11 +53,13 @@ __all__ = [
     "BackgroundSaveError",
     "live_checkpoints",
     "enforce_retention",
+    "signed_history",
+    "load_payload",
 ]
 
 #: What a checkpoint must hold for a resume to continue the run exactly.
 CONTRACT = CHECKPOINT_CONTRACT
-_FORMAT = "trainledger-checkpoint/1"
+_FORMAT = "trainledger-checkpoint/2"  # /2: every value loads with torch.load(weights_only=True)
 # A run without a scheduler, a grad scaler or a manifest (yet) records that absence explicitly.
 _MAY_BE_NONE = ("scheduler", "scaler", "manifest_id")
 
@@ -81,7 +84,10 @@ def _rng_state() -> dict[str, Any]:
     try:
         import numpy as np
 
-        state["numpy"] = np.random.get_state()
+        name, keys, pos, has_gauss, gauss = np.random.get_state()
+        # As plain values and a tensor: a numpy array would need numpy globals to unpickle (weights_only=False).
+        state["numpy"] = {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                          "has_gauss": int(has_gauss), "gauss": float(gauss)}
     except ImportError:  # pragma: no cover - numpy comes with the torch extra
         pass
     if torch.cuda.is_available():
@@ -95,7 +101,9 @@ def _set_rng_state(state: dict[str, Any]) -> None:
     if "numpy" in state:
         import numpy as np
 
-        np.random.set_state(state["numpy"])
+        st = state["numpy"]
+        np.random.set_state((st["name"], st["keys"].numpy().astype(np.uint32), st["pos"], st["has_gauss"],
+                             st["gauss"]))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
 
@@ -252,12 +260,35 @@ def _fsync_dir(d: Path) -> None:
         os.close(fd)
 
 
-def _recorded(journal_path: Path, rel: str) -> CheckpointSaved | None:
+def _recorded(journal: Journal, rel: str) -> CheckpointSaved | None:
+    """The newest ``checkpoint_saved`` for ``rel`` that a seal under the journal's own key covers."""
     found = None
-    for ev in read_events(journal_path):
+    for ev in read_signed_events(journal.path, [journal.public_key]):
         if isinstance(ev, CheckpointSaved) and ev.path == rel:
             found = ev
     return found
+
+
+def signed_history(journal: Journal) -> list[Any]:
+    """The events of ``journal`` that its signer's seals cover: the only ones a resume may rest on.
+
+    Raises :class:`ResumeRejected` (``resume-invalid-unsigned``) for an unsigned journal.
+    """
+    if journal.public_key is None:
+        raise ResumeRejected("resume-invalid-unsigned", f"{journal.path}: an unsigned journal cannot drive a resume")
+    journal.flush()
+    return list(read_signed_events(journal.path, [journal.public_key]))
+
+
+def load_payload(path: Path) -> dict[str, Any]:
+    """Load a checkpoint file without executing code (``weights_only=True``: tensors, containers and plain
+    values only). Call it only after the file's digest matched a signed record."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - torch raises UnpicklingError, RuntimeError, ... for a hostile file
+        raise ResumeRejected("resume-invalid-format",
+                             f"{path.name}: not a checkpoint that loads without running code "
+                             f"({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
 
 
 def restore_checkpoint(run_dir: str | os.PathLike, journal: Journal, path: str | os.PathLike, *,
@@ -275,16 +306,29 @@ def restore_checkpoint(run_dir: str | os.PathLike, journal: Journal, path: str |
     """
     run = Path(run_dir)
     p = Path(path)
-    rel = (p.relative_to(run) if p.is_absolute() else p).as_posix()
+    rel = (p.relative_to(run) if p.is_absolute() and p.is_relative_to(run) else p).as_posix()
+    if journal.public_key is None:
+        _reject(journal, rel, "resume-invalid-unsigned", "an unsigned journal cannot vouch for a checkpoint")
+    try:
+        file = confined(run, rel, what="checkpoint path")
+    except UnsafePath as e:
+        _reject(journal, rel, "resume-invalid-path", str(e))
     journal.flush()
-    record = _recorded(journal.path, rel)
+    record = _recorded(journal, rel)
     if record is None:
-        _reject(journal, rel, "resume-invalid-unknown-checkpoint", "the journal never recorded this checkpoint")
-    digest, _ = _sha256_file(run / rel)
+        _reject(journal, rel, "resume-invalid-unknown-checkpoint",
+                "no signed checkpoint_saved records this checkpoint (events after the last seal do not count)")
+    try:
+        digest, _ = _sha256_file(file)
+    except OSError as e:
+        _reject(journal, rel, "resume-invalid-missing-file", f"cannot read it: {e.strerror}")
     if digest != record.sha256:
         _reject(journal, rel, "resume-invalid-digest",
                 f"file digest {digest[:16]}... differs from the recorded {record.sha256[:16]}...")
-    payload = torch.load(run / rel, map_location="cpu", weights_only=False)  # digest-checked against the journal
+    try:
+        payload = load_payload(file)  # after the digest check, and still without running code
+    except ResumeRejected as e:
+        _reject(journal, rel, e.code, str(e))
     if weights_only_override is not None:
         model.load_state_dict(payload["model"])
         journal.append(WeightsRestored(path=rel, step=record.step, override=weights_only_override), durable=True)
@@ -326,7 +370,7 @@ def live_checkpoints(run_dir: str | os.PathLike, events: Iterable[Any]) -> list[
             saved.append(ev)
         elif isinstance(ev, CheckpointDeleted):
             deleted.add(ev.path)
-    return [ev for ev in saved if ev.path not in deleted and (Path(run_dir) / ev.path).exists()]
+    return [ev for ev in saved if ev.path not in deleted and confined(run_dir, ev.path, what="checkpoint path").exists()]
 
 
 def enforce_retention(run_dir: str | os.PathLike, journal: Journal, kept: list[CheckpointSaved], keep_last: int,
@@ -334,6 +378,6 @@ def enforce_retention(run_dir: str | os.PathLike, journal: Journal, kept: list[C
     """Delete the oldest of ``kept`` (in place) beyond ``keep_last``, each recorded as ``checkpoint_deleted``."""
     while len(kept) > keep_last:
         old = kept.pop(0)
-        (Path(run_dir) / old.path).unlink(missing_ok=True)
+        confined(run_dir, old.path, what="checkpoint path").unlink(missing_ok=True)
         journal.append(CheckpointDeleted(path=old.path, step=old.step, reason=f"retention: keep_last={keep_last}{note}"),
                        durable=True)

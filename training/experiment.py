@@ -35,7 +35,8 @@ from typing import Any
 
 import torch
 
-from journal import Journal, Signer, read_events
+from journal import Journal, Signer, UnsafePath
+from journal._paths import confined
 from journal.events import RunOpened, StepObserved
 from journal.kinds import (
     CheckpointSaved,
@@ -45,7 +46,14 @@ from journal.kinds import (
     RunStopped,
 )
 
-from .checkpoint import ResumeRejected, enforce_retention, live_checkpoints, restore_checkpoint, save_checkpoint
+from .checkpoint import (
+    ResumeRejected,
+    enforce_retention,
+    live_checkpoints,
+    restore_checkpoint,
+    save_checkpoint,
+    signed_history,
+)
 from .corpus import BatchSampler, MarkovSource
 from .flops import flop_config_from_causal_lm
 from .loop import warmup_cosine
@@ -85,7 +93,7 @@ class DataGuard:
         a = self.m.artifact(name)
         if a.protected and self.reader == "training":
             raise ProtectedDataAccess(f"training tried to read the protected artifact {name!r}")
-        data = (self.root / a.ref).read_bytes()
+        data = confined(self.root, a.ref, what=f"data artifact {name!r} ref").read_bytes()
         got = _digest(data)
         if got != a.digest:
             raise ValueError(f"data artifact {name!r} ({a.ref}) has digest {got}, the manifest names {a.digest}")
@@ -181,7 +189,7 @@ def run_experiment(m: ExperimentManifest, root: str | Path, run_dir: str | Path,
                 "identity": ident, "journal": jpath}
 
     try:
-        history = list(read_events(jpath))  # one pass: the opening, live checkpoints, steps, evaluations
+        history = signed_history(j)  # one pass, signed events only: the opening, checkpoints, steps, evaluations
         opened = history[0]
         if isinstance(opened, RunOpened) and opened.manifest_id != ident:
             return stop("identity-mismatch", f"the journal's run was opened under manifest {opened.manifest_id}, "
@@ -194,7 +202,7 @@ def run_experiment(m: ExperimentManifest, root: str | Path, run_dir: str | Path,
             train_tokens = guard.split("train", runtime.train_artifacts)
         except ProtectedDataAccess as e:
             return stop("protected-data-access", str(e))
-        except ValueError as e:
+        except (ValueError, UnsafePath) as e:
             return stop("identity-mismatch", str(e))
         evaluator = DataGuard(m, root, "evaluation")
         model, opt, sched = build_from_manifest(m, lr=runtime.lr)

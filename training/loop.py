@@ -18,7 +18,8 @@ from typing import Any
 
 import torch
 
-from journal import Journal, Signer, read_events, verify
+from journal import Journal, Signer, verify
+from journal._paths import confined
 from journal.kinds import CheckpointDeleted
 
 from .checkpoint import (
@@ -27,6 +28,7 @@ from .checkpoint import (
     enforce_retention,
     live_checkpoints,
     restore_checkpoint,
+    signed_history,
     save_checkpoint,
 )
 from .corpus import BatchSampler, MarkovSource
@@ -141,7 +143,7 @@ def run_training(run_dir: str | Path, *, signer: Signer, config: LoopConfig = Lo
     kept: list[CheckpointSaved] = []
     if jpath.exists():
         j = Journal.open_append(jpath, signer=signer)  # raises JournalClosed for a finished run
-        kept = live_checkpoints(run, read_events(jpath))
+        kept = live_checkpoints(run, signed_history(j))  # only what the signer's seals cover
         ckpt = kept[-1] if kept else None
         monitor = None
         if ckpt is not None:
@@ -194,7 +196,7 @@ def run_training(run_dir: str | Path, *, signer: Signer, config: LoopConfig = Lo
                 rewinds.append(step)
                 info = _rewind(run, j, rewind, spike, target, model, opt, sched, sampler)
                 for c in [c for c in kept if c.step > target.step]:  # a branch the run abandoned
-                    (run / c.path).unlink(missing_ok=True)
+                    confined(run, c.path, what="checkpoint path").unlink(missing_ok=True)
                     j.append(CheckpointDeleted(path=c.path, step=c.step, reason=f"rewound to step {target.step}"),
                              durable=True)
                 kept = [c for c in kept if c.step <= target.step]

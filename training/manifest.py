@@ -23,8 +23,9 @@ import dataclasses
 import hashlib
 import json
 import re
+import stat
 import sys
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -260,11 +261,59 @@ def file_digest(path: str | Path) -> str:
 # -- loading --------------------------------------------------------------------------------------------------
 
 
+#: A manifest is a page of settings; anything larger (or deeper) is refused before it is parsed further.
+MAX_MANIFEST_BYTES = 1 << 20
+MAX_MANIFEST_DEPTH = 32
+
+
+def _yaml_loader():
+    import yaml
+
+    class NoAliasLoader(yaml.SafeLoader):
+        """safe_load without anchors' aliases: ``*name`` can multiply a 1 KB file into gigabytes (billion
+        laughs), and a manifest has no use for them."""
+
+        def compose_node(self, parent, index):
+            if self.check_event(yaml.AliasEvent):
+                mark = self.peek_event().start_mark
+                raise yaml.composer.ComposerError(None, None, "aliases (*name) are not allowed in a manifest", mark)
+            return super().compose_node(parent, index)
+
+    return NoAliasLoader
+
+
+def _check_depth(raw: Any, path: Path) -> None:
+    stack = [(raw, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_MANIFEST_DEPTH:
+            raise ManifestError(f"{path}: nested deeper than {MAX_MANIFEST_DEPTH} levels",
+                                [Finding("E_PARSE", "$", f"nested deeper than {MAX_MANIFEST_DEPTH} levels")])
+        if isinstance(node, dict):
+            stack += [(v, depth + 1) for v in node.values()]
+        elif isinstance(node, list):
+            stack += [(v, depth + 1) for v in node]
+
+
 def _read_raw(path: Path) -> Any:
+    raw = _parse_raw(path)
+    _check_depth(raw, path)
+    return raw
+
+
+def _parse_raw(path: Path) -> Any:
     try:
-        text = path.read_bytes()
+        st = path.stat()
+        if not stat.S_ISREG(st.st_mode):
+            raise UsageError(f"{path}: not a regular file")
+        if st.st_size > MAX_MANIFEST_BYTES:
+            raise UsageError(f"{path}: {st.st_size:,} bytes: a manifest is at most {MAX_MANIFEST_BYTES:,}")
+        with open(path, "rb") as f:
+            text = f.read(MAX_MANIFEST_BYTES + 1)
     except OSError as e:
         raise UsageError(f"{path}: {e.strerror}") from None
+    if len(text) > MAX_MANIFEST_BYTES:
+        raise UsageError(f"{path}: a manifest is at most {MAX_MANIFEST_BYTES:,} bytes")
     suffix = path.suffix.lower()
     try:
         if suffix == ".toml":
@@ -276,7 +325,7 @@ def _read_raw(path: Path) -> Any:
         if suffix in (".yaml", ".yml"):
             import yaml
 
-            return yaml.safe_load(text)
+            return yaml.load(text, Loader=_yaml_loader())  # noqa: S506 - a SafeLoader without aliases
         if suffix == ".json":
             return json.loads(text)
     except Exception as e:  # noqa: BLE001 - every parser's error is a user mistake here: one line
@@ -470,6 +519,10 @@ def validate(m: ExperimentManifest, *, raw: Any = None) -> list[Finding]:
     if "train" not in splits:
         out.append(Finding("E_DATA", "data.artifacts", "no artifact in split 'train'"))
     for i, a in enumerate(m.data.artifacts):
+        parts = PurePosixPath(a.ref.replace("\\", "/")).parts
+        if ".." in parts or _ABS_PATH.match(a.ref) or "\0" in a.ref:
+            out.append(Finding("E_UNSAFE_REF", f"data.artifacts[{i}].ref",
+                               f"{a.ref!r} leads outside the data root: refs are paths inside it, without '..'"))
         if a.split == "train" and a.protected:
             out.append(Finding("E_PROTECTED_TRAINING", f"data.artifacts[{i}]",
                                f"{a.name!r} is protected but in the training split: training may not read it"))

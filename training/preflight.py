@@ -28,10 +28,11 @@ from typing import Any
 import msgspec
 import torch
 
-from journal import Journal, Signer
+from journal import Journal, Signer, UnsafePath
+from journal._paths import confined
 from journal.kinds import PreflightCompleted, PreflightGate
 
-from .checkpoint import CONTRACT, restore_checkpoint, save_checkpoint
+from .checkpoint import CONTRACT, load_payload, restore_checkpoint, save_checkpoint
 from .corpus import BatchSampler
 from .experiment import (
     DataGuard,
@@ -107,7 +108,10 @@ def _schema(c: _Ctx) -> GateResult:
 def _lineage(c: _Ctx) -> GateResult:
     checked = {}
     for a in c.m.data.artifacts:
-        f = c.root / a.ref
+        try:
+            f = confined(c.root, a.ref, what=f"data artifact {a.name!r} ref")
+        except UnsafePath as e:
+            return _failed(str(e))
         if not f.is_file():
             return _failed(f"data artifact {a.name!r}: {a.ref} is missing under {c.root}")
         got = file_digest(f)
@@ -212,7 +216,7 @@ def _save_load(c: _Ctx) -> GateResult:
         ev = save_checkpoint(run, j, step=0, model=model, optimizer=opt, scheduler=sched, sampler=sampler,
                              tokens=x.numel(), manifest_id=manifest_identity(m))
         save_s = time.perf_counter() - t0
-        payload = torch.load(run / ev.path, weights_only=False)
+        payload = load_payload(confined(run, ev.path, what="checkpoint path"))
         present = sorted(k for k in CONTRACT if k in payload)
         missing = [k for k in CONTRACT if k not in payload]
         if missing:
