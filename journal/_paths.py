@@ -12,7 +12,7 @@ from pathlib import Path, PurePosixPath
 
 from .errors import UnsafePath
 
-__all__ = ["confined"]
+__all__ = ["confined", "open_new"]
 
 
 def confined(root: str | os.PathLike, rel: str, *, what: str = "path") -> Path:
@@ -27,3 +27,16 @@ def confined(root: str | os.PathLike, rel: str, *, what: str = "path") -> Path:
     if target != base and base not in target.parents:
         raise UnsafePath(f"{what} {rel!r}: resolves to {target}, outside {base}")
     return target
+
+
+def open_new(path: str | os.PathLike, mode: int = 0o644):
+    """Open ``path`` for writing as a new file: whatever is at that name (a link an attacker planted, a stale
+    temporary file) is removed first and never followed. For temporary files that are renamed into place."""
+    p = Path(path)
+    try:
+        p.unlink()
+    except FileNotFoundError:
+        pass
+    fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0),
+                 mode)
+    return os.fdopen(fd, "wb")

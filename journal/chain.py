@@ -22,12 +22,12 @@ GENESIS_TAG = b"trainledger/v1/genesis\x00"
 LINE_TAG = b"trainledger/v1/line\x00"
 SEAL_TAG = b"trainledger/v1/seal\x00"
 
-_RUN_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}\Z")
+RUN_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}\Z")
 
 
 def check_run_id(run_id: str) -> str:
     """Return ``run_id`` if it is 1-128 characters of ``[A-Za-z0-9._:-]``; raise ``UsageError`` otherwise."""
-    if not isinstance(run_id, str) or not _RUN_ID_RE.match(run_id):
+    if not isinstance(run_id, str) or not RUN_ID_RE.match(run_id):
         raise UsageError(f"run id {run_id!r}: use 1-128 characters from A-Z a-z 0-9 . _ : -, starting with a letter or digit")
     return run_id
 

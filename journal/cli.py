@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from . import __version__
+from ._text import csv_cell, safe
 from .errors import IntegrityError, JournalError, UsageError
 from .keys import TRUSTED_KEYS_ENV, keygen, trusted_keys
 from .verify import VerifyReport, parse_head, verify
@@ -26,6 +27,12 @@ __all__ = ["main", "build_parser"]
 _EPILOG = """exit codes: 0 ok, 1 integrity failure (the journal does not verify),
 2 usage or I/O error. Keys can be pinned once for a team in a file named by
 $%s (one public key per line).""" % TRUSTED_KEYS_ENV
+
+
+def _say(*values: object, file=None, end: str = "\n", flush: bool = False) -> None:
+    """Print one line. Every value is passed through :func:`journal._text.safe`: whatever a journal or a
+    manifest put in a run id, a reason or a path shows as visible escapes, never as terminal control."""
+    print(*(safe(v) for v in values), file=file, end=end, flush=flush)
 
 
 class _Progress:
@@ -234,9 +241,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _cmd_keygen(args: argparse.Namespace) -> int:
     priv, pub = keygen(args.directory, name=args.name, force=args.force)
-    print(f"private key: {priv} (mode 0600; keep it secret)")
-    print(f"public key:  {pub}")
-    print(Path(pub).read_text().strip())
+    _say(f"private key: {priv} (mode 0600; keep it secret)")
+    _say(f"public key:  {pub}")
+    _say(Path(pub).read_text().strip())
     return 0
 
 
@@ -276,20 +283,20 @@ def _print_report(r: VerifyReport, *, title: str) -> None:
     elif r.tail == "torn":
         tail += f" ({r.torn_bytes} bytes after the last complete line at byte {r.torn_offset})"
     created = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(r.created_ns / 1e9)) if r.created_ns else "-"
-    print(f"{title}  {r.path}")
-    print(f"  run       {r.run_id}")
-    print(f"  key       {r.key_id or '-'} ({trust})")
-    print(f"  created   {created}")
-    print(f"  events    {_fmt_int(r.events)} in {r.bytes:,} bytes ({_fmt_int(r.seals)} seals)")
+    _say(f"{title}  {r.path}")
+    _say(f"  run       {r.run_id}")
+    _say(f"  key       {r.key_id or '-'} ({trust})")
+    _say(f"  created   {created}")
+    _say(f"  events    {_fmt_int(r.events)} in {r.bytes:,} bytes ({_fmt_int(r.seals)} seals)")
     for kind, n in sorted(r.kinds.items(), key=lambda kv: (-kv[1], kv[0])):
-        print(f"    {kind:<22} {n:>12,}")
-    print(f"  tail      {tail}")
-    print(f"  head      {r.head or '-'}  (latest sealed)")
+        _say(f"    {kind:<22} {n:>12,}")
+    _say(f"  tail      {tail}")
+    _say(f"  head      {r.head or '-'}  (latest sealed)")
     if r.unsealed_events and r.trust in ("pinned", "embedded"):
-        print(f"  UNSIGNED  {r.unsealed_events:,} events after seq {r.trusted_last_seq} are NOT signed: "
+        _say(f"  UNSIGNED  {r.unsealed_events:,} events after seq {r.trusted_last_seq} are NOT signed: "
               "not verified, left out")
     for note in r.notes:
-        print(f"  note: {note}")
+        _say(f"  note: {note}")
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
@@ -307,12 +314,12 @@ def _verify_and_print(args: argparse.Namespace, title: str, **extra) -> int:
         if args.json:
             d = (e.report.to_dict() if e.report is not None else {"ok": False, "path": args.path,
                                                                    "first_bad_seq": e.seq, "error": str(e)})
-            print(json.dumps(d))
+            _say(json.dumps(d))
         else:
-            print(e.fail_line(args.path))
+            _say(e.fail_line(args.path))
         return 1
     if args.json:
-        print(json.dumps(r.to_dict()))
+        _say(json.dumps(r.to_dict()))
     else:
         _print_report(r, title=title)
     return 0
@@ -323,17 +330,17 @@ def _cmd_head(args: argparse.Namespace) -> int:
     try:
         r = _verify_from_args(args)
     except IntegrityError as e:
-        print(e.fail_line(args.path), file=sys.stderr)
+        _say(e.fail_line(args.path), file=sys.stderr)
         return 1
     if r.head is None:
         raise JournalError(f"{args.path}: no seal yet: nothing to publish")
     if args.json:
-        print(json.dumps({"head": r.head, "seq": r.last_sealed_seq, "hash": r.last_sealed_hash,
+        _say(json.dumps({"head": r.head, "seq": r.last_sealed_seq, "hash": r.last_sealed_hash,
                           "run_id": r.run_id, "key_id": r.key_id, "unsealed_events": r.unsealed_events}))
     else:
-        print(r.head)
+        _say(r.head)
         if r.unsealed_events:
-            print(f"trainledger head: {r.unsealed_events:,} events after it are not signed yet", file=sys.stderr)
+            _say(f"trainledger head: {r.unsealed_events:,} events after it are not signed yet", file=sys.stderr)
     return 0
 
 
@@ -346,28 +353,28 @@ def _cmd_manifest(args: argparse.Namespace) -> int:
         except ImportError as e:
             raise JournalError(f"manifest init needs the torch extra (it samples the example data): {e}") from None
         path = write_example(args.directory)
-        print(f"wrote {path} and its data, tokenizer and template files")
-        print(f"$ trainledger manifest validate {path}")
+        _say(f"wrote {path} and its data, tokenizer and template files")
+        _say(f"$ trainledger manifest validate {path}")
         return 0
     m, findings = load_findings(args.file)
     errors = [f for f in findings if f.severity == "error"]
     if args.manifest_command == "id":
         if m is None:
-            print(f"FAIL  {args.file}: not a manifest: {findings[0].path}: {findings[0].message}", file=sys.stderr)
+            _say(f"FAIL  {args.file}: not a manifest: {findings[0].path}: {findings[0].message}", file=sys.stderr)
             return 1
-        print(manifest_identity(m))
+        _say(manifest_identity(m))
         if errors:
-            print(f"note: the manifest has {len(errors)} error finding(s); run trainledger manifest validate",
+            _say(f"note: the manifest has {len(errors)} error finding(s); run trainledger manifest validate",
                   file=sys.stderr)
         return 0
     if args.json:
-        print(json.dumps({"file": args.file, "identity": manifest_identity(m) if m is not None else None,
+        _say(json.dumps({"file": args.file, "identity": manifest_identity(m) if m is not None else None,
                           "ok": not errors, "findings": [dataclasses.asdict(f) for f in findings]}))
         return 1 if errors else 0
     for f in findings:
-        print(f.line())
+        _say(f.line())
     ident = manifest_identity(m) if m is not None else "-"
-    print(f"{'FAIL' if errors else 'OK'}  {args.file}: {len(errors)} error(s), "
+    _say(f"{'FAIL' if errors else 'OK'}  {args.file}: {len(errors)} error(s), "
           f"{len(findings) - len(errors)} warning(s); identity {ident}")
     return 1 if errors else 0
 
@@ -387,10 +394,10 @@ def _cmd_preflight(args: argparse.Namespace) -> int:
     mpath = Path(args.manifest)
     m, findings = load_findings(mpath)
     if m is None:  # not even typed: nothing can run, and there is no identity to write a journal under
-        print(f"FAIL  {mpath}: not a manifest")
+        _say(f"FAIL  {mpath}: not a manifest")
         for f in findings:
-            print("  " + f.line())
-        print("status: experiment-specified-failed-before-training at schema (fix the manifest; "
+            _say("  " + f.line())
+        _say("status: experiment-specified-failed-before-training at schema (fix the manifest; "
               "trainledger manifest validate lists every finding)")
         return 1
     # A typed manifest with error findings still runs: its schema gate fails and is recorded, later gates not_run.
@@ -418,15 +425,15 @@ def _cmd_preflight(args: argparse.Namespace) -> int:
         signer = load_signer(priv)
 
     def show(r) -> None:
-        print(f"  {r.gate:<20} {r.status.upper():<8} {r.reason}", flush=True)
+        _say(f"  {r.gate:<20} {r.status.upper():<8} {r.reason}", flush=True)
 
-    print(f"preflight {m.identity} ({m.label or 'no label'}) -> {jpath}")
+    _say(f"preflight {m.identity} ({m.label or 'no label'}) -> {jpath}")
     with Journal.create(jpath, signer=signer, manifest_id=m.identity, manifest_label=m.label or None,
                         meta={"preflight": True}) as j:
         res = run_preflight(m, root, j, template_check=check, approval=approval, progress=show)
-    print(f"status: {res.status}")
+    _say(f"status: {res.status}")
     if pub is not None:
-        print(f"$ trainledger verify {jpath} --pubkey {pub}")
+        _say(f"$ trainledger verify {jpath} --pubkey {pub}")
     return 0 if res.ready else 1
 
 
@@ -441,10 +448,10 @@ def _cmd_report(args: argparse.Namespace) -> int:
     try:
         rec = write_report(args.path, out, **_trust_options(args))
     except IntegrityError as e:
-        print(e.fail_line(args.path))
-        print("trainledger report: no report written", file=sys.stderr)
+        _say(e.fail_line(args.path))
+        _say("trainledger report: no report written", file=sys.stderr)
         return 1
-    print(f"wrote {out} ({out.stat().st_size / 1024:.0f} KiB): run {rec.verify.run_id}, {rec.verify.events:,} events, "
+    _say(f"wrote {out} ({out.stat().st_size / 1024:.0f} KiB): run {rec.verify.run_id}, {rec.verify.events:,} events, "
           + ("replay consistent" if rec.ok else f"{len(rec.differences)} DIFFERENCES from the recomputation"))
     return 0 if rec.ok else 1
 
@@ -455,45 +462,45 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     try:
         rec = replay(args.path, **_trust_options(args))
     except IntegrityError as e:
-        print(e.fail_line(args.path))
+        _say(e.fail_line(args.path))
         return 1
     if args.json:
-        print(json.dumps(rec.to_dict(), default=str))
+        _say(json.dumps(rec.to_dict(), default=str))
         return 0 if rec.ok else 1
     v = rec.verify
-    print(f"{'OK  ' if rec.ok else 'DIFF'}  {args.path}  run {v.run_id}  key {v.key_id} ({v.trust})  "
+    _say(f"{'OK  ' if rec.ok else 'DIFF'}  {args.path}  run {v.run_id}  key {v.key_id} ({v.trust})  "
           f"{v.events:,} events  tail {v.tail}")
     if v.unsealed_events and v.trust in ("pinned", "embedded"):
-        print(f"  UNSIGNED: {v.unsealed_events:,} events after seq {v.trusted_last_seq} are not signed; "
+        _say(f"  UNSIGNED: {v.unsealed_events:,} events after seq {v.trusted_last_seq} are not signed; "
               "replay left them out")
     elif v.trust == "unsigned":
-        print("  UNSIGNED: the journal carries no signatures; anyone could have written it")
+        _say("  UNSIGNED: the journal carries no signatures; anyone could have written it")
     if rec.health is not None:
         h = rec.health
         mfu = h["mfu"]
         m = "-" if mfu["mean"] is None else f"{mfu['mean']:.2%} (min {mfu['min']:.2%}, max {mfu['max']:.2%})"
         tps = "-" if h["tokens_per_s"] is None else f"{h['tokens_per_s']:,.0f}"
-        print(f"  steps {h['steps']:,}; MFU mean {m} over {mfu['count']:,} steps; tokens/s {tps}")
+        _say(f"  steps {h['steps']:,}; MFU mean {m} over {mfu['count']:,} steps; tokens/s {tps}")
         r = h["restarts"]
-        print(f"  restarts {r['count']} (continuity {'ok' if r['continuity_ok'] else 'BROKEN'})")
+        _say(f"  restarts {r['count']} (continuity {'ok' if r['continuity_ok'] else 'BROKEN'})")
     for kind, steps in sorted(rec.anomalies_by_kind.items()):
         shown = ", ".join(map(str, steps[:10])) + (" ..." if len(steps) > 10 else "")
-        print(f"  anomaly {kind}: {len(steps)} at steps {shown}")
+        _say(f"  anomaly {kind}: {len(steps)} at steps {shown}")
     for c in rec.checkpoints:
-        print(f"  checkpoint step {c['step']} {c['path']} sha256 {c['sha256'][:16]}...")
+        _say(f"  checkpoint step {c['step']} {c['path']} sha256 {c['sha256'][:16]}...")
     for r in rec.resumes:
-        print(f"  resumed from step {r['from_step']} ({r['checkpoint'] or r['reason']}) at seq {r['seq']}")
+        _say(f"  resumed from step {r['from_step']} ({r['checkpoint'] or r['reason']}) at seq {r['seq']}")
     for r in rec.rewinds:
-        print(f"  rewind: spike at step {r['spike_step']} -> {r['checkpoint']}, skipped {r.get('skipped_batches')}")
+        _say(f"  rewind: spike at step {r['spike_step']} -> {r['checkpoint']}, skipped {r.get('skipped_batches')}")
     for s_ in rec.stops:
-        print(f"  stopped: {s_['rule']} ({s_['reason']})")
+        _say(f"  stopped: {s_['rule']} ({s_['reason']})")
     if rec.ladder is not None:
         lad = rec.ladder
-        print(f"  ladder: passed {lad['passed_rungs']}, halted_at {lad['halted_at']}, {lad['decisions']} decisions")
+        _say(f"  ladder: passed {lad['passed_rungs']}, halted_at {lad['halted_at']}, {lad['decisions']} decisions")
         for o in lad["outcomes"]:
-            print(f"    {o['rung']}: {'GO' if o['passed'] else 'NO-GO'}  {o['reason']}")
+            _say(f"    {o['rung']}: {'GO' if o['passed'] else 'NO-GO'}  {o['reason']}")
     for d in rec.differences:
-        print(f"  DIFFERENCE seq {d['seq']} ({d['kind']}): {d['detail']}")
+        _say(f"  DIFFERENCE seq {d['seq']} ({d['kind']}): {d['detail']}")
     return 0 if rec.ok else 1
 
 
@@ -517,17 +524,19 @@ def _cmd_query(args: argparse.Namespace) -> int:
         sql = paths.pop()
         if sql == "-":
             sql = sys.stdin.read()
+    if not sql.strip():
+        raise UsageError("the SQL is empty")
     if args.format == "parquet" and not args.out:
         raise UsageError("--format parquet needs --out FILE")
     if args.no_verify:
-        print("trainledger query: --no-verify: signatures NOT checked", file=sys.stderr)
+        _say("trainledger query: --no-verify: signatures NOT checked", file=sys.stderr)
         con, source = open_views(paths, verify_first=False)
     else:
         trust = _trust_options(args)
         try:
             con, source = open_views(paths, use_cache=not args.no_cache, **trust)
         except IntegrityError as e:
-            print(e.fail_line(str(e.report.path) if e.report else "journal"), file=sys.stderr)
+            _say(e.fail_line(str(e.report.path) if e.report else "journal"), file=sys.stderr)
             return 1
         # Large journals read cold: keep a verified columnar copy for next time, built off this process.
         if (not args.no_cache and source.origin == "journals"
@@ -548,19 +557,23 @@ def _cmd_query(args: argparse.Namespace) -> int:
         else:
             out.execute(f"CREATE TABLE r ({', '.join(_qi(c) + ' VARCHAR' for c in cols)})")
         out.execute(f"COPY r TO {_ql(args.out)} (FORMAT parquet)")
-        print(f"wrote {len(rows)} rows to {args.out}", file=sys.stderr)
+        _say(f"wrote {len(rows)} rows to {args.out}", file=sys.stderr)
         return 0
     buf = io.StringIO()
     if args.format == "csv":
+        # Cells a spreadsheet would run as formulas get a leading '; on a terminal, control characters are
+        # escaped too (in a file they are kept: the csv module quotes them).
+        cell = (lambda v: safe(csv_cell(v)) if isinstance(v, str) else v) if (
+            not args.out and sys.stdout.isatty()) else csv_cell
         w = csv.writer(buf)
-        w.writerow(cols)
-        w.writerows(rows)
+        w.writerow([cell(c) for c in cols])
+        w.writerows([cell(v) for v in row] for row in rows)
     elif args.format == "json":
         buf.write(json.dumps([dict(zip(cols, r)) for r in rows], default=str) + "\n")
     else:
-        widths = [max(len(str(c)), *(len(_cell(r[i])) for r in rows)) if rows else len(str(c))
+        widths = [max(len(safe(c)), *(len(_cell(r[i])) for r in rows)) if rows else len(safe(c))
                   for i, c in enumerate(cols)]
-        buf.write("  ".join(str(c).ljust(w) for c, w in zip(cols, widths)) + "\n")
+        buf.write("  ".join(safe(c).ljust(w) for c, w in zip(cols, widths)) + "\n")
         for r in rows:
             buf.write("  ".join(_cell(v).ljust(w) for v, w in zip(r, widths)) + "\n")
         buf.write(f"({len(rows)} rows)\n")
@@ -572,7 +585,7 @@ def _cmd_query(args: argparse.Namespace) -> int:
 
 
 def _cell(v) -> str:
-    return "NULL" if v is None else (f"{v:.6g}" if isinstance(v, float) else str(v))
+    return "NULL" if v is None else (f"{v:.6g}" if isinstance(v, float) else safe(v))
 
 
 def _qi(name: str) -> str:
@@ -604,8 +617,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else Path("runs") / time.strftime("demo-%Y%m%dT%H%M%S")
     journal_path, pub = run_demo(out, steps=args.steps, seed=args.seed,
                                  key=Path(args.key) if args.key else None)
-    print(f"wrote {journal_path} (public key {pub})")
-    print(f"$ trainledger verify {journal_path} --pubkey {pub} --require-closed")
+    _say(f"wrote {journal_path} (public key {pub})")
+    _say(f"$ trainledger verify {journal_path} --pubkey {pub} --require-closed")
     r = verify(journal_path, keys=trusted_keys([str(pub)]), require_closed=True)
     _print_report(r, title="OK  ")
     return 0
@@ -631,7 +644,7 @@ def _cmd_ladder(args: argparse.Namespace) -> int:
         from training.flops import measure_matmul_peak
 
         peak = measure_matmul_peak()
-        print(f"MFU is measured against this CPU's fp32 matmul throughput: {peak:.3g} FLOP/s (--peak-flops to set)")
+        _say(f"MFU is measured against this CPU's fp32 matmul throughput: {peak:.3g} FLOP/s (--peak-flops to set)")
     t0 = time.perf_counter()
     try:
         result = run_pilot_ladder(PRESETS[args.preset](), peak_flops_per_sec=peak, journal=j,
@@ -640,19 +653,19 @@ def _cmd_ladder(args: argparse.Namespace) -> int:
         j.suspend()
         raise
     j.close()
-    print(f"ladder '{args.preset}' in {time.perf_counter() - t0:.1f} s: {len(result.outcomes)} rungs attempted, "
+    _say(f"ladder '{args.preset}' in {time.perf_counter() - t0:.1f} s: {len(result.outcomes)} rungs attempted, "
           f"halted_at={result.halted_at}, passed={result.passed_rungs()}, {result.decisions} decisions")
-    print(f"{'rung':<22} {'verdict':<8} {'final loss':>10} {'forget gap':>10} {'MFU mean':>10}  reason")
+    _say(f"{'rung':<22} {'verdict':<8} {'final loss':>10} {'forget gap':>10} {'MFU mean':>10}  reason")
     for o in result.outcomes:
         mfu = o.measured.get("mfu_mean")
-        print(f"{o.name:<22} {'GO' if o.passed else 'NO-GO':<8} {o.measured['final_loss']:>10.4f} "
+        _say(f"{o.name:<22} {'GO' if o.passed else 'NO-GO':<8} {o.measured['final_loss']:>10.4f} "
               f"{o.measured['forgetting_gap']:>10.4f} {mfu if mfu is None else format(mfu, '10.3e'):>10}  {o.reason}")
         for piece, why in o.artifacts.get("skipped_pieces", {}).items():
-            print(f"    skipped {piece}: {why}")
+            _say(f"    skipped {piece}: {why}")
         for key in ("F9_mup_transfer", "H2_moe_vs_dense"):
             if key in o.artifacts:
-                print(f"    {key}: {o.artifacts[key]}")
-    print(f"$ trainledger verify {out / 'ladder.jsonl'} --pubkey {pub} --require-closed")
+                _say(f"    {key}: {o.artifacts[key]}")
+    _say(f"$ trainledger verify {out / 'ladder.jsonl'} --pubkey {pub} --require-closed")
     r = verify(out / "ladder.jsonl", keys=trusted_keys([str(pub)]), require_closed=True)
     _print_report(r, title="OK  ")
     try:
@@ -660,10 +673,10 @@ def _cmd_ladder(args: argparse.Namespace) -> int:
 
         rec = write_report(out / "ladder.jsonl", out / "report.html", keys=trusted_keys([str(pub)]))
     except UsageError as e:  # matplotlib missing: the run stands without its page
-        print(f"no report: {e}")
+        _say(f"no report: {e}")
         return 0
-    print(f"$ trainledger report {out / 'ladder.jsonl'} --pubkey {pub} -o {out / 'report.html'}")
-    print(f"wrote {out / 'report.html'}: replay " + ("consistent: every verdict and decision follows from its "
+    _say(f"$ trainledger report {out / 'ladder.jsonl'} --pubkey {pub} -o {out / 'report.html'}")
+    _say(f"wrote {out / 'report.html'}: replay " + ("consistent: every verdict and decision follows from its "
                                                        "receipts" if rec.ok else "found DIFFERENCES"))
     return 0 if rec.ok else 1
 
@@ -680,10 +693,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.func(args)
     except JournalError as e:
-        print(f"trainledger {args.command}: error: {e}", file=sys.stderr)
+        _say(f"trainledger {args.command}: error: {e}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
-        print(f"trainledger {args.command}: interrupted", file=sys.stderr)
+        _say(f"trainledger {args.command}: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
         # `trainledger show ... | head`: not an error.

@@ -50,6 +50,32 @@ _BOUNDARY = b'},{"kind":"'
 _RESERVED = frozenset({"kind", "seq", "ts", "h"})
 _KIND_RE = re.compile(r"[a-z][a-z0-9_]{0,63}\Z")
 
+#: The deepest nesting of arrays and objects a line may hold (the line itself is level 1). Deeper lines are
+#: refused by the writer and are a schema error to every reader: without a cap, nesting alone exhausts a
+#: parser's recursion. Strings are capped by the line length (16 MiB, ``_scan.MAX_LINE``).
+MAX_DEPTH = 32
+_NOT_BRACKET = bytes(sorted(set(range(256)) - set(b"[]{}")))
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+
+
+def nesting_depth(line: bytes) -> int:
+    """How deeply arrays and objects nest in one JSON line (brackets inside strings do not count)."""
+    bare = _JSON_STRING.sub(b"", line).translate(None, _NOT_BRACKET)
+    depth = best = 0
+    for c in bare:
+        if c == 0x5B or c == 0x7B:
+            depth += 1
+            if depth > best:
+                best = depth
+        else:
+            depth -= 1
+    return best
+
+
+def too_deep(line: bytes) -> bool:
+    """Whether ``line`` nests deeper than :data:`MAX_DEPTH` (a byte count first: almost every line is flat)."""
+    return line.count(b"[") + line.count(b"{") > MAX_DEPTH and nesting_depth(line) > MAX_DEPTH
+
 _encoder = msgspec.json.Encoder()
 _generic_decoder = msgspec.json.Decoder()
 
@@ -234,6 +260,8 @@ def _make_encoder(check: msgspec.json.Decoder, flat: bool) -> Callable[[Any], by
 
     def encode_event(obj: Any) -> bytes:
         out = encode(obj)
+        if not flat and too_deep(out):
+            raise TypeError(f"{type(obj).__name__}: nested deeper than {MAX_DEPTH} levels")
         # Fields equal to their default (None included) are omitted, so a null here
         # is a NaN or an infinity (msgspec writes those as null), or a None where
         # None is not the default: the exact path handles all of them.
@@ -331,6 +359,8 @@ def decode_line(line: bytes, *, seq_hint: int | None = None) -> Any:
     Raises :class:`SchemaError` for a line that is not a valid event and
     :class:`NonCanonicalRecord` for one that is, but not in canonical form.
     """
+    if too_deep(line):
+        raise SchemaError(f"nested deeper than {MAX_DEPTH} levels", seq=seq_hint)
     dec = _decoders()[0]
     try:
         rec = dec.decode(line)
@@ -357,7 +387,7 @@ def decode_unchecked(lines: list[bytes]) -> list[Any] | None:
     """
     try:
         records = _decoders()[1].decode(b"[" + b",".join(lines) + b"]")
-    except (msgspec.DecodeError, UnicodeDecodeError):
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
         return None
     return records if len(records) == len(lines) else None
 
@@ -372,6 +402,10 @@ def decode_batch(lines: list[bytes], *, aligned: bool = False) -> list[Any] | No
     if not lines:
         return []
     joined = b"[" + b",".join(lines) + b"]"
+    # No line can nest deeper than the openers the batch holds beyond one per line: only when that bound
+    # passes the cap are the lines measured, one by one, by decode_line.
+    if joined.count(b"[") + joined.count(b"{") - len(lines) > MAX_DEPTH:
+        return None
     try:
         records = _decoders()[1].decode(joined)
     except (msgspec.DecodeError, UnicodeDecodeError):

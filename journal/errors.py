@@ -28,6 +28,7 @@ __all__ = [
     "UnsignedJournal",
     "UnsealedEvents",
     "NotClosed",
+    "SemanticError",
     "HeadMismatch",
 ]
 
@@ -150,6 +151,12 @@ class UnsealedEvents(IntegrityError):
     """
 
     reason = "unsealed"
+
+
+class SemanticError(IntegrityError):
+    """An event that decodes and verifies but that no projection can fold: an impossible value."""
+
+    reason = "semantics"
 
 
 class NotClosed(IntegrityError):

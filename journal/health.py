@@ -59,6 +59,20 @@ class RunConfigured(Event, tag="run_configured", frozen=True, kw_only=True):
     grad_norm_min_periods: int = 16
     grad_norm_z_thresh: float = 8.0
 
+    def __post_init__(self) -> None:
+        # Runs on decode too (msgspec): a signed journal with impossible settings fails verification as a schema
+        # error instead of crashing the projection that folds it.
+        DetectorParams(self.loss_window, self.loss_min_periods, self.loss_z_thresh, "loss")
+        DetectorParams(self.grad_norm_window, self.grad_norm_min_periods, self.grad_norm_z_thresh, "grad_norm")
+        if self.devices < 1:
+            raise ValueError(f"devices must be at least 1, got {self.devices}")
+        p = self.peak_flops_per_sec
+        if p is not None and not (p > 0 and math.isfinite(p)):
+            raise ValueError(f"peak_flops_per_sec must be a positive finite number or absent, got {p}")
+        shape = (self.n_params, self.n_layer, self.n_head, self.head_dim, self.seq_len)
+        if self.n_params is not None and any(x is None or x < 0 for x in shape):
+            raise ValueError("n_params, n_layer, n_head, head_dim and seq_len must all be given and >= 0")
+
 
 class AnomalyDetected(Event, tag="anomaly_detected", frozen=True, kw_only=True):
     """A derived event: the reducer's verdict on a step, recorded for audit and recomputed by replay.
@@ -83,14 +97,18 @@ class AnomalyDetected(Event, tag="anomaly_detected", frozen=True, kw_only=True):
         return self.anomaly
 
 
+#: The longest baseline window a detector keeps (a journal cannot ask for more memory than this).
+MAX_WINDOW = 1 << 20
+
+
 class DetectorParams:
     """Window, warm-up and threshold of one detector, validated."""
 
     __slots__ = ("window", "min_periods", "z_thresh")
 
     def __init__(self, window: int, min_periods: int, z_thresh: float, name: str):
-        if not isinstance(window, int) or window < 3:
-            raise ValueError(f"{name}_window must be an integer >= 3, got {window!r}")
+        if not isinstance(window, int) or not 3 <= window <= MAX_WINDOW:
+            raise ValueError(f"{name}_window must be an integer in [3, {MAX_WINDOW}], got {window!r}")
         if not isinstance(min_periods, int) or not 3 <= min_periods <= window:
             raise ValueError(f"{name}_min_periods must be an integer in [3, {name}_window={window}], got {min_periods!r}")
         if not isinstance(z_thresh, (int, float)) or not math.isfinite(z_thresh) or z_thresh <= 0:

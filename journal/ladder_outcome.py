@@ -73,8 +73,34 @@ def _fmt(x: float) -> str:
     return f"{x:.4f}" if 1e-3 <= abs(x) < 1e6 else f"{x:g}"
 
 
+def _number(d: dict[str, Any], key: str, where: str, *, optional: bool = False) -> None:
+    v = d.get(key)
+    if v is None and optional:
+        return
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ValueError(f"{where} {key!r} is {v!r}, not a number")
+
+
 def gate(bars: dict[str, Any], m: dict[str, Any]) -> tuple[bool, str]:
-    """Every bar set, with the literal margin; the first failure is the reason. Live and replay use this."""
+    """Every bar set, with the literal margin; the first failure is the reason. Live and replay use this.
+
+    Raises ``ValueError`` when a bar or a measurement the gate needs is missing or not a number (a verdict
+    read from a journal may say anything).
+    """
+    if not isinstance(bars, dict) or not isinstance(m, dict):
+        raise ValueError("bars and measured must be objects")
+    for key in ("max_final_loss", "max_forgetting_gap"):
+        _number(bars, key, "bar")
+    for key in ("min_mfu_mean", "max_anomalies", "max_flops", "max_wall_s"):
+        _number(bars, key, "bar", optional=True)
+    for key in ("final_loss", "forgetting_gap"):
+        _number(m, key, "measurement")
+    for bar, key in (("min_mfu_mean", "mfu_mean"), ("max_anomalies", "anomalies"), ("max_flops", "flops"),
+                     ("max_wall_s", "wall_s")):
+        if bars.get(bar) is not None:
+            _number(m, key, "measurement", optional=bar == "min_mfu_mean")
+    if "continuity_ok" in m and not isinstance(m["continuity_ok"], bool):
+        raise ValueError(f"measurement 'continuity_ok' is {m['continuity_ok']!r}, not true or false")
     mfl, mfg = bars["max_final_loss"], bars["max_forgetting_gap"]
     checks = [(m["final_loss"] <= mfl,
                f"final loss {_fmt(m['final_loss'])} {'<=' if m['final_loss'] <= mfl else '>'} target {_fmt(mfl)}"),

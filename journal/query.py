@@ -240,8 +240,13 @@ def refresh_cache_in_background(paths: Sequence[str | os.PathLike], *, keys: Seq
             "cache_dir": str(cache_dir())}
     # Isolated (-I: neither the current folder nor PYTHON* variables reach sys.path) and started from /, so a
     # folder named journal/ where the user happens to stand is never imported.
-    subprocess.Popen([sys.executable, "-I", "-m", "journal.query", json.dumps(spec)], stdin=subprocess.DEVNULL,
-                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, cwd="/")
+    _REFRESHERS.append(subprocess.Popen(
+        [sys.executable, "-I", "-m", "journal.query", json.dumps(spec)], stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, cwd="/"))
+
+
+#: Refreshers started by this process (kept referenced: they outlive the query that started them).
+_REFRESHERS: list[subprocess.Popen] = []
 
 
 # -- loading ----------------------------------------------------------------------------------------------------

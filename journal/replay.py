@@ -25,6 +25,7 @@ from .kinds import CheckpointSaved, DataWindowSkipped, DecisionRecorded, GateVer
 from .ladder_outcome import LadderProjection, beta_update, gate
 from .reader import _unchecked_batches
 from ._snapshot import PrivateCopies
+from .errors import SemanticError
 from .verify import VerifyReport, verify_copy
 
 __all__ = ["Reconstruction", "replay"]
@@ -81,10 +82,21 @@ def replay(path: str | os.PathLike, *, observe: Callable[[Any], None] | None = N
     """
     with PrivateCopies() as copies:
         report, copy = verify_copy(path, copies, **verify_options)
-        return _rebuild(report, copy, observe)
+        current: list[Any] = [None]
+        try:
+            return _rebuild(report, copy, observe, current)
+        except (ArithmeticError, ValueError, TypeError, KeyError, IndexError) as e:
+            # A signed event with a value no projection can fold: one line, exit 1, never a traceback.
+            ev = current[0]
+            kind = getattr(ev, "kind", None) if type(ev).__name__ == "UnknownEvent" else (
+                type(ev).__struct_config__.tag if ev is not None else "journal")
+            err = SemanticError(f"{kind} cannot be folded: {type(e).__name__}: {e}", seq=getattr(ev, "seq", None))
+            err.report = report
+            raise err from None
 
 
-def _rebuild(report: VerifyReport, copy: Path, observe: Callable[[Any], None] | None) -> Reconstruction:
+def _rebuild(report: VerifyReport, copy: Path, observe: Callable[[Any], None] | None,
+             current: list[Any]) -> Reconstruction:
     proj: HealthProjection | None = None
     pending_recomputed: list[tuple[int, AnomalyDetected]] = []  # (seq of the step that produced it, anomaly)
     recorded: list[tuple[int, AnomalyDetected]] = []
@@ -97,6 +109,7 @@ def _rebuild(report: VerifyReport, copy: Path, observe: Callable[[Any], None] | 
 
     # verify() has checked every byte it reported: decode those without checking them a second time.
     for ev in (e for batch in _unchecked_batches(copy, report.trusted_bytes) for e in batch):
+        current[0] = ev
         if observe is not None:
             observe(ev)
         if isinstance(ev, RunConfigured):
@@ -124,7 +137,13 @@ def _rebuild(report: VerifyReport, copy: Path, observe: Callable[[Any], None] | 
         elif isinstance(ev, GateVerdict):
             saw_ladder = True
             ladder.apply(ev)
-            passed, reason = gate(dict(ev.bars), dict(ev.measured))
+            try:
+                passed, reason = gate(dict(ev.bars), dict(ev.measured))
+            except ValueError as e:
+                differences.append({"seq": ev.seq, "kind": "gate_verdict",
+                                    "detail": f"rung {ev.rung}: the verdict cannot be recomputed: {e}"})
+                last_verdict = ev
+                continue
             if passed != ev.passed or reason != ev.reason:
                 differences.append({"seq": ev.seq, "kind": "gate_verdict",
                                     "detail": f"rung {ev.rung}: recorded passed={ev.passed} ({ev.reason!r}), "

@@ -16,12 +16,14 @@ import html
 import io
 import math
 import os
+import tempfile
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
 from . import __version__
-from .errors import UsageError
+from .errors import JournalIOError, UsageError
 from .events import RunOpened, RunResumed, StepObserved
 from .health import AnomalyDetected, HealthProjection, RunConfigured
 from .kinds import CheckpointSaved, DecisionRecorded, GateVerdict, RewindDecided, RungStarted
@@ -39,6 +41,7 @@ def _matplotlib():
     except ImportError:
         raise UsageError("trainledger report needs matplotlib: pip install 'trainledger[report]'") from None
     matplotlib.use("Agg", force=True)
+    matplotlib.rcParams["text.parse_math"] = False  # a rung named "$\\frac{$" is a name, not mathtext
     import matplotlib.pyplot as plt
 
     return plt
@@ -65,6 +68,7 @@ class _Series:
         #: (index of the first observation after it, rung name) for each rung_started
         self.rungs: list[tuple[int, str]] = []
         self._fpt = self._peak = self._seq_len = None  # from the run_configured in force
+        self.plot_error: str | None = None
 
     def apply(self, ev: Any) -> None:
         """Fold one event (called by :func:`journal.replay.replay` for every event, in order)."""
@@ -125,9 +129,17 @@ def _bucketed(xs: list[int], ys: list[float]) -> tuple[list[float], list[float],
     return bx, mean, lo, hi
 
 
+#: Values beyond this magnitude are not drawn (no axis spans +/-1e308); the tables still show them.
+PLOT_LIMIT = 1e100
+
+
+def _drawable(ys: list[float]) -> list[float]:
+    return [v if v - v == 0 and -PLOT_LIMIT <= v <= PLOT_LIMIT else math.nan for v in ys]
+
+
 def _figure(plt, s: _Series) -> str:
-    panels = [("loss", s.loss, False), ("grad norm", s.grad_norm, True), ("step time (s)", s.step_time, False),
-              ("MFU", s.mfu, False)]
+    panels = [("loss", _drawable(s.loss), False), ("grad norm", _drawable(s.grad_norm), True),
+              ("step time (s)", _drawable(s.step_time), False), ("MFU", _drawable(s.mfu), False)]
     panels = [p for p in panels if any(v - v == 0 for v in p[1])]
     fig, axes = plt.subplots(len(panels), 1, figsize=(11, 2.6 * len(panels)), sharex=True, squeeze=False)
     marks = [(s.checkpoints, "tab:green", "checkpoint", ":"), (s.resumes, "tab:blue", "resume", "--"),
@@ -235,6 +247,8 @@ def render(rec: Reconstruction, s: _Series, png: str | None) -> str:
     parts.append("<h2>Curves</h2>")
     if png:
         parts.append(f'<img alt="loss, grad norm, step time and MFU by step" src="data:image/png;base64,{png}">')
+    elif s.plot_error:
+        parts.append(f"<p class=bad>the curves could not be drawn: {_e(s.plot_error)}</p>")
     else:
         parts.append("<p class=muted>no step observations in this journal</p>")
     h = rec.health or {}
@@ -284,13 +298,28 @@ def write_report(path: str | os.PathLike, out: str | os.PathLike, **verify_optio
     plt = _matplotlib()
     s = _Series()
     rec = replay(path, observe=s.apply, **verify_options)
-    png = _figure(plt, s) if s.step else None
+    png = None
+    if s.step:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")  # numpy's overflow warnings included: a bad plot is no plot
+                png = _figure(plt, s)
+        except (ValueError, OverflowError, RuntimeError, Warning) as e:  # values no axis can hold
+            s.plot_error = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
     text = render(rec, s, png)
     dest = Path(out)
-    tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
     try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, dest)
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
+    except OSError as e:
+        raise JournalIOError(f"{dest.parent}: cannot write there: {e.strerror}") from None
+    tmp = Path(tmp_name)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(text.encode("utf-8"))
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, dest)  # a link planted at dest is replaced, not followed
+    except OSError as e:
+        raise JournalIOError(f"{dest}: cannot write the report: {e.strerror}") from None
     finally:
         tmp.unlink(missing_ok=True)
     return rec

@@ -23,7 +23,7 @@ from typing import Any
 
 from . import codec
 from ._scan import MAX_LINE, RangeResult, ScanContext, _scan_range_star, cpu_count, scan_range
-from .chain import genesis
+from .chain import RUN_ID_RE, genesis
 from .errors import (
     HeadMismatch,
     IntegrityError,
@@ -173,6 +173,10 @@ def _read_opening(path: Path, size: int) -> tuple[Any, int]:
         _check_version_loose(line)
         raise SchemaError(f"not a journal: first event is {getattr(rec, 'kind', type(rec).__name__)!r}, not run_opened", seq=0, offset=0)
     _check_version(rec.format_version)
+    if not RUN_ID_RE.match(rec.run_id):
+        raise SchemaError("run_opened: run id is not 1-128 characters of A-Z a-z 0-9 . _ : -", seq=0, offset=0)
+    if rec.key_id is not None and (len(rec.key_id) != 16 or rec.key_id.strip("0123456789abcdef")):
+        raise SchemaError("run_opened: key_id is not 16 lowercase hex digits", seq=0, offset=0)
     if rec.seq != 0:
         raise SchemaError(f"first event has seq {rec.seq}, not 0", seq=0, offset=0)
     return rec, len(line)
@@ -193,7 +197,7 @@ def _check_version_loose(line: bytes) -> None:
 
     try:
         obj = msgspec.json.decode(line)
-    except (msgspec.DecodeError, UnicodeDecodeError):
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
         return
     if isinstance(obj, dict) and obj.get("kind") == "run_opened" and isinstance(obj.get("format_version"), str):
         major = obj["format_version"].split(".", 1)[0]
@@ -231,7 +235,7 @@ def _boundaries(path: Path, size: int, first_end: int, parts: int) -> list[tuple
                 prev_seq, prev_h = obj["seq"], bytes.fromhex(obj["h"])
                 if type(prev_seq) is not int or len(prev_h) != 32:
                     continue
-            except (msgspec.DecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError):
+            except (msgspec.DecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError, RecursionError):
                 continue  # a bad line: leave it inside one range, whose scan reports it
             if cuts and cut <= cuts[-1][0]:
                 continue

@@ -21,6 +21,7 @@ from typing import Any, TextIO
 
 from . import codec, health, kinds  # noqa: F401 - registers the kinds the view shows
 from ._scan import RangeResult, ScanContext, Scanner
+from ._text import safe
 from .chain import genesis
 from .errors import IntegrityError
 from .events import RunClosed, Seal, StepObserved
@@ -104,7 +105,7 @@ def watch(path: str | Path, *, interval: float = 0.5, out: TextIO = sys.stdout, 
     if keys or trust_embedded or opened.key_id is None:
         raw, trust, _ = resolve_key(opened, keys=keys, trust_embedded=trust_embedded)
         if trust == "unsigned" and not allow_unsigned:
-            print(f"FAIL  {p}: the journal is unsigned (pass --allow-unsigned to follow it anyway)", file=out)
+            out.write(safe(f"FAIL  {p}: the journal is unsigned (pass --allow-unsigned to follow it anyway)") + "\n")
             return 1
         label = {"pinned": f"signatures checked: key {opened.key_id}, pinned",
                  "embedded": f"signatures checked against the embedded key {opened.key_id}: authenticity not "
@@ -138,7 +139,7 @@ def watch(path: str | Path, *, interval: float = 0.5, out: TextIO = sys.stdout, 
                             view.apply(ev)
                     else:
                         carry = chunk
-                text = view.lines(p)
+                text = [safe(x) for x in view.lines(p)]  # journal strings never reach the terminal raw
                 if tty:
                     out.write(("\x1b[F\x1b[2K" * drawn) + "\n".join(text) + "\n")
                     drawn = len(text)
@@ -153,6 +154,6 @@ def watch(path: str | Path, *, interval: float = 0.5, out: TextIO = sys.stdout, 
     except KeyboardInterrupt:
         return 130
     except IntegrityError as e:
-        out.write(e.fail_line(str(p)) + "\n")
+        out.write(safe(e.fail_line(str(p))) + "\n")
         out.flush()
         return 1

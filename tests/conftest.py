@@ -18,6 +18,11 @@ from journal import Journal, StepObserved, keygen, load_signer  # noqa: E402
 def _own_cache_dir(tmp_path_factory, monkeypatch):
     """No test reads or writes the user's query cache."""
     monkeypatch.setenv("TRAINLEDGER_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+    yield
+    from journal import query
+
+    while query._REFRESHERS:  # a background cache refresher a test started ends before the next test
+        query._REFRESHERS.pop().wait(timeout=120)
 
 
 @pytest.fixture

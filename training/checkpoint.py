@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from journal import Journal, RunResumed, UnsafePath, read_signed_events
-from journal._paths import confined
+from journal._paths import confined, open_new
 from journal.kinds import (
     CHECKPOINT_CONTRACT,
     CheckpointDeleted,
@@ -150,7 +150,7 @@ def _write(run: Path, journal: Journal, payload: dict[str, Any], contents: list[
     final = run / rel
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.with_name(final.name + ".tmp")
-    with open(tmp, "wb") as f:
+    with open_new(tmp) as f:
         torch.save(payload, f)
         f.flush()
         os.fsync(f.fileno())

@@ -1,0 +1,41 @@
+"""Making journal strings safe to print.
+
+A journal is data its writer chose, and so is a manifest: a run id, a rung name, a reason, a path or a key
+id can hold a newline (a fake line below it), a carriage return, an ANSI escape (rewrite the screen: turn
+a FAIL into an OK) or a bidirectional override (reorder what is shown). Every human-readable output passes
+such values through :func:`safe`; CSV cells pass through :func:`csv_cell`, which also keeps a spreadsheet
+from reading a cell as a formula.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+__all__ = ["safe", "csv_cell"]
+
+# C0 controls (newline and tab included: a value never spans lines), DEL, C1 controls, and the Unicode
+# format characters that reorder or hide text (bidi embeddings, overrides and isolates, zero-width marks).
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2060-\u2069\ufeff]")
+
+
+def _escape(m: re.Match) -> str:
+    c = ord(m.group())
+    return f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}"
+
+
+def safe(value: Any) -> str:
+    """``str(value)`` with every control and text-reordering character written as a visible escape."""
+    s = value if isinstance(value, str) else str(value)
+    return _UNSAFE.sub(_escape, s) if _UNSAFE.search(s) else s
+
+
+_FORMULA = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_cell(value: Any) -> Any:
+    """A CSV cell: strings that a spreadsheet would run as a formula get a leading ``'`` (OWASP's advice);
+    numbers, NULLs and other strings pass unchanged."""
+    if isinstance(value, str) and value.startswith(_FORMULA):
+        return "'" + value
+    return value
