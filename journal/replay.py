@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -62,8 +63,33 @@ def _fields(a: AnomalyDetected) -> tuple:
     return tuple(getattr(a, f) for f in _ANOMALY_FIELDS)
 
 
-def _same_fields(x: tuple, y: tuple) -> bool:
-    return all((u == v) or (u != u and v != v) for u, v in zip(x, y))  # NaN equals NaN here
+def _key(a: AnomalyDetected) -> tuple:
+    """The anomaly's fields, hashable, with NaN equal to NaN (it is the recorded value of a NaN loss)."""
+    return tuple("NaN" if isinstance(v, float) and v != v else v for v in _fields(a))
+
+
+def _compare_anomalies(recomputed: list[tuple[int, AnomalyDetected]],
+                       recorded: list[tuple[int, AnomalyDetected]]) -> list[dict[str, Any]]:
+    """What the steps imply against what the writer recorded, as multisets: linear in both (a journal with
+    thousands of unsupported anomalies replays in the time it takes to read it)."""
+    want = Counter(_key(a) for _, a in recomputed)
+    out = []
+    for seq, rd in recorded:
+        k = _key(rd)
+        if want[k] > 0:
+            want[k] -= 1
+        else:
+            out.append({"seq": seq, "kind": "anomaly_detected",
+                        "detail": f"recorded {rd.kind} at step {rd.step}, which the observations do not support"})
+    for seq, rc in reversed(recomputed):  # the unmatched ones: the latest of each kind were left unrecorded
+        k = _key(rc)
+        if want[k] > 0:
+            want[k] -= 1
+            out.append({"seq": seq, "kind": "anomaly_detected",
+                        "detail": f"the observations give {rc.kind} at step {rc.step} (z {rc.z_score}), "
+                                  "which was not recorded"})
+    out.sort(key=lambda d: d["seq"])
+    return out
 
 
 def replay(path: str | os.PathLike, *, observe: Callable[[Any], None] | None = None,
@@ -166,25 +192,7 @@ def _rebuild(report: VerifyReport, copy: Path, observe: Callable[[Any], None] | 
                                     "detail": f"rung {ev.rung}: recorded {ev.action_chosen} {dict(ev.belief_after)}, "
                                               f"the verdict gives {action} {after}"})
 
-    # Anomalies: what the steps imply against what the writer recorded, in order.
-    i = j = 0
-    while i < len(pending_recomputed) or j < len(recorded):
-        rc = pending_recomputed[i] if i < len(pending_recomputed) else None
-        rd = recorded[j] if j < len(recorded) else None
-        if rc is not None and rd is not None and _same_fields(_fields(rc[1]), _fields(rd[1])):
-            i += 1
-            j += 1
-        elif rd is not None and (rc is None or not any(
-                _same_fields(_fields(x[1]), _fields(rd[1])) for x in pending_recomputed[i:])):
-            differences.append({"seq": rd[0], "kind": "anomaly_detected",
-                                "detail": f"recorded {rd[1].kind} at step {rd[1].step}, which the observations "
-                                          "do not support"})
-            j += 1
-        else:
-            differences.append({"seq": rc[0], "kind": "anomaly_detected",
-                                "detail": f"the observations give {rc[1].kind} at step {rc[1].step} "
-                                          f"(z {rc[1].z_score}), which was not recorded"})
-            i += 1
+    differences += _compare_anomalies(pending_recomputed, recorded)
 
     by_kind: dict[str, list[int]] = {}
     for _, an in pending_recomputed:

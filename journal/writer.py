@@ -18,6 +18,7 @@ Crash model (docs/FORMAT.md states it for auditors):
 
 from __future__ import annotations
 
+import atexit
 import base64
 import binascii
 import fcntl
@@ -28,6 +29,7 @@ import secrets
 import socket
 import threading
 import time
+import weakref
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -36,7 +38,7 @@ import msgspec
 
 from . import _accel, codec
 from .chain import check_run_id, genesis, seal_message
-from .errors import IntegrityError, JournalClosed, JournalIOError, JournalLocked, UsageError
+from .errors import IntegrityError, JournalClosed, JournalError, JournalIOError, JournalLocked, UsageError
 from .events import FORMAT_VERSION, Event, RunClosed, RunOpened, Seal, TailRepaired
 from .keys import Signer
 
@@ -56,6 +58,24 @@ _encoders: dict[type, Any] = {}  # event class -> its canonical encoder
 
 
 _WRITER_OWNED = (RunOpened, Seal, RunClosed)
+#: While a disk refuses writes, appends are kept in memory up to this much; beyond it append refuses.
+_MAX_BUFFER = 64 << 20
+#: Journals open in this process: suspended (sealed, fsynced, left open for open_append) at interpreter exit.
+_OPEN: weakref.WeakSet = weakref.WeakSet()
+
+
+def _suspend_all_at_exit() -> None:
+    """At interpreter exit (a normal end, or an exception nobody caught) no appended event is left in memory:
+    every journal still open is sealed and fsynced. It stays open, not closed: an exit without close() is not
+    a completed run, and open_append continues it."""
+    for j in list(_OPEN):
+        try:
+            j.suspend()
+        except JournalError:  # the disk refused: nothing more can be done at exit
+            pass
+
+
+atexit.register(_suspend_all_at_exit)
 
 
 def _encode_new(event: Event) -> bytes:
@@ -120,7 +140,9 @@ class Journal:
         self._last_hash_hex = _hexlify(prev)
         self._buf = bytearray()
         self._lock = threading.Lock()
-        self._closed = False
+        self._closed = False  # released: lock dropped, file closed
+        self._stopped = False  # no more appends: released, or run_closed already chained by a close() that failed
+        self._io_error: str | None = None  # a write or fsync failure not yet reported to the caller
         self._seal_every = seal_every
         self._seal_interval_ns = int(seal_interval_s * 1e9)
         self._flush_interval_ns = int(flush_interval_s * 1e9)
@@ -134,6 +156,7 @@ class Journal:
         if background:
             self._ticker = threading.Thread(target=self._tick, args=(flush_interval_s,),
                                             name=f"trainledger-journal-{path.name}", daemon=True)
+        _OPEN.add(self)
         return self
 
     @classmethod
@@ -279,8 +302,8 @@ class Journal:
         enc = _encoders.get(event.__class__)
         body = enc(event) if enc is not None else _encode_new(event)
         with self._lock:
-            if self._closed:
-                raise JournalClosed(f"{self.path}: journal is closed")
+            if self._stopped or self._io_error is not None or len(self._buf) >= _MAX_BUFFER:
+                self._refuse_locked()
             # The hot path: _write_locked inlined (a method call is a tenth of the budget).
             seq = self._seq
             ts = _now()
@@ -293,12 +316,27 @@ class Journal:
             self._last_hash_hex = hx
             self._since_seal += 1
             if durable:
-                self._seal_locked(durable=True)
-            elif self._since_seal >= self._seal_every or ts - self._last_seal_ns >= self._seal_interval_ns:
-                self._seal_locked(durable=False)
-            elif ts - self._last_flush_ns >= self._flush_interval_ns or len(self._buf) >= _FLUSH_BYTES:
-                self._flush_locked(ts)
+                self._seal_locked(durable=True)  # a durable promise that fails raises here
+            else:
+                try:
+                    if self._since_seal >= self._seal_every or ts - self._last_seal_ns >= self._seal_interval_ns:
+                        self._seal_locked(durable=False)
+                    elif ts - self._last_flush_ns >= self._flush_interval_ns or len(self._buf) >= _FLUSH_BYTES:
+                        self._flush_locked(ts)
+                except JournalIOError:
+                    pass  # this event is chained and kept in memory; the failure is raised by the next call
             return seq, hx.decode()
+
+    def _refuse_locked(self) -> None:
+        """Why ``append`` takes nothing now: closed, a write failure to report, or a full buffer."""
+        if self._stopped:
+            raise JournalClosed(f"{self.path}: journal is closed")
+        if self._io_error is not None:
+            err, self._io_error = self._io_error, None  # reported once; the writer keeps retrying
+            raise JournalIOError(f"{self.path}: {err}; this event was not appended, {len(self._buf):,} bytes of "
+                                 "earlier events are kept in memory and written as soon as the disk takes them")
+        raise JournalIOError(f"{self.path}: {len(self._buf):,} bytes are waiting for the disk; this event was "
+                             "not appended")
 
     def _append_owned(self, event: Event) -> None:
         """Write an event the journal owns (run_opened, run_closed) and seal it durably."""
@@ -327,7 +365,7 @@ class Journal:
         is already sealed). ``durable=True`` fsyncs before returning.
         """
         with self._lock:
-            if self._closed:
+            if self._stopped:
                 raise JournalClosed(f"{self.path}: journal is closed")
             if self._since_seal == 0:
                 if durable:
@@ -348,21 +386,25 @@ class Journal:
         _, _, ts = self._write_locked(_encode_event(seal))
         self._since_seal = 0
         self._last_seal_ns = ts
+        background_fsync = not durable and self._ticker is not None
+        if background_fsync:
+            self._fsync_pending = True  # even if this flush fails: the ticker fsyncs once it has written
         self._flush_locked(ts)
-        if durable or self._ticker is None:
+        if not background_fsync:
             self._fsync()
-        else:
-            self._fsync_pending = True
         return sealed_seq, sealed_hex
 
     def _flush_locked(self, now: int) -> None:
+        """Hand the buffer to the OS. On failure what was not written stays buffered (retried by the next
+        flush), the failure is recorded for the caller, and :class:`JournalIOError` is raised."""
         self._last_flush_ns = now
         buf = self._buf
         while buf:
             try:
                 n = os.write(self._fd, buf)
             except OSError as e:
-                raise JournalIOError(f"{self.path}: write failed: {e.strerror}") from None
+                self._io_error = f"write failed: {e.strerror or e}"
+                raise JournalIOError(f"{self.path}: {self._io_error} ({len(buf):,} bytes kept in memory)") from None
             del buf[:n]
 
     def _fsync(self) -> None:
@@ -370,32 +412,41 @@ class Journal:
         try:
             os.fsync(self._fd)
         except OSError as e:
-            raise JournalIOError(f"{self.path}: fsync failed: {e.strerror}") from None
+            self._io_error = f"fsync failed: {e.strerror or e}"
+            raise JournalIOError(f"{self.path}: {self._io_error}") from None
 
     def flush(self) -> None:
-        """Hand buffered lines to the OS now (no fsync)."""
+        """Hand buffered lines to the OS now (no fsync); raises :class:`JournalIOError` if the disk refuses."""
         with self._lock:
             if not self._closed:
                 self._flush_locked(_now())
 
     def _tick(self, interval: float) -> None:
+        """The background thread: time-based seals and flushes, and the fsync of automatic seals. A failure
+        never stops it: it is recorded (the training thread's next call raises it) and retried next tick."""
         while not self._stop.wait(interval):
             fsync = False
             with self._lock:
                 if self._closed:
                     return
                 now = _now()
-                if self._since_seal and now - self._last_seal_ns >= self._seal_interval_ns:
-                    self._seal_locked(durable=False)
-                elif self._buf:
-                    self._flush_locked(now)
+                try:
+                    if self._since_seal and not self._stopped and now - self._last_seal_ns >= self._seal_interval_ns:
+                        self._seal_locked(durable=False)
+                    elif self._buf:
+                        self._flush_locked(now)
+                except JournalIOError:
+                    continue  # recorded; the buffer is retried next tick
                 fsync, self._fsync_pending = self._fsync_pending, False
                 fd = self._fd
             if fsync:
                 try:
                     os.fsync(fd)
-                except OSError:  # closed under us or disk trouble; the next durable seal reports it
-                    pass
+                except OSError as e:
+                    with self._lock:
+                        if not self._closed:
+                            self._io_error = f"fsync failed: {e.strerror or e}"
+                            self._fsync_pending = True
 
     # ------------------------------------------------------------ closing
 
@@ -427,12 +478,29 @@ class Journal:
         with self._lock:
             if self._closed:
                 raise JournalClosed(f"{self.path}: journal is already closed")
-            self._write_locked(_encode_event(RunClosed(status=status, reason=reason)))
-            self._since_seal += 1
-            head = self._seal_locked(durable=True)
+            if not self._stopped:  # a close that failed to write has chained run_closed already: only retry it
+                self._stopped = True
+                self._write_locked(_encode_event(RunClosed(status=status, reason=reason)))
+                self._since_seal += 1
+                self._close_head = self._seal_locked_chain_only()
+            self._flush_locked(_now())  # raises JournalIOError: close() can be called again once there is room
+            self._fsync()
+            self._io_error = None
             self._release()
         self._join_ticker()
-        return head
+        return self._close_head
+
+    def _seal_locked_chain_only(self) -> tuple[int, str]:
+        """Chain a seal of the current head without writing it (close writes and fsyncs it itself)."""
+        sealed_seq = self._seq - 1
+        sealed_hex = self._last_hash_hex.decode()
+        sig = None
+        if self._signer is not None:
+            sig = base64.b64encode(self._signer.sign(seal_message(self.run_id, sealed_seq, self._prev))).decode()
+        self._write_locked(_encode_event(Seal(sealed_seq=sealed_seq, sealed_hash=sealed_hex, key_id=self.key_id,
+                                              sig=sig)))
+        self._since_seal = 0
+        return sealed_seq, sealed_hex
 
     def _join_ticker(self) -> None:
         """Wait for the background thread to see the close (outside the lock it takes)."""
@@ -449,17 +517,25 @@ class Journal:
         with self._lock:
             if self._closed:
                 return
-            if self._since_seal:
-                self._seal_locked(durable=True)
-            else:
-                self._flush_locked(_now())
-                self._fsync()
+            try:
+                if self._since_seal and not self._stopped:
+                    self._seal_locked(durable=True)
+                else:
+                    self._flush_locked(_now())
+                    self._fsync()
+            except JournalIOError as e:
+                lost = len(self._buf)
+                self._release()  # the lock is never kept by a writer that is gone
+                raise JournalIOError(f"{e}; suspended anyway: {lost:,} buffered bytes could not be written "
+                                     "(the journal reopens at its last complete line)") from None
             self._release()
         self._join_ticker()
 
     def _release(self) -> None:
         self._closed = True
+        self._stopped = True
         self._stop.set()
+        _OPEN.discard(self)
         try:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
         finally:

@@ -194,3 +194,23 @@ def test_known_kind_with_a_bad_schema_fails_verify_in_a_fresh_process(hostile):
     proc = subprocess.run([sys.executable, "-c", "import sys; from journal.cli import main; sys.exit(main(sys.argv[1:]))",
                            "verify", "--pubkey", str(pub), str(p)], capture_output=True, text=True)
     assert proc.returncode == 1 and "gate_verdict" in proc.stdout and "Traceback" not in proc.stderr
+
+
+def test_replay_is_linear_in_unsupported_anomalies(tmp_path, signer, pubkey):
+    """4,000 recorded anomalies that no step supports: 65 s when the comparison was quadratic."""
+    import time
+
+    from conftest import step
+
+    from journal.health import AnomalyDetected
+    from journal.replay import replay
+
+    p = tmp_path / "a.jsonl"
+    with Journal.create(p, signer=signer, background=False) as j:
+        for i in range(200):
+            j.append(step(i))
+        for i in range(4000):
+            j.append(AnomalyDetected(step=i, anomaly="loss_spike", value=float(i), z_score=99.0, threshold=8.0))
+    t0 = time.perf_counter()
+    rec = replay(p, keys=[pubkey])
+    assert len(rec.differences) == 4000 and time.perf_counter() - t0 < 5

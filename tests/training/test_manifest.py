@@ -155,3 +155,37 @@ def test_cli_validate_and_id(tmp_path, capsys):
     assert main(["manifest", "validate", str(tmp_path / "nope.yaml")]) == 2
     m, findings = load_findings(p)
     assert m is not None and findings == []
+
+
+def test_billion_laughs_yaml_is_refused_at_once(tmp_path, capsys):
+    """Nested aliases would expand 1 KB into billions of nodes; aliases are refused before any expansion."""
+    lol = ['a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    for i, name in enumerate("bcdefghi"):
+        prev = "abcdefghi"[i]
+        lol.append(f"{name}: &{name} [{', '.join(['*' + prev] * 9)}]")
+    (tmp_path / "m.yaml").write_text("\n".join(lol) + "\n")
+    import time
+
+    t0 = time.perf_counter()
+    for argv in (["manifest", "validate", tmp_path / "m.yaml"], ["manifest", "id", tmp_path / "m.yaml"]):
+        code = main([str(a) for a in argv])
+        out, err = capsys.readouterr()
+        assert code == 2 and "aliases" in err and "Traceback" not in out + err  # unparsable: exit 2
+    assert time.perf_counter() - t0 < 5
+
+
+def test_oversized_and_over_deep_manifests_are_refused(tmp_path, capsys):
+    (tmp_path / "big.json").write_text(json.dumps({"x": "y" * (2 << 20)}))
+    assert main(["manifest", "validate", str(tmp_path / "big.json")]) == 2
+    assert "at most" in capsys.readouterr().err
+    (tmp_path / "deep.json").write_text("[" * 200 + "]" * 200)
+    assert main(["manifest", "validate", str(tmp_path / "deep.json")]) == 2
+    assert "nested deeper" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("ref", ["../outside.bin", "/etc/passwd", "data/../../x.bin"])
+def test_data_refs_outside_the_data_root_are_findings(ref):
+    d = base()
+    d["artifacts"]["config"] = typed(base()).artifacts.config
+    d["data"]["artifacts"][0]["ref"] = ref
+    assert ("E_UNSAFE_REF", "data.artifacts[0].ref") in codes(d)
