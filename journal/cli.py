@@ -599,8 +599,10 @@ def _ql(text: str) -> str:
 def _cmd_watch(args: argparse.Namespace) -> int:
     from .watch import watch
 
-    if not args.interval > 0:
-        raise JournalError(f"--interval must be positive, got {args.interval}")
+    if not 0 < args.interval <= 3600:
+        raise UsageError(f"--interval must be a number of seconds in (0, 3600], got {args.interval}")
+    if args.timeout is not None and not 0 <= args.timeout < float("inf"):
+        raise UsageError(f"--timeout must be a finite number of seconds, got {args.timeout}")
     return watch(args.path, interval=args.interval, timeout=args.timeout, keys=trusted_keys(args.pubkey),
                  trust_embedded=args.trust_embedded, allow_unsigned=args.allow_unsigned)
 

@@ -13,6 +13,7 @@ one line per refresh.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -20,10 +21,10 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from . import codec, health, kinds  # noqa: F401 - registers the kinds the view shows
-from ._scan import RangeResult, ScanContext, Scanner
+from ._scan import BLOCK, MAX_LINE, RangeResult, ScanContext, Scanner
 from ._text import safe
 from .chain import genesis
-from .errors import IntegrityError
+from .errors import IntegrityError, JournalError, SchemaError
 from .events import RunClosed, Seal, StepObserved
 from .health import AnomalyDetected, HealthProjection, RunConfigured
 from .keys import PublicKey
@@ -81,7 +82,7 @@ class _View:
         out.append("  last anomaly: " + ("none" if a is None else f"{a.kind} at step {a.step} (z {a.z_score})"))
         c = self.checkpoint
         out.append("  last checkpoint: " + ("none" if c is None else f"step {c.step} {c.path}"))
-        out.append(f"  seal lag: {max(0, self.last_seq - self.last_seal_seq)} events after the last seal")
+        out.append(f"  not signed yet: {max(0, self.last_seq - self.last_seal_seq)} events after the last seal")
         return out
 
 
@@ -91,69 +92,117 @@ def watch(path: str | Path, *, interval: float = 0.5, out: TextIO = sys.stdout, 
     does not check out (1). With ``keys`` (or ``trust_embedded``) every seal's signature is checked too."""
     p = Path(path)
     deadline = None if timeout is None else time.monotonic() + timeout
-    while True:  # the writer may not have created the file yet
-        try:
-            size = _open_checked(p)
-            if size > 0 and b"\n" in p.read_bytes()[:1 << 20]:
-                break
-        except Exception:  # noqa: BLE001 - not there yet: keep waiting, like tail -F
-            pass
-        if deadline is not None and time.monotonic() > deadline:
-            return 3
-        time.sleep(interval)
-    opened, _ = _read_opening(p, _open_checked(p))
-    if keys or trust_embedded or opened.key_id is None:
-        raw, trust, _ = resolve_key(opened, keys=keys, trust_embedded=trust_embedded)
-        if trust == "unsigned" and not allow_unsigned:
-            out.write(safe(f"FAIL  {p}: the journal is unsigned (pass --allow-unsigned to follow it anyway)") + "\n")
-            return 1
-        label = {"pinned": f"signatures checked: key {opened.key_id}, pinned",
-                 "embedded": f"signatures checked against the embedded key {opened.key_id}: authenticity not "
-                             "established", "unsigned": "unsigned journal: chain only"}[trust]
-        ctx = ScanContext(opened.run_id, opened.key_id, raw, trust != "unsigned", None)
-    else:
-        label = "chain checked, signatures NOT checked: pass --pubkey"
-        ctx = ScanContext(opened.run_id, opened.key_id, None, False, None)
-    res = RangeResult(0, 0)
-    scanner = Scanner(ctx, -1, genesis(opened.run_id), res)
-    view = _View(label)
-    tty = out.isatty()
-    if not tty:
-        out.write(f"watching {p} ({label})\n")
-    offset = 0
-    carry = b""
-    drawn = 0
+
+    def nap() -> bool:
+        """Sleep one interval, never past the deadline; False once the deadline has passed."""
+        if deadline is None:
+            time.sleep(interval)
+            return True
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        time.sleep(min(interval, left))
+        return True
+
     try:
-        with open(p, "rb", buffering=0) as f:
-            while True:
-                f.seek(offset)
-                data = f.read()
-                if data:
-                    offset += len(data)
-                    chunk = carry + data
-                    cut = chunk.rfind(b"\n")
-                    if cut >= 0:
-                        lines = chunk[:cut].split(b"\n")
-                        carry = chunk[cut + 1:]
-                        for ev in scanner.feed(lines, offset - len(chunk)):
-                            view.apply(ev)
-                    else:
-                        carry = chunk
-                text = [safe(x) for x in view.lines(p)]  # journal strings never reach the terminal raw
-                if tty:
-                    out.write(("\x1b[F\x1b[2K" * drawn) + "\n".join(text) + "\n")
-                    drawn = len(text)
-                else:
-                    out.write(" | ".join(x.strip() for x in text[1:]) + "\n")
-                out.flush()
-                if view.closed:
-                    return 0
-                if deadline is not None and time.monotonic() > deadline:
-                    return 3
-                time.sleep(interval)
+        while not _has_first_line(p):  # the writer may not have created the file yet
+            if not nap():
+                return 3
+        opened, _ = _read_opening(p, _open_checked(p))
+        if keys or trust_embedded or opened.key_id is None:
+            raw, trust, _ = resolve_key(opened, keys=keys, trust_embedded=trust_embedded)
+            if trust == "unsigned" and not allow_unsigned:
+                out.write(safe(f"FAIL  {p}: the journal is unsigned (pass --allow-unsigned to follow it anyway)") + "\n")
+                return 1
+            label = {"pinned": f"signatures checked: key {opened.key_id}, pinned",
+                     "embedded": f"signatures checked against the embedded key {opened.key_id}: authenticity not "
+                                 "established", "unsigned": "unsigned journal: chain only"}[trust]
+            ctx = ScanContext(opened.run_id, opened.key_id, raw, trust != "unsigned", None)
+        else:
+            label = "chain checked, signatures NOT checked: pass --pubkey"
+            ctx = ScanContext(opened.run_id, opened.key_id, None, False, None)
+        tty = out.isatty()
+        if not tty:
+            out.write(safe(f"watching {p} ({label})") + "\n")
+        follower = _Follower(p, ctx, label)
+        drawn = 0
+        while True:
+            note = follower.read_new()
+            if note:
+                out.write(safe(note) + "\n")
+                drawn = 0
+            text = [safe(x) for x in follower.view.lines(p)]  # journal strings never reach the terminal raw
+            if tty:
+                out.write(("\x1b[F\x1b[2K" * drawn) + "\n".join(text) + "\n")
+                drawn = len(text)
+            else:
+                out.write(" | ".join(x.strip() for x in text[1:]) + "\n")
+            out.flush()
+            if follower.view.closed:
+                return 0
+            if not nap():
+                return 3
     except KeyboardInterrupt:
         return 130
     except IntegrityError as e:
         out.write(safe(e.fail_line(str(p))) + "\n")
         out.flush()
         return 1
+
+
+def _has_first_line(p: Path) -> bool:
+    try:
+        if _open_checked(p) == 0:
+            return False
+        with open(p, "rb") as f:
+            return b"\n" in f.read(1 << 20)
+    except JournalError:  # not there yet (or not readable yet): keep waiting, like tail -F
+        return False
+
+
+class _Follower:
+    """Reads what was appended since the last call, a block at a time (memory stays flat in journal size)."""
+
+    def __init__(self, p: Path, ctx: ScanContext, label: str) -> None:
+        self.p, self.ctx, self.label = p, ctx, label
+        self._restart()
+
+    def _restart(self) -> None:
+        self.view = _View(self.label)
+        self.scanner = Scanner(self.ctx, -1, genesis(self.ctx.run_id), RangeResult(0, 0))
+        self.offset = 0  # bytes consumed as complete lines, plus the partial line held in carry
+        self.carry = b""
+        self.tail = b""  # the last bytes read: if they changed, the file was cut and rewritten under us
+
+    def read_new(self) -> str | None:
+        """Fold every complete line appended since the last call; a note when the file was cut meanwhile."""
+        note = None
+        with open(self.p, "rb", buffering=0) as f:
+            size = os.fstat(f.fileno()).st_size
+            if self.offset:
+                f.seek(self.offset - len(self.tail))
+                again = f.read(len(self.tail))
+            if self.offset and (size < self.offset or again != self.tail):
+                # open_append cut a torn line, or unsigned events, off the end (an honest crash and repair), or
+                # someone rewrote the file: either way what was read no longer stands. Read it again.
+                note = f"{self.p}: the journal was cut back and rewritten (a crash repaired?): reading it again"
+                self._restart()
+            f.seek(self.offset)
+            while True:
+                block = f.read(BLOCK)
+                if not block:
+                    break
+                start = self.offset - len(self.carry)
+                self.offset += len(block)
+                self.tail = (self.tail + block)[-64:]
+                chunk = self.carry + block
+                cut = chunk.rfind(b"\n")
+                if cut < 0:
+                    self.carry = chunk
+                    if len(chunk) > MAX_LINE:
+                        raise SchemaError(f"line at byte {start} is longer than {MAX_LINE} bytes", offset=start)
+                    continue
+                self.carry = chunk[cut + 1:]
+                for ev in self.scanner.feed(chunk[:cut].split(b"\n"), start):
+                    self.view.apply(ev)
+        return note

@@ -72,3 +72,79 @@ def test_watch_checks_signatures_under_a_pinned_key(tmp_path, signer, keypair):
                        capture_output=True, text=True, timeout=60, env={**__import__("os").environ,
                                                                           "TRAINLEDGER_TRUSTED_KEYS": ""})
     assert r.returncode == 0 and "signatures NOT checked" in r.stdout
+
+
+def _watch_in_thread(path, **kw):
+    import io
+    import threading
+
+    from journal.watch import watch
+
+    buf, result = io.StringIO(), {}
+    t = threading.Thread(target=lambda: result.setdefault("code", watch(path, out=buf, **kw)), daemon=True)
+    t.start()
+    return t, buf, result
+
+
+def test_watch_survives_an_honest_crash_and_repair(tmp_path, signer):
+    """watch read a torn last line; open_append moves it aside and the run goes on: no FAIL."""
+    from conftest import step
+
+    from journal import Journal
+
+    p = tmp_path / "j.jsonl"
+    j = Journal.create(p, signer=signer, background=False)
+    for i in range(20):
+        j.append(step(i))
+    j.suspend()
+    with open(p, "ab") as f:
+        f.write(b'{"kind":"step_observed","step":20,"lo')  # the crash tore this line mid-write
+    t, buf, result = _watch_in_thread(p, interval=0.05, timeout=30)
+    time.sleep(0.4)  # watch has read the torn bytes by now
+    with Journal.open_append(p, signer=signer, background=False) as j:
+        for i in range(20, 25):
+            j.append(step(i))
+    t.join(30)
+    assert result.get("code") == 0, buf.getvalue()
+    assert "reading it again" in buf.getvalue() and "FAIL" not in buf.getvalue()
+
+
+def test_watch_timeout_holds_during_a_long_interval(tmp_path, signer):
+    from journal import Journal
+
+    p = tmp_path / "j.jsonl"
+    Journal.create(p, signer=signer, background=False).suspend()  # a run that never closes
+    t0 = time.monotonic()
+    t, buf, result = _watch_in_thread(p, interval=600, timeout=0.5)
+    t.join(10)
+    assert result.get("code") == 3 and time.monotonic() - t0 < 5
+
+
+def test_watch_memory_stays_flat_in_journal_size(tmp_path, signer):
+    """Following a 60 MB journal must not hold it in memory (607 MB for 95 MB before)."""
+    from conftest import step
+
+    from journal import Journal
+
+    p = tmp_path / "big.jsonl"
+    with Journal.create(p, signer=signer, background=False) as j:
+        for i in range(250_000):
+            j.append(step(i))
+    assert p.stat().st_size > 55e6
+    probe = ("import resource, sys; from journal.watch import watch; import io; "
+             "code = watch(sys.argv[1], out=io.StringIO(), interval=0.05, timeout=60); "
+             "print(code, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)")
+    proc = subprocess.run([sys.executable, "-c", probe, str(p)], capture_output=True, text=True, timeout=120)
+    code, peak_mb = map(int, proc.stdout.split())
+    assert code == 0 and peak_mb < 150, (peak_mb, proc.stderr)
+
+
+def test_watch_interval_must_be_finite(tmp_path, signer, capsys):
+    from journal import Journal
+    from journal.cli import main
+
+    p = tmp_path / "j.jsonl"
+    Journal.create(p, signer=signer, background=False).close()
+    for bad in ("inf", "nan", "0", "-1"):
+        assert main(["watch", str(p), "--interval", bad]) == 2
+        assert "--interval" in capsys.readouterr().err
