@@ -189,9 +189,23 @@ def build_parser() -> argparse.ArgumentParser:
                    help="private key to sign with (default: preflight.key beside the journal, created on first use)")
     p.add_argument("--template-check", metavar="MODULE:FUNCTION",
                    help="your template/tokenizer/mask check: FUNCTION(manifest, root) -> (ok, detail)")
-    p.add_argument("--approval", metavar="FILE",
-                   help='JSON {"authority": ..., "manifest_id": ..., "decision": "approve"|"reject", "note": ...}')
+    p.add_argument("--approval", metavar="FILE", help="a signed approval of this manifest (trainledger approve)")
+    p.add_argument("--approvers", metavar="FILE",
+                   help="trusted approvers, one 'NAME <public key line>' per line (default: "
+                        "$TRAINLEDGER_TRUSTED_APPROVERS); without them the authority gate stays blocked")
     p.set_defaults(func=_cmd_preflight)
+
+    p = sub.add_parser("approve", help="sign your decision on a manifest (for preflight's authority gate)",
+                       description="Write a signed approval (or rejection) of one manifest identity, signed with "
+                                   "your own key. preflight --approval checks it against the pinned approvers.")
+    p.add_argument("manifest", metavar="MANIFEST")
+    p.add_argument("--key", metavar="FILE", required=True, help="your private key (trainledger keygen)")
+    p.add_argument("--as", dest="authority", metavar="NAME", required=True,
+                   help="the approver name the manifest lists (authority.approvers)")
+    p.add_argument("--reject", action="store_true", help="record a rejection instead of an approval")
+    p.add_argument("--note", default="", help="a note signed with the decision")
+    p.add_argument("-o", "--out", metavar="FILE", help="where to write (default: approval-NAME.json beside it)")
+    p.set_defaults(func=_cmd_approve)
 
     p = sub.add_parser("watch", help="follow a journal while a run writes it, with a live view",
                        description="Follow a journal like tail -f: step, loss, grad norm, tokens/s, MFU, last "
@@ -383,11 +397,12 @@ def _cmd_preflight(args: argparse.Namespace) -> int:
     import importlib
 
     try:
-        from training.preflight import Approval, run_preflight
+        from training.preflight import run_preflight
     except ImportError as e:
         raise JournalError(f"preflight needs the torch extra (pip install 'trainledger[torch]'): {e}") from None
     from training.manifest import load_findings
 
+    from .approval import load_approval, load_trusted_approvers
     from .keys import load_signer
     from .writer import Journal
 
@@ -408,12 +423,8 @@ def _cmd_preflight(args: argparse.Namespace) -> int:
             check = getattr(importlib.import_module(mod), fn)
         except (ImportError, AttributeError, ValueError) as e:
             raise UsageError(f"--template-check {args.template_check}: cannot load it: {e}") from None
-    approval = None
-    if args.approval:
-        try:
-            approval = Approval(**json.loads(Path(args.approval).read_text()))
-        except (OSError, ValueError, TypeError) as e:
-            raise UsageError(f"--approval {args.approval}: {e}") from None
+    approval = load_approval(args.approval) if args.approval else None
+    approvers = load_trusted_approvers(args.approvers)
     root = Path(args.data_root) if args.data_root else mpath.parent
     jpath = Path(args.journal) if args.journal else mpath.parent / f"preflight-{time.strftime('%Y%m%dT%H%M%S')}.jsonl"
     if args.key:
@@ -430,11 +441,35 @@ def _cmd_preflight(args: argparse.Namespace) -> int:
     _say(f"preflight {m.identity} ({m.label or 'no label'}) -> {jpath}")
     with Journal.create(jpath, signer=signer, manifest_id=m.identity, manifest_label=m.label or None,
                         meta={"preflight": True}) as j:
-        res = run_preflight(m, root, j, template_check=check, approval=approval, progress=show)
+        res = run_preflight(m, root, j, template_check=check, approval=approval, approvers=approvers,
+                            progress=show)
     _say(f"status: {res.status}")
     if pub is not None:
         _say(f"$ trainledger verify {jpath} --pubkey {pub}")
     return 0 if res.ready else 1
+
+
+def _cmd_approve(args: argparse.Namespace) -> int:
+    from training.manifest import load_findings, manifest_identity
+
+    from .approval import sign_approval
+    from .keys import load_signer
+
+    m, findings = load_findings(args.manifest)
+    if m is None:
+        raise UsageError(f"{args.manifest}: not a manifest: {findings[0].path}: {findings[0].message}")
+    if args.authority not in m.authority.approvers:
+        raise UsageError(f"{args.authority!r} is not an approver the manifest names "
+                         f"({', '.join(m.authority.approvers) or 'none'})")
+    a = sign_approval(load_signer(args.key), authority=args.authority, manifest_id=manifest_identity(m),
+                      decision="reject" if args.reject else "approve", note=args.note)
+    out = Path(args.out) if args.out else Path(args.manifest).with_name(f"approval-{args.authority}.json")
+    try:
+        out.write_bytes(a.to_json())
+    except OSError as e:
+        raise UsageError(f"{out}: cannot write: {e.strerror}") from None
+    _say(f"wrote {out}: {a.decision} of {a.manifest_id} by {a.authority} (key {a.key_id})")
+    return 0
 
 
 def _cmd_report(args: argparse.Namespace) -> int:

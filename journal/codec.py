@@ -303,6 +303,12 @@ def encode_event(event: Event) -> bytes:
     return info.encode(event)
 
 
+def encode_document(obj: Any) -> bytes:
+    """Canonical JSON of a small document that is not an event (a signed approval and its message): keys sorted,
+    no whitespace."""
+    return msgspec.json.encode(obj, order="sorted")
+
+
 def encoder_for(cls: type) -> Callable[[Any], bytes]:
     """The canonical encoder of one event class (what :func:`encode_event` calls)."""
     return _register(cls).encode

@@ -22,6 +22,8 @@ import msgspec
 from . import health, kinds  # noqa: F401 - registers the kinds replay folds
 from .events import RunResumed, StepObserved
 from .health import AnomalyDetected, HealthProjection, RunConfigured
+from .approval import ApprovalInvalid, SignedApproval, check_approval
+from .kinds import PreflightGate
 from .kinds import CheckpointSaved, DataWindowSkipped, DecisionRecorded, GateVerdict, RewindDecided, RunStopped
 from .ladder_outcome import LadderProjection, beta_update, gate
 from .reader import _unchecked_batches
@@ -66,6 +68,21 @@ def _fields(a: AnomalyDetected) -> tuple:
 def _key(a: AnomalyDetected) -> tuple:
     """The anomaly's fields, hashable, with NaN equal to NaN (it is the recorded value of a NaN loss)."""
     return tuple("NaN" if isinstance(v, float) and v != v else v for v in _fields(a))
+
+
+def _approval_problem(ev: PreflightGate) -> str | None:
+    """Why a passed authority gate does not follow from the approval it recorded (None when it does)."""
+    raw = ev.measured.get("approval") if isinstance(ev.measured, dict) else None
+    if raw is None:
+        return "it records no signed approval"
+    try:
+        a = msgspec.convert(raw, SignedApproval)
+        check_approval(a, manifest_id=ev.manifest_id, approvers=[a.authority], trusted=None)
+    except (msgspec.ValidationError, ApprovalInvalid) as e:
+        return f"its approval does not hold: {e}"
+    if a.decision != "approve":
+        return f"the recorded decision is {a.decision!r}"
+    return None
 
 
 def _compare_anomalies(recomputed: list[tuple[int, AnomalyDetected]],
@@ -160,6 +177,11 @@ def _rebuild(report: VerifyReport, copy: Path, observe: Callable[[Any], None] | 
             rewinds[-1]["skipped_batches"] = [ev.start_batch, ev.end_batch]
         elif isinstance(ev, RunStopped):
             stops.append({"seq": ev.seq, "rule": ev.rule, "reason": ev.reason})
+        elif isinstance(ev, PreflightGate) and ev.gate == "authority" and ev.status == "passed":
+            problem = _approval_problem(ev)
+            if problem is not None:
+                differences.append({"seq": ev.seq, "kind": "preflight_gate",
+                                    "detail": f"the authority gate passed, but {problem}"})
         elif isinstance(ev, GateVerdict):
             saw_ladder = True
             ladder.apply(ev)

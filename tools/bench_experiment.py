@@ -29,14 +29,15 @@ def main() -> int:
     from journal.report import write_report
     from training.experiment import run_experiment, write_example
     from training.manifest import load_findings
-    from training.preflight import Approval, run_preflight
+    from journal.approval import sign_approval
+    from training.preflight import run_preflight
 
     times: dict[str, list[float]] = {"manifest validate": [], "full preflight (10 gates)": [],
                                      "example experiment (160 updates)": [], "report": []}
     for r in range(args.rounds):
         d = Path(tempfile.mkdtemp(prefix="tl-exp-"))
         path = write_example(d)
-        signer = Signer.generate()
+        signer, lead = Signer.generate(), Signer.generate()
         t = time.perf_counter()
         m, findings = load_findings(path)
         times["manifest validate"].append(time.perf_counter() - t)
@@ -44,7 +45,8 @@ def main() -> int:
         t = time.perf_counter()
         with Journal.create(d / "preflight.jsonl", signer=signer, manifest_id=m.identity) as j:
             res = run_preflight(m, d, j, template_check=lambda m, root: (True, "raw tokens"),
-                                approval=Approval("research-lead", m.identity, "approve"))
+                                approval=sign_approval(lead, authority="research-lead", manifest_id=m.identity),
+                                approvers={"research-lead": [lead.public]})
         times["full preflight (10 gates)"].append(time.perf_counter() - t)
         assert res.ready, res.status
         t = time.perf_counter()

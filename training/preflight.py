@@ -28,7 +28,8 @@ from typing import Any
 import msgspec
 import torch
 
-from journal import Journal, Signer, UnsafePath
+from journal import Journal, PublicKey, Signer, UnsafePath
+from journal.approval import ApprovalInvalid, SignedApproval, check_approval
 from journal._paths import confined
 from journal.kinds import PreflightCompleted, PreflightGate
 
@@ -51,12 +52,8 @@ GATES = ("schema", "data_lineage", "template_compat", "smoke", "overfit", "save_
          "resource_probe", "eval_dry_run", "authority")
 
 
-@dataclasses.dataclass(frozen=True)
-class Approval:
-    authority: str
-    manifest_id: str
-    decision: str  # "approve" | "reject"
-    note: str = ""
+#: A decision by a named authority, signed with that authority's key (journal/approval.py).
+Approval = SignedApproval
 
 
 @dataclasses.dataclass
@@ -92,8 +89,9 @@ def _blocked(reason: str) -> GateResult:
 
 
 class _Ctx:
-    def __init__(self, m: ExperimentManifest, root: Path, template_check, approval, scratch: Path):
+    def __init__(self, m: ExperimentManifest, root: Path, template_check, approval, approvers, scratch: Path):
         self.m, self.root, self.template_check, self.approval, self.scratch = m, root, template_check, approval, scratch
+        self.approvers = approvers
         self.signer = Signer.generate()  # scratch journals of the disposable gates only
 
 
@@ -317,13 +315,18 @@ def _authority(c: _Ctx) -> GateResult:
     if a is None:
         return _blocked(f"awaiting a decision by {', '.join(who)} on {manifest_identity(m)}; every technical gate "
                         "passing does not imply approval")
-    if a.authority not in who:
-        return _failed(f"{a.authority!r} is not an approver named by the manifest ({', '.join(who)})")
-    if a.manifest_id != manifest_identity(m):
-        return _failed(f"the approval is for {a.manifest_id}, not this manifest ({manifest_identity(m)})")
+    if c.approvers is None:
+        return _blocked("no trusted approvers are pinned (--approvers FILE or $TRAINLEDGER_TRUSTED_APPROVERS): "
+                        "an approval cannot be checked against anyone's key")
+    try:
+        check_approval(a, manifest_id=manifest_identity(m), approvers=list(who), trusted=c.approvers)
+    except ApprovalInvalid as e:
+        return _failed(str(e), approval=a.to_dict())
     if a.decision != "approve":
-        return _failed(f"{a.authority} decided {a.decision!r}" + (f": {a.note}" if a.note else ""))
-    return _passed(f"approved by {a.authority}" + (f": {a.note}" if a.note else ""), authority=a.authority)
+        return _failed(f"{a.authority} decided {a.decision!r}" + (f": {a.note}" if a.note else ""),
+                       approval=a.to_dict())
+    return _passed(f"approved by {a.authority} (key {a.key_id})" + (f": {a.note}" if a.note else ""),
+                   authority=a.authority, approval=a.to_dict())
 
 
 _FUNCS: dict[str, Callable[[_Ctx], GateResult]] = {
@@ -335,14 +338,15 @@ _FUNCS: dict[str, Callable[[_Ctx], GateResult]] = {
 
 def run_preflight(m: ExperimentManifest, root: str | Path, journal: Journal, *,
                   template_check: Callable[[ExperimentManifest, Path], tuple[bool, str]] | None = None,
-                  approval: Approval | None = None,
+                  approval: SignedApproval | None = None,
+                  approvers: dict[str, list[PublicKey]] | None = None,
                   progress: Callable[[GateResult], None] | None = None) -> PreflightResult:
     """Run the gates in order into ``journal``; stop at the first that does not pass."""
     ident = manifest_identity(m)
     results: list[GateResult] = []
     stopped: GateResult | None = None
     with tempfile.TemporaryDirectory(prefix="trainledger-preflight-") as tmp:
-        ctx = _Ctx(m, Path(root), template_check, approval, Path(tmp))
+        ctx = _Ctx(m, Path(root), template_check, approval, approvers, Path(tmp))
         for gate in GATES:
             if stopped is not None:
                 r = GateResult(gate, "not_run", f"not run: the preflight stopped at {stopped.gate}")

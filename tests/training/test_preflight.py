@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import json
+
+import msgspec
 from manifest_fixtures import base, write
 
-from journal import Journal, read_events, verify
+from journal import Journal, Signer, read_events, verify
+from journal.approval import sign_approval
 from journal.cli import main
 from journal.kinds import PreflightCompleted, PreflightGate
 from training.manifest import load_manifest
-from training.preflight import GATES, Approval, run_preflight
+from training.preflight import GATES, run_preflight
+
+
+LEAD = Signer.generate()  # the research lead's own key
+PINNED = {"research-lead": [LEAD.public]}  # the team's trusted-approvers file
 
 
 def template_ok(m, root):
@@ -35,8 +43,8 @@ def test_a_full_preflight_passes_every_gate_with_measurements(tmp_path, signer):
     p = write(tmp_path, base())
     m = load_manifest(p)
     with Journal.create(tmp_path / "pf.jsonl", signer=signer, manifest_id=m.identity) as j:
-        r = run_preflight(m, tmp_path, j, template_check=template_ok,
-                          approval=Approval("research-lead", m.identity, "approve"))
+        r = run_preflight(m, tmp_path, j, template_check=template_ok, approvers=PINNED,
+                          approval=sign_approval(LEAD, authority="research-lead", manifest_id=m.identity))
     assert r.status == "ready-to-train", [(g.gate, g.status, g.reason) for g in r.gates]
     g = {x.gate: x for x in r.gates}
     assert g["smoke"].measured["supervised_tokens"] == 2 * 2 * 16  # microbatch x data-parallel x seq_len
@@ -51,15 +59,65 @@ def test_a_full_preflight_passes_every_gate_with_measurements(tmp_path, signer):
 
 
 def test_authority_is_never_implied(tmp_path, signer):
+    """Only a decision signed by the approver's own, pinned key passes; anything anyone could write fails."""
     p = write(tmp_path, base())
     m = load_manifest(p)
-    for approval, status in [(None, "blocked"), (Approval("research-lead", "sha256:" + "0" * 64, "approve"), "failed"),
-                             (Approval("intern", m.identity, "approve"), "failed"),
-                             (Approval("research-lead", m.identity, "reject", "budget"), "failed")]:
+    mallory = Signer.generate()
+    forged = sign_approval(mallory, authority="research-lead", manifest_id=m.identity)
+    cases = [
+        (None, PINNED, "blocked", "awaiting a decision"),
+        (sign_approval(LEAD, authority="research-lead", manifest_id=m.identity), None, "blocked", "no trusted approvers"),
+        (sign_approval(LEAD, authority="research-lead", manifest_id="sha256:" + "0" * 64), PINNED, "failed",
+         "not this manifest"),
+        (sign_approval(LEAD, authority="intern", manifest_id=m.identity), PINNED, "failed", "not an approver"),
+        (sign_approval(LEAD, authority="research-lead", manifest_id=m.identity, decision="reject", note="budget"),
+         PINNED, "failed", "decided 'reject': budget"),
+        (forged, PINNED, "failed", "not pinned for 'research-lead'"),  # signed, but by someone else's key
+        (msgspec.structs.replace(forged, public_key=LEAD.public.b64, key_id=LEAD.key_id), PINNED, "failed",
+         "does not verify"),  # the lead's public key pasted over mallory's signature
+    ]
+    for approval, approvers, status, why in cases:
         with Journal.create(tmp_path / f"pf-{status}-{id(approval)}.jsonl", signer=signer) as j:
-            r = run_preflight(m, tmp_path, j, template_check=template_ok, approval=approval)
-        assert r.stopped_at == "authority" and r.gates[-1].status == status
+            r = run_preflight(m, tmp_path, j, template_check=template_ok, approval=approval, approvers=approvers)
+        assert r.stopped_at == "authority" and r.gates[-1].status == status and why in r.gates[-1].reason, \
+            r.gates[-1].reason
         assert r.status == f"experiment-specified-{status}-before-training at authority"
+
+
+def test_replay_rechecks_the_signed_approval(tmp_path, signer):
+    """A journal whose authority gate passed without a valid signed approval is named by replay."""
+    from journal.kinds import PreflightGate
+    from journal.replay import replay
+
+    ident = "sha256:" + "1" * 64
+    good = sign_approval(LEAD, authority="research-lead", manifest_id=ident)
+    p = tmp_path / "pf.jsonl"
+    with Journal.create(p, signer=signer, manifest_id=ident) as j:
+        j.append(PreflightGate(gate="authority", status="passed", reason="ok", manifest_id=ident,
+                               measured={"approval": good.to_dict()}))
+        j.append(PreflightGate(gate="authority", status="passed", reason="approved, trust me", manifest_id=ident))
+        j.append(PreflightGate(gate="authority", status="passed", reason="ok", manifest_id=ident,
+                               measured={"approval": {**good.to_dict(), "note": "edited after signing"}}))
+    rec = replay(p, keys=[signer.public])
+    assert [(d["seq"], d["detail"].split(", but ")[1][:30]) for d in rec.differences] == [
+        (3, "it records no signed approval"), (4, "its approval does not hold: th")]
+
+
+def test_approve_then_preflight_from_the_cli(tmp_path, capsys, keypair):
+    from journal import keygen
+
+    p = write(tmp_path, base())
+    lead_key, lead_pub = keygen(tmp_path / "lead")
+    approvers = tmp_path / "approvers.txt"
+    approvers.write_text("# name key\nresearch-lead " + lead_pub.read_text())
+    assert main(["approve", str(p), "--key", str(lead_key), "--as", "research-lead", "-o",
+                 str(tmp_path / "ok.json")]) == 0
+    assert main(["approve", str(p), "--key", str(lead_key), "--as", "intern"]) == 2
+    (tmp_path / "unsigned.json").write_text(json.dumps({"authority": "research-lead", "manifest_id": "x",
+                                                        "decision": "approve"}))
+    assert main(["preflight", str(p), "--journal", str(tmp_path / "u.jsonl"), "--key", str(keypair[1]),
+                 "--approval", str(tmp_path / "unsigned.json")]) == 2
+    assert "not a signed approval" in capsys.readouterr().err
 
 
 def test_a_changed_data_file_fails_lineage(tmp_path, signer):
