@@ -18,11 +18,11 @@ from pathlib import Path
 
 from . import __version__
 from ._text import csv_cell, safe
-from .errors import IntegrityError, JournalError, UsageError
+from .errors import IntegrityError, JournalError, JournalIOError, UsageError
 from .keys import TRUSTED_KEYS_ENV, keygen, trusted_keys
 from .verify import VerifyReport, parse_head, verify
 
-__all__ = ["main", "build_parser"]
+__all__ = ["main", "entry", "build_parser"]
 
 _EPILOG = """exit codes: 0 ok, 1 integrity failure (the journal does not verify),
 2 usage or I/O error. Keys can be pinned once for a team in a file named by
@@ -148,6 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-verify", action="store_true", help="skip signature verification (says so on stderr)")
     p.add_argument("--no-cache", action="store_true",
                    help="read the journals even if a verified columnar copy matches their heads, and keep none")
+    p.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS",
+                   help="interrupt the SQL after this long (default 600; 0 for no limit)")
     p.set_defaults(func=_cmd_query)
 
     p = sub.add_parser("report", help="write one self-contained HTML page about a run (curves, verdicts, decisions)",
@@ -577,21 +579,12 @@ def _cmd_query(args: argparse.Namespace) -> int:
         if (not args.no_cache and source.origin == "journals"
                 and sum(r["size"] for r in source.files) >= CACHE_MIN_BYTES):
             refresh_cache_in_background(paths, **trust)
-    try:
-        cur = con.execute(sql, args.param or None)
-        cols = [d[0] for d in cur.description] if cur.description else []
-        rows = cur.fetchall()
-    except duckdb.Error as e:
-        raise UsageError(f"query failed: {str(e).splitlines()[0]}") from None
+    cols, rows = _run_sql(con, sql, args.param or None, args.timeout)
     if args.format == "parquet":
-        out = duckdb.connect(":memory:")  # our own connection, writing where the user asked
-        if rows:
-            out.execute("CREATE TABLE r AS SELECT * FROM (VALUES " + ", ".join(
-                "(" + ", ".join("?" for _ in cols) + ")" for _ in rows) + f") t({', '.join(map(_qi, cols))})",
-                [v for row in rows for v in row])
-        else:
-            out.execute(f"CREATE TABLE r ({', '.join(_qi(c) + ' VARCHAR' for c in cols)})")
-        out.execute(f"COPY r TO {_ql(args.out)} (FORMAT parquet)")
+        try:
+            _write_parquet(cols, rows, args.out)
+        except duckdb.Error as e:
+            raise JournalIOError(f"{args.out}: cannot write parquet: {str(e).splitlines()[0]}") from None
         _say(f"wrote {len(rows)} rows to {args.out}", file=sys.stderr)
         return 0
     buf = io.StringIO()
@@ -617,6 +610,58 @@ def _cmd_query(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(buf.getvalue())
     return 0
+
+
+def _run_sql(con, sql: str, params, timeout: float) -> tuple[list[str], list[tuple]]:
+    """Run the user's SQL in a worker thread, so that Ctrl-C and ``--timeout`` can interrupt DuckDB."""
+    import threading
+
+    import duckdb
+
+    if not timeout >= 0 or timeout == float("inf"):
+        raise UsageError(f"--timeout must be a finite number of seconds (0 for none), got {timeout}")
+    box: dict = {}
+
+    def work() -> None:
+        try:
+            cur = con.execute(sql, params)
+            box["cols"] = [d[0] for d in cur.description] if cur.description else []
+            box["rows"] = cur.fetchall()
+        except duckdb.Error as e:
+            box["error"] = e
+
+    t = threading.Thread(target=work, name="trainledger-query", daemon=True)
+    t.start()
+    deadline = time.monotonic() + timeout if timeout else None
+    try:
+        while t.is_alive():
+            t.join(0.05)
+            if deadline is not None and time.monotonic() > deadline and t.is_alive():
+                con.interrupt()
+                t.join(10)
+                raise UsageError(f"the query ran longer than --timeout {timeout:g} s and was interrupted")
+    except KeyboardInterrupt:
+        con.interrupt()
+        t.join(10)
+        raise
+    if "error" in box:
+        raise UsageError(f"query failed: {str(box['error']).splitlines()[0]}")
+    return box["cols"], box["rows"]
+
+
+def _write_parquet(cols: list[str], rows: list[tuple], out_path: str) -> None:
+    """Write the result with a connection of our own (the query's is locked down), where the user asked."""
+    import duckdb
+
+    out = duckdb.connect(":memory:")
+    out.execute("SET autoinstall_known_extensions = false")
+    if rows:
+        out.execute("CREATE TABLE r AS SELECT * FROM (VALUES " + ", ".join(
+            "(" + ", ".join("?" for _ in cols) + ")" for _ in rows) + f") t({', '.join(map(_qi, cols))})",
+            [v for row in rows for v in row])
+    else:
+        out.execute(f"CREATE TABLE r ({', '.join(_qi(c) + ' VARCHAR' for c in cols)})")
+    out.execute(f"COPY r TO {_ql(out_path)} (FORMAT parquet)")
 
 
 def _cell(v) -> str:
@@ -723,7 +768,13 @@ def _cmd_ladder(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        # query takes its options anywhere: `query J.jsonl --format json "SQL"` leaves the SQL over here.
+        if getattr(args, "command", None) == "query" and not any(x.startswith("-") and x != "-" for x in extra):
+            args.paths += extra
+        else:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if not getattr(args, "command", None):
         parser.print_help()
         return 2
@@ -739,7 +790,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         # `trainledger show ... | head`: not an error.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except OSError as e:  # a file or folder that cannot be read or written: an I/O error, one line, exit 2
+        where = f"{e.filename}: " if e.filename else ""
+        _say(f"trainledger {args.command}: error: {where}{e.strerror or e}", file=sys.stderr)
+        return 2
+
+
+def entry() -> None:
+    """The console script: :func:`main`, and after Ctrl-C an immediate exit.
+
+    Ctrl-C can arrive while DuckDB or a verifier still runs native threads (a query's load, its SQL); letting
+    the interpreter finalise around them can abort the process. Journals still open are sealed first.
+    """
+    code = main()
+    if code == 130:
+        from .writer import _suspend_all_at_exit
+
+        _suspend_all_at_exit()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(130)
+    sys.exit(code)
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    entry()

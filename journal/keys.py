@@ -22,7 +22,8 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from .errors import KeyFileError, UsageError
+from ._paths import open_new
+from .errors import JournalIOError, KeyFileError, UsageError
 
 __all__ = [
     "PUBKEY_PREFIX",
@@ -43,6 +44,19 @@ TRUSTED_KEYS_ENV = "TRAINLEDGER_TRUSTED_KEYS"
 _MAX_KEY_FILE = 64 * 1024
 
 
+# Encodings of the Ed25519 points of small order (libsodium's blocklist; the sign bit is ignored). Under such a
+# key one fixed signature verifies for every message, so a journal "signed" by it proves nothing.
+_SMALL_ORDER = {bytes.fromhex(h) for h in (
+    "0000000000000000000000000000000000000000000000000000000000000000",
+    "0100000000000000000000000000000000000000000000000000000000000000",
+    "26e8958fc2b227b045c3f489f2ef98f0d5dfac05d3c63339b13802886d53fc05",
+    "c7176a703d4dd84fba3c0b760d10670f2a2053fa2c39ccc64ec7fd7792ac037a",
+    "ecffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff7f",
+    "edffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff7f",
+    "eeffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff7f",
+)}
+
+
 def key_id_of(raw_public: bytes) -> str:
     """Short, stable identifier of a public key."""
     return hashlib.sha256(raw_public).hexdigest()[:16]
@@ -56,6 +70,9 @@ class PublicKey:
     def __init__(self, raw: bytes, source: str = "<memory>"):
         if len(raw) != 32:
             raise KeyFileError(f"{source}: an Ed25519 public key is 32 bytes, got {len(raw)}")
+        if raw[:31] + bytes([raw[31] & 0x7F]) in _SMALL_ORDER:
+            raise KeyFileError(f"{source}: a small-order Ed25519 point, not a usable public key (one signature "
+                               "would verify every message)")
         self.raw = raw
         self.key_id = key_id_of(raw)
         self._key = Ed25519PublicKey.from_public_bytes(raw)
@@ -119,6 +136,8 @@ class Signer:
 
 
 def _read_small(path: Path, what: str) -> bytes:
+    """A small regular file's bytes. A FIFO, a device (/dev/zero) or a folder is refused before it is read, and
+    never more than the cap is read, so no key file can hang a command or exhaust its memory."""
     try:
         st = path.stat()
     except FileNotFoundError:
@@ -127,12 +146,23 @@ def _read_small(path: Path, what: str) -> bytes:
         raise KeyFileError(f"{path}: cannot read {what}: {e.strerror}") from None
     if stat.S_ISDIR(st.st_mode):
         raise KeyFileError(f"{path}: is a directory, expected a {what} file")
+    if not stat.S_ISREG(st.st_mode):
+        raise KeyFileError(f"{path}: not a regular file, expected a {what} file")
     if st.st_size > _MAX_KEY_FILE:
         raise KeyFileError(f"{path}: too large to be a {what} ({st.st_size} bytes)")
     try:
-        return path.read_bytes()
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):  # swapped for something else since the stat above
+                raise KeyFileError(f"{path}: not a regular file, expected a {what} file")
+            data = os.read(fd, _MAX_KEY_FILE + 1)
+        finally:
+            os.close(fd)
     except OSError as e:
         raise KeyFileError(f"{path}: cannot read {what}: {e.strerror}") from None
+    if len(data) > _MAX_KEY_FILE:
+        raise KeyFileError(f"{path}: too large to be a {what}")
+    return data
 
 
 def load_signer(path: str | os.PathLike) -> Signer:
@@ -195,16 +225,25 @@ def load_public_key(path: str | os.PathLike) -> PublicKey:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         raise KeyFileError(f"{p}: not a text public key file") from None
+    if not text.lstrip().startswith("-----BEGIN"):
+        lines = [x for x in text.splitlines() if x.strip() and not x.lstrip().startswith("#")]
+        if len(lines) != 1:
+            raise KeyFileError(f"{p}: holds {len(lines)} keys, expected exactly one (list several keys in a "
+                               f"trusted-keys file, ${TRUSTED_KEYS_ENV})")
+        text = lines[0]
     return parse_public_key(text, str(p))
 
 
 def trusted_keys(paths: list[str] | tuple[str, ...] = (), *, env: dict[str, str] | None = None) -> list[PublicKey]:
-    """Keys pinned by ``--pubkey`` files plus the file named by ``$TRAINLEDGER_TRUSTED_KEYS``.
+    """The pinned keys: the ``--pubkey`` files when any are given (and then only those), else the keys in the
+    file named by ``$TRAINLEDGER_TRUSTED_KEYS``. Each key's ``source`` says where it was pinned.
 
     The trusted-keys file holds one public key per line; blank lines and lines
     starting with ``#`` are ignored.
     """
     keys = [load_public_key(p) for p in paths]
+    if keys:
+        return keys  # explicit keys replace the team's list, never silently widened by it
     env = os.environ if env is None else env
     listing = env.get(TRUSTED_KEYS_ENV)
     if listing:
@@ -224,22 +263,28 @@ def keygen(directory: str | os.PathLike, *, name: str = "trainledger", force: bo
     d = Path(directory)
     if d.exists() and not d.is_dir():
         raise UsageError(f"{d}: exists and is not a directory")
-    d.mkdir(parents=True, exist_ok=True)
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise JournalIOError(f"{d}: cannot create the key folder: {e.strerror}") from None
     priv, pub = d / f"{name}.key", d / f"{name}.pub"
     if not force:
         for p in (priv, pub):
             if p.exists():
                 raise UsageError(f"{p}: already exists; refusing to overwrite a key (use --force)")
     signer = Signer.generate()
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | (0 if force else os.O_EXCL)
-    fd = os.open(priv, flags, 0o600)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | (0 if force else os.O_EXCL) | getattr(os, "O_NOFOLLOW", 0)
     try:
-        os.fchmod(fd, 0o600)
-        os.write(fd, signer.private_pem())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    tmp = pub.with_suffix(".pub.tmp")
-    tmp.write_text(signer.public.line() + "\n")
-    os.replace(tmp, pub)
+        fd = os.open(priv, flags, 0o600)
+        try:
+            os.fchmod(fd, 0o600)
+            os.write(fd, signer.private_pem())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        with open_new(pub.with_suffix(".pub.tmp")) as f:
+            f.write((signer.public.line() + "\n").encode())
+        os.replace(pub.with_suffix(".pub.tmp"), pub)
+    except OSError as e:
+        raise JournalIOError(f"{d}: cannot write the key pair there: {e.strerror}") from None
     return priv, pub

@@ -59,30 +59,31 @@ CACHE_VERSION = 2
 #: well under a tenth of a second anyway.
 CACHE_MIN_BYTES = 16 * 1024 * 1024
 
-# Each typed view: the event kind and its fields with DuckDB types. One json_transform per row parses every
+# Each typed view: the event kind and its fields with DuckDB types (integers as HUGEINT: an event's int may be
+# anything up to 2**64 - 1, which BIGINT would turn into NULL). One json_transform per row parses every
 # field at once; a float stored as "NaN"/"Infinity"/"-Infinity" becomes DOUBLE NaN/inf, nested values stay JSON.
 _TYPED: dict[str, tuple[str, list[tuple[str, str]]]] = {
-    "steps": ("step_observed", [("step", "BIGINT"), ("loss", "DOUBLE"), ("grad_norm", "DOUBLE"), ("lr", "DOUBLE"),
-                                ("step_time_s", "DOUBLE"), ("examples", "BIGINT"), ("tokens", "BIGINT"),
-                                ("supervised_tokens", "BIGINT")]),
-    "anomalies": ("anomaly_detected", [("step", "BIGINT"), ("anomaly", "VARCHAR"), ("value", "DOUBLE"),
+    "steps": ("step_observed", [("step", "HUGEINT"), ("loss", "DOUBLE"), ("grad_norm", "DOUBLE"), ("lr", "DOUBLE"),
+                                ("step_time_s", "DOUBLE"), ("examples", "HUGEINT"), ("tokens", "HUGEINT"),
+                                ("supervised_tokens", "HUGEINT")]),
+    "anomalies": ("anomaly_detected", [("step", "HUGEINT"), ("anomaly", "VARCHAR"), ("value", "DOUBLE"),
                                        ("baseline_median", "DOUBLE"), ("mad", "DOUBLE"), ("z_score", "DOUBLE"),
-                                       ("threshold", "DOUBLE"), ("detected_at", "BIGINT")]),
-    "checkpoints": ("checkpoint_saved", [("step", "BIGINT"), ("path", "VARCHAR"), ("bytes", "BIGINT"),
+                                       ("threshold", "DOUBLE"), ("detected_at", "HUGEINT")]),
+    "checkpoints": ("checkpoint_saved", [("step", "HUGEINT"), ("path", "VARCHAR"), ("bytes", "HUGEINT"),
                                          ("sha256", "VARCHAR"), ("duration_s", "DOUBLE"), ("contents", "JSON")]),
-    "resumes": ("run_resumed", [("reason", "VARCHAR"), ("from_step", "BIGINT"), ("checkpoint", "VARCHAR")]),
-    "rewinds": ("rewind_decided", [("spike_step", "BIGINT"), ("anomaly", "VARCHAR"), ("checkpoint", "VARCHAR"),
-                                   ("from_step", "BIGINT"), ("skip_batches", "BIGINT"), ("lr_scale", "DOUBLE"),
+    "resumes": ("run_resumed", [("reason", "VARCHAR"), ("from_step", "HUGEINT"), ("checkpoint", "VARCHAR")]),
+    "rewinds": ("rewind_decided", [("spike_step", "HUGEINT"), ("anomaly", "VARCHAR"), ("checkpoint", "VARCHAR"),
+                                   ("from_step", "HUGEINT"), ("skip_batches", "HUGEINT"), ("lr_scale", "DOUBLE"),
                                    ("reason", "VARCHAR")]),
     "verdicts": ("gate_verdict", [("rung", "VARCHAR"), ("passed", "BOOLEAN"), ("reason", "VARCHAR"),
                                   ("measured", "JSON"), ("bars", "JSON")]),
     "decisions": ("decision_recorded", [("rung", "VARCHAR"), ("action_chosen", "VARCHAR"),
                                         ("belief_before", "JSON"), ("belief_after", "JSON"), ("evidence", "JSON")]),
-    "seals": ("seal", [("sealed_seq", "BIGINT"), ("sealed_hash", "VARCHAR"), ("key_id", "VARCHAR")]),
+    "seals": ("seal", [("sealed_seq", "HUGEINT"), ("sealed_hash", "VARCHAR"), ("key_id", "VARCHAR")]),
     "stops": ("run_stopped", [("rule", "VARCHAR"), ("reason", "VARCHAR")]),
-    "configs": ("run_configured", [("n_params", "BIGINT"), ("n_layer", "BIGINT"), ("n_head", "BIGINT"),
-                                   ("head_dim", "BIGINT"), ("seq_len", "BIGINT"), ("peak_flops_per_sec", "DOUBLE"),
-                                   ("devices", "BIGINT")]),
+    "configs": ("run_configured", [("n_params", "HUGEINT"), ("n_layer", "HUGEINT"), ("n_head", "HUGEINT"),
+                                   ("head_dim", "HUGEINT"), ("seq_len", "HUGEINT"), ("peak_flops_per_sec", "DOUBLE"),
+                                   ("devices", "HUGEINT")]),
 }
 # Fields whose default is omitted from the line (omit_defaults) and must read back as that default.
 _DEFAULTS = {("configs", "devices"): "1"}

@@ -360,7 +360,7 @@ def resolve_key(opened: Any, *, keys: Sequence[PublicKey] = (), trust_embedded: 
         return None, "unchecked", []
     pinned = [k for k in keys if k.key_id == opened.key_id]
     if pinned:
-        return pinned[0].raw, "pinned", []
+        return pinned[0].raw, "pinned", [f"key {opened.key_id} pinned by {pinned[0].source}"]
     if keys:
         raise UntrustedKey(
             f"journal is signed by key {opened.key_id}, which is not pinned "

@@ -7,6 +7,9 @@ import stat
 
 import pytest
 
+import base64
+from pathlib import Path
+
 from journal import KeyFileError, Signer, UsageError, keygen, load_public_key, load_signer, trusted_keys
 from journal.keys import TRUSTED_KEYS_ENV, key_id_of, parse_public_key
 
@@ -73,11 +76,58 @@ def test_trusted_keys_file_from_environment(tmp_path):
     _, pub2 = keygen(tmp_path / "b")
     listing = tmp_path / "allowed"
     listing.write_text(f"# team keys\n{pub2.read_text()}\n\n")
+    keys = trusted_keys([], env={TRUSTED_KEYS_ENV: str(listing)})
+    assert [k.key_id for k in keys] == [load_public_key(pub2).key_id] and keys[0].source == f"{listing}:2"
+
+
+def test_pubkey_replaces_the_environment_list_instead_of_widening_it(tmp_path):
+    _, pub1 = keygen(tmp_path / "a")
+    _, pub2 = keygen(tmp_path / "b")
+    listing = tmp_path / "allowed"
+    listing.write_text(pub2.read_text())
     keys = trusted_keys([str(pub1)], env={TRUSTED_KEYS_ENV: str(listing)})
-    assert [k.key_id for k in keys] == [load_public_key(pub1).key_id, load_public_key(pub2).key_id]
+    assert [k.key_id for k in keys] == [load_public_key(pub1).key_id]
 
 
-def test_signatures_verify_only_under_their_key():
-    a, b = Signer.generate(), Signer.generate()
-    sig = a.sign(b"msg")
-    assert a.public.verify(sig, b"msg") and not b.public.verify(sig, b"msg") and not a.public.verify(sig, b"msh")
+@pytest.mark.parametrize("point", [
+    "0100000000000000000000000000000000000000000000000000000000000000",  # the identity (order 1)
+    "ecffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff7f",  # order 2
+    "26e8958fc2b227b045c3f489f2ef98f0d5dfac05d3c63339b13802886d53fc85",  # order 8, sign bit set
+])
+def test_small_order_public_keys_are_refused_at_load(tmp_path, point):
+    raw = bytes.fromhex(point)
+    f = tmp_path / "weak.pub"
+    f.write_text(f"trainledger-ed25519 {base64.b64encode(raw).decode()}\n")
+    with pytest.raises(KeyFileError, match="small-order"):
+        load_public_key(f)
+
+
+def test_pub_file_with_two_keys_is_refused(tmp_path):
+    _, pub1 = keygen(tmp_path / "a")
+    _, pub2 = keygen(tmp_path / "b")
+    both = tmp_path / "both.pub"
+    both.write_text(pub1.read_text() + pub2.read_text())
+    with pytest.raises(KeyFileError, match="holds 2 keys"):
+        load_public_key(both)
+
+
+@pytest.mark.parametrize("special", ["fifo", "/dev/zero"])
+def test_fifo_or_device_as_a_key_file_is_refused_at_once(tmp_path, special):
+    import os
+
+    path = tmp_path / "k.fifo" if special == "fifo" else Path(special)
+    if special == "fifo":
+        os.mkfifo(path)
+    for load in (load_public_key, load_signer):
+        with pytest.raises(KeyFileError, match="not a regular file"):
+            load(path)
+
+
+def test_keygen_where_no_folder_can_be_made_is_an_io_error(tmp_path, capsys):
+    """A folder that cannot be created (its parent is a file: the same error path as a read-only disk, and
+    one that root cannot bypass) is one line and exit 2."""
+    from journal.cli import main
+
+    (tmp_path / "file").write_text("x")
+    assert main(["keygen", str(tmp_path / "file" / "keys")]) == 2
+    assert "cannot create" in capsys.readouterr().err

@@ -1,0 +1,107 @@
+"""Usage and I/O mistakes: one line, exit 2, nothing half-written; queries that can be stopped."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import step
+from test_cli import run
+
+from journal import Journal, StepObserved
+from journal import query as q
+
+
+@pytest.fixture
+def journal_file(tmp_path, signer):
+    p = tmp_path / "j.jsonl"
+    with Journal.create(p, signer=signer, background=False) as j:
+        for i in range(20):
+            j.append(step(i))
+    return p
+
+
+@pytest.fixture
+def not_a_folder(tmp_path):
+    """A path under a regular file: no folder can be made there (a read-only disk fails the same way, and
+    root, which these tests may run as, cannot bypass it)."""
+    (tmp_path / "file").write_text("x")
+    return tmp_path / "file"
+
+
+@pytest.mark.parametrize("fmt", ["csv", "json", "table", "parquet"])
+def test_query_unwritable_out_is_an_io_error(journal_file, not_a_folder, capsys, fmt):
+    code, _, err = run(capsys, "query", "--trust-embedded", "--format", fmt, "--out", not_a_folder / "r.out",
+                       journal_file, "SELECT count(*) FROM steps")
+    assert code == 2 and err.count("\n") == 1 and "r.out" in err
+
+
+@pytest.mark.parametrize("argv", [
+    ["demo", "--steps", "5", "--out", "{nf}/demo"],
+    ["manifest", "init", "{nf}/exp"],
+    ["ladder", "{nf}/ladder", "--peak-flops", "1e9"],
+    ["report", "{j}", "--trust-embedded", "-o", "{nf}/r.html"],
+])
+def test_commands_writing_where_no_folder_can_be_made(journal_file, not_a_folder, capsys, argv):
+    argv = [a.format(nf=not_a_folder, j=journal_file) for a in argv]
+    code, out, err = run(capsys, *argv)
+    assert code == 2 and len(err.strip().splitlines()) == 1, (out, err)
+
+
+def test_query_options_after_the_paths(journal_file, capsys):
+    code, out, _ = run(capsys, "query", journal_file, "--trust-embedded", "--format", "json",
+                       "SELECT count(*) AS n FROM steps")
+    assert code == 0 and out.strip() == '[{"n": 20}]'
+
+
+def test_query_timeout_interrupts_the_sql(journal_file, capsys):
+    t0 = time.monotonic()
+    code, _, err = run(capsys, "query", "--trust-embedded", "--timeout", "0.3", journal_file,
+                       "SELECT count(*) FROM range(1000000000000) a, range(10) b")
+    assert code == 2 and "--timeout" in err and time.monotonic() - t0 < 15
+
+
+@pytest.fixture(scope="module")
+def big_journal(tmp_path_factory):
+    from journal import Signer
+
+    p = tmp_path_factory.mktemp("big") / "j.jsonl"
+    with Journal.create(p, signer=Signer.generate(), background=False) as j:
+        for i in range(200_000):
+            j.append(step(i))
+    return p
+
+
+@pytest.mark.parametrize("delay", [0.3, 0.8, 2.0])
+def test_ctrl_c_interrupts_a_query_at_any_moment(big_journal, delay):
+    """While the journal is verified and loaded, or while the SQL runs: exit 130, one line, no abort."""
+    proc = subprocess.Popen([sys.executable, "-m", "journal.cli", "query", "--trust-embedded", "--timeout", "0",
+                             "--no-cache", str(big_journal), "SELECT count(*) FROM range(1000000000000) a, range(10) b"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(delay)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "interrupted" in err and "Traceback" not in err and "FATAL" not in err, err
+
+
+def test_integers_beyond_bigint_are_not_null_in_views(tmp_path, signer, pubkey):
+    p = tmp_path / "big.jsonl"
+    with Journal.create(p, signer=signer, background=False) as j:
+        j.append(StepObserved(step=2**64 - 1, loss=1.0, tokens=2**63 + 7))
+    con = q.connect([p], keys=[pubkey], use_cache=False)
+    assert con.execute("SELECT step, tokens FROM steps").fetchall() == [(2**64 - 1, 2**63 + 7)]
+
+
+def test_warm_cache_is_used_for_relative_paths(journal_file, pubkey, monkeypatch):
+    monkeypatch.chdir(journal_file.parent)
+    q.build_cache([journal_file.name], keys=[pubkey])
+    con, source = q.open_views([journal_file.name], keys=[pubkey])
+    assert source.origin == "cache" and con.execute("SELECT count(*) FROM steps").fetchone() == (20,)
+
+
+def test_query_connections_do_not_autoinstall_extensions(journal_file, pubkey):
+    con = q.connect([journal_file], keys=[pubkey], use_cache=False)
+    assert con.execute("SELECT current_setting('autoinstall_known_extensions')").fetchone() == (False,)
