@@ -551,10 +551,12 @@ def _cmd_query(args: argparse.Namespace) -> int:
 
     paths = list(args.paths)
     if args.sql_file:
+        from .keys import _read_small
+
         try:
-            sql = Path(args.sql_file).read_text()
-        except OSError as e:
-            raise UsageError(f"{args.sql_file}: {e.strerror}") from None
+            sql = _read_small(Path(args.sql_file), "SQL").decode("utf-8", "replace")
+        except JournalError as e:  # missing, a folder, a FIFO or a device, over 64 KiB
+            raise UsageError(f"--sql-file: {e}") from None
     else:
         if len(paths) < 2:
             raise UsageError("give at least one journal and the SQL (or --sql-file)")
