@@ -27,6 +27,8 @@ class PrivateCopies:
     def __init__(self) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="trainledger-"))
         self._n = 0
+        #: copy path -> (inode, mtime_ns, ctime_ns) of the original when it was opened (what was copied)
+        self.identity: dict[str, tuple[int, int, int]] = {}
 
     def __enter__(self) -> PrivateCopies:
         return self
@@ -54,6 +56,7 @@ class PrivateCopies:
                 raise JournalIOError(f"{p}: not a regular file")
             self._n += 1
             dst_path = self.dir / f"{self._n}.jsonl"
+            self.identity[str(dst_path)] = (st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
             dst = os.open(dst_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             try:
                 left = st.st_size

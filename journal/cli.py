@@ -211,7 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("watch", help="follow a journal while a run writes it, with a live view",
                        description="Follow a journal like tail -f: step, loss, grad norm, tokens/s, MFU, last "
-                                   "anomaly, last checkpoint, seal lag. Exits 0 when the run closes, 130 on Ctrl-C, "
+                                   "anomaly, last checkpoint, events not signed yet. Exits 0 when the run closes, 130 on Ctrl-C, "
                                    "1 at the first line that does not check out. Checks the chain as it reads, and "
                                    "every seal's signature when a key is pinned (or with --trust-embedded).")
     p.add_argument("path", metavar="PATH")

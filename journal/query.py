@@ -54,7 +54,7 @@ from .verify import VerifyReport, _open_checked, _read_opening, verify
 __all__ = ["connect", "open_views", "build_cache", "refresh_cache_in_background", "cache_dir", "journal_files",
            "VIEWS", "Source", "CACHE_MIN_BYTES"]
 
-CACHE_VERSION = 2
+CACHE_VERSION = 3
 #: ``trainledger query`` keeps a columnar copy only of journals at least this large; smaller ones load in
 #: well under a tenth of a second anyway.
 CACHE_MIN_BYTES = 16 * 1024 * 1024
@@ -289,7 +289,7 @@ def _load(files: list[Path], verify_first: bool, verify_options: dict[str, Any]
         for i, (f, c) in enumerate(staged):
             rep = verify(c, _alongside=read_all if i == len(staged) - 1 else None, **verify_options)
             rep.path = str(f)
-            rows.append({**_file_row(f, rep), "copy": str(c)})
+            rows.append({**_file_row(f, rep), "copy": str(c), "identity": list(copies.identity[str(c)])})
         trimmed = False
         for r in rows:
             if r["trusted_bytes"] != r["size"]:  # an unsigned tail or torn bytes: keep only what was verified
@@ -397,7 +397,11 @@ def _still_current(con: duckdb.DuckDBPyConnection, files: list[Path], opts: dict
         return None
     for r in rows:
         f = Path(r["resolved"])
-        if (f.stat().st_size != r["size"] or not _trust_ok(r, opts)
+        st = f.stat()
+        # Inode, mtime and ctime too: a rewrite that keeps the size and the last line still changes the ctime
+        # (which no one but the kernel sets), and then the journal is read and verified afresh.
+        if (st.st_size != r["size"] or [st.st_ino, st.st_mtime_ns, st.st_ctime_ns] != r.get("identity")
+                or not _trust_ok(r, opts)
                 or _last_line_head(f, r["size"], r["torn_offset"]) != (r["last_seq"], r["last_hash"])):
             return None
     return rows

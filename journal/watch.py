@@ -5,7 +5,7 @@ newline), checks each against the chain and every seal's signature under the
 pinned key (with no key pinned: the chain only, and the view says so; the
 same trust options as ``verify``), folds steps and anomalies through
 the health projection, and redraws: step, loss, grad norm, tokens/s, MFU,
-last anomaly, last checkpoint, seal lag. Exits when the run closes (0), on
+last anomaly, last checkpoint, events not signed yet. Exits when the run closes (0), on
 Ctrl-C (130), or at the first line that does not check out (1, with the
 same one-line FAIL as ``verify``). On a terminal the view redraws in place; otherwise it prints
 one line per refresh.

@@ -112,3 +112,19 @@ def test_query_with_no_sql_and_empty_sql_are_usage_errors(tmp_path, signer, caps
     p = _journal(tmp_path / "j.jsonl", signer, 5)
     code, _, err = run(capsys, "query", "--trust-embedded", p, "   ")
     assert code == 2 and "empty" in err
+
+
+def test_rewrite_keeping_size_and_last_line_is_not_served_from_the_cache(tmp_path, signer, pubkey):
+    """The middle of a cached journal is rewritten (same size, same last line): the cache is not used, the
+    journal is verified afresh, and the tampering is reported."""
+    from journal import ChainBroken
+
+    p = _journal(tmp_path / "j.jsonl", signer, 30)
+    q.build_cache([p], keys=[pubkey])
+    assert q.open_views([p], keys=[pubkey])[1].origin == "cache"
+    data = bytearray(p.read_bytes())
+    i = data.index(b'"loss":2.9')
+    data[i + 8:i + 9] = b"1" if data[i + 8:i + 9] != b"1" else b"2"
+    p.write_bytes(bytes(data))
+    with pytest.raises(ChainBroken):
+        q.open_views([p], keys=[pubkey])
