@@ -127,7 +127,7 @@ def _snapshot(*, step, model, optimizer, scheduler, scaler, sampler, tokens, acc
     if copy:
         payload = _to_host(payload)
     contents = [k for k in CONTRACT if k in payload and (payload[k] is not None or k in _MAY_BE_NONE)]
-    if sampler is None:
+    if sampler is None and "sampler" in contents:
         contents.remove("sampler")
     return payload, contents
 
@@ -147,8 +147,8 @@ def _to_host(obj: Any) -> Any:
 def _write(run: Path, journal: Journal, payload: dict[str, Any], contents: list[str], step: int, tokens: int,
            t0: float, background: bool) -> CheckpointSaved:
     rel = Path("checkpoints") / f"step-{step:09d}.pt"
-    final = run / rel
-    final.parent.mkdir(parents=True, exist_ok=True)
+    (run / rel).parent.mkdir(parents=True, exist_ok=True)
+    final = confined(run, rel.as_posix(), what="checkpoint path")  # a checkpoints/ link leading out: refused
     tmp = final.with_name(final.name + ".tmp")
     with open_new(tmp) as f:
         torch.save(payload, f)

@@ -27,6 +27,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import os
 import platform
 import resource
 import time
@@ -36,7 +37,7 @@ from typing import Any
 import torch
 
 from journal import Journal, Signer, UnsafePath
-from journal._paths import confined
+from journal._paths import confined, open_new
 from journal.events import RunOpened, StepObserved
 from journal.kinds import (
     CheckpointSaved,
@@ -334,7 +335,10 @@ def _evaluate(m, run: Path, j: Journal, step: int, ck: CheckpointSaved, model, g
                           sort_keys=True).encode()
         digest = hashlib.sha256(blob).hexdigest()
         (run / "evals").mkdir(exist_ok=True)
-        (run / "evals" / f"{digest}.json").write_bytes(blob)
+        dest = confined(run, f"evals/{digest}.json", what="evaluation cases path")  # evals/ may not lead out
+        with open_new(dest.with_name(dest.name + ".tmp")) as f:  # a link planted at that name is not followed
+            f.write(blob)
+        os.replace(dest.with_name(dest.name + ".tmp"), dest)
         ev = EvaluationRecorded(hook=hook.name, role=hook.role, step=step, checkpoint=ck.path,
                                 checkpoint_sha256=ck.sha256, metrics=metrics, cases=len(cases),
                                 cases_sha256=digest, cases_path=f"evals/{digest}.json")

@@ -118,3 +118,18 @@ def test_unsigned_journal_cannot_drive_a_restore(tmp_path):
             restore_checkpoint(run, j, "checkpoints/x.pt", model=model)
     assert ei.value.code == "resume-invalid-unsigned"
     assert verify(run / "journal.jsonl", allow_unsigned=True).kinds["resume_rejected"] == 1
+
+
+def test_checkpoints_folder_linked_outside_is_refused_before_writing(tmp_path, signer):
+    from training.checkpoint import save_checkpoint
+
+    run = tmp_path / "run"
+    run.mkdir()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    os.symlink(outside, run / "checkpoints")
+    model = build_causal_lm(vocab=8, d_model=8, n_layer=1, n_head=1, block=4)
+    with Journal.create(run / "journal.jsonl", signer=signer, background=False) as j:
+        with pytest.raises(UnsafePath):
+            save_checkpoint(run, j, step=0, model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    assert list(outside.iterdir()) == []
