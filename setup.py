@@ -9,6 +9,6 @@ from setuptools import Extension, setup
 
 setup(
     ext_modules=[
-        Extension("journal._chainfast", ["journal/_chainfast.c"], libraries=["crypto"], optional=True),
+        Extension("trainledger.journal._chainfast", ["journal/_chainfast.c"], libraries=["crypto"], optional=True),
     ]
 )

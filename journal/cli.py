@@ -361,11 +361,11 @@ def _cmd_head(args: argparse.Namespace) -> int:
 
 
 def _cmd_manifest(args: argparse.Namespace) -> int:
-    from training.manifest import load_findings, manifest_identity
+    from trainledger.training.manifest import load_findings, manifest_identity
 
     if args.manifest_command == "init":
         try:
-            from training.experiment import write_example
+            from trainledger.training.experiment import write_example
         except ImportError as e:
             raise JournalError(f"manifest init needs the torch extra (it samples the example data): {e}") from None
         path = write_example(args.directory)
@@ -399,10 +399,10 @@ def _cmd_preflight(args: argparse.Namespace) -> int:
     import importlib
 
     try:
-        from training.preflight import run_preflight
+        from trainledger.training.preflight import run_preflight
     except ImportError as e:
         raise JournalError(f"preflight needs the torch extra (pip install 'trainledger[torch]'): {e}") from None
-    from training.manifest import load_findings
+    from trainledger.training.manifest import load_findings
 
     from .approval import load_approval, load_trusted_approvers
     from .keys import load_signer
@@ -452,7 +452,7 @@ def _cmd_preflight(args: argparse.Namespace) -> int:
 
 
 def _cmd_approve(args: argparse.Namespace) -> int:
-    from training.manifest import load_findings, manifest_identity
+    from trainledger.training.manifest import load_findings, manifest_identity
 
     from .approval import sign_approval
     from .keys import load_signer
@@ -710,8 +710,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 def _cmd_ladder(args: argparse.Namespace) -> int:
     try:
-        from ladder.presets import PRESETS
-        from ladder.runner import run_pilot_ladder
+        from trainledger.ladder.presets import PRESETS
+        from trainledger.ladder.runner import run_pilot_ladder
     except ImportError as e:
         raise JournalError(f"the ladder needs the torch extra (pip install 'trainledger[torch]'): {e}") from None
     from .keys import load_signer
@@ -725,7 +725,7 @@ def _cmd_ladder(args: argparse.Namespace) -> int:
                        "note": "tiny stand-in rungs: real targets are labels, not what ran"})
     peak = args.peak_flops
     if peak is None:
-        from training.flops import measure_matmul_peak
+        from trainledger.training.flops import measure_matmul_peak
 
         peak = measure_matmul_peak()
         _say(f"MFU is measured against this CPU's fp32 matmul throughput: {peak:.3g} FLOP/s (--peak-flops to set)")

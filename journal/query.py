@@ -242,7 +242,7 @@ def refresh_cache_in_background(paths: Sequence[str | os.PathLike], *, keys: Seq
     # Isolated (-I: neither the current folder nor PYTHON* variables reach sys.path) and started from /, so a
     # folder named journal/ where the user happens to stand is never imported.
     _REFRESHERS.append(subprocess.Popen(
-        [sys.executable, "-I", "-m", "journal.query", json.dumps(spec)], stdin=subprocess.DEVNULL,
+        [sys.executable, "-I", "-m", "trainledger.journal.query", json.dumps(spec)], stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, cwd="/"))
 
 
@@ -432,7 +432,7 @@ def _warm(files: list[Path], opts: dict[str, Any]) -> tuple[duckdb.DuckDBPyConne
 
 
 def _main(argv: list[str]) -> int:
-    """The background refresher: ``python -m journal.query SPEC_JSON``."""
+    """The background refresher: ``python -m trainledger.journal.query SPEC_JSON``."""
     from .keys import parse_public_key
 
     spec = json.loads(argv[0])

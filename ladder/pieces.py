@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from training.model import MLP, CausalLM
+from trainledger.training.model import MLP, CausalLM
 
 __all__ = ["transfer_lr", "MoEMLP", "moe_vs_dense", "SKIPPED_REASONS", "refuse_unavailable"]
 

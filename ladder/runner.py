@@ -22,15 +22,15 @@ from typing import Any
 
 import torch
 
-from journal import Journal, Signer
-from journal.kinds import DecisionRecorded, GateVerdict, RungStarted
-from journal.ladder_outcome import LadderProjection, LadderResult, RungOutcome, beta_update, gate
-from training.checkpoint import restore_checkpoint, save_checkpoint
-from training.corpus import BatchSampler, MarkovSource
-from training.flops import flop_config_from_causal_lm
-from training.loop import train_step
-from training.model import build_causal_lm
-from training.monitor import TrainingHealthMonitor
+from trainledger.journal import Journal, Signer
+from trainledger.journal.kinds import DecisionRecorded, GateVerdict, RungStarted
+from trainledger.journal.ladder_outcome import LadderProjection, LadderResult, RungOutcome, beta_update, gate
+from trainledger.training.checkpoint import restore_checkpoint, save_checkpoint
+from trainledger.training.corpus import BatchSampler, MarkovSource
+from trainledger.training.flops import flop_config_from_causal_lm
+from trainledger.training.loop import train_step
+from trainledger.training.model import build_causal_lm
+from trainledger.training.monitor import TrainingHealthMonitor
 
 from .pieces import SKIPPED_REASONS, moe_vs_dense, refuse_unavailable, transfer_lr
 from .rung import Rung

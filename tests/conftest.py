@@ -9,9 +9,14 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
+# Tests run with --import-mode=importlib (no folder of theirs lands on sys.path by itself, so a folder named
+# journal/ or training/ can never shadow the package); the shared helpers are importable from these folders.
+_HERE = Path(__file__).resolve().parent
+for _d in (_HERE, _HERE / "journal", _HERE / "training", _HERE / "ladder"):
+    if str(_d) not in sys.path:
+        sys.path.insert(0, str(_d))
 
-from journal import Journal, StepObserved, keygen, load_signer  # noqa: E402
+from trainledger.journal import Journal, StepObserved, keygen, load_signer  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -19,7 +24,7 @@ def _own_cache_dir(tmp_path_factory, monkeypatch):
     """No test reads or writes the user's query cache."""
     monkeypatch.setenv("TRAINLEDGER_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
     yield
-    from journal import query
+    from trainledger.journal import query
 
     while query._REFRESHERS:  # a background cache refresher a test started ends before the next test
         query._REFRESHERS.pop().wait(timeout=120)

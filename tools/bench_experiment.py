@@ -25,12 +25,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
-    from journal import Journal, Signer
-    from journal.report import write_report
-    from training.experiment import run_experiment, write_example
-    from training.manifest import load_findings
-    from journal.approval import sign_approval
-    from training.preflight import run_preflight
+    from trainledger.journal import Journal, Signer
+    from trainledger.journal.report import write_report
+    from trainledger.training.experiment import run_experiment, write_example
+    from trainledger.training.manifest import load_findings
+    from trainledger.journal.approval import sign_approval
+    from trainledger.training.preflight import run_preflight
 
     times: dict[str, list[float]] = {"manifest validate": [], "full preflight (10 gates)": [],
                                      "example experiment (160 updates)": [], "report": []}

@@ -41,7 +41,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from journal import Journal, Signer, StepObserved  # noqa: E402
+from trainledger.journal import Journal, Signer, StepObserved  # noqa: E402
 
 pc = time.perf_counter_ns
 
@@ -184,7 +184,7 @@ def make_journal(path: Path, n: int, signer: Signer) -> None:
 
 _VERIFY_CHILD = r"""
 import json, re, resource, sys, time
-from journal import load_public_key, verify
+from trainledger.journal import load_public_key, verify
 path, pub, workers = sys.argv[1], sys.argv[2], int(sys.argv[3]) or None
 key = load_public_key(pub)
 t = time.perf_counter()
@@ -246,7 +246,7 @@ def main() -> int:
 
     VALUES[:] = [_values(i) for i in range(max(args.steps, args.peer_steps, args.mlflow_steps, 50_000))]
     tmp = Path(tempfile.mkdtemp(prefix="tl-bench-"))
-    from journal import _accel
+    from trainledger.journal import _accel
 
     results: dict = {"machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
                                  "platform": platform.platform()}, "hashing": _accel.describe()}

@@ -24,8 +24,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from journal import Journal, Signer  # noqa: E402
-from training.monitor import TrainingHealthMonitor  # noqa: E402
+from trainledger.journal import Journal, Signer  # noqa: E402
+from trainledger.training.monitor import TrainingHealthMonitor  # noqa: E402
 
 pc = time.perf_counter_ns
 

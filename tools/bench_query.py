@@ -62,8 +62,8 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=1_000_000)
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
-    from journal import Journal, Signer
-    from training.monitor import TrainingHealthMonitor
+    from trainledger.journal import Journal, Signer
+    from trainledger.training.monitor import TrainingHealthMonitor
 
     tmp = Path(tempfile.mkdtemp(prefix="tl-q-"))
     p, k = tmp / "j.jsonl", tmp / "k.pub"

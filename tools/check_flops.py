@@ -15,8 +15,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from training.flops import count_training_flops, flop_config_from_causal_lm  # noqa: E402
-from training.model import build_causal_lm  # noqa: E402
+from trainledger.training.flops import count_training_flops, flop_config_from_causal_lm  # noqa: E402
+from trainledger.training.model import build_causal_lm  # noqa: E402
 
 SHAPES = [(50257, 768, 12, 12, 256, 2), (50257, 1024, 24, 16, 1024, 1), (50257, 1280, 36, 20, 4096, 1),
           (50257, 1600, 48, 25, 8192, 1)]

@@ -22,10 +22,10 @@ from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from journal.chain import GENESIS_TAG, LINE_TAG, genesis, seal_message
-from journal.codec import encode_event
-from journal.events import FORMAT_VERSION, RunOpened, Seal, StepObserved
-from journal.keys import Signer
+from trainledger.journal.chain import GENESIS_TAG, LINE_TAG, genesis, seal_message
+from trainledger.journal.codec import encode_event
+from trainledger.journal.events import FORMAT_VERSION, RunOpened, Seal, StepObserved
+from trainledger.journal.keys import Signer
 
 ROOT = Path(__file__).resolve().parents[1]
 BEGIN, END = "<!-- example:begin (tools/format_example.py) -->", "<!-- example:end -->"

@@ -24,7 +24,7 @@ def __getattr__(name: str):
     import importlib
 
     if name not in _WHERE:
-        raise AttributeError(f"module 'training' has no attribute {name!r}")
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     return getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
 
 

@@ -29,9 +29,9 @@ from typing import Any
 
 import torch
 
-from journal import Journal, RunResumed, UnsafePath, read_signed_events
-from journal._paths import confined, open_new
-from journal.kinds import (
+from trainledger.journal import Journal, RunResumed, UnsafePath, read_signed_events
+from trainledger.journal._paths import confined, open_new
+from trainledger.journal.kinds import (
     CHECKPOINT_CONTRACT,
     CheckpointDeleted,
     CheckpointFailed,

@@ -36,10 +36,10 @@ from typing import Any
 
 import torch
 
-from journal import Journal, Signer, UnsafePath
-from journal._paths import confined, open_new
-from journal.events import RunOpened, StepObserved
-from journal.kinds import (
+from trainledger.journal import Journal, Signer, UnsafePath
+from trainledger.journal._paths import confined, open_new
+from trainledger.journal.events import RunOpened, StepObserved
+from trainledger.journal.kinds import (
     CheckpointSaved,
     CheckpointSelected,
     EvaluationRecorded,
@@ -453,7 +453,7 @@ def write_example(directory: str | Path) -> Path:
     """Write ``manifest.yaml`` and its files into ``directory``; return the manifest's path."""
     import yaml
 
-    from journal.errors import UsageError
+    from trainledger.journal.errors import UsageError
 
     d = Path(directory)
     if (d / "manifest.yaml").exists():

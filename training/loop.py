@@ -18,9 +18,9 @@ from typing import Any
 
 import torch
 
-from journal import Journal, Signer, verify
-from journal._paths import confined
-from journal.kinds import CheckpointDeleted
+from trainledger.journal import Journal, Signer, verify
+from trainledger.journal._paths import confined
+from trainledger.journal.kinds import CheckpointDeleted
 
 from .checkpoint import (
     CheckpointSaved,

@@ -30,8 +30,8 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from journal.errors import UsageError
-from journal.kinds import CHECKPOINT_CONTRACT
+from trainledger.journal.errors import UsageError
+from trainledger.journal.kinds import CHECKPOINT_CONTRACT
 
 __all__ = ["ExperimentManifest", "Finding", "ManifestError", "load_manifest", "parse_manifest", "validate",
            "manifest_identity", "config_digest", "file_digest", "DTYPES"]

@@ -17,9 +17,9 @@ import math
 import os
 from typing import Any
 
-from journal import Journal, RunResumed, StepObserved
-from journal.reader import fold_events
-from journal.health import AnomalyDetected, DetectorParams, HealthProjection, RunConfigured
+from trainledger.journal import Journal, RunResumed, StepObserved
+from trainledger.journal.reader import fold_events
+from trainledger.journal.health import AnomalyDetected, DetectorParams, HealthProjection, RunConfigured
 
 from .flops import FlopConfig
 

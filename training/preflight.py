@@ -28,10 +28,10 @@ from typing import Any
 import msgspec
 import torch
 
-from journal import Journal, PublicKey, Signer, UnsafePath
-from journal.approval import ApprovalInvalid, SignedApproval, check_approval
-from journal._paths import confined
-from journal.kinds import PreflightCompleted, PreflightGate
+from trainledger.journal import Journal, PublicKey, Signer, UnsafePath
+from trainledger.journal.approval import ApprovalInvalid, SignedApproval, check_approval
+from trainledger.journal._paths import confined
+from trainledger.journal.kinds import PreflightCompleted, PreflightGate
 
 from .checkpoint import CONTRACT, load_payload, restore_checkpoint, save_checkpoint
 from .corpus import BatchSampler

@@ -16,10 +16,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from journal import _accel
-from journal.chain import LINE_TAG, link
+from trainledger.journal import _accel
+from trainledger.journal.chain import LINE_TAG, link
 
-fast = pytest.importorskip("journal._chainfast", reason="C accelerator not built here; hashlib path only")
+fast = pytest.importorskip("trainledger.journal._chainfast", reason="C accelerator not built here; hashlib path only")
 
 
 @settings(max_examples=300, deadline=None)

@@ -7,7 +7,7 @@ import base64
 import pytest
 from journal_tools import dump, kinds, parse, read_lines, rechain, write_lines
 
-from journal import (
+from trainledger.journal import (
     ChainBroken,
     HeadMismatch,
     Journal,
@@ -22,7 +22,7 @@ from journal import (
     UntrustedKey,
     verify,
 )
-from journal.chain import seal_message
+from trainledger.journal.chain import seal_message
 
 
 def _verify(path, pubkey, **kw):

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from journal import (
+from trainledger.journal import (
     Event,
     NonCanonicalRecord,
     RunClosed,
@@ -24,7 +24,7 @@ from journal import (
     encode_event,
     encode_record,
 )
-from journal.codec import record_type
+from trainledger.journal.codec import record_type
 
 
 def as_line(event, seq=0, ts=1, h="0" * 64) -> bytes:

@@ -17,13 +17,13 @@ import time
 
 import pytest
 
-from journal import IntegrityError, Journal, read_events, verify
+from trainledger.journal import IntegrityError, Journal, read_events, verify
 
 TRIALS = 50
 
 CHILD = r"""
 import sys, os, time
-from journal import Journal, StepObserved, load_signer
+from trainledger.journal import Journal, StepObserved, load_signer
 path, key, first = sys.argv[1], sys.argv[2], int(sys.argv[3])
 signer = load_signer(key)
 if first:

@@ -8,11 +8,11 @@ import textwrap
 
 import pytest
 
-from journal import load_public_key, read_events, verify
+from trainledger.journal import load_public_key, read_events, verify
 
 DISK_FULL = textwrap.dedent(r"""
     import os, resource, signal, sys, time
-    from journal import Journal, JournalIOError, StepObserved, load_signer
+    from trainledger.journal import Journal, JournalIOError, StepObserved, load_signer
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG, as on a full disk
     path, key = sys.argv[1], sys.argv[2]
     j = Journal.create(path, signer=load_signer(key), flush_interval_s=0.02, seal_interval_s=0.05)
@@ -59,7 +59,7 @@ def test_suspend_on_a_full_disk_releases_the_lock(tmp_path, keypair):
     signer, priv, _ = keypair
     script = textwrap.dedent(r"""
         import os, resource, signal, sys
-        from journal import Journal, JournalIOError, JournalLocked, StepObserved, load_signer
+        from trainledger.journal import Journal, JournalIOError, JournalLocked, StepObserved, load_signer
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         s = load_signer(sys.argv[2])
         j = Journal.create(sys.argv[1], signer=s, background=False)
@@ -89,7 +89,7 @@ def test_events_reach_the_disk_when_a_script_dies_outside_with(tmp_path, keypair
     end = "raise RuntimeError('boom')" if how == "exception" else "pass"
     script = textwrap.dedent(f"""
         import sys
-        from journal import Journal, StepObserved, load_signer
+        from trainledger.journal import Journal, StepObserved, load_signer
         j = Journal.create(sys.argv[1], signer=load_signer(sys.argv[2]))
         for i in range(50):
             j.append(StepObserved(step=i, loss=1.0))

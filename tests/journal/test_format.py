@@ -12,7 +12,7 @@ import independent_verifier as iv
 import pytest
 from conftest import step
 
-from journal import Journal, RunResumed, verify
+from trainledger.journal import Journal, RunResumed, verify
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -27,7 +27,7 @@ def test_worked_example_verifies_both_ways(tmp_path):
     j, pub = tmp_path / "example.jsonl", tmp_path / "example.pub"
     subprocess.run([sys.executable, str(ROOT / "tools" / "format_example.py"), "--journal", str(j), "--pub", str(pub)],
                    check=True, timeout=60)
-    from journal import load_public_key
+    from trainledger.journal import load_public_key
 
     r = verify(j, keys=[load_public_key(pub)])
     assert r.events == 3 and r.last_sealed_seq == 1 and r.unsealed_events == 0

@@ -8,8 +8,8 @@ import statistics
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from journal import RunResumed, StepObserved
-from journal.health import (
+from trainledger.journal import RunResumed, StepObserved
+from trainledger.journal.health import (
     CONFIRM_FRACTION,
     IMMEDIATE_FACTOR,
     MAD_SCALE,

@@ -14,8 +14,8 @@ import pytest
 from journal_tools import dump, read_lines, rechain, write_lines
 from test_cli import run
 
-from journal import Journal, codec
-from journal.chain import seal_message
+from trainledger.journal import Journal, codec
+from trainledger.journal.chain import seal_message
 
 
 @pytest.fixture
@@ -202,8 +202,8 @@ def test_replay_is_linear_in_unsupported_anomalies(tmp_path, signer, pubkey):
 
     from conftest import step
 
-    from journal.health import AnomalyDetected
-    from journal.replay import replay
+    from trainledger.journal.health import AnomalyDetected
+    from trainledger.journal.replay import replay
 
     p = tmp_path / "a.jsonl"
     with Journal.create(p, signer=signer, background=False) as j:

@@ -16,8 +16,8 @@ SCRIPT = textwrap.dedent(r"""
             return None
 
     sys.meta_path.insert(0, NoTorch())
-    import journal
-    from journal.cli import main
+    import trainledger.journal
+    from trainledger.journal.cli import main
 
     d = tempfile.mkdtemp()
     run = os.path.join(d, "run")

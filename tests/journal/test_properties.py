@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_codec import events, fields_of, same
 
-from journal import IntegrityError, Journal, JournalError, RunClosed, RunOpened, Seal, Signer, read_events, verify
+from trainledger.journal import IntegrityError, Journal, JournalError, RunClosed, RunOpened, Seal, Signer, read_events, verify
 
 SIGNER = Signer.generate()  # hypothesis reuses it across examples; key generation is not under test here
 

@@ -8,10 +8,10 @@ import math
 import duckdb
 import pytest
 
-from journal import Journal, StepObserved
-from journal.cli import main
-from journal.health import AnomalyDetected
-from journal.query import connect
+from trainledger.journal import Journal, StepObserved
+from trainledger.journal.cli import main
+from trainledger.journal.health import AnomalyDetected
+from trainledger.journal.query import connect
 
 
 def _journal(path, signer, n=20, run_id=None):
@@ -67,8 +67,8 @@ def test_cli_formats_params_and_refusals(tmp_path, signer, keypair, capsys):
 
 
 def test_mfu_view_matches_the_monitor(tmp_path, signer):
-    from training.flops import FlopConfig
-    from training.monitor import TrainingHealthMonitor
+    from trainledger.training.flops import FlopConfig
+    from trainledger.training.monitor import TrainingHealthMonitor
 
     p = tmp_path / "m.jsonl"
     cfg = FlopConfig(n_params=7104, n_layer=2, n_head=2, head_dim=8, seq_len=8)
@@ -85,9 +85,9 @@ def test_mfu_view_matches_the_monitor(tmp_path, signer):
 def test_warm_copy_is_used_only_while_it_matches(tmp_path, signer):
     """The columnar copy answers while size, head and trust match; growth, another key or a rare option reads
     the journal again, and user SQL cannot write to the copy."""
-    from journal import Signer
-    from journal.errors import HeadMismatch
-    from journal.query import build_cache, open_views
+    from trainledger.journal import Signer
+    from trainledger.journal.errors import HeadMismatch
+    from trainledger.journal.query import build_cache, open_views
 
     p = tmp_path / "a.jsonl"
     with Journal.create(p, signer=signer, run_id="run-w", background=False) as j:
@@ -118,9 +118,9 @@ def test_warm_copy_is_used_only_while_it_matches(tmp_path, signer):
 
 
 def test_warm_copy_refuses_a_key_it_was_not_verified_under(tmp_path, signer):
-    from journal import Signer
-    from journal.errors import UntrustedKey
-    from journal.query import build_cache, open_views
+    from trainledger.journal import Signer
+    from trainledger.journal.errors import UntrustedKey
+    from trainledger.journal.query import build_cache, open_views
 
     p = _journal(tmp_path / "a.jsonl", signer)
     build_cache([p], keys=[signer.public])

@@ -10,8 +10,8 @@ import pytest
 from conftest import step
 from test_cli import run
 
-from journal import Journal, JournalIOError
-from journal import query as q
+from trainledger.journal import Journal, JournalIOError
+from trainledger.journal import query as q
 
 
 def _journal(path, signer, n, **meta):
@@ -117,7 +117,7 @@ def test_query_with_no_sql_and_empty_sql_are_usage_errors(tmp_path, signer, caps
 def test_rewrite_keeping_size_and_last_line_is_not_served_from_the_cache(tmp_path, signer, pubkey):
     """The middle of a cached journal is rewritten (same size, same last line): the cache is not used, the
     journal is verified afresh, and the tampering is reported."""
-    from journal import ChainBroken
+    from trainledger.journal import ChainBroken
 
     p = _journal(tmp_path / "j.jsonl", signer, 30)
     q.build_cache([p], keys=[pubkey])

@@ -6,8 +6,8 @@ import pytest
 from conftest import step
 from journal_tools import read_lines, write_lines
 
-from journal import ChainBroken, Journal, read_events
-from journal.reader import fold_events, read_event_batches
+from trainledger.journal import ChainBroken, Journal, read_events
+from trainledger.journal.reader import fold_events, read_event_batches
 
 
 def _journal(tmp_path, signer, n=3000):

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 import math
 
-from journal import Journal, StepObserved
-from journal.cli import main
-from journal.health import AnomalyDetected, RunConfigured
-from journal.replay import replay
+from trainledger.journal import Journal, StepObserved
+from trainledger.journal.cli import main
+from trainledger.journal.health import AnomalyDetected, RunConfigured
+from trainledger.journal.replay import replay
 
 STEADY = [3.0, 3.05, 2.95, 3.02, 2.98, 3.01]
 CFG = RunConfigured(loss_window=10, loss_min_periods=5, loss_z_thresh=6.0)
@@ -25,7 +25,7 @@ def _steps(losses):
 
 
 def test_honest_monitor_journal_replays_clean(tmp_path, signer):
-    from training.monitor import TrainingHealthMonitor
+    from trainledger.training.monitor import TrainingHealthMonitor
 
     p = tmp_path / "j.jsonl"
     with Journal.create(p, signer=signer, background=False) as j:
@@ -60,10 +60,10 @@ def test_omitted_anomaly_is_caught(tmp_path, signer, capsys):
 
 
 def test_ladder_journal_replays_clean_and_a_doctored_verdict_is_caught(tmp_path, signer):
-    from ladder.presets import halt
-    from ladder.runner import run_pilot_ladder
+    from trainledger.ladder.presets import halt
+    from trainledger.ladder.runner import run_pilot_ladder
 
-    from journal.kinds import GateVerdict
+    from trainledger.journal.kinds import GateVerdict
 
     p = tmp_path / "ladder.jsonl"
     j = Journal.create(p, signer=signer)

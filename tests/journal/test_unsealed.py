@@ -13,7 +13,7 @@ import pytest
 from journal_tools import dump, parse, read_lines, rechain, write_lines
 from test_cli import run
 
-from journal import Journal, UnsealedEvents, load_public_key, read_events, verify
+from trainledger.journal import Journal, UnsealedEvents, load_public_key, read_events, verify
 
 
 def _forged_verdict() -> bytes:

@@ -11,8 +11,8 @@ import pytest
 from conftest import step
 from test_cli import run
 
-from journal import Journal, StepObserved
-from journal import query as q
+from trainledger.journal import Journal, StepObserved
+from trainledger.journal import query as q
 
 
 @pytest.fixture
@@ -66,7 +66,7 @@ def test_query_timeout_interrupts_the_sql(journal_file, capsys):
 
 @pytest.fixture(scope="module")
 def big_journal(tmp_path_factory):
-    from journal import Signer
+    from trainledger.journal import Signer
 
     p = tmp_path_factory.mktemp("big") / "j.jsonl"
     with Journal.create(p, signer=Signer.generate(), background=False) as j:
@@ -78,7 +78,7 @@ def big_journal(tmp_path_factory):
 @pytest.mark.parametrize("delay", [0.3, 0.8, 2.0])
 def test_ctrl_c_interrupts_a_query_at_any_moment(big_journal, delay):
     """While the journal is verified and loaded, or while the SQL runs: exit 130, one line, no abort."""
-    proc = subprocess.Popen([sys.executable, "-m", "journal.cli", "query", "--trust-embedded", "--timeout", "0",
+    proc = subprocess.Popen([sys.executable, "-m", "trainledger.journal.cli", "query", "--trust-embedded", "--timeout", "0",
                              "--no-cache", str(big_journal), "SELECT count(*) FROM range(1000000000000) a, range(10) b"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     time.sleep(delay)

@@ -12,7 +12,7 @@ import pytest
 from conftest import step
 from journal_tools import kinds, read_lines
 
-from journal import (
+from trainledger.journal import (
     Journal,
     JournalClosed,
     JournalLocked,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ladder import SKIPPED_REASONS, Rung, moe_vs_dense, refuse_unavailable, transfer_lr
-from training.model import build_causal_lm
+from trainledger.ladder import SKIPPED_REASONS, Rung, moe_vs_dense, refuse_unavailable, transfer_lr
+from trainledger.training.model import build_causal_lm
 
 
 def seed_rungs():

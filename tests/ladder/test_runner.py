@@ -6,11 +6,11 @@ import pytest
 from journal_tools import read_lines, write_lines
 from test_rung_pieces import seed_rungs
 
-from ladder.presets import tiny
+from trainledger.ladder.presets import tiny
 
-from journal import IntegrityError, Journal, read_events, verify
-from ladder import Rung
-from ladder.runner import LadderProjection, run_pilot_ladder
+from trainledger.journal import IntegrityError, Journal, read_events, verify
+from trainledger.ladder import Rung
+from trainledger.ladder.runner import LadderProjection, run_pilot_ladder
 
 
 @pytest.fixture
@@ -91,7 +91,7 @@ def test_preset_is_the_seed_ladder():
 
 
 def test_cli_ladder_runs_verifies_and_prints(tmp_path, capsys):
-    from journal.cli import main
+    from trainledger.journal.cli import main
 
     assert main(["ladder", str(tmp_path / "out")]) == 0
     out = capsys.readouterr().out

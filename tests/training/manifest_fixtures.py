@@ -9,8 +9,8 @@ from typing import Any
 import msgspec
 import yaml
 
-from training.experiment import example_files, example_manifest_dict
-from training.manifest import ExperimentManifest, config_digest
+from trainledger.training.experiment import example_files, example_manifest_dict
+from trainledger.training.manifest import ExperimentManifest, config_digest
 
 _FILES = None
 

@@ -17,10 +17,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from journal import Journal, StepObserved, load_signer  # noqa: E402
-from training.checkpoint import restore_checkpoint, save_checkpoint  # noqa: E402
-from training.corpus import BatchSampler, MarkovSource  # noqa: E402
-from training.model import build_causal_lm  # noqa: E402
+from trainledger.journal import Journal, StepObserved, load_signer  # noqa: E402
+from trainledger.training.checkpoint import restore_checkpoint, save_checkpoint  # noqa: E402
+from trainledger.training.corpus import BatchSampler, MarkovSource  # noqa: E402
+from trainledger.training.model import build_causal_lm  # noqa: E402
 
 TOTAL, CUT = 30, 15
 

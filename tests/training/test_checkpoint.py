@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from journal import Journal, read_events, verify
-from training.checkpoint import CONTRACT, CheckpointSaved, ResumeRejected, restore_checkpoint, save_checkpoint
+from trainledger.journal import Journal, read_events, verify
+from trainledger.training.checkpoint import CONTRACT, CheckpointSaved, ResumeRejected, restore_checkpoint, save_checkpoint
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -69,7 +69,7 @@ def test_restore_without_rng_state_is_rejected_and_diverges(tmp_path, signer):
     # What a trainer that saves no RNG state would have written and recorded.
     bad = run_dir / "checkpoints" / "no-rng.pt"
     torch.save(payload, bad)
-    from training.checkpoint import _sha256_file
+    from trainledger.training.checkpoint import _sha256_file
 
     digest, size = _sha256_file(bad)
     j.append(CheckpointSaved(step=ev.step, path="checkpoints/no-rng.pt", bytes=size, sha256=digest,
@@ -98,7 +98,7 @@ def test_weights_only_is_rejected_unless_overridden_and_then_not_a_resume(tmp_pa
         payload[k] = None
     wo = run_dir / "checkpoints" / "weights.pt"
     torch.save(payload, wo)
-    from training.checkpoint import _sha256_file
+    from trainledger.training.checkpoint import _sha256_file
 
     digest, size = _sha256_file(wo)
     j.append(CheckpointSaved(step=ev.step, path="checkpoints/weights.pt", bytes=size, sha256=digest,
@@ -144,7 +144,7 @@ def test_unrecorded_file_is_resume_invalid_unknown_checkpoint(tmp_path, signer):
 
 
 def test_background_save_records_only_a_durable_file_and_restores(tmp_path, signer):
-    from training.checkpoint import Checkpointer
+    from trainledger.training.checkpoint import Checkpointer
 
     torch.set_num_threads(1)
     run_dir = tmp_path / "run"
@@ -165,7 +165,7 @@ def test_background_save_records_only_a_durable_file_and_restores(tmp_path, sign
 
 
 def test_failed_background_save_is_an_event_and_an_error_on_the_next_call(tmp_path, signer):
-    from training.checkpoint import BackgroundSaveError, Checkpointer
+    from trainledger.training.checkpoint import BackgroundSaveError, Checkpointer
 
     run_dir = tmp_path / "run"
     j = Journal.create(run_dir / "journal.jsonl", signer=signer, background=False)

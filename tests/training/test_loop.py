@@ -10,15 +10,15 @@ from pathlib import Path
 
 import torch
 
-from journal import read_events, verify
-from training.loop import LoopConfig, run_training
+from trainledger.journal import read_events, verify
+from trainledger.training.loop import LoopConfig, run_training
 
 CFG = LoopConfig(steps=40, ckpt_every=5, keep_last=2)
 CHILD = r"""
 import sys, torch
 torch.set_num_threads(1)
-from journal import load_signer
-from training.loop import LoopConfig, run_training
+from trainledger.journal import load_signer
+from trainledger.training.loop import LoopConfig, run_training
 out = run_training(sys.argv[1], signer=load_signer(sys.argv[2]), config=LoopConfig(steps=40, ckpt_every=5, keep_last=2))
 torch.save({"params": out["params"]}, sys.argv[3])
 """

@@ -7,8 +7,8 @@ import json
 import pytest
 from manifest_fixtures import base, typed, write
 
-from journal.cli import main
-from training.manifest import ManifestError, load_findings, load_manifest, manifest_identity, parse_manifest, validate
+from trainledger.journal.cli import main
+from trainledger.training.manifest import ManifestError, load_findings, load_manifest, manifest_identity, parse_manifest, validate
 
 
 def codes(d):

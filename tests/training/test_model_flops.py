@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from training.corpus import MarkovSource, random_batches, text_tokens
-from training.flops import (
+from trainledger.training.corpus import MarkovSource, random_batches, text_tokens
+from trainledger.training.flops import (
     PEAK_FLOPS,
     FlopConfig,
     FlopCrossCheckRefused,
@@ -17,7 +17,7 @@ from training.flops import (
     mfu,
     peak_flops_per_sec,
 )
-from training.model import build_causal_lm
+from trainledger.training.model import build_causal_lm
 
 
 def test_seed_document_receipts_for_the_tiny_model():

@@ -9,11 +9,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from journal import Journal, Signer, verify
-from journal.health import AnomalyDetected, HealthProjection
-from training.flops import flop_config_from_causal_lm
-from training.model import build_causal_lm
-from training.monitor import TrainingHealthMonitor
+from trainledger.journal import Journal, Signer, verify
+from trainledger.journal.health import AnomalyDetected, HealthProjection
+from trainledger.training.flops import flop_config_from_causal_lm
+from trainledger.training.model import build_causal_lm
+from trainledger.training.monitor import TrainingHealthMonitor
 
 
 def test_seed_example_spike_flagged_same_step():
@@ -110,7 +110,7 @@ def _fields(ev) -> dict:
 
 
 def _events(path):
-    from journal import read_events
+    from trainledger.journal import read_events
 
     return list(read_events(path))
 
@@ -189,7 +189,7 @@ def test_lone_outlier_is_not_a_spike():
 
 
 def test_hfu_reported_only_when_recompute_is_declared():
-    from training.flops import FlopConfig
+    from trainledger.training.flops import FlopConfig
 
     for recompute in ("selective", "full"):
         cfg = FlopConfig(n_params=7104, n_layer=2, n_head=2, head_dim=8, seq_len=8, recompute=recompute)

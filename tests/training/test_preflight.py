@@ -7,12 +7,12 @@ import json
 import msgspec
 from manifest_fixtures import base, write
 
-from journal import Journal, Signer, read_events, verify
-from journal.approval import sign_approval
-from journal.cli import main
-from journal.kinds import PreflightCompleted, PreflightGate
-from training.manifest import load_manifest
-from training.preflight import GATES, run_preflight
+from trainledger.journal import Journal, Signer, read_events, verify
+from trainledger.journal.approval import sign_approval
+from trainledger.journal.cli import main
+from trainledger.journal.kinds import PreflightCompleted, PreflightGate
+from trainledger.training.manifest import load_manifest
+from trainledger.training.preflight import GATES, run_preflight
 
 
 LEAD = Signer.generate()  # the research lead's own key
@@ -86,8 +86,8 @@ def test_authority_is_never_implied(tmp_path, signer):
 
 def test_replay_rechecks_the_signed_approval(tmp_path, signer):
     """A journal whose authority gate passed without a valid signed approval is named by replay."""
-    from journal.kinds import PreflightGate
-    from journal.replay import replay
+    from trainledger.journal.kinds import PreflightGate
+    from trainledger.journal.replay import replay
 
     ident = "sha256:" + "1" * 64
     good = sign_approval(LEAD, authority="research-lead", manifest_id=ident)
@@ -104,7 +104,7 @@ def test_replay_rechecks_the_signed_approval(tmp_path, signer):
 
 
 def test_approve_then_preflight_from_the_cli(tmp_path, capsys, keypair):
-    from journal import keygen
+    from trainledger.journal import keygen
 
     p = write(tmp_path, base())
     lead_key, lead_pub = keygen(tmp_path / "lead")
@@ -143,7 +143,7 @@ def test_cli_records_a_failed_schema_gate_and_keeps_its_key(tmp_path, capsys):
     assert [g.status for g in gates] == ["failed"] + ["not_run"] * 9 and "E_EFFECTIVE_BATCH" in str(gates[0].measured)
     assert main(["preflight", str(p), "--journal", str(tmp_path / "b.jsonl")]) == 1
     assert (tmp_path / "preflight.pub").read_text() == pub
-    from journal import load_public_key
+    from trainledger.journal import load_public_key
     for name in ("a.jsonl", "b.jsonl"):
         verify(tmp_path / name, keys=[load_public_key(tmp_path / "preflight.pub")], require_closed=True)
     (tmp_path / "bad.yaml").write_text("label: [unclosed\n")

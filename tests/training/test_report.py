@@ -10,9 +10,9 @@ import shutil
 import pytest
 import torch
 
-from journal.cli import main
-from training.loop import LoopConfig, run_training
-from training.rewind import RewindPolicy
+from trainledger.journal.cli import main
+from trainledger.training.loop import LoopConfig, run_training
+from trainledger.training.rewind import RewindPolicy
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
@@ -20,7 +20,7 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 @pytest.fixture(scope="module")
 def run(tmp_path_factory, request):
     """A tiny real run: interrupted at step 50 and resumed, with a poisoned shard the rewind policy skips."""
-    from journal import keygen, load_signer
+    from trainledger.journal import keygen, load_signer
 
     torch.set_num_threads(1)
     tmp = tmp_path_factory.mktemp("report")

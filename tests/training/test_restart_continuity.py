@@ -7,9 +7,9 @@ import math
 
 import torch
 
-from training.corpus import MarkovSource, random_batches
-from training.model import build_causal_lm
-from training.monitor import TrainingHealthMonitor
+from trainledger.training.corpus import MarkovSource, random_batches
+from trainledger.training.model import build_causal_lm
+from trainledger.training.monitor import TrainingHealthMonitor
 
 STEPS, CKPT = 160, 120
 

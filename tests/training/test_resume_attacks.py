@@ -13,11 +13,11 @@ import pytest
 import torch
 from journal_tools import dump, read_lines, rechain, write_lines
 
-from journal import Journal, UnsafePath, read_events, verify
-from journal.kinds import CheckpointSaved
-from training.checkpoint import ResumeRejected, enforce_retention, live_checkpoints, restore_checkpoint
-from training.loop import LoopConfig, run_training
-from training.model import build_causal_lm
+from trainledger.journal import Journal, UnsafePath, read_events, verify
+from trainledger.journal.kinds import CheckpointSaved
+from trainledger.training.checkpoint import ResumeRejected, enforce_retention, live_checkpoints, restore_checkpoint
+from trainledger.training.loop import LoopConfig, run_training
+from trainledger.training.model import build_causal_lm
 
 CFG = LoopConfig(steps=12, ckpt_every=4, keep_last=2)
 
@@ -121,7 +121,7 @@ def test_unsigned_journal_cannot_drive_a_restore(tmp_path):
 
 
 def test_checkpoints_folder_linked_outside_is_refused_before_writing(tmp_path, signer):
-    from training.checkpoint import save_checkpoint
+    from trainledger.training.checkpoint import save_checkpoint
 
     run = tmp_path / "run"
     run.mkdir()

@@ -7,9 +7,9 @@ import statistics
 import pytest
 import torch
 
-from journal import read_events, verify
-from training.loop import LoopConfig, run_training
-from training.rewind import RewindPolicy
+from trainledger.journal import read_events, verify
+from trainledger.training.loop import LoopConfig, run_training
+from trainledger.training.rewind import RewindPolicy
 
 BASE = dict(steps=200, ckpt_every=20, keep_last=3, batch_size=16, lr=1e-2)
 POLICY = RewindPolicy(lookback_steps=10, skip_batches=30, max_rewinds=2, window_steps=200)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from manifest_fixtures import short, typed, write
 
-from journal import read_events, verify
-from journal.kinds import CheckpointSelected, EvaluationRecorded, ResourceRecorded, RunStopped
-from training.experiment import Runtime, run_experiment
+from trainledger.journal import read_events, verify
+from trainledger.journal.kinds import CheckpointSelected, EvaluationRecorded, ResourceRecorded, RunStopped
+from trainledger.training.experiment import Runtime, run_experiment
 
 
 def _stop(path):

@@ -1,0 +1,56 @@
+"""trainledger: tamper-evident, replayable receipts for neural-network training runs.
+
+The project's folders ``journal/`` (the torch-free event log), ``training/`` (torch) and ``ladder/`` (the
+pilot ladder) are installed as ``trainledger.journal``, ``trainledger.training`` and ``trainledger.ladder``,
+so that a user's own ``journal/`` or ``training/`` folder never shadows them. The names most users need are
+re-exported here; the torch-side ones resolve on first use, so ``import trainledger`` works without torch::
+
+    from trainledger import Journal, keygen, load_signer, verify
+    from trainledger import TrainingHealthMonitor, run_pilot_ladder   # these need the torch extra
+"""
+
+from __future__ import annotations
+
+from .journal import (
+    Event,
+    IntegrityError,
+    Journal,
+    JournalError,
+    PublicKey,
+    Signer,
+    StepObserved,
+    VerifyReport,
+    __version__,
+    keygen,
+    load_public_key,
+    load_signer,
+    read_events,
+    read_signed_events,
+    trusted_keys,
+    verify,
+)
+
+# Torch-side names, imported when first used (PEP 562).
+_LAZY = {
+    "TrainingHealthMonitor": "trainledger.training.monitor",
+    "build_causal_lm": "trainledger.training.model",
+    "flop_config_from_causal_lm": "trainledger.training.flops",
+    "save_checkpoint": "trainledger.training.checkpoint",
+    "restore_checkpoint": "trainledger.training.checkpoint",
+    "Checkpointer": "trainledger.training.checkpoint",
+    "Rung": "trainledger.ladder.rung",
+    "run_pilot_ladder": "trainledger.ladder.runner",
+}
+
+
+def __getattr__(name: str):
+    import importlib
+
+    if name not in _LAZY:
+        raise AttributeError(f"module 'trainledger' has no attribute {name!r}")
+    return getattr(importlib.import_module(_LAZY[name]), name)
+
+
+__all__ = ["Event", "IntegrityError", "Journal", "JournalError", "PublicKey", "Signer", "StepObserved",
+           "VerifyReport", "__version__", "keygen", "load_public_key", "load_signer", "read_events",
+           "read_signed_events", "trusted_keys", "verify", *_LAZY]
