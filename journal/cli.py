@@ -18,14 +18,15 @@ from pathlib import Path
 
 from . import __version__
 from ._text import csv_cell, safe
-from .errors import IntegrityError, JournalError, JournalIOError, UsageError
+from .errors import IntegrityError, JournalError, JournalIOError, TrainledgerError, UsageError
 from .keys import TRUSTED_KEYS_ENV, keygen, trusted_keys
 from .verify import VerifyReport, parse_head, verify
 
 __all__ = ["main", "entry", "build_parser"]
 
-_EPILOG = """exit codes: 0 ok, 1 integrity failure (the journal does not verify),
-2 usage or I/O error. Keys can be pinned once for a team in a file named by
+_EPILOG = """exit codes: 0 ok, 1 integrity failure (the journal does not verify, or
+what it or a checkpoint says cannot hold), 2 usage or I/O error, 130 Ctrl-C;
+watch also 3 at --timeout. Keys can be pinned once for a team in a file named by
 $%s (one public key per line).""" % TRUSTED_KEYS_ENV
 
 
@@ -782,7 +783,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         return args.func(args)
-    except JournalError as e:
+    except TrainledgerError as e:  # the journal's, the training side's and the ladder's errors alike
         _say(f"trainledger {args.command}: error: {e}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:

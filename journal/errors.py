@@ -9,6 +9,7 @@ checked at all).
 from __future__ import annotations
 
 __all__ = [
+    "TrainledgerError",
     "JournalError",
     "UsageError",
     "JournalIOError",
@@ -33,8 +34,19 @@ __all__ = [
 ]
 
 
-class JournalError(Exception):
-    """Root of every error this package raises on purpose."""
+class TrainledgerError(Exception):
+    """Root of every error trainledger raises on purpose (journal, training and ladder alike).
+
+    ``exit_code`` is what the ``trainledger`` command exits with when one reaches it: 1 when a journal, a
+    checkpoint or an approval does not hold up (integrity, semantics), 2 for usage and I/O errors. The CLI
+    prints every one as a single line, ``trainledger COMMAND: error: <message>``.
+    """
+
+    exit_code = 2
+
+
+class JournalError(TrainledgerError):
+    """Root of the journal package's errors (the event log, its keys, verification, query)."""
 
     exit_code = 2
 

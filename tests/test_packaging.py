@@ -84,3 +84,30 @@ def test_wheel_works_beside_folders_named_journal_and_training(tmp_path):
     cli = subprocess.run([str(venv / "bin" / "trainledger"), "demo", "--out", str(work / "run"), "--steps", "50"],
                          cwd=work, env=env, capture_output=True, text=True, timeout=300)
     assert cli.returncode == 0 and "OK" in cli.stdout, cli.stderr[-3000:]
+
+
+def test_every_error_trainledger_raises_has_one_root():
+    """One root, TrainledgerError, for the three packages; each class knows its exit code (1 or 2)."""
+    import importlib
+    import pkgutil
+
+    import trainledger
+    from trainledger import TrainledgerError
+
+    for sub in ("journal", "training", "ladder"):
+        pkg = importlib.import_module(f"trainledger.{sub}")
+        for info in pkgutil.iter_modules(pkg.__path__):
+            if not info.name.startswith("_chainfast"):
+                importlib.import_module(f"trainledger.{sub}.{info.name}")
+
+    def walk(cls):
+        for c in cls.__subclasses__():
+            yield c
+            yield from walk(c)
+
+    ours = {c for c in walk(Exception) if c.__module__.startswith("trainledger.")}
+    assert len(ours) > 20
+    strays = sorted(c.__qualname__ for c in ours if not issubclass(c, TrainledgerError))
+    assert strays == []
+    assert {c.exit_code for c in ours} <= {1, 2}
+    assert trainledger.TrainledgerError is TrainledgerError

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from trainledger.journal import Journal, RunResumed, UnsafePath, read_signed_events
+from trainledger.journal import Journal, RunResumed, TrainledgerError, UnsafePath, read_signed_events
 from trainledger.journal._paths import confined, open_new
 from trainledger.journal.kinds import (
     CHECKPOINT_CONTRACT,
@@ -70,8 +70,10 @@ _MAY_BE_NONE = ("scheduler", "scaler", "manifest_id")
 
 
 
-class ResumeRejected(Exception):
+class ResumeRejected(TrainledgerError):
     """A checkpoint that cannot resume the run; ``code`` is the reason recorded in the journal."""
+
+    exit_code = 1
 
     def __init__(self, code: str, message: str, missing: tuple[str, ...] = ()):
         super().__init__(f"{code}: {message}")
@@ -183,7 +185,7 @@ def save_checkpoint(run_dir: str | os.PathLike, journal: Journal, *, step: int, 
 
 
 
-class BackgroundSaveError(RuntimeError):
+class BackgroundSaveError(TrainledgerError, RuntimeError):
     """The previous background save failed (raised on the next call, never silently dropped)."""
 
 

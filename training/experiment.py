@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from trainledger.journal import Journal, Signer, UnsafePath
+from trainledger.journal import Journal, Signer, TrainledgerError, UnsafePath
 from trainledger.journal._paths import confined, open_new
 from trainledger.journal.events import RunOpened, StepObserved
 from trainledger.journal.kinds import (
@@ -69,8 +69,10 @@ STOP_RULES = ("identity-mismatch", "protected-data-access", "non-finite-loss", "
               "invalid-checkpoint", "resume-divergence", "target-futility", "forbidden-regression")
 
 
-class ProtectedDataAccess(RuntimeError):
+class ProtectedDataAccess(TrainledgerError, RuntimeError):
     """Training asked for an artifact the manifest protects."""
+
+    exit_code = 1
 
 
 @dataclasses.dataclass(frozen=True)

@@ -15,6 +15,8 @@ import dataclasses
 import math
 from collections.abc import Mapping
 
+from trainledger.journal.errors import TrainledgerError
+
 __all__ = [
     "FlopConfig",
     "flop_config_from_causal_lm",
@@ -219,7 +221,7 @@ def measure_matmul_peak(n: int = 512, seconds: float = 0.3, dtype=None) -> float
     return 2.0 * n ** 3 / best
 
 
-class FlopCrossCheckRefused(RuntimeError):
+class FlopCrossCheckRefused(TrainledgerError, RuntimeError):
     """The FLOP counter cannot see this model's attention, so a comparison would prove nothing."""
 
 

@@ -19,6 +19,7 @@ from .journal import (
     PublicKey,
     Signer,
     StepObserved,
+    TrainledgerError,
     VerifyReport,
     __version__,
     keygen,
@@ -52,5 +53,5 @@ def __getattr__(name: str):
 
 
 __all__ = ["Event", "IntegrityError", "Journal", "JournalError", "PublicKey", "Signer", "StepObserved",
-           "VerifyReport", "__version__", "keygen", "load_public_key", "load_signer", "read_events",
+           "TrainledgerError", "VerifyReport", "__version__", "keygen", "load_public_key", "load_signer", "read_events",
            "read_signed_events", "trusted_keys", "verify", *_LAZY]
