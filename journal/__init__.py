@@ -7,9 +7,6 @@ Importing this package never imports torch; the ``trainledger`` CLI's
 __version__ = "0.1.0"
 
 from .codec import UnknownEvent, decode_line, encode_event, encode_record
-# Every event kind is registered before anything is read: what verify checks never depends on what the caller
-# happened to import (a gate_verdict with "passed":"yes" is a schema error, not an unknown kind).
-from . import health as _health, kinds as _kinds  # noqa: E402, F401  isort: skip
 from .errors import (
     ChainBroken,
     HeadMismatch,

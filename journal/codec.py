@@ -425,3 +425,7 @@ def decode_batch(lines: list[bytes], *, aligned: bool = False) -> list[Any] | No
     if _encoder.encode(records) != joined:
         return None
     return records
+
+
+# The registry, loaded with the codec: every kind trainledger defines is known before anything is decoded.
+from . import kinds as _kinds  # noqa: E402, F401  isort: skip

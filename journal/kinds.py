@@ -1,17 +1,22 @@
-"""Event kinds of the training side, defined torch-free so that verify, replay and query can
-fold them on an auditor's machine. ``training`` and ``ladder`` import them from here.
+"""The registry: every event kind trainledger defines, in one place.
 
-Checkpoints (issue 4), spike rewind (issue 4), the pilot ladder (issue 5), and the experiment's preflight,
-evaluations, checkpoint selection and resource evidence (issue 7).
+The journal's own kinds (``run_opened``, ``seal``, ``step_observed``, ``run_resumed``, ``tail_repaired``,
+``run_closed``) live beside the :class:`Event` base in ``events.py``; every other kind is declared here, torch-free,
+so that verify, replay and query fold them on an auditor's machine: the monitor's configuration and anomalies,
+checkpoints and spike rewind, the pilot ladder, the experiment's preflight, evaluations, checkpoint selection and
+resource evidence. :data:`BUILTIN_KINDS` lists them all; the codec imports this module when it is loaded, so what
+``verify`` checks never depends on what a caller happened to import. A user's own kinds are a subclass of
+``Event`` away and register when defined.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
-from .events import Event
+from .events import Event, RunClosed, RunOpened, RunResumed, Seal, StepObserved, TailRepaired
 
-__all__ = ["CheckpointSaved", "ResumeRejectedEvent", "WeightsRestored", "CheckpointFailed", "CheckpointDeleted",
+__all__ = ["BUILTIN_KINDS", "RunConfigured", "AnomalyDetected", "DetectorParams", "MAX_WINDOW", "CheckpointSaved", "ResumeRejectedEvent", "WeightsRestored", "CheckpointFailed", "CheckpointDeleted",
            "RewindDecided", "DataWindowSkipped", "RunStopped", "RungStarted", "GateVerdict", "DecisionRecorded",
            "PreflightGate", "PreflightCompleted", "EvaluationRecorded", "CheckpointSelected", "ResourceRecorded",
            "CHECKPOINT_CONTRACT"]
@@ -20,6 +25,81 @@ __all__ = ["CheckpointSaved", "ResumeRejectedEvent", "WeightsRestored", "Checkpo
 #: the manifest validator checks a manifest's checkpoint contents against it). Torch-free on purpose.
 CHECKPOINT_CONTRACT = ("model", "optimizer", "scheduler", "scaler", "rng", "sampler", "counters", "accumulation",
                        "manifest_id")
+
+
+class RunConfigured(Event, tag="run_configured", frozen=True, kw_only=True):
+    """What the monitor measures against: FLOP accounting, peak, devices and detector settings."""
+
+    n_params: int | None = None
+    n_layer: int | None = None
+    n_head: int | None = None
+    head_dim: int | None = None
+    seq_len: int | None = None
+    recompute: str = "none"
+    peak_flops_per_sec: float | None = None
+    devices: int = 1
+    loss_window: int = 64
+    loss_min_periods: int = 16
+    loss_z_thresh: float = 8.0
+    grad_norm_window: int = 64
+    grad_norm_min_periods: int = 16
+    grad_norm_z_thresh: float = 8.0
+
+    def __post_init__(self) -> None:
+        # Runs on decode too (msgspec): a signed journal with impossible settings fails verification as a schema
+        # error instead of crashing the projection that folds it.
+        DetectorParams(self.loss_window, self.loss_min_periods, self.loss_z_thresh, "loss")
+        DetectorParams(self.grad_norm_window, self.grad_norm_min_periods, self.grad_norm_z_thresh, "grad_norm")
+        if self.devices < 1:
+            raise ValueError(f"devices must be at least 1, got {self.devices}")
+        p = self.peak_flops_per_sec
+        if p is not None and not (p > 0 and math.isfinite(p)):
+            raise ValueError(f"peak_flops_per_sec must be a positive finite number or absent, got {p}")
+        shape = (self.n_params, self.n_layer, self.n_head, self.head_dim, self.seq_len)
+        if self.n_params is not None and any(x is None or x < 0 for x in shape):
+            raise ValueError("n_params, n_layer, n_head, head_dim and seq_len must all be given and >= 0")
+
+
+class AnomalyDetected(Event, tag="anomaly_detected", frozen=True, kw_only=True):
+    """A derived event: the reducer's verdict on a step, recorded for audit and recomputed by replay.
+
+    The JSON member is ``anomaly`` (``kind`` names the event kind on every
+    line); in Python, ``.kind`` reads the anomaly's kind, as monitor users expect.
+    """
+
+    step: int
+    anomaly: str
+    value: float
+    baseline_median: float | None = None
+    mad: float | None = None
+    z_score: float | None = None
+    threshold: float | None = None
+    #: The step whose observation confirmed the spike, when it came one step later.
+    detected_at: int | None = None
+
+    @property
+    def kind(self) -> str:
+        """The anomaly's kind: loss_spike, grad_norm_spike, nan_loss, inf_loss, nan_grad_norm, ..."""
+        return self.anomaly
+
+
+#: The longest baseline window a detector keeps (a journal cannot ask for more memory than this).
+MAX_WINDOW = 1 << 20
+
+
+class DetectorParams:
+    """Window, warm-up and threshold of one detector, validated."""
+
+    __slots__ = ("window", "min_periods", "z_thresh")
+
+    def __init__(self, window: int, min_periods: int, z_thresh: float, name: str):
+        if not isinstance(window, int) or not 3 <= window <= MAX_WINDOW:
+            raise ValueError(f"{name}_window must be an integer in [3, {MAX_WINDOW}], got {window!r}")
+        if not isinstance(min_periods, int) or not 3 <= min_periods <= window:
+            raise ValueError(f"{name}_min_periods must be an integer in [3, {name}_window={window}], got {min_periods!r}")
+        if not isinstance(z_thresh, (int, float)) or not math.isfinite(z_thresh) or z_thresh <= 0:
+            raise ValueError(f"{name}_z_thresh must be a positive number, got {z_thresh!r}")
+        self.window, self.min_periods, self.z_thresh = window, min_periods, float(z_thresh)
 
 
 class CheckpointSaved(Event, tag="checkpoint_saved", frozen=True, kw_only=True):
@@ -167,3 +247,14 @@ class DecisionRecorded(Event, tag="decision_recorded", frozen=True, kw_only=True
     evidence: list[str]  # chain hashes of the events the decision rests on
     belief_after: dict[str, float]
     action_chosen: str  # "advance" | "halt_ladder"
+
+
+#: Every kind trainledger defines, by its tag.
+BUILTIN_KINDS: dict[str, type[Event]] = {c.__struct_config__.tag: c for c in (
+    RunOpened, Seal, StepObserved, RunResumed, TailRepaired, RunClosed,
+    RunConfigured, AnomalyDetected,
+    CheckpointSaved, ResumeRejectedEvent, WeightsRestored, CheckpointFailed, CheckpointDeleted,
+    RewindDecided, DataWindowSkipped, RunStopped,
+    RungStarted, GateVerdict, DecisionRecorded,
+    PreflightGate, PreflightCompleted, EvaluationRecorded, CheckpointSelected, ResourceRecorded,
+)}

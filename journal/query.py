@@ -10,7 +10,8 @@ back as DOUBLE NaN/inf.
 Views: ``events`` (run_id, file, seq, kind, ts, h, line), ``runs``,
 ``steps``, ``anomalies``, ``checkpoints``, ``resumes``, ``rewinds``,
 ``verdicts``, ``decisions``, ``seals``, ``stops``, ``configs`` (the
-monitor's ``run_configured``) and ``mfu`` (per step, from the config in force).
+monitor's ``run_configured``), ``mfu`` (per step, from the config in force), and
+one typed view per event kind, named by its tag, with the columns of its class.
 
 The warm path. :func:`build_cache` writes a columnar copy of the loaded
 tables (every view materialised) to ``<cache dir>/q-<paths digest>.duckdb``
@@ -44,11 +45,14 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+import msgspec
 
+from . import codec
 from ._scan import MAX_LINE
 from ._snapshot import PrivateCopies
 from .errors import JournalIOError, SchemaError
 from .keys import PublicKey
+from .kinds import BUILTIN_KINDS
 from .verify import VerifyReport, _open_checked, _read_opening, verify
 
 __all__ = ["connect", "open_views", "build_cache", "refresh_cache_in_background", "cache_dir", "journal_files",
@@ -59,49 +63,61 @@ CACHE_VERSION = 3
 #: well under a tenth of a second anyway.
 CACHE_MIN_BYTES = 16 * 1024 * 1024
 
-# Each typed view: the event kind and its fields with DuckDB types (integers as HUGEINT: an event's int may be
-# anything up to 2**64 - 1, which BIGINT would turn into NULL). One json_transform per row parses every
-# field at once; a float stored as "NaN"/"Infinity"/"-Infinity" becomes DOUBLE NaN/inf, nested values stay JSON.
-_TYPED: dict[str, tuple[str, list[tuple[str, str]]]] = {
-    "steps": ("step_observed", [("step", "HUGEINT"), ("loss", "DOUBLE"), ("grad_norm", "DOUBLE"), ("lr", "DOUBLE"),
-                                ("step_time_s", "DOUBLE"), ("examples", "HUGEINT"), ("tokens", "HUGEINT"),
-                                ("supervised_tokens", "HUGEINT")]),
-    "anomalies": ("anomaly_detected", [("step", "HUGEINT"), ("anomaly", "VARCHAR"), ("value", "DOUBLE"),
-                                       ("baseline_median", "DOUBLE"), ("mad", "DOUBLE"), ("z_score", "DOUBLE"),
-                                       ("threshold", "DOUBLE"), ("detected_at", "HUGEINT")]),
-    "checkpoints": ("checkpoint_saved", [("step", "HUGEINT"), ("path", "VARCHAR"), ("bytes", "HUGEINT"),
-                                         ("sha256", "VARCHAR"), ("duration_s", "DOUBLE"), ("contents", "JSON")]),
-    "resumes": ("run_resumed", [("reason", "VARCHAR"), ("from_step", "HUGEINT"), ("checkpoint", "VARCHAR")]),
-    "rewinds": ("rewind_decided", [("spike_step", "HUGEINT"), ("anomaly", "VARCHAR"), ("checkpoint", "VARCHAR"),
-                                   ("from_step", "HUGEINT"), ("skip_batches", "HUGEINT"), ("lr_scale", "DOUBLE"),
-                                   ("reason", "VARCHAR")]),
-    "verdicts": ("gate_verdict", [("rung", "VARCHAR"), ("passed", "BOOLEAN"), ("reason", "VARCHAR"),
-                                  ("measured", "JSON"), ("bars", "JSON")]),
-    "decisions": ("decision_recorded", [("rung", "VARCHAR"), ("action_chosen", "VARCHAR"),
-                                        ("belief_before", "JSON"), ("belief_after", "JSON"), ("evidence", "JSON")]),
-    "seals": ("seal", [("sealed_seq", "HUGEINT"), ("sealed_hash", "VARCHAR"), ("key_id", "VARCHAR")]),
-    "stops": ("run_stopped", [("rule", "VARCHAR"), ("reason", "VARCHAR")]),
-    "configs": ("run_configured", [("n_params", "HUGEINT"), ("n_layer", "HUGEINT"), ("n_head", "HUGEINT"),
-                                   ("head_dim", "HUGEINT"), ("seq_len", "HUGEINT"), ("peak_flops_per_sec", "DOUBLE"),
-                                   ("devices", "HUGEINT")]),
-}
-# Fields whose default is omitted from the line (omit_defaults) and must read back as that default.
-_DEFAULTS = {("configs", "devices"): "1"}
+#: Friendly names for the kinds people query most; every kind also has a view named by its tag
+#: (``SELECT * FROM preflight_gate``). Columns come from the event classes themselves, so they cannot drift.
+VIEW_NAMES = {"steps": "step_observed", "anomalies": "anomaly_detected", "checkpoints": "checkpoint_saved",
+              "resumes": "run_resumed", "rewinds": "rewind_decided", "verdicts": "gate_verdict",
+              "decisions": "decision_recorded", "seals": "seal", "stops": "run_stopped", "configs": "run_configured"}
 
 
-def _typed_view(name: str) -> str:
-    kind, fields = _TYPED[name]
-    shape = json.dumps({f: t for f, t in fields}, separators=(",", ":"))
-    cols = ", ".join(f"COALESCE(x.{f}, {_DEFAULTS[(name, f)]}) AS {f}" if (name, f) in _DEFAULTS else f"x.{f} AS {f}"
-                     for f, _ in fields)
-    return (f"SELECT run_id, seq, ts, {cols} FROM (SELECT run_id, seq, ts, json_transform(line, '{shape}') AS x "
-            f"FROM events WHERE kind = '{kind}')")
+def _duck_type(t: Any) -> str:
+    """The DuckDB type of one field: integers as HUGEINT (an event's int may be anything up to 2**64 - 1, which
+    BIGINT would turn into NULL), floats as DOUBLE ("NaN"/"Infinity" become NaN/inf), containers as JSON."""
+    ti = msgspec.inspect
+    if isinstance(t, ti.UnionType):
+        rest = [x for x in t.types if not isinstance(x, ti.NoneType)]
+        return _duck_type(rest[0]) if len(rest) == 1 else "JSON"
+    return {ti.IntType: "HUGEINT", ti.FloatType: "DOUBLE", ti.StrType: "VARCHAR", ti.BoolType: "BOOLEAN"}.get(
+        type(t), "JSON")
+
+
+def _sql_default(value: Any) -> str | None:
+    """A field's default as an SQL literal (fields equal to their default are left out of the line)."""
+    if value is msgspec.NODEFAULT or value is None:
+        return None
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return "'" + value.replace("'", "''") + "'"
+    return "'" + json.dumps(value) + "'::JSON"
+
+
+def _qid(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def typed_view(kind: str) -> str:
+    """The SELECT of one kind's typed view: run_id, seq, ts, then every field of its class, in order."""
+    fields = [f for f in msgspec.inspect.type_info(codec.known_kinds()[kind]).fields
+              if f.name not in ("run_id", "seq", "ts")]  # run_opened's run_id is the column every view has
+    shape = json.dumps({f.encode_name: _duck_type(f.type) for f in fields}, separators=(",", ":"))
+    cols = []
+    for f in fields:
+        col = f"x.{_qid(f.encode_name)}"
+        d = _sql_default(f.default if f.default is not msgspec.NODEFAULT else (
+            f.default_factory() if f.default_factory is not msgspec.NODEFAULT else msgspec.NODEFAULT))
+        cols.append(f"{'COALESCE(' + col + ', ' + d + ')' if d is not None else col} AS {_qid(f.name)}")
+    return (f"SELECT run_id, seq, ts, {', '.join(cols)} FROM (SELECT run_id, seq, ts, "
+            f"json_transform(line, '{shape}') AS x FROM events WHERE kind = '{kind}')")
 
 
 VIEWS: dict[str, str] = {
     "runs": "SELECT run_id, file, min(ts) AS created_ns, count(*) AS events, max(seq) AS last_seq FROM events "
             "GROUP BY run_id, file",
-    **{name: _typed_view(name) for name in _TYPED},
+    **{name: typed_view(kind) for name, kind in VIEW_NAMES.items()},
+    **{kind: typed_view(kind) for kind in BUILTIN_KINDS},
     # MFU per step, PaLM appendix B against the run_configured in force at that step (ASOF: the latest before it).
     "mfu": "SELECT s.run_id, s.seq, s.step, (6.0 * c.n_params + 12.0 * c.n_layer * c.n_head * c.head_dim * c.seq_len) "
            "* COALESCE(s.tokens, s.examples * c.seq_len) / s.step_time_s / (c.peak_flops_per_sec * c.devices) AS mfu "

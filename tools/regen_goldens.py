@@ -1,0 +1,159 @@
+#!/usr/bin/env python3
+"""Regenerate the signed golden journals under tests/assets/golden/ (review the diff before committing).
+
+    .venv/bin/python tools/regen_goldens.py            # writes every golden that is missing
+    .venv/bin/python tools/regen_goldens.py --force    # rewrites them all (new keys, new bytes)
+
+``every_kind_v1.jsonl``: one journal in format 1.0 holding every event kind trainledger defines, consistent
+enough that replay finds nothing to object to (the anomalies are the ones its steps imply, the verdict follows
+from its bars, the decision from the verdict, the authority gate from a signed approval). Beside it: the public
+key (``.pub``; the private key is thrown away) and ``.expect.json``, what verify and replay must keep saying
+about it. A golden is never regenerated to make a test pass: a format change that breaks one needs an upcaster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+GOLDEN = ROOT / "tests" / "assets" / "golden"
+
+
+def every_kind(path: Path) -> Path:
+    from trainledger.journal import Journal, RunResumed, Signer, StepObserved
+    from trainledger.journal.approval import sign_approval
+    from trainledger.journal.events import TailRepaired
+    from trainledger.journal.health import HealthProjection
+    from trainledger.journal.kinds import (
+        CheckpointDeleted,
+        CheckpointFailed,
+        CheckpointSaved,
+        CheckpointSelected,
+        DataWindowSkipped,
+        DecisionRecorded,
+        EvaluationRecorded,
+        GateVerdict,
+        PreflightCompleted,
+        PreflightGate,
+        ResourceRecorded,
+        ResumeRejectedEvent,
+        RewindDecided,
+        RunConfigured,
+        RungStarted,
+        RunStopped,
+        WeightsRestored,
+    )
+    from trainledger.journal.ladder_outcome import beta_update, gate
+
+    signer = Signer.generate()
+    ident = "sha256:" + "ab" * 32
+    sha = "cd" * 32
+    j = Journal.create(path, signer=signer, run_id="golden-every-kind-v1", manifest_id=ident,
+                       manifest_label="golden", meta={"golden": "every kind, format 1.0"}, background=False)
+    config = RunConfigured(n_params=7104, n_layer=2, n_head=2, head_dim=8, seq_len=8, peak_flops_per_sec=1e12,
+                           devices=1, loss_window=16, loss_min_periods=4, grad_norm_window=16, grad_norm_min_periods=4)
+    proj = HealthProjection(config)
+    j.append(config)
+
+    def observe(ev) -> None:  # as the monitor does: the event, then the anomalies it implies
+        j.append(ev)
+        for a in proj.apply(ev):
+            j.append(a)
+
+    losses = [3.0 - 0.01 * i + 0.003 * math.sin(i) for i in range(24)] + [math.nan, 2.75, 30.0, 2.74]
+    for i, loss in enumerate(losses):
+        observe(StepObserved(step=i, loss=loss, grad_norm=1.0 + 0.01 * (i % 3), lr=3e-4, step_time_s=0.01,
+                             tokens=32, examples=4, supervised_tokens=32))
+    j.append(CheckpointSaved(step=19, path="checkpoints/step-000000019.pt", bytes=1234, sha256=sha,
+                             contents=["model", "optimizer"], duration_s=0.5, tokens=640), durable=True)
+    j.append(ResumeRejectedEvent(path="checkpoints/step-000000019.pt", reason="resume-invalid-missing-state",
+                                 missing=["rng"], detail="the checkpoint lacks rng"), durable=True)
+    j.append(WeightsRestored(path="checkpoints/step-000000019.pt", step=19, override="fine-tune"), durable=True)
+    j.append(CheckpointFailed(step=23, error="OSError: No space left on device"), durable=True)
+    j.append(RewindDecided(spike_step=26, anomaly="loss_spike", checkpoint="checkpoints/step-000000019.pt",
+                           from_step=19, skip_batches=2, lr_scale=0.5, reason="loss_spike at step 26"), durable=True)
+    observe(RunResumed(reason="checkpoint", from_step=19, checkpoint="checkpoints/step-000000019.pt",
+                       detail={"sha256": sha, "tokens": 640}))
+    j.append(DataWindowSkipped(start_batch=20, end_batch=27), durable=True)
+    j.append(CheckpointDeleted(path="checkpoints/step-000000019.pt", step=19, reason="retention: keep_last=1"),
+             durable=True)
+    for i in range(20, 26):
+        observe(StepObserved(step=i, loss=2.8 - 0.01 * i, grad_norm=1.0, lr=1.5e-4, step_time_s=0.01, tokens=32))
+    j.append(EvaluationRecorded(hook="heldout", role="target", step=25, checkpoint="checkpoints/step-000000025.pt",
+                                checkpoint_sha256=sha, metrics={"loss": 2.5}, cases=8, cases_sha256="ef" * 32,
+                                cases_path="evals/" + "ef" * 32 + ".json"), durable=True)
+    j.append(CheckpointSelected(rule="min:heldout.loss", checkpoint="checkpoints/step-000000025.pt",
+                                checkpoint_sha256=sha, step=25, value=2.5, candidates=1), durable=True)
+    j.append(ResourceRecorded(updates=26, examples=104, tokens=832, supervised_tokens=832, wall_s=1.5,
+                              durations_s={"train_s": 1.2, "eval_s": 0.3}, peak_rss_bytes=1 << 28,
+                              checkpoint_bytes=1234, checkpoint_s=0.5, environment={"python": "3.11"}),
+             durable=True)
+    j.append(RunStopped(rule="budget-breach", reason="tokens 832 > 800", value=832.0, limit=800.0), durable=True)
+    j.append(TailRepaired(offset=4096, length=40, sha256="01" * 32, sidecar="journal.jsonl.torn-4096-010101010101"),
+             durable=True)
+    approval = sign_approval(Signer.generate(), authority="research-lead", manifest_id=ident, note="golden")
+    j.append(PreflightGate(gate="schema", status="passed", reason="the manifest validates", measured={"findings": 0},
+                           manifest_id=ident), durable=True)
+    j.append(PreflightGate(gate="authority", status="passed", reason="approved by research-lead",
+                           measured={"authority": "research-lead", "approval": approval.to_dict()},
+                           manifest_id=ident), durable=True)
+    j.append(PreflightCompleted(manifest_id=ident, status="ready-to-train"), durable=True)
+    _, started_h = j.append(RungStarted(rung="rung_i", real_target="1B params / 8 GPUs", spec={"steps": 26}),
+                            durable=True)
+    bars = {"max_final_loss": 5.0, "max_forgetting_gap": 1.0, "max_anomalies": 5}
+    measured = {"final_loss": 2.55, "forgetting_gap": 0.1, "anomalies": len(proj.anomalies), "mfu_mean": 1e-5}
+    passed, reason = gate(bars, measured)
+    _, verdict_h = j.append(GateVerdict(rung="rung_i", passed=passed, reason=reason, measured=measured, bars=bars,
+                                        artifacts={"skipped_pieces": {"F5": "no cluster here"}}), durable=True)
+    a, b = beta_update(1.0, 1.0, passed)
+    j.append(DecisionRecorded(rung="rung_i", belief_before={"a": 1.0, "b": 1.0, "mean": 0.5},
+                              evidence=[started_h, verdict_h], belief_after={"a": a, "b": b, "mean": a / (a + b)},
+                              action_chosen="advance" if passed else "halt_ladder"), durable=True)
+    j.close()
+    path.with_suffix(".pub").write_text(signer.public.line() + "\n")
+    return path
+
+
+def expectations(path: Path) -> dict:
+    """What verify and replay say about a golden, in a form that does not depend on where it is checked out."""
+    from trainledger.journal import load_public_key, verify
+    from trainledger.journal.replay import replay
+
+    keys = [load_public_key(path.with_suffix(".pub"))]
+    v = verify(path, keys=keys, require_closed=True)
+    rec = replay(path, keys=keys)
+    return {"events": v.events, "kinds": dict(sorted(v.kinds.items())), "head": v.head, "replay_ok": rec.ok,
+            "differences": rec.differences, "anomalies_by_kind": rec.anomalies_by_kind, "ladder": rec.ladder,
+            "steps": rec.health["steps"] if rec.health else None}
+
+
+GOLDENS = {"every_kind_v1.jsonl": every_kind}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--force", action="store_true", help="rewrite goldens that exist (new keys, new bytes)")
+    args = ap.parse_args()
+    GOLDEN.mkdir(parents=True, exist_ok=True)
+    for name, build in GOLDENS.items():
+        target = GOLDEN / name
+        if target.exists() and not args.force:
+            print(f"kept {target.relative_to(ROOT)} (exists; --force rewrites it)")
+            continue
+        with tempfile.TemporaryDirectory() as d:
+            built = build(Path(d) / name)
+            target.write_bytes(built.read_bytes())
+            target.with_suffix(".pub").write_bytes(built.with_suffix(".pub").read_bytes())
+        exp = expectations(target)
+        target.with_suffix(".expect.json").write_text(json.dumps(exp, indent=1, sort_keys=True) + "\n")
+        print(f"wrote {target.relative_to(ROOT)}: {exp['events']} events, replay ok={exp['replay_ok']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
