@@ -139,6 +139,7 @@ class Journal:
         self._prev = prev
         self._last_hash_hex = _hexlify(prev)
         self._buf = bytearray()
+        self._pending: list[tuple[Event, int]] = []  # deferred appends, encoded and chained by the next drain
         self._lock = threading.Lock()
         self._closed = False  # released: lock dropped, file closed
         self._stopped = False  # no more appends: released, or run_closed already chained by a close() that failed
@@ -304,6 +305,8 @@ class Journal:
         with self._lock:
             if self._stopped or self._io_error is not None or len(self._buf) >= _MAX_BUFFER:
                 self._refuse_locked()
+            if self._pending:
+                self._drain_locked()
             # The hot path: _write_locked inlined (a method call is a tenth of the budget).
             seq = self._seq
             ts = _now()
@@ -327,6 +330,47 @@ class Journal:
                     pass  # this event is chained and kept in memory; the failure is raised by the next call
             return seq, hx.decode()
 
+    def _append_deferred(self, event: Event) -> None:
+        """Append an event whose fields already have their declared types, without encoding it now.
+
+        For the training loop's hottest call (``TrainingHealthMonitor.observe_step``): the event and its
+        timestamp are queued in the training thread (well under a microsecond), and encoded, chained and
+        written in order, in batches, by whatever touches the journal next: the background thread within
+        ``flush_interval_s``, any other append, seal, flush, suspend or close. Batches run with warm caches,
+        which is where the time goes inside a real loop. Nothing is validated here: a caller that is not
+        sure of its types uses :meth:`append`. The crash model is the buffer's: at most a flush interval.
+        """
+        ts = _now()
+        with self._lock:
+            if self._stopped or self._io_error is not None or len(self._buf) >= _MAX_BUFFER:
+                self._refuse_locked()
+            pending = self._pending
+            pending.append((event, ts))
+            if len(pending) >= self._seal_every:
+                self._drain_locked()
+
+    def _drain_locked(self) -> None:
+        """Encode, chain and buffer every deferred event, in order, sealing every ``seal_every`` as append does."""
+        pending, self._pending = self._pending, []
+        encode = codec.encode_trusted
+        seal_every = self._seal_every
+        for ev, ts in pending:
+            body = encode(ev)
+            seq = self._seq
+            prefix = b'%b,"seq":%d,"ts":%d' % (body[:-1], seq, ts)
+            d = _link(self._prev, prefix)
+            hx = _hexlify(d)
+            self._buf += b'%b,"h":"%b"}\n' % (prefix, hx)
+            self._seq = seq + 1
+            self._prev = d
+            self._last_hash_hex = hx
+            self._since_seal += 1
+            if self._since_seal >= seal_every:
+                try:
+                    self._seal_locked(durable=False)
+                except JournalIOError:
+                    pass  # recorded; the buffer is retried and the next call raises it
+
     def _refuse_locked(self) -> None:
         """Why ``append`` takes nothing now: closed, a write failure to report, or a full buffer."""
         if self._stopped:
@@ -341,6 +385,8 @@ class Journal:
     def _append_owned(self, event: Event) -> None:
         """Write an event the journal owns (run_opened, run_closed) and seal it durably."""
         with self._lock:
+            if self._pending:
+                self._drain_locked()
             self._write_locked(_encode_event(event))
             self._since_seal += 1
             self._seal_locked(durable=True)
@@ -367,6 +413,8 @@ class Journal:
         with self._lock:
             if self._stopped:
                 raise JournalClosed(f"{self.path}: journal is closed")
+            if self._pending:
+                self._drain_locked()
             if self._since_seal == 0:
                 if durable:
                     self._flush_locked(_now())
@@ -419,6 +467,8 @@ class Journal:
         """Hand buffered lines to the OS now (no fsync); raises :class:`JournalIOError` if the disk refuses."""
         with self._lock:
             if not self._closed:
+                if self._pending:
+                    self._drain_locked()
                 self._flush_locked(_now())
 
     def _tick(self, interval: float) -> None:
@@ -431,6 +481,8 @@ class Journal:
                     return
                 now = _now()
                 try:
+                    if self._pending:
+                        self._drain_locked()
                     if self._since_seal and not self._stopped and now - self._last_seal_ns >= self._seal_interval_ns:
                         self._seal_locked(durable=False)
                     elif self._buf:
@@ -453,12 +505,17 @@ class Journal:
     @property
     def seq(self) -> int:
         """The seq the next event will get."""
-        return self._seq
+        with self._lock:
+            if self._pending:
+                self._drain_locked()
+            return self._seq
 
     @property
     def head(self) -> tuple[int, str]:
         """``(seq, hash_hex)`` of the last line written (sealed or not)."""
         with self._lock:
+            if self._pending:
+                self._drain_locked()
             return self._seq - 1, self._last_hash_hex.decode()
 
     @property
@@ -479,6 +536,8 @@ class Journal:
             if self._closed:
                 raise JournalClosed(f"{self.path}: journal is already closed")
             if not self._stopped:  # a close that failed to write has chained run_closed already: only retry it
+                if self._pending:
+                    self._drain_locked()
                 self._stopped = True
                 self._write_locked(_encode_event(RunClosed(status=status, reason=reason)))
                 self._since_seal += 1
@@ -518,6 +577,8 @@ class Journal:
             if self._closed:
                 return
             try:
+                if self._pending:
+                    self._drain_locked()
                 if self._since_seal and not self._stopped:
                     self._seal_locked(durable=True)
                 else:

@@ -98,11 +98,13 @@ class TrainingHealthMonitor:
                           tokens=None if tokens is None else int(tokens))
         j = self.journal
         if j is not None:
-            j.append(ev)
+            # Deferred: the event's types are fixed above, so the writer encodes and chains it later, in a
+            # batch (inside a real loop that is most of the cost of a call made with cold caches).
+            j._append_deferred(ev)
         found = self._proj.apply(ev)
         if found and j is not None:
             for a in found:
-                j.append(a)
+                j._append_deferred(a)
         return found
 
     def observe_resume(self, from_step: int | None, *, reason: str = "resumed from checkpoint",

@@ -71,9 +71,9 @@ def test_seal_policy_every_t_seconds(tmp_path, signer):
 def test_explicit_seal_and_durable_append(tmp_path, signer, pubkey):
     p = tmp_path / "j.jsonl"
     j = Journal.create(p, signer=signer, seal_every=10**6, seal_interval_s=3600, background=False)
-    j.append(step(0))
-    sealed = j.seal()
-    assert sealed == (2, j.head[1][:0] + sealed[1])  # the head just appended
+    seq, h = j.append(step(0))
+    assert j.head == (seq, h) == (2, j.head[1])
+    assert j.seal() == (seq, h)  # the seal names the head just appended: its seq and its chain hash
     assert j.seal() is None  # nothing new to seal
     j.append(step(1), durable=True)
     # Everything so far is on disk (no buffered bytes): another reader sees it sealed.
@@ -218,3 +218,35 @@ def test_writer_owned_kinds_cannot_be_appended(tmp_path, signer, event):
     with Journal.create(tmp_path / "j.jsonl", signer=signer, background=False) as j:
         with pytest.raises(UsageError, match="written by the journal itself"):
             j.append(event)
+
+
+def test_deferred_appends_keep_order_and_seal_policy(tmp_path, signer, pubkey):
+    """The monitor's deferred path: mixed with ordinary appends, every event lands in order, NaN spelled
+    exactly, a seal every seal_every events, and the journal verifies like any other."""
+    import math
+
+    from trainledger.journal import read_events
+
+    p = tmp_path / "j.jsonl"
+    with Journal.create(p, signer=signer, seal_every=100, seal_interval_s=3600, background=False) as j:
+        for i in range(250):
+            ev = step(i, loss=math.nan if i == 7 else 1.0)
+            if i % 10 == 3:
+                j.append(ev)
+            else:
+                j._append_deferred(ev)
+    steps = [e for e in read_events(p) if type(e).__struct_config__.tag == "step_observed"]
+    assert [e.step for e in steps] == list(range(250)) and math.isnan(steps[7].loss)
+    r = verify(p, keys=[pubkey], require_closed=True)
+    assert r.kinds["seal"] >= 3 and r.unsealed_events == 0
+
+
+def test_deferred_appends_reach_the_os_within_the_flush_interval(tmp_path, signer):
+    p = tmp_path / "j.jsonl"
+    j = Journal.create(p, signer=signer, flush_interval_s=0.05)
+    j._append_deferred(step(0))
+    deadline = time.monotonic() + 5
+    while b'"step":0' not in p.read_bytes() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert b'"step":0' in p.read_bytes()  # written by the background thread, nobody else touched the journal
+    j.close()
