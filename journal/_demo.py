@@ -66,4 +66,6 @@ def run_demo(out: Path, *, steps: int = 2000, seed: int = 0, key: Path | None = 
             j.append(ev)
             for anomaly in health.apply(ev):
                 j.append(anomaly)
+            for suspected in health.take_suspected():
+                j.append(suspected)
     return path, pub

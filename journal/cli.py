@@ -519,6 +519,12 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         m = "-" if mfu["mean"] is None else f"{mfu['mean']:.2%} (min {mfu['min']:.2%}, max {mfu['max']:.2%})"
         tps = "-" if h["tokens_per_s"] is None else f"{h['tokens_per_s']:,.0f}"
         _say(f"  steps {h['steps']:,}; MFU mean {m} over {mfu['count']:,} steps; tokens/s {tps}")
+        if mfu.get("implausible"):
+            _say(f"  MFU IMPLAUSIBLE: {mfu['above_100pct']:,} steps above 100%: the peak they are measured against "
+                 f"({mfu.get('peak_source') or 'unstated source'}) is too low; not a receipt")
+        if h.get("spikes_suspected"):
+            _say(f"  spikes suspected (unconfirmed, not anomalies): {h['spikes_suspected']}")
+
         r = h["restarts"]
         _say(f"  restarts {r['count']} (continuity {'ok' if r['continuity_ok'] else 'BROKEN'})")
     for kind, steps in sorted(rec.anomalies_by_kind.items()):
@@ -537,6 +543,8 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         _say(f"  ladder: passed {lad['passed_rungs']}, halted_at {lad['halted_at']}, {lad['decisions']} decisions")
         for o in lad["outcomes"]:
             _say(f"    {o['rung']}: {'GO' if o['passed'] else 'NO-GO'}  {o['reason']}")
+    for note in rec.notes:
+        _say(f"  note: {note}")
     for d in rec.differences:
         _say(f"  DIFFERENCE seq {d['seq']} ({d['kind']}): {d['detail']}")
     return 0 if rec.ok else 1
@@ -725,15 +733,18 @@ def _cmd_ladder(args: argparse.Namespace) -> int:
     j = Journal.create(out / "ladder.jsonl", signer=load_signer(priv), meta={"preset": args.preset,
                        "note": "tiny stand-in rungs: real targets are labels, not what ran"})
     peak = args.peak_flops
+    peak_info = {"peak_source": "given", "peak_spread": None}
     if peak is None:
         from trainledger.training.flops import measure_matmul_peak
 
-        peak = measure_matmul_peak()
-        _say(f"MFU is measured against this CPU's fp32 matmul throughput: {peak:.3g} FLOP/s (--peak-flops to set)")
+        meas = measure_matmul_peak(detail=True)
+        peak, peak_info = meas.peak, {"peak_source": "measured", "peak_spread": meas.spread}
+        _say(f"MFU is measured against this CPU's fp32 matmul throughput: {peak:.3g} FLOP/s, best of "
+             f"{meas.samples} products (median {meas.median:.3g}; spread {meas.spread:.0%}) (--peak-flops to set)")
     t0 = time.perf_counter()
     try:
         result = run_pilot_ladder(PRESETS[args.preset](), peak_flops_per_sec=peak, journal=j,
-                                  work_dir=out / "rungs")
+                                  work_dir=out / "rungs", **peak_info)
     except BaseException:
         j.suspend()
         raise
@@ -743,8 +754,11 @@ def _cmd_ladder(args: argparse.Namespace) -> int:
     _say(f"{'rung':<22} {'verdict':<8} {'final loss':>10} {'forget gap':>10} {'MFU mean':>10}  reason")
     for o in result.outcomes:
         mfu = o.measured.get("mfu_mean")
+        shown = "-" if mfu is None else format(mfu, "10.3e") + ("!" if mfu > 1.0 else "")
         _say(f"{o.name:<22} {'GO' if o.passed else 'NO-GO':<8} {o.measured['final_loss']:>10.4f} "
-              f"{o.measured['forgetting_gap']:>10.4f} {mfu if mfu is None else format(mfu, '10.3e'):>10}  {o.reason}")
+             f"{o.measured['forgetting_gap']:>10.4f} {shown:>10}  {o.reason}")
+        if mfu is not None and mfu > 1.0:
+            _say("    MFU above 100% is implausible: the measured peak is too low (see its spread above); not a receipt")
         for piece, why in o.artifacts.get("skipped_pieces", {}).items():
             _say(f"    skipped {piece}: {why}")
         for key in ("F9_mup_transfer", "H2_moe_vs_dense"):

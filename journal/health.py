@@ -23,7 +23,7 @@ from typing import Any
 
 from .codec import UnknownEvent, record_type
 from .events import RunResumed, StepObserved
-from .kinds import MAX_WINDOW, AnomalyDetected, DetectorParams, RunConfigured  # noqa: F401 - re-exported
+from .kinds import MAX_WINDOW, AnomalyDetected, DetectorParams, RunConfigured, SpikeSuspected  # noqa: F401
 
 __all__ = [
     "RunConfigured",
@@ -172,7 +172,8 @@ class _Detector:
     baseline late, as the noise it was.
     """
 
-    __slots__ = ("p", "base", "kind", "log", "pending", "inv_scale", "inv_scale_confirm", "min_periods", "window")
+    __slots__ = ("p", "base", "kind", "log", "pending", "inv_scale", "inv_scale_confirm", "min_periods", "window",
+                 "series", "suspected")
 
     def __init__(self, p: DetectorParams, kind: str, log: bool):
         self.p = p
@@ -185,6 +186,8 @@ class _Detector:
         self.kind = kind
         self.log = log
         self.pending: list | None = None  # [step, raw, x, median, mad, z] of a candidate spike
+        self.series = "grad_norm" if log else "loss"
+        self.suspected: SpikeSuspected | None = None  # a candidate the last call released unconfirmed
 
     def _z(self, x: float, inv_scale: float) -> tuple[float, float, float] | None:
         """(z, median, mad) of x against the baseline, or None in warm-up, at/below the median,
@@ -201,11 +204,17 @@ class _Detector:
         scale = MAD_SCALE * mad
         return ((x - med) / scale if scale > 0 else math.inf), med, mad
 
-    def release(self) -> None:
-        """Give up on a candidate (no confirmation came): it joins the baseline."""
+    def release(self, step: int) -> None:
+        """Give up on a candidate (a non-finite value came instead of a confirmation): it joins the baseline,
+        and is recorded as suspected."""
         if self.pending is not None:
-            self.base.add(self.pending[0], self.pending[2])
-            self.pending = None
+            self._unconfirmed(step)
+
+    def _unconfirmed(self, step: int) -> None:
+        pend, self.pending = self.pending, None
+        self.base.add(pend[0], pend[2])
+        self.suspected = SpikeSuspected(step=pend[0], series=self.series, value=pend[1], baseline_median=pend[3],
+                                        mad=pend[4], z_score=pend[5], threshold=self.p.z_thresh, released_at=step)
 
     def score(self, step: int, raw: float, after_resume: bool) -> AnomalyDetected | None:
         """Score one finite value; add it to the baseline unless it is (part of) a spike."""
@@ -237,13 +246,13 @@ class _Detector:
         t = self.p.z_thresh
         pend = self.pending
         if pend is not None:
-            self.pending = None
             cur = self._z(x, self.inv_scale_confirm)
             if cur is not None and cur[0] > CONFIRM_FRACTION * t:
                 # Still elevated: the candidate was a spike. This value is its tail: keep it out too.
+                self.pending = None
                 return AnomalyDetected(step=pend[0], anomaly=self.kind, value=pend[1], baseline_median=pend[3],
                                        mad=pend[4], z_score=pend[5], threshold=t, detected_at=step)
-            self.base.add(pend[0], pend[2])
+            self._unconfirmed(step)
         cur = self._z(x, self.inv_scale)
         if cur is not None and cur[0] > t:
             z, med, mad = cur
@@ -280,6 +289,9 @@ class HealthProjection:
         self.last_step: int | None = None
         self.anomalies: list[AnomalyDetected] = []
         self.by_kind: dict[str, int] = {}
+        self.suspected: list[SpikeSuspected] = []
+        self.suspected_new: list[SpikeSuspected] = []
+        self.mfu_over = 0  # steps whose MFU came out above 100%: the peak they are measured against is too low
         self.mfu_sum = 0.0
         self.mfu_min = math.inf
         self.mfu_max = -math.inf
@@ -341,7 +353,7 @@ class HealthProjection:
             if a is not None:
                 out = [a]
         else:
-            self._loss.release()
+            self._loss.release(step)
             out = [AnomalyDetected(step=step, anomaly="nan_loss" if loss != loss else "inf_loss", value=loss)]
         g = ev.grad_norm
         if g is not None:
@@ -351,7 +363,7 @@ class HealthProjection:
                     if a is not None:
                         out = out + [a]
             else:
-                self._grad.release()
+                self._grad.release(step)
                 out = out + [AnomalyDetected(step=step, anomaly="nan_grad_norm" if g != g else "inf_grad_norm",
                                              value=g)]
         if after_resume:
@@ -381,15 +393,28 @@ class HealthProjection:
                 if m is not None:
                     self.mfu_sum += m
                     self.mfu_count += 1
+                    if m > 1.0:
+                        self.mfu_over += 1
                     if m < self.mfu_min:
                         self.mfu_min = m
                     if m > self.mfu_max:
                         self.mfu_max = m
+        for det in (self._loss, self._grad):
+            if det.suspected is not None:
+                self.suspected.append(det.suspected)
+                self.suspected_new.append(det.suspected)
+                det.suspected = None
         if out:
             for a in out:
                 self.anomalies.append(a)
                 self.by_kind[a.anomaly] = self.by_kind.get(a.anomaly, 0) + 1
         return out
+
+    def take_suspected(self) -> list[SpikeSuspected]:
+        """The ``spike_suspected`` events the last folds produced (the live monitor appends them; replay
+        compares them with what was recorded); emptied by the call."""
+        new, self.suspected_new = self.suspected_new, []
+        return new
 
     def _resume(self, ev: RunResumed) -> list[AnomalyDetected]:
         prev = self._pending_resume
@@ -419,11 +444,17 @@ class HealthProjection:
                 "min": self.mfu_min if n else None,
                 "max": self.mfu_max if n else None,
                 "count": n,
+                # MFU cannot exceed 100%: steps above it are not receipts but a sign of a wrong peak
+                "above_100pct": self.mfu_over,
+                "implausible": self.mfu_over > 0,
+                "peak_source": self.config.peak_source,
+                "peak_spread": self.config.peak_spread,
             },
             "hfu": self._hfu(),
             "tokens_per_s": self.tokens / self.token_time_s if self.token_time_s > 0 else None,
             "anomalies_by_kind": dict(sorted(self.by_kind.items())),
             "anomalies": len(self.anomalies),
+            "spikes_suspected": len(self.suspected),
             "restarts": {
                 # a resume whose continuity window is still open counts, and is not yet judged
                 "count": len(self.restarts) + (self._pending_resume is not None),
@@ -463,7 +494,8 @@ class HealthProjection:
             "steps": self.steps,
             "last_step": self.last_step,
             "anomalies": [msgspec.to_builtins(a) for a in self.anomalies],
-            "mfu": [self.mfu_sum, self.mfu_min, self.mfu_max, self.mfu_count],
+            "mfu": [self.mfu_sum, self.mfu_min, self.mfu_max, self.mfu_count, self.mfu_over],
+            "suspected": [msgspec.to_builtins(a) for a in self.suspected],
             "tokens": [self.tokens, self.token_time_s],
             "restarts": [dict(r) for r in self.restarts],
             "pending_resume": self._pending_resume,
@@ -483,7 +515,9 @@ class HealthProjection:
         p.anomalies = [msgspec.convert(a, AnomalyDetected, strict=False) for a in d["anomalies"]]
         for a in p.anomalies:
             p.by_kind[a.kind] = p.by_kind.get(a.kind, 0) + 1
-        p.mfu_sum, p.mfu_min, p.mfu_max, p.mfu_count = d["mfu"]
+        p.mfu_sum, p.mfu_min, p.mfu_max, p.mfu_count, *over = d["mfu"]
+        p.mfu_over = over[0] if over else 0  # states written before this counter existed
+        p.suspected = [msgspec.convert(a, SpikeSuspected, strict=False) for a in d.get("suspected", [])]
         p.tokens, p.token_time_s = d["tokens"]
         p.restarts = [dict(r) for r in d["restarts"]]
         p._pending_resume = d["pending_resume"]

@@ -16,7 +16,7 @@ from typing import Any
 
 from .events import Event, RunClosed, RunOpened, RunResumed, Seal, StepObserved, TailRepaired
 
-__all__ = ["BUILTIN_KINDS", "RunConfigured", "AnomalyDetected", "DetectorParams", "MAX_WINDOW", "CheckpointSaved", "ResumeRejectedEvent", "WeightsRestored", "CheckpointFailed", "CheckpointDeleted",
+__all__ = ["BUILTIN_KINDS", "RunConfigured", "AnomalyDetected", "SpikeSuspected", "DetectorParams", "MAX_WINDOW", "CheckpointSaved", "ResumeRejectedEvent", "WeightsRestored", "CheckpointFailed", "CheckpointDeleted",
            "RewindDecided", "DataWindowSkipped", "RunStopped", "RungStarted", "GateVerdict", "DecisionRecorded",
            "PreflightGate", "PreflightCompleted", "EvaluationRecorded", "CheckpointSelected", "ResourceRecorded",
            "CHECKPOINT_CONTRACT"]
@@ -44,6 +44,10 @@ class RunConfigured(Event, tag="run_configured", frozen=True, kw_only=True):
     grad_norm_window: int = 64
     grad_norm_min_periods: int = 16
     grad_norm_z_thresh: float = 8.0
+    #: where the peak comes from: "datasheet", "measured" (this machine's matmul rate) or "given"
+    peak_source: str | None = None
+    #: for a measured peak, how much the repeated measurements varied: (best - median) / best
+    peak_spread: float | None = None
 
     def __post_init__(self) -> None:
         # Runs on decode too (msgspec): a signed journal with impossible settings fails verification as a schema
@@ -81,6 +85,22 @@ class AnomalyDetected(Event, tag="anomaly_detected", frozen=True, kw_only=True):
     def kind(self) -> str:
         """The anomaly's kind: loss_spike, grad_norm_spike, nan_loss, inf_loss, nan_grad_norm, ..."""
         return self.anomaly
+
+
+class SpikeSuspected(Event, tag="spike_suspected", frozen=True, kw_only=True):
+    """A derived event: a value above the threshold that the next step did not confirm (a lone outlier, or
+    the start of a spike too short to call one). Recorded so that a reviewer sees it, and recomputed by replay,
+    but not an anomaly: it counts in no anomaly total and drives no rewind."""
+
+    step: int
+    series: str  # "loss" | "grad_norm"
+    value: float
+    baseline_median: float
+    mad: float
+    z_score: float
+    threshold: float
+    #: the step whose calm (or non-finite) value released it
+    released_at: int
 
 
 #: The longest baseline window a detector keeps (a journal cannot ask for more memory than this).
@@ -252,7 +272,7 @@ class DecisionRecorded(Event, tag="decision_recorded", frozen=True, kw_only=True
 #: Every kind trainledger defines, by its tag.
 BUILTIN_KINDS: dict[str, type[Event]] = {c.__struct_config__.tag: c for c in (
     RunOpened, Seal, StepObserved, RunResumed, TailRepaired, RunClosed,
-    RunConfigured, AnomalyDetected,
+    RunConfigured, AnomalyDetected, SpikeSuspected,
     CheckpointSaved, ResumeRejectedEvent, WeightsRestored, CheckpointFailed, CheckpointDeleted,
     RewindDecided, DataWindowSkipped, RunStopped,
     RungStarted, GateVerdict, DecisionRecorded,

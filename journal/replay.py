@@ -21,7 +21,7 @@ import msgspec
 
 from . import health, kinds  # noqa: F401 - registers the kinds replay folds
 from .events import RunResumed, StepObserved
-from .health import AnomalyDetected, HealthProjection, RunConfigured
+from .health import AnomalyDetected, HealthProjection, RunConfigured, SpikeSuspected
 from .approval import ApprovalInvalid, SignedApproval, check_approval
 from .kinds import PreflightGate
 from .kinds import CheckpointSaved, DataWindowSkipped, DecisionRecorded, GateVerdict, RewindDecided, RunStopped
@@ -32,9 +32,6 @@ from .errors import SemanticError
 from .verify import VerifyReport, verify_copy
 
 __all__ = ["Reconstruction", "replay"]
-
-_ANOMALY_FIELDS = tuple(f for f in AnomalyDetected.__struct_fields__)
-
 
 @dataclasses.dataclass
 class Reconstruction:
@@ -49,6 +46,8 @@ class Reconstruction:
     stops: list[dict[str, Any]]
     ladder: dict[str, Any] | None
     differences: list[dict[str, Any]]
+    #: what a reader must know even when nothing differs (no steps at all, an implausible MFU)
+    notes: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -59,15 +58,6 @@ class Reconstruction:
         d["verify"] = self.verify.to_dict()
         d["ok"] = self.ok
         return msgspec.to_builtins(d)
-
-
-def _fields(a: AnomalyDetected) -> tuple:
-    return tuple(getattr(a, f) for f in _ANOMALY_FIELDS)
-
-
-def _key(a: AnomalyDetected) -> tuple:
-    """The anomaly's fields, hashable, with NaN equal to NaN (it is the recorded value of a NaN loss)."""
-    return tuple("NaN" if isinstance(v, float) and v != v else v for v in _fields(a))
 
 
 def _approval_problem(ev: PreflightGate) -> str | None:
@@ -85,8 +75,30 @@ def _approval_problem(ev: PreflightGate) -> str | None:
     return None
 
 
-def _compare_anomalies(recomputed: list[tuple[int, AnomalyDetected]],
-                       recorded: list[tuple[int, AnomalyDetected]]) -> list[dict[str, Any]]:
+_RECORD_ONLY = ("seq", "ts", "h")
+
+
+def _at_least(version: str | None, want: tuple[int, int]) -> bool:
+    try:
+        major, minor = (int(x) for x in (version or "").split(".")[:2])
+    except ValueError:
+        return False
+    return (major, minor) >= want
+
+
+def _key(a: Any) -> tuple:
+    """A derived event's own fields (not seq, ts, h), hashable, with NaN equal to NaN (it is the recorded
+    value of a NaN loss)."""
+    vals = (getattr(a, f) for f in type(a).__struct_fields__ if f not in _RECORD_ONLY)
+    return tuple("NaN" if isinstance(v, float) and v != v else v for v in vals)
+
+
+def _what(a: Any) -> str:
+    return a.kind if isinstance(a, AnomalyDetected) else f"a suspected {a.series} spike"
+
+
+def _compare_derived(recomputed: list[tuple[int, Any]], recorded: list[tuple[int, Any]],
+                     kind: str) -> list[dict[str, Any]]:
     """What the steps imply against what the writer recorded, as multisets: linear in both (a journal with
     thousands of unsupported anomalies replays in the time it takes to read it)."""
     want = Counter(_key(a) for _, a in recomputed)
@@ -96,16 +108,15 @@ def _compare_anomalies(recomputed: list[tuple[int, AnomalyDetected]],
         if want[k] > 0:
             want[k] -= 1
         else:
-            out.append({"seq": seq, "kind": "anomaly_detected",
-                        "detail": f"recorded {rd.kind} at step {rd.step}, which the observations do not support"})
-    for seq, rc in reversed(recomputed):  # the unmatched ones: the latest of each kind were left unrecorded
+            out.append({"seq": seq, "kind": kind,
+                        "detail": f"recorded {_what(rd)} at step {rd.step}, which the observations do not support"})
+    for seq, rc in reversed(recomputed):  # the unmatched ones: the latest of each were left unrecorded
         k = _key(rc)
         if want[k] > 0:
             want[k] -= 1
-            out.append({"seq": seq, "kind": "anomaly_detected",
-                        "detail": f"the observations give {rc.kind} at step {rc.step} (z {rc.z_score}), "
+            out.append({"seq": seq, "kind": kind,
+                        "detail": f"the observations give {_what(rc)} at step {rc.step} (z {rc.z_score}), "
                                   "which was not recorded"})
-    out.sort(key=lambda d: d["seq"])
     return out
 
 
@@ -143,6 +154,8 @@ def _rebuild(report: VerifyReport, copy: Path, observe: Callable[[Any], None] | 
     proj: HealthProjection | None = None
     pending_recomputed: list[tuple[int, AnomalyDetected]] = []  # (seq of the step that produced it, anomaly)
     recorded: list[tuple[int, AnomalyDetected]] = []
+    suspected_recomputed: list[tuple[int, SpikeSuspected]] = []
+    suspected_recorded: list[tuple[int, SpikeSuspected]] = []
     checkpoints, resumes, rewinds, stops = [], [], [], []
     ladder = LadderProjection()
     saw_ladder = False
@@ -162,11 +175,15 @@ def _rebuild(report: VerifyReport, copy: Path, observe: Callable[[Any], None] | 
                 proj = HealthProjection()
             for an in proj.apply(ev):
                 pending_recomputed.append((ev.seq, an))
+            if proj.suspected_new:
+                suspected_recomputed += [(ev.seq, x) for x in proj.take_suspected()]
             if isinstance(ev, RunResumed):
                 resumes.append({"seq": ev.seq, "from_step": ev.from_step, "checkpoint": ev.checkpoint,
                                 "reason": ev.reason})
         elif isinstance(ev, AnomalyDetected):
             recorded.append((ev.seq, ev))
+        elif isinstance(ev, SpikeSuspected):
+            suspected_recorded.append((ev.seq, ev))
         elif isinstance(ev, CheckpointSaved):
             checkpoints.append({"seq": ev.seq, "step": ev.step, "path": ev.path, "sha256": ev.sha256,
                                 "background": ev.background})
@@ -214,15 +231,24 @@ def _rebuild(report: VerifyReport, copy: Path, observe: Callable[[Any], None] | 
                                     "detail": f"rung {ev.rung}: recorded {ev.action_chosen} {dict(ev.belief_after)}, "
                                               f"the verdict gives {action} {after}"})
 
-    differences += _compare_anomalies(pending_recomputed, recorded)
+    differences += _compare_derived(pending_recomputed, recorded, "anomaly_detected")
+    if _at_least(report.format_version, (1, 1)):  # spike_suspected came with format 1.1: older runs lack it
+        differences += _compare_derived(suspected_recomputed, suspected_recorded, "spike_suspected")
+    differences.sort(key=lambda d: d["seq"] if d["seq"] is not None else -1)
 
+    notes = []
+    health = proj.report() if proj is not None else None
+    if health is None or not health["steps"]:
+        notes.append("no step observations: the health, MFU and anomaly receipts rest on nothing")
+    elif health["mfu"]["implausible"]:
+        notes.append(f"MFU implausible: {health['mfu']['above_100pct']:,} steps above 100% (the peak is too low)")
     by_kind: dict[str, list[int]] = {}
     for _, an in pending_recomputed:
         by_kind.setdefault(an.kind, []).append(an.step)
     res = ladder.result() if saw_ladder else None
     return Reconstruction(
         verify=report,
-        health=proj.report() if proj is not None else None,
+        health=health,
         anomalies_by_kind=by_kind,
         checkpoints=checkpoints,
         resumes=resumes,
@@ -233,4 +259,5 @@ def _rebuild(report: VerifyReport, copy: Path, observe: Callable[[Any], None] | 
                                          "outcomes": [{"rung": o.name, "passed": o.passed, "reason": o.reason}
                                                       for o in res.outcomes]},
         differences=differences,
+        notes=notes,
     )

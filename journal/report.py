@@ -261,6 +261,11 @@ def render(rec: Reconstruction, s: _Series, png: str | None) -> str:
     parts.append(_table(["anomaly", "count", "steps"],
                         [[k, len(st), ", ".join(map(str, st[:20])) + (" ..." if len(st) > 20 else "")]
                          for k, st in sorted(rec.anomalies_by_kind.items())], "no anomalies"))
+    if h.get("spikes_suspected"):
+        parts.append(f"<p>{h['spikes_suspected']:,} spike candidate(s) the next step did not confirm "
+                     "(<code>spike_suspected</code>): on record for review, not counted as anomalies.</p>")
+    for note in rec.notes:
+        parts.append(f"<p class=bad>{_e(note)}</p>")
     parts.append("<h2>Checkpoints, resumes, rewinds, stops</h2>")
     restored = {r.get("checkpoint") for r in rec.resumes} | {r.get("checkpoint") for r in rec.rewinds}
     parts.append(_table(["seq", "step", "path", "sha256", "restored"],

@@ -44,7 +44,8 @@ __all__ = ["run_pilot_ladder", "LadderResult", "RungOutcome", "LadderProjection"
 
 
 
-def _train_rung(rung: Rung, j: Journal, work: Path, peak: float | None) -> tuple[dict[str, Any], dict[str, Any]]:
+def _train_rung(rung: Rung, j: Journal, work: Path, peak: float | None,
+                peak_info: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     torch.manual_seed(rung.seed)
     artifacts: dict[str, Any] = {}
     lr = rung.lr
@@ -63,7 +64,7 @@ def _train_rung(rung: Rung, j: Journal, work: Path, peak: float | None) -> tuple
 
     model, opt, sampler = build()
     flops = flop_config_from_causal_lm(model, seq_len=rung.block)
-    monitor = TrainingHealthMonitor(journal=j, flop_config=flops, peak_flops_per_sec=peak)
+    monitor = TrainingHealthMonitor(journal=j, flop_config=flops, peak_flops_per_sec=peak, **peak_info)
     # The first data the rung sees (a second sampler with the same seed draws the same batch),
     # re-measured after every step for the forgetting curve.
     first_x, first_y = BatchSampler(sampler.tokens, rung.batch_size, rung.block, seed=rung.seed + 2).next()
@@ -121,7 +122,8 @@ def _train_rung(rung: Rung, j: Journal, work: Path, peak: float | None) -> tuple
 
 
 def run_pilot_ladder(rungs: list[Rung], peak_flops_per_sec: float | None = None, journal: Journal | None = None, *,
-                     work_dir: str | Path | None = None) -> LadderResult:
+                     work_dir: str | Path | None = None, peak_source: str | None = None,
+                     peak_spread: float | None = None) -> LadderResult:
     """Run the ladder; return its result (also rebuildable from the journal by :class:`LadderProjection`).
 
     ``journal`` receives every event; without one, a journal signed by a throwaway key is
@@ -145,7 +147,8 @@ def run_pilot_ladder(rungs: list[Rung], peak_flops_per_sec: float | None = None,
             opened = j.append(RungStarted(rung=rung.name, real_target=rung.real_target,
                                           spec=dataclasses.asdict(rung)))
             (work / rung.name).mkdir(parents=True, exist_ok=True)
-            measured, artifacts = _train_rung(rung, j, work / rung.name, peak_flops_per_sec)
+            measured, artifacts = _train_rung(rung, j, work / rung.name, peak_flops_per_sec,
+                                              {"peak_source": peak_source, "peak_spread": peak_spread})
             bars = {k: getattr(rung, k) for k in ("max_final_loss", "max_forgetting_gap", "min_mfu_mean",
                                                   "max_anomalies", "max_flops", "max_wall_s")}
             passed, reason = gate(bars, measured)

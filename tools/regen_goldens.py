@@ -4,7 +4,7 @@
     .venv/bin/python tools/regen_goldens.py            # writes every golden that is missing
     .venv/bin/python tools/regen_goldens.py --force    # rewrites them all (new keys, new bytes)
 
-``every_kind_v1.jsonl``: one journal in format 1.0 holding every event kind trainledger defines, consistent
+``every_kind_v1_1.jsonl``: one journal in format 1.1 holding every event kind trainledger defines, consistent
 enough that replay finds nothing to object to (the anomalies are the ones its steps imply, the verdict follows
 from its bars, the decision from the verdict, the authority gate from a signed approval). Beside it: the public
 key (``.pub``; the private key is thrown away) and ``.expect.json``, what verify and replay must keep saying
@@ -53,19 +53,23 @@ def every_kind(path: Path) -> Path:
     signer = Signer.generate()
     ident = "sha256:" + "ab" * 32
     sha = "cd" * 32
-    j = Journal.create(path, signer=signer, run_id="golden-every-kind-v1", manifest_id=ident,
-                       manifest_label="golden", meta={"golden": "every kind, format 1.0"}, background=False)
+    j = Journal.create(path, signer=signer, run_id="golden-every-kind-v1-1", manifest_id=ident,
+                       manifest_label="golden", meta={"golden": "every kind, format 1.1"}, background=False)
     config = RunConfigured(n_params=7104, n_layer=2, n_head=2, head_dim=8, seq_len=8, peak_flops_per_sec=1e12,
-                           devices=1, loss_window=16, loss_min_periods=4, grad_norm_window=16, grad_norm_min_periods=4)
+                           devices=1, loss_window=16, loss_min_periods=4, grad_norm_window=16, grad_norm_min_periods=4,
+                           peak_source="measured", peak_spread=0.12)
     proj = HealthProjection(config)
     j.append(config)
 
-    def observe(ev) -> None:  # as the monitor does: the event, then the anomalies it implies
+    def observe(ev) -> None:  # as the monitor does: the event, then the anomalies and suspicions it implies
         j.append(ev)
         for a in proj.apply(ev):
             j.append(a)
+        for x in proj.take_suspected():
+            j.append(x)
 
     losses = [3.0 - 0.01 * i + 0.003 * math.sin(i) for i in range(24)] + [math.nan, 2.75, 30.0, 2.74]
+    losses[15] += 1.0  # a lone outlier (z 16) the next step does not confirm: spike_suspected, not an anomaly
     for i, loss in enumerate(losses):
         observe(StepObserved(step=i, loss=loss, grad_norm=1.0 + 0.01 * (i % 3), lr=3e-4, step_time_s=0.01,
                              tokens=32, examples=4, supervised_tokens=32))
@@ -132,7 +136,9 @@ def expectations(path: Path) -> dict:
             "steps": rec.health["steps"] if rec.health else None}
 
 
-GOLDENS = {"every_kind_v1.jsonl": every_kind}
+#: The goldens this code can write. Older ones (every_kind_v1.jsonl: format 1.0, before spike_suspected and the
+#: peak's provenance) are frozen: no builder, never rewritten, and they must keep verifying and replaying.
+GOLDENS = {"every_kind_v1_1.jsonl": every_kind}
 
 
 def main() -> int:

@@ -26,6 +26,7 @@ __all__ = [
     "FlopCrossCheckRefused",
     "count_training_flops",
     "measure_matmul_peak",
+    "PeakMeasurement",
 ]
 
 _RECOMPUTE = ("none", "selective", "full")
@@ -196,12 +197,27 @@ def mfu(flops_per_iter: float, step_time_s: float | None, peak: float | None, *,
     return flops_per_iter / step_time_s / (peak * devices)
 
 
-def measure_matmul_peak(n: int = 512, seconds: float = 0.3, dtype=None) -> float:
+@dataclasses.dataclass(frozen=True)
+class PeakMeasurement:
+    """A measured matmul peak and how much its repeats varied (a loaded machine varies a lot)."""
+
+    peak: float  # FLOP/s of the fastest product
+    median: float  # FLOP/s of the median product
+    samples: int
+
+    @property
+    def spread(self) -> float:
+        """(best - median) / best: 0 on a quiet machine; large when the measurement is not to be trusted."""
+        return (self.peak - self.median) / self.peak
+
+
+def measure_matmul_peak(n: int = 512, seconds: float = 0.3, dtype=None, *, detail: bool = False):
     """This machine's measured dense matmul throughput in FLOP/s (the best of repeated n x n products).
 
     A CPU has no datasheet peak that MFU could honestly be measured against; the
     best sustained matmul rate, with torch's current thread count, is the
-    practical roofline. Recorded as ``peak_flops_per_sec`` like a datasheet peak.
+    practical roofline. Recorded as ``peak_flops_per_sec`` like a datasheet peak, with
+    ``peak_source="measured"`` and the spread. ``detail=True`` returns a :class:`PeakMeasurement`.
     """
     import time
 
@@ -210,15 +226,18 @@ def measure_matmul_peak(n: int = 512, seconds: float = 0.3, dtype=None) -> float
     a = torch.randn(n, n, dtype=dtype or torch.float32)
     b = torch.randn(n, n, dtype=dtype or torch.float32)
     torch.mm(a, b)  # warm-up
-    best = math.inf
+    times = []
     deadline = time.perf_counter() + seconds
     while True:
         t0 = time.perf_counter()
         torch.mm(a, b)
-        best = min(best, time.perf_counter() - t0)
+        times.append(time.perf_counter() - t0)
         if time.perf_counter() > deadline:
             break
-    return 2.0 * n ** 3 / best
+    times.sort()
+    flops = 2.0 * n ** 3
+    m = PeakMeasurement(peak=flops / times[0], median=flops / times[len(times) // 2], samples=len(times))
+    return m if detail else m.peak
 
 
 class FlopCrossCheckRefused(TrainledgerError, RuntimeError):

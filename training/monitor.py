@@ -56,6 +56,8 @@ class TrainingHealthMonitor:
         flop_config: FlopConfig | None = None,
         peak_flops_per_sec: float | None = None,
         devices: int = 1,
+        peak_source: str | None = None,
+        peak_spread: float | None = None,
         loss_window: int = 64,
         loss_min_periods: int = 16,
         loss_z_thresh: float = 8.0,
@@ -82,6 +84,7 @@ class TrainingHealthMonitor:
             loss_window=loss_window, loss_min_periods=loss_min_periods, loss_z_thresh=float(loss_z_thresh),
             grad_norm_window=grad_norm_window, grad_norm_min_periods=grad_norm_min_periods,
             grad_norm_z_thresh=float(grad_norm_z_thresh),
+            peak_source=peak_source, peak_spread=None if peak_spread is None else float(peak_spread),
         )
         self.journal = journal
         self._proj = HealthProjection(self.config)
@@ -101,10 +104,16 @@ class TrainingHealthMonitor:
             # Deferred: the event's types are fixed above, so the writer encodes and chains it later, in a
             # batch (inside a real loop that is most of the cost of a call made with cold caches).
             j._append_deferred(ev)
-        found = self._proj.apply(ev)
-        if found and j is not None:
+        proj = self._proj
+        found = proj.apply(ev)
+        if j is not None:
             for a in found:
                 j._append_deferred(a)
+            if proj.suspected_new:  # a candidate the next step did not confirm: on record, not an anomaly
+                for sus in proj.take_suspected():
+                    j._append_deferred(sus)
+        elif proj.suspected_new:
+            proj.suspected_new.clear()
         return found
 
     def observe_resume(self, from_step: int | None, *, reason: str = "resumed from checkpoint",
@@ -126,6 +135,11 @@ class TrainingHealthMonitor:
     @property
     def anomalies(self) -> list[AnomalyDetected]:
         return list(self._proj.anomalies)
+
+    @property
+    def suspected(self) -> list:
+        """Spike candidates the next step did not confirm (``spike_suspected``): on record, not anomalies."""
+        return list(self._proj.suspected)
 
     def state(self) -> dict[str, Any]:
         """The monitor's state (JSON-serializable), to store in a checkpoint."""

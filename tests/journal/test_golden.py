@@ -15,7 +15,7 @@ JOURNALS = sorted(GOLDEN.glob("*.jsonl"))
 
 
 def test_goldens_exist():
-    assert [p.name for p in JOURNALS] == ["every_kind_v1.jsonl"]
+    assert [p.name for p in JOURNALS] == ["every_kind_v1.jsonl", "every_kind_v1_1.jsonl"]
 
 
 @pytest.mark.parametrize("path", JOURNALS, ids=lambda p: p.name)
@@ -34,3 +34,33 @@ def test_every_builtin_kind_is_in_a_golden():
     for p in JOURNALS:
         seen |= set(verify(p, keys=[load_public_key(p.with_suffix(".pub"))]).kinds)
     assert set(BUILTIN_KINDS) <= seen, sorted(set(BUILTIN_KINDS) - seen)
+
+
+def test_a_format_1_0_journal_is_not_asked_for_kinds_that_came_later(tmp_path, signer, pubkey):
+    """A lone outlier in a 1.0 journal is not a difference: spike_suspected did not exist when it was written;
+    the same journal marked 1.1 must carry it."""
+    import msgspec
+    from journal_tools import dump, read_lines, rechain, write_lines
+
+    from trainledger.journal import Journal, StepObserved
+    from trainledger.journal.replay import replay
+
+    p = tmp_path / "j.jsonl"
+    with Journal.create(p, signer=signer, background=False) as j:
+        for i in range(40):
+            j.append(StepObserved(step=i, loss=3.25 if i == 30 else 3.0 + 0.01 * (i % 5)))
+    diffs = replay(p, keys=[pubkey]).differences
+    assert [d["kind"] for d in diffs] == ["spike_suspected"]  # 1.1: the suspected spike was not recorded
+    lines = read_lines(p)
+    opened = msgspec.json.decode(lines[0])
+    opened["format_version"] = "1.0"
+    write_lines(p, rechain([dump(opened)] + lines[1:]))
+    import base64
+
+    from trainledger.journal.chain import seal_message
+
+    def resign(run_id, seq, h):
+        return signer.key_id, base64.b64encode(signer.sign(seal_message(run_id, seq, h))).decode()
+
+    write_lines(p, rechain(read_lines(p), resign=resign))
+    assert replay(p, keys=[pubkey]).differences == []
