@@ -175,6 +175,9 @@ class RewindDecided(Event, tag="rewind_decided", frozen=True, kw_only=True):
     skip_batches: int
     lr_scale: float
     reason: str
+    #: the budget in force (format 1.1): at most max_rewinds rewinds for spikes within window_steps steps
+    max_rewinds: int | None = None
+    window_steps: int | None = None
 
 
 class DataWindowSkipped(Event, tag="data_window_skipped", frozen=True, kw_only=True):

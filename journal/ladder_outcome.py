@@ -14,11 +14,17 @@ from typing import Any
 from .kinds import DecisionRecorded, GateVerdict
 from .reader import read_events
 
-__all__ = ["RungOutcome", "LadderResult", "LadderProjection", "gate", "beta_update"]
+__all__ = ["RungOutcome", "LadderResult", "LadderProjection", "gate", "beta_update", "decide"]
 
 
 def beta_update(a: float, b: float, passed: bool) -> tuple[float, float]:
     return (a + 1, b) if passed else (a, b + 1)
+
+
+def decide(a: float, b: float, passed: bool) -> tuple[str, tuple[float, float]]:
+    """The ladder's decision after a verdict: the action (``advance`` after a pass, ``halt_ladder`` after a
+    failure) and the Beta belief updated by it. The runner decides with this; replay decides again."""
+    return ("advance" if passed else "halt_ladder"), beta_update(a, b, passed)
 
 
 @dataclasses.dataclass

@@ -24,7 +24,7 @@ import torch
 
 from trainledger.journal import Journal, Signer
 from trainledger.journal.kinds import DecisionRecorded, GateVerdict, RungStarted
-from trainledger.journal.ladder_outcome import LadderProjection, LadderResult, RungOutcome, beta_update, gate
+from trainledger.journal.ladder_outcome import LadderProjection, LadderResult, RungOutcome, decide, gate
 from trainledger.training.checkpoint import restore_checkpoint, save_checkpoint
 from trainledger.training.corpus import BatchSampler, MarkovSource
 from trainledger.training.flops import flop_config_from_causal_lm
@@ -157,10 +157,9 @@ def run_pilot_ladder(rungs: list[Rung], peak_flops_per_sec: float | None = None,
             _, vh = j.append(verdict, durable=True)
             proj.apply(verdict)
             before = {"a": a, "b": b, "mean": a / (a + b)}
-            a, b = beta_update(a, b, passed)
+            action, (a, b) = decide(a, b, passed)  # the same function replay decides with
             decision = DecisionRecorded(rung=rung.name, belief_before=before, evidence=[opened[1], vh],
-                                        belief_after={"a": a, "b": b, "mean": a / (a + b)},
-                                        action_chosen="advance" if passed else "halt_ladder")
+                                        belief_after={"a": a, "b": b, "mean": a / (a + b)}, action_chosen=action)
             j.append(decision, durable=True)
             proj.apply(decision)
             if not passed:

@@ -80,7 +80,8 @@ def every_kind(path: Path) -> Path:
     j.append(WeightsRestored(path="checkpoints/step-000000019.pt", step=19, override="fine-tune"), durable=True)
     j.append(CheckpointFailed(step=23, error="OSError: No space left on device"), durable=True)
     j.append(RewindDecided(spike_step=26, anomaly="loss_spike", checkpoint="checkpoints/step-000000019.pt",
-                           from_step=19, skip_batches=2, lr_scale=0.5, reason="loss_spike at step 26"), durable=True)
+                           from_step=19, skip_batches=2, lr_scale=0.5, reason="loss_spike at step 26",
+                           max_rewinds=2, window_steps=100), durable=True)
     observe(RunResumed(reason="checkpoint", from_step=19, checkpoint="checkpoints/step-000000019.pt",
                        detail={"sha256": sha, "tokens": 640}))
     j.append(DataWindowSkipped(start_batch=20, end_batch=27), durable=True)

@@ -38,6 +38,7 @@ import torch
 
 from trainledger.journal import Journal, Signer, TrainledgerError, UnsafePath
 from trainledger.journal._paths import confined, open_new
+from trainledger.journal.projections import select_checkpoint
 from trainledger.journal.events import RunOpened, StepObserved
 from trainledger.journal.kinds import (
     CheckpointSaved,
@@ -357,16 +358,15 @@ def _evaluate(m, run: Path, j: Journal, step: int, ck: CheckpointSaved, model, g
 
 def _select(m: ExperimentManifest, j: Journal, evals: list) -> dict[str, Any] | None:
     """The preregistered rule over every evaluated checkpoint (all of them, not only the last)."""
-    sense, rest = m.evaluation.selection_rule.split(":", 1)
-    hook, metric = rest.split(".", 1)
-    cands = [e for e in evals if e.hook == hook and metric in e.metrics]
-    if not cands:
+    got = select_checkpoint(m.evaluation.selection_rule, evals)  # the function replay selects again with
+    if got is None:
         return None
-    pick = (min if sense == "min" else max)(cands, key=lambda e: e.metrics[metric])
+    pick, n = got
+    metric = m.evaluation.selection_rule.partition(".")[2]
     j.append(CheckpointSelected(rule=m.evaluation.selection_rule, checkpoint=pick.checkpoint,
                                 checkpoint_sha256=pick.checkpoint_sha256, step=pick.step,
-                                value=pick.metrics[metric], candidates=len(cands)), durable=True)
-    return {"checkpoint": pick.checkpoint, "step": pick.step, "value": pick.metrics[metric], "candidates": len(cands)}
+                                value=pick.metrics[metric], candidates=n), durable=True)
+    return {"checkpoint": pick.checkpoint, "step": pick.step, "value": pick.metrics[metric], "candidates": n}
 
 
 # -- the example ----------------------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ import torch
 
 from trainledger.journal import Journal, Signer, verify
 from trainledger.journal._paths import confined
+from trainledger.journal.projections import rewind_allowed
 from trainledger.journal.kinds import CheckpointDeleted
 
 from .checkpoint import (
@@ -112,7 +113,8 @@ def _rewind(run: Path, j: Journal, policy: RewindPolicy, spike: Any, target: Che
     bad_end = sampler.batches_drawn  # every batch up to the spike's has been drawn
     j.append(RewindDecided(spike_step=spike.step, anomaly=spike.kind, checkpoint=target.path, from_step=target.step,
                            skip_batches=policy.skip_batches, lr_scale=policy.lr_scale,
-                           reason=f"{spike.kind} at step {spike.step} (value {spike.value:.4g})"), durable=True)
+                           reason=f"{spike.kind} at step {spike.step} (value {spike.value:.4g})",
+                           max_rewinds=policy.max_rewinds, window_steps=policy.window_steps), durable=True)
     info = restore_checkpoint(run, j, target.path, model=model, optimizer=opt, scheduler=sched, sampler=sampler)
     start_batch = sampler.batches_drawn
     sampler.skip(max(policy.skip_batches, bad_end - start_batch))
@@ -141,9 +143,13 @@ def run_training(run_dir: str | Path, *, signer: Signer, config: LoopConfig = Lo
     flops = flop_config_from_causal_lm(model, seq_len=cfg.block)
     start = 0
     kept: list[CheckpointSaved] = []
+    spent: list[int] = []  # spike steps of the rewinds recorded so far
     if jpath.exists():
         j = Journal.open_append(jpath, signer=signer)  # raises JournalClosed for a finished run
-        kept = live_checkpoints(run, signed_history(j))  # only what the signer's seals cover
+        history = signed_history(j)  # only what the signer's seals cover
+        kept = live_checkpoints(run, history)
+        # The rewind budget is folded from the journal, so a crash does not hand out a fresh one.
+        spent = [e.spike_step for e in history if isinstance(e, RewindDecided)]
         ckpt = kept[-1] if kept else None
         monitor = None
         if ckpt is not None:
@@ -162,7 +168,6 @@ def run_training(run_dir: str | Path, *, signer: Signer, config: LoopConfig = Lo
         j = Journal.create(jpath, signer=signer, meta={"loop": dataclasses.asdict(cfg)})
         monitor = TrainingHealthMonitor(journal=j, flop_config=flops, peak_flops_per_sec=peak_flops_per_sec)
     losses = []
-    rewinds: list[int] = []
     try:
         step = start
         while step < cfg.steps:
@@ -182,18 +187,17 @@ def run_training(run_dir: str | Path, *, signer: Signer, config: LoopConfig = Lo
                                          tokens=cfg.batch_size * cfg.block, lr=sched.get_last_lr()[0])
             spike = next((a for a in found if a.kind in TRIGGERS), None)
             if rewind is not None and spike is not None:
-                rewinds = [s for s in rewinds if s > step - rewind.window_steps]
+                allowed = rewind_allowed(spent, spike.step, rewind.max_rewinds, rewind.window_steps)
                 target = next((c for c in reversed(kept) if c.step <= spike.step - rewind.lookback_steps), None)
-                if len(rewinds) >= rewind.max_rewinds or target is None:
+                if not allowed or target is None:
                     rule = (f"max_rewinds={rewind.max_rewinds} per {rewind.window_steps} steps"
-                            if len(rewinds) >= rewind.max_rewinds
-                            else f"no checkpoint at least {rewind.lookback_steps} steps before the spike")
+                            if not allowed else f"no checkpoint at least {rewind.lookback_steps} steps before the spike")
                     j.append(RunStopped(rule=rule, reason=f"{spike.kind} at step {spike.step}"), durable=True)
                     report = monitor.report()
                     j.close(status="stopped", reason=rule)
                     return {"losses": losses, "report": report, "stopped": rule,
                             "verify": verify(jpath, keys=[signer.public], require_closed=True)}
-                rewinds.append(step)
+                spent.append(spike.step)
                 info = _rewind(run, j, rewind, spike, target, model, opt, sched, sampler)
                 for c in [c for c in kept if c.step > target.step]:  # a branch the run abandoned
                     confined(run, c.path, what="checkpoint path").unlink(missing_ok=True)

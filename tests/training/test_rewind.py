@@ -69,3 +69,46 @@ def test_for_run_scales_palm_and_never_undercuts_the_checkpoint_interval():
     assert (big.lookback_steps, big.skip_batches) == (100, 350)
     tiny = RewindPolicy.for_run(200, ckpt_every=20)
     assert (tiny.lookback_steps, tiny.skip_batches) == (10, 20)
+
+
+CRASHING = r"""
+import sys, torch
+torch.set_num_threads(1)
+from trainledger.journal import load_signer
+from trainledger.training.loop import LoopConfig, run_training
+from trainledger.training.rewind import RewindPolicy
+run_training(sys.argv[1], signer=load_signer(sys.argv[2]),
+             config=LoopConfig(steps=200, ckpt_every=20, keep_last=3, batch_size=16, lr=1e-2, poison_batches=(120, 400)),
+             rewind=RewindPolicy(lookback_steps=10, skip_batches=5, max_rewinds=2, window_steps=200))
+"""
+
+
+def test_rewind_budget_survives_a_crash(tmp_path, keypair):
+    """Killed after its first rewind and started again, the run does not get a fresh budget: the rewinds it
+    already made are folded from its journal (before, a restart handed out max_rewinds more)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    signer, priv, _ = keypair
+    run = tmp_path / "run"
+    j = run / "journal.jsonl"
+    proc = subprocess.Popen([sys.executable, "-c", CRASHING, str(run), str(priv)])
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        if j.exists() and b'"rewind_decided"' in j.read_bytes():  # durable: sealed and on disk
+            proc.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.005)
+    proc.wait(30)
+    before = _kinds(j).count("rewind_decided")
+    assert before >= 1
+    torch.set_num_threads(1)
+    out = run_training(run, signer=signer, config=LoopConfig(**BASE, poison_batches=(120, 400)),
+                       rewind=RewindPolicy(lookback_steps=10, skip_batches=5, max_rewinds=2, window_steps=200))
+    assert out["stopped"].startswith("max_rewinds=2")
+    assert _kinds(j).count("rewind_decided") == 2
+    from trainledger.journal.replay import replay
+
+    assert replay(j, keys=[signer.public]).ok

@@ -1,0 +1,453 @@
+"""Projections: deterministic folds over a journal's events, one protocol, folded by replay.
+
+A projection has ``apply(event)`` (fold one event: no I/O, no clock, no randomness), ``differences()`` (every way
+the conclusions a writer recorded differ from what the events they rest on imply, each with its seq) and
+``summary()`` (what it rebuilt, for the reconstruction). :func:`journal.replay.replay` folds the list that
+:func:`default_projections` returns, in journal order, over the signed prefix of a verified journal.
+
+The live code paths reach their conclusions through the same functions the projections recompute them with:
+the anomaly detector (:class:`~journal.health.HealthProjection`), the gate (:func:`~journal.ladder_outcome.gate`),
+the ladder's belief and action (:func:`~journal.ladder_outcome.decide`), the rewind budget
+(:func:`rewind_allowed`) and checkpoint selection (:func:`select_checkpoint`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from typing import Any
+
+import msgspec
+
+from .approval import ApprovalInvalid, SignedApproval, check_approval
+from .events import RunResumed, StepObserved
+from .health import HealthProjection
+from .kinds import (
+    AnomalyDetected,
+    CheckpointSaved,
+    CheckpointSelected,
+    DataWindowSkipped,
+    DecisionRecorded,
+    EvaluationRecorded,
+    GateVerdict,
+    PreflightCompleted,
+    PreflightGate,
+    RewindDecided,
+    RunConfigured,
+    RungStarted,
+    RunStopped,
+    SpikeSuspected,
+)
+from .ladder_outcome import LadderProjection, decide, gate
+
+__all__ = ["Projection", "HealthAudit", "CheckpointLog", "RewindAudit", "StopLog", "SelectionAudit",
+           "PreflightAudit", "LadderAudit", "default_projections", "rewind_allowed", "select_checkpoint"]
+
+
+class Projection:
+    """The protocol. Subclasses fold the kinds they care about and ignore the rest."""
+
+    name = "projection"
+
+    def apply(self, ev: Any) -> None:
+        raise NotImplementedError
+
+    def differences(self) -> list[dict[str, Any]]:
+        return []
+
+    def summary(self) -> Any:
+        return None
+
+
+def _diff(seq: int | None, kind: str, detail: str) -> dict[str, Any]:
+    return {"seq": seq, "kind": kind, "detail": detail}
+
+
+def _at_least(version: str | None, want: tuple[int, int]) -> bool:
+    try:
+        major, minor = (int(x) for x in (version or "").split(".")[:2])
+    except ValueError:
+        return False
+    return (major, minor) >= want
+
+
+# -- health: anomalies, suspected spikes, MFU -------------------------------------------------------------------
+
+_RECORD_ONLY = ("seq", "ts", "h")
+
+
+def _key(a: Any) -> tuple:
+    """A derived event's own fields (not seq, ts, h), hashable, with NaN equal to NaN."""
+    vals = (getattr(a, f) for f in type(a).__struct_fields__ if f not in _RECORD_ONLY)
+    return tuple("NaN" if isinstance(v, float) and v != v else v for v in vals)
+
+
+def _what(a: Any) -> str:
+    return a.kind if isinstance(a, AnomalyDetected) else f"a suspected {a.series} spike"
+
+
+def compare_derived(recomputed: list[tuple[int, Any]], recorded: list[tuple[int, Any]],
+                    kind: str) -> list[dict[str, Any]]:
+    """Recomputed against recorded derived events, as multisets: linear in both."""
+    want = Counter(_key(a) for _, a in recomputed)
+    out = []
+    for seq, rd in recorded:
+        k = _key(rd)
+        if want[k] > 0:
+            want[k] -= 1
+        else:
+            out.append(_diff(seq, kind, f"recorded {_what(rd)} at step {rd.step}, which the observations do not "
+                                        "support"))
+    for seq, rc in reversed(recomputed):  # the unmatched ones: the latest of each were left unrecorded
+        k = _key(rc)
+        if want[k] > 0:
+            want[k] -= 1
+            out.append(_diff(seq, kind, f"the observations give {_what(rc)} at step {rc.step} (z {rc.z_score}), "
+                                        "which was not recorded"))
+    return out
+
+
+class HealthAudit(Projection):
+    """The health fold. Each ``run_configured`` starts a segment with its own detectors and MFU accounting (a
+    ladder writes one per rung); ``summary`` is the last segment's report, anomalies are counted across all."""
+
+    name = "health"
+
+    def __init__(self, format_version: str | None = None) -> None:
+        self.proj: HealthProjection | None = None
+        self.recomputed: list[tuple[int, AnomalyDetected]] = []
+        self.recorded: list[tuple[int, AnomalyDetected]] = []
+        self.suspected: list[tuple[int, SpikeSuspected]] = []
+        self.suspected_recorded: list[tuple[int, SpikeSuspected]] = []
+        # spike_suspected came with format 1.1: a journal written before cannot be asked for it
+        self.check_suspected = format_version is None or _at_least(format_version, (1, 1))
+
+    def apply(self, ev: Any) -> None:
+        if isinstance(ev, RunConfigured):
+            self.proj = HealthProjection(ev)
+        elif isinstance(ev, (StepObserved, RunResumed)):
+            proj = self.proj
+            if proj is None:
+                proj = self.proj = HealthProjection()
+            for an in proj.apply(ev):
+                self.recomputed.append((ev.seq, an))
+            if proj.suspected_new:
+                self.suspected += [(ev.seq, x) for x in proj.take_suspected()]
+        elif isinstance(ev, AnomalyDetected):
+            self.recorded.append((ev.seq, ev))
+        elif isinstance(ev, SpikeSuspected):
+            self.suspected_recorded.append((ev.seq, ev))
+
+    def differences(self) -> list[dict[str, Any]]:
+        out = compare_derived(self.recomputed, self.recorded, "anomaly_detected")
+        if self.check_suspected:
+            out += compare_derived(self.suspected, self.suspected_recorded, "spike_suspected")
+        return out
+
+    def summary(self) -> dict[str, Any] | None:
+        return self.proj.report() if self.proj is not None else None
+
+    def anomalies_by_kind(self) -> dict[str, list[int]]:
+        by_kind: dict[str, list[int]] = {}
+        for _, an in self.recomputed:
+            by_kind.setdefault(an.kind, []).append(an.step)
+        return by_kind
+
+
+# -- checkpoints, rewinds, stops --------------------------------------------------------------------------------
+
+
+class CheckpointLog(Projection):
+    name = "checkpoints"
+
+    def __init__(self) -> None:
+        self.checkpoints: list[dict[str, Any]] = []
+        self.resumes: list[dict[str, Any]] = []
+
+    def apply(self, ev: Any) -> None:
+        if isinstance(ev, CheckpointSaved):
+            self.checkpoints.append({"seq": ev.seq, "step": ev.step, "path": ev.path, "sha256": ev.sha256,
+                                     "background": ev.background})
+        elif isinstance(ev, RunResumed):
+            self.resumes.append({"seq": ev.seq, "from_step": ev.from_step, "checkpoint": ev.checkpoint,
+                                 "reason": ev.reason})
+
+
+def rewind_allowed(earlier_spike_steps: list[int], spike_step: int, max_rewinds: int, window_steps: int) -> bool:
+    """The rewind budget: fewer than ``max_rewinds`` rewinds for spikes within the last ``window_steps`` steps.
+    The live loop asks this of the rewinds it folded from its journal (so a crash does not reset the budget),
+    and replay asks it again of every recorded ``rewind_decided``."""
+    return sum(1 for s in earlier_spike_steps if s > spike_step - window_steps) < max_rewinds
+
+
+class RewindAudit(Projection):
+    """Rewinds, their data windows, and the budget: a rewind past ``max_rewinds`` per window is a difference."""
+
+    name = "rewinds"
+
+    def __init__(self) -> None:
+        self.rewinds: list[dict[str, Any]] = []
+        self.spikes: list[int] = []
+        self._diffs: list[dict[str, Any]] = []
+
+    def apply(self, ev: Any) -> None:
+        if isinstance(ev, RewindDecided):
+            if ev.max_rewinds is not None and ev.window_steps is not None and not rewind_allowed(
+                    self.spikes, ev.spike_step, ev.max_rewinds, ev.window_steps):
+                self._diffs.append(_diff(ev.seq, "rewind_decided",
+                                         f"rewind for the spike at step {ev.spike_step} is past the budget: "
+                                         f"{ev.max_rewinds} per {ev.window_steps} steps already spent"))
+            self.spikes.append(ev.spike_step)
+            self.rewinds.append({"seq": ev.seq, "spike_step": ev.spike_step, "checkpoint": ev.checkpoint,
+                                 "from_step": ev.from_step, "reason": ev.reason})
+        elif isinstance(ev, DataWindowSkipped) and self.rewinds:
+            self.rewinds[-1]["skipped_batches"] = [ev.start_batch, ev.end_batch]
+
+    def differences(self) -> list[dict[str, Any]]:
+        return list(self._diffs)
+
+
+class StopLog(Projection):
+    name = "stops"
+
+    def __init__(self) -> None:
+        self.stops: list[dict[str, Any]] = []
+
+    def apply(self, ev: Any) -> None:
+        if isinstance(ev, RunStopped):
+            self.stops.append({"seq": ev.seq, "rule": ev.rule, "reason": ev.reason, "value": ev.value,
+                               "limit": ev.limit})
+
+
+# -- checkpoint selection ---------------------------------------------------------------------------------------
+
+
+def select_checkpoint(rule: str, evals: list[Any]) -> tuple[Any, int] | None:
+    """The preregistered rule (``min:HOOK.METRIC`` or ``max:HOOK.METRIC``) over every evaluation: the chosen
+    ``evaluation_recorded`` and the number of candidates, or ``None`` without one. Raises ``ValueError`` for a
+    rule of another shape. The experiment loop selects with it and replay selects again."""
+    sense, _, rest = rule.partition(":")
+    hook, _, metric = rest.partition(".")
+    if sense not in ("min", "max") or not hook or not metric:
+        raise ValueError(f"selection rule {rule!r} is not min:HOOK.METRIC or max:HOOK.METRIC")
+    cands = [e for e in evals if e.hook == hook and metric in e.metrics]
+    if not cands:
+        return None
+    pick = (min if sense == "min" else max)(cands, key=lambda e: e.metrics[metric])
+    return pick, len(cands)
+
+
+class SelectionAudit(Projection):
+    name = "selection"
+
+    def __init__(self) -> None:
+        self.evals: list[EvaluationRecorded] = []
+        self._diffs: list[dict[str, Any]] = []
+
+    def apply(self, ev: Any) -> None:
+        if isinstance(ev, EvaluationRecorded):
+            self.evals.append(ev)
+        elif isinstance(ev, CheckpointSelected):
+            try:
+                got = select_checkpoint(ev.rule, self.evals)
+            except ValueError as e:
+                self._diffs.append(_diff(ev.seq, "checkpoint_selected", str(e)))
+                return
+            if got is None:
+                self._diffs.append(_diff(ev.seq, "checkpoint_selected",
+                                         f"{ev.checkpoint} selected, but no evaluation fits {ev.rule!r}"))
+                return
+            pick, n = got
+            metric = ev.rule.partition(".")[2]
+            if (pick.checkpoint, pick.checkpoint_sha256, pick.step, pick.metrics[metric], n) != (
+                    ev.checkpoint, ev.checkpoint_sha256, ev.step, ev.value, ev.candidates):
+                self._diffs.append(_diff(ev.seq, "checkpoint_selected",
+                                         f"recorded {ev.checkpoint} ({ev.value}) of {ev.candidates}, the rule "
+                                         f"{ev.rule!r} picks {pick.checkpoint} ({pick.metrics[metric]}) of {n}"))
+
+    def differences(self) -> list[dict[str, Any]]:
+        return list(self._diffs)
+
+
+# -- preflight --------------------------------------------------------------------------------------------------
+
+
+def approval_problem(ev: PreflightGate) -> str | None:
+    """Why a passed authority gate does not follow from the approval it recorded (None when it does)."""
+    raw = ev.measured.get("approval") if isinstance(ev.measured, dict) else None
+    if raw is None:
+        return "it records no signed approval"
+    try:
+        a = msgspec.convert(raw, SignedApproval)
+        check_approval(a, manifest_id=ev.manifest_id, approvers=[a.authority], trusted=None)
+    except (msgspec.ValidationError, ApprovalInvalid) as e:
+        return f"its approval does not hold: {e}"
+    if a.decision != "approve":
+        return f"the recorded decision is {a.decision!r}"
+    return None
+
+
+class PreflightAudit(Projection):
+    """The authority gate rests on a signed approval; no gate runs after the first that did not pass; the
+    completion status says where the machine stopped."""
+
+    name = "preflight"
+
+    def __init__(self) -> None:
+        self.stopped: PreflightGate | None = None
+        self._diffs: list[dict[str, Any]] = []
+
+    def apply(self, ev: Any) -> None:
+        if isinstance(ev, PreflightGate):
+            if self.stopped is not None and ev.status != "not_run":
+                self._diffs.append(_diff(ev.seq, "preflight_gate",
+                                         f"gate {ev.gate} is {ev.status}, but the preflight stopped at "
+                                         f"{self.stopped.gate}: it cannot have run"))
+            if ev.gate == "authority" and ev.status == "passed":
+                problem = approval_problem(ev)
+                if problem is not None:
+                    self._diffs.append(_diff(ev.seq, "preflight_gate", f"the authority gate passed, but {problem}"))
+            if self.stopped is None and ev.status not in ("passed",):
+                self.stopped = ev
+        elif isinstance(ev, PreflightCompleted):
+            s = self.stopped
+            want = "ready-to-train" if s is None else (
+                f"experiment-specified-{'blocked' if s.status == 'blocked' else 'failed'}-before-training at {s.gate}")
+            if ev.status != want:
+                self._diffs.append(_diff(ev.seq, "preflight_completed",
+                                         f"recorded {ev.status!r}, the gates give {want!r}"))
+            self.stopped = None
+
+    def differences(self) -> list[dict[str, Any]]:
+        return list(self._diffs)
+
+
+# -- the pilot ladder -------------------------------------------------------------------------------------------
+
+
+def _close(a: Any, b: Any) -> bool:
+    if isinstance(a, bool) or isinstance(b, bool) or not isinstance(a, (int, float)) or not isinstance(b, (int, float)):
+        return a == b
+    if math.isinf(a) or math.isinf(b) or a != a or b != b:
+        return a == b or (a != a and b != b)
+    return abs(a - b) <= 1e-9 * max(1.0, abs(a), abs(b))
+
+
+class LadderAudit(Projection):
+    """Every verdict re-derived from the rung's own events, every decision from the verdicts.
+
+    Between ``rung_started`` and its ``gate_verdict`` the rung's steps are folded again (its ``run_configured``
+    starts a fresh health fold), and each value of ``measured`` those events determine is recomputed: the
+    final loss, the anomaly count, the MFU mean and sample count, the FLOPs, the forgetting gap (from the
+    forgetting curve the verdict's artifacts carry) and restart continuity. The gate then runs on the recorded
+    measurements; a doctored measurement is named before the verdict that rests on it. The belief and the
+    action come from :func:`~journal.ladder_outcome.decide`, which the live runner also uses.
+    """
+
+    name = "ladder"
+
+    def __init__(self) -> None:
+        self.proj = LadderProjection()
+        self.seen = False
+        self.belief = (1.0, 1.0)
+        self.verdict: GateVerdict | None = None
+        self._rung: RungStarted | None = None
+        self._health: HealthProjection | None = None
+        self._last_loss: float | None = None
+        self._flops = 0.0
+        self._diffs: list[dict[str, Any]] = []
+
+    def apply(self, ev: Any) -> None:
+        if isinstance(ev, RungStarted):
+            self._rung, self._health, self._last_loss, self._flops = ev, None, None, 0.0
+        elif self._rung is not None and isinstance(ev, RunConfigured):
+            self._health = HealthProjection(ev)
+        elif self._rung is not None and isinstance(ev, (StepObserved, RunResumed)):
+            if self._health is None:
+                self._health = HealthProjection()
+            self._health.apply(ev)
+            self._health.take_suspected()
+            if isinstance(ev, StepObserved):
+                self._last_loss = ev.loss
+                fpt = self._health._fpt
+                if fpt is not None and ev.tokens is not None:
+                    self._flops += fpt * ev.tokens
+        elif isinstance(ev, GateVerdict):
+            self.seen = True
+            self.proj.apply(ev)
+            self._check_measured(ev)
+            try:
+                passed, reason = gate(dict(ev.bars), dict(ev.measured))
+            except ValueError as e:
+                self._diffs.append(_diff(ev.seq, "gate_verdict", f"rung {ev.rung}: the verdict cannot be "
+                                                                 f"recomputed: {e}"))
+            else:
+                if passed != ev.passed or reason != ev.reason:
+                    self._diffs.append(_diff(ev.seq, "gate_verdict",
+                                             f"rung {ev.rung}: recorded passed={ev.passed} ({ev.reason!r}), the "
+                                             f"receipts give passed={passed} ({reason!r})"))
+            self.verdict = ev
+            self._rung = None
+        elif isinstance(ev, DecisionRecorded):
+            self.seen = True
+            self.proj.apply(ev)
+            v = self.verdict
+            if v is None or v.rung != ev.rung:
+                self._diffs.append(_diff(ev.seq, "decision_recorded", f"decision for rung {ev.rung} without its "
+                                                                      "verdict"))
+                return
+            a, b = self.belief
+            before = {"a": a, "b": b, "mean": a / (a + b)}
+            action, (a2, b2) = decide(a, b, v.passed)
+            after = {"a": a2, "b": b2, "mean": a2 / (a2 + b2)}
+            self.belief = (a2, b2)
+            if (ev.action_chosen != action or dict(ev.belief_before) != before or dict(ev.belief_after) != after
+                    or v.h not in ev.evidence):
+                self._diffs.append(_diff(ev.seq, "decision_recorded",
+                                         f"rung {ev.rung}: recorded {ev.action_chosen} {dict(ev.belief_before)} -> "
+                                         f"{dict(ev.belief_after)}, the verdict gives {action} {before} -> {after}"))
+
+    def _check_measured(self, ev: GateVerdict) -> None:
+        """The measurements the rung's own events determine, recomputed (only for a verdict that follows its
+        ``rung_started``: a verdict on its own has nothing to be recomputed from)."""
+        if self._rung is None or self._rung.rung != ev.rung or not isinstance(ev.measured, dict):
+            return
+        h = self._health.report() if self._health is not None else None
+        got: dict[str, Any] = {}
+        if self._last_loss is not None:
+            got["final_loss"] = self._last_loss if math.isfinite(self._last_loss) else math.inf
+        if h is not None:
+            got["anomalies"] = h["anomalies"]
+            got["mfu_mean"] = h["mfu"]["mean"]
+            got["mfu_samples"] = h["mfu"]["count"]
+            if "continuity_ok" in ev.measured:
+                got["continuity_ok"] = h["restarts"]["continuity_ok"] and h["restarts"]["count"] == 1
+        if self._flops:
+            got["flops"] = self._flops
+        curve = ev.artifacts.get("forgetting_curve") if isinstance(ev.artifacts, dict) else None
+        if isinstance(curve, list) and curve and all(isinstance(x, (int, float)) for x in curve):
+            got["forgetting_gap"] = curve[-1] - min(curve)
+        for key, value in got.items():
+            tol_ok = _close(ev.measured.get(key), value) or (
+                key == "forgetting_gap" and isinstance(ev.measured.get(key), (int, float))
+                and abs(ev.measured[key] - value) <= 2e-6)  # the curve is stored rounded to 6 decimals
+            if key in ev.measured and not tol_ok:
+                self._diffs.append(_diff(ev.seq, "gate_verdict",
+                                         f"rung {ev.rung}: recorded measured {key}={ev.measured[key]!r}, the rung's "
+                                         f"events give {value!r}"))
+
+    def differences(self) -> list[dict[str, Any]]:
+        return list(self._diffs)
+
+    def summary(self) -> dict[str, Any] | None:
+        if not self.seen:
+            return None
+        res = self.proj.result()
+        return {"passed_rungs": res.passed_rungs(), "halted_at": res.halted_at, "decisions": res.decisions,
+                "outcomes": [{"rung": o.name, "passed": o.passed, "reason": o.reason} for o in res.outcomes]}
+
+
+def default_projections(format_version: str | None = None) -> list[Projection]:
+    """Every projection replay folds, in a fixed order."""
+    return [HealthAudit(format_version), CheckpointLog(), RewindAudit(), StopLog(), SelectionAudit(),
+            PreflightAudit(), LadderAudit()]
