@@ -336,8 +336,8 @@ class HealthProjection:
                 self.unknown_events += 1
 
     def _configure(self, event: RunConfigured) -> list[AnomalyDetected]:
-        if self.steps:
-            raise ValueError("run_configured after steps were observed")
+        """A ``run_configured`` starts a new segment (docs/FORMAT.md): detectors, baselines, MFU and counts
+        restart from it (a ladder writes one per rung); what came before belongs to the previous segment."""
         self.__init__(event)
         return _NONE
 

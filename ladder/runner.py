@@ -95,8 +95,7 @@ def _train_rung(rung: Rung, j: Journal, work: Path, peak: float | None,
             del model, opt, sampler
             model, opt, sampler = build()
             info = restore_checkpoint(work, j, ck.path, model=model, optimizer=opt, sampler=sampler)
-            monitor = TrainingHealthMonitor.from_state(info["extra"]["monitor"], journal=j)
-            monitor.observe_resume(step, checkpoint=ck.path, append=False)
+            monitor = TrainingHealthMonitor.resumed(info["extra"]["monitor"], journal=j, checkpoint=ck)
             kill_at = None
         step += 1
     report = monitor.report()

@@ -231,8 +231,8 @@ def run_experiment(m: ExperimentManifest, root: str | Path, run_dir: str | Path,
                 return stop("identity-mismatch", f"{ck.path} was written under manifest {info.get('manifest_id')}")
             start = info["counters"]["step"] + 1
             state.update(info["extra"]["counts"])
-            monitor = TrainingHealthMonitor.from_state(info["extra"]["monitor"], journal=j)
-            monitor.observe_resume(ck.step, checkpoint=ck.path, append=False)
+            monitor = TrainingHealthMonitor.resumed(info["extra"]["monitor"], journal=j, checkpoint=ck,
+                                                    later=history)
             # Steps recorded after this checkpoint, before the interruption: re-executed now, they must agree.
             recorded_losses = {e.step: e.loss for e in history if isinstance(e, StepObserved) and e.step >= start
                                and e.seq > ck.seq}

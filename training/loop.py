@@ -160,8 +160,8 @@ def run_training(run_dir: str | Path, *, signer: Signer, config: LoopConfig = Lo
                 j.suspend()
                 raise
             start = info["counters"]["step"] + 1
-            monitor = TrainingHealthMonitor.from_state(info["extra"]["monitor"], journal=j)
-            monitor.observe_resume(ckpt.step, checkpoint=ckpt.path, append=False)  # run_resumed is recorded
+            monitor = TrainingHealthMonitor.resumed(info["extra"]["monitor"], journal=j, checkpoint=ckpt,
+                                                    later=history)
         if monitor is None:  # no checkpoint yet: start over in the same journal
             monitor = TrainingHealthMonitor(journal=j, flop_config=flops, peak_flops_per_sec=peak_flops_per_sec)
     else:
@@ -204,7 +204,8 @@ def run_training(run_dir: str | Path, *, signer: Signer, config: LoopConfig = Lo
                     j.append(CheckpointDeleted(path=c.path, step=c.step, reason=f"rewound to step {target.step}"),
                              durable=True)
                 kept = [c for c in kept if c.step <= target.step]
-                monitor = TrainingHealthMonitor.from_state(info["extra"]["monitor"], journal=j)
+                # The live monitor has folded every step up to the spike, as replay does; the resume rewinds
+                # its baseline to the checkpoint's step (run_resumed is recorded by the restore).
                 monitor.observe_resume(target.step, checkpoint=target.path, append=False)
                 step = target.step + 1
                 continue

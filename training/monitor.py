@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Iterable
 from typing import Any
 
 from trainledger.journal import Journal, RunResumed, StepObserved
@@ -116,7 +117,7 @@ class TrainingHealthMonitor:
             proj.suspected_new.clear()
         return found
 
-    def observe_resume(self, from_step: int | None, *, reason: str = "resumed from checkpoint",
+    def observe_resume(self, from_step: int | None, *, reason: str = "checkpoint",
                        checkpoint: str | None = None, append: bool = True) -> None:
         """Record a resume from the checkpoint of step ``from_step``: the next steps are scored against
         the baseline as it stood then, and a jump there is a ``restart_discontinuity``.
@@ -144,6 +145,24 @@ class TrainingHealthMonitor:
     def state(self) -> dict[str, Any]:
         """The monitor's state (JSON-serializable), to store in a checkpoint."""
         return self._proj.state()
+
+    @classmethod
+    def resumed(cls, snapshot: dict[str, Any], *, journal: Journal | None, checkpoint: Any,
+                later: Iterable[Any] = ()) -> TrainingHealthMonitor:
+        """The monitor after a restore from ``checkpoint`` (its ``checkpoint_saved``): the checkpoint's
+        snapshot, then every event recorded after it (``later``: the signed events past the checkpoint's seq,
+        the steps an interrupted process had already observed), then the resume. The snapshot is the fold of the
+        journal up to the checkpoint's seq, so snapshot + later events is the fold of the whole journal: the
+        live monitor and ``replay`` agree. Call it after ``restore_checkpoint`` (which records ``run_resumed``).
+        """
+        self = cls.from_state(snapshot, journal=journal)
+        proj = self._proj
+        for ev in later:
+            if ev.seq > checkpoint.seq:
+                proj.apply(ev)
+        proj.suspected_new.clear()  # already on record
+        self.observe_resume(checkpoint.step, checkpoint=checkpoint.path, append=False)
+        return self
 
     @classmethod
     def from_state(cls, state: dict[str, Any], *, journal: Journal | None = None) -> TrainingHealthMonitor:
