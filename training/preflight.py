@@ -46,7 +46,7 @@ from .experiment import (
 )
 from .manifest import ExperimentManifest, file_digest, manifest_identity, validate
 
-__all__ = ["GATES", "Approval", "GateResult", "PreflightResult", "run_preflight"]
+__all__ = ["GATES", "Approval", "GateResult", "PreflightResult", "run_preflight", "authority_gate"]
 
 GATES = ("schema", "data_lineage", "template_compat", "smoke", "overfit", "save_load", "resume_equivalence",
          "resource_probe", "eval_dry_run", "authority")
@@ -309,17 +309,21 @@ def _evals(c: _Ctx) -> GateResult:
     return _passed(f"{len(out)} hooks ran on the untrained model outside any optimizer step", hooks=out)
 
 
-def _authority(c: _Ctx) -> GateResult:
-    a, m = c.approval, c.m
+def authority_gate(m: ExperimentManifest, approval: SignedApproval | None,
+                   approvers: dict[str, list[PublicKey]] | None) -> GateResult:
+    """The authority gate on its own: blocked without a decision or without pinned approvers; failed for an
+    approval that does not hold (another identity, an unlisted name, an unpinned or wrong key) or a rejection;
+    passed only for an approval signed by a pinned approver the manifest names."""
     who = m.authority.approvers
-    if a is None:
+    if approval is None:
         return _blocked(f"awaiting a decision by {', '.join(who)} on {manifest_identity(m)}; every technical gate "
                         "passing does not imply approval")
-    if c.approvers is None:
+    if approvers is None:
         return _blocked("no trusted approvers are pinned (--approvers FILE or $TRAINLEDGER_TRUSTED_APPROVERS): "
                         "an approval cannot be checked against anyone's key")
+    a = approval
     try:
-        check_approval(a, manifest_id=manifest_identity(m), approvers=list(who), trusted=c.approvers)
+        check_approval(a, manifest_id=manifest_identity(m), approvers=list(who), trusted=approvers)
     except ApprovalInvalid as e:
         return _failed(str(e), approval=a.to_dict())
     if a.decision != "approve":
@@ -327,6 +331,10 @@ def _authority(c: _Ctx) -> GateResult:
                        approval=a.to_dict())
     return _passed(f"approved by {a.authority} (key {a.key_id})" + (f": {a.note}" if a.note else ""),
                    authority=a.authority, approval=a.to_dict())
+
+
+def _authority(c: _Ctx) -> GateResult:
+    return authority_gate(c.m, c.approval, c.approvers)
 
 
 _FUNCS: dict[str, Callable[[_Ctx], GateResult]] = {

@@ -12,7 +12,7 @@ from trainledger.journal.approval import sign_approval
 from trainledger.journal.cli import main
 from trainledger.journal.kinds import PreflightCompleted, PreflightGate
 from trainledger.training.manifest import load_manifest
-from trainledger.training.preflight import GATES, run_preflight
+from trainledger.training.preflight import GATES, authority_gate, run_preflight
 
 
 LEAD = Signer.generate()  # the research lead's own key
@@ -76,11 +76,14 @@ def test_authority_is_never_implied(tmp_path, signer):
         (msgspec.structs.replace(forged, public_key=LEAD.public.b64, key_id=LEAD.key_id), PINNED, "failed",
          "does not verify"),  # the lead's public key pasted over mallory's signature
     ]
-    for approval, approvers, status, why in cases:
-        with Journal.create(tmp_path / f"pf-{status}-{id(approval)}.jsonl", signer=signer) as j:
-            r = run_preflight(m, tmp_path, j, template_check=template_ok, approval=approval, approvers=approvers)
-        assert r.stopped_at == "authority" and r.gates[-1].status == status and why in r.gates[-1].reason, \
-            r.gates[-1].reason
+    for approval, approvers, status, why in cases:  # the gate itself, case by case
+        r = authority_gate(m, approval, approvers)
+        assert r.status == status and why in r.reason, r.reason
+    # ...and one whole preflight per outcome, to show the machine stops there and says so.
+    for approval, status in ((None, "blocked"), (forged, "failed")):
+        with Journal.create(tmp_path / f"pf-{status}.jsonl", signer=signer) as j:
+            r = run_preflight(m, tmp_path, j, template_check=template_ok, approval=approval, approvers=PINNED)
+        assert r.stopped_at == "authority" and r.gates[-1].status == status
         assert r.status == f"experiment-specified-{status}-before-training at authority"
 
 
