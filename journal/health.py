@@ -23,6 +23,7 @@ from typing import Any
 
 from .codec import UnknownEvent, record_type
 from .events import RunResumed, StepObserved
+from .mfu import MfuAccounting
 from .kinds import MAX_WINDOW, AnomalyDetected, DetectorParams, RunConfigured, SpikeSuspected  # noqa: F401
 
 __all__ = [
@@ -306,10 +307,7 @@ class HealthProjection:
         for cls, fn in ((StepObserved, self._step), (RunResumed, self._resume), (RunConfigured, self._configure)):
             self._handlers[cls] = fn
             self._handlers[record_type(cls)] = fn
-        self._peak = c.peak_flops_per_sec * c.devices if c.peak_flops_per_sec is not None else None
-        self._fpt = None
-        if c.n_params is not None:
-            self._fpt = 6 * c.n_params + 12 * c.n_layer * c.n_head * c.head_dim * c.seq_len  # PaLM appendix B
+        self.mfu_accounting = MfuAccounting(c)  # the one MFU implementation (journal/mfu.py)
 
     # ------------------------------------------------------------ the fold
 
@@ -381,24 +379,16 @@ class HealthProjection:
             if ev.tokens is not None:
                 self.tokens += ev.tokens
                 self.token_time_s += st
-            fpt = self._fpt
-            if fpt is not None and self._peak is not None:
-                # MFU = model FLOPs of the step / step time / (peak x devices)
-                if ev.tokens is not None:
-                    m = fpt * ev.tokens / st / self._peak
-                elif ev.examples is not None:
-                    m = fpt * self.config.seq_len * ev.examples / st / self._peak
-                else:
-                    m = None
-                if m is not None:
-                    self.mfu_sum += m
-                    self.mfu_count += 1
-                    if m > 1.0:
-                        self.mfu_over += 1
-                    if m < self.mfu_min:
-                        self.mfu_min = m
-                    if m > self.mfu_max:
-                        self.mfu_max = m
+            m = self.mfu_accounting.step(ev.tokens, ev.examples, st)
+            if m is not None:
+                self.mfu_sum += m
+                self.mfu_count += 1
+                if m < self.mfu_min:
+                    self.mfu_min = m
+                if m > self.mfu_max:
+                    self.mfu_max = m
+                if m > 1.0:
+                    self.mfu_over += 1
         for det in (self._loss, self._grad):
             if det.suspected is not None:
                 self.suspected.append(det.suspected)
@@ -472,11 +462,12 @@ class HealthProjection:
         """
         c = self.config
         n = self.mfu_count
-        if c.recompute == "none" or self._fpt is None or not n:
+        fpt = self.mfu_accounting.fpt
+        if c.recompute == "none" or fpt is None or not n:
             return None
         attn_fwd = 4 * c.n_layer * c.n_head * c.head_dim * c.seq_len
         extra = attn_fwd if c.recompute == "selective" else 2 * c.n_params + attn_fwd
-        r = (self._fpt + extra) / self._fpt
+        r = (fpt + extra) / fpt
         return {"mean": self.mfu_sum / n * r, "min": self.mfu_min * r, "max": self.mfu_max * r, "count": n,
                 "recompute": c.recompute}
 

@@ -369,7 +369,7 @@ class LadderAudit(Projection):
             self._health.take_suspected()
             if isinstance(ev, StepObserved):
                 self._last_loss = ev.loss
-                fpt = self._health._fpt
+                fpt = self._health.mfu_accounting.fpt
                 if fpt is not None and ev.tokens is not None:
                     self._flops += fpt * ev.tokens
         elif isinstance(ev, GateVerdict):

@@ -25,7 +25,8 @@ from typing import Any
 from . import __version__
 from .errors import JournalIOError, UsageError
 from .events import RunOpened, RunResumed, StepObserved
-from .health import AnomalyDetected, HealthProjection, RunConfigured
+from .health import AnomalyDetected, RunConfigured
+from .mfu import MfuAccounting
 from .kinds import CheckpointSaved, DecisionRecorded, GateVerdict, RewindDecided, RungStarted
 from .replay import Reconstruction, replay
 
@@ -67,7 +68,7 @@ class _Series:
         self.decisions: list[DecisionRecorded] = []
         #: (index of the first observation after it, rung name) for each rung_started
         self.rungs: list[tuple[int, str]] = []
-        self._fpt = self._peak = self._seq_len = None  # from the run_configured in force
+        self._mfu: MfuAccounting | None = None  # from the run_configured in force
         self.plot_error: str | None = None
 
     def apply(self, ev: Any) -> None:
@@ -80,13 +81,8 @@ class _Series:
             self.grad_norm.append(nan if ev.grad_norm is None else ev.grad_norm)
             st = ev.step_time_s
             self.step_time.append(nan if st is None else st)
-            m = nan
-            if self._fpt is not None and self._peak and st and st > 0:
-                tok = ev.tokens if ev.tokens is not None else (
-                    ev.examples * self._seq_len if ev.examples is not None and self._seq_len else None)
-                if tok is not None:
-                    m = self._fpt * tok / st / self._peak
-            self.mfu.append(m)
+            m = self._mfu.step(ev.tokens, ev.examples, st) if self._mfu is not None else None
+            self.mfu.append(nan if m is None else m)
         elif isinstance(ev, AnomalyDetected):
             i = self._last_index.get(ev.step)
             if i is not None:
@@ -99,8 +95,7 @@ class _Series:
         elif isinstance(ev, RewindDecided):
             self.rewinds.append(ev.spike_step)
         elif isinstance(ev, RunConfigured):
-            proj = HealthProjection(ev)  # the same FLOP accounting the monitor uses
-            self._fpt, self._peak, self._seq_len = proj._fpt, proj._peak, ev.seq_len
+            self._mfu = MfuAccounting(ev)  # the same MFU the monitor and replay compute
         elif isinstance(ev, RunOpened):
             self.opened = ev
         elif isinstance(ev, GateVerdict):

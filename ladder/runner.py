@@ -24,6 +24,7 @@ import torch
 
 from trainledger.journal import Journal, Signer
 from trainledger.journal.kinds import DecisionRecorded, GateVerdict, RungStarted
+from trainledger.journal.mfu import MfuAccounting
 from trainledger.journal.ladder_outcome import LadderProjection, LadderResult, RungOutcome, decide, gate
 from trainledger.training.checkpoint import restore_checkpoint, save_checkpoint
 from trainledger.training.corpus import BatchSampler, MarkovSource
@@ -65,6 +66,7 @@ def _train_rung(rung: Rung, j: Journal, work: Path, peak: float | None,
     model, opt, sampler = build()
     flops = flop_config_from_causal_lm(model, seq_len=rung.block)
     monitor = TrainingHealthMonitor(journal=j, flop_config=flops, peak_flops_per_sec=peak, **peak_info)
+    mfu_of = MfuAccounting(monitor.config)  # the MFU the monitor records, step by step
     # The first data the rung sees (a second sampler with the same seed draws the same batch),
     # re-measured after every step for the forgetting curve.
     first_x, first_y = BatchSampler(sampler.tokens, rung.batch_size, rung.block, seed=rung.seed + 2).next()
@@ -80,8 +82,9 @@ def _train_rung(rung: Rung, j: Journal, work: Path, peak: float | None,
         loss, gn = train_step(model, opt, x, y, max_grad_norm=1e9)
         losses.append(loss)
         dt = time.perf_counter() - t0
-        if peak is not None:
-            mfu_series.append(flops.flops_per_iter(rung.batch_size) / dt / peak)
+        m = mfu_of.step(rung.batch_size * rung.block, None, dt)
+        if m is not None:
+            mfu_series.append(m)
         monitor.observe_step(step, losses[-1], grad_norm=gn, step_time_s=dt,
                              batch_size=rung.batch_size, tokens=rung.batch_size * rung.block, lr=lr)
         model.eval()

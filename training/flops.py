@@ -16,6 +16,7 @@ import math
 from collections.abc import Mapping
 
 from trainledger.journal.errors import TrainledgerError
+from trainledger.journal.mfu import model_flops_per_token
 
 __all__ = [
     "FlopConfig",
@@ -61,8 +62,8 @@ class FlopConfig:
 
     @property
     def flops_per_token(self) -> int:
-        """Model FLOPs per token, PaLM appendix B: 6N + 12·L·H·Q·T."""
-        return 6 * self.n_params + self.attention_flops_per_token
+        """Model FLOPs per token, PaLM appendix B: 6N + 12·L·H·Q·T (``journal.mfu``, the one implementation)."""
+        return model_flops_per_token(self.n_params, self.n_layer, self.n_head, self.head_dim, self.seq_len)
 
     def flops_per_iter(self, batch: int) -> int:
         """Model FLOPs of one optimizer step on ``batch`` sequences of ``seq_len`` tokens."""
