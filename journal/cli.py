@@ -8,7 +8,6 @@ unreadable or wrong key). A user mistake never prints a traceback.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import sys
@@ -22,15 +21,16 @@ from .errors import IntegrityError, JournalError, JournalIOError, TrainledgerErr
 from .keys import TRUSTED_KEYS_ENV, keygen, trusted_keys
 from .verify import VerifyReport, parse_head, verify
 
-__all__ = ["main", "entry", "build_parser"]
+__all__ = ["main", "entry", "build_parser", "new_parser", "register", "say", "add_trust_options", "trust_options",
+           "print_report", "add_json_option", "EPILOG"]
 
-_EPILOG = """exit codes: 0 ok, 1 integrity failure (the journal does not verify, or
+EPILOG = """exit codes: 0 ok, 1 integrity failure (the journal does not verify, or
 what it or a checkpoint says cannot hold), 2 usage or I/O error, 130 Ctrl-C;
 watch also 3 at --timeout. Keys can be pinned once for a team in a file named by
 $%s (one public key per line).""" % TRUSTED_KEYS_ENV
 
 
-def _say(*values: object, file=None, end: str = "\n", flush: bool = False) -> None:
+def say(*values: object, file=None, end: str = "\n", flush: bool = False) -> None:
     """Print one line. Every value is passed through :func:`journal._text.safe`: whatever a journal or a
     manifest put in a run id, a reason or a path shows as visible escapes, never as terminal control."""
     print(*(safe(v) for v in values), file=file, end=end, flush=flush)
@@ -69,7 +69,12 @@ def _progress_for(args: argparse.Namespace, label: str) -> _Progress | None:
     return _Progress(label)
 
 
-def _add_trust(p: argparse.ArgumentParser) -> None:
+def add_json_option(p: argparse.ArgumentParser) -> None:
+    """The shared machine-readable output switch (one JSON object on stdout)."""
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def add_trust_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("trust")
     g.add_argument("--pubkey", action="append", default=[], metavar="FILE",
                    help=f"pinned public key (repeatable); also read from ${TRUSTED_KEYS_ENV}")
@@ -82,15 +87,27 @@ def _add_trust(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The parser of the journal's own commands (``trainledger.cli`` adds the training and ladder ones)."""
+    parser = new_parser()
+    register(parser._subparsers._group_actions[0])
+    return parser
+
+
+def new_parser() -> argparse.ArgumentParser:
+    """The bare ``trainledger`` parser: description, --version and the subcommand slot."""
     parser = argparse.ArgumentParser(
         prog="trainledger",
         description="Tamper-evident receipts for training runs: a hash-chained, Ed25519-signed event journal.",
-        epilog=_EPILOG,
+        epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"trainledger {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    parser.add_subparsers(dest="command", metavar="COMMAND")
+    return parser
 
+
+def register(sub) -> None:
+    """Add the journal's commands (keygen, verify, head, replay, query, report, watch, show, demo)."""
     p = sub.add_parser("keygen", help="write an Ed25519 key pair (NAME.key, mode 0600, and NAME.pub)",
                        description="Write an Ed25519 private key (PKCS8 PEM, mode 0600) and a one-line public key.")
     p.add_argument("directory", metavar="DIR")
@@ -101,13 +118,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("verify", help="verify a journal offline against a pinned key",
                        description="Check canonical form, seq continuity, every chain hash, every seal and the "
                                    "tail state. Exit 0 intact, 1 integrity failure, 2 usage or I/O error.",
-                       epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("path", metavar="PATH")
-    _add_trust(p)
+    add_trust_options(p)
     p.add_argument("--expect-head", metavar="SEQ:HASH",
                    help="fail unless the journal contains this head (published earlier with 'trainledger head')")
     p.add_argument("--require-closed", action="store_true", help="fail unless the run was closed and sealed")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_json_option(p)
     p.add_argument("--workers", type=int, default=None, help="processes for large journals (default: all cores)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar even on a terminal")
     p.set_defaults(func=_cmd_verify)
@@ -116,8 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Verify the journal, then print its latest sealed head as SEQ:HASH. Publish it "
                                    "somewhere the writer cannot rewrite; 'verify --expect-head' then detects truncation.")
     p.add_argument("path", metavar="PATH")
-    _add_trust(p)
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_trust_options(p)
+    add_json_option(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar even on a terminal")
     p.set_defaults(func=_cmd_head)
 
@@ -126,10 +143,10 @@ def build_parser() -> argparse.ArgumentParser:
                                    "checkpoints and resumes, rewinds, ladder outcome) and recompute every derived "
                                    "event (anomalies, gate verdicts, decisions) from the events they rest on. "
                                    "Any difference from what was recorded exits 1.",
-                       epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("path", metavar="PATH")
-    _add_trust(p)
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_trust_options(p)
+    add_json_option(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar even on a terminal")
     p.set_defaults(func=_cmd_replay)
 
@@ -137,10 +154,10 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Load verified journals into an in-memory DuckDB and run SQL over the views "
                                    "events, runs, steps, anomalies, checkpoints, resumes, rewinds, verdicts, "
                                    "decisions, seals. File access is switched off before your SQL runs.",
-                       epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("paths", metavar="PATH", nargs="+", help="journals or folders; the last argument is the SQL "
                                                           "unless --sql-file is given ('-' reads SQL from stdin)")
-    _add_trust(p)
+    add_trust_options(p)
     p.add_argument("--sql-file", metavar="FILE", help="read the SQL from FILE")
     p.add_argument("--param", action="append", default=[], metavar="VALUE",
                    help="a value bound to the next ? in the SQL (repeatable; never pasted into the SQL)")
@@ -159,56 +176,11 @@ def build_parser() -> argparse.ArgumentParser:
                                    "anomalies, checkpoints, resumes and rewinds marked, the ladder's verdicts and "
                                    "decisions, and the manifest identity. Nothing is written for a journal that "
                                    "does not verify. Needs matplotlib (pip install 'trainledger[report]').",
-                       epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("path", metavar="PATH")
     p.add_argument("-o", "--out", metavar="FILE", default=None, help="where to write (default: report.html beside PATH)")
-    _add_trust(p)
+    add_trust_options(p)
     p.set_defaults(func=_cmd_report)
-
-    p = sub.add_parser("manifest", help="experiment manifests: validate, print the identity, write an example",
-                       description="An experiment manifest (TOML, YAML or JSON) freezes what a run is before it "
-                                   "starts. Its identity is the SHA-256 of its canonical encoding, the label left "
-                                   "out.")
-    msub = p.add_subparsers(dest="manifest_command", metavar="ACTION", required=True)
-    q = msub.add_parser("validate", help="print every finding; exit 1 if any is an error")
-    q.add_argument("file", metavar="FILE")
-    q.add_argument("--json", action="store_true", help="print one JSON object")
-    q = msub.add_parser("id", help="print the manifest's identity (sha256:...)")
-    q.add_argument("file", metavar="FILE")
-    q = msub.add_parser("init", help="write an example manifest for the tiny model, with its data files")
-    q.add_argument("directory", metavar="DIR")
-    p.set_defaults(func=_cmd_manifest)
-
-    p = sub.add_parser("preflight", help="run the experiment preflight gates in order, into a signed journal",
-                       description="Run the preflight state machine against the tiny model: schema, data lineage, "
-                                   "template compatibility (needs --template-check), one-batch smoke test, tiny "
-                                   "overfit, save/load inspection, resume equivalence, resource probe, evaluation "
-                                   "dry run, authority (needs --approval). Stops at the first gate that does not "
-                                   "pass; later gates are recorded as not run. Exit 0 only when ready to train.")
-    p.add_argument("manifest", metavar="MANIFEST")
-    p.add_argument("--data-root", metavar="DIR", help="where the manifest's relative refs point (default: its folder)")
-    p.add_argument("--journal", metavar="PATH", help="journal to write (default: preflight-<time>.jsonl beside it)")
-    p.add_argument("--key", metavar="FILE",
-                   help="private key to sign with (default: preflight.key beside the journal, created on first use)")
-    p.add_argument("--template-check", metavar="MODULE:FUNCTION",
-                   help="your template/tokenizer/mask check: FUNCTION(manifest, root) -> (ok, detail)")
-    p.add_argument("--approval", metavar="FILE", help="a signed approval of this manifest (trainledger approve)")
-    p.add_argument("--approvers", metavar="FILE",
-                   help="trusted approvers, one 'NAME <public key line>' per line (default: "
-                        "$TRAINLEDGER_TRUSTED_APPROVERS); without them the authority gate stays blocked")
-    p.set_defaults(func=_cmd_preflight)
-
-    p = sub.add_parser("approve", help="sign your decision on a manifest (for preflight's authority gate)",
-                       description="Write a signed approval (or rejection) of one manifest identity, signed with "
-                                   "your own key. preflight --approval checks it against the pinned approvers.")
-    p.add_argument("manifest", metavar="MANIFEST")
-    p.add_argument("--key", metavar="FILE", required=True, help="your private key (trainledger keygen)")
-    p.add_argument("--as", dest="authority", metavar="NAME", required=True,
-                   help="the approver name the manifest lists (authority.approvers)")
-    p.add_argument("--reject", action="store_true", help="record a rejection instead of an approval")
-    p.add_argument("--note", default="", help="a note signed with the decision")
-    p.add_argument("-o", "--out", metavar="FILE", help="where to write (default: approval-NAME.json beside it)")
-    p.set_defaults(func=_cmd_approve)
 
     p = sub.add_parser("watch", help="follow a journal while a run writes it, with a live view",
                        description="Follow a journal like tail -f: step, loss, grad norm, tokens/s, MFU, last "
@@ -216,7 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "1 at the first line that does not check out. Checks the chain as it reads, and "
                                    "every seal's signature when a key is pinned (or with --trust-embedded).")
     p.add_argument("path", metavar="PATH")
-    _add_trust(p)
+    add_trust_options(p)
     p.add_argument("--interval", type=float, default=0.5, help="seconds between refreshes (default 0.5)")
     p.add_argument("--timeout", type=float, default=None, help="give up after this many seconds (exit 3)")
     p.set_defaults(func=_cmd_watch)
@@ -224,22 +196,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("show", help="summarise a journal: run, key, events by kind, seals, tail",
                        description="Summarise a journal. Checks the chain but not signatures (use verify for that).")
     p.add_argument("path", metavar="PATH")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_json_option(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar even on a terminal")
     p.set_defaults(func=_cmd_show)
-
-    p = sub.add_parser("ladder", help="run the tiny pilot ladder on the CPU: signed journal, verify, outcome table",
-                       description="Run a pilot ladder (each rung trained and gated on its own receipts, a "
-                                   "signed decision after each), write its signed journal and key under OUT_DIR, "
-                                   "verify it and print the outcome. The rungs stand in, at a tiny scale, for "
-                                   "real ones that cannot run here. Needs the torch extra.")
-    p.add_argument("out", metavar="OUT_DIR", help="run folder to create (must not hold a ladder yet)")
-    p.add_argument("--preset", choices=("tiny", "halt"), default="tiny",
-                   help="tiny: the three-rung ladder that passes; halt: a rung with an impossible bar")
-    p.add_argument("--peak-flops", type=float, default=None,
-                   help="peak FLOP/s to compute MFU against (default: this CPU's measured fp32 matmul throughput, "
-                        "measured before the first rung and recorded in each run_configured)")
-    p.set_defaults(func=_cmd_ladder)
 
     p = sub.add_parser("demo", help="write a signed journal of a simulated run, then verify and summarise it",
                        description="The torch-free demo: a key pair, a simulated training run written as a signed "
@@ -250,7 +209,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--key", metavar="FILE", default=None,
                    help="sign with this private key instead of a new key pair in the run folder")
     p.set_defaults(func=_cmd_demo)
-    return parser
 
 
 # ---------------------------------------------------------------- commands
@@ -258,9 +216,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _cmd_keygen(args: argparse.Namespace) -> int:
     priv, pub = keygen(args.directory, name=args.name, force=args.force)
-    _say(f"private key: {priv} (mode 0600; keep it secret)")
-    _say(f"public key:  {pub}")
-    _say(Path(pub).read_text().strip())
+    say(f"private key: {priv} (mode 0600; keep it secret)")
+    say(f"public key:  {pub}")
+    say(Path(pub).read_text().strip())
     return 0
 
 
@@ -281,7 +239,7 @@ def _verify_from_args(args: argparse.Namespace, *, label: str = "verifying", **e
             progress.close()
 
 
-def _trust_options(args: argparse.Namespace) -> dict:
+def trust_options(args: argparse.Namespace) -> dict:
     """The trust options every reading command shares, as :func:`journal.verify.verify` takes them."""
     return {"keys": trusted_keys(args.pubkey), "trust_embedded": args.trust_embedded,
             "allow_unsigned": args.allow_unsigned, "allow_unsealed": args.allow_unsealed}
@@ -291,7 +249,7 @@ def _fmt_int(n: int | None) -> str:
     return "-" if n is None else f"{n:,}"
 
 
-def _print_report(r: VerifyReport, *, title: str) -> None:
+def print_report(r: VerifyReport, *, title: str) -> None:
     trust = {"pinned": "pinned", "embedded": "embedded key only: authenticity NOT established",
              "unsigned": "unsigned", "unchecked": "signatures not checked"}.get(r.trust or "", r.trust)
     tail = r.tail or "-"
@@ -300,20 +258,20 @@ def _print_report(r: VerifyReport, *, title: str) -> None:
     elif r.tail == "torn":
         tail += f" ({r.torn_bytes} bytes after the last complete line at byte {r.torn_offset})"
     created = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(r.created_ns / 1e9)) if r.created_ns else "-"
-    _say(f"{title}  {r.path}")
-    _say(f"  run       {r.run_id}")
-    _say(f"  key       {r.key_id or '-'} ({trust})")
-    _say(f"  created   {created}")
-    _say(f"  events    {_fmt_int(r.events)} in {r.bytes:,} bytes ({_fmt_int(r.seals)} seals)")
+    say(f"{title}  {r.path}")
+    say(f"  run       {r.run_id}")
+    say(f"  key       {r.key_id or '-'} ({trust})")
+    say(f"  created   {created}")
+    say(f"  events    {_fmt_int(r.events)} in {r.bytes:,} bytes ({_fmt_int(r.seals)} seals)")
     for kind, n in sorted(r.kinds.items(), key=lambda kv: (-kv[1], kv[0])):
-        _say(f"    {kind:<22} {n:>12,}")
-    _say(f"  tail      {tail}")
-    _say(f"  head      {r.head or '-'}  (latest sealed)")
+        say(f"    {kind:<22} {n:>12,}")
+    say(f"  tail      {tail}")
+    say(f"  head      {r.head or '-'}  (latest sealed)")
     if r.unsealed_events and r.trust in ("pinned", "embedded"):
-        _say(f"  UNSIGNED  {r.unsealed_events:,} events after seq {r.trusted_last_seq} are NOT signed: "
+        say(f"  UNSIGNED  {r.unsealed_events:,} events after seq {r.trusted_last_seq} are NOT signed: "
               "not verified, left out")
     for note in r.notes:
-        _say(f"  note: {note}")
+        say(f"  note: {note}")
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
@@ -331,14 +289,14 @@ def _verify_and_print(args: argparse.Namespace, title: str, **extra) -> int:
         if args.json:
             d = (e.report.to_dict() if e.report is not None else {"ok": False, "path": args.path,
                                                                    "first_bad_seq": e.seq, "error": str(e)})
-            _say(json.dumps(d))
+            say(json.dumps(d))
         else:
-            _say(e.fail_line(args.path))
+            say(e.fail_line(args.path))
         return 1
     if args.json:
-        _say(json.dumps(r.to_dict()))
+        say(json.dumps(r.to_dict()))
     else:
-        _print_report(r, title=title)
+        print_report(r, title=title)
     return 0
 
 
@@ -347,131 +305,17 @@ def _cmd_head(args: argparse.Namespace) -> int:
     try:
         r = _verify_from_args(args)
     except IntegrityError as e:
-        _say(e.fail_line(args.path), file=sys.stderr)
+        say(e.fail_line(args.path), file=sys.stderr)
         return 1
     if r.head is None:
         raise JournalError(f"{args.path}: no seal yet: nothing to publish")
     if args.json:
-        _say(json.dumps({"head": r.head, "seq": r.last_sealed_seq, "hash": r.last_sealed_hash,
+        say(json.dumps({"head": r.head, "seq": r.last_sealed_seq, "hash": r.last_sealed_hash,
                           "run_id": r.run_id, "key_id": r.key_id, "unsealed_events": r.unsealed_events}))
     else:
-        _say(r.head)
+        say(r.head)
         if r.unsealed_events:
-            _say(f"trainledger head: {r.unsealed_events:,} events after it are not signed yet", file=sys.stderr)
-    return 0
-
-
-def _cmd_manifest(args: argparse.Namespace) -> int:
-    from trainledger.training.manifest import load_findings, manifest_identity
-
-    if args.manifest_command == "init":
-        try:
-            from trainledger.training.experiment import write_example
-        except ImportError as e:
-            raise JournalError(f"manifest init needs the torch extra (it samples the example data): {e}") from None
-        path = write_example(args.directory)
-        _say(f"wrote {path} and its data, tokenizer and template files")
-        _say(f"$ trainledger manifest validate {path}")
-        return 0
-    m, findings = load_findings(args.file)
-    errors = [f for f in findings if f.severity == "error"]
-    if args.manifest_command == "id":
-        if m is None:
-            _say(f"FAIL  {args.file}: not a manifest: {findings[0].path}: {findings[0].message}", file=sys.stderr)
-            return 1
-        _say(manifest_identity(m))
-        if errors:
-            _say(f"note: the manifest has {len(errors)} error finding(s); run trainledger manifest validate",
-                  file=sys.stderr)
-        return 0
-    if args.json:
-        _say(json.dumps({"file": args.file, "identity": manifest_identity(m) if m is not None else None,
-                          "ok": not errors, "findings": [dataclasses.asdict(f) for f in findings]}))
-        return 1 if errors else 0
-    for f in findings:
-        _say(f.line())
-    ident = manifest_identity(m) if m is not None else "-"
-    _say(f"{'FAIL' if errors else 'OK'}  {args.file}: {len(errors)} error(s), "
-          f"{len(findings) - len(errors)} warning(s); identity {ident}")
-    return 1 if errors else 0
-
-
-def _cmd_preflight(args: argparse.Namespace) -> int:
-    import importlib
-
-    try:
-        from trainledger.training.preflight import run_preflight
-    except ImportError as e:
-        raise JournalError(f"preflight needs the torch extra (pip install 'trainledger[torch]'): {e}") from None
-    from trainledger.training.manifest import load_findings
-
-    from .approval import load_approval, load_trusted_approvers
-    from .keys import load_signer
-    from .writer import Journal
-
-    mpath = Path(args.manifest)
-    m, findings = load_findings(mpath)
-    if m is None:  # not even typed: nothing can run, and there is no identity to write a journal under
-        _say(f"FAIL  {mpath}: not a manifest")
-        for f in findings:
-            _say("  " + f.line())
-        _say("status: experiment-specified-failed-before-training at schema (fix the manifest; "
-              "trainledger manifest validate lists every finding)")
-        return 1
-    # A typed manifest with error findings still runs: its schema gate fails and is recorded, later gates not_run.
-    check = None
-    if args.template_check:
-        mod, _, fn = args.template_check.partition(":")
-        try:
-            check = getattr(importlib.import_module(mod), fn)
-        except (ImportError, AttributeError, ValueError) as e:
-            raise UsageError(f"--template-check {args.template_check}: cannot load it: {e}") from None
-    approval = load_approval(args.approval) if args.approval else None
-    approvers = load_trusted_approvers(args.approvers)
-    root = Path(args.data_root) if args.data_root else mpath.parent
-    jpath = Path(args.journal) if args.journal else mpath.parent / f"preflight-{time.strftime('%Y%m%dT%H%M%S')}.jsonl"
-    if args.key:
-        signer, pub = load_signer(args.key), None
-    elif (jpath.parent / "preflight.key").exists():  # the key of earlier preflights here: never overwritten
-        signer, pub = load_signer(jpath.parent / "preflight.key"), jpath.parent / "preflight.pub"
-    else:
-        priv, pub = keygen(jpath.parent, name="preflight")
-        signer = load_signer(priv)
-
-    def show(r) -> None:
-        _say(f"  {r.gate:<20} {r.status.upper():<8} {r.reason}", flush=True)
-
-    _say(f"preflight {m.identity} ({m.label or 'no label'}) -> {jpath}")
-    with Journal.create(jpath, signer=signer, manifest_id=m.identity, manifest_label=m.label or None,
-                        meta={"preflight": True}) as j:
-        res = run_preflight(m, root, j, template_check=check, approval=approval, approvers=approvers,
-                            progress=show)
-    _say(f"status: {res.status}")
-    if pub is not None:
-        _say(f"$ trainledger verify {jpath} --pubkey {pub}")
-    return 0 if res.ready else 1
-
-
-def _cmd_approve(args: argparse.Namespace) -> int:
-    from trainledger.training.manifest import load_findings, manifest_identity
-
-    from .approval import sign_approval
-    from .keys import load_signer
-
-    m, findings = load_findings(args.manifest)
-    if m is None:
-        raise UsageError(f"{args.manifest}: not a manifest: {findings[0].path}: {findings[0].message}")
-    if args.authority not in m.authority.approvers:
-        raise UsageError(f"{args.authority!r} is not an approver the manifest names "
-                         f"({', '.join(m.authority.approvers) or 'none'})")
-    a = sign_approval(load_signer(args.key), authority=args.authority, manifest_id=manifest_identity(m),
-                      decision="reject" if args.reject else "approve", note=args.note)
-    out = Path(args.out) if args.out else Path(args.manifest).with_name(f"approval-{args.authority}.json")
-    try:
-        out.write_bytes(a.to_json())
-    except OSError as e:
-        raise UsageError(f"{out}: cannot write: {e.strerror}") from None
-    _say(f"wrote {out}: {a.decision} of {a.manifest_id} by {a.authority} (key {a.key_id})")
+            say(f"trainledger head: {r.unsealed_events:,} events after it are not signed yet", file=sys.stderr)
     return 0
 
 
@@ -484,12 +328,12 @@ def _cmd_report(args: argparse.Namespace) -> int:
     if not out.parent.is_dir():
         raise UsageError(f"{out.parent}: no such folder")
     try:
-        rec = write_report(args.path, out, **_trust_options(args))
+        rec = write_report(args.path, out, **trust_options(args))
     except IntegrityError as e:
-        _say(e.fail_line(args.path))
-        _say("trainledger report: no report written", file=sys.stderr)
+        say(e.fail_line(args.path))
+        say("trainledger report: no report written", file=sys.stderr)
         return 1
-    _say(f"wrote {out} ({out.stat().st_size / 1024:.0f} KiB): run {rec.verify.run_id}, {rec.verify.events:,} events, "
+    say(f"wrote {out} ({out.stat().st_size / 1024:.0f} KiB): run {rec.verify.run_id}, {rec.verify.events:,} events, "
           + ("replay consistent" if rec.ok else f"{len(rec.differences)} DIFFERENCES from the recomputation"))
     return 0 if rec.ok else 1
 
@@ -498,55 +342,55 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     from .replay import replay
 
     try:
-        rec = replay(args.path, **_trust_options(args))
+        rec = replay(args.path, **trust_options(args))
     except IntegrityError as e:
-        _say(e.fail_line(args.path))
+        say(e.fail_line(args.path))
         return 1
     if args.json:
-        _say(json.dumps(rec.to_dict(), default=str))
+        say(json.dumps(rec.to_dict(), default=str))
         return 0 if rec.ok else 1
     v = rec.verify
-    _say(f"{'OK  ' if rec.ok else 'DIFF'}  {args.path}  run {v.run_id}  key {v.key_id} ({v.trust})  "
+    say(f"{'OK  ' if rec.ok else 'DIFF'}  {args.path}  run {v.run_id}  key {v.key_id} ({v.trust})  "
           f"{v.events:,} events  tail {v.tail}")
     if v.unsealed_events and v.trust in ("pinned", "embedded"):
-        _say(f"  UNSIGNED: {v.unsealed_events:,} events after seq {v.trusted_last_seq} are not signed; "
+        say(f"  UNSIGNED: {v.unsealed_events:,} events after seq {v.trusted_last_seq} are not signed; "
               "replay left them out")
     elif v.trust == "unsigned":
-        _say("  UNSIGNED: the journal carries no signatures; anyone could have written it")
+        say("  UNSIGNED: the journal carries no signatures; anyone could have written it")
     if rec.health is not None:
         h = rec.health
         mfu = h["mfu"]
         m = "-" if mfu["mean"] is None else f"{mfu['mean']:.2%} (min {mfu['min']:.2%}, max {mfu['max']:.2%})"
         tps = "-" if h["tokens_per_s"] is None else f"{h['tokens_per_s']:,.0f}"
-        _say(f"  steps {h['steps']:,}; MFU mean {m} over {mfu['count']:,} steps; tokens/s {tps}")
+        say(f"  steps {h['steps']:,}; MFU mean {m} over {mfu['count']:,} steps; tokens/s {tps}")
         if mfu.get("implausible"):
-            _say(f"  MFU IMPLAUSIBLE: {mfu['above_100pct']:,} steps above 100%: the peak they are measured against "
+            say(f"  MFU IMPLAUSIBLE: {mfu['above_100pct']:,} steps above 100%: the peak they are measured against "
                  f"({mfu.get('peak_source') or 'unstated source'}) is too low; not a receipt")
         if h.get("spikes_suspected"):
-            _say(f"  spikes suspected (unconfirmed, not anomalies): {h['spikes_suspected']}")
+            say(f"  spikes suspected (unconfirmed, not anomalies): {h['spikes_suspected']}")
 
         r = h["restarts"]
-        _say(f"  restarts {r['count']} (continuity {'ok' if r['continuity_ok'] else 'BROKEN'})")
+        say(f"  restarts {r['count']} (continuity {'ok' if r['continuity_ok'] else 'BROKEN'})")
     for kind, steps in sorted(rec.anomalies_by_kind.items()):
         shown = ", ".join(map(str, steps[:10])) + (" ..." if len(steps) > 10 else "")
-        _say(f"  anomaly {kind}: {len(steps)} at steps {shown}")
+        say(f"  anomaly {kind}: {len(steps)} at steps {shown}")
     for c in rec.checkpoints:
-        _say(f"  checkpoint step {c['step']} {c['path']} sha256 {c['sha256'][:16]}...")
+        say(f"  checkpoint step {c['step']} {c['path']} sha256 {c['sha256'][:16]}...")
     for r in rec.resumes:
-        _say(f"  resumed from step {r['from_step']} ({r['checkpoint'] or r['reason']}) at seq {r['seq']}")
+        say(f"  resumed from step {r['from_step']} ({r['checkpoint'] or r['reason']}) at seq {r['seq']}")
     for r in rec.rewinds:
-        _say(f"  rewind: spike at step {r['spike_step']} -> {r['checkpoint']}, skipped {r.get('skipped_batches')}")
+        say(f"  rewind: spike at step {r['spike_step']} -> {r['checkpoint']}, skipped {r.get('skipped_batches')}")
     for s_ in rec.stops:
-        _say(f"  stopped: {s_['rule']} ({s_['reason']})")
+        say(f"  stopped: {s_['rule']} ({s_['reason']})")
     if rec.ladder is not None:
         lad = rec.ladder
-        _say(f"  ladder: passed {lad['passed_rungs']}, halted_at {lad['halted_at']}, {lad['decisions']} decisions")
+        say(f"  ladder: passed {lad['passed_rungs']}, halted_at {lad['halted_at']}, {lad['decisions']} decisions")
         for o in lad["outcomes"]:
-            _say(f"    {o['rung']}: {'GO' if o['passed'] else 'NO-GO'}  {o['reason']}")
+            say(f"    {o['rung']}: {'GO' if o['passed'] else 'NO-GO'}  {o['reason']}")
     for note in rec.notes:
-        _say(f"  note: {note}")
+        say(f"  note: {note}")
     for d in rec.differences:
-        _say(f"  DIFFERENCE seq {d['seq']} ({d['kind']}): {d['detail']}")
+        say(f"  DIFFERENCE seq {d['seq']} ({d['kind']}): {d['detail']}")
     return 0 if rec.ok else 1
 
 
@@ -577,14 +421,14 @@ def _cmd_query(args: argparse.Namespace) -> int:
     if args.format == "parquet" and not args.out:
         raise UsageError("--format parquet needs --out FILE")
     if args.no_verify:
-        _say("trainledger query: --no-verify: signatures NOT checked", file=sys.stderr)
+        say("trainledger query: --no-verify: signatures NOT checked", file=sys.stderr)
         con, source = open_views(paths, verify_first=False)
     else:
-        trust = _trust_options(args)
+        trust = trust_options(args)
         try:
             con, source = open_views(paths, use_cache=not args.no_cache, **trust)
         except IntegrityError as e:
-            _say(e.fail_line(str(e.report.path) if e.report else "journal"), file=sys.stderr)
+            say(e.fail_line(str(e.report.path) if e.report else "journal"), file=sys.stderr)
             return 1
         # Large journals read cold: keep a verified columnar copy for next time, built off this process.
         if (not args.no_cache and source.origin == "journals"
@@ -596,7 +440,7 @@ def _cmd_query(args: argparse.Namespace) -> int:
             _write_parquet(cols, rows, args.out)
         except duckdb.Error as e:
             raise JournalIOError(f"{args.out}: cannot write parquet: {str(e).splitlines()[0]}") from None
-        _say(f"wrote {len(rows)} rows to {args.out}", file=sys.stderr)
+        say(f"wrote {len(rows)} rows to {args.out}", file=sys.stderr)
         return 0
     buf = io.StringIO()
     if args.format == "csv":
@@ -710,81 +554,20 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else Path("runs") / time.strftime("demo-%Y%m%dT%H%M%S")
     journal_path, pub = run_demo(out, steps=args.steps, seed=args.seed,
                                  key=Path(args.key) if args.key else None)
-    _say(f"wrote {journal_path} (public key {pub})")
-    _say(f"$ trainledger verify {journal_path} --pubkey {pub} --require-closed")
+    say(f"wrote {journal_path} (public key {pub})")
+    say(f"$ trainledger verify {journal_path} --pubkey {pub} --require-closed")
     r = verify(journal_path, keys=trusted_keys([str(pub)]), require_closed=True)
-    _print_report(r, title="OK  ")
+    print_report(r, title="OK  ")
     return 0
-
-
-def _cmd_ladder(args: argparse.Namespace) -> int:
-    try:
-        from trainledger.ladder.presets import PRESETS
-        from trainledger.ladder.runner import run_pilot_ladder
-    except ImportError as e:
-        raise JournalError(f"the ladder needs the torch extra (pip install 'trainledger[torch]'): {e}") from None
-    from .keys import load_signer
-    from .writer import Journal
-
-    out = Path(args.out)
-    if (out / "ladder.jsonl").exists():
-        raise JournalError(f"{out}/ladder.jsonl already exists; choose another OUT_DIR")
-    priv, pub = keygen(out)
-    j = Journal.create(out / "ladder.jsonl", signer=load_signer(priv), meta={"preset": args.preset,
-                       "note": "tiny stand-in rungs: real targets are labels, not what ran"})
-    peak = args.peak_flops
-    peak_info = {"peak_source": "given", "peak_spread": None}
-    if peak is None:
-        from trainledger.training.flops import measure_matmul_peak
-
-        meas = measure_matmul_peak(detail=True)
-        peak, peak_info = meas.peak, {"peak_source": "measured", "peak_spread": meas.spread}
-        _say(f"MFU is measured against this CPU's fp32 matmul throughput: {peak:.3g} FLOP/s, best of "
-             f"{meas.samples} products (median {meas.median:.3g}; spread {meas.spread:.0%}) (--peak-flops to set)")
-    t0 = time.perf_counter()
-    try:
-        result = run_pilot_ladder(PRESETS[args.preset](), peak_flops_per_sec=peak, journal=j,
-                                  work_dir=out / "rungs", **peak_info)
-    except BaseException:
-        j.suspend()
-        raise
-    j.close()
-    _say(f"ladder '{args.preset}' in {time.perf_counter() - t0:.1f} s: {len(result.outcomes)} rungs attempted, "
-          f"halted_at={result.halted_at}, passed={result.passed_rungs()}, {result.decisions} decisions")
-    _say(f"{'rung':<22} {'verdict':<8} {'final loss':>10} {'forget gap':>10} {'MFU mean':>10}  reason")
-    for o in result.outcomes:
-        mfu = o.measured.get("mfu_mean")
-        shown = "-" if mfu is None else format(mfu, "10.3e") + ("!" if mfu > 1.0 else "")
-        _say(f"{o.name:<22} {'GO' if o.passed else 'NO-GO':<8} {o.measured['final_loss']:>10.4f} "
-             f"{o.measured['forgetting_gap']:>10.4f} {shown:>10}  {o.reason}")
-        if mfu is not None and mfu > 1.0:
-            _say("    MFU above 100% is implausible: the measured peak is too low (see its spread above); not a receipt")
-        for piece, why in o.artifacts.get("skipped_pieces", {}).items():
-            _say(f"    skipped {piece}: {why}")
-        for key in ("F9_mup_transfer", "H2_moe_vs_dense"):
-            if key in o.artifacts:
-                _say(f"    {key}: {o.artifacts[key]}")
-    _say(f"$ trainledger verify {out / 'ladder.jsonl'} --pubkey {pub} --require-closed")
-    r = verify(out / "ladder.jsonl", keys=trusted_keys([str(pub)]), require_closed=True)
-    _print_report(r, title="OK  ")
-    try:
-        from .report import write_report
-
-        rec = write_report(out / "ladder.jsonl", out / "report.html", keys=trusted_keys([str(pub)]))
-    except UsageError as e:  # matplotlib missing: the run stands without its page
-        _say(f"no report: {e}")
-        return 0
-    _say(f"$ trainledger report {out / 'ladder.jsonl'} --pubkey {pub} -o {out / 'report.html'}")
-    _say(f"wrote {out / 'report.html'}: replay " + ("consistent: every verdict and decision follows from its "
-                                                       "receipts" if rec.ok else "found DIFFERENCES"))
-    return 0 if rec.ok else 1
 
 
 # ---------------------------------------------------------------- entry point
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+def main(argv: Sequence[str] | None = None, *, parser: argparse.ArgumentParser | None = None) -> int:
+    """Run one command; return its exit code. ``parser`` defaults to the journal's commands alone
+    (``trainledger.cli.main`` passes the full one)."""
+    parser = parser if parser is not None else build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra:
         # query takes its options anywhere: `query J.jsonl --format json "SQL"` leaves the SQL over here.
@@ -798,10 +581,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.func(args)
     except TrainledgerError as e:  # the journal's, the training side's and the ladder's errors alike
-        _say(f"trainledger {args.command}: error: {e}", file=sys.stderr)
+        say(f"trainledger {args.command}: error: {e}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
-        _say(f"trainledger {args.command}: interrupted", file=sys.stderr)
+        say(f"trainledger {args.command}: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
         # `trainledger show ... | head`: not an error.
@@ -809,12 +592,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     except OSError as e:  # a file or folder that cannot be read or written: an I/O error, one line, exit 2
         where = f"{e.filename}: " if e.filename else ""
-        _say(f"trainledger {args.command}: error: {where}{e.strerror or e}", file=sys.stderr)
+        say(f"trainledger {args.command}: error: {where}{e.strerror or e}", file=sys.stderr)
         return 2
 
 
-def entry() -> None:
-    """The console script: :func:`main`, and after Ctrl-C an immediate exit.
+def entry(main=main) -> None:
+    """A console script's body: ``main()``, and after Ctrl-C an immediate exit.
 
     Ctrl-C can arrive while DuckDB or a verifier still runs native threads (a query's load, its SQL); letting
     the interpreter finalise around them can abort the process. Journals still open are sealed first.
@@ -830,5 +613,5 @@ def entry() -> None:
     sys.exit(code)
 
 
-if __name__ == "__main__":  # pragma: no cover
+if __name__ == "__main__":  # pragma: no cover - `python -m trainledger.journal.cli`: the journal's commands
     entry()

@@ -20,7 +20,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from . import codec, health, kinds  # noqa: F401 - registers the kinds the view shows
 from ._scan import BLOCK, MAX_LINE, RangeResult, ScanContext, Scanner
 from ._text import safe
 from .chain import genesis

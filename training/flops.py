@@ -12,7 +12,6 @@ not known, MFU is ``None``, never a guess.
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Mapping
 
 from trainledger.journal.errors import TrainledgerError

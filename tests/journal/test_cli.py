@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from trainledger.journal.cli import build_parser, main
+from trainledger.cli import build_parser, main
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMANDS = ["keygen", "verify", "head", "show", "demo", "ladder", "replay", "query", "report", "watch", "manifest", "preflight", "approve"]
@@ -179,7 +179,7 @@ def test_bad_arguments_exit_2(capsys):
 
 def test_real_process_exit_codes(demo, tmp_path):
     path, pub = demo
-    exe = [sys.executable, "-m", "trainledger.journal.cli"]
+    exe = [sys.executable, "-m", "trainledger"]
     ok = subprocess.run(exe + ["verify", str(path), "--pubkey", str(pub)], capture_output=True, text=True, timeout=60)
     assert ok.returncode == 0
     bad = tmp_path / "garbage.jsonl"

@@ -126,7 +126,7 @@ def test_fifo_or_device_as_a_key_file_is_refused_at_once(tmp_path, special):
 def test_keygen_where_no_folder_can_be_made_is_an_io_error(tmp_path, capsys):
     """A folder that cannot be created (its parent is a file: the same error path as a read-only disk, and
     one that root cannot bypass) is one line and exit 2."""
-    from trainledger.journal.cli import main
+    from trainledger.cli import main
 
     (tmp_path / "file").write_text("x")
     assert main(["keygen", str(tmp_path / "file" / "keys")]) == 2

@@ -17,7 +17,7 @@ SCRIPT = textwrap.dedent(r"""
 
     sys.meta_path.insert(0, NoTorch())
     import trainledger.journal
-    from trainledger.journal.cli import main
+    from trainledger.cli import main
 
     d = tempfile.mkdtemp()
     run = os.path.join(d, "run")

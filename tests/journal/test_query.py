@@ -9,7 +9,7 @@ import duckdb
 import pytest
 
 from trainledger.journal import Journal, StepObserved
-from trainledger.journal.cli import main
+from trainledger.cli import main
 from trainledger.journal.health import AnomalyDetected
 from trainledger.journal.query import connect
 

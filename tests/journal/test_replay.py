@@ -6,7 +6,7 @@ import json
 import math
 
 from trainledger.journal import Journal, StepObserved
-from trainledger.journal.cli import main
+from trainledger.cli import main
 from trainledger.journal.health import AnomalyDetected, RunConfigured
 from trainledger.journal.replay import replay
 

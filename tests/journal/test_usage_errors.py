@@ -78,7 +78,7 @@ def big_journal(tmp_path_factory):
 @pytest.mark.parametrize("delay", [0.3, 0.8, 2.0])
 def test_ctrl_c_interrupts_a_query_at_any_moment(big_journal, delay):
     """While the journal is verified and loaded, or while the SQL runs: exit 130, one line, no abort."""
-    proc = subprocess.Popen([sys.executable, "-m", "trainledger.journal.cli", "query", "--trust-embedded", "--timeout", "0",
+    proc = subprocess.Popen([sys.executable, "-m", "trainledger", "query", "--trust-embedded", "--timeout", "0",
                              "--no-cache", str(big_journal), "SELECT count(*) FROM range(1000000000000) a, range(10) b"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     time.sleep(delay)

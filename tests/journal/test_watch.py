@@ -21,7 +21,7 @@ with Journal.create(sys.argv[1], signer=Signer.generate(), flush_interval_s=0.02
 
 def test_watch_follows_a_live_run_until_it_closes(tmp_path):
     p = tmp_path / "live.jsonl"
-    watcher = subprocess.Popen([sys.executable, "-m", "trainledger.journal.cli", "watch", str(p), "--interval", "0.05",
+    watcher = subprocess.Popen([sys.executable, "-m", "trainledger", "watch", str(p), "--interval", "0.05",
                                 "--timeout", "60"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     time.sleep(0.3)  # the watcher starts before the file exists, like tail -F
     writer = subprocess.run([sys.executable, "-c", WRITER, str(p)], capture_output=True, text=True, timeout=60)
@@ -34,7 +34,7 @@ def test_watch_follows_a_live_run_until_it_closes(tmp_path):
 
 
 def test_watch_times_out_on_a_missing_file(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "trainledger.journal.cli", "watch", str(tmp_path / "nope.jsonl"), "--interval",
+    r = subprocess.run([sys.executable, "-m", "trainledger", "watch", str(tmp_path / "nope.jsonl"), "--interval",
                         "0.05", "--timeout", "0.3"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 3
 
@@ -42,13 +42,13 @@ def test_watch_times_out_on_a_missing_file(tmp_path):
 def test_watch_checks_signatures_under_a_pinned_key(tmp_path, signer, keypair):
     """With --pubkey every seal is checked as it is read; a journal re-signed by another key stops the view."""
     from trainledger.journal import Journal, Signer, StepObserved
-    from trainledger.journal.cli import main
+    from trainledger.cli import main
 
     p = tmp_path / "j.jsonl"
     with Journal.create(p, signer=signer, background=False) as j:
         for i in range(5):
             j.append(StepObserved(step=i, loss=1.0))
-    r = subprocess.run([sys.executable, "-m", "trainledger.journal.cli", "watch", str(p), "--pubkey", str(keypair[2]),
+    r = subprocess.run([sys.executable, "-m", "trainledger", "watch", str(p), "--pubkey", str(keypair[2]),
                         "--timeout", "30"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and "signatures checked: key" in r.stdout
     other = Signer.generate()
@@ -64,11 +64,11 @@ def test_watch_checks_signatures_under_a_pinned_key(tmp_path, signer, keypair):
     bad = tmp_path / "bad.jsonl"
     write_lines(bad, rechain(lines))
     first_seal = next(k for k, ln in enumerate(lines) if b'"kind":"seal"' in ln and k > 3)
-    r = subprocess.run([sys.executable, "-m", "trainledger.journal.cli", "watch", str(bad), "--pubkey", str(keypair[2]),
+    r = subprocess.run([sys.executable, "-m", "trainledger", "watch", str(bad), "--pubkey", str(keypair[2]),
                         "--timeout", "30"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and "FAIL" in r.stdout and f"seq {first_seal}" in r.stdout
     # Without a key the chain is still checked and the view says signatures were not.
-    r = subprocess.run([sys.executable, "-m", "trainledger.journal.cli", "watch", str(bad), "--timeout", "30"],
+    r = subprocess.run([sys.executable, "-m", "trainledger", "watch", str(bad), "--timeout", "30"],
                        capture_output=True, text=True, timeout=60, env={**__import__("os").environ,
                                                                           "TRAINLEDGER_TRUSTED_KEYS": ""})
     assert r.returncode == 0 and "signatures NOT checked" in r.stdout
@@ -143,7 +143,7 @@ def test_watch_memory_stays_flat_in_journal_size(tmp_path, signer):
 
 def test_watch_interval_must_be_finite(tmp_path, signer, capsys):
     from trainledger.journal import Journal
-    from trainledger.journal.cli import main
+    from trainledger.cli import main
 
     p = tmp_path / "j.jsonl"
     Journal.create(p, signer=signer, background=False).close()

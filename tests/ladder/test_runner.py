@@ -91,7 +91,7 @@ def test_preset_is_the_seed_ladder():
 
 
 def test_cli_ladder_runs_verifies_and_prints(tmp_path, capsys):
-    from trainledger.journal.cli import main
+    from trainledger.cli import main
 
     assert main(["ladder", str(tmp_path / "out")]) == 0
     out = capsys.readouterr().out

@@ -7,7 +7,7 @@ import json
 import pytest
 from manifest_fixtures import base, typed, write
 
-from trainledger.journal.cli import main
+from trainledger.cli import main
 from trainledger.training.manifest import ManifestError, load_findings, load_manifest, manifest_identity, parse_manifest, validate
 
 

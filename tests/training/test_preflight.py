@@ -9,7 +9,7 @@ from manifest_fixtures import base, write
 
 from trainledger.journal import Journal, Signer, read_events, verify
 from trainledger.journal.approval import sign_approval
-from trainledger.journal.cli import main
+from trainledger.cli import main
 from trainledger.journal.kinds import PreflightCompleted, PreflightGate
 from trainledger.training.manifest import load_manifest
 from trainledger.training.preflight import GATES, authority_gate, run_preflight

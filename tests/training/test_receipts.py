@@ -53,7 +53,7 @@ def test_a_doctored_suspicion_is_named_by_replay(tmp_path, signer, pubkey):
 
 
 def test_mfu_above_100_percent_is_flagged_not_reported_as_a_receipt(tmp_path, signer, pubkey, capsys):
-    from trainledger.journal.cli import main
+    from trainledger.cli import main
     from trainledger.training import build_causal_lm, flop_config_from_causal_lm
 
     model = build_causal_lm(vocab=32, d_model=16, n_layer=2, n_head=2, block=8)
@@ -75,7 +75,7 @@ def test_mfu_above_100_percent_is_flagged_not_reported_as_a_receipt(tmp_path, si
 
 
 def test_a_journal_with_no_steps_says_so(tmp_path, signer, pubkey, capsys):
-    from trainledger.journal.cli import main
+    from trainledger.cli import main
 
     p = tmp_path / "j.jsonl"
     Journal.create(p, signer=signer).close()

@@ -10,7 +10,7 @@ import shutil
 import pytest
 import torch
 
-from trainledger.journal.cli import main
+from trainledger.cli import main
 from trainledger.training.loop import LoopConfig, run_training
 from trainledger.training.rewind import RewindPolicy
 

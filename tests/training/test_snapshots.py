@@ -32,7 +32,7 @@ def test_live_monitor_equals_replay_after_a_stop_and_resume(tmp_path, signer):
 
 def _stream(draw_losses, cuts):
     """Events: steps with the drawn losses, a resume or a new run_configured at the drawn places."""
-    events, seq, step = [], 0, 0
+    events, step = [], 0
     for i, loss in enumerate(draw_losses):
         if i in cuts:
             kind = cuts[i]

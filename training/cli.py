@@ -1,0 +1,182 @@
+"""The training side's commands: ``manifest``, ``preflight`` and ``approve`` (registered by ``trainledger.cli``).
+
+Importing this module does not import torch: the manifest commands run on an auditor's machine, and
+``preflight`` imports the torch side when it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+from trainledger.journal.cli import add_json_option, say
+from trainledger.journal.errors import JournalError, UsageError
+from trainledger.journal.keys import keygen
+
+__all__ = ["register"]
+
+
+def register(sub) -> None:
+    """Add ``manifest``, ``preflight`` and ``approve`` to the ``trainledger`` command."""
+    p = sub.add_parser("manifest", help="experiment manifests: validate, print the identity, write an example",
+                       description="An experiment manifest (TOML, YAML or JSON) freezes what a run is before it "
+                                   "starts. Its identity is the SHA-256 of its canonical encoding, the label left "
+                                   "out.")
+    msub = p.add_subparsers(dest="manifest_command", metavar="ACTION", required=True)
+    q = msub.add_parser("validate", help="print every finding; exit 1 if any is an error")
+    q.add_argument("file", metavar="FILE")
+    add_json_option(q)
+    q = msub.add_parser("id", help="print the manifest's identity (sha256:...)")
+    q.add_argument("file", metavar="FILE")
+    q = msub.add_parser("init", help="write an example manifest for the tiny model, with its data files")
+    q.add_argument("directory", metavar="DIR")
+    p.set_defaults(func=_cmd_manifest)
+
+    p = sub.add_parser("preflight", help="run the experiment preflight gates in order, into a signed journal",
+                       description="Run the preflight state machine against the tiny model: schema, data lineage, "
+                                   "template compatibility (needs --template-check), one-batch smoke test, tiny "
+                                   "overfit, save/load inspection, resume equivalence, resource probe, evaluation "
+                                   "dry run, authority (needs --approval). Stops at the first gate that does not "
+                                   "pass; later gates are recorded as not run. Exit 0 only when ready to train.")
+    p.add_argument("manifest", metavar="MANIFEST")
+    p.add_argument("--data-root", metavar="DIR", help="where the manifest's relative refs point (default: its folder)")
+    p.add_argument("--journal", metavar="PATH", help="journal to write (default: preflight-<time>.jsonl beside it)")
+    p.add_argument("--key", metavar="FILE",
+                   help="private key to sign with (default: preflight.key beside the journal, created on first use)")
+    p.add_argument("--template-check", metavar="MODULE:FUNCTION",
+                   help="your template/tokenizer/mask check: FUNCTION(manifest, root) -> (ok, detail)")
+    p.add_argument("--approval", metavar="FILE", help="a signed approval of this manifest (trainledger approve)")
+    p.add_argument("--approvers", metavar="FILE",
+                   help="trusted approvers, one 'NAME <public key line>' per line (default: "
+                        "$TRAINLEDGER_TRUSTED_APPROVERS); without them the authority gate stays blocked")
+    p.set_defaults(func=_cmd_preflight)
+
+    p = sub.add_parser("approve", help="sign your decision on a manifest (for preflight's authority gate)",
+                       description="Write a signed approval (or rejection) of one manifest identity, signed with "
+                                   "your own key. preflight --approval checks it against the pinned approvers.")
+    p.add_argument("manifest", metavar="MANIFEST")
+    p.add_argument("--key", metavar="FILE", required=True, help="your private key (trainledger keygen)")
+    p.add_argument("--as", dest="authority", metavar="NAME", required=True,
+                   help="the approver name the manifest lists (authority.approvers)")
+    p.add_argument("--reject", action="store_true", help="record a rejection instead of an approval")
+    p.add_argument("--note", default="", help="a note signed with the decision")
+    p.add_argument("-o", "--out", metavar="FILE", help="where to write (default: approval-NAME.json beside it)")
+    p.set_defaults(func=_cmd_approve)
+
+
+def _cmd_manifest(args: argparse.Namespace) -> int:
+    from trainledger.training.manifest import load_findings, manifest_identity
+
+    if args.manifest_command == "init":
+        try:
+            from trainledger.training.experiment import write_example
+        except ImportError as e:
+            raise JournalError(f"manifest init needs the torch extra (it samples the example data): {e}") from None
+        path = write_example(args.directory)
+        say(f"wrote {path} and its data, tokenizer and template files")
+        say(f"$ trainledger manifest validate {path}")
+        return 0
+    m, findings = load_findings(args.file)
+    errors = [f for f in findings if f.severity == "error"]
+    if args.manifest_command == "id":
+        if m is None:
+            say(f"FAIL  {args.file}: not a manifest: {findings[0].path}: {findings[0].message}", file=sys.stderr)
+            return 1
+        say(manifest_identity(m))
+        if errors:
+            say(f"note: the manifest has {len(errors)} error finding(s); run trainledger manifest validate",
+                  file=sys.stderr)
+        return 0
+    if args.json:
+        say(json.dumps({"file": args.file, "identity": manifest_identity(m) if m is not None else None,
+                          "ok": not errors, "findings": [dataclasses.asdict(f) for f in findings]}))
+        return 1 if errors else 0
+    for f in findings:
+        say(f.line())
+    ident = manifest_identity(m) if m is not None else "-"
+    say(f"{'FAIL' if errors else 'OK'}  {args.file}: {len(errors)} error(s), "
+          f"{len(findings) - len(errors)} warning(s); identity {ident}")
+    return 1 if errors else 0
+
+
+def _cmd_preflight(args: argparse.Namespace) -> int:
+    import importlib
+
+    try:
+        from trainledger.training.preflight import run_preflight
+    except ImportError as e:
+        raise JournalError(f"preflight needs the torch extra (pip install 'trainledger[torch]'): {e}") from None
+    from trainledger.training.manifest import load_findings
+
+    from trainledger.journal.approval import load_approval, load_trusted_approvers
+    from trainledger.journal.keys import load_signer
+    from trainledger.journal.writer import Journal
+
+    mpath = Path(args.manifest)
+    m, findings = load_findings(mpath)
+    if m is None:  # not even typed: nothing can run, and there is no identity to write a journal under
+        say(f"FAIL  {mpath}: not a manifest")
+        for f in findings:
+            say("  " + f.line())
+        say("status: experiment-specified-failed-before-training at schema (fix the manifest; "
+              "trainledger manifest validate lists every finding)")
+        return 1
+    # A typed manifest with error findings still runs: its schema gate fails and is recorded, later gates not_run.
+    check = None
+    if args.template_check:
+        mod, _, fn = args.template_check.partition(":")
+        try:
+            check = getattr(importlib.import_module(mod), fn)
+        except (ImportError, AttributeError, ValueError) as e:
+            raise UsageError(f"--template-check {args.template_check}: cannot load it: {e}") from None
+    approval = load_approval(args.approval) if args.approval else None
+    approvers = load_trusted_approvers(args.approvers)
+    root = Path(args.data_root) if args.data_root else mpath.parent
+    jpath = Path(args.journal) if args.journal else mpath.parent / f"preflight-{time.strftime('%Y%m%dT%H%M%S')}.jsonl"
+    if args.key:
+        signer, pub = load_signer(args.key), None
+    elif (jpath.parent / "preflight.key").exists():  # the key of earlier preflights here: never overwritten
+        signer, pub = load_signer(jpath.parent / "preflight.key"), jpath.parent / "preflight.pub"
+    else:
+        priv, pub = keygen(jpath.parent, name="preflight")
+        signer = load_signer(priv)
+
+    def show(r) -> None:
+        say(f"  {r.gate:<20} {r.status.upper():<8} {r.reason}", flush=True)
+
+    say(f"preflight {m.identity} ({m.label or 'no label'}) -> {jpath}")
+    with Journal.create(jpath, signer=signer, manifest_id=m.identity, manifest_label=m.label or None,
+                        meta={"preflight": True}) as j:
+        res = run_preflight(m, root, j, template_check=check, approval=approval, approvers=approvers,
+                            progress=show)
+    say(f"status: {res.status}")
+    if pub is not None:
+        say(f"$ trainledger verify {jpath} --pubkey {pub}")
+    return 0 if res.ready else 1
+
+
+def _cmd_approve(args: argparse.Namespace) -> int:
+    from trainledger.training.manifest import load_findings, manifest_identity
+
+    from trainledger.journal.approval import sign_approval
+    from trainledger.journal.keys import load_signer
+
+    m, findings = load_findings(args.manifest)
+    if m is None:
+        raise UsageError(f"{args.manifest}: not a manifest: {findings[0].path}: {findings[0].message}")
+    if args.authority not in m.authority.approvers:
+        raise UsageError(f"{args.authority!r} is not an approver the manifest names "
+                         f"({', '.join(m.authority.approvers) or 'none'})")
+    a = sign_approval(load_signer(args.key), authority=args.authority, manifest_id=manifest_identity(m),
+                      decision="reject" if args.reject else "approve", note=args.note)
+    out = Path(args.out) if args.out else Path(args.manifest).with_name(f"approval-{args.authority}.json")
+    try:
+        out.write_bytes(a.to_json())
+    except OSError as e:
+        raise UsageError(f"{out}: cannot write: {e.strerror}") from None
+    say(f"wrote {out}: {a.decision} of {a.manifest_id} by {a.authority} (key {a.key_id})")
+    return 0

@@ -1,0 +1,5 @@
+"""``python -m trainledger``: the ``trainledger`` command."""
+
+from trainledger.cli import entry
+
+entry()
