@@ -24,7 +24,7 @@ import msgspec
 
 from .codec import encode_document
 from .errors import JournalError, KeyFileError, UsageError
-from .keys import PublicKey, Signer, _read_small, key_id_of, parse_public_key
+from .keys import PublicKey, Signer, read_small_file, key_id_of, parse_public_key
 
 __all__ = ["SignedApproval", "ApprovalInvalid", "sign_approval", "load_approval", "check_approval",
            "load_trusted_approvers", "TRUSTED_APPROVERS_ENV", "APPROVAL_FORMAT"]
@@ -81,7 +81,7 @@ def load_approval(path: str | os.PathLike) -> SignedApproval:
     """Read an approval file; :class:`UsageError` when it is not one (an unsigned JSON included)."""
     p = Path(path)
     try:
-        data = _read_small(p, "approval")
+        data = read_small_file(p, "approval")
     except KeyFileError as e:
         raise UsageError(str(e)) from None
     try:
@@ -134,7 +134,7 @@ def load_trusted_approvers(path: str | os.PathLike | None = None, *,
     if not where:
         return None
     p = Path(where)
-    data = _read_small(p, "trusted-approvers file")
+    data = read_small_file(p, "trusted-approvers file")
     out: dict[str, list[PublicKey]] = {}
     for n, line in enumerate(data.decode("utf-8", "replace").splitlines(), 1):
         if not line.strip() or line.lstrip().startswith("#"):

@@ -14,6 +14,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from . import __version__
 from ._text import csv_cell, safe
@@ -88,13 +89,13 @@ def add_trust_options(p: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The parser of the journal's own commands (``trainledger.cli`` adds the training and ladder ones)."""
-    parser = new_parser()
-    register(parser._subparsers._group_actions[0])
+    parser, sub = new_parser()
+    register(sub)
     return parser
 
 
-def new_parser() -> argparse.ArgumentParser:
-    """The bare ``trainledger`` parser: description, --version and the subcommand slot."""
+def new_parser() -> tuple[argparse.ArgumentParser, Any]:
+    """The bare ``trainledger`` parser (description, --version) and its subcommand slot, for ``register``."""
     parser = argparse.ArgumentParser(
         prog="trainledger",
         description="Tamper-evident receipts for training runs: a hash-chained, Ed25519-signed event journal.",
@@ -102,8 +103,8 @@ def new_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"trainledger {__version__}")
-    parser.add_subparsers(dest="command", metavar="COMMAND")
-    return parser
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    return parser, sub
 
 
 def register(sub) -> None:
@@ -404,10 +405,10 @@ def _cmd_query(args: argparse.Namespace) -> int:
 
     paths = list(args.paths)
     if args.sql_file:
-        from .keys import _read_small
+        from .keys import read_small_file
 
         try:
-            sql = _read_small(Path(args.sql_file), "SQL").decode("utf-8", "replace")
+            sql = read_small_file(Path(args.sql_file), "SQL").decode("utf-8", "replace")
         except JournalError as e:  # missing, a folder, a FIFO or a device, over 64 KiB
             raise UsageError(f"--sql-file: {e}") from None
     else:
@@ -604,9 +605,9 @@ def entry(main=main) -> None:
     """
     code = main()
     if code == 130:
-        from .writer import _suspend_all_at_exit
+        from .writer import suspend_all
 
-        _suspend_all_at_exit()
+        suspend_all()
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(130)

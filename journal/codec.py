@@ -215,6 +215,11 @@ def known_kinds() -> dict[str, type]:
     return dict(_by_kind)
 
 
+def is_record_type(cls: type) -> bool:
+    """Whether ``cls`` is one of the record classes the codec derives (an event class plus seq, ts, h)."""
+    return cls in _by_record
+
+
 def record_type(cls: type) -> type:
     """The record class (event + seq, ts, h) of an event class."""
     return _register(cls).record
@@ -236,7 +241,7 @@ def _decoders() -> tuple[msgspec.json.Decoder, msgspec.json.Decoder]:
 # ---------------------------------------------------------------- non-finite floats
 
 
-def _nonfinite_to_str(obj: Any) -> Any:
+def nonfinite_to_str(obj: Any) -> Any:
     if isinstance(obj, float):
         if obj != obj:
             return "NaN"
@@ -246,9 +251,9 @@ def _nonfinite_to_str(obj: Any) -> Any:
             return "-Infinity"
         return obj
     if isinstance(obj, dict):
-        return {k: _nonfinite_to_str(v) for k, v in obj.items()}
+        return {k: nonfinite_to_str(v) for k, v in obj.items()}
     if isinstance(obj, list):
-        return [_nonfinite_to_str(v) for v in obj]
+        return [nonfinite_to_str(v) for v in obj]
     return obj
 
 
@@ -282,10 +287,10 @@ def _make_encoder(check: msgspec.json.Decoder, flat: bool) -> Callable[[Any], by
 def _encode_exact(obj: Any) -> bytes:
     """The slow, always-right path: normalize types by schema, spell non-finite floats."""
     try:
-        norm = msgspec.convert(_nonfinite_to_str(msgspec.to_builtins(obj)), type(obj), strict=False)
+        norm = msgspec.convert(nonfinite_to_str(msgspec.to_builtins(obj)), type(obj), strict=False)
     except msgspec.ValidationError as e:
         raise TypeError(f"{type(obj).__name__}: {e}") from None
-    return _encoder.encode(_nonfinite_to_str(msgspec.to_builtins(norm)))
+    return _encoder.encode(nonfinite_to_str(msgspec.to_builtins(norm)))
 
 
 # ---------------------------------------------------------------- public API

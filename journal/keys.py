@@ -135,7 +135,7 @@ class Signer:
         return f"Signer(key_id={self.key_id!r})"
 
 
-def _read_small(path: Path, what: str) -> bytes:
+def read_small_file(path: Path, what: str) -> bytes:
     """A small regular file's bytes. A FIFO, a device (/dev/zero) or a folder is refused before it is read, and
     never more than the cap is read, so no key file can hang a command or exhaust its memory."""
     try:
@@ -172,7 +172,7 @@ def load_signer(path: str | os.PathLike) -> Signer:
     others, a public key, encrypted, or not an Ed25519 key.
     """
     p = Path(path)
-    data = _read_small(p, "private key")
+    data = read_small_file(p, "private key")
     if data.lstrip().startswith(PUBKEY_PREFIX.encode()) or b"PUBLIC KEY" in data:
         raise KeyFileError(f"{p}: this is a public key; signing needs the private key (trainledger.key)")
     mode = stat.S_IMODE(p.stat().st_mode)
@@ -220,7 +220,7 @@ def parse_public_key(text: str, source: str = "<text>") -> PublicKey:
 def load_public_key(path: str | os.PathLike) -> PublicKey:
     """Load a ``.pub`` file (one line) or a PEM public key."""
     p = Path(path)
-    data = _read_small(p, "public key")
+    data = read_small_file(p, "public key")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
@@ -248,7 +248,7 @@ def trusted_keys(paths: list[str] | tuple[str, ...] = (), *, env: dict[str, str]
     listing = env.get(TRUSTED_KEYS_ENV)
     if listing:
         p = Path(listing)
-        data = _read_small(p, "trusted-keys file")
+        data = read_small_file(p, "trusted-keys file")
         for n, line in enumerate(data.decode("utf-8", "replace").splitlines(), 1):
             if line.strip() and not line.lstrip().startswith("#"):
                 keys.append(parse_public_key(line, f"{p}:{n}"))

@@ -53,7 +53,7 @@ from ._snapshot import PrivateCopies
 from .errors import JournalIOError, SchemaError
 from .keys import PublicKey
 from .kinds import BUILTIN_KINDS
-from .verify import VerifyReport, _open_checked, _read_opening, verify
+from .verify import VerifyReport, open_checked, read_opening, verify
 
 __all__ = ["connect", "open_views", "build_cache", "refresh_cache_in_background", "cache_dir", "journal_files",
            "VIEWS", "Source", "CACHE_MIN_BYTES"]
@@ -283,12 +283,12 @@ def _load(files: list[Path], verify_first: bool, verify_options: dict[str, Any]
             rows = []
             for f in files:
                 copy = copies.copy(f)
-                rows.append({"file": str(f), "copy": str(copy), "run_id": _read_opening(copy, _open_checked(copy))[0].run_id,
+                rows.append({"file": str(f), "copy": str(copy), "run_id": read_opening(copy, open_checked(copy))[0].run_id,
                              "last_seq": None})
             _insert(con, rows, careful=True)
             return con, Source("journals", [_public(r) for r in rows])
         staged = [(f, copies.copy(f)) for f in files]
-        names = [{"file": str(f), "copy": str(c), "run_id": _read_opening(c, _open_checked(c))[0].run_id}
+        names = [{"file": str(f), "copy": str(c), "run_id": read_opening(c, open_checked(c))[0].run_id}
                  for f, c in staged]
         quick: list[BaseException] = []
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from ._scan import RangeResult, ScanContext, Scanner, iter_line_batches
 from .chain import genesis
-from .verify import _open_checked, _read_opening
+from .verify import open_checked, read_opening
 
 __all__ = ["read_events", "read_event_batches", "read_signed_events"]
 
@@ -35,8 +35,8 @@ def read_event_batches(path: str | os.PathLike) -> Iterator[list[Any]]:
     from pathlib import Path
 
     p = Path(path)
-    size = _open_checked(p)
-    opened, _ = _read_opening(p, size)
+    size = open_checked(p)
+    opened, _ = read_opening(p, size)
     ctx = ScanContext(opened.run_id, opened.key_id, None, False, None)
     res = RangeResult(0, size)
     scanner = Scanner(ctx, -1, genesis(opened.run_id), res)
@@ -64,8 +64,8 @@ def read_signed_events(path: str | os.PathLike, keys) -> Iterator[Any]:
     if not keys:
         raise UsageError("read_signed_events needs the public key the journal must be signed with")
     p = Path(path)
-    size = _open_checked(p)
-    opened, _ = _read_opening(p, size)
+    size = open_checked(p)
+    opened, _ = read_opening(p, size)
     public_raw, trust, _ = resolve_key(opened, keys=keys)
     if trust != "pinned" or public_raw is None:
         raise UnsignedJournal(f"{p}: the journal is unsigned: nothing in it may drive a resume or a deletion", seq=0)
@@ -104,8 +104,8 @@ def fold_events(path: str | os.PathLike, apply_batch) -> None:
         for batch in read_event_batches(p):
             apply_batch(batch)
         return
-    size = _open_checked(p)
-    _read_opening(p, size)  # a file that is not a journal fails here, at once
+    size = open_checked(p)
+    read_opening(p, size)  # a file that is not a journal fails here, at once
     ctx = multiprocessing.get_context("fork")
     recv, send = ctx.Pipe(duplex=False)
     child = ctx.Process(target=_check_in_child, args=(str(p), send), daemon=True)
@@ -113,7 +113,7 @@ def fold_events(path: str | os.PathLike, apply_batch) -> None:
     send.close()
     fold_error: BaseException | None = None
     try:
-        for batch in _unchecked_batches(p, size):
+        for batch in unchecked_batches(p, size):
             apply_batch(batch)
     except IntegrityError as e:  # the checking process names the problem more precisely
         fold_error = e
@@ -147,7 +147,7 @@ def _check_in_child(path: str, send) -> None:
         send.close()
 
 
-def _unchecked_batches(p, size: int) -> Iterator[list[Any]]:
+def unchecked_batches(p, size: int) -> Iterator[list[Any]]:
     """Decode the first ``size`` bytes without checking them (they are checked elsewhere: by another
     process in :func:`fold_events`, or already by :func:`journal.verify.verify` in replay)."""
     from . import codec

@@ -22,7 +22,7 @@ import msgspec
 from ._snapshot import PrivateCopies
 from .errors import SemanticError
 from .projections import default_projections
-from .reader import _unchecked_batches
+from .reader import unchecked_batches
 from .verify import VerifyReport, verify_copy
 
 __all__ = ["Reconstruction", "replay"]
@@ -89,7 +89,7 @@ def _rebuild(report: VerifyReport, copy: Path, observe: Callable[[Any], None] | 
     projections = default_projections(report.format_version)
     applies = [p.apply for p in projections]
     # verify() has checked every byte it reported: decode those without checking them a second time.
-    for batch in _unchecked_batches(copy, report.trusted_bytes):
+    for batch in unchecked_batches(copy, report.trusted_bytes):
         for ev in batch:
             current[0] = ev
             if observe is not None:

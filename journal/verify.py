@@ -125,7 +125,7 @@ def parse_head(text: str) -> tuple[int, str]:
     return int(seq_s), h
 
 
-def _open_checked(path: Path) -> int:
+def open_checked(path: Path) -> int:
     try:
         st = path.stat()
     except FileNotFoundError:
@@ -160,7 +160,7 @@ def _first_line(path: Path, size: int) -> bytes:
     return data[:cut]
 
 
-def _read_opening(path: Path, size: int) -> tuple[Any, int]:
+def read_opening(path: Path, size: int) -> tuple[Any, int]:
     line = _first_line(path, size)
     try:
         rec = codec.decode_line(line, seq_hint=0)
@@ -279,10 +279,10 @@ def verify(
     """
     p = Path(path)
     head_req = parse_head(expect_head) if isinstance(expect_head, str) else expect_head
-    size = _open_checked(p)
+    size = open_checked(p)
     report = VerifyReport(ok=False, path=str(p), bytes=size)
     try:
-        opened, opened_len = _read_opening(p, size)
+        opened, opened_len = read_opening(p, size)
     except IntegrityError as e:
         _fail(report, e)
         raise

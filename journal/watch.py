@@ -28,7 +28,7 @@ from .events import RunClosed, Seal, StepObserved
 from .health import AnomalyDetected, HealthProjection, RunConfigured
 from .keys import PublicKey
 from .kinds import CheckpointSaved
-from .verify import _open_checked, _read_opening, resolve_key
+from .verify import open_checked, read_opening, resolve_key
 
 __all__ = ["watch"]
 
@@ -107,7 +107,7 @@ def watch(path: str | Path, *, interval: float = 0.5, out: TextIO = sys.stdout, 
         while not _has_first_line(p):  # the writer may not have created the file yet
             if not nap():
                 return 3
-        opened, _ = _read_opening(p, _open_checked(p))
+        opened, _ = read_opening(p, open_checked(p))
         if keys or trust_embedded or opened.key_id is None:
             raw, trust, _ = resolve_key(opened, keys=keys, trust_embedded=trust_embedded)
             if trust == "unsigned" and not allow_unsigned:
@@ -151,7 +151,7 @@ def watch(path: str | Path, *, interval: float = 0.5, out: TextIO = sys.stdout, 
 
 def _has_first_line(p: Path) -> bool:
     try:
-        if _open_checked(p) == 0:
+        if open_checked(p) == 0:
             return False
         with open(p, "rb") as f:
             return b"\n" in f.read(1 << 20)

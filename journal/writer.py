@@ -64,7 +64,7 @@ _MAX_BUFFER = 64 << 20
 _OPEN: weakref.WeakSet = weakref.WeakSet()
 
 
-def _suspend_all_at_exit() -> None:
+def suspend_all() -> None:
     """At interpreter exit (a normal end, or an exception nobody caught) no appended event is left in memory:
     every journal still open is sealed and fsynced. It stays open, not closed: an exit without close() is not
     a completed run, and open_append continues it."""
@@ -75,7 +75,7 @@ def _suspend_all_at_exit() -> None:
             pass
 
 
-atexit.register(_suspend_all_at_exit)
+atexit.register(suspend_all)
 
 
 def _encode_new(event: Event) -> bytes:
@@ -330,10 +330,11 @@ class Journal:
                     pass  # this event is chained and kept in memory; the failure is raised by the next call
             return seq, hx.decode()
 
-    def _append_deferred(self, event: Event) -> None:
+    def append_deferred(self, event: Event) -> None:
         """Append an event whose fields already have their declared types, without encoding it now.
 
-        For the training loop's hottest call (``TrainingHealthMonitor.observe_step``): the event and its
+        For the training loop's hottest call (``TrainingHealthMonitor.observe_step``), and any caller that
+        builds its events with the declared types itself: the event and its
         timestamp are queued in the training thread (well under a microsecond), and encoded, chained and
         written in order, in batches, by whatever touches the journal next: the background thread within
         ``flush_interval_s``, any other append, seal, flush, suspend or close. Batches run with warm caches,

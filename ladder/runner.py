@@ -39,12 +39,6 @@ from .rung import Rung
 __all__ = ["run_pilot_ladder", "LadderResult", "RungOutcome", "LadderProjection", "GateVerdict", "DecisionRecorded"]
 
 
-
-
-
-
-
-
 def _train_rung(rung: Rung, j: Journal, work: Path, peak: float | None,
                 peak_info: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     torch.manual_seed(rung.seed)

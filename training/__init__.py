@@ -1,10 +1,6 @@
-"""Torch-aware side of trainledger: the tiny causal LM, FLOPs/MFU, training data.
-
-The model, FLOP accounting, corpus and health monitor (issue 3); checkpoints
-with receipts and restore verdicts (issue 4, part 1: retention, background
-saves, the reference loop and spike rewind); the experiment manifest, its
-preflight and the experiment loop with its stop rules (issue 7).
-"""
+"""Torch-aware side of trainledger: the tiny causal LM, FLOPs/MFU, training data, the health monitor,
+checkpoints with receipts and restore verdicts, the reference loop with spike rewind, and the experiment
+manifest, its preflight and the manifest-driven loop with its stop rules."""
 
 # Names resolve on first use (PEP 562), so that the torch-free modules (training.manifest) import on a
 # machine without torch; everything else imports torch when touched.

@@ -10,10 +10,6 @@ against that record and the contract: a complete, matching checkpoint gives
 ``run_resumed``; anything less gives ``resume_rejected`` and a typed
 :class:`ResumeRejected` error. Restoring weights only for fine-tuning is an
 explicit, named override recorded as ``weights_restored``, never a resume.
-
-Status (issue 4): blocking and background saves, restore verdicts, resume
-equivalence and retention (in ``training/loop.py``) are built; automatic
-spike rewind is not yet (see the issue's note).
 """
 
 from __future__ import annotations
@@ -62,12 +58,6 @@ CONTRACT = CHECKPOINT_CONTRACT
 _FORMAT = "trainledger-checkpoint/2"  # /2: every value loads with torch.load(weights_only=True)
 # A run without a scheduler, a grad scaler or a manifest (yet) records that absence explicitly.
 _MAY_BE_NONE = ("scheduler", "scaler", "manifest_id")
-
-
-
-
-
-
 
 
 class ResumeRejected(TrainledgerError):
@@ -181,8 +171,6 @@ def save_checkpoint(run_dir: str | os.PathLike, journal: Journal, *, step: int, 
                                   sampler=sampler, tokens=tokens, accumulation_step=accumulation_step,
                                   manifest_id=manifest_id, extra=extra, copy=False)
     return _write(Path(run_dir), journal, payload, contents, step, tokens, t0, background=False)
-
-
 
 
 class BackgroundSaveError(TrainledgerError, RuntimeError):

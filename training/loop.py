@@ -41,8 +41,6 @@ from .rewind import TRIGGERS, DataWindowSkipped, RewindDecided, RewindPolicy, Ru
 __all__ = ["LoopConfig", "CheckpointDeleted", "run_training", "train_step"]
 
 
-
-
 @dataclasses.dataclass(frozen=True)
 class LoopConfig:
     vocab: int = 32

@@ -104,15 +104,15 @@ class TrainingHealthMonitor:
         if j is not None:
             # Deferred: the event's types are fixed above, so the writer encodes and chains it later, in a
             # batch (inside a real loop that is most of the cost of a call made with cold caches).
-            j._append_deferred(ev)
+            j.append_deferred(ev)
         proj = self._proj
         found = proj.apply(ev)
         if j is not None:
             for a in found:
-                j._append_deferred(a)
+                j.append_deferred(a)
             if proj.suspected_new:  # a candidate the next step did not confirm: on record, not an anomaly
                 for sus in proj.take_suspected():
-                    j._append_deferred(sus)
+                    j.append_deferred(sus)
         elif proj.suspected_new:
             proj.suspected_new.clear()
         return found

@@ -16,8 +16,7 @@ __all__ = ["build_parser", "main", "entry"]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _journal_cli.new_parser()
-    sub = parser._subparsers._group_actions[0]
+    parser, sub = _journal_cli.new_parser()
     for package in (_journal_cli, _training_cli, _ladder_cli):
         package.register(sub)
     return parser

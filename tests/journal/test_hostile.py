@@ -45,7 +45,7 @@ def _in_field_order(e: dict) -> dict:
     """The fields in the order the event class declares them (the canonical order); unknown kinds as given."""
     cls = codec.known_kinds().get(e["kind"])
     order = list(cls.__struct_fields__) if cls is not None else [k for k in e if k != "kind"]
-    return {k: codec._nonfinite_to_str(e[k]) for k in order if k in e}  # NaN is written "NaN", as the writer does
+    return {k: codec.nonfinite_to_str(e[k]) for k in order if k in e}  # NaN is written "NaN", as the writer does
 
 
 def _steps(losses, **kw):

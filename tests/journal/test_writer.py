@@ -234,7 +234,7 @@ def test_deferred_appends_keep_order_and_seal_policy(tmp_path, signer, pubkey):
             if i % 10 == 3:
                 j.append(ev)
             else:
-                j._append_deferred(ev)
+                j.append_deferred(ev)
     steps = [e for e in read_events(p) if type(e).__struct_config__.tag == "step_observed"]
     assert [e.step for e in steps] == list(range(250)) and math.isnan(steps[7].loss)
     r = verify(p, keys=[pubkey], require_closed=True)
@@ -244,7 +244,7 @@ def test_deferred_appends_keep_order_and_seal_policy(tmp_path, signer, pubkey):
 def test_deferred_appends_reach_the_os_within_the_flush_interval(tmp_path, signer):
     p = tmp_path / "j.jsonl"
     j = Journal.create(p, signer=signer, flush_interval_s=0.05)
-    j._append_deferred(step(0))
+    j.append_deferred(step(0))
     deadline = time.monotonic() + 5
     while b'"step":0' not in p.read_bytes() and time.monotonic() < deadline:
         time.sleep(0.02)
