@@ -162,168 +162,223 @@ def _identity_problem(m: ExperimentManifest, root: Path) -> str | None:
     return None
 
 
+class _Stop(Exception):
+    """A stop rule fired: ``run_stopped`` is written with these and the run closes."""
+
+    def __init__(self, rule: str, reason: str, value: float | None = None, limit: float | None = None):
+        super().__init__(reason)
+        self.rule, self.reason, self.value, self.limit = rule, reason, value, limit
+
+
+class _Experiment:
+    """One invocation of the manifest-driven loop, in the parts ``run_experiment`` runs in order: open the
+    journal and check identity and data, resume, then per update the budget, the accumulated update, the
+    resume-divergence check and the checkpoint cadence (evaluations, futility, resources, retention)."""
+
+    def __init__(self, m: ExperimentManifest, root: Path, run: Path, signer: Signer, runtime: Runtime,
+                 peak_flops_per_sec: float | None):
+        self.m, self.root, self.run, self.runtime = m, root, run, runtime
+        self.peak = peak_flops_per_sec
+        self.jpath = run / "journal.jsonl"
+        self.ident = manifest_identity(m)
+        self.t_start = time.perf_counter()
+        self.durations = {"data_s": 0.0, "forward_backward_s": 0.0, "optimizer_s": 0.0, "checkpoint_s": 0.0,
+                          "eval_s": 0.0}
+        self.losses: list[float] = []
+        self.counts: dict[str, Any] = {"examples": 0, "tokens": 0, "supervised": 0}
+        self.evals: list[EvaluationRecorded] = []
+        self.baselines: dict[str, float] = {}
+        self.recorded_losses: dict[int, float] = {}
+        self.futility_checked = False
+        self.start = 0
+        if self.jpath.exists():
+            self.j = Journal.open_append(self.jpath, signer=signer)
+        else:
+            self.j = Journal.create(self.jpath, signer=signer, manifest_id=self.ident,
+                                    manifest_label=m.label or None, meta={"experiment": True})
+
+    # -- before the first update ------------------------------------------------------------------------------
+
+    def prepare(self) -> None:
+        """Identity and data checks, the model, and the resume (from signed events only)."""
+        m, b = self.m, self.m.batch
+        history = signed_history(self.j)  # one pass: the opening, checkpoints, steps, evaluations
+        opened = history[0]
+        if isinstance(opened, RunOpened) and opened.manifest_id != self.ident:
+            raise _Stop("identity-mismatch", f"the journal's run was opened under manifest {opened.manifest_id}, "
+                                             f"this manifest is {self.ident}")
+        problem = _identity_problem(m, self.root)
+        if problem is not None:
+            raise _Stop("identity-mismatch", problem)
+        try:
+            self.train_tokens = DataGuard(m, self.root, "training").split("train", self.runtime.train_artifacts)
+        except ProtectedDataAccess as e:
+            raise _Stop("protected-data-access", str(e)) from None
+        except (ValueError, UnsafePath) as e:
+            raise _Stop("identity-mismatch", str(e)) from None
+        self.evaluator = DataGuard(m, self.root, "evaluation")
+        self.model, self.opt, self.sched = build_from_manifest(m, lr=self.runtime.lr)
+        self.per_step = b.microbatch_per_device * b.data_parallel  # data-parallel devices emulated in one process
+        self.sampler = BatchSampler(self.train_tokens, self.per_step, b.seq_len, seed=m.environment.seeds.get("data", 0))
+        self.accumulation = self.runtime.accumulation or b.accumulation
+        self.kept = live_checkpoints(self.run, history)
+        self.evals = [e for e in history if isinstance(e, EvaluationRecorded)]
+        for e in self.evals:
+            metric = next(h.metric for h in m.evaluation.hooks if h.name == e.hook)
+            self.baselines.setdefault(e.hook, e.metrics[metric])
+        self.monitor = self._resume(history) if self.kept else TrainingHealthMonitor(
+            journal=self.j, flop_config=flop_config_from_causal_lm(self.model, seq_len=b.seq_len),
+            peak_flops_per_sec=self.peak)
+
+    def _resume(self, history: list[Any]) -> TrainingHealthMonitor:
+        ck = self.kept[-1]
+        try:
+            info = restore_checkpoint(self.run, self.j, ck.path, model=self.model, optimizer=self.opt,
+                                      scheduler=self.sched, sampler=self.sampler)
+        except ResumeRejected as e:
+            raise _Stop("invalid-checkpoint", f"{ck.path}: {e}") from None
+        if info.get("manifest_id") not in (None, self.ident):
+            raise _Stop("identity-mismatch", f"{ck.path} was written under manifest {info.get('manifest_id')}")
+        self.start = info["counters"]["step"] + 1
+        self.counts.update(info["extra"]["counts"])
+        # Steps recorded after this checkpoint, before the interruption: re-executed now, they must agree.
+        self.recorded_losses = {e.step: e.loss for e in history
+                                if isinstance(e, StepObserved) and e.step >= self.start and e.seq > ck.seq}
+        if self.runtime.reseed_sampler_on_resume is not None:
+            self.sampler = BatchSampler(self.train_tokens, self.per_step, self.m.batch.seq_len,
+                                        seed=self.runtime.reseed_sampler_on_resume)
+        return TrainingHealthMonitor.resumed(info["extra"]["monitor"], journal=self.j, checkpoint=ck, later=history)
+
+    # -- each update --------------------------------------------------------------------------------------------
+
+    def check_budget(self) -> None:
+        budget = self.m.budget
+        wall = time.perf_counter() - self.t_start
+        if budget.max_wall_s is not None and wall > budget.max_wall_s:
+            raise _Stop("budget-breach", f"wall clock {wall:.2f} s exceeds the budget", wall, budget.max_wall_s)
+        tokens = self.counts["tokens"]
+        if budget.max_tokens is not None and tokens >= budget.max_tokens:
+            raise _Stop("budget-breach", f"{tokens} tokens processed reach the budget", tokens, budget.max_tokens)
+
+    def update(self, step: int) -> None:
+        """One optimizer update over ``accumulation`` microbatches, observed by the monitor."""
+        b, d = self.m.batch, self.durations
+        t0 = time.perf_counter()
+        self.opt.zero_grad()
+        total, rows = 0.0, 0
+        for _ in range(self.accumulation):
+            td = time.perf_counter()
+            x, y = self.sampler.next()
+            d["data_s"] += time.perf_counter() - td
+            tf = time.perf_counter()
+            loss = torch.nn.functional.cross_entropy(self.model(x).flatten(0, 1), y.flatten())
+            (loss / self.accumulation).backward()
+            d["forward_backward_s"] += time.perf_counter() - tf
+            total += loss.item() / self.accumulation  # host sync (free on the CPU)
+            rows += x.shape[0]
+        if rows != b.effective_global_batch:
+            raise _Stop("effective-batch", f"update {step} consumed {rows} examples, the manifest declares "
+                                           f"{b.effective_global_batch}", rows, b.effective_global_batch)
+        if not math.isfinite(total):
+            raise _Stop("non-finite-loss", f"loss {total} at update {step}", total, None)
+        to = time.perf_counter()
+        clip = self.m.optimization.clip_grad_norm
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm=clip or float("inf")))
+        self.opt.step()
+        self.sched.step()
+        d["optimizer_s"] += time.perf_counter() - to
+        self.losses.append(total)
+        self.counts["examples"] += rows
+        self.counts["tokens"] += rows * b.seq_len
+        self.counts["supervised"] += rows * b.seq_len  # objective "all": every target token contributes
+        self.monitor.observe_step(step, total, grad_norm=grad_norm, step_time_s=time.perf_counter() - t0,
+                                  batch_size=rows, tokens=rows * b.seq_len, lr=self.sched.get_last_lr()[0])
+        self.check_divergence(step, total)
+
+    def check_divergence(self, step: int, total: float) -> None:
+        if step in self.recorded_losses:
+            was = self.recorded_losses.pop(step)
+            diff = abs(total - was)
+            if diff > 1e-6 * max(1.0, abs(was)):
+                raise _Stop("resume-divergence", f"update {step} gave loss {total:.6f} after the resume, "
+                                                 f"{was:.6f} before the interruption", diff, 1e-6)
+
+    def due(self, step: int) -> bool:
+        return (step + 1) % self.m.checkpoint.every_updates == 0 or step + 1 == self.m.optimization.planned_updates
+
+    def checkpoint(self, step: int) -> None:
+        """Save, evaluate at cadence, check the futility rule, record resources, apply retention."""
+        m = self.m
+        tc = time.perf_counter()
+        ev = save_checkpoint(self.run, self.j, step=step, model=self.model, optimizer=self.opt, scheduler=self.sched,
+                             sampler=self.sampler, tokens=self.counts["tokens"], manifest_id=self.ident,
+                             extra={"monitor": self.monitor.state(), "counts": dict(self.counts)})
+        ck_s = time.perf_counter() - tc
+        self.durations["checkpoint_s"] += ck_s
+        self.kept.append(ev)
+        stopped = _evaluate(m, self.run, self.j, step, ev, self.model, self.evaluator, self.evals, self.baselines,
+                            self.durations)
+        if stopped is not None:
+            raise _Stop(*stopped)
+        self.check_futility(step)
+        self.j.append(ResourceRecorded(
+            updates=step + 1, examples=self.counts["examples"], tokens=self.counts["tokens"],
+            supervised_tokens=self.counts["supervised"], wall_s=time.perf_counter() - self.t_start,
+            durations_s={k: round(v, 6) for k, v in self.durations.items()}, peak_rss_bytes=_peak_rss(),
+            checkpoint_bytes=ev.bytes, checkpoint_s=ck_s, environment=_environment(m)))
+        enforce_retention(self.run, self.j, self.kept, m.checkpoint.keep_last,
+                          note=" (its evaluations stay in the journal and evals/)")
+
+    def check_futility(self, step: int) -> None:
+        fut = self.m.question.futility
+        if fut is None or self.futility_checked or step + 1 < fut.by_update:
+            return
+        last = next((e for e in reversed(self.evals) if e.hook == fut.hook), None)
+        if last is None:
+            return
+        self.futility_checked = True
+        v = last.metrics.get(fut.metric, math.nan)
+        if not v <= fut.threshold:
+            raise _Stop("target-futility", f"{fut.hook}.{fut.metric} = {v:.4f} at update {step + 1}, the "
+                                           f"preregistered rule needs <= {fut.threshold} by update {fut.by_update}",
+                        v, fut.threshold)
+
+    def stopped(self, s: _Stop) -> dict[str, Any]:
+        self.j.append(RunStopped(rule=s.rule, reason=s.reason, value=s.value, limit=s.limit), durable=True)
+        self.j.close(status="stopped", reason=s.rule)
+        return {"stopped": s.rule, "reason": s.reason, "value": s.value, "limit": s.limit, "losses": self.losses,
+                "identity": self.ident, "journal": self.jpath}
+
+
 def run_experiment(m: ExperimentManifest, root: str | Path, run_dir: str | Path, *, signer: Signer,
                    runtime: Runtime = Runtime(), stop_after: int | None = None,
                    peak_flops_per_sec: float | None = None) -> dict[str, Any]:
     """Run (or resume) the experiment in ``run_dir``; return what happened (``stopped`` names a rule, or None)."""
-    root, run = Path(root), Path(run_dir)
+    run = Path(run_dir)
     run.mkdir(parents=True, exist_ok=True)
-    jpath = run / "journal.jsonl"
-    ident = manifest_identity(m)
-    b = m.batch
-    t_start = time.perf_counter()
-    durations = {"data_s": 0.0, "forward_backward_s": 0.0, "optimizer_s": 0.0, "checkpoint_s": 0.0, "eval_s": 0.0}
-    losses: list[float] = []
-    state: dict[str, Any] = {"examples": 0, "tokens": 0, "supervised": 0}
-    evals: list[EvaluationRecorded] = []
-    baselines: dict[str, float] = {}
-    recorded_losses: dict[int, float] = {}
-    futility_checked = False
-
-    if jpath.exists():
-        j = Journal.open_append(jpath, signer=signer)
-    else:
-        j = Journal.create(jpath, signer=signer, manifest_id=ident, manifest_label=m.label or None,
-                           meta={"experiment": True})
-
-    def stop(rule: str, reason: str, value: float | None = None, limit: float | None = None) -> dict[str, Any]:
-        j.append(RunStopped(rule=rule, reason=reason, value=value, limit=limit), durable=True)
-        j.close(status="stopped", reason=rule)
-        return {"stopped": rule, "reason": reason, "value": value, "limit": limit, "losses": losses,
-                "identity": ident, "journal": jpath}
-
+    x = _Experiment(m, Path(root), run, signer, runtime, peak_flops_per_sec)
     try:
-        history = signed_history(j)  # one pass, signed events only: the opening, checkpoints, steps, evaluations
-        opened = history[0]
-        if isinstance(opened, RunOpened) and opened.manifest_id != ident:
-            return stop("identity-mismatch", f"the journal's run was opened under manifest {opened.manifest_id}, "
-                                             f"this manifest is {ident}")
-        problem = _identity_problem(m, root)
-        if problem is not None:
-            return stop("identity-mismatch", problem)
-        guard = DataGuard(m, root, "training")
-        try:
-            train_tokens = guard.split("train", runtime.train_artifacts)
-        except ProtectedDataAccess as e:
-            return stop("protected-data-access", str(e))
-        except (ValueError, UnsafePath) as e:
-            return stop("identity-mismatch", str(e))
-        evaluator = DataGuard(m, root, "evaluation")
-        model, opt, sched = build_from_manifest(m, lr=runtime.lr)
-        per_step = b.microbatch_per_device * b.data_parallel  # data-parallel devices emulated in one process
-        sampler = BatchSampler(train_tokens, per_step, b.seq_len, seed=m.environment.seeds.get("data", 0))
-        accumulation = runtime.accumulation or b.accumulation
-        flops = flop_config_from_causal_lm(model, seq_len=b.seq_len)
-        start = 0
-        monitor = None
-        kept = live_checkpoints(run, history)
-        evals = [e for e in history if isinstance(e, EvaluationRecorded)]
-        for e in evals:
-            baselines.setdefault(e.hook, e.metrics[next(h.metric for h in m.evaluation.hooks if h.name == e.hook)])
-        if kept:
-            ck = kept[-1]
-            try:
-                info = restore_checkpoint(run, j, ck.path, model=model, optimizer=opt, scheduler=sched,
-                                          sampler=sampler)
-            except ResumeRejected as e:
-                return stop("invalid-checkpoint", f"{ck.path}: {e}")
-            if info.get("manifest_id") not in (None, ident):
-                return stop("identity-mismatch", f"{ck.path} was written under manifest {info.get('manifest_id')}")
-            start = info["counters"]["step"] + 1
-            state.update(info["extra"]["counts"])
-            monitor = TrainingHealthMonitor.resumed(info["extra"]["monitor"], journal=j, checkpoint=ck,
-                                                    later=history)
-            # Steps recorded after this checkpoint, before the interruption: re-executed now, they must agree.
-            recorded_losses = {e.step: e.loss for e in history if isinstance(e, StepObserved) and e.step >= start
-                               and e.seq > ck.seq}
-            if runtime.reseed_sampler_on_resume is not None:
-                sampler = BatchSampler(train_tokens, per_step, b.seq_len, seed=runtime.reseed_sampler_on_resume)
-        if monitor is None:
-            monitor = TrainingHealthMonitor(journal=j, flop_config=flops, peak_flops_per_sec=peak_flops_per_sec)
-
-        step = start
+        x.prepare()
+        step = x.start
         while step < m.optimization.planned_updates:
-            if stop_after is not None and step - start >= stop_after:
-                j.suspend()
-                return {"stopped": None, "suspended_at": step, "losses": losses, "identity": ident, "journal": jpath}
-            wall = time.perf_counter() - t_start
-            if m.budget.max_wall_s is not None and wall > m.budget.max_wall_s:
-                return stop("budget-breach", f"wall clock {wall:.2f} s exceeds the budget", wall, m.budget.max_wall_s)
-            if m.budget.max_tokens is not None and state["tokens"] >= m.budget.max_tokens:
-                return stop("budget-breach", f"{state['tokens']} tokens processed reach the budget",
-                            state["tokens"], m.budget.max_tokens)
-            t0 = time.perf_counter()
-            opt.zero_grad()
-            total, rows = 0.0, 0
-            for _ in range(accumulation):
-                td = time.perf_counter()
-                x, y = sampler.next()
-                durations["data_s"] += time.perf_counter() - td
-                tf = time.perf_counter()
-                loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
-                (loss / accumulation).backward()
-                durations["forward_backward_s"] += time.perf_counter() - tf
-                total += loss.item() / accumulation
-                rows += x.shape[0]
-            if rows != b.effective_global_batch:
-                return stop("effective-batch", f"update {step} consumed {rows} examples, the manifest declares "
-                                               f"{b.effective_global_batch}", rows, b.effective_global_batch)
-            if not math.isfinite(total):
-                return stop("non-finite-loss", f"loss {total} at update {step}", total, None)
-            to = time.perf_counter()
-            clip = m.optimization.clip_grad_norm
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=clip or float("inf")))
-            opt.step()
-            sched.step()
-            durations["optimizer_s"] += time.perf_counter() - to
-            losses.append(total)
-            state["examples"] += rows
-            state["tokens"] += rows * b.seq_len
-            state["supervised"] += rows * b.seq_len  # objective "all": every target token contributes
-            monitor.observe_step(step, total, grad_norm=grad_norm, step_time_s=time.perf_counter() - t0,
-                                 batch_size=rows, tokens=rows * b.seq_len, lr=sched.get_last_lr()[0])
-            if step in recorded_losses:
-                was = recorded_losses.pop(step)
-                diff = abs(total - was)
-                if diff > 1e-6 * max(1.0, abs(was)):
-                    return stop("resume-divergence", f"update {step} gave loss {total:.6f} after the resume, "
-                                                     f"{was:.6f} before the interruption", diff, 1e-6)
-            if (step + 1) % m.checkpoint.every_updates == 0 or step + 1 == m.optimization.planned_updates:
-                tc = time.perf_counter()
-                ev = save_checkpoint(run, j, step=step, model=model, optimizer=opt, scheduler=sched, sampler=sampler,
-                                     tokens=state["tokens"], manifest_id=ident,
-                                     extra={"monitor": monitor.state(), "counts": dict(state)})
-                ck_s = time.perf_counter() - tc
-                durations["checkpoint_s"] += ck_s
-                kept.append(ev)
-                stopped = _evaluate(m, run, j, step, ev, model, evaluator, evals, baselines, durations)
-                if stopped is not None:
-                    return stop(*stopped)
-                fut = m.question.futility
-                if fut is not None and not futility_checked and step + 1 >= fut.by_update:
-                    last = next((e for e in reversed(evals) if e.hook == fut.hook), None)
-                    if last is not None:
-                        futility_checked = True
-                        v = last.metrics.get(fut.metric, math.nan)
-                        if not v <= fut.threshold:
-                            return stop("target-futility", f"{fut.hook}.{fut.metric} = {v:.4f} at update {step + 1}, "
-                                                           f"the preregistered rule needs <= {fut.threshold} by "
-                                                           f"update {fut.by_update}", v, fut.threshold)
-                j.append(ResourceRecorded(
-                    updates=step + 1, examples=state["examples"], tokens=state["tokens"],
-                    supervised_tokens=state["supervised"], wall_s=time.perf_counter() - t_start,
-                    durations_s={k: round(v, 6) for k, v in durations.items()}, peak_rss_bytes=_peak_rss(),
-                    checkpoint_bytes=ev.bytes, checkpoint_s=ck_s, environment=_environment(m)))
-                enforce_retention(run, j, kept, m.checkpoint.keep_last,
-                                  note=" (its evaluations stay in the journal and evals/)")
+            if stop_after is not None and step - x.start >= stop_after:
+                x.j.suspend()
+                return {"stopped": None, "suspended_at": step, "losses": x.losses, "identity": x.ident,
+                        "journal": x.jpath}
+            x.check_budget()
+            x.update(step)
+            if x.due(step):
+                x.checkpoint(step)
             step += 1
-        selected = _select(m, j, evals)
-        j.close()
-        return {"stopped": None, "losses": losses, "identity": ident, "journal": jpath, "selected": selected,
-                "evaluations": len(evals)}
+        selected = _select(m, x.j, x.evals)
+        x.j.close()
+        return {"stopped": None, "losses": x.losses, "identity": x.ident, "journal": x.jpath, "selected": selected,
+                "evaluations": len(x.evals)}
+    except _Stop as s:
+        return x.stopped(s)
     except BaseException:
-        if not j.closed:
-            j.suspend()
+        if not x.j.closed:
+            x.j.suspend()
         raise
 
 
