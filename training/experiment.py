@@ -162,8 +162,10 @@ def _identity_problem(m: ExperimentManifest, root: Path) -> str | None:
     return None
 
 
-class _Stop(Exception):
-    """A stop rule fired: ``run_stopped`` is written with these and the run closes."""
+class _Stop(TrainledgerError):
+    """A stop rule fired: ``run_stopped`` is written with these and the run closes (never escapes the loop)."""
+
+    exit_code = 1
 
     def __init__(self, rule: str, reason: str, value: float | None = None, limit: float | None = None):
         super().__init__(reason)
