@@ -100,7 +100,10 @@ def test_watch_survives_an_honest_crash_and_repair(tmp_path, signer):
     with open(p, "ab") as f:
         f.write(b'{"kind":"step_observed","step":20,"lo')  # the crash tore this line mid-write
     t, buf, result = _watch_in_thread(p, interval=0.05, timeout=30)
-    time.sleep(0.4)  # watch has read the torn bytes by now
+    deadline = time.monotonic() + 20  # handshake: watch has shown step 19, so it has read the torn bytes too
+    while "step 19" not in buf.getvalue() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert "step 19" in buf.getvalue()
     with Journal.open_append(p, signer=signer, background=False) as j:
         for i in range(20, 25):
             j.append(step(i))
