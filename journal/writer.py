@@ -455,7 +455,8 @@ class Journal:
                 self._io_error = f"write failed: {e.strerror or e}"
                 raise JournalIOError(f"{self.path}: {self._io_error} ({len(buf):,} bytes kept in memory)") from None
             del buf[:n]
-
+        if self._io_error is not None and self._io_error.startswith("write failed"):
+            self._io_error = None  # everything held back is written now: nothing is left to report or lose
     def _fsync(self) -> None:
         self._fsync_pending = False
         try:
