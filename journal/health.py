@@ -27,6 +27,7 @@ from .mfu import MfuAccounting
 from .kinds import MAX_WINDOW, AnomalyDetected, DetectorParams, RunConfigured, SpikeSuspected  # noqa: F401
 
 __all__ = [
+    "state_digest",
     "RunConfigured",
     "AnomalyDetected",
     "DetectorParams",
@@ -273,6 +274,15 @@ _insort = bisect.insort
 _log = math.log
 
 
+def state_digest(state: dict[str, Any]) -> str:
+    """SHA-256 of a monitor state's canonical JSON: what ``checkpoint_saved.monitor_sha256`` records."""
+    import hashlib
+
+    from .codec import encode_document
+
+    return hashlib.sha256(encode_document(state)).hexdigest()
+
+
 class HealthProjection:
     """The reducer. ``apply(event)`` folds one event in; for a ``step_observed`` it returns that step's anomalies.
 
@@ -477,8 +487,11 @@ class HealthProjection:
 
         import msgspec
 
+        cfg = self.config
+        if type(cfg) is not RunConfigured:  # a record read back from a journal: the event's own fields only
+            cfg = RunConfigured(**{f: getattr(cfg, f) for f in RunConfigured.__struct_fields__})
         return {
-            "config": msgspec.json.decode(encode_event(self.config)),
+            "config": msgspec.json.decode(encode_event(cfg)),
             "loss": self._loss.base.state(),
             "grad_norm": self._grad.base.state(),
             "pending": [self._loss.pending, self._grad.pending],

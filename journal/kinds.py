@@ -133,6 +133,9 @@ class CheckpointSaved(Event, tag="checkpoint_saved", frozen=True, kw_only=True):
     duration_s: float
     tokens: int = 0
     background: bool = False
+    #: SHA-256 of the health monitor's snapshot stored in the checkpoint (format 1.1; blocking saves): replay
+    #: holds it against the fold of the journal up to this event
+    monitor_sha256: str | None = None
 
 
 class ResumeRejectedEvent(Event, tag="resume_rejected", frozen=True, kw_only=True):

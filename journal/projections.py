@@ -21,7 +21,7 @@ import msgspec
 
 from .approval import ApprovalInvalid, SignedApproval, check_approval
 from .events import RunResumed, StepObserved
-from .health import HealthProjection
+from .health import HealthProjection, state_digest
 from .kinds import (
     AnomalyDetected,
     CheckpointSaved,
@@ -119,6 +119,7 @@ class HealthAudit(Projection):
         self.recorded: list[tuple[int, AnomalyDetected]] = []
         self.suspected: list[tuple[int, SpikeSuspected]] = []
         self.suspected_recorded: list[tuple[int, SpikeSuspected]] = []
+        self._snapshot_diffs: list[dict[str, Any]] = []
         # spike_suspected came with format 1.1: a journal written before cannot be asked for it
         self.check_suspected = format_version is None or _at_least(format_version, (1, 1))
 
@@ -137,9 +138,16 @@ class HealthAudit(Projection):
             self.recorded.append((ev.seq, ev))
         elif isinstance(ev, SpikeSuspected):
             self.suspected_recorded.append((ev.seq, ev))
+        elif isinstance(ev, CheckpointSaved) and ev.monitor_sha256 is not None:
+            # The checkpoint's monitor snapshot must be the fold of the journal up to here.
+            folded = state_digest((self.proj or HealthProjection()).state())
+            if folded != ev.monitor_sha256:
+                self._snapshot_diffs.append(_diff(ev.seq, "checkpoint_saved",
+                                                  f"the monitor snapshot in {ev.path} (sha256 {ev.monitor_sha256[:16]}) "
+                                                  f"is not the fold of the journal up to it ({folded[:16]})"))
 
     def differences(self) -> list[dict[str, Any]]:
-        out = compare_derived(self.recomputed, self.recorded, "anomaly_detected")
+        out = compare_derived(self.recomputed, self.recorded, "anomaly_detected") + self._snapshot_diffs
         if self.check_suspected:
             out += compare_derived(self.suspected, self.suspected_recorded, "spike_suspected")
         return out
@@ -207,16 +215,41 @@ class RewindAudit(Projection):
         return list(self._diffs)
 
 
+#: For the stop rules that record the number that tripped them: what ``value`` against ``limit`` must show.
+_STOP_TEST = {
+    "budget-breach": (lambda v, lim: v >= lim, "at least"),
+    "resume-divergence": (lambda v, lim: v > lim, "above"),
+    "forbidden-regression": (lambda v, lim: v > lim, "above"),
+    "target-futility": (lambda v, lim: not v <= lim, "above"),
+    "effective-batch": (lambda v, lim: v != lim, "other than"),
+}
+
+
 class StopLog(Projection):
+    """Every ``run_stopped``, and for the rules that record their numbers, whether those numbers trip the rule
+    (a run stopped for futility whose value met its threshold is a difference; so is a finite non-finite-loss)."""
+
     name = "stops"
 
     def __init__(self) -> None:
         self.stops: list[dict[str, Any]] = []
+        self._diffs: list[dict[str, Any]] = []
 
     def apply(self, ev: Any) -> None:
         if isinstance(ev, RunStopped):
             self.stops.append({"seq": ev.seq, "rule": ev.rule, "reason": ev.reason, "value": ev.value,
                                "limit": ev.limit})
+            v, lim = ev.value, ev.limit
+            if ev.rule == "non-finite-loss" and v is not None and math.isfinite(v):
+                self._diffs.append(_diff(ev.seq, "run_stopped", f"stopped for a non-finite loss, but the loss "
+                                                                f"recorded is {v}"))
+            test = _STOP_TEST.get(ev.rule)
+            if test is not None and v is not None and lim is not None and not test[0](v, lim):
+                self._diffs.append(_diff(ev.seq, "run_stopped", f"stopped by {ev.rule}, but its value {v} is not "
+                                                                f"{test[1]} its limit {lim}"))
+
+    def differences(self) -> list[dict[str, Any]]:
+        return list(self._diffs)
 
 
 # -- checkpoint selection ---------------------------------------------------------------------------------------

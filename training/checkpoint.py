@@ -27,6 +27,7 @@ import torch
 
 from trainledger.journal import Journal, RunResumed, TrainledgerError, UnsafePath, read_signed_events
 from trainledger.journal._paths import confined, open_new
+from trainledger.journal.health import state_digest
 from trainledger.journal.kinds import (
     CHECKPOINT_CONTRACT,
     CheckpointDeleted,
@@ -137,7 +138,7 @@ def _to_host(obj: Any) -> Any:
 
 
 def _write(run: Path, journal: Journal, payload: dict[str, Any], contents: list[str], step: int, tokens: int,
-           t0: float, background: bool) -> CheckpointSaved:
+           t0: float, background: bool, monitor_sha256: str | None = None) -> CheckpointSaved:
     rel = Path("checkpoints") / f"step-{step:09d}.pt"
     (run / rel).parent.mkdir(parents=True, exist_ok=True)
     final = confined(run, rel.as_posix(), what="checkpoint path")  # a checkpoints/ link leading out: refused
@@ -150,7 +151,8 @@ def _write(run: Path, journal: Journal, payload: dict[str, Any], contents: list[
     os.replace(tmp, final)
     _fsync_dir(final.parent)
     ev = CheckpointSaved(step=step, path=rel.as_posix(), bytes=size, sha256=digest, contents=contents,
-                         duration_s=time.perf_counter() - t0, tokens=tokens, background=background)
+                         duration_s=time.perf_counter() - t0, tokens=tokens, background=background,
+                         monitor_sha256=monitor_sha256)
     journal.append(ev, durable=True)
     return ev
 
@@ -170,7 +172,11 @@ def save_checkpoint(run_dir: str | os.PathLike, journal: Journal, *, step: int, 
     payload, contents = _snapshot(step=step, model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler,
                                   sampler=sampler, tokens=tokens, accumulation_step=accumulation_step,
                                   manifest_id=manifest_id, extra=extra, copy=False)
-    return _write(Path(run_dir), journal, payload, contents, step, tokens, t0, background=False)
+    # The snapshot is the fold of everything appended so far, and checkpoint_saved comes right after it: its
+    # digest lets replay hold the one against the other.
+    snap = (extra or {}).get("monitor")
+    return _write(Path(run_dir), journal, payload, contents, step, tokens, t0, background=False,
+                  monitor_sha256=state_digest(snap) if isinstance(snap, dict) else None)
 
 
 class BackgroundSaveError(TrainledgerError, RuntimeError):

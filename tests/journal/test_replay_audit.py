@@ -100,3 +100,28 @@ def test_a_gate_that_cannot_have_run_and_a_false_completion(tmp_path, signer, pu
         j.append(PreflightCompleted(manifest_id="sha256:" + "0" * 64, status="ready-to-train"))
     kinds = [(k, d.split(":")[0][:40]) for _, k, d in _diffs(p, pubkey)]
     assert [k for k, _ in kinds] == ["preflight_gate", "preflight_completed"]
+
+
+def test_doctored_stops(tmp_path, signer, pubkey):
+    from trainledger.journal.kinds import RunStopped
+
+    p = tmp_path / "j.jsonl"
+    with Journal.create(p, signer=signer, background=False) as j:
+        j.append(RunStopped(rule="target-futility", reason="heldout.loss = 2.1, the rule needs <= 2.5", value=2.1,
+                            limit=2.5))  # the value met the threshold: no reason to stop
+        j.append(RunStopped(rule="non-finite-loss", reason="loss 3.2", value=3.2))
+        j.append(RunStopped(rule="budget-breach", reason="tokens", value=900.0, limit=800.0))  # a real breach
+    assert [(s, k) for s, k, _ in _diffs(p, pubkey)] == [(2, "run_stopped"), (3, "run_stopped")]
+
+
+def test_a_snapshot_that_disagrees_with_the_fold(tmp_path, signer, pubkey):
+    from trainledger.journal.kinds import CheckpointSaved
+
+    p = tmp_path / "j.jsonl"
+    with Journal.create(p, signer=signer, background=False) as j:
+        for i in range(10):
+            j.append(StepObserved(step=i, loss=3.0, step_time_s=0.1, tokens=8))
+        j.append(CheckpointSaved(step=9, path="checkpoints/step-000000009.pt", bytes=1, sha256="0" * 64,
+                                 contents=[], duration_s=0.1, monitor_sha256="ab" * 32))
+    (seq, kind, detail), = _diffs(p, pubkey)
+    assert kind == "checkpoint_saved" and "not the fold" in detail
