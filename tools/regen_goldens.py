@@ -124,6 +124,42 @@ def every_kind(path: Path) -> Path:
     return path
 
 
+def resumed_rewound(path: Path) -> Path:
+    """A real reference-loop run: interrupted at step 50 and resumed, with a poisoned shard that the rewind
+    policy skips (checkpoints, retention, a resume, a spike, a rewind, monitor snapshots)."""
+    import shutil
+
+    import torch
+
+    from trainledger.journal import Signer
+    from trainledger.training.loop import LoopConfig, run_training
+    from trainledger.training.rewind import RewindPolicy
+
+    torch.set_num_threads(1)
+    signer = Signer.generate()
+    run = path.parent / "run"
+    cfg = LoopConfig(steps=150, ckpt_every=20, keep_last=3, batch_size=16, lr=1e-2, poison_batches=(120, 126))
+    policy = RewindPolicy(lookback_steps=10, skip_batches=30, max_rewinds=2, window_steps=200)
+    run_training(run, signer=signer, config=cfg, peak_flops_per_sec=1e12, stop_after=50, rewind=policy)
+    run_training(run, signer=signer, config=cfg, peak_flops_per_sec=1e12, rewind=policy)
+    shutil.copyfile(run / "journal.jsonl", path)
+    path.with_suffix(".pub").write_text(signer.public.line() + "\n")
+    return path
+
+
+def ladder_halt(path: Path) -> Path:
+    """The pilot ladder's halt preset: a rung that passes, then one with an impossible bar, and the halt."""
+    from trainledger.journal import Journal, Signer
+    from trainledger.ladder.presets import PRESETS
+    from trainledger.ladder.runner import run_pilot_ladder
+
+    signer = Signer.generate()
+    with Journal.create(path, signer=signer, meta={"preset": "halt"}) as j:
+        run_pilot_ladder(PRESETS["halt"](), peak_flops_per_sec=1e9, journal=j, work_dir=path.parent / "rungs")
+    path.with_suffix(".pub").write_text(signer.public.line() + "\n")
+    return path
+
+
 def expectations(path: Path) -> dict:
     """What verify and replay say about a golden, in a form that does not depend on where it is checked out."""
     from trainledger.journal import load_public_key, verify
@@ -139,7 +175,8 @@ def expectations(path: Path) -> dict:
 
 #: The goldens this code can write. Older ones (every_kind_v1.jsonl: format 1.0, before spike_suspected and the
 #: peak's provenance) are frozen: no builder, never rewritten, and they must keep verifying and replaying.
-GOLDENS = {"every_kind_v1_1.jsonl": every_kind}
+GOLDENS = {"every_kind_v1_1.jsonl": every_kind, "resumed_rewound_v1_1.jsonl": resumed_rewound,
+           "ladder_halt_v1_1.jsonl": ladder_halt}
 
 
 def main() -> int:

@@ -7,29 +7,27 @@ import io
 import re
 import shutil
 
+from pathlib import Path
+
 import pytest
-import torch
 
 from trainledger.cli import main
-from trainledger.training.loop import LoopConfig, run_training
-from trainledger.training.rewind import RewindPolicy
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
+GOLDEN = Path(__file__).resolve().parents[1] / "assets" / "golden" / "resumed_rewound_v1_1.jsonl"
+
+
 @pytest.fixture(scope="module")
 def run(tmp_path_factory, request):
-    """A tiny real run: interrupted at step 50 and resumed, with a poisoned shard the rewind policy skips."""
-    from trainledger.journal import keygen, load_signer
-
-    torch.set_num_threads(1)
+    """A tiny real run, interrupted at step 50 and resumed, with a poisoned shard the rewind policy skips: the
+    signed golden tools/regen_goldens.py wrote (reused, not trained again for every test run)."""
     tmp = tmp_path_factory.mktemp("report")
-    priv, pub = keygen(tmp / "keys")
-    signer = load_signer(priv)
-    cfg = LoopConfig(steps=150, ckpt_every=20, keep_last=3, batch_size=16, lr=1e-2, poison_batches=(120, 126))
-    policy = RewindPolicy(lookback_steps=10, skip_batches=30, max_rewinds=2, window_steps=200)
-    run_training(tmp / "run", signer=signer, config=cfg, peak_flops_per_sec=1e12, stop_after=50, rewind=policy)
-    run_training(tmp / "run", signer=signer, config=cfg, peak_flops_per_sec=1e12, rewind=policy)
+    (tmp / "run").mkdir()
+    shutil.copyfile(GOLDEN, tmp / "run" / "journal.jsonl")
+    pub = tmp / "trainledger.pub"
+    shutil.copyfile(GOLDEN.with_suffix(".pub"), pub)
     out = tmp / "report.html"
     assert main(["report", str(tmp / "run" / "journal.jsonl"), "--pubkey", str(pub), "-o", str(out)]) == 0
     return tmp, out, pub
