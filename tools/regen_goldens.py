@@ -160,6 +160,28 @@ def ladder_halt(path: Path) -> Path:
     return path
 
 
+def experiment(path: Path) -> Path:
+    """The example experiment (trainledger manifest init): the manifest-driven loop to its end, with its
+    evaluations, resource records and preregistered checkpoint selection."""
+    import shutil
+
+    import torch
+
+    from trainledger.journal import Signer
+    from trainledger.training.experiment import run_experiment, write_example
+    from trainledger.training.manifest import load_findings
+
+    torch.set_num_threads(1)
+    signer = Signer.generate()
+    d = path.parent / "exp"
+    m, _ = load_findings(write_example(d))
+    out = run_experiment(m, d, d / "run", signer=signer)
+    assert out["stopped"] is None, out
+    shutil.copyfile(d / "run" / "journal.jsonl", path)
+    path.with_suffix(".pub").write_text(signer.public.line() + "\n")
+    return path
+
+
 def expectations(path: Path) -> dict:
     """What verify and replay say about a golden, in a form that does not depend on where it is checked out."""
     from trainledger.journal import load_public_key, verify
@@ -176,7 +198,7 @@ def expectations(path: Path) -> dict:
 #: The goldens this code can write. Older ones (every_kind_v1.jsonl: format 1.0, before spike_suspected and the
 #: peak's provenance) are frozen: no builder, never rewritten, and they must keep verifying and replaying.
 GOLDENS = {"every_kind_v1_1.jsonl": every_kind, "resumed_rewound_v1_1.jsonl": resumed_rewound,
-           "ladder_halt_v1_1.jsonl": ladder_halt}
+           "ladder_halt_v1_1.jsonl": ladder_halt, "experiment_v1_1.jsonl": experiment}
 
 
 def main() -> int:

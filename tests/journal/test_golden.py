@@ -15,8 +15,8 @@ JOURNALS = sorted(GOLDEN.glob("*.jsonl"))
 
 
 def test_goldens_exist():
-    assert [p.name for p in JOURNALS] == ["every_kind_v1.jsonl", "every_kind_v1_1.jsonl", "ladder_halt_v1_1.jsonl",
-                                          "resumed_rewound_v1_1.jsonl"]
+    assert [p.name for p in JOURNALS] == ["every_kind_v1.jsonl", "every_kind_v1_1.jsonl", "experiment_v1_1.jsonl",
+                                          "ladder_halt_v1_1.jsonl", "resumed_rewound_v1_1.jsonl"]
 
 
 @pytest.mark.parametrize("path", JOURNALS, ids=lambda p: p.name)
