@@ -120,7 +120,7 @@ def register(sub) -> None:
                        description="Check canonical form, seq continuity, every chain hash, every seal and the "
                                    "tail state. Exit 0 intact, 1 integrity failure, 2 usage or I/O error.",
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("path", metavar="PATH")
+    p.add_argument("path", metavar="PATH", help="a journal, or a distributed run's folder of rank-NNNNN.jsonl")
     add_trust_options(p)
     p.add_argument("--expect-head", metavar="SEQ:HASH",
                    help="fail unless the journal contains this head (published earlier with 'trainledger head')")
@@ -276,10 +276,38 @@ def print_report(r: VerifyReport, *, title: str) -> None:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
+    from .rundir import is_run_dir
+
     extra = {"require_closed": args.require_closed, "workers": args.workers}
     if args.expect_head:
         extra["expect_head"] = parse_head(args.expect_head)
+    if is_run_dir(args.path):
+        if args.expect_head:
+            raise UsageError("--expect-head names one journal's head; give that rank's file, not the run folder")
+        return _verify_run_dir(args, require_closed=args.require_closed)
     return _verify_and_print(args, "OK  ", **extra)
+
+
+def _verify_run_dir(args: argparse.Namespace, **extra) -> int:
+    """A distributed run's folder: every rank journal and every cross-rank anchor (journal/rundir.py)."""
+    from .rundir import verify_run_dir
+
+    try:
+        r = verify_run_dir(args.path, **trust_options(args), **extra)
+    except IntegrityError as e:
+        if args.json:
+            say(json.dumps({"ok": False, "path": args.path, "first_bad_seq": e.seq, "error": str(e)}))
+        else:
+            say(e.fail_line(args.path))
+        return 1
+    if args.json:
+        say(json.dumps(r.to_dict()))
+        return 0
+    say(f"OK    {r.path}: {len(r.ranks)} of {r.world_size} ranks verified, {r.anchors} cross-rank anchors hold")
+    for rank, rep in sorted(r.ranks.items()):
+        unsigned = f", {rep.unsealed_events:,} NOT signed" if rep.unsealed_events else ""
+        say(f"  rank {rank:<5} {rep.events:>10,} events  key {rep.key_id} ({rep.trust})  tail {rep.tail}{unsigned}")
+    return 0
 
 
 def _verify_and_print(args: argparse.Namespace, title: str, **extra) -> int:

@@ -16,7 +16,7 @@ from typing import Any
 
 from .events import Event, RunClosed, RunOpened, RunResumed, Seal, StepObserved, TailRepaired
 
-__all__ = ["BUILTIN_KINDS", "RunConfigured", "AnomalyDetected", "SpikeSuspected", "DetectorParams", "MAX_WINDOW", "CheckpointSaved", "ResumeRejectedEvent", "WeightsRestored", "CheckpointFailed", "CheckpointDeleted",
+__all__ = ["BUILTIN_KINDS", "RankJoined", "RanksAnchored", "AnchorRecorded", "RunConfigured", "AnomalyDetected", "SpikeSuspected", "DetectorParams", "MAX_WINDOW", "CheckpointSaved", "ResumeRejectedEvent", "WeightsRestored", "CheckpointFailed", "CheckpointDeleted",
            "RewindDecided", "DataWindowSkipped", "RunStopped", "RungStarted", "GateVerdict", "DecisionRecorded",
            "PreflightGate", "PreflightCompleted", "EvaluationRecorded", "CheckpointSelected", "ResourceRecorded",
            "CHECKPOINT_CONTRACT"]
@@ -275,6 +275,34 @@ class DecisionRecorded(Event, tag="decision_recorded", frozen=True, kw_only=True
     action_chosen: str  # "advance" | "halt_ladder"
 
 
+class RankJoined(Event, tag="rank_joined", frozen=True, kw_only=True):
+    """A rank of a distributed run started (or, after a torchrun restart, started again) writing this journal."""
+
+    run: str  # the run identity every rank shares (TORCHELASTIC_RUN_ID, or rank 0's)
+    rank: int
+    world_size: int
+    local_rank: int
+    node: str
+    restart_count: int = 0
+    versions: dict[str, str] = {}
+
+
+class RanksAnchored(Event, tag="ranks_anchored", frozen=True, kw_only=True):
+    """Rank 0's record, at a point every rank reached together, of every rank's latest sealed head: a rank
+    journal later truncated, rolled back or swapped no longer contains its anchor."""
+
+    heads: dict[str, str]  # rank (decimal) -> "SEQ:HASH"
+    step: int | None = None
+
+
+class AnchorRecorded(Event, tag="anchor_recorded", frozen=True, kw_only=True):
+    """Another rank's record of rank 0's latest sealed head at the same point (rank 0 is anchored too)."""
+
+    rank: int
+    head: str  # "SEQ:HASH"
+    step: int | None = None
+
+
 #: Every kind trainledger defines, by its tag.
 BUILTIN_KINDS: dict[str, type[Event]] = {c.__struct_config__.tag: c for c in (
     RunOpened, Seal, StepObserved, RunResumed, TailRepaired, RunClosed,
@@ -283,4 +311,5 @@ BUILTIN_KINDS: dict[str, type[Event]] = {c.__struct_config__.tag: c for c in (
     RewindDecided, DataWindowSkipped, RunStopped,
     RungStarted, GateVerdict, DecisionRecorded,
     PreflightGate, PreflightCompleted, EvaluationRecorded, CheckpointSelected, ResourceRecorded,
+    RankJoined, RanksAnchored, AnchorRecorded,
 )}

@@ -30,6 +30,7 @@ def every_kind(path: Path) -> Path:
     from trainledger.journal.events import TailRepaired
     from trainledger.journal.health import HealthProjection
     from trainledger.journal.kinds import (
+        AnchorRecorded,
         CheckpointDeleted,
         CheckpointFailed,
         CheckpointSaved,
@@ -40,6 +41,8 @@ def every_kind(path: Path) -> Path:
         GateVerdict,
         PreflightCompleted,
         PreflightGate,
+        RankJoined,
+        RanksAnchored,
         ResourceRecorded,
         ResumeRejectedEvent,
         RewindDecided,
@@ -108,6 +111,10 @@ def every_kind(path: Path) -> Path:
                            measured={"authority": "research-lead", "approval": approval.to_dict()},
                            manifest_id=ident), durable=True)
     j.append(PreflightCompleted(manifest_id=ident, status="ready-to-train"), durable=True)
+    j.append(RankJoined(run="golden", rank=0, world_size=2, local_rank=0, node="node-0", restart_count=0,
+                        versions={"torch": "2.13.0", "backend": "gloo"}), durable=True)
+    j.append(RanksAnchored(heads={"0": f"{j.head[0]}:{j.head[1]}", "1": "12:" + "34" * 32}, step=25), durable=True)
+    j.append(AnchorRecorded(rank=0, head="40:" + "56" * 32, step=25), durable=True)
     _, started_h = j.append(RungStarted(rung="rung_i", real_target="1B params / 8 GPUs", spec={"steps": 26}),
                             durable=True)
     bars = {"max_final_loss": 5.0, "max_forgetting_gap": 1.0, "max_anomalies": 5}

@@ -29,7 +29,10 @@ def test_resume_in_a_fresh_process_is_bitwise_equal_to_the_control(tmp_path, key
     _, priv, pub = keypair
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    control = _run("control", tmp_path / "ctl", priv, tmp_path / "control.pt")
+    torch.set_num_threads(1)  # as the fresh processes: the control runs here
+    model, opt, sched, sampler = resume_run.build()
+    control = {"losses": [resume_run.train_step(model, opt, sched, sampler) for _ in range(resume_run.TOTAL)],
+               "params": model.state_dict()}
     first = _run("first", run_dir, priv, tmp_path / "first.pt")
     second = _run("resume", run_dir, priv, tmp_path / "second.pt")
     assert first["losses"] + second["losses"] == control["losses"]  # every loss equal

@@ -1,0 +1,125 @@
+"""Verifying a distributed run's folder: every rank's journal, and every rank against the anchors in the others.
+
+A run folder holds ``rank-00000.jsonl`` ... ``rank-NNNNN.jsonl`` (``training.distributed``). Each journal is
+verified on its own (a private copy, as replay does), then the anchors are checked: every head that rank 0
+recorded for another rank (``ranks_anchored``) must be a line of that rank's signed prefix with that hash, and
+rank 0's head that every other rank recorded (``anchor_recorded``) must be one of rank 0's. A rank journal that was
+truncated, rolled back or swapped for another run's fails, naming the rank and the anchor; so does a rank that
+some journal says exists and that has no file (never a silent "7 of 8 verified").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from ._snapshot import PrivateCopies
+from .errors import IntegrityError, JournalIOError
+from .kinds import AnchorRecorded, RankJoined, RanksAnchored
+from .reader import unchecked_batches
+from .verify import VerifyReport, verify_copy
+
+__all__ = ["AnchorMismatch", "RunDirReport", "verify_run_dir", "is_run_dir", "rank_files"]
+
+_RANK_FILE = re.compile(r"rank-(\d{5})\.jsonl\Z")
+
+
+class AnchorMismatch(IntegrityError):
+    """A rank journal does not hold a head that another rank anchored, or a rank's journal is missing."""
+
+    reason = "anchor"
+
+
+@dataclasses.dataclass
+class RunDirReport:
+    ok: bool
+    path: str
+    ranks: dict[int, VerifyReport]
+    world_size: int
+    anchors: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ok": self.ok, "path": self.path, "world_size": self.world_size, "anchors": self.anchors,
+                "ranks": {str(r): rep.to_dict() for r, rep in sorted(self.ranks.items())}}
+
+
+def rank_files(d: str | os.PathLike) -> dict[int, Path]:
+    out = {}
+    for p in sorted(Path(d).iterdir()):
+        m = _RANK_FILE.match(p.name)
+        if m and p.is_file():
+            out[int(m.group(1))] = p
+    return out
+
+
+def is_run_dir(path: str | os.PathLike) -> bool:
+    p = Path(path)
+    return p.is_dir() and bool(rank_files(p))
+
+
+def verify_run_dir(path: str | os.PathLike, **verify_options: Any) -> RunDirReport:
+    """Verify every rank journal in ``path`` (``verify``'s options) and every cross-rank anchor.
+
+    Raises the first rank's :class:`IntegrityError` (its message names the rank), :class:`AnchorMismatch` for a
+    missing, truncated, rolled-back or swapped rank, and :class:`JournalIOError` for a folder without journals.
+    """
+    d = Path(path)
+    files = rank_files(d)
+    if not files:
+        raise JournalIOError(f"{d}: no rank journals (rank-00000.jsonl, ...) in this folder")
+    reports: dict[int, VerifyReport] = {}
+    # (anchoring rank, its seq) -> [(anchored rank, seq, hash)]
+    wanted: list[tuple[int, int, int, int, str]] = []
+    world = 0
+    with PrivateCopies() as copies:
+        copied = {}
+        for rank, f in files.items():
+            try:
+                rep, copy = verify_copy(f, copies, **verify_options)
+            except IntegrityError as e:
+                raise type(e)(f"rank {rank}: {e}", seq=e.seq, offset=e.offset) from None
+            reports[rank], copied[rank] = rep, copy
+            for ev in (e for batch in unchecked_batches(copy, rep.trusted_bytes) for e in batch):
+                if isinstance(ev, RankJoined):
+                    world = max(world, ev.world_size)
+                    if ev.rank != rank:
+                        raise AnchorMismatch(f"rank {rank}: its journal says it is rank {ev.rank} (a swapped file)",
+                                             seq=ev.seq)
+                elif isinstance(ev, RanksAnchored):
+                    for r, head in ev.heads.items():
+                        if int(r) != rank:
+                            s, _, h = head.partition(":")
+                            wanted.append((rank, ev.seq, int(r), int(s), h))
+                elif isinstance(ev, AnchorRecorded):
+                    s, _, h = ev.head.partition(":")
+                    wanted.append((rank, ev.seq, ev.rank, int(s), h))
+        for r in range(world):
+            if r not in files:
+                raise AnchorMismatch(f"rank {r} of {world}: no journal in {d} (a run folder is verified whole)")
+        by_rank: dict[int, dict[int, str]] = {}
+        for anchoring, at, r, s, h in wanted:
+            by_rank.setdefault(r, {})[s] = h
+        found: dict[int, dict[int, str]] = {r: {} for r in by_rank}
+        for r, need in by_rank.items():
+            if r not in copied:
+                continue
+            for ev in (e for batch in unchecked_batches(copied[r], reports[r].trusted_bytes) for e in batch):
+                if ev.seq in need:
+                    found[r][ev.seq] = ev.h
+        for anchoring, at, r, s, h in wanted:
+            if r not in files:
+                raise AnchorMismatch(f"rank {r}: no journal, but rank {anchoring} anchored it at its seq {at}",
+                                     seq=at)
+            got = found.get(r, {}).get(s)
+            last = reports[r].trusted_last_seq
+            if got is None:
+                raise AnchorMismatch(f"rank {r}: its signed journal ends at seq {last}, but rank {anchoring} "
+                                     f"anchored its seq {s} (rank {anchoring}'s seq {at}): truncated or rolled back",
+                                     seq=s)
+            if got != h:
+                raise AnchorMismatch(f"rank {r}: seq {s} is not the line rank {anchoring} anchored at its seq {at} "
+                                     "(rewritten, or another run's journal)", seq=s)
+    return RunDirReport(ok=True, path=str(d), ranks=reports, world_size=max(world, len(files)), anchors=len(wanted))

@@ -1,0 +1,29 @@
+"""Run by the distributed tests under real ``torchrun`` (gloo, CPU): one journal per rank, anchors at checkpoints.
+
+    python -m torch.distributed.run --standalone --nproc_per_node=N dist_worker.py RUN_DIR KEY STEPS
+"""
+
+import sys
+
+import torch.distributed as dist
+
+from trainledger.journal import StepObserved, load_signer
+from trainledger.training.distributed import anchor_ranks, open_rank_journal
+
+
+def main() -> None:
+    run_dir, key, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    with open_rank_journal(run_dir, load_signer(key)) as j:
+        for step in range(steps):
+            j.append(StepObserved(step=step, loss=3.0 - 0.01 * step + 0.001 * rank, step_time_s=0.01 * (rank + 1),
+                                  tokens=64))
+            if (step + 1) % 10 == 0:  # a checkpoint: every rank is here together
+                anchor_ranks(j, step=step)
+        dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,108 @@
+"""A distributed run's journals: one per rank in a shared run folder, anchored to each other at checkpoints.
+
+Inside a process that ``torchrun`` started (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` and
+``TORCHELASTIC_RUN_ID`` in the environment), :func:`open_rank_journal` opens ``RUN_DIR/rank-00003.jsonl`` for
+rank 3: created on the first start, continued with ``open_append`` after a torchrun restart (a torn tail, or
+unsigned events, moved aside as always), and records ``rank_joined`` with the run identity every rank shares,
+the rank, the world size, the node and the restart count. No rank ever waits on another to append.
+
+A hash chain cannot see its own truncation, so at points every rank reaches together (checkpoints)
+:func:`anchor_ranks` gathers every rank's latest sealed head with one small collective: rank 0 records them all
+(``ranks_anchored``) and every other rank records rank 0's (``anchor_recorded``). ``trainledger verify RUN_DIR``
+then checks every rank journal against the anchors in the others (:func:`trainledger.journal.rundir.verify_run_dir`).
+Collectives are ``torch.distributed``'s (gloo on the CPU, NCCL on GPUs); nothing here is home-made.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import platform
+import re
+import socket
+from pathlib import Path
+from typing import Any
+
+from trainledger.journal import Journal, Signer
+from trainledger.journal.errors import UsageError
+from trainledger.journal.kinds import AnchorRecorded, RankJoined, RanksAnchored
+
+__all__ = ["RankInfo", "rank_info", "open_rank_journal", "anchor_ranks", "rank_journal_name"]
+
+
+@dataclasses.dataclass(frozen=True)
+class RankInfo:
+    run: str
+    rank: int
+    world_size: int
+    local_rank: int
+    node: str
+    restart_count: int
+
+
+def rank_info(env: dict[str, str] | None = None) -> RankInfo:
+    """This process's place in a ``torchrun`` job, from its environment; ``UsageError`` outside one."""
+    env = os.environ if env is None else env
+    try:
+        rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
+    except (KeyError, ValueError):
+        raise UsageError("not a torchrun process: RANK and WORLD_SIZE are not set") from None
+    run = env.get("TORCHELASTIC_RUN_ID") or env.get("TRAINLEDGER_RUN") or ""
+    run = re.sub(r"[^A-Za-z0-9._:-]", "-", run)[:100]
+    if not run or not run[0].isalnum():
+        raise UsageError("no run identity: set TORCHELASTIC_RUN_ID (torchrun --rdzv-id) or TRAINLEDGER_RUN")
+    return RankInfo(run=run, rank=rank, world_size=world, local_rank=int(env.get("LOCAL_RANK", "0")),
+                    node=socket.gethostname(), restart_count=int(env.get("TORCHELASTIC_RESTART_COUNT", "0")))
+
+
+def rank_journal_name(rank: int) -> str:
+    return f"rank-{rank:05d}.jsonl"
+
+
+def open_rank_journal(run_dir: str | os.PathLike, signer: Signer, *, info: RankInfo | None = None,
+                      meta: dict[str, Any] | None = None, **journal_options: Any) -> Journal:
+    """This rank's journal in ``run_dir``: created, or continued after a torchrun restart; ``rank_joined`` first.
+
+    Each rank's journal has its own run id (the shared run identity and the rank: ``RUN.r00003``), so a line or
+    a file of one rank can never pass as another's; ``rank_joined`` and ``run_opened.meta`` name the shared run.
+    """
+    info = info or rank_info()
+    path = Path(run_dir) / rank_journal_name(info.rank)
+    if path.exists():
+        j = Journal.open_append(path, signer=signer, **journal_options)
+    else:
+        import torch
+
+        j = Journal.create(path, signer=signer, run_id=f"{info.run}.r{info.rank:05d}",
+                           meta={"run": info.run, "rank": info.rank, "world_size": info.world_size,
+                                 **(meta or {})}, **journal_options)
+    versions = {"python": platform.python_version()}
+    try:
+        import torch
+
+        versions["torch"] = str(torch.__version__)
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            versions["backend"] = str(torch.distributed.get_backend())
+    except ImportError:  # pragma: no cover - the torch extra is installed wherever this runs
+        pass
+    j.append(RankJoined(run=info.run, rank=info.rank, world_size=info.world_size, local_rank=info.local_rank,
+                        node=info.node, restart_count=info.restart_count, versions=versions), durable=True)
+    return j
+
+
+def anchor_ranks(journal: Journal, *, step: int | None = None, group: Any = None) -> dict[int, str]:
+    """At a point every rank reaches together: seal, gather every rank's sealed head (one ``all_gather_object``),
+    record them (rank 0: all of them; the others: rank 0's). Returns ``{rank: "SEQ:HASH"}``."""
+    import torch.distributed as dist
+
+    journal.seal(durable=True)
+    seq, h = journal.head
+    mine = f"{seq}:{h}"
+    heads: list[str | None] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(heads, mine, group=group)
+    by_rank = {r: x for r, x in enumerate(heads) if x is not None}
+    if dist.get_rank(group) == 0:
+        journal.append(RanksAnchored(heads={str(r): x for r, x in by_rank.items()}, step=step), durable=True)
+    else:
+        journal.append(AnchorRecorded(rank=0, head=by_rank[0], step=step), durable=True)
+    return by_rank
