@@ -27,7 +27,7 @@ from trainledger.journal import Journal, Signer
 from trainledger.journal.errors import UsageError
 from trainledger.journal.kinds import AnchorRecorded, RankJoined, RanksAnchored
 
-__all__ = ["RankInfo", "rank_info", "open_rank_journal", "anchor_ranks", "rank_journal_name"]
+__all__ = ["RankInfo", "rank_info", "open_rank_journal", "anchor_ranks", "rank_journal_name", "init_process_group"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +53,30 @@ def rank_info(env: dict[str, str] | None = None) -> RankInfo:
         raise UsageError("no run identity: set TORCHELASTIC_RUN_ID (torchrun --rdzv-id) or TRAINLEDGER_RUN")
     return RankInfo(run=run, rank=rank, world_size=world, local_rank=int(env.get("LOCAL_RANK", "0")),
                     node=socket.gethostname(), restart_count=int(env.get("TORCHELASTIC_RESTART_COUNT", "0")))
+
+
+def init_process_group(backend: str = "gloo", **kwargs: Any) -> None:
+    """``torch.distributed.init_process_group`` for a ``torchrun`` worker that survives torchrun restarts.
+
+    The gloo pitfall: after a restart the new workers meet in the same rendezvous store (torchrun's agent
+    keeps it), where the previous round left its processes' addresses under the same keys; gloo reads those
+    stale keys and fails with "connectFullMesh ... Connection refused". Each round here gets its own key
+    prefix (``trainledger/round-<TORCHELASTIC_RESTART_COUNT>``) on the agent's store, so no round reads
+    another's keys. Outside torchrun's agent store it is the plain call.
+    """
+    import datetime
+
+    import torch.distributed as dist
+
+    env = os.environ
+    if "MASTER_ADDR" not in env or "MASTER_PORT" not in env or "store" in kwargs:
+        dist.init_process_group(backend, **kwargs)
+        return
+    rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
+    timeout = kwargs.pop("timeout", datetime.timedelta(minutes=5))
+    base = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), world, is_master=False, timeout=timeout)
+    store = dist.PrefixStore(f"trainledger/round-{env.get('TORCHELASTIC_RESTART_COUNT', '0')}", base)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout, **kwargs)
 
 
 def rank_journal_name(rank: int) -> str:

@@ -81,3 +81,23 @@ def test_a_missing_rank_is_a_failure_not_a_partial_pass(run_dir, tmp_path, capsy
     assert main(["verify", "--pubkey", str(pub), str(run)]) == 1
     out = capsys.readouterr().out
     assert "rank 1" in out and "no journal" in out
+
+
+def test_a_killed_rank_and_a_torchrun_restart(tmp_path, capsys):
+    """Rank 1 dies by SIGKILL at step 15 (after one anchor); torchrun restarts the group; each rank continues
+    its own journal (the killed tails moved aside), records the restart, and the folder verifies whole."""
+    from trainledger.journal import keygen
+
+    priv, pub = keygen(tmp_path / "keys")
+    run = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           "--max-restarts=1", "--monitor-interval=0.1", str(WORKER), str(run), str(priv), "30", "15"],
+                          capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"),
+                          cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for rank in (0, 1):
+        joined = [e.restart_count for e in read_events(run / f"rank-0000{rank}.jsonl")
+                  if type(e).__struct_config__.tag == "rank_joined"]
+        assert joined == [0, 1], (rank, joined)
+    assert main(["verify", "--pubkey", str(pub), "--require-closed", str(run)]) == 0
+    assert "2 of 2 ranks verified" in capsys.readouterr().out
