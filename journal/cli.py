@@ -369,6 +369,10 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 def _cmd_replay(args: argparse.Namespace) -> int:
     from .replay import replay
+    from .rundir import is_run_dir
+
+    if is_run_dir(args.path):
+        return _replay_run_dir(args)
 
     try:
         rec = replay(args.path, **trust_options(args))
@@ -420,6 +424,32 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         say(f"  note: {note}")
     for d in rec.differences:
         say(f"  DIFFERENCE seq {d['seq']} ({d['kind']}): {d['detail']}")
+    return 0 if rec.ok else 1
+
+
+def _replay_run_dir(args: argparse.Namespace) -> int:
+    """A distributed run's folder: every rank replayed, the straggler windows recomputed."""
+    from .rundir import replay_run_dir
+
+    try:
+        rec = replay_run_dir(args.path, **trust_options(args))
+    except IntegrityError as e:
+        say(e.fail_line(args.path))
+        return 1
+    if args.json:
+        say(json.dumps(rec.to_dict(), default=str))
+        return 0 if rec.ok else 1
+    say(f"{'OK  ' if rec.ok else 'DIFF'}  {args.path}: {len(rec.ranks)} ranks replayed, "
+        f"{rec.verify.anchors} anchors, {len(rec.stragglers)} stragglers flagged")
+    for r, one in sorted(rec.ranks.items()):
+        h = one.health or {}
+        say(f"  rank {r:<5} {'OK  ' if one.ok else 'DIFF'} steps {h.get('steps', 0):,}  "
+            f"anomalies {sum(len(v) for v in one.anomalies_by_kind.values())}")
+    for s_ in rec.stragglers:
+        say(f"  straggler: rank {s_['rank']} ({s_['node']}) score {s_['score']:.3f} over steps "
+            f"{s_['window'][0]}-{s_['window'][1]}")
+    for d in rec.differences:
+        say(f"  DIFFERENCE rank {d['rank']} seq {d['seq']} ({d['kind']}): {d['detail']}")
     return 0 if rec.ok else 1
 
 

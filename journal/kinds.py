@@ -16,7 +16,7 @@ from typing import Any
 
 from .events import Event, RunClosed, RunOpened, RunResumed, Seal, StepObserved, TailRepaired
 
-__all__ = ["BUILTIN_KINDS", "RankJoined", "RanksAnchored", "AnchorRecorded", "RunConfigured", "AnomalyDetected", "SpikeSuspected", "DetectorParams", "MAX_WINDOW", "CheckpointSaved", "ResumeRejectedEvent", "WeightsRestored", "CheckpointFailed", "CheckpointDeleted",
+__all__ = ["BUILTIN_KINDS", "StragglerScores", "StragglerDetected", "RankJoined", "RanksAnchored", "AnchorRecorded", "RunConfigured", "AnomalyDetected", "SpikeSuspected", "DetectorParams", "MAX_WINDOW", "CheckpointSaved", "ResumeRejectedEvent", "WeightsRestored", "CheckpointFailed", "CheckpointDeleted",
            "RewindDecided", "DataWindowSkipped", "RunStopped", "RungStarted", "GateVerdict", "DecisionRecorded",
            "PreflightGate", "PreflightCompleted", "EvaluationRecorded", "CheckpointSelected", "ResourceRecorded",
            "CHECKPOINT_CONTRACT"]
@@ -303,6 +303,27 @@ class AnchorRecorded(Event, tag="anchor_recorded", frozen=True, kw_only=True):
     step: int | None = None
 
 
+class StragglerScores(Event, tag="straggler_scores", frozen=True, kw_only=True):
+    """Rank 0's record of one straggler window: every rank's median step time over steps window_start to
+    window_end and its relative score (the fastest median over its own; journal/stragglers.py)."""
+
+    window_start: int
+    window_end: int
+    medians: dict[str, float]  # rank (decimal) -> median step time, seconds
+    scores: dict[str, float]
+    threshold: float
+
+
+class StragglerDetected(Event, tag="straggler_detected", frozen=True, kw_only=True):
+    """A rank whose relative score fell below the threshold in a window (derived; replay recomputes it)."""
+
+    rank: int
+    score: float
+    window_start: int
+    window_end: int
+    node: str | None = None
+
+
 #: Every kind trainledger defines, by its tag.
 BUILTIN_KINDS: dict[str, type[Event]] = {c.__struct_config__.tag: c for c in (
     RunOpened, Seal, StepObserved, RunResumed, TailRepaired, RunClosed,
@@ -311,5 +332,5 @@ BUILTIN_KINDS: dict[str, type[Event]] = {c.__struct_config__.tag: c for c in (
     RewindDecided, DataWindowSkipped, RunStopped,
     RungStarted, GateVerdict, DecisionRecorded,
     PreflightGate, PreflightCompleted, EvaluationRecorded, CheckpointSelected, ResourceRecorded,
-    RankJoined, RanksAnchored, AnchorRecorded,
+    RankJoined, RanksAnchored, AnchorRecorded, StragglerScores, StragglerDetected,
 )}

@@ -22,7 +22,8 @@ from .kinds import AnchorRecorded, RankJoined, RanksAnchored
 from .reader import unchecked_batches
 from .verify import VerifyReport, verify_copy
 
-__all__ = ["AnchorMismatch", "RunDirReport", "verify_run_dir", "is_run_dir", "rank_files"]
+__all__ = ["AnchorMismatch", "RunDirReport", "RunDirReconstruction", "verify_run_dir", "replay_run_dir", "is_run_dir",
+           "rank_files"]
 
 _RANK_FILE = re.compile(r"rank-(\d{5})\.jsonl\Z")
 
@@ -123,3 +124,46 @@ def verify_run_dir(path: str | os.PathLike, **verify_options: Any) -> RunDirRepo
                 raise AnchorMismatch(f"rank {r}: seq {s} is not the line rank {anchoring} anchored at its seq {at} "
                                      "(rewritten, or another run's journal)", seq=s)
     return RunDirReport(ok=True, path=str(d), ranks=reports, world_size=max(world, len(files)), anchors=len(wanted))
+
+
+@dataclasses.dataclass
+class RunDirReconstruction:
+    """``replay`` of a run folder: every rank's reconstruction, the straggler windows, and every difference."""
+
+    verify: RunDirReport
+    ranks: dict[int, Any]
+    stragglers: list[dict[str, Any]]
+    differences: list[dict[str, Any]]
+
+    @property
+    def ok(self) -> bool:
+        return not self.differences
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ok": self.ok, "verify": self.verify.to_dict(), "stragglers": self.stragglers,
+                "differences": self.differences,
+                "ranks": {str(r): rec.to_dict() for r, rec in sorted(self.ranks.items())}}
+
+
+def replay_run_dir(path: str | os.PathLike, **verify_options: Any) -> RunDirReconstruction:
+    """Verify the folder (:func:`verify_run_dir`), replay every rank, and recompute the straggler windows rank 0
+    recorded from every rank's own step times. A rank's differences carry ``rank``."""
+    from .events import StepObserved
+    from .kinds import StragglerDetected, StragglerScores
+    from .replay import replay
+    from .stragglers import audit_stragglers
+
+    report = verify_run_dir(path, **verify_options)
+    recs = {r: replay(f, **verify_options) for r, f in rank_files(path).items()}
+    keep = (StepObserved, StragglerScores, StragglerDetected)
+    events: dict[int, list[Any]] = {}
+    with PrivateCopies() as copies:
+        for r, f in rank_files(path).items():
+            rep, copy = verify_copy(f, copies, **verify_options)
+            events[r] = [e for batch in unchecked_batches(copy, rep.trusted_bytes) for e in batch
+                         if isinstance(e, keep)]
+    differences = [{**d, "rank": r} for r, rec in sorted(recs.items()) for d in rec.differences]
+    differences += [{**d, "rank": 0} for d in audit_stragglers(events)]
+    flagged = [{"seq": e.seq, "rank": e.rank, "score": e.score, "window": [e.window_start, e.window_end],
+                "node": e.node} for e in events.get(0, []) if isinstance(e, StragglerDetected)]
+    return RunDirReconstruction(verify=report, ranks=recs, stragglers=flagged, differences=differences)

@@ -49,6 +49,8 @@ def every_kind(path: Path) -> Path:
         RunConfigured,
         RungStarted,
         RunStopped,
+        StragglerDetected,
+        StragglerScores,
         WeightsRestored,
     )
     from trainledger.journal.ladder_outcome import beta_update, gate
@@ -115,6 +117,9 @@ def every_kind(path: Path) -> Path:
                         versions={"torch": "2.13.0", "backend": "gloo"}), durable=True)
     j.append(RanksAnchored(heads={"0": f"{j.head[0]}:{j.head[1]}", "1": "12:" + "34" * 32}, step=25), durable=True)
     j.append(AnchorRecorded(rank=0, head="40:" + "56" * 32, step=25), durable=True)
+    j.append(StragglerScores(window_start=0, window_end=9, medians={"0": 0.01, "1": 0.04},
+                             scores={"0": 1.0, "1": 0.25}, threshold=0.75), durable=True)
+    j.append(StragglerDetected(rank=1, score=0.25, window_start=0, window_end=9, node="node-1"), durable=True)
     _, started_h = j.append(RungStarted(rung="rung_i", real_target="1B params / 8 GPUs", spec={"steps": 26}),
                             durable=True)
     bars = {"max_final_loss": 5.0, "max_forgetting_gap": 1.0, "max_anomalies": 5}
@@ -211,9 +216,12 @@ GOLDENS = {"every_kind_v1_1.jsonl": every_kind, "resumed_rewound_v1_1.jsonl": re
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--force", action="store_true", help="rewrite goldens that exist (new keys, new bytes)")
+    ap.add_argument("--only", metavar="NAME", help="just this golden (e.g. every_kind_v1_1.jsonl)")
     args = ap.parse_args()
     GOLDEN.mkdir(parents=True, exist_ok=True)
     for name, build in GOLDENS.items():
+        if args.only and name != args.only:
+            continue
         target = GOLDEN / name
         if target.exists() and not args.force:
             print(f"kept {target.relative_to(ROOT)} (exists; --force rewrites it)")

@@ -27,7 +27,8 @@ from trainledger.journal import Journal, Signer
 from trainledger.journal.errors import UsageError
 from trainledger.journal.kinds import AnchorRecorded, RankJoined, RanksAnchored
 
-__all__ = ["RankInfo", "rank_info", "open_rank_journal", "anchor_ranks", "rank_journal_name", "init_process_group"]
+__all__ = ["RankInfo", "rank_info", "open_rank_journal", "anchor_ranks", "rank_journal_name", "init_process_group",
+           "StragglerDetector"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,3 +131,51 @@ def anchor_ranks(journal: Journal, *, step: int | None = None, group: Any = None
     else:
         journal.append(AnchorRecorded(rank=0, head=by_rank[0], step=step), durable=True)
     return by_rank
+
+
+class StragglerDetector:
+    """Every rank calls :meth:`observe` after each step (a list append); every ``every`` steps the ranks exchange
+    their window medians (one ``all_gather_object`` of a float) and rank 0 records ``straggler_scores`` and a
+    ``straggler_detected`` for each rank below ``threshold``. All ranks must observe the same steps (call it at
+    the same place in the loop). The arithmetic is ``journal.stragglers``', which replay runs again."""
+
+    def __init__(self, journal: Journal, *, every: int = 100, threshold: float = 0.75, group: Any = None):
+        from trainledger.journal.stragglers import DEFAULT_THRESHOLD  # noqa: F401 - the documented default
+
+        if every < 1 or not 0 < threshold <= 1:
+            raise UsageError(f"every must be >= 1 and threshold in (0, 1], got {every}, {threshold}")
+        self.journal, self.every, self.threshold, self.group = journal, every, threshold, group
+        self._times: dict[int, float] = {}
+
+    def observe(self, step: int, step_time_s: float) -> None:
+        self._times[step] = step_time_s
+        if len(self._times) >= self.every:
+            self.exchange()
+
+    def exchange(self) -> dict[int, float]:
+        """Gather the window's medians now; rank 0 records the scores. Returns ``{rank: score}``."""
+        import torch.distributed as dist
+
+        from trainledger.journal.kinds import StragglerDetected, StragglerScores
+        from trainledger.journal.stragglers import relative_scores, window_median
+
+        steps = sorted(self._times)
+        mine = (steps[0], steps[-1], window_median(list(self._times.values()))) if steps else None
+        self._times = {}
+        gathered: list[Any] = [None] * dist.get_world_size(self.group)
+        dist.all_gather_object(gathered, (mine, socket.gethostname()), group=self.group)
+        if any(g is None or g[0] is None or g[0][2] is None for g in gathered):
+            return {}
+        medians = {r: g[0][2] for r, g in enumerate(gathered)}
+        scores = relative_scores(medians)
+        if dist.get_rank(self.group) == 0:
+            start, end = min(g[0][0] for g in gathered), max(g[0][1] for g in gathered)
+            self.journal.append(StragglerScores(window_start=start, window_end=end,
+                                                medians={str(r): m for r, m in medians.items()},
+                                                scores={str(r): s for r, s in scores.items()},
+                                                threshold=self.threshold), durable=True)
+            for r, s in scores.items():
+                if s < self.threshold:
+                    self.journal.append(StragglerDetected(rank=r, score=s, window_start=start, window_end=end,
+                                                          node=gathered[r][1]), durable=True)
+        return scores

@@ -26,7 +26,7 @@ def run_dir(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("dist")
     priv, pub = keygen(tmp / "keys")  # one run key every rank can read (as a secret store would hand it out)
     run = tmp / "run"
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env = dict(os.environ, OMP_NUM_THREADS="1", SLOW_RANK1_S="0.02")  # rank 1 is a straggler
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                            str(WORKER), str(run), str(priv), "30"], capture_output=True, text=True, timeout=300,
                           env=env, cwd=tmp)
@@ -101,3 +101,34 @@ def test_a_killed_rank_and_a_torchrun_restart(tmp_path, capsys):
         assert joined == [0, 1], (rank, joined)
     assert main(["verify", "--pubkey", str(pub), "--require-closed", str(run)]) == 0
     assert "2 of 2 ranks verified" in capsys.readouterr().out
+
+
+def test_a_slow_rank_is_flagged_and_replay_recomputes_it(run_dir, capsys):
+    run, pub = run_dir
+    flagged = [e for e in read_events(run / "rank-00000.jsonl") if type(e).__struct_config__.tag == "straggler_detected"]
+    assert [e.rank for e in flagged] == [1, 1, 1] and all(e.score < 0.75 for e in flagged)
+    assert main(["replay", "--pubkey", str(pub), str(run)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("OK") and "3 stragglers flagged" in out and "straggler: rank 1" in out
+
+
+def test_a_forged_straggler_verdict_is_named_by_replay(tmp_path, signer, capsys):
+    """Two signed rank journals written by hand: rank 0 claims rank 1 straggled, rank 1's steps say otherwise."""
+    from trainledger.journal import Journal, StepObserved
+    from trainledger.journal.kinds import RankJoined, StragglerDetected, StragglerScores
+
+    run = tmp_path / "run"
+    for rank in (0, 1):
+        with Journal.create(run / f"rank-0000{rank}.jsonl", signer=signer, run_id=f"hand.r{rank:05d}") as j:
+            j.append(RankJoined(run="hand", rank=rank, world_size=2, local_rank=rank, node="n"))
+            for step in range(10):
+                j.append(StepObserved(step=step, loss=3.0, step_time_s=0.1))
+            if rank == 0:
+                j.append(StragglerScores(window_start=0, window_end=9, medians={"0": 0.1, "1": 0.4},
+                                         scores={"0": 1.0, "1": 0.25}, threshold=0.75))
+                j.append(StragglerDetected(rank=1, score=0.25, window_start=0, window_end=9))
+    pub = tmp_path / "k.pub"
+    pub.write_text(signer.public.line() + "\n")
+    assert main(["replay", "--pubkey", str(pub), str(run)]) == 1
+    out = capsys.readouterr().out
+    assert "DIFFERENCE rank 0" in out and "straggler_scores" in out and "straggler_detected" in out

@@ -1,0 +1,90 @@
+"""Straggler detection as a fold over every rank's journaled step times (torch-free, so replay recomputes it).
+
+Every ``every`` steps the ranks exchange one number each (the median step time of the steps they observed
+since the last exchange; one small collective, never per step) and rank 0 records ``straggler_scores``: per
+rank, the *relative score* = the fastest rank's median / this rank's median (nvidia-resiliency-ext's relative
+score: 1.0 for the fastest, 0.5 for a rank taking twice as long). A score below the threshold (0.75, theirs)
+is a ``straggler_detected`` event. :func:`window_median` and :func:`relative_scores` are what the live detector
+(``training.distributed.StragglerDetector``) computes with, and :func:`audit_stragglers` recomputes every recorded
+window from the rank journals: each rank's median over the last observation of each step in the window.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any
+
+__all__ = ["DEFAULT_THRESHOLD", "window_median", "relative_scores", "audit_stragglers"]
+
+DEFAULT_THRESHOLD = 0.75
+
+
+def window_median(step_times: list[float]) -> float | None:
+    """The median of a window's finite, positive step times (``None`` for an empty window)."""
+    xs = [x for x in step_times if x is not None and x > 0 and math.isfinite(x)]
+    return statistics.median(xs) if xs else None
+
+
+def relative_scores(medians: dict[int, float]) -> dict[int, float]:
+    """Per rank: the fastest rank's median over this rank's (1.0 for the fastest)."""
+    ref = min(medians.values())
+    return {r: ref / m for r, m in medians.items()}
+
+
+def audit_stragglers(rank_events: dict[int, list[Any]]) -> list[dict[str, Any]]:
+    """Every difference between the ``straggler_scores`` / ``straggler_detected`` rank 0 recorded and what every
+    rank's own step times give (``rank_events``: each rank's signed events, in order)."""
+    from .events import StepObserved
+    from .kinds import StragglerDetected, StragglerScores
+
+    out: list[dict[str, Any]] = []
+    last_time: dict[int, dict[int, float]] = {}
+    for r, events in rank_events.items():
+        times: dict[int, float] = {}
+        for ev in events:
+            if isinstance(ev, StepObserved) and ev.step_time_s is not None:
+                times[ev.step] = ev.step_time_s  # the last observation of a step (a restart re-runs steps)
+        last_time[r] = times
+    pending: dict[int, float] = {}
+
+    def unflagged() -> None:
+        for r, sc in pending.items():
+            out.append({"seq": None, "kind": "straggler_detected",
+                        "detail": f"rank {r} scored {sc:.3f}, below the threshold, but was not flagged"})
+        pending.clear()
+
+    for ev in rank_events.get(0, []):
+        if isinstance(ev, StragglerScores):
+            unflagged()
+            medians = {}
+            for r_s in ev.medians:
+                r = int(r_s)
+                if r not in last_time:
+                    out.append({"seq": ev.seq, "kind": "straggler_scores", "detail": f"rank {r} has no journal"})
+                    continue
+                medians[r] = window_median([t for s, t in last_time[r].items()
+                                            if ev.window_start <= s <= ev.window_end])
+            if None in medians.values() or len(medians) != len(ev.medians):
+                out.append({"seq": ev.seq, "kind": "straggler_scores",
+                            "detail": f"window {ev.window_start}-{ev.window_end}: some rank journaled no step times"})
+                continue
+            scores = relative_scores(medians)
+            for r, m in medians.items():
+                rec_m, rec_s = ev.medians[str(r)], ev.scores.get(str(r))
+                if not (_close(rec_m, m) and rec_s is not None and _close(rec_s, scores[r])):
+                    out.append({"seq": ev.seq, "kind": "straggler_scores",
+                                "detail": f"window {ev.window_start}-{ev.window_end}: recorded rank {r} median "
+                                          f"{rec_m} score {rec_s}, its journal gives {m} score {scores[r]}"})
+            pending.update({r: sc for r, sc in scores.items() if sc < ev.threshold})
+        elif isinstance(ev, StragglerDetected):
+            s = pending.pop(ev.rank, None)
+            if s is None or not _close(s, ev.score):
+                out.append({"seq": ev.seq, "kind": "straggler_detected",
+                            "detail": f"rank {ev.rank} flagged with score {ev.score}, which the step times do not give"})
+    unflagged()
+    return out
+
+
+def _close(a: float, b: float) -> bool:
+    return abs(a - b) <= 1e-9 * max(1.0, abs(a), abs(b))
