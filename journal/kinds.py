@@ -16,7 +16,7 @@ from typing import Any
 
 from .events import Event, RunClosed, RunOpened, RunResumed, Seal, StepObserved, TailRepaired
 
-__all__ = ["BUILTIN_KINDS", "StragglerScores", "StragglerDetected", "RankJoined", "RanksAnchored", "AnchorRecorded", "RunConfigured", "AnomalyDetected", "SpikeSuspected", "DetectorParams", "MAX_WINDOW", "CheckpointSaved", "ResumeRejectedEvent", "WeightsRestored", "CheckpointFailed", "CheckpointDeleted",
+__all__ = ["BUILTIN_KINDS", "ShardsSaved", "StragglerScores", "StragglerDetected", "RankJoined", "RanksAnchored", "AnchorRecorded", "RunConfigured", "AnomalyDetected", "SpikeSuspected", "DetectorParams", "MAX_WINDOW", "CheckpointSaved", "ResumeRejectedEvent", "WeightsRestored", "CheckpointFailed", "CheckpointDeleted",
            "RewindDecided", "DataWindowSkipped", "RunStopped", "RungStarted", "GateVerdict", "DecisionRecorded",
            "PreflightGate", "PreflightCompleted", "EvaluationRecorded", "CheckpointSelected", "ResourceRecorded",
            "CHECKPOINT_CONTRACT"]
@@ -303,6 +303,19 @@ class AnchorRecorded(Event, tag="anchor_recorded", frozen=True, kw_only=True):
     step: int | None = None
 
 
+class ShardsSaved(Event, tag="shards_saved", frozen=True, kw_only=True):
+    """One rank's part of a sharded checkpoint (``torch.distributed.checkpoint``): the shard files it wrote,
+    each durable, with its digest; rank 0 also records the ``.metadata`` digest. A sharded checkpoint is
+    complete only when every rank of ``world_size`` recorded its shards."""
+
+    step: int
+    path: str  # the checkpoint folder, relative to the run folder
+    rank: int
+    world_size: int
+    files: list[dict[str, Any]]  # {"file", "bytes", "sha256"}
+    metadata_sha256: str | None = None
+
+
 class StragglerScores(Event, tag="straggler_scores", frozen=True, kw_only=True):
     """Rank 0's record of one straggler window: every rank's median step time over steps window_start to
     window_end and its relative score (the fastest median over its own; journal/stragglers.py)."""
@@ -332,5 +345,5 @@ BUILTIN_KINDS: dict[str, type[Event]] = {c.__struct_config__.tag: c for c in (
     RewindDecided, DataWindowSkipped, RunStopped,
     RungStarted, GateVerdict, DecisionRecorded,
     PreflightGate, PreflightCompleted, EvaluationRecorded, CheckpointSelected, ResourceRecorded,
-    RankJoined, RanksAnchored, AnchorRecorded, StragglerScores, StragglerDetected,
+    RankJoined, RanksAnchored, AnchorRecorded, StragglerScores, StragglerDetected, ShardsSaved,
 )}

@@ -49,6 +49,7 @@ def every_kind(path: Path) -> Path:
         RunConfigured,
         RungStarted,
         RunStopped,
+        ShardsSaved,
         StragglerDetected,
         StragglerScores,
         WeightsRestored,
@@ -117,6 +118,9 @@ def every_kind(path: Path) -> Path:
                         versions={"torch": "2.13.0", "backend": "gloo"}), durable=True)
     j.append(RanksAnchored(heads={"0": f"{j.head[0]}:{j.head[1]}", "1": "12:" + "34" * 32}, step=25), durable=True)
     j.append(AnchorRecorded(rank=0, head="40:" + "56" * 32, step=25), durable=True)
+    j.append(ShardsSaved(step=25, path="checkpoints/step-000000025", rank=0, world_size=2,
+                         files=[{"file": "__0_0.distcp", "bytes": 1234, "sha256": sha}], metadata_sha256=sha),
+             durable=True)
     j.append(StragglerScores(window_start=0, window_end=9, medians={"0": 0.01, "1": 0.04},
                              scores={"0": 1.0, "1": 0.25}, threshold=0.75), durable=True)
     j.append(StragglerDetected(rank=1, score=0.25, window_start=0, window_end=9, node="node-1"), durable=True)

@@ -28,7 +28,7 @@ from trainledger.journal.errors import UsageError
 from trainledger.journal.kinds import AnchorRecorded, RankJoined, RanksAnchored
 
 __all__ = ["RankInfo", "rank_info", "open_rank_journal", "anchor_ranks", "rank_journal_name", "init_process_group",
-           "StragglerDetector"]
+           "StragglerDetector", "save_sharded", "restore_sharded"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,3 +179,96 @@ class StragglerDetector:
                     self.journal.append(StragglerDetected(rank=r, score=s, window_start=start, window_end=end,
                                                           node=gathered[r][1]), durable=True)
         return scores
+
+
+def _digest_file(p: Path) -> tuple[str, int]:
+    import hashlib
+
+    h, n = hashlib.sha256(), 0
+    with open(p, "rb") as f:
+        os.fsync(f.fileno())  # durable before it is recorded
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+            n += len(chunk)
+    return h.hexdigest(), n
+
+
+def save_sharded(run_dir: str | os.PathLike, journal: Journal, state_dict: dict[str, Any], *, step: int,
+                 group: Any = None) -> Any:
+    """Write ``state_dict`` with ``torch.distributed.checkpoint.save`` (every rank together) and record what DCP
+    does not: this rank's shard files (``__RANK_*.distcp``) with their digests, and on rank 0 the metadata's.
+    Returns this rank's ``shards_saved``."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    from trainledger.journal._paths import confined
+    from trainledger.journal.kinds import ShardsSaved
+
+    rel = f"checkpoints/step-{step:09d}"
+    (Path(run_dir) / "checkpoints").mkdir(parents=True, exist_ok=True)
+    folder = confined(run_dir, rel, what="checkpoint path")
+    dcp.save(state_dict, checkpoint_id=str(folder))
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    mine = sorted(p for p in folder.iterdir() if re.fullmatch(rf"__{rank}_\d+\.distcp", p.name))
+    files = []
+    for p in mine:
+        digest, size = _digest_file(p)
+        files.append({"file": p.name, "bytes": size, "sha256": digest})
+    meta = _digest_file(folder / ".metadata")[0] if rank == 0 else None
+    ev = ShardsSaved(step=step, path=rel, rank=rank, world_size=world, files=files, metadata_sha256=meta)
+    journal.append(ev, durable=True)
+    return ev
+
+
+def restore_sharded(run_dir: str | os.PathLike, journal: Journal, state_dict: dict[str, Any], *,
+                    step: int | None = None, group: Any = None) -> int:
+    """Restore the newest sharded checkpoint every rank recorded (or ``step``'s) into ``state_dict`` with
+    ``torch.distributed.checkpoint.load``, after every rank checked its shards against its signed records and
+    rank 0 the metadata. All ranks agree before anything is loaded: any problem on any rank is a
+    ``resume_rejected`` on every rank naming the rank and the file, and :class:`ResumeRejected`. Returns the step.
+    """
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    from trainledger.journal import RunResumed
+    from trainledger.journal._paths import confined
+    from trainledger.journal.kinds import ResumeRejectedEvent, ShardsSaved
+    from trainledger.training.checkpoint import ResumeRejected, signed_history
+
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    records = {e.step: e for e in signed_history(journal) if isinstance(e, ShardsSaved)}
+    steps: list[Any] = [None] * world
+    dist.all_gather_object(steps, sorted(records), group=group)
+    common = set(steps[0]).intersection(*steps[1:]) if steps else set()
+    pick = step if step is not None else (max(common) if common else None)
+    problem = None
+    if pick is None or pick not in records:
+        problem = ("resume-invalid-unknown-checkpoint", f"rank {rank} has no signed record of a sharded checkpoint"
+                   + (f" at step {pick}" if pick is not None else " that every rank recorded"))
+    else:
+        rec = records[pick]
+        folder = confined(run_dir, rec.path, what="checkpoint path")
+        checks = [(f["file"], f["sha256"]) for f in rec.files]
+        if rank == 0 and rec.metadata_sha256 is not None:
+            checks.append((".metadata", rec.metadata_sha256))
+        for name, want in checks:
+            p = folder / name
+            if not p.is_file():
+                problem = ("resume-invalid-missing-state", f"rank {rank}: {rec.path}/{name} is missing")
+                break
+            if _digest_file(p)[0] != want:
+                problem = ("resume-invalid-digest", f"rank {rank}: {rec.path}/{name} differs from its signed record")
+                break
+    verdicts: list[Any] = [None] * world
+    dist.all_gather_object(verdicts, problem, group=group)
+    bad = next((v for v in verdicts if v is not None), None)
+    rel = f"checkpoints/step-{pick:09d}" if pick is not None else "checkpoints/?"
+    if bad is not None:
+        journal.append(ResumeRejectedEvent(path=rel, reason=bad[0], detail=bad[1]), durable=True)
+        raise ResumeRejected(bad[0], bad[1])
+    dcp.load(state_dict, checkpoint_id=str(confined(run_dir, rel, what="checkpoint path")))
+    saved_world = records[pick].world_size
+    journal.append(RunResumed(reason="checkpoint", from_step=pick, checkpoint=rel,
+                              detail={"sharded": True, "world_size": world, "saved_world_size": saved_world,
+                                      "resharded": saved_world != world}), durable=True)
+    return pick

@@ -132,3 +132,29 @@ def test_a_forged_straggler_verdict_is_named_by_replay(tmp_path, signer, capsys)
     assert main(["replay", "--pubkey", str(pub), str(run)]) == 1
     out = capsys.readouterr().out
     assert "DIFFERENCE rank 0" in out and "straggler_scores" in out and "straggler_detected" in out
+
+
+DCP_WORKER = Path(__file__).with_name("dist_dcp_worker.py")
+
+
+def test_sharded_checkpoints_record_every_shard_and_restore_checks_them(tmp_path, capsys):
+    """torch.distributed.checkpoint writes; each rank records its shard files' digests, rank 0 the metadata's;
+    a restore checks every shard first: a changed shard on rank 1 is refused on every rank, naming it."""
+    from trainledger.journal import keygen
+
+    priv, pub = keygen(tmp_path / "keys")
+    run = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           str(DCP_WORKER), str(run), str(priv)], capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    outs = [(tmp_path / f"out-{r}.txt").read_text().splitlines() for r in (0, 1)]
+    for lines in outs:
+        saved, restored, restored_sum, refused = lines
+        assert restored == "RESTORED 9" and restored_sum.split()[1] == saved.split()[1]  # the newest, exactly
+        assert refused.startswith("REJECTED resume-invalid-digest") and "rank 1" in refused and "__1_0.distcp" in refused
+    shards = [e for e in read_events(run / "rank-00001.jsonl") if type(e).__struct_config__.tag == "shards_saved"]
+    assert [s.step for s in shards] == [4, 9] and shards[0].files[0]["file"] == "__1_0.distcp"
+    meta = [e for e in read_events(run / "rank-00000.jsonl") if type(e).__struct_config__.tag == "shards_saved"]
+    assert all(m.metadata_sha256 for m in meta)
+    assert main(["verify", "--pubkey", str(pub), "--require-closed", str(run)]) == 0
