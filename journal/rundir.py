@@ -155,7 +155,7 @@ def replay_run_dir(path: str | os.PathLike, **verify_options: Any) -> RunDirReco
 
     report = verify_run_dir(path, **verify_options)
     recs = {r: replay(f, **verify_options) for r, f in rank_files(path).items()}
-    keep = (StepObserved, StragglerScores, StragglerDetected)
+    keep = (StepObserved, StragglerScores, StragglerDetected, RankJoined)
     events: dict[int, list[Any]] = {}
     with PrivateCopies() as copies:
         for r, f in rank_files(path).items():

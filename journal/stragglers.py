@@ -6,7 +6,8 @@ rank, the *relative score* = the fastest rank's median / this rank's median (nvi
 score: 1.0 for the fastest, 0.5 for a rank taking twice as long). A score below the threshold (0.75, theirs)
 is a ``straggler_detected`` event. :func:`window_median` and :func:`relative_scores` are what the live detector
 (``training.distributed.StragglerDetector``) computes with, and :func:`audit_stragglers` recomputes every recorded
-window from the rank journals: each rank's median over the last observation of each step in the window.
+window from the rank journals: each rank's median over the last observation of each step in the window, within
+the torchrun round the window was recorded in (a restart re-runs steps; each round is its own).
 """
 
 from __future__ import annotations
@@ -36,16 +37,22 @@ def audit_stragglers(rank_events: dict[int, list[Any]]) -> list[dict[str, Any]]:
     """Every difference between the ``straggler_scores`` / ``straggler_detected`` rank 0 recorded and what every
     rank's own step times give (``rank_events``: each rank's signed events, in order)."""
     from .events import StepObserved
-    from .kinds import StragglerDetected, StragglerScores
+    from .kinds import RankJoined, StragglerDetected, StragglerScores
 
     out: list[dict[str, Any]] = []
-    last_time: dict[int, dict[int, float]] = {}
+    # Per rank and per torchrun round (the restart count of the rank_joined before them): the last observation
+    # of each step. A window rank 0 recorded in round k rests on every rank's round-k observations.
+    last_time: dict[int, dict[int, dict[int, float]]] = {}
     for r, events in rank_events.items():
-        times: dict[int, float] = {}
+        rounds: dict[int, dict[int, float]] = {}
+        current = 0
         for ev in events:
-            if isinstance(ev, StepObserved) and ev.step_time_s is not None:
-                times[ev.step] = ev.step_time_s  # the last observation of a step (a restart re-runs steps)
-        last_time[r] = times
+            if isinstance(ev, RankJoined):
+                current = ev.restart_count
+            elif isinstance(ev, StepObserved) and ev.step_time_s is not None:
+                rounds.setdefault(current, {})[ev.step] = ev.step_time_s
+        last_time[r] = rounds
+    round0 = 0
     pending: dict[int, float] = {}
 
     def unflagged() -> None:
@@ -55,7 +62,9 @@ def audit_stragglers(rank_events: dict[int, list[Any]]) -> list[dict[str, Any]]:
         pending.clear()
 
     for ev in rank_events.get(0, []):
-        if isinstance(ev, StragglerScores):
+        if isinstance(ev, RankJoined):
+            round0 = ev.restart_count
+        elif isinstance(ev, StragglerScores):
             unflagged()
             medians = {}
             for r_s in ev.medians:
@@ -63,8 +72,8 @@ def audit_stragglers(rank_events: dict[int, list[Any]]) -> list[dict[str, Any]]:
                 if r not in last_time:
                     out.append({"seq": ev.seq, "kind": "straggler_scores", "detail": f"rank {r} has no journal"})
                     continue
-                medians[r] = window_median([t for s, t in last_time[r].items()
-                                            if ev.window_start <= s <= ev.window_end])
+                times = last_time[r].get(round0, {})
+                medians[r] = window_median([t for s, t in times.items() if ev.window_start <= s <= ev.window_end])
             if None in medians.values() or len(medians) != len(ev.medians):
                 out.append({"seq": ev.seq, "kind": "straggler_scores",
                             "detail": f"window {ev.window_start}-{ev.window_end}: some rank journaled no step times"})

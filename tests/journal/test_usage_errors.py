@@ -75,7 +75,7 @@ def big_journal(tmp_path_factory):
     return p
 
 
-@pytest.mark.parametrize("delay", [0.3, 0.8, 2.0])
+@pytest.mark.parametrize("delay", [0.4, 1.5])
 def test_ctrl_c_interrupts_a_query_at_any_moment(big_journal, delay):
     """While the journal is verified and loaded, or while the SQL runs: exit 130, one line, no abort."""
     proc = subprocess.Popen([sys.executable, "-m", "trainledger", "query", "--trust-embedded", "--timeout", "0",
