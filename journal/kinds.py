@@ -16,7 +16,7 @@ from typing import Any
 
 from .events import Event, RunClosed, RunOpened, RunResumed, Seal, StepObserved, TailRepaired
 
-__all__ = ["BUILTIN_KINDS", "ShardsSaved", "StragglerScores", "StragglerDetected", "RankJoined", "RanksAnchored", "AnchorRecorded", "RunConfigured", "AnomalyDetected", "SpikeSuspected", "DetectorParams", "MAX_WINDOW", "CheckpointSaved", "ResumeRejectedEvent", "WeightsRestored", "CheckpointFailed", "CheckpointDeleted",
+__all__ = ["BUILTIN_KINDS", "DeviceSampled", "DeviceChanged", "TelemetryUnavailable", "ShardsSaved", "StragglerScores", "StragglerDetected", "RankJoined", "RanksAnchored", "AnchorRecorded", "RunConfigured", "AnomalyDetected", "SpikeSuspected", "DetectorParams", "MAX_WINDOW", "CheckpointSaved", "ResumeRejectedEvent", "WeightsRestored", "CheckpointFailed", "CheckpointDeleted",
            "RewindDecided", "DataWindowSkipped", "RunStopped", "RungStarted", "GateVerdict", "DecisionRecorded",
            "PreflightGate", "PreflightCompleted", "EvaluationRecorded", "CheckpointSelected", "ResourceRecorded",
            "CHECKPOINT_CONTRACT"]
@@ -316,6 +316,32 @@ class ShardsSaved(Event, tag="shards_saved", frozen=True, kw_only=True):
     metadata_sha256: str | None = None
 
 
+class DeviceSampled(Event, tag="device_sampled", frozen=True, kw_only=True):
+    """One device's reading through NVML (training/telemetry.py); a value the device does not report is null."""
+
+    device: int
+    temp_c: float | None = None
+    temp_hbm_c: float | None = None
+    power_w: float | None = None
+    sm_clock_mhz: int | None = None
+    clock_event_reasons: int | None = None
+    ecc: dict[str, int] = {}
+
+
+class DeviceChanged(Event, tag="device_changed", frozen=True, kw_only=True):
+    """Something that matters changed on a device: an ECC count rose, throttling started or stopped."""
+
+    device: int
+    change: str  # ecc_corrected | ecc_uncorrected | throttle_started | throttle_stopped
+    detail: dict[str, Any] = {}
+
+
+class TelemetryUnavailable(Event, tag="telemetry_unavailable", frozen=True, kw_only=True):
+    """Device telemetry could not start (no NVML, no driver, no device): said once, never invented."""
+
+    reason: str
+
+
 class StragglerScores(Event, tag="straggler_scores", frozen=True, kw_only=True):
     """Rank 0's record of one straggler window: every rank's median step time over steps window_start to
     window_end and its relative score (the fastest median over its own; journal/stragglers.py)."""
@@ -346,4 +372,5 @@ BUILTIN_KINDS: dict[str, type[Event]] = {c.__struct_config__.tag: c for c in (
     RungStarted, GateVerdict, DecisionRecorded,
     PreflightGate, PreflightCompleted, EvaluationRecorded, CheckpointSelected, ResourceRecorded,
     RankJoined, RanksAnchored, AnchorRecorded, StragglerScores, StragglerDetected, ShardsSaved,
+    DeviceSampled, DeviceChanged, TelemetryUnavailable,
 )}

@@ -37,6 +37,8 @@ def every_kind(path: Path) -> Path:
         CheckpointSelected,
         DataWindowSkipped,
         DecisionRecorded,
+        DeviceChanged,
+        DeviceSampled,
         EvaluationRecorded,
         GateVerdict,
         PreflightCompleted,
@@ -52,6 +54,7 @@ def every_kind(path: Path) -> Path:
         ShardsSaved,
         StragglerDetected,
         StragglerScores,
+        TelemetryUnavailable,
         WeightsRestored,
     )
     from trainledger.journal.ladder_outcome import beta_update, gate
@@ -121,6 +124,10 @@ def every_kind(path: Path) -> Path:
     j.append(ShardsSaved(step=25, path="checkpoints/step-000000025", rank=0, world_size=2,
                          files=[{"file": "__0_0.distcp", "bytes": 1234, "sha256": sha}], metadata_sha256=sha),
              durable=True)
+    j.append(DeviceSampled(device=0, temp_c=61.0, power_w=412.0, sm_clock_mhz=1980, clock_event_reasons=0,
+                           ecc={"corrected_volatile": 3}), durable=True)
+    j.append(DeviceChanged(device=0, change="throttle_started", detail={"reasons": 64, "temp_c": 88.0}), durable=True)
+    j.append(TelemetryUnavailable(reason="ModuleNotFoundError: No module named 'pynvml'"), durable=True)
     j.append(StragglerScores(window_start=0, window_end=9, medians={"0": 0.01, "1": 0.04},
                              scores={"0": 1.0, "1": 0.25}, threshold=0.75), durable=True)
     j.append(StragglerDetected(rank=1, score=0.25, window_start=0, window_end=9, node="node-1"), durable=True)
