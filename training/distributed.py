@@ -26,6 +26,7 @@ from typing import Any
 from trainledger.journal import Journal, Signer
 from trainledger.journal.errors import UsageError
 from trainledger.journal.kinds import AnchorRecorded, RankJoined, RanksAnchored
+from trainledger.journal.stragglers import DEFAULT_THRESHOLD
 
 __all__ = ["RankInfo", "rank_info", "open_rank_journal", "anchor_ranks", "rank_journal_name", "init_process_group",
            "StragglerDetector", "save_sharded", "restore_sharded"]
@@ -96,8 +97,6 @@ def open_rank_journal(run_dir: str | os.PathLike, signer: Signer, *, info: RankI
     if path.exists():
         j = Journal.open_append(path, signer=signer, **journal_options)
     else:
-        import torch
-
         j = Journal.create(path, signer=signer, run_id=f"{info.run}.r{info.rank:05d}",
                            meta={"run": info.run, "rank": info.rank, "world_size": info.world_size,
                                  **(meta or {})}, **journal_options)
@@ -139,9 +138,8 @@ class StragglerDetector:
     ``straggler_detected`` for each rank below ``threshold``. All ranks must observe the same steps (call it at
     the same place in the loop). The arithmetic is ``journal.stragglers``', which replay runs again."""
 
-    def __init__(self, journal: Journal, *, every: int = 100, threshold: float = 0.75, group: Any = None):
-        from trainledger.journal.stragglers import DEFAULT_THRESHOLD  # noqa: F401 - the documented default
-
+    def __init__(self, journal: Journal, *, every: int = 100, threshold: float = DEFAULT_THRESHOLD,
+                 group: Any = None):
         if every < 1 or not 0 < threshold <= 1:
             raise UsageError(f"every must be >= 1 and threshold in (0, 1], got {every}, {threshold}")
         self.journal, self.every, self.threshold, self.group = journal, every, threshold, group
