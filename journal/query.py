@@ -58,16 +58,20 @@ from .verify import VerifyReport, open_checked, read_opening, verify
 __all__ = ["connect", "open_views", "build_cache", "refresh_cache_in_background", "cache_dir", "journal_files",
            "VIEWS", "Source", "CACHE_MIN_BYTES"]
 
-CACHE_VERSION = 3
+CACHE_VERSION = 4
 #: ``trainledger query`` keeps a columnar copy only of journals at least this large; smaller ones load in
 #: well under a tenth of a second anyway.
 CACHE_MIN_BYTES = 16 * 1024 * 1024
 
 #: Friendly names for the kinds people query most; every kind also has a view named by its tag
 #: (``SELECT * FROM preflight_gate``). Columns come from the event classes themselves, so they cannot drift.
+#: The rank of a distributed run's journal (its run id ends in ``.rNNNNN``, training/distributed.py); NULL else.
+RANK_SQL = r"TRY_CAST(regexp_extract(run_id, '\.r([0-9]{5})$', 1) AS INTEGER)"
+
 VIEW_NAMES = {"steps": "step_observed", "anomalies": "anomaly_detected", "checkpoints": "checkpoint_saved",
               "resumes": "run_resumed", "rewinds": "rewind_decided", "verdicts": "gate_verdict",
-              "decisions": "decision_recorded", "seals": "seal", "stops": "run_stopped", "configs": "run_configured"}
+              "decisions": "decision_recorded", "seals": "seal", "stops": "run_stopped", "configs": "run_configured",
+              "stragglers": "straggler_detected", "telemetry": "device_sampled"}
 
 
 def _duck_type(t: Any) -> str:
@@ -109,17 +113,19 @@ def typed_view(kind: str) -> str:
         d = _sql_default(f.default if f.default is not msgspec.NODEFAULT else (
             f.default_factory() if f.default_factory is not msgspec.NODEFAULT else msgspec.NODEFAULT))
         cols.append(f"{'COALESCE(' + col + ', ' + d + ')' if d is not None else col} AS {_qid(f.name)}")
-    return (f"SELECT run_id, seq, ts, {', '.join(cols)} FROM (SELECT run_id, seq, ts, "
+    # The journal's rank (a distributed run); named journal_rank where the kind has a rank field of its own.
+    rank_col = "journal_rank" if any(f.name == "rank" for f in fields) else "rank"
+    return (f"SELECT run_id, {RANK_SQL} AS {rank_col}, seq, ts, {', '.join(cols)} FROM (SELECT run_id, seq, ts, "
             f"json_transform(line, '{shape}') AS x FROM events WHERE kind = '{kind}')")
 
 
 VIEWS: dict[str, str] = {
-    "runs": "SELECT run_id, file, min(ts) AS created_ns, count(*) AS events, max(seq) AS last_seq FROM events "
-            "GROUP BY run_id, file",
+    "runs": f"SELECT run_id, {RANK_SQL} AS rank, file, min(ts) AS created_ns, count(*) AS events, "
+            "max(seq) AS last_seq FROM events GROUP BY run_id, file",
     **{name: typed_view(kind) for name, kind in VIEW_NAMES.items()},
     **{kind: typed_view(kind) for kind in BUILTIN_KINDS},
     # MFU per step, PaLM appendix B against the run_configured in force at that step (ASOF: the latest before it).
-    "mfu": "SELECT s.run_id, s.seq, s.step, (6.0 * c.n_params + 12.0 * c.n_layer * c.n_head * c.head_dim * c.seq_len) "
+    "mfu": "SELECT s.run_id, s.rank, s.seq, s.step, (6.0 * c.n_params + 12.0 * c.n_layer * c.n_head * c.head_dim * c.seq_len) "
            "* COALESCE(s.tokens, s.examples * c.seq_len) / s.step_time_s / (c.peak_flops_per_sec * c.devices) AS mfu "
            "FROM steps s ASOF JOIN configs c ON s.run_id = c.run_id AND s.seq >= c.seq "
            "WHERE s.step_time_s > 0 AND c.peak_flops_per_sec IS NOT NULL AND c.n_params IS NOT NULL",

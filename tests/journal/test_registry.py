@@ -42,9 +42,11 @@ def test_query_views_have_every_field_of_every_kind(tmp_path, signer, pubkey):
     con = connect([p], keys=[pubkey], use_cache=False)
     for kind, cls in BUILTIN_KINDS.items():
         cols = [r[0] for r in con.execute(f'DESCRIBE "{kind}"').fetchall()]
-        assert cols == ["run_id", "seq", "ts", *(f for f in cls.__struct_fields__ if f not in ("run_id", "seq", "ts"))], kind
+        rank_col = "journal_rank" if "rank" in cls.__struct_fields__ else "rank"
+        assert cols == ["run_id", rank_col, "seq", "ts",
+                        *(f for f in cls.__struct_fields__ if f not in ("run_id", "seq", "ts"))], kind
     for name, kind in VIEW_NAMES.items():
-        assert [r[0] for r in con.execute(f"DESCRIBE {name}").fetchall()][3:] == list(BUILTIN_KINDS[kind].__struct_fields__)
+        assert [r[0] for r in con.execute(f"DESCRIBE {name}").fetchall()][4:] == list(BUILTIN_KINDS[kind].__struct_fields__)
 
 
 def test_format_md_lists_every_kind_with_its_fields_in_order():

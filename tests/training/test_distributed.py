@@ -144,3 +144,14 @@ def test_sharded_checkpoints_record_every_shard_and_restore_checks_them(tmp_path
     meta = [e for e in read_events(run / "rank-00000.jsonl") if type(e).__struct_config__.tag == "shards_saved"]
     assert all(m.metadata_sha256 for m in meta)
     assert main(["verify", "--pubkey", str(pub), "--require-closed", str(run)]) == 0
+
+
+def test_query_a_run_folder_by_rank(run_dir, capsys):
+    run, pub = run_dir
+    assert main(["query", "--pubkey", str(pub), "--format", "json", str(run),
+                 "SELECT rank, count(*) AS steps FROM steps GROUP BY rank ORDER BY rank"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["rank"] for r in rows] == [0, 1] and all(r["steps"] >= 30 for r in rows)
+    assert main(["query", "--pubkey", str(pub), "--format", "json", str(run),
+                 "SELECT DISTINCT rank FROM stragglers"]) == 0
+    assert json.loads(capsys.readouterr().out) == [{"rank": 1}]
