@@ -11,27 +11,12 @@ re-exported here; the torch-side ones resolve on first use, so ``import trainled
 
 from __future__ import annotations
 
-from .journal import (
-    Event,
-    IntegrityError,
-    Journal,
-    JournalError,
-    PublicKey,
-    Signer,
-    StepObserved,
-    TrainledgerError,
-    VerifyReport,
-    __version__,
-    keygen,
-    load_public_key,
-    load_signer,
-    read_events,
-    read_signed_events,
-    trusted_keys,
-    verify,
-)
+_JOURNAL_NAMES = ("Event", "IntegrityError", "Journal", "JournalError", "PublicKey", "Signer", "StepObserved",
+                  "TrainledgerError", "VerifyReport", "__version__", "keygen", "load_public_key", "load_signer",
+                  "read_events", "read_signed_events", "trusted_keys", "verify")
 
-# Torch-side names, imported when first used (PEP 562).
+# Every name resolves on first use (PEP 562): importing trainledger loads nothing (the CLI installs its Ctrl-C
+# handling before the journal is loaded); the torch-side names import torch only then.
 _LAZY = {
     "TrainingHealthMonitor": "trainledger.training.monitor",
     "build_causal_lm": "trainledger.training.model",
@@ -47,11 +32,11 @@ _LAZY = {
 def __getattr__(name: str):
     import importlib
 
+    if name in _JOURNAL_NAMES:
+        return getattr(importlib.import_module("trainledger.journal"), name)
     if name not in _LAZY:
         raise AttributeError(f"module 'trainledger' has no attribute {name!r}")
     return getattr(importlib.import_module(_LAZY[name]), name)
 
 
-__all__ = ["Event", "IntegrityError", "Journal", "JournalError", "PublicKey", "Signer", "StepObserved",
-           "TrainledgerError", "VerifyReport", "__version__", "keygen", "load_public_key", "load_signer", "read_events",
-           "read_signed_events", "trusted_keys", "verify", *_LAZY]
+__all__ = [*_JOURNAL_NAMES, *_LAZY]

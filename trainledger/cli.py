@@ -5,12 +5,27 @@ imports torch: the torch-side commands import it when they run.
 
 from __future__ import annotations
 
-import argparse
-from collections.abc import Sequence
+import os
+import signal
+import sys
 
-from trainledger.journal import cli as _journal_cli
-from trainledger.ladder import cli as _ladder_cli
-from trainledger.training import cli as _training_cli
+
+def _interrupted_at_startup(*_: object) -> None:
+    """Ctrl-C before a command has started: nothing to clean up, one line, exit 130 (never a traceback)."""
+    sys.stderr.write("trainledger: interrupted\n")
+    sys.stderr.flush()
+    os._exit(130)
+
+
+if os.path.basename(sys.argv[0]) in ("trainledger", "__main__.py"):  # the console script, python -m trainledger
+    signal.signal(signal.SIGINT, _interrupted_at_startup)
+
+import argparse  # noqa: E402
+from collections.abc import Sequence  # noqa: E402
+
+from trainledger.journal import cli as _journal_cli  # noqa: E402
+from trainledger.ladder import cli as _ladder_cli  # noqa: E402
+from trainledger.training import cli as _training_cli  # noqa: E402
 
 __all__ = ["build_parser", "main", "entry"]
 
@@ -28,5 +43,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def entry() -> None:
-    """The console script."""
+    """The console script: from here on Ctrl-C is a KeyboardInterrupt that each command handles."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     _journal_cli.entry(main)
