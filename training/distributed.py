@@ -20,6 +20,7 @@ import os
 import platform
 import re
 import socket
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ from trainledger.journal.kinds import AnchorRecorded, RankJoined, RanksAnchored
 from trainledger.journal.stragglers import DEFAULT_THRESHOLD
 
 __all__ = ["RankInfo", "rank_info", "open_rank_journal", "anchor_ranks", "rank_journal_name", "init_process_group",
-           "StragglerDetector", "save_sharded", "restore_sharded"]
+           "StragglerDetector", "save_sharded", "restore_sharded", "ShardedCheckpointer"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,22 +192,17 @@ def _digest_file(p: Path) -> tuple[str, int]:
     return h.hexdigest(), n
 
 
-def save_sharded(run_dir: str | os.PathLike, journal: Journal, state_dict: dict[str, Any], *, step: int,
-                 group: Any = None) -> Any:
-    """Write ``state_dict`` with ``torch.distributed.checkpoint.save`` (every rank together) and record what DCP
-    does not: this rank's shard files (``__RANK_*.distcp``) with their digests, and on rank 0 the metadata's.
-    Returns this rank's ``shards_saved``."""
-    import torch.distributed as dist
-    import torch.distributed.checkpoint as dcp
-
+def _shard_folder(run_dir: str | os.PathLike, step: int) -> tuple[str, Path]:
     from trainledger.journal._paths import confined
-    from trainledger.journal.kinds import ShardsSaved
 
     rel = f"checkpoints/step-{step:09d}"
     (Path(run_dir) / "checkpoints").mkdir(parents=True, exist_ok=True)
-    folder = confined(run_dir, rel, what="checkpoint path")
-    dcp.save(state_dict, checkpoint_id=str(folder))
-    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    return rel, confined(run_dir, rel, what="checkpoint path")
+
+
+def _record_shards(journal: Journal, folder: Path, rel: str, step: int, rank: int, world: int) -> Any:
+    from trainledger.journal.kinds import ShardsSaved
+
     mine = sorted(p for p in folder.iterdir() if re.fullmatch(rf"__{rank}_\d+\.distcp", p.name))
     files = []
     for p in mine:
@@ -216,6 +212,67 @@ def save_sharded(run_dir: str | os.PathLike, journal: Journal, state_dict: dict[
     ev = ShardsSaved(step=step, path=rel, rank=rank, world_size=world, files=files, metadata_sha256=meta)
     journal.append(ev, durable=True)
     return ev
+
+
+def save_sharded(run_dir: str | os.PathLike, journal: Journal, state_dict: dict[str, Any], *, step: int,
+                 group: Any = None) -> Any:
+    """Write ``state_dict`` with ``torch.distributed.checkpoint.save`` (every rank together) and record what DCP
+    does not: this rank's shard files (``__RANK_*.distcp``) with their digests, and on rank 0 the metadata's.
+    Returns this rank's ``shards_saved``. :class:`ShardedCheckpointer` saves in the background."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    rel, folder = _shard_folder(run_dir, step)
+    dcp.save(state_dict, checkpoint_id=str(folder))
+    return _record_shards(journal, folder, rel, step, dist.get_rank(group), dist.get_world_size(group))
+
+
+class ShardedCheckpointer:
+    """Sharded saves that overlap training: ``save(..., background=True)`` stages the state and returns
+    (``torch.distributed.checkpoint.async_save``); a helper thread waits for DCP's writes, then hashes the shards and
+    records ``shards_saved``, off the training thread. At most one save is in flight (as DCP requires): the next
+    ``save``, or ``wait``, joins it and raises what it failed with."""
+
+    def __init__(self, run_dir: str | os.PathLike, journal: Journal, *, group: Any = None):
+        self.run_dir, self.journal, self.group = run_dir, journal, group
+        self._thread: threading.Thread | None = None
+        self._outcome: list[Any] = []
+
+    def save(self, state_dict: dict[str, Any], *, step: int, background: bool = False) -> Any:
+        """Save; blocking returns ``shards_saved``, background returns ``None`` (recorded when written)."""
+        import torch.distributed as dist
+        import torch.distributed.checkpoint as dcp
+
+        self.wait()
+        if not background:
+            return save_sharded(self.run_dir, self.journal, state_dict, step=step, group=self.group)
+        rel, folder = _shard_folder(self.run_dir, step)
+        future = dcp.async_save(state_dict, checkpoint_id=str(folder))
+        rank, world = dist.get_rank(self.group), dist.get_world_size(self.group)
+
+        def finish() -> None:
+            try:
+                result = future.result()
+                if hasattr(result, "result") and callable(result.result):  # newer DCP wraps a second future
+                    result.result()
+                self._outcome.append(_record_shards(self.journal, folder, rel, step, rank, world))
+            except BaseException as e:  # raised by the next save or wait, never dropped
+                self._outcome.append(e)
+
+        self._thread = threading.Thread(target=finish, name=f"trainledger-dcp-{step}", daemon=True)
+        self._thread.start()
+        return None
+
+    def wait(self) -> Any:
+        """Wait for the save in flight; return its ``shards_saved`` (or ``None``); raise what it failed with."""
+        t, self._thread = self._thread, None
+        if t is None:
+            return None
+        t.join()
+        out = self._outcome.pop()
+        if isinstance(out, BaseException):
+            raise out
+        return out
 
 
 def restore_sharded(run_dir: str | os.PathLike, journal: Journal, state_dict: dict[str, Any], *,

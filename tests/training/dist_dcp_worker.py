@@ -1,5 +1,5 @@
 """Run under real torchrun by the sharded-checkpoint test, in one launch: train a tiny model and save it with
-DCP at steps 4 and 9; restore the newest complete checkpoint into a fresh model; then rank 1 flips a byte of its
+DCP at step 4 (blocking) and step 9 (in the background, async_save); restore the newest complete checkpoint into a fresh model; then rank 1 flips a byte of its
 shard and every rank tries again (every rank must refuse, naming rank 1's file).
 
     python -m torch.distributed.run --standalone --nproc_per_node=2 dist_dcp_worker.py RUN_DIR KEY
@@ -14,7 +14,13 @@ import torch.distributed as dist
 
 from trainledger.journal import load_signer
 from trainledger.training.checkpoint import ResumeRejected
-from trainledger.training.distributed import init_process_group, open_rank_journal, restore_sharded, save_sharded
+from trainledger.training.distributed import (
+    ShardedCheckpointer,
+    init_process_group,
+    open_rank_journal,
+    restore_sharded,
+    save_sharded,
+)
 
 
 def model():
@@ -34,14 +40,18 @@ def main() -> None:
     with open_rank_journal(run_dir, load_signer(key)) as j:
         m = model()
         opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        ck = ShardedCheckpointer(run_dir, j)
         for step in range(10):
             torch.manual_seed(step)
             loss = m(torch.randn(4, 8)).pow(2).mean()
             opt.zero_grad()
             loss.backward()
             opt.step()
-            if step in (4, 9):
+            if step == 4:
                 save_sharded(run_dir, j, {"model": m.state_dict()}, step=step)
+            elif step == 9:  # in the background (dcp.async_save): recorded once DCP reports it written
+                ck.save({"model": m.state_dict()}, step=step, background=True)
+        ck.wait()
         out.append(f"SAVED {total(m)}")
         fresh = model()
         sd = {"model": fresh.state_dict()}
