@@ -374,14 +374,9 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     if is_run_dir(args.path):
         return _replay_run_dir(args)
 
-    try:
-        rec = replay(args.path, **trust_options(args))
-    except IntegrityError as e:
-        say(e.fail_line(args.path))
-        return 1
-    if args.json:
-        say(json.dumps(rec.to_dict(), default=str))
-        return 0 if rec.ok else 1
+    rec = _replayed(replay, args)
+    if isinstance(rec, int):
+        return rec
     v = rec.verify
     say(f"{'OK  ' if rec.ok else 'DIFF'}  {args.path}  run {v.run_id}  key {v.key_id} ({v.trust})  "
           f"{v.events:,} events  tail {v.tail}")
@@ -427,18 +422,27 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     return 0 if rec.ok else 1
 
 
-def _replay_run_dir(args: argparse.Namespace) -> int:
-    """A distributed run's folder: every rank replayed, the straggler windows recomputed."""
-    from .rundir import replay_run_dir
-
+def _replayed(fn, args: argparse.Namespace):
+    """Run a replay (one journal or a run folder): the reconstruction to print, or the exit code when it
+    failed (one FAIL line) or ``--json`` already printed it."""
     try:
-        rec = replay_run_dir(args.path, **trust_options(args))
+        rec = fn(args.path, **trust_options(args))
     except IntegrityError as e:
         say(e.fail_line(args.path))
         return 1
     if args.json:
         say(json.dumps(rec.to_dict(), default=str))
         return 0 if rec.ok else 1
+    return rec
+
+
+def _replay_run_dir(args: argparse.Namespace) -> int:
+    """A distributed run's folder: every rank replayed, the straggler windows recomputed."""
+    from .rundir import replay_run_dir
+
+    rec = _replayed(replay_run_dir, args)
+    if isinstance(rec, int):
+        return rec
     say(f"{'OK  ' if rec.ok else 'DIFF'}  {args.path}: {len(rec.ranks)} ranks replayed, "
         f"{rec.verify.anchors} anchors, {len(rec.stragglers)} stragglers flagged")
     for r, one in sorted(rec.ranks.items()):

@@ -356,15 +356,7 @@ class Journal:
         encode = codec.encode_trusted
         seal_every = self._seal_every
         for ev, ts in pending:
-            body = encode(ev)
-            seq = self._seq
-            prefix = b'%b,"seq":%d,"ts":%d' % (body[:-1], seq, ts)
-            d = _link(self._prev, prefix)
-            hx = _hexlify(d)
-            self._buf += b'%b,"h":"%b"}\n' % (prefix, hx)
-            self._seq = seq + 1
-            self._prev = d
-            self._last_hash_hex = hx
+            self._write_locked(encode(ev), ts)  # with the time it was appended, not the time it is written
             self._since_seal += 1
             if self._since_seal >= seal_every:
                 try:
@@ -392,10 +384,11 @@ class Journal:
             self._since_seal += 1
             self._seal_locked(durable=True)
 
-    def _write_locked(self, body: bytes) -> tuple[int, bytes, int]:
+    def _write_locked(self, body: bytes, ts: int | None = None) -> tuple[int, bytes, int]:
         """Chain and buffer one encoded event (the caller holds the lock); ``append`` inlines this."""
         seq = self._seq
-        ts = _now()
+        if ts is None:
+            ts = _now()
         prefix = b'%b,"seq":%d,"ts":%d' % (body[:-1], seq, ts)
         d = _link(self._prev, prefix)
         hx = _hexlify(d)
