@@ -12,6 +12,7 @@ resource evidence. :data:`BUILTIN_KINDS` lists them all; the codec imports this 
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 from .events import Event, RunClosed, RunOpened, RunResumed, Seal, StepObserved, TailRepaired
@@ -275,6 +276,20 @@ class DecisionRecorded(Event, tag="decision_recorded", frozen=True, kw_only=True
     action_chosen: str  # "advance" | "halt_ladder"
 
 
+_HEAD = re.compile(r"[0-9]{1,19}:[0-9a-f]{64}\Z")
+
+
+def _check_head(head: str) -> None:
+    if not _HEAD.match(head):
+        raise ValueError(f"{head[:80]!r} is not SEQ:HASH")
+
+
+def _check_ranks(d: dict[str, Any], what: str) -> None:
+    for k in d:
+        if not (k.isdigit() and len(k) <= 7):
+            raise ValueError(f"{what}: {k[:20]!r} is not a rank")
+
+
 class RankJoined(Event, tag="rank_joined", frozen=True, kw_only=True):
     """A rank of a distributed run started (or, after a torchrun restart, started again) writing this journal."""
 
@@ -294,6 +309,11 @@ class RanksAnchored(Event, tag="ranks_anchored", frozen=True, kw_only=True):
     heads: dict[str, str]  # rank (decimal) -> "SEQ:HASH"
     step: int | None = None
 
+    def __post_init__(self) -> None:  # on decode too: verify RUN_DIR reads these fields
+        _check_ranks(self.heads, "heads")
+        for h in self.heads.values():
+            _check_head(h)
+
 
 class AnchorRecorded(Event, tag="anchor_recorded", frozen=True, kw_only=True):
     """Another rank's record of rank 0's latest sealed head at the same point (rank 0 is anchored too)."""
@@ -301,6 +321,9 @@ class AnchorRecorded(Event, tag="anchor_recorded", frozen=True, kw_only=True):
     rank: int
     head: str  # "SEQ:HASH"
     step: int | None = None
+
+    def __post_init__(self) -> None:
+        _check_head(self.head)
 
 
 class ShardsSaved(Event, tag="shards_saved", frozen=True, kw_only=True):
@@ -314,6 +337,12 @@ class ShardsSaved(Event, tag="shards_saved", frozen=True, kw_only=True):
     world_size: int
     files: list[dict[str, Any]]  # {"file", "bytes", "sha256"}
     metadata_sha256: str | None = None
+
+    def __post_init__(self) -> None:  # on decode too: a restore reads every entry
+        for f in self.files:
+            if not (isinstance(f.get("file"), str) and isinstance(f.get("sha256"), str)
+                    and isinstance(f.get("bytes"), int)):
+                raise ValueError("each shard file needs a file name, bytes and a sha256")
 
 
 class DeviceSampled(Event, tag="device_sampled", frozen=True, kw_only=True):
@@ -351,6 +380,10 @@ class StragglerScores(Event, tag="straggler_scores", frozen=True, kw_only=True):
     medians: dict[str, float]  # rank (decimal) -> median step time, seconds
     scores: dict[str, float]
     threshold: float
+
+    def __post_init__(self) -> None:  # on decode too: replay RUN_DIR reads these fields
+        _check_ranks(self.medians, "medians")
+        _check_ranks(self.scores, "scores")
 
 
 class StragglerDetected(Event, tag="straggler_detected", frozen=True, kw_only=True):

@@ -41,19 +41,21 @@ from .kinds import (
 from .ladder_outcome import LadderProjection, decide, gate
 
 __all__ = ["Projection", "HealthAudit", "CheckpointLog", "RewindAudit", "StopLog", "SelectionAudit",
-           "PreflightAudit", "LadderAudit", "default_projections", "rewind_allowed", "select_checkpoint"]
+           "PreflightAudit", "LadderAudit", "default_projections", "rewind_allowed", "select_checkpoint", "values_agree"]
 
 
 class Projection:
-    """The protocol. Subclasses fold the kinds they care about and ignore the rest."""
+    """The protocol. Subclasses fold the kinds they care about and ignore the rest; what they find wrong goes in
+    ``_diffs`` as they fold (``differences`` returns it unless a subclass compares at the end)."""
 
     name = "projection"
+    _diffs: Any = ()  # a subclass that finds anything sets its own list
 
     def apply(self, ev: Any) -> None:
         raise NotImplementedError
 
     def differences(self) -> list[dict[str, Any]]:
-        return []
+        return list(self._diffs)
 
     def summary(self) -> Any:
         return None
@@ -119,7 +121,7 @@ class HealthAudit(Projection):
         self.recorded: list[tuple[int, AnomalyDetected]] = []
         self.suspected: list[tuple[int, SpikeSuspected]] = []
         self.suspected_recorded: list[tuple[int, SpikeSuspected]] = []
-        self._snapshot_diffs: list[dict[str, Any]] = []
+        self._diffs = []  # snapshots that are not the fold
         # spike_suspected came with format 1.1: a journal written before cannot be asked for it
         self.check_suspected = format_version is None or _at_least(format_version, (1, 1))
 
@@ -142,12 +144,12 @@ class HealthAudit(Projection):
             # The checkpoint's monitor snapshot must be the fold of the journal up to here.
             folded = state_digest((self.proj or HealthProjection()).state())
             if folded != ev.monitor_sha256:
-                self._snapshot_diffs.append(_diff(ev.seq, "checkpoint_saved",
+                self._diffs.append(_diff(ev.seq, "checkpoint_saved",
                                                   f"the monitor snapshot in {ev.path} (sha256 {ev.monitor_sha256[:16]}) "
                                                   f"is not the fold of the journal up to it ({folded[:16]})"))
 
     def differences(self) -> list[dict[str, Any]]:
-        out = compare_derived(self.recomputed, self.recorded, "anomaly_detected") + self._snapshot_diffs
+        out = compare_derived(self.recomputed, self.recorded, "anomaly_detected") + self._diffs
         if self.check_suspected:
             out += compare_derived(self.suspected, self.suspected_recorded, "spike_suspected")
         return out
@@ -196,7 +198,7 @@ class RewindAudit(Projection):
     def __init__(self) -> None:
         self.rewinds: list[dict[str, Any]] = []
         self.spikes: list[int] = []
-        self._diffs: list[dict[str, Any]] = []
+        self._diffs = []
 
     def apply(self, ev: Any) -> None:
         if isinstance(ev, RewindDecided):
@@ -210,9 +212,6 @@ class RewindAudit(Projection):
                                  "from_step": ev.from_step, "reason": ev.reason})
         elif isinstance(ev, DataWindowSkipped) and self.rewinds:
             self.rewinds[-1]["skipped_batches"] = [ev.start_batch, ev.end_batch]
-
-    def differences(self) -> list[dict[str, Any]]:
-        return list(self._diffs)
 
 
 #: For the stop rules that record the number that tripped them: what ``value`` against ``limit`` must show.
@@ -233,7 +232,7 @@ class StopLog(Projection):
 
     def __init__(self) -> None:
         self.stops: list[dict[str, Any]] = []
-        self._diffs: list[dict[str, Any]] = []
+        self._diffs = []
 
     def apply(self, ev: Any) -> None:
         if isinstance(ev, RunStopped):
@@ -247,9 +246,6 @@ class StopLog(Projection):
             if test is not None and v is not None and lim is not None and not test[0](v, lim):
                 self._diffs.append(_diff(ev.seq, "run_stopped", f"stopped by {ev.rule}, but its value {v} is not "
                                                                 f"{test[1]} its limit {lim}"))
-
-    def differences(self) -> list[dict[str, Any]]:
-        return list(self._diffs)
 
 
 # -- checkpoint selection ---------------------------------------------------------------------------------------
@@ -275,7 +271,7 @@ class SelectionAudit(Projection):
 
     def __init__(self) -> None:
         self.evals: list[EvaluationRecorded] = []
-        self._diffs: list[dict[str, Any]] = []
+        self._diffs = []
 
     def apply(self, ev: Any) -> None:
         if isinstance(ev, EvaluationRecorded):
@@ -297,9 +293,6 @@ class SelectionAudit(Projection):
                 self._diffs.append(_diff(ev.seq, "checkpoint_selected",
                                          f"recorded {ev.checkpoint} ({ev.value}) of {ev.candidates}, the rule "
                                          f"{ev.rule!r} picks {pick.checkpoint} ({pick.metrics[metric]}) of {n}"))
-
-    def differences(self) -> list[dict[str, Any]]:
-        return list(self._diffs)
 
 
 # -- preflight --------------------------------------------------------------------------------------------------
@@ -328,7 +321,7 @@ class PreflightAudit(Projection):
 
     def __init__(self) -> None:
         self.stopped: PreflightGate | None = None
-        self._diffs: list[dict[str, Any]] = []
+        self._diffs = []
 
     def apply(self, ev: Any) -> None:
         if isinstance(ev, PreflightGate):
@@ -351,14 +344,12 @@ class PreflightAudit(Projection):
                                          f"recorded {ev.status!r}, the gates give {want!r}"))
             self.stopped = None
 
-    def differences(self) -> list[dict[str, Any]]:
-        return list(self._diffs)
-
 
 # -- the pilot ladder -------------------------------------------------------------------------------------------
 
 
-def _close(a: Any, b: Any) -> bool:
+def values_agree(a: Any, b: Any) -> bool:
+    """A recorded number against its recomputation: equal within 1e-9 relative (NaN equals NaN), or equal."""
     if isinstance(a, bool) or isinstance(b, bool) or not isinstance(a, (int, float)) or not isinstance(b, (int, float)):
         return a == b
     if math.isinf(a) or math.isinf(b) or a != a or b != b:
@@ -388,7 +379,7 @@ class LadderAudit(Projection):
         self._health: HealthProjection | None = None
         self._last_loss: float | None = None
         self._flops = 0.0
-        self._diffs: list[dict[str, Any]] = []
+        self._diffs = []
 
     def apply(self, ev: Any) -> None:
         if isinstance(ev, RungStarted):
@@ -461,16 +452,13 @@ class LadderAudit(Projection):
         if isinstance(curve, list) and curve and all(isinstance(x, (int, float)) for x in curve):
             got["forgetting_gap"] = curve[-1] - min(curve)
         for key, value in got.items():
-            tol_ok = _close(ev.measured.get(key), value) or (
+            tol_ok = values_agree(ev.measured.get(key), value) or (
                 key == "forgetting_gap" and isinstance(ev.measured.get(key), (int, float))
                 and abs(ev.measured[key] - value) <= 2e-6)  # the curve is stored rounded to 6 decimals
             if key in ev.measured and not tol_ok:
                 self._diffs.append(_diff(ev.seq, "gate_verdict",
                                          f"rung {ev.rung}: recorded measured {key}={ev.measured[key]!r}, the rung's "
                                          f"events give {value!r}"))
-
-    def differences(self) -> list[dict[str, Any]]:
-        return list(self._diffs)
 
     def summary(self) -> dict[str, Any] | None:
         if not self.seen:

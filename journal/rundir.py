@@ -154,14 +154,15 @@ def replay_run_dir(path: str | os.PathLike, **verify_options: Any) -> RunDirReco
     from .stragglers import audit_stragglers
 
     report = verify_run_dir(path, **verify_options)
-    recs = {r: replay(f, **verify_options) for r, f in rank_files(path).items()}
     keep = (StepObserved, StragglerScores, StragglerDetected, RankJoined)
     events: dict[int, list[Any]] = {}
-    with PrivateCopies() as copies:
-        for r, f in rank_files(path).items():
-            rep, copy = verify_copy(f, copies, **verify_options)
-            events[r] = [e for batch in unchecked_batches(copy, rep.trusted_bytes) for e in batch
-                         if isinstance(e, keep)]
+    recs = {}
+    for r, f in rank_files(path).items():
+        kept: list[Any] = []
+        # replay's own pass over the signed prefix hands over what the straggler audit needs
+        recs[r] = replay(f, observe=lambda ev, kept=kept: kept.append(ev) if isinstance(ev, keep) else None,
+                         **verify_options)
+        events[r] = kept
     differences = [{**d, "rank": r} for r, rec in sorted(recs.items()) for d in rec.differences]
     differences += [{**d, "rank": 0} for d in audit_stragglers(events)]
     flagged = [{"seq": e.seq, "rank": e.rank, "score": e.score, "window": [e.window_start, e.window_end],

@@ -38,6 +38,7 @@ def audit_stragglers(rank_events: dict[int, list[Any]]) -> list[dict[str, Any]]:
     rank's own step times give (``rank_events``: each rank's signed events, in order)."""
     from .events import StepObserved
     from .kinds import RankJoined, StragglerDetected, StragglerScores
+    from .projections import values_agree
 
     out: list[dict[str, Any]] = []
     # Per rank and per torchrun round (the restart count of the rank_joined before them): the last observation
@@ -81,19 +82,15 @@ def audit_stragglers(rank_events: dict[int, list[Any]]) -> list[dict[str, Any]]:
             scores = relative_scores(medians)
             for r, m in medians.items():
                 rec_m, rec_s = ev.medians[str(r)], ev.scores.get(str(r))
-                if not (_close(rec_m, m) and rec_s is not None and _close(rec_s, scores[r])):
+                if not (values_agree(rec_m, m) and rec_s is not None and values_agree(rec_s, scores[r])):
                     out.append({"seq": ev.seq, "kind": "straggler_scores",
                                 "detail": f"window {ev.window_start}-{ev.window_end}: recorded rank {r} median "
                                           f"{rec_m} score {rec_s}, its journal gives {m} score {scores[r]}"})
             pending.update({r: sc for r, sc in scores.items() if sc < ev.threshold})
         elif isinstance(ev, StragglerDetected):
             s = pending.pop(ev.rank, None)
-            if s is None or not _close(s, ev.score):
+            if s is None or not values_agree(s, ev.score):
                 out.append({"seq": ev.seq, "kind": "straggler_detected",
                             "detail": f"rank {ev.rank} flagged with score {ev.score}, which the step times do not give"})
     unflagged()
     return out
-
-
-def _close(a: float, b: float) -> bool:
-    return abs(a - b) <= 1e-9 * max(1.0, abs(a), abs(b))

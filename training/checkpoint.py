@@ -52,6 +52,7 @@ __all__ = [
     "enforce_retention",
     "signed_history",
     "load_payload",
+    "file_sha256",
 ]
 
 #: What a checkpoint must hold for a resume to continue the run exactly.
@@ -147,7 +148,7 @@ def _write(run: Path, journal: Journal, payload: dict[str, Any], contents: list[
         torch.save(payload, f)
         f.flush()
         os.fsync(f.fileno())
-    digest, size = _sha256_file(tmp)
+    digest, size = file_sha256(tmp)
     os.replace(tmp, final)
     _fsync_dir(final.parent)
     ev = CheckpointSaved(step=step, path=rel.as_posix(), bytes=size, sha256=digest, contents=contents,
@@ -238,7 +239,8 @@ class Checkpointer:
         return None
 
 
-def _sha256_file(path: Path) -> tuple[str, int]:
+def file_sha256(path: Path) -> tuple[str, int]:
+    """(SHA-256 hex, size) of a file, read in 1 MiB blocks."""
     h = hashlib.sha256()
     size = 0
     with open(path, "rb") as f:
@@ -315,7 +317,7 @@ def restore_checkpoint(run_dir: str | os.PathLike, journal: Journal, path: str |
         _reject(journal, rel, "resume-invalid-unknown-checkpoint",
                 "no signed checkpoint_saved records this checkpoint (events after the last seal do not count)")
     try:
-        digest, _ = _sha256_file(file)
+        digest, _ = file_sha256(file)
     except OSError as e:
         _reject(journal, rel, "resume-invalid-missing-file", f"cannot read it: {e.strerror}")
     if digest != record.sha256:

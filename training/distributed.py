@@ -181,15 +181,15 @@ class StragglerDetector:
 
 
 def _digest_file(p: Path) -> tuple[str, int]:
-    import hashlib
+    """fsync (durable before it is recorded), then :func:`~trainledger.training.checkpoint.file_sha256`."""
+    from trainledger.training.checkpoint import file_sha256
 
-    h, n = hashlib.sha256(), 0
-    with open(p, "rb") as f:
-        os.fsync(f.fileno())  # durable before it is recorded
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-            n += len(chunk)
-    return h.hexdigest(), n
+    fd = os.open(p, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return file_sha256(p)
 
 
 def _shard_folder(run_dir: str | os.PathLike, step: int) -> tuple[str, Path]:
@@ -288,7 +288,8 @@ def restore_sharded(run_dir: str | os.PathLike, journal: Journal, state_dict: di
     from trainledger.journal import RunResumed
     from trainledger.journal._paths import confined
     from trainledger.journal.kinds import ResumeRejectedEvent, ShardsSaved
-    from trainledger.training.checkpoint import ResumeRejected, signed_history
+    from trainledger.journal.errors import UnsafePath
+    from trainledger.training.checkpoint import ResumeRejected, file_sha256, signed_history
 
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     records = {e.step: e for e in signed_history(journal) if isinstance(e, ShardsSaved)}
@@ -302,18 +303,21 @@ def restore_sharded(run_dir: str | os.PathLike, journal: Journal, state_dict: di
                    + (f" at step {pick}" if pick is not None else " that every rank recorded"))
     else:
         rec = records[pick]
-        folder = confined(run_dir, rec.path, what="checkpoint path")
-        checks = [(f["file"], f["sha256"]) for f in rec.files]
-        if rank == 0 and rec.metadata_sha256 is not None:
-            checks.append((".metadata", rec.metadata_sha256))
-        for name, want in checks:
-            p = folder / name
-            if not p.is_file():
-                problem = ("resume-invalid-missing-state", f"rank {rank}: {rec.path}/{name} is missing")
-                break
-            if _digest_file(p)[0] != want:
-                problem = ("resume-invalid-digest", f"rank {rank}: {rec.path}/{name} differs from its signed record")
-                break
+        try:  # every rank reaches the gather below: a problem here is a verdict, never an exception
+            checks = [(f["file"], f["sha256"]) for f in rec.files]
+            if rank == 0 and rec.metadata_sha256 is not None:
+                checks.append((".metadata", rec.metadata_sha256))
+            for name, want in checks:
+                p = confined(run_dir, f"{rec.path}/{name}", what="shard file")  # a recorded name may not lead out
+                if not p.is_file():
+                    problem = ("resume-invalid-missing-state", f"rank {rank}: {rec.path}/{name} is missing")
+                    break
+                if file_sha256(p)[0] != want:
+                    problem = ("resume-invalid-digest",
+                               f"rank {rank}: {rec.path}/{name} differs from its signed record")
+                    break
+        except (UnsafePath, KeyError, TypeError) as e:
+            problem = ("resume-invalid-path", f"rank {rank}: {e}")
     verdicts: list[Any] = [None] * world
     dist.all_gather_object(verdicts, problem, group=group)
     bad = next((v for v in verdicts if v is not None), None)

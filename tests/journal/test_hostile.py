@@ -214,3 +214,15 @@ def test_replay_is_linear_in_unsupported_anomalies(tmp_path, signer, pubkey):
     t0 = time.perf_counter()
     rec = replay(p, keys=[pubkey])
     assert len(rec.differences) == 4000 and time.perf_counter() - t0 < 5
+
+
+def test_hostile_distributed_fields_fail_verification_of_the_folder(hostile, capsys, tmp_path):
+    """A signed rank journal whose anchors or straggler scores name no rank: one line, exit 1, no traceback."""
+    p, pub = hostile([{"kind": "ranks_anchored", "heads": {"x": "1:" + "ab" * 32}}], name="rank-00000.jsonl")
+    code, out, _ = run(capsys, "verify", "--pubkey", pub, tmp_path)
+    assert code == 1 and "ranks_anchored" in out
+    p.unlink()
+    hostile([{"kind": "straggler_scores", "window_start": 0, "window_end": 9, "medians": {"zero": 0.1},
+              "scores": {"zero": 1.0}, "threshold": 0.75}], name="rank-00000.jsonl")
+    code, out, _ = run(capsys, "replay", "--pubkey", pub, tmp_path)
+    assert code == 1 and "straggler_scores" in out

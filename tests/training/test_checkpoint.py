@@ -72,9 +72,9 @@ def test_restore_without_rng_state_is_rejected_and_diverges(tmp_path, signer):
     # What a trainer that saves no RNG state would have written and recorded.
     bad = run_dir / "checkpoints" / "no-rng.pt"
     torch.save(payload, bad)
-    from trainledger.training.checkpoint import _sha256_file
+    from trainledger.training.checkpoint import file_sha256
 
-    digest, size = _sha256_file(bad)
+    digest, size = file_sha256(bad)
     j.append(CheckpointSaved(step=ev.step, path="checkpoints/no-rng.pt", bytes=size, sha256=digest,
                              contents=[c for c in ev.contents if c != "rng"], duration_s=0.0), durable=True)
     model, opt, sched, sampler = resume_run.build(seed=5)
@@ -101,9 +101,9 @@ def test_weights_only_is_rejected_unless_overridden_and_then_not_a_resume(tmp_pa
         payload[k] = None
     wo = run_dir / "checkpoints" / "weights.pt"
     torch.save(payload, wo)
-    from trainledger.training.checkpoint import _sha256_file
+    from trainledger.training.checkpoint import file_sha256
 
-    digest, size = _sha256_file(wo)
+    digest, size = file_sha256(wo)
     j.append(CheckpointSaved(step=ev.step, path="checkpoints/weights.pt", bytes=size, sha256=digest,
                              contents=["model", "rng", "sampler", "counters", "accumulation", "manifest_id"],
                              duration_s=0.0), durable=True)
