@@ -337,6 +337,7 @@ class ShardsSaved(Event, tag="shards_saved", frozen=True, kw_only=True):
     world_size: int
     files: list[dict[str, Any]]  # {"file", "bytes", "sha256"}
     metadata_sha256: str | None = None
+    save_id: str | None = None  # rank 0: DCP's save_id, as in the checkpoint's .metadata
 
     def __post_init__(self) -> None:  # on decode too: a restore reads every entry
         for f in self.files:
@@ -380,10 +381,13 @@ class StragglerScores(Event, tag="straggler_scores", frozen=True, kw_only=True):
     medians: dict[str, float]  # rank (decimal) -> median step time, seconds
     scores: dict[str, float]
     threshold: float
+    individual: dict[str, float] | None = None  # rank -> its best window median so far over this one's
 
     def __post_init__(self) -> None:  # on decode too: replay RUN_DIR reads these fields
         _check_ranks(self.medians, "medians")
         _check_ranks(self.scores, "scores")
+        if self.individual is not None:
+            _check_ranks(self.individual, "individual")
 
 
 class StragglerDetected(Event, tag="straggler_detected", frozen=True, kw_only=True):

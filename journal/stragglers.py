@@ -1,10 +1,12 @@
 """Straggler detection as a fold over every rank's journaled step times (torch-free, so replay recomputes it).
 
-Every ``every`` steps the ranks exchange one number each (the median step time of the steps they observed
+Every window (a number of steps; by default about a minute of wall time) the ranks exchange one number each (the median step time of the steps they observed
 since the last exchange; one small collective, never per step) and rank 0 records ``straggler_scores``: per
 rank, the *relative score* = the fastest rank's median / this rank's median (nvidia-resiliency-ext's relative
 score: 1.0 for the fastest, 0.5 for a rank taking twice as long). A score below the threshold (0.75, theirs)
-is a ``straggler_detected`` event. :func:`window_median` and :func:`relative_scores` are what the live detector
+is a ``straggler_detected`` event. Each window also records the *individual score* (a rank's best window median
+so far over this one's: a rank slowing down against itself, which a uniformly slow group hides from the
+relative score); it is reported, not flagged: machine noise alone moves it by more than a quarter here. :func:`window_median` and :func:`relative_scores` are what the live detector
 (``training.distributed.StragglerDetector``) computes with, and :func:`audit_stragglers` recomputes every recorded
 window from the rank journals: each rank's median over the last observation of each step in the window, within
 the torchrun round the window was recorded in (a restart re-runs steps; each round is its own).
@@ -16,7 +18,7 @@ import math
 import statistics
 from typing import Any
 
-__all__ = ["DEFAULT_THRESHOLD", "window_median", "relative_scores", "audit_stragglers"]
+__all__ = ["DEFAULT_THRESHOLD", "window_median", "relative_scores", "individual_scores", "audit_stragglers"]
 
 DEFAULT_THRESHOLD = 0.75
 
@@ -31,6 +33,14 @@ def relative_scores(medians: dict[int, float]) -> dict[int, float]:
     """Per rank: the fastest rank's median over this rank's (1.0 for the fastest)."""
     ref = min(medians.values())
     return {r: ref / m for r, m in medians.items()}
+
+
+def individual_scores(medians: dict[int, float], best: dict[int, float]) -> dict[int, float]:
+    """Per rank: its own best (lowest) window median so far, this window's included, over this window's
+    (nvidia-resiliency-ext's individual score: a rank that slows down against itself). Updates ``best``."""
+    for r, m in medians.items():
+        best[r] = min(best.get(r, m), m)
+    return {r: best[r] / m for r, m in medians.items()}
 
 
 def audit_stragglers(rank_events: dict[int, list[Any]]) -> list[dict[str, Any]]:
@@ -55,6 +65,7 @@ def audit_stragglers(rank_events: dict[int, list[Any]]) -> list[dict[str, Any]]:
         last_time[r] = rounds
     round0 = 0
     pending: dict[int, float] = {}
+    best: dict[int, float] = {}  # each rank's best window median in this round (the live detector's memory)
 
     def unflagged() -> None:
         for r, sc in pending.items():
@@ -65,6 +76,7 @@ def audit_stragglers(rank_events: dict[int, list[Any]]) -> list[dict[str, Any]]:
     for ev in rank_events.get(0, []):
         if isinstance(ev, RankJoined):
             round0 = ev.restart_count
+            best = {}
         elif isinstance(ev, StragglerScores):
             unflagged()
             medians = {}
@@ -80,6 +92,13 @@ def audit_stragglers(rank_events: dict[int, list[Any]]) -> list[dict[str, Any]]:
                             "detail": f"window {ev.window_start}-{ev.window_end}: some rank journaled no step times"})
                 continue
             scores = relative_scores(medians)
+            indiv = individual_scores(medians, best)
+            if ev.individual is not None and not all(
+                    values_agree(ev.individual.get(str(r)), indiv[r]) for r in medians):
+                out.append({"seq": ev.seq, "kind": "straggler_scores",
+                            "detail": f"window {ev.window_start}-{ev.window_end}: recorded individual scores "
+                                      f"{ev.individual}, the step times give "
+                                      f"{ {str(r): round(x, 6) for r, x in indiv.items()} }"})
             for r, m in medians.items():
                 rec_m, rec_s = ev.medians[str(r)], ev.scores.get(str(r))
                 if not (values_agree(rec_m, m) and rec_s is not None and values_agree(rec_s, scores[r])):

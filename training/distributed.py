@@ -30,7 +30,7 @@ from trainledger.journal.kinds import AnchorRecorded, RankJoined, RanksAnchored
 from trainledger.journal.stragglers import DEFAULT_THRESHOLD
 
 __all__ = ["RankInfo", "rank_info", "open_rank_journal", "anchor_ranks", "rank_journal_name", "init_process_group",
-           "StragglerDetector", "save_sharded", "restore_sharded", "ShardedCheckpointer"]
+           "StragglerDetector", "save_sharded", "restore_sharded", "ShardedCheckpointer", "ShardedRestore", "rank_key"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,17 +134,31 @@ def anchor_ranks(journal: Journal, *, step: int | None = None, group: Any = None
 
 
 class StragglerDetector:
-    """Every rank calls :meth:`observe` after each step (a list append); every ``every`` steps the ranks exchange
-    their window medians (one ``all_gather_object`` of a float) and rank 0 records ``straggler_scores`` and a
-    ``straggler_detected`` for each rank below ``threshold``. All ranks must observe the same steps (call it at
-    the same place in the loop). The arithmetic is ``journal.stragglers``', which replay runs again."""
+    """Every rank calls :meth:`observe` after each step (a dict insert); every window the ranks exchange their
+    window medians (one ``all_gather_object`` of a tuple) and rank 0 records ``straggler_scores`` (relative and
+    individual scores) and a ``straggler_detected`` for each rank whose relative score is below ``threshold``.
 
-    def __init__(self, journal: Journal, *, every: int = 100, threshold: float = DEFAULT_THRESHOLD,
-                 group: Any = None):
-        if every < 1 or not 0 < threshold <= 1:
-            raise UsageError(f"every must be >= 1 and threshold in (0, 1], got {every}, {threshold}")
-        self.journal, self.every, self.threshold, self.group = journal, every, threshold, group
+    The window: ``every`` steps if given; by default about ``interval_s`` of wall time (a minute, as
+    nvidia-resiliency-ext reports), measured on the first ``calibration_steps`` steps: the first exchange comes
+    after those, and every rank then derives the same window length from the slowest rank's median (the ranks
+    agree because they compute it from the same gathered numbers). All ranks must observe the same steps (call
+    it at the same place in the loop). The arithmetic is ``journal.stragglers``', which replay runs again.
+    """
+
+    def __init__(self, journal: Journal, *, every: int | None = None, interval_s: float = 60.0,
+                 calibration_steps: int = 20, threshold: float = DEFAULT_THRESHOLD, group: Any = None):
+        if (every is not None and every < 1) or calibration_steps < 1 or not interval_s > 0 \
+                or not 0 < threshold <= 1:
+            raise UsageError("every and calibration_steps must be >= 1, interval_s > 0 and threshold in (0, 1]; "
+                             f"got {every}, {calibration_steps}, {interval_s}, {threshold}")
+        self.journal, self.threshold, self.group = journal, threshold, group
+        self.interval_s = interval_s
+        self.every = every if every is not None else calibration_steps
+        self._calibrating = every is None
         self._times: dict[int, float] = {}
+        self._best: dict[int, float] = {}
+        #: seconds the last exchange took (the collective and, on rank 0, the records)
+        self.last_exchange_s: float | None = None
 
     def observe(self, step: int, step_time_s: float) -> None:
         self._times[step] = step_time_s
@@ -152,12 +166,15 @@ class StragglerDetector:
             self.exchange()
 
     def exchange(self) -> dict[int, float]:
-        """Gather the window's medians now; rank 0 records the scores. Returns ``{rank: score}``."""
+        """Gather the window's medians now; rank 0 records the scores. Returns ``{rank: relative score}``."""
+        import time
+
         import torch.distributed as dist
 
         from trainledger.journal.kinds import StragglerDetected, StragglerScores
-        from trainledger.journal.stragglers import relative_scores, window_median
+        from trainledger.journal.stragglers import individual_scores, relative_scores, window_median
 
+        t0 = time.perf_counter()
         steps = sorted(self._times)
         mine = (steps[0], steps[-1], window_median(list(self._times.values()))) if steps else None
         self._times = {}
@@ -166,17 +183,23 @@ class StragglerDetector:
         if any(g is None or g[0] is None or g[0][2] is None for g in gathered):
             return {}
         medians = {r: g[0][2] for r, g in enumerate(gathered)}
+        if self._calibrating:  # the same numbers on every rank: the same window length everywhere
+            self._calibrating = False
+            self.every = max(1, min(1_000_000, round(self.interval_s / max(medians.values()))))
         scores = relative_scores(medians)
+        individual = individual_scores(medians, self._best)
         if dist.get_rank(self.group) == 0:
             start, end = min(g[0][0] for g in gathered), max(g[0][1] for g in gathered)
             self.journal.append(StragglerScores(window_start=start, window_end=end,
                                                 medians={str(r): m for r, m in medians.items()},
                                                 scores={str(r): s for r, s in scores.items()},
+                                                individual={str(r): s for r, s in individual.items()},
                                                 threshold=self.threshold), durable=True)
             for r, s in scores.items():
                 if s < self.threshold:
                     self.journal.append(StragglerDetected(rank=r, score=s, window_start=start, window_end=end,
                                                           node=gathered[r][1]), durable=True)
+        self.last_exchange_s = time.perf_counter() - t0
         return scores
 
 
@@ -193,14 +216,19 @@ def _digest_file(p: Path) -> tuple[str, int]:
 
 
 def _shard_folder(run_dir: str | os.PathLike, step: int) -> tuple[str, Path]:
+    """``checkpoints/step-000000019``; a later torchrun round saving the same step again writes
+    ``step-000000019-restart1`` beside it (every rank names it alike), so a save that an earlier round left
+    half-recorded is never overwritten under a record that no longer matches."""
     from trainledger.journal._paths import confined
 
-    rel = f"checkpoints/step-{step:09d}"
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    rel = f"checkpoints/step-{step:09d}" + (f"-restart{restart}" if restart else "")
     (Path(run_dir) / "checkpoints").mkdir(parents=True, exist_ok=True)
     return rel, confined(run_dir, rel, what="checkpoint path")
 
 
-def _record_shards(journal: Journal, folder: Path, rel: str, step: int, rank: int, world: int) -> Any:
+def _record_shards(journal: Journal, folder: Path, rel: str, step: int, rank: int, world: int,
+                   save_id: str | None) -> Any:
     from trainledger.journal.kinds import ShardsSaved
 
     mine = sorted(p for p in folder.iterdir() if re.fullmatch(rf"__{rank}_\d+\.distcp", p.name))
@@ -209,7 +237,8 @@ def _record_shards(journal: Journal, folder: Path, rel: str, step: int, rank: in
         digest, size = _digest_file(p)
         files.append({"file": p.name, "bytes": size, "sha256": digest})
     meta = _digest_file(folder / ".metadata")[0] if rank == 0 else None
-    ev = ShardsSaved(step=step, path=rel, rank=rank, world_size=world, files=files, metadata_sha256=meta)
+    ev = ShardsSaved(step=step, path=rel, rank=rank, world_size=world, files=files, metadata_sha256=meta,
+                     save_id=save_id if rank == 0 else None)
     journal.append(ev, durable=True)
     return ev
 
@@ -217,23 +246,42 @@ def _record_shards(journal: Journal, folder: Path, rel: str, step: int, rank: in
 def save_sharded(run_dir: str | os.PathLike, journal: Journal, state_dict: dict[str, Any], *, step: int,
                  group: Any = None) -> Any:
     """Write ``state_dict`` with ``torch.distributed.checkpoint.save`` (every rank together) and record what DCP
-    does not: this rank's shard files (``__RANK_*.distcp``) with their digests, and on rank 0 the metadata's.
-    Returns this rank's ``shards_saved``. :class:`ShardedCheckpointer` saves in the background."""
+    does not: this rank's shard files (``__RANK_*.distcp``) with their digests, and on rank 0 the metadata's and
+    DCP's ``save_id``. Returns this rank's ``shards_saved``. :class:`ShardedCheckpointer` saves in the background.
+
+    Values that differ between ranks (RNG states, data cursors) need keys of their own per rank (DCP keeps one copy
+    of a key every rank saves): :func:`rank_key`."""
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
 
     rel, folder = _shard_folder(run_dir, step)
-    dcp.save(state_dict, checkpoint_id=str(folder))
-    return _record_shards(journal, folder, rel, step, dist.get_rank(group), dist.get_world_size(group))
+    writer = dcp.FileSystemWriter(str(folder))
+    dcp.save(state_dict, storage_writer=writer, process_group=group)
+    return _record_shards(journal, folder, rel, step, dist.get_rank(group), dist.get_world_size(group),
+                          writer.save_id)
+
+
+def rank_key(rank: int) -> str:
+    """The state-dict key for one rank's own state in a sharded checkpoint (``rank-00003``)."""
+    return f"rank-{rank:05d}"
 
 
 class ShardedCheckpointer:
     """Sharded saves that overlap training: ``save(..., background=True)`` stages the state and returns
     (``torch.distributed.checkpoint.async_save``); a helper thread waits for DCP's writes, then hashes the shards and
     records ``shards_saved``, off the training thread. At most one save is in flight (as DCP requires): the next
-    ``save``, or ``wait``, joins it and raises what it failed with."""
+    ``save``, or ``wait``, joins it and raises what it failed with.
+
+    A background save finishes with collectives of its own while training runs collectives of its own (DDP's
+    all-reduce): on one process group they would interleave and hang. So the checkpointer runs its saves on a
+    group of its own (gloo, made here with ``torch.distributed.new_group``: every rank constructs it at the same
+    point), unless ``group`` is given."""
 
     def __init__(self, run_dir: str | os.PathLike, journal: Journal, *, group: Any = None):
+        import torch.distributed as dist
+
+        if group is None:
+            group = dist.new_group(backend="gloo")
         self.run_dir, self.journal, self.group = run_dir, journal, group
         self._thread: threading.Thread | None = None
         self._outcome: list[Any] = []
@@ -247,7 +295,8 @@ class ShardedCheckpointer:
         if not background:
             return save_sharded(self.run_dir, self.journal, state_dict, step=step, group=self.group)
         rel, folder = _shard_folder(self.run_dir, step)
-        future = dcp.async_save(state_dict, checkpoint_id=str(folder))
+        writer = dcp.FileSystemWriter(str(folder))
+        future = dcp.async_save(state_dict, storage_writer=writer, process_group=self.group)
         rank, world = dist.get_rank(self.group), dist.get_world_size(self.group)
 
         def finish() -> None:
@@ -255,7 +304,7 @@ class ShardedCheckpointer:
                 result = future.result()
                 if hasattr(result, "result") and callable(result.result):  # newer DCP wraps a second future
                     result.result()
-                self._outcome.append(_record_shards(self.journal, folder, rel, step, rank, world))
+                self._outcome.append(_record_shards(self.journal, folder, rel, step, rank, world, writer.save_id))
             except BaseException as e:  # raised by the next save or wait, never dropped
                 self._outcome.append(e)
 
@@ -275,59 +324,158 @@ class ShardedCheckpointer:
         return out
 
 
+@dataclasses.dataclass(frozen=True)
+class ShardedRestore:
+    """What :func:`restore_sharded` loaded: the checkpoint's step and folder, and the world size that saved it."""
+
+    step: int
+    path: str
+    saved_world_size: int
+    resharded: bool
+
+
+def _shard_records(path: Path, keys: list[Any]) -> dict[str, Any]:
+    """``{folder: shards_saved}`` from one rank journal's signed events (the newest record per folder)."""
+    from trainledger.journal import read_signed_events
+    from trainledger.journal.kinds import ShardsSaved
+
+    return {e.path: e for e in read_signed_events(path, keys) if isinstance(e, ShardsSaved)}
+
+
+def _checked_reader(folder: Path, metadata_sha256: str | None) -> Any:
+    """DCP's file reader, except that ``.metadata`` (a pickle) is read once into memory and unpickled only if its
+    digest is the signed one: no window between the check and the load for a swapped file to slip through."""
+    import hashlib
+    import io
+    import pickle
+
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import StorageMeta
+
+    from trainledger.training.checkpoint import ResumeRejected
+
+    class CheckedReader(FileSystemReader):
+        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+            data = (folder / ".metadata").read_bytes()
+            if metadata_sha256 is None or hashlib.sha256(data).hexdigest() != metadata_sha256:
+                raise ResumeRejected("resume-invalid-digest", f"{folder.name}/.metadata differs from its signed record")
+            md = pickle.load(io.BytesIO(data))  # noqa: S301 - the bytes are the ones the signed record names
+            if getattr(md, "storage_meta", None) is None:
+                md.storage_meta = StorageMeta()
+            md.storage_meta.load_id = self.load_id
+            return md
+
+    return CheckedReader(str(folder))
+
+
+def _safe_planner() -> Any:
+    """DCP's default load planner, except that non-tensor values load with ``torch.load(weights_only=True)``
+    (DCP's own uses ``weights_only=False``: a pickle that could run code)."""
+    import torch
+    from torch.distributed.checkpoint import DefaultLoadPlanner
+    from torch.distributed.checkpoint._traverse import set_element
+
+    class SafePlanner(DefaultLoadPlanner):
+        def load_bytes(self, read_item: Any, value: Any) -> None:
+            obj = torch.load(value, weights_only=True)
+            if self.flatten_state_dict:
+                set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
+            else:
+                self.state_dict[read_item.dest_index.fqn] = obj
+
+    return SafePlanner()
+
+
 def restore_sharded(run_dir: str | os.PathLike, journal: Journal, state_dict: dict[str, Any], *,
-                    step: int | None = None, group: Any = None) -> int:
-    """Restore the newest sharded checkpoint every rank recorded (or ``step``'s) into ``state_dict`` with
-    ``torch.distributed.checkpoint.load``, after every rank checked its shards against its signed records and
-    rank 0 the metadata. All ranks agree before anything is loaded: any problem on any rank is a
-    ``resume_rejected`` on every rank naming the rank and the file, and :class:`ResumeRejected`. Returns the step.
+                    step: int | None = None, group: Any = None, keys: list[Any] | None = None) -> ShardedRestore:
+    """Restore the newest sharded checkpoint complete on every rank that saved it (or ``step``'s) into
+    ``state_dict`` with ``torch.distributed.checkpoint.load``, after every shard was checked against its signed
+    record and the metadata against rank 0's. All ranks agree before anything is loaded: any problem on any rank is
+    a ``resume_rejected`` on every rank naming the rank and the file, and :class:`ResumeRejected`.
+
+    Into another world size (resharding, e.g. 2 ranks saved, 1 restores), rank ``r`` also checks the shards of the
+    saving ranks ``r + k*world`` from their journals in the run folder (signed under ``keys``, default the
+    journal's own key), and ``run_resumed`` says ``resharded``. DCP reshards the tensors; state saved under
+    :func:`rank_key` for a rank that no longer exists is not loaded.
     """
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
 
     from trainledger.journal import RunResumed
     from trainledger.journal._paths import confined
-    from trainledger.journal.kinds import ResumeRejectedEvent, ShardsSaved
-    from trainledger.journal.errors import UnsafePath
+    from trainledger.journal.errors import TrainledgerError as _TLError
+    from trainledger.journal.kinds import ResumeRejectedEvent
     from trainledger.training.checkpoint import ResumeRejected, file_sha256, signed_history
 
     rank, world = dist.get_rank(group), dist.get_world_size(group)
-    records = {e.step: e for e in signed_history(journal) if isinstance(e, ShardsSaved)}
-    steps: list[Any] = [None] * world
-    dist.all_gather_object(steps, sorted(records), group=group)
-    common = set(steps[0]).intersection(*steps[1:]) if steps else set()
-    pick = step if step is not None else (max(common) if common else None)
+    run = Path(run_dir)
+    keys = keys or [journal.public_key]
+    signed_history(journal)  # an unsigned journal is refused here (resume-invalid-unsigned)
+    # Records by saving rank: this rank's own, and those of saving ranks beyond the world that fall to it.
+    known: dict[int, dict[str, Any]] = {rank: _shard_records(journal.path, keys)}
     problem = None
-    if pick is None or pick not in records:
-        problem = ("resume-invalid-unknown-checkpoint", f"rank {rank} has no signed record of a sharded checkpoint"
-                   + (f" at step {pick}" if pick is not None else " that every rank recorded"))
-    else:
-        rec = records[pick]
+    saved_worlds = {e.world_size for e in known[rank].values()}
+    for old in sorted(r for w in saved_worlds for r in range(world, w) if r % world == rank):
+        p = run / rank_journal_name(old)
+        try:
+            known[old] = _shard_records(p, keys) if p.exists() else {}
+        except _TLError as e:
+            problem = ("resume-invalid-journal", f"rank {old}'s journal: {e}")
+    offer = {r: {path: (e.step, e.world_size) for path, e in recs.items()} for r, recs in known.items()}
+    gathered: list[Any] = [None] * world
+    dist.all_gather_object(gathered, offer, group=group)
+    by_path: dict[str, tuple[int, int, set[int]]] = {}
+    for offered in gathered:
+        for r, recs in offered.items():
+            for path, (st, w) in recs.items():
+                by_path.setdefault(path, (st, w, set()))[2].add(r)
+    complete = {path: (st, w) for path, (st, w, ranks) in by_path.items() if ranks >= set(range(w))}
+    candidates = sorted((st, path) for path, (st, _) in complete.items() if step is None or st == step)
+    pick = candidates[-1][1] if candidates else None
+    meta = None
+    if problem is None and pick is None:
+        problem = ("resume-invalid-unknown-checkpoint", "no sharded checkpoint that every saving rank recorded"
+                   + (f" at step {step}" if step is not None else ""))
+    elif problem is None:
         try:  # every rank reaches the gather below: a problem here is a verdict, never an exception
-            checks = [(f["file"], f["sha256"]) for f in rec.files]
-            if rank == 0 and rec.metadata_sha256 is not None:
-                checks.append((".metadata", rec.metadata_sha256))
-            for name, want in checks:
-                p = confined(run_dir, f"{rec.path}/{name}", what="shard file")  # a recorded name may not lead out
-                if not p.is_file():
-                    problem = ("resume-invalid-missing-state", f"rank {rank}: {rec.path}/{name} is missing")
+            for old, recs in known.items():
+                rec = recs.get(pick)
+                if rec is None:
+                    continue
+                checks = [(f["file"], f["sha256"]) for f in rec.files]
+                if old == 0:
+                    meta = rec.metadata_sha256
+                    checks.append((".metadata", rec.metadata_sha256 or ""))
+                for name, want in checks:
+                    p = confined(run, f"{rec.path}/{name}", what="shard file")  # a recorded name may not lead out
+                    if not p.is_file():
+                        problem = ("resume-invalid-missing-state", f"rank {old}: {rec.path}/{name} is missing")
+                    elif file_sha256(p)[0] != want:
+                        problem = ("resume-invalid-digest",
+                                   f"rank {old}: {rec.path}/{name} differs from its signed record")
+                    if problem:
+                        break
+                if problem:
                     break
-                if file_sha256(p)[0] != want:
-                    problem = ("resume-invalid-digest",
-                               f"rank {rank}: {rec.path}/{name} differs from its signed record")
-                    break
-        except (UnsafePath, KeyError, TypeError) as e:
+        except (_TLError, KeyError, TypeError, OSError) as e:
             problem = ("resume-invalid-path", f"rank {rank}: {e}")
     verdicts: list[Any] = [None] * world
-    dist.all_gather_object(verdicts, problem, group=group)
-    bad = next((v for v in verdicts if v is not None), None)
-    rel = f"checkpoints/step-{pick:09d}" if pick is not None else "checkpoints/?"
+    dist.all_gather_object(verdicts, (problem, meta), group=group)
+    bad = next((v[0] for v in verdicts if v[0] is not None), None)
+    meta = next((v[1] for v in verdicts if v[1] is not None), None)
+    rel = pick or "checkpoints/?"
     if bad is not None:
         journal.append(ResumeRejectedEvent(path=rel, reason=bad[0], detail=bad[1]), durable=True)
         raise ResumeRejected(bad[0], bad[1])
-    dcp.load(state_dict, checkpoint_id=str(confined(run_dir, rel, what="checkpoint path")))
-    saved_world = records[pick].world_size
-    journal.append(RunResumed(reason="checkpoint", from_step=pick, checkpoint=rel,
+    st, saved_world = complete[pick]
+    folder = confined(run, pick, what="checkpoint path")
+    try:
+        dcp.load(state_dict, storage_reader=_checked_reader(folder, meta), planner=_safe_planner(),
+                 process_group=group)
+    except ResumeRejected as e:
+        journal.append(ResumeRejectedEvent(path=rel, reason=e.code, detail=str(e)), durable=True)
+        raise
+    journal.append(RunResumed(reason="checkpoint", from_step=st, checkpoint=pick,
                               detail={"sharded": True, "world_size": world, "saved_world_size": saved_world,
                                       "resharded": saved_world != world}), durable=True)
-    return pick
+    return ShardedRestore(step=st, path=pick, saved_world_size=saved_world, resharded=saved_world != world)

@@ -148,17 +148,20 @@ class TrainingHealthMonitor:
 
     @classmethod
     def resumed(cls, snapshot: dict[str, Any], *, journal: Journal | None, checkpoint: Any,
-                later: Iterable[Any] = ()) -> TrainingHealthMonitor:
+                later: Iterable[Any] = (), after_seq: int | None = None) -> TrainingHealthMonitor:
         """The monitor after a restore from ``checkpoint`` (its ``checkpoint_saved``): the checkpoint's
         snapshot, then every event recorded after it (``later``: the signed events past the checkpoint's seq,
         the steps an interrupted process had already observed), then the resume. The snapshot is the fold of the
         journal up to the checkpoint's seq, so snapshot + later events is the fold of the whole journal: the
         live monitor and ``replay`` agree. Call it after ``restore_checkpoint`` (which records ``run_resumed``).
+        ``after_seq``: the seq the snapshot was taken at, when that is not the checkpoint record's (a sharded or
+        background save records its checkpoint after later steps were already journaled).
         """
         self = cls.from_state(snapshot, journal=journal)
         proj = self._proj
+        upto = checkpoint.seq if after_seq is None else after_seq
         for ev in later:
-            if ev.seq > checkpoint.seq:
+            if ev.seq > upto:
                 proj.apply(ev)
         proj.suspected_new.clear()  # already on record
         self.observe_resume(checkpoint.step, checkpoint=checkpoint.path, append=False)

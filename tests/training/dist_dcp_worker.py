@@ -55,7 +55,7 @@ def main() -> None:
         out.append(f"SAVED {total(m)}")
         fresh = model()
         sd = {"model": fresh.state_dict()}
-        out.append(f"RESTORED {restore_sharded(run_dir, j, sd)}")
+        out.append(f"RESTORED {restore_sharded(run_dir, j, sd).step}")
         fresh.load_state_dict(sd["model"])
         out.append(f"SUM {total(fresh)}")
         if rank == 1:
