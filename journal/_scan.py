@@ -57,15 +57,20 @@ _strip_hash = operator.itemgetter(slice(None, -HASH_SUFFIX_LEN))
 class ScanContext:
     """What every range needs to know about the journal (picklable)."""
 
-    __slots__ = ("run_id", "key_id", "public_raw", "check_signatures", "expect_head")
+    __slots__ = ("run_id", "key_id", "public_raw", "check_signatures", "expect_head", "collect", "want_seqs")
 
     def __init__(self, run_id: str, key_id: str | None, public_raw: bytes | None,
-                 check_signatures: bool, expect_head: tuple[int, str] | None):
+                 check_signatures: bool, expect_head: tuple[int, str] | None,
+                 collect: frozenset[str] = frozenset(), want_seqs: frozenset[int] = frozenset()):
         self.run_id = run_id
         self.key_id = key_id
         self.public_raw = public_raw
         self.check_signatures = check_signatures
         self.expect_head = expect_head
+        #: kinds whose lines the scan hands back (with their offsets), and seqs whose chain hashes it hands back;
+        #: the seals' heads are handed back whenever ``collect`` is set (verify_run_dir's anchors)
+        self.collect = collect
+        self.want_seqs = want_seqs
 
     def __getstate__(self):
         return tuple(getattr(self, s) for s in self.__slots__)
@@ -80,7 +85,7 @@ class RangeResult:
 
     __slots__ = ("start", "end", "count", "kinds", "first_seq", "last_seq", "last_hash", "last_kind",
                  "seals", "last_seal_seq", "last_sealed_hash", "last_seal_end", "last_seal_h", "closed_seqs", "head_found", "torn_offset", "torn_bytes",
-                 "unknown", "error")
+                 "unknown", "error", "collected", "hashes")
 
     def __init__(self, start: int, end: int):
         self.start = start
@@ -103,6 +108,8 @@ class RangeResult:
         self.torn_bytes = 0
         self.unknown = 0
         self.error: tuple[str, str, int | None, int | None] | None = None
+        self.collected: list[tuple[int, bytes]] = []  # (offset, line) of the kinds ScanContext.collect names
+        self.hashes: dict[int, str] = {}  # seq -> chain hash: every seal's (when collecting) and ScanContext.want_seqs
 
     def __getstate__(self):
         return tuple(getattr(self, s) for s in self.__slots__)
@@ -130,6 +137,9 @@ class Scanner:
         self._plain = {t for c, t in ((c, codec.record_type(c)) for c in codec.known_kinds().values())
                        if c not in (Seal, RunOpened, RunClosed)}
         self._plain_or_seal = self._plain | {self._seal_t}
+        kinds = codec.known_kinds()
+        self._collect = {codec.record_type(kinds[k]) for k in ctx.collect if k in kinds}
+        self._want = ctx.want_seqs
 
     # ------------------------------------------------------------ decoding
 
@@ -201,6 +211,13 @@ class Scanner:
         counts = self._type_counts
         for t in kinds:
             counts[t] = counts.get(t, 0) + types.count(t)
+        if self._collect and not kinds.isdisjoint(self._collect):
+            collect = self._collect
+            pos = offset
+            for line, t in zip(lines, types):
+                if t in collect:
+                    self.res.collected.append((pos, line))
+                pos += len(line) + 1
         self.expect = expect + n
         self.prev = _fromhex(recs[-1].h)
         self._commit(recs)
@@ -256,6 +273,8 @@ class Scanner:
                         raise RunMismatch("run_opened names another run", seq=expect)
                 elif t is closed_t:
                     self.res.closed_seqs.append(expect)
+                if t in self._collect:
+                    self.res.collected.append((offset + sum(map(len, lines[:i])) + i, line))
                 if eh is not None and eh[0] == expect:
                     self.res.head_found = rec.h == eh[1]
             except IntegrityError as e:
@@ -275,6 +294,12 @@ class Scanner:
     def _commit(self, recs: list[Any]) -> None:
         if recs:
             res = self.res
+            want = self._want
+            if want:
+                first, last = recs[0].seq, recs[-1].seq
+                for s in want:
+                    if first <= s <= last:
+                        res.hashes[s] = recs[s - first].h
             if res.first_seq is None:
                 res.first_seq = recs[0].seq
             res.count += len(recs)
@@ -311,6 +336,8 @@ class Scanner:
                 if not self._pub.verify(sig, seal_message(ctx.run_id, seq - 1, prev)):
                     raise SealInvalid(f"seal at seq {seq}: signature does not verify under key {ctx.key_id}", seq=seq)
         self.res.seals += 1
+        if ctx.collect:
+            self.res.hashes[seq] = rec.h
         self.res.last_seal_seq = seq
         self.res.last_sealed_hash = rec.sealed_hash
         self.res.last_seal_h = rec.h

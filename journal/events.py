@@ -98,6 +98,11 @@ class StepObserved(Event, tag="step_observed", frozen=True, kw_only=True):
     examples: int | None = None
     tokens: int | None = None
     supervised_tokens: int | None = None
+    #: Format 1.1. Seconds the step waited for its batch, and this rank's own time in the step (its work before
+    #: it waits on other ranks; straggler detection compares these, as a synchronous all-reduce evens out
+    #: step_time_s across ranks).
+    data_time_s: float | None = None
+    compute_time_s: float | None = None
 
 
 class RunResumed(Event, tag="run_resumed", frozen=True, kw_only=True):

@@ -1,7 +1,7 @@
 """Verifying a distributed run's folder: every rank's journal, and every rank against the anchors in the others.
 
 A run folder holds ``rank-00000.jsonl`` ... ``rank-NNNNN.jsonl`` (``training.distributed``). Each journal is
-verified on its own (a private copy, as replay does), then the anchors are checked: every head that rank 0
+verified on its own, then the anchors are checked: every head that rank 0
 recorded for another rank (``ranks_anchored``) must be a line of that rank's signed prefix with that hash, and
 rank 0's head that every other rank recorded (``anchor_recorded``) must be one of rank 0's. A rank journal that was
 truncated, rolled back or swapped for another run's fails, naming the rank and the anchor; so does a rank that
@@ -16,11 +16,10 @@ import re
 from pathlib import Path
 from typing import Any
 
-from ._snapshot import PrivateCopies
+from .codec import decode_line
 from .errors import IntegrityError, JournalIOError
 from .kinds import AnchorRecorded, RankJoined, RanksAnchored
-from .reader import unchecked_batches
-from .verify import VerifyReport, verify_copy
+from .verify import VerifyReport, verify
 
 __all__ = ["AnchorMismatch", "RunDirReport", "RunDirReconstruction", "verify_run_dir", "replay_run_dir", "is_run_dir",
            "rank_files"]
@@ -61,8 +60,23 @@ def is_run_dir(path: str | os.PathLike) -> bool:
     return p.is_dir() and bool(rank_files(p))
 
 
+_ANCHOR_KINDS = frozenset({"rank_joined", "ranks_anchored", "anchor_recorded"})
+
+
+def _verify_rank(rank: int, f: Path, want: frozenset[int] = frozenset(), **verify_options: Any) -> VerifyReport:
+    try:
+        return verify(f, _collect=(_ANCHOR_KINDS, want), **verify_options)
+    except IntegrityError as e:
+        raise type(e)(f"rank {rank}: {e}", seq=e.seq, offset=e.offset) from None
+
+
 def verify_run_dir(path: str | os.PathLike, **verify_options: Any) -> RunDirReport:
     """Verify every rank journal in ``path`` (``verify``'s options) and every cross-rank anchor.
+
+    One verification pass per rank journal: the anchors it holds, and the chain hashes of its seals (the heads
+    ``anchor_ranks`` records are sealed heads), are handed over by the pass that checked them, so nothing is read
+    twice and nothing unchecked is used. An anchored head that is not a seal line (an anchor some other writer
+    recorded) costs that rank one more pass, which must end at the same head as the first.
 
     Raises the first rank's :class:`IntegrityError` (its message names the rank), :class:`AnchorMismatch` for a
     missing, truncated, rolled-back or swapped rank, and :class:`JournalIOError` for a folder without journals.
@@ -75,54 +89,56 @@ def verify_run_dir(path: str | os.PathLike, **verify_options: Any) -> RunDirRepo
     # (anchoring rank, its seq) -> [(anchored rank, seq, hash)]
     wanted: list[tuple[int, int, int, int, str]] = []
     world = 0
-    with PrivateCopies() as copies:
-        copied = {}
-        for rank, f in files.items():
-            try:
-                rep, copy = verify_copy(f, copies, **verify_options)
-            except IntegrityError as e:
-                raise type(e)(f"rank {rank}: {e}", seq=e.seq, offset=e.offset) from None
-            reports[rank], copied[rank] = rep, copy
-            for ev in (e for batch in unchecked_batches(copy, rep.trusted_bytes) for e in batch):
-                if isinstance(ev, RankJoined):
-                    world = max(world, ev.world_size)
-                    if ev.rank != rank:
-                        raise AnchorMismatch(f"rank {rank}: its journal says it is rank {ev.rank} (a swapped file)",
-                                             seq=ev.seq)
-                elif isinstance(ev, RanksAnchored):
-                    for r, head in ev.heads.items():
-                        if int(r) != rank:
-                            s, _, h = head.partition(":")
-                            wanted.append((rank, ev.seq, int(r), int(s), h))
-                elif isinstance(ev, AnchorRecorded):
-                    s, _, h = ev.head.partition(":")
-                    wanted.append((rank, ev.seq, ev.rank, int(s), h))
-        for r in range(world):
-            if r not in files:
-                raise AnchorMismatch(f"rank {r} of {world}: no journal in {d} (a run folder is verified whole)")
-        by_rank: dict[int, dict[int, str]] = {}
-        for anchoring, at, r, s, h in wanted:
-            by_rank.setdefault(r, {})[s] = h
-        found: dict[int, dict[int, str]] = {r: {} for r in by_rank}
-        for r, need in by_rank.items():
-            if r not in copied:
-                continue
-            for ev in (e for batch in unchecked_batches(copied[r], reports[r].trusted_bytes) for e in batch):
-                if ev.seq in need:
-                    found[r][ev.seq] = ev.h
-        for anchoring, at, r, s, h in wanted:
-            if r not in files:
-                raise AnchorMismatch(f"rank {r}: no journal, but rank {anchoring} anchored it at its seq {at}",
-                                     seq=at)
-            got = found.get(r, {}).get(s)
-            last = reports[r].trusted_last_seq
-            if got is None:
-                raise AnchorMismatch(f"rank {r}: its signed journal ends at seq {last}, but rank {anchoring} "
-                                     f"anchored its seq {s} (rank {anchoring}'s seq {at}): truncated or rolled back",
-                                     seq=s)
-            if got != h:
-                raise AnchorMismatch(f"rank {r}: seq {s} is not the line rank {anchoring} anchored at its seq {at} "
-                                     "(rewritten, or another run's journal)", seq=s)
+    for rank, f in files.items():
+        rep = _verify_rank(rank, f, **verify_options)
+        reports[rank] = rep
+        trusted = rep.trusted_bytes
+        for offset, line in rep.collected:
+            if offset >= trusted:
+                continue  # past the signed prefix: nothing may rest on it
+            ev = decode_line(line)
+            if isinstance(ev, RankJoined):
+                world = max(world, ev.world_size)
+                if ev.rank != rank:
+                    raise AnchorMismatch(f"rank {rank}: its journal says it is rank {ev.rank} (a swapped file)",
+                                         seq=ev.seq)
+            elif isinstance(ev, RanksAnchored):
+                for r, head in ev.heads.items():
+                    if int(r) != rank:
+                        s, _, h = head.partition(":")
+                        wanted.append((rank, ev.seq, int(r), int(s), h))
+            elif isinstance(ev, AnchorRecorded):
+                s, _, h = ev.head.partition(":")
+                wanted.append((rank, ev.seq, ev.rank, int(s), h))
+        rep.collected = []
+    for r in range(world):
+        if r not in files:
+            raise AnchorMismatch(f"rank {r} of {world}: no journal in {d} (a run folder is verified whole)")
+    found: dict[int, dict[int, str]] = {r: dict(rep.hashes) for r, rep in reports.items()}
+    more: dict[int, set[int]] = {}
+    for anchoring, at, r, s, h in wanted:
+        if r in reports and s not in found[r] and s <= (reports[r].trusted_last_seq or -1):
+            more.setdefault(r, set()).add(s)
+    for r, seqs in more.items():  # anchors at lines that are not seals: one more pass over that rank
+        again = _verify_rank(r, files[r], frozenset(seqs), **verify_options)
+        if (again.last_seq, again.last_hash) != (reports[r].last_seq, reports[r].last_hash):
+            raise AnchorMismatch(f"rank {r}: its journal changed while it was being verified")
+        found[r].update(again.hashes)
+    for anchoring, at, r, s, h in wanted:
+        if r not in files:
+            raise AnchorMismatch(f"rank {r}: no journal, but rank {anchoring} anchored it at its seq {at}",
+                                 seq=at)
+        got = found.get(r, {}).get(s)
+        last = reports[r].trusted_last_seq
+        if got is None:
+            raise AnchorMismatch(f"rank {r}: its signed journal ends at seq {last}, but rank {anchoring} "
+                                 f"anchored its seq {s} (rank {anchoring}'s seq {at}): truncated or rolled back",
+                                 seq=s)
+        if got != h:
+            raise AnchorMismatch(f"rank {r}: seq {s} is not the line rank {anchoring} anchored at its seq {at} "
+                                 "(rewritten, or another run's journal)", seq=s)
+    for rep in reports.values():
+        rep.hashes = {}
     return RunDirReport(ok=True, path=str(d), ranks=reports, world_size=max(world, len(files)), anchors=len(wanted))
 
 

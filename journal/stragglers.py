@@ -18,7 +18,8 @@ import math
 import statistics
 from typing import Any
 
-__all__ = ["DEFAULT_THRESHOLD", "window_median", "relative_scores", "individual_scores", "audit_stragglers"]
+__all__ = ["DEFAULT_THRESHOLD", "window_median", "relative_scores", "individual_scores", "audit_stragglers",
+           "step_time_for_stragglers"]
 
 DEFAULT_THRESHOLD = 0.75
 
@@ -33,6 +34,12 @@ def relative_scores(medians: dict[int, float]) -> dict[int, float]:
     """Per rank: the fastest rank's median over this rank's (1.0 for the fastest)."""
     ref = min(medians.values())
     return {r: ref / m for r, m in medians.items()}
+
+
+def step_time_for_stragglers(ev: Any) -> float | None:
+    """The time a step's straggler score rests on: the rank's own ``compute_time_s`` where the loop journals it
+    (under a synchronous all-reduce every rank's wall-clock step time is the slowest rank's), else ``step_time_s``."""
+    return ev.compute_time_s if ev.compute_time_s is not None else ev.step_time_s
 
 
 def individual_scores(medians: dict[int, float], best: dict[int, float]) -> dict[int, float]:
@@ -60,8 +67,10 @@ def audit_stragglers(rank_events: dict[int, list[Any]]) -> list[dict[str, Any]]:
         for ev in events:
             if isinstance(ev, RankJoined):
                 current = ev.restart_count
-            elif isinstance(ev, StepObserved) and ev.step_time_s is not None:
-                rounds.setdefault(current, {})[ev.step] = ev.step_time_s
+            elif isinstance(ev, StepObserved):
+                t = step_time_for_stragglers(ev)
+                if t is not None:
+                    rounds.setdefault(current, {})[ev.step] = t
         last_time[r] = rounds
     round0 = 0
     pending: dict[int, float] = {}

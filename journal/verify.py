@@ -87,6 +87,9 @@ class VerifyReport:
     error_kind: str | None = None
     error_offset: int | None = None
     notes: list[str] = dataclasses.field(default_factory=list)
+    #: verify_run_dir's: (offset, line) of the anchor kinds, seq -> chain hash of seals and wanted seqs
+    collected: list[tuple[int, bytes]] = dataclasses.field(default_factory=list, repr=False)
+    hashes: dict[int, str] = dataclasses.field(default_factory=dict, repr=False)
 
     @property
     def head(self) -> str | None:
@@ -112,6 +115,7 @@ class VerifyReport:
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
+        del d["collected"], d["hashes"]
         d["head"] = self.head
         d["trusted_bytes"] = self.trusted_bytes
         return d
@@ -256,6 +260,7 @@ def verify(
     workers: int | None = None,
     progress: Callable[[int, int], None] | None = None,
     _alongside: Callable[[], None] | None = None,
+    _collect: tuple[frozenset[str], frozenset[int]] | None = None,
 ) -> VerifyReport:
     """Verify a journal file and return what was established.
 
@@ -299,8 +304,12 @@ def verify(
         _fail(report, e)
         raise
 
-    ctx = ScanContext(opened.run_id, opened.key_id, public_raw, check_signatures, head_req)
+    ctx = ScanContext(opened.run_id, opened.key_id, public_raw, check_signatures, head_req,
+                      *(_collect or (frozenset(), frozenset())))
     results = _scan(p, size, opened_len + 1, ctx, workers, progress, _alongside)
+    if _collect is not None:  # verify_run_dir: lines and hashes gathered by the same pass that checked them
+        report.collected = [x for r in results for x in r.collected]
+        report.hashes = {k: v for r in results for k, v in r.hashes.items()}
 
     for res in results:
         report.events += res.count

@@ -155,12 +155,18 @@ class StragglerDetector:
         self.interval_s = interval_s
         self.every = every if every is not None else calibration_steps
         self._calibrating = every is None
+        self._t_first: float | None = None
         self._times: dict[int, float] = {}
         self._best: dict[int, float] = {}
         #: seconds the last exchange took (the collective and, on rank 0, the records)
         self.last_exchange_s: float | None = None
 
     def observe(self, step: int, step_time_s: float) -> None:
+        """Note a step's time (the value journaled as its ``compute_time_s``, or ``step_time_s`` without one)."""
+        if self._calibrating and self._t_first is None:
+            import time
+
+            self._t_first = time.monotonic()
         self._times[step] = step_time_s
         if len(self._times) >= self.every:
             self.exchange()
@@ -177,15 +183,20 @@ class StragglerDetector:
         t0 = time.perf_counter()
         steps = sorted(self._times)
         mine = (steps[0], steps[-1], window_median(list(self._times.values()))) if steps else None
+        # While calibrating: the wall time per step since the first observation (the window is set by wall time).
+        wall = ((time.monotonic() - self._t_first) / max(1, len(steps) - 1)
+                if self._calibrating and self._t_first is not None else None)
         self._times = {}
         gathered: list[Any] = [None] * dist.get_world_size(self.group)
-        dist.all_gather_object(gathered, (mine, socket.gethostname()), group=self.group)
+        dist.all_gather_object(gathered, (mine, socket.gethostname(), wall), group=self.group)
+        if self._calibrating:  # the same numbers on every rank: the same window length everywhere
+            self._calibrating = False
+            walls = [g[2] for g in gathered if g[2] is not None and g[2] > 0]
+            if walls:
+                self.every = max(1, min(1_000_000, round(self.interval_s / max(walls))))
         if any(g is None or g[0] is None or g[0][2] is None for g in gathered):
             return {}
         medians = {r: g[0][2] for r, g in enumerate(gathered)}
-        if self._calibrating:  # the same numbers on every rank: the same window length everywhere
-            self._calibrating = False
-            self.every = max(1, min(1_000_000, round(self.interval_s / max(medians.values()))))
         scores = relative_scores(medians)
         individual = individual_scores(medians, self._best)
         if dist.get_rank(self.group) == 0:

@@ -45,7 +45,7 @@ from .distributed import (
     restore_sharded,
 )
 from .flops import flop_config_from_causal_lm
-from .loop import LoopConfig, train_step, warmup_cosine
+from .loop import LoopConfig, warmup_cosine
 from .model import build_causal_lm
 from .monitor import TrainingHealthMonitor
 
@@ -73,12 +73,15 @@ def _unblob(data: bytes) -> Any:
 def run_distributed_training(run_dir: str | os.PathLike, *, signer: Signer, config: LoopConfig = LoopConfig(),
                              peak_flops_per_sec: float | None = None, straggler_every: int | None = None,
                              background_checkpoints: bool = True,
-                             on_step: Callable[[int], None] | None = None) -> dict[str, Any]:
+                             on_step: Callable[[int], None] | None = None,
+                             on_batch: Callable[[int], None] | None = None) -> dict[str, Any]:
     """Train (or resume) this rank's part of the distributed run in ``run_dir``; every rank of the group calls it.
 
     Initializes the process group (gloo, or NCCL where CUDA is present) if the caller has not. Returns this rank's
     per-step losses (the steps this process ran), its final parameters and its monitor's report.
-    ``on_step(step)`` is called after each step is recorded (progress; the tests use it to kill a rank).
+    ``on_step(step)`` is called after each step is recorded (progress; the tests use it to kill a rank);
+    ``on_batch(step)`` right after the step's batch is drawn, inside the rank's own time (the benchmark slows a
+    rank there, as a slow data loader would).
     """
     import torch.distributed as dist
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
@@ -95,7 +98,7 @@ def run_distributed_training(run_dir: str | os.PathLike, *, signer: Signer, conf
     try:
         torch.manual_seed(cfg.seed)  # the same initial weights on every rank (DDP also broadcasts rank 0's)
         model = build_causal_lm(cfg.vocab, cfg.d_model, cfg.n_layer, cfg.n_head, cfg.block, dropout=cfg.dropout)
-        ddp = DistributedDataParallel(model)
+        ddp = DistributedDataParallel(model, broadcast_buffers=False)  # its buffers are constants (causal mask)
         opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine(cfg.warmup, cfg.steps))
         sampler = rank_sampler(cfg, rank, world)
@@ -141,13 +144,26 @@ def run_distributed_training(run_dir: str | os.PathLike, *, signer: Signer, conf
         for step in range(start, cfg.steps):
             t0 = time.perf_counter()
             x, y = sampler.next()
-            loss_f, grad_norm = train_step(ddp, opt, x, y, max_grad_norm=1.0)
+            if on_batch is not None:
+                on_batch(step)
+            t_data = time.perf_counter()
+            ddp.train()
+            loss = torch.nn.functional.cross_entropy(ddp(x).flatten(0, 1), y.flatten())
+            # This rank's own time: its batch and its forward pass. From backward on it waits for the slowest
+            # rank's gradients (DDP's all-reduce), so the wall-clock step time is alike on every rank.
+            t_own = time.perf_counter()
+            opt.zero_grad()
+            loss.backward()
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(ddp.parameters(), max_norm=1.0))
+            opt.step()
             sched.step()
+            loss_f = loss.item()
             losses.append(loss_f)
             dt = time.perf_counter() - t0
             monitor.observe_step(step, loss_f, grad_norm=grad_norm, step_time_s=dt, batch_size=cfg.batch_size,
-                                 tokens=cfg.batch_size * cfg.block, lr=sched.get_last_lr()[0])
-            detector.observe(step, dt)
+                                 tokens=cfg.batch_size * cfg.block, lr=sched.get_last_lr()[0],
+                                 data_time_s=t_data - t0, compute_time_s=t_own - t0)
+            detector.observe(step, t_own - t0)
             if (step + 1) % cfg.ckpt_every == 0 or step + 1 == cfg.steps:
                 last = step + 1 == cfg.steps
                 checkpointer.wait()  # the previous save recorded before this one's state is taken

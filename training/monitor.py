@@ -94,12 +94,19 @@ class TrainingHealthMonitor:
 
     def observe_step(self, step: int, loss: float, grad_norm: float | None = None, step_time_s: float | None = None,
                      batch_size: int | None = None, tokens: int | None = None,
-                     lr: float | None = None) -> list[AnomalyDetected]:
-        """Record one optimizer step; return its anomalies (each with ``kind``, ``step``, ``value``, ``z_score``)."""
+                     lr: float | None = None, data_time_s: float | None = None,
+                     compute_time_s: float | None = None) -> list[AnomalyDetected]:
+        """Record one optimizer step; return its anomalies (each with ``kind``, ``step``, ``value``, ``z_score``).
+
+        In a distributed run, ``compute_time_s`` is this rank's own time in the step (before it waits on the other
+        ranks' gradients): what straggler detection compares."""
         ev = StepObserved(step=int(step), loss=float(loss), grad_norm=_opt_float("grad_norm", grad_norm),
                           lr=_opt_float("lr", lr), step_time_s=_opt_float("step_time_s", step_time_s),
                           examples=None if batch_size is None else int(batch_size),
-                          tokens=None if tokens is None else int(tokens))
+                          tokens=None if tokens is None else int(tokens),
+                          data_time_s=None if data_time_s is None else _opt_float("data_time_s", data_time_s),
+                          compute_time_s=None if compute_time_s is None
+                          else _opt_float("compute_time_s", compute_time_s))
         j = self.journal
         if j is not None:
             # Deferred: the event's types are fixed above, so the writer encodes and chains it later, in a

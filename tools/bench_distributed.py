@@ -1,0 +1,234 @@
+#!/usr/bin/env python3
+"""Issue 13's targets, measured on the real code paths (torchrun, gloo, CPU):
+
+    .venv/bin/python tools/bench_distributed.py [--trials 5] [--events 1000000] [--skip-verify]
+
+1. Journaling cost in a 2-rank DDP step of the reference model at its default size: blocks of steps without
+   trainledger and with it (the distributed loop's per-step calls: ``observe_step`` into the rank journal and the
+   straggler detector's ``observe``), interleaved in one torchrun job on the same warm model; median step times,
+   their ratio, and the straggler exchange's time (one collective per window).
+2. Straggler detection: ``--trials`` torchrun jobs, each a uniform run (4 windows, no rank slowed) and a run whose
+   rank 1 sleeps 30% of the median step time inside its own time (as a slow loader would); counts the runs in which
+   rank 1 was flagged within 2 windows, and the false flags of the uniform runs.
+3. ``trainledger verify RUN_DIR`` over 4 signed rank journals of ``--events`` events each, anchored to each other
+   every 10,000 steps, against ``sha256sum`` of the same four files (page cache warm for both); the verify's peak
+   RSS (the largest of its processes).
+The async-checkpoint stall is tools/bench_sharded_checkpoint.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+WORKER = r"""
+import json, os, statistics, sys, time, torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+from trainledger.journal import load_signer, read_events
+from trainledger.training.distributed import StragglerDetector, init_process_group, open_rank_journal
+from trainledger.training.distributed_loop import rank_sampler
+from trainledger.training.flops import flop_config_from_causal_lm
+from trainledger.training.loop import LoopConfig
+from trainledger.training.model import build_causal_lm
+from trainledger.training.monitor import TrainingHealthMonitor
+
+mode, out_dir, key = sys.argv[1], sys.argv[2], sys.argv[3]
+init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+cfg = LoopConfig()
+torch.manual_seed(0)
+model = build_causal_lm(cfg.vocab, cfg.d_model, cfg.n_layer, cfg.n_head, cfg.block, dropout=cfg.dropout)
+ddp = DistributedDataParallel(model, broadcast_buffers=False)
+opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+sampler = rank_sampler(cfg, rank, world)
+signer = load_signer(key)
+
+def step(delay=0.0):
+    t0 = time.perf_counter()
+    x, y = sampler.next()
+    if delay:
+        time.sleep(delay)
+    loss = torch.nn.functional.cross_entropy(ddp(x).flatten(0, 1), y.flatten())
+    t_own = time.perf_counter()
+    opt.zero_grad(); loss.backward()
+    gn = float(torch.nn.utils.clip_grad_norm_(ddp.parameters(), 1.0)); opt.step()
+    return t0, t_own, loss.item(), gn
+
+for _ in range(30):  # warm-up
+    step()
+if mode == "overhead":
+    blocks, n = int(sys.argv[4]), int(sys.argv[5])
+    j = open_rank_journal(os.path.join(out_dir, "run"), signer)
+    mon = TrainingHealthMonitor(journal=j, flop_config=flop_config_from_causal_lm(model, seq_len=cfg.block))
+    det = StragglerDetector(j)  # the default window: about a minute of wall time, calibrated on 20 steps
+    plain, ledger, exch, call, ratios = [], [], [], [], []
+    s = 0
+    for b in range(blocks):
+        times = {}
+        for use in (False, True) if b % 2 == 0 else (True, False):
+            times[use] = []
+            for _ in range(n):
+                t0, t_own, loss, gn = step()
+                if use:
+                    end = time.perf_counter()
+                    call.append(end)
+                    mon.observe_step(s, loss, grad_norm=gn, step_time_s=end - t0, batch_size=cfg.batch_size,
+                                     tokens=cfg.batch_size * cfg.block, compute_time_s=t_own - t0)
+                    det.observe(s, t_own - t0)
+                    call[-1] = time.perf_counter() - call[-1]
+                    if det.last_exchange_s is not None:
+                        exch.append(det.last_exchange_s); det.last_exchange_s = None
+                        every = det.every
+                (ledger if use else plain).append(time.perf_counter() - t0)
+                times[use].append(ledger[-1] if use else plain[-1])
+                s += 1
+            dist.barrier()
+        ratios.append(statistics.median(times[True]) / statistics.median(times[False]))
+    j.close()
+    res = {"plain": statistics.median(plain), "ledger": statistics.median(ledger),
+           "exchange": statistics.median(exch) if exch else None, "windows": len(exch), "steps": s,
+           "every": every, "call": statistics.median(call), "ratio": statistics.median(ratios)}
+else:
+    windows, n = 4, 20
+    base = []
+    for _ in range(20):
+        t0, t_own, *_ = step(); base.append(time.perf_counter() - t0)
+    gathered = [None] * world
+    dist.all_gather_object(gathered, statistics.median(base))
+    delay = 0.3 * max(gathered) if rank == 1 else 0.0  # 30% of the step, inside rank 1's own time
+    res = {"step_s": max(gathered), "delay_s": 0.3 * max(gathered)}
+    for phase, d, nwin in (("uniform", 0.0, windows), ("slowed", delay, 2)):
+        j = open_rank_journal(os.path.join(out_dir, phase), signer)
+        det = StragglerDetector(j, every=n)
+        for s in range(nwin * n):
+            t0, t_own, loss, gn = step(d)
+            det.observe(s, t_own - t0)
+        j.close()
+        flagged = [e.rank for e in read_events(os.path.join(out_dir, phase, "rank-00000.jsonl"))
+                   if type(e).__struct_config__.tag == "straggler_detected"]
+        res[phase] = flagged
+if rank == 0:
+    print("RESULT " + json.dumps(res), flush=True)
+dist.destroy_process_group()
+"""
+
+
+def _torchrun(script: Path, *args: str, cwd: str) -> dict:
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           str(script), *args], capture_output=True, text=True, cwd=cwd,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
+    if proc.returncode != 0 or line is None:
+        raise SystemExit(f"worker failed:\n{proc.stderr[-3000:]}")
+    return json.loads(line[7:])
+
+
+def _journals(run: Path, events: int, signer) -> None:
+    """Four rank journals of ``events`` events, anchored every 10,000 steps as the distributed loop anchors them."""
+    from trainledger.journal import Journal, StepObserved
+    from trainledger.journal.kinds import AnchorRecorded, RankJoined, RanksAnchored
+
+    js = [Journal.create(run / f"rank-{r:05d}.jsonl", signer=signer, run_id=f"bench.r{r:05d}") for r in range(4)]
+    for r, j in enumerate(js):
+        j.append(RankJoined(run="bench", rank=r, world_size=4, local_rank=r, node="bench"))
+    step = 0
+    while js[0].seq < events - 10:
+        for r, j in enumerate(js):
+            for s in range(step, step + 10_000):
+                j.append_deferred(StepObserved(step=s, loss=3.0 - s * 1e-7, grad_norm=1.0, lr=1e-3,
+                                               step_time_s=0.1, examples=8, tokens=2048, compute_time_s=0.05))
+        step += 10_000
+        heads = {}
+        for r, j in enumerate(js):
+            j.seal()
+            seq, h = j.head
+            heads[r] = f"{seq}:{h}"
+        js[0].append(RanksAnchored(heads={str(r): x for r, x in heads.items()}, step=step - 1), durable=False)
+        for j in js[1:]:
+            j.append(AnchorRecorded(rank=0, head=heads[0], step=step - 1))
+    for j in js:
+        j.close()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trials", type=int, default=5)
+    ap.add_argument("--events", type=int, default=1_000_000)
+    ap.add_argument("--blocks", type=int, default=60, help="pairs of blocks, without and with (overhead)")
+    ap.add_argument("--block-steps", type=int, default=20)
+    ap.add_argument("--repeats", type=int, default=3, help="overhead jobs (the median is reported)")
+    ap.add_argument("--skip-verify", action="store_true")
+    args = ap.parse_args()
+    from trainledger.journal import keygen, load_signer
+
+    with tempfile.TemporaryDirectory(prefix="tl-bench-dist-") as d:
+        tmp = Path(d)
+        priv, pub = keygen(tmp / "keys")
+        script = tmp / "worker.py"
+        script.write_text(WORKER)
+
+        jobs = [_torchrun(script, "overhead", str(tmp / f"ovh{i}"), str(priv), str(args.blocks),
+                          str(args.block_steps), cwd=d) for i in range(args.repeats)]
+        jobs.sort(key=lambda x: x["ratio"])
+        r = jobs[len(jobs) // 2]
+        spread = ", ".join(f"{x['ratio'] - 1:+.2%}" for x in jobs)
+        print(f"1. DDP step, 2 ranks, gloo, reference model ({r['steps']} steps in {args.blocks} pairs of blocks "
+              f"without and with, the median job of {args.repeats}: {spread}): without trainledger "
+              f"{r['plain'] * 1e3:.3f} ms, with {r['ledger'] * 1e3:.3f} ms (median step); median ratio of paired "
+              f"blocks {r['ratio'] - 1:+.2%} (the calls themselves: {r['call'] * 1e6:.1f} us median); one straggler exchange (the calibration window) took "
+              f"{r['exchange'] * 1e3:.2f} ms, and set the window to {r['every']} steps (about a minute): "
+              f"{r['exchange'] / r['every'] * 1e6:.2f} us per step", flush=True)
+
+        caught, false, delays = 0, 0, []
+        for t in range(args.trials):
+            r = _torchrun(script, "stragglers", str(tmp / f"trial{t}"), str(priv), cwd=d)
+            caught += r["slowed"] == [1] or r["slowed"] == [1, 1]
+            false += len(r["uniform"])
+            delays.append((r["step_s"], r["delay_s"]))
+        if args.trials:
+            print(f"2. stragglers: rank 1 slowed by 30% (sleep {statistics.median(x[1] for x in delays) * 1e3:.2f} ms "
+                  f"in a {statistics.median(x[0] for x in delays) * 1e3:.2f} ms step) flagged within 2 windows in "
+                  f"{caught} of {args.trials} runs; {false} false flags over {args.trials} uniform runs of 4 windows",
+                  flush=True)
+
+        if not args.skip_verify:
+            run = tmp / "verify"
+            run.mkdir()
+            t = time.perf_counter()
+            _journals(run, args.events, load_signer(priv))
+            files = sorted(run.glob("rank-*.jsonl"))
+            size = sum(f.stat().st_size for f in files)
+            print(f"   (wrote 4 journals of {args.events:,} events, {size / 2**20:.0f} MB, in "
+                  f"{time.perf_counter() - t:.1f} s)", flush=True)
+            sha, ver = [], []
+            trainledger = [sys.executable, "-m", "trainledger", "verify", "--pubkey", str(pub), str(run)]
+            subprocess.run(["sha256sum", *map(str, files)], capture_output=True, check=True)  # page cache warm
+            for _ in range(3):
+                t = time.perf_counter()
+                subprocess.run(["sha256sum", *map(str, files)], capture_output=True, check=True)
+                sha.append(time.perf_counter() - t)
+                t = time.perf_counter()
+                p = subprocess.run(trainledger, capture_output=True, text=True)
+                ver.append(time.perf_counter() - t)
+                if p.returncode != 0:
+                    raise SystemExit(f"verify failed: {p.stdout}{p.stderr}")
+            rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+            print(f"3. verify RUN_DIR, 4 x {args.events:,} events ({size / 2**20:.0f} MB): "
+                  f"{statistics.median(ver):.2f} s ({size / 2**20 / statistics.median(ver):.0f} MB/s), sha256sum "
+                  f"{statistics.median(sha):.2f} s: {statistics.median(sha) / statistics.median(ver):.2f}x "
+                  f"sha256sum; peak RSS of the largest process {rss:.0f} MB (sha256sum included)", flush=True)
+            print("   " + p.stdout.splitlines()[0])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
