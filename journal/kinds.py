@@ -17,7 +17,7 @@ from typing import Any
 
 from .events import Event, RunClosed, RunOpened, RunResumed, Seal, StepObserved, TailRepaired
 
-__all__ = ["BUILTIN_KINDS", "DeviceSampled", "DeviceChanged", "TelemetryUnavailable", "ShardsSaved", "StragglerScores", "StragglerDetected", "RankJoined", "RanksAnchored", "AnchorRecorded", "RunConfigured", "AnomalyDetected", "SpikeSuspected", "DetectorParams", "MAX_WINDOW", "CheckpointSaved", "ResumeRejectedEvent", "WeightsRestored", "CheckpointFailed", "CheckpointDeleted",
+__all__ = ["BUILTIN_KINDS", "DeviceSampled", "DeviceChanged", "DEVICE_ANOMALIES", "device_anomaly", "TelemetryUnavailable", "ShardsSaved", "StragglerScores", "StragglerDetected", "RankJoined", "RanksAnchored", "AnchorRecorded", "RunConfigured", "AnomalyDetected", "SpikeSuspected", "DetectorParams", "MAX_WINDOW", "CheckpointSaved", "ResumeRejectedEvent", "WeightsRestored", "CheckpointFailed", "CheckpointDeleted",
            "RewindDecided", "DataWindowSkipped", "RunStopped", "RungStarted", "GateVerdict", "DecisionRecorded",
            "PreflightGate", "PreflightCompleted", "EvaluationRecorded", "CheckpointSelected", "ResourceRecorded",
            "CHECKPOINT_CONTRACT"]
@@ -81,6 +81,8 @@ class AnomalyDetected(Event, tag="anomaly_detected", frozen=True, kw_only=True):
     threshold: float | None = None
     #: The step whose observation confirmed the spike, when it came one step later.
     detected_at: int | None = None
+    #: Format 1.1: the device of a device_fault / thermal_throttle (derived from device_changed)
+    device: int | None = None
 
     @property
     def kind(self) -> str:
@@ -362,8 +364,27 @@ class DeviceChanged(Event, tag="device_changed", frozen=True, kw_only=True):
     """Something that matters changed on a device: an ECC count rose, throttling started or stopped."""
 
     device: int
-    change: str  # ecc_corrected | ecc_uncorrected | throttle_started | throttle_stopped
+    change: str  # ecc_corrected | ecc_uncorrected | throttle_started | throttle_stopped | xid
     detail: dict[str, Any] = {}
+    #: the last step the training loop had observed when the change was seen (None: no step yet, or no monitor)
+    step: int | None = None
+
+
+#: device_changed -> the anomaly the health projection derives from it (journal/projections.py, HealthAudit)
+DEVICE_ANOMALIES = {"ecc_uncorrected": "device_fault", "xid": "device_fault", "throttle_started": "thermal_throttle"}
+
+
+def device_anomaly(ev: DeviceChanged) -> AnomalyDetected | None:
+    """The anomaly a device change is (``device_fault``: uncorrected ECC errors rising, an XID critical error;
+    ``thermal_throttle``: the device started slowing itself down), or None. ``value``: the new uncorrected count,
+    the XID, or the temperature; ``step``: the change's (-1 before any step)."""
+    kind = DEVICE_ANOMALIES.get(ev.change)
+    if kind is None:
+        return None
+    d = ev.detail
+    raw = d.get("after") if ev.change == "ecc_uncorrected" else d.get("xid") if ev.change == "xid" else d.get("temp_c")
+    value = float(raw) if isinstance(raw, (int, float)) and not isinstance(raw, bool) else float("nan")
+    return AnomalyDetected(step=ev.step if ev.step is not None else -1, anomaly=kind, value=value, device=ev.device)
 
 
 class TelemetryUnavailable(Event, tag="telemetry_unavailable", frozen=True, kw_only=True):

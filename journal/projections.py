@@ -24,6 +24,8 @@ from .events import RunResumed, StepObserved
 from .health import HealthProjection, state_digest
 from .kinds import (
     AnomalyDetected,
+    DeviceChanged,
+    device_anomaly,
     CheckpointSaved,
     CheckpointSelected,
     DataWindowSkipped,
@@ -136,6 +138,10 @@ class HealthAudit(Projection):
                 self.recomputed.append((ev.seq, an))
             if proj.suspected_new:
                 self.suspected += [(ev.seq, x) for x in proj.take_suspected()]
+        elif isinstance(ev, DeviceChanged):  # telemetry's observations: a fault or throttling is an anomaly
+            an = device_anomaly(ev)
+            if an is not None:
+                self.recomputed.append((ev.seq, an))
         elif isinstance(ev, AnomalyDetected):
             self.recorded.append((ev.seq, ev))
         elif isinstance(ev, SpikeSuspected):

@@ -48,6 +48,7 @@ from .flops import flop_config_from_causal_lm
 from .loop import LoopConfig, warmup_cosine
 from .model import build_causal_lm
 from .monitor import TrainingHealthMonitor
+from .telemetry import DeviceTelemetry
 
 __all__ = ["run_distributed_training", "rank_sampler", "main"]
 
@@ -74,14 +75,16 @@ def run_distributed_training(run_dir: str | os.PathLike, *, signer: Signer, conf
                              peak_flops_per_sec: float | None = None, straggler_every: int | None = None,
                              background_checkpoints: bool = True,
                              on_step: Callable[[int], None] | None = None,
-                             on_batch: Callable[[int], None] | None = None) -> dict[str, Any]:
+                             on_batch: Callable[[int], None] | None = None,
+                             device_telemetry: bool = True) -> dict[str, Any]:
     """Train (or resume) this rank's part of the distributed run in ``run_dir``; every rank of the group calls it.
 
     Initializes the process group (gloo, or NCCL where CUDA is present) if the caller has not. Returns this rank's
     per-step losses (the steps this process ran), its final parameters and its monitor's report.
     ``on_step(step)`` is called after each step is recorded (progress; the tests use it to kill a rank);
     ``on_batch(step)`` right after the step's batch is drawn, inside the rank's own time (the benchmark slows a
-    rank there, as a slow data loader would).
+    rank there, as a slow data loader would). ``device_telemetry``: sample this rank's GPU through NVML on a
+    background thread (training.telemetry; without NVML, one ``telemetry_unavailable`` says why).
     """
     import torch.distributed as dist
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
@@ -140,6 +143,9 @@ def run_distributed_training(run_dir: str | os.PathLike, *, signer: Signer, conf
                                                     after_seq=own["monitor_seq"])
         else:
             monitor = TrainingHealthMonitor(journal=j, flop_config=flops, peak_flops_per_sec=peak_flops_per_sec)
+        # NVML telemetry for this rank's own GPU; on a machine without one it says so once, in the journal.
+        telemetry = DeviceTelemetry(j, monitor=monitor, devices=[rank_info().local_rank]).start() \
+            if device_telemetry else None
         losses: list[float] = []
         for step in range(start, cfg.steps):
             t0 = time.perf_counter()
@@ -174,6 +180,8 @@ def run_distributed_training(run_dir: str | os.PathLike, *, signer: Signer, conf
             if on_step is not None:
                 on_step(step)
         checkpointer.wait()
+        if telemetry is not None:
+            telemetry.stop()
         report = monitor.report()
         dist.barrier()
         j.close()

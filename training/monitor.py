@@ -141,6 +141,11 @@ class TrainingHealthMonitor:
         return self._proj.report()
 
     @property
+    def last_step(self) -> int | None:
+        """The last step observed (None before the first)."""
+        return self._proj.last_step
+
+    @property
     def anomalies(self) -> list[AnomalyDetected]:
         return list(self._proj.anomalies)
 

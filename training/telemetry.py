@@ -4,8 +4,10 @@
 temperature, ECC error counts (corrected and uncorrected, volatile and aggregate), power, SM clock and
 clock-event (throttle) reasons through ``nvidia-ml-py`` (the ``telemetry`` extra). It journals one
 ``device_sampled`` per device every ``log_every_s`` and a ``device_changed`` at once when something that matters
-changes: an ECC count rising, throttling starting or stopping. A value a device does not report is ``null``, never
-a guess. Without NVML (no driver, no GPU, the package missing) it journals ``telemetry_unavailable`` once, with the
+changes: an ECC count rising, throttling starting or stopping, an XID critical error (NVML's event API, polled
+without waiting). Each change that is a fault (uncorrected ECC errors rising, an XID) or throttling starting is
+followed by the ``anomaly_detected`` it implies (``device_fault``, ``thermal_throttle``), which replay derives from
+the change again. A value a device does not report is ``null``, never a guess. Without NVML (no driver, no GPU, the package missing) it journals ``telemetry_unavailable`` once, with the
 reason, and stops: it never invents values.
 
 The reads go through a small object with NVML's function names (``pynvml`` itself by default), so tests can hand
@@ -19,7 +21,7 @@ import time
 from typing import Any
 
 from trainledger.journal import Journal
-from trainledger.journal.kinds import DeviceChanged, DeviceSampled, TelemetryUnavailable
+from trainledger.journal.kinds import DeviceChanged, DeviceSampled, TelemetryUnavailable, device_anomaly
 
 __all__ = ["DeviceTelemetry", "read_device"]
 
@@ -29,6 +31,7 @@ _CLOCK_SM = 1
 _MEMORY_ERROR_CORRECTED, _MEMORY_ERROR_UNCORRECTED = 0, 1
 _VOLATILE_ECC, _AGGREGATE_ECC = 0, 1
 _FI_DEV_MEMORY_TEMP = 82
+_EVENT_XID = 0x0000000000000008  # nvmlEventTypeXidCriticalError
 #: Clock-event reasons that mean the device is slowing itself down (nvml.h: SW/HW thermal, HW slowdown,
 #: power brake).
 _THROTTLE_MASK = 0x20 | 0x40 | 0x8 | 0x80
@@ -68,11 +71,17 @@ def read_device(nvml: Any, handle: Any) -> dict[str, Any]:
 class DeviceTelemetry:
     """The sampler. ``start()`` / ``stop()``; ``samples`` counts readings (for tests and reports)."""
 
-    def __init__(self, journal: Journal, *, interval_s: float = 1.0, log_every_s: float = 60.0, nvml: Any = None):
+    def __init__(self, journal: Journal, *, interval_s: float = 1.0, log_every_s: float = 60.0, nvml: Any = None,
+                 monitor: Any = None, devices: list[int] | None = None):
         if not interval_s >= 1.0 and nvml is None:
             raise ValueError("NVML is read at most once a second: interval_s must be >= 1")
         self.journal, self.interval_s, self.log_every_s = journal, interval_s, log_every_s
+        self.monitor = monitor  # a TrainingHealthMonitor: its last step dates each change
+        self.devices = devices  # NVML indices to read (a rank: its own, LOCAL_RANK); None: every visible one
         self._nvml = nvml
+        self._events: Any = None
+        #: whether NVML delivers XID critical errors here (its event API; some devices and containers refuse it)
+        self.xid_events = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._last: dict[int, dict[str, Any]] = {}
@@ -89,7 +98,17 @@ class DeviceTelemetry:
             n = nvml.nvmlDeviceGetCount()
             if n < 1:
                 raise RuntimeError("NVML sees no device")
-            self._handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(n)]
+            self._index = list(range(n)) if self.devices is None else [i for i in self.devices if 0 <= i < n]
+            if not self._index:
+                raise RuntimeError(f"NVML sees {n} devices, none of {self.devices}")
+            self._handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in self._index]
+            try:  # XID critical errors through NVML's event API, where it is offered
+                es = nvml.nvmlEventSetCreate()
+                for h in self._handles:
+                    nvml.nvmlDeviceRegisterEvents(h, _EVENT_XID, es)
+                self._events, self.xid_events = es, True
+            except Exception:  # noqa: BLE001 - NotSupported, NoPermission: sampled values still come
+                pass
         except Exception as e:  # noqa: BLE001 - ImportError, NVMLError_LibraryNotFound, no driver, no device
             why = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
             self.journal.append(TelemetryUnavailable(reason=why), durable=True)
@@ -109,12 +128,15 @@ class DeviceTelemetry:
         """Read every device now; journal a sample when the log interval is up, a change at once."""
         now = time.monotonic()
         log = now - self._last_logged >= self.log_every_s
-        for i, h in enumerate(self._handles):
+        step = getattr(self.monitor, "last_step", None)
+        for i, xid in self._xids():
+            self._record(DeviceChanged(device=i, change="xid", detail={"xid": xid}, step=step))
+        for i, h in zip(self._index, self._handles):
             cur = read_device(self._nvml, h)
             prev = self._last.get(i)
             if prev is not None:
                 for what, detail in _changes(prev, cur):
-                    self.journal.append(DeviceChanged(device=i, change=what, detail=detail), durable=True)
+                    self._record(DeviceChanged(device=i, change=what, detail=detail, step=step))
             self._last[i] = cur
             if log:
                 self.journal.append(DeviceSampled(device=i, **{k: v for k, v in cur.items() if k != "ecc"},
@@ -122,6 +144,32 @@ class DeviceTelemetry:
         if log:
             self._last_logged = now
         self.samples += 1
+
+    def _record(self, ev: DeviceChanged) -> None:
+        """The change, and the anomaly it is (the same function replay derives it with), both durable."""
+        self.journal.append(ev, durable=True)
+        an = device_anomaly(ev)
+        if an is not None:
+            self.journal.append(an, durable=True)
+
+    def _xids(self) -> list[tuple[int, int]]:
+        """XID critical errors NVML has queued since the last look (never waits)."""
+        out: list[tuple[int, int]] = []
+        if self._events is None:
+            return out
+        nvml = self._nvml
+        wait = getattr(nvml, "nvmlEventSetWait_v2", None) or nvml.nvmlEventSetWait
+        for _ in range(64):  # a storm of XIDs is still one look's worth
+            try:
+                data = wait(self._events, 0)
+            except Exception:  # noqa: BLE001 - NVMLError_Timeout: nothing queued
+                break
+            try:
+                dev = self._index[self._handles.index(data.device)]
+            except ValueError:
+                dev = _try(nvml.nvmlDeviceGetIndex, data.device)
+            out.append((dev if dev is not None else -1, int(data.eventData)))
+        return out
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -131,11 +179,12 @@ class DeviceTelemetry:
 
 def _changes(prev: dict[str, Any], cur: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     out = []
-    for name, v in cur["ecc"].items():
-        p = prev["ecc"].get(name)
-        if v is not None and p is not None and v > p:
-            out.append(("ecc_uncorrected" if "uncorrected" in name else "ecc_corrected",
-                        {"counter": name, "before": p, "after": v}))
+    for cls in ("corrected", "uncorrected"):  # one change per class: the volatile counter, else the aggregate
+        for name in (f"{cls}_volatile", f"{cls}_aggregate"):
+            v, p = cur["ecc"].get(name), prev["ecc"].get(name)
+            if v is not None and p is not None and v > p:
+                out.append((f"ecc_{cls}", {"counter": name, "before": p, "after": v}))
+                break
     pr, cr = prev["clock_event_reasons"], cur["clock_event_reasons"]
     if pr is not None and cr is not None and bool(pr & _THROTTLE_MASK) != bool(cr & _THROTTLE_MASK):
         out.append(("throttle_started" if cr & _THROTTLE_MASK else "throttle_stopped",

@@ -81,6 +81,16 @@ def test_the_resumed_run_verifies_closed_with_one_resume_per_rank_and_replays(ru
         shards = [e for e in evs if type(e).__struct_config__.tag == "shards_saved"]
         assert shards and all(f["sha256"] for s in shards for f in s.files)
         assert [e.restart_count for e in evs if type(e).__struct_config__.tag == "rank_joined"] == [0, 1]
+        tags = [type(e).__struct_config__.tag for e in evs]
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            has_nvml = True
+        except Exception:  # noqa: BLE001 - no GPU here: telemetry must say so, once per process, never invent
+            has_nvml = False
+        if not has_nvml:
+            assert tags.count("telemetry_unavailable") == 2 and "device_sampled" not in tags
     assert main(["verify", "--pubkey", str(pub), "--require-closed", str(run)]) == 0
     assert "2 of 2 ranks verified" in capsys.readouterr().out
     assert main(["replay", "--pubkey", str(pub), str(run)]) == 0
