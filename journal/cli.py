@@ -187,7 +187,8 @@ def register(sub) -> None:
                        description="Follow a journal like tail -f: step, loss, grad norm, tokens/s, MFU, last "
                                    "anomaly, last checkpoint, events not signed yet. Exits 0 when the run closes, 130 on Ctrl-C, "
                                    "1 at the first line that does not check out. Checks the chain as it reads, and "
-                                   "every seal's signature when a key is pinned (or with --trust-embedded).")
+                                   "every seal's signature when a key is pinned (or with --trust-embedded). PATH may be "
+                                   "a distributed run's folder: one line per rank, until every rank has closed.")
     p.add_argument("path", metavar="PATH")
     add_trust_options(p)
     p.add_argument("--interval", type=float, default=0.5, help="seconds between refreshes (default 0.5)")
@@ -349,19 +350,27 @@ def _cmd_head(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from .report import write_report
+    from .report import write_report, write_run_dir_report
+    from .rundir import is_run_dir
 
-    out = Path(args.out) if args.out else Path(args.path).with_name("report.html")
+    folder = is_run_dir(args.path)
+    out = Path(args.out) if args.out else (Path(args.path) / "report.html" if folder
+                                           else Path(args.path).with_name("report.html"))
     if out.is_dir():
         raise UsageError(f"{out}: is a folder; give a file name with -o")
     if not out.parent.is_dir():
         raise UsageError(f"{out.parent}: no such folder")
     try:
-        rec = write_report(args.path, out, **trust_options(args))
+        rec = (write_run_dir_report if folder else write_report)(args.path, out, **trust_options(args))
     except IntegrityError as e:
         say(e.fail_line(args.path))
         say("trainledger report: no report written", file=sys.stderr)
         return 1
+    if folder:
+        say(f"wrote {out} ({out.stat().st_size / 1024:.0f} KiB): {len(rec.ranks)} ranks, "
+            f"{sum(r.events for r in rec.verify.ranks.values()):,} events, {len(rec.stragglers)} stragglers, "
+            + ("replay consistent" if rec.ok else f"{len(rec.differences)} DIFFERENCES from the recomputation"))
+        return 0 if rec.ok else 1
     say(f"wrote {out} ({out.stat().st_size / 1024:.0f} KiB): run {rec.verify.run_id}, {rec.verify.events:,} events, "
           + ("replay consistent" if rec.ok else f"{len(rec.differences)} DIFFERENCES from the recomputation"))
     return 0 if rec.ok else 1

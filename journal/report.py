@@ -30,7 +30,7 @@ from .mfu import MfuAccounting
 from .kinds import CheckpointSaved, DecisionRecorded, GateVerdict, RewindDecided, RungStarted
 from .replay import Reconstruction, replay
 
-__all__ = ["write_report", "MAX_POINTS"]
+__all__ = ["write_report", "write_run_dir_report", "MAX_POINTS"]
 
 #: Longer series are drawn as per-bucket mean lines with a min-max band of this many buckets.
 MAX_POINTS = 2000
@@ -306,8 +306,11 @@ def write_report(path: str | os.PathLike, out: str | os.PathLike, **verify_optio
                 png = _figure(plt, s)
         except (ValueError, OverflowError, RuntimeError, Warning) as e:  # values no axis can hold
             s.plot_error = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
-    text = render(rec, s, png)
-    dest = Path(out)
+    _write_atomic(Path(out), render(rec, s, png))
+    return rec
+
+
+def _write_atomic(dest: Path, text: str) -> None:
     try:
         fd, tmp_name = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
     except OSError as e:
@@ -322,4 +325,176 @@ def write_report(path: str | os.PathLike, out: str | os.PathLike, **verify_optio
         raise JournalIOError(f"{dest}: cannot write the report: {e.strerror}") from None
     finally:
         tmp.unlink(missing_ok=True)
+
+
+class _RankSeries:
+    """One rank's curves and records in a run folder (the last observation of each step: a resumed rank runs some
+    steps twice), folded during replay's pass."""
+
+    def __init__(self) -> None:
+        self.loss: dict[int, float] = {}
+        self.time: dict[int, float] = {}  # compute_time_s where journaled (what straggler scores rest on)
+        self.shards: list[Any] = []
+        self.resumes: list[RunResumed] = []
+        self.node: str | None = None
+        self.telemetry: str | None = None
+        self.devices: set[int] = set()
+
+    def apply(self, ev: Any) -> None:
+        from .kinds import DeviceSampled, RankJoined, ShardsSaved, TelemetryUnavailable
+        from .stragglers import step_time_for_stragglers
+
+        if isinstance(ev, StepObserved):
+            self.loss[ev.step] = ev.loss
+            t = step_time_for_stragglers(ev)
+            if t is not None:
+                self.time[ev.step] = t
+        elif isinstance(ev, ShardsSaved):
+            self.shards.append(ev)
+        elif isinstance(ev, RunResumed):
+            self.resumes.append(ev)
+        elif isinstance(ev, RankJoined):
+            self.node = ev.node
+        elif isinstance(ev, TelemetryUnavailable):
+            self.telemetry = f"unavailable: {ev.reason}"
+        elif isinstance(ev, DeviceSampled):
+            self.devices.add(ev.device)
+
+
+def _run_dir_figure(plt, ranks: dict[int, _RankSeries], stragglers: list[dict[str, Any]]) -> str:
+    """Per-rank step-time heatmap (stragglers boxed) above per-rank loss curves."""
+    import statistics
+
+    from matplotlib.patches import Rectangle
+
+    rows = sorted(ranks)
+    last = max((max(r.time) for r in ranks.values() if r.time), default=0)
+    width = max(1, math.ceil((last + 1) / 200))  # steps per column: at most 200 columns
+    ncol = last // width + 1
+    grid = [[math.nan] * ncol for _ in rows]
+    for i, r in enumerate(rows):
+        cols: dict[int, list[float]] = {}
+        for st, t in ranks[r].time.items():
+            if t - t == 0 and 0 <= t <= PLOT_LIMIT:
+                cols.setdefault(st // width, []).append(t * 1e3)
+        for c, ts in cols.items():
+            grid[i][c] = statistics.median(ts)
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(11, 2.2 + 0.35 * len(rows) + 3), squeeze=True,
+                                   gridspec_kw={"height_ratios": [1 + 0.15 * len(rows), 2.4]})
+    im = ax1.imshow(grid, aspect="auto", interpolation="nearest", cmap="viridis",
+                    extent=(-0.5 * width, (ncol - 0.5) * width, len(rows) - 0.5, -0.5))
+    fig.colorbar(im, ax=ax1, label="own step time (ms, median)")
+    ax1.set_yticks(range(len(rows)), [f"rank {r}" for r in rows])
+    for k, sd in enumerate(stragglers):
+        if sd["rank"] in rows:
+            y = rows.index(sd["rank"])
+            a, b = sd["window"]
+            ax1.add_patch(Rectangle((a - 0.5, y - 0.5), b - a + 1, 1, fill=False, ec="red", lw=2,
+                                    label="straggler" if k == 0 else None))
+    if stragglers:
+        ax1.legend(loc="upper right", fontsize=7)
+    ax1.set_title("per-rank step time (the rank's own time; stragglers boxed)", fontsize=9)
+    for r in rows:
+        xs = sorted(ranks[r].loss)
+        ys = _drawable([ranks[r].loss[x] for x in xs])
+        ax2.plot(xs, ys, lw=0.9, label=f"rank {r}")
+    ax2.set_xlim(ax1.get_xlim())
+    ax2.set_ylabel("loss")
+    ax2.set_xlabel("step")
+    ax2.grid(alpha=0.3)
+    ax2.legend(loc="upper right", fontsize=7, ncol=4)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=96)
+    plt.close(fig)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def write_run_dir_report(path: str | os.PathLike, out: str | os.PathLike, **verify_options: Any) -> Any:
+    """The page for a distributed run's folder: every rank verified, anchored and replayed, straggler windows
+    recomputed; a per-rank step-time heatmap with stragglers boxed, per-rank loss curves, the ranks, stragglers,
+    differences, and the shards of every sharded checkpoint. Nothing is written for a folder that does not verify."""
+    import statistics
+
+    from .rundir import replay_run_dir
+
+    plt = _matplotlib()
+    ranks: dict[int, _RankSeries] = {}
+    rec = replay_run_dir(path, observe=lambda r, ev: ranks.setdefault(r, _RankSeries()).apply(ev), **verify_options)
+    png, plot_error = None, None
+    if any(x.loss for x in ranks.values()):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                png = _run_dir_figure(plt, ranks, rec.stragglers)
+        except (ValueError, OverflowError, RuntimeError, Warning) as e:
+            plot_error = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+    v = rec.verify
+    ok = ("<span class=ok>every recorded conclusion follows from the observations</span>" if rec.ok else
+          f"<span class=bad>{len(rec.differences)} recorded conclusion(s) differ from the recomputation</span>")
+    parts = [f"<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>trainledger report {_e(v.path)}</title>"
+             f"<style>{_CSS}</style></head><body>",
+             f"<h1>Run folder {_e(Path(v.path).name)}</h1><p class=muted>trainledger {__version__} report</p><dl>",
+             f"<dt>folder</dt><dd>{_e(v.path)}</dd>",
+             f"<dt>verification</dt><dd><span class=ok>VERIFIED</span> {len(v.ranks)} of {v.world_size} ranks, "
+             f"{v.anchors} cross-rank anchors hold</dd>",
+             f"<dt>replay</dt><dd>{ok}</dd>",
+             f"<dt>stragglers</dt><dd>{len(rec.stragglers)} flagged</dd></dl>"]
+    if rec.differences:
+        parts.append("<h2>Differences from the recomputation</h2>")
+        parts.append(_table(["rank", "seq", "kind", "detail"],
+                            [[d["rank"], d["seq"], d["kind"], d["detail"]] for d in rec.differences], ""))
+    parts.append("<h2>Ranks</h2>")
+    rows = []
+    for r, one in sorted(rec.ranks.items()):
+        rs, vr = ranks.get(r, _RankSeries()), v.ranks[r]
+        h = one.health or {}
+        times = list(rs.time.values())
+        rows.append([r, rs.node or "-", f"{vr.events:,}", vr.key_id, vr.tail, h.get("steps", 0),
+                     sum(len(x) for x in one.anomalies_by_kind.values()),
+                     f"{rs.loss[max(rs.loss)]:.4f}" if rs.loss else "-",
+                     f"{statistics.median(times) * 1e3:.2f}" if times else "-",
+                     f"{h['tokens_per_s']:,.0f}" if h.get("tokens_per_s") else "-", len(rs.resumes),
+                     rs.telemetry or (f"{len(rs.devices)} device(s) sampled" if rs.devices else "-")])
+    parts.append(_table(["rank", "node", "events", "key", "tail", "steps", "anomalies", "last loss",
+                         "own step time (ms, median)", "tokens/s", "resumes", "telemetry"], rows, "no ranks"))
+    parts.append("<h2>Curves</h2>")
+    if png:
+        parts.append(f'<img alt="per-rank step time heatmap and loss curves" src="data:image/png;base64,{png}">')
+    elif plot_error:
+        parts.append(f"<p class=bad>the curves could not be drawn: {_e(plot_error)}</p>")
+    else:
+        parts.append("<p class=muted>no step observations in these journals</p>")
+    parts.append("<h2>Stragglers</h2>")
+    parts.append(_table(["seq", "rank", "node", "score", "steps"],
+                        [[x["seq"], x["rank"], x["node"] or "-", f"{x['score']:.3f}", f"{x['window'][0]}-{x['window'][1]}"]
+                         for x in rec.stragglers], "no straggler flagged"))
+    anomalies = [[r, k, len(st), ", ".join(map(str, st[:20])) + (" ..." if len(st) > 20 else "")]
+                 for r, one in sorted(rec.ranks.items()) for k, st in sorted(one.anomalies_by_kind.items())]
+    parts.append("<h2>Anomalies</h2>")
+    parts.append(_table(["rank", "anomaly", "count", "steps"], anomalies, "no anomalies"))
+    parts.append("<h2>Sharded checkpoints</h2>")
+    by_path: dict[str, dict[int, Any]] = {}
+    for r, rs in ranks.items():
+        for sh in rs.shards:
+            by_path.setdefault(sh.path, {})[r] = sh
+    restored = {e.checkpoint for rs in ranks.values() for e in rs.resumes}
+    srows = []
+    for p_, recs in sorted(by_path.items(), key=lambda kv: (next(iter(kv[1].values())).step, kv[0])):
+        any_ = next(iter(recs.values()))
+        meta = recs.get(0)
+        srows.append([any_.step, p_, f"{len(recs)} of {any_.world_size}",
+                      "yes" if len(recs) >= any_.world_size else "NO",
+                      sum(len(x.files) for x in recs.values()),
+                      f"{sum(f['bytes'] for x in recs.values() for f in x.files) / 2**20:.2f}",
+                      (meta.metadata_sha256 or "")[:16] if meta else "-",
+                      (meta.save_id or "-") if meta else "-", "yes" if p_ in restored else ""])
+    parts.append(_table(["step", "folder", "ranks recorded", "complete", "shard files", "MiB", ".metadata sha256",
+                         "DCP save id", "restored"], srows, "no sharded checkpoints"))
+    srows = [[r, sh.step, sh.path, f["file"], f"{f['bytes']:,}", f["sha256"][:16]]
+             for r, rs in sorted(ranks.items()) for sh in rs.shards for f in sh.files]
+    parts.append("<details><summary>every shard file</summary>"
+                 + _table(["rank", "step", "folder", "file", "bytes", "sha256"], srows, "none") + "</details>")
+    parts.append("</body></html>\n")
+    _write_atomic(Path(out), "".join(parts))
     return rec

@@ -161,9 +161,10 @@ class RunDirReconstruction:
                 "ranks": {str(r): rec.to_dict() for r, rec in sorted(self.ranks.items())}}
 
 
-def replay_run_dir(path: str | os.PathLike, **verify_options: Any) -> RunDirReconstruction:
+def replay_run_dir(path: str | os.PathLike, *, observe: Any = None, **verify_options: Any) -> RunDirReconstruction:
     """Verify the folder (:func:`verify_run_dir`), replay every rank, and recompute the straggler windows rank 0
-    recorded from every rank's own step times. A rank's differences carry ``rank``."""
+    recorded from every rank's own step times. A rank's differences carry ``rank``. ``observe(rank, event)`` sees
+    every signed event of every rank, in order (the report's curves)."""
     from .events import StepObserved
     from .kinds import StragglerDetected, StragglerScores
     from .replay import replay
@@ -176,8 +177,13 @@ def replay_run_dir(path: str | os.PathLike, **verify_options: Any) -> RunDirReco
     for r, f in rank_files(path).items():
         kept: list[Any] = []
         # replay's own pass over the signed prefix hands over what the straggler audit needs
-        recs[r] = replay(f, observe=lambda ev, kept=kept: kept.append(ev) if isinstance(ev, keep) else None,
-                         **verify_options)
+        def seen(ev: Any, kept: list[Any] = kept, r: int = r) -> None:
+            if isinstance(ev, keep):
+                kept.append(ev)
+            if observe is not None:
+                observe(r, ev)
+
+        recs[r] = replay(f, observe=seen, **verify_options)
         events[r] = kept
     differences = [{**d, "rank": r} for r, rec in sorted(recs.items()) for d in rec.differences]
     differences += [{**d, "rank": 0} for d in audit_stragglers(events)]

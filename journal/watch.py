@@ -27,7 +27,7 @@ from .errors import IntegrityError, JournalError, SchemaError
 from .events import RunClosed, Seal, StepObserved
 from .health import AnomalyDetected, HealthProjection, RunConfigured
 from .keys import PublicKey
-from .kinds import CheckpointSaved
+from .kinds import CheckpointSaved, RankJoined, ShardsSaved, StragglerDetected
 from .verify import open_checked, read_opening, resolve_key
 
 __all__ = ["watch"]
@@ -44,6 +44,9 @@ class _View:
         self.last_seal_seq = -1
         self.last_seq = -1
         self.closed = False
+        self.world = 0
+        self.stragglers: list[Any] = []
+        self.shards: Any = None
 
     def apply(self, ev: Any) -> None:
         self.events += 1
@@ -61,8 +64,26 @@ class _View:
             self.last_seal_seq = ev.seq
         elif isinstance(ev, RunClosed):
             self.closed = True
+        elif isinstance(ev, RankJoined):
+            self.world = ev.world_size
+        elif isinstance(ev, StragglerDetected):
+            self.stragglers.append(ev)
+        elif isinstance(ev, ShardsSaved):
+            self.shards = ev
         else:
             self.proj.apply(ev)
+
+    def rank_line(self, rank: int) -> str:
+        s = self.step
+        own = None if s is None else (s.compute_time_s if s.compute_time_s is not None else s.step_time_s)
+        c = self.shards or self.checkpoint
+        return (f"  rank {rank:<4} " + ("no steps yet" if s is None else
+                                        f"step {s.step}  loss {s.loss:.4f}  own step time "
+                                        f"{'-' if own is None else f'{own * 1e3:.2f} ms'}")
+                + f"  anomalies {len(self.proj.anomalies)}"
+                + f"  checkpoint {'none' if c is None else c.step}"
+                + f"  not signed yet {max(0, self.last_seq - self.last_seal_seq)}"
+                + ("  closed" if self.closed else ""))
 
     def lines(self, path: Path) -> list[str]:
         r = self.proj.report()
@@ -85,10 +106,29 @@ class _View:
         return out
 
 
+def _context(p: Path, keys: Sequence[PublicKey], trust_embedded: bool,
+             allow_unsigned: bool) -> tuple[ScanContext, str] | str:
+    """The scan context and trust label for following ``p``, or the FAIL line when it may not be followed."""
+    opened, _ = read_opening(p, open_checked(p))
+    if keys or trust_embedded or opened.key_id is None:
+        raw, trust, _ = resolve_key(opened, keys=keys, trust_embedded=trust_embedded)
+        if trust == "unsigned" and not allow_unsigned:
+            return f"FAIL  {p}: the journal is unsigned (pass --allow-unsigned to follow it anyway)"
+        label = {"pinned": f"signatures checked: key {opened.key_id}, pinned",
+                 "embedded": f"signatures checked against the embedded key {opened.key_id}: authenticity not "
+                             "established", "unsigned": "unsigned journal: chain only"}[trust]
+        return ScanContext(opened.run_id, opened.key_id, raw, trust != "unsigned", None), label
+    return (ScanContext(opened.run_id, opened.key_id, None, False, None),
+            "chain checked, signatures NOT checked: pass --pubkey")
+
+
 def watch(path: str | Path, *, interval: float = 0.5, out: TextIO = sys.stdout, timeout: float | None = None,
           keys: Sequence[PublicKey] = (), trust_embedded: bool = False, allow_unsigned: bool = False) -> int:
     """Follow ``path`` until the run closes (return 0), Ctrl-C (130), ``timeout`` seconds (3) or a line that
-    does not check out (1). With ``keys`` (or ``trust_embedded``) every seal's signature is checked too."""
+    does not check out (1). With ``keys`` (or ``trust_embedded``) every seal's signature is checked too.
+    ``path`` may be a distributed run's folder: every rank journal is followed, one line per rank, until all close."""
+    from .rundir import is_run_dir
+
     p = Path(path)
     deadline = None if timeout is None else time.monotonic() + timeout
 
@@ -103,23 +143,20 @@ def watch(path: str | Path, *, interval: float = 0.5, out: TextIO = sys.stdout, 
         time.sleep(min(interval, left))
         return True
 
+    if p.is_dir():
+        if not is_run_dir(p):
+            out.write(safe(f"FAIL  {p}: a folder, but no rank journals (rank-00000.jsonl, ...) in it") + "\n")
+            return 1
+        return _watch_run_dir(p, nap, out, keys, trust_embedded, allow_unsigned)
     try:
         while not _has_first_line(p):  # the writer may not have created the file yet
             if not nap():
                 return 3
-        opened, _ = read_opening(p, open_checked(p))
-        if keys or trust_embedded or opened.key_id is None:
-            raw, trust, _ = resolve_key(opened, keys=keys, trust_embedded=trust_embedded)
-            if trust == "unsigned" and not allow_unsigned:
-                out.write(safe(f"FAIL  {p}: the journal is unsigned (pass --allow-unsigned to follow it anyway)") + "\n")
-                return 1
-            label = {"pinned": f"signatures checked: key {opened.key_id}, pinned",
-                     "embedded": f"signatures checked against the embedded key {opened.key_id}: authenticity not "
-                                 "established", "unsigned": "unsigned journal: chain only"}[trust]
-            ctx = ScanContext(opened.run_id, opened.key_id, raw, trust != "unsigned", None)
-        else:
-            label = "chain checked, signatures NOT checked: pass --pubkey"
-            ctx = ScanContext(opened.run_id, opened.key_id, None, False, None)
+        got = _context(p, keys, trust_embedded, allow_unsigned)
+        if isinstance(got, str):
+            out.write(safe(got) + "\n")
+            return 1
+        ctx, label = got
         tty = out.isatty()
         if not tty:
             out.write(safe(f"watching {p} ({label})") + "\n")
@@ -131,12 +168,7 @@ def watch(path: str | Path, *, interval: float = 0.5, out: TextIO = sys.stdout, 
                 out.write(safe(note) + "\n")
                 drawn = 0
             text = [safe(x) for x in follower.view.lines(p)]  # journal strings never reach the terminal raw
-            if tty:
-                out.write(("\x1b[F\x1b[2K" * drawn) + "\n".join(text) + "\n")
-                drawn = len(text)
-            else:
-                out.write(" | ".join(x.strip() for x in text[1:]) + "\n")
-            out.flush()
+            drawn = _draw(out, tty, text, drawn)
             if follower.view.closed:
                 return 0
             if not nap():
@@ -145,6 +177,65 @@ def watch(path: str | Path, *, interval: float = 0.5, out: TextIO = sys.stdout, 
         return 130
     except IntegrityError as e:
         out.write(safe(e.fail_line(str(p))) + "\n")
+        out.flush()
+        return 1
+
+
+def _draw(out: TextIO, tty: bool, text: list[str], drawn: int) -> int:
+    """Redraw in place on a terminal (returns the lines drawn), one line per refresh otherwise."""
+    if tty:
+        out.write(("\x1b[F\x1b[2K" * drawn) + "\n".join(text) + "\n")
+        drawn = len(text)
+    else:
+        out.write(" | ".join(x.strip() for x in text[1:]) + "\n")
+    out.flush()
+    return drawn
+
+
+def _watch_run_dir(d: Path, nap, out: TextIO, keys: Sequence[PublicKey], trust_embedded: bool,
+                   allow_unsigned: bool) -> int:
+    """Follow every ``rank-NNNNN.jsonl`` in ``d`` (ranks that appear later too) until every rank has closed."""
+    from .rundir import rank_files
+
+    followers: dict[int, _Follower] = {}
+    tty = out.isatty()
+    drawn = 0
+    current: Path = d
+    try:
+        while True:
+            for r, f in rank_files(d).items():
+                if r not in followers and _has_first_line(f):
+                    current = f
+                    got = _context(f, keys, trust_embedded, allow_unsigned)
+                    if isinstance(got, str):
+                        out.write(safe(got) + "\n")
+                        return 1
+                    followers[r] = _Follower(f, *got)
+                    if not tty:
+                        out.write(safe(f"watching rank {r}: {f} ({got[1]})") + "\n")
+            for r, fo in sorted(followers.items()):
+                current = fo.p
+                note = fo.read_new()
+                if note:
+                    out.write(safe(f"rank {r}: {note}") + "\n")
+                    drawn = 0
+            world = max((fo.view.world for fo in followers.values()), default=0)
+            done = bool(followers) and all(fo.view.closed for fo in followers.values()) and len(followers) >= world
+            text = [f"trainledger watch  {d}  ({len(followers)} of {max(world, len(followers))} ranks"
+                    f"{', all closed' if done else ''})"]
+            text += [fo.view.rank_line(r) for r, fo in sorted(followers.items())]
+            flagged = [x for fo in followers.values() for x in fo.view.stragglers]
+            text.append("  stragglers: " + ("none flagged" if not flagged else "; ".join(
+                f"rank {x.rank} score {x.score:.2f} steps {x.window_start}-{x.window_end}" for x in flagged[-3:])))
+            drawn = _draw(out, tty, [safe(x) for x in text], drawn)
+            if done:
+                return 0
+            if not nap():
+                return 3
+    except KeyboardInterrupt:
+        return 130
+    except IntegrityError as e:
+        out.write(safe(e.fail_line(str(current))) + "\n")
         out.flush()
         return 1
 

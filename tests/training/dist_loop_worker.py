@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 from trainledger.journal import load_signer
@@ -27,6 +28,7 @@ def main() -> None:
 
     def on_step(step: int) -> None:
         if die_at is not None and first and rank == 1 and step == die_at:
+            time.sleep(1.0)  # the step-19 checkpoint, saved in the background, is on record by now even under load
             os.kill(os.getpid(), signal.SIGKILL)
 
     out = run_distributed_training(run_dir, signer=load_signer(key), config=LoopConfig(steps=steps, ckpt_every=10),

@@ -155,3 +155,55 @@ def test_query_a_run_folder_by_rank(run_dir, capsys):
     assert main(["query", "--pubkey", str(pub), "--format", "json", str(run),
                  "SELECT DISTINCT rank FROM stragglers"]) == 0
     assert json.loads(capsys.readouterr().out) == [{"rank": 1}]
+
+
+def test_report_of_a_run_folder_shows_ranks_stragglers_and_the_heatmap(run_dir, tmp_path, capsys):
+    run, pub = run_dir
+    out = tmp_path / "report.html"
+    assert main(["report", "--pubkey", str(pub), str(run), "-o", str(out)]) == 0
+    assert "2 ranks" in capsys.readouterr().out
+    page = out.read_text()
+    assert page.count("data:image/png;base64,") == 1 and "<script" not in page
+    assert "2 of 2 ranks, 8 cross-rank anchors hold" in page
+    stragglers = page.split("<h2>Stragglers</h2>")[1].split("</table>")[0]
+    assert stragglers.count("<tr>") == 1 + 4  # header, and rank 1 in four windows
+
+
+def test_watch_follows_every_rank_of_a_run_folder(run_dir, tmp_path, capsys):
+    run, pub = run_dir
+    assert main(["watch", "--pubkey", str(pub), "--timeout", "5", str(run)]) == 0  # every rank closed
+    out = capsys.readouterr().out
+    assert "watching rank 0" in out and "watching rank 1" in out and "rank 1" in out and "closed" in out
+    assert "stragglers: rank 1 score" in out
+    # Rank 1 cut back to an earlier seal (still open): watch waits for it, and says so when it gives up.
+    dst, _ = _copy(run_dir, tmp_path)
+    p = dst / "rank-00001.jsonl"
+    lines = read_lines(p)
+    seal = max(i for i, ln in enumerate(lines[:len(lines) // 2]) if ln.startswith(b'{"kind":"seal"'))
+    write_lines(p, lines[:seal + 1])
+    assert main(["watch", "--pubkey", str(pub), "--timeout", "0.5", str(dst)]) == 3
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert "closed" in last.split("|")[0] and "closed" not in last.split("|")[1]
+
+
+def test_four_ranks_verify_together_and_a_rolled_back_rank_is_caught(tmp_path, capsys):
+    """4 processes on this 2-core machine: every rank anchored at every checkpoint; one rank rolled back (its
+    journal replaced by an earlier copy of itself) is caught by the others' anchors."""
+    from trainledger.journal import keygen
+
+    priv, pub = keygen(tmp_path / "keys")
+    run = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4",
+                           str(WORKER), str(run), str(priv), "20"], capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert main(["verify", "--pubkey", str(pub), "--require-closed", str(run)]) == 0
+    assert "4 of 4 ranks verified, 12 cross-rank anchors hold" in capsys.readouterr().out
+    p = run / "rank-00002.jsonl"
+    lines = read_lines(p)
+    first_anchor = next(i for i, ln in enumerate(lines) if b'"anchor_recorded"' in ln)
+    later = next(i for i, ln in enumerate(lines) if i > first_anchor and ln.startswith(b'{"kind":"seal"'))
+    write_lines(p, lines[:later + 1])  # as it was just after its first anchor: a valid, signed, older journal
+    assert main(["verify", "--pubkey", str(pub), "--allow-unsealed", str(run)]) == 1
+    out = capsys.readouterr().out
+    assert "rank 2:" in out and "truncated or rolled back" in out

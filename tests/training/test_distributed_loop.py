@@ -95,6 +95,10 @@ def test_the_resumed_run_verifies_closed_with_one_resume_per_rank_and_replays(ru
     assert "2 of 2 ranks verified" in capsys.readouterr().out
     assert main(["replay", "--pubkey", str(pub), str(run)]) == 0
     assert capsys.readouterr().out.startswith("OK")
+    assert main(["report", "--pubkey", str(pub), str(run), "-o", str(tmp / "report.html")]) == 0
+    shards = (tmp / "report.html").read_text().split("<h2>Sharded checkpoints</h2>")[1].split("</table>")[0]
+    # steps 9 and 19 (async, then restored), 29 (blocking, last): every one recorded by both ranks
+    assert shards.count("<td>2 of 2</td><td>yes</td>") == 3 and shards.count("<td>yes</td></tr>") == 1
 
 
 def test_resharding_two_ranks_into_one_is_recorded_and_checks_the_missing_ranks_shards(tmp_path):
