@@ -35,7 +35,7 @@ __all__ = [
 
 #: Major.minor version of the line format this package writes. A reader refuses
 #: a newer major version; a newer minor version only adds event kinds.
-FORMAT_VERSION = "1.1"
+FORMAT_VERSION = "1.2"
 
 
 class Event(
@@ -98,7 +98,7 @@ class StepObserved(Event, tag="step_observed", frozen=True, kw_only=True):
     examples: int | None = None
     tokens: int | None = None
     supervised_tokens: int | None = None
-    #: Format 1.1. Seconds the step waited for its batch, and this rank's own time in the step (its work before
+    #: Format 1.2. Seconds the step waited for its batch, and this rank's own time in the step (its work before
     #: it waits on other ranks; straggler detection compares these, as a synchronous all-reduce evens out
     #: step_time_s across ranks).
     data_time_s: float | None = None

@@ -81,7 +81,7 @@ class AnomalyDetected(Event, tag="anomaly_detected", frozen=True, kw_only=True):
     threshold: float | None = None
     #: The step whose observation confirmed the spike, when it came one step later.
     detected_at: int | None = None
-    #: Format 1.1: the device of a device_fault / thermal_throttle (derived from device_changed)
+    #: Format 1.2: the device of a device_fault / thermal_throttle (derived from device_changed)
     device: int | None = None
 
     @property

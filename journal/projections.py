@@ -126,6 +126,8 @@ class HealthAudit(Projection):
         self._diffs = []  # snapshots that are not the fold
         # spike_suspected came with format 1.1: a journal written before cannot be asked for it
         self.check_suspected = format_version is None or _at_least(format_version, (1, 1))
+        # device anomalies derived from device_changed came with format 1.2
+        self.check_device = format_version is None or _at_least(format_version, (1, 2))
 
     def apply(self, ev: Any) -> None:
         if isinstance(ev, RunConfigured):
@@ -138,7 +140,7 @@ class HealthAudit(Projection):
                 self.recomputed.append((ev.seq, an))
             if proj.suspected_new:
                 self.suspected += [(ev.seq, x) for x in proj.take_suspected()]
-        elif isinstance(ev, DeviceChanged):  # telemetry's observations: a fault or throttling is an anomaly
+        elif isinstance(ev, DeviceChanged) and self.check_device:  # a fault or throttling is an anomaly (1.2)
             an = device_anomaly(ev)
             if an is not None:
                 self.recomputed.append((ev.seq, an))

@@ -4,7 +4,7 @@
     .venv/bin/python tools/regen_goldens.py            # writes every golden that is missing
     .venv/bin/python tools/regen_goldens.py --force    # rewrites them all (new keys, new bytes)
 
-``every_kind_v1_1.jsonl``: one journal in format 1.1 holding every event kind trainledger defines, consistent
+``every_kind_v1_2.jsonl``: one journal in format 1.2 holding every event kind trainledger defines, consistent
 enough that replay finds nothing to object to (the anomalies are the ones its steps imply, the verdict follows
 from its bars, the decision from the verdict, the authority gate from a signed approval). Beside it: the public
 key (``.pub``; the private key is thrown away) and ``.expect.json``, what verify and replay must keep saying
@@ -56,14 +56,15 @@ def every_kind(path: Path) -> Path:
         StragglerScores,
         TelemetryUnavailable,
         WeightsRestored,
+        device_anomaly,
     )
     from trainledger.journal.ladder_outcome import beta_update, gate
 
     signer = Signer.generate()
     ident = "sha256:" + "ab" * 32
     sha = "cd" * 32
-    j = Journal.create(path, signer=signer, run_id="golden-every-kind-v1-1", manifest_id=ident,
-                       manifest_label="golden", meta={"golden": "every kind, format 1.1"}, background=False)
+    j = Journal.create(path, signer=signer, run_id="golden-every-kind-v1-2", manifest_id=ident,
+                       manifest_label="golden", meta={"golden": "every kind, format 1.2"}, background=False)
     config = RunConfigured(n_params=7104, n_layer=2, n_head=2, head_dim=8, seq_len=8, peak_flops_per_sec=1e12,
                            devices=1, loss_window=16, loss_min_periods=4, grad_norm_window=16, grad_norm_min_periods=4,
                            peak_source="measured", peak_spread=0.12)
@@ -81,7 +82,7 @@ def every_kind(path: Path) -> Path:
     losses[15] += 1.0  # a lone outlier (z 16) the next step does not confirm: spike_suspected, not an anomaly
     for i, loss in enumerate(losses):
         observe(StepObserved(step=i, loss=loss, grad_norm=1.0 + 0.01 * (i % 3), lr=3e-4, step_time_s=0.01,
-                             tokens=32, examples=4, supervised_tokens=32))
+                             tokens=32, examples=4, supervised_tokens=32, data_time_s=0.001, compute_time_s=0.004))
     j.append(CheckpointSaved(step=19, path="checkpoints/step-000000019.pt", bytes=1234, sha256=sha,
                              contents=["model", "optimizer"], duration_s=0.5, tokens=640), durable=True)
     j.append(ResumeRejectedEvent(path="checkpoints/step-000000019.pt", reason="resume-invalid-missing-state",
@@ -122,14 +123,17 @@ def every_kind(path: Path) -> Path:
     j.append(RanksAnchored(heads={"0": f"{j.head[0]}:{j.head[1]}", "1": "12:" + "34" * 32}, step=25), durable=True)
     j.append(AnchorRecorded(rank=0, head="40:" + "56" * 32, step=25), durable=True)
     j.append(ShardsSaved(step=25, path="checkpoints/step-000000025", rank=0, world_size=2,
-                         files=[{"file": "__0_0.distcp", "bytes": 1234, "sha256": sha}], metadata_sha256=sha),
-             durable=True)
+                         files=[{"file": "__0_0.distcp", "bytes": 1234, "sha256": sha}], metadata_sha256=sha,
+                         save_id="2b7e151628aed2a6abf7158809cf4f3c"), durable=True)
     j.append(DeviceSampled(device=0, temp_c=61.0, power_w=412.0, sm_clock_mhz=1980, clock_event_reasons=0,
                            ecc={"corrected_volatile": 3}), durable=True)
-    j.append(DeviceChanged(device=0, change="throttle_started", detail={"reasons": 64, "temp_c": 88.0}), durable=True)
+    throttled = DeviceChanged(device=0, change="throttle_started", detail={"reasons": 64, "temp_c": 88.0}, step=25)
+    j.append(throttled, durable=True)
+    j.append(device_anomaly(throttled), durable=True)  # the anomaly it is (1.2), as the sampler records it
     j.append(TelemetryUnavailable(reason="ModuleNotFoundError: No module named 'pynvml'"), durable=True)
     j.append(StragglerScores(window_start=0, window_end=9, medians={"0": 0.01, "1": 0.04},
-                             scores={"0": 1.0, "1": 0.25}, threshold=0.75), durable=True)
+                             scores={"0": 1.0, "1": 0.25}, threshold=0.75, individual={"0": 1.0, "1": 1.0}),
+             durable=True)
     j.append(StragglerDetected(rank=1, score=0.25, window_start=0, window_end=9, node="node-1"), durable=True)
     _, started_h = j.append(RungStarted(rung="rung_i", real_target="1B params / 8 GPUs", spec={"steps": 26}),
                             durable=True)
@@ -220,14 +224,15 @@ def expectations(path: Path) -> dict:
 
 #: The goldens this code can write. Older ones (every_kind_v1.jsonl: format 1.0, before spike_suspected and the
 #: peak's provenance) are frozen: no builder, never rewritten, and they must keep verifying and replaying.
-GOLDENS = {"every_kind_v1_1.jsonl": every_kind, "resumed_rewound_v1_1.jsonl": resumed_rewound,
+# every_kind_v1.jsonl (1.0) and every_kind_v1_1.jsonl (1.1) are frozen: this code writes the current format.
+GOLDENS = {"every_kind_v1_2.jsonl": every_kind, "resumed_rewound_v1_1.jsonl": resumed_rewound,
            "ladder_halt_v1_1.jsonl": ladder_halt, "experiment_v1_1.jsonl": experiment}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--force", action="store_true", help="rewrite goldens that exist (new keys, new bytes)")
-    ap.add_argument("--only", metavar="NAME", help="just this golden (e.g. every_kind_v1_1.jsonl)")
+    ap.add_argument("--only", metavar="NAME", help="just this golden (e.g. every_kind_v1_2.jsonl)")
     args = ap.parse_args()
     GOLDEN.mkdir(parents=True, exist_ok=True)
     for name, build in GOLDENS.items():

@@ -171,8 +171,10 @@ class TrainingHealthMonitor:
         """
         self = cls.from_state(snapshot, journal=journal)
         proj = self._proj
-        upto = checkpoint.seq if after_seq is None else after_seq
+        upto = after_seq
         for ev in later:
+            if upto is None:
+                upto = checkpoint.seq
             if ev.seq > upto:
                 proj.apply(ev)
         proj.suspected_new.clear()  # already on record

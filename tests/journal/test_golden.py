@@ -15,8 +15,20 @@ JOURNALS = sorted(GOLDEN.glob("*.jsonl"))
 
 
 def test_goldens_exist():
-    assert [p.name for p in JOURNALS] == ["every_kind_v1.jsonl", "every_kind_v1_1.jsonl", "experiment_v1_1.jsonl",
-                                          "ladder_halt_v1_1.jsonl", "resumed_rewound_v1_1.jsonl"]
+    assert [p.name for p in JOURNALS] == ["every_kind_v1.jsonl", "every_kind_v1_1.jsonl", "every_kind_v1_2.jsonl",
+                                          "experiment_v1_1.jsonl", "ladder_halt_v1_1.jsonl",
+                                          "resumed_rewound_v1_1.jsonl"]
+
+
+def test_a_format_1_1_journal_is_not_asked_for_device_anomalies():
+    """every_kind_v1_1 records throttling starting without the thermal_throttle anomaly that 1.2 derives from it."""
+    from trainledger.journal.replay import replay
+
+    p = GOLDEN / "every_kind_v1_1.jsonl"
+    rec = replay(p, keys=[load_public_key(p.with_suffix(".pub"))])
+    assert rec.ok and "thermal_throttle" not in rec.anomalies_by_kind
+    q = GOLDEN / "every_kind_v1_2.jsonl"
+    assert replay(q, keys=[load_public_key(q.with_suffix(".pub"))]).anomalies_by_kind["thermal_throttle"] == [25]
 
 
 @pytest.mark.parametrize("path", JOURNALS, ids=lambda p: p.name)
