@@ -235,7 +235,25 @@ def _decoders() -> tuple[msgspec.json.Decoder, msgspec.json.Decoder]:
         # other leniency it allows is caught by the byte-exact re-encoding check.
         _decoder = msgspec.json.Decoder(union, strict=False)
         _batch_decoder = msgspec.json.Decoder(list[union], strict=False)
+        _flat.clear()
+        _flat.update(r for r in records if _is_flat(r))
     return _decoder, _batch_decoder
+
+
+#: Record types none of whose fields can hold a container (a line of one nests exactly one level).
+_flat: set[type] = set()
+_SCALARS = (int, float, str, bool, type(None))
+
+
+def _is_flat(record: type) -> bool:
+    import typing
+
+    for hint in typing.get_type_hints(record).values():
+        args = typing.get_args(hint) if typing.get_origin(hint) in (Union, getattr(__import__("types"), "UnionType")) \
+            else (hint,)
+        if not all(a in _SCALARS for a in args):
+            return False
+    return True
 
 
 # ---------------------------------------------------------------- non-finite floats
@@ -420,13 +438,15 @@ def decode_batch(lines: list[bytes], *, aligned: bool = False) -> list[Any] | No
     if not lines:
         return []
     joined = b"[" + b",".join(lines) + b"]"
-    # No line can nest deeper than the openers the batch holds beyond one per line: only when that bound
-    # passes the cap are the lines measured, one by one, by decode_line.
-    if joined.count(b"[") + joined.count(b"{") - len(lines) > MAX_DEPTH:
-        return None
     try:
         records = _decoders()[1].decode(joined)
-    except (msgspec.DecodeError, UnicodeDecodeError):
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
+        return None
+    # The nesting cap: a batch of kinds whose fields are all scalars nests one level per line (the decode above
+    # held every field to its type). Otherwise no line can nest deeper than the openers the batch holds beyond
+    # one per line: only when that bound passes the cap are the lines measured, one by one, by decode_line.
+    if not _flat.issuperset(map(type, records)) and \
+            joined.count(b"[") + joined.count(b"{") - len(lines) > MAX_DEPTH:
         return None
     # Every record re-encodes to a line that starts with {"kind":", so the
     # separator below occurs exactly between lines unless some line holds more

@@ -411,6 +411,7 @@ def restore_sharded(run_dir: str | os.PathLike, journal: Journal, state_dict: di
     """
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
 
     from trainledger.journal import RunResumed
     from trainledger.journal._paths import confined
@@ -486,6 +487,14 @@ def restore_sharded(run_dir: str | os.PathLike, journal: Journal, state_dict: di
     except ResumeRejected as e:
         journal.append(ResumeRejectedEvent(path=rel, reason=e.code, detail=str(e)), durable=True)
         raise
+    except (Exception, CheckpointException) as e:  # noqa: BLE001 - DCP's (a BaseException, on every rank), ...
+        full = str(e)
+        found = re.search(r"Missing key in checkpoint state_dict: [^\n]*", full)
+        text = found.group(0) if found else " ".join(full.split())[:300]
+        code = "resume-invalid-missing-state" if found else "resume-invalid-format"
+        detail = f"{pick}: torch.distributed.checkpoint could not load it into this state ({type(e).__name__}: {text})"
+        journal.append(ResumeRejectedEvent(path=rel, reason=code, detail=detail), durable=True)
+        raise ResumeRejected(code, detail) from None
     journal.append(RunResumed(reason="checkpoint", from_step=st, checkpoint=pick,
                               detail={"sharded": True, "world_size": world, "saved_world_size": saved_world,
                                       "resharded": saved_world != world}), durable=True)

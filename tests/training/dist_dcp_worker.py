@@ -69,6 +69,11 @@ def main() -> None:
             out.append("NOT REJECTED")
         except ResumeRejected as e:
             out.append(f"REJECTED {e}")
+        try:  # the step-4 checkpoint holds no optimizer state: asked for one, every rank says what is missing
+            restore_sharded(run_dir, j, {"model": model().state_dict(), "optimizer": {"lr": 0.1}}, step=4)
+            out.append("NOT REJECTED")
+        except ResumeRejected as e:
+            out.append(f"REJECTED {e.code}")
     (Path(run_dir).parent / f"out-{rank}.txt").write_text("\n".join(out) + "\n")
     dist.destroy_process_group()
 

@@ -136,7 +136,8 @@ def test_sharded_checkpoints_record_every_shard_and_restore_checks_them(tmp_path
     assert proc.returncode == 0, proc.stderr[-3000:]
     outs = [(tmp_path / f"out-{r}.txt").read_text().splitlines() for r in (0, 1)]
     for lines in outs:
-        saved, restored, restored_sum, refused = lines
+        saved, restored, restored_sum, refused, missing = lines
+        assert missing == "REJECTED resume-invalid-missing-state"
         assert restored == "RESTORED 9" and restored_sum.split()[1] == saved.split()[1]  # the newest, exactly
         assert refused.startswith("REJECTED resume-invalid-digest") and "rank 1" in refused and "__1_0.distcp" in refused
     shards = [e for e in read_events(run / "rank-00001.jsonl") if type(e).__struct_config__.tag == "shards_saved"]
