@@ -122,13 +122,14 @@ def _context(p: Path, keys: Sequence[PublicKey], trust_embedded: bool,
             "chain checked, signatures NOT checked: pass --pubkey")
 
 
-def watch(path: str | Path, *, interval: float = 0.5, out: TextIO = sys.stdout, timeout: float | None = None,
+def watch(path: str | Path, *, interval: float = 0.5, out: TextIO | None = None, timeout: float | None = None,
           keys: Sequence[PublicKey] = (), trust_embedded: bool = False, allow_unsigned: bool = False) -> int:
     """Follow ``path`` until the run closes (return 0), Ctrl-C (130), ``timeout`` seconds (3) or a line that
     does not check out (1). With ``keys`` (or ``trust_embedded``) every seal's signature is checked too.
     ``path`` may be a distributed run's folder: every rank journal is followed, one line per rank, until all close."""
     from .rundir import is_run_dir
 
+    out = sys.stdout if out is None else out  # looked up now: a caller may have redirected it
     p = Path(path)
     deadline = None if timeout is None else time.monotonic() + timeout
 
