@@ -108,6 +108,12 @@ def open_rank_journal(run_dir: str | os.PathLike, signer: Signer, *, info: RankI
         versions["torch"] = str(torch.__version__)
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             versions["backend"] = str(torch.distributed.get_backend())
+        if torch.cuda.is_available():
+            versions["cuda"] = str(torch.version.cuda)
+            try:
+                versions["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+            except (AttributeError, RuntimeError):  # a build without NCCL
+                pass
     except ImportError:  # pragma: no cover - the torch extra is installed wherever this runs
         pass
     j.append(RankJoined(run=info.run, rank=info.rank, world_size=info.world_size, local_rank=info.local_rank,

@@ -208,3 +208,27 @@ def test_four_ranks_verify_together_and_a_rolled_back_rank_is_caught(tmp_path, c
     assert main(["verify", "--pubkey", str(pub), "--allow-unsealed", str(run)]) == 1
     out = capsys.readouterr().out
     assert "rank 2:" in out and "truncated or rolled back" in out
+
+
+def test_one_key_per_node_pinned_together_in_a_trusted_keys_file(tmp_path, capsys):
+    """Each node signs with its own key; a trusted-keys file lists them all; a rank signed by a key not listed fails,
+    named."""
+    from trainledger.journal import Journal, Signer, StepObserved
+    from trainledger.journal.kinds import RankJoined
+
+    run = tmp_path / "run"
+    nodes = [Signer.generate(), Signer.generate()]
+    for rank in (0, 1):
+        with Journal.create(run / f"rank-0000{rank}.jsonl", signer=nodes[rank], run_id=f"keys.r{rank:05d}") as j:
+            j.append(RankJoined(run="keys", rank=rank, world_size=2, local_rank=0, node=f"node-{rank}"))
+            j.append(StepObserved(step=0, loss=3.0))
+    listing = tmp_path / "trusted-keys"
+    listing.write_text("# the cluster's nodes\n" + "".join(s.public.line() + "\n" for s in nodes))
+    env = dict(os.environ, TRAINLEDGER_TRUSTED_KEYS=str(listing))
+    ok = subprocess.run([sys.executable, "-m", "trainledger", "verify", str(run)], capture_output=True, text=True,
+                        env=env)
+    assert ok.returncode == 0 and "2 of 2 ranks verified" in ok.stdout
+    listing.write_text(nodes[0].public.line() + "\n")
+    bad = subprocess.run([sys.executable, "-m", "trainledger", "verify", str(run)], capture_output=True, text=True,
+                         env=env)
+    assert bad.returncode == 1 and "rank 1" in bad.stdout and "not pinned" in bad.stdout
