@@ -13,6 +13,7 @@ _WHERE = {
     "CausalLM": "model", "build_causal_lm": "model",
     "AnomalyDetected": "monitor", "TrainingHealthMonitor": "monitor",
     "ExperimentManifest": "manifest", "load_manifest": "manifest", "validate": "manifest",
+    "Recorder": "recorder",
 }
 
 
@@ -25,6 +26,7 @@ def __getattr__(name: str):
 
 
 __all__ = [
+    "Recorder",
     "CausalLM",
     "build_causal_lm",
     "FlopConfig",

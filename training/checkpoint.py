@@ -53,6 +53,7 @@ __all__ = [
     "signed_history",
     "load_payload",
     "file_sha256",
+    "unwrap_model",
 ]
 
 #: What a checkpoint must hold for a resume to continue the run exactly.
@@ -102,17 +103,48 @@ def _set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The module whose weights a checkpoint holds: without ``torch.compile``'s ``_orig_mod`` and DDP's / FSDP-1's
+    ``module`` wrappers, so that a compiled or wrapped model and a plain one save and restore the same keys."""
+    for _ in range(8):
+        inner = getattr(model, "_orig_mod", None)
+        if inner is None and type(model).__name__ in ("DistributedDataParallel", "DataParallel",
+                                                      "FullyShardedDataParallel"):
+            inner = getattr(model, "module", None)
+        if not isinstance(inner, torch.nn.Module):
+            return model
+        model = inner
+    return model
+
+
+def _data_cursor(sampler: Any, data_state: Any) -> Any:
+    """What a checkpoint keeps of the data position: ``sampler.state_dict()`` (trainledger's sampler, torchdata's
+    ``StatefulDataLoader``, anything with ``state_dict()``), or the plain JSON-able ``data_state`` the caller passes
+    (epoch, batch index), or ``None`` (a plain ``DataLoader``: the resume verdict will name the missing cursor)."""
+    if sampler is not None and callable(getattr(sampler, "state_dict", None)):
+        return sampler.state_dict()
+    if data_state is not None:
+        import json
+
+        try:
+            json.dumps(data_state, allow_nan=False)
+        except (TypeError, ValueError) as e:
+            raise TypeError(f"data_state must be plain JSON (numbers, strings, lists, dicts): {e}") from None
+        return {"data_state": data_state}
+    return None
+
+
 def _snapshot(*, step, model, optimizer, scheduler, scaler, sampler, tokens, accumulation_step, manifest_id,
-              extra, copy: bool) -> tuple[dict[str, Any], list[str]]:
+              extra, copy: bool, data_state: Any = None) -> tuple[dict[str, Any], list[str]]:
     """The checkpoint payload; with ``copy``, every tensor is cloned to host memory (for a background write)."""
     payload = {
         "format": _FORMAT,
-        "model": model.state_dict(),
+        "model": unwrap_model(model).state_dict(),
         "optimizer": optimizer.state_dict(),
         "scheduler": scheduler.state_dict() if scheduler is not None else None,
         "scaler": scaler.state_dict() if scaler is not None else None,
         "rng": _rng_state(),
-        "sampler": sampler.state_dict() if sampler is not None else None,
+        "sampler": _data_cursor(sampler, data_state),
         "counters": {"step": step, "tokens": tokens},
         "accumulation": accumulation_step,
         "manifest_id": manifest_id,
@@ -120,9 +152,9 @@ def _snapshot(*, step, model, optimizer, scheduler, scaler, sampler, tokens, acc
     }
     if copy:
         payload = _to_host(payload)
+    # A part the run has none of (no scheduler, no grad scaler, no manifest yet) is recorded as absent; a data
+    # cursor is not optional: without one the checkpoint's contents lack "sampler" and a resume says so.
     contents = [k for k in CONTRACT if k in payload and (payload[k] is not None or k in _MAY_BE_NONE)]
-    if sampler is None and "sampler" in contents:
-        contents.remove("sampler")
     return payload, contents
 
 
@@ -142,6 +174,10 @@ def _write(run: Path, journal: Journal, payload: dict[str, Any], contents: list[
            t0: float, background: bool, monitor_sha256: str | None = None) -> CheckpointSaved:
     rel = Path("checkpoints") / f"step-{step:09d}.pt"
     (run / rel).parent.mkdir(parents=True, exist_ok=True)
+    k = 0
+    while (run / rel).exists() or (run / rel).is_symlink():  # never over bytes a record may name: beside them
+        k += 1
+        rel = Path("checkpoints") / f"step-{step:09d}-{k}.pt"
     final = confined(run, rel.as_posix(), what="checkpoint path")  # a checkpoints/ link leading out: refused
     tmp = final.with_name(final.name + ".tmp")
     with open_new(tmp) as f:
@@ -161,10 +197,14 @@ def _write(run: Path, journal: Journal, payload: dict[str, Any], contents: list[
 def save_checkpoint(run_dir: str | os.PathLike, journal: Journal, *, step: int, model: torch.nn.Module,
                     optimizer: torch.optim.Optimizer, scheduler: Any = None, scaler: Any = None,
                     sampler: Any = None, tokens: int = 0, accumulation_step: int = 0,
-                    manifest_id: str | None = None, extra: dict[str, Any] | None = None) -> CheckpointSaved:
+                    manifest_id: str | None = None, extra: dict[str, Any] | None = None,
+                    data_state: Any = None) -> CheckpointSaved:
     """Save the full training state under ``run_dir/checkpoints/`` and record it, durably (blocking).
 
-    ``sampler`` is anything with ``state_dict()`` (``training.corpus.BatchSampler``).
+    ``step`` is the last step completed (the run continues at ``step + 1``). The data cursor: ``sampler`` is
+    anything with ``state_dict()`` (``training.corpus.BatchSampler``, torchdata's ``StatefulDataLoader``), or pass
+    ``data_state`` (plain JSON: epoch, batch index) for a loader without one; with neither the checkpoint is saved
+    and recorded without a cursor, and a resume from it is ``resume-invalid-missing-state``.
     ``extra`` (for example the monitor's ``state()``) is stored alongside.
     Returns the ``checkpoint_saved`` event, which is sealed and on disk when this returns.
     See :class:`Checkpointer` for saves that write in the background.
@@ -172,7 +212,7 @@ def save_checkpoint(run_dir: str | os.PathLike, journal: Journal, *, step: int, 
     t0 = time.perf_counter()
     payload, contents = _snapshot(step=step, model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler,
                                   sampler=sampler, tokens=tokens, accumulation_step=accumulation_step,
-                                  manifest_id=manifest_id, extra=extra, copy=False)
+                                  manifest_id=manifest_id, extra=extra, copy=False, data_state=data_state)
     # The snapshot is the fold of everything appended so far, and checkpoint_saved comes right after it: its
     # digest lets replay hold the one against the other.
     snap = (extra or {}).get("monitor")
@@ -221,7 +261,7 @@ class Checkpointer:
             self._last = save_checkpoint(self.run, self.journal, step=step, **state)
             return self._last
         payload, contents = _snapshot(step=step, copy=True, **{k: state.get(k) for k in (
-            "model", "optimizer", "scheduler", "scaler", "sampler", "extra", "manifest_id")},
+            "model", "optimizer", "scheduler", "scaler", "sampler", "extra", "manifest_id", "data_state")},
             tokens=tokens, accumulation_step=state.get("accumulation_step", 0))
 
         def work() -> None:
@@ -328,30 +368,55 @@ def restore_checkpoint(run_dir: str | os.PathLike, journal: Journal, path: str |
     except ResumeRejected as e:
         _reject(journal, rel, e.code, str(e))
     if weights_only_override is not None:
-        model.load_state_dict(payload["model"])
+        try:
+            _load_weights(unwrap_model(model), payload["model"])
+        except (RuntimeError, ValueError, KeyError, TypeError) as e:
+            _reject(journal, rel, "resume-invalid-format",
+                    f"the weights do not fit the model: {' '.join(str(e).split())[:400]}")
         journal.append(WeightsRestored(path=rel, step=record.step, override=weights_only_override), durable=True)
         return {"counters": payload.get("counters"), "weights_only": True}
     missing = tuple(k for k in CONTRACT if k not in record.contents or k not in payload)
     needs = {"optimizer": optimizer, "scheduler": scheduler, "scaler": scaler, "sampler": sampler}
     missing += tuple(k for k, obj in needs.items() if obj is not None and payload.get(k) is None and k not in missing)
     if missing:
-        _reject(journal, rel, "resume-invalid-missing-state", f"the checkpoint lacks {', '.join(missing)}", missing)
+        why = (" (no data cursor was saved: a plain DataLoader has none; save with a loader that has state_dict(), "
+               "such as torchdata's StatefulDataLoader, or pass data_state=)" if "sampler" in missing else "")
+        _reject(journal, rel, "resume-invalid-missing-state", f"the checkpoint lacks {', '.join(missing)}{why}",
+                missing)
     if optimizer is None:
         _reject(journal, rel, "resume-invalid-missing-state", "no optimizer given to restore into", ("optimizer",))
-    model.load_state_dict(payload["model"])
-    optimizer.load_state_dict(payload["optimizer"])
-    if scheduler is not None:
-        scheduler.load_state_dict(payload["scheduler"])
-    if scaler is not None:
-        scaler.load_state_dict(payload["scaler"])
-    if sampler is not None:
-        sampler.load_state_dict(payload["sampler"])
+    cursor = payload["sampler"]
+    data_state = cursor.get("data_state") if isinstance(cursor, dict) and set(cursor) == {"data_state"} else None
+    try:
+        _load_weights(unwrap_model(model), payload["model"])
+        optimizer.load_state_dict(payload["optimizer"])
+        if scheduler is not None:
+            scheduler.load_state_dict(payload["scheduler"])
+        if scaler is not None:
+            scaler.load_state_dict(payload["scaler"])
+        if sampler is not None and data_state is None:
+            sampler.load_state_dict(cursor)
+    except (RuntimeError, ValueError, KeyError, TypeError) as e:
+        _reject(journal, rel, "resume-invalid-format",
+                f"the checkpoint does not fit what it is restored into: {' '.join(str(e).split())[:400]}")
     _set_rng_state(payload["rng"])
     journal.append(RunResumed(reason="checkpoint", from_step=record.step, checkpoint=rel,
                               detail={"sha256": record.sha256, "tokens": payload["counters"]["tokens"]}),
                    durable=True)
     return {"counters": payload["counters"], "accumulation": payload["accumulation"],
-            "manifest_id": payload["manifest_id"], "extra": payload["extra"], "weights_only": False}
+            "manifest_id": payload["manifest_id"], "extra": payload["extra"], "weights_only": False,
+            "data_state": data_state}
+
+
+def _load_weights(model: torch.nn.Module, state: dict[str, Any]) -> None:
+    """``load_state_dict``, accepting weights saved from a compiled or wrapped model (``_orig_mod.``, ``module.``
+    prefixes: checkpoints other code wrote)."""
+    keys = list(state)
+    for prefix in ("_orig_mod.", "module."):
+        if keys and all(k.startswith(prefix) for k in keys):
+            state = {k[len(prefix):]: v for k, v in state.items()}
+            keys = list(state)
+    model.load_state_dict(state)
 
 
 def _reject(journal: Journal, rel: str, code: str, message: str, missing: tuple[str, ...] = ()) -> None:

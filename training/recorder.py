@@ -1,0 +1,152 @@
+"""Receipts for a hand-written PyTorch loop in five added lines: :class:`Recorder`.
+
+    rec = Recorder("runs/mine", key="keys/trainledger.key", model=model, optimizer=opt, data=loader)
+    for step in range(rec.start, steps):           # rec.start: 0, or the step after the restored checkpoint
+        ...                                          # your step, as before
+        rec.step(step, loss.item(), grad_norm=gn)
+        if (step + 1) % 100 == 0: rec.checkpoint(step)
+    rec.close()
+
+It bundles the signed journal (``RUN_DIR/journal.jsonl``), the health monitor and the checkpointer. Opened on a
+folder whose journal is open (a crash, a preemption), it continues the journal (torn tail repaired) and restores the
+newest checkpoint the journal recorded, with the same verdicts as everywhere: ``run_resumed``, or ``resume_rejected``
+and :class:`~trainledger.training.checkpoint.ResumeRejected` (a changed byte, a missing cursor, a model the weights do
+not fit). The data cursor is ``data.state_dict()`` when ``data`` has one (trainledger's sampler, torchdata's
+``StatefulDataLoader``), else the plain ``data_state`` you pass to :meth:`checkpoint` (epoch, batch index); a plain
+``DataLoader`` with neither is saved without a cursor, and resuming from it is a ``resume-invalid-missing-state``
+verdict naming the cursor, never a crash. A compiled (``torch.compile``) or DDP-wrapped model saves and restores the
+weights of the module inside.
+
+Step convention: a checkpoint is labelled with the last step it completed (``checkpoint(step)`` after step
+``step``), and the run continues at ``step + 1`` (:attr:`start`). nanoGPT's ``iter_num`` is the next step to run:
+pass ``iter_num - 1``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from trainledger.journal import Journal, Signer, load_signer
+from trainledger.journal.errors import JournalClosed, UsageError
+
+from .checkpoint import (
+    CheckpointSaved,
+    ResumeRejected,
+    enforce_retention,
+    live_checkpoints,
+    restore_checkpoint,
+    save_checkpoint,
+    signed_history,
+)
+from .monitor import TrainingHealthMonitor
+
+__all__ = ["Recorder"]
+
+
+class Recorder:
+    """A journal, a health monitor and a checkpointer for your own training loop (see the module docstring)."""
+
+    def __init__(self, run_dir: str | os.PathLike, *, model: Any, optimizer: Any, key: str | os.PathLike | None = None,
+                 signer: Signer | None = None, scheduler: Any = None, scaler: Any = None, data: Any = None,
+                 flop_config: Any = None, peak_flops_per_sec: float | None = None, keep_last: int | None = None,
+                 meta: dict[str, Any] | None = None):
+        if (key is None) == (signer is None):
+            raise UsageError("Recorder needs the run's signing key: key='path/to/trainledger.key' (or signer=)")
+        if keep_last is not None and keep_last < 1:
+            raise UsageError(f"keep_last must be at least 1, got {keep_last}")
+        self.run = Path(run_dir)
+        self.run.mkdir(parents=True, exist_ok=True)
+        self.signer = signer if signer is not None else load_signer(key)
+        self.model, self.optimizer, self.scheduler, self.scaler, self.data = model, optimizer, scheduler, scaler, data
+        self.keep_last = keep_last
+        #: the step to run next: 0 for a new run, the restored checkpoint's step + 1 after a resume
+        self.start = 0
+        #: the restored checkpoint's ``data_state`` (what you passed to checkpoint()), or None
+        self.data_state: Any = None
+        self.resumed_from: CheckpointSaved | None = None
+        self._kept: list[CheckpointSaved] = []
+        path = self.run / "journal.jsonl"
+        if path.exists():
+            try:
+                self.journal = Journal.open_append(path, signer=self.signer)
+            except JournalClosed:
+                raise UsageError(f"{path}: this run is finished (closed); start a new run folder") from None
+            self._resume(flop_config, peak_flops_per_sec)
+        else:
+            self.journal = Journal.create(path, signer=self.signer, meta={"recorder": True, **(meta or {})})
+            self.monitor = TrainingHealthMonitor(journal=self.journal, flop_config=flop_config,
+                                                 peak_flops_per_sec=peak_flops_per_sec)
+        self._t = time.perf_counter()
+
+    def _resume(self, flop_config: Any, peak: float | None) -> None:
+        j = self.journal
+        history = signed_history(j)
+        self._kept = live_checkpoints(self.run, history)
+        ckpt = self._kept[-1] if self._kept else None
+        if ckpt is None:  # nothing to restore: the steps start over in the same journal
+            self.monitor = TrainingHealthMonitor(journal=j, flop_config=flop_config, peak_flops_per_sec=peak)
+            return
+        try:
+            info = restore_checkpoint(self.run, j, ckpt.path, model=self.model, optimizer=self.optimizer,
+                                      scheduler=self.scheduler, scaler=self.scaler,
+                                      sampler=self.data if callable(getattr(self.data, "load_state_dict", None))
+                                      else None)
+        except ResumeRejected:
+            j.suspend()
+            raise
+        self.start = info["counters"]["step"] + 1
+        self.data_state = info.get("data_state")
+        self.resumed_from = ckpt
+        snap = (info.get("extra") or {}).get("monitor")
+        if isinstance(snap, dict):
+            self.monitor = TrainingHealthMonitor.resumed(snap, journal=j, checkpoint=ckpt, later=history)
+        else:
+            self.monitor = TrainingHealthMonitor(journal=j, flop_config=flop_config, peak_flops_per_sec=peak)
+            self.monitor.observe_resume(ckpt.step, checkpoint=ckpt.path, append=False)
+
+    def step(self, step: int, loss: float, *, grad_norm: float | None = None, lr: float | None = None,
+             tokens: int | None = None, batch_size: int | None = None, step_time_s: float | None = None) -> list[Any]:
+        """Record one optimizer step (a Python float loss; ``loss.item()``); returns its anomalies. The step time
+        defaults to the wall time since the previous call (or since the recorder was made)."""
+        now = time.perf_counter()
+        dt = now - self._t if step_time_s is None else step_time_s
+        self._t = now
+        return self.monitor.observe_step(step, loss, grad_norm=grad_norm, step_time_s=dt, batch_size=batch_size,
+                                         tokens=tokens, lr=lr)
+
+    def checkpoint(self, step: int, *, data_state: Any = None, tokens: int = 0) -> CheckpointSaved:
+        """Save the full training state after step ``step`` (the last step completed) and record it, durably.
+
+        A checkpoint path the journal already recorded, whose file is still there (a run that re-saves right
+        after resuming), is written beside it (``step-000000099-1.pt``), never over bytes a record names."""
+        ev = save_checkpoint(self.run, self.journal, step=step, model=self.model, optimizer=self.optimizer,
+                             scheduler=self.scheduler, scaler=self.scaler, sampler=self.data, tokens=tokens,
+                             data_state=data_state, extra={"monitor": self.monitor.state()})
+        self._kept.append(ev)
+        if self.keep_last is not None:
+            enforce_retention(self.run, self.journal, self._kept, self.keep_last)
+        self._t = time.perf_counter()  # the save is not part of the next step's time
+        return ev
+
+    def report(self) -> dict[str, Any]:
+        return self.monitor.report()
+
+    def close(self, status: str = "completed", reason: str | None = None) -> dict[str, Any]:
+        """Close the journal (sealed, durable); returns the monitor's report."""
+        report = self.monitor.report()
+        self.journal.close(status=status, reason=reason)
+        return report
+
+    def __enter__(self) -> Recorder:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if self.journal.closed:
+            return
+        if exc_type is None:
+            self.close()
+        else:
+            self.journal.suspend()  # a crash: the journal stays open for the resume
