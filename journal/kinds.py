@@ -139,6 +139,26 @@ class CheckpointSaved(Event, tag="checkpoint_saved", frozen=True, kw_only=True):
     #: SHA-256 of the health monitor's snapshot stored in the checkpoint (format 1.1; blocking saves): replay
     #: holds it against the fold of the journal up to this event
     monitor_sha256: str | None = None
+    #: Format 1.2: a checkpoint that is a folder other code wrote (a Trainer's checkpoint-N/): every file in it,
+    #: {file (relative to the folder), bytes, sha256}; then ``sha256`` is the folder digest (folder_digest)
+    files: list[dict[str, Any]] | None = None
+
+    def __post_init__(self) -> None:  # on decode too: a resume checks every entry
+        for f in self.files or ():
+            if not (isinstance(f.get("file"), str) and isinstance(f.get("sha256"), str)
+                    and isinstance(f.get("bytes"), int)):
+                raise ValueError("each checkpoint file needs a file name, bytes and a sha256")
+
+
+def folder_digest(files: list[dict[str, Any]]) -> str:
+    """The digest of a checkpoint folder: SHA-256 over its files' ``sha256sum`` lines (``HEX  NAME\n``), sorted
+    by name, so ``sha256sum`` over the folder's files, sorted, reproduces its input."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for f in sorted(files, key=lambda f: f["file"]):
+        h.update(f"{f['sha256']}  {f['file']}\n".encode())
+    return h.hexdigest()
 
 
 class ResumeRejectedEvent(Event, tag="resume_rejected", frozen=True, kw_only=True):

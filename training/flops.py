@@ -104,6 +104,33 @@ def flop_config_from_causal_lm(model, seq_len: int, *, recompute: str = "none") 
     )
 
 
+def flop_config_from_hf(model, seq_len: int, *, recompute: str = "none") -> FlopConfig:
+    """The FLOP config of a Hugging Face decoder (GPT-2, Llama-style and other ``*ForCausalLM`` models) from its
+    config and its parameters: layers, heads, head size (``head_dim`` where the config has one), and the parameters
+    that do matmul work: all of them, less learned position embeddings and, where the output head is not tied to
+    it, the input embedding (a lookup). With a tied head the token embedding counts once, as the head (nanoGPT's
+    convention, as :func:`flop_config_from_causal_lm`)."""
+    import torch
+
+    cfg = model.config
+    n_layer = int(getattr(cfg, "num_hidden_layers"))
+    n_head = int(getattr(cfg, "num_attention_heads"))
+    hidden = int(getattr(cfg, "hidden_size"))
+    head_dim = int(getattr(cfg, "head_dim", None) or hidden // n_head)
+    total = sum(p.numel() for p in model.parameters())
+    emb_in = model.get_input_embeddings()
+    out = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    tied = out is not None and getattr(out, "weight", None) is not None and \
+        out.weight.data_ptr() == emb_in.weight.data_ptr()
+    n = total - (0 if tied else emb_in.weight.numel())
+    max_pos = getattr(cfg, "max_position_embeddings", None)
+    for m in model.modules():
+        if isinstance(m, torch.nn.Embedding) and m is not emb_in and m.num_embeddings == max_pos:
+            n -= m.weight.numel()  # learned position embeddings (GPT-2's wpe)
+    return FlopConfig(n_params=n, n_layer=n_layer, n_head=n_head, head_dim=head_dim, seq_len=seq_len,
+                      recompute=recompute)
+
+
 # Dense (no structured sparsity) tensor-core peaks per device, FLOPs/s.
 # Vendors quote "with sparsity" figures too; those are twice the dense ones and are not used.
 _T = 1e12

@@ -431,6 +431,26 @@ def _strings(raw: Any, path: str = ""):
         yield path, None, raw
 
 
+def scrub(raw: Any) -> Any:
+    """A copy of ``raw`` (dicts, lists, scalars) safe to journal, by the linter's rules: a field named like a
+    credential, or a value that looks like one, becomes ``"<redacted>"``; an absolute path keeps its last part
+    (``"<abs>/checkpoint-10"``)."""
+    if isinstance(raw, dict):
+        return {str(k): "<redacted>" if _SECRET_KEY.search(str(k)) and v not in (None, "", [], {}) else scrub(v)
+                for k, v in raw.items()}
+    if isinstance(raw, (list, tuple)):
+        return [scrub(v) for v in raw]
+    if isinstance(raw, str):
+        if any(rx.search(raw) for rx, _ in _SECRET_VALUE):
+            return "<redacted>"
+        if _ABS_PATH.match(raw) and " " not in raw.strip():
+            return "<abs>/" + raw.replace("\\", "/").rstrip("/").rsplit("/", 1)[-1]
+        return raw
+    if raw is None or isinstance(raw, (bool, int, float)):
+        return raw
+    return str(raw)
+
+
 def _lint(raw: Any) -> list[Finding]:
     """Secrets and unrestricted absolute paths anywhere in the manifest."""
     out: list[Finding] = []

@@ -1,0 +1,142 @@
+"""What the framework integrations share: the run's journal (one per rank under torchrun), checkpoint folders
+recorded file by file and checked on resume, and per-step losses kept as tensors and converted in bulk."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from trainledger.journal import Journal, RunResumed, Signer, load_signer
+from trainledger.journal._paths import confined
+from trainledger.journal.errors import JournalClosed, UnsafePath, UsageError
+from trainledger.journal.kinds import CheckpointSaved, ResumeRejectedEvent, folder_digest
+
+__all__ = ["open_run_journal", "record_folder", "check_folder", "StepBuffer", "signer_from"]
+
+
+def signer_from(key: str | os.PathLike | None, signer: Signer | None) -> Signer:
+    if (key is None) == (signer is None):
+        raise UsageError("the run's signing key is needed: key='path/to/trainledger.key' (or signer=)")
+    return signer if signer is not None else load_signer(key)
+
+
+def open_run_journal(run_dir: Path, signer: Signer, meta: dict[str, Any]) -> tuple[Journal, int | None]:
+    """``run_dir/journal.jsonl`` in one process; under torchrun (``RANK`` and ``WORLD_SIZE`` set, world > 1) this
+    rank's ``run_dir/rank-NNNNN.jsonl`` (training.distributed). Continued when it exists and is open. Returns the
+    journal and the rank (None for a single process)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1 and "RANK" in os.environ:
+        from trainledger.training.distributed import open_rank_journal, rank_info
+
+        info = rank_info()
+        return open_rank_journal(run_dir, signer, info=info, meta=meta), info.rank
+    path = run_dir / "journal.jsonl"
+    try:
+        j = Journal.open_append(path, signer=signer) if path.exists() else \
+            Journal.create(path, signer=signer, meta=meta)
+    except JournalClosed:
+        raise UsageError(f"{path}: this run is finished (closed); give the run a new folder") from None
+    return j, None
+
+
+def _files(folder: Path) -> list[dict[str, Any]]:
+    from trainledger.training.checkpoint import file_sha256
+
+    out = []
+    for p in sorted(folder.rglob("*")):
+        if p.is_symlink():
+            raise UnsafePath(f"{p}: a link inside a checkpoint folder")
+        if p.is_file():
+            digest, size = file_sha256(p)
+            out.append({"file": p.relative_to(folder).as_posix(), "bytes": size, "sha256": digest})
+    return out
+
+
+def record_folder(journal: Journal, run_dir: Path, folder: Path, *, step: int, contents: list[str],
+                  tokens: int = 0, t0: float | None = None) -> CheckpointSaved:
+    """Digest every file of a checkpoint folder another library wrote and record it (``checkpoint_saved`` with
+    ``files``), durably."""
+    t0 = time.perf_counter() if t0 is None else t0
+    rel = folder.resolve().relative_to(run_dir.resolve()).as_posix()
+    confined(run_dir, rel, what="checkpoint folder")
+    files = _files(folder)
+    ev = CheckpointSaved(step=step, path=rel, bytes=sum(f["bytes"] for f in files), sha256=folder_digest(files),
+                         contents=contents, duration_s=time.perf_counter() - t0, tokens=tokens, files=files)
+    journal.append(ev, durable=True)
+    return ev
+
+
+def check_folder(journal: Journal, run_dir: Path, folder: Path, *, keys: list[Any] | None = None) -> CheckpointSaved:
+    """Check a checkpoint folder against the newest signed ``checkpoint_saved`` recording it, file by file, and
+    record the verdict: ``run_resumed``, or ``resume_rejected`` and :class:`ResumeRejected` (a file changed,
+    missing or added, or no signed record)."""
+    from trainledger.journal import read_signed_events
+    from trainledger.training.checkpoint import ResumeRejected
+
+    def reject(code: str, detail: str) -> None:
+        journal.append(ResumeRejectedEvent(path=rel, reason=code, detail=detail), durable=True)
+        raise ResumeRejected(code, f"{rel}: {detail}")
+
+    try:
+        rel = folder.resolve().relative_to(run_dir.resolve()).as_posix()
+    except ValueError:
+        rel = str(folder)
+        reject("resume-invalid-path", "the checkpoint folder is outside the run folder")
+    if journal.public_key is None:
+        reject("resume-invalid-unsigned", "an unsigned journal cannot vouch for a checkpoint")
+    journal.flush()
+    record = None
+    for ev in read_signed_events(journal.path, keys or [journal.public_key]):
+        if isinstance(ev, CheckpointSaved) and ev.path == rel:
+            record = ev
+    if record is None or record.files is None:
+        reject("resume-invalid-unknown-checkpoint", "no signed checkpoint_saved records this folder")
+    try:
+        now = {f["file"]: f for f in _files(folder)}
+    except (OSError, UnsafePath) as e:
+        reject("resume-invalid-missing-file", f"cannot read it: {e}")
+    want = {f["file"]: f for f in record.files}
+    for name, f in want.items():
+        if name not in now:
+            reject("resume-invalid-missing-file", f"{name} is missing")
+        if now[name]["sha256"] != f["sha256"]:
+            reject("resume-invalid-digest", f"{name} differs from its signed record")
+    extra = sorted(set(now) - set(want))
+    if extra:
+        reject("resume-invalid-digest", f"files the record does not name: {', '.join(extra[:5])}")
+    journal.append(RunResumed(reason="checkpoint", from_step=record.step, checkpoint=rel,
+                              detail={"sha256": record.sha256, "files": len(want)}), durable=True)
+    return record
+
+
+class StepBuffer:
+    """Per-step losses (and grad norms) kept as tensors, converted to floats in one transfer every ``every`` steps
+    (one host-device sync per batch of steps instead of one per step). On the CPU they convert at once."""
+
+    def __init__(self, every: int = 16):
+        self.every = max(1, every)
+        self.pending: list[tuple[int, Any, Any, dict[str, Any]]] = []
+
+    def add(self, step: int, loss: Any, grad_norm: Any, fields: dict[str, Any]) -> bool:
+        """Queue a step; True when it is time to :meth:`drain` (a full batch, or values already on the host)."""
+        self.pending.append((step, loss, grad_norm, fields))
+        on_host = all(getattr(x, "device", None) is None or x.device.type == "cpu" for x in (loss, grad_norm))
+        return on_host or len(self.pending) >= self.every
+
+    def drain(self) -> list[tuple[int, float, float | None, dict[str, Any]]]:
+        import torch
+
+        if not self.pending:
+            return []
+        pend, self.pending = self.pending, []
+        vals: list[Any] = []
+        for _, loss, gn, _ in pend:
+            vals.append(loss if isinstance(loss, torch.Tensor) else torch.tensor(float(loss)))
+            vals.append(gn if isinstance(gn, torch.Tensor) else torch.tensor(float("nan") if gn is None else float(gn)))
+        flat = torch.stack([v.detach().float().reshape(()).to(vals[0].device) for v in vals]).tolist()  # one sync
+        out = []
+        for i, (step, _, gn, fields) in enumerate(pend):
+            out.append((step, flat[2 * i], None if gn is None else flat[2 * i + 1], fields))
+        return out

@@ -1,0 +1,235 @@
+"""trainledger in a Hugging Face ``transformers.Trainer``: one callback.
+
+    from trainledger.training.integrations.hf import TrainledgerCallback
+    trainer = Trainer(model=model, args=args, train_dataset=ds, callbacks=[TrainledgerCallback(key="keys/t.key")])
+
+(``report_to`` is a closed list of integrations inside transformers, so trainledger comes in as a callback.) The
+journal is ``OUTPUT_DIR/journal.jsonl`` (``run_dir=`` to put it elsewhere; checkpoints must be inside it), one per
+rank under torchrun (``rank-NNNNN.jsonl``). It records:
+
+- ``run_opened`` with the TrainingArguments (credentials and absolute paths scrubbed, the manifest linter's rules)
+  and ``run_configured`` with the model's FLOP configuration derived from its config (layers, heads, head size,
+  parameters that do matmul work), so MFU needs nothing from you (give ``peak_flops_per_sec=``);
+- every optimizer step, per rank: the loss (the model's own ``loss`` output, the mean over the step's micro-batches),
+  the gradient norm before clipping (summed from per-parameter hooks as gradients accumulate; under DDP, this
+  rank's own gradients), the learning rate the step used, its wall time, and tokens (``input_ids`` counted from
+  the batch's shape). Not the ``logging_steps`` window means ``on_log`` gets. Losses and norms stay tensors and are
+  converted in one transfer every ``sync_every`` steps (16), at every log and save, and at the end: no extra
+  host-device sync per step on a GPU, and the health monitor's verdicts lag by at most that many steps;
+- ``on_save``: the monitor's snapshot is written into ``checkpoint-N/`` (``trainledger-monitor.pt``) and every
+  file of the folder is digested into ``checkpoint_saved`` (``files``); folders the Trainer rotated away
+  (``save_total_limit``) are recorded as deleted;
+- ``resume_from_checkpoint``: before the first step, the folder is checked file by file against its signed record
+  and the verdict recorded: ``run_resumed``, or ``resume_rejected`` and :class:`ResumeRejected`, which ends
+  ``train()``. The Trainer has loaded the folder by then (no callback runs earlier): to check it before anything
+  is loaded, call :func:`check_resume` first;
+- anomalies in ``stop_on`` (default: a NaN or infinite loss or gradient norm) stop the run: ``run_stopped`` and
+  ``control.should_training_stop``, at the step whose values revealed it (within ``sync_every`` steps).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import TrainerCallback
+
+from trainledger.journal import Signer
+from trainledger.journal.kinds import CheckpointDeleted, CheckpointSaved, RunStopped
+
+from ..checkpoint import ResumeRejected, signed_history
+from ..flops import flop_config_from_hf
+from ..monitor import TrainingHealthMonitor
+from ._common import StepBuffer, check_folder, open_run_journal, record_folder, signer_from
+
+__all__ = ["TrainledgerCallback", "check_resume", "ResumeRejected"]
+
+_MONITOR_FILE = "trainledger-monitor.pt"
+_STOP_ON = ("nan_loss", "inf_loss", "nan_grad_norm", "inf_grad_norm")
+#: what a Trainer checkpoint folder holds, in the checkpoint contract's terms
+_PARTS = {"model": ("model.safetensors", "pytorch_model.bin", "adapter_model.safetensors"),
+          "optimizer": ("optimizer.pt",), "scheduler": ("scheduler.pt",), "scaler": ("scaler.pt",),
+          "rng": ("rng_state",), "counters": ("trainer_state.json",), "sampler": ("trainer_state.json",)}
+
+
+def check_resume(checkpoint: str | os.PathLike, *, run_dir: str | os.PathLike, key: str | os.PathLike | None = None,
+                 signer: Signer | None = None) -> CheckpointSaved:
+    """Check a Trainer checkpoint folder against the run's journal before ``trainer.train(resume_from_checkpoint=)``
+    loads anything; records the verdict like the callback does. Returns the record, or raises ResumeRejected."""
+    s = signer_from(key, signer)
+    j, _ = open_run_journal(Path(run_dir), s, {})
+    try:
+        return check_folder(j, Path(run_dir), Path(checkpoint))
+    finally:
+        j.suspend()
+
+
+class TrainledgerCallback(TrainerCallback):
+    """See the module docstring."""
+
+    def __init__(self, run_dir: str | os.PathLike | None = None, *, key: str | os.PathLike | None = None,
+                 signer: Signer | None = None, peak_flops_per_sec: float | None = None, sync_every: int = 16,
+                 stop_on: tuple[str, ...] = _STOP_ON):
+        self.signer = signer_from(key, signer)
+        self.run_dir = None if run_dir is None else Path(run_dir)
+        self.peak, self.stop_on = peak_flops_per_sec, frozenset(stop_on)
+        self.buffer = StepBuffer(sync_every)
+        self.journal = None
+        self.monitor: TrainingHealthMonitor | None = None
+        self.rank: int | None = None
+        self._hooks: list[Any] = []
+        self._losses: list[torch.Tensor] = []
+        self._tokens = 0
+        self._sq: dict[int, torch.Tensor] = {}
+        self._seq_len: int | None = None
+        self._t0 = 0.0
+        self._lr: float | None = None
+        self._grad_norm: Any = None
+        self._model = None
+        self._snapshot: dict[str, Any] | None = None
+        self._resumed: CheckpointSaved | None = None
+        self._live: list[CheckpointSaved] = []
+        self.stopped: str | None = None
+
+    # -------------------------------------------------------------- start
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        import transformers
+
+        from ..manifest import scrub
+
+        run = self.run_dir or Path(args.output_dir)
+        self.run_dir = run
+        meta = {"integration": "transformers.Trainer", "transformers": transformers.__version__,
+                "training_args": scrub(args.to_dict())}
+        self.journal, self.rank = open_run_journal(run, self.signer, meta)
+        self._model = model
+        self._hooks = [model.register_forward_hook(self._forward, with_kwargs=True)]
+        for p in model.parameters():
+            if p.requires_grad:
+                self._hooks.append(p.register_post_accumulate_grad_hook(self._accumulated))
+        history = signed_history(self.journal)
+        self._live = [e for e in history if isinstance(e, CheckpointSaved) and e.files is not None]
+        if state.global_step > 0:  # resume_from_checkpoint: the Trainer restored checkpoint-<global_step>
+            folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+            try:
+                self._resumed = check_folder(self.journal, run, folder)
+            except ResumeRejected:
+                self._remove_hooks()
+                self.journal.suspend()
+                raise
+            snap = folder / _MONITOR_FILE
+            if snap.is_file():  # inside the folder whose digest just matched its signed record
+                state_ = torch.load(snap, weights_only=True)
+                self.monitor = TrainingHealthMonitor.resumed(state_, journal=self.journal, checkpoint=self._resumed,
+                                                             later=history)
+
+    def _remove_hooks(self) -> None:
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+
+    def _forward(self, module, args, kwargs, output):
+        if not module.training:
+            return
+        loss = output.get("loss") if isinstance(output, dict) else getattr(output, "loss", None)
+        if isinstance(loss, torch.Tensor):
+            self._losses.append(loss.detach())
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if isinstance(ids, torch.Tensor):
+            self._tokens += ids.numel()  # from the shape: no sync
+            if self._seq_len is None and ids.dim() == 2:
+                self._seq_len = int(ids.shape[1])
+
+    def _accumulated(self, p: torch.Tensor) -> None:
+        if p.grad is not None:  # the latest accumulated gradient of this parameter, before any clipping
+            self._sq[id(p)] = p.grad.detach().float().pow(2).sum()
+
+    # -------------------------------------------------------------- steps
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self._t0 = time.perf_counter()
+        self._losses, self._tokens, self._sq = [], 0, {}
+
+    def on_pre_optimizer_step(self, args, state, control, optimizer=None, **kwargs):
+        sq = list(self._sq.values())
+        self._grad_norm = torch.stack(sq).sum().sqrt() if sq else None
+        opt = optimizer if optimizer is not None else kwargs.get("optimizer")
+        if opt is not None:
+            self._lr = float(opt.param_groups[0]["lr"])
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.journal is None:
+            return
+        if self.monitor is None:
+            fc = flop_config_from_hf(self._model, self._seq_len) if self._seq_len and _has_shape(self._model) else None
+            self.monitor = TrainingHealthMonitor(journal=self.journal, flop_config=fc, peak_flops_per_sec=self.peak)
+        loss = torch.stack(self._losses).mean() if self._losses else torch.tensor(math.nan)
+        due = self.buffer.add(state.global_step - 1, loss, self._grad_norm,
+                              {"lr": self._lr, "tokens": self._tokens or None,
+                               "step_time_s": time.perf_counter() - self._t0})
+        if due:
+            self._drain(control)
+
+    def _drain(self, control) -> None:
+        for step, loss, gn, f in self.buffer.drain():
+            found = self.monitor.observe_step(step, loss, grad_norm=None if gn is None or gn != gn else gn,
+                                              step_time_s=f["step_time_s"], tokens=f["tokens"], lr=f["lr"])
+            hit = next((a for a in found if a.kind in self.stop_on), None)
+            if hit is not None and self.stopped is None:
+                self.stopped = f"stop_on:{hit.kind}"
+                self.journal.append(RunStopped(rule=self.stopped, reason=f"{hit.kind} at step {hit.step}",
+                                               value=float(hit.value)), durable=True)
+                control.should_training_stop = True
+
+    def on_log(self, args, state, control, **kwargs):
+        if self.monitor is not None:
+            self._drain(control)
+
+    # -------------------------------------------------------------- checkpoints
+
+    def on_save(self, args, state, control, **kwargs):
+        if self.monitor is not None:
+            self._drain(control)
+        if not state.is_world_process_zero or self.journal is None:
+            return  # the Trainer writes checkpoints on the main process
+        t0 = time.perf_counter()
+        folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        if not folder.is_dir():
+            return
+        if self.monitor is not None:
+            torch.save(self.monitor.state(), folder / _MONITOR_FILE)
+        names = [p.name for p in folder.iterdir()]
+        contents = [part for part, files in _PARTS.items() if any(n.startswith(files) for n in names)]
+        contents += ["accumulation", "manifest_id"]  # the Trainer's step is always a whole update; no manifest
+        ev = record_folder(self.journal, self.run_dir, folder, step=state.global_step - 1, contents=contents,
+                           tokens=int(state.num_input_tokens_seen or 0), t0=t0)
+        for old in self._live:  # folders the Trainer rotated away (save_total_limit)
+            if not (self.run_dir / old.path).exists():
+                self.journal.append(CheckpointDeleted(path=old.path, step=old.step,
+                                                      reason="removed by the Trainer (save_total_limit)"),
+                                    durable=True)
+        self._live = [o for o in self._live if (self.run_dir / o.path).exists()] + [ev]
+
+    # -------------------------------------------------------------- end
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.journal is None:
+            return
+        if self.monitor is not None:
+            self._drain(control)
+        self._remove_hooks()
+        if self.stopped:
+            self.journal.close(status="stopped", reason=self.stopped)
+        else:
+            self.journal.close()
+
+
+def _has_shape(model: Any) -> bool:
+    cfg = getattr(model, "config", None)
+    return all(hasattr(cfg, a) for a in ("num_hidden_layers", "num_attention_heads", "hidden_size")) and \
+        callable(getattr(model, "get_input_embeddings", None))
