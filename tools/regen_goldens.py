@@ -57,6 +57,7 @@ def every_kind(path: Path) -> Path:
         TelemetryUnavailable,
         WeightsRestored,
         device_anomaly,
+        MetricsLogged,
     )
     from trainledger.journal.ladder_outcome import beta_update, gate
 
@@ -131,6 +132,7 @@ def every_kind(path: Path) -> Path:
     j.append(throttled, durable=True)
     j.append(device_anomaly(throttled), durable=True)  # the anomaly it is (1.2), as the sampler records it
     j.append(TelemetryUnavailable(reason="ModuleNotFoundError: No module named 'pynvml'"), durable=True)
+    j.append(MetricsLogged(step=25, metrics={"val_loss": 2.5}, source="lightning"), durable=True)
     j.append(StragglerScores(window_start=0, window_end=9, medians={"0": 0.01, "1": 0.04},
                              scores={"0": 1.0, "1": 0.25}, threshold=0.75, individual={"0": 1.0, "1": 1.0}),
              durable=True)

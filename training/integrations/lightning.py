@@ -1,0 +1,288 @@
+"""trainledger in a Lightning ``Trainer``: one callback (and, optionally, a logger for ``self.log`` metrics).
+
+    from trainledger.training.integrations.lightning import TrainledgerCallback
+    trainer = L.Trainer(callbacks=[TrainledgerCallback("runs/mine", key="keys/t.key"), ModelCheckpoint(...)])
+
+The journal is ``RUN_DIR/journal.jsonl``, or ``rank-NNNNN.jsonl`` on every rank of a multi-process run. It records:
+
+- every optimizer step on every rank: the loss (from ``training_step``'s ``outputs``; the mean over the step's
+  micro-batches under gradient accumulation), the gradient norm before clipping (``on_before_optimizer_step``),
+  the learning rate, the wall time from the step's first micro-batch to its last, and tokens where the batch has
+  ``input_ids``. Values stay tensors and are converted in one transfer every ``sync_every`` steps;
+- checkpoints: ``on_save_checkpoint`` writes the journal's head ``(seq, hash)`` and the monitor's snapshot into the
+  checkpoint dict (``checkpoint["trainledger"]``); once ``ModelCheckpoint`` has written the file, its digest is
+  recorded (``checkpoint_saved``) at the next step, validation end or fit end (files written by a direct
+  ``trainer.save_checkpoint(path)`` are not seen: record those with ``record_checkpoint(path)``);
+- a resume (``fit(ckpt_path=...)``): ``on_load_checkpoint`` checks the file against its signed record and the head
+  it carries against the journal, and records ``run_resumed``, or ``resume_rejected`` and raises
+  :class:`ResumeRejected`, which ends ``fit`` before a step runs;
+- a crash: ``on_exception`` journals ``run_stopped`` (rule ``exception``) and leaves the journal open for the resume;
+- anomalies in ``stop_on`` (a NaN or infinite loss or gradient norm by default) stop the run
+  (``trainer.should_stop``) with ``run_stopped``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.pytorch import Callback
+from lightning.pytorch.loggers import Logger
+
+from trainledger.journal import Journal, Signer, read_signed_events
+from trainledger.journal.kinds import CheckpointSaved, MetricsLogged, ResumeRejectedEvent, RunStopped
+
+from ..checkpoint import ResumeRejected, file_sha256
+from ..monitor import TrainingHealthMonitor
+from ._common import StepBuffer, signer_from
+
+__all__ = ["TrainledgerCallback", "TrainledgerLogger", "ResumeRejected"]
+
+_STOP_ON = ("nan_loss", "inf_loss", "nan_grad_norm", "inf_grad_norm")
+
+
+def _open(run_dir: Path, signer: Signer, trainer: Any, meta: dict[str, Any]) -> Journal:
+    """This rank's journal: ``journal.jsonl`` alone, ``rank-NNNNN.jsonl`` in a multi-process run."""
+    from trainledger.journal.errors import JournalClosed, UsageError
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if trainer.world_size > 1:
+        import socket
+
+        from trainledger.training.distributed import RankInfo, open_rank_journal
+
+        run = os.environ.get("TORCHELASTIC_RUN_ID") or os.environ.get("TRAINLEDGER_RUN") or run_dir.name
+        info = RankInfo(run=run, rank=trainer.global_rank, world_size=trainer.world_size,
+                        local_rank=trainer.local_rank, node=socket.gethostname(),
+                        restart_count=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0))
+        return open_rank_journal(run_dir, signer, info=info, meta=meta)
+    path = run_dir / "journal.jsonl"
+    try:
+        return Journal.open_append(path, signer=signer) if path.exists() else \
+            Journal.create(path, signer=signer, meta=meta)
+    except JournalClosed:
+        raise UsageError(f"{path}: this run is finished (closed); give the run a new folder") from None
+
+
+class TrainledgerCallback(Callback):
+    """See the module docstring."""
+
+    def __init__(self, run_dir: str | os.PathLike, *, key: str | os.PathLike | None = None,
+                 signer: Signer | None = None, flop_config: Any = None, peak_flops_per_sec: float | None = None,
+                 sync_every: int = 16, stop_on: tuple[str, ...] = _STOP_ON):
+        self.signer = signer_from(key, signer)
+        self.run_dir = Path(run_dir)
+        self.flop_config, self.peak, self.stop_on = flop_config, peak_flops_per_sec, frozenset(stop_on)
+        self.buffer = StepBuffer(sync_every)
+        self.journal: Journal | None = None
+        self.monitor: TrainingHealthMonitor | None = None
+        self._losses: list[torch.Tensor] = []
+        self._tokens = 0
+        self._t0: float | None = None
+        self._grad_norm: Any = None
+        self._lr: float | None = None
+        self._step = 0
+        self._recorded: dict[str, float] = {}  # checkpoint file -> mtime when recorded
+        self._pending_resume: dict[str, Any] | None = None
+        self.stopped: str | None = None
+
+    # -------------------------------------------------------------- start
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        if stage != "fit" or self.journal is not None:
+            return
+        import lightning
+
+        self.journal = _open(self.run_dir, self.signer, trainer,
+                             {"integration": "lightning", "lightning": lightning.__version__})
+        self.monitor = None
+
+    def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
+        """A resume: the file against its signed record, and the head it carries against the journal."""
+        j = self.journal
+        path = Path(trainer.ckpt_path) if trainer.ckpt_path else None
+        rel = self._rel(path) if path is not None else "?"
+
+        def reject(code: str, detail: str) -> None:
+            j.append(ResumeRejectedEvent(path=rel, reason=code, detail=detail), durable=True)
+            j.suspend()
+            raise ResumeRejected(code, f"{rel}: {detail}")
+
+        if j is None:
+            return
+        if path is None or rel is None:
+            reject("resume-invalid-path", "the checkpoint is not a file inside the run folder")
+        record = None
+        events = list(read_signed_events(j.path, [j.public_key])) if j.public_key is not None else []
+        for ev in events:
+            if isinstance(ev, CheckpointSaved) and ev.path == rel:
+                record = ev
+        if record is None:
+            reject("resume-invalid-unknown-checkpoint", "no signed checkpoint_saved records this file")
+        if file_sha256(path)[0] != record.sha256:
+            reject("resume-invalid-digest", "the file differs from its signed record")
+        mine = checkpoint.get("trainledger") or {}
+        head = mine.get("head", "")
+        seq_s, _, h = head.partition(":")
+        if not seq_s.isdigit() or not any(e.seq == int(seq_s) and e.h == h for e in events):
+            reject("resume-invalid-journal", f"the journal head the checkpoint carries ({head[:24]}) is not in "
+                                             "this journal's signed events")
+        from trainledger.journal import RunResumed
+
+        j.append(RunResumed(reason="checkpoint", from_step=record.step, checkpoint=rel,
+                            detail={"sha256": record.sha256, "head": head}), durable=True)
+        snap = mine.get("monitor")
+        if isinstance(snap, dict):
+            self.monitor = TrainingHealthMonitor.resumed(snap, journal=j, checkpoint=record, later=events,
+                                                         after_seq=int(seq_s))
+        self._recorded[rel] = path.stat().st_mtime
+
+    def _rel(self, path: Path) -> str | None:
+        try:
+            return path.resolve().relative_to(self.run_dir.resolve()).as_posix()
+        except ValueError:
+            return None
+
+    # -------------------------------------------------------------- steps
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._record_checkpoints(trainer)
+        if self._t0 is None:
+            self._t0 = time.perf_counter()
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        norms = [p.grad.detach().float().norm() for p in pl_module.parameters() if p.grad is not None]
+        self._grad_norm = torch.stack(norms).norm() if norms else None  # before Lightning clips
+        self._lr = float(optimizer.param_groups[0]["lr"])
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        if isinstance(loss, torch.Tensor):
+            self._losses.append(loss.detach())
+        ids = batch.get("input_ids") if isinstance(batch, dict) else None
+        if isinstance(ids, torch.Tensor):
+            self._tokens += ids.numel()
+        if trainer.global_step == self._step:
+            return  # a micro-batch of an accumulation: the optimizer has not stepped yet
+        if self.monitor is None:
+            self.monitor = TrainingHealthMonitor(journal=self.journal, flop_config=self.flop_config,
+                                                 peak_flops_per_sec=self.peak)
+        step = trainer.global_step - 1
+        self._step = trainer.global_step
+        mean = torch.stack(self._losses).mean() if self._losses else torch.tensor(float("nan"))
+        due = self.buffer.add(step, mean, self._grad_norm, {"lr": self._lr, "tokens": self._tokens or None,
+                                                          "step_time_s": time.perf_counter() - (self._t0 or 0)})
+        self._losses, self._tokens, self._t0, self._grad_norm = [], 0, None, None
+        if due:
+            self._drain(trainer)
+
+    def _drain(self, trainer) -> None:
+        for step, loss, gn, f in self.buffer.drain():
+            found = self.monitor.observe_step(step, loss, grad_norm=None if gn is None or gn != gn else gn,
+                                              step_time_s=f["step_time_s"], tokens=f["tokens"], lr=f["lr"])
+            hit = next((a for a in found if a.kind in self.stop_on), None)
+            if hit is not None and self.stopped is None:
+                self.stopped = f"stop_on:{hit.kind}"
+                self.journal.append(RunStopped(rule=self.stopped, reason=f"{hit.kind} at step {hit.step}",
+                                               value=float(hit.value)), durable=True)
+                trainer.should_stop = True
+
+    # -------------------------------------------------------------- checkpoints
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
+        if self.journal is None:
+            return
+        if self.monitor is not None:
+            self._drain(trainer)
+        seq, h = self.journal.seal(durable=True) or self.journal.head
+        checkpoint["trainledger"] = {"head": f"{seq}:{h}",
+                                     "monitor": self.monitor.state() if self.monitor is not None else None}
+
+    def record_checkpoint(self, path: str | os.PathLike, *, step: int) -> CheckpointSaved:
+        """Record a checkpoint file this callback did not see written (``trainer.save_checkpoint(path)``)."""
+        p = Path(path)
+        rel = self._rel(p)
+        if rel is None:
+            from trainledger.journal.errors import UnsafePath
+
+            raise UnsafePath(f"{p}: a checkpoint outside the run folder {self.run_dir}")
+        digest, size = file_sha256(p)
+        ev = CheckpointSaved(step=step, path=rel, bytes=size, sha256=digest,
+                             contents=["model", "optimizer", "scheduler", "counters", "sampler", "rng",
+                                       "accumulation", "manifest_id", "scaler"],
+                             duration_s=0.0)
+        self.journal.append(ev, durable=True)
+        self._recorded[rel] = p.stat().st_mtime
+        return ev
+
+    def _record_checkpoints(self, trainer) -> None:
+        """Record the files ModelCheckpoint wrote since the last look."""
+        if self.journal is None or not trainer.is_global_zero:
+            return
+        for cb in trainer.checkpoint_callbacks:
+            names = {*getattr(cb, "best_k_models", {}), getattr(cb, "last_model_path", ""),
+                     getattr(cb, "best_model_path", "")} - {""}
+            for name in sorted(names):
+                p = Path(name)
+                rel = self._rel(p)
+                if rel is None or not p.is_file() or self._recorded.get(rel) == p.stat().st_mtime:
+                    continue
+                # Looked at from the next step's start (or validation's or fit's end): the file holds the state
+                # after the last completed step, global_step - 1.
+                self.record_checkpoint(p, step=trainer.global_step - 1)
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        self._record_checkpoints(trainer)
+
+    # -------------------------------------------------------------- end
+
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        if self.journal is None or self.journal.closed or isinstance(exception, ResumeRejected):
+            return
+        self.journal.append(RunStopped(rule="exception", reason=f"{type(exception).__name__}: {exception}"[:500]),
+                            durable=True)
+        self.journal.suspend()  # open: the run can be resumed from its last checkpoint
+        self.journal = None
+
+    def on_fit_end(self, trainer, pl_module) -> None:
+        if self.journal is None:
+            return
+        if self.monitor is not None:
+            self._drain(trainer)
+        self._record_checkpoints(trainer)
+        if self.stopped:
+            self.journal.close(status="stopped", reason=self.stopped)
+        else:
+            self.journal.close()
+        self.journal = None
+
+
+class TrainledgerLogger(Logger):
+    """``self.log(...)`` metrics into the callback's journal, as ``metrics_logged`` (what was logged, as logged).
+    Give it the callback: ``L.Trainer(logger=TrainledgerLogger(cb), callbacks=[cb])``."""
+
+    def __init__(self, callback: TrainledgerCallback):
+        super().__init__()
+        self.callback = callback
+
+    @property
+    def name(self) -> str:
+        return "trainledger"
+
+    @property
+    def version(self) -> str:
+        return "0"
+
+    def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
+        pass  # the run's configuration is the callback's run_opened
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        j = self.callback.journal
+        if j is None:
+            return
+        clean = {str(k): float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
+        if clean:
+            j.append(MetricsLogged(step=-1 if step is None else int(step), metrics=clean, source="lightning"))
