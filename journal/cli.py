@@ -19,7 +19,7 @@ from typing import Any
 from . import __version__
 from ._text import csv_cell, safe
 from .errors import IntegrityError, JournalError, JournalIOError, TrainledgerError, UsageError
-from .keys import TRUSTED_KEYS_ENV, keygen, trusted_keys
+from .keys import TRUSTED_KEYS_ENV, keygen, load_signer, trusted_keys
 from .verify import VerifyReport, parse_head, verify
 
 __all__ = ["main", "entry", "build_parser", "new_parser", "register", "say", "add_trust_options", "trust_options",
@@ -202,6 +202,36 @@ def register(sub) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar even on a terminal")
     p.set_defaults(func=_cmd_show)
 
+    p = sub.add_parser("import", help="write a signed journal from logs you already have (TensorBoard, Megatron)",
+                       description="Import a run's existing logs into a new signed journal that says it was imported "
+                                   "(from which files, their SHA-256, by which tool, when): it attests what the files "
+                                   "said at import time, never that the run happened. The steps go through the health "
+                                   "projection, so replay, query and report work on the old run.")
+    isub = p.add_subparsers(dest="source", required=True, metavar="SOURCE")
+    q = isub.add_parser("tensorboard", help="TensorBoard event files (the tensorboard package's own reader)")
+    q.add_argument("logdir", metavar="LOGDIR")
+    q.add_argument("out_dir", metavar="OUT_DIR")
+    q.add_argument("--key", required=True, metavar="FILE", help="the private key that signs the imported journal")
+    q.add_argument("--loss-tag", default=None, help="the loss scalar's tag (default: the first of loss, train/loss, ...)")
+    q.add_argument("--grad-norm-tag", default=None)
+    q.add_argument("--lr-tag", default=None)
+    q.set_defaults(func=_cmd_import)
+    q = isub.add_parser("megatron", help="a Megatron-LM / DeepSpeed-style log (iteration lines)")
+    q.add_argument("logfile", metavar="LOGFILE")
+    q.add_argument("out_dir", metavar="OUT_DIR")
+    q.add_argument("--key", required=True, metavar="FILE", help="the private key that signs the imported journal")
+    q.set_defaults(func=_cmd_import)
+
+    p = sub.add_parser("export", help="write a verified journal's steps into another tool's format (TensorBoard)",
+                       description="Export a journal's steps and anomalies as TensorBoard scalars, so dashboards keep "
+                                   "working while the journal stays the record. The journal is verified first.")
+    esub = p.add_subparsers(dest="target", required=True, metavar="TARGET")
+    q = esub.add_parser("tensorboard", help="TensorBoard event files")
+    q.add_argument("path", metavar="JOURNAL")
+    q.add_argument("logdir", metavar="LOGDIR")
+    add_trust_options(q)
+    q.set_defaults(func=_cmd_export)
+
     p = sub.add_parser("demo", help="write a signed journal of a simulated run, then verify and summarise it",
                        description="The torch-free demo: a key pair, a simulated training run written as a signed "
                                    "journal, verification against the pinned public key, and a summary.")
@@ -251,6 +281,12 @@ def _fmt_int(n: int | None) -> str:
     return "-" if n is None else f"{n:,}"
 
 
+def _imported(imp: dict[str, Any]) -> str:
+    files = imp.get("files") if isinstance(imp.get("files"), list) else []
+    return (f"from {len(files)} {imp.get('tool')} file(s) by {imp.get('by')} at {imp.get('at')}: it attests what "
+            "those files said then, not that the run happened")
+
+
 def print_report(r: VerifyReport, *, title: str) -> None:
     trust = {"pinned": "pinned", "embedded": "embedded key only: authenticity NOT established",
              "unsigned": "unsigned", "unchecked": "signatures not checked"}.get(r.trust or "", r.trust)
@@ -262,6 +298,8 @@ def print_report(r: VerifyReport, *, title: str) -> None:
     created = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(r.created_ns / 1e9)) if r.created_ns else "-"
     say(f"{title}  {r.path}")
     say(f"  run       {r.run_id}")
+    if r.imported is not None:
+        say(f"  IMPORTED  {_imported(r.imported)}")
     say(f"  key       {r.key_id or '-'} ({trust})")
     say(f"  created   {created}")
     say(f"  events    {_fmt_int(r.events)} in {r.bytes:,} bytes ({_fmt_int(r.seals)} seals)")
@@ -389,6 +427,8 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     v = rec.verify
     say(f"{'OK  ' if rec.ok else 'DIFF'}  {args.path}  run {v.run_id}  key {v.key_id} ({v.trust})  "
           f"{v.events:,} events  tail {v.tail}")
+    if v.imported is not None:
+        say(f"  IMPORTED {_imported(v.imported)}")
     if v.unsealed_events and v.trust in ("pinned", "embedded"):
         say(f"  UNSIGNED: {v.unsealed_events:,} events after seq {v.trusted_last_seq} are not signed; "
               "replay left them out")
@@ -601,6 +641,42 @@ def _qi(name: str) -> str:
 
 def _ql(text: str) -> str:
     return "'" + str(text).replace("'", "''") + "'"
+
+
+def _cmd_import(args: argparse.Namespace) -> int:
+    from .imports import import_megatron, import_tensorboard
+
+    signer = load_signer(args.key)
+    if args.source == "tensorboard":
+        r = import_tensorboard(args.logdir, args.out_dir, signer, loss_tag=args.loss_tag,
+                               grad_norm_tag=args.grad_norm_tag, lr_tag=args.lr_tag)
+    else:
+        r = import_megatron(args.logfile, args.out_dir, signer)
+    say(f"IMPORTED {r.steps:,} steps and {r.metrics:,} other values from {r.files} {args.source} file(s) into "
+        f"{r.journal} (signed; it attests what the files said now, not that the run happened)")
+    for line, why in r.skipped[:10]:
+        say(f"  skipped line {line}: {why}")
+    if r.skipped:
+        say(f"  {len(r.skipped)} line(s) skipped in all", file=sys.stderr)
+    return 0
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from ._snapshot import PrivateCopies
+    from .imports import export_tensorboard
+    from .reader import unchecked_batches
+    from .verify import verify_copy
+
+    with PrivateCopies() as copies:
+        try:
+            rep, copy = verify_copy(args.path, copies, **trust_options(args))
+        except IntegrityError as e:
+            say(e.fail_line(args.path))
+            return 1
+        n = export_tensorboard((e for b in unchecked_batches(copy, rep.trusted_bytes) for e in b), args.logdir,
+                               run_id=rep.run_id or "run")
+    say(f"wrote {n:,} scalars of {rep.run_id} to {args.logdir} (TensorBoard event file; the journal stays the record)")
+    return 0
 
 
 def _cmd_watch(args: argparse.Namespace) -> int:

@@ -218,6 +218,10 @@ def render(rec: Reconstruction, s: _Series, png: str | None) -> str:
     label = o.manifest_label if o is not None else None
     ident = [  # (label, HTML)
         ("run", _e(v.run_id)), ("file", _e(v.path)),
+        *([("IMPORTED", "<span class=bad>IMPORTED</span> from " + _e(
+            f"{len(v.imported.get('files') or [])} {v.imported.get('tool')} file(s) by {v.imported.get('by')} at "
+            f"{v.imported.get('at')}") + ": it attests what those files said then, not that the run happened")]
+          if v.imported is not None else []),
         ("verification", (f"<span class=bad>NOT SIGNED</span> {v.events:,} events: the journal carries no signatures"
                           if v.trust == "unsigned" else
                           f"<span class=ok>VERIFIED</span> {v.trusted_last_seq + 1:,} events (seq 0 to "

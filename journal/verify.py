@@ -87,6 +87,8 @@ class VerifyReport:
     error_kind: str | None = None
     error_offset: int | None = None
     notes: list[str] = dataclasses.field(default_factory=list)
+    #: run_opened.meta["imported"]: a journal written by `trainledger import` from another tool's files
+    imported: dict[str, Any] | None = None
     #: verify_run_dir's: (offset, line) of the anchor kinds, seq -> chain hash of seals and wanted seqs
     collected: list[tuple[int, bytes]] = dataclasses.field(default_factory=list, repr=False)
     hashes: dict[int, str] = dataclasses.field(default_factory=dict, repr=False)
@@ -293,6 +295,8 @@ def verify(
         raise
 
     report.run_id = opened.run_id
+    imported = (opened.meta or {}).get("imported") if isinstance(opened.meta, dict) else None
+    report.imported = imported if isinstance(imported, dict) else None
     report.key_id = opened.key_id
     report.format_version = opened.format_version
     report.created_ns = opened.ts
