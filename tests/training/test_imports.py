@@ -103,3 +103,21 @@ def test_export_to_tensorboard_reads_back(tmp_path, capsys):
     src.Reload()
     assert [x.value for x in loss] == [x.value for x in src.Scalars("train/loss")]
     assert [x.step for x in acc.Scalars("anomalies/loss_spike")] == [100]
+
+
+def test_a_truncated_or_corrupted_event_file_is_named_not_half_imported(tmp_path, capsys):
+    from trainledger.journal import keygen
+
+    priv, _ = keygen(tmp_path / "keys")
+    _tb_log(tmp_path / "tb", steps=50, spike=40)
+    (f,) = list((tmp_path / "tb").iterdir())
+    data = f.read_bytes()
+    f.write_bytes(data[:-7])  # cut off inside the last record
+    assert main(["import", "tensorboard", str(tmp_path / "tb"), str(tmp_path / "a"), "--key", str(priv)]) == 2
+    err = capsys.readouterr().err
+    assert f.name in err and "truncated" in err and not (tmp_path / "a" / "journal.jsonl").exists()
+    b = bytearray(data)
+    b[len(b) // 2] ^= 1
+    f.write_bytes(bytes(b))
+    assert main(["import", "tensorboard", str(tmp_path / "tb"), str(tmp_path / "b"), "--key", str(priv)]) == 2
+    assert "bad data CRC" in capsys.readouterr().err

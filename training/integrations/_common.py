@@ -131,6 +131,9 @@ class StepBuffer:
         if not self.pending:
             return []
         pend, self.pending = self.pending, []
+        if all(getattr(x, "device", None) is None or x.device.type == "cpu" for p in pend for x in (p[1], p[2])):
+            return [(step, float(loss), None if gn is None else float(gn), fields)  # on the host: no transfer
+                    for step, loss, gn, fields in pend]
         vals: list[Any] = []
         for _, loss, gn, _ in pend:
             vals.append(loss if isinstance(loss, torch.Tensor) else torch.tensor(float(loss)))

@@ -11,8 +11,8 @@ rank under torchrun (``rank-NNNNN.jsonl``). It records:
   and ``run_configured`` with the model's FLOP configuration derived from its config (layers, heads, head size,
   parameters that do matmul work), so MFU needs nothing from you (give ``peak_flops_per_sec=``);
 - every optimizer step, per rank: the loss (the model's own ``loss`` output, the mean over the step's micro-batches),
-  the gradient norm before clipping (summed from per-parameter hooks as gradients accumulate; under DDP, this
-  rank's own gradients), the learning rate the step used, its wall time, and tokens (``input_ids`` counted from
+  the gradient norm before clipping (one foreach norm over every gradient once the last one is in, found by
+  per-parameter hooks; under DDP, this rank's own gradients), the learning rate the step used, its wall time, and tokens (``input_ids`` counted from
   the batch's shape). Not the ``logging_steps`` window means ``on_log`` gets. Losses and norms stay tensors and are
   converted in one transfer every ``sync_every`` steps (16), at every log and save, and at the end: no extra
   host-device sync per step on a GPU, and the health monitor's verdicts lag by at most that many steps;
@@ -84,7 +84,9 @@ class TrainledgerCallback(TrainerCallback):
         self._hooks: list[Any] = []
         self._losses: list[torch.Tensor] = []
         self._tokens = 0
-        self._sq: dict[int, torch.Tensor] = {}
+        self._params: list[torch.Tensor] = []
+        self._fired: list[torch.Tensor] = []
+        self._expected = 0
         self._seq_len: int | None = None
         self._t0 = 0.0
         self._lr: float | None = None
@@ -109,9 +111,10 @@ class TrainledgerCallback(TrainerCallback):
         self.journal, self.rank = open_run_journal(run, self.signer, meta)
         self._model = model
         self._hooks = [model.register_forward_hook(self._forward, with_kwargs=True)]
-        for p in model.parameters():
-            if p.requires_grad:
-                self._hooks.append(p.register_post_accumulate_grad_hook(self._accumulated))
+        self._params = [p for p in model.parameters() if p.requires_grad]
+        self._expected = len(self._params)
+        for p in self._params:
+            self._hooks.append(p.register_post_accumulate_grad_hook(self._accumulated))
         history = signed_history(self.journal)
         self._live = [e for e in history if isinstance(e, CheckpointSaved) and e.files is not None]
         if state.global_step > 0:  # resume_from_checkpoint: the Trainer restored checkpoint-<global_step>
@@ -146,18 +149,26 @@ class TrainledgerCallback(TrainerCallback):
                 self._seq_len = int(ids.shape[1])
 
     def _accumulated(self, p: torch.Tensor) -> None:
-        if p.grad is not None:  # the latest accumulated gradient of this parameter, before any clipping
-            self._sq[id(p)] = p.grad.detach().float().pow(2).sum()
+        # Every parameter's gradient is in once as many hooks fired as the model has parameters with gradients: the
+        # norm of all of them then, before any clipping, in one foreach call (the last micro-batch's counts).
+        fired = self._fired
+        fired.append(p)
+        if len(fired) == self._expected:
+            self._grad_norm = torch.nn.utils.get_total_norm([q.grad for q in fired if q.grad is not None])
+            self._fired = []
 
     # -------------------------------------------------------------- steps
 
     def on_step_begin(self, args, state, control, **kwargs):
         self._t0 = time.perf_counter()
-        self._losses, self._tokens, self._sq = [], 0, {}
+        self._losses, self._tokens, self._fired, self._grad_norm = [], 0, [], None
 
     def on_pre_optimizer_step(self, args, state, control, optimizer=None, **kwargs):
-        sq = list(self._sq.values())
-        self._grad_norm = torch.stack(sq).sum().sqrt() if sq else None
+        if self._fired:  # some parameters got no gradient this step: fewer hooks fire from now on
+            self._expected = len({id(q) for q in self._fired})
+            if self._grad_norm is None:  # this step's norm, after clipping (the next steps' before)
+                self._grad_norm = torch.nn.utils.get_total_norm([q.grad for q in self._fired if q.grad is not None])
+            self._fired = []
         opt = optimizer if optimizer is not None else kwargs.get("optimizer")
         if opt is not None:
             self._lr = float(opt.param_groups[0]["lr"])
@@ -168,7 +179,8 @@ class TrainledgerCallback(TrainerCallback):
         if self.monitor is None:
             fc = flop_config_from_hf(self._model, self._seq_len) if self._seq_len and _has_shape(self._model) else None
             self.monitor = TrainingHealthMonitor(journal=self.journal, flop_config=fc, peak_flops_per_sec=self.peak)
-        loss = torch.stack(self._losses).mean() if self._losses else torch.tensor(math.nan)
+        losses = self._losses
+        loss = losses[0] if len(losses) == 1 else torch.stack(losses).mean() if losses else torch.tensor(math.nan)
         due = self.buffer.add(state.global_step - 1, loss, self._grad_norm,
                               {"lr": self._lr, "tokens": self._tokens or None,
                                "step_time_s": time.perf_counter() - self._t0})

@@ -154,8 +154,8 @@ class TrainledgerCallback(Callback):
             self._t0 = time.perf_counter()
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
-        norms = [p.grad.detach().float().norm() for p in pl_module.parameters() if p.grad is not None]
-        self._grad_norm = torch.stack(norms).norm() if norms else None  # before Lightning clips
+        grads = [p.grad for p in pl_module.parameters() if p.grad is not None]
+        self._grad_norm = torch.nn.utils.get_total_norm(grads) if grads else None  # before Lightning clips
         self._lr = float(optimizer.param_groups[0]["lr"])
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
@@ -172,7 +172,8 @@ class TrainledgerCallback(Callback):
                                                  peak_flops_per_sec=self.peak)
         step = trainer.global_step - 1
         self._step = trainer.global_step
-        mean = torch.stack(self._losses).mean() if self._losses else torch.tensor(float("nan"))
+        losses = self._losses
+        mean = losses[0] if len(losses) == 1 else torch.stack(losses).mean() if losses else torch.tensor(float("nan"))
         due = self.buffer.add(step, mean, self._grad_norm, {"lr": self._lr, "tokens": self._tokens or None,
                                                           "step_time_s": time.perf_counter() - (self._t0 or 0)})
         self._losses, self._tokens, self._t0, self._grad_norm = [], 0, None, None

@@ -1,0 +1,202 @@
+#!/usr/bin/env python3
+"""Issue 14's targets on the real code paths, side by side with the peers, in one run:
+
+    .venv/bin/python tools/bench_integrations.py [--steps 200] [--reps 3] [--skip-imports]
+
+1. Hugging Face Trainer, a tiny GPT-2 built from a config, on the CPU, ``--steps`` steps: the median step (the wall
+   time between consecutive ``on_step_begin`` calls, so every callback's work is in it) with no reporting, with
+   trainledger's callback, and with transformers' own TensorBoard, MLflow (a local file store) and W&B (offline)
+   callbacks, each logging every step (``logging_steps=1``: trainledger records every step). Runs interleaved,
+   ``--reps`` times; medians.
+2. Lightning, a small MLP: the same against Lightning's CSV, TensorBoard and MLflow loggers (``log_every_n_steps=1``).
+3. Imports: a 1,000,000-scalar TensorBoard log (250,000 steps x 4 tags) and a 100,000-iteration Megatron log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+warnings.filterwarnings("ignore")
+os.environ.setdefault("WANDB_SILENT", "true")
+os.environ["WANDB_MODE"] = "offline"
+os.environ["MLFLOW_ALLOW_FILE_STORE"] = "true"  # the local file store: "MLflow (local)"
+os.environ["TOKENIZERS_PARALLELISM"] = "false"
+
+
+def _hf(kind: str, tmp: Path, steps: int, signer) -> float:
+    import torch
+    import transformers
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
+
+    transformers.logging.set_verbosity_error()
+
+    class Clock(TrainerCallback):
+        def __init__(self):
+            self.t: list[float] = []
+
+        def on_step_begin(self, args, state, control, **kw):
+            self.t.append(time.perf_counter())
+
+    class Tokens(torch.utils.data.Dataset):
+        def __init__(self):
+            self.x = torch.randint(0, 64, (4096, 32), generator=torch.Generator().manual_seed(0))
+
+        def __len__(self):
+            return len(self.x)
+
+        def __getitem__(self, i):
+            return {"input_ids": self.x[i], "labels": self.x[i]}
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=4, n_embd=64, vocab_size=64, n_positions=64,
+                                       bos_token_id=0, eos_token_id=0))
+    out = tmp / f"hf-{kind}-{time.monotonic_ns()}"
+    report = {"none": "none", "trainledger": "none", "tensorboard": "tensorboard", "mlflow": "mlflow",
+              "wandb": "wandb"}[kind]
+    os.environ["MLFLOW_TRACKING_URI"] = (tmp / "mlruns").as_uri()
+    os.environ["WANDB_DIR"] = str(tmp)
+    args = TrainingArguments(output_dir=str(out), max_steps=steps, per_device_train_batch_size=8, logging_steps=1,
+                             report_to=report, use_cpu=True, seed=0, disable_tqdm=True, save_strategy="no")
+    os.environ["TENSORBOARD_LOGGING_DIR"] = str(out / "tb")
+    clock = Clock()
+    cbs: list = [clock]
+    if kind == "trainledger":
+        from trainledger.training.integrations.hf import TrainledgerCallback
+
+        cbs.append(TrainledgerCallback(signer=signer))
+    Trainer(model=model, args=args, train_dataset=Tokens(), callbacks=cbs).train()
+    if kind == "wandb":
+        import wandb
+
+        wandb.finish()
+    d = [b - a for a, b in zip(clock.t[10:], clock.t[11:])]  # after warm-up
+    return statistics.median(d)
+
+
+def _lightning(kind: str, tmp: Path, steps: int, signer) -> float:
+    import lightning as L
+    import torch
+    from lightning.pytorch.loggers import CSVLogger, MLFlowLogger, TensorBoardLogger
+
+    class Clock(L.Callback):
+        def __init__(self):
+            self.t: list[float] = []
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            self.t.append(time.perf_counter())
+
+    class M(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256),
+                                           torch.nn.ReLU(), torch.nn.Linear(256, 1))
+
+        def training_step(self, batch, i):
+            x, y = batch
+            loss = torch.nn.functional.mse_loss(self.net(x), y)
+            self.log("train_loss", loss)
+            return loss
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+    torch.manual_seed(0)
+    xs = torch.randn(8192, 64)
+    dl = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(xs, xs.sum(1, keepdim=True)), batch_size=32)
+    out = tmp / f"pl-{kind}-{time.monotonic_ns()}"
+    clock = Clock()
+    cbs: list = [clock]
+    logger = {"none": False, "trainledger": False, "csv": CSVLogger(str(out)),
+              "tensorboard": TensorBoardLogger(str(out)),
+              "mlflow": MLFlowLogger(tracking_uri=(tmp / "mlruns").as_uri())}[kind]
+    if kind == "trainledger":
+        from trainledger.training.integrations.lightning import TrainledgerCallback
+
+        cbs.append(TrainledgerCallback(out, signer=signer))
+    L.Trainer(max_steps=steps, accelerator="cpu", devices=1, logger=logger, callbacks=cbs, log_every_n_steps=1,
+              enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False).fit(M(), dl)
+    d = [b - a for a, b in zip(clock.t[10:], clock.t[11:])]
+    return statistics.median(d)
+
+
+def _table(title: str, kinds: list[str], fn, tmp: Path, steps: int, reps: int, signer) -> None:
+    res: dict[str, list[float]] = {k: [] for k in kinds}
+    for _ in range(reps):
+        for k in kinds:
+            res[k].append(fn(k, tmp, steps, signer))
+    base = statistics.median(res["none"])
+    print(title, flush=True)
+    for k in kinds:
+        m = statistics.median(res[k])
+        extra = "" if k == "none" else f"  +{(m - base) * 1e6:8.1f} us per step ({m / base - 1:+.2%})"
+        print(f"  {k:<12} median step {m * 1e3:7.3f} ms{extra}", flush=True)
+
+
+def _imports(tmp: Path) -> None:
+    from tensorboard.compat.proto import event_pb2, summary_pb2
+    from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+    tb = tmp / "tb"
+    w = EventFileWriter(str(tb))
+    for s in range(250_000):
+        for tag, v in (("train/loss", 3.0 * math.exp(-s / 1e5)), ("train/grad_norm", 1.0),
+                       ("train/learning_rate", 3e-4), ("train/tokens_per_s", 1e5)):
+            w.add_event(event_pb2.Event(step=s, wall_time=1.0 + s, summary=summary_pb2.Summary(
+                value=[summary_pb2.Summary.Value(tag=tag, simple_value=v)])))
+    w.close()
+    meg = tmp / "meg.log"
+    with open(meg, "w") as f:
+        f.write("Megatron-LM training log\n")
+        for k in range(1, 100_001):
+            f.write(f" iteration {k:>8}/  100000 | consumed samples: {k * 512:>12} | elapsed time per iteration (ms):"
+                    f" {1200 + k % 7:.1f} | learning rate: 1.500E-04 | global batch size:   512 | lm loss: "
+                    f"{7.0 - 1e-5 * k:.6E} | loss scale: 65536.0 | grad norm: 1.{k % 1000:03d} | number of skipped "
+                    "iterations:   0 | number of nan iterations:   0 |\n")
+    from trainledger.journal import keygen
+
+    priv, _ = keygen(tmp / "keys")
+    tl = [sys.executable, "-m", "trainledger", "import"]
+    for what, cmd, target in (("TensorBoard, 1,000,000 scalars", [*tl, "tensorboard", str(tb), str(tmp / "i1")], 10),
+                              ("Megatron, 100,000 iterations", [*tl, "megatron", str(meg), str(tmp / "i2")], 3)):
+        t = time.perf_counter()
+        p = subprocess.run([*cmd, "--key", str(priv)], capture_output=True, text=True)
+        dt = time.perf_counter() - t
+        if p.returncode != 0:
+            raise SystemExit(p.stderr)
+        print(f"3. import {what}: {dt:.2f} s (target {target} s; the whole command, interpreter start included)",
+              flush=True)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--skip-imports", action="store_true")
+    args = ap.parse_args()
+    from trainledger.journal import Signer
+
+    signer = Signer.generate()
+    with tempfile.TemporaryDirectory(prefix="tl-bench-int-") as d:
+        tmp = Path(d)
+        _table(f"1. HF Trainer, tiny GPT-2 (2 layers, d64), CPU, {args.steps} steps, every step logged, median of "
+               f"{args.reps}:", ["none", "trainledger", "tensorboard", "mlflow", "wandb"], _hf, tmp, args.steps,
+               args.reps, signer)
+        _table(f"2. Lightning, MLP 64-256-256-1, CPU, {args.steps} steps, every step logged, median of {args.reps}:",
+               ["none", "trainledger", "csv", "tensorboard", "mlflow"], _lightning, tmp, args.steps, args.reps,
+               signer)
+        if not args.skip_imports:
+            _imports(tmp)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
