@@ -124,6 +124,12 @@ VIEWS: dict[str, str] = {
             "max(seq) AS last_seq FROM events GROUP BY run_id, file",
     **{name: typed_view(kind) for name, kind in VIEW_NAMES.items()},
     **{kind: typed_view(kind) for kind in BUILTIN_KINDS},
+    # The final timeline: each step's observations that no later resume or rewind went back before (a resumed
+    # stretch's steps appear twice in steps; here once, as the run finally took them).
+    "timeline": "SELECT s.* FROM steps s WHERE NOT EXISTS (SELECT 1 FROM resumes r WHERE r.run_id = s.run_id "
+                "AND r.rank IS NOT DISTINCT FROM s.rank AND r.seq > s.seq AND r.from_step < s.step AND NOT EXISTS "
+                "(SELECT 1 FROM configs c WHERE c.run_id = s.run_id AND c.rank IS NOT DISTINCT FROM s.rank "
+                "AND c.seq > s.seq AND c.seq < r.seq))",  # a run_configured between them starts a new segment
     # MFU per step, PaLM appendix B against the run_configured in force at that step (ASOF: the latest before it).
     "mfu": "SELECT s.run_id, s.rank, s.seq, s.step, (6.0 * c.n_params + 12.0 * c.n_layer * c.n_head * c.head_dim * c.seq_len) "
            "* COALESCE(s.tokens, s.examples * c.seq_len) / s.step_time_s / (c.peak_flops_per_sec * c.devices) AS mfu "

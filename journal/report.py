@@ -62,6 +62,9 @@ class _Series:
         self._last_index: dict[int, int] = {}
         self.checkpoints: list[int] = []
         self.resumes: list[int] = []
+        #: indices of observations a later resume or rewind went back before (not the final timeline)
+        self.abandoned: set[int] = set()
+        self._segment = 0
         self.rewinds: list[int] = []
         self.opened: RunOpened | None = None
         self.verdicts: list[GateVerdict] = []
@@ -92,10 +95,13 @@ class _Series:
         elif isinstance(ev, RunResumed):
             if ev.from_step is not None:
                 self.resumes.append(ev.from_step)
+                # Observations past the step it went back to were abandoned: the run took them again.
+                self.abandoned.update(i for i in range(self._segment, len(self.step)) if self.step[i] > ev.from_step)
         elif isinstance(ev, RewindDecided):
             self.rewinds.append(ev.spike_step)
         elif isinstance(ev, RunConfigured):
             self._mfu = MfuAccounting(ev)  # the same MFU the monitor and replay compute
+            self._segment = len(self.step)  # a new segment (a ladder's rung): its steps start over
         elif isinstance(ev, RunOpened):
             self.opened = ev
         elif isinstance(ev, GateVerdict):
@@ -145,15 +151,22 @@ def _figure(plt, s: _Series) -> str:
         b = _bucketed(s.step, ys)  # long series: buckets over the whole record, repeats included
         if b is None:
             seen: set[str] = set()
+            gone = s.abandoned
             for k in range(len(cuts) - 1):
                 i, j = cuts[k], cuts[k + 1]
+                kept = [math.nan if x in gone else ys[x] for x in range(i, j)]
                 rung = next((name for at, name in reversed(s.rungs) if at <= i), None)
                 if rung is None:
-                    ax.plot(s.step[i:j], ys[i:j], lw=0.9, color="tab:gray", label=label if k == 0 else None)
+                    ax.plot(s.step[i:j], kept, lw=0.9, color="tab:gray", label=label if k == 0 else None)
                 else:  # a ladder: one colour per rung
                     color = f"C{[n for _, n in s.rungs].index(rung) % 10}"
-                    ax.plot(s.step[i:j], ys[i:j], lw=0.9, color=color, label=rung if rung not in seen else None)
+                    ax.plot(s.step[i:j], kept, lw=0.9, color=color, label=rung if rung not in seen else None)
                     seen.add(rung)
+                if any(x in gone for x in range(i, j)):  # drawn apart: the run went back and took these again
+                    ax.plot(s.step[i:j], [ys[x] if x in gone else math.nan for x in range(i, j)], lw=0.9, ls=":",
+                            color="tab:red", alpha=0.6, label="abandoned (resumed/rewound)" if "ab" not in seen
+                            else None)
+                    seen.add("ab")
         else:
             ax.fill_between(b[0], b[2], b[3], color="tab:gray", alpha=0.25, lw=0, label=f"{label} (min-max)")
             ax.plot(b[0], b[1], lw=0.9, color="tab:gray", label=f"{label} (mean of {len(s.step) // MAX_POINTS}+)")

@@ -131,6 +131,51 @@ class Recorder:
         self._t = time.perf_counter()  # the save is not part of the next step's time
         return ev
 
+    def record_checkpoint(self, path: str | os.PathLike, *, step: int,
+                          contents: tuple[str, ...] = ("model", "optimizer", "counters")) -> CheckpointSaved:
+        """Record a checkpoint your own code wrote (nanoGPT's ``ckpt.pt``; a folder is recorded file by file),
+        inside the run folder, after ``step`` (the last step it completed). A newer save over a path already
+        recorded leaves the older record marked ``checkpoint_deleted`` (overwritten), so no record names bytes
+        that are gone. The monitor's snapshot is not in such a file: a resume from it starts the health baseline
+        over at the resume."""
+        from trainledger.journal.kinds import CheckpointDeleted
+
+        from .integrations._common import record_folder
+
+        p = Path(path)
+        self.journal.flush()
+        rel = p.resolve().relative_to(self.run.resolve()).as_posix() if p.resolve().is_relative_to(self.run.resolve()) \
+            else None
+        if rel is None:
+            raise UsageError(f"{p}: a checkpoint outside the run folder {self.run}: save it inside")
+        for old in [c for c in self._kept if c.path == rel]:
+            self.journal.append(CheckpointDeleted(path=old.path, step=old.step,
+                                                  reason="overwritten by a newer save at the same path"), durable=True)
+        self._kept = [c for c in self._kept if c.path != rel]
+        if p.is_dir():
+            ev = record_folder(self.journal, self.run, p, step=step, contents=list(contents))
+        else:
+            from trainledger.journal.kinds import CheckpointSaved as _Saved
+
+            from .checkpoint import file_sha256
+
+            t0 = time.perf_counter()
+            digest, size = file_sha256(p)
+            ev = _Saved(step=step, path=rel, bytes=size, sha256=digest, contents=list(contents),
+                        duration_s=time.perf_counter() - t0)
+            self.journal.append(ev, durable=True)
+        self._kept.append(ev)
+        return ev
+
+    def check_checkpoint(self, path: str | os.PathLike) -> CheckpointSaved:
+        """Before loading a checkpoint your own code wrote: check it against its signed record and record the
+        verdict (``run_resumed``; or ``resume_rejected`` and :class:`ResumeRejected`). Returns the record."""
+        from .integrations._common import check_folder
+
+        rec = check_folder(self.journal, self.run, Path(path))
+        self.monitor.observe_resume(rec.step, checkpoint=rec.path, append=False)
+        return rec
+
     def report(self) -> dict[str, Any]:
         return self.monitor.report()
 

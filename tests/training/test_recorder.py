@@ -146,3 +146,26 @@ def test_a_changed_byte_is_refused(tmp_path, signer):
     with pytest.raises(ResumeRejected) as e:
         Recorder(tmp_path, signer=signer, model=model, optimizer=opt, data=loader)
     assert e.value.code == "resume-invalid-digest"
+
+
+def test_a_checkpoint_your_own_code_writes_is_recorded_and_checked(tmp_path, signer):
+    """nanoGPT writes ckpt.pt itself (and over itself): recorded by digest, the overwritten record marked deleted,
+    checked before it is loaded; a changed byte refused."""
+    model, opt, data = _setup()
+    loader = torch.utils.data.DataLoader(data, batch_size=4)
+    rec = Recorder(tmp_path, signer=signer, model=model, optimizer=opt, data=loader)
+    ckpt = tmp_path / "ckpt.pt"
+    for it in (5, 10):
+        torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "iter_num": it}, ckpt)
+        rec.record_checkpoint(ckpt, step=it - 1)
+    assert rec.check_checkpoint(ckpt).step == 9
+    b = bytearray(ckpt.read_bytes())
+    b[len(b) // 2] ^= 1
+    ckpt.write_bytes(bytes(b))
+    with pytest.raises(ResumeRejected) as e:
+        rec.check_checkpoint(ckpt)
+    assert e.value.code == "resume-invalid-digest"
+    rec.close()
+    tags = _tags(tmp_path / "journal.jsonl")
+    assert tags.count("checkpoint_saved") == 2 and tags.count("checkpoint_deleted") == 1
+    assert tags.count("run_resumed") == 1 and tags.count("resume_rejected") == 1

@@ -69,7 +69,8 @@ def record_folder(journal: Journal, run_dir: Path, folder: Path, *, step: int, c
 
 
 def check_folder(journal: Journal, run_dir: Path, folder: Path, *, keys: list[Any] | None = None) -> CheckpointSaved:
-    """Check a checkpoint folder against the newest signed ``checkpoint_saved`` recording it, file by file, and
+    """Check a checkpoint folder (or a single checkpoint file another library wrote) against the newest signed
+    ``checkpoint_saved`` recording it, file by file, and
     record the verdict: ``run_resumed``, or ``resume_rejected`` and :class:`ResumeRejected` (a file changed,
     missing or added, or no signed record)."""
     from trainledger.journal import read_signed_events
@@ -91,8 +92,20 @@ def check_folder(journal: Journal, run_dir: Path, folder: Path, *, keys: list[An
     for ev in read_signed_events(journal.path, keys or [journal.public_key]):
         if isinstance(ev, CheckpointSaved) and ev.path == rel:
             record = ev
-    if record is None or record.files is None:
-        reject("resume-invalid-unknown-checkpoint", "no signed checkpoint_saved records this folder")
+    if record is None:
+        reject("resume-invalid-unknown-checkpoint", "no signed checkpoint_saved records this checkpoint")
+    if record.files is None:  # a single file (a nanoGPT ckpt.pt)
+        from trainledger.training.checkpoint import file_sha256
+
+        try:
+            digest = file_sha256(folder)[0]
+        except OSError as e:
+            reject("resume-invalid-missing-file", f"cannot read it: {e.strerror}")
+        if digest != record.sha256:
+            reject("resume-invalid-digest", "the file differs from its signed record")
+        journal.append(RunResumed(reason="checkpoint", from_step=record.step, checkpoint=rel,
+                                  detail={"sha256": record.sha256}), durable=True)
+        return record
     try:
         now = {f["file"]: f for f in _files(folder)}
     except (OSError, UnsafePath) as e:
