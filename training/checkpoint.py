@@ -385,27 +385,37 @@ def restore_checkpoint(run_dir: str | os.PathLike, journal: Journal, path: str |
                 missing)
     if optimizer is None:
         _reject(journal, rel, "resume-invalid-missing-state", "no optimizer given to restore into", ("optimizer",))
-    cursor = payload["sampler"]
-    data_state = cursor.get("data_state") if isinstance(cursor, dict) and set(cursor) == {"data_state"} else None
     try:
-        _load_weights(unwrap_model(model), payload["model"])
-        optimizer.load_state_dict(payload["optimizer"])
-        if scheduler is not None:
-            scheduler.load_state_dict(payload["scheduler"])
-        if scaler is not None:
-            scaler.load_state_dict(payload["scaler"])
-        if sampler is not None and data_state is None:
-            sampler.load_state_dict(cursor)
+        data_state = apply_payload(payload, model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler,
+                                   sampler=sampler)
     except (RuntimeError, ValueError, KeyError, TypeError) as e:
         _reject(journal, rel, "resume-invalid-format",
                 f"the checkpoint does not fit what it is restored into: {' '.join(str(e).split())[:400]}")
-    _set_rng_state(payload["rng"])
     journal.append(RunResumed(reason="checkpoint", from_step=record.step, checkpoint=rel,
                               detail={"sha256": record.sha256, "tokens": payload["counters"]["tokens"]}),
                    durable=True)
     return {"counters": payload["counters"], "accumulation": payload["accumulation"],
             "manifest_id": payload["manifest_id"], "extra": payload["extra"], "weights_only": False,
             "data_state": data_state}
+
+
+def apply_payload(payload: dict[str, Any], *, model: torch.nn.Module, optimizer: Any, scheduler: Any = None,
+                  scaler: Any = None, sampler: Any = None) -> Any:
+    """Load a checked checkpoint payload into the run's objects (RNG states last); returns its ``data_state``
+    (None unless the checkpoint holds a plain one). Raises RuntimeError, ValueError, KeyError or TypeError for a
+    payload that does not fit them (the caller turns that into a verdict)."""
+    cursor = payload["sampler"]
+    data_state = cursor.get("data_state") if isinstance(cursor, dict) and set(cursor) == {"data_state"} else None
+    _load_weights(unwrap_model(model), payload["model"])
+    optimizer.load_state_dict(payload["optimizer"])
+    if scheduler is not None:
+        scheduler.load_state_dict(payload["scheduler"])
+    if scaler is not None:
+        scaler.load_state_dict(payload["scaler"])
+    if sampler is not None and data_state is None:
+        sampler.load_state_dict(cursor)
+    _set_rng_state(payload["rng"])
+    return data_state
 
 
 def _load_weights(model: torch.nn.Module, state: dict[str, Any]) -> None:

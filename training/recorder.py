@@ -52,7 +52,7 @@ class Recorder:
     def __init__(self, run_dir: str | os.PathLike, *, model: Any, optimizer: Any, key: str | os.PathLike | None = None,
                  signer: Signer | None = None, scheduler: Any = None, scaler: Any = None, data: Any = None,
                  flop_config: Any = None, peak_flops_per_sec: float | None = None, keep_last: int | None = None,
-                 meta: dict[str, Any] | None = None):
+                 meta: dict[str, Any] | None = None, continue_from: str | os.PathLike | None = None):
         if (key is None) == (signer is None):
             raise UsageError("Recorder needs the run's signing key: key='path/to/trainledger.key' (or signer=)")
         if keep_last is not None and keep_last < 1:
@@ -73,13 +73,60 @@ class Recorder:
             try:
                 self.journal = Journal.open_append(path, signer=self.signer)
             except JournalClosed:
-                raise UsageError(f"{path}: this run is finished (closed); start a new run folder") from None
+                raise UsageError(f"{path}: this run is finished (closed); to go on from it, start a new run folder "
+                                 f"with Recorder(NEW_DIR, continue_from={str(self.run)!r}, ...)") from None
             self._resume(flop_config, peak_flops_per_sec)
+        elif continue_from is not None:
+            self._continue(Path(continue_from), path, meta, flop_config, peak_flops_per_sec)
         else:
             self.journal = Journal.create(path, signer=self.signer, meta={"recorder": True, **(meta or {})})
             self.monitor = TrainingHealthMonitor(journal=self.journal, flop_config=flop_config,
                                                  peak_flops_per_sec=peak_flops_per_sec)
         self._t = time.perf_counter()
+
+    def _continue(self, prev: Path, path: Path, meta: dict[str, Any] | None, flop_config: Any,
+                  peak: float | None) -> None:
+        """A new run that continues a finished one (more steps, a fine-tune): the previous journal is verified
+        under this run's key, its newest live checkpoint checked against its signed record and loaded, and the new
+        journal names the previous run, its signed head and the checkpoint's digest (``run_opened.meta.continues``,
+        then ``run_resumed`` with reason ``continued``)."""
+        from trainledger.journal import RunResumed, read_signed_events, verify
+        from trainledger.journal._paths import confined
+
+        from .checkpoint import apply_payload, file_sha256, load_payload
+
+        pj = prev / "journal.jsonl"
+        rep = verify(pj, keys=[self.signer.public], allow_unsealed=True)
+        kept = live_checkpoints(prev, read_signed_events(pj, [self.signer.public]))
+        if not kept:
+            raise UsageError(f"{pj}: no checkpoint on record to continue from")
+        ck = kept[-1]
+        file = confined(prev, ck.path, what="checkpoint path")
+        if file_sha256(file)[0] != ck.sha256:
+            raise ResumeRejected("resume-invalid-digest", f"{file}: differs from its signed record in {pj}")
+        payload = load_payload(file)
+        missing = [k for k in ("model", "optimizer", "rng") if k not in payload]
+        if missing:
+            raise ResumeRejected("resume-invalid-missing-state", f"{file}: lacks {', '.join(missing)}", tuple(missing))
+        try:
+            self.data_state = apply_payload(payload, model=self.model, optimizer=self.optimizer,
+                                            scheduler=self.scheduler, scaler=self.scaler,
+                                            sampler=self.data if callable(getattr(self.data, "load_state_dict", None))
+                                            else None)
+        except (RuntimeError, ValueError, KeyError, TypeError) as e:
+            raise ResumeRejected("resume-invalid-format",
+                                 f"{file}: does not fit what it is restored into: {' '.join(str(e).split())[:300]}") \
+                from None
+        link = {"run_id": rep.run_id, "head": rep.head, "checkpoint": ck.path, "sha256": ck.sha256,
+                "step": ck.step, "folder": prev.name}
+        self.journal = Journal.create(path, signer=self.signer, meta={"recorder": True, "continues": link,
+                                                                      **(meta or {})})
+        self.journal.append(RunResumed(reason="continued", from_step=ck.step, checkpoint=ck.path,
+                                       detail={"continues": link}), durable=True)
+        self.monitor = TrainingHealthMonitor(journal=self.journal, flop_config=flop_config, peak_flops_per_sec=peak)
+        self.monitor.observe_resume(ck.step, reason="continued", checkpoint=ck.path, append=False)
+        self.start = ck.step + 1
+        self.resumed_from = ck
 
     def _resume(self, flop_config: Any, peak: float | None) -> None:
         j = self.journal

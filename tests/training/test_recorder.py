@@ -169,3 +169,23 @@ def test_a_checkpoint_your_own_code_writes_is_recorded_and_checked(tmp_path, sig
     tags = _tags(tmp_path / "journal.jsonl")
     assert tags.count("checkpoint_saved") == 2 and tags.count("checkpoint_deleted") == 1
     assert tags.count("run_resumed") == 1 and tags.count("resume_rejected") == 1
+
+
+def test_a_finished_run_is_continued_in_a_new_journal_linked_to_its_head(tmp_path, signer, pubkey):
+    from trainledger.journal import read_events
+
+    model, opt, data = _setup()
+    loader = torch.utils.data.DataLoader(data, batch_size=4)
+    with Recorder(tmp_path / "a", signer=signer, model=model, optimizer=opt, data=loader) as rec:
+        _train(rec, model, opt, loader, 8, data_state=lambda s: {"batch": s + 1})
+    with pytest.raises(Exception, match="continue_from"):
+        Recorder(tmp_path / "a", signer=signer, model=model, optimizer=opt, data=loader)
+    fresh, opt2, _ = _setup(seed=9)
+    rec = Recorder(tmp_path / "b", signer=signer, model=fresh, optimizer=opt2, data=loader, continue_from=tmp_path / "a")
+    assert rec.start == 8 and rec.data_state == {"batch": 8}
+    assert torch.equal(fresh[0].weight, model[0].weight)
+    rec.close()
+    head = verify(tmp_path / "a" / "journal.jsonl", keys=[pubkey]).head
+    opened = next(iter(read_events(tmp_path / "b" / "journal.jsonl")))
+    assert opened.meta["continues"]["head"] == head and opened.meta["continues"]["step"] == 7
+    assert verify(tmp_path / "b" / "journal.jsonl", keys=[pubkey], require_closed=True).ok
