@@ -129,3 +129,30 @@ def test_a_nan_stops_the_run_through_the_trainer(tmp_path, signer, pubkey):
     assert closed.status == "stopped"
     assert replay(tmp_path / "journal.jsonl", keys=[pubkey]).ok
     json.dumps(cb.monitor.report())
+
+
+def test_every_rank_journals_its_steps_under_torchrun(tmp_path):
+    """The Trainer on 2 ranks (torchrun, gloo, DDP on the CPU): one journal per rank, every step on each, the
+    checkpoints recorded by the rank that writes them; the run folder verifies whole."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from trainledger.cli import main
+    from trainledger.journal import keygen
+
+    priv, pub = keygen(tmp_path / "keys")
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           str(Path(__file__).with_name("hf_ddp_worker.py")), str(out), str(priv)],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for rank in (0, 1):
+        evs = list(read_events(out / f"rank-0000{rank}.jsonl"))
+        steps = [e.step for e in evs if type(e).__struct_config__.tag == "step_observed"]
+        assert steps == list(range(6)), (rank, steps)
+        saved = [e.path for e in evs if type(e).__struct_config__.tag == "checkpoint_saved"]
+        assert saved == (["checkpoint-3", "checkpoint-6"] if rank == 0 else [])
+    assert main(["verify", "--pubkey", str(pub), "--require-closed", str(out)]) == 0
