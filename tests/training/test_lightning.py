@@ -99,3 +99,29 @@ def test_a_changed_byte_in_the_checkpoint_is_refused(tmp_path, signer):
         _fit(tmp_path, signer, ckpt_path=f)
     assert e.value.code == "resume-invalid-digest"
     assert _events(tmp_path, "resume_rejected")[0].reason == "resume-invalid-digest"
+
+
+def test_every_rank_journals_its_steps_under_torchrun(tmp_path):
+    """Lightning DDP on 2 ranks under torchrun (gloo): a journal per rank with every step; checkpoints recorded by
+    the rank that writes them; the run folder verifies whole."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from trainledger.cli import main
+    from trainledger.journal import keygen
+
+    priv, pub = keygen(tmp_path / "keys")
+    run = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           str(Path(__file__).with_name("lightning_ddp_worker.py")), str(run), str(priv)],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for rank in (0, 1):
+        evs = list(read_events(run / f"rank-0000{rank}.jsonl"))
+        assert [e.step for e in evs if type(e).__struct_config__.tag == "step_observed"] == list(range(6))
+        saved = [e.path for e in evs if type(e).__struct_config__.tag == "checkpoint_saved"]
+        assert saved == (["ckpts/epoch=0-step=3.ckpt", "ckpts/epoch=0-step=6.ckpt"] if rank == 0 else [])
+    assert main(["verify", "--pubkey", str(pub), "--require-closed", str(run)]) == 0
