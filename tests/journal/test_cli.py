@@ -13,7 +13,7 @@ import pytest
 from trainledger.cli import build_parser, main
 
 ROOT = Path(__file__).resolve().parents[2]
-COMMANDS = ["keygen", "verify", "head", "show", "demo", "ladder", "replay", "query", "report", "watch", "manifest", "preflight", "approve", "import", "export"]
+COMMANDS = ["keygen", "verify", "head", "show", "demo", "ladder", "replay", "query", "report", "watch", "manifest", "preflight", "approve", "import", "export", "fit"]
 
 
 def run(capsys, *argv):
