@@ -172,6 +172,13 @@ def _figure(plt, s: _Series) -> str:
             ax.plot(b[0], b[1], lw=0.9, color="tab:gray", label=f"{label} (mean of {len(s.step) // MAX_POINTS}+)")
         if logy and all(v > 0 for v in ys if v - v == 0):
             ax.set_yscale("log")
+            # Plain numbers: with mathtext off (a journal's strings are never parsed as math), the log axis's
+            # default labels would print as raw "$\mathdefault{...}$".
+            from matplotlib.ticker import FuncFormatter
+
+            plain = FuncFormatter(lambda v, _: f"{v:g}")
+            ax.yaxis.set_major_formatter(plain)
+            ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
         for steps, color, name, style in marks:
             for k, x in enumerate(steps):
                 ax.axvline(x, color=color, ls=style, lw=1, label=name if k == 0 else None)
