@@ -17,7 +17,7 @@ from typing import Any
 
 from .events import Event, RunClosed, RunOpened, RunResumed, Seal, StepObserved, TailRepaired
 
-__all__ = ["BUILTIN_KINDS", "MetricsLogged", "DeviceSampled", "DeviceChanged", "DEVICE_ANOMALIES", "device_anomaly", "TelemetryUnavailable", "ShardsSaved", "StragglerScores", "StragglerDetected", "RankJoined", "RanksAnchored", "AnchorRecorded", "RunConfigured", "AnomalyDetected", "SpikeSuspected", "DetectorParams", "MAX_WINDOW", "CheckpointSaved", "ResumeRejectedEvent", "WeightsRestored", "CheckpointFailed", "CheckpointDeleted",
+__all__ = ["BUILTIN_KINDS", "MetricsLogged", "ScalingFitted", "DeviceSampled", "DeviceChanged", "DEVICE_ANOMALIES", "device_anomaly", "TelemetryUnavailable", "ShardsSaved", "StragglerScores", "StragglerDetected", "RankJoined", "RanksAnchored", "AnchorRecorded", "RunConfigured", "AnomalyDetected", "SpikeSuspected", "DetectorParams", "MAX_WINDOW", "CheckpointSaved", "ResumeRejectedEvent", "WeightsRestored", "CheckpointFailed", "CheckpointDeleted",
            "RewindDecided", "DataWindowSkipped", "RunStopped", "RungStarted", "GateVerdict", "DecisionRecorded",
            "PreflightGate", "PreflightCompleted", "EvaluationRecorded", "CheckpointSelected", "ResourceRecorded",
            "CHECKPOINT_CONTRACT"]
@@ -442,6 +442,26 @@ class StragglerDetected(Event, tag="straggler_detected", frozen=True, kw_only=Tr
 
 
 #: Every kind trainledger defines, by its tag.
+class ScalingFitted(Event, tag="scaling_fitted", frozen=True, kw_only=True):
+    """F5 (format 1.2): the scaling law fitted to earlier rungs' receipts and the headline run it sized inside a
+    compute box (ladder/scaling.py). Derived: replay refits the points the cited verdicts measured and chooses
+    again."""
+
+    rung: str  # the rung it sizes
+    points: list[list[float]]  # [n_params, tokens, eval_loss] per earlier rung, as their verdicts measured them
+    evidence: list[str]  # chain hashes of those verdicts
+    params: dict[str, float]  # E, A, B, alpha, beta
+    theta: list[float]  # log A, log B, log E, alpha, beta as fitted
+    seed: int
+    boot: int
+    level: float
+    loo_error: float
+    box: dict[str, float]  # ComputeBox fields
+    candidates: list[dict[str, Any]]  # name, n_params, flops_per_token, and the shape
+    choice: dict[str, Any]  # candidate, tokens, predicted_loss, interval, binding, usage, ...
+    entropy_rate: float | None = None  # the true E: the corpus's entropy rate, when the data has a known one
+
+
 class MetricsLogged(Event, tag="metrics_logged", frozen=True, kw_only=True):
     """Metrics a framework's own logging call reported (Lightning's ``self.log``), as it reported them: a record
     of what was logged, not a conclusion trainledger derives (format 1.2)."""
@@ -459,5 +479,5 @@ BUILTIN_KINDS: dict[str, type[Event]] = {c.__struct_config__.tag: c for c in (
     RungStarted, GateVerdict, DecisionRecorded,
     PreflightGate, PreflightCompleted, EvaluationRecorded, CheckpointSelected, ResourceRecorded,
     RankJoined, RanksAnchored, AnchorRecorded, StragglerScores, StragglerDetected, ShardsSaved,
-    DeviceSampled, DeviceChanged, TelemetryUnavailable, MetricsLogged,
+    DeviceSampled, DeviceChanged, TelemetryUnavailable, MetricsLogged, ScalingFitted,
 )}

@@ -127,5 +127,14 @@ def gate(bars: dict[str, Any], m: dict[str, Any]) -> tuple[bool, str]:
         checks.append((ok, f"wall {m['wall_s']:.2f} s {'<=' if ok else '>'} box {bars['max_wall_s']} s"))
     if "continuity_ok" in m:
         checks.append((m["continuity_ok"], "restart continuity " + ("ok" if m["continuity_ok"] else "broken")))
+    if bars.get("loss_interval") is not None:  # F5's prediction, checked by the run it sized
+        iv = bars["loss_interval"]
+        if not (isinstance(iv, list) and len(iv) == 2 and all(isinstance(x, (int, float)) for x in iv)):
+            raise ValueError(f"bar 'loss_interval' is {iv!r}, not [low, high]")
+        _number(bars, "predicted_loss", "bar")
+        _number(m, "eval_loss", "measurement")
+        ok = iv[0] <= m["eval_loss"] <= iv[1]
+        checks.append((ok, f"held-out loss {_fmt(m['eval_loss'])} {'inside' if ok else 'outside'} F5's interval "
+                           f"[{_fmt(iv[0])}, {_fmt(iv[1])}] (predicted {_fmt(bars['predicted_loss'])})"))
     failed = [msg for ok, msg in checks if not ok]
     return (not failed, failed[0] if failed else "; ".join(msg for _, msg in checks))

@@ -22,9 +22,11 @@ import msgspec
 from .approval import ApprovalInvalid, SignedApproval, check_approval
 from .events import RunResumed, StepObserved
 from .health import HealthProjection, state_digest
+from .errors import UsageError
 from .kinds import (
     AnomalyDetected,
     DeviceChanged,
+    ScalingFitted,
     device_anomaly,
     CheckpointSaved,
     CheckpointSelected,
@@ -388,6 +390,9 @@ class LadderAudit(Projection):
         self._last_loss: float | None = None
         self._flops = 0.0
         self._diffs = []
+        self._verdicts: dict[str, GateVerdict] = {}  # by chain hash: what F5's evidence cites
+        self._f5: dict[str, ScalingFitted] = {}  # rung -> the fit that sized it, until its verdict
+        self._f5_unchecked: str | None = None
 
     def apply(self, ev: Any) -> None:
         if isinstance(ev, RungStarted):
@@ -404,10 +409,22 @@ class LadderAudit(Projection):
                 fpt = self._health.mfu_accounting.fpt
                 if fpt is not None and ev.tokens is not None:
                     self._flops += fpt * ev.tokens
+        elif isinstance(ev, ScalingFitted):
+            self.seen = True
+            self._check_fit(ev)
         elif isinstance(ev, GateVerdict):
             self.seen = True
+            self._verdicts[ev.h] = ev
             self.proj.apply(ev)
             self._check_measured(ev)
+            f5 = self._f5.pop(ev.rung, None)
+            if f5 is not None and isinstance(ev.bars, dict) and not (
+                    values_agree(ev.bars.get("predicted_loss"), f5.choice.get("predicted_loss"))
+                    and isinstance(ev.bars.get("loss_interval"), list)
+                    and all(values_agree(a, b) for a, b in zip(ev.bars["loss_interval"], f5.choice.get("interval", ())))):
+                self._diffs.append(_diff(ev.seq, "gate_verdict", f"rung {ev.rung}: its interval bar "
+                                                                 f"{ev.bars.get('loss_interval')} is not the one F5 "
+                                                                 f"recorded {f5.choice.get('interval')}"))
             try:
                 passed, reason = gate(dict(ev.bars), dict(ev.measured))
             except ValueError as e:
@@ -438,6 +455,56 @@ class LadderAudit(Projection):
                 self._diffs.append(_diff(ev.seq, "decision_recorded",
                                          f"rung {ev.rung}: recorded {ev.action_chosen} {dict(ev.belief_before)} -> "
                                          f"{dict(ev.belief_after)}, the verdict gives {action} {before} -> {after}"))
+
+    def _check_fit(self, ev: ScalingFitted) -> None:
+        """F5 again: the points are what the cited verdicts measured; the law refitted from them, the box's choice
+        made again, the interval drawn again (seeded) must be what was recorded."""
+        self._f5[ev.rung] = ev
+        bad = lambda msg: self._diffs.append(_diff(ev.seq, "scaling_fitted", f"rung {ev.rung}: {msg}"))  # noqa: E731
+        if len(ev.evidence) != len(ev.points):
+            return bad("the points and the verdicts they cite do not pair up")
+        for h, p in zip(ev.evidence, ev.points):
+            v = self._verdicts.get(h)
+            m = v.measured if v is not None and isinstance(v.measured, dict) else None
+            if m is None or not all(values_agree(a, m.get(k)) for a, k in zip(p, ("n_params", "tokens", "eval_loss"))):
+                return bad(f"point {p} is not what the verdict {h[:12]} it cites measured")
+        try:
+            from .scaling import Candidate, ComputeBox, fit_scaling_law
+
+            fit = fit_scaling_law(ev.points, seed=ev.seed, boot=ev.boot)
+        except UsageError as e:  # numpy/scipy missing: said in the summary, never passed off as checked
+            self._f5_unchecked = str(e)
+            return None
+        except ValueError as e:
+            return bad(f"the law cannot be refitted: {e}")
+        close = lambda a, b: isinstance(a, (int, float)) and abs(a - b) <= 1e-6 * max(1.0, abs(b))  # noqa: E731
+        for k, v in fit.params.items():
+            if not close(ev.params.get(k), v):
+                return bad(f"recorded {k}={ev.params.get(k)!r}, the points give {v!r}")
+        if not close(ev.loo_error, fit.loo_error()):
+            return bad(f"recorded leave-one-out error {ev.loo_error!r}, the points give {fit.loo_error()!r}")
+        try:
+            box = ComputeBox(**ev.box)
+            cands = [Candidate(**c) for c in ev.candidates]
+            per_step = int(ev.choice["per_step"])
+            choice = box.choose(fit, cands, min_tokens=per_step)
+        except (TypeError, ValueError, KeyError) as e:
+            return bad(f"the box's choice cannot be made again: {e}")
+        steps = max(1, choice.tokens // per_step)
+        n = choice.candidate.n_params
+        want = {"candidate": choice.candidate.name, "binding": choice.binding, "steps": steps,
+                "predicted_loss": fit.predict(n, steps * per_step),
+                "interval": list(fit.interval(n, steps * per_step, level=ev.level))}
+        got = {"candidate": (ev.choice.get("candidate") or {}).get("name"), "binding": ev.choice.get("binding"),
+               "steps": ev.choice.get("steps"), "predicted_loss": ev.choice.get("predicted_loss"),
+               "interval": ev.choice.get("interval")}
+        for k, w in want.items():
+            g = got[k]
+            same = (all(close(a, b) for a, b in zip(g, w)) and len(g) == len(w)) if isinstance(w, list) and \
+                isinstance(g, list) else close(g, w) if isinstance(w, float) else g == w
+            if not same:
+                return bad(f"recorded {k} {g!r}, the box and the law give {w!r}")
+        return None
 
     def _check_measured(self, ev: GateVerdict) -> None:
         """The measurements the rung's own events determine, recomputed (only for a verdict that follows its
@@ -472,8 +539,11 @@ class LadderAudit(Projection):
         if not self.seen:
             return None
         res = self.proj.result()
-        return {"passed_rungs": res.passed_rungs(), "halted_at": res.halted_at, "decisions": res.decisions,
-                "outcomes": [{"rung": o.name, "passed": o.passed, "reason": o.reason} for o in res.outcomes]}
+        out = {"passed_rungs": res.passed_rungs(), "halted_at": res.halted_at, "decisions": res.decisions,
+               "outcomes": [{"rung": o.name, "passed": o.passed, "reason": o.reason} for o in res.outcomes]}
+        if self._f5_unchecked is not None:
+            out["f5_not_recomputed"] = self._f5_unchecked
+        return out
 
 
 def default_projections(format_version: str | None = None) -> list[Projection]:

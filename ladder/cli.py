@@ -22,8 +22,10 @@ def register(sub) -> None:
                                    "verify it and print the outcome. The rungs stand in, at a tiny scale, for "
                                    "real ones that cannot run here. Needs the torch extra.")
     p.add_argument("out", metavar="OUT_DIR", help="run folder to create (must not hold a ladder yet)")
-    p.add_argument("--preset", choices=("tiny", "halt"), default="tiny",
-                   help="tiny: the three-rung ladder that passes; halt: a rung with an impossible bar")
+    p.add_argument("--preset", choices=("scaling", "tiny", "halt"), default="scaling",
+                   help="scaling (the default): six pilots of increasing size measured on held-out data, then the "
+                        "headline run sized by F5 inside a compute box, its prediction checked; tiny: the seed's "
+                        "three-rung ladder that passes; halt: the seed's ladder with an impossible bar")
     p.add_argument("--peak-flops", type=float, default=None,
                    help="peak FLOP/s to compute MFU against (default: this CPU's measured fp32 matmul throughput, "
                         "measured before the first rung and recorded in each run_configured)")
@@ -155,6 +157,13 @@ def _cmd_ladder(args: argparse.Namespace) -> int:
         for key in ("F9_mup_transfer", "H2_moe_vs_dense"):
             if key in o.artifacts:
                 say(f"    {key}: {o.artifacts[key]}")
+        f5 = o.artifacts.get("F5_scaling_fit")
+        if f5:
+            p = f5["params"]
+            say(f"    F5: L(N, D) = {p['E']:.4g} + {p['A']:.4g}/N^{p['alpha']:.3f} + {p['B']:.4g}/D^{p['beta']:.3f} "
+                f"(leave-one-out error {f5['loo_error']:.2%}); fitted E {p['E']:.4g} vs the corpus's true "
+                f"entropy rate {f5['entropy_rate']:.4g} nats; chose {f5['candidate']['name']} "
+                f"({f5['candidate']['n_params']:,} params), binding constraint: {f5['binding']}")
     say(f"$ trainledger verify {out / 'ladder.jsonl'} --pubkey {pub} --require-closed")
     r = verify(out / "ladder.jsonl", keys=trusted_keys([str(pub)]), require_closed=True)
     print_report(r, title="OK  ")

@@ -78,18 +78,29 @@ SKIPPED_REASONS = {
     "E7": "the E7 referee evaluation suite does not exist in this repository; this rung ran without an E7 bake-off.",
     "E8": "E8 (long context) has not been built in this repository; this rung ran without it, at its stand-in "
           "block size.",
-    "F5": "scaling-law fits (F5) do not exist in this repository; this rung did not fit a scaling law and used a "
-          "manually chosen stand-in configuration instead of one F5 would have chosen.",
+    "F5": "no scaling law was fitted for this rung: F5 needs at least three earlier rungs of distinct size whose "
+          "held-out losses were measured (eval_batches), and this ladder gives it none; the rung used a manually "
+          "chosen stand-in configuration instead of one F5 would have chosen.",
     "F1": "F1 (the distributed trainer) does not run here: this rung trained on one CPU process; the FLOP and MFU "
           "accounting is the same code a distributed run would use.",
 }
 
-_OPT_INS = {"exercise_eval_suite": "E7", "exercise_context_parallel": "E8", "exercise_scaling_law_fit": "F5"}
+_OPT_INS = {"exercise_eval_suite": "E7", "exercise_context_parallel": "E8"}
 
 
-def refuse_unavailable(rung: Any) -> None:
-    """Raise ``NotImplementedError`` naming the piece when a rung explicitly opts into one that does not exist."""
+def refuse_unavailable(rung: Any, earlier: list[Any] = ()) -> None:
+    """Raise ``NotImplementedError`` naming the piece when a rung explicitly opts into one that does not exist,
+    or into F5 when the rungs before it cannot supply a fit (fewer than three distinct sizes with held-out
+    losses, or fewer points than the law's five parameters)."""
     for flag, piece in _OPT_INS.items():
         if getattr(rung, flag):
             raise NotImplementedError(f"rung {rung.name!r}: {flag}=True needs {piece}, which does not exist here: "
                                       f"{SKIPPED_REASONS[piece]}")
+    if getattr(rung, "exercise_scaling_law_fit", False):
+        pilots = [r for r in earlier if r.eval_batches]
+        sizes = {(r.vocab, r.d_model, r.n_layer, r.n_head, r.block) for r in pilots}
+        if len(sizes) < 3 or len(pilots) < 5:
+            raise NotImplementedError(
+                f"rung {rung.name!r}: exercise_scaling_law_fit=True needs F5 to fit a scaling law to the rungs "
+                f"before it, and they supply {len(pilots)} held-out losses from {len(sizes)} distinct sizes (F5 "
+                "needs at least 3 sizes and 5 points: set eval_batches on earlier rungs of different sizes)")

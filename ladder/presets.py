@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .rung import Rung
 
-__all__ = ["PRESETS", "tiny", "halt"]
+__all__ = ["PRESETS", "tiny", "halt", "scaling"]
 
 
 def tiny() -> list[Rung]:
@@ -34,4 +34,24 @@ def halt() -> list[Rung]:
     ]
 
 
-PRESETS = {"tiny": tiny, "halt": halt}
+def scaling() -> list[Rung]:
+    """A ladder that climbs: six pilots of increasing size and tokens on the Markov corpus (whose entropy rate, the
+    true irreducible loss, is known exactly), each measured on held-out data; then rung iv, the headline, sized by
+    F5 inside a compute box four times the largest pilot's FLOPs, whose gate checks F5's prediction."""
+    common = dict(vocab=32, block=16, batch_size=16, lr=5e-3, weight_decay=0.0, seed=0, corpus_tokens=60_000,
+                  eval_batches=4, max_final_loss=4.0, max_forgetting_gap=4.0)
+    pilots = [(4, 1, 150), (4, 1, 600), (8, 1, 250), (8, 1, 900), (12, 2, 400), (16, 2, 1200)]
+    rungs = [Rung(name=f"pilot_{k + 1}_d{w}_L{n_layer}_{steps}", decision_pieces=("F4",),
+                  real_target=f"pilot {k + 1} of 6: a stand-in for a small model trained to measure the scaling law "
+                              "(a real ladder: 10M-1B params)",
+                  d_model=w, n_layer=n_layer, n_head=max(1, w // 8), steps=steps, **common)
+             for k, (w, n_layer, steps) in enumerate(pilots)]
+    rungs.append(Rung(name="rung_iv_headline", real_target="the headline run sized by F5 inside the compute box "
+                                                         "(a real ladder: 8B params / 1000 GPUs)",
+                      decision_pieces=("F1", "F5"), exercise_scaling_law_fit=True, box_flops_multiple=4.0,
+                      box_wall_s=600.0, box_memory_bytes=2e9, candidate_widths=(16, 24, 32, 48),
+                      candidate_layers=(1, 2, 3), interval_level=0.9, **common))
+    return rungs
+
+
+PRESETS = {"scaling": scaling, "tiny": tiny, "halt": halt}

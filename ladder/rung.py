@@ -46,6 +46,19 @@ class Rung:
     exercise_eval_suite: bool = False
     exercise_context_parallel: bool = False
     exercise_scaling_law_fit: bool = False
+    #: held-out batches the rung's final loss is measured on (its point for F5); 0: none
+    eval_batches: int = 0
+    #: tokens of the Markov corpus the rung samples its batches from
+    corpus_tokens: int = 20_000
+    weight_decay: float = 0.01
+    #: F5 (with exercise_scaling_law_fit): the compute box is this many times the largest earlier rung's FLOPs,
+    #: and the candidate shapes are every width x depth below (heads: width // 8, at least 1)
+    box_flops_multiple: float = 4.0
+    box_wall_s: float = 600.0
+    box_memory_bytes: float = 2e9
+    candidate_widths: tuple[int, ...] = ()
+    candidate_layers: tuple[int, ...] = ()
+    interval_level: float = 0.9
 
     def __post_init__(self) -> None:
         def bad(msg: str) -> None:
@@ -59,7 +72,8 @@ class Rung:
         unknown = [p for p in self.decision_pieces if p not in KNOWN_PIECES]
         if unknown:
             bad(f"unknown decision pieces {unknown} (known: {sorted(KNOWN_PIECES)})")
-        for f in ("vocab", "d_model", "n_layer", "n_head", "block", "steps", "batch_size", "moe_experts"):
+        for f in ("vocab", "d_model", "n_layer", "n_head", "block", "steps", "batch_size", "moe_experts",
+                  "corpus_tokens"):
             v = getattr(self, f)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 bad(f"{f} must be a positive integer, got {v!r}")
@@ -84,3 +98,14 @@ class Rung:
                 bad("exercise_mup_transfer needs mup_base_width, a positive integer")
         if self.exercise_moe_decision and self.moe_experts < 2:
             bad("exercise_moe_decision needs moe_experts >= 2")
+        if not isinstance(self.eval_batches, int) or self.eval_batches < 0:
+            bad(f"eval_batches must be a non-negative integer, got {self.eval_batches!r}")
+        object.__setattr__(self, "candidate_widths", tuple(self.candidate_widths))
+        object.__setattr__(self, "candidate_layers", tuple(self.candidate_layers))
+        if self.exercise_scaling_law_fit:
+            if not self.candidate_widths or not self.candidate_layers:
+                bad("exercise_scaling_law_fit needs candidate_widths and candidate_layers to choose from")
+            if not self.eval_batches:
+                bad("exercise_scaling_law_fit needs eval_batches: the headline's held-out loss checks the prediction")
+            if not 0 < self.interval_level < 1:
+                bad(f"interval_level must be in (0, 1), got {self.interval_level!r}")

@@ -52,8 +52,8 @@ def _train_rung(rung: Rung, j: Journal, work: Path, peak: float | None,
     def build():
         torch.manual_seed(rung.seed)
         model = build_causal_lm(rung.vocab, rung.d_model, rung.n_layer, rung.n_head, rung.block)
-        opt = torch.optim.AdamW(model.parameters(), lr=lr)
-        sampler = BatchSampler(MarkovSource(rung.vocab, seed=rung.seed).sample(20_000, seed=rung.seed + 1),
+        opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=rung.weight_decay)
+        sampler = BatchSampler(_corpus(rung.vocab, rung.seed, rung.corpus_tokens, rung.seed + 1),
                                rung.batch_size, rung.block, seed=rung.seed + 2)
         return model, opt, sampler
 
@@ -114,7 +114,71 @@ def _train_rung(rung: Rung, j: Journal, work: Path, peak: float | None,
     }
     if rung.exercise_fault_tolerance:
         measured["continuity_ok"] = report["restarts"]["continuity_ok"] and report["restarts"]["count"] == 1
+    if rung.eval_batches:  # the rung's point for F5: held-out loss at its size and tokens
+        held = BatchSampler(_corpus(rung.vocab, rung.seed, 20_000, rung.seed + 1000), 64, rung.block,
+                            seed=rung.seed + 1001)
+        model.eval()
+        with torch.no_grad():
+            ev = [torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten()).item()
+                  for x, y in (held.next() for _ in range(rung.eval_batches))]
+        measured["eval_loss"] = sum(ev) / len(ev)
+        measured["n_params"] = flops.n_params
+        measured["tokens"] = rung.steps * rung.batch_size * rung.block
+        artifacts["entropy_rate"] = MarkovSource(rung.vocab, seed=rung.seed).entropy_rate
     return measured, artifacts
+
+
+_CORPORA: dict[tuple[int, int, int, int], torch.Tensor] = {}
+
+
+def _corpus(vocab: int, seed: int, n: int, sample_seed: int) -> torch.Tensor:
+    """The rung's Markov corpus (sampled once per process: a Python loop per token)."""
+    key = (vocab, seed, n, sample_seed)
+    if key not in _CORPORA:
+        _CORPORA[key] = MarkovSource(vocab, seed=seed).sample(n, seed=sample_seed)
+    return _CORPORA[key]
+
+
+def _size_headline(rung: Rung, verdicts: list[tuple[GateVerdict, str]], peak: float | None) -> tuple[Rung, Any]:
+    """F5: fit the law to the earlier rungs' held-out losses, choose the headline inside the compute box, and
+    return the sized rung and the ``scaling_fitted`` event that records it all."""
+    from trainledger.journal.kinds import ScalingFitted
+
+    from .scaling import Candidate, ComputeBox, fit_scaling_law
+
+    used = [(v, h) for v, h in verdicts if "eval_loss" in v.measured]
+    points = [[float(v.measured["n_params"]), float(v.measured["tokens"]), float(v.measured["eval_loss"])]
+              for v, _ in used]
+    fit = fit_scaling_law(points, seed=rung.seed)
+    cands = []
+    for w in rung.candidate_widths:
+        for n_layer in rung.candidate_layers:
+            heads = max(1, w // 8)
+            fc = flop_config_from_causal_lm(build_causal_lm(rung.vocab, w, n_layer, heads, rung.block),
+                                            seq_len=rung.block)
+            cands.append(Candidate(f"d{w}-L{n_layer}", fc.n_params, float(fc.flops_per_token)))
+    flops = sum(float(v.measured["flops"]) for v, _ in used)
+    wall = sum(float(v.measured["wall_s"]) for v, _ in used)
+    achieved = flops / wall  # FLOP/s the earlier rungs reached: their MFU against the peak, never a datasheet
+    box = ComputeBox(max_flops=rung.box_flops_multiple * max(float(v.measured["flops"]) for v, _ in used),
+                     max_wall_s=rung.box_wall_s, devices=1, peak_flops_per_sec=peak or achieved,
+                     memory_bytes_per_device=rung.box_memory_bytes, measured_mfu=min(1.0, achieved / (peak or achieved)))
+    per_step = rung.batch_size * rung.block
+    choice = box.choose(fit, cands, min_tokens=per_step)
+    steps = max(1, choice.tokens // per_step)
+    tokens = steps * per_step
+    width, depth = (int(x) for x in choice.candidate.name[1:].split("-L"))
+    predicted = fit.predict(choice.candidate.n_params, tokens)
+    lo, hi = fit.interval(choice.candidate.n_params, tokens, level=rung.interval_level)
+    ev = ScalingFitted(rung=rung.name, points=points, evidence=[h for _, h in used], params=fit.params,
+                       theta=list(fit.theta), seed=fit.seed, boot=fit.boot, level=rung.interval_level,
+                       loo_error=fit.loo_error(), box=dataclasses.asdict(box),
+                       candidates=[dataclasses.asdict(c) for c in cands],
+                       choice={**choice.to_dict(), "steps": steps, "tokens": tokens, "per_step": per_step,
+                               "predicted_loss": predicted, "interval": [lo, hi]},
+                       entropy_rate=used[-1][0].artifacts.get("entropy_rate"))
+    sized = dataclasses.replace(rung, d_model=width, n_layer=depth, n_head=max(1, width // 8), steps=steps)
+    return sized, ev
 
 
 def run_pilot_ladder(rungs: list[Rung], peak_flops_per_sec: float | None = None, journal: Journal | None = None, *,
@@ -129,17 +193,22 @@ def run_pilot_ladder(rungs: list[Rung], peak_flops_per_sec: float | None = None,
     """
     import tempfile
 
-    for r in rungs:
+    for i, r in enumerate(rungs):
         if not isinstance(r, Rung):
             raise TypeError(f"rungs must be Rung objects, got {type(r).__name__}")
-        refuse_unavailable(r)
+        refuse_unavailable(r, rungs[:i])
     work = Path(work_dir) if work_dir is not None else Path(tempfile.mkdtemp(prefix="ladder-"))
     own = journal is None
     j = journal if journal is not None else Journal.create(work / "ladder.jsonl", signer=Signer.generate())
     proj = LadderProjection()
     a, b = 1.0, 1.0
+    done: list[tuple[GateVerdict, str]] = []  # verdicts and their chain hashes, for F5
     try:
         for rung in rungs:
+            f5 = None
+            if rung.exercise_scaling_law_fit:
+                rung, f5 = _size_headline(rung, done, peak_flops_per_sec)
+                j.append(f5, durable=True)
             opened = j.append(RungStarted(rung=rung.name, real_target=rung.real_target,
                                           spec=dataclasses.asdict(rung)))
             (work / rung.name).mkdir(parents=True, exist_ok=True)
@@ -147,10 +216,18 @@ def run_pilot_ladder(rungs: list[Rung], peak_flops_per_sec: float | None = None,
                                               {"peak_source": peak_source, "peak_spread": peak_spread})
             bars = {k: getattr(rung, k) for k in ("max_final_loss", "max_forgetting_gap", "min_mfu_mean",
                                                   "max_anomalies", "max_flops", "max_wall_s")}
+            if f5 is not None:  # the run F5 sized checks F5's prediction
+                bars["predicted_loss"] = f5.choice["predicted_loss"]
+                bars["loss_interval"] = list(f5.choice["interval"])
+                artifacts["skipped_pieces"].pop("F5", None)
+                artifacts["F5_scaling_fit"] = {"params": f5.params, "entropy_rate": f5.entropy_rate,
+                                               "loo_error": f5.loo_error, "binding": f5.choice["binding"],
+                                               "candidate": f5.choice["candidate"]}
             passed, reason = gate(bars, measured)
             verdict = GateVerdict(rung=rung.name, passed=passed, reason=reason, measured=measured, bars=bars,
                                   artifacts=artifacts)
             _, vh = j.append(verdict, durable=True)
+            done.append((verdict, vh))
             proj.apply(verdict)
             before = {"a": a, "b": b, "mean": a / (a + b)}
             action, (a, b) = decide(a, b, passed)  # the same function replay decides with

@@ -189,6 +189,27 @@ def ladder_halt(path: Path) -> Path:
     return path
 
 
+def scaling_ladder(path: Path) -> Path:
+    """The scaling preset at a quarter of its pilots' steps: six pilots with held-out losses, F5's fit and the
+    headline it sized (scaling_fitted), the headline's interval gate."""
+    import dataclasses
+
+    import torch
+
+    from trainledger.journal import Journal, Signer
+    from trainledger.ladder.presets import PRESETS
+    from trainledger.ladder.runner import run_pilot_ladder
+
+    torch.set_num_threads(1)
+    rungs = [dataclasses.replace(r, steps=max(20, r.steps // 4)) if not r.exercise_scaling_law_fit else r
+             for r in PRESETS["scaling"]()]
+    signer = Signer.generate()
+    with Journal.create(path, signer=signer, meta={"preset": "scaling, pilots at a quarter of their steps"}) as j:
+        run_pilot_ladder(rungs, peak_flops_per_sec=1e10, journal=j, work_dir=path.parent / "rungs")
+    path.with_suffix(".pub").write_text(signer.public.line() + "\n")
+    return path
+
+
 def experiment(path: Path) -> Path:
     """The example experiment (trainledger manifest init): the manifest-driven loop to its end, with its
     evaluations, resource records and preregistered checkpoint selection."""
@@ -228,7 +249,8 @@ def expectations(path: Path) -> dict:
 #: peak's provenance) are frozen: no builder, never rewritten, and they must keep verifying and replaying.
 # every_kind_v1.jsonl (1.0) and every_kind_v1_1.jsonl (1.1) are frozen: this code writes the current format.
 GOLDENS = {"every_kind_v1_2.jsonl": every_kind, "resumed_rewound_v1_1.jsonl": resumed_rewound,
-           "ladder_halt_v1_1.jsonl": ladder_halt, "experiment_v1_1.jsonl": experiment}
+           "ladder_halt_v1_1.jsonl": ladder_halt, "experiment_v1_1.jsonl": experiment,
+           "scaling_ladder_v1_2.jsonl": scaling_ladder}
 
 
 def main() -> int:

@@ -93,10 +93,10 @@ def test_preset_is_the_seed_ladder():
 def test_cli_ladder_runs_verifies_and_prints(tmp_path, capsys):
     from trainledger.cli import main
 
-    assert main(["ladder", str(tmp_path / "out")]) == 0
+    assert main(["ladder", "--preset", "tiny", str(tmp_path / "out")]) == 0
     out = capsys.readouterr().out
     assert "halted_at=None" in out and "rung_iii_context" in out and "tail      closed" in out
     assert main(["ladder", "--preset", "halt", str(tmp_path / "halt")]) == 0
     out = capsys.readouterr().out
     assert "halted_at=rung_ii_impossible" in out and "> target 1e-06" in out
-    assert main(["ladder", str(tmp_path / "out")]) == 2  # never overwrites a ladder
+    assert main(["ladder", "--preset", "tiny", str(tmp_path / "out")]) == 2  # never overwrites a ladder

@@ -1,0 +1,89 @@
+"""The default ladder, `trainledger ladder` (the README's main job): six pilots measured on held-out data, the
+headline sized by F5 inside a compute box, its gate checking the prediction; verify and replay clean; a doctored
+fit parameter or box decision, re-signed with the run's own key, named by replay. One run, shared."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("scipy")
+
+from journal_tools import dump, parse, read_lines, rechain, write_lines  # noqa: E402
+
+from trainledger.cli import main  # noqa: E402
+from trainledger.journal import load_signer, read_events  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def ladder(tmp_path_factory):
+    out = tmp_path_factory.mktemp("scaling") / "run"
+    import contextlib
+    import io
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        code = main(["ladder", "--peak-flops", "2e10", str(out)])
+    assert code == 0, buf.getvalue()[-2000:]
+    return out, buf.getvalue()
+
+
+def test_the_default_ladder_climbs_and_checks_its_prediction(ladder):
+    out, printed = ladder
+    assert "ladder 'scaling'" in printed and "halted_at=None" in printed
+    assert "inside F5's interval" in printed and "true entropy rate 2.485" in printed
+    evs = list(read_events(out / "ladder.jsonl"))
+    (fit,) = [e for e in evs if type(e).__struct_config__.tag == "scaling_fitted"]
+    verdicts = {e.h: e for e in evs if type(e).__struct_config__.tag == "gate_verdict"}
+    assert len(fit.points) == 6 and all(h in verdicts for h in fit.evidence)
+    assert fit.choice["binding"] in ("flops", "wall_clock", "memory") and fit.entropy_rate == pytest.approx(2.4851, abs=1e-3)
+    headline = [v for v in verdicts.values() if v.rung == "rung_iv_headline"][0]
+    lo, hi = headline.bars["loss_interval"]
+    assert headline.passed and lo <= headline.measured["eval_loss"] <= hi
+    assert "F5" not in headline.artifacts["skipped_pieces"]
+    flops = [v.measured["flops"] for v in verdicts.values()]
+    assert headline.measured["flops"] <= 4 * max(flops[:-1]) * 1.01  # inside the box
+
+
+def _doctor(out, tmp_path, change):
+    p = tmp_path / "ladder.jsonl"
+    lines = read_lines(out / "ladder.jsonl")
+    i = next(k for k, ln in enumerate(lines) if b'"kind":"scaling_fitted"' in ln)
+    obj = parse(lines[i])
+    change(obj)
+    lines[i] = dump(obj)
+    signer = load_signer(out / "trainledger.key")  # the run's own key: a signed lie, not a broken chain
+    import base64
+
+    from trainledger.journal.chain import seal_message
+
+    def resign(run_id, seq, h):
+        return signer.key_id, base64.b64encode(signer.sign(seal_message(run_id, seq, h))).decode()
+
+    write_lines(p, rechain(lines, resign=resign))
+    return p
+
+
+@pytest.mark.parametrize("what, change, says", [
+    ("a fit parameter", lambda o: o["params"].update(alpha=o["params"]["alpha"] * 1.1), "recorded alpha"),
+    ("the box decision", lambda o: o["choice"].update(binding="memory"), "recorded binding"),
+])
+def test_a_doctored_fit_or_box_decision_is_named_by_replay(ladder, tmp_path, capsys, what, change, says):
+    out, _ = ladder
+    p = _doctor(out, tmp_path, change)
+    assert main(["replay", "--pubkey", str(out / "trainledger.pub"), "--json", str(p)]) == 1
+    diffs = json.loads(capsys.readouterr().out)["differences"]
+    assert any(d["kind"] == "scaling_fitted" and says in d["detail"] for d in diffs), diffs
+
+
+def test_f5_opt_in_without_pilots_raises_before_training():
+    from trainledger.ladder.presets import tiny
+    from trainledger.ladder.runner import run_pilot_ladder
+    import dataclasses
+
+    rungs = tiny()
+    rungs[-1] = dataclasses.replace(rungs[-1], exercise_scaling_law_fit=True, candidate_widths=(8,),
+                                    candidate_layers=(1,), eval_batches=2)
+    with pytest.raises(NotImplementedError, match="needs F5 to fit a scaling law.*0 held-out losses"):
+        run_pilot_ladder(rungs)
