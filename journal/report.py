@@ -71,6 +71,7 @@ class _Series:
         self.decisions: list[DecisionRecorded] = []
         #: (index of the first observation after it, rung name) for each rung_started
         self.rungs: list[tuple[int, str]] = []
+        self.fits: list[Any] = []  # scaling_fitted (F5)
         self._mfu: MfuAccounting | None = None  # from the run_configured in force
         self.plot_error: str | None = None
 
@@ -110,6 +111,8 @@ class _Series:
             self.decisions.append(ev)
         elif isinstance(ev, RungStarted):
             self.rungs.append((len(self.step), ev.rung))
+        elif type(ev).__struct_config__.tag == "scaling_fitted":
+            self.fits.append(ev)
 
 
 def _bucketed(xs: list[int], ys: list[float]) -> tuple[list[float], list[float], list[float], list[float]] | None:
@@ -306,6 +309,26 @@ def render(rec: Reconstruction, s: _Series, png: str | None) -> str:
         parts.append(_table(["seq", "rung", "verdict", "reason", "measured", "bars"],
                             [[g.seq, g.rung, "PASS" if g.passed else "FAIL", g.reason, _fmt(dict(g.measured)),
                               _fmt(dict(g.bars))] for g in s.verdicts], "no verdicts"))
+        for f in s.fits:  # F5: the law against the points it was fitted to, and the run it sized
+            p = f.params
+            verdict = next((g for g in s.verdicts if g.rung == f.rung), None)
+            measured = verdict.measured.get("eval_loss") if verdict is not None else None
+            lo, hi = f.choice.get("interval", [None, None])
+            parts.append(f"<h3>F5: the scaling law that sized {_e(f.rung)}</h3><p>L(N, D) = {p['E']:.4g} + "
+                         f"{p['A']:.4g} / N<sup>{p['alpha']:.4f}</sup> + {p['B']:.4g} / D<sup>{p['beta']:.4f}</sup>; "
+                         f"leave-one-out error {f.loo_error:.2%}; fitted E {p['E']:.4g}"
+                         + (f" against the corpus's true entropy rate {f.entropy_rate:.4g} nats"
+                            if f.entropy_rate is not None else "") + "</p>")
+            rows = [[f"{n:,.0f}", f"{d:,.0f}", f"{ls:.4f}",
+                     f"{p['E'] + p['A'] / n ** p['alpha'] + p['B'] / d ** p['beta']:.4f}"] for n, d, ls in f.points]
+            parts.append(_table(["params", "tokens", "held-out loss", "the law's"], rows, "no points"))
+            cand = f.choice.get("candidate") or {}
+            parts.append(_table(["chosen", "params", "tokens", "binding", "predicted", f"{f.level:.0%} interval",
+                                 "measured"],
+                                [[cand.get("name"), f"{cand.get('n_params', 0):,}", f"{f.choice.get('tokens', 0):,}",
+                                  f.choice.get("binding"), f"{f.choice.get('predicted_loss', float('nan')):.4f}",
+                                  f"[{lo:.4f}, {hi:.4f}]" if lo is not None else "-",
+                                  "-" if measured is None else f"{measured:.4f}"]], ""))
         parts.append(_table(["seq", "rung", "action", "belief before", "belief after", "evidence"],
                             [[d.seq, d.rung, d.action_chosen, _fmt(dict(d.belief_before)), _fmt(dict(d.belief_after)),
                               ", ".join(x[:12] for x in d.evidence)] for d in s.decisions], "no decisions"))

@@ -37,12 +37,16 @@ def register(sub) -> None:
                                    "residuals, L-BFGS from a grid); print the law, its leave-one-out error, and, "
                                    "with --budget, the compute-optimal (N, D) on the 6ND frontier with a seeded "
                                    "bootstrap interval of its predicted loss. Needs numpy and scipy.")
-    p.add_argument("csv", metavar="POINTS.csv")
+    p.add_argument("csv", metavar="POINTS.csv|JOURNAL.jsonl",
+                   help="a CSV of points, or a ladder journal: the rungs' held-out losses (verified first)")
     p.add_argument("--budget", type=float, action="append", default=[], metavar="FLOPS",
                    help="training FLOPs to size a run for (repeatable)")
     p.add_argument("--level", type=float, default=0.9, help="interval level (default 0.9)")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
     p.add_argument("--json", action="store_true", help="print JSON")
+    from trainledger.journal.cli import add_trust_options
+
+    add_trust_options(p)
     p.set_defaults(func=_cmd_fit)
 
 
@@ -72,13 +76,34 @@ def _read_points(path: Path) -> list[tuple[float, float, float]]:
     return pts
 
 
+def _journal_points(args: argparse.Namespace) -> list[tuple[float, float, float]]:
+    """(n_params, tokens, eval_loss) of every rung verdict in a ladder journal, after verifying it."""
+    from trainledger.journal._snapshot import PrivateCopies
+    from trainledger.journal.cli import trust_options
+    from trainledger.journal.kinds import GateVerdict
+    from trainledger.journal.reader import unchecked_batches
+    from trainledger.journal.verify import verify_copy
+
+    pts = []
+    with PrivateCopies() as copies:
+        rep, copy = verify_copy(args.csv, copies, **trust_options(args))
+        for batch in unchecked_batches(copy, rep.trusted_bytes):
+            for ev in batch:
+                m = ev.measured if isinstance(ev, GateVerdict) and isinstance(ev.measured, dict) else {}
+                if all(isinstance(m.get(k), (int, float)) for k in ("n_params", "tokens", "eval_loss")):
+                    pts.append((float(m["n_params"]), float(m["tokens"]), float(m["eval_loss"])))
+    if not pts:
+        raise UsageError(f"{args.csv}: no rung with a held-out loss (eval_batches) in this journal")
+    return pts
+
+
 def _cmd_fit(args: argparse.Namespace) -> int:
     import json
 
     from trainledger.journal.errors import UsageError
     from trainledger.ladder.scaling import fit_scaling_law
 
-    pts = _read_points(Path(args.csv))
+    pts = _journal_points(args) if args.csv.endswith(".jsonl") else _read_points(Path(args.csv))
     if not 0 < args.level < 1:
         raise UsageError(f"--level must be in (0, 1), got {args.level}")
     try:

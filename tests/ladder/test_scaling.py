@@ -124,3 +124,16 @@ def test_trainledger_fit_prints_the_law_and_sizes_a_budget(tmp_path, capsys):
     assert main(["fit", str(bad)]) == 2
     err = capsys.readouterr().err
     assert f"{bad}:2:" in err and "positive finite" in err and len(err.strip().splitlines()) == 1
+
+
+def test_trainledger_fit_reads_a_ladder_journal(capsys):
+    import json
+    from pathlib import Path
+
+    from trainledger.cli import main
+
+    g = Path(__file__).resolve().parents[1] / "assets" / "golden" / "scaling_ladder_v1_2"
+    assert main(["fit", "--pubkey", str(g.with_suffix(".pub")), "--json", str(g.with_suffix(".jsonl"))]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["points"] == 7 and out["loo_error"] < 0.1  # six pilots and the headline
+    assert main(["fit", str(g.with_suffix(".jsonl"))]) == 2  # no key pinned: refused, one line
