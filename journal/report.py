@@ -72,6 +72,7 @@ class _Series:
         #: (index of the first observation after it, rung name) for each rung_started
         self.rungs: list[tuple[int, str]] = []
         self.fits: list[Any] = []  # scaling_fitted (F5)
+        self.fit_png: str | None = None
         self._mfu: MfuAccounting | None = None  # from the run_configured in force
         self.plot_error: str | None = None
 
@@ -200,6 +201,44 @@ def _figure(plt, s: _Series) -> str:
     return base64.b64encode(buf.getvalue()).decode()
 
 
+def _fit_figure(plt, s: _Series) -> str:
+    """F5: each point's held-out loss and the law's value there, against training compute (6ND); the run it sized,
+    predicted with its interval, and measured."""
+    fig, ax = plt.subplots(figsize=(8, 3.6))
+    for k, f in enumerate(s.fits):
+        p = f.params
+        law = lambda n, d: p["E"] + p["A"] / n ** p["alpha"] + p["B"] / d ** p["beta"]  # noqa: E731
+        xs = [6 * n * d for n, d, _ in f.points]
+        ax.scatter(xs, [ls for _, _, ls in f.points], color="tab:blue", label="rung held-out loss" if k == 0 else None)
+        ax.scatter(xs, [law(n, d) for n, d, _ in f.points], marker="x", color="tab:gray",
+                   label="the fitted law" if k == 0 else None)
+        cand = f.choice.get("candidate") or {}
+        n, d = cand.get("n_params"), f.choice.get("tokens")
+        lo, hi = f.choice.get("interval", [None, None])
+        if n and d and lo is not None:
+            pred = f.choice.get("predicted_loss")
+            ax.errorbar([6 * n * d], [pred], yerr=[[pred - lo], [hi - pred]], fmt="s", color="tab:orange", capsize=4,
+                        label=f"{f.rung}: predicted, {f.level:.0%} interval")
+            v = next((g for g in s.verdicts if g.rung == f.rung), None)
+            if v is not None and isinstance(v.measured.get("eval_loss"), (int, float)):
+                ax.scatter([6 * n * d], [v.measured["eval_loss"]], marker="*", s=120, color="tab:red", zorder=3,
+                           label=f"{f.rung}: measured")
+    ax.set_xscale("log")
+    from matplotlib.ticker import FuncFormatter
+
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.0e}"))  # mathtext is off: no $10^{8}$
+    ax.xaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
+    ax.set_xlabel("training compute 6ND (FLOPs)")
+    ax.set_ylabel("held-out loss")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=96)
+    plt.close(fig)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
 def _e(x: Any) -> str:
     return html.escape(str(x))
 
@@ -314,6 +353,9 @@ def render(rec: Reconstruction, s: _Series, png: str | None) -> str:
             verdict = next((g for g in s.verdicts if g.rung == f.rung), None)
             measured = verdict.measured.get("eval_loss") if verdict is not None else None
             lo, hi = f.choice.get("interval", [None, None])
+            if s.fit_png and f is s.fits[0]:
+                parts.append(f'<img alt="F5: the law against the rungs and the headline" '
+                             f'src="data:image/png;base64,{s.fit_png}">')
             parts.append(f"<h3>F5: the scaling law that sized {_e(f.rung)}</h3><p>L(N, D) = {p['E']:.4g} + "
                          f"{p['A']:.4g} / N<sup>{p['alpha']:.4f}</sup> + {p['B']:.4g} / D<sup>{p['beta']:.4f}</sup>; "
                          f"leave-one-out error {f.loo_error:.2%}; fitted E {p['E']:.4g}"
@@ -353,6 +395,13 @@ def write_report(path: str | os.PathLike, out: str | os.PathLike, **verify_optio
                 png = _figure(plt, s)
         except (ValueError, OverflowError, RuntimeError, Warning) as e:  # values no axis can hold
             s.plot_error = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+    if s.fits:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                s.fit_png = _fit_figure(plt, s)
+        except (ValueError, OverflowError, RuntimeError, Warning, TypeError, KeyError):
+            s.fit_png = None  # the tables still say it all
     _write_atomic(Path(out), render(rec, s, png))
     return rec
 
