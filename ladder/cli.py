@@ -103,6 +103,11 @@ def _cmd_fit(args: argparse.Namespace) -> int:
     from trainledger.journal.errors import UsageError
     from trainledger.ladder.scaling import fit_scaling_law
 
+    if Path(args.csv).is_dir():  # a ladder's run folder: its ladder.jsonl (the key is pinned like any other)
+        folder = Path(args.csv)
+        if not (folder / "ladder.jsonl").is_file():
+            raise UsageError(f"{folder}: no ladder.jsonl in this folder")
+        args.csv = str(folder / "ladder.jsonl")
     pts = _journal_points(args) if args.csv.endswith(".jsonl") else _read_points(Path(args.csv))
     if not 0 < args.level < 1:
         raise UsageError(f"--level must be in (0, 1), got {args.level}")
