@@ -1,0 +1,196 @@
+"""RFC 6962 / RFC 9162 Merkle trees over a journal's lines (issue 16, first part: the tree and its proofs).
+
+A journal's lines are the leaves: leaf hash = SHA-256(0x00 || the line's bytes without its newline), node =
+SHA-256(0x01 || left || right). :func:`root` is the Merkle Tree Hash of RFC 9162 section 2.1.1;
+:func:`inclusion_proof` and :func:`consistency_proof` generate the audit paths of sections 2.1.3.1 and 2.1.4.1
+from a list of leaf hashes, and :func:`verify_inclusion` and :func:`verify_consistency` check them with the
+algorithms of sections 2.1.3.2 and 2.1.4.2, which take nothing but the proof, the sizes and the roots.
+:class:`CompactTree` keeps a growing tree's right edge (at most log2(n) hashes), so a writer appends a leaf in
+O(log n) amortised and knows the root at any size. Checked against transparency-dev/merkle's test vectors and a
+naive recursive reference (tests/journal/test_merkle.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+
+__all__ = ["leaf_hash", "node_hash", "root", "inclusion_proof", "consistency_proof", "verify_inclusion",
+           "verify_consistency", "CompactTree", "ProofError", "EMPTY_ROOT"]
+
+#: The root of the empty tree: SHA-256 of nothing.
+EMPTY_ROOT = hashlib.sha256(b"").digest()
+
+
+class ProofError(ValueError):
+    """A proof that does not check out (the message says why)."""
+
+
+def leaf_hash(line: bytes) -> bytes:
+    return hashlib.sha256(b"\x00" + line).digest()
+
+
+def node_hash(left: bytes, right: bytes) -> bytes:
+    return hashlib.sha256(b"\x01" + left + right).digest()
+
+
+def _split(n: int) -> int:
+    """The largest power of two smaller than n (n > 1)."""
+    return 1 << ((n - 1).bit_length() - 1)
+
+
+def root(leaves: Sequence[bytes]) -> bytes:
+    """MTH(D[n]) over leaf *hashes* (not the lines), iteratively: hash pairs level by level, an odd last node
+    carried up unpaired; the same tree as RFC 9162's recursive definition."""
+    if not leaves:
+        return EMPTY_ROOT
+    level = list(leaves)
+    while len(level) > 1:
+        nxt = [node_hash(level[i], level[i + 1]) for i in range(0, len(level) - 1, 2)]
+        if len(level) % 2:
+            nxt.append(level[-1])
+        level = nxt
+    return level[0]
+
+
+def inclusion_proof(leaves: Sequence[bytes], index: int) -> list[bytes]:
+    """PATH(m, D[n]) of RFC 9162 section 2.1.3.1: the audit path of leaf ``index`` in the tree of ``leaves``."""
+    n = len(leaves)
+    if not 0 <= index < n:
+        raise ValueError(f"leaf {index} is not in a tree of {n}")
+    path: list[bytes] = []
+    lo, hi = 0, n
+    while hi - lo > 1:
+        k = _split(hi - lo)
+        if index - lo < k:
+            path.append(root(leaves[lo + k:hi]))
+            hi = lo + k
+        else:
+            path.append(root(leaves[lo:lo + k]))
+            lo = lo + k
+    return path[::-1]
+
+
+def consistency_proof(leaves: Sequence[bytes], size1: int) -> list[bytes]:
+    """PROOF(m, D[n]) of RFC 9162 section 2.1.4.1: that the tree of the first ``size1`` leaves is a prefix of
+    the tree of all of ``leaves``."""
+    n = len(leaves)
+    if not 0 < size1 <= n:
+        raise ValueError(f"no consistency proof from size {size1} to {n}")
+
+    def sub(m: int, d: Sequence[bytes], complete: bool) -> list[bytes]:
+        if m == len(d):
+            return [] if complete else [root(d)]
+        k = _split(len(d))
+        if m <= k:
+            return sub(m, d[:k], complete) + [root(d[k:])]
+        return sub(m - k, d[k:], False) + [root(d[:k])]
+
+    return sub(size1, leaves, True)
+
+
+def verify_inclusion(leaf: bytes, index: int, size: int, proof: Sequence[bytes], want_root: bytes) -> None:
+    """RFC 9162 section 2.1.3.2; raises :class:`ProofError` unless ``proof`` shows ``leaf`` (a leaf hash) at
+    ``index`` of the tree of ``size`` whose root is ``want_root``."""
+    if not 0 <= index < size:
+        raise ProofError(f"index {index} is beyond a tree of size {size}")
+    if len(leaf) != 32 or len(want_root) != 32:
+        raise ProofError("a leaf hash and a root are 32 bytes")
+    fn, sn = index, size - 1
+    r = leaf
+    for p in proof:
+        if len(p) != 32:
+            raise ProofError("a proof hash is not 32 bytes")
+        if sn == 0:
+            raise ProofError("the proof is longer than the tree is deep")
+        if fn & 1 or fn == sn:
+            r = node_hash(p, r)
+            if not fn & 1:
+                while fn and not fn & 1:
+                    fn >>= 1
+                    sn >>= 1
+        else:
+            r = node_hash(r, p)
+        fn >>= 1
+        sn >>= 1
+    if sn != 0:
+        raise ProofError("the proof is shorter than the tree is deep")
+    if r != want_root:
+        raise ProofError("the proof leads to another root")
+
+
+def verify_consistency(size1: int, size2: int, root1: bytes, root2: bytes, proof: Sequence[bytes]) -> None:
+    """RFC 9162 section 2.1.4.2; raises :class:`ProofError` unless ``proof`` shows that the tree of ``size1``
+    with ``root1`` is a prefix of the tree of ``size2`` with ``root2``."""
+    if size2 < size1:
+        raise ProofError(f"no consistency from size {size1} to a smaller size {size2}: a rollback")
+    if size1 < 1:
+        raise ProofError("no consistency from the empty tree: it proves nothing (every tree extends it)")
+    if any(len(p) != 32 for p in proof):
+        raise ProofError("a proof hash is not 32 bytes")
+    if size1 == size2:
+        if proof:
+            raise ProofError("equal sizes need an empty proof")
+        if root1 != root2:
+            raise ProofError("equal sizes, different roots: a fork")
+        return
+    if not proof:
+        raise ProofError("an empty proof between different sizes")
+    path = list(proof)
+    if size1 & (size1 - 1) == 0:  # a power of two: the old root is the first node
+        path.insert(0, root1)
+    fn, sn = size1 - 1, size2 - 1
+    while fn & 1:
+        fn >>= 1
+        sn >>= 1
+    fr = sr = path[0]
+    for c in path[1:]:
+        if sn == 0:
+            raise ProofError("the proof is longer than the trees need")
+        if fn & 1 or fn == sn:
+            fr = node_hash(c, fr)
+            sr = node_hash(c, sr)
+            if not fn & 1:
+                while fn and not fn & 1:
+                    fn >>= 1
+                    sn >>= 1
+        else:
+            sr = node_hash(sr, c)
+        fn >>= 1
+        sn >>= 1
+    if sn != 0:
+        raise ProofError("the proof is shorter than the trees need")
+    if fr != root1:
+        raise ProofError("the proof does not lead to the old root")
+    if sr != root2:
+        raise ProofError("the proof does not lead to the new root")
+
+
+class CompactTree:
+    """A growing tree's right edge: the roots of its perfect subtrees, largest first (at most log2(n) hashes).
+    :meth:`append` is O(1) amortised (O(log n) at worst); :meth:`root` folds the edge (O(log n))."""
+
+    __slots__ = ("size", "_edge")
+
+    def __init__(self) -> None:
+        self.size = 0
+        self._edge: list[bytes] = []
+
+    def append(self, leaf: bytes) -> None:
+        """Add a leaf *hash*."""
+        h = leaf
+        n = self.size
+        edge = self._edge
+        while n & 1:  # every trailing 1 bit is a perfect subtree that the new leaf completes
+            h = node_hash(edge.pop(), h)
+            n >>= 1
+        edge.append(h)
+        self.size += 1
+
+    def root(self) -> bytes:
+        if not self._edge:
+            return EMPTY_ROOT
+        r = self._edge[-1]
+        for h in reversed(self._edge[:-1]):
+            r = node_hash(h, r)
+        return r
