@@ -107,6 +107,10 @@ def _event_files(logdir: Path) -> list[Path]:
     return files
 
 
+_MAX_RECORD = 256 << 20  # an event record above this is not a scalar log's; refused rather than read
+_MAX_LINE = 1 << 20  # a log line above this is counted and skipped, never read whole
+
+
 def _records(path: Path) -> Iterator[bytes]:
     """The records of a TFRecord file (an event file's framing: length, its masked CRC-32C, data, its masked
     CRC-32C), every CRC checked. Read here rather than with the tensorboard package's record reader, whose
@@ -123,24 +127,28 @@ def _records(path: Path) -> Iterator[bytes]:
         c = google_crc32c.value(b)
         return (((c >> 15) | (c << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
-    with open(path, "rb") as f:
-        data = f.read()
-    pos, n = 0, len(data)
-    while pos < n:
-        if pos + 12 > n:
-            raise ValueError(f"a record header cut off at byte {pos} (a truncated file)")
-        header = data[pos:pos + 8]
-        (length,), (hcrc,) = struct.unpack("<Q", header), struct.unpack("<I", data[pos + 8:pos + 12])
-        if masked(header) != hcrc:
-            raise ValueError(f"the record at byte {pos} has a bad length CRC")
-        end = pos + 12 + length
-        if end + 4 > n:
-            raise ValueError(f"the record at byte {pos} is cut off (a truncated file)")
-        body = data[pos + 12:end]
-        if masked(body) != struct.unpack("<I", data[end:end + 4])[0]:
-            raise ValueError(f"the record at byte {pos} has a bad data CRC")
-        yield body
-        pos = end + 4
+    with open(path, "rb") as f:  # record by record: memory stays flat in the file's size
+        pos = 0
+        while True:
+            head = f.read(12)
+            if not head:
+                return
+            if len(head) < 12:
+                raise ValueError(f"a record header cut off at byte {pos} (a truncated file)")
+            header = head[:8]
+            (length,), (hcrc,) = struct.unpack("<Q", header), struct.unpack("<I", head[8:])
+            if masked(header) != hcrc:
+                raise ValueError(f"the record at byte {pos} has a bad length CRC")
+            if length > _MAX_RECORD:
+                raise ValueError(f"the record at byte {pos} claims {length:,} bytes (more than an event holds)")
+            body = f.read(length)
+            tail = f.read(4)
+            if len(body) < length or len(tail) < 4:
+                raise ValueError(f"the record at byte {pos} is cut off (a truncated file)")
+            if masked(body) != struct.unpack("<I", tail)[0]:
+                raise ValueError(f"the record at byte {pos} has a bad data CRC")
+            yield body
+            pos += 16 + length
 
 
 def _scalars(path: Path) -> Iterator[tuple[int, str, float]]:
@@ -228,12 +236,17 @@ def _num(b: bytes) -> float:
     return float(s)
 
 
-def _megatron_lines(path: Path) -> Iterator[tuple[int, bytes, bool]]:
-    """(line number, line, complete) of every line of the log."""
+def _megatron_lines(path: Path) -> Iterator[tuple[int, bytes | None, bool]]:
+    """(line number, line, complete) of every line of the log; an overlong line is ``None`` (never read whole)."""
     with open(path, "rb") as f:
         n = 0
-        for raw in f:
+        while raw := f.readline(_MAX_LINE + 1):
             n += 1
+            if len(raw) > _MAX_LINE and not raw.endswith(b"\n"):
+                while raw and not raw.endswith(b"\n"):  # the rest of an overlong line, in bounded reads
+                    raw = f.readline(_MAX_LINE + 1)
+                yield n, None, False
+                continue
             yield n, raw.rstrip(b"\r\n"), raw.endswith(b"\n")
 
 
@@ -250,6 +263,9 @@ def import_megatron(logfile: str | os.PathLike, out_dir: str | os.PathLike, sign
     last_scale: float | None = None
     try:
         for n, line, complete in _megatron_lines(p):
+            if line is None:
+                skipped.append((n, f"longer than {_MAX_LINE:,} bytes: not read"))
+                continue
             m = _ITER.match(line)
             if m is None:
                 continue
