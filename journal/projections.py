@@ -461,6 +461,10 @@ class LadderAudit(Projection):
         made again, the interval drawn again (seeded) must be what was recorded."""
         self._f5[ev.rung] = ev
         bad = lambda msg: self._diffs.append(_diff(ev.seq, "scaling_fitted", f"rung {ev.rung}: {msg}"))  # noqa: E731
+        # A journal may say anything: bounds on the work a refit may cost (a ladder has tens of points)
+        if len(ev.points) > 1000 or not 0 <= ev.boot <= 2000 or len(ev.candidates) > 1000:
+            return bad(f"too large to recompute ({len(ev.points)} points, {ev.boot} bootstrap draws, "
+                       f"{len(ev.candidates)} candidates; at most 1000, 2000, 1000)")
         if len(ev.evidence) != len(ev.points):
             return bad("the points and the verdicts they cite do not pair up")
         for h, p in zip(ev.evidence, ev.points):

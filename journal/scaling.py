@@ -67,16 +67,19 @@ def _objective(theta, x, y, logl):
 
 
 def _grid_values(x, y, logl):
-    """The objective at every grid point at once: an array of (theta, value)."""
+    """The objective at every grid point at once (in chunks of points, so memory stays bounded): (grid, values)."""
     np = _np()
     grid = np.array(list(itertools.product(_GRID["a"], _GRID["b"], _GRID["e"], _GRID["alpha"], _GRID["beta"])))
     a, b, e, al, be = (grid[:, i:i + 1] for i in range(5))
-    t0, t1 = a - al * x[None, :], b - be * y[None, :]
-    t2 = np.broadcast_to(e, t0.shape)
-    m = np.maximum(np.maximum(t0, t1), t2)
-    r = m + np.log(np.exp(t0 - m) + np.exp(t1 - m) + np.exp(t2 - m)) - logl[None, :]
+    vals = np.zeros(len(grid))
     d = HUBER_DELTA
-    vals = np.where(np.abs(r) <= d, 0.5 * r * r, d * (np.abs(r) - 0.5 * d)).sum(axis=1)
+    for s in range(0, len(x), 512):
+        xs, ys, ls = x[None, s:s + 512], y[None, s:s + 512], logl[None, s:s + 512]
+        t0, t1 = a - al * xs, b - be * ys
+        t2 = np.broadcast_to(e, t0.shape)
+        m = np.maximum(np.maximum(t0, t1), t2)
+        r = m + np.log(np.exp(t0 - m) + np.exp(t1 - m) + np.exp(t2 - m)) - ls
+        vals += np.where(np.abs(r) <= d, 0.5 * r * r, d * (np.abs(r) - 0.5 * d)).sum(axis=1)
     return grid, vals
 
 
@@ -201,6 +204,8 @@ def fit_scaling_law(points: Sequence[Sequence[float]], *, seed: int = 0, boot: i
     ``seed`` and ``boot`` fix the bootstrap behind :meth:`ScalingFit.interval`."""
     np = _np()
     pts = _check(points)
+    if not isinstance(boot, int) or not 1 <= boot <= 100_000:
+        raise ValueError(f"boot must be an integer from 1 to 100000, got {boot!r}")
     x, y, logl = _arrays(pts)
     grid, vals = _grid_values(x, y, logl)
     best_theta, best = None, math.inf

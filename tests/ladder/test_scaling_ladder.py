@@ -87,3 +87,18 @@ def test_f5_opt_in_without_pilots_raises_before_training():
                                     candidate_layers=(1,), eval_batches=2)
     with pytest.raises(NotImplementedError, match="needs F5 to fit a scaling law.*0 held-out losses"):
         run_pilot_ladder(rungs)
+
+
+def test_a_fit_too_large_to_recompute_is_refused_not_run(tmp_path, signer, pubkey):
+    """A signed journal may claim a million points: replay names it instead of spending hours on it."""
+    from trainledger.journal import Journal
+    from trainledger.journal.kinds import ScalingFitted
+    from trainledger.journal.replay import replay
+
+    p = tmp_path / "j.jsonl"
+    with Journal.create(p, signer=signer) as j:
+        j.append(ScalingFitted(rung="r", points=[[1e6, 1e9, 3.0]] * 1_001, evidence=["00" * 32] * 1_001, params={},
+                               theta=[0.0] * 5, seed=0, boot=10 ** 9, level=0.9, loo_error=0.0, box={},
+                               candidates=[], choice={}))
+    diffs = replay(p, keys=[pubkey]).differences
+    assert [d["kind"] for d in diffs] == ["scaling_fitted"] and "too large to recompute" in diffs[0]["detail"]
