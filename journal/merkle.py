@@ -15,6 +15,8 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 
+from .errors import TrainledgerError
+
 __all__ = ["leaf_hash", "node_hash", "root", "inclusion_proof", "consistency_proof", "verify_inclusion",
            "verify_consistency", "CompactTree", "ProofError", "EMPTY_ROOT"]
 
@@ -22,8 +24,10 @@ __all__ = ["leaf_hash", "node_hash", "root", "inclusion_proof", "consistency_pro
 EMPTY_ROOT = hashlib.sha256(b"").digest()
 
 
-class ProofError(ValueError):
-    """A proof that does not check out (the message says why)."""
+class ProofError(TrainledgerError, ValueError):
+    """A proof that does not check out (the message says why); an integrity failure (exit 1)."""
+
+    exit_code = 1
 
 
 def leaf_hash(line: bytes) -> bytes:

@@ -23,6 +23,8 @@ import struct
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from .errors import TrainledgerError
+
 __all__ = ["NoteError", "Verifier", "key_hash", "verifier_key", "parse_verifier_key", "sign_note", "open_note",
            "checkpoint_text", "parse_checkpoint", "Checkpoint", "cosign", "verify_cosignature", "SIG_ED25519",
            "SIG_COSIGNATURE"]
@@ -33,8 +35,10 @@ _DASH = "\u2014 "
 MAX_SIGNATURES = 100
 
 
-class NoteError(ValueError):
-    """A note, key or checkpoint that is malformed or does not verify (the message says which)."""
+class NoteError(TrainledgerError, ValueError):
+    """A note, key or checkpoint that is malformed or does not verify (the message says which); exit 1."""
+
+    exit_code = 1
 
 
 def _valid_name(name: str) -> None:
