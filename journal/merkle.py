@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from .errors import TrainledgerError
 
 __all__ = ["leaf_hash", "node_hash", "root", "inclusion_proof", "consistency_proof", "verify_inclusion",
-           "verify_consistency", "CompactTree", "ProofError", "EMPTY_ROOT"]
+           "verify_consistency", "CompactTree", "CompactRange", "ProofError", "EMPTY_ROOT"]
 
 #: The root of the empty tree: SHA-256 of nothing.
 EMPTY_ROOT = hashlib.sha256(b"").digest()
@@ -196,5 +196,57 @@ class CompactTree:
             return EMPTY_ROOT
         r = self._edge[-1]
         for h in reversed(self._edge[:-1]):
+            r = node_hash(h, r)
+        return r
+
+
+class CompactRange:
+    """The leaves ``[begin, end)`` of a tree as the fewest perfect subtrees aligned to it (at most 2 log2 n hashes):
+    what a verifier's worker hands back for its byte range, so that ranges checked in parallel merge into the tree of
+    the whole journal. A range that starts at 0 is a :class:`CompactTree`'s edge and has a :meth:`root`."""
+
+    __slots__ = ("begin", "end", "_nodes")
+
+    def __init__(self, begin: int = 0) -> None:
+        if begin < 0:
+            raise ValueError("a range begins at a leaf index >= 0")
+        self.begin = self.end = begin
+        self._nodes: list[tuple[int, bytes]] = []  # (height, hash), left to right
+
+    def append(self, leaf: bytes) -> None:
+        self._push(0, leaf)
+
+    def _push(self, height: int, h: bytes) -> None:
+        """Add a perfect subtree of ``2**height`` leaves at the end (it must start at a multiple of its size)."""
+        nodes = self._nodes
+        self.end += 1 << height
+        # merge with the left neighbour while they are siblings: same height, and this one is a right child
+        while nodes and nodes[-1][0] == height and ((self.end >> height) - 1) & 1:
+            h = node_hash(nodes.pop()[1], h)
+            height += 1
+        nodes.append((height, h))
+
+    def merge(self, other: CompactRange) -> None:
+        """Append ``other``, which must begin where this range ends."""
+        if other.begin != self.end:
+            raise ValueError(f"ranges [{self.begin}, {self.end}) and [{other.begin}, {other.end}) are not adjacent")
+        for height, h in other._nodes:
+            if self.end % (1 << height):
+                raise ValueError("a subtree is not aligned where it lands")  # pragma: no cover - by construction
+            self._push(height, h)
+
+    def copy(self) -> CompactRange:
+        c = CompactRange(self.begin)
+        c.end, c._nodes = self.end, list(self._nodes)
+        return c
+
+    def root(self) -> bytes:
+        """The tree hash of leaves ``[0, end)`` (a range that begins at 0)."""
+        if self.begin != 0:
+            raise ValueError("only a range from leaf 0 has a root")
+        if not self._nodes:
+            return EMPTY_ROOT
+        r = self._nodes[-1][1]
+        for _, h in reversed(self._nodes[:-1]):
             r = node_hash(h, r)
         return r

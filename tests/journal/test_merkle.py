@@ -131,3 +131,27 @@ def test_random_sizes(n, data):
     if m < n:
         with pytest.raises(ProofError):  # a fork: the same size, another history
             verify_consistency(m, n, root(leaves(m + 1)[1:]), r, consistency_proof(ls, m))
+
+
+@settings(max_examples=80, deadline=None)
+@given(n=st.integers(1, 600), data=st.data())
+def test_compact_ranges_checked_apart_merge_into_the_whole_tree(n, data):
+    """A journal cut into ranges (as the verifier's workers cut it): each range's compact form, merged in order,
+    gives every prefix's root, the whole tree's included, as the naive reference does."""
+    from trainledger.journal.merkle import CompactRange
+
+    ls = leaves(n)
+    cuts = sorted(set(data.draw(st.lists(st.integers(1, n - 1), max_size=6)) if n > 1 else []))
+    bounds = [0, *cuts, n]
+    prefix = CompactRange(0)
+    for a, b in zip(bounds, bounds[1:]):
+        part = CompactRange(a)
+        for i in range(a, b):
+            part.append(ls[i])
+            whole = prefix.copy()
+            whole.merge(part)
+            assert whole.end == i + 1 and whole.root() == mth(ls[:i + 1])
+        prefix.merge(part)
+    assert prefix.root() == mth(ls) and len(prefix._nodes) <= n.bit_length()
+    with pytest.raises(ValueError):
+        CompactRange(3).merge(CompactRange(5))
