@@ -119,8 +119,11 @@ def fold_events(path: str | os.PathLike, apply_batch) -> None:
         fold_error = e
     try:
         outcome = recv.recv()
-    except EOFError:
-        outcome = ("IntegrityError", "the checking process died", None, None)
+    except EOFError:  # the checking process died before it could say (killed, out of memory): check here instead
+        child.join()
+        for _ in read_event_batches(p):  # raises the journal's own IntegrityError, if it has one
+            pass
+        outcome = None
     child.join()
     if outcome is not None:
         from . import errors

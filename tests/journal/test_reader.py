@@ -36,3 +36,20 @@ def test_fold_raises_when_the_chain_is_broken(tmp_path, signer):
         fold_events(p, lambda batch: None)
     with pytest.raises(ChainBroken):
         list(read_events(p))
+
+
+def test_a_checking_process_that_dies_is_replaced_by_a_check_here(tmp_path, signer, monkeypatch):
+    """If the forked checker dies before it reports (killed, out of memory), the journal is checked in-process:
+    the answer is the journal's own error, never a vague 'the checking process died'."""
+    import os
+
+    from trainledger.journal import reader
+
+    p = _journal(tmp_path, signer)
+    lines = read_lines(p)
+    i = next(k for k in range(1500, len(lines)) if b'"tokens":4096' in lines[k])
+    lines[i] = lines[i].replace(b'"tokens":4096', b'"tokens":4097')
+    write_lines(p, lines)
+    monkeypatch.setattr(reader, "_check_in_child", lambda path, send: os._exit(9))
+    with pytest.raises(ChainBroken):
+        fold_events(p, lambda batch: None)
