@@ -58,7 +58,7 @@ from .verify import VerifyReport, open_checked, read_opening, verify
 __all__ = ["connect", "open_views", "build_cache", "refresh_cache_in_background", "cache_dir", "journal_files",
            "VIEWS", "Source", "CACHE_MIN_BYTES"]
 
-CACHE_VERSION = 4
+CACHE_VERSION = 5  # bumped whenever a view's columns change (timeline, runs.imported, the 1.2 kinds)
 #: ``trainledger query`` keeps a columnar copy only of journals at least this large; smaller ones load in
 #: well under a tenth of a second anyway.
 CACHE_MIN_BYTES = 16 * 1024 * 1024
@@ -120,8 +120,10 @@ def typed_view(kind: str) -> str:
 
 
 VIEWS: dict[str, str] = {
+    # imported: a journal `trainledger import` wrote from another tool's files (it attests what they said)
     "runs": f"SELECT run_id, {RANK_SQL} AS rank, file, min(ts) AS created_ns, count(*) AS events, "
-            "max(seq) AS last_seq FROM events GROUP BY run_id, file",
+            "max(seq) AS last_seq, bool_or(kind = 'run_opened' AND json_extract(line, '$.meta.imported') IS NOT NULL) "
+            "AS imported FROM events GROUP BY run_id, file",
     **{name: typed_view(kind) for name, kind in VIEW_NAMES.items()},
     **{kind: typed_view(kind) for kind in BUILTIN_KINDS},
     # The final timeline: each step's observations that no later resume or rewind went back before (a resumed
@@ -452,9 +454,13 @@ def _warm(files: list[Path], opts: dict[str, Any]) -> tuple[duckdb.DuckDBPyConne
     if rows is None:
         con.close()
         return None
-    con.execute("CREATE VIEW events AS SELECT * FROM cache.events")
-    for name in VIEWS:
-        con.execute(f"CREATE VIEW {name} AS SELECT * FROM cache.{name}")
+    try:
+        con.execute("CREATE VIEW events AS SELECT * FROM cache.events")
+        for name in VIEWS:
+            con.execute(f"CREATE VIEW {name} AS SELECT * FROM cache.{name}")
+    except duckdb.Error:  # a copy made by a version with fewer views: read the journals instead
+        con.close()
+        return None
     _lock(con)
     return con, Source("cache", rows, cache_path=path)
 

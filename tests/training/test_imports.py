@@ -47,6 +47,8 @@ def test_a_tensorboard_log_is_imported_and_its_spike_found(tmp_path, capsys):
     assert "IMPORTED  from 1 tensorboard file(s)" in capsys.readouterr().out
     assert main(["replay", "--pubkey", str(pub), str(j)]) == 0
     assert "IMPORTED" in capsys.readouterr().out
+    assert main(["query", "--pubkey", str(pub), "--format", "json", str(j), "SELECT imported FROM runs"]) == 0
+    assert '"imported": true' in capsys.readouterr().out
     opened = next(iter(read_events(j)))
     (src,) = opened.meta["imported"]["files"]
     assert len(src["sha256"]) == 64 and src["bytes"] > 0
