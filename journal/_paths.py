@@ -7,12 +7,24 @@ outside that root: absolute paths, ``..`` and links that lead out are all refuse
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path, PurePosixPath
 
 from .errors import UnsafePath
 
-__all__ = ["confined", "open_new"]
+__all__ = ["confined", "open_new", "file_sha256"]
+
+
+def file_sha256(path: str | os.PathLike) -> tuple[str, int]:
+    """(SHA-256 hex, size) of a file, read in 1 MiB blocks."""
+    h = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+            size += len(chunk)
+    return h.hexdigest(), size
 
 
 def confined(root: str | os.PathLike, rel: str, *, what: str = "path") -> Path:

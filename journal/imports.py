@@ -17,7 +17,6 @@ written (the anomalies they imply are recorded, and replay recomputes them), so 
 
 from __future__ import annotations
 
-import hashlib
 import math
 import os
 import re
@@ -27,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
+from ._paths import file_sha256
 from .errors import JournalIOError, UsageError
 from .events import StepObserved
 from .health import HealthProjection
@@ -50,14 +50,9 @@ class ImportResult:
 def _source(paths: list[Path], root: Path) -> list[dict[str, Any]]:
     out = []
     for p in paths:
-        h = hashlib.sha256()
-        n = 0
-        with open(p, "rb") as f:
-            while chunk := f.read(1 << 20):
-                h.update(chunk)
-                n += len(chunk)
+        digest, n = file_sha256(p)
         out.append({"file": p.relative_to(root).as_posix() if p.is_relative_to(root) else p.name, "bytes": n,
-                    "sha256": h.hexdigest()})
+                    "sha256": digest})
     return out
 
 

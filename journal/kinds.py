@@ -125,6 +125,14 @@ class DetectorParams:
         self.window, self.min_periods, self.z_thresh = window, min_periods, float(z_thresh)
 
 
+def _check_files(files: Any, what: str) -> None:
+    """Every entry of a recorded file list: {file: str, bytes: int, sha256: str} (a restore reads each)."""
+    for f in files:
+        if not (isinstance(f.get("file"), str) and isinstance(f.get("sha256"), str)
+                and isinstance(f.get("bytes"), int)):
+            raise ValueError(f"each {what} file needs a file name, bytes and a sha256")
+
+
 class CheckpointSaved(Event, tag="checkpoint_saved", frozen=True, kw_only=True):
     """A checkpoint file that is on disk (fsynced) with this digest."""
 
@@ -144,10 +152,7 @@ class CheckpointSaved(Event, tag="checkpoint_saved", frozen=True, kw_only=True):
     files: list[dict[str, Any]] | None = None
 
     def __post_init__(self) -> None:  # on decode too: a resume checks every entry
-        for f in self.files or ():
-            if not (isinstance(f.get("file"), str) and isinstance(f.get("sha256"), str)
-                    and isinstance(f.get("bytes"), int)):
-                raise ValueError("each checkpoint file needs a file name, bytes and a sha256")
+        _check_files(self.files or (), "checkpoint")
 
 
 def folder_digest(files: list[dict[str, Any]]) -> str:
@@ -362,10 +367,7 @@ class ShardsSaved(Event, tag="shards_saved", frozen=True, kw_only=True):
     save_id: str | None = None  # rank 0: DCP's save_id, as in the checkpoint's .metadata
 
     def __post_init__(self) -> None:  # on decode too: a restore reads every entry
-        for f in self.files:
-            if not (isinstance(f.get("file"), str) and isinstance(f.get("sha256"), str)
-                    and isinstance(f.get("bytes"), int)):
-                raise ValueError("each shard file needs a file name, bytes and a sha256")
+        _check_files(self.files, "shard")
 
 
 class DeviceSampled(Event, tag="device_sampled", frozen=True, kw_only=True):

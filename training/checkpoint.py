@@ -14,7 +14,6 @@ explicit, named override recorded as ``weights_restored``, never a resume.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import random
 import threading
@@ -26,7 +25,7 @@ from typing import Any
 import torch
 
 from trainledger.journal import Journal, RunResumed, TrainledgerError, UnsafePath, read_signed_events
-from trainledger.journal._paths import confined, open_new
+from trainledger.journal._paths import confined, file_sha256, open_new
 from trainledger.journal.health import state_digest
 from trainledger.journal.kinds import (
     CHECKPOINT_CONTRACT,
@@ -277,17 +276,6 @@ class Checkpointer:
         self._thread = threading.Thread(target=work, name=f"trainledger-checkpoint-{step}", daemon=True)
         self._thread.start()
         return None
-
-
-def file_sha256(path: Path) -> tuple[str, int]:
-    """(SHA-256 hex, size) of a file, read in 1 MiB blocks."""
-    h = hashlib.sha256()
-    size = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-            size += len(chunk)
-    return h.hexdigest(), size
 
 
 def _fsync_dir(d: Path) -> None:

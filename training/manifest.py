@@ -251,11 +251,9 @@ def config_digest(model: dict[str, Any]) -> str:
 
 
 def file_digest(path: str | Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return "sha256:" + h.hexdigest()
+    from trainledger.journal._paths import file_sha256
+
+    return "sha256:" + file_sha256(path)[0]
 
 
 # -- loading --------------------------------------------------------------------------------------------------
