@@ -3,6 +3,7 @@ recorded file by file and checked on resume, and per-step losses kept as tensors
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from pathlib import Path
@@ -11,9 +12,9 @@ from typing import Any
 from trainledger.journal import Journal, RunResumed, Signer, load_signer
 from trainledger.journal._paths import confined
 from trainledger.journal.errors import JournalClosed, UnsafePath, UsageError
-from trainledger.journal.kinds import CheckpointSaved, ResumeRejectedEvent, folder_digest
+from trainledger.journal.kinds import CheckpointSaved, ResumeRejectedEvent, RunStopped, folder_digest
 
-__all__ = ["open_run_journal", "record_folder", "check_folder", "StepBuffer", "signer_from"]
+__all__ = ["open_run_journal", "record_folder", "check_folder", "StepBuffer", "signer_from", "step_loss"]
 
 
 def signer_from(key: str | os.PathLike | None, signer: Signer | None) -> Signer:
@@ -124,6 +125,15 @@ def check_folder(journal: Journal, run_dir: Path, folder: Path, *, keys: list[An
     return record
 
 
+def step_loss(losses: list[Any]) -> Any:
+    """One optimizer step's loss from its micro-batches' losses (tensors): their mean, without a transfer."""
+    import torch
+
+    if not losses:
+        return torch.tensor(math.nan)
+    return losses[0] if len(losses) == 1 else torch.stack(losses).mean()
+
+
 class StepBuffer:
     """Per-step losses (and grad norms) kept as tensors, converted to floats in one transfer every ``every`` steps
     (one host-device sync per batch of steps instead of one per step). On the CPU they convert at once."""
@@ -137,6 +147,20 @@ class StepBuffer:
         self.pending.append((step, loss, grad_norm, fields))
         on_host = all(getattr(x, "device", None) is None or x.device.type == "cpu" for x in (loss, grad_norm))
         return on_host or len(self.pending) >= self.every
+
+    def observe(self, monitor: Any, journal: Journal, stop_on: frozenset[str]) -> RunStopped | None:
+        """Hand every queued step to the monitor; the first anomaly in ``stop_on`` is journaled as ``run_stopped``
+        (durable) and returned, for the framework to stop on. A framework calls this once it stops asking."""
+        stop = None
+        for step, loss, gn, f in self.drain():
+            found = monitor.observe_step(step, loss, grad_norm=None if gn is None or gn != gn else gn,
+                                         step_time_s=f["step_time_s"], tokens=f["tokens"], lr=f["lr"])
+            hit = next((a for a in found if a.kind in stop_on), None)
+            if hit is not None and stop is None:
+                stop = RunStopped(rule=f"stop_on:{hit.kind}", reason=f"{hit.kind} at step {hit.step}",
+                                  value=float(hit.value))
+                journal.append(stop, durable=True)
+        return stop
 
     def drain(self) -> list[tuple[int, float, float | None, dict[str, Any]]]:
         import torch

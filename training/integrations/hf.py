@@ -29,7 +29,6 @@ rank under torchrun (``rank-NNNNN.jsonl``). It records:
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from pathlib import Path
@@ -39,12 +38,12 @@ import torch
 from transformers import TrainerCallback
 
 from trainledger.journal import Signer
-from trainledger.journal.kinds import CheckpointDeleted, CheckpointSaved, RunStopped
+from trainledger.journal.kinds import CheckpointDeleted, CheckpointSaved
 
 from ..checkpoint import ResumeRejected, signed_history
 from ..flops import flop_config_from_hf
 from ..monitor import TrainingHealthMonitor
-from ._common import StepBuffer, check_folder, open_run_journal, record_folder, signer_from
+from ._common import StepBuffer, check_folder, open_run_journal, record_folder, signer_from, step_loss
 
 __all__ = ["TrainledgerCallback", "check_resume", "ResumeRejected"]
 
@@ -179,24 +178,17 @@ class TrainledgerCallback(TrainerCallback):
         if self.monitor is None:
             fc = flop_config_from_hf(self._model, self._seq_len) if self._seq_len and _has_shape(self._model) else None
             self.monitor = TrainingHealthMonitor(journal=self.journal, flop_config=fc, peak_flops_per_sec=self.peak)
-        losses = self._losses
-        loss = losses[0] if len(losses) == 1 else torch.stack(losses).mean() if losses else torch.tensor(math.nan)
-        due = self.buffer.add(state.global_step - 1, loss, self._grad_norm,
+        due = self.buffer.add(state.global_step - 1, step_loss(self._losses), self._grad_norm,
                               {"lr": self._lr, "tokens": self._tokens or None,
                                "step_time_s": time.perf_counter() - self._t0})
         if due:
             self._drain(control)
 
     def _drain(self, control) -> None:
-        for step, loss, gn, f in self.buffer.drain():
-            found = self.monitor.observe_step(step, loss, grad_norm=None if gn is None or gn != gn else gn,
-                                              step_time_s=f["step_time_s"], tokens=f["tokens"], lr=f["lr"])
-            hit = next((a for a in found if a.kind in self.stop_on), None)
-            if hit is not None and self.stopped is None:
-                self.stopped = f"stop_on:{hit.kind}"
-                self.journal.append(RunStopped(rule=self.stopped, reason=f"{hit.kind} at step {hit.step}",
-                                               value=float(hit.value)), durable=True)
-                control.should_training_stop = True
+        stop = self.buffer.observe(self.monitor, self.journal, self.stop_on if self.stopped is None else frozenset())
+        if stop is not None:
+            self.stopped = stop.rule
+            control.should_training_stop = True
 
     def on_log(self, args, state, control, **kwargs):
         if self.monitor is not None:

@@ -37,7 +37,7 @@ from trainledger.journal.kinds import CheckpointSaved, MetricsLogged, ResumeReje
 
 from ..checkpoint import ResumeRejected, file_sha256
 from ..monitor import TrainingHealthMonitor
-from ._common import StepBuffer, signer_from
+from ._common import StepBuffer, signer_from, step_loss
 
 __all__ = ["TrainledgerCallback", "TrainledgerLogger", "ResumeRejected"]
 
@@ -172,24 +172,17 @@ class TrainledgerCallback(Callback):
                                                  peak_flops_per_sec=self.peak)
         step = trainer.global_step - 1
         self._step = trainer.global_step
-        losses = self._losses
-        mean = losses[0] if len(losses) == 1 else torch.stack(losses).mean() if losses else torch.tensor(float("nan"))
-        due = self.buffer.add(step, mean, self._grad_norm, {"lr": self._lr, "tokens": self._tokens or None,
+        due = self.buffer.add(step, step_loss(self._losses), self._grad_norm, {"lr": self._lr, "tokens": self._tokens or None,
                                                           "step_time_s": time.perf_counter() - (self._t0 or 0)})
         self._losses, self._tokens, self._t0, self._grad_norm = [], 0, None, None
         if due:
             self._drain(trainer)
 
     def _drain(self, trainer) -> None:
-        for step, loss, gn, f in self.buffer.drain():
-            found = self.monitor.observe_step(step, loss, grad_norm=None if gn is None or gn != gn else gn,
-                                              step_time_s=f["step_time_s"], tokens=f["tokens"], lr=f["lr"])
-            hit = next((a for a in found if a.kind in self.stop_on), None)
-            if hit is not None and self.stopped is None:
-                self.stopped = f"stop_on:{hit.kind}"
-                self.journal.append(RunStopped(rule=self.stopped, reason=f"{hit.kind} at step {hit.step}",
-                                               value=float(hit.value)), durable=True)
-                trainer.should_stop = True
+        stop = self.buffer.observe(self.monitor, self.journal, self.stop_on if self.stopped is None else frozenset())
+        if stop is not None:
+            self.stopped = stop.rule
+            trainer.should_stop = True
 
     # -------------------------------------------------------------- checkpoints
 
