@@ -423,12 +423,14 @@ def restore_sharded(run_dir: str | os.PathLike, journal: Journal, state_dict: di
     from trainledger.journal._paths import confined
     from trainledger.journal.errors import TrainledgerError as _TLError
     from trainledger.journal.kinds import ResumeRejectedEvent
-    from trainledger.training.checkpoint import ResumeRejected, file_sha256, signed_history
+    from trainledger.training.checkpoint import ResumeRejected, file_sha256
 
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     run = Path(run_dir)
     keys = keys or [journal.public_key]
-    signed_history(journal)  # an unsigned journal is refused here (resume-invalid-unsigned)
+    if journal.public_key is None:  # as signed_history refuses it, without reading the journal for it
+        raise ResumeRejected("resume-invalid-unsigned", f"{journal.path}: an unsigned journal cannot drive a resume")
+    journal.flush()  # every event appended so far is in the file the records are read from
     # Records by saving rank: this rank's own, and those of saving ranks beyond the world that fall to it.
     known: dict[int, dict[str, Any]] = {rank: _shard_records(journal.path, keys)}
     problem = None

@@ -121,7 +121,9 @@ def run_distributed_training(run_dir: str | os.PathLike, *, signer: Signer, conf
 
         monitor: TrainingHealthMonitor  # per rank: this rank's loss, step time and tokens (MFU per device)
         # Resume when any rank has a sharded checkpoint on record (all ranks must take the same branch).
-        has = any(isinstance(e, ShardsSaved) for e in read_signed_events(j.path, [j.public_key]))
+        j.flush()
+        history = list(read_signed_events(j.path, [j.public_key]))  # read once: the resume and the monitor
+        has = any(isinstance(e, ShardsSaved) for e in history)
         anyone: list[Any] = [None] * world
         dist.all_gather_object(anyone, has)
         start = 0
@@ -139,7 +141,7 @@ def run_distributed_training(run_dir: str | os.PathLike, *, signer: Signer, conf
             _set_rng_state(own["rng"])
             sampler.load_state_dict(own["sampler"])
             monitor = TrainingHealthMonitor.resumed(own["monitor"], journal=j, checkpoint=got,
-                                                    later=read_signed_events(j.path, [j.public_key]),
+                                                    later=history,
                                                     after_seq=own["monitor_seq"])
         else:
             monitor = TrainingHealthMonitor(journal=j, flop_config=flops, peak_flops_per_sec=peak_flops_per_sec)

@@ -38,7 +38,8 @@ def main() -> None:
         h.update(name.encode())
         h.update(t.contiguous().numpy().tobytes())
     (Path(run_dir).parent / f"out-{rank}.json").write_text(json.dumps({
-        "start": out["start"], "losses": [x.hex() for x in out["losses"]], "params": h.hexdigest()}))
+        "start": out["start"], "losses": [x.hex() for x in out["losses"]], "params": h.hexdigest(),
+        "restarts": out["report"]["restarts"]["count"]}))
 
 
 if __name__ == "__main__":

@@ -62,6 +62,7 @@ def test_a_killed_and_restarted_run_ends_bit_for_bit_where_an_uninterrupted_one_
     for rank in (0, 1):
         whole, resumed = _out(tmp, "whole", rank), _out(tmp, "killed", rank)
         assert resumed["start"] == 20  # from the step-19 checkpoint, the newest every rank recorded
+        assert resumed["restarts"] == 1 and whole["restarts"] == 0  # the live monitor counts the resume once
         assert resumed["params"] == whole["params"]
         assert resumed["losses"] == whole["losses"][20:]
         name = f"rank-0000{rank}.jsonl"

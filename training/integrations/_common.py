@@ -69,7 +69,8 @@ def record_folder(journal: Journal, run_dir: Path, folder: Path, *, step: int, c
     return ev
 
 
-def check_folder(journal: Journal, run_dir: Path, folder: Path, *, keys: list[Any] | None = None) -> CheckpointSaved:
+def check_folder(journal: Journal, run_dir: Path, folder: Path, *, keys: list[Any] | None = None,
+                 history: list[Any] | None = None) -> CheckpointSaved:
     """Check a checkpoint folder (or a single checkpoint file another library wrote) against the newest signed
     ``checkpoint_saved`` recording it, file by file, and
     record the verdict: ``run_resumed``, or ``resume_rejected`` and :class:`ResumeRejected` (a file changed,
@@ -88,9 +89,11 @@ def check_folder(journal: Journal, run_dir: Path, folder: Path, *, keys: list[An
         reject("resume-invalid-path", "the checkpoint folder is outside the run folder")
     if journal.public_key is None:
         reject("resume-invalid-unsigned", "an unsigned journal cannot vouch for a checkpoint")
-    journal.flush()
+    if history is None:  # the journal's signed events, unless the caller has just read them
+        journal.flush()
+        history = read_signed_events(journal.path, keys or [journal.public_key])
     record = None
-    for ev in read_signed_events(journal.path, keys or [journal.public_key]):
+    for ev in history:
         if isinstance(ev, CheckpointSaved) and ev.path == rel:
             record = ev
     if record is None:

@@ -119,7 +119,7 @@ class TrainledgerCallback(TrainerCallback):
         if state.global_step > 0:  # resume_from_checkpoint: the Trainer restored checkpoint-<global_step>
             folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
             try:
-                self._resumed = check_folder(self.journal, run, folder)
+                self._resumed = check_folder(self.journal, run, folder, history=history)
             except ResumeRejected:
                 self._remove_hooks()
                 self.journal.suspend()
