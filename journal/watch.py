@@ -144,12 +144,13 @@ def watch(path: str | Path, *, interval: float = 0.5, out: TextIO | None = None,
         time.sleep(min(interval, left))
         return True
 
-    if p.is_dir():
-        if not is_run_dir(p):
-            out.write(safe(f"FAIL  {p}: a folder, but no rank journals (rank-00000.jsonl, ...) in it") + "\n")
-            return 1
-        return _watch_run_dir(p, nap, out, keys, trust_embedded, allow_unsigned)
+    reading = [p]  # the file being read when a line fails to check out (a run folder has one per rank)
     try:
+        if p.is_dir():
+            if not is_run_dir(p):
+                out.write(safe(f"FAIL  {p}: a folder, but no rank journals (rank-00000.jsonl, ...) in it") + "\n")
+                return 1
+            return _watch_run_dir(p, nap, out, keys, trust_embedded, allow_unsigned, reading)
         while not _has_first_line(p):  # the writer may not have created the file yet
             if not nap():
                 return 3
@@ -177,7 +178,7 @@ def watch(path: str | Path, *, interval: float = 0.5, out: TextIO | None = None,
     except KeyboardInterrupt:
         return 130
     except IntegrityError as e:
-        out.write(safe(e.fail_line(str(p))) + "\n")
+        out.write(safe(e.fail_line(str(reading[0]))) + "\n")
         out.flush()
         return 1
 
@@ -194,51 +195,44 @@ def _draw(out: TextIO, tty: bool, text: list[str], drawn: int) -> int:
 
 
 def _watch_run_dir(d: Path, nap, out: TextIO, keys: Sequence[PublicKey], trust_embedded: bool,
-                   allow_unsigned: bool) -> int:
-    """Follow every ``rank-NNNNN.jsonl`` in ``d`` (ranks that appear later too) until every rank has closed."""
+                   allow_unsigned: bool, reading: list[Path]) -> int:
+    """Follow every ``rank-NNNNN.jsonl`` in ``d`` (ranks that appear later too) until every rank has closed;
+    ``reading[0]`` names the file being read, for :func:`watch`'s one-line FAIL."""
     from .rundir import rank_files
 
     followers: dict[int, _Follower] = {}
     tty = out.isatty()
     drawn = 0
-    current: Path = d
-    try:
-        while True:
-            for r, f in rank_files(d).items():
-                if r not in followers and _has_first_line(f):
-                    current = f
-                    got = _context(f, keys, trust_embedded, allow_unsigned)
-                    if isinstance(got, str):
-                        out.write(safe(got) + "\n")
-                        return 1
-                    followers[r] = _Follower(f, *got)
-                    if not tty:
-                        out.write(safe(f"watching rank {r}: {f} ({got[1]})") + "\n")
-            for r, fo in sorted(followers.items()):
-                current = fo.p
-                note = fo.read_new()
-                if note:
-                    out.write(safe(f"rank {r}: {note}") + "\n")
-                    drawn = 0
-            world = max((fo.view.world for fo in followers.values()), default=0)
-            done = bool(followers) and all(fo.view.closed for fo in followers.values()) and len(followers) >= world
-            text = [f"trainledger watch  {d}  ({len(followers)} of {max(world, len(followers))} ranks"
-                    f"{', all closed' if done else ''})"]
-            text += [fo.view.rank_line(r) for r, fo in sorted(followers.items())]
-            flagged = [x for fo in followers.values() for x in fo.view.stragglers]
-            text.append("  stragglers: " + ("none flagged" if not flagged else "; ".join(
-                f"rank {x.rank} score {x.score:.2f} steps {x.window_start}-{x.window_end}" for x in flagged[-3:])))
-            drawn = _draw(out, tty, [safe(x) for x in text], drawn)
-            if done:
-                return 0
-            if not nap():
-                return 3
-    except KeyboardInterrupt:
-        return 130
-    except IntegrityError as e:
-        out.write(safe(e.fail_line(str(current))) + "\n")
-        out.flush()
-        return 1
+    while True:
+        for r, f in rank_files(d).items():
+            if r not in followers and _has_first_line(f):
+                reading[0] = f
+                got = _context(f, keys, trust_embedded, allow_unsigned)
+                if isinstance(got, str):
+                    out.write(safe(got) + "\n")
+                    return 1
+                followers[r] = _Follower(f, *got)
+                if not tty:
+                    out.write(safe(f"watching rank {r}: {f} ({got[1]})") + "\n")
+        for r, fo in sorted(followers.items()):
+            reading[0] = fo.p
+            note = fo.read_new()
+            if note:
+                out.write(safe(f"rank {r}: {note}") + "\n")
+                drawn = 0
+        world = max((fo.view.world for fo in followers.values()), default=0)
+        done = bool(followers) and all(fo.view.closed for fo in followers.values()) and len(followers) >= world
+        text = [f"trainledger watch  {d}  ({len(followers)} of {max(world, len(followers))} ranks"
+                f"{', all closed' if done else ''})"]
+        text += [fo.view.rank_line(r) for r, fo in sorted(followers.items())]
+        flagged = [x for fo in followers.values() for x in fo.view.stragglers]
+        text.append("  stragglers: " + ("none flagged" if not flagged else "; ".join(
+            f"rank {x.rank} score {x.score:.2f} steps {x.window_start}-{x.window_end}" for x in flagged[-3:])))
+        drawn = _draw(out, tty, [safe(x) for x in text], drawn)
+        if done:
+            return 0
+        if not nap():
+            return 3
 
 
 def _has_first_line(p: Path) -> bool:
