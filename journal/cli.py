@@ -742,13 +742,6 @@ def main(argv: Sequence[str] | None = None, *, parser: argparse.ArgumentParser |
         where = f"{e.filename}: " if e.filename else ""
         say(f"trainledger {args.command}: error: {where}{e.strerror or e}", file=sys.stderr)
         return 2
-    except Exception as e:
-        # DuckDB turns a Ctrl-C that lands inside one of its own statements (loading the views) into its
-        # InterruptException, or a RuntimeError saying "Query interrupted": the same Ctrl-C.
-        if type(e).__name__ == "InterruptException" or str(e).strip() == "Query interrupted":
-            say(f"trainledger {args.command}: interrupted", file=sys.stderr)
-            return 130
-        raise
 
 
 def entry(main=main) -> None:

@@ -227,8 +227,15 @@ def open_views(paths: Sequence[str | os.PathLike], *, verify_first: bool = True,
         hit = _warm(files, verify_options)
         if hit is not None:
             return hit
-    con, source = _load(files, verify_first, verify_options)
-    _define_views(con)
+    try:
+        con, source = _load(files, verify_first, verify_options)
+        _define_views(con)
+    except (duckdb.InterruptException, RuntimeError) as e:
+        # A Ctrl-C that lands inside one of DuckDB's own statements comes back as its InterruptException, or a
+        # RuntimeError saying "Query interrupted": the same Ctrl-C, for the caller to handle as one.
+        if isinstance(e, duckdb.InterruptException) or str(e).strip() == "Query interrupted":
+            raise KeyboardInterrupt from None
+        raise
     _lock(con)
     return con, source
 
