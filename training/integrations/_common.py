@@ -23,15 +23,20 @@ def signer_from(key: str | os.PathLike | None, signer: Signer | None) -> Signer:
     return signer if signer is not None else load_signer(key)
 
 
-def open_run_journal(run_dir: Path, signer: Signer, meta: dict[str, Any]) -> tuple[Journal, int | None]:
-    """``run_dir/journal.jsonl`` in one process; under torchrun (``RANK`` and ``WORLD_SIZE`` set, world > 1) this
-    rank's ``run_dir/rank-NNNNN.jsonl`` (training.distributed). Continued when it exists and is open. Returns the
-    journal and the rank (None for a single process)."""
+def open_run_journal(run_dir: Path, signer: Signer, meta: dict[str, Any], *,
+                     info: Any = None) -> tuple[Journal, int | None]:
+    """``run_dir/journal.jsonl`` in one process; in a multi-process run this rank's ``run_dir/rank-NNNNN.jsonl``
+    (training.distributed): the rank is ``info`` (a ``RankInfo`` a framework built), else torchrun's environment
+    (``RANK`` and ``WORLD_SIZE`` set, world > 1). Continued when it exists and is open. Returns the journal and
+    the rank (None for a single process)."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1 and "RANK" in os.environ:
-        from trainledger.training.distributed import open_rank_journal, rank_info
+    if info is None and int(os.environ.get("WORLD_SIZE", "1") or 1) > 1 and "RANK" in os.environ:
+        from trainledger.training.distributed import rank_info
 
         info = rank_info()
+    if info is not None and info.world_size > 1:
+        from trainledger.training.distributed import open_rank_journal
+
         return open_rank_journal(run_dir, signer, info=info, meta=meta), info.rank
     path = run_dir / "journal.jsonl"
     try:

@@ -37,7 +37,7 @@ from trainledger.journal.kinds import CheckpointSaved, MetricsLogged, ResumeReje
 
 from ..checkpoint import ResumeRejected, file_sha256
 from ..monitor import TrainingHealthMonitor
-from ._common import StepBuffer, signer_from, step_loss
+from ._common import StepBuffer, open_run_journal, signer_from, step_loss
 
 __all__ = ["TrainledgerCallback", "TrainledgerLogger", "ResumeRejected"]
 
@@ -45,26 +45,19 @@ _STOP_ON = ("nan_loss", "inf_loss", "nan_grad_norm", "inf_grad_norm")
 
 
 def _open(run_dir: Path, signer: Signer, trainer: Any, meta: dict[str, Any]) -> Journal:
-    """This rank's journal: ``journal.jsonl`` alone, ``rank-NNNNN.jsonl`` in a multi-process run."""
-    from trainledger.journal.errors import JournalClosed, UsageError
-
-    run_dir.mkdir(parents=True, exist_ok=True)
+    """This rank's journal: ``journal.jsonl`` alone, ``rank-NNNNN.jsonl`` in a multi-process run (the rank as
+    Lightning numbers it, whatever launched the processes)."""
+    info = None
     if trainer.world_size > 1:
         import socket
 
-        from trainledger.training.distributed import RankInfo, open_rank_journal
+        from trainledger.training.distributed import RankInfo
 
         run = os.environ.get("TORCHELASTIC_RUN_ID") or os.environ.get("TRAINLEDGER_RUN") or run_dir.name
         info = RankInfo(run=run, rank=trainer.global_rank, world_size=trainer.world_size,
                         local_rank=trainer.local_rank, node=socket.gethostname(),
                         restart_count=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0))
-        return open_rank_journal(run_dir, signer, info=info, meta=meta)
-    path = run_dir / "journal.jsonl"
-    try:
-        return Journal.open_append(path, signer=signer) if path.exists() else \
-            Journal.create(path, signer=signer, meta=meta)
-    except JournalClosed:
-        raise UsageError(f"{path}: this run is finished (closed); give the run a new folder") from None
+    return open_run_journal(run_dir, signer, meta, info=info)[0]
 
 
 class TrainledgerCallback(Callback):
