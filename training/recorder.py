@@ -187,30 +187,17 @@ class Recorder:
         over at the resume."""
         from trainledger.journal.kinds import CheckpointDeleted
 
-        from .integrations._common import record_folder
+        from .integrations._common import record_checkpoint
 
         p = Path(path)
-        self.journal.flush()
-        rel = p.resolve().relative_to(self.run.resolve()).as_posix() if p.resolve().is_relative_to(self.run.resolve()) \
-            else None
-        if rel is None:
+        if not p.resolve().is_relative_to(self.run.resolve()):
             raise UsageError(f"{p}: a checkpoint outside the run folder {self.run}: save it inside")
+        rel = p.resolve().relative_to(self.run.resolve()).as_posix()
         for old in [c for c in self._kept if c.path == rel]:
             self.journal.append(CheckpointDeleted(path=old.path, step=old.step,
                                                   reason="overwritten by a newer save at the same path"), durable=True)
         self._kept = [c for c in self._kept if c.path != rel]
-        if p.is_dir():
-            ev = record_folder(self.journal, self.run, p, step=step, contents=list(contents))
-        else:
-            from trainledger.journal.kinds import CheckpointSaved as _Saved
-
-            from .checkpoint import file_sha256
-
-            t0 = time.perf_counter()
-            digest, size = file_sha256(p)
-            ev = _Saved(step=step, path=rel, bytes=size, sha256=digest, contents=list(contents),
-                        duration_s=time.perf_counter() - t0)
-            self.journal.append(ev, durable=True)
+        ev = record_checkpoint(self.journal, self.run, p, step=step, contents=list(contents))
         self._kept.append(ev)
         return ev
 

@@ -14,7 +14,7 @@ from trainledger.journal._paths import confined
 from trainledger.journal.errors import JournalClosed, UnsafePath, UsageError
 from trainledger.journal.kinds import CheckpointSaved, ResumeRejectedEvent, RunStopped, folder_digest
 
-__all__ = ["open_run_journal", "record_folder", "check_folder", "StepBuffer", "signer_from", "step_loss"]
+__all__ = ["open_run_journal", "record_checkpoint", "check_folder", "StepBuffer", "signer_from", "step_loss"]
 
 
 def signer_from(key: str | os.PathLike | None, signer: Signer | None) -> Signer:
@@ -60,16 +60,27 @@ def _files(folder: Path) -> list[dict[str, Any]]:
     return out
 
 
-def record_folder(journal: Journal, run_dir: Path, folder: Path, *, step: int, contents: list[str],
-                  tokens: int = 0, t0: float | None = None) -> CheckpointSaved:
-    """Digest every file of a checkpoint folder another library wrote and record it (``checkpoint_saved`` with
-    ``files``), durably."""
+def record_checkpoint(journal: Journal, run_dir: Path, path: Path, *, step: int, contents: list[str],
+                      tokens: int = 0, t0: float | None = None) -> CheckpointSaved:
+    """Record, durably, a checkpoint another library (or the user's own code) wrote inside the run folder: a file
+    by its digest, a folder file by file (``checkpoint_saved`` with ``files``). :func:`check_folder` checks
+    either before a resume. Raises :class:`UnsafePath` for a checkpoint outside the run folder."""
     t0 = time.perf_counter() if t0 is None else t0
-    rel = folder.resolve().relative_to(run_dir.resolve()).as_posix()
-    confined(run_dir, rel, what="checkpoint folder")
-    files = _files(folder)
-    ev = CheckpointSaved(step=step, path=rel, bytes=sum(f["bytes"] for f in files), sha256=folder_digest(files),
-                         contents=contents, duration_s=time.perf_counter() - t0, tokens=tokens, files=files)
+    try:
+        rel = path.resolve().relative_to(run_dir.resolve()).as_posix()
+    except ValueError:
+        raise UnsafePath(f"{path}: a checkpoint outside the run folder {run_dir}: save it inside") from None
+    confined(run_dir, rel, what="checkpoint")
+    if path.is_dir():
+        files = _files(path)
+        size, digest = sum(f["bytes"] for f in files), folder_digest(files)
+    else:
+        from trainledger.journal._paths import file_sha256
+
+        files = None
+        digest, size = file_sha256(path)
+    ev = CheckpointSaved(step=step, path=rel, bytes=size, sha256=digest, contents=contents,
+                         duration_s=time.perf_counter() - t0, tokens=tokens, files=files)
     journal.append(ev, durable=True)
     return ev
 

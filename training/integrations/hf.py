@@ -43,7 +43,7 @@ from trainledger.journal.kinds import CheckpointDeleted, CheckpointSaved
 from ..checkpoint import ResumeRejected, signed_history
 from ..flops import flop_config_from_hf
 from ..monitor import TrainingHealthMonitor
-from ._common import StepBuffer, check_folder, open_run_journal, record_folder, signer_from, step_loss
+from ._common import StepBuffer, check_folder, open_run_journal, record_checkpoint, signer_from, step_loss
 
 __all__ = ["TrainledgerCallback", "check_resume", "ResumeRejected"]
 
@@ -210,7 +210,7 @@ class TrainledgerCallback(TrainerCallback):
         names = [p.name for p in folder.iterdir()]
         contents = [part for part, files in _PARTS.items() if any(n.startswith(files) for n in names)]
         contents += ["accumulation", "manifest_id"]  # the Trainer's step is always a whole update; no manifest
-        ev = record_folder(self.journal, self.run_dir, folder, step=state.global_step - 1, contents=contents,
+        ev = record_checkpoint(self.journal, self.run_dir, folder, step=state.global_step - 1, contents=contents,
                            tokens=int(state.num_input_tokens_seen or 0), t0=t0)
         for old in self._live:  # folders the Trainer rotated away (save_total_limit)
             if not (self.run_dir / old.path).exists():

@@ -37,7 +37,7 @@ from trainledger.journal.kinds import CheckpointSaved, MetricsLogged, ResumeReje
 
 from ..checkpoint import ResumeRejected, file_sha256
 from ..monitor import TrainingHealthMonitor
-from ._common import StepBuffer, open_run_journal, signer_from, step_loss
+from ._common import StepBuffer, open_run_journal, record_checkpoint, signer_from, step_loss
 
 __all__ = ["TrainledgerCallback", "TrainledgerLogger", "ResumeRejected"]
 
@@ -191,18 +191,10 @@ class TrainledgerCallback(Callback):
     def record_checkpoint(self, path: str | os.PathLike, *, step: int) -> CheckpointSaved:
         """Record a checkpoint file this callback did not see written (``trainer.save_checkpoint(path)``)."""
         p = Path(path)
-        rel = self._rel(p)
-        if rel is None:
-            from trainledger.journal.errors import UnsafePath
-
-            raise UnsafePath(f"{p}: a checkpoint outside the run folder {self.run_dir}")
-        digest, size = file_sha256(p)
-        ev = CheckpointSaved(step=step, path=rel, bytes=size, sha256=digest,
-                             contents=["model", "optimizer", "scheduler", "counters", "sampler", "rng",
-                                       "accumulation", "manifest_id", "scaler"],
-                             duration_s=0.0)
-        self.journal.append(ev, durable=True)
-        self._recorded[rel] = p.stat().st_mtime
+        ev = record_checkpoint(self.journal, self.run_dir, p, step=step,
+                               contents=["model", "optimizer", "scheduler", "counters", "sampler", "rng",
+                                         "accumulation", "manifest_id", "scaler"])
+        self._recorded[ev.path] = p.stat().st_mtime
         return ev
 
     def _record_checkpoints(self, trainer) -> None:
