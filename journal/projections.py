@@ -14,6 +14,7 @@ the ladder's belief and action (:func:`~journal.ladder_outcome.decide`), the rew
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter
 from typing import Any
 
@@ -243,15 +244,24 @@ class StopLog(Projection):
     def __init__(self) -> None:
         self.stops: list[dict[str, Any]] = []
         self._diffs = []
+        self._anomalies: set[tuple[str, int]] = set()  # (kind, step) of every anomaly recorded so far
 
     def apply(self, ev: Any) -> None:
-        if isinstance(ev, RunStopped):
+        if isinstance(ev, AnomalyDetected):  # HealthAudit holds each of these to the steps themselves
+            self._anomalies.add((ev.kind, ev.step))
+        elif isinstance(ev, RunStopped):
             self.stops.append({"seq": ev.seq, "rule": ev.rule, "reason": ev.reason, "value": ev.value,
                                "limit": ev.limit})
             v, lim = ev.value, ev.limit
             if ev.rule == "non-finite-loss" and v is not None and math.isfinite(v):
                 self._diffs.append(_diff(ev.seq, "run_stopped", f"stopped for a non-finite loss, but the loss "
                                                                 f"recorded is {v}"))
+            if ev.rule.startswith("stop_on:"):  # a framework callback stopped on an anomaly (training.integrations)
+                kind = ev.rule[len("stop_on:"):]
+                m = re.fullmatch(rf"{re.escape(kind)} at step (-?\d+)", ev.reason)
+                if m is None or (kind, int(m.group(1))) not in self._anomalies:
+                    self._diffs.append(_diff(ev.seq, "run_stopped", f"stopped by {ev.rule} ({ev.reason}), but no "
+                                                                    f"{kind} anomaly at that step is on record"))
             test = _STOP_TEST.get(ev.rule)
             if test is not None and v is not None and lim is not None and not test[0](v, lim):
                 self._diffs.append(_diff(ev.seq, "run_stopped", f"stopped by {ev.rule}, but its value {v} is not "

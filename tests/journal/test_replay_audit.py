@@ -125,3 +125,16 @@ def test_a_snapshot_that_disagrees_with_the_fold(tmp_path, signer, pubkey):
                                  contents=[], duration_s=0.1, monitor_sha256="ab" * 32))
     (seq, kind, detail), = _diffs(p, pubkey)
     assert kind == "checkpoint_saved" and "not the fold" in detail
+
+
+def test_a_callback_stop_without_its_anomaly_is_named(tmp_path, signer, pubkey):
+    """A framework callback's run_stopped (stop_on:KIND) must rest on a KIND anomaly at that step on record."""
+    from trainledger.journal.kinds import RunStopped
+
+    p = tmp_path / "j.jsonl"
+    with Journal.create(p, signer=signer, background=False) as j:
+        for i in range(10):
+            j.append(StepObserved(step=i, loss=3.0 - 0.01 * i))
+        j.append(RunStopped(rule="stop_on:nan_loss", reason="nan_loss at step 3", value=float("nan")))
+    diffs = replay(p, keys=[pubkey]).differences
+    assert [d["kind"] for d in diffs] == ["run_stopped"] and "no nan_loss anomaly" in diffs[0]["detail"]
