@@ -46,17 +46,20 @@ def test_the_default_ladder_climbs_and_checks_its_prediction(ladder):
     assert headline.measured["flops"] <= 4 * max(flops[:-1]) * 1.01  # inside the box
 
 
-def _doctor(out, tmp_path, change):
-    p = tmp_path / "ladder.jsonl"
-    lines = read_lines(out / "ladder.jsonl")
-    i = next(k for k, ln in enumerate(lines) if b'"kind":"scaling_fitted"' in ln)
-    obj = parse(lines[i])
-    change(obj)
-    lines[i] = dump(obj)
-    signer = load_signer(out / "trainledger.key")  # the run's own key: a signed lie, not a broken chain
+def _doctor(out, tmp_path, change, markers=(b'"kind":"scaling_fitted"',)):
+    """The ladder's journal with the first line holding every one of ``markers`` changed, re-signed with the run's own key: a
+    signed lie, not a broken chain."""
     import base64
 
     from trainledger.journal.chain import seal_message
+
+    p = tmp_path / "ladder.jsonl"
+    lines = read_lines(out / "ladder.jsonl")
+    i = next(k for k, ln in enumerate(lines) if all(m in ln for m in markers))
+    obj = parse(lines[i])
+    change(obj)
+    lines[i] = dump(obj)
+    signer = load_signer(out / "trainledger.key")
 
     def resign(run_id, seq, h):
         return signer.key_id, base64.b64encode(signer.sign(seal_message(run_id, seq, h))).decode()
@@ -102,3 +105,14 @@ def test_a_fit_too_large_to_recompute_is_refused_not_run(tmp_path, signer, pubke
                                candidates=[], choice={}))
     diffs = replay(p, keys=[pubkey]).differences
     assert [d["kind"] for d in diffs] == ["scaling_fitted"] and "too large to recompute" in diffs[0]["detail"]
+
+
+def test_a_widened_interval_on_the_headline_verdict_is_named(ladder, tmp_path, capsys):
+    """The headline's gate bar must be the interval F5 recorded: widening it in the verdict (re-signed with the
+    run's key) is named."""
+    out, _ = ladder
+    p = _doctor(out, tmp_path, lambda o: o["bars"].update(loss_interval=[0.0, 100.0]),
+                markers=(b'"kind":"gate_verdict"', b"rung_iv_headline"))
+    assert main(["replay", "--pubkey", str(out / "trainledger.pub"), "--json", str(p)]) == 1
+    diffs = json.loads(capsys.readouterr().out)["differences"]
+    assert any(d["kind"] == "gate_verdict" and "is not the one F5 recorded" in d["detail"] for d in diffs), diffs

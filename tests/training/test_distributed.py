@@ -232,3 +232,25 @@ def test_one_key_per_node_pinned_together_in_a_trusted_keys_file(tmp_path, capsy
     bad = subprocess.run([sys.executable, "-m", "trainledger", "verify", str(run)], capture_output=True, text=True,
                          env=env)
     assert bad.returncode == 1 and "rank 1" in bad.stdout and "not pinned" in bad.stdout
+
+
+def test_a_forged_individual_score_is_named_by_replay(tmp_path, signer, capsys):
+    """Relative scores true to the step times, individual scores not: replay names the window."""
+    from trainledger.journal import Journal, StepObserved
+    from trainledger.journal.kinds import RankJoined, StragglerScores
+
+    run = tmp_path / "run"
+    for rank in (0, 1):
+        with Journal.create(run / f"rank-0000{rank}.jsonl", signer=signer, run_id=f"hand.r{rank:05d}") as j:
+            j.append(RankJoined(run="hand", rank=rank, world_size=2, local_rank=rank, node="n"))
+            for step in range(10):
+                j.append(StepObserved(step=step, loss=3.0, step_time_s=0.1))
+            if rank == 0:
+                j.append(StragglerScores(window_start=0, window_end=9, medians={"0": 0.1, "1": 0.1},
+                                         scores={"0": 1.0, "1": 1.0}, threshold=0.75,
+                                         individual={"0": 1.0, "1": 0.5}))
+    pub = tmp_path / "k.pub"
+    pub.write_text(signer.public.line() + "\n")
+    assert main(["replay", "--pubkey", str(pub), str(run)]) == 1
+    out = capsys.readouterr().out
+    assert "DIFFERENCE rank 0" in out and "individual scores" in out
