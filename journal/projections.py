@@ -502,14 +502,15 @@ class LadderAudit(Projection):
             cands = [Candidate(**c) for c in ev.candidates]
             per_step = int(ev.choice["per_step"])
             choice = box.choose(fit, cands, min_tokens=per_step)
-        except (TypeError, ValueError, KeyError) as e:
+            steps = max(1, choice.tokens // per_step)
+            n = choice.candidate.n_params
+            want = {"candidate": choice.candidate.name, "binding": choice.binding, "steps": steps,
+                    "predicted_loss": fit.predict(n, steps * per_step),
+                    "interval": list(fit.interval(n, steps * per_step, level=ev.level))}
+        except (TypeError, ValueError, KeyError, ArithmeticError) as e:  # a journal may say anything
             return bad(f"the box's choice cannot be made again: {e}")
-        steps = max(1, choice.tokens // per_step)
-        n = choice.candidate.n_params
-        want = {"candidate": choice.candidate.name, "binding": choice.binding, "steps": steps,
-                "predicted_loss": fit.predict(n, steps * per_step),
-                "interval": list(fit.interval(n, steps * per_step, level=ev.level))}
-        got = {"candidate": (ev.choice.get("candidate") or {}).get("name"), "binding": ev.choice.get("binding"),
+        cand = ev.choice.get("candidate")
+        got = {"candidate": cand.get("name") if isinstance(cand, dict) else cand, "binding": ev.choice.get("binding"),
                "steps": ev.choice.get("steps"), "predicted_loss": ev.choice.get("predicted_loss"),
                "interval": ev.choice.get("interval")}
         for k, w in want.items():

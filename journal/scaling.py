@@ -227,6 +227,12 @@ class Candidate:
     n_params: int
     flops_per_token: float
 
+    def __post_init__(self) -> None:  # a candidate read back from a journal may say anything
+        if not isinstance(self.name, str) or not isinstance(self.n_params, int) or self.n_params < 1 or not (
+                isinstance(self.flops_per_token, (int, float)) and math.isfinite(self.flops_per_token)
+                and self.flops_per_token > 0):
+            raise ValueError(f"candidate {self.name!r}: needs a name, n_params >= 1 and positive flops_per_token")
+
 
 @dataclasses.dataclass(frozen=True)
 class BoxChoice:
@@ -280,6 +286,8 @@ class ComputeBox:
         predicted loss of a law with beta > 0, but a law fitted with beta <= 0 is not trusted to say so). Raises
         ``ValueError`` when nothing fits (every candidate too big for the memory, or the budgets below
         ``min_tokens``)."""
+        if not isinstance(min_tokens, int) or min_tokens < 1:
+            raise ValueError(f"min_tokens must be a positive integer, got {min_tokens!r}")
         best: BoxChoice | None = None
         for c in candidates:
             u = self.usage(c, 1.0)

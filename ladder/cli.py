@@ -94,6 +94,8 @@ def _journal_points(args: argparse.Namespace) -> list[tuple[float, float, float]
                     pts.append((float(m["n_params"]), float(m["tokens"]), float(m["eval_loss"])))
     if not pts:
         raise UsageError(f"{args.csv}: no rung with a held-out loss (eval_batches) in this journal")
+    if len(pts) > 1000:  # as replay bounds a recorded fit: a ladder has tens of rungs
+        raise UsageError(f"{args.csv}: {len(pts):,} rung points, more than the 1,000 a fit here takes")
     return pts
 
 

@@ -117,8 +117,9 @@ class TrainledgerCallback(Callback):
             reject("resume-invalid-unknown-checkpoint", "no signed checkpoint_saved records this file")
         if file_sha256(path)[0] != record.sha256:
             reject("resume-invalid-digest", "the file differs from its signed record")
-        mine = checkpoint.get("trainledger") or {}
-        head = mine.get("head", "")
+        mine = checkpoint.get("trainledger")
+        mine = mine if isinstance(mine, dict) else {}
+        head = mine.get("head") if isinstance(mine.get("head"), str) else ""
         seq_s, _, h = head.partition(":")
         if not seq_s.isdigit() or not any(e.seq == int(seq_s) and e.h == h for e in events):
             reject("resume-invalid-journal", f"the journal head the checkpoint carries ({head[:24]}) is not in "
