@@ -27,7 +27,7 @@ from .errors import JournalIOError, UsageError
 from .events import RunOpened, RunResumed, StepObserved
 from .health import AnomalyDetected, RunConfigured
 from .mfu import MfuAccounting
-from .kinds import CheckpointSaved, DecisionRecorded, GateVerdict, RewindDecided, RungStarted
+from .kinds import CheckpointSaved, DecisionRecorded, GateVerdict, RewindDecided, RungStarted, ScalingFitted
 from .replay import Reconstruction, replay
 
 __all__ = ["write_report", "write_run_dir_report", "MAX_POINTS"]
@@ -112,7 +112,7 @@ class _Series:
             self.decisions.append(ev)
         elif isinstance(ev, RungStarted):
             self.rungs.append((len(self.step), ev.rung))
-        elif type(ev).__struct_config__.tag == "scaling_fitted":
+        elif isinstance(ev, ScalingFitted):
             self.fits.append(ev)
 
 
