@@ -124,10 +124,143 @@ static PyObject *check_lines(PyObject *self, PyObject *const *args, Py_ssize_t n
     return PyLong_FromLong(-1);
 }
 
+/* ---- RFC 6962 Merkle tree over the journal's lines (format 1.3, docs/FORMAT.md) ---- */
+
+static void leaf_of(const char *p, Py_ssize_t n, unsigned char *out)
+{
+    static const unsigned char zero = 0;
+    SHA256_CTX c;
+    SHA256_Init(&c);
+    SHA256_Update(&c, &zero, 1);
+    SHA256_Update(&c, p, (size_t)n);
+    SHA256_Final(out, &c);
+}
+
+static void node_of(const unsigned char *l, const unsigned char *r, unsigned char *out)
+{
+    static const unsigned char one = 1;
+    SHA256_CTX c;
+    SHA256_Init(&c);
+    SHA256_Update(&c, &one, 1);
+    SHA256_Update(&c, l, 32);
+    SHA256_Update(&c, r, 32);
+    SHA256_Final(out, &c);
+}
+
+/* leaf_range(begin: int, lines: list[bytes]) -> list[tuple[int, bytes]]: the leaves [begin, begin + len(lines))
+ * as the fewest perfect subtrees aligned to the tree, (height, hash) left to right (journal.merkle.CompactRange). */
+static PyObject *leaf_range(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    long long begin;
+    if (nargs != 2 || !PyList_Check(args[1]) || (begin = PyLong_AsLongLong(args[0])) < 0) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "leaf_range(begin: int >= 0, lines: list[bytes])");
+        return NULL;
+    }
+    PyObject *lines = args[1];
+    Py_ssize_t n = PyList_GET_SIZE(lines);
+    int heights[160];
+    unsigned char hashes[160][32];
+    int top = 0;
+    unsigned long long end = (unsigned long long)begin;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *line = PyList_GET_ITEM(lines, i);
+        if (!PyBytes_Check(line)) {
+            PyErr_SetString(PyExc_TypeError, "leaf_range: lines must be bytes");
+            return NULL;
+        }
+        unsigned char cur[32];
+        leaf_of(PyBytes_AS_STRING(line), PyBytes_GET_SIZE(line), cur);
+        int h = 0;
+        end += 1;
+        while (top > 0 && heights[top - 1] == h && (((end >> h) - 1) & 1)) {
+            node_of(hashes[top - 1], cur, cur);
+            top--;
+            h++;
+        }
+        if (top == 160) { /* cannot happen: a range holds at most 2 * 64 subtrees */
+            PyErr_SetString(PyExc_OverflowError, "leaf_range: range too large");
+            return NULL;
+        }
+        heights[top] = h;
+        memcpy(hashes[top], cur, 32);
+        top++;
+    }
+    PyObject *out = PyList_New(top);
+    if (out == NULL)
+        return NULL;
+    for (int k = 0; k < top; k++) {
+        PyObject *t = Py_BuildValue("(iy#)", heights[k], (const char *)hashes[k], (Py_ssize_t)32);
+        if (t == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, k, t);
+    }
+    return out;
+}
+
+/* leaf_hashes(lines: list[bytes]) -> bytes: the leaf hashes, 32 bytes each, concatenated. */
+static PyObject *leaf_hashes(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 1 || !PyList_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "leaf_hashes(lines: list[bytes])");
+        return NULL;
+    }
+    PyObject *lines = args[0];
+    Py_ssize_t n = PyList_GET_SIZE(lines);
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (!PyBytes_Check(PyList_GET_ITEM(lines, i))) {
+            PyErr_SetString(PyExc_TypeError, "leaf_hashes: lines must be bytes");
+            return NULL;
+        }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, n * 32);
+    if (out == NULL)
+        return NULL;
+    unsigned char *o = (unsigned char *)PyBytes_AS_STRING(out);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *line = PyList_GET_ITEM(lines, i);
+        leaf_of(PyBytes_AS_STRING(line), PyBytes_GET_SIZE(line), o + 32 * i);
+    }
+    return out;
+}
+
+/* node_level(hashes: bytes) -> bytes: node hashes of consecutive pairs (an odd last hash is left out). */
+static PyObject *node_level(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_buffer b;
+    if (nargs != 1 || PyObject_GetBuffer(args[0], &b, PyBUF_SIMPLE) < 0) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "node_level(hashes: bytes)");
+        return NULL;
+    }
+    if (b.len % 32) {
+        PyBuffer_Release(&b);
+        PyErr_SetString(PyExc_ValueError, "node_level: not a whole number of 32-byte hashes");
+        return NULL;
+    }
+    Py_ssize_t pairs = b.len / 64;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, pairs * 32);
+    if (out != NULL) {
+        const unsigned char *in = (const unsigned char *)b.buf;
+        unsigned char *o = (unsigned char *)PyBytes_AS_STRING(out);
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < pairs; i++)
+            node_of(in + 64 * i, in + 64 * i + 32, o + 32 * i);
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&b);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"line_hash", (PyCFunction)(void (*)(void))line_hash, METH_FASTCALL, "h[n] from h[n-1] (32 bytes) and P[n]."},
     {"check_lines", (PyCFunction)(void (*)(void))check_lines, METH_FASTCALL,
      "Index of the first line whose seq, hash suffix or chain hash is wrong, or -1."},
+    {"leaf_range", (PyCFunction)(void (*)(void))leaf_range, METH_FASTCALL,
+     "The compact range (height, hash) of the leaves of these lines, starting at leaf index begin."},
+    {"leaf_hashes", (PyCFunction)(void (*)(void))leaf_hashes, METH_FASTCALL, "Leaf hashes, concatenated."},
+    {"node_level", (PyCFunction)(void (*)(void))node_level, METH_FASTCALL, "Node hashes of consecutive pairs."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -19,7 +19,8 @@ import os
 from typing import Any
 
 from . import _accel, codec
-from .chain import LINE_TAG, seal_message
+from .chain import LINE_TAG, seal_checkpoint, seal_message
+from .merkle import CompactRange, range_of_lines
 from .codec import HASH_SUFFIX_LEN, UnknownEvent
 from .errors import (
     ChainBroken,
@@ -54,14 +55,25 @@ _repeat = itertools.repeat
 _strip_hash = operator.itemgetter(slice(None, -HASH_SUFFIX_LEN))
 
 
+TREE_CHECK, TREE_FIELDS = 1, 2
+
+
+def tree_mode(format_version: str | None, check: bool = True) -> int:
+    """ScanContext.tree for a journal of this format version."""
+    from .chain import has_tree
+
+    return (TREE_CHECK if check else TREE_FIELDS) if has_tree(format_version) else 0
+
+
 class ScanContext:
     """What every range needs to know about the journal (picklable)."""
 
-    __slots__ = ("run_id", "key_id", "public_raw", "check_signatures", "expect_head", "collect", "want_seqs")
+    __slots__ = ("run_id", "key_id", "public_raw", "check_signatures", "expect_head", "collect", "want_seqs", "tree")
 
     def __init__(self, run_id: str, key_id: str | None, public_raw: bytes | None,
                  check_signatures: bool, expect_head: tuple[int, str] | None,
-                 collect: frozenset[str] = frozenset(), want_seqs: frozenset[int] = frozenset()):
+                 collect: frozenset[str] = frozenset(), want_seqs: frozenset[int] = frozenset(),
+                 tree: int = 0):
         self.run_id = run_id
         self.key_id = key_id
         self.public_raw = public_raw
@@ -71,6 +83,10 @@ class ScanContext:
         #: the seals' heads are handed back whenever ``collect`` is set (verify_run_dir's anchors)
         self.collect = collect
         self.want_seqs = want_seqs
+        #: format 1.3: every seal names the Merkle tree of the lines before it and signs its checkpoint text.
+        #: 0: an older format (a seal naming a tree is refused); TREE_CHECK: the scan builds the tree and checks
+        #: each seal's root; TREE_FIELDS: the fields are checked but not the roots (a fold after verification)
+        self.tree = tree
 
     def __getstate__(self):
         return tuple(getattr(self, s) for s in self.__slots__)
@@ -85,7 +101,8 @@ class RangeResult:
 
     __slots__ = ("start", "end", "count", "kinds", "first_seq", "last_seq", "last_hash", "last_kind",
                  "seals", "last_seal_seq", "last_sealed_hash", "last_seal_end", "last_seal_h", "closed_seqs", "head_found", "torn_offset", "torn_bytes",
-                 "unknown", "error", "collected", "hashes")
+                 "unknown", "error", "collected", "hashes", "tree", "seal_tree", "seal_roots",
+                 "last_seal_sig", "last_seal_root")
 
     def __init__(self, start: int, end: int):
         self.start = start
@@ -110,6 +127,14 @@ class RangeResult:
         self.error: tuple[str, str, int | None, int | None] | None = None
         self.collected: list[tuple[int, bytes]] = []  # (offset, line) of the kinds ScanContext.collect names
         self.hashes: dict[int, str] = {}  # seq -> chain hash: every seal's (when collecting) and ScanContext.want_seqs
+        #: format 1.3: the range's lines as a compact range of leaves; the same through its last seal line; and
+        #: (seal seq, offset, claimed root, the range's leaves before it) for each seal of a range not starting at
+        #: leaf 0, whose root only the merge of the ranges before it can check
+        self.tree: CompactRange | None = None
+        self.seal_tree: CompactRange | None = None
+        self.seal_roots: list[tuple[int, int, bytes, CompactRange]] = []
+        self.last_seal_sig: str | None = None
+        self.last_seal_root: str | None = None
 
     def __getstate__(self):
         return tuple(getattr(self, s) for s in self.__slots__)
@@ -140,6 +165,8 @@ class Scanner:
         kinds = codec.known_kinds()
         self._collect = {codec.record_type(kinds[k]) for k in ctx.collect if k in kinds}
         self._want = ctx.want_seqs
+        self._tree = CompactRange(prev_seq + 1) if ctx.tree == TREE_CHECK else None
+        result.tree = self._tree
 
     # ------------------------------------------------------------ decoding
 
@@ -164,6 +191,39 @@ class Scanner:
     # ------------------------------------------------------------ the loop
 
     def feed(self, lines: list[bytes], offset: int) -> list[Any]:
+        """Check ``lines`` (no newlines) starting at byte ``offset``; return their records (and, in format 1.3,
+        add them to the tree and check the root each seal names)."""
+        recs = self._feed(lines, offset)
+        if self._tree is not None and recs:
+            self._grow(lines, recs, offset)
+        return recs
+
+    def _grow(self, lines: list[bytes], recs: list[Any], offset: int) -> None:
+        tree = self._tree
+        types = list(map(type, recs))
+        seal_t = self._seal_t
+        start = 0
+        i = -1
+        for _ in range(types.count(seal_t)):
+            i = types.index(seal_t, i + 1)
+            if i > start:
+                tree.merge(range_of_lines(tree.end, lines[start:i]))
+            start = i
+            rec = recs[i]
+            claimed = _fromhex(rec.tree_root)  # _check_seal has held it to 64 hex digits
+            if tree.begin == 0:
+                if tree.root() != claimed:
+                    raise SealInvalid(f"seal at seq {rec.seq}: its tree root is not the root of the {rec.seq:,} lines "
+                                      "before it", seq=rec.seq, offset=offset + sum(map(len, lines[:i])) + i)
+            else:
+                self.res.seal_roots.append((rec.seq, offset + sum(map(len, lines[:i])) + i, claimed, tree.copy()))
+            tree.merge(range_of_lines(tree.end, lines[i:i + 1]))
+            start = i + 1
+            self.res.seal_tree = tree.copy()
+        if start < len(lines):
+            tree.merge(range_of_lines(tree.end, lines[start:] if start else lines))
+
+    def _feed(self, lines: list[bytes], offset: int) -> list[Any]:
         """Check ``lines`` (no newlines) starting at byte ``offset``; return their records.
 
         The checks run over the whole batch at C level (the accelerator, or
@@ -317,6 +377,14 @@ class Scanner:
                 f"but the head before it is {seq - 1}:{prev.hex()[:16]} (a moved or replayed seal)",
                 seq=seq,
             )
+        if ctx.tree:
+            root = rec.tree_root
+            if rec.tree_size != seq or type(root) is not str or len(root) != 64 or root.strip("0123456789abcdef"):
+                raise SealInvalid(f"seal at seq {seq} does not name the tree of the {seq:,} lines before it (a format "
+                                  "1.3 seal carries tree_size and a 64-digit hex tree_root)", seq=seq)
+        elif rec.tree_size is not None or rec.tree_root is not None:
+            raise SealInvalid(f"seal at seq {seq} names a tree, which seals before format 1.3 do not",
+                              seq=seq)
         if ctx.key_id is None:
             if rec.sig is not None or rec.key_id is not None:
                 raise SealInvalid(f"seal at seq {seq} is signed but the journal declared no key", seq=seq)
@@ -333,7 +401,9 @@ class Scanner:
                     sig = base64.b64decode(rec.sig, validate=True)
                 except (binascii.Error, ValueError):
                     raise SealInvalid(f"seal at seq {seq}: signature is not base64", seq=seq) from None
-                if not self._pub.verify(sig, seal_message(ctx.run_id, seq - 1, prev)):
+                msg = (seal_checkpoint(ctx.run_id, seq, _fromhex(rec.tree_root), seq - 1, prev).encode() if ctx.tree
+                       else seal_message(ctx.run_id, seq - 1, prev))
+                if not self._pub.verify(sig, msg):
                     raise SealInvalid(f"seal at seq {seq}: signature does not verify under key {ctx.key_id}", seq=seq)
         self.res.seals += 1
         if ctx.collect:
@@ -341,6 +411,8 @@ class Scanner:
         self.res.last_seal_seq = seq
         self.res.last_sealed_hash = rec.sealed_hash
         self.res.last_seal_h = rec.h
+        self.res.last_seal_sig = rec.sig
+        self.res.last_seal_root = rec.tree_root
 
     def finish(self) -> None:
         kinds = self.res.kinds

@@ -4,7 +4,9 @@
 - ``h[n]  = SHA-256("trainledger/v1/line\\0" || h[n-1] || P[n])`` where ``P[n]``
   is line n exactly as written, up to (not including) its ``,"h":`` member.
 - a seal at seq n signs ``"trainledger/v1/seal\\0" || u16be(len(run_id)) ||
-  run_id || u64be(n-1) || h[n-1]`` with Ed25519.
+  run_id || u64be(n-1) || h[n-1]`` with Ed25519 (formats 1.0 to 1.2);
+- from format 1.3 a seal at seq n signs the C2SP checkpoint text of the RFC 6962
+  tree over lines 0..n-1 instead (:func:`seal_checkpoint`).
 
 Hashes are raw 32-byte digests here and lowercase hex in the file.
 """
@@ -16,7 +18,11 @@ import re
 
 from .errors import UsageError
 
-__all__ = ["GENESIS_TAG", "LINE_TAG", "SEAL_TAG", "genesis", "link", "seal_message", "check_run_id"]
+__all__ = ["GENESIS_TAG", "LINE_TAG", "SEAL_TAG", "genesis", "link", "seal_message", "check_run_id", "origin",
+           "seal_checkpoint", "has_tree", "HEAD_EXTENSION"]
+
+#: The extension line of a seal's checkpoint that names the chain head it also seals.
+HEAD_EXTENSION = "trainledger-head"
 
 GENESIS_TAG = b"trainledger/v1/genesis\x00"
 LINE_TAG = b"trainledger/v1/line\x00"
@@ -46,3 +52,25 @@ def seal_message(run_id: str, sealed_seq: int, sealed_hash: bytes) -> bytes:
     """The exact bytes an Ed25519 seal signs."""
     rid = run_id.encode()
     return SEAL_TAG + len(rid).to_bytes(2, "big") + rid + sealed_seq.to_bytes(8, "big") + sealed_hash
+
+
+def origin(run_id: str) -> str:
+    """The checkpoint origin (and signed-note key name) of a run's journal: ``trainledger/<run id>``."""
+    return "trainledger/" + run_id
+
+
+def seal_checkpoint(run_id: str, tree_size: int, tree_root: bytes, sealed_seq: int, sealed_hash: bytes) -> str:
+    """The text a format 1.3 seal signs: a C2SP tlog-checkpoint (origin, tree size, base64 root) with one
+    extension line, ``trainledger-head <seq>:<hash hex>``, the chain head the seal also covers."""
+    from .note import checkpoint_text
+
+    return checkpoint_text(origin(run_id), tree_size, tree_root, (f"{HEAD_EXTENSION} {sealed_seq}:{sealed_hash.hex()}",))
+
+
+def has_tree(format_version: str | None) -> bool:
+    """Whether a journal of this format version carries tree heads in its seals (1.3 and later)."""
+    try:
+        major, minor = (int(x) for x in (format_version or "").split(".")[:2])
+    except ValueError:
+        return False
+    return (major, minor) >= (1, 3)

@@ -35,7 +35,7 @@ __all__ = [
 
 #: Major.minor version of the line format this package writes. A reader refuses
 #: a newer major version; a newer minor version only adds event kinds.
-FORMAT_VERSION = "1.2"
+FORMAT_VERSION = "1.3"
 
 
 class Event(
@@ -85,6 +85,11 @@ class Seal(Event, tag="seal", frozen=True, kw_only=True):
     sealed_hash: str
     key_id: str | None
     sig: str | None
+    #: Format 1.3: the RFC 6962 Merkle tree over every line before this one (``tree_size`` = this seal's seq)
+    #: and its root (hex). The signature is then over the C2SP checkpoint text that names them
+    #: (:func:`journal.chain.seal_checkpoint`), so that every seal is a checkpoint a witness can cosign.
+    tree_size: int | None = None
+    tree_root: str | None = None
 
 
 class StepObserved(Event, tag="step_observed", frozen=True, kw_only=True):

@@ -18,7 +18,8 @@ from collections.abc import Sequence
 from .errors import TrainledgerError
 
 __all__ = ["leaf_hash", "node_hash", "root", "inclusion_proof", "consistency_proof", "verify_inclusion",
-           "verify_consistency", "CompactTree", "CompactRange", "ProofError", "EMPTY_ROOT"]
+           "verify_consistency", "CompactTree", "CompactRange", "ProofError", "EMPTY_ROOT", "range_of_lines",
+           "leaf_hashes", "node_level"]
 
 #: The root of the empty tree: SHA-256 of nothing.
 EMPTY_ROOT = hashlib.sha256(b"").digest()
@@ -250,3 +251,41 @@ class CompactRange:
         for _, h in reversed(self._nodes[:-1]):
             r = node_hash(h, r)
         return r
+
+
+def _py_leaf_range(begin: int, lines: list[bytes]) -> list[tuple[int, bytes]]:
+    r = CompactRange(begin)
+    for line in lines:
+        r.append(leaf_hash(line))
+    return r._nodes
+
+
+def _py_leaf_hashes(lines: list[bytes]) -> bytes:
+    return b"".join(leaf_hash(x) for x in lines)
+
+
+def _py_node_level(hashes: bytes) -> bytes:
+    if len(hashes) % 32:
+        raise ValueError("not a whole number of 32-byte hashes")
+    return b"".join(node_hash(hashes[i:i + 32], hashes[i + 32:i + 64]) for i in range(0, len(hashes) - 63, 64))
+
+
+def _pick():
+    from . import _accel
+
+    f = _accel.fast
+    if f is not None and hasattr(f, "leaf_range"):
+        return f.leaf_range, f.leaf_hashes, f.node_level
+    return _py_leaf_range, _py_leaf_hashes, _py_node_level
+
+
+_leaf_range, leaf_hashes, node_level = _pick()
+
+
+def range_of_lines(begin: int, lines: list[bytes]) -> CompactRange:
+    """The :class:`CompactRange` of ``lines`` (bytes without their newlines) as leaves ``begin``, ``begin + 1``, ...
+    (in C where the accelerator is built)."""
+    r = CompactRange(begin)
+    r._nodes = _leaf_range(begin, lines)
+    r.end = begin + len(lines)
+    return r

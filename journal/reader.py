@@ -13,7 +13,7 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from ._scan import RangeResult, ScanContext, Scanner, iter_line_batches
+from ._scan import RangeResult, ScanContext, Scanner, iter_line_batches, tree_mode
 from .chain import genesis
 from .verify import open_checked, read_opening
 
@@ -37,7 +37,7 @@ def read_event_batches(path: str | os.PathLike) -> Iterator[list[Any]]:
     p = Path(path)
     size = open_checked(p)
     opened, _ = read_opening(p, size)
-    ctx = ScanContext(opened.run_id, opened.key_id, None, False, None)
+    ctx = ScanContext(opened.run_id, opened.key_id, None, False, None, tree=tree_mode(opened.format_version, False))
     res = RangeResult(0, size)
     scanner = Scanner(ctx, -1, genesis(opened.run_id), res)
     with open(p, "rb", buffering=0) as f:
@@ -69,7 +69,7 @@ def read_signed_events(path: str | os.PathLike, keys) -> Iterator[Any]:
     public_raw, trust, _ = resolve_key(opened, keys=keys)
     if trust != "pinned" or public_raw is None:
         raise UnsignedJournal(f"{p}: the journal is unsigned: nothing in it may drive a resume or a deletion", seq=0)
-    ctx = ScanContext(opened.run_id, opened.key_id, public_raw, True, None)
+    ctx = ScanContext(opened.run_id, opened.key_id, public_raw, True, None, tree=tree_mode(opened.format_version))
     res = RangeResult(0, size)
     scanner = Scanner(ctx, -1, genesis(opened.run_id), res)
     pending: list[Any] = []

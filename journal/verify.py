@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from . import codec
-from ._scan import MAX_LINE, RangeResult, ScanContext, _scan_range_star, cpu_count, scan_range
+from ._scan import MAX_LINE, RangeResult, ScanContext, _scan_range_star, cpu_count, scan_range, tree_mode
 from .chain import RUN_ID_RE, genesis
 from .errors import (
     HeadMismatch,
@@ -31,6 +31,7 @@ from .errors import (
     NotClosed,
     RunMismatch,
     SchemaError,
+    SealInvalid,
     UnsealedEvents,
     UnsignedJournal,
     UnsupportedFormat,
@@ -89,6 +90,12 @@ class VerifyReport:
     notes: list[str] = dataclasses.field(default_factory=list)
     #: run_opened.meta["imported"]: a journal written by `trainledger import` from another tool's files
     imported: dict[str, Any] | None = None
+    #: format 1.3: the last seal's tree root (hex) and signature (base64): its checkpoint (journal.transparency)
+    last_tree_root: str | None = None
+    last_seal_sig: str | None = None
+    #: format 1.3: the Merkle tree of every complete line, and of the lines through the last seal (compact ranges)
+    tree: Any = dataclasses.field(default=None, repr=False)
+    sealed_tree: Any = dataclasses.field(default=None, repr=False)
     #: verify_run_dir's: (offset, line) of the anchor kinds, seq -> chain hash of seals and wanted seqs
     collected: list[tuple[int, bytes]] = dataclasses.field(default_factory=list, repr=False)
     hashes: dict[int, str] = dataclasses.field(default_factory=dict, repr=False)
@@ -117,7 +124,7 @@ class VerifyReport:
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
-        del d["collected"], d["hashes"]
+        del d["collected"], d["hashes"], d["tree"], d["sealed_tree"], d["last_seal_sig"]
         d["head"] = self.head
         d["trusted_bytes"] = self.trusted_bytes
         return d
@@ -309,7 +316,7 @@ def verify(
         raise
 
     ctx = ScanContext(opened.run_id, opened.key_id, public_raw, check_signatures, head_req,
-                      *(_collect or (frozenset(), frozenset())))
+                      *(_collect or (frozenset(), frozenset())), tree=tree_mode(opened.format_version))
     results = _scan(p, size, opened_len + 1, ctx, workers, progress, _alongside)
     if _collect is not None:  # verify_run_dir: lines and hashes gathered by the same pass that checked them
         report.collected = [x for r in results for x in r.collected]
@@ -328,6 +335,7 @@ def verify(
             report.last_sealed_hash = res.last_sealed_hash
             report.sealed_bytes = res.last_seal_end
             report.seal_line_hash = res.last_seal_h
+            report.last_tree_root, report.last_seal_sig = res.last_seal_root, res.last_seal_sig
         if res.torn_offset is not None:
             report.torn_offset, report.torn_bytes = res.torn_offset, res.torn_bytes
         if res.error is not None:
@@ -337,8 +345,36 @@ def verify(
             if isinstance(err, IntegrityError):
                 _fail(report, err)
             raise err
+    if ctx.tree:
+        try:
+            _merge_trees(report, results)
+        except IntegrityError as e:
+            _fail(report, e)
+            raise
     _finish(report, results, head_req, require_closed, allow_unsigned, allow_unsealed, ctx)
     return report
+
+
+def _merge_trees(report: VerifyReport, results: list[RangeResult]) -> None:
+    """Join the ranges' trees in file order, checking the root each seal names against every line before it (a
+    range that begins past leaf 0 could not: it lacked the lines before it)."""
+    from .merkle import CompactRange
+
+    whole = CompactRange(0)
+    sealed = None
+    for res in results:
+        for seq, offset, claimed, leaves in res.seal_roots:
+            t = whole.copy()
+            t.merge(leaves)
+            if t.root() != claimed:
+                raise SealInvalid(f"seal at seq {seq}: its tree root is not the root of the {seq:,} lines before it",
+                                  seq=seq, offset=offset)
+        if res.seal_tree is not None:
+            sealed = whole.copy()
+            sealed.merge(res.seal_tree)
+        if res.tree is not None:
+            whole.merge(res.tree)
+    report.tree, report.sealed_tree = whole, sealed
 
 
 def verify_copy(path: str | os.PathLike, copies: Any, **options: Any) -> tuple[VerifyReport, Path]:

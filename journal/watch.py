@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from ._scan import BLOCK, MAX_LINE, RangeResult, ScanContext, Scanner
+from ._scan import BLOCK, MAX_LINE, RangeResult, ScanContext, Scanner, tree_mode
 from ._text import safe
 from .chain import genesis
 from .errors import IntegrityError, JournalError, SchemaError
@@ -117,8 +117,9 @@ def _context(p: Path, keys: Sequence[PublicKey], trust_embedded: bool,
         label = {"pinned": f"signatures checked: key {opened.key_id}, pinned",
                  "embedded": f"signatures checked against the embedded key {opened.key_id}: authenticity not "
                              "established", "unsigned": "unsigned journal: chain only"}[trust]
-        return ScanContext(opened.run_id, opened.key_id, raw, trust != "unsigned", None), label
-    return (ScanContext(opened.run_id, opened.key_id, None, False, None),
+        return ScanContext(opened.run_id, opened.key_id, raw, trust != "unsigned", None,
+                           tree=tree_mode(opened.format_version)), label
+    return (ScanContext(opened.run_id, opened.key_id, None, False, None, tree=tree_mode(opened.format_version)),
             "chain checked, signatures NOT checked: pass --pubkey")
 
 

@@ -37,7 +37,8 @@ from typing import Any
 import msgspec
 
 from . import _accel, codec
-from .chain import check_run_id, genesis, seal_message
+from .chain import check_run_id, genesis, has_tree, seal_checkpoint, seal_message
+from .merkle import CompactRange, range_of_lines
 from .errors import IntegrityError, JournalClosed, JournalError, JournalIOError, JournalLocked, UsageError
 from .events import FORMAT_VERSION, Event, RunClosed, RunOpened, Seal, TailRepaired
 from .keys import Signer
@@ -124,7 +125,8 @@ class Journal:
 
     @classmethod
     def _new(cls, path: Path, fd: int, signer: Signer | None, run_id: str, seq: int, prev: bytes,
-             seal_every: int, seal_interval_s: float, flush_interval_s: float, background: bool) -> Journal:
+             seal_every: int, seal_interval_s: float, flush_interval_s: float, background: bool,
+             tree: CompactRange | None) -> Journal:
         if not isinstance(seal_every, int) or seal_every < 1:
             raise UsageError(f"seal_every must be a positive integer, got {seal_every!r}")
         if not seal_interval_s > 0 or not flush_interval_s > 0:
@@ -139,6 +141,11 @@ class Journal:
         self._prev = prev
         self._last_hash_hex = _hexlify(prev)
         self._buf = bytearray()
+        #: Format 1.3: the Merkle tree of every line written (None: an older journal continued, whose seals name
+        #: no tree). Lines join it a batch at a time, when the buffer is flushed or sealed (off the append path);
+        #: ``_unhashed`` is where the buffer's lines not yet in the tree begin.
+        self._tree = tree
+        self._unhashed = 0
         self._pending: list[tuple[Event, int]] = []  # deferred appends, encoded and chained by the next drain
         self._lock = threading.Lock()
         self._closed = False  # released: lock dropped, file closed
@@ -200,7 +207,8 @@ class Journal:
         except JournalLocked:
             os.close(fd)
             raise
-        self = cls._new(p, fd, signer, rid, 0, genesis(rid), seal_every, seal_interval_s, flush_interval_s, background)
+        self = cls._new(p, fd, signer, rid, 0, genesis(rid), seal_every, seal_interval_s, flush_interval_s, background,
+                        CompactRange(0))
         opened = RunOpened(
             format_version=FORMAT_VERSION,
             run_id=rid,
@@ -270,6 +278,7 @@ class Journal:
                 raise IntegrityError(f"{p}: cannot append: no complete event", seq=0)
             repair = None
             next_seq, prev = report.last_seq + 1, report.last_hash
+            tree = report.tree
             if signer is not None and report.unsealed_events:
                 # Nothing signs the events after the last seal: sealing over them would sign whatever anyone
                 # appended. They go to the sidecar with any torn bytes, and the chain goes on from the seal.
@@ -278,10 +287,15 @@ class Journal:
                 repair = _move_tail(fd, p, report.sealed_bytes, report.bytes - report.sealed_bytes,
                                     unsealed=report.unsealed_events)
                 next_seq, prev = report.last_sealed_seq + 2, report.seal_line_hash
+                tree = report.sealed_tree
             elif report.tail == "torn":
                 repair = _move_tail(fd, p, report.torn_offset, report.torn_bytes)
+            if has_tree(report.format_version) and (tree is None or tree.end != next_seq):
+                raise IntegrityError(f"{p}: cannot append: the tree of its lines does not end at seq {next_seq}",
+                                     seq=next_seq)  # pragma: no cover - verify builds it over exactly those lines
             self = cls._new(p, fd, signer, report.run_id, next_seq, bytes.fromhex(prev),
-                            seal_every, seal_interval_s, flush_interval_s, background)
+                            seal_every, seal_interval_s, flush_interval_s, background,
+                            tree if has_tree(report.format_version) else None)
         except BaseException:
             os.close(fd)
             raise
@@ -416,14 +430,36 @@ class Journal:
                 return None
             return self._seal_locked(durable=durable)
 
-    def _seal_locked(self, *, durable: bool) -> tuple[int, str]:
+    def _seal_event(self) -> Seal:
+        """The seal of the current head: in format 1.3 signing the checkpoint of the tree of every line so far."""
         sealed_seq = self._seq - 1
         sealed_hex = self._last_hash_hex.decode()
-        if self._signer is not None:
-            sig = base64.b64encode(self._signer.sign(seal_message(self.run_id, sealed_seq, self._prev))).decode()
+        tree = self._tree
+        if tree is None:
+            msg = seal_message(self.run_id, sealed_seq, self._prev)
+            size = root = None
         else:
-            sig = None
-        seal = Seal(sealed_seq=sealed_seq, sealed_hash=sealed_hex, key_id=self.key_id, sig=sig)
+            self._hash_locked()
+            root = tree.root()
+            size = tree.end
+            msg = seal_checkpoint(self.run_id, size, root, sealed_seq, self._prev).encode()
+            root = root.hex()
+        sig = base64.b64encode(self._signer.sign(msg)).decode() if self._signer is not None else None
+        return Seal(sealed_seq=sealed_seq, sealed_hash=sealed_hex, key_id=self.key_id, sig=sig, tree_size=size,
+                    tree_root=root)
+
+    def _hash_locked(self) -> None:
+        """Add the buffered lines not yet in the tree to it (a batch: in C where the accelerator is built)."""
+        buf = self._buf
+        if self._tree is not None and len(buf) > self._unhashed:
+            lines = bytes(buf[self._unhashed:]).split(b"\n")
+            lines.pop()  # the buffer holds whole lines: after the last newline there is nothing
+            self._tree.merge(range_of_lines(self._tree.end, lines))
+            self._unhashed = len(buf)
+
+    def _seal_locked(self, *, durable: bool) -> tuple[int, str]:
+        seal = self._seal_event()
+        sealed_seq, sealed_hex = seal.sealed_seq, seal.sealed_hash
         # Written through the ordinary path so the seal is itself a chained line.
         _, _, ts = self._write_locked(_encode_event(seal))
         self._since_seal = 0
@@ -441,6 +477,7 @@ class Journal:
         flush), the failure is recorded for the caller, and :class:`JournalIOError` is raised."""
         self._last_flush_ns = now
         buf = self._buf
+        self._hash_locked()
         while buf:
             try:
                 n = os.write(self._fd, buf)
@@ -448,6 +485,7 @@ class Journal:
                 self._io_error = f"write failed: {e.strerror or e}"
                 raise JournalIOError(f"{self.path}: {self._io_error} ({len(buf):,} bytes kept in memory)") from None
             del buf[:n]
+            self._unhashed = len(buf)  # everything left was hashed above
         if self._io_error is not None and self._io_error.startswith("write failed"):
             self._io_error = None  # everything held back is written now: nothing is left to report or lose
     def _fsync(self) -> None:
@@ -546,15 +584,10 @@ class Journal:
 
     def _seal_locked_chain_only(self) -> tuple[int, str]:
         """Chain a seal of the current head without writing it (close writes and fsyncs it itself)."""
-        sealed_seq = self._seq - 1
-        sealed_hex = self._last_hash_hex.decode()
-        sig = None
-        if self._signer is not None:
-            sig = base64.b64encode(self._signer.sign(seal_message(self.run_id, sealed_seq, self._prev))).decode()
-        self._write_locked(_encode_event(Seal(sealed_seq=sealed_seq, sealed_hash=sealed_hex, key_id=self.key_id,
-                                              sig=sig)))
+        seal = self._seal_event()
+        self._write_locked(_encode_event(seal))
         self._since_seal = 0
-        return sealed_seq, sealed_hex
+        return seal.sealed_seq, seal.sealed_hash
 
     def _join_ticker(self) -> None:
         """Wait for the background thread to see the close (outside the lock it takes)."""

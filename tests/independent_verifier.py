@@ -3,7 +3,8 @@
 It imports nothing from trainledger: only hashlib, json, base64 and
 cryptography. It checks what establishes integrity and authenticity: line
 structure, seq, the hash chain, run binding and every seal under a pinned
-key. (Canonical form is the reference reader's extra guarantee; this one
+key; from format 1.3 also the Merkle tree each seal names (RFC 6962, kept
+here as the stack of its perfect subtrees) and the checkpoint text it signs. (Canonical form is the reference reader's extra guarantee; this one
 only refuses duplicate keys, which would make the JSON ambiguous.)
 """
 
@@ -40,6 +41,24 @@ def parse_pubkey(text: str) -> bytes:
     return raw
 
 
+def _tree_root(stack: list[tuple[int, bytes]]) -> bytes:
+    """The root of the tree whose perfect subtrees, largest first, are ``stack`` (size, hash)."""
+    if not stack:
+        return hashlib.sha256(b"").digest()
+    root = stack[-1][1]
+    for _, h in reversed(stack[:-1]):
+        root = hashlib.sha256(b"\x01" + h + root).digest()
+    return root
+
+
+def _tree_add(stack: list[tuple[int, bytes]], line: bytes) -> None:
+    size, h = 1, hashlib.sha256(b"\x00" + line).digest()
+    while stack and stack[-1][0] == size:
+        h = hashlib.sha256(b"\x01" + stack.pop()[1] + h).digest()
+        size *= 2
+    stack.append((size, h))
+
+
 def verify(data: bytes, pinned_public: bytes) -> dict:
     """Return {'events', 'last_sealed_seq', 'tail'} or raise Bad naming the problem."""
     try:
@@ -61,6 +80,8 @@ def _verify(data: bytes, pinned_public: bytes) -> dict:
     last_sealed = None
     closed_at = None
     kind = None
+    tree = False
+    stack: list[tuple[int, bytes]] = []
     for n, line in enumerate(lines):
         suffix = line[-72:]
         if len(line) < 80 or not (suffix.startswith(b',"h":"') and suffix.endswith(b'"}')):
@@ -84,6 +105,7 @@ def _verify(data: bytes, pinned_public: bytes) -> dict:
             if int(obj["format_version"].split(".")[0]) != 1:
                 raise Bad("unsupported format version")
             run_id = obj["run_id"]
+            tree = tuple(int(x) for x in obj["format_version"].split(".")[:2]) >= (1, 3)
             if obj["key_id"] != pinned_id:
                 raise Bad("journal is not signed by the pinned key")
             if hashlib.sha256(base64.b64decode(obj["public_key"])).hexdigest()[:16] != obj["key_id"]:
@@ -99,9 +121,18 @@ def _verify(data: bytes, pinned_public: bytes) -> dict:
         if kind == "seal":
             if obj["sealed_seq"] != n - 1 or obj["sealed_hash"] != prev.hex() or obj["key_id"] != pinned_id:
                 raise Bad(f"line {n}: seal names the wrong head or key")
-            rid = run_id.encode()
-            msg = (b"trainledger/v1/seal\x00" + len(rid).to_bytes(2, "big") + rid
-                   + (n - 1).to_bytes(8, "big") + prev)
+            if tree:
+                root = _tree_root(stack)
+                if obj["tree_size"] != n or obj["tree_root"] != root.hex():
+                    raise Bad(f"line {n}: seal names another tree than the lines before it")
+                msg = (f"trainledger/{run_id}\n{n}\n{base64.b64encode(root).decode()}\n"
+                       f"trainledger-head {n - 1}:{prev.hex()}\n").encode()
+            else:
+                if "tree_size" in obj or "tree_root" in obj:
+                    raise Bad(f"line {n}: a seal before format 1.3 names a tree")
+                rid = run_id.encode()
+                msg = (b"trainledger/v1/seal\x00" + len(rid).to_bytes(2, "big") + rid
+                       + (n - 1).to_bytes(8, "big") + prev)
             try:
                 key.verify(base64.b64decode(obj["sig"], validate=True), msg)
             except (InvalidSignature, ValueError):
@@ -110,6 +141,8 @@ def _verify(data: bytes, pinned_public: bytes) -> dict:
         elif kind == "run_closed":
             closed_at = n
         prev = h
+        if tree:
+            _tree_add(stack, line)
     if torn:
         tail = "torn"
     elif closed_at is not None and kind == "seal":

@@ -22,7 +22,9 @@ from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from trainledger.journal.chain import GENESIS_TAG, LINE_TAG, genesis, seal_message
+from trainledger.journal.chain import GENESIS_TAG, LINE_TAG, genesis, origin, seal_checkpoint
+from trainledger.journal.merkle import leaf_hash, node_hash
+from trainledger.journal.note import key_hash
 from trainledger.journal.codec import encode_event
 from trainledger.journal.events import FORMAT_VERSION, RunOpened, Seal, StepObserved
 from trainledger.journal.keys import Signer
@@ -47,10 +49,19 @@ def build() -> tuple[list[bytes], Signer, list[str]]:
     lines = []
     for seq, ev in enumerate(events):
         if ev is None:
-            msg = seal_message(RUN_ID, seq - 1, prev)
-            notes.append(f"seal message for seq {seq - 1} (hex) = {msg.hex()}")
+            leaves = [leaf_hash(x) for x in lines]
+            for i, lh in enumerate(leaves):
+                notes.append(f"leaf[{i}] = SHA-256(0x00 || line {i})\n        = {lh.hex()}")
+            root = node_hash(*leaves)  # two leaves: the root is their node
+            notes.append(f"root of the tree of size {seq} = SHA-256(0x01 || leaf[0] || leaf[1])\n        = {root.hex()}")
+            text = seal_checkpoint(RUN_ID, seq, root, seq - 1, prev)
+            sig = signer.sign(text.encode())
+            notes.append("the checkpoint text the seal signs, then its signed note (C2SP signed-note: the key name is "
+                         f"the origin, the key hash {key_hash(origin(RUN_ID), signer.public.raw):08x}):\n\n" + text
+                         + f"\n\u2014 {origin(RUN_ID)} "
+                         + base64.b64encode(key_hash(origin(RUN_ID), signer.public.raw).to_bytes(4, "big") + sig).decode())
             ev = Seal(sealed_seq=seq - 1, sealed_hash=prev.hex(), key_id=signer.key_id,
-                      sig=base64.b64encode(signer.sign(msg)).decode())
+                      sig=base64.b64encode(sig).decode(), tree_size=seq, tree_root=root.hex())
         prefix = encode_event(ev)[:-1] + b',"seq":%d,"ts":%d' % (seq, TS[seq])
         h = hashlib.sha256(LINE_TAG + prev + prefix).digest()
         notes.append(f"h[{seq}] = SHA-256(\"{LINE_TAG[:-1].decode()}\\0\" || h[{seq - 1}] || P[{seq}])\n      = {h.hex()}")
@@ -65,7 +76,7 @@ def render() -> str:
            "Public key file (`trainledger.pub`):", "", "```", signer.public.line(), "```", "",
            "The journal, three lines:", "", "```"]
     out += [x.decode() for x in lines]
-    out += ["```", "", "Hashes and the seal message:", "", "```"]
+    out += ["```", "", "Hashes, the tree and the checkpoint the seal signs:", "", "```"]
     out += notes
     out += ["```", "", END]
     return "\n".join(out)

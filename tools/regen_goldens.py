@@ -4,7 +4,7 @@
     .venv/bin/python tools/regen_goldens.py            # writes every golden that is missing
     .venv/bin/python tools/regen_goldens.py --force    # rewrites them all (new keys, new bytes)
 
-``every_kind_v1_2.jsonl``: one journal in format 1.2 holding every event kind trainledger defines, consistent
+``every_kind_v1_3.jsonl``: one journal in format 1.3 (tree heads in its seals) holding every event kind trainledger defines, consistent
 enough that replay finds nothing to object to (the anomalies are the ones its steps imply, the verdict follows
 from its bars, the decision from the verdict, the authority gate from a signed approval). Beside it: the public
 key (``.pub``; the private key is thrown away) and ``.expect.json``, what verify and replay must keep saying
@@ -247,8 +247,8 @@ def expectations(path: Path) -> dict:
 
 #: The goldens this code can write. Older ones (every_kind_v1.jsonl: format 1.0, before spike_suspected and the
 #: peak's provenance) are frozen: no builder, never rewritten, and they must keep verifying and replaying.
-# every_kind_v1.jsonl (1.0) and every_kind_v1_1.jsonl (1.1) are frozen: this code writes the current format.
-GOLDENS = {"every_kind_v1_2.jsonl": every_kind, "resumed_rewound_v1_1.jsonl": resumed_rewound,
+# every_kind_v1.jsonl (1.0), every_kind_v1_1.jsonl (1.1) and every_kind_v1_2.jsonl (1.2) are frozen: this code writes the current format.
+GOLDENS = {"every_kind_v1_3.jsonl": every_kind, "resumed_rewound_v1_1.jsonl": resumed_rewound,
            "ladder_halt_v1_1.jsonl": ladder_halt, "experiment_v1_1.jsonl": experiment,
            "scaling_ladder_v1_2.jsonl": scaling_ladder}
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 
 import pytest
-from journal_tools import dump, kinds, parse, read_lines, rechain, write_lines
+from journal_tools import dump, kinds, parse, read_lines, rechain, seal_signed_message, write_lines
 
 from trainledger.journal import (
     ChainBroken,
@@ -22,7 +22,6 @@ from trainledger.journal import (
     UntrustedKey,
     verify,
 )
-from trainledger.journal.chain import seal_message
 
 
 def _verify(path, pubkey, **kw):
@@ -153,10 +152,7 @@ def test_resigned_with_another_key(make_journal, pubkey, tmp_path):
     opened["key_id"], opened["public_key"] = evil.key_id, evil.public.b64
     lines[0] = dump(opened)
 
-    def resign(run_id, sealed_seq, head):
-        return evil.key_id, base64.b64encode(evil.sign(seal_message(run_id, sealed_seq, head))).decode()
-
-    write_lines(path, rechain(lines, resign=resign))
+    write_lines(path, rechain(lines, resign=evil))
     # Internally consistent: it verifies against its own embedded key...
     assert verify(path, trust_embedded=True).trust == "embedded"
     # ...but not against the key we pinned.
@@ -290,8 +286,9 @@ def test_foreign_key_seal(make_journal, pubkey):
     obj = parse(lines[s])
     run_id = parse(lines[0])["run_id"]
     obj["key_id"] = other.key_id
-    obj["sig"] = base64.b64encode(other.sign(seal_message(run_id, obj["sealed_seq"],
-                                                          bytes.fromhex(obj["sealed_hash"])))).decode()
+    obj["sig"] = base64.b64encode(other.sign(seal_signed_message(run_id, obj["sealed_seq"],
+                                                                 bytes.fromhex(obj["sealed_hash"]),
+                                                                 bytes.fromhex(obj["tree_root"])))).decode()
     lines[s] = dump(obj)
     write_lines(path, rechain(lines))
     with pytest.raises(SealInvalid, match="foreign-key seal"):

@@ -6,7 +6,6 @@ content is what no honest trainledger would write. Some lines are also unsigned 
 
 from __future__ import annotations
 
-import base64
 import json
 import math
 
@@ -15,16 +14,12 @@ from journal_tools import dump, read_lines, rechain, write_lines
 from test_cli import run
 
 from trainledger.journal import Journal, codec
-from trainledger.journal.chain import seal_message
 
 
 @pytest.fixture
 def hostile(tmp_path, keypair):
     """``make(events, run_id=None)``: a closed journal holding ``events`` (dicts), every seal signed by the key."""
     signer, _, pub = keypair
-
-    def resign(run_id, sealed_seq, sealed_hash):
-        return signer.key_id, base64.b64encode(signer.sign(seal_message(run_id, sealed_seq, sealed_hash))).decode()
 
     def make(events: list[dict], *, name: str = "j.jsonl", opened: dict | None = None) -> tuple:
         p = tmp_path / name
@@ -35,7 +30,7 @@ def hostile(tmp_path, keypair):
         body = [dump({"kind": e["kind"], **_in_field_order(e), "seq": 0, "ts": 1, "h": "0" * 64}) for e in events]
         seal = dump({"kind": "seal", "sealed_seq": 0, "sealed_hash": "", "key_id": signer.key_id, "sig": "",
                      "seq": 0, "ts": 1, "h": "0" * 64})
-        write_lines(p, rechain(lines + body + [seal], resign=resign))
+        write_lines(p, rechain(lines + body + [seal], resign=signer))
         return p, pub
 
     return make

@@ -49,9 +49,6 @@ def test_the_default_ladder_climbs_and_checks_its_prediction(ladder):
 def _doctor(out, tmp_path, change, markers=(b'"kind":"scaling_fitted"',)):
     """The ladder's journal with the first line holding every one of ``markers`` changed, re-signed with the run's own key: a
     signed lie, not a broken chain."""
-    import base64
-
-    from trainledger.journal.chain import seal_message
 
     p = tmp_path / "ladder.jsonl"
     lines = read_lines(out / "ladder.jsonl")
@@ -61,10 +58,7 @@ def _doctor(out, tmp_path, change, markers=(b'"kind":"scaling_fitted"',)):
     lines[i] = dump(obj)
     signer = load_signer(out / "trainledger.key")
 
-    def resign(run_id, seq, h):
-        return signer.key_id, base64.b64encode(signer.sign(seal_message(run_id, seq, h))).decode()
-
-    write_lines(p, rechain(lines, resign=resign))
+    write_lines(p, rechain(lines, resign=signer))
     return p
 
 
