@@ -13,6 +13,7 @@ import random
 from pathlib import Path
 
 from .errors import UsageError
+from .mfu import record_compute
 from .events import StepObserved
 from .health import HealthProjection, RunConfigured
 from .keys import keygen, load_signer
@@ -68,4 +69,5 @@ def run_demo(out: Path, *, steps: int = 2000, seed: int = 0, key: Path | None = 
                 j.append(anomaly)
             for suspected in health.take_suspected():
                 j.append(suspected)
+        record_compute(j)  # the training compute, one signed figure (trainledger prove --compute)
     return path, pub

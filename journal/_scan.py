@@ -68,12 +68,13 @@ def tree_mode(format_version: str | None, check: bool = True) -> int:
 class ScanContext:
     """What every range needs to know about the journal (picklable)."""
 
-    __slots__ = ("run_id", "key_id", "public_raw", "check_signatures", "expect_head", "collect", "want_seqs", "tree")
+    __slots__ = ("run_id", "key_id", "public_raw", "check_signatures", "expect_head", "collect", "want_seqs", "tree",
+                 "tree_at")
 
     def __init__(self, run_id: str, key_id: str | None, public_raw: bytes | None,
                  check_signatures: bool, expect_head: tuple[int, str] | None,
                  collect: frozenset[str] = frozenset(), want_seqs: frozenset[int] = frozenset(),
-                 tree: int = 0):
+                 tree: int = 0, tree_at: int | None = None):
         self.run_id = run_id
         self.key_id = key_id
         self.public_raw = public_raw
@@ -87,6 +88,9 @@ class ScanContext:
         #: 0: an older format (a seal naming a tree is refused); TREE_CHECK: the scan builds the tree and checks
         #: each seal's root; TREE_FIELDS: the fields are checked but not the roots (a fold after verification)
         self.tree = tree
+        #: a tree size whose root the scan keeps (verify --expect-checkpoint): the range holding that leaf boundary
+        #: hands back its leaves before it
+        self.tree_at = tree_at
 
     def __getstate__(self):
         return tuple(getattr(self, s) for s in self.__slots__)
@@ -102,7 +106,7 @@ class RangeResult:
     __slots__ = ("start", "end", "count", "kinds", "first_seq", "last_seq", "last_hash", "last_kind",
                  "seals", "last_seal_seq", "last_sealed_hash", "last_seal_end", "last_seal_h", "closed_seqs", "head_found", "torn_offset", "torn_bytes",
                  "unknown", "error", "collected", "hashes", "tree", "seal_tree", "seal_roots",
-                 "last_seal_sig", "last_seal_root")
+                 "last_seal_sig", "last_seal_root", "tree_at")
 
     def __init__(self, start: int, end: int):
         self.start = start
@@ -135,6 +139,7 @@ class RangeResult:
         self.seal_roots: list[tuple[int, int, bytes, CompactRange]] = []
         self.last_seal_sig: str | None = None
         self.last_seal_root: str | None = None
+        self.tree_at: CompactRange | None = None
 
     def __getstate__(self):
         return tuple(getattr(self, s) for s in self.__slots__)
@@ -198,6 +203,18 @@ class Scanner:
             self._grow(lines, recs, offset)
         return recs
 
+    def _add(self, lines: list[bytes]) -> None:
+        tree = self._tree
+        m = self.ctx.tree_at
+        if m is not None and self.res.tree_at is None and tree.end <= m <= tree.end + len(lines):
+            k = m - tree.end
+            if k:
+                tree.merge(range_of_lines(tree.end, lines[:k]))
+            self.res.tree_at = tree.copy()
+            lines = lines[k:]
+        if lines:
+            tree.merge(range_of_lines(tree.end, lines))
+
     def _grow(self, lines: list[bytes], recs: list[Any], offset: int) -> None:
         tree = self._tree
         types = list(map(type, recs))
@@ -207,7 +224,7 @@ class Scanner:
         for _ in range(types.count(seal_t)):
             i = types.index(seal_t, i + 1)
             if i > start:
-                tree.merge(range_of_lines(tree.end, lines[start:i]))
+                self._add(lines[start:i])
             start = i
             rec = recs[i]
             claimed = _fromhex(rec.tree_root)  # _check_seal has held it to 64 hex digits
@@ -217,11 +234,11 @@ class Scanner:
                                       "before it", seq=rec.seq, offset=offset + sum(map(len, lines[:i])) + i)
             else:
                 self.res.seal_roots.append((rec.seq, offset + sum(map(len, lines[:i])) + i, claimed, tree.copy()))
-            tree.merge(range_of_lines(tree.end, lines[i:i + 1]))
+            self._add(lines[i:i + 1])
             start = i + 1
             self.res.seal_tree = tree.copy()
         if start < len(lines):
-            tree.merge(range_of_lines(tree.end, lines[start:] if start else lines))
+            self._add(lines[start:] if start else lines)
 
     def _feed(self, lines: list[bytes], offset: int) -> list[Any]:
         """Check ``lines`` (no newlines) starting at byte ``offset``; return their records.

@@ -108,7 +108,8 @@ def new_parser() -> tuple[argparse.ArgumentParser, Any]:
 
 
 def register(sub) -> None:
-    """Add the journal's commands (keygen, verify, head, replay, query, report, watch, show, demo)."""
+    """Add the journal's commands (keygen, verify, head, replay, query, report, watch, show, demo, and the proof
+    commands of journal/cli_proofs.py)."""
     p = sub.add_parser("keygen", help="write an Ed25519 key pair (NAME.key, mode 0600, and NAME.pub)",
                        description="Write an Ed25519 private key (PKCS8 PEM, mode 0600) and a one-line public key.")
     p.add_argument("directory", metavar="DIR")
@@ -125,6 +126,12 @@ def register(sub) -> None:
     p.add_argument("--expect-head", metavar="SEQ:HASH",
                    help="fail unless the journal contains this head (published earlier with 'trainledger head')")
     p.add_argument("--require-closed", action="store_true", help="fail unless the run was closed and sealed")
+    p.add_argument("--expect-checkpoint", metavar="NOTE", default=None,
+                   help="fail unless the journal extends this signed checkpoint, published earlier with "
+                        "'trainledger checkpoint' (format 1.3: the root of its first SIZE lines must be the note's)")
+    from .cli_proofs import add_witness_options
+
+    add_witness_options(p)
     add_json_option(p)
     p.add_argument("--workers", type=int, default=None, help="processes for large journals (default: all cores)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar even on a terminal")
@@ -242,6 +249,10 @@ def register(sub) -> None:
                    help="sign with this private key instead of a new key pair in the run folder")
     p.set_defaults(func=_cmd_demo)
 
+    from .cli_proofs import register as register_proofs
+
+    register_proofs(sub)
+
 
 # ---------------------------------------------------------------- commands
 
@@ -317,13 +328,23 @@ def print_report(r: VerifyReport, *, title: str) -> None:
 def _cmd_verify(args: argparse.Namespace) -> int:
     from .rundir import is_run_dir
 
+    from .cli_proofs import FAILS, expected_checkpoint
+
     extra = {"require_closed": args.require_closed, "workers": args.workers}
     if args.expect_head:
         extra["expect_head"] = parse_head(args.expect_head)
     if is_run_dir(args.path):
-        if args.expect_head:
-            raise UsageError("--expect-head names one journal's head; give that rank's file, not the run folder")
+        if args.expect_head or args.expect_checkpoint:
+            raise UsageError("--expect-head and --expect-checkpoint name one journal's head; give that rank's file, "
+                             "not the run folder")
         return _verify_run_dir(args, require_closed=args.require_closed)
+    try:
+        cp = expected_checkpoint(args)
+    except FAILS as e:
+        say(f"FAIL  {args.path}: the expected checkpoint {args.expect_checkpoint}: {e}")
+        return 1
+    if cp is not None:
+        extra["expect_checkpoint"] = cp
     return _verify_and_print(args, "OK  ", **extra)
 
 
@@ -448,6 +469,10 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 
         r = h["restarts"]
         say(f"  restarts {r['count']} (continuity {'ok' if r['continuity_ok'] else 'BROKEN'})")
+    if rec.compute is not None:
+        c = rec.compute
+        say(f"  compute {c['steps']:,} steps, {c['tokens']:,} tokens, {c['flops']:.4g} model FLOPs (every step "
+            "observed, all segments)")
     for kind, steps in sorted(rec.anomalies_by_kind.items()):
         shown = ", ".join(map(str, steps[:10])) + (" ..." if len(steps) > 10 else "")
         say(f"  anomaly {kind}: {len(steps)} at steps {shown}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 __all__ = [
     "TrainledgerError",
+    "CheckpointMismatch",
     "JournalError",
     "UsageError",
     "JournalIOError",
@@ -181,3 +182,10 @@ class HeadMismatch(IntegrityError):
     """The journal does not contain the head recorded elsewhere (``expect_head``)."""
 
     reason = "head-mismatch"
+
+
+class CheckpointMismatch(IntegrityError):
+    """A checkpoint published earlier is not a prefix of this journal (``verify --expect-checkpoint``): the log
+    was rewritten, forked or truncated since."""
+
+    reason = "checkpoint-mismatch"

@@ -17,7 +17,7 @@ from typing import Any
 
 from .events import Event, RunClosed, RunOpened, RunResumed, Seal, StepObserved, TailRepaired
 
-__all__ = ["BUILTIN_KINDS", "MetricsLogged", "ScalingFitted", "DeviceSampled", "DeviceChanged", "DEVICE_ANOMALIES", "device_anomaly", "TelemetryUnavailable", "ShardsSaved", "StragglerScores", "StragglerDetected", "RankJoined", "RanksAnchored", "AnchorRecorded", "RunConfigured", "AnomalyDetected", "SpikeSuspected", "DetectorParams", "MAX_WINDOW", "CheckpointSaved", "ResumeRejectedEvent", "WeightsRestored", "CheckpointFailed", "CheckpointDeleted",
+__all__ = ["BUILTIN_KINDS", "ComputeTotaled", "MetricsLogged", "ScalingFitted", "DeviceSampled", "DeviceChanged", "DEVICE_ANOMALIES", "device_anomaly", "TelemetryUnavailable", "ShardsSaved", "StragglerScores", "StragglerDetected", "RankJoined", "RanksAnchored", "AnchorRecorded", "RunConfigured", "AnomalyDetected", "SpikeSuspected", "DetectorParams", "MAX_WINDOW", "CheckpointSaved", "ResumeRejectedEvent", "WeightsRestored", "CheckpointFailed", "CheckpointDeleted",
            "RewindDecided", "DataWindowSkipped", "RunStopped", "RungStarted", "GateVerdict", "DecisionRecorded",
            "PreflightGate", "PreflightCompleted", "EvaluationRecorded", "CheckpointSelected", "ResourceRecorded",
            "CHECKPOINT_CONTRACT"]
@@ -473,6 +473,22 @@ class MetricsLogged(Event, tag="metrics_logged", frozen=True, kw_only=True):
     source: str = ""
 
 
+class ComputeTotaled(Event, tag="compute_totaled", frozen=True, kw_only=True):
+    """The training compute of every step the journal observed before it, as one signed figure (format 1.3):
+    a derived event (:class:`journal.mfu.ComputeTotals`), recorded when a run ends and recomputed by replay.
+    Every ``step_observed`` counts (steps done again after a rewind or a resume too: compute spent); a step's
+    tokens are ``tokens``, else ``examples`` x its segment's ``seq_len``; ``flops`` is the model FLOPs of those
+    tokens (PaLM: 6N + 12LHQT per token, under each step's ``run_configured``), a float (a frontier run's
+    exceeds 64-bit integers)."""
+
+    steps: int
+    tokens: int
+    flops: float
+    last_step: int | None = None
+    steps_without_tokens: int = 0  # steps with neither tokens nor examples and a seq_len
+    tokens_without_shape: int = 0  # tokens of segments whose run_configured gave no FLOP shape (not in flops)
+
+
 BUILTIN_KINDS: dict[str, type[Event]] = {c.__struct_config__.tag: c for c in (
     RunOpened, Seal, StepObserved, RunResumed, TailRepaired, RunClosed,
     RunConfigured, AnomalyDetected, SpikeSuspected,
@@ -481,5 +497,5 @@ BUILTIN_KINDS: dict[str, type[Event]] = {c.__struct_config__.tag: c for c in (
     RungStarted, GateVerdict, DecisionRecorded,
     PreflightGate, PreflightCompleted, EvaluationRecorded, CheckpointSelected, ResourceRecorded,
     RankJoined, RanksAnchored, AnchorRecorded, StragglerScores, StragglerDetected, ShardsSaved,
-    DeviceSampled, DeviceChanged, TelemetryUnavailable, MetricsLogged, ScalingFitted,
+    DeviceSampled, DeviceChanged, TelemetryUnavailable, MetricsLogged, ScalingFitted, ComputeTotaled,
 )}

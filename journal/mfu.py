@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["model_flops_per_token", "MfuAccounting"]
+__all__ = ["model_flops_per_token", "MfuAccounting", "ComputeTotals", "record_compute"]
 
 
 def model_flops_per_token(n_params: int, n_layer: int, n_head: int, head_dim: int, seq_len: int) -> int:
@@ -42,3 +42,77 @@ class MfuAccounting:
                 return None
             tokens = examples * self.seq_len
         return fpt * tokens / step_time_s / peak
+
+
+class ComputeTotals:
+    """The training compute a journal's steps add up to (``compute_totaled``): one fold, for the writer that records
+    the figure and for replay that recomputes it. Integers throughout; ``flops`` becomes a float only in the
+    event."""
+
+    __slots__ = ("steps", "tokens", "flops", "last_step", "steps_without_tokens", "tokens_without_shape", "_fpt",
+                 "_seq_len")
+
+    def __init__(self) -> None:
+        self.steps = self.tokens = self.flops = self.steps_without_tokens = self.tokens_without_shape = 0
+        self.last_step: int | None = None
+        self._fpt: int | None = None
+        self._seq_len: int | None = None
+
+    def configure(self, config: Any) -> None:
+        """A ``run_configured``: the steps after it are counted under its FLOP shape."""
+        self._fpt = MfuAccounting(config).fpt
+        self._seq_len = config.seq_len
+
+    def add(self, step: Any) -> None:
+        """A ``step_observed``."""
+        self.steps += 1
+        self.last_step = step.step
+        t = step.tokens
+        if t is None and step.examples is not None and self._seq_len is not None:
+            t = step.examples * self._seq_len
+        if t is None:
+            self.steps_without_tokens += 1
+            return
+        self.tokens += t
+        if self._fpt is None:
+            self.tokens_without_shape += t
+        else:
+            self.flops += self._fpt * t
+
+    def event(self) -> Any:
+        from .kinds import ComputeTotaled
+
+        return ComputeTotaled(steps=self.steps, tokens=self.tokens, flops=float(self.flops), last_step=self.last_step,
+                              steps_without_tokens=self.steps_without_tokens,
+                              tokens_without_shape=self.tokens_without_shape)
+
+    def fold(self, events: Any) -> ComputeTotals:
+        from .events import StepObserved
+        from .kinds import RunConfigured
+
+        for ev in events:
+            if isinstance(ev, StepObserved):
+                self.add(ev)
+            elif isinstance(ev, RunConfigured):
+                self.configure(ev)
+        return self
+
+
+def record_compute(journal: Any) -> Any:
+    """Append ``compute_totaled`` for everything ``journal`` (an open :class:`~journal.writer.Journal`) holds, sealed
+    and fsynced; return the event. The figure is folded from the journal as written (its signed lines, read back
+    after a durable seal), so that a run resumed from a checkpoint, whose process saw only its own steps, still
+    totals them all. Call it just before ``close()``; it reads the whole journal (what replay reads)."""
+    from .reader import read_event_batches, read_signed_events
+
+    journal.seal(durable=True)
+    totals = ComputeTotals()
+    pub = journal.public_key
+    if pub is not None:
+        totals.fold(read_signed_events(journal.path, [pub]))
+    else:
+        for batch in read_event_batches(journal.path):
+            totals.fold(batch)
+    ev = totals.event()
+    journal.append(ev, durable=True)
+    return ev

@@ -27,7 +27,7 @@ from .errors import TrainledgerError
 
 __all__ = ["NoteError", "Verifier", "key_hash", "verifier_key", "parse_verifier_key", "sign_note", "open_note",
            "checkpoint_text", "parse_checkpoint", "Checkpoint", "cosign", "verify_cosignature", "SIG_ED25519",
-           "SIG_COSIGNATURE"]
+           "SIG_COSIGNATURE", "cosigner_key", "note_signature_line", "check_cosignatures"]
 
 SIG_ED25519 = 0x01
 SIG_COSIGNATURE = 0x04
@@ -52,9 +52,16 @@ def key_hash(name: str, public: bytes, sig_type: int = SIG_ED25519) -> int:
     return int.from_bytes(hashlib.sha256(name.encode() + b"\n" + bytes([sig_type]) + public).digest()[:4], "big")
 
 
-def verifier_key(name: str, public: bytes) -> str:
-    """``<name>+<hex key hash>+<base64(0x01 || public key)>``: what a verifier pins."""
-    return f"{name}+{key_hash(name, public):08x}+{base64.b64encode(bytes([SIG_ED25519]) + public).decode()}"
+def verifier_key(name: str, public: bytes, sig_type: int = SIG_ED25519) -> str:
+    """``<name>+<hex key hash>+<base64(type || public key)>``: what a verifier pins (type 0x01 for a log's Ed25519
+    key, 0x04 for a witness's cosignature key)."""
+    return (f"{name}+{key_hash(name, public, sig_type):08x}+"
+            f"{base64.b64encode(bytes([sig_type]) + public).decode()}")
+
+
+def cosigner_key(name: str, public: bytes) -> str:
+    """A witness's verifier key (tlog-cosignature/v1: type 0x04)."""
+    return verifier_key(name, public, SIG_COSIGNATURE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,11 +83,11 @@ def parse_verifier_key(vkey: str) -> Verifier:
         raw = base64.b64decode(k, validate=True)
     except (ValueError, binascii.Error):
         raise NoteError(f"{vkey[:80]!r}: the hash or the key is not encoded properly") from None
-    if len(raw) != 33 or raw[0] != SIG_ED25519:
-        raise NoteError(f"{vkey[:80]!r}: not an Ed25519 key")
-    if key_hash(name, raw[1:]) != want:
+    if len(raw) != 33 or raw[0] not in (SIG_ED25519, SIG_COSIGNATURE):
+        raise NoteError(f"{vkey[:80]!r}: not an Ed25519 or a cosignature/v1 key")
+    if key_hash(name, raw[1:], raw[0]) != want:
         raise NoteError(f"{vkey[:80]!r}: the key hash does not match the name and key")
-    return Verifier(name, want, raw[1:])
+    return Verifier(name, want, raw[1:], raw[0])
 
 
 def _check_text(text: str) -> None:
@@ -88,6 +95,27 @@ def _check_text(text: str) -> None:
         raise NoteError("a note's text ends with a newline and holds no blank line")
     if any(ord(c) < 0x20 and c != "\n" for c in text):
         raise NoteError("a note's text holds no control characters but newlines")
+
+
+def note_signature_line(name: str, public: bytes, sig: bytes) -> str:
+    """The signature line ``— <name> <base64(key hash || signature)>`` of an Ed25519 signature on a note."""
+    return f"{_DASH}{name} {base64.b64encode(struct.pack('>I', key_hash(name, public)) + sig).decode()}\n"
+
+
+def check_cosignatures(msg: str, witnesses: list[Verifier]) -> list[tuple[Verifier, int]]:
+    """The pinned witnesses (cosignature/v1 keys) whose cosignatures on the note ``msg`` verify, each with its
+    timestamp. A pinned witness's cosignature that does not verify rejects the note; unpinned lines are
+    ignored."""
+    text, sigs = _split(msg)
+    by = {(v.name, v.hash): v for v in witnesses if v.sig_type == SIG_COSIGNATURE}
+    out: list[tuple[Verifier, int]] = []
+    for name, raw in sigs:
+        v = by.get((name, int.from_bytes(raw[:4], "big")))
+        if v is None or any(v is w for w, _ in out):
+            continue
+        b64 = base64.b64encode(raw).decode()
+        out.append((v, verify_cosignature(text, f"{_DASH}{name} {b64}\n", v.name, v.public)))
+    return out
 
 
 def sign_note(text: str, name: str, private: Ed25519PrivateKey) -> str:

@@ -24,8 +24,10 @@ from .approval import ApprovalInvalid, SignedApproval, check_approval
 from .events import RunResumed, StepObserved
 from .health import HealthProjection, state_digest
 from .errors import UsageError
+from .mfu import ComputeTotals
 from .kinds import (
     AnomalyDetected,
+    ComputeTotaled,
     DeviceChanged,
     ScalingFitted,
     device_anomaly,
@@ -131,11 +133,15 @@ class HealthAudit(Projection):
         self.check_suspected = format_version is None or _at_least(format_version, (1, 1))
         # device anomalies derived from device_changed came with format 1.2
         self.check_device = format_version is None or _at_least(format_version, (1, 2))
+        self.compute = ComputeTotals()  # compute_totaled (1.3): every step of every segment
 
     def apply(self, ev: Any) -> None:
         if isinstance(ev, RunConfigured):
             self.proj = HealthProjection(ev)
+            self.compute.configure(ev)
         elif isinstance(ev, (StepObserved, RunResumed)):
+            if isinstance(ev, StepObserved):
+                self.compute.add(ev)
             proj = self.proj
             if proj is None:
                 proj = self.proj = HealthProjection()
@@ -151,6 +157,14 @@ class HealthAudit(Projection):
             self.recorded.append((ev.seq, ev))
         elif isinstance(ev, SpikeSuspected):
             self.suspected_recorded.append((ev.seq, ev))
+        elif isinstance(ev, ComputeTotaled):
+            want = self.compute.event()
+            got = {f: getattr(ev, f) for f in ComputeTotaled.__struct_fields__ if f not in _RECORD_ONLY}
+            for f, v in got.items():
+                if getattr(want, f) != v:
+                    self._diffs.append(_diff(ev.seq, "compute_totaled", f"recorded {f} {v}, but the steps before "
+                                                                        f"it add up to {getattr(want, f)}"))
+                    break
         elif isinstance(ev, CheckpointSaved) and ev.monitor_sha256 is not None:
             # The checkpoint's monitor snapshot must be the fold of the journal up to here.
             folded = state_digest((self.proj or HealthProjection()).state())

@@ -43,6 +43,8 @@ class Reconstruction:
     differences: list[dict[str, Any]]
     #: what a reader must know even when nothing differs (no steps at all, an implausible MFU)
     notes: list[str] = dataclasses.field(default_factory=list)
+    #: the training compute every step of the signed prefix adds up to (journal.mfu.ComputeTotals)
+    compute: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:
@@ -117,4 +119,5 @@ def _rebuild(report: VerifyReport, copy: Path, observe: Callable[[Any], None] | 
         ladder=by_name["ladder"].summary(),
         differences=differences,
         notes=notes,
+        compute=msgspec.to_builtins(health_audit.compute.event()) if health_audit.compute.steps else None,
     )

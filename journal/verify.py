@@ -25,6 +25,7 @@ from . import codec
 from ._scan import MAX_LINE, RangeResult, ScanContext, _scan_range_star, cpu_count, scan_range, tree_mode
 from .chain import RUN_ID_RE, genesis
 from .errors import (
+    CheckpointMismatch,
     HeadMismatch,
     IntegrityError,
     JournalIOError,
@@ -270,6 +271,7 @@ def verify(
     progress: Callable[[int, int], None] | None = None,
     _alongside: Callable[[], None] | None = None,
     _collect: tuple[frozenset[str], frozenset[int]] | None = None,
+    expect_checkpoint: Any = None,
 ) -> VerifyReport:
     """Verify a journal file and return what was established.
 
@@ -285,6 +287,10 @@ def verify(
     report then stands for the signed prefix alone (``sealed_bytes``, ``head``) and counts the rest in
     ``unsealed_events``; without it such a journal raises :class:`UnsealedEvents`. A signed journal with no
     valid seal at all never verifies.
+
+    ``expect_checkpoint``: a checkpoint published earlier (a :class:`journal.note.Checkpoint`, already opened under
+    a pinned key; see :func:`journal.transparency.open_checkpoint`): the journal must extend it, the root of its
+    first ``size`` lines being the checkpoint's (recomputed in the same pass), else :class:`CheckpointMismatch`.
 
     Raises :class:`IntegrityError` subclasses when the journal does not verify
     (``err.report`` holds the partial report), :class:`UsageError` when no key
@@ -316,7 +322,12 @@ def verify(
         raise
 
     ctx = ScanContext(opened.run_id, opened.key_id, public_raw, check_signatures, head_req,
-                      *(_collect or (frozenset(), frozenset())), tree=tree_mode(opened.format_version))
+                      *(_collect or (frozenset(), frozenset())), tree=tree_mode(opened.format_version),
+                      tree_at=expect_checkpoint.size if expect_checkpoint is not None else None)
+    if expect_checkpoint is not None and not ctx.tree:
+        err = UsageError(f"{p}: a format {opened.format_version} journal has no tree heads: --expect-checkpoint "
+                         "needs format 1.3 or later")
+        raise err
     results = _scan(p, size, opened_len + 1, ctx, workers, progress, _alongside)
     if _collect is not None:  # verify_run_dir: lines and hashes gathered by the same pass that checked them
         report.collected = [x for r in results for x in r.collected]
@@ -347,7 +358,9 @@ def verify(
             raise err
     if ctx.tree:
         try:
-            _merge_trees(report, results)
+            at = _merge_trees(report, results, ctx.tree_at)
+            if expect_checkpoint is not None:
+                _check_extends(report, expect_checkpoint, at)
         except IntegrityError as e:
             _fail(report, e)
             raise
@@ -355,14 +368,33 @@ def verify(
     return report
 
 
-def _merge_trees(report: VerifyReport, results: list[RangeResult]) -> None:
+def _check_extends(report: VerifyReport, cp: Any, root_at: bytes | None) -> None:
+    if cp.origin != "trainledger/" + (report.run_id or ""):
+        raise CheckpointMismatch(f"the expected checkpoint is of {cp.origin[:80]!r}, not of this run", seq=0)
+    if root_at is None:
+        n = report.tree.end if report.tree is not None else 0
+        raise CheckpointMismatch(f"the expected checkpoint is of a tree of {cp.size:,} lines; the journal holds "
+                                 f"{n:,}: truncated", seq=n)
+    if root_at != cp.root:
+        raise CheckpointMismatch(f"the journal's first {cp.size:,} lines do not hash to the expected checkpoint's "
+                                 "root: rewritten since it was published (a fork)", seq=cp.size - 1)
+    report.notes.append(f"extends the expected checkpoint (tree of {cp.size:,} lines)")
+
+
+def _merge_trees(report: VerifyReport, results: list[RangeResult], tree_at: int | None = None) -> bytes | None:
     """Join the ranges' trees in file order, checking the root each seal names against every line before it (a
-    range that begins past leaf 0 could not: it lacked the lines before it)."""
+    range that begins past leaf 0 could not: it lacked the lines before it). Returns the root of the first
+    ``tree_at`` lines when asked and the journal holds that many."""
     from .merkle import CompactRange
 
     whole = CompactRange(0)
     sealed = None
+    root_at = None
     for res in results:
+        if res.tree_at is not None and root_at is None:
+            t = whole.copy()
+            t.merge(res.tree_at)
+            root_at = t.root()
         for seq, offset, claimed, leaves in res.seal_roots:
             t = whole.copy()
             t.merge(leaves)
@@ -375,6 +407,7 @@ def _merge_trees(report: VerifyReport, results: list[RangeResult]) -> None:
         if res.tree is not None:
             whole.merge(res.tree)
     report.tree, report.sealed_tree = whole, sealed
+    return root_at
 
 
 def verify_copy(path: str | os.PathLike, copies: Any, **options: Any) -> tuple[VerifyReport, Path]:

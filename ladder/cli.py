@@ -6,6 +6,7 @@ import argparse
 import time
 from pathlib import Path
 
+from trainledger.journal.mfu import record_compute
 from trainledger.journal.cli import print_report, say
 from trainledger.journal.errors import JournalError, UsageError
 from trainledger.journal.keys import keygen, trusted_keys
@@ -173,6 +174,7 @@ def _cmd_ladder(args: argparse.Namespace) -> int:
     except BaseException:
         j.suspend()
         raise
+    record_compute(j)
     j.close()
     say(f"ladder '{args.preset}' in {time.perf_counter() - t0:.1f} s: {len(result.outcomes)} rungs attempted, "
           f"halted_at={result.halted_at}, passed={result.passed_rungs()}, {result.decisions} decisions")

@@ -24,7 +24,7 @@ import torch
 
 from trainledger.journal import Journal, Signer
 from trainledger.journal.kinds import DecisionRecorded, GateVerdict, RungStarted
-from trainledger.journal.mfu import MfuAccounting
+from trainledger.journal.mfu import MfuAccounting, record_compute
 from trainledger.journal.ladder_outcome import LadderProjection, LadderResult, RungOutcome, decide, gate
 from trainledger.training.checkpoint import restore_checkpoint, save_checkpoint
 from trainledger.training.corpus import BatchSampler, MarkovSource
@@ -237,6 +237,8 @@ def run_pilot_ladder(rungs: list[Rung], peak_flops_per_sec: float | None = None,
             proj.apply(decision)
             if not passed:
                 break
+        if own:
+            record_compute(j)
     finally:
         if own:
             j.close()

@@ -148,6 +148,9 @@ def every_kind(path: Path) -> Path:
     j.append(DecisionRecorded(rung="rung_i", belief_before={"a": 1.0, "b": 1.0, "mean": 0.5},
                               evidence=[started_h, verdict_h], belief_after={"a": a, "b": b, "mean": a / (a + b)},
                               action_chosen="advance" if passed else "halt_ladder"), durable=True)
+    from trainledger.journal.mfu import record_compute
+
+    record_compute(j)  # 1.3: the training compute of every step above, one figure
     j.close()
     path.with_suffix(".pub").write_text(signer.public.line() + "\n")
     return path

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from trainledger.journal.mfu import record_compute
 from trainledger.journal import Signer, read_signed_events
 from trainledger.journal.kinds import ShardsSaved
 
@@ -185,6 +186,7 @@ def run_distributed_training(run_dir: str | os.PathLike, *, signer: Signer, conf
         if telemetry is not None:
             telemetry.stop()
         report = monitor.report()
+        record_compute(j)
         dist.barrier()
         j.close()
     except BaseException:

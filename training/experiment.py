@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 
+from trainledger.journal.mfu import record_compute
 from trainledger.journal import Journal, Signer, TrainledgerError, UnsafePath
 from trainledger.journal._paths import confined, open_new
 from trainledger.journal.projections import select_checkpoint
@@ -347,6 +348,7 @@ class _Experiment:
 
     def stopped(self, s: _Stop) -> dict[str, Any]:
         self.j.append(RunStopped(rule=s.rule, reason=s.reason, value=s.value, limit=s.limit), durable=True)
+        record_compute(self.j)
         self.j.close(status="stopped", reason=s.rule)
         return {"stopped": s.rule, "reason": s.reason, "value": s.value, "limit": s.limit, "losses": self.losses,
                 "identity": self.ident, "journal": self.jpath}
@@ -373,6 +375,7 @@ def run_experiment(m: ExperimentManifest, root: str | Path, run_dir: str | Path,
                 x.checkpoint(step)
             step += 1
         selected = _select(m, x.j, x.evals)
+        record_compute(x.j)
         x.j.close()
         return {"stopped": None, "losses": x.losses, "identity": x.ident, "journal": x.jpath, "selected": selected,
                 "evaluations": len(x.evals)}

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from trainledger.journal.mfu import record_compute
 from trainledger.journal import Journal, Signer, verify
 from trainledger.journal._paths import confined
 from trainledger.journal.projections import rewind_allowed
@@ -192,6 +193,7 @@ def run_training(run_dir: str | Path, *, signer: Signer, config: LoopConfig = Lo
                             if not allowed else f"no checkpoint at least {rewind.lookback_steps} steps before the spike")
                     j.append(RunStopped(rule=rule, reason=f"{spike.kind} at step {spike.step}"), durable=True)
                     report = monitor.report()
+                    record_compute(j)
                     j.close(status="stopped", reason=rule)
                     return {"losses": losses, "report": report, "stopped": rule,
                             "verify": verify(jpath, keys=[signer.public], require_closed=True)}
@@ -215,6 +217,7 @@ def run_training(run_dir: str | Path, *, signer: Signer, config: LoopConfig = Lo
                 enforce_retention(run, j, kept, cfg.keep_last)
             step += 1
         report = monitor.report()
+        record_compute(j)
         j.close()
     except BaseException:
         if not j.closed:

@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from trainledger.journal.mfu import record_compute
 from trainledger.journal import Journal, Signer, load_signer
 from trainledger.journal.errors import JournalClosed, UsageError
 
@@ -216,6 +217,7 @@ class Recorder:
     def close(self, status: str = "completed", reason: str | None = None) -> dict[str, Any]:
         """Close the journal (sealed, durable); returns the monitor's report."""
         report = self.monitor.report()
+        record_compute(self.journal)
         self.journal.close(status=status, reason=reason)
         return report
 

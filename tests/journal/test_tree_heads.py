@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+from pathlib import Path
 
 import pytest
 from conftest import step
@@ -44,6 +45,26 @@ def test_a_seal_signing_a_wrong_root_with_the_runs_own_key_is_named(make_journal
     with pytest.raises(SealInvalid, match=f"seal at seq {s}: its tree root is not the root") as ei:
         verify(p, keys=[pubkey])
     assert ei.value.seq == s
+    import independent_verifier as iv
+
+    with pytest.raises(iv.Bad, match="seal names another tree"):
+        iv.verify(p.read_bytes(), pubkey.raw)
+
+
+def test_the_independent_verifier_agrees_on_a_long_1_3_journal_and_the_goldens(make_journal, pubkey):
+    import independent_verifier as iv
+
+    from trainledger.journal import load_public_key
+
+    p = make_journal(3000, seal_every=333)
+    ref = verify(p, keys=[pubkey], require_closed=True)
+    assert iv.verify(p.read_bytes(), pubkey.raw) == {"events": ref.events, "last_sealed_seq": ref.last_sealed_seq,
+                                                     "tail": "closed"}
+    golden = Path(__file__).resolve().parents[1] / "assets" / "golden"
+    for name in ("every_kind_v1", "every_kind_v1_2", "every_kind_v1_3"):
+        g = golden / f"{name}.jsonl"
+        key = load_public_key(g.with_suffix(".pub"))
+        assert iv.verify(g.read_bytes(), key.raw)["events"] == verify(g, keys=[key]).events
 
 
 def test_a_changed_tree_size_or_a_tree_in_an_older_journal_is_refused(make_journal, pubkey):
@@ -80,7 +101,8 @@ def test_parallel_ranges_check_each_seals_root_against_the_lines_before_them(tmp
     merged = []
     real = verify_mod._merge_trees
     monkeypatch.setattr(verify_mod, "_merge_trees",
-                        lambda rep, results: (merged.append(sum(len(x.seal_roots) for x in results)), real(rep, results)))
+                        lambda rep, results, *a: (merged.append(sum(len(x.seal_roots) for x in results)),
+                                                 real(rep, results, *a))[1])
     r = verify(p, keys=[pubkey], workers=2)
     assert merged and merged[0] > 50  # the seals of the ranges after the first were checked at the merge
     lines = read_lines(p)

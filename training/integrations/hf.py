@@ -37,6 +37,7 @@ from typing import Any
 import torch
 from transformers import TrainerCallback
 
+from trainledger.journal.mfu import record_compute
 from trainledger.journal import Signer
 from trainledger.journal.kinds import CheckpointDeleted, CheckpointSaved
 
@@ -227,6 +228,7 @@ class TrainledgerCallback(TrainerCallback):
         if self.monitor is not None:
             self._drain(control)
         self._remove_hooks()
+        record_compute(self.journal)
         if self.stopped:
             self.journal.close(status="stopped", reason=self.stopped)
         else:

@@ -32,6 +32,7 @@ import torch
 from lightning.pytorch import Callback
 from lightning.pytorch.loggers import Logger
 
+from trainledger.journal.mfu import record_compute
 from trainledger.journal import Journal, Signer, read_signed_events
 from trainledger.journal.kinds import CheckpointSaved, MetricsLogged, ResumeRejectedEvent, RunStopped
 
@@ -233,6 +234,7 @@ class TrainledgerCallback(Callback):
         if self.monitor is not None:
             self._drain(trainer)
         self._record_checkpoints(trainer)
+        record_compute(self.journal)
         if self.stopped:
             self.journal.close(status="stopped", reason=self.stopped)
         else:
