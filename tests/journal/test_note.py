@@ -75,3 +75,27 @@ def test_a_checkpoint_of_a_journal_tree_and_a_witness_cosignature():
                            "witness.example/w1", pub)  # another checkpoint
     with pytest.raises(NoteError):
         parse_checkpoint("origin\n01\n" + base64.b64encode(bytes(32)).decode() + "\n")  # a padded size
+
+
+def test_a_cosignature_line_has_the_c2sp_layout():
+    """C2SP tlog-cosignature's example line (witness.example.com/w1 on example.com/behind-the-sofa) is key ID (4
+    bytes) || timestamp (8, big-endian) || Ed25519 signature (64): the layout ``cosign`` writes. (The spec does not
+    publish the witness's key, so only the layout can be compared.)"""
+    import base64
+    import struct
+
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from trainledger.journal.note import cosign, cosigner_key, parse_verifier_key, verify_cosignature
+
+    spec = base64.b64decode("jWbPPwAAAABkGFDLEZMHwSRaJNiIDoe9DYn/zXcrtPHeolMI5OWXEhZCB9dlrDJsX3b2oyin1nPZqhf5nNo0xUe+"
+                            "mbIUBkBIfZ+qnA==")
+    assert len(spec) == 76 and struct.unpack(">Q", spec[4:12])[0] == 1679315147  # 2023-03-20, as in the spec
+    key = Ed25519PrivateKey.from_private_bytes(bytes(32))
+    text = "example.com/behind-the-sofa\n20852163\nCsUYapGGPo4dkMgIAUqom/Xajj7h2fB2MPA3j2jxq2I=\n"
+    line = cosign(text, "witness.example.com/w1", key, 1679315147)
+    mine = base64.b64decode(line.rsplit(" ", 1)[1])
+    assert len(mine) == 76 and mine[4:12] == spec[4:12]
+    v = parse_verifier_key(cosigner_key("witness.example.com/w1", key.public_key().public_bytes_raw()))
+    assert mine[:4] == v.hash.to_bytes(4, "big") and v.sig_type == 0x04
+    assert verify_cosignature(text, line, v.name, v.public) == 1679315147
