@@ -8,8 +8,12 @@
    trainledger's callback, and with transformers' own TensorBoard, MLflow (a local file store) and W&B (offline)
    callbacks, each logging every step (``logging_steps=1``: trainledger records every step). Runs interleaved,
    ``--reps`` times; medians.
-2. Lightning, a small MLP: the same against Lightning's CSV, TensorBoard and MLflow loggers (``log_every_n_steps=1``).
-3. Imports: a 1,000,000-scalar TensorBoard log (250,000 steps x 4 tags) and a 100,000-iteration Megatron log.
+2. Lightning, a small MLP (a 1 ms step, no clipping: the callback computes the gradient norm itself), and 2b. the
+   tiny GPT-2 of 1. with the same batch, clipping at 1.0 as the Trainer does by default: the same against
+   Lightning's CSV, TensorBoard and MLflow loggers (``log_every_n_steps=1``).
+3. The callbacks' own time per step, measured inside a run (each of their methods and hooks timed): the end-to-end
+   difference of 1. and 2. cannot resolve 1% of a step on this machine, whose runs drift by more than that.
+4. Imports: a 1,000,000-scalar TensorBoard log (250,000 steps x 4 tags) and a 100,000-iteration Megatron log.
 """
 
 from __future__ import annotations
@@ -82,7 +86,7 @@ def _hf(kind: str, tmp: Path, steps: int, signer) -> float:
     return statistics.median(d)
 
 
-def _lightning(kind: str, tmp: Path, steps: int, signer) -> float:
+def _lightning(kind: str, tmp: Path, steps: int, signer, model: str = "mlp") -> float:
     import lightning as L
     import torch
     from lightning.pytorch.loggers import CSVLogger, MLFlowLogger, TensorBoardLogger
@@ -109,9 +113,33 @@ def _lightning(kind: str, tmp: Path, steps: int, signer) -> float:
         def configure_optimizers(self):
             return torch.optim.AdamW(self.parameters(), lr=1e-3)
 
+    class LM(L.LightningModule):
+        """The tiny GPT-2 of the HF table, same batch (8 x 32 tokens)."""
+
+        def __init__(self):
+            super().__init__()
+            from transformers import GPT2Config, GPT2LMHeadModel
+
+            self.lm = GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=4, n_embd=64, vocab_size=64, n_positions=64,
+                                                 bos_token_id=0, eos_token_id=0))
+
+        def training_step(self, batch, i):
+            loss = self.lm(input_ids=batch["input_ids"], labels=batch["input_ids"]).loss
+            self.log("train_loss", loss)
+            return loss
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=5e-5)
+
     torch.manual_seed(0)
-    xs = torch.randn(8192, 64)
-    dl = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(xs, xs.sum(1, keepdim=True)), batch_size=32)
+    if model == "mlp":
+        xs = torch.randn(8192, 64)
+        dl = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(xs, xs.sum(1, keepdim=True)), batch_size=32)
+        module = M()
+    else:
+        ids = torch.randint(0, 64, (4096, 32), generator=torch.Generator().manual_seed(0))
+        dl = torch.utils.data.DataLoader([{"input_ids": x} for x in ids], batch_size=8)
+        module = LM()
     out = tmp / f"pl-{kind}-{time.monotonic_ns()}"
     clock = Clock()
     cbs: list = [clock]
@@ -122,10 +150,66 @@ def _lightning(kind: str, tmp: Path, steps: int, signer) -> float:
         from trainledger.training.integrations.lightning import TrainledgerCallback
 
         cbs.append(TrainledgerCallback(out, signer=signer))
+    # The LM clips at 1.0, as the HF Trainer does by default (Lightning then computes the norm itself); the MLP does
+    # not clip, so trainledger's callback computes the gradient norm on its own there.
     L.Trainer(max_steps=steps, accelerator="cpu", devices=1, logger=logger, callbacks=cbs, log_every_n_steps=1,
-              enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False).fit(M(), dl)
+              enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
+              gradient_clip_val=None if model == "mlp" else 1.0).fit(module, dl)
     d = [b - a for a, b in zip(clock.t[10:], clock.t[11:])]
     return statistics.median(d)
+
+
+def _lightning_lm(kind: str, tmp: Path, steps: int, signer) -> float:
+    return _lightning(kind, tmp, steps, signer, model="gpt2")
+
+
+def _timed(cls, names: tuple[str, ...], acc: dict[str, float]):
+    """A subclass of a trainledger callback whose methods (hooks included) add their own time to ``acc``."""
+
+    class Timed(cls):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            for name in names:
+                f = getattr(self, name)
+
+                def wrap(f=f):
+                    def timed(*a, **k):
+                        t = time.perf_counter()
+                        try:
+                            return f(*a, **k)
+                        finally:
+                            acc["t"] += time.perf_counter() - t
+                    return timed
+                setattr(self, name, wrap())
+
+    return Timed
+
+
+def _self_time(tmp: Path, steps: int, reps: int, signer) -> None:
+    """The callbacks' own time per step, measured inside the run: every method and hook of theirs timed (the end-to-end
+    difference above cannot resolve 1% of a step on this machine: runs drift by more than that)."""
+    from trainledger.training.integrations import hf, lightning
+
+    for title, mod, names, fn in (
+            ("HF Trainer", hf, ("on_step_begin", "on_pre_optimizer_step", "on_step_end", "on_optimizer_step",
+                                "_forward", "_accumulated"), _hf),
+            ("Lightning", lightning, ("on_train_batch_start", "on_before_optimizer_step", "on_train_batch_end"),
+             _lightning),
+            ("Lightning LM", lightning, ("on_train_batch_start", "on_before_optimizer_step", "on_train_batch_end"),
+             _lightning_lm)):
+        real = mod.TrainledgerCallback
+        per, step = [], []
+        for _ in range(reps):
+            acc = {"t": 0.0}
+            mod.TrainledgerCallback = _timed(real, names, acc)
+            try:
+                step.append(fn("trainledger", tmp, steps, signer))
+            finally:
+                mod.TrainledgerCallback = real
+            per.append(acc["t"] / steps)
+        p, s = statistics.median(per), statistics.median(step)
+        print(f"  {title:<11} callback's own time {p * 1e6:6.1f} us per step, {p / s:.2%} of its {s * 1e3:.3f} ms step "
+              f"(median of {reps})", flush=True)
 
 
 def _table(title: str, kinds: list[str], fn, tmp: Path, steps: int, reps: int, signer) -> None:
@@ -172,7 +256,7 @@ def _imports(tmp: Path) -> None:
         dt = time.perf_counter() - t
         if p.returncode != 0:
             raise SystemExit(p.stderr)
-        print(f"3. import {what}: {dt:.2f} s (target {target} s; the whole command, interpreter start included)",
+        print(f"4. import {what}: {dt:.2f} s (target {target} s; the whole command, interpreter start included)",
               flush=True)
 
 
@@ -193,6 +277,11 @@ def main() -> int:
         _table(f"2. Lightning, MLP 64-256-256-1, CPU, {args.steps} steps, every step logged, median of {args.reps}:",
                ["none", "trainledger", "csv", "tensorboard", "mlflow"], _lightning, tmp, args.steps, args.reps,
                signer)
+        _table(f"2b. Lightning, the tiny GPT-2 of 1. (same batch, clipping at 1.0 like the Trainer), CPU, {args.steps} "
+               f"steps, every step logged, median of {args.reps}:", ["none", "trainledger", "csv", "tensorboard", "mlflow"], _lightning_lm, tmp,
+               args.steps, args.reps, signer)
+        print(f"3. trainledger's callbacks, their own time inside the run ({args.steps} steps):", flush=True)
+        _self_time(tmp, args.steps, args.reps, signer)
         if not args.skip_imports:
             _imports(tmp)
     return 0

@@ -47,6 +47,27 @@ def _events(out, tag):
     return [e for e in read_events(out / "journal.jsonl") if type(e).__struct_config__.tag == tag]
 
 
+@pytest.mark.parametrize("max_grad_norm, tap", [(1e-3, True), (0.0, True), (1e-3, False)])
+def test_the_gradient_norm_is_the_trainers_own_before_clipping(tmp_path, signer, max_grad_norm, tap, monkeypatch):
+    """Each step's grad_norm is the pre-clip norm the Trainer logs (logging_steps=1), whether it clips hard
+    (1e-3: every step clipped) or not at all, read from the Trainer's own clip call or (tap off: a Trainer that
+    clips another way) computed by the per-parameter hooks; the wrapped clip_grad_norm_ is gone after the run."""
+    from trainledger.training.integrations import hf
+
+    if not tap:
+        monkeypatch.setattr(hf, "tap_clip", lambda cb: None)
+    original = torch.nn.utils.clip_grad_norm_
+    trainer, cb = _trainer(tmp_path, signer, steps=8, max_grad_norm=max_grad_norm)
+    trainer.args.logging_steps = 1
+    trainer.train()
+    steps = _events(tmp_path, "step_observed")
+    logged = [h["grad_norm"] for h in trainer.state.log_history if "grad_norm" in h]
+    assert len(logged) == len(steps) == 8
+    assert [s.grad_norm for s in steps] == pytest.approx(logged, rel=1e-6)
+    assert all(g > 100 * max_grad_norm for g in logged) and cb._tapped == tap
+    assert torch.nn.utils.clip_grad_norm_ is original
+
+
 def test_every_step_is_journaled_and_checkpoint_folders_are_digested(tmp_path, signer, pubkey):
     trainer, _ = _trainer(tmp_path, signer)
     trainer.train()
@@ -77,6 +98,7 @@ class Crash(transformers.TrainerCallback):
 
 def test_a_resume_is_checked_before_the_first_step_and_a_changed_byte_refused(tmp_path, signer, pubkey):
     trainer, cb = _trainer(tmp_path, signer, callbacks=[Crash()])
+    cb.buffer.every = 1  # every step on record before the crash (by default a dying process loses <= 16 steps / 0.2 s)
     with pytest.raises(KeyboardInterrupt):
         trainer.train()
     cb.journal.suspend()  # the process died: its journal stays open, unsealed steps set aside on reopening
@@ -97,6 +119,7 @@ def test_a_resume_is_checked_before_the_first_step_and_a_changed_byte_refused(tm
     # Another run, crashed likewise; then a byte of its checkpoint's optimizer state changes.
     other = tmp_path / "other"
     trainer, cb = _trainer(other, signer, callbacks=[Crash()])
+    cb.buffer.every = 1
     with pytest.raises(KeyboardInterrupt):
         trainer.train()
     cb.journal.suspend()
@@ -120,9 +143,10 @@ class Poison(transformers.TrainerCallback):
 
 
 def test_a_nan_stops_the_run_through_the_trainer(tmp_path, signer, pubkey):
-    trainer, cb = _trainer(tmp_path, signer, callbacks=[Poison()])
+    trainer, cb = _trainer(tmp_path, signer, steps=60, callbacks=[Poison()])
     trainer.train()
-    assert trainer.state.global_step == 4  # stopped after the first NaN step, not at 12
+    # stopped within a batch of the monitor (16 steps) after the first NaN step, not at 60
+    assert 4 <= trainer.state.global_step <= 4 + 16
     (stop,) = _events(tmp_path, "run_stopped")
     assert stop.rule == "stop_on:nan_loss" and "step 3" in stop.reason
     closed = _events(tmp_path, "run_closed")[0]

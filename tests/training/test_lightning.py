@@ -43,20 +43,37 @@ class Tiny(L.LightningModule):
         return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(xs, xs.sum(1, keepdim=True)), batch_size=8)
 
 
-def _fit(run, signer, *, crash_at=None, ckpt_path=None, logger=False):
+def _fit(run, signer, *, crash_at=None, ckpt_path=None, logger=False, clip=1.0):
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     cb = TrainledgerCallback(run, signer=signer)
     trainer = L.Trainer(max_steps=12, accelerator="cpu", devices=1, enable_progress_bar=False,
                         enable_model_summary=False, logger=TrainledgerLogger(cb) if logger else False,
                         callbacks=[cb, ModelCheckpoint(dirpath=run / "ckpts", every_n_train_steps=5, save_top_k=-1)],
-                        log_every_n_steps=1, gradient_clip_val=1.0)
+                        log_every_n_steps=1, gradient_clip_val=clip)
     trainer.fit(Tiny(crash_at), ckpt_path=ckpt_path)
     return trainer, cb
 
 
 def _events(run, tag):
     return [e for e in read_events(run / "journal.jsonl") if type(e).__struct_config__.tag == tag]
+
+
+def test_the_gradient_norm_is_the_one_before_clipping_read_from_lightnings_own_clip(tmp_path, signer, monkeypatch):
+    """With clipping on, the norm is Lightning's own (its clip_grad_norm_ call, wrapped while fitting); without the
+    wrapper (a clipping path that does not go through torch) the callback computes it before Lightning clips: the
+    same values either way, all far above the clip value, and clip_grad_norm_ is itself again afterwards."""
+    from trainledger.training.integrations import lightning as integ
+
+    original = torch.nn.utils.clip_grad_norm_
+    _, cb = _fit(tmp_path / "tap", signer, clip=1e-4)
+    assert cb._tapped and torch.nn.utils.clip_grad_norm_ is original
+    monkeypatch.setattr(integ, "tap_clip", lambda owner: None)
+    _, cb2 = _fit(tmp_path / "own", signer, clip=1e-4)
+    assert not cb2._tapped
+    tapped = [s.grad_norm for s in _events(tmp_path / "tap", "step_observed")]
+    own = [s.grad_norm for s in _events(tmp_path / "own", "step_observed")]
+    assert len(tapped) == 12 and tapped == pytest.approx(own, rel=1e-6) and min(tapped) > 1e-2
 
 
 def test_steps_checkpoints_and_metrics_are_journaled(tmp_path, signer, pubkey):

@@ -144,6 +144,61 @@ def check_folder(journal: Journal, run_dir: Path, folder: Path, *, keys: list[An
     return record
 
 
+_tap: dict[str, Any] = {"original": None, "listener": None}
+
+
+def tap_clip(owner: Any) -> None:
+    """While a run trains, wrap ``torch.nn.utils.clip_grad_norm_`` (once) so that ``owner`` (a callback with
+    ``_thread`` and ``_clip_norm``) gets the total norm before clipping that the framework computes when it clips:
+    the wrapper calls the original and returns its value; only calls from the owner's thread are seen."""
+    import functools
+    import threading
+    import weakref
+
+    import torch
+
+    if _tap["original"] is None:
+        original = torch.nn.utils.clip_grad_norm_
+
+        @functools.wraps(original)
+        def clip_grad_norm_(*args, **kwargs):
+            total = original(*args, **kwargs)
+            ref = _tap["listener"]
+            listener = ref() if ref is not None else None
+            if listener is not None and listener._thread == threading.get_ident():
+                listener._clip_norm = total
+            return total
+
+        torch.nn.utils.clip_grad_norm_ = clip_grad_norm_
+        _tap["original"] = original
+    _tap["listener"] = weakref.ref(owner)
+
+
+def untap_clip(owner: Any) -> None:
+    """Put ``torch.nn.utils.clip_grad_norm_`` back (when ``owner`` is the one listening)."""
+    import torch
+
+    ref = _tap["listener"]
+    if ref is not None and ref() is owner:
+        _tap["listener"] = None
+        if _tap["original"] is not None:
+            torch.nn.utils.clip_grad_norm_ = _tap["original"]
+            _tap["original"] = None
+
+
+def total_norm(grads: list[Any]) -> Any:
+    """The L2 norm of all of ``grads`` together, a tensor (no transfer): ``torch.nn.utils.get_total_norm``'s value, in
+    three fused calls where every gradient shares a device and dtype (the usual case; it groups them first)."""
+    import torch
+
+    if not grads:
+        return None
+    g0 = grads[0]
+    if all(g.device == g0.device and g.dtype == g0.dtype for g in grads):
+        return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+    return torch.nn.utils.get_total_norm(grads)
+
+
 def step_loss(losses: list[Any]) -> Any:
     """One optimizer step's loss from its micro-batches' losses (tensors): their mean, without a transfer."""
     import torch
@@ -155,17 +210,25 @@ def step_loss(losses: list[Any]) -> Any:
 
 class StepBuffer:
     """Per-step losses (and grad norms) kept as tensors, converted to floats in one transfer every ``every`` steps
-    (one host-device sync per batch of steps instead of one per step). On the CPU they convert at once."""
+    or ``max_wait_s`` seconds, whichever comes first (one host-device sync per batch of steps instead of one per
+    step), on the CPU too: the monitor then works on a batch of steps with warm caches instead of one step at a time
+    after each training step has cooled them. The time bound is the journal's own flush interval, so a process that
+    dies loses no more steps than the journal's crash model already allows."""
 
-    def __init__(self, every: int = 16):
+    def __init__(self, every: int = 16, max_wait_s: float = 0.2):
         self.every = max(1, every)
+        self.max_wait_ns = int(max_wait_s * 1e9)
         self.pending: list[tuple[int, Any, Any, dict[str, Any]]] = []
+        self._since = 0
 
     def add(self, step: int, loss: Any, grad_norm: Any, fields: dict[str, Any]) -> bool:
-        """Queue a step; True when it is time to :meth:`drain` (a full batch, or values already on the host)."""
-        self.pending.append((step, loss, grad_norm, fields))
-        on_host = all(getattr(x, "device", None) is None or x.device.type == "cpu" for x in (loss, grad_norm))
-        return on_host or len(self.pending) >= self.every
+        """Queue a step; True when it is time to :meth:`drain` (a full batch, or the oldest step waited long enough)."""
+        pending = self.pending
+        now = time.monotonic_ns()
+        if not pending:
+            self._since = now
+        pending.append((step, loss, grad_norm, fields))
+        return len(pending) >= self.every or now - self._since >= self.max_wait_ns
 
     def observe(self, monitor: Any, journal: Journal, stop_on: frozenset[str]) -> RunStopped | None:
         """Hand every queued step to the monitor; the first anomaly in ``stop_on`` is journaled as ``run_stopped``

@@ -11,11 +11,18 @@ rank under torchrun (``rank-NNNNN.jsonl``). It records:
   and ``run_configured`` with the model's FLOP configuration derived from its config (layers, heads, head size,
   parameters that do matmul work), so MFU needs nothing from you (give ``peak_flops_per_sec=``);
 - every optimizer step, per rank: the loss (the model's own ``loss`` output, the mean over the step's micro-batches),
-  the gradient norm before clipping (one foreach norm over every gradient once the last one is in, found by
-  per-parameter hooks; under DDP, this rank's own gradients), the learning rate the step used, its wall time, and tokens (``input_ids`` counted from
+  the gradient norm before clipping (the one the Trainer computes itself when it clips through
+  ``torch.nn.utils.clip_grad_norm_``, read from that call: while a run trains, that function is wrapped, calling
+  the original and handing the callback its return value, and the wrapper is removed at the end. Where the
+  Trainer clips another way (DeepSpeed, mixed device meshes) the callback computes the norm itself: one foreach norm
+  over every gradient once the last one is in, found by per-parameter hooks; under DDP, this rank's own gradients),
+  the learning rate the step used, its wall time, and tokens (``input_ids`` counted from
   the batch's shape). Not the ``logging_steps`` window means ``on_log`` gets. Losses and norms stay tensors and are
-  converted in one transfer every ``sync_every`` steps (16), at every log and save, and at the end: no extra
-  host-device sync per step on a GPU, and the health monitor's verdicts lag by at most that many steps;
+  converted in one transfer every ``sync_every`` steps (16) or 0.2 s (the journal's flush interval), whichever
+  comes first, at every save, and at the end, on the CPU too: no extra host-device sync per step on a GPU, the
+  monitor's work done in batches (a step's share is then a few microseconds; one step at a time, with the caches a
+  training step leaves cold, it is tens), the health monitor's verdicts (and a ``stop_on`` stop) lag by at most
+  that, and a process that dies loses at most the steps of that window (the journal's own crash model);
 - ``on_save``: the monitor's snapshot is written into ``checkpoint-N/`` (``trainledger-monitor.pt``) and every
   file of the folder is digested into ``checkpoint_saved`` (``files``); folders the Trainer rotated away
   (``save_total_limit``) are recorded as deleted;
@@ -30,6 +37,7 @@ rank under torchrun (``rank-NNNNN.jsonl``). It records:
 from __future__ import annotations
 
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -44,7 +52,8 @@ from trainledger.journal.kinds import CheckpointDeleted, CheckpointSaved
 from ..checkpoint import ResumeRejected, signed_history
 from ..flops import flop_config_from_hf
 from ..monitor import TrainingHealthMonitor
-from ._common import StepBuffer, check_folder, open_run_journal, record_checkpoint, signer_from, step_loss
+from ._common import (StepBuffer, check_folder, open_run_journal, record_checkpoint, signer_from, step_loss,
+                      tap_clip, total_norm, untap_clip)
 
 __all__ = ["TrainledgerCallback", "check_resume", "ResumeRejected"]
 
@@ -91,6 +100,9 @@ class TrainledgerCallback(TrainerCallback):
         self._t0 = 0.0
         self._lr: float | None = None
         self._grad_norm: Any = None
+        self._clip_norm: Any = None  # the Trainer's own pre-clip norm this step, from the wrapped clip_grad_norm_
+        self._tapped = False  # the Trainer's norm was seen: the per-parameter hooks are gone
+        self._thread = threading.get_ident()
         self._model = None
         self._snapshot: dict[str, Any] | None = None
         self._resumed: CheckpointSaved | None = None
@@ -115,6 +127,8 @@ class TrainledgerCallback(TrainerCallback):
         self._expected = len(self._params)
         for p in self._params:
             self._hooks.append(p.register_post_accumulate_grad_hook(self._accumulated))
+        self._thread = threading.get_ident()
+        tap_clip(self)
         history = signed_history(self.journal)
         self._live = [e for e in history if isinstance(e, CheckpointSaved) and e.files is not None]
         if state.global_step > 0:  # resume_from_checkpoint: the Trainer restored checkpoint-<global_step>
@@ -135,6 +149,7 @@ class TrainledgerCallback(TrainerCallback):
         for h in self._hooks:
             h.remove()
         self._hooks = []
+        untap_clip(self)
 
     def _forward(self, module, args, kwargs, output):
         if not module.training:
@@ -154,20 +169,30 @@ class TrainledgerCallback(TrainerCallback):
         fired = self._fired
         fired.append(p)
         if len(fired) == self._expected:
-            self._grad_norm = torch.nn.utils.get_total_norm([q.grad for q in fired if q.grad is not None])
+            self._grad_norm = total_norm([q.grad for q in fired if q.grad is not None])
             self._fired = []
 
     # -------------------------------------------------------------- steps
 
     def on_step_begin(self, args, state, control, **kwargs):
         self._t0 = time.perf_counter()
-        self._losses, self._tokens, self._fired, self._grad_norm = [], 0, [], None
+        self._losses, self._tokens, self._fired, self._grad_norm, self._clip_norm = [], 0, [], None, None
 
     def on_pre_optimizer_step(self, args, state, control, optimizer=None, **kwargs):
-        if self._fired:  # some parameters got no gradient this step: fewer hooks fire from now on
+        if self._clip_norm is not None:  # the Trainer clipped through torch: its pre-clip norm, computed once
+            self._grad_norm = self._clip_norm
+            self._fired = []
+            if not self._tapped:  # the Trainer's clipping path is fixed for the run: the hooks are not needed
+                self._tapped = True
+                for h in self._hooks[1:]:
+                    h.remove()
+                self._hooks = self._hooks[:1]
+        elif self._tapped:  # it did not clip this step (max_grad_norm 0 on an older transformers): unclipped grads
+            self._grad_norm = total_norm([p.grad for p in self._params if p.grad is not None])
+        elif self._fired:  # some parameters got no gradient this step: fewer hooks fire from now on
             self._expected = len({id(q) for q in self._fired})
             if self._grad_norm is None:  # this step's norm, after clipping (the next steps' before)
-                self._grad_norm = torch.nn.utils.get_total_norm([q.grad for q in self._fired if q.grad is not None])
+                self._grad_norm = total_norm([q.grad for q in self._fired if q.grad is not None])
             self._fired = []
         opt = optimizer if optimizer is not None else kwargs.get("optimizer")
         if opt is not None:
@@ -190,10 +215,6 @@ class TrainledgerCallback(TrainerCallback):
         if stop is not None:
             self.stopped = stop.rule
             control.should_training_stop = True
-
-    def on_log(self, args, state, control, **kwargs):
-        if self.monitor is not None:
-            self._drain(control)
 
     # -------------------------------------------------------------- checkpoints
 

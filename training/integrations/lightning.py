@@ -8,7 +8,9 @@ The journal is ``RUN_DIR/journal.jsonl``, or ``rank-NNNNN.jsonl`` on every rank 
 - every optimizer step on every rank: the loss (from ``training_step``'s ``outputs``; the mean over the step's
   micro-batches under gradient accumulation), the gradient norm before clipping (``on_before_optimizer_step``),
   the learning rate, the wall time from the step's first micro-batch to its last, and tokens where the batch has
-  ``input_ids``. Values stay tensors and are converted in one transfer every ``sync_every`` steps;
+  ``input_ids``. Values stay tensors and are converted in one transfer every ``sync_every`` steps or 0.2 s
+  (the journal's flush interval), whichever comes first, and on an exception; the monitor works on them in
+  batches (its verdicts, and a ``stop_on`` stop, lag by at most that);
 - checkpoints: ``on_save_checkpoint`` writes the journal's head ``(seq, hash)`` and the monitor's snapshot into the
   checkpoint dict (``checkpoint["trainledger"]``); once ``ModelCheckpoint`` has written the file, its digest is
   recorded (``checkpoint_saved``) at the next step, validation end or fit end (files written by a direct
@@ -24,6 +26,7 @@ The journal is ``RUN_DIR/journal.jsonl``, or ``rank-NNNNN.jsonl`` on every rank 
 from __future__ import annotations
 
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -38,7 +41,8 @@ from trainledger.journal.kinds import CheckpointSaved, MetricsLogged, ResumeReje
 
 from ..checkpoint import ResumeRejected, file_sha256
 from ..monitor import TrainingHealthMonitor
-from ._common import StepBuffer, open_run_journal, record_checkpoint, signer_from, step_loss
+from ._common import (StepBuffer, open_run_journal, record_checkpoint, signer_from, step_loss, tap_clip, total_norm,
+                      untap_clip)
 
 __all__ = ["TrainledgerCallback", "TrainledgerLogger", "ResumeRejected"]
 
@@ -77,6 +81,10 @@ class TrainledgerCallback(Callback):
         self._tokens = 0
         self._t0: float | None = None
         self._grad_norm: Any = None
+        self._params: list[Any] | None = None
+        self._clip_norm: Any = None  # Lightning's own pre-clip norm this step, from the wrapped clip_grad_norm_
+        self._tapped = False  # seen: the callback stops computing its own
+        self._thread = threading.get_ident()
         self._lr: float | None = None
         self._step = 0
         self._recorded: dict[str, float] = {}  # checkpoint file -> mtime when recorded
@@ -93,6 +101,15 @@ class TrainledgerCallback(Callback):
         self.journal = _open(self.run_dir, self.signer, trainer,
                              {"integration": "lightning", "lightning": lightning.__version__})
         self.monitor = None
+        self._params = None
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        # Once: walking a large module's parameters costs tens of microseconds a step (every parameter, frozen or
+        # not: the norm takes whichever have a gradient at that step).
+        self._params = list(pl_module.parameters())
+        if trainer.gradient_clip_val:  # Lightning will compute the norm itself to clip by it: read it there
+            self._thread = threading.get_ident()
+            tap_clip(self)
 
     def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
         """A resume: the file against its signed record, and the head it carries against the journal."""
@@ -145,12 +162,14 @@ class TrainledgerCallback(Callback):
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self._record_checkpoints(trainer)
+        self._clip_norm = None
         if self._t0 is None:
             self._t0 = time.perf_counter()
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
-        grads = [p.grad for p in pl_module.parameters() if p.grad is not None]
-        self._grad_norm = torch.nn.utils.get_total_norm(grads) if grads else None  # before Lightning clips
+        if not self._tapped:  # before Lightning clips
+            params = self._params if self._params is not None else pl_module.parameters()
+            self._grad_norm = total_norm([p.grad for p in params if p.grad is not None])
         self._lr = float(optimizer.param_groups[0]["lr"])
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
@@ -167,6 +186,11 @@ class TrainledgerCallback(Callback):
                                                  peak_flops_per_sec=self.peak)
         step = trainer.global_step - 1
         self._step = trainer.global_step
+        if self._clip_norm is not None:  # Lightning clipped through torch: its own pre-clip norm
+            self._grad_norm = self._clip_norm
+            self._tapped = True
+        elif self._tapped:  # no clipping this step: the gradients are as the backward left them
+            self._grad_norm = total_norm([p.grad for p in self._params if p.grad is not None])
         due = self.buffer.add(step, step_loss(self._losses), self._grad_norm, {"lr": self._lr, "tokens": self._tokens or None,
                                                           "step_time_s": time.perf_counter() - (self._t0 or 0)})
         self._losses, self._tokens, self._t0, self._grad_norm = [], 0, None, None
@@ -221,14 +245,18 @@ class TrainledgerCallback(Callback):
     # -------------------------------------------------------------- end
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        untap_clip(self)
         if self.journal is None or self.journal.closed or isinstance(exception, ResumeRejected):
             return
+        if self.monitor is not None:
+            self.buffer.observe(self.monitor, self.journal, frozenset())  # the steps still queued are on record too
         self.journal.append(RunStopped(rule="exception", reason=f"{type(exception).__name__}: {exception}"[:500]),
                             durable=True)
         self.journal.suspend()  # open: the run can be resumed from its last checkpoint
         self.journal = None
 
     def on_fit_end(self, trainer, pl_module) -> None:
+        untap_clip(self)
         if self.journal is None:
             return
         if self.monitor is not None:
