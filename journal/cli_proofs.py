@@ -305,9 +305,16 @@ def _cmd_prove(args: argparse.Namespace) -> int:
     from .cli import say, trust_options
     from .transparency import prove
 
+    from .cli import _progress_for
+
     opts = trust_options(args)
-    res = prove(args.path, args.seq, keys=opts["keys"], trust_embedded=opts["trust_embedded"],
-                tree_size=args.tree_size, index=args.index, select=_helpers(args))
+    progress = _progress_for(args, "indexing")
+    try:
+        res = prove(args.path, args.seq, keys=opts["keys"], trust_embedded=opts["trust_embedded"],
+                    tree_size=args.tree_size, index=args.index, select=_helpers(args), progress=progress)
+    finally:
+        if progress is not None:
+            progress.close()
     _write_out(args.out, (json.dumps(res.bundle, indent=1) + "\n").encode())
     b = res.bundle
     size = b["checkpoint"].split("\n")[1]
@@ -324,9 +331,16 @@ def _cmd_consistency(args: argparse.Namespace) -> int:
     from .cli import say, trust_options
     from .transparency import consistency
 
+    from .cli import _progress_for
+
     opts = trust_options(args)
-    res = consistency(args.path, args.from_size, keys=opts["keys"], trust_embedded=opts["trust_embedded"],
-                      tree_size=args.tree_size, index=args.index)
+    progress = _progress_for(args, "indexing")
+    try:
+        res = consistency(args.path, args.from_size, keys=opts["keys"], trust_embedded=opts["trust_embedded"],
+                          tree_size=args.tree_size, index=args.index, progress=progress)
+    finally:
+        if progress is not None:
+            progress.close()
     data = (json.dumps(res.bundle, indent=1) + "\n").encode()
     if args.out:
         _write_out(args.out, data)

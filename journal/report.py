@@ -322,6 +322,13 @@ def render(rec: Reconstruction, s: _Series, png: str | None) -> str:
     parts.append(_table(["anomaly", "count", "steps"],
                         [[k, len(st), ", ".join(map(str, st[:20])) + (" ..." if len(st) > 20 else "")]
                          for k, st in sorted(rec.anomalies_by_kind.items())], "no anomalies"))
+    c = rec.compute
+    if c is not None:
+        parts.append("<p>Training compute, every step observed in every segment (what <code>compute_totaled</code> "
+                     f"records and <code>trainledger prove --compute</code> proves): {c['steps']:,} steps, "
+                     f"{c['tokens']:,} tokens, {c['flops']:.4g} model FLOPs"
+                     + (f"; {c['steps_without_tokens']:,} steps without a token count" if c.get("steps_without_tokens")
+                        else "") + ".</p>")
     if h.get("spikes_suspected"):
         parts.append(f"<p>{h['spikes_suspected']:,} spike candidate(s) the next step did not confirm "
                      "(<code>spike_suspected</code>): on record for review, not counted as anomalies.</p>")

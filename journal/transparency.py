@@ -673,7 +673,8 @@ def _prove_once(p: Path, opened: Any, size: int, public_raw: bytes, seqs: list[i
 
 def consistency(journal: str | os.PathLike, from_size: int, *, keys: Sequence[PublicKey] = (),
                 trust_embedded: bool = False, tree_size: int | None = None,
-                index: str | os.PathLike | None = None) -> ProveResult:
+                index: str | os.PathLike | None = None,
+                progress: Callable[[int, int], None] | None = None) -> ProveResult:
     """A consistency bundle: the latest (or the seal at ``tree_size``'s) signed checkpoint, and the proof that the
     tree of the first ``from_size`` lines is a prefix of it (RFC 9162 2.1.4), with that tree's root."""
     p = Path(journal)
@@ -682,11 +683,11 @@ def consistency(journal: str | os.PathLike, from_size: int, *, keys: Sequence[Pu
     for attempt in (0, 1):
         try:
             if tree_size is not None:
-                view, built, saved, idx = _view(p, tree_size + 1, ip, attempt == 1, None)
+                view, built, saved, idx = _view(p, tree_size + 1, ip, attempt == 1, progress)
                 seal, _ = read_seal(p, size, tree_size=tree_size, view=view)
             else:
                 seal, _ = read_seal(p, size)
-                view, built, saved, idx = _view(p, seal.seq, ip, attempt == 1, None)
+                view, built, saved, idx = _view(p, seal.seq, ip, attempt == 1, progress)
             sig = _check_seal_signature(opened, seal, public_raw)
             n = seal.seq
             if not 0 < from_size <= n:

@@ -344,7 +344,12 @@ def test_the_training_compute_is_one_provable_figure_and_replay_recomputes_it(tm
     j.close()
     fpt = 6 * 1000 + 12 * 2 * 2 * 8 * 16
     assert (ev.steps, ev.tokens, ev.flops, ev.tokens_without_shape) == (50, 40 * 64 + 320, float(fpt * 40 * 64), 320)
-    assert replay(p, keys=[pubkey]).ok
+    rec = replay(p, keys=[pubkey])
+    assert rec.ok and rec.compute["flops"] == ev.flops and rec.compute["steps"] == 50
+    from trainledger.journal.report import write_report
+
+    write_report(p, tmp_path / "r.html", keys=[pubkey])
+    assert f"{50:,} steps, {ev.tokens:,} tokens, {ev.flops:.4g} model FLOPs" in (tmp_path / "r.html").read_text()
     code, text, _ = run(capsys, "prove", p, "--compute", "-o", tmp_path / "c.json", "--pubkey", keypair[2])
     assert code == 0
     r = T.verify_bundle((tmp_path / "c.json").read_bytes(), [pubkey])
