@@ -72,12 +72,13 @@ def test_check_lines_structure_rules():
 
 
 def test_pure_python_path_passes_the_journal_tests():
-    """The attack and property tests again, with the accelerator switched off."""
+    """The attack, property, tree and proof tests again, with the accelerator switched off."""
     env = dict(os.environ, TRAINLEDGER_NO_ACCEL="1")
     code = "import journal._accel as a; print(a.describe())"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert "pure Python" in out.stdout
-    tests = [os.path.join(os.path.dirname(__file__), f) for f in ("test_attacks.py", "test_properties.py", "test_writer.py")]
+    tests = [os.path.join(os.path.dirname(__file__), f) for f in ("test_attacks.py", "test_properties.py", "test_writer.py",
+                                                               "test_tree_heads.py", "test_proofs.py")]
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests],
                        env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:]
