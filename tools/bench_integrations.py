@@ -11,8 +11,10 @@
 2. Lightning, a small MLP (a 1 ms step, no clipping: the callback computes the gradient norm itself), and 2b. the
    tiny GPT-2 of 1. with the same batch, clipping at 1.0 as the Trainer does by default: the same against
    Lightning's CSV, TensorBoard and MLflow loggers (``log_every_n_steps=1``).
-3. The callbacks' own time per step, measured inside a run (each of their methods and hooks timed): the end-to-end
-   difference of 1. and 2. cannot resolve 1% of a step on this machine, whose runs drift by more than that.
+3. The callbacks' own time per step, measured inside a run (each of their methods and hooks timed), and the Trainer
+   callback switched on and off every ``--block-steps`` steps within one run (hooks and the clip wrapper with it),
+   each "on" block against the mean of its two "off" neighbours: the end-to-end differences of 1. and 2. cannot
+   resolve 1% of a step on this machine, whose runs drift by more than that.
 4. Imports: a 1,000,000-scalar TensorBoard log (250,000 steps x 4 tags) and a 100,000-iteration Megatron log.
 """
 
@@ -163,6 +165,158 @@ def _lightning_lm(kind: str, tmp: Path, steps: int, signer) -> float:
     return _lightning(kind, tmp, steps, signer, model="gpt2")
 
 
+def _blocks(times: list[float], block: int, skip: int = 2) -> dict:
+    """Per-step durations from consecutive step starts, grouped in blocks of ``block`` steps that alternate with
+    (even blocks) and without (odd) trainledger; each "with" block's median against the mean of its neighbours'."""
+    d = [b - a for a, b in zip(times, times[1:])]
+    meds = []
+    for i in range(len(d) // block):
+        part = d[i * block + skip:(i + 1) * block]  # the steps right after a switch are left out
+        meds.append(statistics.median(part))
+    ratios = []
+    for i in range(2, len(meds) - 1, 2):  # block 0 is the warm-up
+        ratios.append(meds[i] / ((meds[i - 1] + meds[i + 1]) / 2) - 1)
+    ratios.sort()
+    q = len(ratios) // 4
+    return {"median": statistics.median(ratios), "q1": ratios[q], "q3": ratios[-q - 1], "pairs": len(ratios),
+            "step": statistics.median(meds[1::2])}
+
+
+def _hf_blocks(tmp: Path, steps: int, signer, block: int) -> dict:
+    """One Trainer run in which trainledger's callback is switched on and off every ``block`` steps (its hooks and
+    the clip wrapper too): the drift of a machine that moves by more than 1% between runs cancels out."""
+    import torch
+    import transformers
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
+
+    from trainledger.training.integrations import _common
+    from trainledger.training.integrations.hf import TrainledgerCallback
+
+    transformers.logging.set_verbosity_error()
+
+    class Switchable(TrainledgerCallback):
+        enabled = True
+
+        def set(self, on: bool) -> None:
+            if on == self.enabled:
+                return
+            if on:
+                self._hooks.insert(0, self._model.register_forward_hook(self._forward, with_kwargs=True))
+                _common.tap_clip(self)
+            else:
+                self._hooks.pop(0).remove()
+                _common.untap_clip(self)
+            self.enabled = on
+
+        def on_step_begin(self, *a, **k):
+            if self.enabled:
+                return super().on_step_begin(*a, **k)
+
+        def on_pre_optimizer_step(self, *a, **k):
+            if self.enabled:
+                return super().on_pre_optimizer_step(*a, **k)
+
+        def on_step_end(self, *a, **k):
+            if self.enabled:
+                return super().on_step_end(*a, **k)
+
+    tl = Switchable(signer=signer)
+
+    class Clock(TrainerCallback):
+        def __init__(self):
+            self.t: list[float] = []
+
+        def on_step_begin(self, args, state, control, **kw):
+            if state.global_step % block == 0:
+                tl.set((state.global_step // block) % 2 == 0)
+            self.t.append(time.perf_counter())
+
+    class Tokens(torch.utils.data.Dataset):
+        def __init__(self):
+            self.x = torch.randint(0, 64, (4096, 32), generator=torch.Generator().manual_seed(0))
+
+        def __len__(self):
+            return len(self.x)
+
+        def __getitem__(self, i):
+            return {"input_ids": self.x[i], "labels": self.x[i]}
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=4, n_embd=64, vocab_size=64, n_positions=64,
+                                       bos_token_id=0, eos_token_id=0))
+    args = TrainingArguments(output_dir=str(tmp / f"hf-blocks-{time.monotonic_ns()}"), max_steps=steps,
+                             per_device_train_batch_size=8, logging_steps=1, report_to="none", use_cpu=True, seed=0,
+                             disable_tqdm=True, save_strategy="no")
+    clock = Clock()
+    Trainer(model=model, args=args, train_dataset=Tokens(), callbacks=[clock, tl]).train()
+    return _blocks(clock.t, block)
+
+
+def _lightning_blocks(tmp: Path, steps: int, signer, block: int) -> dict:
+    """The same within-run comparison for the Lightning callback on the tiny GPT-2 (clipping at 1.0)."""
+    import lightning as L
+    import torch
+
+    from trainledger.training.integrations import _common
+    from trainledger.training.integrations.lightning import TrainledgerCallback
+
+    class Switchable(TrainledgerCallback):
+        enabled = True
+
+        def set(self, on: bool) -> None:
+            if on != self.enabled:
+                (_common.tap_clip if on else _common.untap_clip)(self)
+                self.enabled = on
+
+        def on_train_batch_start(self, *a, **k):
+            if self.enabled:
+                return super().on_train_batch_start(*a, **k)
+
+        def on_before_optimizer_step(self, *a, **k):
+            if self.enabled:
+                return super().on_before_optimizer_step(*a, **k)
+
+        def on_train_batch_end(self, trainer, *a, **k):
+            if self.enabled:
+                return super().on_train_batch_end(trainer, *a, **k)
+            self._step = trainer.global_step  # what the callback would have noted
+
+    out = tmp / f"pl-blocks-{time.monotonic_ns()}"
+    tl = Switchable(out, signer=signer)
+
+    class Clock(L.Callback):
+        def __init__(self):
+            self.t: list[float] = []
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            if trainer.global_step % block == 0:
+                tl.set((trainer.global_step // block) % 2 == 0)
+            self.t.append(time.perf_counter())
+
+    class LM(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            from transformers import GPT2Config, GPT2LMHeadModel
+
+            self.lm = GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=4, n_embd=64, vocab_size=64, n_positions=64,
+                                                 bos_token_id=0, eos_token_id=0))
+
+        def training_step(self, batch, i):
+            return self.lm(input_ids=batch["input_ids"], labels=batch["input_ids"]).loss
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=5e-5)
+
+    torch.manual_seed(0)
+    ids = torch.randint(0, 64, (4096, 32), generator=torch.Generator().manual_seed(0))
+    dl = torch.utils.data.DataLoader([{"input_ids": x} for x in ids], batch_size=8)
+    clock = Clock()
+    L.Trainer(max_steps=steps, accelerator="cpu", devices=1, logger=False, callbacks=[clock, tl],
+              enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
+              gradient_clip_val=1.0).fit(LM(), dl)
+    return _blocks(clock.t, block)
+
+
 def _timed(cls, names: tuple[str, ...], acc: dict[str, float]):
     """A subclass of a trainledger callback whose methods (hooks included) add their own time to ``acc``."""
 
@@ -265,6 +419,8 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--skip-imports", action="store_true")
+    ap.add_argument("--block-steps", type=int, default=20, help="steps per on/off block of the within-run comparison")
+    ap.add_argument("--block-pairs", type=int, default=40, help="on/off pairs of blocks in it")
     args = ap.parse_args()
     from trainledger.journal import Signer
 
@@ -282,6 +438,14 @@ def main() -> int:
                args.steps, args.reps, signer)
         print(f"3. trainledger's callbacks, their own time inside the run ({args.steps} steps):", flush=True)
         _self_time(tmp, args.steps, args.reps, signer)
+        b = _hf_blocks(tmp, args.block_steps * 2 * args.block_pairs, signer, args.block_steps)
+        print(f"  HF Trainer  switched on and off every {args.block_steps} steps within one run ({b['pairs']} pairs, "
+              f"median step {b['step'] * 1e3:.3f} ms without): {b['median']:+.2%} (interquartile {b['q1']:+.2%} to "
+              f"{b['q3']:+.2%})", flush=True)
+        b = _lightning_blocks(tmp, args.block_steps * 2 * args.block_pairs, signer, args.block_steps)
+        print(f"  Lightning LM switched on and off every {args.block_steps} steps within one run ({b['pairs']} pairs, "
+              f"median step {b['step'] * 1e3:.3f} ms without): {b['median']:+.2%} (interquartile {b['q1']:+.2%} to "
+              f"{b['q3']:+.2%})", flush=True)
         if not args.skip_imports:
             _imports(tmp)
     return 0
