@@ -617,5 +617,6 @@ def _finish(report: VerifyReport, results: list[RangeResult], head_req, require_
         raise
     if ctx.key_id is None:
         report.notes.append("unsigned journal: the chain shows accidental corruption, not tampering")
-    report.notes.append("truncation is only visible against a head recorded elsewhere (trainledger head)")
+    report.notes.append("truncation is only visible against a head or checkpoint recorded elsewhere (trainledger head, "
+                        "trainledger checkpoint)")
     report.ok = True
