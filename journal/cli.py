@@ -318,6 +318,12 @@ def print_report(r: VerifyReport, *, title: str) -> None:
         say(f"    {kind:<22} {n:>12,}")
     say(f"  tail      {tail}")
     say(f"  head      {r.head or '-'}  (latest sealed)")
+    if r.last_tree_root is not None and r.last_sealed_seq is not None:
+        import base64
+
+        root = base64.b64encode(bytes.fromhex(r.last_tree_root)).decode()
+        say(f"  tree      {r.last_sealed_seq + 1:,} lines, root {root}  (the latest seal's; 'trainledger checkpoint' "
+            "prints it signed)")
     if r.unsealed_events and r.trust in ("pinned", "embedded"):
         say(f"  UNSIGNED  {r.unsealed_events:,} events after seq {r.trusted_last_seq} are NOT signed: "
               "not verified, left out")

@@ -238,6 +238,8 @@ def test_verify_expect_checkpoint_passes_a_grown_journal_and_names_a_fork_or_tru
     _grow(p, signer, 4000, 800)
     code, text, _ = run(capsys, "verify", p, "--pubkey", pub, "--expect-checkpoint", tmp_path / "old.note")
     assert code == 0 and "extends the expected checkpoint" in text
+    size = len(read_lines(p)) - 1  # the last line is a seal (the run was suspended): its tree is every line before it
+    assert f"  tree      {size:,} lines, root " in text
     # The writer (holding the key) rewrites history: a fork of the same run, signed and self-consistent.
     f = _journal(tmp_path / "fork.jsonl", signer, 4800, loss=1.25, run_id=parse(read_lines(p)[0])["run_id"])
     code, text, _ = run(capsys, "verify", f, "--pubkey", pub, "--expect-checkpoint", tmp_path / "old.note")
