@@ -80,6 +80,8 @@ _INDEX_MAGIC = b"trainledger-tree-index/v1\n"
 MAX_BUNDLE_BYTES = 64 << 20
 MAX_ENTRIES = 100_000
 _MAX_PROOF = 64  # hashes: a tree of 2**64 lines
+#: The most bytes of journal one proof reads (a 1,024-line tile); a writer's lines are a few hundred bytes each.
+_MAX_TILE_BYTES = 256 << 20
 #: An index is built in parallel worker processes past this many bytes to hash.
 _PARALLEL_INDEX_BYTES = 32 << 20
 
@@ -399,7 +401,8 @@ def save_index(idx: TreeIndex, path: Path) -> bool:
 class TreeView:
     """Subtree hashes of the tree of the first ``size`` lines, from the index and the journal's tiles."""
 
-    def __init__(self, journal: Path, idx: TreeIndex, size: int):
+    def __init__(self, journal: Path, idx: TreeIndex, size: int, *, fresh: bool = False):
+        self.fresh = fresh  # the index was built from the journal just now (not read from its sidecar)
         if size > idx.leaves:
             raise ValueError(f"the index covers {idx.leaves} lines, not {size}")
         self.path = journal
@@ -418,6 +421,11 @@ class TreeView:
         start = idx.offsets[t]
         end = idx.offsets[t + 1] if t + 1 < len(idx.offsets) else idx.covered
         want = min(TILE, idx.leaves - t * TILE)
+        if end - start > _MAX_TILE_BYTES:
+            if not self.fresh:  # a sidecar's offsets are not trusted: build it again before saying anything
+                raise IndexMismatch(f"tile {t} spans {end - start:,} bytes")
+            raise UsageError(f"{self.path}: lines {t * TILE:,} to {t * TILE + want - 1:,} span {end - start:,} bytes, "
+                             f"more than the {_MAX_TILE_BYTES:,} a proof reads at once")
         with open(self.path, "rb", buffering=0) as f:
             f.seek(start)
             data = f.read(end - start)
@@ -608,7 +616,7 @@ def _view(journal: Path, need: int, index: Path | None, rebuild: bool,
         saved = save_index(idx, ip)
     if idx.leaves < need:
         raise UsageError(f"{journal}: {idx.leaves} complete lines, fewer than the {need} the checkpoint needs")
-    return TreeView(journal, idx, need), built, saved, idx
+    return TreeView(journal, idx, need, fresh=built), built, saved, idx
 
 
 def prove(journal: str | os.PathLike, seqs: Sequence[int], *, keys: Sequence[PublicKey] = (),
@@ -642,7 +650,7 @@ def _prove_once(p: Path, opened: Any, size: int, public_raw: bytes, seqs: list[i
         view, built, saved, idx = _view(p, seal.seq, ip, rebuild, progress)
     sig = _check_seal_signature(opened, seal, public_raw)
     n = seal.seq
-    view = TreeView(p, idx, n) if view.size != n else view
+    view = TreeView(p, idx, n, fresh=built) if view.size != n else view
     root = bytes.fromhex(seal.tree_root)
     if select is not None:
         seqs = seqs + [s for s in select(p, n) if s not in seqs]
@@ -693,10 +701,10 @@ def consistency(journal: str | os.PathLike, from_size: int, *, keys: Sequence[Pu
             if not 0 < from_size <= n:
                 raise UsageError(f"--from {from_size}: a consistency proof runs from a size between 1 and the "
                                  f"checkpoint's {n}")
-            view = TreeView(p, idx, n)
+            view = TreeView(p, idx, n, fresh=built)
             root = bytes.fromhex(seal.tree_root)
             proof = view.consistency(from_size)
-            old = TreeView(p, idx, from_size).root()
+            old = TreeView(p, idx, from_size, fresh=built).root()
             try:
                 verify_consistency(from_size, n, old, root, proof)
             except ProofError:

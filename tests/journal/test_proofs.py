@@ -154,7 +154,7 @@ def test_cli_prove_and_verify_proof_exit_codes(proven, pubkey, tmp_path, capsys,
     assert code == 2 and "is not in the tree" in err
 
 
-def test_a_stale_or_doctored_index_is_rebuilt_never_trusted(tmp_path, signer, pubkey):
+def test_a_stale_or_doctored_index_is_rebuilt_never_trusted(tmp_path, signer, pubkey, monkeypatch):
     p = _journal(tmp_path / "j.jsonl", signer, 3000)
     first = T.prove(p, [2100], keys=[pubkey])
     assert first.index_built and first.index_saved and T.index_path_for(p).exists()
@@ -166,6 +166,12 @@ def test_a_stale_or_doctored_index_is_rebuilt_never_trusted(tmp_path, signer, pu
     T.save_index(idx, T.index_path_for(p))
     healed = T.prove(p, [5], keys=[pubkey])
     assert healed.index_built and T.verify_bundle(_bytes(healed.bundle), [pubkey]).events[0].seq == 5
+    # A tile too large to read at once (here: a cap of 4 KiB): a sidecar's word for it is not taken (the index is
+    # built again first), and then it is said in one line, not a traceback or an exhausted memory.
+    monkeypatch.setattr(T, "_MAX_TILE_BYTES", 4096)
+    with pytest.raises(UsageError, match="more than the 4,096 a proof reads at once"):
+        T.prove(p, [5], keys=[pubkey])
+    monkeypatch.undo()
     # Garbage in the sidecar is no index at all.
     T.index_path_for(p).write_bytes(b"trainledger-tree-index/v1\n{}\n")
     assert T.load_index(p) is None
