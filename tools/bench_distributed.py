@@ -7,7 +7,8 @@
    trainledger and with it (the distributed loop's per-step calls: ``observe_step`` into the rank journal and the
    straggler detector's ``observe``), interleaved in one torchrun job on the same warm model; median step times,
    their ratio, and the straggler exchange's time (one collective per window).
-2. Straggler detection: ``--trials`` torchrun jobs, each a uniform run (4 windows, no rank slowed) and a run whose
+2. Straggler detection: ``--trials`` torchrun jobs, each a uniform run (4 windows of ``--window-steps`` steps, 100
+   by default, about 0.4 s here: the detector's own default is about a minute; no rank slowed) and a run whose
    rank 1 sleeps 30% of the median step time inside its own time (as a slow loader would); counts the runs in which
    rank 1 was flagged within 2 windows, and the false flags of the uniform runs.
 3. ``trainledger verify RUN_DIR`` over 4 signed rank journals of ``--events`` events each, anchored to each other
@@ -97,7 +98,7 @@ if mode == "overhead":
            "exchange": statistics.median(exch) if exch else None, "windows": len(exch), "steps": s,
            "every": every, "call": statistics.median(call), "ratio": statistics.median(ratios)}
 else:
-    windows, n = 4, 20
+    windows, n = 4, int(sys.argv[4])
     base = []
     for _ in range(20):
         t0, t_own, *_ = step(); base.append(time.perf_counter() - t0)
@@ -166,6 +167,9 @@ def main() -> int:
     ap.add_argument("--block-steps", type=int, default=20)
     ap.add_argument("--repeats", type=int, default=3, help="overhead jobs (the median is reported)")
     ap.add_argument("--skip-verify", action="store_true")
+    ap.add_argument("--window-steps", type=int, default=100,
+                    help="steps per straggler window in part 2 (the detector's default is about a minute of steps; "
+                         "runs A and B used 20)")
     args = ap.parse_args()
     from trainledger.journal import keygen, load_signer
 
@@ -191,14 +195,15 @@ def main() -> int:
 
         caught, false, delays = 0, 0, []
         for t in range(args.trials):
-            r = _torchrun(script, "stragglers", str(tmp / f"trial{t}"), str(priv), cwd=d)
+            r = _torchrun(script, "stragglers", str(tmp / f"trial{t}"), str(priv), str(args.window_steps), cwd=d)
             caught += r["slowed"] == [1] or r["slowed"] == [1, 1]
             false += len(r["uniform"])
             delays.append((r["step_s"], r["delay_s"]))
         if args.trials:
             print(f"2. stragglers: rank 1 slowed by 30% (sleep {statistics.median(x[1] for x in delays) * 1e3:.2f} ms "
                   f"in a {statistics.median(x[0] for x in delays) * 1e3:.2f} ms step) flagged within 2 windows in "
-                  f"{caught} of {args.trials} runs; {false} false flags over {args.trials} uniform runs of 4 windows",
+                  f"{caught} of {args.trials} runs; {false} false flags over {args.trials} uniform runs of 4 windows "
+                  f"({args.window_steps} steps a window)",
                   flush=True)
 
         if not args.skip_verify:
