@@ -19,7 +19,7 @@ import re
 from .errors import UsageError
 
 __all__ = ["GENESIS_TAG", "LINE_TAG", "SEAL_TAG", "genesis", "link", "seal_message", "check_run_id", "origin",
-           "seal_checkpoint", "has_tree", "HEAD_EXTENSION"]
+           "seal_checkpoint", "has_tree", "format_at_least", "HEAD_EXTENSION"]
 
 #: The extension line of a seal's checkpoint that names the chain head it also seals.
 HEAD_EXTENSION = "trainledger-head"
@@ -67,10 +67,15 @@ def seal_checkpoint(run_id: str, tree_size: int, tree_root: bytes, sealed_seq: i
     return checkpoint_text(origin(run_id), tree_size, tree_root, (f"{HEAD_EXTENSION} {sealed_seq}:{sealed_hash.hex()}",))
 
 
-def has_tree(format_version: str | None) -> bool:
-    """Whether a journal of this format version carries tree heads in its seals (1.3 and later)."""
+def format_at_least(version: str | None, want: tuple[int, int]) -> bool:
+    """Whether a journal's ``format_version`` (``MAJOR.MINOR``) is ``want`` or later; False when it is malformed."""
     try:
-        major, minor = (int(x) for x in (format_version or "").split(".")[:2])
+        major, minor = (int(x) for x in (version or "").split(".")[:2])
     except ValueError:
         return False
-    return (major, minor) >= (1, 3)
+    return (major, minor) >= want
+
+
+def has_tree(format_version: str | None) -> bool:
+    """Whether a journal of this format version carries tree heads in its seals (1.3 and later)."""
+    return format_at_least(format_version, (1, 3))

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import IntegrityError, JournalError, UsageError
+from .keys import read_small_file
 from .merkle import ProofError
 from .note import NoteError
 
@@ -42,25 +43,6 @@ def _quorum(args: argparse.Namespace) -> tuple[list, int]:
     return witnesses, k
 
 
-def _read_small(path: str, what: str, cap: int) -> bytes:
-    """A regular file's bytes, at most ``cap`` of them: a folder, a FIFO or a device is refused before it is read."""
-    import stat
-
-    p = Path(path)
-    try:
-        st = p.stat()
-    except FileNotFoundError:
-        raise UsageError(f"{p}: no such {what}") from None
-    except OSError as e:
-        raise UsageError(f"{p}: cannot read the {what}: {e.strerror}") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise UsageError(f"{p}: not a regular file, expected a {what}")
-    if st.st_size > cap:
-        raise UsageError(f"{p}: {st.st_size:,} bytes: too large to be a {what}")
-    with open(p, "rb") as f:
-        return f.read(cap + 1)[:cap]
-
-
 def expected_checkpoint(args: argparse.Namespace) -> Any:
     """``verify --expect-checkpoint NOTE``: the note opened under a pinned key (or, with --trust-embedded, the
     journal's own), with the witness quorum checked; None when not asked."""
@@ -74,7 +56,8 @@ def expected_checkpoint(args: argparse.Namespace) -> Any:
     from .transparency import open_checkpoint
     from .verify import open_checked, read_opening
 
-    note = _read_small(args.expect_checkpoint, "checkpoint note", _MAX_NOTE).decode("utf-8", "replace")
+    note = read_small_file(Path(args.expect_checkpoint), "checkpoint note", limit=_MAX_NOTE).decode("utf-8",
+                                                                                                "replace")
     keys = trusted_keys(args.pubkey)
     if not keys and args.trust_embedded:
         opened, _ = read_opening(Path(args.path), open_checked(Path(args.path)))
@@ -235,27 +218,35 @@ def _cmd_checkpoint(args: argparse.Namespace) -> int:
 
 def _helpers(args: argparse.Namespace):
     """The ``select`` callable for prove's helpers: which seqs the --checkpoint/--gate/--compute questions name."""
-    if args.checkpoint is None and args.gate is None and not args.compute:
+    kinds = ((["checkpoint_saved"] if args.checkpoint is not None else [])
+             + (["gate_verdict", "decision_recorded"] if args.gate is not None else [])
+             + (["compute_totaled", "run_configured"] if args.compute else []))
+    if not kinds:
         return None
     from . import codec
     from .transparency import find_lines
 
-    def decoded(path: Path, n: int, kind: str) -> list[Any]:
-        lines = find_lines(path, path.stat().st_size, lambda line: True, [b'{"kind":"%s",' % kind.encode()])
+    def records(path: Path, n: int, pred, prefixes: list[bytes]) -> list[Any]:
+        """The lines that match, decoded, among the first ``n`` (what a line says is proven afterwards, or the proof
+        fails: a line that does not decode is passed over)."""
         out = []
-        for line in lines:
+        for line in find_lines(path, path.stat().st_size, pred, prefixes):
             try:
                 rec = codec.decode_line(line)
             except IntegrityError:
-                continue  # what a line says is proven afterwards, or the proof fails
+                continue
             if rec.seq < n:
                 out.append(rec)
-        return out
+        return sorted(out, key=lambda r: r.seq)
 
     def select(path: Path, n: int) -> list[int]:
+        by_kind: dict[str, list[Any]] = {k: [] for k in kinds}
+        for rec in records(path, n, lambda line: True, [b'{"kind":"%s",' % k.encode() for k in kinds]):  # one pass
+            by_kind[type(rec).__struct_config__.tag].append(rec)
         seqs: list[int] = []
         if args.checkpoint is not None:
-            saved = decoded(path, n, "checkpoint_saved")
+            saved = by_kind["checkpoint_saved"]
+            which = "" if args.checkpoint == "latest" else f" of step {args.checkpoint}"
             if args.checkpoint != "latest":
                 try:
                     want = int(args.checkpoint)
@@ -263,36 +254,29 @@ def _helpers(args: argparse.Namespace):
                     raise UsageError(f"--checkpoint {args.checkpoint!r}: a step number or 'latest'") from None
                 saved = [c for c in saved if c.step == want]
             if not saved:
-                raise UsageError(f"no checkpoint_saved{'' if args.checkpoint == 'latest' else ' of step ' + args.checkpoint} "
-                                 f"among the {n:,} lines the checkpoint covers")
+                raise UsageError(f"no checkpoint_saved{which} among the {n:,} lines the checkpoint covers")
             seqs.append(saved[-1].seq)
         if args.gate is not None:
-            verdicts = [v for v in decoded(path, n, "gate_verdict") if v.rung == args.gate]
+            verdicts = [v for v in by_kind["gate_verdict"] if v.rung == args.gate]
             if not verdicts:
                 raise UsageError(f"no gate_verdict for rung {args.gate!r} among the {n:,} lines the checkpoint covers")
             seqs.append(verdicts[-1].seq)
-            decisions = [d for d in decoded(path, n, "decision_recorded") if d.rung == args.gate]
+            decisions = [d for d in by_kind["decision_recorded"] if d.rung == args.gate]
             if decisions:
                 d = decisions[-1]
                 seqs.append(d.seq)
                 wanted = {h for h in d.evidence if isinstance(h, str) and len(h) == 64}
-                if wanted:
-                    cited = find_lines(path, path.stat().st_size,
-                                       lambda line: line[-66:-2].decode("ascii", "replace") in wanted, [b'{"kind":'])
-                    for line in cited:
-                        try:
-                            rec = codec.decode_line(line)
-                        except IntegrityError:
-                            continue
-                        if rec.seq < n and rec.seq not in seqs:
-                            seqs.append(rec.seq)
+                if wanted:  # a second pass: the events whose chain hashes the decision cites
+                    cited = records(path, n, lambda line: line[-66:-2].decode("ascii", "replace") in wanted,
+                                    [b'{"kind":'])
+                    seqs += [r.seq for r in cited if r.seq not in seqs]
         if args.compute:
-            totals = decoded(path, n, "compute_totaled")
+            totals = by_kind["compute_totaled"]
             if not totals:
                 raise UsageError(f"no compute_totaled among the {n:,} lines the checkpoint covers (written when a "
                                  "format 1.3 run ends)")
             t = totals[-1]
-            configs = [c for c in decoded(path, n, "run_configured") if c.seq < t.seq]
+            configs = [c for c in by_kind["run_configured"] if c.seq < t.seq]
             if configs:
                 seqs.append(configs[-1].seq)
             seqs.append(t.seq)
@@ -302,10 +286,8 @@ def _helpers(args: argparse.Namespace):
 
 
 def _cmd_prove(args: argparse.Namespace) -> int:
-    from .cli import say, trust_options
+    from .cli import _progress_for, say, trust_options
     from .transparency import prove
-
-    from .cli import _progress_for
 
     opts = trust_options(args)
     progress = _progress_for(args, "indexing")
@@ -328,10 +310,8 @@ def _cmd_prove(args: argparse.Namespace) -> int:
 
 
 def _cmd_consistency(args: argparse.Namespace) -> int:
-    from .cli import say, trust_options
+    from .cli import _progress_for, say, trust_options
     from .transparency import consistency
-
-    from .cli import _progress_for
 
     opts = trust_options(args)
     progress = _progress_for(args, "indexing")
@@ -355,14 +335,15 @@ def _cmd_consistency(args: argparse.Namespace) -> int:
 def _cmd_verify_proof(args: argparse.Namespace) -> int:
     from .cli import say
     from .keys import trusted_keys
-    from .transparency import verify_bundle
+    from .transparency import MAX_BUNDLE_BYTES, verify_bundle
 
     keys = trusted_keys(args.pubkey)
     witnesses, k = _quorum(args)
-    data = _read_small(args.bundle, "proof bundle", 64 << 20)
+    data = read_small_file(Path(args.bundle), "proof bundle", limit=MAX_BUNDLE_BYTES)
     note = None
     if args.expect_checkpoint:
-        note = _read_small(args.expect_checkpoint, "checkpoint note", _MAX_NOTE).decode("utf-8", "replace")
+        note = read_small_file(Path(args.expect_checkpoint), "checkpoint note", limit=_MAX_NOTE).decode("utf-8",
+                                                                                                "replace")
     try:
         r = verify_bundle(data, keys, witnesses=witnesses, quorum=k, expect_checkpoint=note)
     except FAILS as e:
@@ -412,11 +393,11 @@ def _cmd_witness_vkey(args: argparse.Namespace) -> int:
 def _cmd_witness_cosign(args: argparse.Namespace) -> int:
     from .cli import say
     from .keys import load_public_key, load_signer
-    from .transparency import Witness
+    from .transparency import MAX_BUNDLE_BYTES, Witness
 
     s = load_signer(args.key)
     w = Witness(args.state, args.name, s._key)
-    data = _read_small(args.bundle, "proof bundle", 64 << 20)
+    data = read_small_file(Path(args.bundle), "proof bundle", limit=MAX_BUNDLE_BYTES)
     try:
         line, note = w.add(data, [load_public_key(k) for k in args.log_key])
     except FAILS as e:

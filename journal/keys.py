@@ -135,9 +135,10 @@ class Signer:
         return f"Signer(key_id={self.key_id!r})"
 
 
-def read_small_file(path: Path, what: str) -> bytes:
+def read_small_file(path: Path, what: str, *, limit: int = _MAX_KEY_FILE) -> bytes:
     """A small regular file's bytes. A FIFO, a device (/dev/zero) or a folder is refused before it is read, and
-    never more than the cap is read, so no key file can hang a command or exhaust its memory."""
+    never more than ``limit`` bytes (a key file's cap by default) is read, so no such file can hang a command or
+    exhaust its memory."""
     try:
         st = path.stat()
     except FileNotFoundError:
@@ -148,19 +149,19 @@ def read_small_file(path: Path, what: str) -> bytes:
         raise KeyFileError(f"{path}: is a directory, expected a {what} file")
     if not stat.S_ISREG(st.st_mode):
         raise KeyFileError(f"{path}: not a regular file, expected a {what} file")
-    if st.st_size > _MAX_KEY_FILE:
+    if st.st_size > limit:
         raise KeyFileError(f"{path}: too large to be a {what} ({st.st_size} bytes)")
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
         try:
             if not stat.S_ISREG(os.fstat(fd).st_mode):  # swapped for something else since the stat above
                 raise KeyFileError(f"{path}: not a regular file, expected a {what} file")
-            data = os.read(fd, _MAX_KEY_FILE + 1)
+            data = os.read(fd, limit + 1)
         finally:
             os.close(fd)
     except OSError as e:
         raise KeyFileError(f"{path}: cannot read {what}: {e.strerror}") from None
-    if len(data) > _MAX_KEY_FILE:
+    if len(data) > limit:
         raise KeyFileError(f"{path}: too large to be a {what}")
     return data
 

@@ -21,6 +21,7 @@ from typing import Any
 import msgspec
 
 from .approval import ApprovalInvalid, SignedApproval, check_approval
+from .chain import format_at_least
 from .events import RunResumed, StepObserved
 from .health import HealthProjection, state_digest
 from .errors import UsageError
@@ -70,14 +71,6 @@ class Projection:
 
 def _diff(seq: int | None, kind: str, detail: str) -> dict[str, Any]:
     return {"seq": seq, "kind": kind, "detail": detail}
-
-
-def _at_least(version: str | None, want: tuple[int, int]) -> bool:
-    try:
-        major, minor = (int(x) for x in (version or "").split(".")[:2])
-    except ValueError:
-        return False
-    return (major, minor) >= want
 
 
 # -- health: anomalies, suspected spikes, MFU -------------------------------------------------------------------
@@ -130,9 +123,9 @@ class HealthAudit(Projection):
         self.suspected_recorded: list[tuple[int, SpikeSuspected]] = []
         self._diffs = []  # snapshots that are not the fold
         # spike_suspected came with format 1.1: a journal written before cannot be asked for it
-        self.check_suspected = format_version is None or _at_least(format_version, (1, 1))
+        self.check_suspected = format_version is None or format_at_least(format_version, (1, 1))
         # device anomalies derived from device_changed came with format 1.2
-        self.check_device = format_version is None or _at_least(format_version, (1, 2))
+        self.check_device = format_version is None or format_at_least(format_version, (1, 2))
         self.compute = ComputeTotals()  # compute_totaled (1.3): every step of every segment
 
     def apply(self, ev: Any) -> None:

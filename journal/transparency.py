@@ -226,6 +226,8 @@ def load_index(journal: str | os.PathLike, index: str | os.PathLike | None = Non
 
 
 def _tile_root(leaves: bytes) -> bytes:
+    """The root over a power of two of leaf hashes (a tile, or an aligned part of one): pairs hashed level by level in
+    C (``node_level`` leaves an odd last hash out, which a power of two never has)."""
     level = leaves
     while len(level) > 32:
         level = node_level(level)
@@ -588,8 +590,6 @@ def _open_for_proof(journal: Path, keys: Sequence[PublicKey], trust_embedded: bo
 
 
 def _check_seal_signature(opened: Any, seal: Any, public_raw: bytes) -> bytes:
-    from .keys import PublicKey as _PK
-
     root_hex = seal.tree_root
     if seal.tree_size != seal.seq or type(root_hex) is not str or len(root_hex) != 64:
         raise SealInvalid(f"seal at seq {seal.seq} names no tree of the lines before it", seq=seal.seq)
@@ -599,7 +599,7 @@ def _check_seal_signature(opened: Any, seal: Any, public_raw: bytes) -> bytes:
     except (binascii.Error, ValueError):
         sig = b""
     text = seal_checkpoint(opened.run_id, seal.seq, root, seal.seq - 1, bytes.fromhex(seal.sealed_hash))
-    if seal.key_id != opened.key_id or not _PK(public_raw).verify(sig, text.encode()):
+    if seal.key_id != opened.key_id or not PublicKey(public_raw).verify(sig, text.encode()):
         raise SealInvalid(f"seal at seq {seal.seq}: its signature does not verify under key {opened.key_id}",
                           seq=seal.seq)
     return sig
@@ -619,6 +619,40 @@ def _view(journal: Path, need: int, index: Path | None, rebuild: bool,
     return TreeView(journal, idx, need, fresh=built), built, saved, idx
 
 
+def _against_seal(journal: str | os.PathLike, keys: Sequence[PublicKey], trust_embedded: bool, tree_size: int | None,
+                  index: str | os.PathLike | None, progress: Callable[[int, int], None] | None,
+                  body: Callable[[TreeView, bytes], dict[str, Any]]) -> ProveResult:
+    """A bundle against the latest seal (or the seal at seq ``tree_size``): its signature checked, ``body(view,
+    root)`` adding the proofs (each verified against the signed root, raising :class:`IndexMismatch` otherwise). An
+    index that disagrees with the journal is rebuilt once; a journal that disagrees with its own seal raises
+    :class:`IntegrityError`."""
+    p = Path(journal)
+    opened, size, public_raw = _open_for_proof(p, keys, trust_embedded)
+    ip = Path(index) if index is not None else None
+    for rebuild in (False, True):
+        try:
+            if tree_size is not None:
+                view, built, saved, idx = _view(p, tree_size + 1, ip, rebuild, progress)
+                seal, _ = read_seal(p, size, tree_size=tree_size, view=view)
+            else:
+                seal, _ = read_seal(p, size)
+                view, built, saved, idx = _view(p, seal.seq, ip, rebuild, progress)
+            sig = _check_seal_signature(opened, seal, public_raw)
+            if view.size != seal.seq:  # the seal's own line was read through a view one line longer
+                view = TreeView(p, idx, seal.seq, fresh=built)
+            root = bytes.fromhex(seal.tree_root)
+            bundle = {"format": BUNDLE_FORMAT, "run_id": opened.run_id, "key_id": opened.key_id,
+                      "checkpoint": checkpoint_note(opened.run_id, seal.seq, root, bytes.fromhex(seal.sealed_hash),
+                                                    sig, public_raw),
+                      **body(view, root)}
+            return ProveResult(bundle, built, saved, view.reads)
+        except IndexMismatch:
+            if rebuild:
+                raise IntegrityError(f"{p}: the journal's lines do not hash to the tree its seal signed "
+                                     "(changed after it was sealed)", seq=None) from None
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
 def prove(journal: str | os.PathLike, seqs: Sequence[int], *, keys: Sequence[PublicKey] = (),
           trust_embedded: bool = False, tree_size: int | None = None, index: str | os.PathLike | None = None,
           progress: Callable[[int, int], None] | None = None,
@@ -628,55 +662,34 @@ def prove(journal: str | os.PathLike, seqs: Sequence[int], *, keys: Sequence[Pub
     returned; an index that disagrees with the journal is rebuilt once, and a journal that disagrees with its own
     seal raises :class:`IntegrityError`."""
     p = Path(journal)
-    opened, size, public_raw = _open_for_proof(p, keys, trust_embedded)
-    ip = Path(index) if index is not None else None
-    for attempt in (0, 1):
-        try:
-            return _prove_once(p, opened, size, public_raw, list(seqs), tree_size, ip, attempt == 1, progress, select)
-        except IndexMismatch:
-            if attempt:
-                raise IntegrityError(f"{p}: the journal's lines do not hash to the tree its seal signed "
-                                     "(changed after it was sealed)", seq=None) from None
-    raise AssertionError("unreachable")  # pragma: no cover
 
+    def entries(view: TreeView, root: bytes) -> dict[str, Any]:
+        n = view.size
+        want = list(seqs)
+        if select is not None:
+            want += [s for s in select(p, n) if s not in want]
+        if not want:
+            raise UsageError("nothing to prove: give --seq N (or a helper: --checkpoint, --gate, --compute)")
+        out = []
+        for s in want:
+            if not 0 <= s < n:
+                raise UsageError(f"seq {s} is not in the tree of {n} lines the checkpoint covers (seqs 0 to {n - 1})")
+            line = view.line(s)
+            try:
+                rec = codec.decode_line(line, seq_hint=s)
+            except IntegrityError:
+                raise IndexMismatch(f"line {s} does not decode") from None
+            if rec.seq != s:
+                raise IndexMismatch(f"line {s} holds seq {rec.seq}")
+            proof = view.inclusion(s)
+            try:
+                verify_inclusion(leaf_hash(line), s, n, proof, root)
+            except ProofError:
+                raise IndexMismatch(f"the proof of line {s} does not reach the signed root") from None
+            out.append({"seq": s, "line": line.decode(), "proof": [base64.b64encode(h).decode() for h in proof]})
+        return {"entries": out}
 
-def _prove_once(p: Path, opened: Any, size: int, public_raw: bytes, seqs: list[int], tree_size: int | None,
-                ip: Path | None, rebuild: bool, progress, select) -> ProveResult:
-    if tree_size is not None:
-        view, built, saved, idx = _view(p, tree_size + 1, ip, rebuild, progress)
-        seal, _ = read_seal(p, size, tree_size=tree_size, view=view)
-    else:
-        seal, _ = read_seal(p, size)
-        view, built, saved, idx = _view(p, seal.seq, ip, rebuild, progress)
-    sig = _check_seal_signature(opened, seal, public_raw)
-    n = seal.seq
-    view = TreeView(p, idx, n, fresh=built) if view.size != n else view
-    root = bytes.fromhex(seal.tree_root)
-    if select is not None:
-        seqs = seqs + [s for s in select(p, n) if s not in seqs]
-    if not seqs:
-        raise UsageError("nothing to prove: give --seq N (or a helper: --checkpoint, --gate, --compute)")
-    entries = []
-    for s in seqs:
-        if not 0 <= s < n:
-            raise UsageError(f"seq {s} is not in the tree of {n} lines the checkpoint covers (seqs 0 to {n - 1})")
-        line = view.line(s)
-        try:
-            rec = codec.decode_line(line, seq_hint=s)
-        except IntegrityError:
-            raise IndexMismatch(f"line {s} does not decode") from None
-        if rec.seq != s:
-            raise IndexMismatch(f"line {s} holds seq {rec.seq}")
-        proof = view.inclusion(s)
-        try:
-            verify_inclusion(leaf_hash(line), s, n, proof, root)
-        except ProofError:
-            raise IndexMismatch(f"the proof of line {s} does not reach the signed root") from None
-        entries.append({"seq": s, "line": line.decode(), "proof": [base64.b64encode(h).decode() for h in proof]})
-    bundle = {"format": BUNDLE_FORMAT, "run_id": opened.run_id, "key_id": opened.key_id,
-              "checkpoint": checkpoint_note(opened.run_id, n, root, bytes.fromhex(seal.sealed_hash), sig, public_raw),
-              "entries": entries}
-    return ProveResult(bundle, built, saved, view.reads)
+    return _against_seal(p, keys, trust_embedded, tree_size, index, progress, entries)
 
 
 def consistency(journal: str | os.PathLike, from_size: int, *, keys: Sequence[PublicKey] = (),
@@ -686,41 +699,22 @@ def consistency(journal: str | os.PathLike, from_size: int, *, keys: Sequence[Pu
     """A consistency bundle: the latest (or the seal at ``tree_size``'s) signed checkpoint, and the proof that the
     tree of the first ``from_size`` lines is a prefix of it (RFC 9162 2.1.4), with that tree's root."""
     p = Path(journal)
-    opened, size, public_raw = _open_for_proof(p, keys, trust_embedded)
-    ip = Path(index) if index is not None else None
-    for attempt in (0, 1):
+
+    def prefix(view: TreeView, root: bytes) -> dict[str, Any]:
+        n = view.size
+        if not 0 < from_size <= n:
+            raise UsageError(f"--from {from_size}: a consistency proof runs from a size between 1 and the "
+                             f"checkpoint's {n}")
+        proof = view.consistency(from_size)
+        old = TreeView(p, view.idx, from_size, fresh=view.fresh).root()
         try:
-            if tree_size is not None:
-                view, built, saved, idx = _view(p, tree_size + 1, ip, attempt == 1, progress)
-                seal, _ = read_seal(p, size, tree_size=tree_size, view=view)
-            else:
-                seal, _ = read_seal(p, size)
-                view, built, saved, idx = _view(p, seal.seq, ip, attempt == 1, progress)
-            sig = _check_seal_signature(opened, seal, public_raw)
-            n = seal.seq
-            if not 0 < from_size <= n:
-                raise UsageError(f"--from {from_size}: a consistency proof runs from a size between 1 and the "
-                                 f"checkpoint's {n}")
-            view = TreeView(p, idx, n, fresh=built)
-            root = bytes.fromhex(seal.tree_root)
-            proof = view.consistency(from_size)
-            old = TreeView(p, idx, from_size, fresh=built).root()
-            try:
-                verify_consistency(from_size, n, old, root, proof)
-            except ProofError:
-                raise IndexMismatch("the consistency proof does not reach the signed root") from None
-            bundle = {"format": BUNDLE_FORMAT, "run_id": opened.run_id, "key_id": opened.key_id,
-                      "checkpoint": checkpoint_note(opened.run_id, n, root, bytes.fromhex(seal.sealed_hash), sig,
-                                                    public_raw),
-                      "entries": [],
-                      "consistency": {"from_size": from_size, "from_root": base64.b64encode(old).decode(),
-                                      "proof": [base64.b64encode(h).decode() for h in proof]}}
-            return ProveResult(bundle, built, saved, view.reads)
-        except IndexMismatch:
-            if attempt:
-                raise IntegrityError(f"{p}: the journal's lines do not hash to the tree its seal signed "
-                                     "(changed after it was sealed)", seq=None) from None
-    raise AssertionError("unreachable")  # pragma: no cover
+            verify_consistency(from_size, n, old, root, proof)
+        except ProofError:
+            raise IndexMismatch("the consistency proof does not reach the signed root") from None
+        return {"entries": [], "consistency": {"from_size": from_size, "from_root": base64.b64encode(old).decode(),
+                                               "proof": [base64.b64encode(h).decode() for h in proof]}}
+
+    return _against_seal(p, keys, trust_embedded, tree_size, index, progress, prefix)
 
 
 # ------------------------------------------------------------------ verify a bundle

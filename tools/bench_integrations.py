@@ -38,10 +38,70 @@ os.environ["MLFLOW_ALLOW_FILE_STORE"] = "true"  # the local file store: "MLflow 
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
 
 
-def _hf(kind: str, tmp: Path, steps: int, signer) -> float:
+def _gpt2():
+    """The tiny GPT-2 every LM table uses (2 layers, d64, a 64-token vocabulary), seeded."""
     import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    return GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=4, n_embd=64, vocab_size=64, n_positions=64, bos_token_id=0,
+                                      eos_token_id=0))
+
+
+def _token_ids():
+    """4,096 rows of 32 token ids, seeded: the LM tables' data."""
+    import torch
+
+    return torch.randint(0, 64, (4096, 32), generator=torch.Generator().manual_seed(0))
+
+
+def _hf_dataset():
+    import torch
+
+    class Tokens(torch.utils.data.Dataset):
+        def __init__(self):
+            self.x = _token_ids()
+
+        def __len__(self):
+            return len(self.x)
+
+        def __getitem__(self, i):
+            return {"input_ids": self.x[i], "labels": self.x[i]}
+
+    return Tokens()
+
+
+def _lightning_lm_module(*, log: bool):
+    """The tiny GPT-2 as a LightningModule, fed batches of 8 x 32 tokens (``_lightning_lm_loader``)."""
+    import lightning as L
+    import torch
+
+    class LM(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.lm = _gpt2()
+
+        def training_step(self, batch, i):
+            loss = self.lm(input_ids=batch["input_ids"], labels=batch["input_ids"]).loss
+            if log:
+                self.log("train_loss", loss)
+            return loss
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=5e-5)
+
+    return LM()
+
+
+def _lightning_lm_loader():
+    import torch
+
+    return torch.utils.data.DataLoader([{"input_ids": x} for x in _token_ids()], batch_size=8)
+
+
+def _hf(kind: str, tmp: Path, steps: int, signer) -> float:
     import transformers
-    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
+    from transformers import Trainer, TrainerCallback, TrainingArguments
 
     transformers.logging.set_verbosity_error()
 
@@ -52,19 +112,7 @@ def _hf(kind: str, tmp: Path, steps: int, signer) -> float:
         def on_step_begin(self, args, state, control, **kw):
             self.t.append(time.perf_counter())
 
-    class Tokens(torch.utils.data.Dataset):
-        def __init__(self):
-            self.x = torch.randint(0, 64, (4096, 32), generator=torch.Generator().manual_seed(0))
-
-        def __len__(self):
-            return len(self.x)
-
-        def __getitem__(self, i):
-            return {"input_ids": self.x[i], "labels": self.x[i]}
-
-    torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=4, n_embd=64, vocab_size=64, n_positions=64,
-                                       bos_token_id=0, eos_token_id=0))
+    model = _gpt2()
     out = tmp / f"hf-{kind}-{time.monotonic_ns()}"
     report = {"none": "none", "trainledger": "none", "tensorboard": "tensorboard", "mlflow": "mlflow",
               "wandb": "wandb"}[kind]
@@ -79,7 +127,7 @@ def _hf(kind: str, tmp: Path, steps: int, signer) -> float:
         from trainledger.training.integrations.hf import TrainledgerCallback
 
         cbs.append(TrainledgerCallback(signer=signer))
-    Trainer(model=model, args=args, train_dataset=Tokens(), callbacks=cbs).train()
+    Trainer(model=model, args=args, train_dataset=_hf_dataset(), callbacks=cbs).train()
     if kind == "wandb":
         import wandb
 
@@ -115,33 +163,14 @@ def _lightning(kind: str, tmp: Path, steps: int, signer, model: str = "mlp") -> 
         def configure_optimizers(self):
             return torch.optim.AdamW(self.parameters(), lr=1e-3)
 
-    class LM(L.LightningModule):
-        """The tiny GPT-2 of the HF table, same batch (8 x 32 tokens)."""
-
-        def __init__(self):
-            super().__init__()
-            from transformers import GPT2Config, GPT2LMHeadModel
-
-            self.lm = GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=4, n_embd=64, vocab_size=64, n_positions=64,
-                                                 bos_token_id=0, eos_token_id=0))
-
-        def training_step(self, batch, i):
-            loss = self.lm(input_ids=batch["input_ids"], labels=batch["input_ids"]).loss
-            self.log("train_loss", loss)
-            return loss
-
-        def configure_optimizers(self):
-            return torch.optim.AdamW(self.parameters(), lr=5e-5)
-
     torch.manual_seed(0)
     if model == "mlp":
         xs = torch.randn(8192, 64)
         dl = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(xs, xs.sum(1, keepdim=True)), batch_size=32)
         module = M()
-    else:
-        ids = torch.randint(0, 64, (4096, 32), generator=torch.Generator().manual_seed(0))
-        dl = torch.utils.data.DataLoader([{"input_ids": x} for x in ids], batch_size=8)
-        module = LM()
+    else:  # the tiny GPT-2 of the HF table, same batch (8 x 32 tokens)
+        dl = _lightning_lm_loader()
+        module = _lightning_lm_module(log=True)
     out = tmp / f"pl-{kind}-{time.monotonic_ns()}"
     clock = Clock()
     cbs: list = [clock]
@@ -185,9 +214,8 @@ def _blocks(times: list[float], block: int, skip: int = 2) -> dict:
 def _hf_blocks(tmp: Path, steps: int, signer, block: int) -> dict:
     """One Trainer run in which trainledger's callback is switched on and off every ``block`` steps (its hooks and
     the clip wrapper too): the drift of a machine that moves by more than 1% between runs cancels out."""
-    import torch
     import transformers
-    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
+    from transformers import Trainer, TrainerCallback, TrainingArguments
 
     from trainledger.training.integrations import _common
     from trainledger.training.integrations.hf import TrainledgerCallback
@@ -231,31 +259,18 @@ def _hf_blocks(tmp: Path, steps: int, signer, block: int) -> dict:
                 tl.set((state.global_step // block) % 2 == 0)
             self.t.append(time.perf_counter())
 
-    class Tokens(torch.utils.data.Dataset):
-        def __init__(self):
-            self.x = torch.randint(0, 64, (4096, 32), generator=torch.Generator().manual_seed(0))
-
-        def __len__(self):
-            return len(self.x)
-
-        def __getitem__(self, i):
-            return {"input_ids": self.x[i], "labels": self.x[i]}
-
-    torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=4, n_embd=64, vocab_size=64, n_positions=64,
-                                       bos_token_id=0, eos_token_id=0))
+    model = _gpt2()
     args = TrainingArguments(output_dir=str(tmp / f"hf-blocks-{time.monotonic_ns()}"), max_steps=steps,
                              per_device_train_batch_size=8, logging_steps=1, report_to="none", use_cpu=True, seed=0,
                              disable_tqdm=True, save_strategy="no")
     clock = Clock()
-    Trainer(model=model, args=args, train_dataset=Tokens(), callbacks=[clock, tl]).train()
+    Trainer(model=model, args=args, train_dataset=_hf_dataset(), callbacks=[clock, tl]).train()
     return _blocks(clock.t, block)
 
 
 def _lightning_blocks(tmp: Path, steps: int, signer, block: int) -> dict:
     """The same within-run comparison for the Lightning callback on the tiny GPT-2 (clipping at 1.0)."""
     import lightning as L
-    import torch
 
     from trainledger.training.integrations import _common
     from trainledger.training.integrations.lightning import TrainledgerCallback
@@ -293,27 +308,11 @@ def _lightning_blocks(tmp: Path, steps: int, signer, block: int) -> dict:
                 tl.set((trainer.global_step // block) % 2 == 0)
             self.t.append(time.perf_counter())
 
-    class LM(L.LightningModule):
-        def __init__(self):
-            super().__init__()
-            from transformers import GPT2Config, GPT2LMHeadModel
-
-            self.lm = GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=4, n_embd=64, vocab_size=64, n_positions=64,
-                                                 bos_token_id=0, eos_token_id=0))
-
-        def training_step(self, batch, i):
-            return self.lm(input_ids=batch["input_ids"], labels=batch["input_ids"]).loss
-
-        def configure_optimizers(self):
-            return torch.optim.AdamW(self.parameters(), lr=5e-5)
-
-    torch.manual_seed(0)
-    ids = torch.randint(0, 64, (4096, 32), generator=torch.Generator().manual_seed(0))
-    dl = torch.utils.data.DataLoader([{"input_ids": x} for x in ids], batch_size=8)
+    dl = _lightning_lm_loader()
     clock = Clock()
     L.Trainer(max_steps=steps, accelerator="cpu", devices=1, logger=False, callbacks=[clock, tl],
               enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
-              gradient_clip_val=1.0).fit(LM(), dl)
+              gradient_clip_val=1.0).fit(_lightning_lm_module(log=False), dl)
     return _blocks(clock.t, block)
 
 

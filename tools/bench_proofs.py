@@ -36,15 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 from trainledger.journal import Journal, Signer, StepObserved, verify  # noqa: E402
 from trainledger.journal import transparency as T  # noqa: E402
 
-pc = time.perf_counter_ns
-
-
-def _overhead() -> float:
-    s = []
-    for _ in range(100_000):
-        t = pc()
-        s.append(pc() - t)
-    return statistics.median(s)
+from bench_journal import pc, timer_overhead  # noqa: E402  (tools/, beside this script)
 
 
 def _stats(samples: list[float]) -> dict:
@@ -54,7 +46,7 @@ def _stats(samples: list[float]) -> dict:
 
 
 def bench_append(d: Path, n: int, rounds: int) -> dict:
-    ov = _overhead()
+    ov = timer_overhead()
     out = {"tree": [], "no_tree": []}
     signer = Signer.generate()
     for r in range(rounds):

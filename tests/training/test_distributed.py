@@ -98,10 +98,11 @@ def test_a_slow_rank_is_flagged_and_replay_recomputes_it(run_dir, capsys):
     assert out.startswith("OK") and "4 stragglers flagged" in out and "straggler: rank 1" in out
 
 
-def test_a_forged_straggler_verdict_is_named_by_replay(tmp_path, signer, capsys):
-    """Two signed rank journals written by hand: rank 0 claims rank 1 straggled, rank 1's steps say otherwise."""
+def _replay_hand_run(tmp_path, signer, capsys, rank0_verdicts: list) -> str:
+    """Two signed rank journals written by hand, ten steps of 0.1 s each, rank 0's ending with ``rank0_verdicts``:
+    what ``trainledger replay`` prints of the run folder (it must exit 1)."""
     from trainledger.journal import Journal, StepObserved
-    from trainledger.journal.kinds import RankJoined, StragglerDetected, StragglerScores
+    from trainledger.journal.kinds import RankJoined
 
     run = tmp_path / "run"
     for rank in (0, 1):
@@ -110,13 +111,22 @@ def test_a_forged_straggler_verdict_is_named_by_replay(tmp_path, signer, capsys)
             for step in range(10):
                 j.append(StepObserved(step=step, loss=3.0, step_time_s=0.1))
             if rank == 0:
-                j.append(StragglerScores(window_start=0, window_end=9, medians={"0": 0.1, "1": 0.4},
-                                         scores={"0": 1.0, "1": 0.25}, threshold=0.75))
-                j.append(StragglerDetected(rank=1, score=0.25, window_start=0, window_end=9))
+                for ev in rank0_verdicts:
+                    j.append(ev)
     pub = tmp_path / "k.pub"
     pub.write_text(signer.public.line() + "\n")
     assert main(["replay", "--pubkey", str(pub), str(run)]) == 1
-    out = capsys.readouterr().out
+    return capsys.readouterr().out
+
+
+def test_a_forged_straggler_verdict_is_named_by_replay(tmp_path, signer, capsys):
+    """Rank 0 claims rank 1 straggled, rank 1's steps say otherwise."""
+    from trainledger.journal.kinds import StragglerDetected, StragglerScores
+
+    out = _replay_hand_run(tmp_path, signer, capsys, [
+        StragglerScores(window_start=0, window_end=9, medians={"0": 0.1, "1": 0.4}, scores={"0": 1.0, "1": 0.25},
+                        threshold=0.75),
+        StragglerDetected(rank=1, score=0.25, window_start=0, window_end=9)])
     assert "DIFFERENCE rank 0" in out and "straggler_scores" in out and "straggler_detected" in out
 
 
@@ -236,21 +246,9 @@ def test_one_key_per_node_pinned_together_in_a_trusted_keys_file(tmp_path, capsy
 
 def test_a_forged_individual_score_is_named_by_replay(tmp_path, signer, capsys):
     """Relative scores true to the step times, individual scores not: replay names the window."""
-    from trainledger.journal import Journal, StepObserved
-    from trainledger.journal.kinds import RankJoined, StragglerScores
+    from trainledger.journal.kinds import StragglerScores
 
-    run = tmp_path / "run"
-    for rank in (0, 1):
-        with Journal.create(run / f"rank-0000{rank}.jsonl", signer=signer, run_id=f"hand.r{rank:05d}") as j:
-            j.append(RankJoined(run="hand", rank=rank, world_size=2, local_rank=rank, node="n"))
-            for step in range(10):
-                j.append(StepObserved(step=step, loss=3.0, step_time_s=0.1))
-            if rank == 0:
-                j.append(StragglerScores(window_start=0, window_end=9, medians={"0": 0.1, "1": 0.1},
-                                         scores={"0": 1.0, "1": 1.0}, threshold=0.75,
-                                         individual={"0": 1.0, "1": 0.5}))
-    pub = tmp_path / "k.pub"
-    pub.write_text(signer.public.line() + "\n")
-    assert main(["replay", "--pubkey", str(pub), str(run)]) == 1
-    out = capsys.readouterr().out
+    out = _replay_hand_run(tmp_path, signer, capsys, [
+        StragglerScores(window_start=0, window_end=9, medians={"0": 0.1, "1": 0.1}, scores={"0": 1.0, "1": 1.0},
+                        threshold=0.75, individual={"0": 1.0, "1": 0.5})])
     assert "DIFFERENCE rank 0" in out and "individual scores" in out
