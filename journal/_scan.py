@@ -19,7 +19,7 @@ import os
 from typing import Any
 
 from . import _accel, codec
-from .chain import LINE_TAG, seal_checkpoint, seal_message
+from .chain import LINE_TAG, is_hash_hex, seal_checkpoint, seal_message
 from .merkle import CompactRange, range_of_lines
 from .codec import HASH_SUFFIX_LEN, UnknownEvent
 from .errors import (
@@ -396,7 +396,7 @@ class Scanner:
             )
         if ctx.tree:
             root = rec.tree_root
-            if rec.tree_size != seq or type(root) is not str or len(root) != 64 or root.strip("0123456789abcdef"):
+            if rec.tree_size != seq or not is_hash_hex(root):
                 raise SealInvalid(f"seal at seq {seq} does not name the tree of the {seq:,} lines before it (a format "
                                   "1.3 seal carries tree_size and a 64-digit hex tree_root)", seq=seq)
         elif rec.tree_size is not None or rec.tree_root is not None:

@@ -19,7 +19,7 @@ import re
 from .errors import UsageError
 
 __all__ = ["GENESIS_TAG", "LINE_TAG", "SEAL_TAG", "genesis", "link", "seal_message", "check_run_id", "origin",
-           "seal_checkpoint", "has_tree", "format_at_least", "HEAD_EXTENSION"]
+           "seal_checkpoint", "has_tree", "format_at_least", "is_hash_hex", "HEAD_EXTENSION"]
 
 #: The extension line of a seal's checkpoint that names the chain head it also seals.
 HEAD_EXTENSION = "trainledger-head"
@@ -65,6 +65,11 @@ def seal_checkpoint(run_id: str, tree_size: int, tree_root: bytes, sealed_seq: i
     from .note import checkpoint_text
 
     return checkpoint_text(origin(run_id), tree_size, tree_root, (f"{HEAD_EXTENSION} {sealed_seq}:{sealed_hash.hex()}",))
+
+
+def is_hash_hex(x: object) -> bool:
+    """Whether ``x`` is a hash as the journal writes one: 64 lowercase hex digits."""
+    return type(x) is str and len(x) == 64 and not x.strip("0123456789abcdef")
 
 
 def format_at_least(version: str | None, want: tuple[int, int]) -> bool:

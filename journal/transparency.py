@@ -40,7 +40,7 @@ import msgspec
 
 from . import codec
 from ._paths import open_new
-from .chain import HEAD_EXTENSION, has_tree, origin, seal_checkpoint
+from .chain import HEAD_EXTENSION, has_tree, is_hash_hex, origin, seal_checkpoint
 from .errors import (
     TrainledgerError,
     CheckpointMismatch,
@@ -115,7 +115,7 @@ def _parse_head_extension(cp: Checkpoint) -> tuple[int, str]:
     if len(heads) != 1:
         raise NoteError("the checkpoint does not name one trainledger chain head")
     seq_s, _, h = heads[0][len(HEAD_EXTENSION) + 1:].partition(":")
-    if not seq_s.isdigit() or int(seq_s) != cp.size - 1 or len(h) != 64 or h.strip("0123456789abcdef"):
+    if not seq_s.isdigit() or int(seq_s) != cp.size - 1 or not is_hash_hex(h):
         raise NoteError("the checkpoint's trainledger-head line is not SIZE-1:HASH")
     return int(seq_s), h
 
@@ -591,8 +591,9 @@ def _open_for_proof(journal: Path, keys: Sequence[PublicKey], trust_embedded: bo
 
 def _check_seal_signature(opened: Any, seal: Any, public_raw: bytes) -> bytes:
     root_hex = seal.tree_root
-    if seal.tree_size != seal.seq or type(root_hex) is not str or len(root_hex) != 64:
-        raise SealInvalid(f"seal at seq {seal.seq} names no tree of the lines before it", seq=seal.seq)
+    if seal.tree_size != seal.seq or not is_hash_hex(root_hex) or not is_hash_hex(seal.sealed_hash):
+        raise SealInvalid(f"seal at seq {seal.seq} names no tree of the lines before it, or no chain head",
+                          seq=seal.seq)
     root = bytes.fromhex(root_hex)
     try:
         sig = base64.b64decode(seal.sig or "", validate=True)

@@ -452,3 +452,13 @@ def test_hostile_inputs_to_the_proof_commands(tmp_path, signer, keypair, capsys)
     assert code == 1 and "not a proof bundle" in text
     code, _, err = run(capsys, "prove", p, "--seq", 1, "-o", tmp_path / "no" / "such" / "b.json", "--pubkey", pub)
     assert code == 2 and "no such folder" in err
+    # Someone without the key appends a seal line whose tree root and head are not hashes: prove, which reads the
+    # latest seal without verifying the whole journal, names it in one line (exit 1), no traceback.
+    lines = read_lines(p)
+    last = parse(lines[-1])
+    n = last["seq"] + 1
+    fake = {"kind": "seal", "sealed_seq": n - 1, "sealed_hash": "q" * 64, "key_id": last["key_id"], "sig": "AA==",
+            "tree_size": n, "tree_root": "zz" * 32, "seq": n, "ts": 1, "h": "0" * 64}
+    write_lines(p, lines + [dump(fake)])
+    code, _, err = run(capsys, "prove", p, "--seq", 1, "-o", tmp_path / "b.json", "--pubkey", pub)
+    assert code == 1 and f"seal at seq {n} names no tree" in err and len(err.strip().splitlines()) == 1
