@@ -1,4 +1,4 @@
-"""Build hook for the optional C accelerator of the hash chain (journal/_chainfast.c).
+"""Build hook for the optional C accelerator (journal/_chainfast.c: the hash chain, the tree, the detectors' step).
 
 Metadata lives in pyproject.toml. The extension links OpenSSL's libcrypto
 (Debian: libssl-dev). It is optional: where it cannot be built, the install
@@ -9,6 +9,6 @@ from setuptools import Extension, setup
 
 setup(
     ext_modules=[
-        Extension("trainledger.journal._chainfast", ["journal/_chainfast.c"], libraries=["crypto"], optional=True),
+        Extension("trainledger.journal._chainfast", ["journal/_chainfast.c"], libraries=["crypto", "m"], optional=True),
     ]
 )

@@ -1,10 +1,11 @@
-"""The optional C accelerator of the hash chain, or None.
+"""The optional C accelerator of the hash chain, the tree and the detectors' common step, or None.
 
 ``journal/_chainfast.c`` is built at install time when a C compiler and
 OpenSSL's headers are there (setup.py marks it optional). Without it, or with
 ``TRAINLEDGER_NO_ACCEL=1`` in the environment, the writer and the verifier use
-hashlib: the same bytes, more slowly. ``tests/journal/test_accel.py`` holds
-the two paths to the same results.
+hashlib (the same bytes, more slowly) and the health detectors their Python
+lines (the same scores). ``tests/journal/test_accel.py`` holds the two paths
+to the same results.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 /*
- * Optional accelerator for the hash chain (format v1, docs/FORMAT.md section 3).
+ * Optional accelerator for the hash chain (format v1, docs/FORMAT.md section 3), the Merkle tree's leaves and
+ * nodes (section 4.1), and the health detectors' common step (journal/health.py).
  *
  *   h[n] = SHA-256("trainledger/v1/line" 0x00 || h[n-1] || P[n])
  *
@@ -13,6 +14,7 @@
 #include <Python.h>
 #define OPENSSL_SUPPRESS_DEPRECATED
 #include <openssl/sha.h>
+#include <math.h>
 #include <string.h>
 
 static const unsigned char LINE_TAG[20] = "trainledger/v1/line"; /* 19 chars + the 0x00 */
@@ -253,6 +255,109 @@ static PyObject *node_level(PyObject *self, PyObject *const *args, Py_ssize_t na
     return out;
 }
 
+/*
+ * baseline_step(sorted, values, steps, x, step, min_periods, inv_scale, window) -> bool
+ *
+ * The health detector's common step (journal/health.py, _Detector.score with no candidate pending), the same
+ * arithmetic in the same order: with at least min_periods values in the window, x above the median and the
+ * window's MAD possibly below (x - median) * inv_scale (the count of values within that distance of the median,
+ * widened by one ulp each way, reaching half the window), return False and change nothing: the caller scores x
+ * the long way. Otherwise add x to the baseline (step to steps, x to values, x into sorted after equal values,
+ * and the value that left the window out of sorted) and return True. Any list item that is not a float also
+ * returns False, unchanged: the caller's code is the reference and handles every case.
+ */
+static int float_at(PyObject *list, Py_ssize_t i, double *v)
+{
+    PyObject *o = PyList_GET_ITEM(list, i);
+    if (!PyFloat_CheckExact(o))
+        return 0;
+    *v = PyFloat_AS_DOUBLE(o);
+    return 1;
+}
+
+/* bisect: the first index whose item is >= v (left) or > v (right); -1 when an item is not a float. */
+static Py_ssize_t bisect_floats(PyObject *s, double v, int right)
+{
+    Py_ssize_t lo = 0, hi = PyList_GET_SIZE(s);
+    while (lo < hi) {
+        Py_ssize_t mid = (lo + hi) / 2;
+        double m;
+        if (!float_at(s, mid, &m))
+            return -1;
+        if (right ? v < m : !(m < v))
+            hi = mid;
+        else
+            lo = mid + 1;
+    }
+    return lo;
+}
+
+static PyObject *baseline_step(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 8 || !PyList_CheckExact(args[0]) || !PyList_CheckExact(args[1]) || !PyList_CheckExact(args[2])
+            || !PyLong_Check(args[4]) || !PyLong_Check(args[5])
+            || !PyFloat_Check(args[6]) || !PyLong_Check(args[7])) {
+        PyErr_SetString(PyExc_TypeError, "baseline_step(sorted: list, values: list, steps: list, x: float, step: int, "
+                                         "min_periods: int, inv_scale: float, window: int)");
+        return NULL;
+    }
+    PyObject *s = args[0], *values = args[1], *steps = args[2], *xo = args[3];
+    if (!PyFloat_CheckExact(xo))
+        Py_RETURN_FALSE;
+    double x = PyFloat_AS_DOUBLE(xo), inv_scale = PyFloat_AS_DOUBLE(args[6]);
+    Py_ssize_t min_periods = PyLong_AsSsize_t(args[5]), window = PyLong_AsSsize_t(args[7]);
+    if ((min_periods == -1 || window == -1) && PyErr_Occurred())
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(s);
+    if (n >= min_periods) {
+        if (n == 0)
+            Py_RETURN_FALSE;
+        Py_ssize_t h = n >> 1;
+        double a, b, med;
+        if (n & 1) {
+            if (!float_at(s, h, &med))
+                Py_RETURN_FALSE;
+        } else {
+            if (!float_at(s, h - 1, &a) || !float_at(s, h, &b))
+                Py_RETURN_FALSE;
+            med = 0.5 * (a + b);
+        }
+        if (x > med) {
+            double d = (x - med) * inv_scale;
+            Py_ssize_t hi = bisect_floats(s, nextafter(med + d, INFINITY), 0);
+            Py_ssize_t lo = bisect_floats(s, nextafter(med - d, -INFINITY), 1);
+            if (hi < 0 || lo < 0 || hi - lo >= h)
+                Py_RETURN_FALSE;
+        }
+    }
+    if (window < 1)
+        Py_RETURN_FALSE;
+    /* Everything is read before anything changes. x goes in after the values equal to it; then the value that
+     * leaves the window (values[-window - 1] once x is appended) goes out of sorted at its first place there:
+     * the count of values below it, x among them when x is smaller. */
+    Py_ssize_t at = bisect_floats(s, x, 1);
+    if (at < 0)
+        Py_RETURN_FALSE;
+    Py_ssize_t nv = PyList_GET_SIZE(values), out = -1;
+    if (nv + 1 > window) {
+        Py_ssize_t k = nv - window;
+        double old = x;
+        if (k < nv && !float_at(values, k, &old))
+            Py_RETURN_FALSE;
+        out = bisect_floats(s, old, 0);
+        if (out < 0)
+            Py_RETURN_FALSE;
+        out += x < old;
+    }
+    if (PyList_Append(steps, args[4]) < 0)
+        return NULL;
+    if (PyList_Append(values, xo) < 0 || PyList_Insert(s, at, xo) < 0)
+        return NULL;  /* out of memory: the lists are no longer consistent, and the error propagates */
+    if (out >= 0 && PyList_SetSlice(s, out, out + 1, NULL) < 0)
+        return NULL;
+    Py_RETURN_TRUE;
+}
+
 static PyMethodDef methods[] = {
     {"line_hash", (PyCFunction)(void (*)(void))line_hash, METH_FASTCALL, "h[n] from h[n-1] (32 bytes) and P[n]."},
     {"check_lines", (PyCFunction)(void (*)(void))check_lines, METH_FASTCALL,
@@ -261,6 +366,8 @@ static PyMethodDef methods[] = {
      "The compact range (height, hash) of the leaves of these lines, starting at leaf index begin."},
     {"leaf_hashes", (PyCFunction)(void (*)(void))leaf_hashes, METH_FASTCALL, "Leaf hashes, concatenated."},
     {"node_level", (PyCFunction)(void (*)(void))node_level, METH_FASTCALL, "Node hashes of consecutive pairs."},
+    {"baseline_step", (PyCFunction)(void (*)(void))baseline_step, METH_FASTCALL,
+     "The health detector's common step: add x to the baseline (True), or leave it to the caller (False)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -21,6 +21,7 @@ import bisect
 import math
 from typing import Any
 
+from ._accel import fast as _fast
 from .codec import UnknownEvent, record_type
 from .events import RunResumed, StepObserved
 from .mfu import MfuAccounting
@@ -222,8 +223,13 @@ class _Detector:
         """Score one finite value; add it to the baseline unless it is (part of) a spike."""
         x = _log(raw) if self.log else raw
         if self.pending is None:
-            # The common case, inlined: warm, and not even near a threshold (see _z and mad_at_least).
             base = self.base
+            if _baseline_step is not None:  # the lines below, in C (journal/_chainfast.c)
+                if _baseline_step(base._sorted, base._values, base._steps, x, step, self.min_periods, self.inv_scale,
+                                  self.window):
+                    return None
+                return self._score(step, raw, x, after_resume)
+            # The common case, inlined: warm, and not even near a threshold (see _z and mad_at_least).
             s = base._sorted
             n = len(s)
             if n >= self.min_periods:
@@ -272,6 +278,7 @@ _bisect_left = bisect.bisect_left
 _bisect_right = bisect.bisect_right
 _insort = bisect.insort
 _log = math.log
+_baseline_step = getattr(_fast, "baseline_step", None)
 
 
 def state_digest(state: dict[str, Any]) -> str:
@@ -399,11 +406,12 @@ class HealthProjection:
                     self.mfu_max = m
                 if m > 1.0:
                     self.mfu_over += 1
-        for det in (self._loss, self._grad):
-            if det.suspected is not None:
-                self.suspected.append(det.suspected)
-                self.suspected_new.append(det.suspected)
-                det.suspected = None
+        if self._loss.suspected is not None or self._grad.suspected is not None:  # rare: no loop per step
+            for det in (self._loss, self._grad):
+                if det.suspected is not None:
+                    self.suspected.append(det.suspected)
+                    self.suspected_new.append(det.suspected)
+                    det.suspected = None
         if out:
             for a in out:
                 self.anomalies.append(a)

@@ -6,7 +6,8 @@
 1. Journaling cost in a 2-rank DDP step of the reference model at its default size: blocks of steps without
    trainledger and with it (the distributed loop's per-step calls: ``observe_step`` into the rank journal and the
    straggler detector's ``observe``), interleaved in one torchrun job on the same warm model; median step times,
-   their ratio, and the straggler exchange's time (one collective per window).
+   their ratio per pair of blocks (every job's pairs pooled, with a 95% bootstrap interval of the median), and the
+   straggler exchange's time (one collective per window).
 2. Straggler detection: ``--trials`` torchrun jobs, each a uniform run (4 windows of ``--window-steps`` steps, 100
    by default, about 0.4 s here: the detector's own default is about a minute; no rank slowed) and a run whose
    rank 1 sleeps 30% of the median step time inside its own time (as a slow loader would); counts the runs in which
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -44,6 +46,8 @@ from trainledger.training.monitor import TrainingHealthMonitor
 mode, out_dir, key = sys.argv[1], sys.argv[2], sys.argv[3]
 init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
+if os.environ.get("BENCH_PIN"):
+    os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[rank % len(os.sched_getaffinity(0))]})
 cfg = LoopConfig()
 torch.manual_seed(0)
 model = build_causal_lm(cfg.vocab, cfg.d_model, cfg.n_layer, cfg.n_head, cfg.block, dropout=cfg.dropout)
@@ -96,7 +100,7 @@ if mode == "overhead":
     j.close()
     res = {"plain": statistics.median(plain), "ledger": statistics.median(ledger),
            "exchange": statistics.median(exch) if exch else None, "windows": len(exch), "steps": s,
-           "every": every, "call": statistics.median(call), "ratio": statistics.median(ratios)}
+           "every": every, "call": statistics.median(call), "ratio": statistics.median(ratios), "ratios": ratios}
 else:
     windows, n = 4, int(sys.argv[4])
     base = []
@@ -165,7 +169,7 @@ def main() -> int:
     ap.add_argument("--events", type=int, default=1_000_000)
     ap.add_argument("--blocks", type=int, default=60, help="pairs of blocks, without and with (overhead)")
     ap.add_argument("--block-steps", type=int, default=20)
-    ap.add_argument("--repeats", type=int, default=3, help="overhead jobs (the median is reported)")
+    ap.add_argument("--repeats", type=int, default=5, help="overhead jobs (their pairs of blocks are pooled)")
     ap.add_argument("--skip-verify", action="store_true")
     ap.add_argument("--window-steps", type=int, default=100,
                     help="steps per straggler window in part 2 (the detector's default is about a minute of steps; "
@@ -185,13 +189,19 @@ def main() -> int:
         if jobs:
             r = jobs[len(jobs) // 2]
             spread = ", ".join(f"{x['ratio'] - 1:+.2%}" for x in jobs)
+            # Every pair of blocks of every job, pooled: the median ratio and its 95% bootstrap interval (the jobs
+            # alone vary by more than the effect: this says how well the pooled figure is known).
+            pooled = [q for x in jobs for q in x["ratios"]]
+            rng = random.Random(13)
+            boot = sorted(statistics.median(rng.choices(pooled, k=len(pooled))) for _ in range(2000))
+            lo, hi = boot[int(0.025 * len(boot))], boot[int(0.975 * len(boot)) - 1]
             print(f"1. DDP step, 2 ranks, gloo, reference model ({r['steps']} steps in {args.blocks} pairs of blocks "
-                  f"without and with, the median job of {args.repeats}: {spread}): without trainledger "
-                  f"{r['plain'] * 1e3:.3f} ms, with {r['ledger'] * 1e3:.3f} ms (median step); median ratio of paired "
-                  f"blocks {r['ratio'] - 1:+.2%} (the calls themselves: {r['call'] * 1e6:.1f} us median); one "
-                  f"straggler exchange (the calibration window) took {r['exchange'] * 1e3:.2f} ms, and set the window "
-                  f"to {r['every']} steps (about a minute): {r['exchange'] / r['every'] * 1e6:.2f} us per step",
-                  flush=True)
+                  f"without and with, {args.repeats} jobs: {spread}): all {len(pooled)} pairs pooled: median ratio "
+                  f"{statistics.median(pooled) - 1:+.2%}, 95% interval [{lo - 1:+.2%}, {hi - 1:+.2%}]; the median "
+                  f"job: without trainledger {r['plain'] * 1e3:.3f} ms, with {r['ledger'] * 1e3:.3f} ms (median "
+                  f"step), the calls themselves {r['call'] * 1e6:.1f} us median; one straggler exchange (the "
+                  f"calibration window) took {r['exchange'] * 1e3:.2f} ms, and set the window to {r['every']} steps "
+                  f"(about a minute): {r['exchange'] / r['every'] * 1e6:.2f} us per step", flush=True)
 
         caught, false, delays = 0, 0, []
         for t in range(args.trials):

@@ -100,13 +100,20 @@ class TrainingHealthMonitor:
 
         In a distributed run, ``compute_time_s`` is this rank's own time in the step (before it waits on the other
         ranks' gradients): what straggler detection compares."""
-        ev = StepObserved(step=int(step), loss=float(loss), grad_norm=_opt_float("grad_norm", grad_norm),
-                          lr=_opt_float("lr", lr), step_time_s=_opt_float("step_time_s", step_time_s),
-                          examples=None if batch_size is None else int(batch_size),
-                          tokens=None if tokens is None else int(tokens),
-                          data_time_s=None if data_time_s is None else _opt_float("data_time_s", data_time_s),
-                          compute_time_s=None if compute_time_s is None
-                          else _opt_float("compute_time_s", compute_time_s))
+        try:  # the conversions inline (a function call per field costs more than the field inside a loop)
+            ev = StepObserved(step=int(step), loss=float(loss),
+                              grad_norm=None if grad_norm is None else float(grad_norm),
+                              lr=None if lr is None else float(lr),
+                              step_time_s=None if step_time_s is None else float(step_time_s),
+                              examples=None if batch_size is None else int(batch_size),
+                              tokens=None if tokens is None else int(tokens),
+                              data_time_s=None if data_time_s is None else float(data_time_s),
+                              compute_time_s=None if compute_time_s is None else float(compute_time_s))
+        except (TypeError, ValueError):
+            for name, v in (("grad_norm", grad_norm), ("lr", lr), ("step_time_s", step_time_s),
+                            ("data_time_s", data_time_s), ("compute_time_s", compute_time_s)):
+                _opt_float(name, v)  # names the argument that is not a number
+            raise
         j = self.journal
         if j is not None:
             # Deferred: the event's types are fixed above, so the writer encodes and chains it later, in a

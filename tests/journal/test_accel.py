@@ -72,14 +72,58 @@ def test_check_lines_structure_rules():
 
 
 def test_pure_python_path_passes_the_journal_tests():
-    """The attack, property, tree and proof tests again, with the accelerator switched off."""
+    """The attack, property, tree, proof and health-reference tests again, with the accelerator switched off."""
     env = dict(os.environ, TRAINLEDGER_NO_ACCEL="1")
     code = "import journal._accel as a; print(a.describe())"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert "pure Python" in out.stdout
     tests = [os.path.join(os.path.dirname(__file__), f) for f in ("test_attacks.py", "test_properties.py", "test_writer.py",
-                                                               "test_tree_heads.py", "test_proofs.py")]
+                                                               "test_tree_heads.py", "test_proofs.py",
+                                                               "test_health_reference.py")]
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests],
                        env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:]
     assert _accel.fast is not None  # this process uses the accelerator
+
+
+# The health detector's common step (baseline_step) against the Python lines it stands for.
+tie_prone = st.sampled_from([1.0, 1.5, 2.0, 2.0000000000000004, 3.0, 50.0]) | st.floats(-10, 100)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(tie_prone, max_size=120), st.integers(3, 9), st.integers(0, 6), st.floats(1.0, 8.0))
+def test_detector_scores_the_same_with_and_without_the_accelerator(xs, window, m, z):
+    from trainledger.journal import health
+    from trainledger.journal.kinds import DetectorParams
+
+    p = DetectorParams(window, 3 + m % (window - 2), z, "loss")
+    fast_det, slow_det = health._Detector(p, "loss_spike", False), health._Detector(p, "loss_spike", False)
+    saved = health._baseline_step
+    for step, x in enumerate(xs):
+        got = fast_det.score(step, x, False)
+        health._baseline_step = None
+        try:
+            want = slow_det.score(step, x, False)
+        finally:
+            health._baseline_step = saved
+        assert got == want
+        assert fast_det.pending == slow_det.pending
+        b, c = fast_det.base, slow_det.base
+        assert (b._sorted, b._values, b._steps) == (c._sorted, c._values, c._steps)
+        assert b._sorted == sorted(b._values[-window:])
+
+
+def test_baseline_step_leaves_what_it_cannot_read_to_the_caller():
+    s, values, steps = [1.0, 2, 3.0], [1.0, 2, 3.0], [0, 1, 2]
+    before = (list(s), list(values), list(steps))
+    # an int in the window: the bisect meets it, nothing changes, the Python path decides
+    assert fast.baseline_step(s, values, steps, 2.5, 3, 1, 0.1, 10) is False
+    assert (s, values, steps) == before
+    assert fast.baseline_step([], [], [], 1.0, 0, 0, 0.1, 10) is False  # an empty window with no warm-up
+    assert fast.baseline_step([1.0], [1.0], [0], 1, 1, 5, 0.1, 10) is False  # x not a float
+    assert fast.baseline_step([1.0], [1.0], [0], 2.0, 1, 5, 0.1, 0) is False  # no window
+    s, values, steps = [1.0], [1.0], [0]
+    assert fast.baseline_step(s, values, steps, 0.5, 1, 5, 0.1, 1) is True  # warming up: added, the oldest out
+    assert (s, values, steps) == ([0.5], [1.0, 0.5], [0, 1])
+    with pytest.raises(TypeError):
+        fast.baseline_step((1.0,), [], [], 1.0, 0, 0, 0.1, 1)

@@ -164,6 +164,10 @@ def test_tensor_inputs_give_a_clear_error():
     m = TrainingHealthMonitor()
     with pytest.raises(TypeError, match=r"\.item\(\)"):
         m.observe_step(0, 3.0, grad_norm=torch.ones(2))
+    for kw in ({"lr": "fast"}, {"step_time_s": [1.0]}, {"compute_time_s": object()}):
+        with pytest.raises(TypeError, match=f"^{next(iter(kw))} must be a number"):
+            m.observe_step(1, 3.0, **kw)
+    assert m.last_step is None  # nothing was observed
 
 
 def _steady(m, n=40):
