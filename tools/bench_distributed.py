@@ -6,10 +6,11 @@
 1. Journaling cost in a 2-rank DDP step of the reference model at its default size: blocks of steps without
    trainledger and with it (the distributed loop's per-step calls: ``observe_step`` into the rank journal and the
    straggler detector's ``observe``), interleaved in one torchrun job on the same warm model; median step times,
-   their ratio per pair of blocks (every job's pairs pooled, with a 95% bootstrap interval of the median), and the
-   straggler exchange's time (one collective per window).
-2. Straggler detection: ``--trials`` torchrun jobs, each a uniform run (4 windows of ``--window-steps`` steps, 100
-   by default, about 0.4 s here: the detector's own default is about a minute; no rank slowed) and a run whose
+   their ratio per pair of blocks (every job's pairs pooled, with a 95% bootstrap interval of the median that
+   draws jobs, then pairs), and the straggler exchange's time (one collective per window). ``--control`` runs the
+   same comparison with no calls in either block: the method's own noise on this machine.
+2. Straggler detection: ``--trials`` torchrun jobs, each a uniform run (4 windows of ``--window-steps`` steps, 500
+   by default, about 2 s here: the detector's own default is about a minute; no rank slowed) and a run whose
    rank 1 sleeps 30% of the median step time inside its own time (as a slow loader would); counts the runs in which
    rank 1 was flagged within 2 windows, and the false flags of the uniform runs.
 3. ``trainledger verify RUN_DIR`` over 4 signed rank journals of ``--events`` events each, anchored to each other
@@ -70,12 +71,12 @@ def step(delay=0.0):
 for _ in range(30):  # warm-up
     step()
 if mode == "overhead":
-    blocks, n = int(sys.argv[4]), int(sys.argv[5])
+    blocks, n, control = int(sys.argv[4]), int(sys.argv[5]), sys.argv[6] == "control"
     j = open_rank_journal(os.path.join(out_dir, "run"), signer)
     mon = TrainingHealthMonitor(journal=j, flop_config=flop_config_from_causal_lm(model, seq_len=cfg.block))
     det = StragglerDetector(j)  # the default window: about a minute of wall time, calibrated on 20 steps
     plain, ledger, exch, call, ratios = [], [], [], [], []
-    s = 0
+    s, every = 0, None
     for b in range(blocks):
         times = {}
         for use in (False, True) if b % 2 == 0 else (True, False):
@@ -85,9 +86,10 @@ if mode == "overhead":
                 if use:
                     end = time.perf_counter()
                     call.append(end)
-                    mon.observe_step(s, loss, grad_norm=gn, step_time_s=end - t0, batch_size=cfg.batch_size,
-                                     tokens=cfg.batch_size * cfg.block, compute_time_s=t_own - t0)
-                    det.observe(s, t_own - t0)
+                    if not control:
+                        mon.observe_step(s, loss, grad_norm=gn, step_time_s=end - t0, batch_size=cfg.batch_size,
+                                         tokens=cfg.batch_size * cfg.block, compute_time_s=t_own - t0)
+                        det.observe(s, t_own - t0)
                     call[-1] = time.perf_counter() - call[-1]
                     if det.last_exchange_s is not None:
                         exch.append(det.last_exchange_s); det.last_exchange_s = None
@@ -117,19 +119,22 @@ else:
             t0, t_own, loss, gn = step(d)
             det.observe(s, t_own - t0)
         j.close()
-        flagged = [e.rank for e in read_events(os.path.join(out_dir, phase, "rank-00000.jsonl"))
-                   if type(e).__struct_config__.tag == "straggler_detected"]
-        res[phase] = flagged
+        evs = list(read_events(os.path.join(out_dir, phase, "rank-00000.jsonl")))
+        res[phase] = [e.rank for e in evs if type(e).__struct_config__.tag == "straggler_detected"]
+        res[phase + "_scores"] = [min(e.scores.values()) for e in evs
+                                  if type(e).__struct_config__.tag == "straggler_scores"]
 if rank == 0:
     print("RESULT " + json.dumps(res), flush=True)
 dist.destroy_process_group()
 """
 
 
-def _torchrun(script: Path, *args: str, cwd: str) -> dict:
+def _torchrun(script: Path, *args: str, cwd: str, pin: bool = False) -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    if pin:
+        env["BENCH_PIN"] = "1"
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                           str(script), *args], capture_output=True, text=True, cwd=cwd,
-                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+                           str(script), *args], capture_output=True, text=True, cwd=cwd, env=env)
     line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
     if proc.returncode != 0 or line is None:
         raise SystemExit(f"worker failed:\n{proc.stderr[-3000:]}")
@@ -171,9 +176,13 @@ def main() -> int:
     ap.add_argument("--block-steps", type=int, default=20)
     ap.add_argument("--repeats", type=int, default=5, help="overhead jobs (their pairs of blocks are pooled)")
     ap.add_argument("--skip-verify", action="store_true")
-    ap.add_argument("--window-steps", type=int, default=100,
+    ap.add_argument("--control", action="store_true",
+                    help="part 1 as a null comparison: the 'with' blocks make no calls (what the method reports when "
+                         "there is nothing to find)")
+    ap.add_argument("--pin", action="store_true", help="pin rank r to the r-th CPU (its writer thread shares it)")
+    ap.add_argument("--window-steps", type=int, default=500,
                     help="steps per straggler window in part 2 (the detector's default is about a minute of steps; "
-                         "runs A and B used 20)")
+                         "runs A and B used 20, C-H 100)")
     args = ap.parse_args()
     from trainledger.journal import keygen, load_signer
 
@@ -184,37 +193,47 @@ def main() -> int:
         script.write_text(WORKER)
 
         jobs = [_torchrun(script, "overhead", str(tmp / f"ovh{i}"), str(priv), str(args.blocks),
-                          str(args.block_steps), cwd=d) for i in range(args.repeats)]
+                          str(args.block_steps), "control" if args.control else "calls", cwd=d, pin=args.pin)
+                for i in range(args.repeats)]
         jobs.sort(key=lambda x: x["ratio"])
         if jobs:
             r = jobs[len(jobs) // 2]
             spread = ", ".join(f"{x['ratio'] - 1:+.2%}" for x in jobs)
-            # Every pair of blocks of every job, pooled: the median ratio and its 95% bootstrap interval (the jobs
-            # alone vary by more than the effect: this says how well the pooled figure is known).
+            # Every pair of blocks of every job, pooled: the median ratio and its 95% bootstrap interval. Pairs of
+            # one job share its machine state, so the bootstrap draws jobs, then pairs within each job drawn (a
+            # pooled draw of pairs alone gave intervals that a null comparison, --control, fell outside of).
             pooled = [q for x in jobs for q in x["ratios"]]
             rng = random.Random(13)
-            boot = sorted(statistics.median(rng.choices(pooled, k=len(pooled))) for _ in range(2000))
+            boot = sorted(statistics.median([q for x in rng.choices(jobs, k=len(jobs))
+                                             for q in rng.choices(x["ratios"], k=len(x["ratios"]))])
+                          for _ in range(2000))
             lo, hi = boot[int(0.025 * len(boot))], boot[int(0.975 * len(boot)) - 1]
-            print(f"1. DDP step, 2 ranks, gloo, reference model ({r['steps']} steps in {args.blocks} pairs of blocks "
+            print(f"1. {'CONTROL (no calls in either block) ' if args.control else ''}DDP step, 2 ranks, gloo, "
+                  f"reference model ({r['steps']} steps in {args.blocks} pairs of blocks "
                   f"without and with, {args.repeats} jobs: {spread}): all {len(pooled)} pairs pooled: median ratio "
                   f"{statistics.median(pooled) - 1:+.2%}, 95% interval [{lo - 1:+.2%}, {hi - 1:+.2%}]; the median "
                   f"job: without trainledger {r['plain'] * 1e3:.3f} ms, with {r['ledger'] * 1e3:.3f} ms (median "
                   f"step), the calls themselves {r['call'] * 1e6:.1f} us median; one straggler exchange (the "
-                  f"calibration window) took {r['exchange'] * 1e3:.2f} ms, and set the window to {r['every']} steps "
-                  f"(about a minute): {r['exchange'] / r['every'] * 1e6:.2f} us per step", flush=True)
+                  + (f"calibration window) took {r['exchange'] * 1e3:.2f} ms, and set the window to {r['every']} "
+                     f"steps (about a minute): {r['exchange'] / r['every'] * 1e6:.2f} us per step"
+                     if r["exchange"] is not None else "calibration window) was not reached"), flush=True)
 
-        caught, false, delays = 0, 0, []
+        caught, false, delays, lowest, slowed = 0, 0, [], [], []
         for t in range(args.trials):
-            r = _torchrun(script, "stragglers", str(tmp / f"trial{t}"), str(priv), str(args.window_steps), cwd=d)
+            r = _torchrun(script, "stragglers", str(tmp / f"trial{t}"), str(priv), str(args.window_steps), cwd=d,
+                         pin=args.pin)
             caught += r["slowed"] == [1] or r["slowed"] == [1, 1]
             false += len(r["uniform"])
             delays.append((r["step_s"], r["delay_s"]))
+            lowest += r["uniform_scores"]
+            slowed += r["slowed_scores"]
         if args.trials:
             print(f"2. stragglers: rank 1 slowed by 30% (sleep {statistics.median(x[1] for x in delays) * 1e3:.2f} ms "
                   f"in a {statistics.median(x[0] for x in delays) * 1e3:.2f} ms step) flagged within 2 windows in "
                   f"{caught} of {args.trials} runs; {false} false flags over {args.trials} uniform runs of 4 windows "
-                  f"({args.window_steps} steps a window)",
-                  flush=True)
+                  f"({args.window_steps} steps a window); the lowest score of any uniform window {min(lowest):.3f} "
+                  f"(median {statistics.median(lowest):.3f}), the slowed rank's median score "
+                  f"{statistics.median(slowed):.3f} (threshold 0.75)", flush=True)
 
         if not args.skip_verify:
             run = tmp / "verify"
