@@ -340,9 +340,8 @@ static PyObject *baseline_step(PyObject *self, PyObject *const *args, Py_ssize_t
         Py_RETURN_FALSE;
     Py_ssize_t nv = PyList_GET_SIZE(values), out = -1;
     if (nv + 1 > window) {
-        Py_ssize_t k = nv - window;
-        double old = x;
-        if (k < nv && !float_at(values, k, &old))
+        double old;  /* values[nv - window]: an index in [0, nv) since 1 <= window <= nv */
+        if (!float_at(values, nv - window, &old))
             Py_RETURN_FALSE;
         out = bisect_floats(s, old, 0);
         if (out < 0)
