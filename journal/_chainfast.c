@@ -8,6 +8,11 @@
  * hashing a 250-byte line; here the same OpenSSL SHA-256 runs on a stack
  * context. journal/_accel.py falls back to hashlib when this module was not
  * built, and the tests check both paths agree.
+ *
+ * The verifier's block scan (scan_block, hash_range) hashes many independent messages at once: each line's chain
+ * hash (from the hash stored in the line before it), each line's leaf, a tree level's nodes. Where the CPU has the
+ * x86 SHA extensions they run four messages side by side (one message's rounds are a chain of dependent
+ * instructions that leaves the unit idle between them); elsewhere OpenSSL hashes them one by one. Same bytes.
  */
 #define _GNU_SOURCE /* memmem */
 #define PY_SSIZE_T_CLEAN
@@ -15,6 +20,7 @@
 #define OPENSSL_SUPPRESS_DEPRECATED
 #include <openssl/sha.h>
 #include <math.h>
+#include <stdint.h>
 #include <string.h>
 
 static const unsigned char LINE_TAG[20] = "trainledger/v1/line"; /* 19 chars + the 0x00 */
@@ -67,6 +73,24 @@ static Py_ssize_t digits_before(const char *s, Py_ssize_t end, long long *value)
     return i;
 }
 
+/* The checks of check_lines on one line (no newline) given the previous hash; updates prev. 0 when they hold. */
+static int check_one(unsigned char *prev, const char *s, Py_ssize_t len, long long want_seq)
+{
+    char hex[64];
+    if (len < SUFFIX + 16 || memcmp(s + len - SUFFIX, ",\"h\":\"", 6) != 0 || s[len - 2] != '"' || s[len - 1] != '}')
+        return -1;
+    long long ts, seq;
+    Py_ssize_t a = digits_before(s, len - SUFFIX, &ts);
+    if (a < 6 || memcmp(s + a - 6, ",\"ts\":", 6) != 0)
+        return -1;
+    Py_ssize_t b = digits_before(s, a - 6, &seq);
+    if (b < 7 || memcmp(s + b - 7, ",\"seq\":", 7) != 0 || seq != want_seq)
+        return -1;
+    link_hash(prev, s, len - SUFFIX, prev);
+    to_hex(prev, hex);
+    return memcmp(hex, s + len - 66, 64) != 0 ? -1 : 0;
+}
+
 /*
  * check_lines(prev: bytes, lines: list[bytes], first_seq: int) -> int
  *
@@ -92,7 +116,6 @@ static PyObject *check_lines(PyObject *self, PyObject *const *args, Py_ssize_t n
     if (first_seq == -1 && PyErr_Occurred())
         return NULL;
     unsigned char prev[32];
-    char hex[64];
     memcpy(prev, PyBytes_AS_STRING(args[0]), 32);
     PyObject *lines = args[1];
     Py_ssize_t n = PyList_GET_SIZE(lines);
@@ -105,25 +128,388 @@ static PyObject *check_lines(PyObject *self, PyObject *const *args, Py_ssize_t n
         }
         const char *s = PyBytes_AS_STRING(line);
         Py_ssize_t len = PyBytes_GET_SIZE(line);
-        if (len < SUFFIX + 16 || memcmp(s + len - SUFFIX, ",\"h\":\"", 6) != 0 || s[len - 2] != '"' ||
-            s[len - 1] != '}')
-            return PyLong_FromSsize_t(i);
-        long long ts, seq;
-        Py_ssize_t a = digits_before(s, len - SUFFIX, &ts);
-        if (a < 6 || memcmp(s + a - 6, ",\"ts\":", 6) != 0)
-            return PyLong_FromSsize_t(i);
-        Py_ssize_t b = digits_before(s, a - 6, &seq);
-        if (b < 7 || memcmp(s + b - 7, ",\"seq\":", 7) != 0 || seq != first_seq + i)
-            return PyLong_FromSsize_t(i);
-        if (memmem(s, (size_t)len, boundary, sizeof boundary - 1) != NULL)
-            return PyLong_FromSsize_t(i);
-        /* Compare in hex: equality also proves the stored text is lowercase hex. */
-        link_hash(prev, s, len - SUFFIX, prev);
-        to_hex(prev, hex);
-        if (memcmp(hex, s + len - 66, 64) != 0)
+        if (memmem(s, (size_t)len, boundary, sizeof boundary - 1) != NULL || check_one(prev, s, len, first_seq + i))
             return PyLong_FromSsize_t(i);
     }
     return PyLong_FromLong(-1);
+}
+
+/* ---- SHA-256 with the x86 SHA extensions, several independent messages at once ---- */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define HAVE_SHANI_CODE 1
+#include <immintrin.h>
+#include <cpuid.h>
+
+#define SHANI __attribute__((target("sha,sse4.1,ssse3")))
+
+static const uint32_t SHA_K[64] __attribute__((aligned(16))) = {
+    0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
+    0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
+    0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
+    0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967,
+    0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
+    0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
+    0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
+    0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2,
+};
+static const uint32_t SHA_IV[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
+                                   0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
+
+/* One lane's state in the SHA extensions' layout: s0 = ABEF, s1 = CDGH. */
+typedef struct { __m128i s0, s1; } shani_state;
+
+SHANI static inline shani_state shani_init(void)
+{
+    __m128i t = _mm_loadu_si128((const __m128i *)&SHA_IV[0]);  /* DCBA */
+    __m128i s1 = _mm_loadu_si128((const __m128i *)&SHA_IV[4]); /* HGFE */
+    t = _mm_shuffle_epi32(t, 0xB1);                              /* CDAB */
+    s1 = _mm_shuffle_epi32(s1, 0x1B);                            /* EFGH */
+    shani_state s;
+    s.s0 = _mm_alignr_epi8(t, s1, 8);     /* ABEF */
+    s.s1 = _mm_blend_epi16(s1, t, 0xF0);  /* CDGH */
+    return s;
+}
+
+SHANI static inline void shani_digest(shani_state s, unsigned char *out)
+{
+    __m128i t = _mm_shuffle_epi32(s.s0, 0x1B);    /* FEBA */
+    __m128i u = _mm_shuffle_epi32(s.s1, 0xB1);    /* DCHG */
+    __m128i a = _mm_blend_epi16(t, u, 0xF0);      /* DCBA */
+    __m128i b = _mm_alignr_epi8(u, t, 8);         /* HGFE */
+    const __m128i bswap = _mm_set_epi8(12, 13, 14, 15, 8, 9, 10, 11, 4, 5, 6, 7, 0, 1, 2, 3);
+    _mm_storeu_si128((__m128i *)out, _mm_shuffle_epi8(a, bswap));
+    _mm_storeu_si128((__m128i *)(out + 16), _mm_shuffle_epi8(b, bswap));
+}
+
+/* Compress one 64-byte block into each of K lanes, the lanes' rounds interleaved (each lane's rounds are a chain
+ * of dependent instructions; independent lanes fill the pipeline). */
+#define SHANI_LANES(K)                                                                                         \
+    SHANI static void shani_x##K(shani_state *st, const unsigned char *const *blk)                            \
+    {                                                                                                          \
+        const __m128i mask = _mm_set_epi64x(0x0c0d0e0f08090a0bULL, 0x0405060700010203ULL);                   \
+        __m128i m[K][16], a[K], c[K];                                                                          \
+        _Pragma("GCC unroll 4") for (int l = 0; l < K; l++) {                                                                          \
+            a[l] = st[l].s0;                                                                                   \
+            c[l] = st[l].s1;                                                                                   \
+            for (int i = 0; i < 4; i++)                                                                        \
+                m[l][i] = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(blk[l] + 16 * i)), mask);       \
+        }                                                                                                      \
+        _Pragma("GCC unroll 16") for (int i = 0; i < 16; i++) {                                                                         \
+            const __m128i k = _mm_load_si128((const __m128i *)&SHA_K[4 * i]);                                  \
+            _Pragma("GCC unroll 4") for (int l = 0; l < K; l++) {                                                                      \
+                if (i >= 4)                                                                                    \
+                    m[l][i] = _mm_sha256msg2_epu32(                                                            \
+                        _mm_add_epi32(_mm_sha256msg1_epu32(m[l][i - 4], m[l][i - 3]),                          \
+                                      _mm_alignr_epi8(m[l][i - 1], m[l][i - 2], 4)),                           \
+                        m[l][i - 1]);                                                                          \
+                __m128i w = _mm_add_epi32(m[l][i], k);                                                         \
+                c[l] = _mm_sha256rnds2_epu32(c[l], a[l], w);                                                   \
+                a[l] = _mm_sha256rnds2_epu32(a[l], c[l], _mm_shuffle_epi32(w, 0x0E));                          \
+            }                                                                                                  \
+        }                                                                                                      \
+        for (int l = 0; l < K; l++) {                                                                          \
+            st[l].s0 = _mm_add_epi32(st[l].s0, a[l]);                                                          \
+            st[l].s1 = _mm_add_epi32(st[l].s1, c[l]);                                                          \
+        }                                                                                                      \
+    }
+SHANI_LANES(1)
+SHANI_LANES(4)
+
+static int shani_usable(void)
+{
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 19)) || !(c & (1u << 9)))  /* SSE4.1, SSSE3 */
+        return 0;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d))
+        return 0;
+    return (b >> 29) & 1;  /* SHA */
+}
+#endif
+
+/* A message to hash: head (at most 64 bytes, copied) then body; the digest goes to out. */
+typedef struct {
+    const unsigned char *head;
+    const unsigned char *body;
+    unsigned char *out;
+    unsigned hlen;
+    size_t blen;
+} shamsg;
+
+static int use_shani = 0; /* set at import from cpuid; sha_ni() switches it (the tests run both paths) */
+
+#ifdef HAVE_SHANI_CODE
+/* Block j of m's padded message: a pointer into the body when the block lies inside it, else built in buf. */
+static const unsigned char *msg_block(const shamsg *m, size_t j, size_t nblocks, unsigned char *buf)
+{
+    size_t total = m->hlen + m->blen, lo = 64 * j;
+    if (lo >= m->hlen && lo + 64 <= total)
+        return m->body + (lo - m->hlen);
+    size_t k = 0; /* bytes of buf filled */
+    if (lo < m->hlen) {
+        k = m->hlen - lo < 64 ? m->hlen - lo : 64;
+        memcpy(buf, m->head + lo, k);
+    }
+    if (k < 64 && lo + k < total) {
+        size_t take = total - (lo + k) < 64 - k ? total - (lo + k) : 64 - k;
+        memcpy(buf + k, m->body + (lo + k - m->hlen), take);
+        k += take;
+    }
+    if (k < 64) {
+        memset(buf + k, 0, 64 - k);
+        if (total >= lo)
+            buf[total - lo] = 0x80;
+    }
+    if (j == nblocks - 1) {
+        uint64_t bits = (uint64_t)total * 8;
+        for (int k = 0; k < 8; k++)
+            buf[63 - k] = (unsigned char)(bits >> (8 * k));
+    }
+    return buf;
+}
+
+/* Hash count messages, four at a time in the SHA extensions' lanes (a lane takes the next message when its own
+ * ends); the last few, fewer than four, one lane at a time. */
+SHANI static void hash_messages_shani(const shamsg *m, size_t count)
+{
+    enum { K = 4 };
+    shani_state st[K];
+    size_t idx[K], j[K], nb[K], next = 0;
+    int live[K] = {0, 0, 0, 0};
+    unsigned char buf[K][64];
+    for (;;) {
+        int n_live = 0;
+        for (int l = 0; l < K; l++) {
+            if (!live[l] && next < count) {
+                idx[l] = next++;
+                j[l] = 0;
+                nb[l] = (m[idx[l]].hlen + m[idx[l]].blen + 8) / 64 + 1;
+                st[l] = shani_init();
+                live[l] = 1;
+            }
+            n_live += live[l];
+        }
+        if (n_live == 0)
+            return;
+        const unsigned char *blk[K];
+        if (n_live == K) {
+            for (int l = 0; l < K; l++)
+                blk[l] = msg_block(&m[idx[l]], j[l], nb[l], buf[l]);
+            shani_x4(st, blk);
+        } else {
+            for (int l = 0; l < K; l++)
+                if (live[l]) {
+                    blk[0] = msg_block(&m[idx[l]], j[l], nb[l], buf[l]);
+                    shani_x1(&st[l], blk);
+                }
+        }
+        for (int l = 0; l < K; l++)
+            if (live[l] && ++j[l] == nb[l]) {
+                shani_digest(st[l], m[idx[l]].out);
+                live[l] = 0;
+            }
+    }
+}
+#endif
+
+static void hash_messages(const shamsg *m, size_t count)
+{
+#ifdef HAVE_SHANI_CODE
+    if (use_shani) {
+        hash_messages_shani(m, count);
+        return;
+    }
+#endif
+    for (size_t i = 0; i < count; i++) {
+        SHA256_CTX c;
+        SHA256_Init(&c);
+        SHA256_Update(&c, m[i].head, m[i].hlen);
+        SHA256_Update(&c, m[i].body, m[i].blen);
+        SHA256_Final(m[i].out, &c);
+    }
+}
+
+/* sha_ni(on: bool | None = None) -> bool: whether the batch hashing uses the x86 SHA extensions; on switches it
+ * (refused, False, where the CPU or the build has none). For the tests: both paths give the same bytes. */
+static PyObject *sha_ni(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs > 1) {
+        PyErr_SetString(PyExc_TypeError, "sha_ni(on: bool | None = None)");
+        return NULL;
+    }
+    if (nargs == 1 && args[0] != Py_None) {
+        int on = PyObject_IsTrue(args[0]);
+        if (on < 0)
+            return NULL;
+#ifdef HAVE_SHANI_CODE
+        use_shani = on && shani_usable();
+#endif
+    }
+    return PyBool_FromLong(use_shani);
+}
+
+/* One scratch area kept between calls (taken and given back with the GIL held, used without it): a block's
+ * working arrays are a few hundred KiB, and allocating them afresh each time costs page faults. */
+static void *scratch_cache = NULL;
+static size_t scratch_cap = 0;
+
+static void *scratch_take(size_t need, size_t *cap)
+{
+    void *p = scratch_cache;
+    size_t c = scratch_cap;
+    scratch_cache = NULL;
+    scratch_cap = 0;
+    if (p == NULL || c < need) {
+        PyMem_Free(p);
+        c = need;
+        p = PyMem_Malloc(c);
+    }
+    *cap = c;
+    return p;
+}
+
+static void scratch_give(void *p, size_t cap)
+{
+    if (scratch_cache == NULL) {
+        scratch_cache = p;
+        scratch_cap = cap;
+    } else {
+        PyMem_Free(p);
+    }
+}
+
+/* Lowercase hex digit values; 0x10 marks every other byte. Filled at import. */
+static unsigned char HEX[256];
+
+static void hex_table(void)
+{
+    memset(HEX, 0x10, sizeof HEX);
+    for (int i = 0; i < 10; i++)
+        HEX['0' + i] = (unsigned char)i;
+    for (int i = 0; i < 6; i++)
+        HEX['a' + i] = (unsigned char)(10 + i);
+}
+
+/* 64 lowercase hex digits to 32 bytes; -1 for anything else. Without a branch per digit: the digits of a hash are
+ * random, and a branch on each would be mispredicted half the time. */
+static int from_hex(const char *h, unsigned char *out)
+{
+    unsigned char bad = 0;
+    for (int i = 0; i < 32; i++) {
+        unsigned char a = HEX[(unsigned char)h[2 * i]], b = HEX[(unsigned char)h[2 * i + 1]];
+        bad |= a | b;
+        out[i] = (unsigned char)(a << 4 | (b & 15));
+    }
+    return bad & 0x10 ? -1 : 0;
+}
+
+/*
+ * scan_block(prev: bytes, block: bytes, first_seq: int, leaves: bool) -> (bad, ends, last, leaf_hashes)
+ *
+ * check_lines over the lines of a block read from a journal (complete lines, each ending with a newline), without
+ * splitting it: bad is the index of the first line that fails (-1 when all hold, and then the other three are
+ * filled in), ends the offset of each line's newline in the block (uint32, native order), last the chain hash of
+ * the last line (32 raw bytes), leaf_hashes each line's tree leaf hash (32 bytes each) when leaves is true, else
+ * None. It does not look for a second event on a line: the caller holds the block to the byte-exact encoding of
+ * one record per line (codec.decode_block), which a line holding two could not pass.
+ *
+ * Each line's chain hash is computed from the hash stored in the line before it (as _scan.py's ranges are), so
+ * the lines' hashes, and their leaves, are independent messages hashed side by side (hash_messages).
+ */
+static PyObject *scan_block(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    long long first_seq;
+    if (nargs != 4 || !PyBytes_Check(args[0]) || PyBytes_GET_SIZE(args[0]) != 32 || !PyBytes_Check(args[1]) ||
+        !PyLong_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "scan_block(prev: 32 bytes, block: bytes, first_seq: int, leaves: bool)");
+        return NULL;
+    }
+    first_seq = PyLong_AsLongLong(args[2]);
+    if (first_seq == -1 && PyErr_Occurred())
+        return NULL;
+    int want_leaves = PyObject_IsTrue(args[3]);
+    if (want_leaves < 0)
+        return NULL;
+    const char *s = PyBytes_AS_STRING(args[1]);
+    Py_ssize_t len = PyBytes_GET_SIZE(args[1]);
+    if (len > 0xFFFFFFFFLL || (len && s[len - 1] != '\n')) {
+        PyErr_SetString(PyExc_ValueError, "scan_block: a block is complete lines under 4 GiB");
+        return NULL;
+    }
+    /* At most this many lines can pass (a line is at least SUFFIX + 16 bytes and its newline): the arrays are
+     * sized for them, then cut to the lines there are. */
+    Py_ssize_t n = len / (SUFFIX + 17) + 1;
+    PyObject *ends = PyBytes_FromStringAndSize(NULL, n * 4);
+    PyObject *leaves = want_leaves ? PyBytes_FromStringAndSize(NULL, n * 32) : (Py_INCREF(Py_None), Py_None);
+    /* per line: its messages, its stored hash, the head of its chain message (tag, previous hash), its computed
+     * hash */
+    const size_t HEAD = sizeof LINE_TAG + 32;
+    size_t cap;
+    shamsg *msgs = scratch_take((size_t)n * (2 * sizeof(shamsg) + 32 + HEAD + 32), &cap);
+    unsigned char *work = (unsigned char *)(msgs + 2 * n);
+    if (ends == NULL || leaves == NULL || msgs == NULL) {
+        Py_XDECREF(ends);
+        Py_XDECREF(leaves);
+        PyMem_Free(msgs);
+        return PyErr_NoMemory();
+    }
+    unsigned char *stored = work, *heads = work + 32 * n, *computed = heads + HEAD * n;
+    static const unsigned char zero = 0;
+    uint32_t *e = (uint32_t *)PyBytes_AS_STRING(ends);
+    unsigned char *lv = want_leaves ? (unsigned char *)PyBytes_AS_STRING(leaves) : NULL;
+    const unsigned char *prev = (const unsigned char *)PyBytes_AS_STRING(args[0]);
+    Py_ssize_t bad = -1, good = -1, count = 0, lines = 0;
+    Py_BEGIN_ALLOW_THREADS
+    const char *line = s;
+    for (Py_ssize_t i = 0; line < s + len; i++) { /* the structure of each line, and the hashing it needs */
+        const char *nl = memchr(line, '\n', (size_t)(s + len - line));
+        if (i == n) { /* more lines than long lines fit: one of them is short, and failed; cannot happen */
+            good = i;
+            break;
+        }
+        Py_ssize_t m = nl - line;
+        long long ts, seq;
+        Py_ssize_t a, b;
+        if (m < SUFFIX + 16 || memcmp(line + m - SUFFIX, ",\"h\":\"", 6) != 0 || line[m - 2] != '"' ||
+            line[m - 1] != '}' || (a = digits_before(line, m - SUFFIX, &ts)) < 6 ||
+            memcmp(line + a - 6, ",\"ts\":", 6) != 0 || (b = digits_before(line, a - 6, &seq)) < 7 ||
+            memcmp(line + b - 7, ",\"seq\":", 7) != 0 || seq != first_seq + i ||
+            from_hex(line + m - 66, stored + 32 * i) != 0) {
+            good = i;
+            break;
+        }
+        unsigned char *h = heads + HEAD * i;
+        memcpy(h, LINE_TAG, sizeof LINE_TAG);
+        memcpy(h + sizeof LINE_TAG, i ? stored + 32 * (i - 1) : prev, 32);
+        msgs[count++] = (shamsg){h, (const unsigned char *)line, computed + 32 * i, (unsigned)HEAD, (size_t)(m - SUFFIX)};
+        if (lv != NULL)
+            msgs[count++] = (shamsg){&zero, (const unsigned char *)line, lv + 32 * i, 1, (size_t)m};
+        e[i] = (uint32_t)(nl - s);
+        line = nl + 1;
+        lines = i + 1;
+    }
+    if (good < 0)
+        good = lines;
+    hash_messages(msgs, (size_t)count);
+    for (Py_ssize_t i = 0; i < good; i++)
+        if (memcmp(computed + 32 * i, stored + 32 * i, 32) != 0) {
+            bad = i;
+            break;
+        }
+    if (bad < 0 && good < lines)
+        bad = good;
+    if (bad < 0 && line != s + len)
+        bad = lines;
+    Py_END_ALLOW_THREADS
+    if (bad < 0 && (_PyBytes_Resize(&ends, lines * 4) < 0 || (lv != NULL && _PyBytes_Resize(&leaves, lines * 32) < 0))) {
+        Py_XDECREF(ends);
+        Py_XDECREF(leaves);
+        scratch_give(msgs, cap);
+        return NULL;
+    }
+    PyObject *out = Py_BuildValue("(nNy#N)", bad, ends, (const char *)(lines ? stored + 32 * (lines - 1) : prev),
+                                  (Py_ssize_t)32, leaves);
+    scratch_give(msgs, cap);
+    return out;
 }
 
 /* ---- RFC 6962 Merkle tree over the journal's lines (format 1.3, docs/FORMAT.md) ---- */
@@ -149,6 +535,46 @@ static void node_of(const unsigned char *l, const unsigned char *r, unsigned cha
     SHA256_Final(out, &c);
 }
 
+/* A compact range being built leaf by leaf (journal.merkle.CompactRange): at most 2 * 64 subtrees. */
+typedef struct {
+    int top;
+    unsigned long long end;
+    int heights[160];
+    unsigned char hashes[160][32];
+} crange;
+
+static void crange_push(crange *r, const unsigned char *leaf)
+{
+    unsigned char cur[32];
+    memcpy(cur, leaf, 32);
+    int h = 0;
+    r->end += 1;
+    while (r->top > 0 && r->heights[r->top - 1] == h && (((r->end >> h) - 1) & 1)) {
+        node_of(r->hashes[r->top - 1], cur, cur);
+        r->top--;
+        h++;
+    }
+    r->heights[r->top] = h; /* top < 160: a range of under 2**64 leaves holds at most 128 subtrees */
+    memcpy(r->hashes[r->top], cur, 32);
+    r->top++;
+}
+
+static PyObject *crange_nodes(const crange *r)
+{
+    PyObject *out = PyList_New(r->top);
+    if (out == NULL)
+        return NULL;
+    for (int k = 0; k < r->top; k++) {
+        PyObject *t = Py_BuildValue("(iy#)", r->heights[k], (const char *)r->hashes[k], (Py_ssize_t)32);
+        if (t == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, k, t);
+    }
+    return out;
+}
+
 /* leaf_range(begin: int, lines: list[bytes]) -> list[tuple[int, bytes]]: the leaves [begin, begin + len(lines))
  * as the fewest perfect subtrees aligned to the tree, (height, hash) left to right (journal.merkle.CompactRange). */
 static PyObject *leaf_range(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
@@ -161,45 +587,184 @@ static PyObject *leaf_range(PyObject *self, PyObject *const *args, Py_ssize_t na
     }
     PyObject *lines = args[1];
     Py_ssize_t n = PyList_GET_SIZE(lines);
-    int heights[160];
-    unsigned char hashes[160][32];
-    int top = 0;
-    unsigned long long end = (unsigned long long)begin;
+    crange r;
+    r.top = 0;
+    r.end = (unsigned long long)begin;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *line = PyList_GET_ITEM(lines, i);
         if (!PyBytes_Check(line)) {
             PyErr_SetString(PyExc_TypeError, "leaf_range: lines must be bytes");
             return NULL;
         }
-        unsigned char cur[32];
-        leaf_of(PyBytes_AS_STRING(line), PyBytes_GET_SIZE(line), cur);
-        int h = 0;
-        end += 1;
-        while (top > 0 && heights[top - 1] == h && (((end >> h) - 1) & 1)) {
-            node_of(hashes[top - 1], cur, cur);
-            top--;
-            h++;
-        }
-        if (top == 160) { /* cannot happen: a range holds at most 2 * 64 subtrees */
-            PyErr_SetString(PyExc_OverflowError, "leaf_range: range too large");
-            return NULL;
-        }
-        heights[top] = h;
-        memcpy(hashes[top], cur, 32);
-        top++;
+        unsigned char leaf[32];
+        leaf_of(PyBytes_AS_STRING(line), PyBytes_GET_SIZE(line), leaf);
+        crange_push(&r, leaf);
     }
-    PyObject *out = PyList_New(top);
-    if (out == NULL)
+    return crange_nodes(&r);
+}
+
+/* hash_range(begin: int, hashes: bytes) -> list[tuple[int, bytes]]: leaf_range for leaves given as their hashes
+ * (32 bytes each, concatenated: scan_block's leaf_hashes). Built a level at a time, so that the nodes of a level,
+ * independent of each other, are hashed side by side (hash_messages): at each level an element with no sibling in
+ * the range (an odd first index, an even last one) is a subtree of the range's edge, and the rest pair up. */
+static PyObject *hash_range(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    long long begin;
+    Py_buffer b;
+    if (nargs != 2 || (begin = PyLong_AsLongLong(args[0])) < 0 || PyObject_GetBuffer(args[1], &b, PyBUF_SIMPLE) < 0) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "hash_range(begin: int >= 0, hashes: bytes)");
         return NULL;
-    for (int k = 0; k < top; k++) {
-        PyObject *t = Py_BuildValue("(iy#)", heights[k], (const char *)hashes[k], (Py_ssize_t)32);
-        if (t == NULL) {
-            Py_DECREF(out);
+    }
+    if (b.len % 32) {
+        PyBuffer_Release(&b);
+        PyErr_SetString(PyExc_ValueError, "hash_range: not a whole number of 32-byte hashes");
+        return NULL;
+    }
+    Py_ssize_t n = b.len / 32;
+    size_t cap;
+    shamsg *msgs = scratch_take((size_t)(n / 2 + 1) * (sizeof(shamsg) + 64), &cap);
+    unsigned char *scratch = (unsigned char *)(msgs + n / 2 + 1);
+    if (msgs == NULL) {
+        PyBuffer_Release(&b);
+        return PyErr_NoMemory();
+    }
+    int lh[64], rh[64], nl = 0, nr = 0;
+    unsigned char left[64][32], right[64][32];
+    static const unsigned char one = 1;
+    Py_BEGIN_ALLOW_THREADS
+    unsigned long long lo = (unsigned long long)begin, hi = lo + (unsigned long long)n;
+    const unsigned char *cur = (const unsigned char *)b.buf;
+    unsigned char *bufs[2] = {scratch, scratch + (n / 2 + 1) * 32};
+    for (int h = 0; lo < hi; h++) {
+        if (lo & 1) {
+            lh[nl] = h;
+            memcpy(left[nl++], cur, 32);
+            cur += 32;
+            lo++;
+        }
+        if (lo < hi && (hi & 1)) {
+            hi--;
+            rh[nr] = h;
+            memcpy(right[nr++], cur + 32 * (hi - lo), 32);
+        }
+        size_t pairs = (size_t)(hi - lo) / 2;
+        unsigned char *next = bufs[h & 1];
+        for (size_t k = 0; k < pairs; k++)
+            msgs[k] = (shamsg){&one, cur + 64 * k, next + 32 * k, 1, 64};
+        hash_messages(msgs, pairs);
+        cur = next;
+        lo /= 2;
+        hi /= 2;
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&b);
+    PyObject *out = PyList_New(nl + nr);
+    for (int k = 0; out != NULL && k < nl + nr; k++) {
+        PyObject *t = k < nl ? Py_BuildValue("(iy#)", lh[k], (const char *)left[k], (Py_ssize_t)32)
+                             : Py_BuildValue("(iy#)", rh[nl + nr - 1 - k], (const char *)right[nl + nr - 1 - k],
+                                             (Py_ssize_t)32);
+        if (t == NULL)
+            Py_CLEAR(out);
+        else
+            PyList_SET_ITEM(out, k, t);
+    }
+    scratch_give(msgs, cap);
+    return out;
+}
+
+/* Read a (height, hash) node of a compact range's list. */
+static int node_at(PyObject *nodes, Py_ssize_t i, long *height, const unsigned char **hash)
+{
+    PyObject *t = PyList_GET_ITEM(nodes, i);
+    if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 2 || !PyLong_Check(PyTuple_GET_ITEM(t, 0)) ||
+        !PyBytes_Check(PyTuple_GET_ITEM(t, 1)) || PyBytes_GET_SIZE(PyTuple_GET_ITEM(t, 1)) != 32) {
+        PyErr_SetString(PyExc_TypeError, "a compact range's nodes are (height: int, hash: 32 bytes)");
+        return -1;
+    }
+    *height = PyLong_AsLong(PyTuple_GET_ITEM(t, 0));
+    if ((*height == -1 && PyErr_Occurred()) || *height < 0 || *height > 63) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_ValueError, "a compact range's node heights are 0..63");
+        return -1;
+    }
+    *hash = (const unsigned char *)PyBytes_AS_STRING(PyTuple_GET_ITEM(t, 1));
+    return 0;
+}
+
+/* range_merge(nodes: list, end: int, other: list) -> int: journal.merkle.CompactRange.merge of the range whose
+ * nodes are other (beginning at end) into nodes, in place; returns the new end. */
+static PyObject *range_merge(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    unsigned long long end;
+    if (nargs != 3 || !PyList_Check(args[0]) || !PyList_Check(args[2]) || !PyLong_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "range_merge(nodes: list, end: int, other: list)");
+        return NULL;
+    }
+    end = PyLong_AsUnsignedLongLong(args[1]);
+    if (end == (unsigned long long)-1 && PyErr_Occurred())
+        return NULL;
+    PyObject *nodes = args[0], *other = args[2];
+    Py_ssize_t n_other = PyList_GET_SIZE(other);
+    for (Py_ssize_t k = 0; k < n_other; k++) {
+        long height;
+        const unsigned char *hp;
+        if (node_at(other, k, &height, &hp) < 0)
+            return NULL;
+        if (end % (1ULL << height)) {
+            PyErr_SetString(PyExc_ValueError, "a subtree is not aligned where it lands");
             return NULL;
         }
-        PyList_SET_ITEM(out, k, t);
+        unsigned char h[32];
+        memcpy(h, hp, 32);
+        end += 1ULL << height;
+        /* merge with the left neighbour while they are siblings: same height, and this one is a right child */
+        for (;;) {
+            Py_ssize_t top = PyList_GET_SIZE(nodes);
+            long lh;
+            const unsigned char *lp;
+            if (top == 0)
+                break;
+            if (node_at(nodes, top - 1, &lh, &lp) < 0)
+                return NULL;
+            if (lh != height || !(((end >> height) - 1) & 1))
+                break;
+            node_of(lp, h, h);
+            if (PyList_SetSlice(nodes, top - 1, top, NULL) < 0)
+                return NULL;
+            height++;
+        }
+        PyObject *t = Py_BuildValue("(ly#)", height, (const char *)h, (Py_ssize_t)32);
+        if (t == NULL || PyList_Append(nodes, t) < 0) {
+            Py_XDECREF(t);
+            return NULL;
+        }
+        Py_DECREF(t);
     }
-    return out;
+    return PyLong_FromUnsignedLongLong(end);
+}
+
+/* range_root(nodes: list) -> bytes: the root a compact range from leaf 0 folds to (nodes not empty). */
+static PyObject *range_root(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 1 || !PyList_Check(args[0]) || PyList_GET_SIZE(args[0]) == 0) {
+        PyErr_SetString(PyExc_TypeError, "range_root(nodes: non-empty list)");
+        return NULL;
+    }
+    PyObject *nodes = args[0];
+    Py_ssize_t n = PyList_GET_SIZE(nodes);
+    long height;
+    const unsigned char *hp;
+    unsigned char r[32];
+    if (node_at(nodes, n - 1, &height, &hp) < 0)
+        return NULL;
+    memcpy(r, hp, 32);
+    for (Py_ssize_t k = n - 2; k >= 0; k--) {
+        if (node_at(nodes, k, &height, &hp) < 0)
+            return NULL;
+        node_of(hp, r, r);
+    }
+    return PyBytes_FromStringAndSize((const char *)r, 32);
 }
 
 /* leaf_hashes(lines: list[bytes]) -> bytes: the leaf hashes, 32 bytes each, concatenated. */
@@ -361,8 +926,17 @@ static PyMethodDef methods[] = {
     {"line_hash", (PyCFunction)(void (*)(void))line_hash, METH_FASTCALL, "h[n] from h[n-1] (32 bytes) and P[n]."},
     {"check_lines", (PyCFunction)(void (*)(void))check_lines, METH_FASTCALL,
      "Index of the first line whose seq, hash suffix or chain hash is wrong, or -1."},
+    {"sha_ni", (PyCFunction)(void (*)(void))sha_ni, METH_FASTCALL,
+     "Whether batch hashing uses the x86 SHA extensions; sha_ni(on) switches it where the CPU has them."},
+    {"scan_block", (PyCFunction)(void (*)(void))scan_block, METH_FASTCALL,
+     "check_lines over a block of complete lines, unsplit: (bad index or -1, newline offsets, last hash, leaves)."},
     {"leaf_range", (PyCFunction)(void (*)(void))leaf_range, METH_FASTCALL,
      "The compact range (height, hash) of the leaves of these lines, starting at leaf index begin."},
+    {"hash_range", (PyCFunction)(void (*)(void))hash_range, METH_FASTCALL,
+     "leaf_range for leaves given as their hashes (32 bytes each, concatenated)."},
+    {"range_merge", (PyCFunction)(void (*)(void))range_merge, METH_FASTCALL,
+     "CompactRange.merge on node lists, in place: returns the new end."},
+    {"range_root", (PyCFunction)(void (*)(void))range_root, METH_FASTCALL, "The root of a compact range from 0."},
     {"leaf_hashes", (PyCFunction)(void (*)(void))leaf_hashes, METH_FASTCALL, "Leaf hashes, concatenated."},
     {"node_level", (PyCFunction)(void (*)(void))node_level, METH_FASTCALL, "Node hashes of consecutive pairs."},
     {"baseline_step", (PyCFunction)(void (*)(void))baseline_step, METH_FASTCALL,
@@ -372,4 +946,11 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "journal._chainfast", NULL, -1, methods};
 
-PyMODINIT_FUNC PyInit__chainfast(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__chainfast(void)
+{
+    hex_table();
+#ifdef HAVE_SHANI_CODE
+    use_shani = shani_usable();
+#endif
+    return PyModule_Create(&module);
+}

@@ -20,7 +20,7 @@ from typing import Any
 
 from . import _accel, codec
 from .chain import LINE_TAG, is_hash_hex, seal_checkpoint, seal_message
-from .merkle import CompactRange, range_of_lines
+from .merkle import CompactRange, range_of_hashes, range_of_lines
 from .codec import HASH_SUFFIX_LEN, UnknownEvent
 from .errors import (
     ChainBroken,
@@ -42,6 +42,7 @@ MAX_LINE = 16 * 1024 * 1024
 BLOCK = 256 * 1024
 
 _fast = _accel.fast
+_scan_block = getattr(_fast, "scan_block", None)
 _link = _accel.link
 _get_seq = operator.attrgetter("seq")
 _get_h = operator.attrgetter("h")
@@ -200,45 +201,98 @@ class Scanner:
         add them to the tree and check the root each seal names)."""
         recs = self._feed(lines, offset)
         if self._tree is not None and recs:
-            self._grow(lines, recs, offset)
+            self._grow(recs, list(map(type, recs)), offset, lambda a, b, begin: range_of_lines(begin, lines[a:b]),
+                       lambda i: sum(map(len, lines[:i])) + i)
         return recs
 
-    def _add(self, lines: list[bytes]) -> None:
+    def feed_block(self, block: bytes, offset: int) -> list[Any]:
+        """:meth:`feed` for a block of complete lines, each ending with a newline, as read at byte ``offset``.
+
+        With the accelerator, the block is checked without splitting it into lines: the chain, the seqs and the
+        tree's leaves in one C pass over it, then one decode and one re-encode of the whole block compared byte for
+        byte (:func:`codec.decode_block`). Anything that pass does not settle (a failure to name, a rare kind, a
+        head to find) goes to :meth:`feed`, which decides it line by line as before.
+        """
+        if _scan_block is None:
+            lines = block.split(b"\n")
+            lines.pop()
+            return self.feed(lines, offset)
+        tree = self._tree
+        bad, ends_b, last, leaves = _scan_block(self.prev, block, self.expect, tree is not None)
+        recs = codec.decode_block(block) if bad < 0 else None
+        n = len(recs) if recs is not None else 0
+        if not n:
+            lines = block.split(b"\n")
+            lines.pop()
+            return self.feed(lines, offset)
+        ends = memoryview(ends_b).cast("I")
+        types = list(map(type, recs))
+        kinds = set(types)
+        expect = self.expect
+        eh = self.ctx.expect_head
+        if (eh is not None and expect <= eh[0] < expect + n) or \
+                not self._rare_ok(kinds, types, recs, lambda i: ends[i] + 1, offset):
+            lines = block.split(b"\n")
+            lines.pop()
+            return self.feed(lines, offset)  # the same checks again, line by line: they name what fails
+        counts = self._type_counts
+        for t in kinds:
+            counts[t] = counts.get(t, 0) + types.count(t)
+        if self._collect and not kinds.isdisjoint(self._collect):
+            collected = self.res.collected
+            for i, t in enumerate(types):
+                if t in self._collect:
+                    start = ends[i - 1] + 1 if i else 0
+                    collected.append((offset + start, block[start:ends[i]]))
+        self.expect = expect + n
+        self.prev = last
+        self._commit(recs)
+        if tree is not None:
+            view = memoryview(leaves)
+            self._grow(recs, types, offset, lambda a, b, begin: range_of_hashes(begin, view[32 * a:32 * b]),
+                       lambda i: ends[i - 1] + 1 if i else 0)
+        return recs
+
+    def _add(self, part, a: int, b: int) -> None:
+        """Add lines ``a..b`` of a batch to the tree (``part(a, b, begin)``: their range as leaves from ``begin``),
+        keeping the tree at ``ctx.tree_at`` when that boundary falls among them."""
         tree = self._tree
         m = self.ctx.tree_at
-        if m is not None and self.res.tree_at is None and tree.end <= m <= tree.end + len(lines):
+        if m is not None and self.res.tree_at is None and tree.end <= m <= tree.end + b - a:
             k = m - tree.end
             if k:
-                tree.merge(range_of_lines(tree.end, lines[:k]))
+                tree.merge(part(a, a + k, tree.end))
             self.res.tree_at = tree.copy()
-            lines = lines[k:]
-        if lines:
-            tree.merge(range_of_lines(tree.end, lines))
+            a += k
+        if b > a:
+            tree.merge(part(a, b, tree.end))
 
-    def _grow(self, lines: list[bytes], recs: list[Any], offset: int) -> None:
+    def _grow(self, recs: list[Any], types: list[type], offset: int, part, line_start) -> None:
+        """Add a checked batch's lines to the tree, checking the root each of its seals names against the tree of
+        the lines before it (``types``: the records' types; ``line_start(i)``: line i's offset in the batch, to name
+        a seal that fails)."""
         tree = self._tree
-        types = list(map(type, recs))
         seal_t = self._seal_t
         start = 0
         i = -1
         for _ in range(types.count(seal_t)):
             i = types.index(seal_t, i + 1)
             if i > start:
-                self._add(lines[start:i])
+                self._add(part, start, i)
             start = i
             rec = recs[i]
             claimed = _fromhex(rec.tree_root)  # _check_seal has held it to 64 hex digits
             if tree.begin == 0:
                 if tree.root() != claimed:
                     raise SealInvalid(f"seal at seq {rec.seq}: its tree root is not the root of the {rec.seq:,} lines "
-                                      "before it", seq=rec.seq, offset=offset + sum(map(len, lines[:i])) + i)
+                                      "before it", seq=rec.seq, offset=offset + line_start(i))
             else:
-                self.res.seal_roots.append((rec.seq, offset + sum(map(len, lines[:i])) + i, claimed, tree.copy()))
-            self._add(lines[i:i + 1])
+                self.res.seal_roots.append((rec.seq, offset + line_start(i), claimed, tree.copy()))
+            self._add(part, i, i + 1)
             start = i + 1
             self.res.seal_tree = tree.copy()
-        if start < len(lines):
-            self._add(lines[start:] if start else lines)
+        if start < len(recs):
+            self._add(part, start, len(recs))
 
     def _feed(self, lines: list[bytes], offset: int) -> list[Any]:
         """Check ``lines`` (no newlines) starting at byte ``offset``; return their records.
@@ -282,7 +336,7 @@ class Scanner:
         types = list(map(type, recs))
         kinds = set(types)
         eh = self.ctx.expect_head
-        if (eh is not None and expect <= eh[0] < expect + n) or not self._rare_ok(kinds, types, recs, lines, offset):
+        if (eh is not None and expect <= eh[0] < expect + n) or not self._rare_ok(kinds, types, recs, lambda i: sum(map(len, lines[:i + 1])) + i + 1, offset):
             self._slow(lines, recs, offset)
             return recs
         counts = self._type_counts
@@ -300,8 +354,9 @@ class Scanner:
         self._commit(recs)
         return recs
 
-    def _rare_ok(self, kinds: set[type], types: list[type], recs: list[Any], lines: list[bytes], offset: int) -> bool:
-        """Check the seals in a batch that is otherwise clean; False sends it to the slow path."""
+    def _rare_ok(self, kinds: set[type], types: list[type], recs: list[Any], end_of, offset: int) -> bool:
+        """Check the seals in a batch that is otherwise clean (``end_of(i)``: the offset just past line i's newline
+        in the batch); False sends it to the slow path."""
         if kinds <= self._plain:
             return True
         if not kinds <= self._plain_or_seal:
@@ -318,7 +373,7 @@ class Scanner:
             res.seals, res.last_seal_seq, res.last_sealed_hash, res.last_seal_end, res.last_seal_h = saved
             return False  # checked again, and named with full context, by the slow path
         if i >= 0:
-            res.last_seal_end = offset + sum(map(len, lines[:i + 1])) + i + 1
+            res.last_seal_end = offset + end_of(i)
         return True
 
     def _slow(self, lines: list[bytes], recs: list[Any], offset: int) -> None:
@@ -443,13 +498,12 @@ def _kind_name(t: type) -> str:
     return "(unknown kinds)" if t is UnknownEvent else t.__struct_config__.tag
 
 
-def iter_line_batches(f, start: int, end: int, result: RangeResult, *, is_last: bool):
-    """Yield ``(lines, offset)`` for the complete lines in ``[start, end)``, a block at a time.
+def iter_blocks(f, start: int, end: int, result: RangeResult, *, is_last: bool):
+    """Yield ``(block, offset)`` for the complete lines in ``[start, end)``, a read block at a time: each block is
+    whole lines, each ending with its newline.
 
-    Each read block (cut at its last newline) is one batch, so batches need no
-    bookkeeping of their own. A last partial line (no newline) is recorded as a
-    torn tail when this is the file's last range. Raises :class:`SchemaError`
-    for a line that runs past MAX_LINE bytes without a newline.
+    A last partial line (no newline) is recorded as a torn tail when this is the file's last range. Raises
+    :class:`SchemaError` for a line that runs past MAX_LINE bytes without a newline.
     """
     pos = start
     f.seek(start)
@@ -463,14 +517,15 @@ def iter_line_batches(f, start: int, end: int, result: RangeResult, *, is_last: 
         if not block:
             break
         pos += len(block)
-        lines = block.split(b"\n")
-        if len(lines) == 1:  # no newline in this block: the line goes on
+        cut = block.rfind(b"\n") + 1
+        if not cut:  # no newline in this block: the line goes on
             carry += block
         else:
-            if carry:
-                lines[0] = carry + lines[0]
+            # one copy: the carried line's start and this block up to its last newline
+            lines = b"".join((carry, memoryview(block)[:cut])) if carry else \
+                block if cut == len(block) else block[:cut]
             off = carry_off
-            carry = lines.pop()
+            carry = block[cut:]
             carry_off = pos - len(carry)
             yield lines, off
         if len(carry) > MAX_LINE:
@@ -482,6 +537,14 @@ def iter_line_batches(f, start: int, end: int, result: RangeResult, *, is_last: 
         result.torn_bytes = len(carry)
 
 
+def iter_line_batches(f, start: int, end: int, result: RangeResult, *, is_last: bool):
+    """:func:`iter_blocks` as ``(lines, offset)``: each block's lines, without their newlines."""
+    for block, off in iter_blocks(f, start, end, result, is_last=is_last):
+        lines = block.split(b"\n")
+        lines.pop()
+        yield lines, off
+
+
 def scan_range(path: str, start: int, end: int, prev_seq: int, prev_hash: bytes,
                ctx: ScanContext, is_last: bool) -> RangeResult:
     """Check ``[start, end)`` of the file; errors are returned in ``result.error``, not raised."""
@@ -489,8 +552,8 @@ def scan_range(path: str, start: int, end: int, prev_seq: int, prev_hash: bytes,
     scanner = Scanner(ctx, prev_seq, prev_hash, res)
     try:
         with open(path, "rb", buffering=0) as f:
-            for lines, off in iter_line_batches(f, start, end, res, is_last=is_last):
-                scanner.feed(lines, off)
+            for block, off in iter_blocks(f, start, end, res, is_last=is_last):
+                scanner.feed_block(block, off)
     except IntegrityError as e:
         res.error = (type(e).__name__, str(e), e.seq if e.seq is not None else scanner.expect, e.offset)
     except OSError as e:

@@ -38,6 +38,8 @@ __all__ = [
     "encode_record",
     "decode_line",
     "decode_batch",
+    "decode_block",
+    "decode_unchecked_block",
     "record_type",
     "refresh",
     "known_kinds",
@@ -415,17 +417,18 @@ def _first_difference(got: bytes, canon: bytes) -> str:
     return f"first difference at byte {n}: {got[max(0, n - 12):n + 12]!r} vs canonical {canon[max(0, n - 12):n + 12]!r}"
 
 
-def decode_unchecked(lines: list[bytes]) -> list[Any] | None:
-    """Decode a batch of known-kind lines *without* checking canonical form; ``None`` if it cannot.
+def decode_unchecked_block(block: bytes) -> list[Any] | None:
+    """Decode a block of complete known-kind lines, each ending with a newline, *without* checking canonical
+    form; ``None`` if it cannot.
 
     Only for readers whose lines are checked elsewhere (``reader.fold_events``
-    checks them in another process at the same time).
+    checks them in another process at the same time; replay reads what verify checked).
     """
     try:
-        records = _decoders()[1].decode(b"[" + b",".join(lines) + b"]")
+        records = _decoders()[0].decode_lines(block)
     except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
         return None
-    return records if len(records) == len(lines) else None
+    return records if len(records) == block.count(b"\n") else None
 
 
 def decode_batch(lines: list[bytes], *, aligned: bool = False) -> list[Any] | None:
@@ -455,6 +458,29 @@ def decode_batch(lines: list[bytes], *, aligned: bool = False) -> list[Any] | No
     if len(records) != len(lines) or (not aligned and joined.count(_BOUNDARY) != len(lines) - 1):
         return None
     if _encoder.encode(records) != joined:
+        return None
+    return records
+
+
+def decode_block(block: bytes) -> list[Any] | None:
+    """:func:`decode_batch` for a block of complete lines, each ending with a newline: the records, or ``None``
+    unless every line is one record of a known kind in canonical form.
+
+    One decode of the block as JSON lines and one re-encode of the records, compared byte for byte: the encoding
+    of a record never holds a raw newline, so with the bytes equal, line i is exactly the encoding of record i.
+    """
+    if not block:
+        return []
+    try:
+        records = _decoders()[0].decode_lines(block)
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
+        return None
+    if _encoder.encode_lines(records) != block:
+        return None
+    # The nesting cap, bounded as in decode_batch: beyond one opener per line, no line nests deeper than the
+    # openers the block holds.
+    if not _flat.issuperset(map(type, records)) and \
+            block.count(b"[") + block.count(b"{") - len(records) + 1 > MAX_DEPTH:
         return None
     return records
 

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from .errors import TrainledgerError
 
 __all__ = ["leaf_hash", "node_hash", "root", "inclusion_proof", "consistency_proof", "verify_inclusion",
-           "verify_consistency", "CompactTree", "CompactRange", "ProofError", "EMPTY_ROOT", "range_of_lines",
+           "verify_consistency", "CompactTree", "CompactRange", "ProofError", "EMPTY_ROOT", "range_of_lines", "range_of_hashes",
            "leaf_hashes", "node_level"]
 
 #: The root of the empty tree: SHA-256 of nothing.
@@ -231,6 +231,9 @@ class CompactRange:
         """Append ``other``, which must begin where this range ends."""
         if other.begin != self.end:
             raise ValueError(f"ranges [{self.begin}, {self.end}) and [{other.begin}, {other.end}) are not adjacent")
+        if _range_merge is not None:
+            self.end = _range_merge(self._nodes, self.end, other._nodes)
+            return
         for height, h in other._nodes:
             if self.end % (1 << height):
                 raise ValueError("a subtree is not aligned where it lands")  # pragma: no cover - by construction
@@ -247,6 +250,8 @@ class CompactRange:
             raise ValueError("only a range from leaf 0 has a root")
         if not self._nodes:
             return EMPTY_ROOT
+        if _range_root is not None:
+            return _range_root(self._nodes)
         r = self._nodes[-1][1]
         for _, h in reversed(self._nodes[:-1]):
             r = node_hash(h, r)
@@ -260,6 +265,16 @@ def _py_leaf_range(begin: int, lines: list[bytes]) -> list[tuple[int, bytes]]:
     return r._nodes
 
 
+def _py_hash_range(begin: int, hashes) -> list[tuple[int, bytes]]:
+    hashes = bytes(hashes)
+    if len(hashes) % 32:
+        raise ValueError("not a whole number of 32-byte hashes")
+    r = CompactRange(begin)
+    for i in range(0, len(hashes), 32):
+        r.append(hashes[i:i + 32])
+    return r._nodes
+
+
 def _py_leaf_hashes(lines: list[bytes]) -> bytes:
     return b"".join(leaf_hash(x) for x in lines)
 
@@ -270,16 +285,24 @@ def _py_node_level(hashes: bytes) -> bytes:
     return b"".join(node_hash(hashes[i:i + 32], hashes[i + 32:i + 64]) for i in range(0, len(hashes) - 63, 64))
 
 
-def _pick():
+def _accel_module():
     from . import _accel
 
-    f = _accel.fast
-    if f is not None and hasattr(f, "leaf_range"):
-        return f.leaf_range, f.leaf_hashes, f.node_level
-    return _py_leaf_range, _py_leaf_hashes, _py_node_level
+    return _accel.fast
 
 
-_leaf_range, leaf_hashes, node_level = _pick()
+def _pick():
+    f = _accel_module()
+    if f is not None and hasattr(f, "hash_range"):
+        return f.leaf_range, f.hash_range, f.leaf_hashes, f.node_level
+    return _py_leaf_range, _py_hash_range, _py_leaf_hashes, _py_node_level
+
+
+_leaf_range, _hash_range, leaf_hashes, node_level = _pick()
+#: CompactRange's merge and root in C, or None (the same nodes; tests/journal/test_accel.py holds them to the Python
+#: lines above)
+_range_merge = getattr(_accel_module(), "range_merge", None)
+_range_root = getattr(_accel_module(), "range_root", None)
 
 
 def range_of_lines(begin: int, lines: list[bytes]) -> CompactRange:
@@ -288,4 +311,12 @@ def range_of_lines(begin: int, lines: list[bytes]) -> CompactRange:
     r = CompactRange(begin)
     r._nodes = _leaf_range(begin, lines)
     r.end = begin + len(lines)
+    return r
+
+
+def range_of_hashes(begin: int, hashes) -> CompactRange:
+    """:func:`range_of_lines` for leaves given as their hashes (32 bytes each, concatenated, any bytes-like)."""
+    r = CompactRange(begin)
+    r._nodes = _hash_range(begin, hashes)
+    r.end = begin + len(hashes) // 32
     return r

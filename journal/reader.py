@@ -13,7 +13,7 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from ._scan import RangeResult, ScanContext, Scanner, iter_line_batches, tree_mode
+from ._scan import RangeResult, ScanContext, Scanner, iter_blocks, tree_mode
 from .chain import genesis
 from .verify import open_checked, read_opening
 
@@ -41,8 +41,8 @@ def read_event_batches(path: str | os.PathLike) -> Iterator[list[Any]]:
     res = RangeResult(0, size)
     scanner = Scanner(ctx, -1, genesis(opened.run_id), res)
     with open(p, "rb", buffering=0) as f:
-        for lines, off in iter_line_batches(f, 0, size, res, is_last=True):
-            yield scanner.feed(lines, off)
+        for block, off in iter_blocks(f, 0, size, res, is_last=True):
+            yield scanner.feed_block(block, off)
 
 
 def read_signed_events(path: str | os.PathLike, keys) -> Iterator[Any]:
@@ -74,8 +74,8 @@ def read_signed_events(path: str | os.PathLike, keys) -> Iterator[Any]:
     scanner = Scanner(ctx, -1, genesis(opened.run_id), res)
     pending: list[Any] = []
     with open(p, "rb", buffering=0) as f:
-        for lines, off in iter_line_batches(f, 0, size, res, is_last=True):
-            pending += scanner.feed(lines, off)
+        for block, off in iter_blocks(f, 0, size, res, is_last=True):
+            pending += scanner.feed_block(block, off)
             sealed = res.last_seal_seq
             if sealed is not None and pending and pending[0].seq <= sealed:
                 cut = sealed - pending[0].seq + 1
@@ -157,6 +157,6 @@ def unchecked_batches(p, size: int) -> Iterator[list[Any]]:
 
     res = RangeResult(0, size)
     with open(p, "rb", buffering=0) as f:
-        for lines, _ in iter_line_batches(f, 0, size, res, is_last=True):
-            recs = codec.decode_unchecked(lines)
-            yield recs if recs is not None else [codec.decode_line(x) for x in lines]
+        for block, _ in iter_blocks(f, 0, size, res, is_last=True):
+            recs = codec.decode_unchecked_block(block)
+            yield recs if recs is not None else [codec.decode_line(x) for x in block.split(b"\n")[:-1]]

@@ -10,16 +10,18 @@ some journal says exists and that has no file (never a silent "7 of 8 verified")
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import os
 import re
 from pathlib import Path
 from typing import Any
 
+from . import codec
 from .codec import decode_line
 from .errors import IntegrityError, JournalIOError
 from .kinds import AnchorRecorded, RankJoined, RanksAnchored
-from .verify import VerifyReport, verify
+from .verify import SharedWorkers, VerifyReport, verify
 
 __all__ = ["AnchorMismatch", "RunDirReport", "RunDirReconstruction", "verify_run_dir", "replay_run_dir", "is_run_dir",
            "rank_files"]
@@ -70,6 +72,30 @@ def _verify_rank(rank: int, f: Path, want: frozenset[int] = frozenset(), **verif
         raise type(e)(f"rank {rank}: {e}", seq=e.seq, offset=e.offset) from None
 
 
+def _size(f: Path) -> int:
+    try:
+        return f.stat().st_size
+    except OSError:
+        return 0  # gone: that rank's verification says so
+
+
+def _verify_ranks(files: dict[int, Path], shared: SharedWorkers, options: dict[str, Any]) -> dict[int, VerifyReport]:
+    """Every rank journal's verification; with shared workers, several ranks at once (a thread each, waiting on
+    the workers), so that the workers are never idle between ranks. The first failing rank, in rank order, raises."""
+    if shared.pool is None or len(files) == 1:
+        return {rank: _verify_rank(rank, f, **options) for rank, f in files.items()}
+    codec._decoders()  # every kind registered and the decoders built before the threads read anything
+    with concurrent.futures.ThreadPoolExecutor(max_workers=min(len(files), 2 * shared.n),
+                                               thread_name_prefix="trainledger-verify") as ex:
+        futures = {rank: ex.submit(_verify_rank, rank, f, _pool=shared, **options) for rank, f in files.items()}
+        try:
+            return {rank: fut.result() for rank, fut in futures.items()}
+        except BaseException:
+            for fut in futures.values():
+                fut.cancel()  # the ranks not started yet; the ones under way finish
+            raise
+
+
 def verify_run_dir(path: str | os.PathLike, **verify_options: Any) -> RunDirReport:
     """Verify every rank journal in ``path`` (``verify``'s options) and every cross-rank anchor.
 
@@ -89,8 +115,10 @@ def verify_run_dir(path: str | os.PathLike, **verify_options: Any) -> RunDirRepo
     # (anchoring rank, its seq) -> [(anchored rank, seq, hash)]
     wanted: list[tuple[int, int, int, int, str]] = []
     world = 0
+    with SharedWorkers(verify_options.get("workers"), sum(map(_size, files.values()))) as shared:
+        checked = _verify_ranks(files, shared, verify_options)
     for rank, f in files.items():
-        rep = _verify_rank(rank, f, **verify_options)
+        rep = checked[rank]
         reports[rank] = rep
         trusted = rep.trusted_bytes
         for offset, line in rep.collected:

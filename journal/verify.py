@@ -272,6 +272,7 @@ def verify(
     _alongside: Callable[[], None] | None = None,
     _collect: tuple[frozenset[str], frozenset[int]] | None = None,
     expect_checkpoint: Any = None,
+    _pool: SharedWorkers | None = None,
 ) -> VerifyReport:
     """Verify a journal file and return what was established.
 
@@ -328,7 +329,7 @@ def verify(
         err = UsageError(f"{p}: a format {opened.format_version} journal has no tree heads: --expect-checkpoint "
                          "needs format 1.3 or later")
         raise err
-    results = _scan(p, size, opened_len + 1, ctx, workers, progress, _alongside)
+    results = _scan(p, size, opened_len + 1, ctx, workers, progress, _alongside, _pool)
     if _collect is not None:  # verify_run_dir: lines and hashes gathered by the same pass that checked them
         report.collected = [x for r in results for x in r.collected]
         report.hashes = {k: v for r in results for k, v in r.hashes.items()}
@@ -468,11 +469,44 @@ def _embedded_key(opened: Any) -> bytes:
 
 def _scan(p: Path, size: int, first_end: int, ctx: ScanContext, workers: int | None,
           progress: Callable[[int, int], None] | None,
-          alongside: Callable[[], None] | None = None) -> list[RangeResult]:
+          alongside: Callable[[], None] | None = None, shared: SharedWorkers | None = None) -> list[RangeResult]:
     """Check the file; ``alongside`` (other work that releases the GIL, e.g. a DuckDB load) runs in a thread
-    meanwhile, started only after any worker processes exist, so that nothing forks with it running."""
+    meanwhile, started only after any worker processes exist, so that nothing forks with it running. With
+    ``shared``, the ranges go to its workers."""
+    if shared is not None and shared.pool is not None and size >= PARALLEL_MIN_BYTES:
+        cuts = _boundaries(p, size, first_end, shared.n * 4)
+        tasks = _tasks(p, size, genesis(ctx.run_id), ctx, cuts)
+        results: list[RangeResult | None] = [None] * len(tasks)
+        for i, res in shared.pool.imap_unordered(_indexed, list(enumerate(tasks))):
+            results[i] = res
+        return [r for r in results if r is not None]
     with _Alongside(alongside) as start:
         return _scan_ranges(p, size, first_end, ctx, workers, progress, start)
+
+
+class SharedWorkers:
+    """Worker processes that several verifications running at once share (:func:`journal.rundir.verify_run_dir`
+    verifies its ranks side by side): every journal's ranges queue for the same workers, which so never wait
+    between journals. Used as a context manager, from a process with no other thread yet; where it cannot fork
+    (one CPU, another thread running, no fork) or the files are small (``total_bytes``), it starts none, and each
+    verification checks its file alone."""
+
+    def __init__(self, workers: int | None = None, total_bytes: int = 0):
+        self.n = cpu_count() if workers is None else max(1, workers)
+        self.total = total_bytes
+        self.pool = None
+
+    def __enter__(self) -> SharedWorkers:
+        if self.n > 1 and self.total >= PARALLEL_MIN_BYTES and threading.active_count() == 1 \
+                and "fork" in multiprocessing.get_all_start_methods():
+            self.pool = multiprocessing.get_context("fork").Pool(self.n)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.pool is not None:
+            self.pool.terminate()
+            self.pool.join()
+            self.pool = None
 
 
 class _Alongside:

@@ -13,7 +13,7 @@ import subprocess
 import sys
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from trainledger.journal import _accel
@@ -69,6 +69,110 @@ def test_check_lines_structure_rules():
         fast.check_lines(prev, ["not bytes"], 0)
     with pytest.raises(TypeError):
         fast.line_hash(b"short", b"x")
+
+
+@pytest.fixture(params=["sha-ni", "openssl"])
+def sha_path(request):
+    """Both batch-hashing paths of the accelerator: the x86 SHA extensions four lanes at a time (where the CPU has
+    them: elsewhere both runs take OpenSSL), and OpenSSL one message at a time. It only sets a mode, so hypothesis's
+    examples may share it."""
+    before = fast.sha_ni()
+    fast.sha_ni(request.param == "sha-ni")
+    yield request.param
+    fast.sha_ni(before)
+
+
+def _leaf(line: bytes) -> bytes:
+    return hashlib.sha256(b"\x00" + line).digest()
+
+
+line_payload = payload.filter(lambda b: b"\n" not in b)  # a journal line never holds a raw newline
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.binary(min_size=32, max_size=32), st.lists(line_payload, max_size=40), st.integers(0, 2**40), st.data())
+def test_scan_block_agrees_with_check_lines_and_the_leaves(sha_path, prev, payloads, first_seq, data):
+    lines = _chain(prev, payloads, first_seq)
+    block = b"".join(x + b"\n" for x in lines)
+    bad, ends, last, leaves = fast.scan_block(prev, block, first_seq, True)
+    assert bad == -1
+    assert list(memoryview(ends).cast("I")) == [len(b"".join(x + b"\n" for x in lines[:i + 1])) - 1
+                                                 for i in range(len(lines))]
+    assert last == (bytes.fromhex(lines[-1][-66:-2].decode()) if lines else prev)
+    assert leaves == b"".join(map(_leaf, lines))
+    assert fast.scan_block(prev, block, first_seq, False)[3] is None
+    if lines:
+        i = data.draw(st.integers(0, len(lines) - 1))
+        j = data.draw(st.integers(0, len(lines[i]) - 1))
+        changed = bytearray(lines[i])
+        changed[j] ^= data.draw(st.integers(1, 255))
+        if b"\n" not in changed:
+            lines[i] = bytes(changed)
+            assert fast.scan_block(prev, b"".join(x + b"\n" for x in lines), first_seq, True)[0] == i
+
+
+def test_scan_block_hashes_every_message_length(sha_path):
+    """Chain and leaf messages of every length mod 64 (the padding's cases: the 0x80 and the length in the same
+    block or the next, a message that ends on a block boundary), against hashlib."""
+    prev = bytes(range(32))
+    lines = _chain(prev, [b"a" * k for k in range(0, 200)], 3)
+    block = b"".join(x + b"\n" for x in lines)
+    bad, _, last, leaves = fast.scan_block(prev, block, 3, True)
+    assert bad == -1 and leaves == b"".join(map(_leaf, lines))
+    assert last == bytes.fromhex(lines[-1][-66:-2].decode())
+    # every chain hash was recomputed: one stored hash changed anywhere is named
+    for i in (0, 1, 63, 64, 199):
+        broken = list(lines)
+        h = broken[i][-66:-2]
+        broken[i] = broken[i][:-66] + (b"0" if h[:1] != b"0" else b"1") + h[1:] + b'"}'
+        assert fast.scan_block(prev, b"".join(x + b"\n" for x in broken), 3, True)[0] == i
+
+
+def test_scan_block_structure_rules(sha_path):
+    prev = bytes(32)
+    lines = _chain(prev, [b"a", b"b", b"c"], first_seq=7)
+    block = b"".join(x + b"\n" for x in lines)
+    assert fast.scan_block(prev, block, 7, True)[0] == -1
+    assert fast.scan_block(prev, block, 6, True)[0] == 0  # seq off by one
+    assert fast.scan_block(prev, lines[0] + b"\n" + lines[2] + b"\n", 7, True)[0] == 1  # a deleted line
+    assert fast.scan_block(prev, lines[0].upper() + b"\n", 7, True)[0] == 0  # upper-case hex is not canonical
+    assert fast.scan_block(prev, lines[0] + b"\n\n" + lines[1] + b"\n", 7, True)[0] == 1  # an empty line
+    assert fast.scan_block(prev, lines[0] + b"\r\n", 7, True)[0] == 0
+    assert fast.scan_block(prev, b"short\n" * 5000, 7, True)[0] == 0  # many short lines: the first is named
+    with pytest.raises(ValueError):
+        fast.scan_block(prev, lines[0], 7, True)  # no newline at the end: not a block of complete lines
+    with pytest.raises(TypeError):
+        fast.scan_block(b"short", block, 7, True)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.integers(0, 2**40), st.lists(st.binary(min_size=32, max_size=32), max_size=70), st.integers(0, 5))
+def test_hash_range_and_range_merge_agree_with_the_python_lines(sha_path, begin, leaves, cut):
+    from trainledger.journal import merkle
+
+    hashes = b"".join(leaves)
+    assert fast.hash_range(begin, hashes) == merkle._py_hash_range(begin, hashes)
+    assert fast.hash_range(begin, memoryview(hashes)) == merkle._py_hash_range(begin, hashes)
+    # a tree from leaf 0 in two ranges, merged in C and in Python, folds to the same root as a CompactTree
+    k = min(cut * 7, len(leaves))
+    c, p = merkle.CompactRange(0), merkle.CompactRange(0)
+    for a, b in ((0, k), (k, len(leaves))):
+        part = merkle.CompactRange(a)
+        part._nodes, part.end = merkle._py_hash_range(a, b"".join(leaves[a:b])), b
+        c.end = fast.range_merge(c._nodes, c.end, list(part._nodes))
+        for height, h in part._nodes:
+            p._push(height, h)
+    assert c._nodes == p._nodes and c.end == p.end
+    tree = merkle.CompactTree()
+    for x in leaves:
+        tree.append(x)
+    assert (fast.range_root(c._nodes) if c._nodes else merkle.EMPTY_ROOT) == tree.root()
+    with pytest.raises(ValueError):
+        fast.hash_range(0, b"x" * 33)
+    with pytest.raises(ValueError):
+        fast.range_merge([], 1, [(1, bytes(32))])  # a subtree of 2 leaves cannot land at leaf 1
+    with pytest.raises(TypeError):
+        fast.range_merge([], 0, [(0, b"short")])
 
 
 def test_pure_python_path_passes_the_journal_tests():

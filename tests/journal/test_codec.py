@@ -198,3 +198,44 @@ def test_no_other_module_encodes_json():
     offenders = [p.name for p in pkg.glob("*.py") if p.name != "codec.py" and "msgspec.json.encode" in p.read_text()]
     assert offenders == []
     assert msgspec  # imported for the check above to be meaningful
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(events, min_size=1, max_size=20))
+def test_decode_block_is_decode_line_for_canonical_blocks(evs):
+    from trainledger.journal.codec import decode_block
+
+    lines = [as_line(ev, seq=i, ts=i + 1, h=f"{i:064x}") for i, ev in enumerate(evs)]
+    recs = decode_block(b"".join(x + b"\n" for x in lines))
+    if recs is None:  # non-finite floats are spelled as strings, which only the line-by-line path reads
+        assert any(b'"NaN"' in x or b'Infinity"' in x for x in lines)
+        return
+    assert len(recs) == len(lines)
+    assert all(same(fields_of(r), fields_of(decode_line(x))) and type(r) is type(decode_line(x))
+               for r, x in zip(recs, lines))
+
+
+@pytest.mark.parametrize("mutate", [
+    pytest.param(lambda ls: [ls[0].replace(b'"loss":', b'"loss": ', 1)] + ls[1:], id="whitespace"),
+    pytest.param(lambda ls: [ls[0].replace(b'"examples":8', b'"examples":8,"examples":8', 1)] + ls[1:],
+                 id="duplicate-key"),
+    pytest.param(lambda ls: [ls[0].replace(b'"lr":0.0003', b'"lr":3e-4', 1)] + ls[1:], id="float-spelling"),
+    pytest.param(lambda ls: [ls[0] + b"," + ls[1]] + ls[2:], id="two-events-on-a-line"),
+    pytest.param(lambda ls: [ls[0] + ls[1]] + ls[2:], id="two-events-glued"),
+    pytest.param(lambda ls: [ls[0], b""] + ls[1:], id="empty-line"),
+    pytest.param(lambda ls: [ls[0], b"   "] + ls[1:], id="blank-line"),
+    pytest.param(lambda ls: [ls[0] + b"\r"] + ls[1:], id="crlf"),
+    pytest.param(lambda ls: [ls[0].replace(b"step_observed", b"step_observed_v9", 1)] + ls[1:], id="unknown-kind"),
+    pytest.param(lambda ls: [ls[0][:-1] + b',"extra":1}'] + ls[1:], id="extra-field"),
+])
+def test_decode_block_refuses_what_is_not_one_canonical_record_per_line(mutate):
+    """The block fast path says None (the line-by-line path then names the line) for anything that is not the
+    canonical encoding of one known record on each line."""
+    from trainledger.journal.codec import decode_block
+
+    evs = [StepObserved(step=s, loss=2.5, lr=0.0003, examples=8) for s in range(3)]
+    lines = [as_line(ev, seq=i, ts=7, h="ab" * 32) for i, ev in enumerate(evs)]
+    assert decode_block(b"".join(x + b"\n" for x in lines)) is not None
+    changed = mutate(list(lines))
+    assert changed != lines
+    assert decode_block(b"".join(x + b"\n" for x in changed)) is None

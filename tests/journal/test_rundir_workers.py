@@ -1,0 +1,79 @@
+"""verify_run_dir with shared workers: every rank's ranges go to one pool of processes while the ranks are checked
+side by side (a thread each). Forced on for small journals by lowering the size threshold (the forked workers
+inherit it); the answers must be those of the one-process path, and the first failing rank in rank order is the
+one named."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+from journal_tools import read_lines, write_lines
+
+from trainledger.journal import IntegrityError, Journal, StepObserved
+from trainledger.journal.kinds import AnchorRecorded, RankJoined, RanksAnchored
+from trainledger.journal.rundir import verify_run_dir
+
+verify_mod = importlib.import_module("trainledger.journal.verify")
+
+
+def _run_dir(d, signer, ranks=3, rounds=4, steps=300):
+    js = [Journal.create(d / f"rank-{r:05d}.jsonl", signer=signer, run_id=f"t.r{r:05d}") for r in range(ranks)]
+    for r, j in enumerate(js):
+        j.append(RankJoined(run="t", rank=r, world_size=ranks, local_rank=r, node="n"))
+    for k in range(rounds):
+        for j in js:
+            for s in range(k * steps, (k + 1) * steps):
+                j.append(StepObserved(step=s, loss=3.0 - s * 1e-3, grad_norm=1.0, lr=1e-3, step_time_s=0.1))
+        heads = {}
+        for r, j in enumerate(js):
+            j.seal()
+            heads[r] = "%d:%s" % j.head
+        js[0].append(RanksAnchored(heads={str(r): x for r, x in heads.items()}, step=k))
+        for j in js[1:]:
+            j.append(AnchorRecorded(rank=0, head=heads[0], step=k))
+    for j in js:
+        j.close()
+    return d
+
+
+@pytest.fixture
+def shared_workers(monkeypatch):
+    monkeypatch.setattr(verify_mod, "PARALLEL_MIN_BYTES", 0)
+    started = []
+    real = verify_mod.SharedWorkers.__enter__
+
+    def enter(self):
+        out = real(self)
+        started.append(self.pool is not None)
+        return out
+
+    monkeypatch.setattr(verify_mod.SharedWorkers, "__enter__", enter)
+    return started
+
+
+def test_shared_workers_give_the_one_process_answers(tmp_path, signer, pubkey, shared_workers):
+    run = _run_dir(tmp_path, signer)
+    one = verify_run_dir(run, keys=[pubkey], workers=1)
+    assert shared_workers == [False]
+    many = verify_run_dir(run, keys=[pubkey], workers=2)
+    assert shared_workers == [False, True]  # the second run did use the pool
+    assert many.anchors == one.anchors == 4 * (2 + 2)  # each round: rank 0 anchors 2 ranks, 2 ranks anchor rank 0
+    for r in range(3):
+        a, b = one.ranks[r], many.ranks[r]
+        assert (a.events, a.last_hash, a.seals, a.kinds, a.tail) == (b.events, b.last_hash, b.seals, b.kinds, b.tail)
+        assert a.tree.root() == b.tree.root()
+
+
+def test_shared_workers_name_the_first_failing_rank(tmp_path, signer, pubkey, shared_workers):
+    run = _run_dir(tmp_path, signer)
+    for r in (1, 2):  # both ranks broken: a byte flipped in a step line
+        p = run / f"rank-{r:05d}.jsonl"
+        lines = read_lines(p)
+        i = next(i for i, x in enumerate(lines) if b'"step":100,' in x)
+        lines[i] = lines[i].replace(b'"loss":', b'"loss":1', 1)
+        write_lines(p, lines)
+    with pytest.raises(IntegrityError) as ei:
+        verify_run_dir(run, keys=[pubkey], workers=2)
+    assert shared_workers == [True]
+    assert str(ei.value).startswith("rank 1:")
