@@ -571,3 +571,11 @@ def cpu_count() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - not Linux
         return os.cpu_count() or 1
+
+
+def worker_ignores_ctrl_c() -> None:
+    """A worker pool's initializer: Ctrl-C reaches the whole process group, and the parent stops the workers (and
+    says "interrupted"), so a worker ignores it rather than print a traceback of its own."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -138,8 +138,10 @@ def fold_events(path: str | os.PathLike, apply_batch) -> None:
 
 
 def _check_in_child(path: str, send) -> None:
+    from ._scan import worker_ignores_ctrl_c
     from .errors import JournalError
 
+    worker_ignores_ctrl_c()  # the parent is interrupted and stops this (daemon) child
     try:
         for _ in read_event_batches(path):
             pass

@@ -91,8 +91,11 @@ def _verify_ranks(files: dict[int, Path], shared: SharedWorkers, options: dict[s
         try:
             return {rank: fut.result() for rank, fut in futures.items()}
         except BaseException:
+            # Ctrl-C or the first failing rank: the ranks not started yet never start, the ones under way stop
+            # waiting on the workers (whose results may never come: Ctrl-C reaches them too)
+            shared.cancelled.set()
             for fut in futures.values():
-                fut.cancel()  # the ranks not started yet; the ones under way finish
+                fut.cancel()
             raise
 
 

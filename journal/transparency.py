@@ -40,6 +40,7 @@ import msgspec
 
 from . import codec
 from ._paths import open_new
+from ._scan import worker_ignores_ctrl_c
 from .chain import HEAD_EXTENSION, has_tree, is_hash_hex, origin, seal_checkpoint
 from .errors import (
     TrainledgerError,
@@ -345,7 +346,7 @@ def build_index(journal: str | os.PathLike, *, reuse: TreeIndex | None = None, w
     cuts = _cut_points(p, start, end, parts)
     ranges = list(zip(cuts, cuts[1:]))
     if parts > 1 and "fork" in multiprocessing.get_all_start_methods():
-        with multiprocessing.get_context("fork").Pool(len(ranges)) as pool:
+        with multiprocessing.get_context("fork").Pool(len(ranges), initializer=worker_ignores_ctrl_c) as pool:
             counts = pool.map(_count_lines, [(str(p), a, b) for a, b in ranges])
             firsts = [first + sum(counts[:i]) for i in range(len(ranges))]
             results = []

@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from . import codec
-from ._scan import MAX_LINE, RangeResult, ScanContext, _scan_range_star, cpu_count, scan_range, tree_mode
+from ._scan import MAX_LINE, RangeResult, ScanContext, _scan_range_star, cpu_count, scan_range, tree_mode, \
+    worker_ignores_ctrl_c
 from .chain import RUN_ID_RE, genesis
 from .errors import (
     CheckpointMismatch,
@@ -33,6 +34,7 @@ from .errors import (
     RunMismatch,
     SchemaError,
     SealInvalid,
+    TrainledgerError,
     UnsealedEvents,
     UnsignedJournal,
     UnsupportedFormat,
@@ -475,13 +477,14 @@ def _scan(p: Path, size: int, first_end: int, ctx: ScanContext, workers: int | N
     ``shared``, the ranges go to its workers."""
     if shared is not None and shared.pool is not None and size >= PARALLEL_MIN_BYTES:
         cuts = _boundaries(p, size, first_end, shared.n * 4)
-        tasks = _tasks(p, size, genesis(ctx.run_id), ctx, cuts)
-        results: list[RangeResult | None] = [None] * len(tasks)
-        for i, res in shared.pool.imap_unordered(_indexed, list(enumerate(tasks))):
-            results[i] = res
-        return [r for r in results if r is not None]
+        return shared.run(_tasks(p, size, genesis(ctx.run_id), ctx, cuts))
     with _Alongside(alongside) as start:
         return _scan_ranges(p, size, first_end, ctx, workers, progress, start)
+
+
+class Cancelled(TrainledgerError):
+    """A verification sharing workers stopped because another gave up (:class:`SharedWorkers`); never reaches a
+    caller: the one that gave up raises its own error."""
 
 
 class SharedWorkers:
@@ -495,14 +498,33 @@ class SharedWorkers:
         self.n = cpu_count() if workers is None else max(1, workers)
         self.total = total_bytes
         self.pool = None
+        #: set by the thread that gives up (Ctrl-C, an error): every verification waiting on the workers stops.
+        #: Their results may never come (Ctrl-C reaches the workers too), so nobody waits on one without looking here.
+        self.cancelled = threading.Event()
+
+    def run(self, tasks: list[tuple]) -> list[RangeResult]:
+        """Check the ranges ``tasks`` on the workers; raises :class:`Cancelled` once :attr:`cancelled` is set."""
+        pending = [self.pool.apply_async(_scan_range_star, (t,)) for t in tasks]
+        out = []
+        for r in pending:
+            while True:
+                if self.cancelled.is_set():
+                    raise Cancelled("verification cancelled")
+                try:
+                    out.append(r.get(timeout=0.05))
+                    break
+                except multiprocessing.TimeoutError:
+                    continue
+        return out
 
     def __enter__(self) -> SharedWorkers:
         if self.n > 1 and self.total >= PARALLEL_MIN_BYTES and threading.active_count() == 1 \
                 and "fork" in multiprocessing.get_all_start_methods():
-            self.pool = multiprocessing.get_context("fork").Pool(self.n)
+            self.pool = multiprocessing.get_context("fork").Pool(self.n, initializer=worker_ignores_ctrl_c)
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.cancelled.set()
         if self.pool is not None:
             self.pool.terminate()
             self.pool.join()
@@ -556,7 +578,7 @@ def _scan_ranges(p: Path, size: int, first_end: int, ctx: ScanContext, workers: 
     tasks = _tasks(p, size, g, ctx, cuts)
     results: list[RangeResult | None] = [None] * len(tasks)
     done = 0
-    with multiprocessing.get_context("fork").Pool(n) as pool:
+    with multiprocessing.get_context("fork").Pool(n, initializer=worker_ignores_ctrl_c) as pool:
         start_alongside()  # the workers exist now
         for i, res in pool.imap_unordered(_indexed, list(enumerate(tasks))):
             results[i] = res

@@ -77,3 +77,62 @@ def test_shared_workers_name_the_first_failing_rank(tmp_path, signer, pubkey, sh
         verify_run_dir(run, keys=[pubkey], workers=2)
     assert shared_workers == [True]
     assert str(ei.value).startswith("rank 1:")
+
+
+def test_ctrl_c_stops_a_shared_verification_at_once(tmp_path, signer, pubkey, shared_workers, monkeypatch):
+    """A rank whose ranges never come back (a worker blocked for good: here one opening a FIFO no one writes) does
+    not hold the folder's verification once Ctrl-C arrives: the waiting threads stop, the workers are stopped."""
+    import faulthandler
+    import os
+    import signal
+    import time
+
+    from trainledger.journal import rundir
+    from trainledger.journal._scan import ScanContext
+
+    (tmp_path / "run").mkdir()
+    run = _run_dir(tmp_path / "run", signer, ranks=2, rounds=1, steps=10)
+    fifo = tmp_path / "never-written"
+    os.mkfifo(fifo)
+    real = rundir._verify_rank
+
+    def stuck(rank, f, want=frozenset(), _pool=None, **options):
+        if rank == 0:
+            _pool.run([(str(fifo), 0, 10, -1, bytes(32), ScanContext("r", None, None, False, None), True)])
+        return real(rank, f, want, _pool=_pool, **options)
+
+    def interrupt(*_):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(rundir, "_verify_rank", stuck)
+    old = signal.signal(signal.SIGALRM, interrupt)
+    faulthandler.dump_traceback_later(60, exit=True)  # the bug this guards against is a hang: fail, do not hang
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.5)  # Ctrl-C, half a second in (a timer, not a thread: no fork then)
+        t = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            verify_run_dir(run, keys=[pubkey], workers=2)
+        assert time.monotonic() - t < 5
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    assert shared_workers == [True]
+
+
+def test_shared_workers_start_none_beside_another_thread(tmp_path):
+    import threading
+
+    from trainledger.journal.verify import SharedWorkers
+
+    stop = threading.Event()
+    t = threading.Thread(target=stop.wait)
+    t.start()
+    try:
+        with SharedWorkers(2, total_bytes=1 << 40) as shared:
+            assert shared.pool is None  # forking beside a live thread can deadlock the child
+    finally:
+        stop.set()
+        t.join()
+    with SharedWorkers(2, total_bytes=0) as shared:
+        assert shared.pool is None  # small journals: not worth a fork
