@@ -502,25 +502,45 @@ class SharedWorkers:
         #: Their results may never come (Ctrl-C reaches the workers too), so nobody waits on one without looking here.
         self.cancelled = threading.Event()
 
-    def run(self, tasks: list[tuple]) -> list[RangeResult]:
-        """Check the ranges ``tasks`` on the workers; raises :class:`Cancelled` once :attr:`cancelled` is set."""
+    def run(self, tasks: list[tuple], progress: Callable[[int, int], None] | None = None,
+            size: int = 0) -> list[RangeResult]:
+        """Check the ranges ``tasks`` on the workers, in order (``progress(bytes done, size)`` as they come).
+
+        Raises :class:`Cancelled` once :attr:`cancelled` is set, and :class:`JournalIOError` when a worker died (the
+        kernel's OOM killer, a stray ``kill -9``): a pool replaces a dead worker, but the range it held never
+        comes back, and waiting for it would hang for ever.
+        """
         pending = [self.pool.apply_async(_scan_range_star, (t,)) for t in tasks]
         out = []
-        for r in pending:
+        done = 0
+        for r, task in zip(pending, tasks):
             while True:
                 if self.cancelled.is_set():
                     raise Cancelled("verification cancelled")
                 try:
-                    out.append(r.get(timeout=0.05))
+                    res = r.get(timeout=0.05)
                     break
                 except multiprocessing.TimeoutError:
-                    continue
+                    if self._lost_worker():
+                        raise JournalIOError(f"{task[0]}: a process checking it died (killed, or out of memory?) "
+                                             "before it finished: nothing was concluded") from None
+            out.append(res)
+            done += res.end - res.start
+            if progress is not None:
+                progress(done, size)
         return out
+
+    def _lost_worker(self) -> bool:
+        procs = getattr(self.pool, "_pool", None)  # multiprocessing.Pool's own list of its worker processes
+        if procs is None:  # pragma: no cover - a Python whose Pool keeps them elsewhere: nothing to look at
+            return False
+        return any(w.exitcode is not None for w in procs) or {w.pid for w in procs} != self._pids
 
     def __enter__(self) -> SharedWorkers:
         if self.n > 1 and self.total >= PARALLEL_MIN_BYTES and threading.active_count() == 1 \
                 and "fork" in multiprocessing.get_all_start_methods():
             self.pool = multiprocessing.get_context("fork").Pool(self.n, initializer=worker_ignores_ctrl_c)
+            self._pids = {w.pid for w in getattr(self.pool, "_pool", ())}
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -562,35 +582,18 @@ def _scan_ranges(p: Path, size: int, first_end: int, ctx: ScanContext, workers: 
                  progress: Callable[[int, int], None] | None, start_alongside: Callable[[], None]
                  ) -> list[RangeResult]:
     g = genesis(ctx.run_id)
-    n = cpu_count() if workers is None else max(1, workers)
-    # Fork only from a single-threaded process (forking with live threads can deadlock).
-    parallel = n > 1 and size >= PARALLEL_MIN_BYTES and threading.active_count() == 1 \
-        and "fork" in multiprocessing.get_all_start_methods()
-    if not parallel:
-        start_alongside()
-        if progress is None:
-            return [scan_range(str(p), 0, size, -1, g, ctx, True)]
-        # Still in pieces, so that a progress bar moves.
-        n_parts = max(1, min(64, size // (4 << 20)))
-        cuts = _boundaries(p, size, first_end, n_parts)
-        return _run_serial(p, size, g, ctx, cuts, progress)
-    cuts = _boundaries(p, size, first_end, n * 4)
-    tasks = _tasks(p, size, g, ctx, cuts)
-    results: list[RangeResult | None] = [None] * len(tasks)
-    done = 0
-    with multiprocessing.get_context("fork").Pool(n, initializer=worker_ignores_ctrl_c) as pool:
-        start_alongside()  # the workers exist now
-        for i, res in pool.imap_unordered(_indexed, list(enumerate(tasks))):
-            results[i] = res
-            done += res.end - res.start
-            if progress is not None:
-                progress(done, size)
-    return [r for r in results if r is not None]
-
-
-def _indexed(item):
-    i, args = item
-    return i, _scan_range_star(args)
+    # Workers only from a single-threaded process (forking with live threads can deadlock) and for a big file.
+    with SharedWorkers(workers, size) as shared:
+        start_alongside()  # any workers exist now
+        if shared.pool is not None:
+            cuts = _boundaries(p, size, first_end, shared.n * 4)
+            return shared.run(_tasks(p, size, g, ctx, cuts), progress, size)
+    if progress is None:
+        return [scan_range(str(p), 0, size, -1, g, ctx, True)]
+    # Still in pieces, so that a progress bar moves.
+    n_parts = max(1, min(64, size // (4 << 20)))
+    cuts = _boundaries(p, size, first_end, n_parts)
+    return _run_serial(p, size, g, ctx, cuts, progress)
 
 
 def _tasks(p: Path, size: int, g: bytes, ctx: ScanContext, cuts: list[tuple[int, int, bytes]]) -> list[tuple]:

@@ -55,9 +55,10 @@ def shared_workers(monkeypatch):
 def test_shared_workers_give_the_one_process_answers(tmp_path, signer, pubkey, shared_workers):
     run = _run_dir(tmp_path, signer)
     one = verify_run_dir(run, keys=[pubkey], workers=1)
-    assert shared_workers == [False]
+    assert shared_workers and not any(shared_workers)  # one process: the folder's and each journal's, no workers
+    shared_workers.clear()
     many = verify_run_dir(run, keys=[pubkey], workers=2)
-    assert shared_workers == [False, True]  # the second run did use the pool
+    assert shared_workers == [True]  # one pool for the folder, which every journal's ranges went to
     assert many.anchors == one.anchors == 4 * (2 + 2)  # each round: rank 0 anchors 2 ranks, 2 ranks anchor rank 0
     for r in range(3):
         a, b = one.ranks[r], many.ranks[r]
@@ -117,6 +118,7 @@ def test_ctrl_c_stops_a_shared_verification_at_once(tmp_path, signer, pubkey, sh
         faulthandler.cancel_dump_traceback_later()
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
+        _release(fifo)
     assert shared_workers == [True]
 
 
@@ -136,3 +138,46 @@ def test_shared_workers_start_none_beside_another_thread(tmp_path):
         t.join()
     with SharedWorkers(2, total_bytes=0) as shared:
         assert shared.pool is None  # small journals: not worth a fork
+
+
+def test_a_worker_killed_mid_range_is_an_error_not_a_hang(tmp_path):
+    """The OOM killer (here SIGKILL) takes a worker holding a range: the pool replaces the worker, the range never
+    comes back; the verification says so instead of waiting for ever."""
+    import faulthandler
+    import os
+    import signal
+
+    from trainledger.journal import JournalIOError
+    from trainledger.journal._scan import ScanContext
+    from trainledger.journal.verify import SharedWorkers
+
+    fifo = tmp_path / "never-written"
+    os.mkfifo(fifo)
+    faulthandler.dump_traceback_later(60, exit=True)
+    try:
+        with SharedWorkers(2, total_bytes=1 << 40) as shared:
+            assert shared.pool is not None
+            victim = next(iter(shared._pids))
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            old = signal.signal(signal.SIGALRM, lambda *_: os.kill(victim, signal.SIGKILL))
+            signal.setitimer(signal.ITIMER_REAL, 0.3)
+            try:
+                ctx = ScanContext("r", None, None, False, None)
+                with pytest.raises(JournalIOError, match="died"):
+                    shared.run([(str(fifo), 0, 10, -1, bytes(32), ctx, True)] * 2)
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                signal.signal(signal.SIGALRM, old)
+                _release(fifo)
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+
+
+def _release(fifo) -> None:
+    """Let a worker still blocked opening the FIFO go (it then reads it empty)."""
+    import os
+
+    try:
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+    except OSError:
+        pass  # no reader left
