@@ -369,7 +369,7 @@ static void *scratch_take(size_t need, size_t *cap)
 
 static void scratch_give(void *p, size_t cap)
 {
-    if (scratch_cache == NULL) {
+    if (scratch_cache == NULL && cap <= ((size_t)8 << 20)) { /* not the area of a block of one huge line */
         scratch_cache = p;
         scratch_cap = cap;
     } else {
@@ -436,8 +436,14 @@ static PyObject *scan_block(PyObject *self, PyObject *const *args, Py_ssize_t na
         return NULL;
     }
     /* At most this many lines can pass (a line is at least SUFFIX + 16 bytes and its newline): the arrays are
-     * sized for them, then cut to the lines there are. */
+     * sized for them, then cut to the lines there are. A block far larger than a read (it holds a huge line) has
+     * its lines counted instead, so that the arrays stay small. */
     Py_ssize_t n = len / (SUFFIX + 17) + 1;
+    if (n > 8192) {
+        n = 0;
+        for (const char *q = s; (q = memchr(q, '\n', (size_t)(s + len - q))) != NULL; q++)
+            n++;
+    }
     PyObject *ends = PyBytes_FromStringAndSize(NULL, n * 4);
     PyObject *leaves = want_leaves ? PyBytes_FromStringAndSize(NULL, n * 32) : (Py_INCREF(Py_None), Py_None);
     /* per line: its messages, its stored hash, the head of its chain message (tag, previous hash), its computed

@@ -336,7 +336,8 @@ class Scanner:
         types = list(map(type, recs))
         kinds = set(types)
         eh = self.ctx.expect_head
-        if (eh is not None and expect <= eh[0] < expect + n) or not self._rare_ok(kinds, types, recs, lambda i: sum(map(len, lines[:i + 1])) + i + 1, offset):
+        if (eh is not None and expect <= eh[0] < expect + n) or \
+                not self._rare_ok(kinds, types, recs, lambda i: sum(map(len, lines[:i + 1])) + i + 1, offset):
             self._slow(lines, recs, offset)
             return recs
         counts = self._type_counts

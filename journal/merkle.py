@@ -18,8 +18,8 @@ from collections.abc import Sequence
 from .errors import TrainledgerError
 
 __all__ = ["leaf_hash", "node_hash", "root", "inclusion_proof", "consistency_proof", "verify_inclusion",
-           "verify_consistency", "CompactTree", "CompactRange", "ProofError", "EMPTY_ROOT", "range_of_lines", "range_of_hashes",
-           "leaf_hashes", "node_level"]
+           "verify_consistency", "CompactTree", "CompactRange", "ProofError", "EMPTY_ROOT", "range_of_lines",
+           "range_of_hashes", "leaf_hashes", "node_level"]
 
 #: The root of the empty tree: SHA-256 of nothing.
 EMPTY_ROOT = hashlib.sha256(b"").digest()

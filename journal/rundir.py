@@ -92,7 +92,7 @@ def _verify_ranks(files: dict[int, Path], shared: SharedWorkers, options: dict[s
             return {rank: fut.result() for rank, fut in futures.items()}
         except BaseException:
             # Ctrl-C or the first failing rank: the ranks not started yet never start, the ones under way stop
-            # waiting on the workers (whose results may never come: Ctrl-C reaches them too)
+            # waiting on the workers, so that leaving this block (which waits for the threads) is prompt
             shared.cancelled.set()
             for fut in futures.values():
                 fut.cancel()

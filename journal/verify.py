@@ -498,8 +498,8 @@ class SharedWorkers:
         self.n = cpu_count() if workers is None else max(1, workers)
         self.total = total_bytes
         self.pool = None
-        #: set by the thread that gives up (Ctrl-C, an error): every verification waiting on the workers stops.
-        #: Their results may never come (Ctrl-C reaches the workers too), so nobody waits on one without looking here.
+        #: set by the thread that gives up (Ctrl-C, an error): every verification waiting on the workers stops
+        #: rather than wait for results nobody will read (or that never come: see run)
         self.cancelled = threading.Event()
 
     def run(self, tasks: list[tuple], progress: Callable[[int, int], None] | None = None,

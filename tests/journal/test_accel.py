@@ -128,6 +128,17 @@ def test_scan_block_hashes_every_message_length(sha_path):
         assert fast.scan_block(prev, b"".join(x + b"\n" for x in broken), 3, True)[0] == i
 
 
+def test_scan_block_with_a_huge_line(sha_path):
+    """A block far larger than a read holds a huge line (up to 16 MiB is legal): its lines are counted rather than
+    bounded by the block's size, and checked the same."""
+    prev = bytes(32)
+    lines = _chain(prev, [b"a", b"b" * (2 << 20), b"c"], 0)
+    block = b"".join(x + b"\n" for x in lines)
+    bad, ends, last, leaves = fast.scan_block(prev, block, 0, True)
+    assert bad == -1 and len(ends) == 12 and leaves == b"".join(map(_leaf, lines))
+    assert fast.scan_block(prev, block.replace(b"bbbb", b"bbbc", 1), 0, True)[0] == 1
+
+
 def test_scan_block_structure_rules(sha_path):
     prev = bytes(32)
     lines = _chain(prev, [b"a", b"b", b"c"], first_seq=7)
