@@ -17,8 +17,9 @@ from trainledger.journal.rundir import verify_run_dir
 verify_mod = importlib.import_module("trainledger.journal.verify")
 
 
-def _run_dir(d, signer, ranks=3, rounds=4, steps=300):
-    js = [Journal.create(d / f"rank-{r:05d}.jsonl", signer=signer, run_id=f"t.r{r:05d}") for r in range(ranks)]
+def _run_dir(d, signer, ranks=3, rounds=4, steps=300, **journal_options):
+    js = [Journal.create(d / f"rank-{r:05d}.jsonl", signer=signer, run_id=f"t.r{r:05d}", **journal_options)
+          for r in range(ranks)]
     for r, j in enumerate(js):
         j.append(RankJoined(run="t", rank=r, world_size=ranks, local_rank=r, node="n"))
     for k in range(rounds):
@@ -181,3 +182,51 @@ def _release(fifo) -> None:
         os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
     except OSError:
         pass  # no reader left
+
+
+@pytest.mark.parametrize("cut", [0, 1, 2])
+def test_block_scan_and_line_scan_hand_back_the_same_facts(tmp_path, signer, pubkey, cut, monkeypatch):
+    """The verifier's block pass (feed_block) and the line-by-line pass (feed, which watch and every fallback use)
+    gather the same facts from a range: counts, seals, heads, the collected anchor lines and hashes, the trees."""
+    from trainledger.journal import _scan
+    from trainledger.journal.chain import genesis
+    from trainledger.journal.merkle import CompactRange
+    from trainledger.journal.reader import read_opening
+    from trainledger.journal.verify import _boundaries
+
+    monkeypatch.setattr(_scan, "BLOCK", 4096)  # many blocks, seals and anchors inside them and across them
+    run = _run_dir(tmp_path, signer, ranks=2, rounds=3, steps=150, seal_every=40)
+    p = run / "rank-00000.jsonl"
+    size = p.stat().st_size
+    opened, first_len = read_opening(p, size)
+    ctx = _scan.ScanContext(opened.run_id, opened.key_id, pubkey.raw, True, None,
+                            frozenset({"rank_joined", "ranks_anchored"}), frozenset({5, 77, 300}),
+                            tree=_scan.TREE_CHECK, tree_at=123)
+    starts = [(0, -1, genesis(opened.run_id))] + _boundaries(p, size, first_len + 1, 3)
+    start, prev_seq, prev_h = starts[cut]
+    end = starts[cut + 1][0] if cut + 1 < len(starts) else size
+
+    def facts(block_mode: bool):
+        res = _scan.RangeResult(start, end)
+        sc = _scan.Scanner(ctx, prev_seq, prev_h, res)
+        with open(p, "rb", buffering=0) as f:
+            if block_mode:
+                for block, off in _scan.iter_blocks(f, start, end, res, is_last=end == size):
+                    sc.feed_block(block, off)
+            else:
+                for lines, off in _scan.iter_line_batches(f, start, end, res, is_last=end == size):
+                    sc.feed(lines, off)
+        sc.finish()
+        out = {}
+        for k in _scan.RangeResult.__slots__:
+            v = getattr(res, k)
+            if isinstance(v, CompactRange):
+                v = (v.begin, v.end, v._nodes)
+            elif k == "seal_roots":
+                v = [(a, b, c, (t.begin, t.end, t._nodes)) for a, b, c, t in v]
+            out[k] = v
+        return out
+
+    assert facts(True) == facts(False)
+    got = facts(True)
+    assert got["seals"] >= 3 and got["collected"] and got["count"] > 100
