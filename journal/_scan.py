@@ -1,11 +1,14 @@
-"""The verifier's inner loop: check a byte range of a journal line by line.
+"""The verifier's inner loop: check a byte range of a journal, a read block at a time.
 
 Shared by :func:`journal.verify.verify` (possibly in several processes, one
 byte range each), the streaming reader and ``Journal.open_append``. A range
 is checked given the seq and chain hash of the line just before it, so ranges
 are independent and can be checked in parallel: every line's hash is
 recomputed from the *stored* hash of the line before it, and since each of
-those is itself checked, the whole chain holds when every range does.
+those is itself checked, the whole chain holds when every range does. The same
+holds within a block, whose lines the accelerator hashes side by side
+(:meth:`Scanner.feed_block`); whatever the block pass does not settle is
+checked line by line (:meth:`Scanner.feed`), which names the line.
 """
 
 from __future__ import annotations
