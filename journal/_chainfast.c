@@ -463,15 +463,13 @@ static PyObject *scan_block(PyObject *self, PyObject *const *args, Py_ssize_t na
     uint32_t *e = (uint32_t *)PyBytes_AS_STRING(ends);
     unsigned char *lv = want_leaves ? (unsigned char *)PyBytes_AS_STRING(leaves) : NULL;
     const unsigned char *prev = (const unsigned char *)PyBytes_AS_STRING(args[0]);
-    Py_ssize_t bad = -1, good = -1, count = 0, lines = 0;
+    Py_ssize_t bad = -1, count = 0, lines = 0; /* lines: how many passed the structure checks */
     Py_BEGIN_ALLOW_THREADS
     const char *line = s;
     for (Py_ssize_t i = 0; line < s + len; i++) { /* the structure of each line, and the hashing it needs */
         const char *nl = memchr(line, '\n', (size_t)(s + len - line));
-        if (i == n) { /* more lines than long lines fit: one of them is short, and failed; cannot happen */
-            good = i;
+        if (i == n) /* more lines than long lines fit: one of them is short, and failed; cannot happen */
             break;
-        }
         Py_ssize_t m = nl - line;
         long long ts, seq;
         Py_ssize_t a, b;
@@ -479,10 +477,8 @@ static PyObject *scan_block(PyObject *self, PyObject *const *args, Py_ssize_t na
             line[m - 1] != '}' || (a = digits_before(line, m - SUFFIX, &ts)) < 6 ||
             memcmp(line + a - 6, ",\"ts\":", 6) != 0 || (b = digits_before(line, a - 6, &seq)) < 7 ||
             memcmp(line + b - 7, ",\"seq\":", 7) != 0 || seq != first_seq + i ||
-            from_hex(line + m - 66, stored + 32 * i) != 0) {
-            good = i;
+            from_hex(line + m - 66, stored + 32 * i) != 0)
             break;
-        }
         unsigned char *h = heads + HEAD * i;
         memcpy(h, LINE_TAG, sizeof LINE_TAG);
         memcpy(h + sizeof LINE_TAG, i ? stored + 32 * (i - 1) : prev, 32);
@@ -493,16 +489,12 @@ static PyObject *scan_block(PyObject *self, PyObject *const *args, Py_ssize_t na
         line = nl + 1;
         lines = i + 1;
     }
-    if (good < 0)
-        good = lines;
     hash_messages(msgs, (size_t)count);
-    for (Py_ssize_t i = 0; i < good; i++)
+    for (Py_ssize_t i = 0; i < lines; i++) /* the first wrong hash, else the first line that failed its structure */
         if (memcmp(computed + 32 * i, stored + 32 * i, 32) != 0) {
             bad = i;
             break;
         }
-    if (bad < 0 && good < lines)
-        bad = good;
     if (bad < 0 && line != s + len)
         bad = lines;
     Py_END_ALLOW_THREADS
