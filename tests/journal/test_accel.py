@@ -187,14 +187,15 @@ def test_hash_range_and_range_merge_agree_with_the_python_lines(sha_path, begin,
 
 
 def test_pure_python_path_passes_the_journal_tests():
-    """The attack, property, tree, proof and health-reference tests again, with the accelerator switched off."""
+    """The attack, property, tree, proof, health-reference and shared-worker tests again, with the accelerator
+    switched off."""
     env = dict(os.environ, TRAINLEDGER_NO_ACCEL="1")
     code = "import journal._accel as a; print(a.describe())"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert "pure Python" in out.stdout
     tests = [os.path.join(os.path.dirname(__file__), f) for f in ("test_attacks.py", "test_properties.py", "test_writer.py",
                                                                "test_tree_heads.py", "test_proofs.py",
-                                                               "test_health_reference.py")]
+                                                               "test_health_reference.py", "test_rundir_workers.py")]
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests],
                        env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:]
