@@ -73,10 +73,9 @@ static Py_ssize_t digits_before(const char *s, Py_ssize_t end, long long *value)
     return i;
 }
 
-/* The checks of check_lines on one line (no newline) given the previous hash; updates prev. 0 when they hold. */
-static int check_one(unsigned char *prev, const char *s, Py_ssize_t len, long long want_seq)
+/* A line's (no newline) end: ,"seq":<want_seq>,"ts":<digits>,"h":"<64 characters>"}. 0 when it holds. */
+static int line_end_ok(const char *s, Py_ssize_t len, long long want_seq)
 {
-    char hex[64];
     if (len < SUFFIX + 16 || memcmp(s + len - SUFFIX, ",\"h\":\"", 6) != 0 || s[len - 2] != '"' || s[len - 1] != '}')
         return -1;
     long long ts, seq;
@@ -85,6 +84,15 @@ static int check_one(unsigned char *prev, const char *s, Py_ssize_t len, long lo
         return -1;
     Py_ssize_t b = digits_before(s, a - 6, &seq);
     if (b < 7 || memcmp(s + b - 7, ",\"seq\":", 7) != 0 || seq != want_seq)
+        return -1;
+    return 0;
+}
+
+/* The checks of check_lines on one line (no newline) given the previous hash; updates prev. 0 when they hold. */
+static int check_one(unsigned char *prev, const char *s, Py_ssize_t len, long long want_seq)
+{
+    char hex[64];
+    if (line_end_ok(s, len, want_seq) != 0)
         return -1;
     link_hash(prev, s, len - SUFFIX, prev);
     to_hex(prev, hex);
@@ -471,13 +479,7 @@ static PyObject *scan_block(PyObject *self, PyObject *const *args, Py_ssize_t na
         if (i == n) /* more lines than long lines fit: one of them is short, and failed; cannot happen */
             break;
         Py_ssize_t m = nl - line;
-        long long ts, seq;
-        Py_ssize_t a, b;
-        if (m < SUFFIX + 16 || memcmp(line + m - SUFFIX, ",\"h\":\"", 6) != 0 || line[m - 2] != '"' ||
-            line[m - 1] != '}' || (a = digits_before(line, m - SUFFIX, &ts)) < 6 ||
-            memcmp(line + a - 6, ",\"ts\":", 6) != 0 || (b = digits_before(line, a - 6, &seq)) < 7 ||
-            memcmp(line + b - 7, ",\"seq\":", 7) != 0 || seq != first_seq + i ||
-            from_hex(line + m - 66, stored + 32 * i) != 0)
+        if (line_end_ok(line, m, first_seq + i) != 0 || from_hex(line + m - 66, stored + 32 * i) != 0)
             break;
         unsigned char *h = heads + HEAD * i;
         memcpy(h, LINE_TAG, sizeof LINE_TAG);

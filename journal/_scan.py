@@ -217,17 +217,13 @@ class Scanner:
         head to find) goes to :meth:`feed`, which decides it line by line as before.
         """
         if _scan_block is None:
-            lines = block.split(b"\n")
-            lines.pop()
-            return self.feed(lines, offset)
+            return self.feed(lines_of(block), offset)
         tree = self._tree
         bad, ends_b, last, leaves = _scan_block(self.prev, block, self.expect, tree is not None)
         recs = codec.decode_block(block) if bad < 0 else None
         n = len(recs) if recs is not None else 0
         if not n:
-            lines = block.split(b"\n")
-            lines.pop()
-            return self.feed(lines, offset)
+            return self.feed(lines_of(block), offset)
         ends = memoryview(ends_b).cast("I")
         types = list(map(type, recs))
         kinds = set(types)
@@ -235,9 +231,7 @@ class Scanner:
         eh = self.ctx.expect_head
         if (eh is not None and expect <= eh[0] < expect + n) or \
                 not self._rare_ok(kinds, types, recs, lambda i: ends[i] + 1, offset):
-            lines = block.split(b"\n")
-            lines.pop()
-            return self.feed(lines, offset)  # the same checks again, line by line: they name what fails
+            return self.feed(lines_of(block), offset)  # the same checks again, line by line: they name what fails
         counts = self._type_counts
         for t in kinds:
             counts[t] = counts.get(t, 0) + types.count(t)
@@ -541,12 +535,17 @@ def iter_blocks(f, start: int, end: int, result: RangeResult, *, is_last: bool):
         result.torn_bytes = len(carry)
 
 
+def lines_of(block: bytes) -> list[bytes]:
+    """The lines of a block of complete lines (:func:`iter_blocks`), without their newlines."""
+    lines = block.split(b"\n")
+    lines.pop()
+    return lines
+
+
 def iter_line_batches(f, start: int, end: int, result: RangeResult, *, is_last: bool):
     """:func:`iter_blocks` as ``(lines, offset)``: each block's lines, without their newlines."""
     for block, off in iter_blocks(f, start, end, result, is_last=is_last):
-        lines = block.split(b"\n")
-        lines.pop()
-        yield lines, off
+        yield lines_of(block), off
 
 
 def scan_range(path: str, start: int, end: int, prev_seq: int, prev_hash: bytes,

@@ -285,24 +285,18 @@ def _py_node_level(hashes: bytes) -> bytes:
     return b"".join(node_hash(hashes[i:i + 32], hashes[i + 32:i + 64]) for i in range(0, len(hashes) - 63, 64))
 
 
-def _accel_module():
+def _pick():
     from . import _accel
 
-    return _accel.fast
+    f = _accel.fast
+    if f is not None and hasattr(f, "range_root"):
+        return f.leaf_range, f.hash_range, f.leaf_hashes, f.node_level, f.range_merge, f.range_root
+    return _py_leaf_range, _py_hash_range, _py_leaf_hashes, _py_node_level, None, None
 
 
-def _pick():
-    f = _accel_module()
-    if f is not None and hasattr(f, "hash_range"):
-        return f.leaf_range, f.hash_range, f.leaf_hashes, f.node_level
-    return _py_leaf_range, _py_hash_range, _py_leaf_hashes, _py_node_level
-
-
-_leaf_range, _hash_range, leaf_hashes, node_level = _pick()
-#: CompactRange's merge and root in C, or None (the same nodes; tests/journal/test_accel.py holds them to the Python
-#: lines above)
-_range_merge = getattr(_accel_module(), "range_merge", None)
-_range_root = getattr(_accel_module(), "range_root", None)
+#: _range_merge and _range_root: CompactRange's merge and root in C, or None for its Python lines (the same nodes;
+#: tests/journal/test_accel.py holds each C function to its Python lines)
+_leaf_range, _hash_range, leaf_hashes, node_level, _range_merge, _range_root = _pick()
 
 
 def range_of_lines(begin: int, lines: list[bytes]) -> CompactRange:

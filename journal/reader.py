@@ -13,7 +13,7 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from ._scan import RangeResult, ScanContext, Scanner, iter_blocks, tree_mode
+from ._scan import RangeResult, ScanContext, Scanner, iter_blocks, lines_of, tree_mode
 from .chain import genesis
 from .verify import open_checked, read_opening
 
@@ -161,4 +161,4 @@ def unchecked_batches(p, size: int) -> Iterator[list[Any]]:
     with open(p, "rb", buffering=0) as f:
         for block, _ in iter_blocks(f, 0, size, res, is_last=True):
             recs = codec.decode_unchecked_block(block)
-            yield recs if recs is not None else [codec.decode_line(x) for x in block.split(b"\n")[:-1]]
+            yield recs if recs is not None else [codec.decode_line(x) for x in lines_of(block)]

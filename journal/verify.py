@@ -476,8 +476,7 @@ def _scan(p: Path, size: int, first_end: int, ctx: ScanContext, workers: int | N
     meanwhile, started only after any worker processes exist, so that nothing forks with it running. With
     ``shared``, the ranges go to its workers."""
     if shared is not None and shared.pool is not None and size >= PARALLEL_MIN_BYTES:
-        cuts = _boundaries(p, size, first_end, shared.n * 4)
-        return shared.run(_tasks(p, size, genesis(ctx.run_id), ctx, cuts))
+        return _in_workers(shared, p, size, first_end, ctx, None)
     with _Alongside(alongside) as start:
         return _scan_ranges(p, size, first_end, ctx, workers, progress, start)
 
@@ -586,14 +585,20 @@ def _scan_ranges(p: Path, size: int, first_end: int, ctx: ScanContext, workers: 
     with SharedWorkers(workers, size) as shared:
         start_alongside()  # any workers exist now
         if shared.pool is not None:
-            cuts = _boundaries(p, size, first_end, shared.n * 4)
-            return shared.run(_tasks(p, size, g, ctx, cuts), progress, size)
+            return _in_workers(shared, p, size, first_end, ctx, progress)
     if progress is None:
         return [scan_range(str(p), 0, size, -1, g, ctx, True)]
     # Still in pieces, so that a progress bar moves.
     n_parts = max(1, min(64, size // (4 << 20)))
     cuts = _boundaries(p, size, first_end, n_parts)
     return _run_serial(p, size, g, ctx, cuts, progress)
+
+
+def _in_workers(shared: SharedWorkers, p: Path, size: int, first_end: int, ctx: ScanContext,
+                progress: Callable[[int, int], None] | None) -> list[RangeResult]:
+    """The file cut into four ranges a worker, checked on ``shared``'s workers."""
+    cuts = _boundaries(p, size, first_end, shared.n * 4)
+    return shared.run(_tasks(p, size, genesis(ctx.run_id), ctx, cuts), progress, size)
 
 
 def _tasks(p: Path, size: int, g: bytes, ctx: ScanContext, cuts: list[tuple[int, int, bytes]]) -> list[tuple]:
