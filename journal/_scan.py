@@ -542,12 +542,6 @@ def lines_of(block: bytes) -> list[bytes]:
     return lines
 
 
-def iter_line_batches(f, start: int, end: int, result: RangeResult, *, is_last: bool):
-    """:func:`iter_blocks` as ``(lines, offset)``: each block's lines, without their newlines."""
-    for block, off in iter_blocks(f, start, end, result, is_last=is_last):
-        yield lines_of(block), off
-
-
 def scan_range(path: str, start: int, end: int, prev_seq: int, prev_hash: bytes,
                ctx: ScanContext, is_last: bool) -> RangeResult:
     """Check ``[start, end)`` of the file; errors are returned in ``result.error``, not raised."""

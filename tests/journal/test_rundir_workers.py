@@ -214,8 +214,8 @@ def test_block_scan_and_line_scan_hand_back_the_same_facts(tmp_path, signer, pub
                 for block, off in _scan.iter_blocks(f, start, end, res, is_last=end == size):
                     sc.feed_block(block, off)
             else:
-                for lines, off in _scan.iter_line_batches(f, start, end, res, is_last=end == size):
-                    sc.feed(lines, off)
+                for block, off in _scan.iter_blocks(f, start, end, res, is_last=end == size):
+                    sc.feed(_scan.lines_of(block), off)
         sc.finish()
         out = {}
         for k in _scan.RangeResult.__slots__:
