@@ -283,6 +283,84 @@ def rank_key(rank: int) -> str:
     return f"rank-{rank:05d}"
 
 
+_ATOMS = (int, float, bool, str, bytes, type(None))
+
+
+def _reusable_stager() -> Any:
+    """A DCP stager that keeps its host buffers from one save to the next (pinned where a GPU is), or ``None`` on a
+    torch whose ``async_save`` takes no stager (DCP's default staging then).
+
+    Not DCP's own ``DefaultStager``: torch 2.11's clears its tables after every staging and fails on the next save
+    (``KeyError: <class 'type'>``, seen on an H200), and keeps no buffers there anyway."""
+    import inspect
+
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    try:
+        from torch.distributed.checkpoint.staging import BlockingAsyncStager
+    except ImportError:
+        return None
+    if "async_stager" not in inspect.signature(dcp.async_save).parameters:
+        return None
+
+    class KeptBuffersStager(BlockingAsyncStager):
+        """Copies each tensor of the state into a host buffer kept under its place in the state (its keys), its
+        shape and its dtype; a place whose tensor changed shape or dtype gets a new buffer, a place gone drops
+        its. State holding anything but plain tensors, dicts, lists, tuples and atoms (a DTensor, an object) is
+        staged DCP's way, with fresh buffers."""
+
+        def __init__(self, pin: bool):
+            super().__init__(cache_staged_state_dict=False)
+            self.pin = pin
+            self.buffers: dict[tuple[Any, ...], torch.Tensor] = {}
+
+        def stage(self, state_dict: Any) -> Any:
+            if not _plain_state(state_dict, torch):
+                return super().stage(state_dict)
+            seen: set[tuple[Any, ...]] = set()
+            on_gpu = [False]
+
+            def copy(obj: Any, path: tuple[Any, ...]) -> Any:
+                if isinstance(obj, torch.Tensor):
+                    key = (path, tuple(obj.shape), obj.dtype)
+                    buf = self.buffers.get(key)
+                    if buf is None:
+                        buf = self.buffers[key] = torch.empty(key[1], dtype=obj.dtype, pin_memory=self.pin)
+                    on_gpu[0] |= obj.device.type != "cpu"
+                    buf.copy_(obj.detach(), non_blocking=self.pin and obj.device.type != "cpu")
+                    seen.add(key)
+                    return buf
+                if isinstance(obj, dict):
+                    return {k: copy(v, (*path, k)) for k, v in obj.items()}
+                if isinstance(obj, (list, tuple)):
+                    return type(obj)(copy(v, (*path, i)) for i, v in enumerate(obj))
+                return obj
+
+            out = copy(state_dict, ())
+            for key in set(self.buffers) - seen:
+                del self.buffers[key]
+            if on_gpu[0] and torch.cuda.is_available():
+                torch.cuda.synchronize()  # the copies are done before the training thread moves on
+            return out
+
+        def close(self) -> None:
+            self.buffers.clear()
+
+    return KeptBuffersStager(torch.cuda.is_available())
+
+
+def _plain_state(obj: Any, torch: Any) -> bool:
+    """Only plain tensors (not DTensor, not another subclass but Parameter), dicts, lists, tuples and atoms."""
+    if isinstance(obj, torch.Tensor):
+        return type(obj) in (torch.Tensor, torch.nn.Parameter)
+    if isinstance(obj, dict):
+        return all(_plain_state(v, torch) for v in obj.values())
+    if type(obj) in (list, tuple):
+        return all(_plain_state(v, torch) for v in obj)
+    return isinstance(obj, _ATOMS)
+
+
 class ShardedCheckpointer:
     """Sharded saves that overlap training: ``save(..., background=True)`` stages the state and returns
     (``torch.distributed.checkpoint.async_save``); a helper thread waits for DCP's writes, then hashes the shards and
@@ -292,9 +370,17 @@ class ShardedCheckpointer:
     A background save finishes with collectives of its own while training runs collectives of its own (DDP's
     all-reduce): on one process group they would interleave and hang. So the checkpointer runs its saves on a
     group of its own (gloo, made here with ``torch.distributed.new_group``: every rank constructs it at the same
-    point), unless ``group`` is given."""
+    point), unless ``group`` is given.
 
-    def __init__(self, run_dir: str | os.PathLike, journal: Journal, *, group: Any = None):
+    A background save copies the state to host memory before it returns (DCP's staging), into buffers the
+    checkpointer keeps from one save to the next (pinned on a GPU): the first background save allocates them, the
+    later ones only copy. On an H200 this took the stall of a 512 MB save from 0.34-0.40 s (fresh buffers every
+    save, DCP's default) to 0.012-0.013 s (docs/bench/device.txt). The price is a host copy of this rank's state
+    held between saves; ``reuse_staging=False`` gives DCP's default back (as does a torch whose ``async_save``
+    takes no stager). ``close()`` (or ``with``) waits for the save in flight and frees the buffers."""
+
+    def __init__(self, run_dir: str | os.PathLike, journal: Journal, *, group: Any = None,
+                 reuse_staging: bool = True):
         import torch.distributed as dist
 
         if group is None:
@@ -302,6 +388,22 @@ class ShardedCheckpointer:
         self.run_dir, self.journal, self.group = run_dir, journal, group
         self._thread: threading.Thread | None = None
         self._outcome: list[Any] = []
+        self._stager = _reusable_stager() if reuse_staging else None
+
+    def __enter__(self) -> ShardedCheckpointer:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Wait for the save in flight (raising what it failed with) and free the staging buffers."""
+        try:
+            self.wait()
+        finally:
+            stager, self._stager = self._stager, None
+            if stager is not None:
+                stager.close()
 
     def save(self, state_dict: dict[str, Any], *, step: int, background: bool = False) -> Any:
         """Save; blocking returns ``shards_saved``, background returns ``None`` (recorded when written)."""
@@ -313,7 +415,8 @@ class ShardedCheckpointer:
             return save_sharded(self.run_dir, self.journal, state_dict, step=step, group=self.group)
         rel, folder = _shard_folder(self.run_dir, step)
         writer = dcp.FileSystemWriter(str(folder))
-        future = dcp.async_save(state_dict, storage_writer=writer, process_group=self.group)
+        extra = {"async_stager": self._stager} if self._stager is not None else {}
+        future = dcp.async_save(state_dict, storage_writer=writer, process_group=self.group, **extra)
         rank, world = dist.get_rank(self.group), dist.get_world_size(self.group)
 
         def finish() -> None:

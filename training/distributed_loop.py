@@ -182,7 +182,7 @@ def run_distributed_training(run_dir: str | os.PathLike, *, signer: Signer, conf
                 anchor_ranks(j, step=step)
             if on_step is not None:
                 on_step(step)
-        checkpointer.wait()
+        checkpointer.close()  # the last save recorded; the staging buffers freed
         if telemetry is not None:
             telemetry.stop()
         report = monitor.report()

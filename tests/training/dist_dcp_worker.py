@@ -1,5 +1,7 @@
 """Run under real torchrun by the sharded-checkpoint test, in one launch: train a tiny model and save it with
-DCP at step 4 (blocking) and step 9 (in the background, async_save); restore the newest complete checkpoint into a fresh model; then rank 1 flips a byte of its
+DCP at step 4 (blocking) and steps 7 and 9 (in the background, async_save, the second into the staging buffers the
+first left); the parameters are changed in place the moment the step-9 save returns, as the next step would; restore
+the newest complete checkpoint into a fresh model (it must hold the step-9 values); then rank 1 flips a byte of its
 shard and every rank tries again (every rank must refuse, naming rank 1's file).
 
     python -m torch.distributed.run --standalone --nproc_per_node=2 dist_dcp_worker.py RUN_DIR KEY
@@ -40,19 +42,22 @@ def main() -> None:
     with open_rank_journal(run_dir, load_signer(key)) as j:
         m = model()
         opt = torch.optim.SGD(m.parameters(), lr=0.1)
-        ck = ShardedCheckpointer(run_dir, j)
-        for step in range(10):
-            torch.manual_seed(step)
-            loss = m(torch.randn(4, 8)).pow(2).mean()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            if step == 4:
-                save_sharded(run_dir, j, {"model": m.state_dict()}, step=step)
-            elif step == 9:  # in the background (dcp.async_save): recorded once DCP reports it written
-                ck.save({"model": m.state_dict()}, step=step, background=True)
-        ck.wait()
-        out.append(f"SAVED {total(m)}")
+        with ShardedCheckpointer(run_dir, j) as ck:
+            for step in range(10):
+                torch.manual_seed(step)
+                loss = m(torch.randn(4, 8)).pow(2).mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                if step == 4:
+                    save_sharded(run_dir, j, {"model": m.state_dict()}, step=step)
+                elif step in (7, 9):  # in the background (dcp.async_save): recorded once DCP reports it written
+                    ck.save({"model": m.state_dict()}, step=step, background=True)
+            out.append(f"SAVED {total(m)}")
+            with torch.no_grad():  # what the next optimizer step does while the save is being written
+                for p in m.parameters():
+                    p.add_(1.0)
+        # closed: the step-9 save is recorded and the staging buffers are freed
         fresh = model()
         sd = {"model": fresh.state_dict()}
         out.append(f"RESTORED {restore_sharded(run_dir, j, sd).step}")

@@ -151,7 +151,7 @@ def test_sharded_checkpoints_record_every_shard_and_restore_checks_them(tmp_path
         assert restored == "RESTORED 9" and restored_sum.split()[1] == saved.split()[1]  # the newest, exactly
         assert refused.startswith("REJECTED resume-invalid-digest") and "rank 1" in refused and "__1_0.distcp" in refused
     shards = [e for e in read_events(run / "rank-00001.jsonl") if type(e).__struct_config__.tag == "shards_saved"]
-    assert [s.step for s in shards] == [4, 9] and shards[0].files[0]["file"] == "__1_0.distcp"
+    assert [s.step for s in shards] == [4, 7, 9] and shards[0].files[0]["file"] == "__1_0.distcp"
     meta = [e for e in read_events(run / "rank-00000.jsonl") if type(e).__struct_config__.tag == "shards_saved"]
     assert all(m.metadata_sha256 for m in meta)
     assert main(["verify", "--pubkey", str(pub), "--require-closed", str(run)]) == 0
@@ -252,3 +252,29 @@ def test_a_forged_individual_score_is_named_by_replay(tmp_path, signer, capsys):
         StragglerScores(window_start=0, window_end=9, medians={"0": 0.1, "1": 0.1}, scores={"0": 1.0, "1": 1.0},
                         threshold=0.75, individual={"0": 1.0, "1": 0.5})])
     assert "DIFFERENCE rank 0" in out and "individual scores" in out
+
+
+def test_the_kept_staging_buffers_copy_reuse_and_follow_the_state():
+    """The background save's stager: a copy the training thread may overwrite at once, the same buffers next time,
+    a new one for a tensor that changed shape, none kept for a tensor gone; DCP's own staging for anything else."""
+    import io
+
+    import torch
+
+    from trainledger.training.distributed import _reusable_stager
+
+    stager = _reusable_stager()
+    a, b = torch.arange(6.0).reshape(2, 3), torch.ones(4, dtype=torch.int64)
+    one = stager.stage({"m": {"a": a, "n": 5}, "opt": [b, "adam", None], "blob": b"x"})
+    assert type(one["m"]) is dict and one["m"]["n"] == 5 and one["opt"][1:] == ["adam", None] and one["blob"] == b"x"
+    a.add_(100)  # the next step, while the save is being written
+    assert one["m"]["a"].tolist() == [[0, 1, 2], [3, 4, 5]] and one["m"]["a"].data_ptr() != a.data_ptr()
+    two = stager.stage({"m": {"a": a, "n": 6}, "opt": [b, "adam", None], "blob": b"y"})
+    assert two["m"]["a"] is one["m"]["a"] and two["m"]["a"][0, 0].item() == 100  # the same buffer, new values
+    assert two["m"]["n"] == 6 and two["blob"] == b"y"
+    three = stager.stage({"m": {"a": torch.zeros(3, 3)}})
+    assert three["m"]["a"].shape == (3, 3) and len(stager.buffers) == 1  # b's buffer and the old a's dropped
+    other = stager.stage({"m": {"a": a}, "extra": io.BytesIO(b"z")})  # not plain: DCP's staging, nothing kept
+    assert other["m"]["a"].tolist() == a.tolist() and len(stager.buffers) == 1
+    stager.close()
+    assert not stager.buffers
