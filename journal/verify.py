@@ -538,6 +538,7 @@ class SharedWorkers:
     def __enter__(self) -> SharedWorkers:
         if self.n > 1 and self.total >= PARALLEL_MIN_BYTES and threading.active_count() == 1 \
                 and "fork" in multiprocessing.get_all_start_methods():
+            codec._decoders()  # built once here, inherited by every worker, rather than built again in each
             self.pool = multiprocessing.get_context("fork").Pool(self.n, initializer=worker_ignores_ctrl_c)
             self._pids = {w.pid for w in getattr(self.pool, "_pool", ())}
         return self
