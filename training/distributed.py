@@ -319,7 +319,7 @@ def _reusable_stager() -> Any:
             if not _plain_state(state_dict, torch):
                 return super().stage(state_dict)
             seen: set[tuple[Any, ...]] = set()
-            on_gpu = [False]
+            devices: set[Any] = set()  # the GPUs copied from without waiting: each waited for before returning
 
             def copy(obj: Any, path: tuple[Any, ...]) -> Any:
                 if isinstance(obj, torch.Tensor):
@@ -327,8 +327,10 @@ def _reusable_stager() -> Any:
                     buf = self.buffers.get(key)
                     if buf is None:
                         buf = self.buffers[key] = torch.empty(key[1], dtype=obj.dtype, pin_memory=self.pin)
-                    on_gpu[0] |= obj.device.type != "cpu"
-                    buf.copy_(obj.detach(), non_blocking=self.pin and obj.device.type != "cpu")
+                    overlap = self.pin and obj.device.type == "cuda"  # a copy the GPU does while this goes on
+                    if overlap:
+                        devices.add(obj.device)
+                    buf.copy_(obj.detach(), non_blocking=overlap)
                     seen.add(key)
                     return buf
                 if isinstance(obj, dict):
@@ -340,8 +342,8 @@ def _reusable_stager() -> Any:
             out = copy(state_dict, ())
             for key in set(self.buffers) - seen:
                 del self.buffers[key]
-            if on_gpu[0] and torch.cuda.is_available():
-                torch.cuda.synchronize()  # the copies are done before the training thread moves on
+            for dev in devices:  # the copies are done before the training thread moves on
+                torch.cuda.synchronize(dev)
             return out
 
         def close(self) -> None:
