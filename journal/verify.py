@@ -490,8 +490,8 @@ class SharedWorkers:
     """Worker processes that several verifications running at once share (:func:`journal.rundir.verify_run_dir`
     verifies its ranks side by side): every journal's ranges queue for the same workers, which so never wait
     between journals. Used as a context manager, from a process with no other thread yet; where it cannot fork
-    (one CPU, another thread running, no fork) or the files are small (``total_bytes``), it starts none, and each
-    verification checks its file alone."""
+    (one CPU, another thread running, no fork, or the fork fails for want of processes or memory) or the files are
+    small (``total_bytes``), it starts none, and each verification checks its file alone."""
 
     def __init__(self, workers: int | None = None, total_bytes: int = 0):
         self.n = cpu_count() if workers is None else max(1, workers)
@@ -539,7 +539,11 @@ class SharedWorkers:
         if self.n > 1 and self.total >= PARALLEL_MIN_BYTES and threading.active_count() == 1 \
                 and "fork" in multiprocessing.get_all_start_methods():
             codec._decoders()  # built once here, inherited by every worker, rather than built again in each
-            self.pool = multiprocessing.get_context("fork").Pool(self.n, initializer=worker_ignores_ctrl_c)
+            try:
+                self.pool = multiprocessing.get_context("fork").Pool(self.n, initializer=worker_ignores_ctrl_c)
+            except OSError:  # no process to spare (EAGAIN, ENOMEM): Pool stopped the ones it started; check alone
+                self.pool = None
+                return self
             self._pids = {w.pid for w in getattr(self.pool, "_pool", ())}
         return self
 

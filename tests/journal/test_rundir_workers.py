@@ -141,6 +141,27 @@ def test_shared_workers_start_none_beside_another_thread(tmp_path):
         assert shared.pool is None  # small journals: not worth a fork
 
 
+def test_a_fork_that_fails_is_checked_in_one_process_not_an_error(tmp_path, signer, pubkey, shared_workers,
+                                                                   monkeypatch):
+    """No process to spare (fork's EAGAIN or ENOMEM, as a loaded machine gives): the workers are not started and
+    every journal is checked in this process, with the same answers; the command does not fail for it."""
+    import errno
+    import multiprocessing.context
+
+    run = _run_dir(tmp_path, signer)
+    one = verify_run_dir(run, keys=[pubkey], workers=1)
+    shared_workers.clear()
+
+    def refuse(self, *a, **k):
+        raise BlockingIOError(errno.EAGAIN, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(multiprocessing.context.BaseContext, "Pool", refuse)
+    many = verify_run_dir(run, keys=[pubkey], workers=2)
+    assert shared_workers and not any(shared_workers)  # the folder's, then each journal's own try: none started
+    assert many.anchors == one.anchors and [many.ranks[r].last_hash for r in range(3)] == \
+        [one.ranks[r].last_hash for r in range(3)]
+
+
 def test_a_worker_killed_mid_range_is_an_error_not_a_hang(tmp_path):
     """The OOM killer (here SIGKILL) takes a worker holding a range: the pool replaces the worker, the range never
     comes back; the verification says so instead of waiting for ever."""
