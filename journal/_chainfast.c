@@ -512,6 +512,194 @@ static PyObject *scan_block(PyObject *self, PyObject *const *args, Py_ssize_t na
     return out;
 }
 
+/* ---- verify's canonical check of step_observed lines without decoding them ---- */
+
+/* A canonical int of the journal's int fields: 0, or an optional '-' and 1 to 19 digits without a leading zero,
+ * within int64 (msgspec writes ints so; "-0", "01", "+1" and anything wider are left to msgspec). Returns the
+ * length, or 0. */
+static Py_ssize_t canon_int(const char *p, const char *end)
+{
+    const char *q = p;
+    int neg = 0;
+    if (q < end && *q == '-') {
+        neg = 1;
+        q++;
+    }
+    if (q >= end)
+        return 0;
+    if (*q == '0')
+        return neg ? 0 : 1;
+    const char *d = q;
+    while (q < end && *q >= '0' && *q <= '9')
+        q++;
+    Py_ssize_t nd = q - d;
+    if (nd == 0 || nd > 19)
+        return 0;
+    if (nd == 19 && memcmp(d, neg ? "9223372036854775808" : "9223372036854775807", 19) > 0)
+        return 0;
+    return q - p;
+}
+
+/* A JSON number (its spelling is checked afterwards, in bulk, by msgspec's own decode and re-encode). Returns the
+ * length, or 0; at most 40 characters. */
+static Py_ssize_t json_number(const char *p, const char *end)
+{
+    const char *q = p;
+    if (q < end && *q == '-')
+        q++;
+    if (q >= end)
+        return 0;
+    if (*q == '0')
+        q++;
+    else if (*q >= '1' && *q <= '9')
+        while (q < end && *q >= '0' && *q <= '9')
+            q++;
+    else
+        return 0;
+    if (q < end && *q == '.') {
+        const char *f = ++q;
+        while (q < end && *q >= '0' && *q <= '9')
+            q++;
+        if (q == f)
+            return 0;
+    }
+    if (q < end && (*q == 'e' || *q == 'E')) {
+        q++;
+        if (q < end && (*q == '+' || *q == '-'))
+            q++;
+        const char *x = q;
+        while (q < end && *q >= '0' && *q <= '9')
+            q++;
+        if (q == x)
+            return 0;
+    }
+    return q - p > 40 ? 0 : q - p;
+}
+
+/* The fields of a step_observed record after "step", in the order msgspec writes them (StepObservedRecord;
+ * journal/_scan.py checks this order against the record type at import). 'f': a number (int or float), 'i': an int.
+ * Each is written only when not None (omit_defaults), "loss" always. */
+#define STEP_KEY(s) s, sizeof s - 1
+static const struct {
+    const char *key; /* ,"name": */
+    Py_ssize_t len;
+    char type;
+    char required;
+} STEP_FIELDS[] = {
+    {STEP_KEY(",\"loss\":"), 'f', 1},          {STEP_KEY(",\"grad_norm\":"), 'f', 0},
+    {STEP_KEY(",\"lr\":"), 'f', 0},            {STEP_KEY(",\"step_time_s\":"), 'f', 0},
+    {STEP_KEY(",\"examples\":"), 'i', 0},      {STEP_KEY(",\"tokens\":"), 'i', 0},
+    {STEP_KEY(",\"supervised_tokens\":"), 'i', 0}, {STEP_KEY(",\"data_time_s\":"), 'f', 0},
+    {STEP_KEY(",\"compute_time_s\":"), 'f', 0},
+};
+
+/* Whether line [p, end) (no newline) of a block scan_block passed is a step_observed record in canonical form
+ * except for the spelling of its numbers, which go to out (comma-separated). scan_block has held the line's end
+ * to ,"seq":<digits>,"ts":<digits>,"h":"<64 hex>"} (no leading zeros, the seq expected, the hash the chain's);
+ * what comes before it is checked here. 1 when it is; out is left as it was when it is not. */
+static int step_line(const char *p, const char *end, char *out, Py_ssize_t *outlen, Py_ssize_t *count)
+{
+    static const char head[] = "{\"kind\":\"step_observed\",\"step\":";
+    Py_ssize_t o = *outlen, c = *count, k;
+    if (end - p < (Py_ssize_t)sizeof head - 1 + SUFFIX || memcmp(p, head, sizeof head - 1) != 0)
+        return 0;
+    p += sizeof head - 1;
+    end -= SUFFIX; /* the hash's part, checked by scan_block */
+    if (!(k = canon_int(p, end)))
+        return 0;
+    p += k;
+    for (size_t f = 0; f < sizeof STEP_FIELDS / sizeof STEP_FIELDS[0]; f++) {
+        Py_ssize_t kl = STEP_FIELDS[f].len;
+        if (end - p < kl || p[2] != STEP_FIELDS[f].key[2] || memcmp(p, STEP_FIELDS[f].key, (size_t)kl) != 0) {
+            if (STEP_FIELDS[f].required)
+                return 0;
+            continue;
+        }
+        p += kl;
+        if (STEP_FIELDS[f].type == 'i') {
+            if (!(k = canon_int(p, end)))
+                return 0;
+        } else {
+            if (!(k = json_number(p, end)))
+                return 0;
+            if (c)
+                out[o++] = ',';
+            memcpy(out + o, p, (size_t)k);
+            o += k;
+            c++;
+        }
+        p += k;
+    }
+    /* what is left: ,"seq":<digits>,"ts":<digits> exactly (their digits checked by scan_block) */
+    if (end - p < 7 || memcmp(p, ",\"seq\":", 7) != 0)
+        return 0;
+    p += 7;
+    while (p < end && *p >= '0' && *p <= '9')
+        p++;
+    if (end - p < 6 || memcmp(p, ",\"ts\":", 6) != 0)
+        return 0;
+    p += 6;
+    while (p < end && *p >= '0' && *p <= '9')
+        p++;
+    if (p != end)
+        return 0;
+    *outlen = o;
+    *count = c;
+    return 1;
+}
+
+/*
+ * step_lines(block: buffer, ends: bytes) -> (mask: bytes, numbers: bytes)
+ *
+ * For a block of complete lines (ends: scan_block's newline offsets, uint32 each): mask[i] is 1 where line i is a
+ * step_observed record in canonical form but for the spelling of its float fields' numbers, which are handed back
+ * as one JSON array ("[n1,n2,...]", the lines' numbers in order) for the caller to check in one decode and one
+ * re-encode with msgspec. Every other line is 0 (the caller checks it the ordinary way).
+ */
+static PyObject *step_lines(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyBytes_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "step_lines(block: bytes, ends: bytes)");
+        return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    const char *s = (const char *)view.buf;
+    Py_ssize_t len = view.len, n = PyBytes_GET_SIZE(args[1]) / 4;
+    const uint32_t *e = (const uint32_t *)PyBytes_AS_STRING(args[1]);
+    PyObject *mask = PyBytes_FromStringAndSize(NULL, n);
+    PyObject *nums = PyBytes_FromStringAndSize(NULL, len + 2);
+    if (mask == NULL || nums == NULL) {
+        Py_XDECREF(mask);
+        Py_XDECREF(nums);
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    char *m = PyBytes_AS_STRING(mask), *out = PyBytes_AS_STRING(nums);
+    Py_ssize_t o = 1, count = 0, start = 0;
+    out[0] = '[';
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t stop = (Py_ssize_t)e[i];
+        if (stop >= len || stop < start) { /* not scan_block's offsets for this block */
+            Py_DECREF(mask);
+            Py_DECREF(nums);
+            PyBuffer_Release(&view);
+            PyErr_SetString(PyExc_ValueError, "step_lines: ends do not fit the block");
+            return NULL;
+        }
+        m[i] = (char)step_line(s + start, s + stop, out, &o, &count);
+        start = stop + 1;
+    }
+    PyBuffer_Release(&view);
+    out[o++] = ']';
+    if (_PyBytes_Resize(&nums, o) < 0) {
+        Py_DECREF(mask);
+        return NULL;
+    }
+    return Py_BuildValue("(NN)", mask, nums);
+}
+
 /* ---- RFC 6962 Merkle tree over the journal's lines (format 1.3, docs/FORMAT.md) ---- */
 
 static void leaf_of(const char *p, Py_ssize_t n, unsigned char *out)
@@ -923,6 +1111,8 @@ static PyObject *baseline_step(PyObject *self, PyObject *const *args, Py_ssize_t
 }
 
 static PyMethodDef methods[] = {
+    {"step_lines", (PyCFunction)(void (*)(void))step_lines, METH_FASTCALL,
+     "Which lines of a block are canonical step_observed records but for their numbers' spelling, and the numbers."},
     {"line_hash", (PyCFunction)(void (*)(void))line_hash, METH_FASTCALL, "h[n] from h[n-1] (32 bytes) and P[n]."},
     {"check_lines", (PyCFunction)(void (*)(void))check_lines, METH_FASTCALL,
      "Index of the first line whose seq, hash suffix or chain hash is wrong, or -1."},

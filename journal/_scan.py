@@ -19,7 +19,10 @@ import hashlib
 import itertools
 import operator
 import os
+import typing
 from typing import Any
+
+import msgspec
 
 from . import _accel, codec
 from .chain import LINE_TAG, is_hash_hex, seal_checkpoint, seal_message
@@ -34,7 +37,7 @@ from .errors import (
     SealInvalid,
     SequenceError,
 )
-from .events import RunClosed, RunOpened, Seal
+from .events import RunClosed, RunOpened, Seal, StepObserved
 from .keys import PublicKey
 
 #: Longest line accepted. The writer never produces one near this; a longer
@@ -46,6 +49,7 @@ BLOCK = 256 * 1024
 
 _fast = _accel.fast
 _scan_block = getattr(_fast, "scan_block", None)
+_step_lines = getattr(_fast, "step_lines", None)
 _link = _accel.link
 _get_seq = operator.attrgetter("seq")
 _get_h = operator.attrgetter("h")
@@ -162,6 +166,9 @@ class Scanner:
         self.expect = prev_seq + 1
         self.prev = prev_hash
         self.res = result
+        #: verify's scanner: the records it checks are not handed on, so step_observed lines need not be decoded
+        #: (:meth:`_step_block`). Readers keep it False.
+        self.steps_unread = False
         self._pub = PublicKey(ctx.public_raw) if ctx.public_raw is not None else None
         self._type_counts: dict[type, int] = {}
         self._seal_t = codec.record_type(Seal)
@@ -220,18 +227,57 @@ class Scanner:
             return self.feed(lines_of(block), offset)
         tree = self._tree
         bad, ends_b, last, leaves = _scan_block(self.prev, block, self.expect, tree is not None)
+        if bad < 0 and self.steps_unread:
+            got = self._step_block(block, ends_b)
+            if got is not None:
+                recs, types = got
+                done = self._settle(block, offset, recs, types, ends_b, last, leaves)
+                if done is not None:
+                    return done
         recs = codec.decode_block(block) if bad < 0 else None
-        n = len(recs) if recs is not None else 0
-        if not n:
+        if not recs:
             return self.feed(lines_of(block), offset)
+        done = self._settle(block, offset, recs, list(map(type, recs)), ends_b, last, leaves)
+        return done if done is not None else self.feed(lines_of(block), offset)
+
+    def _step_block(self, block: bytes, ends_b: bytes) -> tuple[Any, list[type]] | None:
+        """verify's way through a block (``steps_unread``: its records are not handed on): its step_observed lines
+        held to their canonical form in C without decoding them, their numbers' spelling by one msgspec decode and
+        re-encode of them all; its other lines decoded and re-encoded as :func:`codec.decode_block` does. ``None``
+        sends the block the ordinary way."""
+        mask, numbers = _step_lines(block, ends_b)
+        if len(numbers) > 2 and not _numbers_canonical(numbers):
+            return None
+        others: dict[int, Any] = {}
+        i = mask.find(0)
+        if i >= 0:
+            ends = memoryview(ends_b).cast("I")
+            where = []
+            while i >= 0:
+                where.append(i)
+                i = mask.find(0, i + 1)
+            recs = codec.decode_block(b"".join(block[ends[i - 1] + 1 if i else 0:ends[i] + 1] for i in where))
+            if recs is None or len(recs) != len(where):
+                return None
+            others = dict(zip(where, recs))
+        types = [_STEP_T] * len(mask)
+        for i, r in others.items():
+            types[i] = type(r)
+        return _StepLines(self.expect, block, ends_b, others, len(mask)), types
+
+    def _settle(self, block: bytes, offset: int, recs: Any, types: list[type], ends_b: bytes, last: bytes,
+                leaves: Any) -> Any:
+        """The rest of :meth:`feed_block` for a block whose lines all hold their structure, chain and canonical form:
+        seals, counts, collected lines, the tree. ``None`` when the block must go line by line instead."""
+        tree = self._tree
+        n = len(recs)
         ends = memoryview(ends_b).cast("I")
-        types = list(map(type, recs))
         kinds = set(types)
         expect = self.expect
         eh = self.ctx.expect_head
         if (eh is not None and expect <= eh[0] < expect + n) or \
                 not self._rare_ok(kinds, types, recs, lambda i: ends[i] + 1, offset):
-            return self.feed(lines_of(block), offset)  # the same checks again, line by line: they name what fails
+            return None  # the same checks again, line by line: they name what fails
         counts = self._type_counts
         for t in kinds:
             counts[t] = counts.get(t, 0) + types.count(t)
@@ -496,6 +542,76 @@ def _kind_name(t: type) -> str:
     return "(unknown kinds)" if t is UnknownEvent else t.__struct_config__.tag
 
 
+# ---------------------------------------------------------------- step lines, not decoded (verify)
+
+#: The record of step_observed, and what the C check of its lines (``step_lines`` in journal/_chainfast.c) assumes
+#: of it: its fields in this order, these ints and numbers, left out when None. If the record ever differs, the C
+#: check is not used (every line is decoded and re-encoded instead).
+_STEP_T = codec.record_type(StepObserved)
+_STEP_INTS = ("step", "examples", "tokens", "supervised_tokens", "seq", "ts")
+_STEP_NUMBERS = ("loss", "grad_norm", "lr", "step_time_s", "data_time_s", "compute_time_s")
+
+
+def _step_record_as_assumed() -> bool:
+    import typing
+
+    cfg = _STEP_T.__struct_config__
+    if _STEP_T.__struct_fields__ != ("step", "loss", "grad_norm", "lr", "step_time_s", "examples", "tokens",
+                                     "supervised_tokens", "data_time_s", "compute_time_s", "seq", "ts", "h") or \
+            not cfg.omit_defaults or cfg.tag != "step_observed" or cfg.tag_field != "kind" or cfg.array_like:
+        return False
+    hints = typing.get_type_hints(_STEP_T)
+    number, optional = typing.Union[int, float], typing.Union[int, float, None]
+    return (all(hints[f] in (int, int | None) for f in _STEP_INTS) and hints["loss"] == number and
+            all(hints[f] == optional for f in _STEP_NUMBERS[1:]) and hints["h"] is str and
+            _STEP_T.__struct_defaults__ == (None,) * 8 + (msgspec.NODEFAULT,) * 3)
+
+
+_STEP_LINES_OK = _step_lines is not None and _step_record_as_assumed()
+#: The numbers of step lines, as the record's number fields decode them (an int stays an int)
+_numbers_decoder = msgspec.json.Decoder(list[typing.Union[int, float]])  # noqa: UP007
+
+
+def _numbers_canonical(numbers: bytes) -> bool:
+    """Whether ``[n1,n2,...]`` is spelled as msgspec writes those numbers (as the line's re-encode would)."""
+    try:
+        return codec._encoder.encode(_numbers_decoder.decode(numbers)) == numbers  # the records' encoder
+    except msgspec.DecodeError:
+        return False
+
+
+class _StepLines:
+    """A block's records for verify's fast path: the decoded records of its other lines, and for a step line only
+    what the scanner asks of it (``seq``, ``h``, its kind), read off the line when asked."""
+
+    __slots__ = ("first", "block", "ends", "others", "n")
+
+    def __init__(self, first: int, block: bytes, ends_b: bytes, others: dict[int, Any], n: int):
+        self.first, self.block, self.ends, self.others, self.n = first, block, memoryview(ends_b).cast("I"), others, n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        if i < 0:
+            i += self.n
+        rec = self.others.get(i)
+        if rec is not None:
+            return rec
+        if not 0 <= i < self.n:
+            raise IndexError(i)
+        end = self.ends[i]
+        return _StepLine(self.first + i, self.block[end - 66:end - 2].decode("ascii"))
+
+
+class _StepLine:
+    __slots__ = ("seq", "h")
+    __struct_config__ = _STEP_T.__struct_config__  # its kind, for the scanner's last_kind
+
+    def __init__(self, seq: int, h: str):
+        self.seq, self.h = seq, h
+
+
 def iter_blocks(f, start: int, end: int, result: RangeResult, *, is_last: bool):
     """Yield ``(block, offset)`` for the complete lines in ``[start, end)``, a read block at a time: each block is
     whole lines, each ending with its newline.
@@ -547,6 +663,7 @@ def scan_range(path: str, start: int, end: int, prev_seq: int, prev_hash: bytes,
     """Check ``[start, end)`` of the file; errors are returned in ``result.error``, not raised."""
     res = RangeResult(start, end)
     scanner = Scanner(ctx, prev_seq, prev_hash, res)
+    scanner.steps_unread = _STEP_LINES_OK
     try:
         with open(path, "rb", buffering=0) as f:
             for block, off in iter_blocks(f, start, end, res, is_last=is_last):

@@ -4,6 +4,7 @@
     .venv/bin/pip install -e '.[bench]'        # TensorBoard and MLflow, the peers
     .venv/bin/python tools/bench_journal.py    # append + verify (1M events)
     .venv/bin/python tools/bench_journal.py --big   # also verify memory at 10M events
+    .venv/bin/python tools/bench_journal.py --only-verify --big   # the verify measurements alone
 
 Append: the cost of logging one training step (loss, grad norm, lr, step time,
 tokens), timed call by call (the timer's own cost is measured and
@@ -241,6 +242,7 @@ def main() -> int:
     ap.add_argument("--verify-events", type=int, default=1_000_000)
     ap.add_argument("--big", action="store_true", help="also measure verify RSS at 10,000,000 events")
     ap.add_argument("--skip-verify", action="store_true")
+    ap.add_argument("--only-verify", action="store_true", help="the verify measurements alone (no appends)")
     ap.add_argument("--out", default=str(ROOT / "bench-out" / "journal.json"))
     args = ap.parse_args()
 
@@ -254,7 +256,7 @@ def main() -> int:
         overhead = timer_overhead()
         results["timer_overhead_ns"] = overhead
         rows: dict[str, list[dict]] = {}
-        for rep in range(args.repeats):
+        for rep in range(0 if args.only_verify else args.repeats):
             gc.collect()
             rows.setdefault("trainledger: build StepObserved + append", []).append(
                 bench_trainledger(tmp, args.steps, overhead))
@@ -274,13 +276,14 @@ def main() -> int:
                 results["mlflow"] = ml
             print(f"repeat {rep + 1}/{args.repeats} done", file=sys.stderr)
         append = {k: {m: statistics.median(r[m] for r in v) for m in v[0]} for k, v in rows.items()}
-        results["append"] = append
-        tl = append["trainledger: build StepObserved + append"]["median_us"]
-        for v in append.values():
-            v["ratio_to_trainledger"] = v["median_us"] / tl if tl else math.nan
+        if append:
+            results["append"] = append
+            tl = append["trainledger: build StepObserved + append"]["median_us"]
+            for v in append.values():
+                v["ratio_to_trainledger"] = v["median_us"] / tl if tl else math.nan
 
         sweep = {}
-        for every in (10, 100, 1000, 10000):
+        for every in () if args.only_verify else (10, 100, 1000, 10000):
             r = [bench_trainledger(tmp, 50_000, overhead, seal_every=every, seal_interval_s=3600)
                  for _ in range(args.repeats)]
             sweep[every] = {"median_us": statistics.median(x["median_us"] for x in r),
@@ -291,7 +294,7 @@ def main() -> int:
             signer = Signer.generate()
             results["verify"] = bench_verify(tmp, args.verify_events, signer, args.repeats)
             if args.big:
-                results["verify_10m"] = bench_verify(tmp, 10_000_000, signer, 1)
+                results["verify_10m"] = bench_verify(tmp, 10_000_000, signer, args.repeats if args.only_verify else 1)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -303,6 +306,8 @@ def main() -> int:
 
 def print_table(r: dict) -> None:
     print(f"\nhash chain: {r['hashing']}")
+    if "append" not in r:  # --only-verify
+        return _print_verify(r)
     print(f"\nappend one step (5 scalars), per call, timer overhead {r['timer_overhead_ns']:.0f} ns subtracted\n")
     print("| logging one step | median µs | p90 µs | p99 µs | mean µs | median ÷ trainledger's |")
     print("|---|---:|---:|---:|---:|---:|")
@@ -317,6 +322,10 @@ def print_table(r: dict) -> None:
     print("|---:|---:|---:|")
     for k, v in r["seal_every_sweep"].items():
         print(f"| {k} | {v['median_us']:.2f} | {v['mean_us']:.2f} |")
+    _print_verify(r)
+
+
+def _print_verify(r: dict) -> None:
     for key in ("verify", "verify_10m"):
         if key in r:
             v = r[key]

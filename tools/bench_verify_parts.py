@@ -7,8 +7,9 @@ Writes a signed journal of ``--events`` step events (the default seal policy, ab
 it a block at a time as the verifier does (``iter_blocks``), and times, summed over every block: the C block pass
 (``scan_block``: seqs, chain hashes, leaves) with the x86 SHA extensions' four lanes and with OpenSSL one message at
 a time; the tree's nodes (``hash_range``) both ways; msgspec's ``decode_lines`` and the canonical re-encode
-(``encode_lines`` compared byte for byte); then one process's whole ``scan_range`` of the file, and ``sha256sum``
-of it. Medians of ``--repeats``, in ns a line. Needs the C accelerator.
+(``encode_lines`` compared byte for byte); verify's way with step lines instead: the C check of their template
+(``step_lines``) and their numbers' spelling (one msgspec decode and re-encode of them all); then one process's
+whole ``scan_range`` of the file, with that way and with every line decoded and re-encoded, and ``sha256sum`` of it. Medians of ``--repeats``, in ns a line. Needs the C accelerator.
 """
 
 from __future__ import annotations
@@ -92,6 +93,17 @@ def main() -> int:
                 if r is not None:
                     enc.encode_lines(r) == b
 
+        ends_of = [fast.scan_block(p, b, s, False)[1] for b, (p, s) in zip(blocks, starts)]
+        numbers = [fast.step_lines(b, e)[1] for b, e in zip(blocks, ends_of)]
+
+        def template():
+            for b, e in zip(blocks, ends_of):
+                fast.step_lines(b, e)
+
+        def spelled():
+            for n in numbers:
+                _scan._numbers_canonical(n)
+
         had = fast.sha_ni()
         # every signature checked, under the key the journal embeds (ours: we just made it)
         ctx = _scan.ScanContext(opened.run_id, opened.key_id, base64.b64decode(opened.public_key), True, None,
@@ -103,21 +115,33 @@ def main() -> int:
             "tree nodes (hash_range), OpenSSL": lambda: nodes(False),
             "decode (decode_lines)": lambda: decode(),
             "canonical re-encode (encode_lines, compared)": lambda: reencode(),
+            "step lines' template in C (step_lines)": lambda: template(),
+            "their numbers' spelling (one decode, re-encode)": lambda: spelled(),
         }
         got = {k: [] for k in parts}
-        whole, sha = [], []
+        whole, plain, sha = [], [], []
+        fast_ok = _scan._STEP_LINES_OK
+
+        def scan_range(steps_fast: bool) -> float:
+            _scan._STEP_LINES_OK = steps_fast and fast_ok
+            try:
+                return per_line(lambda: _scan.scan_range(str(path), 0, size, -1, genesis(opened.run_id), ctx, True))
+            finally:
+                _scan._STEP_LINES_OK = fast_ok
+
         for _ in range(args.repeats):
             for k, fn in parts.items():
                 got[k].append(per_line(fn))
             fast.sha_ni(had)
-            whole.append(per_line(lambda: _scan.scan_range(str(path), 0, size, -1, genesis(opened.run_id), ctx,
-                                                           True)))
+            whole.append(scan_range(True))
+            plain.append(scan_range(False))
             sha.append(per_line(lambda: subprocess.run(["sha256sum", str(path)], capture_output=True, check=True)))
         fast.sha_ni(had)
         print(f"{lines:,} lines, {size / 2**20:.0f} MB; {_accel.describe()}; medians of {args.repeats}, ns a line")
         for k, v in got.items():
             print(f"  {k:48s} {statistics.median(v):7.0f}")
         print(f"  {'whole scan_range, one process':48s} {statistics.median(whole):7.0f}")
+        print(f"  {'  the same, every line decoded and re-encoded':48s} {statistics.median(plain):7.0f}")
         print(f"  {'sha256sum of the file':48s} {statistics.median(sha):7.0f}")
     return 0
 
