@@ -22,6 +22,9 @@ On the device (no registry there) the core's wheels travel in ``.whl`` and the p
    blocking, in the background with the staging buffers kept (pinned), and with fresh buffers every save; then one
    more background save with the weights changed the moment it returns, loaded back and compared.
 5. The straggler exchange and ``anchor_ranks`` on that NCCL group (one rank: the calls a torchrun job makes).
+6. With ``--cpu-benches JOBS``: issue 13's CPU targets on the host's cores (``tools/bench_distributed.py``: verify
+   RUN_DIR against ``sha256sum``, and the 2-rank DDP overhead, with calls and as a control), run from a temporary
+   folder.
 Prints one summary and writes ``device.json``, the journals and their public key under ``--out`` (verify them
 with ``trainledger verify --pubkey OUT/device.pub OUT/model.jsonl`` and ``replay``).
 """
@@ -294,6 +297,21 @@ def _checkpoint_stall(out: Path, signer, smoke: bool, rounds: int = 5) -> None:
          exchange_s=ex, anchor_s=anchor)
 
 
+def _cpu_benches(jobs: int, smoke: bool) -> None:
+    """tools/bench_distributed.py's verify and DDP-overhead parts on this host's CPUs, from a temporary folder."""
+    import subprocess
+
+    bench = str(Path(__file__).resolve().with_name("bench_distributed.py"))
+    small = ["--events", "20000", "--blocks", "4"] if smoke else []
+    for name, extra in (("cpu-verify", ["--repeats", "0", "--trials", "0"]),
+                        ("cpu-ddp", ["--repeats", str(jobs), "--trials", "0", "--skip-verify"]),
+                        ("cpu-ddp-control", ["--repeats", str(jobs), "--trials", "0", "--skip-verify", "--control"])):
+        with tempfile.TemporaryDirectory(prefix="tl-device-bench-") as d:
+            p = subprocess.run([sys.executable, bench, *extra, *small], capture_output=True, text=True, cwd=d)
+        lines = [x for x in p.stdout.splitlines() if x.strip()]
+        _say(name, f"{name}: " + (" | ".join(lines) if p.returncode == 0 else f"FAILED: {p.stderr[-2000:]}"))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=None, help="where the results go (default: a temporary folder)")
@@ -301,6 +319,11 @@ def main() -> int:
     ap.add_argument("--attn", choices=("sdpa", "unfused"), default="sdpa",
                     help="the model's attention: PyTorch's fused kernel (default) or two matmuls and a softmax")
     ap.add_argument("--smoke", action="store_true", help="a CPU run of the same code paths, tiny (no GPU needed)")
+    ap.add_argument("--cpu-benches", type=int, default=0, metavar="JOBS",
+                    help="then issue 13's CPU targets on this host's cores: verify RUN_DIR 4 x 1M against sha256sum, "
+                         "and the 2-rank DDP overhead with JOBS jobs, with calls and as a control (tools/"
+                         "bench_distributed.py, run from a temporary folder: in the checkout, the source folder "
+                         "trainledger/ would shadow the installed package)")
     args = ap.parse_args()
     from trainledger.journal import keygen, load_signer
 
@@ -330,6 +353,8 @@ def main() -> int:
 
             traceback.print_exc()
             _say(name, f"{name}: FAILED {type(e).__name__}: {e}")
+    if args.cpu_benches:
+        _cpu_benches(args.cpu_benches, args.smoke)
     (out / "device.json").write_text(json.dumps(RESULT, indent=1, default=str))
     print(f"results in {out}")
     return 0
