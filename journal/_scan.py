@@ -553,8 +553,6 @@ _STEP_NUMBERS = ("loss", "grad_norm", "lr", "step_time_s", "data_time_s", "compu
 
 
 def _step_record_as_assumed() -> bool:
-    import typing
-
     cfg = _STEP_T.__struct_config__
     if _STEP_T.__struct_fields__ != ("step", "loss", "grad_norm", "lr", "step_time_s", "examples", "tokens",
                                      "supervised_tokens", "data_time_s", "compute_time_s", "seq", "ts", "h") or \
