@@ -230,10 +230,10 @@ class Scanner:
         if bad < 0 and self.steps_unread:
             got = self._step_block(block, ends_b)
             if got is not None:
-                recs, types = got
-                done = self._settle(block, offset, recs, types, ends_b, last, leaves)
-                if done is not None:
-                    return done
+                # a block _settle turns away here (a rare kind, a seal to name, a head to find) it would turn away
+                # decoded too: the same lines, the same types
+                done = self._settle(block, offset, got[0], got[1], ends_b, last, leaves)
+                return done if done is not None else self.feed(lines_of(block), offset)
         recs = codec.decode_block(block) if bad < 0 else None
         if not recs:
             return self.feed(lines_of(block), offset)

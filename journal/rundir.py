@@ -17,7 +17,6 @@ import re
 from pathlib import Path
 from typing import Any
 
-from . import codec
 from .codec import decode_line
 from .errors import IntegrityError, JournalIOError
 from .kinds import AnchorRecorded, RankJoined, RanksAnchored
@@ -84,7 +83,6 @@ def _verify_ranks(files: dict[int, Path], shared: SharedWorkers, options: dict[s
     the workers), so that the workers are never idle between ranks. The first failing rank, in rank order, raises."""
     if shared.pool is None or len(files) == 1:
         return {rank: _verify_rank(rank, f, **options) for rank, f in files.items()}
-    codec._decoders()  # every kind registered and the decoders built before the threads read anything
     with concurrent.futures.ThreadPoolExecutor(max_workers=min(len(files), 2 * shared.n),
                                                thread_name_prefix="trainledger-verify") as ex:
         futures = {rank: ex.submit(_verify_rank, rank, f, _pool=shared, **options) for rank, f in files.items()}

@@ -538,11 +538,12 @@ class SharedWorkers:
     def __enter__(self) -> SharedWorkers:
         if self.n > 1 and self.total >= PARALLEL_MIN_BYTES and threading.active_count() == 1 \
                 and "fork" in multiprocessing.get_all_start_methods():
-            codec._decoders()  # built once here, inherited by every worker, rather than built again in each
+            # built once here: inherited by every worker (rather than built again in each), and ready before any
+            # thread of verify_run_dir's reads
+            codec._decoders()
             try:
                 self.pool = multiprocessing.get_context("fork").Pool(self.n, initializer=worker_ignores_ctrl_c)
             except OSError:  # no process to spare (EAGAIN, ENOMEM): Pool stopped the ones it started; check alone
-                self.pool = None
                 return self
             self._pids = {w.pid for w in getattr(self.pool, "_pool", ())}
         return self
