@@ -62,40 +62,44 @@ def has_tree(first: dict) -> bool:
 
 
 def rechain(lines: list[bytes], *, renumber: bool = True, fix_seal_heads: bool = True, resign=None,
-            fix_trees: bool = True) -> list[bytes]:
+            fix_trees: bool = True, keep_bytes: bool = False) -> list[bytes]:
     """Recompute seq, every chain hash and (optionally) each seal's named head (and, from format 1.3, its tree).
 
     Signatures are left alone (an attacker without the key cannot redo them)
     unless ``resign``, a signer (``.key_id``, ``.sign(message)``), is given: an attacker signing with a key of
-    their own, or a test that means to sign a lie with the run's own key.
+    their own, or a test that means to sign a lie with the run's own key. ``keep_bytes``: every line but a seal
+    keeps its bytes as they are (a non-canonical spelling too) and its seq; only its hash is recomputed.
     """
     first = parse(lines[0])
     prev = hashlib.sha256(GENESIS_TAG + first["run_id"].encode()).digest()
     tree = has_tree(first)
     out = []
     for seq, line in enumerate(lines):
-        obj = parse(line)
-        obj.pop("h")
-        if renumber:
-            obj["seq"] = seq
-        if fix_seal_heads and obj["kind"] == "seal":
-            obj["sealed_seq"] = obj["seq"] - 1
-            obj["sealed_hash"] = prev.hex()
-            root = None
-            if not fix_trees:
-                pass
-            elif not tree:
-                obj.pop("tree_size", None)
-                obj.pop("tree_root", None)
-            else:
-                root = tree_root(out)
-                rest = {k: obj.pop(k) for k in ("seq", "ts")}
-                obj["tree_size"], obj["tree_root"] = rest["seq"], root.hex()
-                obj.update(rest)
-            if resign is not None:
-                msg = seal_signed_message(first["run_id"], obj["sealed_seq"], prev, root)
-                obj["key_id"], obj["sig"] = resign.key_id, base64.b64encode(resign.sign(msg)).decode()
-        body = dump(obj)[:-1]
+        if keep_bytes and not line.startswith(b'{"kind":"seal"'):
+            body = line[:line.rindex(b',"h":"')]
+        else:
+            obj = parse(line)
+            obj.pop("h")
+            if renumber:
+                obj["seq"] = seq
+            if fix_seal_heads and obj["kind"] == "seal":
+                obj["sealed_seq"] = obj["seq"] - 1
+                obj["sealed_hash"] = prev.hex()
+                root = None
+                if not fix_trees:
+                    pass
+                elif not tree:
+                    obj.pop("tree_size", None)
+                    obj.pop("tree_root", None)
+                else:
+                    root = tree_root(out)
+                    rest = {k: obj.pop(k) for k in ("seq", "ts")}
+                    obj["tree_size"], obj["tree_root"] = rest["seq"], root.hex()
+                    obj.update(rest)
+                if resign is not None:
+                    msg = seal_signed_message(first["run_id"], obj["sealed_seq"], prev, root)
+                    obj["key_id"], obj["sig"] = resign.key_id, base64.b64encode(resign.sign(msg)).decode()
+            body = dump(obj)[:-1]
         d = hashlib.sha256(LINE_TAG + prev + body).digest()
         out.append(body + b',"h":"' + d.hex().encode() + b'"}')
         prev = d
