@@ -56,11 +56,12 @@ def main() -> int:
         with open(path, "rb", buffering=0) as f:
             for block, _ in _scan.iter_blocks(f, 0, size, res, is_last=True):
                 blocks.append(block)
-        starts, prev, seq = [], genesis(opened.run_id), 0
+        starts, ends_of, prev, seq = [], [], genesis(opened.run_id), 0
         for b in blocks:
             starts.append((prev, seq))
             bad, ends, prev, _ = fast.scan_block(prev, b, seq, False)
             assert bad == -1, "the written journal does not pass the block pass"
+            ends_of.append(ends)
             seq += len(ends) // 4
         lines = seq
         leaves = [fast.scan_block(p, b, s, True)[3] for b, (p, s) in zip(blocks, starts)]
@@ -93,7 +94,6 @@ def main() -> int:
                 if r is not None:
                     enc.encode_lines(r) == b
 
-        ends_of = [fast.scan_block(p, b, s, False)[1] for b, (p, s) in zip(blocks, starts)]
         numbers = [fast.step_lines(b, e)[1] for b, e in zip(blocks, ends_of)]
 
         def template():

@@ -188,17 +188,18 @@ def _model_run(out: Path, signer, steps: int, smoke: bool, measured_peak: float 
                 sync()
                 t0 = time.perf_counter()
                 loss = step()
-                if use:
-                    pending.append((n, loss, ledger[-1] if ledger else None))
-                    if len(pending) >= 16:  # one transfer for 16 steps' losses
-                        vals = torch.stack([v for _, v, _ in pending]).tolist()  # waits for this step's kernels
-                        t1 = time.perf_counter()
-                        for (s, _, dt), v in zip(pending, vals):
-                            mon.observe_step(s, v, step_time_s=dt, tokens=batch * block)
-                        observe.append((time.perf_counter() - t1) / len(pending))
-                        pending = []
+                if use and len(pending) >= 16:  # one transfer for the last 16 steps' losses, timed in this step
+                    vals = torch.stack([v for _, v, _ in pending]).tolist()  # waits for this step's kernels
+                    t1 = time.perf_counter()
+                    for (s, _, dt), v in zip(pending, vals):
+                        mon.observe_step(s, v, step_time_s=dt, tokens=batch * block)
+                    observe.append((time.perf_counter() - t1) / len(pending))
+                    pending = []
                 sync()
-                (ledger if use else plain).append(time.perf_counter() - t0)
+                dt = time.perf_counter() - t0
+                (ledger if use else plain).append(dt)
+                if use:
+                    pending.append((n, loss, dt))  # each step with its own time
                 n += 1
     if pending:
         for (s, _, dt), v in zip(pending, torch.stack([v for _, v, _ in pending]).tolist()):
