@@ -723,46 +723,6 @@ static void node_of(const unsigned char *l, const unsigned char *r, unsigned cha
     SHA256_Final(out, &c);
 }
 
-/* A compact range being built leaf by leaf (journal.merkle.CompactRange): at most 2 * 64 subtrees. */
-typedef struct {
-    int top;
-    unsigned long long end;
-    int heights[160];
-    unsigned char hashes[160][32];
-} crange;
-
-static void crange_push(crange *r, const unsigned char *leaf)
-{
-    unsigned char cur[32];
-    memcpy(cur, leaf, 32);
-    int h = 0;
-    r->end += 1;
-    while (r->top > 0 && r->heights[r->top - 1] == h && (((r->end >> h) - 1) & 1)) {
-        node_of(r->hashes[r->top - 1], cur, cur);
-        r->top--;
-        h++;
-    }
-    r->heights[r->top] = h; /* top < 160: a range of under 2**64 leaves holds at most 128 subtrees */
-    memcpy(r->hashes[r->top], cur, 32);
-    r->top++;
-}
-
-static PyObject *crange_nodes(const crange *r)
-{
-    PyObject *out = PyList_New(r->top);
-    if (out == NULL)
-        return NULL;
-    for (int k = 0; k < r->top; k++) {
-        PyObject *t = Py_BuildValue("(iy#)", r->heights[k], (const char *)r->hashes[k], (Py_ssize_t)32);
-        if (t == NULL) {
-            Py_DECREF(out);
-            return NULL;
-        }
-        PyList_SET_ITEM(out, k, t);
-    }
-    return out;
-}
-
 /* leaf_range(begin: int, lines: list[bytes]) -> list[tuple[int, bytes]]: the leaves [begin, begin + len(lines))
  * as the fewest perfect subtrees aligned to the tree, (height, hash) left to right (journal.merkle.CompactRange). */
 static PyObject *leaf_range(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
@@ -775,20 +735,38 @@ static PyObject *leaf_range(PyObject *self, PyObject *const *args, Py_ssize_t na
     }
     PyObject *lines = args[1];
     Py_ssize_t n = PyList_GET_SIZE(lines);
-    crange r;
-    r.top = 0;
-    r.end = (unsigned long long)begin;
+    int heights[160]; /* a range of under 2**64 leaves holds at most 128 subtrees */
+    unsigned char hashes[160][32];
+    int top = 0;
+    unsigned long long end = (unsigned long long)begin;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *line = PyList_GET_ITEM(lines, i);
         if (!PyBytes_Check(line)) {
             PyErr_SetString(PyExc_TypeError, "leaf_range: lines must be bytes");
             return NULL;
         }
-        unsigned char leaf[32];
-        leaf_of(PyBytes_AS_STRING(line), PyBytes_GET_SIZE(line), leaf);
-        crange_push(&r, leaf);
+        unsigned char cur[32];
+        leaf_of(PyBytes_AS_STRING(line), PyBytes_GET_SIZE(line), cur);
+        int h = 0;
+        end += 1;
+        while (top > 0 && heights[top - 1] == h && (((end >> h) - 1) & 1)) {
+            node_of(hashes[top - 1], cur, cur);
+            top--;
+            h++;
+        }
+        heights[top] = h;
+        memcpy(hashes[top], cur, 32);
+        top++;
     }
-    return crange_nodes(&r);
+    PyObject *out = PyList_New(top);
+    for (int k = 0; out != NULL && k < top; k++) {
+        PyObject *t = Py_BuildValue("(iy#)", heights[k], (const char *)hashes[k], (Py_ssize_t)32);
+        if (t == NULL)
+            Py_CLEAR(out);
+        else
+            PyList_SET_ITEM(out, k, t);
+    }
+    return out;
 }
 
 /* hash_range(begin: int, hashes: bytes) -> list[tuple[int, bytes]]: leaf_range for leaves given as their hashes
