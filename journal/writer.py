@@ -50,7 +50,10 @@ __all__ = ["Journal", "DEFAULT_SEAL_EVERY", "DEFAULT_SEAL_INTERVAL_S", "DEFAULT_
 #: second bounds what a lost machine can take with it.
 DEFAULT_SEAL_EVERY = 1000
 DEFAULT_SEAL_INTERVAL_S = 1.0
-DEFAULT_FLUSH_INTERVAL_S = 0.2
+#: Lines past the last seal are not part of the signed record after a crash (open_append moves them to a sidecar),
+#: so flushing them more often than seals come buys little; a 0.2 s interval cost the writer thread about half as
+#: much CPU again in a training loop (tools/bench_distributed.py reports that thread's time).
+DEFAULT_FLUSH_INTERVAL_S = 1.0
 _FLUSH_BYTES = 1 << 20
 
 _link = _accel.link
@@ -162,7 +165,7 @@ class Journal:
         self._stop = threading.Event()
         self._ticker: threading.Thread | None = None
         if background:
-            self._ticker = threading.Thread(target=self._tick, args=(flush_interval_s,),
+            self._ticker = threading.Thread(target=self._tick,
                                             name=f"trainledger-journal-{path.name}", daemon=True)
         _OPEN.add(self)
         return self
@@ -504,10 +507,16 @@ class Journal:
                     self._drain_locked()
                 self._flush_locked(_now())
 
-    def _tick(self, interval: float) -> None:
+    def _tick(self) -> None:
         """The background thread: time-based seals and flushes, and the fsync of automatic seals. A failure
-        never stops it: it is recorded (the training thread's next call raises it) and retried next tick."""
-        while not self._stop.wait(interval):
+        never stops it: it is recorded (the training thread's next call raises it) and retried next tick. It wakes
+        when the next flush or seal is due (a millisecond after), and with nothing waiting every flush or seal
+        interval, whichever is shorter (appends do not wake it)."""
+        while True:
+            with self._lock:
+                wait = self._next_wake_s_locked()
+            if self._stop.wait(wait):
+                return
             fsync = False
             with self._lock:
                 if self._closed:
@@ -532,6 +541,17 @@ class Journal:
                         if not self._closed:
                             self._io_error = f"fsync failed: {e.strerror or e}"
                             self._fsync_pending = True
+
+    def _next_wake_s_locked(self) -> float:
+        """Seconds until the writer thread has something to do: the next flush of lines waiting, or the next seal of
+        events appended since the last; with nothing waiting, a look every flush or seal interval."""
+        now = _now()
+        due = now + min(self._flush_interval_ns, self._seal_interval_ns)
+        if self._buf or self._pending:
+            due = min(due, self._last_flush_ns + self._flush_interval_ns)
+        if (self._since_seal or self._pending) and not self._stopped:
+            due = min(due, self._last_seal_ns + self._seal_interval_ns)
+        return max(0.001, (due - now) / 1e9 + 0.001)
 
     # ------------------------------------------------------------ closing
 

@@ -57,6 +57,13 @@ opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
 sampler = rank_sampler(cfg, rank, world)
 signer = load_signer(key)
 
+def thread_cpu_ns(t):  # a thread's CPU time so far, in ns, from Linux's schedstat (None elsewhere)
+    try:
+        with open(f"/proc/self/task/{t.native_id}/schedstat") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, AttributeError, TypeError):
+        return None
+
 def step(delay=0.0):
     t0 = time.perf_counter()
     x, y = sampler.next()
@@ -75,12 +82,14 @@ if mode == "overhead":
     j = open_rank_journal(os.path.join(out_dir, "run"), signer)
     mon = TrainingHealthMonitor(journal=j, flop_config=flop_config_from_causal_lm(model, seq_len=cfg.block))
     det = StragglerDetector(j)  # the default window: about a minute of wall time, calibrated on 20 steps
-    plain, ledger, exch, call, ratios = [], [], [], [], []
-    s, every = 0, None
+    plain, ledger, exch, call, ratios, cpu, cpu_ratios = [], [], [], [], [], {False: [], True: []}, []
+    s, every, with_steps = 0, None, 0
+    writer0 = thread_cpu_ns(j._ticker)  # the journal's background thread (drains, seals, writes, fsyncs)
     for b in range(blocks):
-        times = {}
+        times, block_cpu = {}, {}
         for use in (False, True) if b % 2 == 0 else (True, False):
             times[use] = []
+            c0 = time.thread_time_ns()
             for _ in range(n):
                 t0, t_own, loss, gn = step()
                 if use:
@@ -97,12 +106,20 @@ if mode == "overhead":
                 (ledger if use else plain).append(time.perf_counter() - t0)
                 times[use].append(ledger[-1] if use else plain[-1])
                 s += 1
+            block_cpu[use] = (time.thread_time_ns() - c0) / n  # this thread's CPU per step, waits excluded
+            cpu[use].append(block_cpu[use])
+            with_steps += n if use else 0
             dist.barrier()
         ratios.append(statistics.median(times[True]) / statistics.median(times[False]))
+        cpu_ratios.append(block_cpu[True] / block_cpu[False])
+    writer1 = thread_cpu_ns(j._ticker)
     j.close()
     res = {"plain": statistics.median(plain), "ledger": statistics.median(ledger),
            "exchange": statistics.median(exch) if exch else None, "windows": len(exch), "steps": s,
-           "every": every, "call": statistics.median(call), "ratio": statistics.median(ratios), "ratios": ratios}
+           "every": every, "call": statistics.median(call), "ratio": statistics.median(ratios), "ratios": ratios,
+           "cpu_plain": statistics.median(cpu[False]) / 1e9, "cpu_ledger": statistics.median(cpu[True]) / 1e9,
+           "cpu_ratios": cpu_ratios,
+           "writer": (writer1 - writer0) / with_steps / 1e9 if writer0 is not None and writer1 is not None else None}
 else:
     windows, n = 4, int(sys.argv[4])
     base = []
@@ -168,6 +185,45 @@ def _journals(run: Path, events: int, signer) -> None:
         j.close()
 
 
+def _median_interval(jobs: list[dict], key: str) -> tuple[float, float, float]:
+    """The median of every job's pairs of blocks pooled, and its 95% bootstrap interval. Pairs of one job share its
+    machine state, so the bootstrap draws jobs, then pairs within each job drawn (a pooled draw of pairs alone gave
+    intervals that a null comparison, --control, fell outside of)."""
+    pooled = [q for x in jobs for q in x[key]]
+    rng = random.Random(13)
+    boot = sorted(statistics.median([q for x in rng.choices(jobs, k=len(jobs))
+                                     for q in rng.choices(x[key], k=len(x[key]))])
+                  for _ in range(2000))
+    return statistics.median(pooled), boot[int(0.025 * len(boot))], boot[int(0.975 * len(boot)) - 1]
+
+
+def _overhead_report(jobs: list[dict], control: bool, args) -> None:
+    jobs.sort(key=lambda x: x["ratio"])
+    r = jobs[len(jobs) // 2]
+    spread = ", ".join(f"{x['ratio'] - 1:+.2%}" for x in jobs)
+    med, lo, hi = _median_interval(jobs, "ratios")
+    print(f"1. {'CONTROL (no calls in either block) ' if control else ''}DDP step, 2 ranks, gloo, "
+          f"reference model ({r['steps']} steps in {args.blocks} pairs of blocks "
+          f"without and with, {len(jobs)} jobs: {spread}): all {sum(len(x['ratios']) for x in jobs)} pairs pooled: "
+          f"median ratio {med - 1:+.2%}, 95% interval [{lo - 1:+.2%}, {hi - 1:+.2%}]; the median "
+          f"job: without trainledger {r['plain'] * 1e3:.3f} ms, with {r['ledger'] * 1e3:.3f} ms (median "
+          f"step), the calls themselves {r['call'] * 1e6:.1f} us median; one straggler exchange (the "
+          + (f"calibration window) took {r['exchange'] * 1e3:.2f} ms, and set the window to {r['every']} "
+             f"steps (about a minute): {r['exchange'] / r['every'] * 1e6:.2f} us per step"
+             if r["exchange"] is not None else "calibration window) was not reached"), flush=True)
+    # CPU time, which waiting on the other rank and on the scheduler does not add to: the training thread's per
+    # step in each block (pairs pooled as above), and the journal's writer thread's per step with trainledger.
+    cmed, clo, chi = _median_interval(jobs, "cpu_ratios")
+    writer = [x["writer"] for x in jobs if x["writer"] is not None]
+    plain = statistics.median(x["cpu_plain"] for x in jobs)
+    w = statistics.median(writer) if writer else None
+    print(f"   CPU time per step (rank 0): training thread without {plain * 1e3:.3f} ms, with "
+          f"{statistics.median(x['cpu_ledger'] for x in jobs) * 1e3:.3f} ms, median ratio of pairs {cmed - 1:+.2%} "
+          f"[{clo - 1:+.2%}, {chi - 1:+.2%}]; "
+          + (f"the writer thread {w * 1e6:.2f} us a step ({w / plain:+.2%}); together {cmed - 1 + w / plain:+.2%}"
+             if w is not None else "the writer thread's time not readable here"), flush=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trials", type=int, default=5)
@@ -179,6 +235,8 @@ def main() -> int:
     ap.add_argument("--control", action="store_true",
                     help="part 1 as a null comparison: the 'with' blocks make no calls (what the method reports when "
                          "there is nothing to find)")
+    ap.add_argument("--and-control", action="store_true",
+                    help="part 1 with calls and as a control, the two kinds of job alternated in one run")
     ap.add_argument("--pin", action="store_true", help="pin rank r to the r-th CPU (its writer thread shares it)")
     ap.add_argument("--window-steps", type=int, default=500,
                     help="steps per straggler window in part 2 (the detector's default is about a minute of steps; "
@@ -192,31 +250,15 @@ def main() -> int:
         script = tmp / "worker.py"
         script.write_text(WORKER)
 
-        jobs = [_torchrun(script, "overhead", str(tmp / f"ovh{i}"), str(priv), str(args.blocks),
-                          str(args.block_steps), "control" if args.control else "calls", cwd=d, pin=args.pin)
-                for i in range(args.repeats)]
-        jobs.sort(key=lambda x: x["ratio"])
-        if jobs:
-            r = jobs[len(jobs) // 2]
-            spread = ", ".join(f"{x['ratio'] - 1:+.2%}" for x in jobs)
-            # Every pair of blocks of every job, pooled: the median ratio and its 95% bootstrap interval. Pairs of
-            # one job share its machine state, so the bootstrap draws jobs, then pairs within each job drawn (a
-            # pooled draw of pairs alone gave intervals that a null comparison, --control, fell outside of).
-            pooled = [q for x in jobs for q in x["ratios"]]
-            rng = random.Random(13)
-            boot = sorted(statistics.median([q for x in rng.choices(jobs, k=len(jobs))
-                                             for q in rng.choices(x["ratios"], k=len(x["ratios"]))])
-                          for _ in range(2000))
-            lo, hi = boot[int(0.025 * len(boot))], boot[int(0.975 * len(boot)) - 1]
-            print(f"1. {'CONTROL (no calls in either block) ' if args.control else ''}DDP step, 2 ranks, gloo, "
-                  f"reference model ({r['steps']} steps in {args.blocks} pairs of blocks "
-                  f"without and with, {args.repeats} jobs: {spread}): all {len(pooled)} pairs pooled: median ratio "
-                  f"{statistics.median(pooled) - 1:+.2%}, 95% interval [{lo - 1:+.2%}, {hi - 1:+.2%}]; the median "
-                  f"job: without trainledger {r['plain'] * 1e3:.3f} ms, with {r['ledger'] * 1e3:.3f} ms (median "
-                  f"step), the calls themselves {r['call'] * 1e6:.1f} us median; one straggler exchange (the "
-                  + (f"calibration window) took {r['exchange'] * 1e3:.2f} ms, and set the window to {r['every']} "
-                     f"steps (about a minute): {r['exchange'] / r['every'] * 1e6:.2f} us per step"
-                     if r["exchange"] is not None else "calibration window) was not reached"), flush=True)
+        kinds = ["control"] if args.control else ["calls", "control"] if args.and_control else ["calls"]
+        jobs: dict[str, list] = {k: [] for k in kinds}
+        for i in range(args.repeats):  # with --and-control the two kinds alternate: drift hits both alike
+            for k in kinds:
+                jobs[k].append(_torchrun(script, "overhead", str(tmp / f"ovh{i}-{k}"), str(priv), str(args.blocks),
+                                         str(args.block_steps), k, cwd=d, pin=args.pin))
+        for k in kinds:
+            if jobs[k]:
+                _overhead_report(jobs[k], k == "control", args)
 
         caught, false, delays, lowest, slowed = 0, 0, [], [], []
         for t in range(args.trials):

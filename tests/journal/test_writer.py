@@ -241,6 +241,43 @@ def test_deferred_appends_keep_order_and_seal_policy(tmp_path, signer, pubkey):
     assert r.kinds["seal"] >= 3 and r.unsealed_events == 0
 
 
+class _CountingEvent(threading.Event):
+    """The writer thread's stop event, counting the thread's waits (each wait is one wake-up)."""
+
+    def __init__(self):
+        super().__init__()
+        self.waits = 0
+
+    def wait(self, timeout=None):
+        self.waits += 1
+        return super().wait(timeout)
+
+
+def test_an_idle_journal_wakes_its_thread_once_a_flush_interval(tmp_path, signer):
+    j = Journal.create(tmp_path / "j.jsonl", signer=signer, flush_interval_s=0.05)
+    j.append(step(0))  # flushed and sealed by the thread within an interval or two, then nothing is due
+    time.sleep(0.2)
+    j._stop = ev = _CountingEvent()  # the thread reads the attribute on every turn
+    time.sleep(1.0)
+    waits = ev.waits
+    j.close()
+    assert 10 <= waits <= 30  # ~20 at 0.05 s; a thread that spins (a due time left in the past) makes hundreds
+
+
+def test_the_thread_wakes_when_a_seal_is_due_not_only_each_flush_interval(tmp_path, signer, pubkey):
+    p = tmp_path / "j.jsonl"
+    j = Journal.create(p, signer=signer, seal_every=10**6, seal_interval_s=0.1, flush_interval_s=60)
+    time.sleep(0.15)  # the next seal is due; the thread sleeps until then, at most a flush interval
+    j.append_deferred(step(0))
+    deadline = time.monotonic() + 5
+    while verify(p, keys=[pubkey]).last_sealed_seq < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    r = verify(p, keys=[pubkey])  # run_opened 0, its seal 1, the step 2 under a seal
+    assert r.last_sealed_seq == 2 and r.unsealed_events == 0 and r.tail == "open"
+    assert time.monotonic() < deadline - 4  # well before the 60 s flush interval would have brought it
+    j.close()
+
+
 def test_deferred_appends_reach_the_os_within_the_flush_interval(tmp_path, signer):
     p = tmp_path / "j.jsonl"
     j = Journal.create(p, signer=signer, flush_interval_s=0.05)

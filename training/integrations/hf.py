@@ -18,7 +18,7 @@ rank under torchrun (``rank-NNNNN.jsonl``). It records:
   over every gradient once the last one is in, found by per-parameter hooks; under DDP, this rank's own gradients),
   the learning rate the step used, its wall time, and tokens (``input_ids`` counted from
   the batch's shape). Not the ``logging_steps`` window means ``on_log`` gets. Losses and norms stay tensors and are
-  converted in one transfer every ``sync_every`` steps (16) or 0.2 s (the journal's flush interval), whichever
+  converted in one transfer every ``sync_every`` steps (16) or 0.2 s, whichever
   comes first, at every save, and at the end, on the CPU too: no extra host-device sync per step on a GPU, the
   monitor's work done in batches (a step's share is then a few microseconds; one step at a time, with the caches a
   training step leaves cold, it is tens), the health monitor's verdicts (and a ``stop_on`` stop) lag by at most

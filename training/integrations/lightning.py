@@ -8,8 +8,8 @@ The journal is ``RUN_DIR/journal.jsonl``, or ``rank-NNNNN.jsonl`` on every rank 
 - every optimizer step on every rank: the loss (from ``training_step``'s ``outputs``; the mean over the step's
   micro-batches under gradient accumulation), the gradient norm before clipping (``on_before_optimizer_step``),
   the learning rate, the wall time from the step's first micro-batch to its last, and tokens where the batch has
-  ``input_ids``. Values stay tensors and are converted in one transfer every ``sync_every`` steps or 0.2 s
-  (the journal's flush interval), whichever comes first, and on an exception; the monitor works on them in
+  ``input_ids``. Values stay tensors and are converted in one transfer every ``sync_every`` steps or 0.2 s,
+  whichever comes first, and on an exception; the monitor works on them in
   batches (its verdicts, and a ``stop_on`` stop, lag by at most that);
 - checkpoints: ``on_save_checkpoint`` writes the journal's head ``(seq, hash)`` and the monitor's snapshot into the
   checkpoint dict (``checkpoint["trainledger"]``); once ``ModelCheckpoint`` has written the file, its digest is
