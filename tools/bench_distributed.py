@@ -4,11 +4,16 @@
     .venv/bin/python tools/bench_distributed.py [--trials 5] [--events 1000000] [--skip-verify]
 
 1. Journaling cost in a 2-rank DDP step of the reference model at its default size: blocks of steps without
-   trainledger and with it (the distributed loop's per-step calls: ``observe_step`` into the rank journal and the
-   straggler detector's ``observe``), interleaved in one torchrun job on the same warm model; median step times,
-   their ratio per pair of blocks (every job's pairs pooled, with a 95% bootstrap interval of the median that
+   trainledger and with it (the distributed loop's calls: each step queued, handed to ``observe_step`` into the rank
+   journal every 64 steps (``SYNC_EVERY``) or 0.2 s, so in a with-block about every third, and the straggler
+   detector's ``observe``), interleaved in one torchrun job on the same warm model; mean step times (a hand-over
+   lands on one step, which a median would not see), their ratio per pair of blocks (every job's pairs pooled, with a 95%
+   bootstrap interval of the median that
    draws jobs, then pairs), and the straggler exchange's time (one collective per window). ``--control`` runs the
-   same comparison with no calls in either block: the method's own noise on this machine.
+   same comparison with no calls in either block: the method's own noise on this machine; ``--and-control`` runs
+   both kinds of job, alternated. Also CPU time, which waiting on the other rank or the scheduler does not add to:
+   rank 0's training thread per step in each block (ratio per pair, pooled the same way) and the journal's writer
+   thread per step with trainledger (Linux ``schedstat``), the two together as a share of the step's CPU.
 2. Straggler detection: ``--trials`` torchrun jobs, each a uniform run (4 windows of ``--window-steps`` steps, 500
    by default, about 2 s here: the detector's own default is about a minute; no rank slowed) and a run whose
    rank 1 sleeps 30% of the median step time inside its own time (as a slow loader would); counts the runs in which
@@ -38,8 +43,9 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from trainledger.journal import load_signer, read_events
 from trainledger.training.distributed import StragglerDetector, init_process_group, open_rank_journal
-from trainledger.training.distributed_loop import rank_sampler
+from trainledger.training.distributed_loop import SYNC_EVERY, rank_sampler
 from trainledger.training.flops import flop_config_from_causal_lm
+from trainledger.training.integrations._common import StepBuffer
 from trainledger.training.loop import LoopConfig
 from trainledger.training.model import build_causal_lm
 from trainledger.training.monitor import TrainingHealthMonitor
@@ -73,6 +79,7 @@ def step(delay=0.0):
     t_own = time.perf_counter()
     opt.zero_grad(); loss.backward()
     gn = float(torch.nn.utils.clip_grad_norm_(ddp.parameters(), 1.0)); opt.step()
+    # Converted in both kinds of block: the reference loop keeps every step's loss for itself (it returns them).
     return t0, t_own, loss.item(), gn
 
 for _ in range(30):  # warm-up
@@ -82,6 +89,7 @@ if mode == "overhead":
     j = open_rank_journal(os.path.join(out_dir, "run"), signer)
     mon = TrainingHealthMonitor(journal=j, flop_config=flop_config_from_causal_lm(model, seq_len=cfg.block))
     det = StragglerDetector(j)  # the default window: about a minute of wall time, calibrated on 20 steps
+    buf = StepBuffer(SYNC_EVERY)  # as training/distributed_loop.py hands its steps over
     plain, ledger, exch, call, ratios, cpu, cpu_ratios = [], [], [], [], [], {False: [], True: []}, []
     s, every, with_steps = 0, None, 0
     writer0 = thread_cpu_ns(j._ticker)  # the journal's background thread (drains, seals, writes, fsyncs)
@@ -90,15 +98,18 @@ if mode == "overhead":
         for use in (False, True) if b % 2 == 0 else (True, False):
             times[use] = []
             c0 = time.thread_time_ns()
-            for _ in range(n):
+            for i in range(n):
                 t0, t_own, loss, gn = step()
                 if use:
                     end = time.perf_counter()
                     call.append(end)
                     if not control:
-                        mon.observe_step(s, loss, grad_norm=gn, step_time_s=end - t0, batch_size=cfg.batch_size,
-                                         tokens=cfg.batch_size * cfg.block, compute_time_s=t_own - t0)
+                        due = buf.add(s, loss, gn, {"step_time_s": end - t0, "batch_size": cfg.batch_size,
+                                                    "tokens": cfg.batch_size * cfg.block, "compute_time_s": t_own - t0})
                         det.observe(s, t_own - t0)
+                        if due or (b == blocks - 1 and i == n - 1):  # the last with-block hands over what is left
+                            for st, lf, g, f in buf.drain():
+                                mon.observe_step(st, lf, grad_norm=g, **f)
                     call[-1] = time.perf_counter() - call[-1]
                     if det.last_exchange_s is not None:
                         exch.append(det.last_exchange_s); det.last_exchange_s = None
@@ -110,13 +121,13 @@ if mode == "overhead":
             cpu[use].append(block_cpu[use])
             with_steps += n if use else 0
             dist.barrier()
-        ratios.append(statistics.median(times[True]) / statistics.median(times[False]))
+        ratios.append(statistics.fmean(times[True]) / statistics.fmean(times[False]))
         cpu_ratios.append(block_cpu[True] / block_cpu[False])
     writer1 = thread_cpu_ns(j._ticker)
     j.close()
     res = {"plain": statistics.median(plain), "ledger": statistics.median(ledger),
            "exchange": statistics.median(exch) if exch else None, "windows": len(exch), "steps": s,
-           "every": every, "call": statistics.median(call), "ratio": statistics.median(ratios), "ratios": ratios,
+           "every": every, "call": statistics.fmean(call), "ratio": statistics.median(ratios), "ratios": ratios,
            "cpu_plain": statistics.median(cpu[False]) / 1e9, "cpu_ledger": statistics.median(cpu[True]) / 1e9,
            "cpu_ratios": cpu_ratios,
            "writer": (writer1 - writer0) / with_steps / 1e9 if writer0 is not None and writer1 is not None else None}
@@ -207,7 +218,7 @@ def _overhead_report(jobs: list[dict], control: bool, args) -> None:
           f"without and with, {len(jobs)} jobs: {spread}): all {sum(len(x['ratios']) for x in jobs)} pairs pooled: "
           f"median ratio {med - 1:+.2%}, 95% interval [{lo - 1:+.2%}, {hi - 1:+.2%}]; the median "
           f"job: without trainledger {r['plain'] * 1e3:.3f} ms, with {r['ledger'] * 1e3:.3f} ms (median "
-          f"step), the calls themselves {r['call'] * 1e6:.1f} us median; one straggler exchange (the "
+          f"step), the calls themselves {r['call'] * 1e6:.1f} us a step (mean); one straggler exchange (the "
           + (f"calibration window) took {r['exchange'] * 1e3:.2f} ms, and set the window to {r['every']} "
              f"steps (about a minute): {r['exchange'] / r['every'] * 1e6:.2f} us per step"
              if r["exchange"] is not None else "calibration window) was not reached"), flush=True)

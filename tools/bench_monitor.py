@@ -7,7 +7,9 @@ Two figures for observe_step, side by side. In a **real loop**: a tiny causal LM
 block 32, batch 8) trained with AdamW on the CPU, one thread, and observe_step timed alone after each optimizer
 step, with a signed journal and without one (the torch step evicts the caches a tight loop keeps warm; this is
 the figure a user timing it inside nanoGPT sees). Both also with the detectors' common step in its Python lines
-instead of the accelerator's C form (``baseline_step``), alternated in the same run. In a **tight loop**: observe_step is timed call by call (the
+instead of the accelerator's C form (``baseline_step``), and with the steps handed over in batches of ``--batch``
+(64: ``StepBuffer``, as the distributed loop does; the mean per step, queueing included), alternated in the same
+run. In a **tight loop**: observe_step is timed call by call (the
 timer's own cost subtracted) with a
 signed journal (default seal policy), both detectors on, window 128, on a
 noisy decaying loss curve, next to TensorBoard's SummaryWriter.add_scalar
@@ -74,11 +76,16 @@ def python_detector_step(on: bool) -> None:
     health._baseline_step = None if on else getattr(_accel.fast, "baseline_step", None)
 
 
-def bench_in_loop(tmp: Path, steps: int, with_journal: bool, seed: int, python_step: bool = False) -> dict:
-    """Median and p90 of observe_step alone inside a real training loop (µs), the first 50 steps left out."""
+def bench_in_loop(tmp: Path, steps: int, with_journal: bool, seed: int, python_step: bool = False,
+                  batch: int = 0) -> dict:
+    """Median, p90 and mean of observe_step alone inside a real training loop (µs), the first 50 steps left out.
+    ``batch``: the steps queued and handed over in batches of that many (``StepBuffer``, as the distributed loop and
+    the framework callbacks do); a step's time is then its queueing plus, on the step that fills a batch, the
+    batch's calls, and the mean is the figure (most steps only queue)."""
     import torch
 
     from trainledger.training import build_causal_lm, flop_config_from_causal_lm
+    from trainledger.training.integrations._common import StepBuffer
 
     torch.manual_seed(seed)
     model = build_causal_lm(vocab=64, d_model=64, n_layer=2, n_head=2, block=32)
@@ -88,6 +95,7 @@ def bench_in_loop(tmp: Path, steps: int, with_journal: bool, seed: int, python_s
     mon = TrainingHealthMonitor(journal=j, flop_config=cfg, peak_flops_per_sec=1e11)
     samples = []
     python_detector_step(python_step)
+    buf = StepBuffer(batch, max_wait_s=3600) if batch else None  # batches by count alone: the same every run
     for step in range(steps):
         x = torch.randint(0, 64, (8, 32))
         y = torch.roll(x, -1, 1)
@@ -100,13 +108,18 @@ def bench_in_loop(tmp: Path, steps: int, with_journal: bool, seed: int, python_s
         lf, gf = loss.item(), float(gn)  # host syncs (free on the CPU)
         dt = time.perf_counter() - t0
         t = pc()
-        mon.observe_step(step, lf, grad_norm=gf, step_time_s=dt, batch_size=8, tokens=256, lr=1e-3)
+        if buf is None:
+            mon.observe_step(step, lf, grad_norm=gf, step_time_s=dt, batch_size=8, tokens=256, lr=1e-3)
+        elif buf.add(step, lf, gf, {"step_time_s": dt, "batch_size": 8, "tokens": 256, "lr": 1e-3}):
+            for s, x, g, f in buf.drain():
+                mon.observe_step(s, x, grad_norm=g, **f)
         samples.append(pc() - t)
     python_detector_step(False)
     if j is not None:
         j.close()
     s = sorted(samples[50:])
-    return {"median_us": s[len(s) // 2] / 1000, "p90_us": s[int(len(s) * 0.9)] / 1000}
+    return {"median_us": s[len(s) // 2] / 1000, "p90_us": s[int(len(s) * 0.9)] / 1000,
+            "mean_us": statistics.fmean(s) / 1000}
 
 
 def bench_tensorboard(tmp: Path, values, overhead: float) -> dict | None:
@@ -150,6 +163,7 @@ def main() -> int:
     ap.add_argument("--replay-steps", type=int, default=1_000_000)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--loop-steps", type=int, default=1_000, help="training steps per in-loop repeat")
+    ap.add_argument("--batch", type=int, default=64, help="steps per hand-over in the batched in-loop figure")
     args = ap.parse_args()
     import torch
 
@@ -158,11 +172,12 @@ def main() -> int:
     try:
         overhead = timer_overhead()
         values = curve(args.steps)
-        loop_j, loop_n, loop_p = [], [], []
+        loop_j, loop_n, loop_p, loop_b = [], [], [], []
         for r in range(args.repeats):  # alternated, so that drift on a noisy machine hits all alike
             loop_n.append(bench_in_loop(tmp, args.loop_steps, False, r))
             loop_j.append(bench_in_loop(tmp, args.loop_steps, True, r))
             loop_p.append(bench_in_loop(tmp, args.loop_steps, True, r, python_step=True))
+            loop_b.append(bench_in_loop(tmp, args.loop_steps, True, r, batch=args.batch))
         obs, obs_p = [], []
         for _ in range(args.repeats):
             obs.append(bench_observe(tmp, values, overhead))
@@ -178,6 +193,9 @@ def main() -> int:
           f"median {lj:.2f} µs with a signed journal (p90 {statistics.median(o['p90_us'] for o in loop_j):.2f}), "
           f"{ln:.2f} µs without one; target ≤ 25 µs; with the detector's step in Python instead of C: "
           f"{statistics.median(o['median_us'] for o in loop_p):.2f} µs with a signed journal")
+    print(f"  the same steps handed over in batches of {args.batch} (StepBuffer, as training/distributed_loop.py): "
+          f"mean {statistics.median(o['mean_us'] for o in loop_b):.2f} µs a step, queueing included, against a mean of "
+          f"{statistics.median(o['mean_us'] for o in loop_j):.2f} µs a step one call at a time")
     print(f"observe_step with a signed journal, window 128, both detectors: median {med:.2f} µs, "
           f"p99 {statistics.median(o['p99_us'] for o in obs):.2f} µs, mean {statistics.median(o['mean_us'] for o in obs):.2f} µs; "
           f"with the detector's step in Python: median {statistics.median(o['median_us'] for o in obs_p):.2f} µs")

@@ -212,8 +212,8 @@ class StepBuffer:
     """Per-step losses (and grad norms) kept as tensors, converted to floats in one transfer every ``every`` steps
     or ``max_wait_s`` seconds, whichever comes first (one host-device sync per batch of steps instead of one per
     step), on the CPU too: the monitor then works on a batch of steps with warm caches instead of one step at a time
-    after each training step has cooled them. The time bound is the journal's own flush interval, so a process that
-    dies loses no more steps than the journal's crash model already allows."""
+    after each training step has cooled them. The time bound is within the journal's own flush interval (1 s), so a
+    process that dies loses no more steps than the journal's crash model already allows."""
 
     def __init__(self, every: int = 16, max_wait_s: float = 0.2):
         self.every = max(1, every)
