@@ -305,8 +305,7 @@ def _cpu_benches(jobs: int, smoke: bool) -> None:
     bench = str(Path(__file__).resolve().with_name("bench_distributed.py"))
     small = ["--events", "20000", "--blocks", "4"] if smoke else []
     for name, extra in (("cpu-verify", ["--repeats", "0", "--trials", "0"]),
-                        ("cpu-ddp", ["--repeats", str(jobs), "--trials", "0", "--skip-verify"]),
-                        ("cpu-ddp-control", ["--repeats", str(jobs), "--trials", "0", "--skip-verify", "--control"])):
+                        ("cpu-ddp", ["--repeats", str(jobs), "--trials", "0", "--skip-verify", "--and-control"])):
         with tempfile.TemporaryDirectory(prefix="tl-device-bench-") as d:
             p = subprocess.run([sys.executable, bench, *extra, *small], capture_output=True, text=True, cwd=d)
         lines = [x for x in p.stdout.splitlines() if x.strip()]
