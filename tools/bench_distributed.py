@@ -108,8 +108,7 @@ if mode == "overhead":
                                                     "tokens": cfg.batch_size * cfg.block, "compute_time_s": t_own - t0})
                         det.observe(s, t_own - t0)
                         if due or (b == blocks - 1 and i == n - 1):  # the last with-block hands over what is left
-                            for st, lf, g, f in buf.drain():
-                                mon.observe_step(st, lf, grad_norm=g, **f)
+                            buf.hand_over(mon)
                     call[-1] = time.perf_counter() - call[-1]
                     if det.last_exchange_s is not None:
                         exch.append(det.last_exchange_s); det.last_exchange_s = None

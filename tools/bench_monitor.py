@@ -111,8 +111,7 @@ def bench_in_loop(tmp: Path, steps: int, with_journal: bool, seed: int, python_s
         if buf is None:
             mon.observe_step(step, lf, grad_norm=gf, step_time_s=dt, batch_size=8, tokens=256, lr=1e-3)
         elif buf.add(step, lf, gf, {"step_time_s": dt, "batch_size": 8, "tokens": 256, "lr": 1e-3}):
-            for s, x, g, f in buf.drain():
-                mon.observe_step(s, x, grad_norm=g, **f)
+            buf.hand_over(mon)
         samples.append(pc() - t)
     python_detector_step(False)
     if j is not None:

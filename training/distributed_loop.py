@@ -164,10 +164,6 @@ def run_distributed_training(run_dir: str | os.PathLike, *, signer: Signer, conf
         losses: list[float] = []
         buffer = StepBuffer(sync_every)
 
-        def hand_over() -> None:  # every queued step to the monitor, in order
-            for s, loss_s, gn, fields in buffer.drain():
-                monitor.observe_step(s, loss_s, grad_norm=gn, **fields)
-
         for step in range(start, cfg.steps):
             t0 = time.perf_counter()
             x, y = sampler.next()
@@ -193,7 +189,7 @@ def run_distributed_training(run_dir: str | os.PathLike, *, signer: Signer, conf
             detector.observe(step, t_own - t0)
             ckpt = (step + 1) % cfg.ckpt_every == 0 or step + 1 == cfg.steps
             if due or ckpt:
-                hand_over()  # before a checkpoint: its monitor state holds every step up to it
+                buffer.hand_over(monitor)  # before a checkpoint: its monitor state holds every step up to it
             if ckpt:
                 last = step + 1 == cfg.steps
                 checkpointer.wait()  # the previous save recorded before this one's state is taken
