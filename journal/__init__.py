@@ -6,8 +6,8 @@ Importing this package never imports torch; the ``trainledger`` CLI's
 
 __version__ = "0.1.0"
 
-from .codec import UnknownEvent, decode_line, encode_event, encode_record
-from .errors import (
+from trainledger.journal.codec import UnknownEvent, decode_line, encode_event, encode_record
+from trainledger.journal.errors import (
     ChainBroken,
     HeadMismatch,
     IntegrityError,
@@ -30,17 +30,19 @@ from .errors import (
     UntrustedKey,
     UsageError,
 )
-from .events import FORMAT_VERSION, Event, RunClosed, RunOpened, RunResumed, Seal, StepObserved, TailRepaired
-from .keys import PublicKey, Signer, keygen, load_public_key, load_signer, trusted_keys
-from .reader import read_events, read_signed_events
-from .verify import VerifyReport, parse_head, verify
-from .writer import Journal
+from trainledger.journal.events import FORMAT_VERSION, Event, RunClosed, RunOpened, RunResumed, Seal, StepObserved, TailRepaired
+from trainledger.journal.keys import PublicKey, Signer, keygen, load_public_key, load_signer, trusted_keys
+from trainledger.journal.reader import read_events, read_signed_events
+from trainledger.journal.trust import TrustPolicy
+from trainledger.journal.verify import VerifyReport, parse_head, verify
+from trainledger.journal.writer import Journal
 
 __all__ = [
     "__version__",
     "Journal",
     "verify",
     "VerifyReport",
+    "TrustPolicy",
     "parse_head",
     "read_events",
     "read_signed_events",

@@ -28,8 +28,8 @@ from typing import Any, Union
 
 import msgspec
 
-from .errors import NonCanonicalRecord, SchemaError
-from .events import Event
+from trainledger.journal.errors import NonCanonicalRecord, SchemaError
+from trainledger.journal.events import Event
 
 __all__ = [
     "UnknownEvent",
@@ -486,4 +486,4 @@ def decode_block(block: bytes) -> list[Any] | None:
 
 
 # The registry, loaded with the codec: every kind trainledger defines is known before anything is decoded.
-from . import kinds as _kinds  # noqa: E402, F401  isort: skip
+from trainledger.journal import kinds as _kinds  # noqa: E402, F401  isort: skip

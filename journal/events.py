@@ -68,7 +68,7 @@ class RunOpened(Event, tag="run_opened", frozen=True, kw_only=True):
     pid: int
     software: dict[str, str]
     meta: dict[str, Any] = {}
-    #: The experiment manifest's identity ("sha256:..."), when the run has one (training/manifest.py),
+    #: The experiment manifest's identity ("sha256:..."), when the run has one (training/experiment/manifest.py),
     #: and its human-friendly label (not part of the identity).
     manifest_id: str | None = None
     manifest_label: str | None = None

@@ -22,8 +22,8 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from ._paths import open_new
-from .errors import JournalIOError, KeyFileError, UsageError
+from trainledger.journal.paths import open_new
+from trainledger.journal.errors import JournalIOError, KeyFileError, UsageError
 
 __all__ = [
     "PUBKEY_PREFIX",

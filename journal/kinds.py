@@ -15,14 +15,14 @@ import math
 import re
 from typing import Any
 
-from .events import Event, RunClosed, RunOpened, RunResumed, Seal, StepObserved, TailRepaired
+from trainledger.journal.events import Event, RunClosed, RunOpened, RunResumed, Seal, StepObserved, TailRepaired
 
 __all__ = ["BUILTIN_KINDS", "ComputeTotaled", "MetricsLogged", "ScalingFitted", "DeviceSampled", "DeviceChanged", "DEVICE_ANOMALIES", "device_anomaly", "TelemetryUnavailable", "ShardsSaved", "StragglerScores", "StragglerDetected", "RankJoined", "RanksAnchored", "AnchorRecorded", "RunConfigured", "AnomalyDetected", "SpikeSuspected", "DetectorParams", "MAX_WINDOW", "CheckpointSaved", "ResumeRejectedEvent", "WeightsRestored", "CheckpointFailed", "CheckpointDeleted",
            "RewindDecided", "DataWindowSkipped", "RunStopped", "RungStarted", "GateVerdict", "DecisionRecorded",
            "PreflightGate", "PreflightCompleted", "EvaluationRecorded", "CheckpointSelected", "ResourceRecorded",
            "CHECKPOINT_CONTRACT"]
 
-#: What a checkpoint must hold for a resume to continue the run exactly (training/checkpoint.py enforces it;
+#: What a checkpoint must hold for a resume to continue the run exactly (training/checkpoints/state.py enforces it;
 #: the manifest validator checks a manifest's checkpoint contents against it). Torch-free on purpose.
 CHECKPOINT_CONTRACT = ("model", "optimizer", "scheduler", "scaler", "rng", "sampler", "counters", "accumulation",
                        "manifest_id")
@@ -225,7 +225,7 @@ class RunStopped(Event, tag="run_stopped", frozen=True, kw_only=True):
 
 
 class PreflightGate(Event, tag="preflight_gate", frozen=True, kw_only=True):
-    """One gate of the experiment preflight (training/preflight.py), in order."""
+    """One gate of the experiment preflight (training/experiment/preflight.py), in order."""
 
     gate: str
     status: str  # passed | failed | blocked | not_run
@@ -371,7 +371,7 @@ class ShardsSaved(Event, tag="shards_saved", frozen=True, kw_only=True):
 
 
 class DeviceSampled(Event, tag="device_sampled", frozen=True, kw_only=True):
-    """One device's reading through NVML (training/telemetry.py); a value the device does not report is null."""
+    """One device's reading through NVML (training/health/telemetry.py); a value the device does not report is null."""
 
     device: int
     temp_c: float | None = None
@@ -392,7 +392,7 @@ class DeviceChanged(Event, tag="device_changed", frozen=True, kw_only=True):
     step: int | None = None
 
 
-#: device_changed -> the anomaly the health projection derives from it (journal/projections.py, HealthAudit)
+#: device_changed -> the anomaly the health projection derives from it (journal/audit/projection.py, HealthAudit)
 DEVICE_ANOMALIES = {"ecc_uncorrected": "device_fault", "xid": "device_fault", "throttle_started": "thermal_throttle"}
 
 
@@ -417,7 +417,7 @@ class TelemetryUnavailable(Event, tag="telemetry_unavailable", frozen=True, kw_o
 
 class StragglerScores(Event, tag="straggler_scores", frozen=True, kw_only=True):
     """Rank 0's record of one straggler window: every rank's median step time over steps window_start to
-    window_end and its relative score (the fastest median over its own; journal/stragglers.py)."""
+    window_end and its relative score (the fastest median over its own; training/distributed/stragglers.py)."""
 
     window_start: int
     window_end: int
@@ -445,7 +445,7 @@ class StragglerDetected(Event, tag="straggler_detected", frozen=True, kw_only=Tr
 
 #: Every kind trainledger defines, by its tag.
 class ScalingFitted(Event, tag="scaling_fitted", frozen=True, kw_only=True):
-    """F5 (format 1.2): the scaling law fitted to earlier rungs' receipts and the headline run it sized inside a
+    """The scaling-law fit (format 1.2): the scaling law fitted to earlier rungs' receipts and the headline run it sized inside a
     compute box (ladder/scaling.py). Derived: replay refits the points the cited verdicts measured and chooses
     again."""
 

@@ -47,13 +47,13 @@ from typing import Any
 import duckdb
 import msgspec
 
-from . import codec
-from ._scan import MAX_LINE
-from ._snapshot import PrivateCopies
-from .errors import JournalIOError, SchemaError
-from .keys import PublicKey
-from .kinds import BUILTIN_KINDS
-from .verify import VerifyReport, open_checked, read_opening, verify
+from trainledger.journal import codec
+from trainledger.journal.scan import MAX_LINE
+from trainledger.journal.copies import PrivateCopies
+from trainledger.journal.errors import JournalIOError, SchemaError
+from trainledger.journal.kinds import BUILTIN_KINDS
+from trainledger.journal.trust import TrustPolicy
+from trainledger.journal.verify import VerifyReport, open_checked, read_opening, verify
 
 __all__ = ["connect", "open_views", "build_cache", "refresh_cache_in_background", "cache_dir", "journal_files",
            "VIEWS", "Source", "CACHE_MIN_BYTES"]
@@ -65,7 +65,7 @@ CACHE_MIN_BYTES = 16 * 1024 * 1024
 
 #: Friendly names for the kinds people query most; every kind also has a view named by its tag
 #: (``SELECT * FROM preflight_gate``). Columns come from the event classes themselves, so they cannot drift.
-#: The rank of a distributed run's journal (its run id ends in ``.rNNNNN``, training/distributed.py); NULL else.
+#: The rank of a distributed run's journal (its run id ends in ``.rNNNNN``, training/distributed/ranks.py); NULL else.
 RANK_SQL = r"TRY_CAST(regexp_extract(run_id, '\.r([0-9]{5})$', 1) AS INTEGER)"
 
 VIEW_NAMES = {"steps": "step_observed", "anomalies": "anomaly_detected", "checkpoints": "checkpoint_saved",
@@ -207,28 +207,29 @@ def _safe_cache_file(path: Path) -> bool:
 
 
 def connect(paths: Sequence[str | os.PathLike], *, verify_first: bool = True, use_cache: bool = True,
-            **verify_options: Any) -> duckdb.DuckDBPyConnection:
+            trust: TrustPolicy | None = None, **trust_options: Any) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB connection with every journal loaded and the views defined, then locked.
 
-    ``verify_first`` verifies each journal with ``verify_options`` (the same as
-    :func:`journal.verify.verify`) and raises its error on the first that
+    ``verify_first`` verifies each journal under ``trust`` (a :class:`TrustPolicy`, or its fields as keywords,
+    as :func:`trainledger.journal.verify.verify` takes them) and raises its error on the first that
     fails; ``False`` skips that (the CLI says so). Torn tails are left out.
     ``use_cache`` answers from a verified columnar copy when one matches (see
     the module docstring); it never builds one (:func:`build_cache` does).
     """
-    return open_views(paths, verify_first=verify_first, use_cache=use_cache, **verify_options)[0]
+    return open_views(paths, verify_first=verify_first, use_cache=use_cache, trust=trust, **trust_options)[0]
 
 
 def open_views(paths: Sequence[str | os.PathLike], *, verify_first: bool = True, use_cache: bool = True,
-               **verify_options: Any) -> tuple[duckdb.DuckDBPyConnection, Source]:
+               trust: TrustPolicy | None = None, **trust_options: Any) -> tuple[duckdb.DuckDBPyConnection, Source]:
     """:func:`connect`, also saying where the tables came from."""
+    trust = TrustPolicy.of(trust, **trust_options)
     files = journal_files(paths)
     if verify_first and use_cache:
-        hit = _warm(files, verify_options)
+        hit = _warm(files, trust)
         if hit is not None:
             return hit
     try:
-        con, source = _load(files, verify_first, verify_options)
+        con, source = _load(files, verify_first, trust)
         _define_views(con)
     except (duckdb.InterruptException, RuntimeError) as e:
         # A Ctrl-C that lands inside one of DuckDB's own statements comes back as its InterruptException, or a
@@ -240,7 +241,7 @@ def open_views(paths: Sequence[str | os.PathLike], *, verify_first: bool = True,
     return con, source
 
 
-def build_cache(paths: Sequence[str | os.PathLike], **verify_options: Any) -> Path:
+def build_cache(paths: Sequence[str | os.PathLike], *, trust: TrustPolicy | None = None, **trust_options: Any) -> Path:
     """Verify the journals, load them and write the columnar copy a later :func:`connect` can use.
 
     Written to a temporary file and renamed into place, so a reader never sees
@@ -249,7 +250,7 @@ def build_cache(paths: Sequence[str | os.PathLike], **verify_options: Any) -> Pa
     files = journal_files(paths)
     if _safe_cache_dir(create=True) is None:
         raise JournalIOError(f"{cache_dir()}: not a folder that only this user can write: no cache kept there")
-    con, source = _load(files, True, verify_options)
+    con, source = _load(files, True, TrustPolicy.of(trust, **trust_options))
     _define_views(con)
     target = _cache_path(files)
     tmp = target.with_name(f"{target.name}.tmp-{os.getpid()}")
@@ -269,12 +270,13 @@ def build_cache(paths: Sequence[str | os.PathLike], **verify_options: Any) -> Pa
     return target
 
 
-def refresh_cache_in_background(paths: Sequence[str | os.PathLike], *, keys: Sequence[PublicKey] = (),
-                                trust_embedded: bool = False, allow_unsigned: bool = False,
-                                allow_unsealed: bool = False) -> None:
-    """Start a detached, low-priority process that runs :func:`build_cache` (it verifies again itself)."""
-    spec = {"paths": [str(Path(p).resolve()) for p in paths], "keys": [k.line() for k in keys],
-            "trust_embedded": trust_embedded, "allow_unsigned": allow_unsigned, "allow_unsealed": allow_unsealed,
+def refresh_cache_in_background(paths: Sequence[str | os.PathLike], *, trust: TrustPolicy | None = None,
+                                **trust_options: Any) -> None:
+    """Start a detached, low-priority process that runs :func:`build_cache` (it verifies again itself). Only the
+    policy's keys and opt-ins travel; an expected head or checkpoint is never cached."""
+    t = TrustPolicy.of(trust, **trust_options)
+    spec = {"paths": [str(Path(p).resolve()) for p in paths], "keys": [k.line() for k in t.keys],
+            "trust_embedded": t.trust_embedded, "allow_unsigned": t.allow_unsigned, "allow_unsealed": t.allow_unsealed,
             "cache_dir": str(cache_dir())}
     # Isolated (-I: neither the current folder nor PYTHON* variables reach sys.path) and started from /, so a
     # folder named journal/ where the user happens to stand is never imported.
@@ -290,8 +292,7 @@ _REFRESHERS: list[subprocess.Popen] = []
 # -- loading ----------------------------------------------------------------------------------------------------
 
 
-def _load(files: list[Path], verify_first: bool, verify_options: dict[str, Any]
-          ) -> tuple[duckdb.DuckDBPyConnection, Source]:
+def _load(files: list[Path], verify_first: bool, trust: TrustPolicy) -> tuple[duckdb.DuckDBPyConnection, Source]:
     con = duckdb.connect(":memory:")
     con.execute("SET autoinstall_known_extensions = false")
     con.execute("SET autoload_known_extensions = false")
@@ -324,7 +325,7 @@ def _load(files: list[Path], verify_first: bool, verify_options: dict[str, Any]
 
         rows = []
         for i, (f, c) in enumerate(staged):
-            rep = verify(c, _alongside=read_all if i == len(staged) - 1 else None, **verify_options)
+            rep = verify(c, trust=trust, _alongside=read_all if i == len(staged) - 1 else None)
             rep.path = str(f)
             rows.append({**_file_row(f, rep), "copy": str(c), "identity": list(copies.identity[str(c)])})
         trimmed = False
@@ -408,24 +409,24 @@ def _last_line_head(f: Path, size: int, torn_offset: int | None) -> tuple[int, s
     return (int(m.group(1)), m.group(2).decode()) if m else None
 
 
-def _trust_ok(row: dict[str, Any], opts: dict[str, Any]) -> bool:
-    if opts.get("expect_head") is not None or opts.get("check_signatures", True) is False:
+def _trust_ok(row: dict[str, Any], trust: TrustPolicy) -> bool:
+    """Whether a copy verified under the trust it records satisfies ``trust``."""
+    if trust.expect_head is not None or trust.expect_checkpoint is not None:
         return False  # rare options: verify in full
-    if opts.get("require_closed") and row["tail"] != "closed":
+    if trust.require_closed and row["tail"] != "closed":
         return False
-    if row.get("unsealed_events") and not opts.get("allow_unsealed"):
+    if row.get("unsealed_events") and not trust.allow_unsealed:
         return False
     if row["trust"] == "unsigned":
-        return bool(opts.get("allow_unsigned"))
+        return trust.allow_unsigned
     if row["trust"] not in ("pinned", "embedded"):
         return False
-    keys = opts.get("keys") or ()
-    if keys:
-        return row["key_id"] in {k.key_id for k in keys}
-    return bool(opts.get("trust_embedded"))
+    if trust.keys:
+        return row["key_id"] in {k.key_id for k in trust.keys}
+    return trust.trust_embedded
 
 
-def _still_current(con: duckdb.DuckDBPyConnection, files: list[Path], opts: dict[str, Any]
+def _still_current(con: duckdb.DuckDBPyConnection, files: list[Path], trust: TrustPolicy
                    ) -> list[dict[str, Any]] | None:
     """The attached copy's file rows, if it is of these files, they have not changed, and the trust fits."""
     version, meta = con.execute("SELECT version, files FROM cache.meta").fetchone()
@@ -438,13 +439,13 @@ def _still_current(con: duckdb.DuckDBPyConnection, files: list[Path], opts: dict
         # Inode, mtime and ctime too: a rewrite that keeps the size and the last line still changes the ctime
         # (which no one but the kernel sets), and then the journal is read and verified afresh.
         if (st.st_size != r["size"] or [st.st_ino, st.st_mtime_ns, st.st_ctime_ns] != r.get("identity")
-                or not _trust_ok(r, opts)
+                or not _trust_ok(r, trust)
                 or _last_line_head(f, r["size"], r["torn_offset"]) != (r["last_seq"], r["last_hash"])):
             return None
     return rows
 
 
-def _warm(files: list[Path], opts: dict[str, Any]) -> tuple[duckdb.DuckDBPyConnection, Source] | None:
+def _warm(files: list[Path], trust: TrustPolicy) -> tuple[duckdb.DuckDBPyConnection, Source] | None:
     if _safe_cache_dir(create=False) is None:
         return None
     path = _cache_path(files)
@@ -455,7 +456,7 @@ def _warm(files: list[Path], opts: dict[str, Any]) -> tuple[duckdb.DuckDBPyConne
     con.execute("SET autoload_known_extensions = false")
     try:
         con.execute("ATTACH ? AS cache (READ_ONLY)", [str(path)])
-        rows = _still_current(con, files, opts)
+        rows = _still_current(con, files, trust)
     except (duckdb.Error, OSError, ValueError, KeyError, TypeError):
         rows = None  # an unreadable or foreign copy is ignored, never trusted
     if rows is None:
@@ -474,7 +475,7 @@ def _warm(files: list[Path], opts: dict[str, Any]) -> tuple[duckdb.DuckDBPyConne
 
 def _main(argv: list[str]) -> int:
     """The background refresher: ``python -m trainledger.journal.query SPEC_JSON``."""
-    from .keys import parse_public_key
+    from trainledger.journal.keys import parse_public_key
 
     spec = json.loads(argv[0])
     try:

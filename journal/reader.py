@@ -13,9 +13,9 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from ._scan import RangeResult, ScanContext, Scanner, iter_blocks, lines_of, tree_mode
-from .chain import genesis
-from .verify import open_checked, read_opening
+from trainledger.journal.scan import RangeResult, ScanContext, Scanner, iter_blocks, lines_of, tree_mode
+from trainledger.journal.chain import genesis
+from trainledger.journal.verify import open_checked, read_opening
 
 __all__ = ["read_events", "read_event_batches", "read_signed_events"]
 
@@ -57,8 +57,8 @@ def read_signed_events(path: str | os.PathLike, keys) -> Iterator[Any]:
     """
     from pathlib import Path
 
-    from .errors import UnsignedJournal, UsageError
-    from .verify import resolve_key
+    from trainledger.journal.errors import UnsignedJournal, UsageError
+    from trainledger.journal.verify import resolve_key
 
     keys = list(keys)
     if not keys:
@@ -97,7 +97,7 @@ def fold_events(path: str | os.PathLike, apply_batch) -> None:
 
     from pathlib import Path
 
-    from .errors import IntegrityError
+    from trainledger.journal.errors import IntegrityError
 
     p = Path(path)
     if threading.active_count() != 1 or "fork" not in multiprocessing.get_all_start_methods():
@@ -126,7 +126,7 @@ def fold_events(path: str | os.PathLike, apply_batch) -> None:
         outcome = None
     child.join()
     if outcome is not None:
-        from . import errors
+        from trainledger.journal import errors
 
         name, msg, seq, off = outcome
         cls = getattr(errors, name, None)
@@ -138,8 +138,8 @@ def fold_events(path: str | os.PathLike, apply_batch) -> None:
 
 
 def _check_in_child(path: str, send) -> None:
-    from ._scan import worker_ignores_ctrl_c
-    from .errors import JournalError
+    from trainledger.journal.scan import worker_ignores_ctrl_c
+    from trainledger.journal.errors import JournalError
 
     worker_ignores_ctrl_c()  # the parent is interrupted and stops this (daemon) child
     try:
@@ -155,7 +155,7 @@ def _check_in_child(path: str, send) -> None:
 def unchecked_batches(p, size: int) -> Iterator[list[Any]]:
     """Decode the first ``size`` bytes without checking them (they are checked elsewhere: by another
     process in :func:`fold_events`, or already by :func:`journal.verify.verify` in replay)."""
-    from . import codec
+    from trainledger.journal import codec
 
     res = RangeResult(0, size)
     with open(p, "rb", buffering=0) as f:

@@ -5,7 +5,7 @@ checks out, and raises a typed :class:`~journal.errors.IntegrityError` (with
 the partial report attached as ``.report``) when one does not. It never
 returns a bare bool. Memory stays flat in journal size: the file is read in
 blocks, and large files are split into byte ranges checked by worker
-processes (see ``journal/_scan.py`` for why ranges are independent).
+processes (see ``journal/scan.py`` for why ranges are independent).
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import codec
-from ._scan import MAX_LINE, RangeResult, ScanContext, _scan_range_star, cpu_count, scan_range, tree_mode, \
+from trainledger.journal import codec
+from trainledger.journal.scan import MAX_LINE, RangeResult, ScanContext, _scan_range_star, cpu_count, scan_range, tree_mode, \
     worker_ignores_ctrl_c
-from .chain import RUN_ID_RE, genesis
-from .errors import (
+from trainledger.journal.chain import RUN_ID_RE, genesis
+from trainledger.journal.errors import (
     CheckpointMismatch,
     HeadMismatch,
     IntegrityError,
@@ -41,8 +41,9 @@ from .errors import (
     UntrustedKey,
     UsageError,
 )
-from .events import FORMAT_VERSION, RunOpened
-from .keys import PublicKey, key_id_of
+from trainledger.journal.events import FORMAT_VERSION, RunOpened
+from trainledger.journal.keys import PublicKey, key_id_of
+from trainledger.journal.trust import TrustPolicy, parse_head
 
 __all__ = ["VerifyReport", "verify", "verify_copy", "resolve_key", "parse_head", "PARALLEL_MIN_BYTES"]
 
@@ -131,14 +132,6 @@ class VerifyReport:
         d["head"] = self.head
         d["trusted_bytes"] = self.trusted_bytes
         return d
-
-
-def parse_head(text: str) -> tuple[int, str]:
-    """Parse ``SEQ:HASH`` (64 lowercase hex digits); raise :class:`UsageError` otherwise."""
-    seq_s, sep, h = text.partition(":")
-    if not sep or not seq_s.isdigit() or len(h) != 64 or any(c not in "0123456789abcdef" for c in h):
-        raise UsageError(f"--expect-head {text!r}: expected SEQ:HASH with a 64-digit lowercase hex hash")
-    return int(seq_s), h
 
 
 def open_checked(path: Path) -> int:
@@ -262,25 +255,21 @@ def _boundaries(path: Path, size: int, first_end: int, parts: int) -> list[tuple
 def verify(
     path: str | os.PathLike,
     *,
-    keys: Sequence[PublicKey] = (),
-    trust_embedded: bool = False,
-    allow_unsigned: bool = False,
-    allow_unsealed: bool = False,
-    expect_head: str | tuple[int, str] | None = None,
-    require_closed: bool = False,
+    trust: TrustPolicy | None = None,
     check_signatures: bool = True,
     workers: int | None = None,
     progress: Callable[[int, int], None] | None = None,
     _alongside: Callable[[], None] | None = None,
     _collect: tuple[frozenset[str], frozenset[int]] | None = None,
-    expect_checkpoint: Any = None,
     _pool: SharedWorkers | None = None,
+    **trust_options: Any,
 ) -> VerifyReport:
     """Verify a journal file and return what was established.
 
     Checks canonical form, seq continuity, every chain hash, run binding, every
     seal (the head it names and its Ed25519 signature under a pinned key) and
-    the tail state.
+    the tail state, under ``trust`` (a :class:`~trainledger.journal.trust.TrustPolicy`; its fields may be given
+    as keywords instead, or on top: ``verify(path, keys=[pub], require_closed=True)``).
 
     ``keys`` are the pinned public keys; the journal's key must be one of them.
     ``trust_embedded`` checks against the key embedded in ``run_opened``
@@ -300,8 +289,11 @@ def verify(
     is pinned, :class:`JournalIOError` when the file cannot be read and
     :class:`UnsupportedFormat` for a newer major format version.
     """
+    policy = TrustPolicy.of(trust, **trust_options)
+    keys, trust_embedded = policy.keys, policy.trust_embedded
+    allow_unsigned, allow_unsealed, require_closed = policy.allow_unsigned, policy.allow_unsealed, policy.require_closed
+    head_req, expect_checkpoint = policy.expect_head, policy.expect_checkpoint
     p = Path(path)
-    head_req = parse_head(expect_head) if isinstance(expect_head, str) else expect_head
     size = open_checked(p)
     report = VerifyReport(ok=False, path=str(p), bytes=size)
     try:
@@ -388,7 +380,7 @@ def _merge_trees(report: VerifyReport, results: list[RangeResult], tree_at: int 
     """Join the ranges' trees in file order, checking the root each seal names against every line before it (a
     range that begins past leaf 0 could not: it lacked the lines before it). Returns the root of the first
     ``tree_at`` lines when asked and the journal holds that many."""
-    from .merkle import CompactRange
+    from trainledger.journal.proofs.merkle import CompactRange
 
     whole = CompactRange(0)
     sealed = None
@@ -413,12 +405,14 @@ def _merge_trees(report: VerifyReport, results: list[RangeResult], tree_at: int 
     return root_at
 
 
-def verify_copy(path: str | os.PathLike, copies: Any, **options: Any) -> tuple[VerifyReport, Path]:
-    """Copy ``path`` into ``copies`` (a :class:`journal._snapshot.PrivateCopies`), verify the copy, and return
-    the report (naming ``path``) and the copy, which is what the caller must read from then on."""
+def verify_copy(path: str | os.PathLike, copies: Any, trust: TrustPolicy | None = None,
+                **options: Any) -> tuple[VerifyReport, Path]:
+    """Copy ``path`` into ``copies`` (a :class:`~trainledger.journal.copies.PrivateCopies`), verify the copy under
+    ``trust``, and return the report (naming ``path``) and the copy, which is what the caller must read from then
+    on. ``options``: :func:`verify`'s other keywords, or the policy's fields."""
     copy = copies.copy(path)
     try:
-        report = verify(copy, **options)
+        report = verify(copy, trust=trust, **options)
     except IntegrityError as e:
         if e.report is not None:
             e.report.path = str(path)

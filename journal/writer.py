@@ -36,12 +36,14 @@ from typing import Any
 
 import msgspec
 
-from . import _accel, codec
-from .chain import check_run_id, genesis, has_tree, seal_checkpoint, seal_message
-from .merkle import CompactRange, range_of_lines
-from .errors import IntegrityError, JournalClosed, JournalError, JournalIOError, JournalLocked, UsageError
-from .events import FORMAT_VERSION, Event, RunClosed, RunOpened, Seal, TailRepaired
-from .keys import Signer
+from trainledger.journal import codec
+
+from trainledger.journal import accel as _accel
+from trainledger.journal.chain import check_run_id, genesis, has_tree, seal_checkpoint, seal_message
+from trainledger.journal.proofs.merkle import CompactRange, range_of_lines
+from trainledger.journal.errors import IntegrityError, JournalClosed, JournalError, JournalIOError, JournalLocked, UsageError
+from trainledger.journal.events import FORMAT_VERSION, Event, RunClosed, RunOpened, Seal, TailRepaired
+from trainledger.journal.keys import Signer
 
 __all__ = ["Journal", "DEFAULT_SEAL_EVERY", "DEFAULT_SEAL_INTERVAL_S", "DEFAULT_FLUSH_INTERVAL_S"]
 
@@ -96,7 +98,7 @@ _hexlify = binascii.hexlify
 
 
 def _software() -> dict[str, str]:
-    from . import __version__
+    from trainledger.journal import __version__
 
     import cryptography
 
@@ -251,7 +253,7 @@ class Journal:
         :class:`JournalClosed` if the run was closed, and the verifier's
         :class:`IntegrityError` if the existing content does not verify.
         """
-        from .verify import verify
+        from trainledger.journal.verify import verify
 
         p = Path(path)
         if signer is not None and not isinstance(signer, Signer):

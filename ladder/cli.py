@@ -6,8 +6,8 @@ import argparse
 import time
 from pathlib import Path
 
-from trainledger.journal.mfu import record_compute
-from trainledger.journal.cli import print_report, say
+from trainledger.training.health.mfu import record_compute
+from trainledger.journal.options import print_report, say
 from trainledger.journal.errors import JournalError, UsageError
 from trainledger.journal.keys import keygen, trusted_keys
 from trainledger.journal.verify import verify
@@ -15,8 +15,10 @@ from trainledger.journal.verify import verify
 __all__ = ["register"]
 
 
-def register(sub) -> None:
-    """Add ``ladder`` to the ``trainledger`` command."""
+def register(sub, *, write_report=None) -> None:
+    """Add ``ladder`` and ``fit`` to the ``trainledger`` command. ``write_report(journal, out, **trust)``, when
+    given, writes the ladder's page after the run (the installed face passes :func:`trainledger.report.write_report`;
+    the ladder package does not import the report, which draws every domain)."""
     p = sub.add_parser("ladder", help="run the tiny pilot ladder on the CPU: signed journal, verify, outcome table",
                        description="Run a pilot ladder (each rung trained and gated on its own receipts, a "
                                    "signed decision after each), write its signed journal and key under OUT_DIR, "
@@ -25,12 +27,12 @@ def register(sub) -> None:
     p.add_argument("out", metavar="OUT_DIR", help="run folder to create (must not hold a ladder yet)")
     p.add_argument("--preset", choices=("scaling", "tiny", "halt"), default="scaling",
                    help="scaling (the default): six pilots of increasing size measured on held-out data, then the "
-                        "headline run sized by F5 inside a compute box, its prediction checked; tiny: the seed's "
+                        "headline run sized by the scaling-law fit inside a compute box, its prediction checked; tiny: the seed's "
                         "three-rung ladder that passes; halt: the seed's ladder with an impossible bar")
     p.add_argument("--peak-flops", type=float, default=None,
                    help="peak FLOP/s to compute MFU against (default: this CPU's measured fp32 matmul throughput, "
                         "measured before the first rung and recorded in each run_configured)")
-    p.set_defaults(func=_cmd_ladder)
+    p.set_defaults(func=_cmd_ladder, write_report=write_report)
 
     p = sub.add_parser("fit", help="fit a scaling law L(N, D) = E + A/N^alpha + B/D^beta to (n_params, tokens, loss)",
                        description="Fit the Chinchilla form to a CSV of n_params,tokens,loss rows (a header row is "
@@ -45,7 +47,7 @@ def register(sub) -> None:
     p.add_argument("--level", type=float, default=0.9, help="interval level (default 0.9)")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
     p.add_argument("--json", action="store_true", help="print JSON")
-    from trainledger.journal.cli import add_trust_options
+    from trainledger.journal.options import add_trust_options
 
     add_trust_options(p)
     p.set_defaults(func=_cmd_fit)
@@ -79,15 +81,15 @@ def _read_points(path: Path) -> list[tuple[float, float, float]]:
 
 def _journal_points(args: argparse.Namespace) -> list[tuple[float, float, float]]:
     """(n_params, tokens, eval_loss) of every rung verdict in a ladder journal, after verifying it."""
-    from trainledger.journal._snapshot import PrivateCopies
-    from trainledger.journal.cli import trust_options
+    from trainledger.journal.copies import PrivateCopies
+    from trainledger.journal.options import trust_policy
     from trainledger.journal.kinds import GateVerdict
     from trainledger.journal.reader import unchecked_batches
     from trainledger.journal.verify import verify_copy
 
     pts = []
     with PrivateCopies() as copies:
-        rep, copy = verify_copy(args.csv, copies, **trust_options(args))
+        rep, copy = verify_copy(args.csv, copies, trust_policy(args))
         for batch in unchecked_batches(copy, rep.trusted_bytes):
             for ev in batch:
                 m = ev.measured if isinstance(ev, GateVerdict) and isinstance(ev.measured, dict) else {}
@@ -161,7 +163,7 @@ def _cmd_ladder(args: argparse.Namespace) -> int:
     peak = args.peak_flops
     peak_info = {"peak_source": "given", "peak_spread": None}
     if peak is None:
-        from trainledger.training.flops import measure_matmul_peak
+        from trainledger.training.health.flops import measure_matmul_peak
 
         meas = measure_matmul_peak(detail=True)
         peak, peak_info = meas.peak, {"peak_source": "measured", "peak_spread": meas.spread}
@@ -194,17 +196,18 @@ def _cmd_ladder(args: argparse.Namespace) -> int:
         f5 = o.artifacts.get("F5_scaling_fit")
         if f5:
             p = f5["params"]
-            say(f"    F5: L(N, D) = {p['E']:.4g} + {p['A']:.4g}/N^{p['alpha']:.3f} + {p['B']:.4g}/D^{p['beta']:.3f} "
+            say(f"    scaling-law fit: L(N, D) = {p['E']:.4g} + {p['A']:.4g}/N^{p['alpha']:.3f} + {p['B']:.4g}/D^{p['beta']:.3f} "
                 f"(leave-one-out error {f5['loo_error']:.2%}); fitted E {p['E']:.4g} vs the corpus's true "
                 f"entropy rate {f5['entropy_rate']:.4g} nats; chose {f5['candidate']['name']} "
                 f"({f5['candidate']['n_params']:,} params), binding constraint: {f5['binding']}")
     say(f"$ trainledger verify {out / 'ladder.jsonl'} --pubkey {pub} --require-closed")
     r = verify(out / "ladder.jsonl", keys=trusted_keys([str(pub)]), require_closed=True)
     print_report(r, title="OK  ")
+    if args.write_report is None:
+        say("no report: this command was registered without a report writer")
+        return 0
     try:
-        from trainledger.journal.report import write_report
-
-        rec = write_report(out / "ladder.jsonl", out / "report.html", keys=trusted_keys([str(pub)]))
+        rec = args.write_report(out / "ladder.jsonl", out / "report.html", keys=trusted_keys([str(pub)]))
     except UsageError as e:  # matplotlib missing: the run stands without its page
         say(f"no report: {e}")
         return 0

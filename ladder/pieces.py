@@ -3,8 +3,10 @@
 - F9 muP: :func:`transfer_lr`, the muP rule for hidden-layer learning rates under Adam.
 - H2 MoE versus dense: :func:`moe_vs_dense` builds a mixture-of-experts variant of the
   rung's model and measures how far its output is from the dense model's on the same batch.
-- E7, E8, F5 do not exist in this repository: :data:`SKIPPED_REASONS` says so, and
-  opting a rung into one raises ``NotImplementedError`` (:func:`refuse_unavailable`).
+- F5 scaling-law fits: :mod:`trainledger.ladder.scaling`, run by the runner on a rung that opts in after at least
+  three distinct sizes of rungs with held-out losses; without them it is skipped, with the reason.
+- E7 (a referee eval suite) and E8 (long context) do not exist in this repository: :data:`SKIPPED_REASONS` says
+  so, and opting a rung into one raises ``NotImplementedError`` (:func:`refuse_unavailable`).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainledger.training.model import MLP, CausalLM
+from trainledger.training.reference.model import MLP, CausalLM
 
 __all__ = ["transfer_lr", "MoEMLP", "moe_vs_dense", "SKIPPED_REASONS", "refuse_unavailable"]
 

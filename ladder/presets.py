@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .rung import Rung
+from trainledger.ladder.rung import Rung
 
 __all__ = ["PRESETS", "tiny", "halt", "scaling"]
 
@@ -37,7 +37,8 @@ def halt() -> list[Rung]:
 def scaling() -> list[Rung]:
     """A ladder that climbs: six pilots of increasing size and tokens on the Markov corpus (whose entropy rate, the
     true irreducible loss, is known exactly), each measured on held-out data; then rung iv, the headline, sized by
-    F5 inside a compute box four times the largest pilot's FLOPs, whose gate checks F5's prediction."""
+    the scaling-law fit inside a compute box four times the largest pilot's FLOPs, whose gate checks the fit's
+    prediction."""
     common = dict(vocab=32, block=16, batch_size=16, lr=5e-3, weight_decay=0.0, seed=0, corpus_tokens=60_000,
                   eval_batches=4, max_final_loss=4.0, max_forgetting_gap=4.0)
     pilots = [(4, 1, 150), (4, 1, 600), (8, 1, 250), (8, 1, 900), (12, 2, 400), (16, 2, 1200)]

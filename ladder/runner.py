@@ -24,17 +24,17 @@ import torch
 
 from trainledger.journal import Journal, Signer
 from trainledger.journal.kinds import DecisionRecorded, GateVerdict, RungStarted
-from trainledger.journal.mfu import MfuAccounting, record_compute
-from trainledger.journal.ladder_outcome import LadderProjection, LadderResult, RungOutcome, decide, gate
-from trainledger.training.checkpoint import restore_checkpoint, save_checkpoint
-from trainledger.training.corpus import BatchSampler, MarkovSource
-from trainledger.training.flops import flop_config_from_causal_lm
-from trainledger.training.loop import train_step
-from trainledger.training.model import build_causal_lm
-from trainledger.training.monitor import TrainingHealthMonitor
+from trainledger.training.health.mfu import MfuAccounting, record_compute
+from trainledger.ladder.outcome import LadderProjection, LadderResult, RungOutcome, decide, gate
+from trainledger.training.checkpoints.state import restore_checkpoint, save_checkpoint
+from trainledger.training.reference.corpus import BatchSampler, MarkovSource
+from trainledger.training.health.flops import flop_config_from_causal_lm
+from trainledger.training.reference.loop import train_step
+from trainledger.training.reference.model import build_causal_lm
+from trainledger.training.health.monitor import TrainingHealthMonitor
 
-from .pieces import SKIPPED_REASONS, moe_vs_dense, refuse_unavailable, transfer_lr
-from .rung import Rung
+from trainledger.ladder.pieces import SKIPPED_REASONS, moe_vs_dense, refuse_unavailable, transfer_lr
+from trainledger.ladder.rung import Rung
 
 __all__ = ["run_pilot_ladder", "LadderResult", "RungOutcome", "LadderProjection", "GateVerdict", "DecisionRecorded"]
 
@@ -140,11 +140,11 @@ def _corpus(vocab: int, seed: int, n: int, sample_seed: int) -> torch.Tensor:
 
 
 def _size_headline(rung: Rung, verdicts: list[tuple[GateVerdict, str]], peak: float | None) -> tuple[Rung, Any]:
-    """F5: fit the law to the earlier rungs' held-out losses, choose the headline inside the compute box, and
+    """The scaling-law fit: fit the law to the earlier rungs' held-out losses, choose the headline inside the compute box, and
     return the sized rung and the ``scaling_fitted`` event that records it all."""
     from trainledger.journal.kinds import ScalingFitted
 
-    from .scaling import Candidate, ComputeBox, fit_scaling_law
+    from trainledger.ladder.scaling import Candidate, ComputeBox, fit_scaling_law
 
     used = [(v, h) for v, h in verdicts if "eval_loss" in v.measured]
     points = [[float(v.measured["n_params"]), float(v.measured["tokens"]), float(v.measured["eval_loss"])]

@@ -1,14 +1,319 @@
-"""F5, the scaling-law fitter and the compute box: :mod:`trainledger.journal.scaling` (torch-free, so that replay
-refits a ladder's law on a reviewer's machine), under the ladder's name."""
+"""The scaling-law fitter and the compute box (the seed's piece F5).
 
-from trainledger.journal.scaling import (  # noqa: F401
-    HUBER_DELTA,
-    STARTS,
-    BoxChoice,
-    Candidate,
-    ComputeBox,
-    ScalingFit,
-    fit_scaling_law,
-)
+:func:`fit_scaling_law` fits the Chinchilla form ``L(N, D) = E + A / N**alpha + B / D**beta`` to points
+``(n_params, tokens, loss)`` the way its replication recommends (Besiroglu et al. 2024, "Chinchilla Scaling: A
+replication attempt"): in log space, ``log L = LSE(a - alpha log N, b - beta log D, e)`` with ``A = exp(a)``,
+``B = exp(b)``, ``E = exp(e)``; the Huber loss (delta 1e-3) of the residuals in log loss, summed, not averaged;
+L-BFGS (scipy) from a grid of starting points. The grid is Hoffmann et al.'s (``alpha, beta`` in 0..2, ``e`` in
+-1..1, ``a, b`` in 0..25): every grid point's objective is evaluated at once (numpy), and L-BFGS runs from the best
+:data:`STARTS` of them, which keeps the whole fit of 30 points well under 2 s here.
+
+What it cannot do: with a small ladder, E (the irreducible loss) is often not identifiable (a larger A with a
+smaller E fits as well); and a prediction far beyond the ladder's sizes is an extrapolation, a guess with an
+interval. :meth:`ScalingFit.interval` is a seeded bootstrap (resampled points, refit from the full fit, plus a
+resampled log residual), so replay reproduces it bit for bit on the same platform.
+
+:class:`ComputeBox` chooses the headline run: among candidate sizes (their model FLOPs per token from the project's
+FLOP accounting, not 6N alone) and token counts, the feasible one with the lowest predicted loss, where feasible
+means within the FLOP budget, within the wall-clock budget at the MFU measured on the earlier rungs (never the
+datasheet), and within device memory for weights, gradients and optimizer state; it says which constraint binds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from collections.abc import Sequence
+from typing import Any
 
 __all__ = ["ScalingFit", "fit_scaling_law", "ComputeBox", "BoxChoice", "Candidate", "HUBER_DELTA", "STARTS"]
+
+HUBER_DELTA = 1e-3
+#: L-BFGS runs from this many of the grid's best starting points
+STARTS = 24
+_GRID = {"alpha": [0.0, 0.5, 1.0, 1.5, 2.0], "beta": [0.0, 0.5, 1.0, 1.5, 2.0], "e": [-1.0, -0.5, 0.0, 0.5, 1.0],
+         "a": [0.0, 5.0, 10.0, 15.0, 20.0, 25.0], "b": [0.0, 5.0, 10.0, 15.0, 20.0, 25.0]}
+
+
+def _np():
+    try:
+        import numpy as np
+        import scipy.optimize  # noqa: F401
+    except ImportError:
+        from trainledger.journal.errors import UsageError
+
+        raise UsageError("scaling-law fits need numpy and scipy: pip install 'trainledger[scaling]'") from None
+    return np
+
+
+def _objective(theta, x, y, logl):
+    """Summed Huber loss of log-space residuals, and its gradient (theta = a, b, e, alpha, beta)."""
+    np = _np()
+    a, b, e, alpha, beta = theta
+    t = np.stack([a - alpha * x, b - beta * y, np.full_like(x, e)])
+    m = t.max(axis=0)
+    w = np.exp(t - m)
+    s = w.sum(axis=0)
+    r = m + np.log(s) - logl
+    p = w / s
+    d = HUBER_DELTA
+    small = np.abs(r) <= d
+    f = np.where(small, 0.5 * r * r, d * (np.abs(r) - 0.5 * d)).sum()
+    g = np.where(small, r, d * np.sign(r))
+    grad = np.array([(g * p[0]).sum(), (g * p[1]).sum(), (g * p[2]).sum(), -(g * p[0] * x).sum(),
+                     -(g * p[1] * y).sum()])
+    return f, grad
+
+
+def _grid_values(x, y, logl):
+    """The objective at every grid point at once (in chunks of points, so memory stays bounded): (grid, values)."""
+    np = _np()
+    grid = np.array(list(itertools.product(_GRID["a"], _GRID["b"], _GRID["e"], _GRID["alpha"], _GRID["beta"])))
+    a, b, e, al, be = (grid[:, i:i + 1] for i in range(5))
+    vals = np.zeros(len(grid))
+    d = HUBER_DELTA
+    for s in range(0, len(x), 512):
+        xs, ys, ls = x[None, s:s + 512], y[None, s:s + 512], logl[None, s:s + 512]
+        t0, t1 = a - al * xs, b - be * ys
+        t2 = np.broadcast_to(e, t0.shape)
+        m = np.maximum(np.maximum(t0, t1), t2)
+        r = m + np.log(np.exp(t0 - m) + np.exp(t1 - m) + np.exp(t2 - m)) - ls
+        vals += np.where(np.abs(r) <= d, 0.5 * r * r, d * (np.abs(r) - 0.5 * d)).sum(axis=1)
+    return grid, vals
+
+
+def _lbfgs(theta0, x, y, logl):
+    from scipy.optimize import minimize
+
+    res = minimize(_objective, theta0, args=(x, y, logl), jac=True, method="L-BFGS-B",
+                   options={"maxiter": 2000, "ftol": 1e-15, "gtol": 1e-12})
+    return res.x, float(res.fun)
+
+
+@dataclasses.dataclass(frozen=True)
+class ScalingFit:
+    """A fitted law. ``params``: E, A, B, alpha, beta; ``theta``: (a, b, e, alpha, beta) as fitted."""
+
+    theta: tuple[float, float, float, float, float]
+    objective: float
+    points: tuple[tuple[float, float, float], ...]
+    seed: int = 0
+    boot: int = 200
+
+    @property
+    def params(self) -> dict[str, float]:
+        a, b, e, alpha, beta = self.theta
+        return {"E": math.exp(e), "A": math.exp(a), "B": math.exp(b), "alpha": alpha, "beta": beta}
+
+    def predict(self, n_params: float, tokens: float) -> float:
+        p = self.params
+        return p["E"] + p["A"] / n_params ** p["alpha"] + p["B"] / tokens ** p["beta"]
+
+    def compute_optimal(self, flops: float) -> tuple[float, float]:
+        """``(n_params, tokens)`` minimising the law on the ``6 N D = flops`` frontier (Hoffmann et al., eq. 4)."""
+        p = self.params
+        al, be = p["alpha"], p["beta"]
+        if al <= 0 or be <= 0:
+            raise ValueError(f"no compute-optimal frontier: alpha {al:.3g}, beta {be:.3g} (the law does not fall "
+                             "with both size and tokens)")
+        g = (al * p["A"] / (be * p["B"])) ** (1 / (al + be))
+        n = g * (flops / 6) ** (be / (al + be))
+        return n, flops / (6 * n)
+
+    def residuals(self) -> list[float]:
+        """log(predicted) - log(measured) at every point."""
+        return [math.log(self.predict(n, d)) - math.log(ls) for n, d, ls in self.points]
+
+    def _boot_thetas(self) -> list[Any]:
+        cached = _BOOT.get(self)
+        if cached is not None:
+            return cached
+        np = _np()
+        x, y, logl = _arrays(self.points)
+        rng = np.random.default_rng(self.seed)
+        out = []
+        for _ in range(self.boot):
+            idx = rng.integers(0, len(x), len(x))
+            th, _ = _lbfgs(np.array(self.theta), x[idx], y[idx], logl[idx])
+            out.append(th)
+        _BOOT[self] = out
+        return out
+
+    def interval(self, n_params: float, tokens: float, level: float = 0.9) -> tuple[float, float]:
+        """A seeded bootstrap prediction interval: the law refitted on resampled points, times a resampled
+        residual (so it covers a single run's noise, not only the law's)."""
+        np = _np()
+        if not 0 < level < 1:
+            raise ValueError(f"level must be in (0, 1), got {level}")
+        res = np.array(self.residuals())
+        rng = np.random.default_rng(self.seed + 1)
+        preds = []
+        for th in self._boot_thetas():
+            a, b, e, al, be = th
+            law = math.exp(e) + math.exp(a) / n_params ** al + math.exp(b) / tokens ** be
+            preds.append(law * math.exp(-res[rng.integers(0, len(res))]))
+        lo, hi = np.quantile(np.array(preds), [(1 - level) / 2, 1 - (1 - level) / 2])
+        return float(lo), float(hi)
+
+    def loo_error(self) -> float:
+        """Leave-one-out: the mean absolute relative error of each point's loss predicted by a fit of the others
+        (each refitted from the full fit)."""
+        np = _np()
+        x, y, logl = _arrays(self.points)
+        errs = []
+        for i in range(len(x)):
+            keep = np.arange(len(x)) != i
+            th, _ = _lbfgs(np.array(self.theta), x[keep], y[keep], logl[keep])
+            a, b, e, al, be = th
+            pred = math.exp(e) + math.exp(a - al * x[i]) + math.exp(b - be * y[i])
+            errs.append(abs(pred - math.exp(logl[i])) / math.exp(logl[i]))
+        return float(np.mean(errs))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"params": self.params, "theta": list(self.theta), "objective": self.objective,
+                "points": [list(p) for p in self.points], "seed": self.seed, "boot": self.boot}
+
+
+_BOOT: dict[ScalingFit, list[Any]] = {}
+
+
+def _arrays(points):
+    np = _np()
+    arr = np.array(points, dtype=float)
+    return np.log(arr[:, 0]), np.log(arr[:, 1]), np.log(arr[:, 2])
+
+
+def _check(points: Sequence[Sequence[float]]) -> tuple[tuple[float, float, float], ...]:
+    out = []
+    for i, p in enumerate(points):
+        if len(p) != 3:
+            raise ValueError(f"point {i}: expected (n_params, tokens, loss), got {len(p)} values")
+        n, d, ls = (float(v) for v in p)
+        if not all(math.isfinite(v) and v > 0 for v in (n, d, ls)):
+            raise ValueError(f"point {i}: n_params, tokens and loss must be positive finite numbers, got {p}")
+        out.append((n, d, ls))
+    if len(out) < 5:
+        raise ValueError(f"{len(out)} points cannot determine the law's 5 parameters (E, A, B, alpha, beta): "
+                         "give at least 5")
+    return tuple(out)
+
+
+def fit_scaling_law(points: Sequence[Sequence[float]], *, seed: int = 0, boot: int = 200) -> ScalingFit:
+    """Fit ``L(N, D) = E + A/N^alpha + B/D^beta`` to ``(n_params, tokens, loss)`` points (see the module doc).
+    ``seed`` and ``boot`` fix the bootstrap behind :meth:`ScalingFit.interval`."""
+    np = _np()
+    pts = _check(points)
+    if not isinstance(boot, int) or not 1 <= boot <= 100_000:
+        raise ValueError(f"boot must be an integer from 1 to 100000, got {boot!r}")
+    x, y, logl = _arrays(pts)
+    grid, vals = _grid_values(x, y, logl)
+    best_theta, best = None, math.inf
+    for i in np.argsort(vals, kind="stable")[:STARTS]:
+        th, f = _lbfgs(grid[i].copy(), x, y, logl)
+        if f < best - 1e-15:
+            best_theta, best = th, f
+    return ScalingFit(theta=tuple(float(v) for v in best_theta), objective=best, points=pts, seed=seed, boot=boot)
+
+
+# ---------------------------------------------------------------- the compute box
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """A model size the box may choose: its parameters and its model FLOPs per token (forward and backward, from
+    the project's FLOP accounting: 6N plus attention)."""
+
+    name: str
+    n_params: int
+    flops_per_token: float
+
+    def __post_init__(self) -> None:  # a candidate read back from a journal may say anything
+        if not isinstance(self.name, str) or not isinstance(self.n_params, int) or self.n_params < 1 or not (
+                isinstance(self.flops_per_token, (int, float)) and math.isfinite(self.flops_per_token)
+                and self.flops_per_token > 0):
+            raise ValueError(f"candidate {self.name!r}: needs a name, n_params >= 1 and positive flops_per_token")
+
+
+@dataclasses.dataclass(frozen=True)
+class BoxChoice:
+    candidate: Candidate
+    tokens: int
+    predicted_loss: float
+    flops: float
+    wall_s: float
+    memory_bytes: float
+    binding: str  # flops | wall_clock | memory
+    usage: dict[str, float]  # constraint -> used / limit at the choice
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"candidate": dataclasses.asdict(self.candidate), "tokens": self.tokens,
+                "predicted_loss": self.predicted_loss, "flops": self.flops, "wall_s": self.wall_s,
+                "memory_bytes": self.memory_bytes, "binding": self.binding, "usage": self.usage}
+
+
+@dataclasses.dataclass(frozen=True)
+class ComputeBox:
+    """The headline run's budget. ``measured_mfu``: the MFU measured on the earlier rungs (what the wall-clock
+    budget is held to); ``bytes_per_param``: weights, gradients and optimizer state per parameter (AdamW in fp32:
+    4 + 4 + 8 = 16)."""
+
+    max_flops: float
+    max_wall_s: float
+    devices: int
+    peak_flops_per_sec: float
+    memory_bytes_per_device: float
+    measured_mfu: float
+    bytes_per_param: float = 16.0
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+                raise ValueError(f"ComputeBox.{f.name} must be a positive finite number, got {v!r}")
+        if self.measured_mfu > 1:
+            raise ValueError(f"ComputeBox.measured_mfu is a fraction of the peak, got {self.measured_mfu}")
+
+    def usage(self, c: Candidate, tokens: float) -> dict[str, float]:
+        flops = c.flops_per_token * tokens
+        return {"flops": flops / self.max_flops,
+                "wall_clock": flops / (self.devices * self.peak_flops_per_sec * self.measured_mfu) / self.max_wall_s,
+                "memory": c.n_params * self.bytes_per_param / (self.memory_bytes_per_device * self.devices)}
+
+    def choose(self, fit: ScalingFit, candidates: Sequence[Candidate], *, token_steps: int = 64,
+               min_tokens: int = 1) -> BoxChoice:
+        """The feasible ``(candidate, tokens)`` with the lowest predicted loss. For each candidate the most tokens
+        the budgets allow is tried, and ``token_steps`` geometric steps below it (fewer tokens never lowers the
+        predicted loss of a law with beta > 0, but a law fitted with beta <= 0 is not trusted to say so). Raises
+        ``ValueError`` when nothing fits (every candidate too big for the memory, or the budgets below
+        ``min_tokens``)."""
+        if not isinstance(min_tokens, int) or min_tokens < 1:
+            raise ValueError(f"min_tokens must be a positive integer, got {min_tokens!r}")
+        best: BoxChoice | None = None
+        for c in candidates:
+            u = self.usage(c, 1.0)
+            if u["memory"] > 1:
+                continue
+            cap = math.floor(1 / max(u["flops"], u["wall_clock"]))
+            if cap < min_tokens:
+                continue
+            for k in range(token_steps + 1):
+                d = max(min_tokens, int(cap * (min_tokens / cap) ** (k / token_steps)))
+                loss = fit.predict(c.n_params, d)
+                if best is None or loss < best.predicted_loss - 1e-12:
+                    use = self.usage(c, d)
+                    best = BoxChoice(candidate=c, tokens=d, predicted_loss=loss, flops=c.flops_per_token * d,
+                                     wall_s=use["wall_clock"] * self.max_wall_s,
+                                     memory_bytes=c.n_params * self.bytes_per_param, usage=use, binding="")
+        if best is None:
+            raise ValueError("nothing fits in the compute box: every candidate needs more memory than the devices "
+                             "have, or the budgets allow fewer tokens than min_tokens")
+        # What binds: memory, when a candidate it excluded would have predicted a lower loss within the FLOP and
+        # wall-clock budgets; otherwise whichever of those two stops the tokens.
+        for c in candidates:
+            u = self.usage(c, 1.0)
+            if u["memory"] > 1:
+                cap = math.floor(1 / max(u["flops"], u["wall_clock"]))
+                if cap >= min_tokens and fit.predict(c.n_params, cap) < best.predicted_loss - 1e-12:
+                    return dataclasses.replace(best, binding="memory")
+        use = best.usage
+        return dataclasses.replace(best, binding="flops" if use["flops"] >= use["wall_clock"] else "wall_clock")

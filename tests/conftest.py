@@ -10,13 +10,35 @@ from pathlib import Path
 import pytest
 
 # Tests run with --import-mode=importlib (no folder of theirs lands on sys.path by itself, so a folder named
-# journal/ or training/ can never shadow the package); the shared helpers are importable from these folders.
+# journal/ or training/ can never shadow the package); the shared helpers (journal_tools, manifest_fixtures, the
+# torchrun workers, ...) live in tests/helpers/; a test may import another's helpers by module name (test
+# basenames are unique across the tiers), so every test folder is importable too.
 _HERE = Path(__file__).resolve().parent
-for _d in (_HERE, _HERE / "journal", _HERE / "training", _HERE / "ladder"):
+for _d in (_HERE, _HERE / "helpers", *sorted(d for kind in ("unit", "integration", "adversarial")
+                                             for d in (_HERE / kind).rglob("*") if d.is_dir())):
     if str(_d) not in sys.path:
         sys.path.insert(0, str(_d))
 
+#: the tiers, by folder: ``pytest -m unit`` (or ``pytest tests/unit``) is the fast one
+KINDS = ("unit", "integration", "adversarial")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark every test with its tier, from the folder it lives in (tests/unit/, tests/integration/,
+    tests/adversarial/)."""
+    for item in items:
+        parts = Path(str(item.fspath)).resolve().relative_to(_HERE).parts
+        if parts and parts[0] in KINDS:
+            item.add_marker(getattr(pytest.mark, parts[0]))
+
 from trainledger.journal import Journal, StepObserved, keygen, load_signer  # noqa: E402
+
+try:  # tqdm (the Trainers' progress bars) starts a monitor thread that outlives the test that made a bar; a process
+    import tqdm  # with another thread never forks, so verify's workers and fold_events' checker would not run
+
+    tqdm.tqdm.monitor_interval = 0
+except ImportError:
+    pass
 
 
 @pytest.fixture(autouse=True)

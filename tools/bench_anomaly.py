@@ -36,7 +36,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from trainledger.journal import StepObserved  # noqa: E402
-from trainledger.journal.health import HealthProjection, RunConfigured  # noqa: E402
+from trainledger.training.health.detectors import HealthProjection, RunConfigured  # noqa: E402
 
 STEPS = 10_000
 SPIKES = 20

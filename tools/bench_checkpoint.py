@@ -27,9 +27,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from trainledger.journal import Journal, Signer  # noqa: E402
-from trainledger.training.checkpoint import Checkpointer  # noqa: E402
-from trainledger.training.corpus import BatchSampler, MarkovSource  # noqa: E402
-from trainledger.training.model import build_causal_lm  # noqa: E402
+from trainledger.training.checkpoints.state import Checkpointer  # noqa: E402
+from trainledger.training.reference.corpus import BatchSampler, MarkovSource  # noqa: E402
+from trainledger.training.reference.model import build_causal_lm  # noqa: E402
 
 
 def run(tmp: Path, background: bool, steps: int, every: int) -> dict:

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Issue 13's targets, measured on the real code paths (torchrun, gloo, CPU):
+"""The distributed targets (DDP overhead, stragglers, verify RUN_DIR), measured on the real code paths (torchrun, gloo, CPU):
 
     .venv/bin/python tools/bench_distributed.py [--trials 5] [--events 1000000] [--skip-verify]
 
@@ -42,13 +42,13 @@ import json, os, statistics, sys, time, torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from trainledger.journal import load_signer, read_events
-from trainledger.training.distributed import StragglerDetector, init_process_group, open_rank_journal
-from trainledger.training.distributed_loop import SYNC_EVERY, rank_sampler
-from trainledger.training.flops import flop_config_from_causal_lm
-from trainledger.training.integrations._common import StepBuffer
-from trainledger.training.loop import LoopConfig
-from trainledger.training.model import build_causal_lm
-from trainledger.training.monitor import TrainingHealthMonitor
+from trainledger.training.distributed.ranks import StragglerDetector, init_process_group, open_rank_journal
+from trainledger.training.distributed.loop import SYNC_EVERY, rank_sampler
+from trainledger.training.health.flops import flop_config_from_causal_lm
+from trainledger.training.integrations.hooks import StepBuffer
+from trainledger.training.reference.loop import LoopConfig
+from trainledger.training.reference.model import build_causal_lm
+from trainledger.training.health.monitor import TrainingHealthMonitor
 
 mode, out_dir, key = sys.argv[1], sys.argv[2], sys.argv[3]
 init_process_group("gloo")
@@ -89,7 +89,7 @@ if mode == "overhead":
     j = open_rank_journal(os.path.join(out_dir, "run"), signer)
     mon = TrainingHealthMonitor(journal=j, flop_config=flop_config_from_causal_lm(model, seq_len=cfg.block))
     det = StragglerDetector(j)  # the default window: about a minute of wall time, calibrated on 20 steps
-    buf = StepBuffer(SYNC_EVERY)  # as training/distributed_loop.py hands its steps over
+    buf = StepBuffer(SYNC_EVERY)  # as training/distributed/loop.py hands its steps over
     plain, ledger, exch, call, ratios, cpu, cpu_ratios = [], [], [], [], [], {False: [], True: []}, []
     s, every, with_steps = 0, None, 0
     writer0 = thread_cpu_ns(j._ticker)  # the journal's background thread (drains, seals, writes, fsyncs)

@@ -26,11 +26,11 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
     from trainledger.journal import Journal, Signer
-    from trainledger.journal.report import write_report
-    from trainledger.training.experiment import run_experiment, write_example
-    from trainledger.training.manifest import load_findings
-    from trainledger.journal.approval import sign_approval
-    from trainledger.training.preflight import run_preflight
+    from trainledger.report import write_report
+    from trainledger.training.experiment.loop import run_experiment, write_example
+    from trainledger.training.experiment.manifest import load_findings
+    from trainledger.training.experiment.approval import sign_approval
+    from trainledger.training.experiment.preflight import run_preflight
 
     times: dict[str, list[float]] = {"manifest validate": [], "full preflight (10 gates)": [],
                                      "example experiment (160 updates)": [], "report": []}

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Issue 14's targets on the real code paths, side by side with the peers, in one run:
+"""The integrations' targets on the real code paths, side by side with the peers, in one run:
 
     .venv/bin/python tools/bench_integrations.py [--steps 200] [--reps 3] [--skip-imports]
 
@@ -217,7 +217,7 @@ def _hf_blocks(tmp: Path, steps: int, signer, block: int) -> dict:
     import transformers
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
-    from trainledger.training.integrations import _common
+    from trainledger.training.integrations import hooks as _common
     from trainledger.training.integrations.hf import TrainledgerCallback
 
     transformers.logging.set_verbosity_error()
@@ -272,7 +272,7 @@ def _lightning_blocks(tmp: Path, steps: int, signer, block: int) -> dict:
     """The same within-run comparison for the Lightning callback on the tiny GPT-2 (clipping at 1.0)."""
     import lightning as L
 
-    from trainledger.training.integrations import _common
+    from trainledger.training.integrations import hooks as _common
     from trainledger.training.integrations.lightning import TrainledgerCallback
 
     class Switchable(TrainledgerCallback):

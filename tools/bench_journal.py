@@ -248,7 +248,7 @@ def main() -> int:
 
     VALUES[:] = [_values(i) for i in range(max(args.steps, args.peer_steps, args.mlflow_steps, 50_000))]
     tmp = Path(tempfile.mkdtemp(prefix="tl-bench-"))
-    from trainledger.journal import _accel
+    from trainledger.journal import accel as _accel
 
     results: dict = {"machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
                                  "platform": platform.platform()}, "hashing": _accel.describe()}

@@ -32,7 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from trainledger.journal import Journal, Signer  # noqa: E402
-from trainledger.training.monitor import TrainingHealthMonitor  # noqa: E402
+from trainledger.training.health.monitor import TrainingHealthMonitor  # noqa: E402
 
 pc = time.perf_counter_ns
 
@@ -71,7 +71,8 @@ def bench_observe(tmp: Path, values, overhead: float, python_step: bool = False)
 
 def python_detector_step(on: bool) -> None:
     """Score with the detector's Python lines instead of their C form (``baseline_step``), or back."""
-    from trainledger.journal import _accel, health
+    from trainledger.journal import accel as _accel
+    from trainledger.training.health import detectors as health
 
     health._baseline_step = None if on else getattr(_accel.fast, "baseline_step", None)
 
@@ -85,7 +86,7 @@ def bench_in_loop(tmp: Path, steps: int, with_journal: bool, seed: int, python_s
     import torch
 
     from trainledger.training import build_causal_lm, flop_config_from_causal_lm
-    from trainledger.training.integrations._common import StepBuffer
+    from trainledger.training.integrations.hooks import StepBuffer
 
     torch.manual_seed(seed)
     model = build_causal_lm(vocab=64, d_model=64, n_layer=2, n_head=2, block=32)
@@ -192,7 +193,7 @@ def main() -> int:
           f"median {lj:.2f} µs with a signed journal (p90 {statistics.median(o['p90_us'] for o in loop_j):.2f}), "
           f"{ln:.2f} µs without one; target ≤ 25 µs; with the detector's step in Python instead of C: "
           f"{statistics.median(o['median_us'] for o in loop_p):.2f} µs with a signed journal")
-    print(f"  the same steps handed over in batches of {args.batch} (StepBuffer, as training/distributed_loop.py): "
+    print(f"  the same steps handed over in batches of {args.batch} (StepBuffer, as training/distributed/loop.py): "
           f"mean {statistics.median(o['mean_us'] for o in loop_b):.2f} µs a step, queueing included, against a mean of "
           f"{statistics.median(o['mean_us'] for o in loop_j):.2f} µs a step one call at a time")
     print(f"observe_step with a signed journal, window 128, both detectors: median {med:.2f} µs, "

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""Issue 16's targets, each beside its yardstick in one run (medians; this machine is noisy: compare ratios).
+"""The proofs' targets, each beside its yardstick in one run (medians; this machine is noisy: compare ratios).
 
     .venv/bin/python tools/bench_proofs.py            # 1,000,000-event journal
-    .venv/bin/python tools/bench_proofs.py --events 10000000   # the issue's 10M (about 1.7 GB in a temp folder)
+    .venv/bin/python tools/bench_proofs.py --events 10000000   # 10M events (about 1.7 GB in a temp folder)
 
 - append: ``Journal.append`` of a step event, timed call by call (timer cost subtracted), with the Merkle tree
   (format 1.3) and with the tree switched off (the 1.2 writer), interleaved rounds; median, p99 and mean (the
@@ -34,7 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 from trainledger.journal import Journal, Signer, StepObserved, verify  # noqa: E402
-from trainledger.journal import transparency as T  # noqa: E402
+from trainledger.journal.proofs import transparency as T  # noqa: E402
 
 from bench_journal import pc, timer_overhead  # noqa: E402  (tools/, beside this script)
 
@@ -76,7 +76,7 @@ def bench_loop(d: Path, steps: int, rounds: int) -> dict | None:
         import torch
     except ImportError:
         return None
-    from trainledger.training.monitor import TrainingHealthMonitor
+    from trainledger.training.health.monitor import TrainingHealthMonitor
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 64))

@@ -36,22 +36,22 @@ CHILD = {
         "import subprocess, time; t = time.perf_counter(); "
         "subprocess.run(['sha256sum', '{p}'], check=True, capture_output=True); print(time.perf_counter() - t)"),
     "trainledger query cold (verify + load + views)": (
-        "import time; from journal import load_public_key; from journal.query import connect; "
+        "import time; from trainledger.journal import load_public_key; from trainledger.journal.query import connect; "
         "t = time.perf_counter(); con = connect(['{p}'], keys=[load_public_key('{k}')], use_cache=False); "
         "r = con.execute('SELECT avg(loss), max(grad_norm) FROM steps').fetchall(); print(time.perf_counter() - t)"),
     "trainledger query cold --no-verify (load + views)": (
-        "import time; from journal.query import connect; "
+        "import time; from trainledger.journal.query import connect; "
         "t = time.perf_counter(); con = connect(['{p}'], verify_first=False); "
         "r = con.execute('SELECT avg(loss), max(grad_norm) FROM steps').fetchall(); print(time.perf_counter() - t)"),
     "build_cache (background, after a cold query)": (
-        "import time; from journal import load_public_key; from journal.query import build_cache; "
+        "import time; from trainledger.journal import load_public_key; from trainledger.journal.query import build_cache; "
         "t = time.perf_counter(); build_cache(['{p}'], keys=[load_public_key('{k}')]); print(time.perf_counter() - t)"),
     "trainledger query warm (cached columnar copy)": (
-        "import time; from journal import load_public_key; from journal.query import open_views; "
+        "import time; from trainledger.journal import load_public_key; from trainledger.journal.query import open_views; "
         "t = time.perf_counter(); con, src = open_views(['{p}'], keys=[load_public_key('{k}')]); assert src.origin == 'cache'; "
         "r = con.execute('SELECT avg(loss), max(grad_norm) FROM steps').fetchall(); print(time.perf_counter() - t)"),
     "trainledger replay (end to end)": (
-        "import time; from journal import load_public_key; from journal.replay import replay; "
+        "import time; from trainledger.journal import load_public_key; from trainledger.audit import replay; "
         "t = time.perf_counter(); rec = replay('{p}', keys=[load_public_key('{k}')]); assert rec.ok; "
         "print(time.perf_counter() - t)"),
 }
@@ -63,7 +63,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
     from trainledger.journal import Journal, Signer
-    from trainledger.training.monitor import TrainingHealthMonitor
+    from trainledger.training.health.monitor import TrainingHealthMonitor
 
     tmp = Path(tempfile.mkdtemp(prefix="tl-q-"))
     p, k = tmp / "j.jsonl", tmp / "k.pub"

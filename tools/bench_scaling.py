@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""F5 measured (issue 15's targets):
+"""The scaling-law fit measured against its targets:
 
     .venv/bin/python tools/bench_scaling.py [--seeds 0 1 2]
 

@@ -25,7 +25,7 @@ WORKER = r"""
 import statistics, sys, time, torch
 import torch.distributed as dist
 from trainledger.journal import Signer
-from trainledger.training.distributed import ShardedCheckpointer, init_process_group, open_rank_journal
+from trainledger.training.distributed.ranks import ShardedCheckpointer, init_process_group, open_rank_journal
 init_process_group("gloo")
 run, mb, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 width = int((mb * 2**20 / 4 / 8) ** 0.5)

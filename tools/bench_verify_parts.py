@@ -31,7 +31,9 @@ def main() -> int:
     args = ap.parse_args()
 
     from trainledger.journal import Journal, StepObserved, keygen, load_signer
-    from trainledger.journal import _accel, _scan, codec
+    from trainledger.journal import codec
+    from trainledger.journal import scan as _scan
+    from trainledger.journal import accel as _accel
     from trainledger.journal.chain import genesis
     from trainledger.journal.reader import read_opening
 

@@ -3,7 +3,7 @@
 
     .venv/bin/python tools/check_flops.py
 
-The same shapes as tests/training/test_model_flops.py (which asserts < 0.2%); this prints the differences.
+The same shapes as tests/unit/training/test_model_flops.py (which asserts < 0.2%); this prints the differences.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trainledger.training.flops import count_training_flops, flop_config_from_causal_lm  # noqa: E402
-from trainledger.training.model import build_causal_lm  # noqa: E402
+from trainledger.training.health.flops import count_training_flops, flop_config_from_causal_lm  # noqa: E402
+from trainledger.training.reference.model import build_causal_lm  # noqa: E402
 
 SHAPES = [(50257, 768, 12, 12, 256, 2), (50257, 1024, 24, 16, 1024, 1), (50257, 1280, 36, 20, 4096, 1),
           (50257, 1600, 48, 25, 8192, 1)]

@@ -22,7 +22,7 @@ On the device (no registry there) the core's wheels travel in ``.whl`` and the p
    blocking, in the background with the staging buffers kept (pinned), and with fresh buffers every save; then one
    more background save with the weights changed the moment it returns, loaded back and compared.
 5. The straggler exchange and ``anchor_ranks`` on that NCCL group (one rank: the calls a torchrun job makes).
-6. With ``--cpu-benches JOBS``: issue 13's CPU targets on the host's cores (``tools/bench_distributed.py``: verify
+6. With ``--cpu-benches JOBS``: the distributed CPU targets on the host's cores (``tools/bench_distributed.py``: verify
    RUN_DIR against ``sha256sum``, and the 2-rank DDP overhead, with calls and as a control), run from a temporary
    folder.
 Prints one summary and writes ``device.json``, the journals and their public key under ``--out`` (verify them
@@ -52,7 +52,7 @@ def _say(key: str, line: str, **facts) -> None:
 def _env(smoke: bool) -> None:
     import torch
 
-    from trainledger.journal import _accel
+    from trainledger.journal import accel as _accel
 
     facts = {"torch": torch.__version__, "cuda": torch.version.cuda, "python": sys.version.split()[0],
              "accel": _accel.describe()}
@@ -79,7 +79,7 @@ def _nvml_probe(smoke: bool) -> None:
     except ImportError as e:
         _say("nvml", f"1. NVML: not importable ({e})")
         return
-    from trainledger.training.telemetry import read_device
+    from trainledger.training.health.telemetry import read_device
 
     n.nvmlInit()
     h = n.nvmlDeviceGetHandleByIndex(0)
@@ -145,10 +145,10 @@ def _model_run(out: Path, signer, steps: int, smoke: bool, measured_peak: float 
     import torch
 
     from trainledger.journal import Journal
-    from trainledger.training.flops import PEAK_FLOPS, flop_config_from_causal_lm
-    from trainledger.training.model import build_causal_lm
-    from trainledger.training.monitor import TrainingHealthMonitor
-    from trainledger.training.telemetry import DeviceTelemetry
+    from trainledger.training.health.flops import PEAK_FLOPS, flop_config_from_causal_lm
+    from trainledger.training.reference.model import build_causal_lm
+    from trainledger.training.health.monitor import TrainingHealthMonitor
+    from trainledger.training.health.telemetry import DeviceTelemetry
 
     dev = "cuda" if torch.cuda.is_available() and not smoke else "cpu"
     d, layers, heads, block, batch, vocab = (768, 12, 12, 1024, 8, 50304) if not smoke else (64, 2, 2, 64, 4, 256)
@@ -230,7 +230,7 @@ def _checkpoint_stall(out: Path, signer, smoke: bool, rounds: int = 5) -> None:
     import torch.distributed.checkpoint as dcp
 
     from trainledger.journal import Journal
-    from trainledger.training.distributed import ShardedCheckpointer, StragglerDetector, anchor_ranks
+    from trainledger.training.distributed.ranks import ShardedCheckpointer, StragglerDetector, anchor_ranks
 
     dev = "cuda" if torch.cuda.is_available() and not smoke else "cpu"
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -320,7 +320,7 @@ def main() -> int:
                     help="the model's attention: PyTorch's fused kernel (default) or two matmuls and a softmax")
     ap.add_argument("--smoke", action="store_true", help="a CPU run of the same code paths, tiny (no GPU needed)")
     ap.add_argument("--cpu-benches", type=int, default=0, metavar="JOBS",
-                    help="then issue 13's CPU targets on this host's cores: verify RUN_DIR 4 x 1M against sha256sum, "
+                    help="then the distributed CPU targets on this host's cores: verify RUN_DIR 4 x 1M against sha256sum, "
                          "and the 2-rank DDP overhead with JOBS jobs, with calls and as a control (tools/"
                          "bench_distributed.py, run from a temporary folder: in the checkout, the source folder "
                          "trainledger/ would shadow the installed package)")

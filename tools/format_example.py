@@ -8,7 +8,7 @@
 Everything is fixed (key seed, run id, timestamps, host) so the bytes are
 reproducible; Ed25519 signatures are deterministic (RFC 8032). The lines are
 built with the same codec and chain functions the writer uses, and
-tests/journal/test_format.py checks that FORMAT.md holds exactly this output
+tests/unit/journal/test_format.py checks that FORMAT.md holds exactly this output
 and that both the reference and an independent verifier accept it.
 """
 
@@ -23,8 +23,8 @@ from pathlib import Path
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from trainledger.journal.chain import GENESIS_TAG, LINE_TAG, genesis, origin, seal_checkpoint
-from trainledger.journal.merkle import leaf_hash, node_hash
-from trainledger.journal.note import key_hash
+from trainledger.journal.proofs.merkle import leaf_hash, node_hash
+from trainledger.journal.proofs.note import key_hash
 from trainledger.journal.codec import encode_event
 from trainledger.journal.events import FORMAT_VERSION, RunOpened, Seal, StepObserved
 from trainledger.journal.keys import Signer

@@ -10,7 +10,7 @@ Rules it checks (exit 1 when one is broken, with each offence on a line):
 - no cycle among modules (strongly connected components of more than one module);
 - the packages' arrows point one way: ``journal`` imports neither ``training``, ``ladder`` nor the face,
   ``training`` does not import ``ladder`` or the face, ``ladder`` does not import the face;
-- no module imports another package's private module (``trainledger.journal._scan`` from ``training/``) or a
+- no module imports another package's private module (``trainledger.journal.scan`` from ``training/``) or a
   private name from it (``from trainledger.journal.codec import _decoder``).
 
     .venv/bin/python tools/import_graph.py            # summary; exit 1 on a broken rule

@@ -14,6 +14,7 @@ about it. A golden is never regenerated to make a test pass: a format change tha
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
@@ -26,9 +27,9 @@ GOLDEN = ROOT / "tests" / "assets" / "golden"
 
 def every_kind(path: Path) -> Path:
     from trainledger.journal import Journal, RunResumed, Signer, StepObserved
-    from trainledger.journal.approval import sign_approval
+    from trainledger.training.experiment.approval import sign_approval
     from trainledger.journal.events import TailRepaired
-    from trainledger.journal.health import HealthProjection
+    from trainledger.training.health.detectors import HealthProjection
     from trainledger.journal.kinds import (
         AnchorRecorded,
         CheckpointDeleted,
@@ -59,7 +60,7 @@ def every_kind(path: Path) -> Path:
         device_anomaly,
         MetricsLogged,
     )
-    from trainledger.journal.ladder_outcome import beta_update, gate
+    from trainledger.ladder.outcome import beta_update, gate
 
     signer = Signer.generate()
     ident = "sha256:" + "ab" * 32
@@ -148,7 +149,7 @@ def every_kind(path: Path) -> Path:
     j.append(DecisionRecorded(rung="rung_i", belief_before={"a": 1.0, "b": 1.0, "mean": 0.5},
                               evidence=[started_h, verdict_h], belief_after={"a": a, "b": b, "mean": a / (a + b)},
                               action_chosen="advance" if passed else "halt_ladder"), durable=True)
-    from trainledger.journal.mfu import record_compute
+    from trainledger.training.health.mfu import record_compute
 
     record_compute(j)  # 1.3: the training compute of every step above, one figure
     j.close()
@@ -164,8 +165,8 @@ def resumed_rewound(path: Path) -> Path:
     import torch
 
     from trainledger.journal import Signer
-    from trainledger.training.loop import LoopConfig, run_training
-    from trainledger.training.rewind import RewindPolicy
+    from trainledger.training.reference.loop import LoopConfig, run_training
+    from trainledger.training.checkpoints.rewind import RewindPolicy
 
     torch.set_num_threads(1)
     signer = Signer.generate()
@@ -221,8 +222,8 @@ def experiment(path: Path) -> Path:
     import torch
 
     from trainledger.journal import Signer
-    from trainledger.training.experiment import run_experiment, write_example
-    from trainledger.training.manifest import load_findings
+    from trainledger.training.experiment.loop import run_experiment, write_example
+    from trainledger.training.experiment.manifest import load_findings
 
     torch.set_num_threads(1)
     signer = Signer.generate()
@@ -238,7 +239,7 @@ def experiment(path: Path) -> Path:
 def expectations(path: Path) -> dict:
     """What verify and replay say about a golden, in a form that does not depend on where it is checked out."""
     from trainledger.journal import load_public_key, verify
-    from trainledger.journal.replay import replay
+    from trainledger.audit import replay
 
     keys = [load_public_key(path.with_suffix(".pub"))]
     v = verify(path, keys=keys, require_closed=True)
@@ -256,12 +257,43 @@ GOLDENS = {"every_kind_v1_3.jsonl": every_kind, "resumed_rewound_v1_1.jsonl": re
            "scaling_ladder_v1_2.jsonl": scaling_ladder}
 
 
+#: the reference model's loss curve (torchtitan keeps its loss curves the same way): a change that moves every
+#: run of the reference loop, the control of a comparison included, shows here as a diff to review
+LOSS_CURVE = GOLDEN / "reference_losses.json"
+
+
+def reference_losses() -> dict:
+    """The reference loop (``LoopConfig()``: the tiny causal LM on the Markov corpus, 60 steps) trained in one
+    thread, and its loss at every step; the test holds a fresh run to it."""
+    import torch
+
+    from trainledger.journal import Signer
+    from trainledger.training.reference.loop import LoopConfig, run_training
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a reduction's order depends on the thread count
+    try:
+        with tempfile.TemporaryDirectory() as d:
+            res = run_training(Path(d) / "run", signer=Signer.generate(), config=LoopConfig())
+    finally:
+        torch.set_num_threads(threads)
+    return {"what": "tools/regen_goldens.py --loss-curve: the reference loop, LoopConfig(), one thread",
+            "config": dataclasses.asdict(LoopConfig()), "torch": torch.__version__, "losses": res["losses"]}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--force", action="store_true", help="rewrite goldens that exist (new keys, new bytes)")
     ap.add_argument("--only", metavar="NAME", help="just this golden (e.g. every_kind_v1_2.jsonl)")
+    ap.add_argument("--loss-curve", action="store_true",
+                    help="rewrite the reference model's loss curve (tests/assets/golden/reference_losses.json)")
     args = ap.parse_args()
     GOLDEN.mkdir(parents=True, exist_ok=True)
+    if args.loss_curve:
+        curve = reference_losses()
+        LOSS_CURVE.write_text(json.dumps(curve, indent=1) + "\n")
+        print(f"wrote {LOSS_CURVE.relative_to(ROOT)}: {len(curve['losses'])} steps, last loss {curve['losses'][-1]:.6f}")
+        return 0
     for name, build in GOLDENS.items():
         if args.only and name != args.only:
             continue

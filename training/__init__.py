@@ -1,18 +1,24 @@
-"""Torch-aware side of trainledger: the tiny causal LM, FLOPs/MFU, training data, the health monitor,
-checkpoints with receipts and restore verdicts, the reference loop with spike rewind, and the experiment
-manifest, its preflight and the manifest-driven loop with its stop rules."""
+"""The training domain: what a run's steps mean and what trains.
+
+Folders by concept: ``health/`` (the monitor and its torch-free folds: anomaly detectors, MFU, FLOPs, device
+telemetry), ``checkpoints/`` (checkpoints with receipts, restore verdicts, spike rewind), ``distributed/`` (rank
+journals, anchors, stragglers, sharded checkpoints, the DDP reference loop), ``experiment/`` (the manifest, its
+preflight and approvals, the manifest-driven loop), ``reference/`` (the tiny causal LM, its corpus and loop),
+``integrations/`` (Hugging Face Trainer, Lightning); beside them the :class:`Recorder`, the training-side audit
+(:mod:`.audit`), the live view (:mod:`.watch`), log import and export (:mod:`.interop`) and the torch-free demo.
+Modules import torch only where they train: every fold imports without it."""
 
 # Names resolve on first use (PEP 562), so that the torch-free modules (training.manifest) import on a
 # machine without torch; everything else imports torch when touched.
 _WHERE = {
-    "CONTRACT": "checkpoint", "CheckpointSaved": "checkpoint", "ResumeRejected": "checkpoint",
-    "restore_checkpoint": "checkpoint", "save_checkpoint": "checkpoint",
-    "BatchSampler": "corpus", "MarkovSource": "corpus", "random_batches": "corpus", "text_tokens": "corpus",
-    "PEAK_FLOPS": "flops", "FlopConfig": "flops", "FlopCrossCheckRefused": "flops", "count_training_flops": "flops",
-    "flop_config_from_causal_lm": "flops", "mfu": "flops", "peak_flops_per_sec": "flops",
-    "CausalLM": "model", "build_causal_lm": "model",
-    "AnomalyDetected": "monitor", "TrainingHealthMonitor": "monitor",
-    "ExperimentManifest": "manifest", "load_manifest": "manifest", "validate": "manifest",
+    "CONTRACT": "checkpoints.state", "CheckpointSaved": "checkpoints.state", "ResumeRejected": "checkpoints.state",
+    "restore_checkpoint": "checkpoints.state", "save_checkpoint": "checkpoints.state",
+    "BatchSampler": "reference.corpus", "MarkovSource": "reference.corpus", "random_batches": "reference.corpus", "text_tokens": "reference.corpus",
+    "PEAK_FLOPS": "health.flops", "FlopConfig": "health.flops", "FlopCrossCheckRefused": "health.flops", "count_training_flops": "health.flops",
+    "flop_config_from_causal_lm": "health.flops", "mfu": "health.flops", "peak_flops_per_sec": "health.flops",
+    "CausalLM": "reference.model", "build_causal_lm": "reference.model",
+    "AnomalyDetected": "health.monitor", "TrainingHealthMonitor": "health.monitor",
+    "ExperimentManifest": "experiment.manifest", "load_manifest": "experiment.manifest", "validate": "experiment.manifest",
     "Recorder": "recorder",
 }
 

@@ -1,4 +1,5 @@
-"""The training side's commands: ``manifest``, ``preflight`` and ``approve`` (registered by ``trainledger.cli``).
+"""The training side's commands: ``watch``, ``import``, ``export``, ``demo``, ``manifest``, ``preflight`` and
+``approve`` (registered by ``trainledger.cli``).
 
 Importing this module does not import torch: the manifest commands run on an auditor's machine, and
 ``preflight`` imports the torch side when it runs.
@@ -13,7 +14,10 @@ import sys
 import time
 from pathlib import Path
 
-from trainledger.journal.cli import add_json_option, say
+from trainledger.journal.errors import IntegrityError
+from trainledger.journal.keys import load_signer, trusted_keys
+from trainledger.journal.options import add_json_option, add_trust_options, print_report, say, trust_policy
+from trainledger.journal.verify import verify
 from trainledger.journal.errors import JournalError, UsageError
 from trainledger.journal.keys import keygen
 
@@ -21,7 +25,60 @@ __all__ = ["register"]
 
 
 def register(sub) -> None:
-    """Add ``manifest``, ``preflight`` and ``approve`` to the ``trainledger`` command."""
+    """Add ``watch``, ``import``, ``export``, ``demo``, ``manifest``, ``preflight`` and ``approve`` to the
+    ``trainledger`` command."""
+    p = sub.add_parser("watch", help="follow a journal while a run writes it, with a live view",
+                       description="Follow a journal like tail -f: step, loss, grad norm, tokens/s, MFU, last "
+                                   "anomaly, last checkpoint, events not signed yet. Exits 0 when the run closes, 130 on Ctrl-C, "
+                                   "1 at the first line that does not check out. Checks the chain as it reads, and "
+                                   "every seal's signature when a key is pinned (or with --trust-embedded). PATH may be "
+                                   "a distributed run's folder: one line per rank, until every rank has closed.")
+    p.add_argument("path", metavar="PATH")
+    add_trust_options(p)
+    p.add_argument("--interval", type=float, default=0.5, help="seconds between refreshes (default 0.5)")
+    p.add_argument("--timeout", type=float, default=None, help="give up after this many seconds (exit 3)")
+    p.set_defaults(func=_cmd_watch)
+
+    p = sub.add_parser("import", help="write a signed journal from logs you already have (TensorBoard, Megatron)",
+                       description="Import a run's existing logs into a new signed journal that says it was imported "
+                                   "(from which files, their SHA-256, by which tool, when): it attests what the files "
+                                   "said at import time, never that the run happened. The steps go through the health "
+                                   "projection, so replay, query and report work on the old run.")
+    isub = p.add_subparsers(dest="source", required=True, metavar="SOURCE")
+    q = isub.add_parser("tensorboard", help="TensorBoard event files (the tensorboard package's own reader)")
+    q.add_argument("logdir", metavar="LOGDIR")
+    q.add_argument("out_dir", metavar="OUT_DIR")
+    q.add_argument("--key", required=True, metavar="FILE", help="the private key that signs the imported journal")
+    q.add_argument("--loss-tag", default=None, help="the loss scalar's tag (default: the first of loss, train/loss, ...)")
+    q.add_argument("--grad-norm-tag", default=None)
+    q.add_argument("--lr-tag", default=None)
+    q.set_defaults(func=_cmd_import)
+    q = isub.add_parser("megatron", help="a Megatron-LM / DeepSpeed-style log (iteration lines)")
+    q.add_argument("logfile", metavar="LOGFILE")
+    q.add_argument("out_dir", metavar="OUT_DIR")
+    q.add_argument("--key", required=True, metavar="FILE", help="the private key that signs the imported journal")
+    q.set_defaults(func=_cmd_import)
+
+    p = sub.add_parser("export", help="write a verified journal's steps into another tool's format (TensorBoard)",
+                       description="Export a journal's steps and anomalies as TensorBoard scalars, so dashboards keep "
+                                   "working while the journal stays the record. The journal is verified first.")
+    esub = p.add_subparsers(dest="target", required=True, metavar="TARGET")
+    q = esub.add_parser("tensorboard", help="TensorBoard event files")
+    q.add_argument("path", metavar="JOURNAL")
+    q.add_argument("logdir", metavar="LOGDIR")
+    add_trust_options(q)
+    q.set_defaults(func=_cmd_export)
+
+    p = sub.add_parser("demo", help="write a signed journal of a simulated run, then verify and summarise it",
+                       description="The torch-free demo: a key pair, a simulated training run written as a signed "
+                                   "journal, verification against the pinned public key, and a summary.")
+    p.add_argument("--out", metavar="DIR", default=None, help="run folder to create (default: runs/demo-<time>)")
+    p.add_argument("--steps", type=int, default=2000, help="simulated optimizer steps (default: 2000)")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    p.add_argument("--key", metavar="FILE", default=None,
+                   help="sign with this private key instead of a new key pair in the run folder")
+    p.set_defaults(func=_cmd_demo)
+
     p = sub.add_parser("manifest", help="experiment manifests: validate, print the identity, write an example",
                        description="An experiment manifest (TOML, YAML or JSON) freezes what a run is before it "
                                    "starts. Its identity is the SHA-256 of its canonical encoding, the label left "
@@ -69,11 +126,11 @@ def register(sub) -> None:
 
 
 def _cmd_manifest(args: argparse.Namespace) -> int:
-    from trainledger.training.manifest import load_findings, manifest_identity
+    from trainledger.training.experiment.manifest import load_findings, manifest_identity
 
     if args.manifest_command == "init":
         try:
-            from trainledger.training.experiment import write_example
+            from trainledger.training.experiment.loop import write_example
         except ImportError as e:
             raise JournalError(f"manifest init needs the torch extra (it samples the example data): {e}") from None
         path = write_example(args.directory)
@@ -107,12 +164,12 @@ def _cmd_preflight(args: argparse.Namespace) -> int:
     import importlib
 
     try:
-        from trainledger.training.preflight import run_preflight
+        from trainledger.training.experiment.preflight import run_preflight
     except ImportError as e:
         raise JournalError(f"preflight needs the torch extra (pip install 'trainledger[torch]'): {e}") from None
-    from trainledger.training.manifest import load_findings
+    from trainledger.training.experiment.manifest import load_findings
 
-    from trainledger.journal.approval import load_approval, load_trusted_approvers
+    from trainledger.training.experiment.approval import load_approval, load_trusted_approvers
     from trainledger.journal.keys import load_signer
     from trainledger.journal.writer import Journal
 
@@ -160,9 +217,9 @@ def _cmd_preflight(args: argparse.Namespace) -> int:
 
 
 def _cmd_approve(args: argparse.Namespace) -> int:
-    from trainledger.training.manifest import load_findings, manifest_identity
+    from trainledger.training.experiment.manifest import load_findings, manifest_identity
 
-    from trainledger.journal.approval import sign_approval
+    from trainledger.training.experiment.approval import sign_approval
     from trainledger.journal.keys import load_signer
 
     m, findings = load_findings(args.manifest)
@@ -179,4 +236,65 @@ def _cmd_approve(args: argparse.Namespace) -> int:
     except OSError as e:
         raise UsageError(f"{out}: cannot write: {e.strerror}") from None
     say(f"wrote {out}: {a.decision} of {a.manifest_id} by {a.authority} (key {a.key_id})")
+    return 0
+
+
+def _cmd_watch(args: argparse.Namespace) -> int:
+    from trainledger.training.watch import watch
+
+    if not 0 < args.interval <= 3600:
+        raise UsageError(f"--interval must be a number of seconds in (0, 3600], got {args.interval}")
+    if args.timeout is not None and not 0 <= args.timeout < float("inf"):
+        raise UsageError(f"--timeout must be a finite number of seconds, got {args.timeout}")
+    return watch(args.path, interval=args.interval, timeout=args.timeout, trust=trust_policy(args))
+
+
+def _cmd_import(args: argparse.Namespace) -> int:
+    from trainledger.training.interop import import_megatron, import_tensorboard
+
+    signer = load_signer(args.key)
+    if args.source == "tensorboard":
+        r = import_tensorboard(args.logdir, args.out_dir, signer, loss_tag=args.loss_tag,
+                               grad_norm_tag=args.grad_norm_tag, lr_tag=args.lr_tag)
+    else:
+        r = import_megatron(args.logfile, args.out_dir, signer)
+    say(f"IMPORTED {r.steps:,} steps and {r.metrics:,} other values from {r.files} {args.source} file(s) into "
+        f"{r.journal} (signed; it attests what the files said now, not that the run happened)")
+    for line, why in r.skipped[:10]:
+        say(f"  skipped line {line}: {why}")
+    if r.skipped:
+        say(f"  {len(r.skipped)} line(s) skipped in all", file=sys.stderr)
+    return 0
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from trainledger.journal.copies import PrivateCopies
+    from trainledger.training.interop import export_tensorboard
+    from trainledger.journal.reader import unchecked_batches
+    from trainledger.journal.verify import verify_copy
+
+    with PrivateCopies() as copies:
+        try:
+            rep, copy = verify_copy(args.path, copies, trust_policy(args))
+        except IntegrityError as e:
+            say(e.fail_line(args.path))
+            return 1
+        n = export_tensorboard((e for b in unchecked_batches(copy, rep.trusted_bytes) for e in b), args.logdir,
+                               run_id=rep.run_id or "run")
+    say(f"wrote {n:,} scalars of {rep.run_id} to {args.logdir} (TensorBoard event file; the journal stays the record)")
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from trainledger.training.demo import run_demo
+
+    if args.steps < 1:
+        raise JournalError(f"--steps must be at least 1, got {args.steps}")
+    out = Path(args.out) if args.out else Path("runs") / time.strftime("demo-%Y%m%dT%H%M%S")
+    journal_path, pub = run_demo(out, steps=args.steps, seed=args.seed,
+                                 key=Path(args.key) if args.key else None)
+    say(f"wrote {journal_path} (public key {pub})")
+    say(f"$ trainledger verify {journal_path} --pubkey {pub} --require-closed")
+    r = verify(journal_path, keys=trusted_keys([str(pub)]), require_closed=True)
+    print_report(r, title="OK  ")
     return 0

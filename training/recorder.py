@@ -10,7 +10,7 @@
 It bundles the signed journal (``RUN_DIR/journal.jsonl``), the health monitor and the checkpointer. Opened on a
 folder whose journal is open (a crash, a preemption), it continues the journal (torn tail repaired) and restores the
 newest checkpoint the journal recorded, with the same verdicts as everywhere: ``run_resumed``, or ``resume_rejected``
-and :class:`~trainledger.training.checkpoint.ResumeRejected` (a changed byte, a missing cursor, a model the weights do
+and :class:`~trainledger.training.checkpoints.state.ResumeRejected` (a changed byte, a missing cursor, a model the weights do
 not fit). The data cursor is ``data.state_dict()`` when ``data`` has one (trainledger's sampler, torchdata's
 ``StatefulDataLoader``), else the plain ``data_state`` you pass to :meth:`checkpoint` (epoch, batch index); a plain
 ``DataLoader`` with neither is saved without a cursor, and resuming from it is a ``resume-invalid-missing-state``
@@ -29,11 +29,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trainledger.journal.mfu import record_compute
+from trainledger.training.health.mfu import record_compute
 from trainledger.journal import Journal, Signer, load_signer
 from trainledger.journal.errors import JournalClosed, UsageError
 
-from .checkpoint import (
+from trainledger.training.checkpoints.state import (
     CheckpointSaved,
     ResumeRejected,
     enforce_retention,
@@ -42,7 +42,7 @@ from .checkpoint import (
     save_checkpoint,
     signed_history,
 )
-from .monitor import TrainingHealthMonitor
+from trainledger.training.health.monitor import TrainingHealthMonitor
 
 __all__ = ["Recorder"]
 
@@ -92,9 +92,9 @@ class Recorder:
         journal names the previous run, its signed head and the checkpoint's digest (``run_opened.meta.continues``,
         then ``run_resumed`` with reason ``continued``)."""
         from trainledger.journal import RunResumed, read_signed_events, verify
-        from trainledger.journal._paths import confined
+        from trainledger.journal.paths import confined
 
-        from .checkpoint import apply_payload, file_sha256, load_payload
+        from trainledger.training.checkpoints.state import apply_payload, file_sha256, load_payload
 
         pj = prev / "journal.jsonl"
         rep = verify(pj, keys=[self.signer.public], allow_unsealed=True)
@@ -188,7 +188,7 @@ class Recorder:
         over at the resume."""
         from trainledger.journal.kinds import CheckpointDeleted
 
-        from .integrations._common import record_checkpoint
+        from trainledger.training.integrations.hooks import record_checkpoint
 
         p = Path(path)
         if not p.resolve().is_relative_to(self.run.resolve()):
@@ -205,7 +205,7 @@ class Recorder:
     def check_checkpoint(self, path: str | os.PathLike) -> CheckpointSaved:
         """Before loading a checkpoint your own code wrote: check it against its signed record and record the
         verdict (``run_resumed``; or ``resume_rejected`` and :class:`ResumeRejected`). Returns the record."""
-        from .integrations._common import check_folder
+        from trainledger.training.integrations.hooks import check_folder
 
         rec = check_folder(self.journal, self.run, Path(path))
         self.monitor.observe_resume(rec.step, checkpoint=rec.path, append=False)

@@ -12,18 +12,18 @@ re-exported here; the torch-side ones resolve on first use, so ``import trainled
 from __future__ import annotations
 
 _JOURNAL_NAMES = ("Event", "IntegrityError", "Journal", "JournalError", "PublicKey", "Signer", "StepObserved",
-                  "TrainledgerError", "VerifyReport", "__version__", "keygen", "load_public_key", "load_signer",
+                  "TrainledgerError", "TrustPolicy", "VerifyReport", "__version__", "keygen", "load_public_key", "load_signer",
                   "read_events", "read_signed_events", "trusted_keys", "verify")
 
 # Every name resolves on first use (PEP 562): importing trainledger loads nothing (the CLI installs its Ctrl-C
 # handling before the journal is loaded); the torch-side names import torch only then.
 _LAZY = {
-    "TrainingHealthMonitor": "trainledger.training.monitor",
-    "build_causal_lm": "trainledger.training.model",
-    "flop_config_from_causal_lm": "trainledger.training.flops",
-    "save_checkpoint": "trainledger.training.checkpoint",
-    "restore_checkpoint": "trainledger.training.checkpoint",
-    "Checkpointer": "trainledger.training.checkpoint",
+    "TrainingHealthMonitor": "trainledger.training.health.monitor",
+    "build_causal_lm": "trainledger.training.reference.model",
+    "flop_config_from_causal_lm": "trainledger.training.health.flops",
+    "save_checkpoint": "trainledger.training.checkpoints.state",
+    "restore_checkpoint": "trainledger.training.checkpoints.state",
+    "Checkpointer": "trainledger.training.checkpoints.state",
     "Rung": "trainledger.ladder.rung",
     "run_pilot_ladder": "trainledger.ladder.runner",
 }

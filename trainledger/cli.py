@@ -1,6 +1,7 @@
-"""The ``trainledger`` command: the journal's commands plus the training side's and the ladder's, each package
-registering its own (``register(sub)`` in ``journal/cli.py``, ``training/cli.py``, ``ladder/cli.py``). Nothing here
-imports torch: the torch-side commands import it when they run.
+"""The ``trainledger`` command: each package registers its own commands (``register(sub)`` in ``journal/cli.py``,
+``training/cli.py``, ``ladder/cli.py``), and this module adds the two that read every domain at once, ``replay``
+and ``report`` (through :mod:`trainledger.audit` and :mod:`trainledger.report`). Nothing here imports torch: the
+torch-side commands import it when they run.
 """
 
 from __future__ import annotations
@@ -21,20 +22,63 @@ if os.path.basename(sys.argv[0]) in ("trainledger", "__main__.py"):  # the conso
     signal.signal(signal.SIGINT, _interrupted_at_startup)
 
 import argparse  # noqa: E402
+import json  # noqa: E402
 from collections.abc import Sequence  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 from trainledger.journal import cli as _journal_cli  # noqa: E402
 from trainledger.ladder import cli as _ladder_cli  # noqa: E402
 from trainledger.training import cli as _training_cli  # noqa: E402
+from trainledger.journal.audit.rundir import is_run_dir  # noqa: E402
+from trainledger.journal.errors import IntegrityError, UsageError  # noqa: E402
+from trainledger.journal.options import (EPILOG, add_json_option, add_trust_options, imported_line,  # noqa: E402
+                                         say, trust_policy)
 
 __all__ = ["build_parser", "main", "entry"]
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser, sub = _journal_cli.new_parser()
-    for package in (_journal_cli, _training_cli, _ladder_cli):
-        package.register(sub)
+    _journal_cli.register(sub)
+    register(sub)
+    _training_cli.register(sub)
+    _ladder_cli.register(sub, write_report=_write_report)
     return parser
+
+
+def _write_report(*args, **kwargs):
+    """The report writer, imported when a command writes one (matplotlib is an extra)."""
+    from trainledger.report import write_report
+
+    return write_report(*args, **kwargs)
+
+
+def register(sub) -> None:
+    """Add ``replay`` and ``report``: they fold every package's projections."""
+    p = sub.add_parser("replay", help="verify, rebuild every projection, and recompute every derived event",
+                       description="Verify the journal, fold it through every projection (health, MFU, "
+                                   "checkpoints and resumes, rewinds, ladder outcome) and recompute every derived "
+                                   "event (anomalies, gate verdicts, decisions) from the events they rest on. "
+                                   "Any difference from what was recorded exits 1.",
+                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("path", metavar="PATH")
+    add_trust_options(p)
+    add_json_option(p)
+    p.add_argument("--no-progress", action="store_true", help="no progress bar even on a terminal")
+    p.set_defaults(func=_cmd_replay)
+
+    p = sub.add_parser("report", help="write one self-contained HTML page about a run (curves, verdicts, decisions)",
+                       description="Verify and replay a journal, then write one self-contained HTML file: the "
+                                   "verification verdict and key id, loss, grad norm, step time and MFU curves with "
+                                   "anomalies, checkpoints, resumes and rewinds marked, the ladder's verdicts and "
+                                   "decisions, and the manifest identity. Nothing is written for a journal that "
+                                   "does not verify. Needs matplotlib (pip install 'trainledger[report]').",
+                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("path", metavar="PATH")
+    p.add_argument("-o", "--out", metavar="FILE", default=None, help="where to write (default: report.html beside PATH)")
+    add_trust_options(p)
+    p.set_defaults(func=_cmd_report)
+
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -46,3 +90,127 @@ def entry() -> None:
     """The console script: from here on Ctrl-C is a KeyboardInterrupt that each command handles."""
     signal.signal(signal.SIGINT, signal.default_int_handler)
     _journal_cli.entry(main)
+
+
+# ---------------------------------------------------------------- replay and report
+
+
+def _cmd_replay(args: argparse.Namespace) -> int:
+    from trainledger.audit import replay
+
+    if is_run_dir(args.path):
+        return _replay_run_dir(args)
+
+    rec = _replayed(replay, args)
+    if isinstance(rec, int):
+        return rec
+    v = rec.verify
+    say(f"{'OK  ' if rec.ok else 'DIFF'}  {args.path}  run {v.run_id}  key {v.key_id} ({v.trust})  "
+          f"{v.events:,} events  tail {v.tail}")
+    if v.imported is not None:
+        say(f"  IMPORTED {imported_line(v.imported)}")
+    if v.unsealed_events and v.trust in ("pinned", "embedded"):
+        say(f"  UNSIGNED: {v.unsealed_events:,} events after seq {v.trusted_last_seq} are not signed; "
+              "replay left them out")
+    elif v.trust == "unsigned":
+        say("  UNSIGNED: the journal carries no signatures; anyone could have written it")
+    if rec.health is not None:
+        h = rec.health
+        mfu = h["mfu"]
+        m = "-" if mfu["mean"] is None else f"{mfu['mean']:.2%} (min {mfu['min']:.2%}, max {mfu['max']:.2%})"
+        tps = "-" if h["tokens_per_s"] is None else f"{h['tokens_per_s']:,.0f}"
+        say(f"  steps {h['steps']:,}; MFU mean {m} over {mfu['count']:,} steps; tokens/s {tps}")
+        if mfu.get("implausible"):
+            say(f"  MFU IMPLAUSIBLE: {mfu['above_100pct']:,} steps above 100%: the peak they are measured against "
+                 f"({mfu.get('peak_source') or 'unstated source'}) is too low; not a receipt")
+        if h.get("spikes_suspected"):
+            say(f"  spikes suspected (unconfirmed, not anomalies): {h['spikes_suspected']}")
+
+        r = h["restarts"]
+        say(f"  restarts {r['count']} (continuity {'ok' if r['continuity_ok'] else 'BROKEN'})")
+    if rec.compute is not None:
+        c = rec.compute
+        say(f"  compute {c['steps']:,} steps, {c['tokens']:,} tokens, {c['flops']:.4g} model FLOPs (every step "
+            "observed, all segments)")
+    for kind, steps in sorted(rec.anomalies_by_kind.items()):
+        shown = ", ".join(map(str, steps[:10])) + (" ..." if len(steps) > 10 else "")
+        say(f"  anomaly {kind}: {len(steps)} at steps {shown}")
+    for c in rec.checkpoints:
+        say(f"  checkpoint step {c['step']} {c['path']} sha256 {c['sha256'][:16]}...")
+    for r in rec.resumes:
+        say(f"  resumed from step {r['from_step']} ({r['checkpoint'] or r['reason']}) at seq {r['seq']}")
+    for r in rec.rewinds:
+        say(f"  rewind: spike at step {r['spike_step']} -> {r['checkpoint']}, skipped {r.get('skipped_batches')}")
+    for s_ in rec.stops:
+        say(f"  stopped: {s_['rule']} ({s_['reason']})")
+    if rec.ladder is not None:
+        lad = rec.ladder
+        say(f"  ladder: passed {lad['passed_rungs']}, halted_at {lad['halted_at']}, {lad['decisions']} decisions")
+        for o in lad["outcomes"]:
+            say(f"    {o['rung']}: {'GO' if o['passed'] else 'NO-GO'}  {o['reason']}")
+    for note in rec.notes:
+        say(f"  note: {note}")
+    for d in rec.differences:
+        say(f"  DIFFERENCE seq {d['seq']} ({d['kind']}): {d['detail']}")
+    return 0 if rec.ok else 1
+
+
+def _replayed(fn, args: argparse.Namespace):
+    """Run a replay (one journal or a run folder): the reconstruction to print, or the exit code when it
+    failed (one FAIL line) or ``--json`` already printed it."""
+    try:
+        rec = fn(args.path, trust=trust_policy(args))
+    except IntegrityError as e:
+        say(e.fail_line(args.path))
+        return 1
+    if args.json:
+        say(json.dumps(rec.to_dict(), default=str))
+        return 0 if rec.ok else 1
+    return rec
+
+
+def _replay_run_dir(args: argparse.Namespace) -> int:
+    """A distributed run's folder: every rank replayed, the straggler windows recomputed."""
+    from trainledger.audit import replay_run_dir
+
+    rec = _replayed(replay_run_dir, args)
+    if isinstance(rec, int):
+        return rec
+    say(f"{'OK  ' if rec.ok else 'DIFF'}  {args.path}: {len(rec.ranks)} ranks replayed, "
+        f"{rec.verify.anchors} anchors, {len(rec.stragglers)} stragglers flagged")
+    for r, one in sorted(rec.ranks.items()):
+        h = one.health or {}
+        say(f"  rank {r:<5} {'OK  ' if one.ok else 'DIFF'} steps {h.get('steps', 0):,}  "
+            f"anomalies {sum(len(v) for v in one.anomalies_by_kind.values())}")
+    for s_ in rec.stragglers:
+        say(f"  straggler: rank {s_['rank']} ({s_['node']}) score {s_['score']:.3f} over steps "
+            f"{s_['window'][0]}-{s_['window'][1]}")
+    for d in rec.differences:
+        say(f"  DIFFERENCE rank {d['rank']} seq {d['seq']} ({d['kind']}): {d['detail']}")
+    return 0 if rec.ok else 1
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from trainledger.report import write_report, write_run_dir_report
+
+    folder = is_run_dir(args.path)
+    out = Path(args.out) if args.out else (Path(args.path) / "report.html" if folder
+                                           else Path(args.path).with_name("report.html"))
+    if out.is_dir():
+        raise UsageError(f"{out}: is a folder; give a file name with -o")
+    if not out.parent.is_dir():
+        raise UsageError(f"{out.parent}: no such folder")
+    try:
+        rec = (write_run_dir_report if folder else write_report)(args.path, out, trust=trust_policy(args))
+    except IntegrityError as e:
+        say(e.fail_line(args.path))
+        say("trainledger report: no report written", file=sys.stderr)
+        return 1
+    if folder:
+        say(f"wrote {out} ({out.stat().st_size / 1024:.0f} KiB): {len(rec.ranks)} ranks, "
+            f"{sum(r.events for r in rec.verify.ranks.values()):,} events, {len(rec.stragglers)} stragglers, "
+            + ("replay consistent" if rec.ok else f"{len(rec.differences)} DIFFERENCES from the recomputation"))
+        return 0 if rec.ok else 1
+    say(f"wrote {out} ({out.stat().st_size / 1024:.0f} KiB): run {rec.verify.run_id}, {rec.verify.events:,} events, "
+          + ("replay consistent" if rec.ok else f"{len(rec.differences)} DIFFERENCES from the recomputation"))
+    return 0 if rec.ok else 1

@@ -45,14 +45,14 @@ from typing import Any
 import torch
 from transformers import TrainerCallback
 
-from trainledger.journal.mfu import record_compute
+from trainledger.training.health.mfu import record_compute
 from trainledger.journal import Signer
 from trainledger.journal.kinds import CheckpointDeleted, CheckpointSaved
 
-from ..checkpoint import ResumeRejected, signed_history
-from ..flops import flop_config_from_hf
-from ..monitor import TrainingHealthMonitor
-from ._common import (StepBuffer, check_folder, open_run_journal, record_checkpoint, signer_from, step_loss,
+from trainledger.training.checkpoints.state import ResumeRejected, signed_history
+from trainledger.training.health.flops import flop_config_from_hf
+from trainledger.training.health.monitor import TrainingHealthMonitor
+from trainledger.training.integrations.hooks import (StepBuffer, check_folder, open_run_journal, record_checkpoint, signer_from, step_loss,
                       tap_clip, total_norm, untap_clip)
 
 __all__ = ["TrainledgerCallback", "check_resume", "ResumeRejected"]
@@ -114,7 +114,7 @@ class TrainledgerCallback(TrainerCallback):
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         import transformers
 
-        from ..manifest import scrub
+        from trainledger.training.experiment.manifest import scrub
 
         run = self.run_dir or Path(args.output_dir)
         self.run_dir = run

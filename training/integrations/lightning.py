@@ -35,13 +35,13 @@ import torch
 from lightning.pytorch import Callback
 from lightning.pytorch.loggers import Logger
 
-from trainledger.journal.mfu import record_compute
+from trainledger.training.health.mfu import record_compute
 from trainledger.journal import Journal, Signer, read_signed_events
 from trainledger.journal.kinds import CheckpointSaved, MetricsLogged, ResumeRejectedEvent, RunStopped
 
-from ..checkpoint import ResumeRejected, file_sha256
-from ..monitor import TrainingHealthMonitor
-from ._common import (StepBuffer, open_run_journal, record_checkpoint, signer_from, step_loss, tap_clip, total_norm,
+from trainledger.training.checkpoints.state import ResumeRejected, file_sha256
+from trainledger.training.health.monitor import TrainingHealthMonitor
+from trainledger.training.integrations.hooks import (StepBuffer, open_run_journal, record_checkpoint, signer_from, step_loss, tap_clip, total_norm,
                       untap_clip)
 
 __all__ = ["TrainledgerCallback", "TrainledgerLogger", "ResumeRejected"]
@@ -56,7 +56,7 @@ def _open(run_dir: Path, signer: Signer, trainer: Any, meta: dict[str, Any]) -> 
     if trainer.world_size > 1:
         import socket
 
-        from trainledger.training.distributed import RankInfo
+        from trainledger.training.distributed.ranks import RankInfo
 
         run = os.environ.get("TORCHELASTIC_RUN_ID") or os.environ.get("TRAINLEDGER_RUN") or run_dir.name
         info = RankInfo(run=run, rank=trainer.global_rank, world_size=trainer.world_size,

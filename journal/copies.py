@@ -1,0 +1,77 @@
+"""Private copies of journals, so that the bytes a command verified are the bytes it then reads.
+
+``replay``, ``report`` and ``query`` verify a journal and then read it again (to fold it, to load it into
+DuckDB). Whoever can write the run folder could swap the file in between. Each such command therefore copies
+the journal first into a folder only this user can enter (``tempfile.mkdtemp``, mode 0700), verifies the copy and
+reads the copy: there is nothing left to swap. The copy also has a name of our choosing, so no reader ever
+expands a user's path as a glob. It costs one sequential copy (about as much as reading the file once) and as
+much temporary disk as the journals (``$TMPDIR``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import tempfile
+from pathlib import Path
+
+from trainledger.journal.errors import JournalIOError
+
+__all__ = ["PrivateCopies"]
+
+
+class PrivateCopies:
+    """A 0700 temporary folder of journal copies, removed on exit."""
+
+    def __init__(self) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="trainledger-"))
+        self._n = 0
+        #: copy path -> (inode, mtime_ns, ctime_ns) of the original when it was opened (what was copied)
+        self.identity: dict[str, tuple[int, int, int]] = {}
+
+    def __enter__(self) -> PrivateCopies:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def copy(self, path: str | os.PathLike) -> Path:
+        """Copy the regular file ``path`` as it is now (its size when opened) and return the copy's path."""
+        p = Path(path)
+        try:
+            src = os.open(p, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0))
+        except FileNotFoundError:
+            raise JournalIOError(f"{p}: no such file") from None
+        except OSError as e:
+            raise JournalIOError(f"{p}: {e.strerror}") from None
+        try:
+            st = os.fstat(src)
+            if stat.S_ISDIR(st.st_mode):
+                raise JournalIOError(f"{p}: is a directory, not a journal file")
+            if not stat.S_ISREG(st.st_mode):
+                raise JournalIOError(f"{p}: not a regular file")
+            self._n += 1
+            dst_path = self.dir / f"{self._n}.jsonl"
+            self.identity[str(dst_path)] = (st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
+            dst = os.open(dst_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
+                left = st.st_size
+                while left > 0:
+                    try:
+                        n = os.copy_file_range(src, dst, left)
+                    except (AttributeError, OSError):  # older kernels, other filesystems: copy by hand
+                        n = os.write(dst, os.read(src, min(left, 1 << 20)))
+                    if n == 0:
+                        break
+                    left -= n
+            except OSError as e:
+                raise JournalIOError(f"{p}: copying it failed: {e.strerror}") from None
+            finally:
+                os.close(dst)
+        finally:
+            os.close(src)
+        return dst_path

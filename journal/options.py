@@ -1,0 +1,141 @@
+"""What every ``trainledger`` command shares: exit codes, one-line output, progress, the trust options, the
+verify report's printout. Each package's ``cli`` module builds on it; nothing here imports a command."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+from trainledger.journal.keys import TRUSTED_KEYS_ENV, trusted_keys
+from trainledger.journal.text import safe
+from trainledger.journal.trust import TrustPolicy
+from trainledger.journal.verify import VerifyReport, verify
+
+__all__ = ["EPILOG", "say", "Progress", "progress_for", "add_json_option", "add_trust_options", "trust_policy",
+           "verify_from_args", "print_report", "fmt_int", "imported_line"]
+
+EPILOG = """exit codes: 0 ok, 1 integrity failure (the journal does not verify, or
+what it or a checkpoint says cannot hold), 2 usage or I/O error, 130 Ctrl-C;
+watch also 3 at --timeout. Keys can be pinned once for a team in a file named by
+$%s (one public key per line).""" % TRUSTED_KEYS_ENV
+
+
+def say(*values: object, file=None, end: str = "\n", flush: bool = False) -> None:
+    """Print one line. Every value is passed through :func:`journal._text.safe`: whatever a journal or a
+    manifest put in a run id, a reason or a path shows as visible escapes, never as terminal control."""
+    print(*(safe(v) for v in values), file=file, end=end, flush=flush)
+
+
+class Progress:
+    """A one-line progress bar on stderr, shown only when stderr is a terminal."""
+
+    def __init__(self, label: str):
+        self.label = label
+        self.t0 = time.perf_counter()
+        self.last = 0.0
+        self.shown = False
+
+    def __call__(self, done: int, total: int) -> None:
+        now = time.perf_counter()
+        if now - self.last < 0.1 and done < total:
+            return
+        self.last = now
+        frac = done / total if total else 1.0
+        bar = "#" * int(frac * 30)
+        rate = done / (now - self.t0) / 1e6 if now > self.t0 else 0.0
+        sys.stderr.write(f"\r{self.label} [{bar:<30}] {frac:6.1%}  {done / 1e6:,.1f}/{total / 1e6:,.1f} MB  {rate:,.0f} MB/s")
+        sys.stderr.flush()
+        self.shown = True
+
+    def close(self) -> None:
+        if self.shown:
+            sys.stderr.write("\r" + " " * 100 + "\r")
+            sys.stderr.flush()
+
+
+def progress_for(args: argparse.Namespace, label: str) -> Progress | None:
+    if getattr(args, "json", False) or getattr(args, "no_progress", False) or not sys.stderr.isatty():
+        return None
+    return Progress(label)
+
+
+def add_json_option(p: argparse.ArgumentParser) -> None:
+    """The shared machine-readable output switch (one JSON object on stdout)."""
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def add_trust_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("trust")
+    g.add_argument("--pubkey", action="append", default=[], metavar="FILE",
+                   help=f"pinned public key (repeatable); also read from ${TRUSTED_KEYS_ENV}")
+    g.add_argument("--trust-embedded", action="store_true",
+                   help="check against the key embedded in the journal (integrity only: authenticity not established)")
+    g.add_argument("--allow-unsigned", action="store_true", help="accept a journal that carries no signatures")
+    g.add_argument("--allow-unsealed", action="store_true",
+                   help="accept a signed journal whose last events no seal covers (a live or crashed run): only "
+                        "the signed prefix is verified and used; the rest is counted and left out")
+
+
+def verify_from_args(args: argparse.Namespace, *, label: str = "verifying", **extra) -> VerifyReport:
+    """Verify ``args.path`` under the command's trust options (``extra``: verify's other keywords, or fields of
+    the policy on top), with a progress bar on a terminal."""
+    progress = progress_for(args, label)
+    try:
+        return verify(args.path, trust=trust_policy(args), progress=progress, **extra)
+    finally:
+        if progress is not None:
+            progress.close()
+
+
+def trust_policy(args: argparse.Namespace) -> TrustPolicy:
+    """The :class:`TrustPolicy` the shared trust options (:func:`add_trust_options`) describe; a command without
+    them (``show``) trusts no key."""
+    return TrustPolicy(keys=trusted_keys(args.pubkey) if hasattr(args, "pubkey") else (),
+                       trust_embedded=getattr(args, "trust_embedded", False),
+                       allow_unsigned=getattr(args, "allow_unsigned", False),
+                       allow_unsealed=getattr(args, "allow_unsealed", False))
+
+
+def fmt_int(n: int | None) -> str:
+    return "-" if n is None else f"{n:,}"
+
+
+def imported_line(imp: dict[str, Any]) -> str:
+    files = imp.get("files") if isinstance(imp.get("files"), list) else []
+    return (f"from {len(files)} {imp.get('tool')} file(s) by {imp.get('by')} at {imp.get('at')}: it attests what "
+            "those files said then, not that the run happened")
+
+
+def print_report(r: VerifyReport, *, title: str) -> None:
+    trust = {"pinned": "pinned", "embedded": "embedded key only: authenticity NOT established",
+             "unsigned": "unsigned", "unchecked": "signatures not checked"}.get(r.trust or "", r.trust)
+    tail = r.tail or "-"
+    if r.tail == "open":
+        tail += f" ({fmt_int(r.unsealed_events)} events after the last seal)"
+    elif r.tail == "torn":
+        tail += f" ({r.torn_bytes} bytes after the last complete line at byte {r.torn_offset})"
+    created = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(r.created_ns / 1e9)) if r.created_ns else "-"
+    say(f"{title}  {r.path}")
+    say(f"  run       {r.run_id}")
+    if r.imported is not None:
+        say(f"  IMPORTED  {imported_line(r.imported)}")
+    say(f"  key       {r.key_id or '-'} ({trust})")
+    say(f"  created   {created}")
+    say(f"  events    {fmt_int(r.events)} in {r.bytes:,} bytes ({fmt_int(r.seals)} seals)")
+    for kind, n in sorted(r.kinds.items(), key=lambda kv: (-kv[1], kv[0])):
+        say(f"    {kind:<22} {n:>12,}")
+    say(f"  tail      {tail}")
+    say(f"  head      {r.head or '-'}  (latest sealed)")
+    if r.last_tree_root is not None and r.last_sealed_seq is not None:
+        import base64
+
+        root = base64.b64encode(bytes.fromhex(r.last_tree_root)).decode()
+        say(f"  tree      {r.last_sealed_seq + 1:,} lines, root {root}  (the latest seal's; 'trainledger checkpoint' "
+            "prints it signed)")
+    if r.unsealed_events and r.trust in ("pinned", "embedded"):
+        say(f"  UNSIGNED  {r.unsealed_events:,} events after seq {r.trusted_last_seq} are NOT signed: "
+              "not verified, left out")
+    for note in r.notes:
+        say(f"  note: {note}")

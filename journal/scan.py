@@ -1,0 +1,695 @@
+"""The verifier's inner loop: check a byte range of a journal, a read block at a time.
+
+Shared by :func:`journal.verify.verify` (possibly in several processes, one
+byte range each), the streaming reader and ``Journal.open_append``. A range
+is checked given the seq and chain hash of the line just before it, so ranges
+are independent and can be checked in parallel: every line's hash is
+recomputed from the *stored* hash of the line before it, and since each of
+those is itself checked, the whole chain holds when every range does. The same
+holds within a block, whose lines the accelerator hashes side by side
+(:meth:`Scanner.feed_block`); whatever the block pass does not settle is
+checked line by line (:meth:`Scanner.feed`), which names the line.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import itertools
+import operator
+import os
+import typing
+from typing import Any
+
+import msgspec
+
+from trainledger.journal import codec
+
+from trainledger.journal import accel as _accel
+from trainledger.journal.chain import LINE_TAG, is_hash_hex, seal_checkpoint, seal_message
+from trainledger.journal.proofs.merkle import CompactRange, range_of_hashes, range_of_lines
+from trainledger.journal.codec import HASH_SUFFIX_LEN, UnknownEvent
+from trainledger.journal.errors import (
+    ChainBroken,
+    IntegrityError,
+    JournalIOError,
+    RunMismatch,
+    SchemaError,
+    SealInvalid,
+    SequenceError,
+)
+from trainledger.journal.events import RunClosed, RunOpened, Seal, StepObserved
+from trainledger.journal.keys import PublicKey
+
+#: Longest line accepted. The writer never produces one near this; a longer
+#: "line" is garbage or an attack, and refusing it keeps memory bounded.
+MAX_LINE = 16 * 1024 * 1024
+#: Bytes read at a time; each block's complete lines are checked as one batch
+#: (about 1,000 step events), small enough to stay in cache (tools/bench_journal.py).
+BLOCK = 256 * 1024
+
+_fast = _accel.fast
+_scan_block = getattr(_fast, "scan_block", None)
+_step_lines = getattr(_fast, "step_lines", None)
+_link = _accel.link
+_get_seq = operator.attrgetter("seq")
+_get_h = operator.attrgetter("h")
+_fromhex = bytes.fromhex
+_LINE_BASE = hashlib.sha256(LINE_TAG)
+_copy = type(_LINE_BASE).copy
+_update = type(_LINE_BASE).update
+_digest = type(_LINE_BASE).digest
+_add = operator.add
+_repeat = itertools.repeat
+_strip_hash = operator.itemgetter(slice(None, -HASH_SUFFIX_LEN))
+
+
+TREE_CHECK, TREE_FIELDS = 1, 2
+
+
+def tree_mode(format_version: str | None, check: bool = True) -> int:
+    """ScanContext.tree for a journal of this format version."""
+    from trainledger.journal.chain import has_tree
+
+    return (TREE_CHECK if check else TREE_FIELDS) if has_tree(format_version) else 0
+
+
+class ScanContext:
+    """What every range needs to know about the journal (picklable)."""
+
+    __slots__ = ("run_id", "key_id", "public_raw", "check_signatures", "expect_head", "collect", "want_seqs", "tree",
+                 "tree_at")
+
+    def __init__(self, run_id: str, key_id: str | None, public_raw: bytes | None,
+                 check_signatures: bool, expect_head: tuple[int, str] | None,
+                 collect: frozenset[str] = frozenset(), want_seqs: frozenset[int] = frozenset(),
+                 tree: int = 0, tree_at: int | None = None):
+        self.run_id = run_id
+        self.key_id = key_id
+        self.public_raw = public_raw
+        self.check_signatures = check_signatures
+        self.expect_head = expect_head
+        #: kinds whose lines the scan hands back (with their offsets), and seqs whose chain hashes it hands back;
+        #: the seals' heads are handed back whenever ``collect`` is set (verify_run_dir's anchors)
+        self.collect = collect
+        self.want_seqs = want_seqs
+        #: format 1.3: every seal names the Merkle tree of the lines before it and signs its checkpoint text.
+        #: 0: an older format (a seal naming a tree is refused); TREE_CHECK: the scan builds the tree and checks
+        #: each seal's root; TREE_FIELDS: the fields are checked but not the roots (a fold after verification)
+        self.tree = tree
+        #: a tree size whose root the scan keeps (verify --expect-checkpoint): the range holding that leaf boundary
+        #: hands back its leaves before it
+        self.tree_at = tree_at
+
+    def __getstate__(self):
+        return tuple(getattr(self, s) for s in self.__slots__)
+
+    def __setstate__(self, state):
+        for s, v in zip(self.__slots__, state):
+            setattr(self, s, v)
+
+
+class RangeResult:
+    """Facts gathered from one byte range; merged in file order by the verifier."""
+
+    __slots__ = ("start", "end", "count", "kinds", "first_seq", "last_seq", "last_hash", "last_kind",
+                 "seals", "last_seal_seq", "last_sealed_hash", "last_seal_end", "last_seal_h", "closed_seqs", "head_found", "torn_offset", "torn_bytes",
+                 "unknown", "error", "collected", "hashes", "tree", "seal_tree", "seal_roots",
+                 "last_seal_sig", "last_seal_root", "tree_at")
+
+    def __init__(self, start: int, end: int):
+        self.start = start
+        self.end = end
+        self.count = 0
+        self.kinds: dict[str, int] = {}
+        self.first_seq: int | None = None
+        self.last_seq: int | None = None
+        self.last_hash: str | None = None
+        self.last_kind: str | None = None
+        self.seals = 0
+        self.last_seal_seq: int | None = None
+        self.last_sealed_hash: str | None = None
+        #: byte offset just past the newline of the last good seal line: the signed prefix ends there
+        self.last_seal_end: int | None = None
+        self.last_seal_h: str | None = None  # the seal line's own chain hash
+        self.closed_seqs: list[int] = []
+        self.head_found: bool | None = None
+        self.torn_offset: int | None = None
+        self.torn_bytes = 0
+        self.unknown = 0
+        self.error: tuple[str, str, int | None, int | None] | None = None
+        self.collected: list[tuple[int, bytes]] = []  # (offset, line) of the kinds ScanContext.collect names
+        self.hashes: dict[int, str] = {}  # seq -> chain hash: every seal's (when collecting) and ScanContext.want_seqs
+        #: format 1.3: the range's lines as a compact range of leaves; the same through its last seal line; and
+        #: (seal seq, offset, claimed root, the range's leaves before it) for each seal of a range not starting at
+        #: leaf 0, whose root only the merge of the ranges before it can check
+        self.tree: CompactRange | None = None
+        self.seal_tree: CompactRange | None = None
+        self.seal_roots: list[tuple[int, int, bytes, CompactRange]] = []
+        self.last_seal_sig: str | None = None
+        self.last_seal_root: str | None = None
+        self.tree_at: CompactRange | None = None
+
+    def __getstate__(self):
+        return tuple(getattr(self, s) for s in self.__slots__)
+
+    def __setstate__(self, state):
+        for s, v in zip(self.__slots__, state):
+            setattr(self, s, v)
+
+
+class Scanner:
+    """Checks consecutive lines: canonical form, seq, chain, seals, run binding."""
+
+    def __init__(self, ctx: ScanContext, prev_seq: int, prev_hash: bytes, result: RangeResult):
+        codec.refresh()
+        self.ctx = ctx
+        self.expect = prev_seq + 1
+        self.prev = prev_hash
+        self.res = result
+        #: verify's scanner: the records it checks are not handed on, so step_observed lines need not be decoded
+        #: (:meth:`_step_block`). Readers keep it False.
+        self.steps_unread = False
+        self._pub = PublicKey(ctx.public_raw) if ctx.public_raw is not None else None
+        self._type_counts: dict[type, int] = {}
+        self._seal_t = codec.record_type(Seal)
+        self._opened_t = codec.record_type(RunOpened)
+        self._closed_t = codec.record_type(RunClosed)
+        # Kinds with no per-line rule beyond the chain: batches of them take the all-C path.
+        self._plain = {t for c, t in ((c, codec.record_type(c)) for c in codec.known_kinds().values())
+                       if c not in (Seal, RunOpened, RunClosed)}
+        self._plain_or_seal = self._plain | {self._seal_t}
+        kinds = codec.known_kinds()
+        self._collect = {codec.record_type(kinds[k]) for k in ctx.collect if k in kinds}
+        self._want = ctx.want_seqs
+        self._tree = CompactRange(prev_seq + 1) if ctx.tree == TREE_CHECK else None
+        result.tree = self._tree
+
+    # ------------------------------------------------------------ decoding
+
+    def _decode(self, lines: list[bytes], offset: int, aligned: bool = False) -> list[Any]:
+        recs = codec.decode_batch(lines, aligned=aligned)
+        if recs is not None:
+            return recs
+        out = []
+        seq = self.expect
+        for line in lines:
+            if not line:
+                raise SchemaError("empty line", seq=seq, offset=offset)
+            try:
+                out.append(codec.decode_line(line, seq_hint=seq))
+            except IntegrityError as e:
+                e.offset = offset
+                raise
+            offset += len(line) + 1
+            seq += 1
+        return out
+
+    # ------------------------------------------------------------ the loop
+
+    def feed(self, lines: list[bytes], offset: int) -> list[Any]:
+        """Check ``lines`` (no newlines) starting at byte ``offset``; return their records (and, in format 1.3,
+        add them to the tree and check the root each seal names)."""
+        recs = self._feed(lines, offset)
+        if self._tree is not None and recs:
+            self._grow(recs, list(map(type, recs)), offset, lambda a, b, begin: range_of_lines(begin, lines[a:b]),
+                       lambda i: sum(map(len, lines[:i])) + i)
+        return recs
+
+    def feed_block(self, block: bytes, offset: int) -> list[Any]:
+        """:meth:`feed` for a block of complete lines, each ending with a newline, as read at byte ``offset``.
+
+        With the accelerator, the block is checked without splitting it into lines: the chain, the seqs and the
+        tree's leaves in one C pass over it, then one decode and one re-encode of the whole block compared byte for
+        byte (:func:`codec.decode_block`). Anything that pass does not settle (a failure to name, a rare kind, a
+        head to find) goes to :meth:`feed`, which decides it line by line as before.
+        """
+        if _scan_block is None:
+            return self.feed(lines_of(block), offset)
+        tree = self._tree
+        bad, ends_b, last, leaves = _scan_block(self.prev, block, self.expect, tree is not None)
+        if bad < 0 and self.steps_unread:
+            got = self._step_block(block, ends_b)
+            if got is not None:
+                # a block _settle turns away here (a rare kind, a seal to name, a head to find) it would turn away
+                # decoded too: the same lines, the same types
+                done = self._settle(block, offset, got[0], got[1], ends_b, last, leaves)
+                return done if done is not None else self.feed(lines_of(block), offset)
+        recs = codec.decode_block(block) if bad < 0 else None
+        if not recs:
+            return self.feed(lines_of(block), offset)
+        done = self._settle(block, offset, recs, list(map(type, recs)), ends_b, last, leaves)
+        return done if done is not None else self.feed(lines_of(block), offset)
+
+    def _step_block(self, block: bytes, ends_b: bytes) -> tuple[Any, list[type]] | None:
+        """verify's way through a block (``steps_unread``: its records are not handed on): its step_observed lines
+        held to their canonical form in C without decoding them, their numbers' spelling by one msgspec decode and
+        re-encode of them all; its other lines decoded and re-encoded as :func:`codec.decode_block` does. ``None``
+        sends the block the ordinary way."""
+        mask, numbers = _step_lines(block, ends_b)
+        if len(numbers) > 2 and not _numbers_canonical(numbers):
+            return None
+        others: dict[int, Any] = {}
+        i = mask.find(0)
+        if i >= 0:
+            ends = memoryview(ends_b).cast("I")
+            where = []
+            while i >= 0:
+                where.append(i)
+                i = mask.find(0, i + 1)
+            recs = codec.decode_block(b"".join(block[ends[i - 1] + 1 if i else 0:ends[i] + 1] for i in where))
+            if recs is None or len(recs) != len(where):
+                return None
+            others = dict(zip(where, recs))
+        types = [_STEP_T] * len(mask)
+        for i, r in others.items():
+            types[i] = type(r)
+        return _StepLines(self.expect, block, ends_b, others, len(mask)), types
+
+    def _settle(self, block: bytes, offset: int, recs: Any, types: list[type], ends_b: bytes, last: bytes,
+                leaves: Any) -> Any:
+        """The rest of :meth:`feed_block` for a block whose lines all hold their structure, chain and canonical form:
+        seals, counts, collected lines, the tree. ``None`` when the block must go line by line instead."""
+        tree = self._tree
+        n = len(recs)
+        ends = memoryview(ends_b).cast("I")
+        kinds = set(types)
+        expect = self.expect
+        eh = self.ctx.expect_head
+        if (eh is not None and expect <= eh[0] < expect + n) or \
+                not self._rare_ok(kinds, types, recs, lambda i: ends[i] + 1, offset):
+            return None  # the same checks again, line by line: they name what fails
+        counts = self._type_counts
+        for t in kinds:
+            counts[t] = counts.get(t, 0) + types.count(t)
+        if self._collect and not kinds.isdisjoint(self._collect):
+            collected = self.res.collected
+            for i, t in enumerate(types):
+                if t in self._collect:
+                    start = ends[i - 1] + 1 if i else 0
+                    collected.append((offset + start, block[start:ends[i]]))
+        self.expect = expect + n
+        self.prev = last
+        self._commit(recs)
+        if tree is not None:
+            view = memoryview(leaves)
+            self._grow(recs, types, offset, lambda a, b, begin: range_of_hashes(begin, view[32 * a:32 * b]),
+                       lambda i: ends[i - 1] + 1 if i else 0)
+        return recs
+
+    def _add(self, part, a: int, b: int) -> None:
+        """Add lines ``a..b`` of a batch to the tree (``part(a, b, begin)``: their range as leaves from ``begin``),
+        keeping the tree at ``ctx.tree_at`` when that boundary falls among them."""
+        tree = self._tree
+        m = self.ctx.tree_at
+        if m is not None and self.res.tree_at is None and tree.end <= m <= tree.end + b - a:
+            k = m - tree.end
+            if k:
+                tree.merge(part(a, a + k, tree.end))
+            self.res.tree_at = tree.copy()
+            a += k
+        if b > a:
+            tree.merge(part(a, b, tree.end))
+
+    def _grow(self, recs: list[Any], types: list[type], offset: int, part, line_start) -> None:
+        """Add a checked batch's lines to the tree, checking the root each of its seals names against the tree of
+        the lines before it (``types``: the records' types; ``line_start(i)``: line i's offset in the batch, to name
+        a seal that fails)."""
+        tree = self._tree
+        seal_t = self._seal_t
+        start = 0
+        i = -1
+        for _ in range(types.count(seal_t)):
+            i = types.index(seal_t, i + 1)
+            if i > start:
+                self._add(part, start, i)
+            start = i
+            rec = recs[i]
+            claimed = _fromhex(rec.tree_root)  # _check_seal has held it to 64 hex digits
+            if tree.begin == 0:
+                if tree.root() != claimed:
+                    raise SealInvalid(f"seal at seq {rec.seq}: its tree root is not the root of the {rec.seq:,} lines "
+                                      "before it", seq=rec.seq, offset=offset + line_start(i))
+            else:
+                self.res.seal_roots.append((rec.seq, offset + line_start(i), claimed, tree.copy()))
+            self._add(part, i, i + 1)
+            start = i + 1
+            self.res.seal_tree = tree.copy()
+        if start < len(recs):
+            self._add(part, start, len(recs))
+
+    def _feed(self, lines: list[bytes], offset: int) -> list[Any]:
+        """Check ``lines`` (no newlines) starting at byte ``offset``; return their records.
+
+        The checks run over the whole batch at C level (the accelerator, or
+        ``map`` pipelines over hashlib without it: no Python bytecode per line);
+        only when a batch fails, or holds a rare kind, does a per-line loop
+        find and name the line.
+        """
+        expect = self.expect
+        if _fast is not None:
+            # In C, per line: the seq, the hash suffix, one object per line, the chain hash.
+            fast_ok = _fast.check_lines(self.prev, lines, expect) < 0
+            recs = self._decode(lines, offset, aligned=fast_ok)
+            if not fast_ok:
+                self._slow(lines, recs, offset)  # names the line and the reason
+                return recs
+            n = len(recs)
+            if not n:
+                return recs
+        else:
+            recs = self._decode(lines, offset)
+            n = len(recs)
+            if not n:
+                return recs
+            # h[i] must equal SHA-256(tag || h[i-1] || P[i]), h[i-1] read from the line before.
+            try:
+                raw = list(map(_fromhex, map(_get_h, recs)))
+            except ValueError:  # some h is not hex: the slow path names the line
+                self._slow(lines, recs, offset)
+                return recs
+            prevs = [self.prev]
+            prevs += raw[:-1]
+            # Copying a hash object that has absorbed the tag is cheaper than building a
+            # new one (OpenSSL 3 looks the algorithm up on every construction).
+            hashers = list(map(_copy, _repeat(_LINE_BASE, n)))
+            list(map(_update, hashers, map(_add, prevs, map(_strip_hash, lines))))
+            if list(map(_digest, hashers)) != raw or list(map(_get_seq, recs)) != list(range(expect, expect + n)):
+                self._slow(lines, recs, offset)
+                return recs
+        types = list(map(type, recs))
+        kinds = set(types)
+        eh = self.ctx.expect_head
+        if (eh is not None and expect <= eh[0] < expect + n) or \
+                not self._rare_ok(kinds, types, recs, lambda i: sum(map(len, lines[:i + 1])) + i + 1, offset):
+            self._slow(lines, recs, offset)
+            return recs
+        counts = self._type_counts
+        for t in kinds:
+            counts[t] = counts.get(t, 0) + types.count(t)
+        if self._collect and not kinds.isdisjoint(self._collect):
+            collect = self._collect
+            pos = offset
+            for line, t in zip(lines, types):
+                if t in collect:
+                    self.res.collected.append((pos, line))
+                pos += len(line) + 1
+        self.expect = expect + n
+        self.prev = _fromhex(recs[-1].h)
+        self._commit(recs)
+        return recs
+
+    def _rare_ok(self, kinds: set[type], types: list[type], recs: list[Any], end_of, offset: int) -> bool:
+        """Check the seals in a batch that is otherwise clean (``end_of(i)``: the offset just past line i's newline
+        in the batch); False sends it to the slow path."""
+        if kinds <= self._plain:
+            return True
+        if not kinds <= self._plain_or_seal:
+            return False  # run_opened, run_closed, unknown kinds: the slow path handles them
+        seal_t = self._seal_t
+        res = self.res
+        saved = (res.seals, res.last_seal_seq, res.last_sealed_hash, res.last_seal_end, res.last_seal_h)
+        i = -1
+        try:
+            for _ in range(types.count(seal_t)):
+                i = types.index(seal_t, i + 1)
+                self._check_seal(recs[i], _fromhex(recs[i - 1].h) if i else self.prev)
+        except IntegrityError:
+            res.seals, res.last_seal_seq, res.last_sealed_hash, res.last_seal_end, res.last_seal_h = saved
+            return False  # checked again, and named with full context, by the slow path
+        if i >= 0:
+            res.last_seal_end = offset + end_of(i)
+        return True
+
+    def _slow(self, lines: list[bytes], recs: list[Any], offset: int) -> None:
+        """Line by line: rare kinds, ``expect_head``, and naming the first bad line."""
+        expect = self.expect
+        prev = self.prev
+        counts = self._type_counts
+        seal_t, opened_t, closed_t = self._seal_t, self._opened_t, self._closed_t
+        eh = self.ctx.expect_head
+        for i, (line, rec) in enumerate(zip(lines, recs)):
+            try:
+                if rec.seq != expect:
+                    raise SequenceError(
+                        f"seq {rec.seq} where {expect} was expected"
+                        + (" (a line was deleted)" if rec.seq > expect else " (a line is repeated or out of order)"),
+                        seq=expect,
+                    )
+                d = _link(prev, line[:-HASH_SUFFIX_LEN])
+                if d.hex() != rec.h:
+                    raise ChainBroken(f"chain broken at seq {expect}: hash mismatch", seq=expect)
+                t = type(rec)
+                if t is seal_t:
+                    self._check_seal(rec, prev)
+                    self.res.last_seal_end = offset + sum(map(len, lines[:i + 1])) + i + 1
+                elif t is opened_t:
+                    if expect != 0:
+                        raise RunMismatch(f"run_opened at seq {expect}: a second run's events were spliced in", seq=expect)
+                    if rec.run_id != self.ctx.run_id:
+                        raise RunMismatch("run_opened names another run", seq=expect)
+                elif t is closed_t:
+                    self.res.closed_seqs.append(expect)
+                if t in self._collect:
+                    self.res.collected.append((offset + sum(map(len, lines[:i])) + i, line))
+                if eh is not None and eh[0] == expect:
+                    self.res.head_found = rec.h == eh[1]
+            except IntegrityError as e:
+                if e.offset is None:
+                    e.offset = offset + sum(map(len, lines[:i])) + i
+                self.expect = expect
+                self.prev = prev
+                self._commit(recs[:i])
+                raise
+            counts[t] = counts.get(t, 0) + 1
+            prev = d
+            expect += 1
+        self.expect = expect
+        self.prev = prev
+        self._commit(recs)
+
+    def _commit(self, recs: list[Any]) -> None:
+        if recs:
+            res = self.res
+            want = self._want
+            if want:
+                first, last = recs[0].seq, recs[-1].seq
+                for s in want:
+                    if first <= s <= last:
+                        res.hashes[s] = recs[s - first].h
+            if res.first_seq is None:
+                res.first_seq = recs[0].seq
+            res.count += len(recs)
+            last = recs[-1]
+            res.last_seq = last.seq
+            res.last_hash = last.h
+            res.last_kind = last.kind if type(last) is UnknownEvent else type(last).__struct_config__.tag
+
+    def _check_seal(self, rec: Any, prev: bytes) -> None:
+        seq = rec.seq
+        ctx = self.ctx
+        if rec.sealed_seq != seq - 1 or rec.sealed_hash != prev.hex():
+            raise SealInvalid(
+                f"seal at seq {seq} names head {rec.sealed_seq}:{rec.sealed_hash[:16]}, "
+                f"but the head before it is {seq - 1}:{prev.hex()[:16]} (a moved or replayed seal)",
+                seq=seq,
+            )
+        if ctx.tree:
+            root = rec.tree_root
+            if rec.tree_size != seq or not is_hash_hex(root):
+                raise SealInvalid(f"seal at seq {seq} does not name the tree of the {seq:,} lines before it (a format "
+                                  "1.3 seal carries tree_size and a 64-digit hex tree_root)", seq=seq)
+        elif rec.tree_size is not None or rec.tree_root is not None:
+            raise SealInvalid(f"seal at seq {seq} names a tree, which seals before format 1.3 do not",
+                              seq=seq)
+        if ctx.key_id is None:
+            if rec.sig is not None or rec.key_id is not None:
+                raise SealInvalid(f"seal at seq {seq} is signed but the journal declared no key", seq=seq)
+        else:
+            if rec.key_id != ctx.key_id:
+                raise SealInvalid(
+                    f"seal at seq {seq} is by key {rec.key_id}, not the journal's key {ctx.key_id} (foreign-key seal)",
+                    seq=seq,
+                )
+            if rec.sig is None:
+                raise SealInvalid(f"seal at seq {seq} carries no signature", seq=seq)
+            if ctx.check_signatures and self._pub is not None:
+                try:
+                    sig = base64.b64decode(rec.sig, validate=True)
+                except (binascii.Error, ValueError):
+                    raise SealInvalid(f"seal at seq {seq}: signature is not base64", seq=seq) from None
+                msg = (seal_checkpoint(ctx.run_id, seq, _fromhex(rec.tree_root), seq - 1, prev).encode() if ctx.tree
+                       else seal_message(ctx.run_id, seq - 1, prev))
+                if not self._pub.verify(sig, msg):
+                    raise SealInvalid(f"seal at seq {seq}: signature does not verify under key {ctx.key_id}", seq=seq)
+        self.res.seals += 1
+        if ctx.collect:
+            self.res.hashes[seq] = rec.h
+        self.res.last_seal_seq = seq
+        self.res.last_sealed_hash = rec.sealed_hash
+        self.res.last_seal_h = rec.h
+        self.res.last_seal_sig = rec.sig
+        self.res.last_seal_root = rec.tree_root
+
+    def finish(self) -> None:
+        kinds = self.res.kinds
+        for t, n in self._type_counts.items():
+            kinds[_kind_name(t)] = kinds.get(_kind_name(t), 0) + n
+        if UnknownEvent in self._type_counts:
+            self.res.unknown += self._type_counts[UnknownEvent]
+
+
+def _kind_name(t: type) -> str:
+    return "(unknown kinds)" if t is UnknownEvent else t.__struct_config__.tag
+
+
+# ---------------------------------------------------------------- step lines, not decoded (verify)
+
+#: The record of step_observed, and what the C check of its lines (``step_lines`` in journal/_chainfast.c) assumes
+#: of it: its fields in this order, these ints and numbers, left out when None. If the record ever differs, the C
+#: check is not used (every line is decoded and re-encoded instead).
+_STEP_T = codec.record_type(StepObserved)
+_STEP_INTS = ("step", "examples", "tokens", "supervised_tokens", "seq", "ts")
+_STEP_NUMBERS = ("loss", "grad_norm", "lr", "step_time_s", "data_time_s", "compute_time_s")
+
+
+def _step_record_as_assumed() -> bool:
+    cfg = _STEP_T.__struct_config__
+    if _STEP_T.__struct_fields__ != ("step", "loss", "grad_norm", "lr", "step_time_s", "examples", "tokens",
+                                     "supervised_tokens", "data_time_s", "compute_time_s", "seq", "ts", "h") or \
+            not cfg.omit_defaults or cfg.tag != "step_observed" or cfg.tag_field != "kind" or cfg.array_like:
+        return False
+    hints = typing.get_type_hints(_STEP_T)
+    number, optional = typing.Union[int, float], typing.Union[int, float, None]
+    return (all(hints[f] in (int, int | None) for f in _STEP_INTS) and hints["loss"] == number and
+            all(hints[f] == optional for f in _STEP_NUMBERS[1:]) and hints["h"] is str and
+            _STEP_T.__struct_defaults__ == (None,) * 8 + (msgspec.NODEFAULT,) * 3)
+
+
+_STEP_LINES_OK = _step_lines is not None and _step_record_as_assumed()
+#: The numbers of step lines, as the record's number fields decode them (an int stays an int)
+_numbers_decoder = msgspec.json.Decoder(list[typing.Union[int, float]])  # noqa: UP007
+
+
+def _numbers_canonical(numbers: bytes) -> bool:
+    """Whether ``[n1,n2,...]`` is spelled as msgspec writes those numbers (as the line's re-encode would)."""
+    try:
+        return codec._encoder.encode(_numbers_decoder.decode(numbers)) == numbers  # the records' encoder
+    except msgspec.DecodeError:
+        return False
+
+
+class _StepLines:
+    """A block's records for verify's fast path: the decoded records of its other lines, and for a step line only
+    what the scanner asks of it (``seq``, ``h``, its kind), read off the line when asked."""
+
+    __slots__ = ("first", "block", "ends", "others", "n")
+
+    def __init__(self, first: int, block: bytes, ends_b: bytes, others: dict[int, Any], n: int):
+        self.first, self.block, self.ends, self.others, self.n = first, block, memoryview(ends_b).cast("I"), others, n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        if i < 0:
+            i += self.n
+        rec = self.others.get(i)
+        if rec is not None:
+            return rec
+        if not 0 <= i < self.n:
+            raise IndexError(i)
+        end = self.ends[i]
+        return _StepLine(self.first + i, self.block[end - 66:end - 2].decode("ascii"))
+
+
+class _StepLine:
+    __slots__ = ("seq", "h")
+    __struct_config__ = _STEP_T.__struct_config__  # its kind, for the scanner's last_kind
+
+    def __init__(self, seq: int, h: str):
+        self.seq, self.h = seq, h
+
+
+def iter_blocks(f, start: int, end: int, result: RangeResult, *, is_last: bool):
+    """Yield ``(block, offset)`` for the complete lines in ``[start, end)``, a read block at a time: each block is
+    whole lines, each ending with its newline.
+
+    A last partial line (no newline) is recorded as a torn tail when this is the file's last range. Raises
+    :class:`SchemaError` for a line that runs past MAX_LINE bytes without a newline.
+    """
+    pos = start
+    f.seek(start)
+    carry = b""
+    carry_off = start
+    while pos < end:
+        try:
+            block = f.read(min(BLOCK, end - pos))
+        except OSError as e:
+            raise JournalIOError(f"read failed at byte {pos}: {e.strerror}") from None
+        if not block:
+            break
+        pos += len(block)
+        cut = block.rfind(b"\n") + 1
+        if not cut:  # no newline in this block: the line goes on
+            carry += block
+        else:
+            # one copy: the carried line's start and this block up to its last newline
+            lines = b"".join((carry, memoryview(block)[:cut])) if carry else \
+                block if cut == len(block) else block[:cut]
+            off = carry_off
+            carry = block[cut:]
+            carry_off = pos - len(carry)
+            yield lines, off
+        if len(carry) > MAX_LINE:
+            raise SchemaError(f"line at byte {carry_off} is longer than {MAX_LINE} bytes", offset=carry_off)
+    if carry:
+        if not is_last:  # pragma: no cover - ranges are cut at line boundaries
+            raise SchemaError("range does not end at a line boundary", offset=carry_off)
+        result.torn_offset = carry_off
+        result.torn_bytes = len(carry)
+
+
+def lines_of(block: bytes) -> list[bytes]:
+    """The lines of a block of complete lines (:func:`iter_blocks`), without their newlines."""
+    lines = block.split(b"\n")
+    lines.pop()
+    return lines
+
+
+def scan_range(path: str, start: int, end: int, prev_seq: int, prev_hash: bytes,
+               ctx: ScanContext, is_last: bool) -> RangeResult:
+    """Check ``[start, end)`` of the file; errors are returned in ``result.error``, not raised."""
+    res = RangeResult(start, end)
+    scanner = Scanner(ctx, prev_seq, prev_hash, res)
+    scanner.steps_unread = _STEP_LINES_OK
+    try:
+        with open(path, "rb", buffering=0) as f:
+            for block, off in iter_blocks(f, start, end, res, is_last=is_last):
+                scanner.feed_block(block, off)
+    except IntegrityError as e:
+        res.error = (type(e).__name__, str(e), e.seq if e.seq is not None else scanner.expect, e.offset)
+    except OSError as e:
+        res.error = ("JournalIOError", f"{path}: {e.strerror}", None, None)
+    scanner.finish()
+    return res
+
+
+def _scan_range_star(args) -> RangeResult:
+    return scan_range(*args)
+
+
+def cpu_count() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def worker_ignores_ctrl_c() -> None:
+    """A worker pool's initializer: Ctrl-C reaches the whole process group, and the parent stops the workers (and
+    says "interrupted"), so a worker ignores it rather than print a traceback of its own."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)

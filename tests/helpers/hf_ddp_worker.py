@@ -1,0 +1,41 @@
+"""Run under real torchrun (gloo, CPU) by tests/integration/training/test_hf.py: a Trainer on 2 ranks with the callback.
+
+    python -m torch.distributed.run --standalone --nproc_per_node=2 hf_ddp_worker.py OUTPUT_DIR KEY
+"""
+
+import sys
+import warnings
+
+import torch
+import transformers
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+
+from trainledger.training.integrations.hf import TrainledgerCallback
+
+warnings.filterwarnings("ignore")
+transformers.logging.set_verbosity_error()
+
+
+class Tokens(torch.utils.data.Dataset):
+    def __init__(self):
+        self.x = torch.randint(0, 64, (128, 16), generator=torch.Generator().manual_seed(0))
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.x[i], "labels": self.x[i]}
+
+
+def main() -> None:
+    out, key = sys.argv[1], sys.argv[2]
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=64, n_positions=32,
+                                       bos_token_id=0, eos_token_id=0))
+    args = TrainingArguments(output_dir=out, max_steps=6, per_device_train_batch_size=4, save_steps=3,
+                             report_to="none", use_cpu=True, ddp_backend="gloo", disable_tqdm=True, seed=0)
+    Trainer(model=model, args=args, train_dataset=Tokens(), callbacks=[TrainledgerCallback(key=key)]).train()
+
+
+if __name__ == "__main__":
+    main()

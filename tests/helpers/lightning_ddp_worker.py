@@ -1,0 +1,46 @@
+"""Run under real torchrun (gloo, CPU) by tests/integration/training/test_lightning.py: Lightning DDP on 2 ranks with the callback.
+
+    python -m torch.distributed.run --standalone --nproc_per_node=2 lightning_ddp_worker.py RUN_DIR KEY
+"""
+
+import sys
+import warnings
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from trainledger.training.integrations.lightning import TrainledgerCallback
+
+warnings.filterwarnings("ignore")
+
+
+class Tiny(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.net(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=1e-2)
+
+    def train_dataloader(self):
+        xs = torch.randn(256, 8, generator=torch.Generator().manual_seed(1))
+        return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(xs, xs.sum(1, keepdim=True)), batch_size=8)
+
+
+def main() -> None:
+    run, key = sys.argv[1], sys.argv[2]
+    trainer = L.Trainer(max_steps=6, accelerator="cpu", devices=2, strategy="ddp", logger=False,
+                        enable_progress_bar=False, enable_model_summary=False,
+                        callbacks=[TrainledgerCallback(run, key=key),
+                                   ModelCheckpoint(dirpath=f"{run}/ckpts", every_n_train_steps=3, save_top_k=-1)])
+    trainer.fit(Tiny())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,114 @@
+"""The default ladder, `trainledger ladder` (the README's main job): six pilots measured on held-out data, the
+headline sized by F5 inside a compute box, its gate checking the prediction; verify and replay clean; a doctored
+fit parameter or box decision, re-signed with the run's own key, named by replay. One run, shared."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("scipy")
+
+from journal_tools import dump, parse, read_lines, rechain, write_lines  # noqa: E402
+
+from trainledger.cli import main  # noqa: E402
+from trainledger.journal import load_signer, read_events  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def ladder(tmp_path_factory):
+    out = tmp_path_factory.mktemp("scaling") / "run"
+    import contextlib
+    import io
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        code = main(["ladder", "--peak-flops", "2e10", str(out)])
+    assert code == 0, buf.getvalue()[-2000:]
+    return out, buf.getvalue()
+
+
+def test_the_default_ladder_climbs_and_checks_its_prediction(ladder):
+    out, printed = ladder
+    assert "ladder 'scaling'" in printed and "halted_at=None" in printed
+    assert "inside F5's interval" in printed and "true entropy rate 2.485" in printed
+    evs = list(read_events(out / "ladder.jsonl"))
+    (fit,) = [e for e in evs if type(e).__struct_config__.tag == "scaling_fitted"]
+    verdicts = {e.h: e for e in evs if type(e).__struct_config__.tag == "gate_verdict"}
+    assert len(fit.points) == 6 and all(h in verdicts for h in fit.evidence)
+    assert fit.choice["binding"] in ("flops", "wall_clock", "memory") and fit.entropy_rate == pytest.approx(2.4851, abs=1e-3)
+    headline = [v for v in verdicts.values() if v.rung == "rung_iv_headline"][0]
+    lo, hi = headline.bars["loss_interval"]
+    assert headline.passed and lo <= headline.measured["eval_loss"] <= hi
+    assert "F5" not in headline.artifacts["skipped_pieces"]
+    flops = [v.measured["flops"] for v in verdicts.values()]
+    assert headline.measured["flops"] <= 4 * max(flops[:-1]) * 1.01  # inside the box
+
+
+def _doctor(out, tmp_path, change, markers=(b'"kind":"scaling_fitted"',)):
+    """The ladder's journal with the first line holding every one of ``markers`` changed, re-signed with the run's own key: a
+    signed lie, not a broken chain."""
+
+    p = tmp_path / "ladder.jsonl"
+    lines = read_lines(out / "ladder.jsonl")
+    i = next(k for k, ln in enumerate(lines) if all(m in ln for m in markers))
+    obj = parse(lines[i])
+    change(obj)
+    lines[i] = dump(obj)
+    signer = load_signer(out / "trainledger.key")
+
+    write_lines(p, rechain(lines, resign=signer))
+    return p
+
+
+@pytest.mark.parametrize("what, change, says", [
+    ("a fit parameter", lambda o: o["params"].update(alpha=o["params"]["alpha"] * 1.1), "recorded alpha"),
+    ("the box decision", lambda o: o["choice"].update(binding="memory"), "recorded binding"),
+    ("a hostile candidate", lambda o: o["candidates"][0].update(n_params=0), "cannot be made again"),
+    ("a hostile level", lambda o: o.update(level=5.0), "cannot be made again"),
+])
+def test_a_doctored_fit_or_box_decision_is_named_by_replay(ladder, tmp_path, capsys, what, change, says):
+    out, _ = ladder
+    p = _doctor(out, tmp_path, change)
+    assert main(["replay", "--pubkey", str(out / "trainledger.pub"), "--json", str(p)]) == 1
+    diffs = json.loads(capsys.readouterr().out)["differences"]
+    assert any(d["kind"] == "scaling_fitted" and says in d["detail"] for d in diffs), diffs
+
+
+def test_f5_opt_in_without_pilots_raises_before_training():
+    from trainledger.ladder.presets import tiny
+    from trainledger.ladder.runner import run_pilot_ladder
+    import dataclasses
+
+    rungs = tiny()
+    rungs[-1] = dataclasses.replace(rungs[-1], exercise_scaling_law_fit=True, candidate_widths=(8,),
+                                    candidate_layers=(1,), eval_batches=2)
+    with pytest.raises(NotImplementedError, match="needs F5 to fit a scaling law.*0 held-out losses"):
+        run_pilot_ladder(rungs)
+
+
+def test_a_fit_too_large_to_recompute_is_refused_not_run(tmp_path, signer, pubkey):
+    """A signed journal may claim a million points: replay names it instead of spending hours on it."""
+    from trainledger.journal import Journal
+    from trainledger.journal.kinds import ScalingFitted
+    from trainledger.audit import replay
+
+    p = tmp_path / "j.jsonl"
+    with Journal.create(p, signer=signer) as j:
+        j.append(ScalingFitted(rung="r", points=[[1e6, 1e9, 3.0]] * 1_001, evidence=["00" * 32] * 1_001, params={},
+                               theta=[0.0] * 5, seed=0, boot=10 ** 9, level=0.9, loo_error=0.0, box={},
+                               candidates=[], choice={}))
+    diffs = replay(p, keys=[pubkey]).differences
+    assert [d["kind"] for d in diffs] == ["scaling_fitted"] and "too large to recompute" in diffs[0]["detail"]
+
+
+def test_a_widened_interval_on_the_headline_verdict_is_named(ladder, tmp_path, capsys):
+    """The headline's gate bar must be the interval F5 recorded: widening it in the verdict (re-signed with the
+    run's key) is named."""
+    out, _ = ladder
+    p = _doctor(out, tmp_path, lambda o: o["bars"].update(loss_interval=[0.0, 100.0]),
+                markers=(b'"kind":"gate_verdict"', b"rung_iv_headline"))
+    assert main(["replay", "--pubkey", str(out / "trainledger.pub"), "--json", str(p)]) == 1
+    diffs = json.loads(capsys.readouterr().out)["differences"]
+    assert any(d["kind"] == "gate_verdict" and "is not the one F5 recorded" in d["detail"] for d in diffs), diffs

@@ -1,0 +1,186 @@
+"""The Hugging Face Trainer callback, with the real transformers Trainer and a tiny GPT-2 built from a config
+(nothing downloaded): every step journaled, checkpoint folders digested file by file, a resume checked before
+the first step, a changed byte refused, and a NaN stopping the run."""
+
+from __future__ import annotations
+
+import json
+
+from pathlib import Path
+
+import pytest
+import torch
+
+HELPERS = Path(__file__).resolve().parents[2] / "helpers"  # the torchrun workers
+
+transformers = pytest.importorskip("transformers")
+
+from trainledger.journal import read_events, verify  # noqa: E402
+from trainledger.audit import replay  # noqa: E402
+from trainledger.training.checkpoints.state import ResumeRejected  # noqa: E402
+from trainledger.training.integrations.hf import TrainledgerCallback  # noqa: E402
+
+
+class Tokens(torch.utils.data.Dataset):
+    def __init__(self, n: int = 256, t: int = 16):
+        g = torch.Generator().manual_seed(0)
+        self.x = torch.randint(0, 64, (n, t), generator=g)
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.x[i], "labels": self.x[i]}
+
+
+def _trainer(out, signer, *, steps=12, callbacks=(), **kw):
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+
+    transformers.logging.set_verbosity_error()
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=64, n_positions=32,
+                                       bos_token_id=0, eos_token_id=0))
+    args = TrainingArguments(output_dir=str(out), max_steps=steps, per_device_train_batch_size=4, save_steps=5,
+                             logging_steps=5, report_to="none", use_cpu=True, seed=0, disable_tqdm=True,
+                             learning_rate=1e-3, **kw)
+    cb = TrainledgerCallback(signer=signer)
+    return Trainer(model=model, args=args, train_dataset=Tokens(), callbacks=[cb, *callbacks]), cb
+
+
+def _events(out, tag):
+    return [e for e in read_events(out / "journal.jsonl") if type(e).__struct_config__.tag == tag]
+
+
+@pytest.mark.parametrize("max_grad_norm, tap", [(1e-3, True), (0.0, True), (1e-3, False)])
+def test_the_gradient_norm_is_the_trainers_own_before_clipping(tmp_path, signer, max_grad_norm, tap, monkeypatch):
+    """Each step's grad_norm is the pre-clip norm the Trainer logs (logging_steps=1), whether it clips hard
+    (1e-3: every step clipped) or not at all, read from the Trainer's own clip call or (tap off: a Trainer that
+    clips another way) computed by the per-parameter hooks; the wrapped clip_grad_norm_ is gone after the run."""
+    from trainledger.training.integrations import hf
+
+    if not tap:
+        monkeypatch.setattr(hf, "tap_clip", lambda cb: None)
+    original = torch.nn.utils.clip_grad_norm_
+    trainer, cb = _trainer(tmp_path, signer, steps=8, max_grad_norm=max_grad_norm)
+    trainer.args.logging_steps = 1
+    trainer.train()
+    steps = _events(tmp_path, "step_observed")
+    logged = [h["grad_norm"] for h in trainer.state.log_history if "grad_norm" in h]
+    assert len(logged) == len(steps) == 8
+    assert [s.grad_norm for s in steps] == pytest.approx(logged, rel=1e-6)
+    assert all(g > 100 * max_grad_norm for g in logged) and cb._tapped == tap
+    assert torch.nn.utils.clip_grad_norm_ is original
+
+
+def test_every_step_is_journaled_and_checkpoint_folders_are_digested(tmp_path, signer, pubkey):
+    trainer, _ = _trainer(tmp_path, signer)
+    trainer.train()
+    steps = _events(tmp_path, "step_observed")
+    assert [s.step for s in steps] == list(range(12))
+    assert all(s.grad_norm > 0 and s.lr > 0 and s.tokens == 64 and s.step_time_s > 0 for s in steps)
+    # per step, not the logging window: the Trainer's logged mean over steps 0-4 is the mean of ours
+    logged = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    assert logged[0] == pytest.approx(sum(s.loss for s in steps[:5]) / 5, rel=1e-4)
+    (cfg,) = _events(tmp_path, "run_configured")
+    assert (cfg.n_params, cfg.n_layer, cfg.n_head, cfg.head_dim, cfg.seq_len) == (27520, 2, 2, 16, 16)
+    opened = _events(tmp_path, "run_opened")[0]
+    assert opened.meta["training_args"]["output_dir"].startswith("<abs>/")  # no absolute path on record
+    saved = _events(tmp_path, "checkpoint_saved")
+    assert [c.path for c in saved] == ["checkpoint-5", "checkpoint-10", "checkpoint-12"]
+    files = {f["file"] for f in saved[0].files}
+    assert {"model.safetensors", "optimizer.pt", "trainer_state.json", "trainledger-monitor.pt"} <= files
+    assert {"model", "optimizer", "scheduler", "rng", "counters"} <= set(saved[0].contents)
+    assert verify(tmp_path / "journal.jsonl", keys=[pubkey], require_closed=True).ok
+    assert replay(tmp_path / "journal.jsonl", keys=[pubkey]).ok
+
+
+class Crash(transformers.TrainerCallback):
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == 7:
+            raise KeyboardInterrupt  # the process dies after step 7 (checkpoint-5 is on record)
+
+
+def test_a_resume_is_checked_before_the_first_step_and_a_changed_byte_refused(tmp_path, signer, pubkey):
+    trainer, cb = _trainer(tmp_path, signer, callbacks=[Crash()])
+    cb.buffer.every = 1  # every step on record before the crash (by default a dying process loses <= 16 steps / 0.2 s)
+    with pytest.raises(KeyboardInterrupt):
+        trainer.train()
+    cb.journal.suspend()  # the process died: its journal stays open, unsealed steps set aside on reopening
+    trainer, _ = _trainer(tmp_path, signer)
+    trainer.train(resume_from_checkpoint=str(tmp_path / "checkpoint-5"))
+    (resumed,) = _events(tmp_path, "run_resumed")
+    assert resumed.from_step == 4 and resumed.checkpoint == "checkpoint-5"
+    steps = [s.step for s in _events(tmp_path, "step_observed")]
+    assert steps == list(range(7)) + list(range(5, 12))  # steps 5 and 6 ran twice: before the crash, and after
+    assert replay(tmp_path / "journal.jsonl", keys=[pubkey]).ok
+    # query's timeline: each step once, as the run finally took it (5 and 6 from after the resume)
+    from trainledger.journal.query import open_views
+
+    con, _ = open_views([tmp_path / "journal.jsonl"], keys=[pubkey], use_cache=False)
+    rows = con.execute("SELECT t.step, t.seq > r.seq FROM timeline t, resumes r ORDER BY t.step").fetchall()
+    assert [r[0] for r in rows] == list(range(12)) and [r[1] for r in rows] == [False] * 5 + [True] * 7
+
+    # Another run, crashed likewise; then a byte of its checkpoint's optimizer state changes.
+    other = tmp_path / "other"
+    trainer, cb = _trainer(other, signer, callbacks=[Crash()])
+    cb.buffer.every = 1
+    with pytest.raises(KeyboardInterrupt):
+        trainer.train()
+    cb.journal.suspend()
+    f = other / "checkpoint-5" / "optimizer.pt"
+    b = bytearray(f.read_bytes())
+    b[-10] ^= 1
+    f.write_bytes(bytes(b))
+    trainer, _ = _trainer(other, signer)
+    with pytest.raises(ResumeRejected) as e:
+        trainer.train(resume_from_checkpoint=str(other / "checkpoint-5"))
+    assert e.value.code == "resume-invalid-digest" and "optimizer.pt" in str(e.value)
+    assert _events(other, "resume_rejected")[0].reason == "resume-invalid-digest"
+    assert not [s for s in _events(other, "step_observed") if s.step > 6]  # not one step after the refusal
+
+
+class Poison(transformers.TrainerCallback):
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        if state.global_step == 3:
+            with torch.no_grad():
+                model.transformer.wte.weight.fill_(float("nan"))
+
+
+def test_a_nan_stops_the_run_through_the_trainer(tmp_path, signer, pubkey):
+    trainer, cb = _trainer(tmp_path, signer, steps=60, callbacks=[Poison()])
+    trainer.train()
+    # stopped within a batch of the monitor (16 steps) after the first NaN step, not at 60
+    assert 4 <= trainer.state.global_step <= 4 + 16
+    (stop,) = _events(tmp_path, "run_stopped")
+    assert stop.rule == "stop_on:nan_loss" and "step 3" in stop.reason
+    closed = _events(tmp_path, "run_closed")[0]
+    assert closed.status == "stopped"
+    assert replay(tmp_path / "journal.jsonl", keys=[pubkey]).ok
+    json.dumps(cb.monitor.report())
+
+
+def test_every_rank_journals_its_steps_under_torchrun(tmp_path):
+    """The Trainer on 2 ranks (torchrun, gloo, DDP on the CPU): one journal per rank, every step on each, the
+    checkpoints recorded by the rank that writes them; the run folder verifies whole."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from trainledger.cli import main
+    from trainledger.journal import keygen
+
+    priv, pub = keygen(tmp_path / "keys")
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           str(HELPERS / "hf_ddp_worker.py"), str(out), str(priv)],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for rank in (0, 1):
+        evs = list(read_events(out / f"rank-0000{rank}.jsonl"))
+        steps = [e.step for e in evs if type(e).__struct_config__.tag == "step_observed"]
+        assert steps == list(range(6)), (rank, steps)
+        saved = [e.path for e in evs if type(e).__struct_config__.tag == "checkpoint_saved"]
+        assert saved == (["checkpoint-3", "checkpoint-6"] if rank == 0 else [])
+    assert main(["verify", "--pubkey", str(pub), "--require-closed", str(out)]) == 0

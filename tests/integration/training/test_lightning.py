@@ -1,0 +1,148 @@
+"""The Lightning callback with the real lightning Trainer on the CPU: every optimizer step journaled, each
+ModelCheckpoint file digested and carrying the journal's head, a resume checked (a changed byte refused), a crash
+journaled by on_exception, and self.log metrics through the logger adapter."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+HELPERS = Path(__file__).resolve().parents[2] / "helpers"  # the torchrun workers
+
+L = pytest.importorskip("lightning")
+
+from trainledger.journal import read_events, verify  # noqa: E402
+from trainledger.audit import replay  # noqa: E402
+from trainledger.training.checkpoints.state import ResumeRejected  # noqa: E402
+from trainledger.training.integrations.lightning import TrainledgerCallback, TrainledgerLogger  # noqa: E402
+
+# Lightning's advice on a toy run (workers, logging), and its own use of a torch API that torch 2.13 deprecates
+pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning"),
+              pytest.mark.filterwarnings("ignore:`isinstance\\(treespec, LeafSpec\\)` is deprecated:FutureWarning")]
+
+
+class Tiny(L.LightningModule):
+    def __init__(self, crash_at: int | None = None):
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+        self.crash_at = crash_at
+
+    def training_step(self, batch, batch_idx):
+        if self.global_step == self.crash_at:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered (simulated)")
+        x, y = batch
+        loss = torch.nn.functional.mse_loss(self.net(x), y)
+        self.log("train_loss", loss)
+        return loss
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=1e-2)
+
+    def train_dataloader(self):
+        g = torch.Generator().manual_seed(1)
+        xs = torch.randn(256, 8, generator=g)
+        return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(xs, xs.sum(1, keepdim=True)), batch_size=8)
+
+
+def _fit(run, signer, *, crash_at=None, ckpt_path=None, logger=False, clip=1.0):
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    cb = TrainledgerCallback(run, signer=signer)
+    trainer = L.Trainer(max_steps=12, accelerator="cpu", devices=1, enable_progress_bar=False,
+                        enable_model_summary=False, logger=TrainledgerLogger(cb) if logger else False,
+                        callbacks=[cb, ModelCheckpoint(dirpath=run / "ckpts", every_n_train_steps=5, save_top_k=-1)],
+                        log_every_n_steps=1, gradient_clip_val=clip)
+    trainer.fit(Tiny(crash_at), ckpt_path=ckpt_path)
+    return trainer, cb
+
+
+def _events(run, tag):
+    return [e for e in read_events(run / "journal.jsonl") if type(e).__struct_config__.tag == tag]
+
+
+def test_the_gradient_norm_is_the_one_before_clipping_read_from_lightnings_own_clip(tmp_path, signer, monkeypatch):
+    """With clipping on, the norm is Lightning's own (its clip_grad_norm_ call, wrapped while fitting); without the
+    wrapper (a clipping path that does not go through torch) the callback computes it before Lightning clips: the
+    same values either way, all far above the clip value, and clip_grad_norm_ is itself again afterwards."""
+    from trainledger.training.integrations import lightning as integ
+
+    original = torch.nn.utils.clip_grad_norm_
+    _, cb = _fit(tmp_path / "tap", signer, clip=1e-4)
+    assert cb._tapped and torch.nn.utils.clip_grad_norm_ is original
+    monkeypatch.setattr(integ, "tap_clip", lambda owner: None)
+    _, cb2 = _fit(tmp_path / "own", signer, clip=1e-4)
+    assert not cb2._tapped
+    tapped = [s.grad_norm for s in _events(tmp_path / "tap", "step_observed")]
+    own = [s.grad_norm for s in _events(tmp_path / "own", "step_observed")]
+    assert len(tapped) == 12 and tapped == pytest.approx(own, rel=1e-6) and min(tapped) > 1e-2
+
+
+def test_steps_checkpoints_and_metrics_are_journaled(tmp_path, signer, pubkey):
+    _fit(tmp_path, signer, logger=True)
+    steps = _events(tmp_path, "step_observed")
+    assert [s.step for s in steps] == list(range(12)) and all(s.grad_norm > 0 and s.lr > 0 for s in steps)
+    saved = _events(tmp_path, "checkpoint_saved")
+    assert [c.path for c in saved] == ["ckpts/epoch=0-step=5.ckpt", "ckpts/epoch=0-step=10.ckpt"]
+    assert [c.step for c in saved] == [4, 9]
+    held = torch.load(tmp_path / saved[0].path, weights_only=True)["trainledger"]["head"]
+    seq, _, h = held.partition(":")
+    assert any(e.seq == int(seq) and e.h == h for e in read_events(tmp_path / "journal.jsonl"))
+    logged = _events(tmp_path, "metrics_logged")
+    assert logged and "train_loss" in logged[0].metrics
+    assert verify(tmp_path / "journal.jsonl", keys=[pubkey], require_closed=True).ok
+    assert replay(tmp_path / "journal.jsonl", keys=[pubkey]).ok
+
+
+def test_a_crash_is_journaled_and_the_run_resumes_from_a_checked_file(tmp_path, signer, pubkey):
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        _fit(tmp_path, signer, crash_at=7)
+    (stop,) = _events(tmp_path, "run_stopped")
+    assert stop.rule == "exception" and "illegal memory access" in stop.reason
+    _fit(tmp_path, signer, ckpt_path=tmp_path / "ckpts" / "epoch=0-step=5.ckpt")
+    (resumed,) = _events(tmp_path, "run_resumed")
+    assert resumed.from_step == 4 and resumed.checkpoint == "ckpts/epoch=0-step=5.ckpt"
+    assert [s.step for s in _events(tmp_path, "step_observed")] == list(range(7)) + list(range(5, 12))
+    assert verify(tmp_path / "journal.jsonl", keys=[pubkey], require_closed=True).ok
+    assert replay(tmp_path / "journal.jsonl", keys=[pubkey]).ok
+
+
+def test_a_changed_byte_in_the_checkpoint_is_refused(tmp_path, signer):
+    with pytest.raises(RuntimeError):
+        _fit(tmp_path, signer, crash_at=7)
+    f = tmp_path / "ckpts" / "epoch=0-step=5.ckpt"
+    b = bytearray(f.read_bytes())
+    b[len(b) // 2] ^= 1
+    f.write_bytes(bytes(b))
+    with pytest.raises(ResumeRejected) as e:
+        _fit(tmp_path, signer, ckpt_path=f)
+    assert e.value.code == "resume-invalid-digest"
+    assert _events(tmp_path, "resume_rejected")[0].reason == "resume-invalid-digest"
+
+
+def test_every_rank_journals_its_steps_under_torchrun(tmp_path):
+    """Lightning DDP on 2 ranks under torchrun (gloo): a journal per rank with every step; checkpoints recorded by
+    the rank that writes them; the run folder verifies whole."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from trainledger.cli import main
+    from trainledger.journal import keygen
+
+    priv, pub = keygen(tmp_path / "keys")
+    run = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           str(HELPERS / "lightning_ddp_worker.py"), str(run), str(priv)],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for rank in (0, 1):
+        evs = list(read_events(run / f"rank-0000{rank}.jsonl"))
+        assert [e.step for e in evs if type(e).__struct_config__.tag == "step_observed"] == list(range(6))
+        saved = [e.path for e in evs if type(e).__struct_config__.tag == "checkpoint_saved"]
+        assert saved == (["ckpts/epoch=0-step=3.ckpt", "ckpts/epoch=0-step=6.ckpt"] if rank == 0 else [])
+    assert main(["verify", "--pubkey", str(pub), "--require-closed", str(run)]) == 0

@@ -1,0 +1,225 @@
+"""The optional C accelerator and the hashlib path compute the same chain.
+
+STYLE: keep the obviously-correct version beside the optimised one and test
+that they agree. The hashlib path is journal.chain.link; the accelerator is
+journal._chainfast (built by setup.py where a compiler and OpenSSL headers exist).
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from trainledger.journal.chain import LINE_TAG, link
+
+fast = pytest.importorskip("trainledger.journal._chainfast", reason="C accelerator not built here; hashlib path only")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(min_size=32, max_size=32), st.binary(max_size=2000))
+def test_line_hash_matches_hashlib(prev, prefix):
+    assert fast.line_hash(prev, prefix) == link(prev, prefix) == hashlib.sha256(LINE_TAG + prev + prefix).digest()
+
+
+def _chain(prev: bytes, payloads: list[bytes], first_seq: int = 0) -> list[bytes]:
+    out = []
+    for i, payload in enumerate(payloads):
+        body = b'{"kind":"x","v":"' + payload + b'","seq":%d,"ts":%d' % (first_seq + i, 1764374400000000000 + i)
+        h = link(prev, body)
+        out.append(body + b',"h":"' + h.hex().encode() + b'"}')
+        prev = h
+    return out
+
+
+payload = st.binary(max_size=300).filter(lambda b: b'},{"kind":"' not in b)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(min_size=32, max_size=32), st.lists(payload, max_size=30), st.integers(0, 2**40), st.data())
+def test_check_lines_names_the_first_bad_line(prev, payloads, first_seq, data):
+    lines = _chain(prev, payloads, first_seq)
+    assert fast.check_lines(prev, lines, first_seq) == -1
+    if lines:
+        i = data.draw(st.integers(0, len(lines) - 1))
+        j = data.draw(st.integers(0, len(lines[i]) - 1))
+        bad = bytearray(lines[i])
+        bad[j] ^= data.draw(st.integers(1, 255))
+        lines[i] = bytes(bad)
+        assert fast.check_lines(prev, lines, first_seq) == i  # whatever byte changed, that line is named
+
+
+def test_check_lines_structure_rules():
+    prev = bytes(32)
+    lines = _chain(prev, [b"a", b"b", b"c"], first_seq=7)
+    assert fast.check_lines(prev, lines, 7) == -1
+    assert fast.check_lines(prev, lines, 6) == 0  # seq off by one
+    assert fast.check_lines(prev, [lines[0], lines[2]], 7) == 1  # a deleted line
+    assert fast.check_lines(prev, [lines[0].upper()], 7) == 0
+    assert fast.check_lines(prev, [b"short"], 7) == 0
+    two = _chain(prev, [b'q"},{"kind":"y'], 7)
+    assert fast.check_lines(prev, two, 7) == 0  # two objects on one line
+    with pytest.raises(TypeError):
+        fast.check_lines(prev, ["not bytes"], 0)
+    with pytest.raises(TypeError):
+        fast.line_hash(b"short", b"x")
+
+
+@pytest.fixture(params=["sha-ni", "openssl"])
+def sha_path(request):
+    """Both batch-hashing paths of the accelerator: the x86 SHA extensions four lanes at a time (where the CPU has
+    them: elsewhere both runs take OpenSSL), and OpenSSL one message at a time. It only sets a mode, so hypothesis's
+    examples may share it."""
+    before = fast.sha_ni()
+    fast.sha_ni(request.param == "sha-ni")
+    yield request.param
+    fast.sha_ni(before)
+
+
+def _leaf(line: bytes) -> bytes:
+    return hashlib.sha256(b"\x00" + line).digest()
+
+
+line_payload = payload.filter(lambda b: b"\n" not in b)  # a journal line never holds a raw newline
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.binary(min_size=32, max_size=32), st.lists(line_payload, max_size=40), st.integers(0, 2**40), st.data())
+def test_scan_block_agrees_with_check_lines_and_the_leaves(sha_path, prev, payloads, first_seq, data):
+    lines = _chain(prev, payloads, first_seq)
+    block = b"".join(x + b"\n" for x in lines)
+    bad, ends, last, leaves = fast.scan_block(prev, block, first_seq, True)
+    assert bad == -1
+    assert list(memoryview(ends).cast("I")) == [len(b"".join(x + b"\n" for x in lines[:i + 1])) - 1
+                                                 for i in range(len(lines))]
+    assert last == (bytes.fromhex(lines[-1][-66:-2].decode()) if lines else prev)
+    assert leaves == b"".join(map(_leaf, lines))
+    assert fast.scan_block(prev, block, first_seq, False)[3] is None
+    if lines:
+        i = data.draw(st.integers(0, len(lines) - 1))
+        j = data.draw(st.integers(0, len(lines[i]) - 1))
+        changed = bytearray(lines[i])
+        changed[j] ^= data.draw(st.integers(1, 255))
+        if b"\n" not in changed:
+            lines[i] = bytes(changed)
+            assert fast.scan_block(prev, b"".join(x + b"\n" for x in lines), first_seq, True)[0] == i
+
+
+def test_scan_block_hashes_every_message_length(sha_path):
+    """Chain and leaf messages of every length mod 64 (the padding's cases: the 0x80 and the length in the same
+    block or the next, a message that ends on a block boundary), against hashlib."""
+    prev = bytes(range(32))
+    lines = _chain(prev, [b"a" * k for k in range(0, 200)], 3)
+    block = b"".join(x + b"\n" for x in lines)
+    bad, _, last, leaves = fast.scan_block(prev, block, 3, True)
+    assert bad == -1 and leaves == b"".join(map(_leaf, lines))
+    assert last == bytes.fromhex(lines[-1][-66:-2].decode())
+    # every chain hash was recomputed: one stored hash changed anywhere is named
+    for i in (0, 1, 63, 64, 199):
+        broken = list(lines)
+        h = broken[i][-66:-2]
+        broken[i] = broken[i][:-66] + (b"0" if h[:1] != b"0" else b"1") + h[1:] + b'"}'
+        assert fast.scan_block(prev, b"".join(x + b"\n" for x in broken), 3, True)[0] == i
+
+
+def test_scan_block_with_a_huge_line(sha_path):
+    """A block far larger than a read holds a huge line (up to 16 MiB is legal): its lines are counted rather than
+    bounded by the block's size, and checked the same."""
+    prev = bytes(32)
+    lines = _chain(prev, [b"a", b"b" * (2 << 20), b"c"], 0)
+    block = b"".join(x + b"\n" for x in lines)
+    bad, ends, last, leaves = fast.scan_block(prev, block, 0, True)
+    assert bad == -1 and len(ends) == 12 and leaves == b"".join(map(_leaf, lines))
+    assert fast.scan_block(prev, block.replace(b"bbbb", b"bbbc", 1), 0, True)[0] == 1
+
+
+def test_scan_block_structure_rules(sha_path):
+    prev = bytes(32)
+    lines = _chain(prev, [b"a", b"b", b"c"], first_seq=7)
+    block = b"".join(x + b"\n" for x in lines)
+    assert fast.scan_block(prev, block, 7, True)[0] == -1
+    assert fast.scan_block(prev, block, 6, True)[0] == 0  # seq off by one
+    assert fast.scan_block(prev, lines[0] + b"\n" + lines[2] + b"\n", 7, True)[0] == 1  # a deleted line
+    assert fast.scan_block(prev, lines[0].upper() + b"\n", 7, True)[0] == 0  # upper-case hex is not canonical
+    assert fast.scan_block(prev, lines[0] + b"\n\n" + lines[1] + b"\n", 7, True)[0] == 1  # an empty line
+    assert fast.scan_block(prev, lines[0] + b"\r\n", 7, True)[0] == 0
+    assert fast.scan_block(prev, b"short\n" * 5000, 7, True)[0] == 0  # many short lines: the first is named
+    with pytest.raises(ValueError):
+        fast.scan_block(prev, lines[0], 7, True)  # no newline at the end: not a block of complete lines
+    with pytest.raises(TypeError):
+        fast.scan_block(b"short", block, 7, True)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.integers(0, 2**40), st.lists(st.binary(min_size=32, max_size=32), max_size=70), st.integers(0, 5))
+def test_hash_range_and_range_merge_agree_with_the_python_lines(sha_path, begin, leaves, cut):
+    from trainledger.journal.proofs import merkle
+
+    hashes = b"".join(leaves)
+    assert fast.hash_range(begin, hashes) == merkle._py_hash_range(begin, hashes)
+    assert fast.hash_range(begin, memoryview(hashes)) == merkle._py_hash_range(begin, hashes)
+    # a tree from leaf 0 in two ranges, merged in C and in Python, folds to the same root as a CompactTree
+    k = min(cut * 7, len(leaves))
+    c, p = merkle.CompactRange(0), merkle.CompactRange(0)
+    for a, b in ((0, k), (k, len(leaves))):
+        part = merkle.CompactRange(a)
+        part._nodes, part.end = merkle._py_hash_range(a, b"".join(leaves[a:b])), b
+        c.end = fast.range_merge(c._nodes, c.end, list(part._nodes))
+        for height, h in part._nodes:
+            p._push(height, h)
+    assert c._nodes == p._nodes and c.end == p.end
+    tree = merkle.CompactTree()
+    for x in leaves:
+        tree.append(x)
+    assert (fast.range_root(c._nodes) if c._nodes else merkle.EMPTY_ROOT) == tree.root()
+    with pytest.raises(ValueError):
+        fast.hash_range(0, b"x" * 33)
+    with pytest.raises(ValueError):
+        fast.range_merge([], 1, [(1, bytes(32))])  # a subtree of 2 leaves cannot land at leaf 1
+    with pytest.raises(TypeError):
+        fast.range_merge([], 0, [(0, b"short")])
+
+
+# The health detector's common step (baseline_step) against the Python lines it stands for.
+tie_prone = st.sampled_from([1.0, 1.5, 2.0, 2.0000000000000004, 3.0, 50.0]) | st.floats(-10, 100)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(tie_prone, max_size=120), st.integers(3, 9), st.integers(0, 6), st.floats(1.0, 8.0))
+def test_detector_scores_the_same_with_and_without_the_accelerator(xs, window, m, z):
+    from trainledger.training.health import detectors as health
+    from trainledger.journal.kinds import DetectorParams
+
+    p = DetectorParams(window, 3 + m % (window - 2), z, "loss")
+    fast_det, slow_det = health._Detector(p, "loss_spike", False), health._Detector(p, "loss_spike", False)
+    saved = health._baseline_step
+    for step, x in enumerate(xs):
+        got = fast_det.score(step, x, False)
+        health._baseline_step = None
+        try:
+            want = slow_det.score(step, x, False)
+        finally:
+            health._baseline_step = saved
+        assert got == want
+        assert fast_det.pending == slow_det.pending
+        b, c = fast_det.base, slow_det.base
+        assert (b._sorted, b._values, b._steps) == (c._sorted, c._values, c._steps)
+        assert b._sorted == sorted(b._values[-window:])
+
+
+def test_baseline_step_leaves_what_it_cannot_read_to_the_caller():
+    s, values, steps = [1.0, 2, 3.0], [1.0, 2, 3.0], [0, 1, 2]
+    before = (list(s), list(values), list(steps))
+    # an int in the window: the bisect meets it, nothing changes, the Python path decides
+    assert fast.baseline_step(s, values, steps, 2.5, 3, 1, 0.1, 10) is False
+    assert (s, values, steps) == before
+    assert fast.baseline_step([], [], [], 1.0, 0, 0, 0.1, 10) is False  # an empty window with no warm-up
+    assert fast.baseline_step([1.0], [1.0], [0], 1, 1, 5, 0.1, 10) is False  # x not a float
+    assert fast.baseline_step([1.0], [1.0], [0], 2.0, 1, 5, 0.1, 0) is False  # no window
+    s, values, steps = [1.0], [1.0], [0]
+    assert fast.baseline_step(s, values, steps, 0.5, 1, 5, 0.1, 1) is True  # warming up: added, the oldest out
+    assert (s, values, steps) == ([0.5], [1.0, 0.5], [0, 1])
+    with pytest.raises(TypeError):
+        fast.baseline_step((1.0,), [], [], 1.0, 0, 0, 0.1, 1)

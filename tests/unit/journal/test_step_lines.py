@@ -1,0 +1,276 @@
+"""verify's fast path for step_observed lines: a C check of each line against its canonical template
+(``step_lines`` in journal/_chainfast.c) and one msgspec decode and re-encode of all their numbers, instead of
+decoding and re-encoding every record. It must never take a line that the full check (decode, re-encode, compare)
+would refuse: a refusal only sends the block the ordinary way. Tested as a property against msgspec itself, end to
+end on journals rewritten by a key holder, and by the facts verify hands back with the path on and off."""
+
+from __future__ import annotations
+
+import array
+import importlib
+import math
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from journal_tools import read_lines, rechain, write_lines
+
+from trainledger.journal import Journal, NonCanonicalRecord, StepObserved, load_public_key, verify
+from trainledger.journal import codec
+
+scan = importlib.import_module("trainledger.journal.scan")
+pytestmark = pytest.mark.skipif(not scan._STEP_LINES_OK, reason="the C accelerator is not built")
+
+GOLDEN = Path(__file__).resolve().parents[2] / "assets" / "golden"
+
+
+def _ends(block: bytes) -> bytes:
+    a = array.array("I")
+    i = block.find(b"\n")
+    while i >= 0:
+        a.append(i)
+        i = block.find(b"\n", i + 1)
+    return a.tobytes()
+
+
+@pytest.fixture
+def fast_blocks(monkeypatch):
+    """How many read blocks verify settled on the fast path (the journals here are checked in this process)."""
+    taken = []
+    real = scan.Scanner._step_block
+
+    def counted(self, block, ends_b):
+        got = real(self, block, ends_b)
+        taken.append(got is not None)
+        return got
+
+    monkeypatch.setattr(scan.Scanner, "_step_block", counted)
+    return taken
+
+
+def fast_takes(line: bytes) -> bool:
+    """What the fast path concludes of one line (no newline): taken whole, or sent the ordinary way."""
+    block = line + b"\n"
+    mask, numbers = scan._step_lines(block, _ends(block))
+    return mask == b"\x01" and (numbers == b"[]" or scan._numbers_canonical(numbers))
+
+
+def full_check_takes(line: bytes) -> bool:
+    return codec.decode_block(line + b"\n") is not None
+
+
+numbers = st.one_of(st.floats(allow_nan=False, allow_infinity=False), st.integers(-(2 ** 63), 2 ** 63 - 1))
+ints = st.integers(-(2 ** 63), 2 ** 63 - 1)
+steps = st.builds(
+    StepObserved, step=ints, loss=numbers, grad_norm=st.none() | numbers, lr=st.none() | numbers,
+    step_time_s=st.none() | numbers, examples=st.none() | ints, tokens=st.none() | ints,
+    supervised_tokens=st.none() | ints, data_time_s=st.none() | numbers, compute_time_s=st.none() | numbers)
+
+
+def _write(tmp_path: Path, signer, events) -> list[bytes]:
+    p = tmp_path / "j.jsonl"
+    if p.exists():
+        p.unlink()
+    with Journal.create(p, signer=signer, background=False) as j:
+        for e in events:
+            j.append(e)
+    return read_lines(p)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(steps, min_size=1, max_size=8))
+def test_every_step_line_the_writer_writes_is_taken(tmp_path, signer, events):
+    """Completeness: what the writer writes (every field combination, any int64, any finite float, ints in float
+    fields) is taken by the fast path, so real journals get its speed."""
+    lines = [x for x in _write(tmp_path, signer, events) if x.startswith(b'{"kind":"step_observed"')]
+    assert len(lines) == len(events)
+    for line in lines:
+        assert fast_takes(line), line
+
+
+# The genuine lines the mutations start from: every optional field present, none, and some.
+_FULL = (b'{"kind":"step_observed","step":12,"loss":2.5,"grad_norm":1.0000000000000002,"lr":0.0003,'
+         b'"step_time_s":0.125,"examples":8,"tokens":4096,"supervised_tokens":4000,"data_time_s":1e-7,'
+         b'"compute_time_s":0.0625,"seq":40,"ts":1796057490874965094,"h":"' + b"ab" * 32 + b'"}')
+_BARE = b'{"kind":"step_observed","step":0,"loss":3,"seq":7,"ts":17,"h":"' + b"0f" * 32 + b'"}'
+_SOME = (b'{"kind":"step_observed","step":-5,"loss":-0.0,"lr":1e22,"tokens":0,"compute_time_s":5e-324,'
+         b'"seq":123456,"ts":1,"h":"' + b"c3" * 32 + b'"}')
+_ALPHABET = b'0123456789.eE+-,:"{} nulltrfaxsNI[]\\'
+
+
+@pytest.mark.parametrize("line", [_FULL, _BARE, _SOME], ids=["full", "bare", "some"])
+def test_the_starting_lines_are_canonical_and_taken(line):
+    assert full_check_takes(line) and fast_takes(line)
+
+
+@settings(max_examples=3000, deadline=None)
+@given(st.sampled_from([_FULL, _BARE, _SOME]),
+       st.lists(st.tuples(st.sampled_from(["insert", "delete", "replace", "duplicate", "swap"]),
+                          st.integers(0, 10 ** 6), st.integers(0, len(_ALPHABET) - 1), st.integers(1, 12)),
+                min_size=1, max_size=3))
+def test_a_changed_line_is_taken_only_if_the_full_check_takes_it(line, edits):
+    """Safety: change the record part of a line in any way (its chain suffix is scan_block's to check, and kept);
+    whenever the fast path takes the result, decoding and re-encoding it gives it back byte for byte."""
+    cut = line.index(b',"seq":')
+    body, suffix = bytearray(line[:cut]), line[cut:]
+    for op, at, ch, width in edits:
+        i = at % (len(body) + 1)
+        if op == "insert":
+            body[i:i] = _ALPHABET[ch:ch + 1]
+        elif op == "delete" and i < len(body):
+            del body[i:i + width]
+        elif op == "replace" and i < len(body):
+            body[i] = _ALPHABET[ch]
+        elif op == "duplicate":
+            body[i:i] = body[i:i + width]
+        elif op == "swap" and i + 2 * width <= len(body):
+            body[i:i + 2 * width] = body[i + width:i + 2 * width] + body[i:i + width]
+    changed = bytes(body) + suffix
+    if fast_takes(changed):
+        assert full_check_takes(changed), changed
+
+
+@pytest.mark.parametrize("line", [_FULL, _BARE, _SOME], ids=["full", "bare", "some"])
+def test_every_one_byte_change_is_taken_only_if_the_full_check_takes_it(line):
+    """Exhaustively: every byte of the record part deleted, replaced by or preceded by each character that means
+    something in JSON. Some changes are canonical lines still (a digit of a number), and those must be taken."""
+    cut = line.index(b',"seq":')
+    body, suffix = line[:cut], line[cut:]
+    taken = 0
+    for i in range(len(body) + 1):
+        variants = [body[:i] + bytes([c]) + body[i:] for c in _ALPHABET]
+        if i < len(body):
+            variants += [body[:i] + body[i + 1:]] + [body[:i] + bytes([c]) + body[i + 1:] for c in _ALPHABET]
+        for v in variants:
+            changed = v + suffix
+            if fast_takes(changed):
+                assert full_check_takes(changed), changed
+                taken += 1
+    assert taken > 20  # not vacuous: changed digits of numbers and ints are lines it takes
+
+
+@pytest.mark.parametrize("old,new", [
+    (b'"loss":2.5', b'"loss":2.50'),
+    (b'"loss":2.5', b'"loss":25e-1'),
+    (b'"loss":2.5', b'"loss":2.5E0'),
+    (b'"lr":0.0003', b'"lr":3e-4'),
+    (b'"lr":0.0003', b'"lr":0.00030'),
+    (b'"grad_norm":1.0000000000000002', b'"grad_norm":1.00000000000000022'),
+    (b'"grad_norm":1.0000000000000002', b'"grad_norm":null'),
+    (b'"tokens":4096', b'"tokens":4096.0'),
+    (b'"tokens":4096', b'"tokens":04096'),
+    (b'"tokens":4096', b'"tokens":"4096"'),
+    (b'"step":12', b'"step":-0'),
+    (b'"step":12', b'"step":+12'),
+    (b'"examples":8,', b'"examples":8,"examples":8,'),
+    (b'"examples":8,"tokens":4096', b'"tokens":4096,"examples":8'),
+    (b'"examples":8,', b'"examples": 8,'),
+    (b'"loss":2.5', b'"loss":NaN'),
+    (b'"loss":2.5', b'"loss":Infinity'),
+    (b'"kind":"step_observed"', b'"kind":"step_observed "'),
+    (b',"supervised_tokens":4000', b',"supervised_tokens":4000,"extra":1'),
+    (b'"loss":2.5,', b''),  # a required field left out
+    (b',"compute_time_s":0.0625', b',"compute_time_s":0.0625,"seq":40,"ts":1,"x":2'),
+    (b',"compute_time_s":0.0625', b',"compute_time_s":0.0625,"seq":40,"ts":1'),
+    (b',"compute_time_s":0.0625', b',"seq":40,"ts":1,"compute_time_s":0.0625'),
+])
+def test_each_known_non_canonical_spelling_goes_the_ordinary_way(old, new):
+    changed = _FULL.replace(old, new, 1)
+    assert changed != _FULL
+    assert not full_check_takes(changed) and not fast_takes(changed)
+
+
+def test_canonical_lines_the_fast_path_leaves_to_the_full_check():
+    """Conservative where it costs nothing: an int beyond int64 (msgspec takes up to 2^64 - 1) is left to the full
+    check; a field left out (None) is taken."""
+    wide = _FULL.replace(b'"step":12', b'"step":9223372036854775808', 1)
+    assert full_check_takes(wide) and not fast_takes(wide)
+    fewer = _FULL.replace(b'"examples":8,', b'', 1)
+    assert full_check_takes(fewer) and fast_takes(fewer)
+
+
+def rechain_keeping_bytes(lines: list[bytes], signer) -> list[bytes]:
+    """A key holder's rewrite: every line's bytes kept as they are (a non-canonical one too), the chain hashes
+    recomputed, and every seal's head, tree root and signature made again with the run's key."""
+    return rechain(lines, renumber=False, resign=signer, keep_bytes=True)
+
+
+@pytest.mark.parametrize("old,new", [
+    (b'"lr":0.0003', b'"lr":3e-4'), (b'"lr":0.0003', b'"lr":0.00030'), (b'"tokens":4096', b'"tokens":4096.0'),
+    (b'"grad_norm":1.0', b'"grad_norm":null'), (b'"step":3003', b'"step":-0'),
+    (b'"tokens":4096', b'"tokens": 4096'),
+])
+@pytest.mark.parametrize("fast", [True, False], ids=["fast", "ordinary"])
+def test_a_signed_non_canonical_step_line_fails_verify_either_way(make_journal, signer, pubkey, monkeypatch,
+                                                                   fast_blocks, old, new, fast):
+    """The run's own key signs a journal whose step 3003 (in a read block of steps and seals alone) is spelled
+    otherwise: its chain and seals hold, and verify names that line, with the fast path as without it."""
+    monkeypatch.setattr(scan, "_STEP_LINES_OK", fast)
+    path = make_journal(6000, seal_every=1000)
+    lines = read_lines(path)
+    i = next(k for k, x in enumerate(lines) if x.startswith(b'{"kind":"step_observed","step":3003,'))
+    assert old in lines[i]
+    lines[i] = lines[i].replace(old, new, 1)
+    write_lines(path, rechain_keeping_bytes(lines, signer))
+    with pytest.raises(NonCanonicalRecord) as ei:
+        verify(path, keys=[pubkey])
+    assert ei.value.seq == i
+    assert any(fast_blocks) == fast  # the blocks before it went the fast way
+
+
+def _facts(rep) -> tuple:
+    return (rep.ok, rep.events, rep.last_seq, rep.last_hash, rep.seals, dict(rep.kinds), rep.tail, rep.head,
+            rep.tree.root() if rep.tree is not None else None, rep.unsealed_events)
+
+
+@pytest.mark.parametrize("path", sorted(GOLDEN.glob("*.jsonl")), ids=lambda p: p.name)
+def test_verify_hands_back_the_same_facts_with_and_without_the_fast_path(path, monkeypatch):
+    keys = [load_public_key(path.with_suffix(".pub"))]
+    monkeypatch.setattr(scan, "_STEP_LINES_OK", False)
+    without = verify(path, keys=keys)
+    monkeypatch.setattr(scan, "_STEP_LINES_OK", True)
+    assert _facts(verify(path, keys=keys)) == _facts(without)
+
+
+def test_nan_losses_and_anchored_heads_read_the_same_either_way(tmp_path, signer, pubkey, monkeypatch, fast_blocks):
+    """Lines the fast path does not take (a NaN loss, an anomaly), seals among steps, and the hashes an anchor
+    asks for (read off step lines it never decoded)."""
+    p = tmp_path / "j.jsonl"
+    with Journal.create(p, signer=signer, seal_every=37, background=False) as j:
+        for s in range(8000):
+            # NaN losses (their blocks go line by line, as before) early and late; the middle is steps and seals
+            j.append(StepObserved(step=s, loss=math.nan if s in (5, 7950) else 2.0 + 1 / (s + 1), tokens=64))
+    want = frozenset({3, 500, 1999, 4000, 4001, 7999})
+    reps = []
+    for on in (False, True):
+        monkeypatch.setattr(scan, "_STEP_LINES_OK", on)
+        reps.append(verify(p, keys=[pubkey], _collect=(frozenset(), want)))
+    a, b = reps
+    assert _facts(a) == _facts(b) and a.ok
+    assert a.hashes == b.hashes and set(a.hashes) == want
+    assert sum(fast_blocks) >= 3  # the middle blocks went the fast way
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["fast", "ordinary"])
+def test_a_signed_non_canonical_line_of_another_kind_among_steps_fails_verify(tmp_path, signer, pubkey,
+                                                                                monkeypatch, fast_blocks, fast):
+    """The lines the fast path does not take are decoded and re-encoded as before: a key holder's anomaly spelled
+    otherwise, in a block of step lines, is named."""
+    from trainledger.journal.kinds import AnomalyDetected
+
+    monkeypatch.setattr(scan, "_STEP_LINES_OK", fast)
+    p = tmp_path / "j.jsonl"
+    with Journal.create(p, signer=signer, seal_every=1000, background=False) as j:
+        for s in range(8000):  # five read blocks: the anomaly in the third, with no rare kind beside it
+            j.append(StepObserved(step=s, loss=2.0 + s / 1000))
+            if s == 4000:
+                j.append(AnomalyDetected(step=s, anomaly="loss_spike", value=2.5, z_score=9.0))
+    lines = read_lines(p)
+    i = next(k for k, x in enumerate(lines) if x.startswith(b'{"kind":"anomaly_detected"'))
+    lines[i] = lines[i].replace(b'"value":2.5', b'"value":2.50', 1)
+    write_lines(p, rechain_keeping_bytes(lines, signer))
+    with pytest.raises(NonCanonicalRecord) as ei:
+        verify(p, keys=[pubkey])
+    assert ei.value.seq == i
+    assert any(fast_blocks) == fast

@@ -1,0 +1,139 @@
+"""The scaling-law fitter and compute box: a synthetic law with noise is recovered; fits and intervals are deterministic under
+a seed; the box binds on FLOPs, on wall-clock and on memory in three constructed cases; bad input is one line."""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+
+import pytest
+
+pytest.importorskip("scipy")
+
+from trainledger.ladder.scaling import Candidate, ComputeBox, fit_scaling_law  # noqa: E402
+
+TRUE = {"E": 1.69, "A": 406.4, "B": 410.7, "alpha": 0.34, "beta": 0.28}  # Hoffmann et al.'s fit
+
+
+def law(n, d, p=TRUE):
+    return p["E"] + p["A"] / n ** p["alpha"] + p["B"] / d ** p["beta"]
+
+
+def synthetic(k=30, noise=0.005, seed=0):
+    rng = random.Random(seed)
+    pts = []
+    for i in range(k):
+        n = 10 ** rng.uniform(7, 10)
+        d = n * 10 ** rng.uniform(0.3, 2.0)
+        pts.append((n, d, law(n, d) * math.exp(rng.gauss(0, noise))))
+    return pts
+
+
+def test_a_synthetic_law_with_noise_is_recovered_within_two_seconds():
+    pts = synthetic()
+    t = time.process_time()  # this process's CPU time: processes beside it on a busy machine do not count
+    fit = fit_scaling_law(pts)
+    elapsed = time.process_time() - t
+    assert elapsed <= 2.0, elapsed
+    p = fit.params
+    assert abs(p["alpha"] - TRUE["alpha"]) < 0.05 and abs(p["beta"] - TRUE["beta"]) < 0.05
+    assert abs(p["E"] - TRUE["E"]) < 0.15
+    for n, d in ((1e8, 2e9), (5e9, 1e11)):
+        assert fit.predict(n, d) == pytest.approx(law(n, d), rel=0.01)
+    assert fit.loo_error() < 0.02
+    # the compute-optimal split at Chinchilla's budget is close to the true law's
+    n_true = (TRUE["alpha"] * TRUE["A"] / (TRUE["beta"] * TRUE["B"])) ** (1 / 0.62) * (5.76e23 / 6) ** (0.28 / 0.62)
+    n_fit, d_fit = fit.compute_optimal(5.76e23)
+    assert n_fit == pytest.approx(n_true, rel=0.5) and 6 * n_fit * d_fit == pytest.approx(5.76e23)
+
+
+def test_fits_and_intervals_are_deterministic_under_a_seed():
+    pts = synthetic(k=12, seed=3)
+    a, b = fit_scaling_law(pts, seed=7, boot=50), fit_scaling_law(pts, seed=7, boot=50)
+    assert a.theta == b.theta
+    ia, ib = a.interval(3e9, 6e10), b.interval(3e9, 6e10)
+    assert ia == ib and ia[0] < a.predict(3e9, 6e10) < ia[1]
+    assert fit_scaling_law(pts, seed=8, boot=50).interval(3e9, 6e10) != ia
+
+
+@pytest.mark.parametrize("bad, says", [
+    ([(1e8, 1e9, 3.0)] * 4, "at least 5"),
+    ([(1e8, 1e9, 3.0)] * 4 + [(-1, 1e9, 3.0)], "point 4"),
+    ([(1e8, 1e9, 3.0)] * 4 + [(1e8, 1e9, float("nan"))], "positive finite"),
+    ([(1e8, 1e9)] * 5, "expected (n_params, tokens, loss)"),
+])
+def test_bad_points_are_one_line_errors(bad, says):
+    with pytest.raises(ValueError, match=None) as e:
+        fit_scaling_law(bad)
+    assert says in str(e.value) and "\n" not in str(e.value)
+
+
+FIT = None
+
+
+def _fit():
+    global FIT
+    if FIT is None:
+        FIT = fit_scaling_law(synthetic())
+    return FIT
+
+
+SIZES = [Candidate(f"m{i}", int(n), 6 * n * 1.1) for i, n in enumerate((1e8, 3e8, 1e9, 3e9, 1e10))]
+
+
+def test_the_box_binds_on_flops():
+    box = ComputeBox(max_flops=1e20, max_wall_s=1e12, devices=8, peak_flops_per_sec=1e15,
+                     memory_bytes_per_device=80e9, measured_mfu=0.4)
+    c = box.choose(_fit(), SIZES)
+    assert c.binding == "flops" and c.usage["flops"] == pytest.approx(1.0, rel=0.01)
+
+
+def test_the_box_binds_on_wall_clock():
+    box = ComputeBox(max_flops=1e30, max_wall_s=3600, devices=8, peak_flops_per_sec=1e15,
+                     memory_bytes_per_device=80e9, measured_mfu=0.4)
+    c = box.choose(_fit(), SIZES)
+    assert c.binding == "wall_clock" and c.usage["wall_clock"] == pytest.approx(1.0, rel=0.01)
+    assert c.wall_s == pytest.approx(3600, rel=0.01)
+
+
+def test_the_box_binds_on_memory():
+    # 1 device of 20 GB: at 16 bytes per parameter, nothing above 1.25e9 parameters fits, though more would help
+    box = ComputeBox(max_flops=1e23, max_wall_s=1e12, devices=1, peak_flops_per_sec=1e15,
+                     memory_bytes_per_device=20e9, measured_mfu=0.4)
+    c = box.choose(_fit(), SIZES)
+    assert c.binding == "memory" and c.candidate.name == "m2"
+    with pytest.raises(ValueError, match="nothing fits"):
+        ComputeBox(max_flops=1e23, max_wall_s=1e12, devices=1, peak_flops_per_sec=1e15,
+                   memory_bytes_per_device=1e6, measured_mfu=0.4).choose(_fit(), SIZES)
+
+
+def test_trainledger_fit_prints_the_law_and_sizes_a_budget(tmp_path, capsys):
+    import json
+
+    from trainledger.cli import main
+
+    csv = tmp_path / "points.csv"
+    csv.write_text("n_params,tokens,loss\n" + "".join(f"{n},{d},{ls}\n" for n, d, ls in synthetic()))
+    assert main(["fit", str(csv), "--budget", "1e21", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    (b,) = out["budgets"]
+    assert 6 * b["n_params"] * b["tokens"] == pytest.approx(1e21) and b["interval"][0] < b["predicted_loss"]
+    bad = tmp_path / "bad.csv"
+    bad.write_text("1e8,1e9,3.0\n1e8,1e9,-3\n")
+    assert main(["fit", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert f"{bad}:2:" in err and "positive finite" in err and len(err.strip().splitlines()) == 1
+
+
+def test_trainledger_fit_reads_a_ladder_journal(capsys):
+    import json
+    from pathlib import Path
+
+    from trainledger.cli import main
+
+    g = Path(__file__).resolve().parents[2] / "assets" / "golden" / "scaling_ladder_v1_2"
+    assert main(["fit", "--pubkey", str(g.with_suffix(".pub")), "--json", str(g.with_suffix(".jsonl"))]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["points"] == 7 and out["loo_error"] < 0.1  # six pilots and the headline
+    assert main(["fit", str(g.with_suffix(".jsonl"))]) == 2  # no key pinned: refused, one line

@@ -1,0 +1,208 @@
+"""The health monitor: the seed document's receipts, NaN/inf, live equals replay, restarts."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from trainledger.journal import Journal, Signer, verify
+from trainledger.training.health.detectors import AnomalyDetected, HealthProjection
+from trainledger.training.health.flops import flop_config_from_causal_lm
+from trainledger.training.reference.model import build_causal_lm
+from trainledger.training.health.monitor import TrainingHealthMonitor
+
+
+def test_seed_example_spike_flagged_same_step():
+    """000_…: losses 3.0..3.01 then 50.0 at step 6 give loss_spike at step 6 with z ≈ 1584.885."""
+    monitor = TrainingHealthMonitor(loss_window=10, loss_min_periods=5, loss_z_thresh=6.0)
+    for step, loss in enumerate([3.0, 3.05, 2.95, 3.02, 2.98, 3.01]):
+        assert monitor.observe_step(step, loss) == []
+    anomalies = monitor.observe_step(6, 50.0)
+    assert [(a.kind, a.step) for a in anomalies] == [("loss_spike", 6)]
+    assert round(anomalies[0].z_score, 3) == 1584.885
+    assert monitor.report()["anomalies_by_kind"] == {"loss_spike": 1}
+
+
+@pytest.mark.parametrize("loss,grad,kinds", [
+    (math.nan, 1.0, ["nan_loss"]), (math.inf, 1.0, ["inf_loss"]), (-math.inf, 1.0, ["inf_loss"]),
+    (2.0, math.nan, ["nan_grad_norm"]), (2.0, math.inf, ["inf_grad_norm"]),
+])
+def test_non_finite_values_flagged_even_in_warm_up(loss, grad, kinds):
+    m = TrainingHealthMonitor()
+    m.observe_step(0, 3.0, grad_norm=1.0)
+    assert [a.kind for a in m.observe_step(1, loss, grad_norm=grad)] == kinds
+
+
+def test_flagged_points_stay_out_of_their_baseline():
+    m = TrainingHealthMonitor(loss_window=10, loss_min_periods=5, loss_z_thresh=6.0)
+    for step, loss in enumerate([3.0, 3.05, 2.95, 3.02, 2.98, 3.01]):
+        m.observe_step(step, loss)
+    assert m.observe_step(6, 50.0) and m.observe_step(7, 50.0)  # the second spike is not hidden by the first
+
+
+def test_grad_norm_spike_is_scored_on_a_log_scale():
+    m = TrainingHealthMonitor(grad_norm_window=20, grad_norm_min_periods=10, grad_norm_z_thresh=6.0)
+    for i in range(20):
+        m.observe_step(i, 3.0, grad_norm=1.0 + 0.02 * (i % 5))
+    assert [a.kind for a in m.observe_step(20, 3.0, grad_norm=30.0)] == ["grad_norm_spike"]
+
+
+@pytest.mark.parametrize("kw", [dict(loss_window=2), dict(loss_min_periods=500), dict(loss_z_thresh=-1),
+                                dict(grad_norm_z_thresh=math.nan), dict(peak_flops_per_sec=0), dict(devices=0)])
+def test_construction_validates(kw):
+    with pytest.raises(ValueError):
+        TrainingHealthMonitor(**kw)
+
+
+def test_mfu_report_is_a_ratio_and_json_serializable():
+    model = build_causal_lm(vocab=32, d_model=16, n_layer=2, n_head=2, block=8)
+    cfg = flop_config_from_causal_lm(model, seq_len=8)
+    m = TrainingHealthMonitor(flop_config=cfg, peak_flops_per_sec=1e12)
+    for step, dt in enumerate([0.1, 0.2, 0.05]):
+        m.observe_step(step, 3.0, step_time_s=dt, batch_size=4)
+    r = json.loads(json.dumps(m.report()))
+    expected = [cfg.flops_per_iter(4) / dt / 1e12 for dt in (0.1, 0.2, 0.05)]
+    assert r["mfu"]["count"] == 3
+    assert r["mfu"]["mean"] == pytest.approx(sum(expected) / 3)
+    assert r["mfu"]["min"] == pytest.approx(min(expected)) and r["mfu"]["max"] == pytest.approx(max(expected))
+    assert TrainingHealthMonitor().report()["mfu"]["mean"] is None  # no peak: no MFU, never a guess
+
+
+nonfinite = st.sampled_from([math.nan, math.inf, -math.inf])
+steps = st.lists(st.tuples(
+    st.floats(0.5, 5.0) | st.floats(-1e6, 1e6) | nonfinite,
+    st.none() | st.floats(0, 1e6) | nonfinite,
+    st.none() | st.floats(0.001, 2.0),
+    st.booleans(),
+), max_size=120)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(steps)
+def test_live_state_equals_replay(tmp_path_factory, stream):
+    path = tmp_path_factory.mktemp("live") / "j.jsonl"
+    with Journal.create(path, signer=Signer.generate(), background=False) as j:
+        m = TrainingHealthMonitor(journal=j, loss_window=12, loss_min_periods=4, loss_z_thresh=5.0,
+                                  grad_norm_window=12, grad_norm_min_periods=4, grad_norm_z_thresh=5.0,
+                                  peak_flops_per_sec=1e12, flop_config=flop_config_from_causal_lm(
+                                      build_causal_lm(32, 16, 2, 2, 8), seq_len=8))
+        live = []
+        step = 0
+        for loss, grad, dt, resume in stream:
+            if resume and step > 2:
+                m.observe_resume(step - 2)
+                step -= 1
+            live += m.observe_step(step, loss, grad_norm=grad, step_time_s=dt, batch_size=4)
+            step += 1
+    replayed = TrainingHealthMonitor.replay(path)
+    assert _same(replayed.report(), m.report())
+    assert _same([a for a in replayed.anomalies], live)
+    recorded = [e for e in _events(path) if isinstance(e, AnomalyDetected)]
+    assert _same([_fields(e) for e in recorded], [_fields(a) for a in live])  # what the journal says was decided
+
+
+def _fields(ev) -> dict:
+    return {f: getattr(ev, f) for f in AnomalyDetected.__struct_fields__}
+
+
+def _events(path):
+    from trainledger.journal import read_events
+
+    return list(read_events(path))
+
+
+def _same(a, b) -> bool:
+    import msgspec
+
+    a, b = msgspec.to_builtins(a), msgspec.to_builtins(b)
+    return json.dumps(a, sort_keys=True, default=str) == json.dumps(b, sort_keys=True, default=str)
+
+
+def test_state_round_trip_continues_identically():
+    a = TrainingHealthMonitor(loss_window=10, loss_min_periods=5)
+    for i in range(30):
+        a.observe_step(i, 3.0 + 0.01 * (i % 4), grad_norm=1.0 + 0.01 * (i % 3))
+    b = TrainingHealthMonitor.from_state(json.loads(json.dumps(a.state())))
+    for i in range(30, 60):
+        x = 3.0 + 0.01 * (i % 4) + (40.0 if i == 45 else 0.0)
+        assert _same(a.observe_step(i, x), b.observe_step(i, x))
+    assert _same(a.report(), b.report())
+
+
+def test_resume_rewinds_the_baseline_and_flags_a_discontinuity():
+    m = TrainingHealthMonitor(loss_window=20, loss_min_periods=5, loss_z_thresh=6.0)
+    for i in range(40):
+        m.observe_step(i, 2.0 - 0.01 * i + 0.001 * (i % 3))
+    m.observe_resume(30)  # back to the checkpoint of step 30, a well-behaved resume
+    assert m.observe_step(31, 2.0 - 0.31) == []
+    m.observe_resume(30)  # a resume that lost optimizer state: the loss jumps
+    assert [a.kind for a in m.observe_step(31, 3.5)] == ["restart_discontinuity"]
+    r = m.report()["restarts"]
+    assert r["count"] == 2 and r["continuity_ok"] is False
+    assert [e["continuity_ok"] for e in r["events"]] == [True, False]
+
+
+def test_monitor_events_verify(tmp_path):
+    s = Signer.generate()
+    p = tmp_path / "j.jsonl"
+    with Journal.create(p, signer=s, background=False) as j:
+        m = TrainingHealthMonitor(journal=j, loss_window=10, loss_min_periods=5, loss_z_thresh=6.0)
+        for step, loss in enumerate([3.0, 3.05, 2.95, 3.02, 2.98, 3.01, 50.0, math.nan]):
+            m.observe_step(step, loss)
+    r = verify(p, keys=[s.public], require_closed=True)
+    assert r.kinds["run_configured"] == 1 and r.kinds["anomaly_detected"] == 2
+    assert isinstance(HealthProjection.from_state(m.state()), HealthProjection)
+
+
+def test_tensor_inputs_give_a_clear_error():
+    import torch
+
+    m = TrainingHealthMonitor()
+    with pytest.raises(TypeError, match=r"\.item\(\)"):
+        m.observe_step(0, 3.0, grad_norm=torch.ones(2))
+    for kw in ({"lr": "fast"}, {"step_time_s": [1.0]}, {"compute_time_s": object()}):
+        with pytest.raises(TypeError, match=f"^{next(iter(kw))} must be a number"):
+            m.observe_step(1, 3.0, **kw)
+    assert m.last_step is None  # nothing was observed
+
+
+def _steady(m, n=40):
+    for i in range(n):
+        m.observe_step(i, 3.0 + 0.01 * ((i * 7) % 5 - 2))
+
+
+def test_moderate_spike_is_confirmed_by_the_next_step():
+    m = TrainingHealthMonitor(loss_window=30, loss_min_periods=10, loss_z_thresh=8.0)
+    _steady(m)
+    # MAD of the steady series is 0.01, so robust sigma = 0.0148: +0.2 is z ~ 13.5 (between 8 and 32).
+    assert m.observe_step(40, 3.2) == []  # a candidate: wait one step
+    found = m.observe_step(41, 3.1)  # still elevated: it was a spike
+    assert [(a.kind, a.step, a.detected_at) for a in found] == [("loss_spike", 40, 41)]
+
+
+def test_lone_outlier_is_not_a_spike():
+    m = TrainingHealthMonitor(loss_window=30, loss_min_periods=10, loss_z_thresh=8.0)
+    _steady(m)
+    assert m.observe_step(40, 3.2) == []
+    assert m.observe_step(41, 3.0) == []  # back to normal: heavy-tailed noise, not a spike
+    assert m.report()["anomalies"] == 0
+
+
+def test_hfu_reported_only_when_recompute_is_declared():
+    from trainledger.training.health.flops import FlopConfig
+
+    for recompute in ("selective", "full"):
+        cfg = FlopConfig(n_params=7104, n_layer=2, n_head=2, head_dim=8, seq_len=8, recompute=recompute)
+        m = TrainingHealthMonitor(flop_config=cfg, peak_flops_per_sec=1e12)
+        m.observe_step(0, 3.0, step_time_s=0.1, batch_size=4)
+        r = m.report()
+        assert r["hfu"]["mean"] == pytest.approx(cfg.hardware_flops_per_iter(4) / 0.1 / 1e12)
+        assert r["mfu"]["mean"] == pytest.approx(cfg.flops_per_iter(4) / 0.1 / 1e12)
+    plain = TrainingHealthMonitor(flop_config=FlopConfig(n_params=7104, n_layer=2, n_head=2, head_dim=8, seq_len=8),
+                                  peak_flops_per_sec=1e12)
+    plain.observe_step(0, 3.0, step_time_s=0.1, batch_size=4)
+    assert plain.report()["hfu"] is None

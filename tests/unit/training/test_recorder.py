@@ -1,0 +1,191 @@
+"""The plain-PyTorch recorder: five added lines in a hand-written loop, resumed exactly with a stateful loader,
+a verdict (never a crash) for a loader without a cursor, compiled models, and checkpoints never overwritten."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from trainledger.journal import read_events, verify
+from trainledger.training.checkpoints.state import ResumeRejected
+from trainledger.training.recorder import Recorder
+
+PAGE = Path(__file__).resolve().parents[3] / "docs" / "integrations.md"
+
+
+def _tags(p):
+    return [type(e).__struct_config__.tag for e in read_events(p)]
+
+
+def _setup(seed: int = 0, compiled: bool = False):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(1)
+    xs = torch.randn(64, 8, generator=g)
+    data = torch.utils.data.TensorDataset(xs, xs.sum(dim=1, keepdim=True))
+    if compiled:
+        model = torch.compile(model, backend="eager")  # the real wrapper (_orig_mod), without a C++ toolchain
+    return model, opt, data
+
+
+def _train(rec: Recorder, model, opt, loader, steps: int, *, crash_at: int | None = None, every: int = 4,
+           data_state=None) -> list[str]:
+    losses = []
+    it = iter(loader)
+    for step in range(rec.start, steps):
+        x, y = next(it)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item().hex())
+        rec.step(step, loss.item())
+        if (step + 1) % every == 0:
+            rec.checkpoint(step, data_state=None if data_state is None else data_state(step))
+        if step == crash_at:
+            raise KeyboardInterrupt  # the process dies here
+    return losses
+
+
+def test_the_integrations_page_example_runs(tmp_path, monkeypatch):
+    text = PAGE.read_text()
+    block = re.search(r"<!-- example:recorder -->\s*```python\n(.*?)```", text, re.S).group(1)
+    added = [ln for ln in block.splitlines() if "# +trainledger" in ln]
+    assert len(added) <= 5, added
+    monkeypatch.chdir(tmp_path)
+    from trainledger.journal import keygen
+
+    keygen(tmp_path / "keys")
+    exec(compile(block, "docs/integrations.md (recorder example)", "exec"), {})  # noqa: S102 - our own docs
+    rep = verify(tmp_path / "runs" / "mine" / "journal.jsonl",
+                 keys=[__import__("trainledger.journal", fromlist=["load_public_key"]).load_public_key(
+                     tmp_path / "keys" / "trainledger.pub")], require_closed=True)
+    assert rep.kinds["step_observed"] == 20 and rep.kinds["checkpoint_saved"] == 2
+
+
+def test_a_stateful_loader_resumes_exactly(tmp_path, signer):
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    model, opt, data = _setup()
+    whole_loader = StatefulDataLoader(data, batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(7))
+    with Recorder(tmp_path / "whole", signer=signer, model=model, optimizer=opt, data=whole_loader) as rec:
+        whole = _train(rec, model, opt, whole_loader, 12)
+
+    run = tmp_path / "run"
+    model, opt, data = _setup()
+    loader = StatefulDataLoader(data, batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(7))
+    with pytest.raises(KeyboardInterrupt), Recorder(run, signer=signer, model=model, optimizer=opt, data=loader) as rec:
+        _train(rec, model, opt, loader, 12, crash_at=9)  # checkpoint after step 7, then dies after step 9
+    model, opt, data = _setup(seed=5)  # a fresh process: other weights until the restore
+    loader = StatefulDataLoader(data, batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(7))
+    with Recorder(run, signer=signer, model=model, optimizer=opt, data=loader) as rec:
+        assert rec.start == 8
+        tail = _train(rec, model, opt, loader, 12)
+    assert tail == whole[8:]  # bit for bit, the loader continued where it stopped
+    tags = _tags(run / "journal.jsonl")
+    assert tags.count("run_resumed") == 1 and tags[-2:] == ["run_closed", "seal"]
+
+
+def test_a_plain_dataloader_gets_a_missing_state_verdict_not_a_crash(tmp_path, signer):
+    model, opt, data = _setup()
+    loader = torch.utils.data.DataLoader(data, batch_size=4)
+    with pytest.raises(KeyboardInterrupt), Recorder(tmp_path, signer=signer, model=model, optimizer=opt,
+                                                    data=loader) as rec:
+        _train(rec, model, opt, loader, 12, crash_at=5)  # saved at step 3 without a cursor: no crash
+    with pytest.raises(ResumeRejected) as e:
+        Recorder(tmp_path, signer=signer, model=model, optimizer=opt, data=loader)
+    assert e.value.code == "resume-invalid-missing-state" and "sampler" in e.value.missing
+    assert "plain DataLoader" in str(e.value)
+    assert _tags(tmp_path / "journal.jsonl")[-2] == "resume_rejected"
+
+
+def test_a_plain_dataloader_with_data_state_resumes(tmp_path, signer):
+    model, opt, data = _setup()
+    loader = torch.utils.data.DataLoader(data, batch_size=4)
+    with pytest.raises(KeyboardInterrupt), Recorder(tmp_path, signer=signer, model=model, optimizer=opt,
+                                                    data=loader) as rec:
+        _train(rec, model, opt, loader, 12, crash_at=5, data_state=lambda s: {"epoch": 0, "batch": s + 1})
+    rec = Recorder(tmp_path, signer=signer, model=model, optimizer=opt, data=loader)
+    assert rec.start == 4 and rec.data_state == {"epoch": 0, "batch": 4}
+    rec.close()
+
+
+def test_a_compiled_model_saves_plain_weights_and_a_resave_never_overwrites(tmp_path, signer):
+    model, opt, data = _setup(compiled=True)
+    loader = torch.utils.data.DataLoader(data, batch_size=4)
+    with pytest.raises(KeyboardInterrupt), Recorder(tmp_path, signer=signer, model=model, optimizer=opt,
+                                                    data=loader) as rec:
+        _train(rec, model, opt, loader, 12, crash_at=4, data_state=lambda s: {"batch": s + 1})
+    saved = torch.load(tmp_path / "checkpoints" / "step-000000003.pt", weights_only=True)["model"]
+    assert not any(k.startswith("_orig_mod.") for k in saved)
+    plain, opt2, _ = _setup(seed=3)  # restored into the plain module, as a fine-tune or an eval would
+    rec = Recorder(tmp_path, signer=signer, model=plain, optimizer=opt2, data=loader)
+    assert rec.start == 4 and torch.equal(plain[0].weight, saved["0.weight"])
+    again = rec.checkpoint(3, data_state={"batch": 4})  # nanoGPT re-saves right after resuming
+    assert again.path == "checkpoints/step-000000003-1.pt"
+    rec.close()
+    recorded = [e.path for e in read_events(tmp_path / "journal.jsonl")
+                if type(e).__struct_config__.tag == "checkpoint_saved"]
+    assert recorded == ["checkpoints/step-000000003.pt", "checkpoints/step-000000003-1.pt"]
+
+
+def test_a_changed_byte_is_refused(tmp_path, signer):
+    model, opt, data = _setup()
+    loader = torch.utils.data.DataLoader(data, batch_size=4)
+    with pytest.raises(KeyboardInterrupt), Recorder(tmp_path, signer=signer, model=model, optimizer=opt,
+                                                    data=loader) as rec:
+        _train(rec, model, opt, loader, 12, crash_at=4, data_state=lambda s: {"batch": s + 1})
+    f = tmp_path / "checkpoints" / "step-000000003.pt"
+    b = bytearray(f.read_bytes())
+    b[len(b) // 2] ^= 1
+    f.write_bytes(bytes(b))
+    with pytest.raises(ResumeRejected) as e:
+        Recorder(tmp_path, signer=signer, model=model, optimizer=opt, data=loader)
+    assert e.value.code == "resume-invalid-digest"
+
+
+def test_a_checkpoint_your_own_code_writes_is_recorded_and_checked(tmp_path, signer):
+    """nanoGPT writes ckpt.pt itself (and over itself): recorded by digest, the overwritten record marked deleted,
+    checked before it is loaded; a changed byte refused."""
+    model, opt, data = _setup()
+    loader = torch.utils.data.DataLoader(data, batch_size=4)
+    rec = Recorder(tmp_path, signer=signer, model=model, optimizer=opt, data=loader)
+    ckpt = tmp_path / "ckpt.pt"
+    for it in (5, 10):
+        torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "iter_num": it}, ckpt)
+        rec.record_checkpoint(ckpt, step=it - 1)
+    assert rec.check_checkpoint(ckpt).step == 9
+    b = bytearray(ckpt.read_bytes())
+    b[len(b) // 2] ^= 1
+    ckpt.write_bytes(bytes(b))
+    with pytest.raises(ResumeRejected) as e:
+        rec.check_checkpoint(ckpt)
+    assert e.value.code == "resume-invalid-digest"
+    rec.close()
+    tags = _tags(tmp_path / "journal.jsonl")
+    assert tags.count("checkpoint_saved") == 2 and tags.count("checkpoint_deleted") == 1
+    assert tags.count("run_resumed") == 1 and tags.count("resume_rejected") == 1
+
+
+def test_a_finished_run_is_continued_in_a_new_journal_linked_to_its_head(tmp_path, signer, pubkey):
+    from trainledger.journal import read_events
+
+    model, opt, data = _setup()
+    loader = torch.utils.data.DataLoader(data, batch_size=4)
+    with Recorder(tmp_path / "a", signer=signer, model=model, optimizer=opt, data=loader) as rec:
+        _train(rec, model, opt, loader, 8, data_state=lambda s: {"batch": s + 1})
+    with pytest.raises(Exception, match="continue_from"):
+        Recorder(tmp_path / "a", signer=signer, model=model, optimizer=opt, data=loader)
+    fresh, opt2, _ = _setup(seed=9)
+    rec = Recorder(tmp_path / "b", signer=signer, model=fresh, optimizer=opt2, data=loader, continue_from=tmp_path / "a")
+    assert rec.start == 8 and rec.data_state == {"batch": 8}
+    assert torch.equal(fresh[0].weight, model[0].weight)
+    rec.close()
+    head = verify(tmp_path / "a" / "journal.jsonl", keys=[pubkey]).head
+    opened = next(iter(read_events(tmp_path / "b" / "journal.jsonl")))
+    assert opened.meta["continues"]["head"] == head and opened.meta["continues"]["step"] == 7
+    assert verify(tmp_path / "b" / "journal.jsonl", keys=[pubkey], require_closed=True).ok

@@ -1,0 +1,537 @@
+"""The training-health projection: anomaly detection, MFU and restart continuity as a fold.
+
+Torch-free, so that ``replay`` rebuilds on an auditor's machine exactly what
+the live :class:`training.monitor.TrainingHealthMonitor` saw and decided: the
+monitor feeds every event it appends through this same reducer.
+
+Scoring: each step's loss (and the log of its grad norm: norms are
+multiplicative) is scored against a causal rolling window of earlier accepted
+values, ``z = (x - median) / (1.4826 * MAD)``; ``z`` above the threshold is a
+candidate spike, flagged at once when far above it and otherwise when the
+next step confirms it (see ``_Detector``). NaN and infinite values are flagged on the step they happen, warm-up
+included. Flagged and non-finite values never enter the baseline. After a
+``run_resumed`` (from the checkpoint of step ``s``) the baseline is the one
+that stood at step ``s``, and a spike in the first ``RESTART_WINDOW`` steps
+after it is a ``restart_discontinuity``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from typing import Any
+
+from trainledger.journal.accel import fast as _fast
+from trainledger.journal.codec import UnknownEvent, record_type
+from trainledger.journal.events import RunResumed, StepObserved
+from trainledger.training.health.mfu import MfuAccounting
+from trainledger.journal.kinds import MAX_WINDOW, AnomalyDetected, DetectorParams, RunConfigured, SpikeSuspected  # noqa: F401
+
+__all__ = [
+    "state_digest",
+    "RunConfigured",
+    "AnomalyDetected",
+    "DetectorParams",
+    "RollingBaseline",
+    "HealthProjection",
+    "MAD_SCALE",
+]
+
+_NONE: list = []  # shared empty result: callers only read it
+_up = math.nextafter
+_INF = math.inf
+
+#: 1 / Phi^-1(3/4): makes the MAD a consistent estimator of the standard deviation for Gaussian noise.
+MAD_SCALE = 1.4826
+
+
+def _kth_deviation(s: list[float], m: float, k: int) -> float:
+    """The k-th smallest (0-based) of |s_i - m| for sorted ``s`` whose median is ``m``, in O(log n).
+
+    The deviations are two sorted runs, the lower half read outward from the
+    middle and the upper half; this is the k-th element of their union.
+    """
+    n = len(s)
+    split = n // 2  # s[:split] <= m <= s[split:]
+    a, b = split, n - split
+
+    def dev_a(t: int) -> float:  # t-th smallest deviation of the lower half
+        return m - s[split - 1 - t]
+
+    def dev_b(t: int) -> float:
+        return s[split + t] - m
+
+    lo, hi = max(0, k + 1 - b), min(k + 1, a)
+    while lo < hi:
+        i = (lo + hi) // 2  # take i from the lower half, k + 1 - i from the upper
+        if dev_a(i) < dev_b(k - i):
+            lo = i + 1
+        else:
+            hi = i
+    i, j = lo, k + 1 - lo
+    return max(dev_a(i - 1) if i > 0 else -math.inf, dev_b(j - 1) if j > 0 else -math.inf)
+
+
+class RollingBaseline:
+    """Causal rolling median and MAD over the last ``window`` accepted values.
+
+    A sorted copy of the window gives the median in O(1) and the MAD in
+    O(log n); appending is O(window) memory moves. Every accepted value is
+    kept with its step (the window is the tail of that history), so a resume
+    can put the window back as it stood at any earlier step.
+    """
+
+    __slots__ = ("window", "_sorted", "_steps", "_values")
+
+    def __init__(self, window: int):
+        self.window = window
+        self._sorted: list[float] = []
+        self._steps: list[int] = []
+        self._values: list[float] = []
+
+    def __len__(self) -> int:
+        return len(self._sorted)
+
+    def median(self) -> float:
+        s = self._sorted
+        n = len(s)
+        h = n // 2
+        return s[h] if n % 2 else 0.5 * (s[h - 1] + s[h])
+
+    def mad(self, median: float) -> float:
+        s = self._sorted
+        n = len(s)
+        if n % 2:
+            return _kth_deviation(s, median, n // 2)
+        return 0.5 * (_kth_deviation(s, median, n // 2 - 1) + _kth_deviation(s, median, n // 2))
+
+    def mad_at_least(self, d: float) -> bool:
+        """True when the MAD is certainly >= ``d`` (a sufficient test by counting, O(log n)).
+
+        At most n//2 - 1 deviations below ``d`` puts both middle order statistics
+        of the deviations (and so the MAD) at or above it.
+        """
+        s = self._sorted
+        m = self.median()
+        # Widen the interval by one ulp each way: rounding can then only overcount the
+        # values inside, which makes the answer False (take the exact path), never wrong.
+        inside = bisect.bisect_left(s, _up(m + d, _INF)) - bisect.bisect_right(s, _up(m - d, -_INF))
+        return inside <= len(s) // 2 - 1
+
+    def add(self, step: int, x: float) -> None:
+        values = self._values
+        self._steps.append(step)
+        values.append(x)
+        s = self._sorted
+        bisect.insort(s, x)
+        if len(values) > self.window:
+            del s[bisect.bisect_left(s, values[-self.window - 1])]
+
+    def _rebuild(self) -> None:
+        self._sorted = sorted(self._values[-self.window:])
+
+    def rewind_to(self, step: int) -> None:
+        """Forget values observed after ``step``: the window as it stood when step ``step`` was done."""
+        steps = self._steps
+        cut = len(steps)
+        while cut and steps[cut - 1] > step:
+            cut -= 1
+        del self._steps[cut:]
+        del self._values[cut:]
+        self._rebuild()
+
+    def state(self) -> dict[str, Any]:
+        return {"window": self.window, "steps": list(self._steps), "values": list(self._values)}
+
+    @classmethod
+    def from_state(cls, d: dict[str, Any]) -> RollingBaseline:
+        b = cls(int(d["window"]))
+        b._steps = [int(x) for x in d["steps"]]
+        b._values = [float(x) for x in d["values"]]
+        b._rebuild()
+        return b
+
+
+#: Steps after a resume in which a jump is a restart_discontinuity (flagged at once, no
+#: confirmation): a lost optimizer or scheduler state shows in the loss after the first update.
+RESTART_WINDOW = 3
+
+#: A spike whose z exceeds this multiple of the threshold is flagged on the spot;
+#: a smaller one is flagged when the next step is still elevated (see _Detector).
+IMMEDIATE_FACTOR = 4.0
+#: The next step confirms a candidate spike when its own z exceeds this fraction of the threshold.
+CONFIRM_FRACTION = 0.25
+
+
+class _Detector:
+    """One scored series (loss, or log grad norm).
+
+    A value with ``z > z_thresh`` is a *candidate*. Real spikes last (they
+    decay over a few steps); heavy-tailed noise makes lone outliers. So a
+    candidate is flagged on the spot when ``z > IMMEDIATE_FACTOR * z_thresh``
+    or on the first step after a resume, and otherwise on the next step, if
+    that step is still above ``CONFIRM_FRACTION * z_thresh`` (latency one
+    step, recorded as ``detected_at``). An unconfirmed candidate joins the
+    baseline late, as the noise it was.
+    """
+
+    __slots__ = ("p", "base", "kind", "log", "pending", "inv_scale", "inv_scale_confirm", "min_periods", "window",
+                 "series", "suspected")
+
+    def __init__(self, p: DetectorParams, kind: str, log: bool):
+        self.p = p
+        self.min_periods = p.min_periods
+        self.window = p.window
+        # z <= z_thresh  <=>  MAD >= (x - median) * inv_scale (and likewise for the confirmation level)
+        self.inv_scale = 1.0 / (MAD_SCALE * p.z_thresh)
+        self.inv_scale_confirm = 1.0 / (MAD_SCALE * p.z_thresh * CONFIRM_FRACTION)
+        self.base = RollingBaseline(p.window)
+        self.kind = kind
+        self.log = log
+        self.pending: list | None = None  # [step, raw, x, median, mad, z] of a candidate spike
+        self.series = "grad_norm" if log else "loss"
+        self.suspected: SpikeSuspected | None = None  # a candidate the last call released unconfirmed
+
+    def _z(self, x: float, inv_scale: float) -> tuple[float, float, float] | None:
+        """(z, median, mad) of x against the baseline, or None in warm-up, at/below the median,
+        or when z is certainly at or below the level that ``inv_scale`` stands for."""
+        base = self.base
+        if len(base) < self.p.min_periods:
+            return None
+        med = base.median()
+        if not x > med:
+            return None
+        if base.mad_at_least((x - med) * inv_scale):
+            return None  # z is at or below the level asked about: no need for the exact MAD
+        mad = base.mad(med)
+        scale = MAD_SCALE * mad
+        return ((x - med) / scale if scale > 0 else math.inf), med, mad
+
+    def release(self, step: int) -> None:
+        """Give up on a candidate (a non-finite value came instead of a confirmation): it joins the baseline,
+        and is recorded as suspected."""
+        if self.pending is not None:
+            self._unconfirmed(step)
+
+    def _unconfirmed(self, step: int) -> None:
+        pend, self.pending = self.pending, None
+        self.base.add(pend[0], pend[2])
+        self.suspected = SpikeSuspected(step=pend[0], series=self.series, value=pend[1], baseline_median=pend[3],
+                                        mad=pend[4], z_score=pend[5], threshold=self.p.z_thresh, released_at=step)
+
+    def score(self, step: int, raw: float, after_resume: bool) -> AnomalyDetected | None:
+        """Score one finite value; add it to the baseline unless it is (part of) a spike."""
+        x = _log(raw) if self.log else raw
+        if self.pending is None:
+            base = self.base
+            if _baseline_step is not None:  # the lines below, in C (journal/_chainfast.c)
+                if _baseline_step(base._sorted, base._values, base._steps, x, step, self.min_periods, self.inv_scale,
+                                  self.window):
+                    return None
+                return self._score(step, raw, x, after_resume)
+            # The common case, inlined: warm, and not even near a threshold (see _z and mad_at_least).
+            s = base._sorted
+            n = len(s)
+            if n >= self.min_periods:
+                h = n >> 1
+                med = s[h] if n & 1 else 0.5 * (s[h - 1] + s[h])
+                if x > med:
+                    d = (x - med) * self.inv_scale
+                    if _bisect_left(s, _up(med + d, _INF)) - _bisect_right(s, _up(med - d, -_INF)) >= h:
+                        return self._score(step, raw, x, after_resume)
+            # base.add(step, x), inlined
+            values = base._values
+            base._steps.append(step)
+            values.append(x)
+            _insort(s, x)
+            w = self.window
+            if len(values) > w:
+                del s[_bisect_left(s, values[-w - 1])]
+            return None
+        return self._score(step, raw, x, after_resume)
+
+    def _score(self, step: int, raw: float, x: float, after_resume: bool) -> AnomalyDetected | None:
+        t = self.p.z_thresh
+        pend = self.pending
+        if pend is not None:
+            cur = self._z(x, self.inv_scale_confirm)
+            if cur is not None and cur[0] > CONFIRM_FRACTION * t:
+                # Still elevated: the candidate was a spike. This value is its tail: keep it out too.
+                self.pending = None
+                return AnomalyDetected(step=pend[0], anomaly=self.kind, value=pend[1], baseline_median=pend[3],
+                                       mad=pend[4], z_score=pend[5], threshold=t, detected_at=step)
+            self._unconfirmed(step)
+        cur = self._z(x, self.inv_scale)
+        if cur is not None and cur[0] > t:
+            z, med, mad = cur
+            if after_resume or z > IMMEDIATE_FACTOR * t:
+                kind = "restart_discontinuity" if after_resume else self.kind
+                return AnomalyDetected(step=step, anomaly=kind, value=raw, baseline_median=med, mad=mad,
+                                       z_score=z, threshold=t)
+            self.pending = [step, raw, x, med, mad, z]
+            return None
+        self.base.add(step, x)
+        return None
+
+
+_bisect_left = bisect.bisect_left
+_bisect_right = bisect.bisect_right
+_insort = bisect.insort
+_log = math.log
+_baseline_step = getattr(_fast, "baseline_step", None)
+
+
+def state_digest(state: dict[str, Any]) -> str:
+    """SHA-256 of a monitor state's canonical JSON: what ``checkpoint_saved.monitor_sha256`` records."""
+    import hashlib
+
+    from trainledger.journal.codec import encode_document
+
+    return hashlib.sha256(encode_document(state)).hexdigest()
+
+
+class HealthProjection:
+    """The reducer. ``apply(event)`` folds one event in; for a ``step_observed`` it returns that step's anomalies.
+
+    No I/O, no clock, no randomness, no tensors: the same fold runs live and in replay.
+    """
+
+    def __init__(self, config: RunConfigured | None = None):
+        self.config = config or RunConfigured()
+        c = self.config
+        self._loss = _Detector(DetectorParams(c.loss_window, c.loss_min_periods, c.loss_z_thresh, "loss"),
+                               "loss_spike", log=False)
+        self._grad = _Detector(DetectorParams(c.grad_norm_window, c.grad_norm_min_periods, c.grad_norm_z_thresh,
+                                              "grad_norm"), "grad_norm_spike", log=True)
+        self.steps = 0
+        self.last_step: int | None = None
+        self.anomalies: list[AnomalyDetected] = []
+        self.by_kind: dict[str, int] = {}
+        self.suspected: list[SpikeSuspected] = []
+        self.suspected_new: list[SpikeSuspected] = []
+        self.mfu_over = 0  # steps whose MFU came out above 100%: the peak they are measured against is too low
+        self.mfu_sum = 0.0
+        self.mfu_min = math.inf
+        self.mfu_max = -math.inf
+        self.mfu_count = 0
+        self.tokens = 0
+        self.token_time_s = 0.0
+        self.restarts: list[dict[str, Any]] = []
+        self._pending_resume: dict[str, Any] | None = None
+        self.unknown_events = 0
+        # Live events and the records read back from a journal take the same paths.
+        self._handlers = {}
+        for cls, fn in ((StepObserved, self._step), (RunResumed, self._resume), (RunConfigured, self._configure)):
+            self._handlers[cls] = fn
+            self._handlers[record_type(cls)] = fn
+        self.mfu_accounting = MfuAccounting(c)  # the one MFU implementation (training/health/mfu.py)
+
+    # ------------------------------------------------------------ the fold
+
+    def apply(self, event: Any) -> list[AnomalyDetected]:
+        """Fold one event in; return the anomalies it revealed (a new list, the caller's to keep)."""
+        handler = self._handlers.get(type(event))
+        if handler is not None:
+            found = handler(event)
+            return found if found else []
+        if type(event) is UnknownEvent:
+            self.unknown_events += 1
+        return []
+
+    def apply_all(self, events: list[Any]) -> None:
+        """Fold a batch of events (replay's loop: one call per batch, not per event)."""
+        handlers = self._handlers
+        for ev in events:
+            handler = handlers.get(type(ev))
+            if handler is not None:
+                handler(ev)
+                if handler.__func__ is HealthProjection._configure:
+                    handlers = self._handlers  # re-initialized: new bound methods
+            elif type(ev) is UnknownEvent:
+                self.unknown_events += 1
+
+    def _configure(self, event: RunConfigured) -> list[AnomalyDetected]:
+        """A ``run_configured`` starts a new segment (docs/FORMAT.md): detectors, baselines, MFU and counts
+        restart from it (a ladder writes one per rung); what came before belongs to the previous segment."""
+        self.__init__(event)
+        return _NONE
+
+    def _step(self, ev: StepObserved) -> list[AnomalyDetected]:
+        step = ev.step
+        self.steps += 1
+        self.last_step = step
+        after_resume = self._pending_resume is not None
+        out = _NONE
+        loss = ev.loss
+        if loss - loss == 0:  # finite (NaN and +/-inf give NaN)
+            a = self._loss.score(step, loss, after_resume)
+            if a is not None:
+                out = [a]
+        else:
+            self._loss.release(step)
+            out = [AnomalyDetected(step=step, anomaly="nan_loss" if loss != loss else "inf_loss", value=loss)]
+        g = ev.grad_norm
+        if g is not None:
+            if g - g == 0:
+                if g > 0:
+                    a = self._grad.score(step, g, after_resume)
+                    if a is not None:
+                        out = out + [a]
+            else:
+                self._grad.release(step)
+                out = out + [AnomalyDetected(step=step, anomaly="nan_grad_norm" if g != g else "inf_grad_norm",
+                                             value=g)]
+        if after_resume:
+            r = self._pending_resume
+            r.setdefault("at_step", step)
+            r["left"] -= 1
+            broke = any(a.anomaly == "restart_discontinuity" for a in out)
+            if broke or not r["left"]:
+                del r["left"]
+                r["continuity_ok"] = not broke
+                self.restarts.append(r)
+                self._pending_resume = None
+        st = ev.step_time_s
+        if st is not None and st > 0 and st - st == 0:
+            if ev.tokens is not None:
+                self.tokens += ev.tokens
+                self.token_time_s += st
+            m = self.mfu_accounting.step(ev.tokens, ev.examples, st)
+            if m is not None:
+                self.mfu_sum += m
+                self.mfu_count += 1
+                if m < self.mfu_min:
+                    self.mfu_min = m
+                if m > self.mfu_max:
+                    self.mfu_max = m
+                if m > 1.0:
+                    self.mfu_over += 1
+        if self._loss.suspected is not None or self._grad.suspected is not None:  # rare: no loop per step
+            for det in (self._loss, self._grad):
+                if det.suspected is not None:
+                    self.suspected.append(det.suspected)
+                    self.suspected_new.append(det.suspected)
+                    det.suspected = None
+        if out:
+            for a in out:
+                self.anomalies.append(a)
+                self.by_kind[a.anomaly] = self.by_kind.get(a.anomaly, 0) + 1
+        return out
+
+    def take_suspected(self) -> list[SpikeSuspected]:
+        """The ``spike_suspected`` events the last folds produced (the live monitor appends them; replay
+        compares them with what was recorded); emptied by the call."""
+        new, self.suspected_new = self.suspected_new, []
+        return new
+
+    def _resume(self, ev: RunResumed) -> list[AnomalyDetected]:
+        prev = self._pending_resume
+        if prev is not None:  # resumed again before the window closed: no break was seen
+            del prev["left"]
+            prev["continuity_ok"] = True
+            self.restarts.append(prev)
+        s = ev.from_step
+        self._loss.pending = self._grad.pending = None  # the steps after the checkpoint are being redone
+        if s is not None:
+            self._loss.base.rewind_to(s)
+            self._grad.base.rewind_to(s)
+        self._pending_resume = {"from_step": s, "reason": ev.reason, "checkpoint": ev.checkpoint,
+                                "left": RESTART_WINDOW}
+        return _NONE
+
+    # ------------------------------------------------------------ reading it out
+
+    def report(self) -> dict[str, Any]:
+        """JSON-serializable summary (the monitor's ``report()``)."""
+        n = self.mfu_count
+        return {
+            "steps": self.steps,
+            "last_step": self.last_step,
+            "mfu": {
+                "mean": self.mfu_sum / n if n else None,
+                "min": self.mfu_min if n else None,
+                "max": self.mfu_max if n else None,
+                "count": n,
+                # MFU cannot exceed 100%: steps above it are not receipts but a sign of a wrong peak
+                "above_100pct": self.mfu_over,
+                "implausible": self.mfu_over > 0,
+                "peak_source": self.config.peak_source,
+                "peak_spread": self.config.peak_spread,
+            },
+            "hfu": self._hfu(),
+            "tokens_per_s": self.tokens / self.token_time_s if self.token_time_s > 0 else None,
+            "anomalies_by_kind": dict(sorted(self.by_kind.items())),
+            "anomalies": len(self.anomalies),
+            "spikes_suspected": len(self.suspected),
+            "restarts": {
+                # a resume whose continuity window is still open counts, and is not yet judged
+                "count": len(self.restarts) + (self._pending_resume is not None),
+                "continuity_ok": all(r["continuity_ok"] for r in self.restarts),
+                "events": [dict(r) for r in self.restarts],
+            },
+        }
+
+    def _hfu(self) -> dict[str, Any] | None:
+        """Hardware FLOPs utilization, reported only when activation recompute is declared.
+
+        Recompute repeats forward work: selective adds the attention forward
+        (4·L·H·Q·T per token), full adds the whole forward (2N + 4·L·H·Q·T);
+        the same accounting as ``training.flops.FlopConfig.hardware_flops_per_token``.
+        """
+        c = self.config
+        n = self.mfu_count
+        fpt = self.mfu_accounting.fpt
+        if c.recompute == "none" or fpt is None or not n:
+            return None
+        attn_fwd = 4 * c.n_layer * c.n_head * c.head_dim * c.seq_len
+        extra = attn_fwd if c.recompute == "selective" else 2 * c.n_params + attn_fwd
+        r = (fpt + extra) / fpt
+        return {"mean": self.mfu_sum / n * r, "min": self.mfu_min * r, "max": self.mfu_max * r, "count": n,
+                "recompute": c.recompute}
+
+    def state(self) -> dict[str, Any]:
+        """Everything needed to continue the fold elsewhere (a checkpoint stores this)."""
+        from trainledger.journal.codec import encode_event  # the config as canonical JSON-ready data
+
+        import msgspec
+
+        cfg = self.config
+        if type(cfg) is not RunConfigured:  # a record read back from a journal: the event's own fields only
+            cfg = RunConfigured(**{f: getattr(cfg, f) for f in RunConfigured.__struct_fields__})
+        return {
+            "config": msgspec.json.decode(encode_event(cfg)),
+            "loss": self._loss.base.state(),
+            "grad_norm": self._grad.base.state(),
+            "pending": [self._loss.pending, self._grad.pending],
+            "steps": self.steps,
+            "last_step": self.last_step,
+            "anomalies": [msgspec.to_builtins(a) for a in self.anomalies],
+            "mfu": [self.mfu_sum, self.mfu_min, self.mfu_max, self.mfu_count, self.mfu_over],
+            "suspected": [msgspec.to_builtins(a) for a in self.suspected],
+            "tokens": [self.tokens, self.token_time_s],
+            "restarts": [dict(r) for r in self.restarts],
+            "pending_resume": self._pending_resume,
+            "unknown_events": self.unknown_events,
+        }
+
+    @classmethod
+    def from_state(cls, d: dict[str, Any]) -> HealthProjection:
+        import msgspec
+
+        cfg = msgspec.convert(d["config"], RunConfigured, strict=False)
+        p = cls(cfg)
+        p._loss.base = RollingBaseline.from_state(d["loss"])
+        p._grad.base = RollingBaseline.from_state(d["grad_norm"])
+        p._loss.pending, p._grad.pending = (list(x) if x is not None else None for x in d["pending"])
+        p.steps, p.last_step = d["steps"], d["last_step"]
+        p.anomalies = [msgspec.convert(a, AnomalyDetected, strict=False) for a in d["anomalies"]]
+        for a in p.anomalies:
+            p.by_kind[a.kind] = p.by_kind.get(a.kind, 0) + 1
+        p.mfu_sum, p.mfu_min, p.mfu_max, p.mfu_count, *over = d["mfu"]
+        p.mfu_over = over[0] if over else 0  # states written before this counter existed
+        p.suspected = [msgspec.convert(a, SpikeSuspected, strict=False) for a in d.get("suspected", [])]
+        p.tokens, p.token_time_s = d["tokens"]
+        p.restarts = [dict(r) for r in d["restarts"]]
+        p._pending_resume = d["pending_resume"]
+        p.unknown_events = d["unknown_events"]
+        return p

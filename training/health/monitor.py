@@ -1,0 +1,210 @@
+"""TrainingHealthMonitor: the emitter users embed in a training loop.
+
+It records each step (and each resume) as a journal event and folds it
+through :class:`journal.health.HealthProjection`, the same reducer replay
+uses, so the live state and a replay of the journal cannot drift apart.
+
+Host-device syncs: ``observe_step`` takes Python floats. Calling
+``loss.item()`` every step forces the host to wait for the GPU; to avoid a
+sync per step, keep the per-step losses as tensors and hand them over in
+bulk (``torch.stack(losses).tolist()``, one sync) every N steps, calling
+``observe_step`` for each. Detection then lags by at most N steps.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterable
+from typing import Any
+
+from trainledger.journal import Journal, RunResumed, StepObserved
+from trainledger.journal.reader import fold_events
+from trainledger.training.health.detectors import AnomalyDetected, DetectorParams, HealthProjection, RunConfigured
+
+from trainledger.training.health.flops import FlopConfig
+
+__all__ = ["TrainingHealthMonitor", "AnomalyDetected"]
+
+
+def _opt_float(name: str, v: Any) -> float | None:
+    if v is None:
+        return None
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} must be a number (a Python float; call .item() on tensors), got {type(v).__name__}") from None
+
+
+class TrainingHealthMonitor:
+    """Anomaly detection, MFU and restart continuity for a training loop.
+
+    ``journal=`` appends every event (the run's configuration, each step, each
+    anomaly, each resume); without one the monitor runs in memory.
+    Example (the five-step loop of the seed document)::
+
+        monitor = TrainingHealthMonitor(flop_config=cfg, peak_flops_per_sec=1e12)
+        monitor.observe_step(step, float(loss.item()), grad_norm=float(gn.item()), step_time_s=dt, batch_size=4)
+        monitor.report()
+
+    Raises ``ValueError`` at construction for an invalid setting.
+    """
+
+    def __init__(
+        self,
+        *,
+        journal: Journal | None = None,
+        flop_config: FlopConfig | None = None,
+        peak_flops_per_sec: float | None = None,
+        devices: int = 1,
+        peak_source: str | None = None,
+        peak_spread: float | None = None,
+        loss_window: int = 64,
+        loss_min_periods: int = 16,
+        loss_z_thresh: float = 8.0,
+        grad_norm_window: int = 64,
+        grad_norm_min_periods: int = 16,
+        grad_norm_z_thresh: float = 8.0,
+    ):
+        DetectorParams(loss_window, loss_min_periods, loss_z_thresh, "loss")
+        DetectorParams(grad_norm_window, grad_norm_min_periods, grad_norm_z_thresh, "grad_norm")
+        if peak_flops_per_sec is not None and not (isinstance(peak_flops_per_sec, (int, float))
+                                                   and math.isfinite(peak_flops_per_sec) and peak_flops_per_sec > 0):
+            raise ValueError(f"peak_flops_per_sec must be a positive number or None, got {peak_flops_per_sec!r}")
+        if not isinstance(devices, int) or devices < 1:
+            raise ValueError(f"devices must be a positive integer, got {devices!r}")
+        if flop_config is not None and not isinstance(flop_config, FlopConfig):
+            raise ValueError("flop_config must be a training.flops.FlopConfig (see flop_config_from_causal_lm)")
+        fc = flop_config
+        self.config = RunConfigured(
+            n_params=fc.n_params if fc else None, n_layer=fc.n_layer if fc else None,
+            n_head=fc.n_head if fc else None, head_dim=fc.head_dim if fc else None,
+            seq_len=fc.seq_len if fc else None, recompute=fc.recompute if fc else "none",
+            peak_flops_per_sec=float(peak_flops_per_sec) if peak_flops_per_sec is not None else None,
+            devices=devices,
+            loss_window=loss_window, loss_min_periods=loss_min_periods, loss_z_thresh=float(loss_z_thresh),
+            grad_norm_window=grad_norm_window, grad_norm_min_periods=grad_norm_min_periods,
+            grad_norm_z_thresh=float(grad_norm_z_thresh),
+            peak_source=peak_source, peak_spread=None if peak_spread is None else float(peak_spread),
+        )
+        self.journal = journal
+        self._proj = HealthProjection(self.config)
+        if journal is not None:
+            journal.append(self.config)
+
+    def observe_step(self, step: int, loss: float, grad_norm: float | None = None, step_time_s: float | None = None,
+                     batch_size: int | None = None, tokens: int | None = None,
+                     lr: float | None = None, data_time_s: float | None = None,
+                     compute_time_s: float | None = None) -> list[AnomalyDetected]:
+        """Record one optimizer step; return its anomalies (each with ``kind``, ``step``, ``value``, ``z_score``).
+
+        In a distributed run, ``compute_time_s`` is this rank's own time in the step (before it waits on the other
+        ranks' gradients): what straggler detection compares."""
+        try:  # the conversions inline (a function call per field costs more than the field inside a loop)
+            ev = StepObserved(step=int(step), loss=float(loss),
+                              grad_norm=None if grad_norm is None else float(grad_norm),
+                              lr=None if lr is None else float(lr),
+                              step_time_s=None if step_time_s is None else float(step_time_s),
+                              examples=None if batch_size is None else int(batch_size),
+                              tokens=None if tokens is None else int(tokens),
+                              data_time_s=None if data_time_s is None else float(data_time_s),
+                              compute_time_s=None if compute_time_s is None else float(compute_time_s))
+        except (TypeError, ValueError):
+            for name, v in (("grad_norm", grad_norm), ("lr", lr), ("step_time_s", step_time_s),
+                            ("data_time_s", data_time_s), ("compute_time_s", compute_time_s)):
+                _opt_float(name, v)  # names the argument that is not a number
+            raise
+        j = self.journal
+        if j is not None:
+            # Deferred: the event's types are fixed above, so the writer encodes and chains it later, in a
+            # batch (inside a real loop that is most of the cost of a call made with cold caches).
+            j.append_deferred(ev)
+        proj = self._proj
+        found = proj.apply(ev)
+        if j is not None:
+            for a in found:
+                j.append_deferred(a)
+            if proj.suspected_new:  # a candidate the next step did not confirm: on record, not an anomaly
+                for sus in proj.take_suspected():
+                    j.append_deferred(sus)
+        elif proj.suspected_new:
+            proj.suspected_new.clear()
+        return found
+
+    def observe_resume(self, from_step: int | None, *, reason: str = "checkpoint",
+                       checkpoint: str | None = None, append: bool = True) -> None:
+        """Record a resume from the checkpoint of step ``from_step``: the next steps are scored against
+        the baseline as it stood then, and a jump there is a ``restart_discontinuity``.
+
+        ``append=False`` when ``run_resumed`` is already in the journal (``restore_checkpoint`` writes it).
+        """
+        ev = RunResumed(reason=reason, from_step=from_step, checkpoint=checkpoint)
+        if self.journal is not None and append:
+            self.journal.append(ev)
+        self._proj.apply(ev)
+
+    def report(self) -> dict[str, Any]:
+        """JSON-serializable: steps, MFU mean/min/max/count, tokens/s, anomalies by kind, restarts."""
+        return self._proj.report()
+
+    @property
+    def last_step(self) -> int | None:
+        """The last step observed (None before the first)."""
+        return self._proj.last_step
+
+    @property
+    def anomalies(self) -> list[AnomalyDetected]:
+        return list(self._proj.anomalies)
+
+    @property
+    def suspected(self) -> list:
+        """Spike candidates the next step did not confirm (``spike_suspected``): on record, not anomalies."""
+        return list(self._proj.suspected)
+
+    def state(self) -> dict[str, Any]:
+        """The monitor's state (JSON-serializable), to store in a checkpoint."""
+        return self._proj.state()
+
+    @classmethod
+    def resumed(cls, snapshot: dict[str, Any], *, journal: Journal | None, checkpoint: Any,
+                later: Iterable[Any] = (), after_seq: int | None = None) -> TrainingHealthMonitor:
+        """The monitor after a restore from ``checkpoint`` (its ``checkpoint_saved``): the checkpoint's
+        snapshot, then every event recorded after it (``later``: the signed events past the checkpoint's seq,
+        the steps an interrupted process had already observed), then the resume. The snapshot is the fold of the
+        journal up to the checkpoint's seq, so snapshot + later events is the fold of the whole journal: the
+        live monitor and ``replay`` agree. Call it after ``restore_checkpoint`` (which records ``run_resumed``).
+        ``after_seq``: the seq the snapshot was taken at, when that is not the checkpoint record's (a sharded or
+        background save records its checkpoint after later steps were already journaled).
+        """
+        self = cls.from_state(snapshot, journal=journal)
+        proj = self._proj
+        upto = after_seq
+        for ev in later:
+            if upto is None:
+                upto = checkpoint.seq
+            if ev.seq > upto:
+                proj.apply(ev)
+        proj.suspected_new.clear()  # already on record
+        self.observe_resume(checkpoint.step, checkpoint=checkpoint.path, append=False)
+        return self
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any], *, journal: Journal | None = None) -> TrainingHealthMonitor:
+        """Rebuild a monitor from :meth:`state`; it appends to ``journal`` from now on."""
+        self = object.__new__(cls)
+        self._proj = HealthProjection.from_state(state)
+        self.config = self._proj.config
+        self.journal = journal
+        return self
+
+    @staticmethod
+    def replay(path: str | os.PathLike) -> HealthProjection:
+        """Fold a journal's events through the reducer: the state a live monitor had at the end.
+
+        Checks the chain and canonical form (in a second process, while this one folds) and
+        raises on an integrity error; verify signatures first when authenticity matters.
+        """
+        proj = HealthProjection()
+        # run_configured (the first event the monitor writes) re-initializes it
+        fold_events(path, proj.apply_all)
+        return proj

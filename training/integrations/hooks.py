@@ -1,0 +1,271 @@
+"""What the framework integrations share: the run's journal (one per rank under torchrun), checkpoint folders
+recorded file by file and checked on resume, and per-step losses kept as tensors and converted in bulk."""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from trainledger.journal import Journal, RunResumed, Signer, load_signer
+from trainledger.journal.paths import confined
+from trainledger.journal.errors import JournalClosed, UnsafePath, UsageError
+from trainledger.journal.kinds import CheckpointSaved, ResumeRejectedEvent, RunStopped, folder_digest
+
+__all__ = ["open_run_journal", "record_checkpoint", "check_folder", "StepBuffer", "signer_from", "step_loss"]
+
+
+def signer_from(key: str | os.PathLike | None, signer: Signer | None) -> Signer:
+    if (key is None) == (signer is None):
+        raise UsageError("the run's signing key is needed: key='path/to/trainledger.key' (or signer=)")
+    return signer if signer is not None else load_signer(key)
+
+
+def open_run_journal(run_dir: Path, signer: Signer, meta: dict[str, Any], *,
+                     info: Any = None) -> tuple[Journal, int | None]:
+    """``run_dir/journal.jsonl`` in one process; in a multi-process run this rank's ``run_dir/rank-NNNNN.jsonl``
+    (training.distributed): the rank is ``info`` (a ``RankInfo`` a framework built), else torchrun's environment
+    (``RANK`` and ``WORLD_SIZE`` set, world > 1). Continued when it exists and is open. Returns the journal and
+    the rank (None for a single process)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if info is None and int(os.environ.get("WORLD_SIZE", "1") or 1) > 1 and "RANK" in os.environ:
+        from trainledger.training.distributed.ranks import rank_info
+
+        info = rank_info()
+    if info is not None and info.world_size > 1:
+        from trainledger.training.distributed.ranks import open_rank_journal
+
+        return open_rank_journal(run_dir, signer, info=info, meta=meta), info.rank
+    path = run_dir / "journal.jsonl"
+    try:
+        j = Journal.open_append(path, signer=signer) if path.exists() else \
+            Journal.create(path, signer=signer, meta=meta)
+    except JournalClosed:
+        raise UsageError(f"{path}: this run is finished (closed); give the run a new folder") from None
+    return j, None
+
+
+def _files(folder: Path) -> list[dict[str, Any]]:
+    from trainledger.training.checkpoints.state import file_sha256
+
+    out = []
+    for p in sorted(folder.rglob("*")):
+        if p.is_symlink():
+            raise UnsafePath(f"{p}: a link inside a checkpoint folder")
+        if p.is_file():
+            digest, size = file_sha256(p)
+            out.append({"file": p.relative_to(folder).as_posix(), "bytes": size, "sha256": digest})
+    return out
+
+
+def record_checkpoint(journal: Journal, run_dir: Path, path: Path, *, step: int, contents: list[str],
+                      tokens: int = 0, t0: float | None = None) -> CheckpointSaved:
+    """Record, durably, a checkpoint another library (or the user's own code) wrote inside the run folder: a file
+    by its digest, a folder file by file (``checkpoint_saved`` with ``files``). :func:`check_folder` checks
+    either before a resume. Raises :class:`UnsafePath` for a checkpoint outside the run folder."""
+    t0 = time.perf_counter() if t0 is None else t0
+    try:
+        rel = path.resolve().relative_to(run_dir.resolve()).as_posix()
+    except ValueError:
+        raise UnsafePath(f"{path}: a checkpoint outside the run folder {run_dir}: save it inside") from None
+    confined(run_dir, rel, what="checkpoint")
+    if path.is_dir():
+        files = _files(path)
+        size, digest = sum(f["bytes"] for f in files), folder_digest(files)
+    else:
+        from trainledger.journal.paths import file_sha256
+
+        files = None
+        digest, size = file_sha256(path)
+    ev = CheckpointSaved(step=step, path=rel, bytes=size, sha256=digest, contents=contents,
+                         duration_s=time.perf_counter() - t0, tokens=tokens, files=files)
+    journal.append(ev, durable=True)
+    return ev
+
+
+def check_folder(journal: Journal, run_dir: Path, folder: Path, *, keys: list[Any] | None = None,
+                 history: list[Any] | None = None) -> CheckpointSaved:
+    """Check a checkpoint folder (or a single checkpoint file another library wrote) against the newest signed
+    ``checkpoint_saved`` recording it, file by file, and
+    record the verdict: ``run_resumed``, or ``resume_rejected`` and :class:`ResumeRejected` (a file changed,
+    missing or added, or no signed record)."""
+    from trainledger.journal import read_signed_events
+    from trainledger.training.checkpoints.state import ResumeRejected
+
+    def reject(code: str, detail: str) -> None:
+        journal.append(ResumeRejectedEvent(path=rel, reason=code, detail=detail), durable=True)
+        raise ResumeRejected(code, f"{rel}: {detail}")
+
+    try:
+        rel = folder.resolve().relative_to(run_dir.resolve()).as_posix()
+    except ValueError:
+        rel = str(folder)
+        reject("resume-invalid-path", "the checkpoint folder is outside the run folder")
+    if journal.public_key is None:
+        reject("resume-invalid-unsigned", "an unsigned journal cannot vouch for a checkpoint")
+    if history is None:  # the journal's signed events, unless the caller has just read them
+        journal.flush()
+        history = read_signed_events(journal.path, keys or [journal.public_key])
+    record = None
+    for ev in history:
+        if isinstance(ev, CheckpointSaved) and ev.path == rel:
+            record = ev
+    if record is None:
+        reject("resume-invalid-unknown-checkpoint", "no signed checkpoint_saved records this checkpoint")
+    if record.files is None:  # a single file (a nanoGPT ckpt.pt)
+        from trainledger.training.checkpoints.state import file_sha256
+
+        try:
+            digest = file_sha256(folder)[0]
+        except OSError as e:
+            reject("resume-invalid-missing-file", f"cannot read it: {e.strerror}")
+        if digest != record.sha256:
+            reject("resume-invalid-digest", "the file differs from its signed record")
+        journal.append(RunResumed(reason="checkpoint", from_step=record.step, checkpoint=rel,
+                                  detail={"sha256": record.sha256}), durable=True)
+        return record
+    try:
+        now = {f["file"]: f for f in _files(folder)}
+    except (OSError, UnsafePath) as e:
+        reject("resume-invalid-missing-file", f"cannot read it: {e}")
+    want = {f["file"]: f for f in record.files}
+    for name, f in want.items():
+        if name not in now:
+            reject("resume-invalid-missing-file", f"{name} is missing")
+        if now[name]["sha256"] != f["sha256"]:
+            reject("resume-invalid-digest", f"{name} differs from its signed record")
+    extra = sorted(set(now) - set(want))
+    if extra:
+        reject("resume-invalid-digest", f"files the record does not name: {', '.join(extra[:5])}")
+    journal.append(RunResumed(reason="checkpoint", from_step=record.step, checkpoint=rel,
+                              detail={"sha256": record.sha256, "files": len(want)}), durable=True)
+    return record
+
+
+_tap: dict[str, Any] = {"original": None, "listener": None}
+
+
+def tap_clip(owner: Any) -> None:
+    """While a run trains, wrap ``torch.nn.utils.clip_grad_norm_`` (once) so that ``owner`` (a callback with
+    ``_thread`` and ``_clip_norm``) gets the total norm before clipping that the framework computes when it clips:
+    the wrapper calls the original and returns its value; only calls from the owner's thread are seen."""
+    import functools
+    import threading
+    import weakref
+
+    import torch
+
+    if _tap["original"] is None:
+        original = torch.nn.utils.clip_grad_norm_
+
+        @functools.wraps(original)
+        def clip_grad_norm_(*args, **kwargs):
+            total = original(*args, **kwargs)
+            ref = _tap["listener"]
+            listener = ref() if ref is not None else None
+            if listener is not None and listener._thread == threading.get_ident():
+                listener._clip_norm = total
+            return total
+
+        torch.nn.utils.clip_grad_norm_ = clip_grad_norm_
+        _tap["original"] = original
+    _tap["listener"] = weakref.ref(owner)
+
+
+def untap_clip(owner: Any) -> None:
+    """Put ``torch.nn.utils.clip_grad_norm_`` back (when ``owner`` is the one listening)."""
+    import torch
+
+    ref = _tap["listener"]
+    if ref is not None and ref() is owner:
+        _tap["listener"] = None
+        if _tap["original"] is not None:
+            torch.nn.utils.clip_grad_norm_ = _tap["original"]
+            _tap["original"] = None
+
+
+def total_norm(grads: list[Any]) -> Any:
+    """The L2 norm of all of ``grads`` together, a tensor (no transfer): ``torch.nn.utils.get_total_norm``'s value, in
+    three fused calls where every gradient shares a device and dtype (the usual case; it groups them first)."""
+    import torch
+
+    if not grads:
+        return None
+    g0 = grads[0]
+    if all(g.device == g0.device and g.dtype == g0.dtype for g in grads):
+        return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+    return torch.nn.utils.get_total_norm(grads)
+
+
+def step_loss(losses: list[Any]) -> Any:
+    """One optimizer step's loss from its micro-batches' losses (tensors): their mean, without a transfer."""
+    import torch
+
+    if not losses:
+        return torch.tensor(math.nan)
+    return losses[0] if len(losses) == 1 else torch.stack(losses).mean()
+
+
+class StepBuffer:
+    """Per-step losses (and grad norms) kept as tensors, converted to floats in one transfer every ``every`` steps
+    or ``max_wait_s`` seconds, whichever comes first (one host-device sync per batch of steps instead of one per
+    step), on the CPU too: the monitor then works on a batch of steps with warm caches instead of one step at a time
+    after each training step has cooled them. The time bound is within the journal's own flush interval (1 s), so a
+    process that dies loses no more steps than the journal's crash model already allows."""
+
+    def __init__(self, every: int = 16, max_wait_s: float = 0.2):
+        self.every = max(1, every)
+        self.max_wait_ns = int(max_wait_s * 1e9)
+        self.pending: list[tuple[int, Any, Any, dict[str, Any]]] = []
+        self._since = 0
+
+    def add(self, step: int, loss: Any, grad_norm: Any, fields: dict[str, Any]) -> bool:
+        """Queue a step; True when it is time to :meth:`drain` (a full batch, or the oldest step waited long enough)."""
+        pending = self.pending
+        now = time.monotonic_ns()
+        if not pending:
+            self._since = now
+        pending.append((step, loss, grad_norm, fields))
+        return len(pending) >= self.every or now - self._since >= self.max_wait_ns
+
+    def observe(self, monitor: Any, journal: Journal, stop_on: frozenset[str]) -> RunStopped | None:
+        """Hand every queued step to the monitor; the first anomaly in ``stop_on`` is journaled as ``run_stopped``
+        (durable) and returned, for the framework to stop on. A framework calls this once it stops asking."""
+        stop = None
+        for step, loss, gn, f in self.drain():
+            found = monitor.observe_step(step, loss, grad_norm=None if gn is None or gn != gn else gn,
+                                         step_time_s=f["step_time_s"], tokens=f["tokens"], lr=f["lr"])
+            hit = next((a for a in found if a.kind in stop_on), None)
+            if hit is not None and stop is None:
+                stop = RunStopped(rule=f"stop_on:{hit.kind}", reason=f"{hit.kind} at step {hit.step}",
+                                  value=float(hit.value))
+                journal.append(stop, durable=True)
+        return stop
+
+    def hand_over(self, monitor: Any) -> None:
+        """Hand every queued step to the monitor, in order, each with the fields it was queued with (``observe_step``
+        keyword arguments) and its grad norm as it came (a NaN is the monitor's to flag). For a loop with no stop
+        rules (the distributed reference loop); the callbacks use :meth:`observe`."""
+        for step, loss, gn, fields in self.drain():
+            monitor.observe_step(step, loss, grad_norm=gn, **fields)
+
+    def drain(self) -> list[tuple[int, float, float | None, dict[str, Any]]]:
+        import torch
+
+        if not self.pending:
+            return []
+        pend, self.pending = self.pending, []
+        if all(getattr(x, "device", None) is None or x.device.type == "cpu" for p in pend for x in (p[1], p[2])):
+            return [(step, float(loss), None if gn is None else float(gn), fields)  # on the host: no transfer
+                    for step, loss, gn, fields in pend]
+        vals: list[Any] = []
+        for _, loss, gn, _ in pend:
+            vals.append(loss if isinstance(loss, torch.Tensor) else torch.tensor(float(loss)))
+            vals.append(gn if isinstance(gn, torch.Tensor) else torch.tensor(float("nan") if gn is None else float(gn)))
+        flat = torch.stack([v.detach().float().reshape(()).to(vals[0].device) for v in vals]).tolist()  # one sync
+        out = []
+        for i, (step, _, gn, fields) in enumerate(pend):
+            out.append((step, flat[2 * i], None if gn is None else flat[2 * i + 1], fields))
+        return out

@@ -1,0 +1,298 @@
+"""trainledger watch: follow a journal while a run writes it, with a live summary.
+
+Reads complete lines as they are appended (a torn last line waits for its
+newline), checks each against the chain and every seal's signature under the
+pinned key (with no key pinned: the chain only, and the view says so; the
+same trust options as ``verify``), folds steps and anomalies through
+the health projection, and redraws: step, loss, grad norm, tokens/s, MFU,
+last anomaly, last checkpoint, events not signed yet. Exits when the run closes (0), on
+Ctrl-C (130), or at the first line that does not check out (1, with the
+same one-line FAIL as ``verify``). On a terminal the view redraws in place; otherwise it prints
+one line per refresh.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from trainledger.journal.scan import BLOCK, MAX_LINE, RangeResult, ScanContext, Scanner, tree_mode
+from trainledger.journal.text import safe
+from trainledger.journal.chain import genesis
+from trainledger.journal.errors import IntegrityError, JournalError, SchemaError
+from trainledger.journal.events import RunClosed, Seal, StepObserved
+from trainledger.training.health.detectors import AnomalyDetected, HealthProjection, RunConfigured
+from trainledger.journal.keys import PublicKey
+from trainledger.journal.trust import TrustPolicy
+from trainledger.journal.kinds import CheckpointSaved, RankJoined, ShardsSaved, StragglerDetected
+from trainledger.journal.verify import open_checked, read_opening, resolve_key
+
+__all__ = ["watch"]
+
+
+class _View:
+    def __init__(self, trust: str = "") -> None:
+        self.trust = trust
+        self.proj = HealthProjection()
+        self.step: StepObserved | None = None
+        self.anomaly: AnomalyDetected | None = None
+        self.checkpoint: CheckpointSaved | None = None
+        self.events = 0
+        self.last_seal_seq = -1
+        self.last_seq = -1
+        self.closed = False
+        self.world = 0
+        self.stragglers: list[Any] = []
+        self.shards: Any = None
+
+    def apply(self, ev: Any) -> None:
+        self.events += 1
+        self.last_seq = ev.seq
+        if isinstance(ev, RunConfigured):
+            self.proj = HealthProjection(ev)
+        elif isinstance(ev, StepObserved):
+            self.step = ev
+            self.proj.apply(ev)
+        elif isinstance(ev, AnomalyDetected):
+            self.anomaly = ev
+        elif isinstance(ev, CheckpointSaved):
+            self.checkpoint = ev
+        elif isinstance(ev, Seal):
+            self.last_seal_seq = ev.seq
+        elif isinstance(ev, RunClosed):
+            self.closed = True
+        elif isinstance(ev, RankJoined):
+            self.world = ev.world_size
+        elif isinstance(ev, StragglerDetected):
+            self.stragglers.append(ev)
+        elif isinstance(ev, ShardsSaved):
+            self.shards = ev
+        else:
+            self.proj.apply(ev)
+
+    def rank_line(self, rank: int) -> str:
+        s = self.step
+        own = None if s is None else (s.compute_time_s if s.compute_time_s is not None else s.step_time_s)
+        c = self.shards or self.checkpoint
+        return (f"  rank {rank:<4} " + ("no steps yet" if s is None else
+                                        f"step {s.step}  loss {s.loss:.4f}  own step time "
+                                        f"{'-' if own is None else f'{own * 1e3:.2f} ms'}")
+                + f"  anomalies {len(self.proj.anomalies)}"
+                + f"  checkpoint {'none' if c is None else c.step}"
+                + f"  not signed yet {max(0, self.last_seq - self.last_seal_seq)}"
+                + ("  closed" if self.closed else ""))
+
+    def lines(self, path: Path) -> list[str]:
+        r = self.proj.report()
+        s = self.step
+        mfu = r["mfu"]["mean"]
+        out = [f"trainledger watch  {path}  ({self.events:,} events{', closed' if self.closed else ''}; "
+               f"{self.trust})"]
+        if s is None:
+            out.append("  no steps yet")
+        else:
+            gn = "-" if s.grad_norm is None else f"{s.grad_norm:.4g}"
+            tps = r["tokens_per_s"]
+            out.append(f"  step {s.step}  loss {s.loss:.4f}  grad norm {gn}  tokens/s "
+                       f"{'-' if tps is None else f'{tps:,.0f}'}  MFU {'-' if mfu is None else f'{mfu:.3%}'}")
+        a = self.anomaly
+        out.append("  last anomaly: " + ("none" if a is None else f"{a.kind} at step {a.step} (z {a.z_score})"))
+        c = self.checkpoint
+        out.append("  last checkpoint: " + ("none" if c is None else f"step {c.step} {c.path}"))
+        out.append(f"  not signed yet: {max(0, self.last_seq - self.last_seal_seq)} events after the last seal")
+        return out
+
+
+def _context(p: Path, keys: Sequence[PublicKey], trust_embedded: bool,
+             allow_unsigned: bool) -> tuple[ScanContext, str] | str:
+    """The scan context and trust label for following ``p``, or the FAIL line when it may not be followed."""
+    opened, _ = read_opening(p, open_checked(p))
+    if keys or trust_embedded or opened.key_id is None:
+        raw, trust, _ = resolve_key(opened, keys=keys, trust_embedded=trust_embedded)
+        if trust == "unsigned" and not allow_unsigned:
+            return f"FAIL  {p}: the journal is unsigned (pass --allow-unsigned to follow it anyway)"
+        label = {"pinned": f"signatures checked: key {opened.key_id}, pinned",
+                 "embedded": f"signatures checked against the embedded key {opened.key_id}: authenticity not "
+                             "established", "unsigned": "unsigned journal: chain only"}[trust]
+        return ScanContext(opened.run_id, opened.key_id, raw, trust != "unsigned", None,
+                           tree=tree_mode(opened.format_version)), label
+    return (ScanContext(opened.run_id, opened.key_id, None, False, None, tree=tree_mode(opened.format_version)),
+            "chain checked, signatures NOT checked: pass --pubkey")
+
+
+def watch(path: str | Path, *, interval: float = 0.5, out: TextIO | None = None, timeout: float | None = None,
+          trust: TrustPolicy | None = None, **trust_options: Any) -> int:
+    """Follow ``path`` until the run closes (return 0), Ctrl-C (130), ``timeout`` seconds (3) or a line that
+    does not check out (1). With the policy's ``keys`` (or ``trust_embedded``) every seal's signature is checked
+    too; events after the last seal are shown as not signed yet (a live run always has some).
+    ``path`` may be a distributed run's folder: every rank journal is followed, one line per rank, until all close."""
+    policy = TrustPolicy.of(trust, **trust_options)
+    keys, trust_embedded, allow_unsigned = policy.keys, policy.trust_embedded, policy.allow_unsigned
+    from trainledger.journal.audit.rundir import is_run_dir
+
+    out = sys.stdout if out is None else out  # looked up now: a caller may have redirected it
+    p = Path(path)
+    deadline = None if timeout is None else time.monotonic() + timeout
+
+    def nap() -> bool:
+        """Sleep one interval, never past the deadline; False once the deadline has passed."""
+        if deadline is None:
+            time.sleep(interval)
+            return True
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        time.sleep(min(interval, left))
+        return True
+
+    reading = [p]  # the file being read when a line fails to check out (a run folder has one per rank)
+    try:
+        if p.is_dir():
+            if not is_run_dir(p):
+                out.write(safe(f"FAIL  {p}: a folder, but no rank journals (rank-00000.jsonl, ...) in it") + "\n")
+                return 1
+            return _watch_run_dir(p, nap, out, keys, trust_embedded, allow_unsigned, reading)
+        while not _has_first_line(p):  # the writer may not have created the file yet
+            if not nap():
+                return 3
+        got = _context(p, keys, trust_embedded, allow_unsigned)
+        if isinstance(got, str):
+            out.write(safe(got) + "\n")
+            return 1
+        ctx, label = got
+        tty = out.isatty()
+        if not tty:
+            out.write(safe(f"watching {p} ({label})") + "\n")
+        follower = _Follower(p, ctx, label)
+        drawn = 0
+        while True:
+            note = follower.read_new()
+            if note:
+                out.write(safe(note) + "\n")
+                drawn = 0
+            text = [safe(x) for x in follower.view.lines(p)]  # journal strings never reach the terminal raw
+            drawn = _draw(out, tty, text, drawn)
+            if follower.view.closed:
+                return 0
+            if not nap():
+                return 3
+    except KeyboardInterrupt:
+        return 130
+    except IntegrityError as e:
+        out.write(safe(e.fail_line(str(reading[0]))) + "\n")
+        out.flush()
+        return 1
+
+
+def _draw(out: TextIO, tty: bool, text: list[str], drawn: int) -> int:
+    """Redraw in place on a terminal (returns the lines drawn), one line per refresh otherwise."""
+    if tty:
+        out.write(("\x1b[F\x1b[2K" * drawn) + "\n".join(text) + "\n")
+        drawn = len(text)
+    else:
+        out.write(" | ".join(x.strip() for x in text[1:]) + "\n")
+    out.flush()
+    return drawn
+
+
+def _watch_run_dir(d: Path, nap, out: TextIO, keys: Sequence[PublicKey], trust_embedded: bool,
+                   allow_unsigned: bool, reading: list[Path]) -> int:
+    """Follow every ``rank-NNNNN.jsonl`` in ``d`` (ranks that appear later too) until every rank has closed;
+    ``reading[0]`` names the file being read, for :func:`watch`'s one-line FAIL."""
+    from trainledger.journal.audit.rundir import rank_files
+
+    followers: dict[int, _Follower] = {}
+    tty = out.isatty()
+    drawn = 0
+    while True:
+        for r, f in rank_files(d).items():
+            if r not in followers and _has_first_line(f):
+                reading[0] = f
+                got = _context(f, keys, trust_embedded, allow_unsigned)
+                if isinstance(got, str):
+                    out.write(safe(got) + "\n")
+                    return 1
+                followers[r] = _Follower(f, *got)
+                if not tty:
+                    out.write(safe(f"watching rank {r}: {f} ({got[1]})") + "\n")
+        for r, fo in sorted(followers.items()):
+            reading[0] = fo.p
+            note = fo.read_new()
+            if note:
+                out.write(safe(f"rank {r}: {note}") + "\n")
+                drawn = 0
+        world = max((fo.view.world for fo in followers.values()), default=0)
+        done = bool(followers) and all(fo.view.closed for fo in followers.values()) and len(followers) >= world
+        text = [f"trainledger watch  {d}  ({len(followers)} of {max(world, len(followers))} ranks"
+                f"{', all closed' if done else ''})"]
+        text += [fo.view.rank_line(r) for r, fo in sorted(followers.items())]
+        flagged = [x for fo in followers.values() for x in fo.view.stragglers]
+        text.append("  stragglers: " + ("none flagged" if not flagged else "; ".join(
+            f"rank {x.rank} score {x.score:.2f} steps {x.window_start}-{x.window_end}" for x in flagged[-3:])))
+        drawn = _draw(out, tty, [safe(x) for x in text], drawn)
+        if done:
+            return 0
+        if not nap():
+            return 3
+
+
+def _has_first_line(p: Path) -> bool:
+    try:
+        if open_checked(p) == 0:
+            return False
+        with open(p, "rb") as f:
+            return b"\n" in f.read(1 << 20)
+    except JournalError:  # not there yet (or not readable yet): keep waiting, like tail -F
+        return False
+
+
+class _Follower:
+    """Reads what was appended since the last call, a block at a time (memory stays flat in journal size)."""
+
+    def __init__(self, p: Path, ctx: ScanContext, label: str) -> None:
+        self.p, self.ctx, self.label = p, ctx, label
+        self._restart()
+
+    def _restart(self) -> None:
+        self.view = _View(self.label)
+        self.scanner = Scanner(self.ctx, -1, genesis(self.ctx.run_id), RangeResult(0, 0))
+        self.offset = 0  # bytes consumed as complete lines, plus the partial line held in carry
+        self.carry = b""
+        self.tail = b""  # the last bytes read: if they changed, the file was cut and rewritten under us
+
+    def read_new(self) -> str | None:
+        """Fold every complete line appended since the last call; a note when the file was cut meanwhile."""
+        note = None
+        with open(self.p, "rb", buffering=0) as f:
+            size = os.fstat(f.fileno()).st_size
+            if self.offset:
+                f.seek(self.offset - len(self.tail))
+                again = f.read(len(self.tail))
+            if self.offset and (size < self.offset or again != self.tail):
+                # open_append cut a torn line, or unsigned events, off the end (an honest crash and repair), or
+                # someone rewrote the file: either way what was read no longer stands. Read it again.
+                note = f"{self.p}: the journal was cut back and rewritten (a crash repaired?): reading it again"
+                self._restart()
+            f.seek(self.offset)
+            while True:
+                block = f.read(BLOCK)
+                if not block:
+                    break
+                start = self.offset - len(self.carry)
+                self.offset += len(block)
+                self.tail = (self.tail + block)[-64:]
+                chunk = self.carry + block
+                cut = chunk.rfind(b"\n")
+                if cut < 0:
+                    self.carry = chunk
+                    if len(chunk) > MAX_LINE:
+                        raise SchemaError(f"line at byte {start} is longer than {MAX_LINE} bytes", offset=start)
+                    continue
+                self.carry = chunk[cut + 1:]
+                for ev in self.scanner.feed(chunk[:cut].split(b"\n"), start):
+                    self.view.apply(ev)
+        return note
