@@ -94,7 +94,7 @@ class VerifyReport:
     notes: list[str] = dataclasses.field(default_factory=list)
     #: run_opened.meta["imported"]: a journal written by `trainledger import` from another tool's files
     imported: dict[str, Any] | None = None
-    #: format 1.3: the last seal's tree root (hex) and signature (base64): its checkpoint (journal.transparency)
+    #: format 1.3: the last seal's tree root (hex) and signature (base64): its checkpoint (trainledger.journal.proofs.checkpoint)
     last_tree_root: str | None = None
     last_seal_sig: str | None = None
     #: format 1.3: the Merkle tree of every complete line, and of the lines through the last seal (compact ranges)
@@ -281,7 +281,7 @@ def verify(
     valid seal at all never verifies.
 
     ``expect_checkpoint``: a checkpoint published earlier (a :class:`journal.note.Checkpoint`, already opened under
-    a pinned key; see :func:`journal.transparency.open_checkpoint`): the journal must extend it, the root of its
+    a pinned key; see :func:`trainledger.journal.proofs.checkpoint.open_checkpoint`): the journal must extend it, the root of its
     first ``size`` lines being the checkpoint's (recomputed in the same pass), else :class:`CheckpointMismatch`.
 
     Raises :class:`IntegrityError` subclasses when the journal does not verify

@@ -53,9 +53,8 @@ __all__ = ["Journal", "DEFAULT_SEAL_EVERY", "DEFAULT_SEAL_INTERVAL_S", "DEFAULT_
 DEFAULT_SEAL_EVERY = 1000
 DEFAULT_SEAL_INTERVAL_S = 1.0
 #: Lines past the last seal are not part of the signed record after a crash (open_append moves them to a sidecar),
-#: so flushing them more often than seals come buys little; with 0.2 s the writer thread took about half as much
-#: CPU again in a training loop (one process, the reference model: 6.1-6.4 against 3.9 us a step, an ad hoc timing;
-#: tools/bench_distributed.py reports that thread's time under DDP).
+#: so flushing them more often than seals come buys little and costs the writer thread CPU in a training loop
+#: (tools/bench_distributed.py reports that thread's time under DDP; docs/bench/distributed.txt, the figures).
 DEFAULT_FLUSH_INTERVAL_S = 1.0
 _FLUSH_BYTES = 1 << 20
 

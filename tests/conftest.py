@@ -23,6 +23,18 @@ for _d in (_HERE, _HERE / "helpers", *sorted(d for kind in ("unit", "integration
 KINDS = ("unit", "integration", "adversarial")
 
 
+def pytest_ignore_collect(collection_path, config):
+    """``-m unit`` (or ``-m integration``, ``-m adversarial``) alone: the other tiers' folders are not even imported
+    (the integration tests import transformers, lightning and tensorboard, seconds the fast tier need not pay)."""
+    want = (config.getoption("markexpr") or "").strip()
+    if want in KINDS:
+        parts = Path(str(collection_path)).resolve().relative_to(_HERE).parts if _HERE in Path(
+            str(collection_path)).resolve().parents else ()
+        if parts and parts[0] in KINDS and parts[0] != want:
+            return True
+    return None
+
+
 def pytest_collection_modifyitems(config, items):
     """Mark every test with its tier, from the folder it lives in (tests/unit/, tests/integration/,
     tests/adversarial/)."""

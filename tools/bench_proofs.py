@@ -34,7 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 from trainledger.journal import Journal, Signer, StepObserved, verify  # noqa: E402
-from trainledger.journal.proofs import transparency as T  # noqa: E402
+from trainledger.journal import proofs as T  # noqa: E402
 
 from bench_journal import pc, timer_overhead  # noqa: E402  (tools/, beside this script)
 

@@ -3,7 +3,7 @@
 
     .venv/bin/python tools/check_flops.py
 
-The same shapes as tests/unit/training/test_model_flops.py (which asserts < 0.2%); this prints the differences.
+The same shapes as tests/integration/training/test_flop_counter.py (which asserts < 0.2%); this prints the differences.
 """
 
 from __future__ import annotations

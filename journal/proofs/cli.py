@@ -1,5 +1,5 @@
 """The proof commands : ``checkpoint``, ``prove``, ``verify-proof``, ``consistency``, ``witness``; and
-``verify --expect-checkpoint``'s reading of a published checkpoint. The work is in :mod:`journal.transparency`."""
+``verify --expect-checkpoint``'s reading of a published checkpoint. The work is in :mod:`.checkpoint`, :mod:`.index`, :mod:`.bundle` and :mod:`.witness`."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def add_witness_options(p: argparse.ArgumentParser) -> None:
 
 
 def _quorum(args: argparse.Namespace) -> tuple[list, int]:
-    from trainledger.journal.proofs.transparency import parse_witness_keys
+    from trainledger.journal.proofs.witness import parse_witness_keys
 
     witnesses = parse_witness_keys(args.witness_key)
     k = args.witness_quorum if args.witness_quorum is not None else (1 if witnesses else 0)
@@ -53,7 +53,7 @@ def expected_checkpoint(args: argparse.Namespace) -> Any:
         return None
     from trainledger.journal.keys import PublicKey, trusted_keys
     from trainledger.journal.proofs.note import NoteError, check_cosignatures
-    from trainledger.journal.proofs.transparency import open_checkpoint
+    from trainledger.journal.proofs.checkpoint import open_checkpoint
     from trainledger.journal.verify import open_checked, read_opening
 
     note = read_small_file(Path(args.expect_checkpoint), "checkpoint note", limit=_MAX_NOTE).decode("utf-8",
@@ -182,7 +182,7 @@ def _write_out(path: str, data: bytes) -> None:
 def _cmd_checkpoint(args: argparse.Namespace) -> int:
     from trainledger.journal.options import verify_from_args, say
     from trainledger.journal.keys import PublicKey, trusted_keys
-    from trainledger.journal.proofs.transparency import checkpoint_note
+    from trainledger.journal.proofs.checkpoint import checkpoint_note
     from trainledger.journal.chain import origin
     from trainledger.journal.proofs.note import verifier_key
 
@@ -224,7 +224,7 @@ def _helpers(args: argparse.Namespace):
     if not kinds:
         return None
     from trainledger.journal import codec
-    from trainledger.journal.proofs.transparency import find_lines
+    from trainledger.journal.proofs.index import find_lines
 
     def records(path: Path, n: int, pred, prefixes: list[bytes]) -> list[Any]:
         """The lines that match, decoded, among the first ``n`` (what a line says is proven afterwards, or the proof
@@ -287,7 +287,7 @@ def _helpers(args: argparse.Namespace):
 
 def _cmd_prove(args: argparse.Namespace) -> int:
     from trainledger.journal.options import progress_for, say, trust_policy
-    from trainledger.journal.proofs.transparency import prove
+    from trainledger.journal.proofs.bundle import prove
 
     progress = progress_for(args, "indexing")
     try:
@@ -310,7 +310,7 @@ def _cmd_prove(args: argparse.Namespace) -> int:
 
 def _cmd_consistency(args: argparse.Namespace) -> int:
     from trainledger.journal.options import progress_for, say, trust_policy
-    from trainledger.journal.proofs.transparency import consistency
+    from trainledger.journal.proofs.bundle import consistency
 
     progress = progress_for(args, "indexing")
     try:
@@ -333,7 +333,7 @@ def _cmd_consistency(args: argparse.Namespace) -> int:
 def _cmd_verify_proof(args: argparse.Namespace) -> int:
     from trainledger.journal.options import say
     from trainledger.journal.keys import trusted_keys
-    from trainledger.journal.proofs.transparency import MAX_BUNDLE_BYTES, verify_bundle
+    from trainledger.journal.proofs.bundle import MAX_BUNDLE_BYTES, verify_bundle
 
     keys = trusted_keys(args.pubkey)
     witnesses, k = _quorum(args)
@@ -391,7 +391,8 @@ def _cmd_witness_vkey(args: argparse.Namespace) -> int:
 def _cmd_witness_cosign(args: argparse.Namespace) -> int:
     from trainledger.journal.options import say
     from trainledger.journal.keys import load_public_key, load_signer
-    from trainledger.journal.proofs.transparency import MAX_BUNDLE_BYTES, Witness
+    from trainledger.journal.proofs.bundle import MAX_BUNDLE_BYTES
+    from trainledger.journal.proofs.witness import Witness
 
     s = load_signer(args.key)
     w = Witness(args.state, args.name, s._key)

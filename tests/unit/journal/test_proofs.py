@@ -16,9 +16,9 @@ from journal_tools import dump, parse, read_lines, rechain, write_lines
 from test_cli import run
 
 from trainledger.journal import Journal, Signer
-from trainledger.journal.proofs import transparency as T
+from trainledger.journal import proofs as T
 
-from trainledger.journal.proofs import transparency
+from trainledger.journal.proofs import index as tree_index
 from trainledger.journal.errors import CheckpointMismatch, IntegrityError, UntrustedKey, UsageError
 from trainledger.journal.kinds import ComputeTotaled, RunConfigured
 from trainledger.journal.proofs.merkle import ProofError, consistency_proof, inclusion_proof, leaf_hash
@@ -171,7 +171,7 @@ def test_a_stale_or_doctored_index_is_rebuilt_never_trusted(tmp_path, signer, pu
     assert healed.index_built and T.verify_bundle(_bytes(healed.bundle), [pubkey]).events[0].seq == 5
     # A tile too large to read at once (here: a cap of 4 KiB): a sidecar's word for it is not taken (the index is
     # built again first), and then it is said in one line, not a traceback or an exhausted memory.
-    monkeypatch.setattr(T, "_MAX_TILE_BYTES", 4096)
+    monkeypatch.setattr(tree_index, "_MAX_TILE_BYTES", 4096)
     with pytest.raises(UsageError, match="more than the 4,096 a proof reads at once"):
         T.prove(p, [5], keys=[pubkey])
     monkeypatch.undo()
@@ -200,7 +200,7 @@ def test_the_index_grows_with_the_journal_and_parallel_build_agrees(tmp_path, si
     assert res.index_built  # extended: the old index was shorter than the new checkpoint
     lines = read_lines(p)
     whole = T.build_index(p, workers=1)
-    monkeypatch.setattr(T, "_PARALLEL_INDEX_BYTES", 1 << 10)
+    monkeypatch.setattr(tree_index, "_PARALLEL_INDEX_BYTES", 1 << 10)
     par = T.build_index(p, workers=2)
     grown = T.load_index(p)
     assert whole == par

@@ -1,0 +1,337 @@
+"""Proof bundles: :func:`prove` writes chosen lines with their inclusion proofs against one seal's signed
+checkpoint, :func:`consistency` the proof that an older tree is a prefix of it, and :func:`verify_bundle` checks a
+bundle offline with no journal (the checkpoint's signature under a pinned key, every proof, optionally a quorum of
+witnesses' cosignatures). docs/proofs.md states the trust model."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import dataclasses
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from trainledger.journal import codec
+from trainledger.journal.chain import has_tree, is_hash_hex, seal_checkpoint
+from trainledger.journal.errors import (
+    CheckpointMismatch,
+    IntegrityError,
+    SchemaError,
+    SealInvalid,
+    UntrustedKey,
+    UsageError,
+)
+from trainledger.journal.keys import PublicKey
+from trainledger.journal.proofs.merkle import ProofError, leaf_hash, verify_consistency, verify_inclusion
+from trainledger.journal.proofs.note import (
+    NoteError,
+    Verifier,
+    check_cosignatures,
+)
+from trainledger.journal.proofs.checkpoint import checkpoint_note, head_extension, open_checkpoint
+from trainledger.journal.proofs.index import IndexMismatch, TreeIndex, TreeView, build_index, index_path_for, load_index, read_seal, save_index
+from trainledger.journal.trust import TrustPolicy
+from trainledger.journal.verify import open_checked, read_opening, resolve_key
+
+__all__ = ["BUNDLE_FORMAT", "MAX_BUNDLE_BYTES", "MAX_ENTRIES", "ProveResult", "BundleResult", "prove", "consistency",
+           "parse_bundle", "verify_bundle"]
+
+
+BUNDLE_FORMAT = "trainledger-proof/v1"
+
+
+#: A bundle bigger than this is refused before it is parsed.
+MAX_BUNDLE_BYTES = 64 << 20
+MAX_ENTRIES = 100_000
+_MAX_PROOF = 64  # hashes: a tree of 2**64 lines
+
+
+# ------------------------------------------------------------------ prove
+
+
+@dataclasses.dataclass
+class ProveResult:
+    bundle: dict[str, Any]
+    index_built: bool
+    index_saved: bool
+    tile_reads: int
+
+
+def _open_for_proof(journal: Path, keys: Sequence[PublicKey], trust_embedded: bool) -> tuple[Any, int, bytes]:
+    size = open_checked(journal)
+    opened, _ = read_opening(journal, size)
+    if not has_tree(opened.format_version):
+        raise UsageError(f"{journal}: format {opened.format_version} journals have no tree heads in their seals; "
+                         "proofs need format 1.3 or later")
+    if opened.key_id is None:
+        raise UsageError(f"{journal}: the journal is unsigned: there is no signed checkpoint to prove against")
+    public_raw, trust, _ = resolve_key(opened, keys=keys, trust_embedded=trust_embedded)
+    return opened, size, public_raw
+
+
+def _check_seal_signature(opened: Any, seal: Any, public_raw: bytes) -> bytes:
+    root_hex = seal.tree_root
+    if seal.tree_size != seal.seq or not is_hash_hex(root_hex) or not is_hash_hex(seal.sealed_hash):
+        raise SealInvalid(f"seal at seq {seal.seq} names no tree of the lines before it, or no chain head",
+                          seq=seal.seq)
+    root = bytes.fromhex(root_hex)
+    try:
+        sig = base64.b64decode(seal.sig or "", validate=True)
+    except (binascii.Error, ValueError):
+        sig = b""
+    text = seal_checkpoint(opened.run_id, seal.seq, root, seal.seq - 1, bytes.fromhex(seal.sealed_hash))
+    if seal.key_id != opened.key_id or not PublicKey(public_raw).verify(sig, text.encode()):
+        raise SealInvalid(f"seal at seq {seal.seq}: its signature does not verify under key {opened.key_id}",
+                          seq=seal.seq)
+    return sig
+
+
+def _view(journal: Path, need: int, index: Path | None, rebuild: bool,
+          progress: Callable[[int, int], None] | None) -> tuple[TreeView, bool, bool, TreeIndex]:
+    ip = index or index_path_for(journal)
+    idx = None if rebuild else load_index(journal, ip)
+    built = saved = False
+    if idx is None or idx.leaves < need:
+        idx = build_index(journal, reuse=idx, progress=progress)
+        built = True
+        saved = save_index(idx, ip)
+    if idx.leaves < need:
+        raise UsageError(f"{journal}: {idx.leaves} complete lines, fewer than the {need} the checkpoint needs")
+    return TreeView(journal, idx, need, fresh=built), built, saved, idx
+
+
+def _against_seal(journal: str | os.PathLike, keys: Sequence[PublicKey], trust_embedded: bool, tree_size: int | None,
+                  index: str | os.PathLike | None, progress: Callable[[int, int], None] | None,
+                  body: Callable[[TreeView, bytes], dict[str, Any]]) -> ProveResult:
+    """A bundle against the latest seal (or the seal at seq ``tree_size``): its signature checked, ``body(view,
+    root)`` adding the proofs (each verified against the signed root, raising :class:`IndexMismatch` otherwise). An
+    index that disagrees with the journal is rebuilt once; a journal that disagrees with its own seal raises
+    :class:`IntegrityError`."""
+    p = Path(journal)
+    opened, size, public_raw = _open_for_proof(p, keys, trust_embedded)
+    ip = Path(index) if index is not None else None
+    for rebuild in (False, True):
+        try:
+            if tree_size is not None:
+                view, built, saved, idx = _view(p, tree_size + 1, ip, rebuild, progress)
+                seal, _ = read_seal(p, size, tree_size=tree_size, view=view)
+            else:
+                seal, _ = read_seal(p, size)
+                view, built, saved, idx = _view(p, seal.seq, ip, rebuild, progress)
+            sig = _check_seal_signature(opened, seal, public_raw)
+            if view.size != seal.seq:  # the seal's own line was read through a view one line longer
+                view = TreeView(p, idx, seal.seq, fresh=built)
+            root = bytes.fromhex(seal.tree_root)
+            bundle = {"format": BUNDLE_FORMAT, "run_id": opened.run_id, "key_id": opened.key_id,
+                      "checkpoint": checkpoint_note(opened.run_id, seal.seq, root, bytes.fromhex(seal.sealed_hash),
+                                                    sig, public_raw),
+                      **body(view, root)}
+            return ProveResult(bundle, built, saved, view.reads)
+        except IndexMismatch:
+            if rebuild:
+                raise IntegrityError(f"{p}: the journal's lines do not hash to the tree its seal signed "
+                                     "(changed after it was sealed)", seq=None) from None
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def prove(journal: str | os.PathLike, seqs: Sequence[int], *, trust: TrustPolicy | None = None,
+          tree_size: int | None = None, index: str | os.PathLike | None = None,
+          progress: Callable[[int, int], None] | None = None,
+          select: Callable[[Path, int], list[int]] | None = None, **trust_options: Any) -> ProveResult:
+    """A proof bundle for the lines ``seqs`` (and those ``select(journal, tree_size)`` names) against the latest seal
+    (or the seal at seq ``tree_size``). Every proof is verified against the seal's signed root before it is
+    returned; an index that disagrees with the journal is rebuilt once, and a journal that disagrees with its own
+    seal raises :class:`IntegrityError`. ``trust``: whose seal counts (a :class:`TrustPolicy`, or its fields as
+    keywords: ``keys=``, ``trust_embedded=``)."""
+    p = Path(journal)
+    t = TrustPolicy.of(trust, **trust_options)
+
+    def entries(view: TreeView, root: bytes) -> dict[str, Any]:
+        n = view.size
+        want = list(seqs)
+        if select is not None:
+            want += [s for s in select(p, n) if s not in want]
+        if not want:
+            raise UsageError("nothing to prove: give --seq N (or a helper: --checkpoint, --gate, --compute)")
+        out = []
+        for s in want:
+            if not 0 <= s < n:
+                raise UsageError(f"seq {s} is not in the tree of {n} lines the checkpoint covers (seqs 0 to {n - 1})")
+            line = view.line(s)
+            try:
+                rec = codec.decode_line(line, seq_hint=s)
+            except IntegrityError:
+                raise IndexMismatch(f"line {s} does not decode") from None
+            if rec.seq != s:
+                raise IndexMismatch(f"line {s} holds seq {rec.seq}")
+            proof = view.inclusion(s)
+            try:
+                verify_inclusion(leaf_hash(line), s, n, proof, root)
+            except ProofError:
+                raise IndexMismatch(f"the proof of line {s} does not reach the signed root") from None
+            out.append({"seq": s, "line": line.decode(), "proof": [base64.b64encode(h).decode() for h in proof]})
+        return {"entries": out}
+
+    return _against_seal(p, t.keys, t.trust_embedded, tree_size, index, progress, entries)
+
+
+def consistency(journal: str | os.PathLike, from_size: int, *, trust: TrustPolicy | None = None,
+                tree_size: int | None = None, index: str | os.PathLike | None = None,
+                progress: Callable[[int, int], None] | None = None, **trust_options: Any) -> ProveResult:
+    """A consistency bundle: the latest (or the seal at ``tree_size``'s) signed checkpoint, and the proof that the
+    tree of the first ``from_size`` lines is a prefix of it (RFC 9162 2.1.4), with that tree's root."""
+    p = Path(journal)
+    t = TrustPolicy.of(trust, **trust_options)
+
+    def prefix(view: TreeView, root: bytes) -> dict[str, Any]:
+        n = view.size
+        if not 0 < from_size <= n:
+            raise UsageError(f"--from {from_size}: a consistency proof runs from a size between 1 and the "
+                             f"checkpoint's {n}")
+        proof = view.consistency(from_size)
+        old = TreeView(p, view.idx, from_size, fresh=view.fresh).root()
+        try:
+            verify_consistency(from_size, n, old, root, proof)
+        except ProofError:
+            raise IndexMismatch("the consistency proof does not reach the signed root") from None
+        return {"entries": [], "consistency": {"from_size": from_size, "from_root": base64.b64encode(old).decode(),
+                                               "proof": [base64.b64encode(h).decode() for h in proof]}}
+
+    return _against_seal(p, t.keys, t.trust_embedded, tree_size, index, progress, prefix)
+
+
+# ------------------------------------------------------------------ verify a bundle
+
+
+class _Entry(msgspec.Struct, forbid_unknown_fields=True):
+    seq: int
+    line: str
+    proof: list[str]
+
+
+class _Consistency(msgspec.Struct, forbid_unknown_fields=True):
+    from_size: int
+    from_root: str
+    proof: list[str]
+
+
+class _Bundle(msgspec.Struct, forbid_unknown_fields=True):
+    format: str
+    run_id: str
+    key_id: str
+    checkpoint: str
+    entries: list[_Entry]
+    consistency: _Consistency | None = None
+
+
+@dataclasses.dataclass
+class BundleResult:
+    """What a bundle established."""
+
+    run_id: str
+    key_id: str
+    tree_size: int
+    root: str  # base64
+    head: str  # SEQ:HASH
+    events: list[Any]  # the proven lines' records, in the bundle's order
+    witnesses: list[tuple[str, int]]  # (name, timestamp) of every pinned witness whose cosignature verified
+    consistent_from: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ok": True, "run_id": self.run_id, "key_id": self.key_id, "tree_size": self.tree_size,
+                "root": self.root, "head": self.head,
+                "entries": [msgspec.to_builtins(e) for e in self.events],
+                "witnesses": [{"name": n, "timestamp": t} for n, t in self.witnesses],
+                "consistent_from": self.consistent_from}
+
+
+def _b64_hashes(items: list[str], what: str) -> list[bytes]:
+    if len(items) > _MAX_PROOF:
+        raise ProofError(f"{what}: {len(items)} hashes, more than any tree needs")
+    out = []
+    for x in items:
+        try:
+            h = base64.b64decode(x, validate=True)
+        except (binascii.Error, ValueError):
+            h = b""
+        if len(h) != 32:
+            raise ProofError(f"{what}: a hash that is not base64 of 32 bytes")
+        out.append(h)
+    return out
+
+
+def parse_bundle(data: bytes) -> Any:
+    if len(data) > MAX_BUNDLE_BYTES:
+        raise UsageError(f"a bundle of {len(data):,} bytes: more than {MAX_BUNDLE_BYTES:,}")
+    try:
+        b = msgspec.json.decode(data, type=_Bundle)
+    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, RecursionError) as e:
+        raise SchemaError(f"not a proof bundle: {e}", seq=None) from None
+    if b.format != BUNDLE_FORMAT:
+        raise SchemaError(f"bundle format {b.format[:40]!r}, not {BUNDLE_FORMAT}", seq=None)
+    if len(b.entries) > MAX_ENTRIES:
+        raise SchemaError(f"{len(b.entries):,} entries: more than {MAX_ENTRIES:,}", seq=None)
+    return b
+
+
+def verify_bundle(data: bytes, keys: Sequence[PublicKey], *, witnesses: Sequence[Verifier] = (),
+                  quorum: int = 0, expect_checkpoint: str | None = None) -> BundleResult:
+    """Check a proof bundle offline. Raises :class:`IntegrityError` (:class:`ProofError`, :class:`NoteError`,
+    :class:`UntrustedKey`...; exit 1) when it does not hold, :class:`UsageError` when no key is pinned."""
+    b = parse_bundle(data)
+    if not keys:
+        raise UsageError("no key pinned: pass --pubkey FILE (or set TRAINLEDGER_TRUSTED_KEYS)")
+    pinned = [k for k in keys if k.key_id == b.key_id]
+    if not pinned:
+        raise UntrustedKey(f"the bundle is signed by key {b.key_id[:16]}, which is not pinned "
+                           f"(pinned: {', '.join(k.key_id for k in keys)})", seq=None)
+    cp, _ = open_checkpoint(b.checkpoint, b.run_id, pinned)
+    seq, head = head_extension(cp)
+    if quorum > 0:
+        if not witnesses:
+            raise UsageError("--witness-quorum needs --witness-key")
+    got = check_cosignatures(b.checkpoint, list(witnesses)) if witnesses else []
+    if len(got) < quorum:
+        raise NoteError(f"{len(got)} valid cosignature(s) from pinned witnesses, fewer than the quorum of {quorum}: "
+                        "the checkpoint is not published")
+    events = []
+    seen = set()
+    for e in b.entries:
+        if not 0 <= e.seq < cp.size:
+            raise ProofError(f"entry seq {e.seq} is outside the checkpoint's tree of {cp.size} lines")
+        if e.seq in seen:
+            raise ProofError(f"seq {e.seq} appears twice")
+        seen.add(e.seq)
+        line = e.line.encode()
+        try:
+            rec = codec.decode_line(line, seq_hint=e.seq)
+        except IntegrityError as err:
+            raise ProofError(f"entry seq {e.seq}: the line is not a journal event: {err}") from None
+        if rec.seq != e.seq:
+            raise ProofError(f"entry seq {e.seq}: the line says seq {rec.seq}")
+        try:
+            verify_inclusion(leaf_hash(line), e.seq, cp.size, _b64_hashes(e.proof, f"seq {e.seq}"), cp.root)
+        except ProofError as err:
+            raise ProofError(f"entry seq {e.seq}: {err}") from None
+        events.append(rec)
+    consistent_from = None
+    if b.consistency is not None:
+        c = b.consistency
+        old_root = _b64_hashes([c.from_root], "from_root")[0]
+        verify_consistency(c.from_size, cp.size, old_root, cp.root, _b64_hashes(c.proof, "consistency"))
+        consistent_from = c.from_size
+        if expect_checkpoint is not None:
+            old, _ = open_checkpoint(expect_checkpoint, b.run_id, pinned)
+            if (old.size, old.root) != (c.from_size, old_root):
+                raise CheckpointMismatch(f"the bundle proves consistency from size {c.from_size}, not from the "
+                                         f"expected checkpoint (size {old.size})", seq=None)
+    elif expect_checkpoint is not None:
+        raise UsageError("--expect-checkpoint needs a consistency bundle (trainledger consistency)")
+    if not events and consistent_from is None:
+        raise ProofError("the bundle proves nothing: no entries and no consistency proof")
+    return BundleResult(b.run_id, b.key_id, cp.size, base64.b64encode(cp.root).decode(), f"{seq}:{head}", events,
+                        [(v.name, t) for v, t in got], consistent_from)
