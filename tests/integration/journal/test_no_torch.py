@@ -6,8 +6,9 @@ import subprocess
 import sys
 import textwrap
 
-SCRIPT = textwrap.dedent(r"""
-    import importlib.abc, sys, tempfile, os
+#: the first lines of each script: torch cannot be imported after them
+BLOCK_TORCH = textwrap.dedent(r"""
+    import importlib.abc, sys
 
     class NoTorch(importlib.abc.MetaPathFinder):
         def find_spec(self, name, path=None, target=None):
@@ -16,6 +17,10 @@ SCRIPT = textwrap.dedent(r"""
             return None
 
     sys.meta_path.insert(0, NoTorch())
+""")
+
+SCRIPT = BLOCK_TORCH + textwrap.dedent(r"""
+    import tempfile, os
     import trainledger.journal
     from trainledger.cli import main
 
@@ -75,16 +80,8 @@ TRAINS = ["trainledger.ladder.pieces", "trainledger.ladder.runner", "trainledger
           "trainledger.training.reference.corpus", "trainledger.training.reference.loop",
           "trainledger.training.reference.model"]
 
-EVERY_MODULE = textwrap.dedent(r"""
-    import importlib, importlib.abc, pkgutil, sys
-
-    class NoTorch(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path=None, target=None):
-            if name == "torch" or name.startswith("torch."):
-                raise ImportError("torch is not installed here (blocked by the test)")
-            return None
-
-    sys.meta_path.insert(0, NoTorch())
+EVERY_MODULE = BLOCK_TORCH + textwrap.dedent(r"""
+    import importlib, pkgutil
     mods = ["trainledger", "trainledger.audit", "trainledger.cli", "trainledger.report"]
 
     def walk(name):
