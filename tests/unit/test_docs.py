@@ -121,6 +121,8 @@ def test_the_docs_site_builds_strictly(tmp_path):
                        capture_output=True, text=True, timeout=300, env={"NO_MKDOCS_2_WARNING": "1", "PATH": "/usr/bin:/bin"})
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert (tmp_path / "site" / "index.html").exists() and (tmp_path / "site" / "cli" / "index.html").exists()
+    page = (tmp_path / "site" / "index.html").read_text()
+    assert "fonts.googleapis" not in page and "fonts.gstatic" not in page  # the site fetches nothing from elsewhere
 
 
 def test_the_import_graph_has_no_cycle_and_no_private_import_across_packages():
