@@ -88,7 +88,7 @@ class IntegrityError(JournalError):
     ``seq`` is the first bad event's sequence number when it is known (for a
     line that cannot be parsed, the seq it should have had), ``offset`` the
     byte offset of its line, ``reason`` a short machine-friendly tag and
-    ``report`` the partial :class:`~journal.verify.VerifyReport` when the
+    ``report`` the partial :class:`~trainledger.journal.verify.VerifyReport` when the
     error came out of a verification.
     """
 

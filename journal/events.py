@@ -87,7 +87,7 @@ class Seal(Event, tag="seal", frozen=True, kw_only=True):
     sig: str | None
     #: Format 1.3: the RFC 6962 Merkle tree over every line before this one (``tree_size`` = this seal's seq)
     #: and its root (hex). The signature is then over the C2SP checkpoint text that names them
-    #: (:func:`journal.chain.seal_checkpoint`), so that every seal is a checkpoint a witness can cosign.
+    #: (:func:`trainledger.journal.chain.seal_checkpoint`), so that every seal is a checkpoint a witness can cosign.
     tree_size: int | None = None
     tree_root: str | None = None
 

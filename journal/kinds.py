@@ -475,7 +475,7 @@ class MetricsLogged(Event, tag="metrics_logged", frozen=True, kw_only=True):
 
 class ComputeTotaled(Event, tag="compute_totaled", frozen=True, kw_only=True):
     """The training compute of every step the journal observed before it, as one signed figure (format 1.3):
-    a derived event (:class:`journal.mfu.ComputeTotals`), recorded when a run ends and recomputed by replay.
+    a derived event (:class:`trainledger.training.health.mfu.ComputeTotals`), recorded when a run ends and recomputed by replay.
     Every ``step_observed`` counts (steps done again after a rewind or a resume too: compute spent); a step's
     tokens are ``tokens``, else ``examples`` x its segment's ``seq_len``; ``flops`` is the model FLOPs of those
     tokens (PaLM: 6N + 12LHQT per token, under each step's ``run_configured``), a float (a frontier run's

@@ -23,7 +23,7 @@ $%s (one public key per line).""" % TRUSTED_KEYS_ENV
 
 
 def say(*values: object, file=None, end: str = "\n", flush: bool = False) -> None:
-    """Print one line. Every value is passed through :func:`journal._text.safe`: whatever a journal or a
+    """Print one line. Every value is passed through :func:`trainledger.journal.text.safe`: whatever a journal or a
     manifest put in a run id, a reason or a path shows as visible escapes, never as terminal control."""
     print(*(safe(v) for v in values), file=file, end=end, flush=flush)
 

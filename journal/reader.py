@@ -3,7 +3,7 @@
 :func:`read_events` yields records (instances of their event class carrying
 ``seq``, ``ts`` and ``h``) in file order, checking canonical form, seq
 continuity and the hash chain as it goes, with memory flat in journal size.
-It does not check signatures: call :func:`journal.verify.verify` first when
+It does not check signatures: call :func:`trainledger.journal.verify.verify` first when
 authenticity matters (``trainledger replay`` and ``query`` do).
 """
 
@@ -51,9 +51,9 @@ def read_signed_events(path: str | os.PathLike, keys) -> Iterator[Any]:
     The one reader that may drive a decision (a resume, a restore, a deletion): each line is checked (canonical
     form, seq, chain) and held back until a seal whose signature verifies covers it, in the same pass, so
     nothing read here can differ from what was checked. Events after the last seal are never yielded.
-    Raises :class:`~journal.errors.UnsignedJournal` for an unsigned journal, the verifier's
-    :class:`~journal.errors.IntegrityError` subclasses when a line or seal is bad (at the point it is reached),
-    and :class:`~journal.errors.UntrustedKey` when the journal's key is not among ``keys``.
+    Raises :class:`~trainledger.journal.errors.UnsignedJournal` for an unsigned journal, the verifier's
+    :class:`~trainledger.journal.errors.IntegrityError` subclasses when a line or seal is bad (at the point it is reached),
+    and :class:`~trainledger.journal.errors.UntrustedKey` when the journal's key is not among ``keys``.
     """
     from pathlib import Path
 
@@ -154,7 +154,7 @@ def _check_in_child(path: str, send) -> None:
 
 def unchecked_batches(p, size: int) -> Iterator[list[Any]]:
     """Decode the first ``size`` bytes without checking them (they are checked elsewhere: by another
-    process in :func:`fold_events`, or already by :func:`journal.verify.verify` in replay)."""
+    process in :func:`fold_events`, or already by :func:`trainledger.journal.verify.verify` in replay)."""
     from trainledger.journal import codec
 
     res = RangeResult(0, size)

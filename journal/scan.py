@@ -1,6 +1,6 @@
 """The verifier's inner loop: check a byte range of a journal, a read block at a time.
 
-Shared by :func:`journal.verify.verify` (possibly in several processes, one
+Shared by :func:`trainledger.journal.verify.verify` (possibly in several processes, one
 byte range each), the streaming reader and ``Journal.open_append``. A range
 is checked given the seq and chain hash of the line just before it, so ranges
 are independent and can be checked in parallel: every line's hash is

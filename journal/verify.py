@@ -1,7 +1,7 @@
 """Offline verification of a journal against pinned keys.
 
 :func:`verify` returns a :class:`VerifyReport` when every event present
-checks out, and raises a typed :class:`~journal.errors.IntegrityError` (with
+checks out, and raises a typed :class:`~trainledger.journal.errors.IntegrityError` (with
 the partial report attached as ``.report``) when one does not. It never
 returns a bare bool. Memory stays flat in journal size: the file is read in
 blocks, and large files are split into byte ranges checked by worker
@@ -280,7 +280,7 @@ def verify(
     ``unsealed_events``; without it such a journal raises :class:`UnsealedEvents`. A signed journal with no
     valid seal at all never verifies.
 
-    ``expect_checkpoint``: a checkpoint published earlier (a :class:`journal.note.Checkpoint`, already opened under
+    ``expect_checkpoint``: a checkpoint published earlier (a :class:`trainledger.journal.proofs.note.Checkpoint`, already opened under
     a pinned key; see :func:`trainledger.journal.proofs.checkpoint.open_checkpoint`): the journal must extend it, the root of its
     first ``size`` lines being the checkpoint's (recomputed in the same pass), else :class:`CheckpointMismatch`.
 
@@ -481,7 +481,7 @@ class Cancelled(TrainledgerError):
 
 
 class SharedWorkers:
-    """Worker processes that several verifications running at once share (:func:`journal.rundir.verify_run_dir`
+    """Worker processes that several verifications running at once share (:func:`trainledger.journal.audit.rundir.verify_run_dir`
     verifies its ranks side by side): every journal's ranges queue for the same workers, which so never wait
     between journals. Used as a context manager, from a process with no other thread yet; where it cannot fork
     (one CPU, another thread running, no fork, or the fork fails for want of processes or memory) or the files are

@@ -575,7 +575,7 @@ class Journal:
 
     @property
     def public_key(self):
-        """The signer's :class:`~journal.keys.PublicKey` (``None`` for an unsigned journal)."""
+        """The signer's :class:`~trainledger.journal.keys.PublicKey` (``None`` for an unsigned journal)."""
         return self._signer.public if self._signer is not None else None
 
     @property

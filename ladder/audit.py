@@ -24,7 +24,7 @@ class LadderAudit(Projection):
     final loss, the anomaly count, the MFU mean and sample count, the FLOPs, the forgetting gap (from the
     forgetting curve the verdict's artifacts carry) and restart continuity. The gate then runs on the recorded
     measurements; a doctored measurement is named before the verdict that rests on it. The belief and the
-    action come from :func:`~journal.ladder_outcome.decide`, which the live runner also uses.
+    action come from :func:`~trainledger.ladder.outcome.decide`, which the live runner also uses.
     """
 
     name = "ladder"

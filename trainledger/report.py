@@ -1,6 +1,6 @@
 """trainledger report: one self-contained HTML page about a run.
 
-The page is built from :func:`journal.replay.replay` (verification, every
+The page is built from :func:`trainledger.audit.replay` (verification, every
 projection, every recomputed conclusion) plus one more pass over the verified
 bytes for the curves: loss, grad norm, step time and MFU by step, with
 anomalies, checkpoints, resumes and rewinds marked. Plots are drawn by
@@ -78,7 +78,7 @@ class _Series:
         self.plot_error: str | None = None
 
     def apply(self, ev: Any) -> None:
-        """Fold one event (called by :func:`journal.replay.replay` for every event, in order)."""
+        """Fold one event (called by :func:`trainledger.audit.replay` for every event, in order)."""
         if isinstance(ev, StepObserved):
             nan = math.nan
             self._last_index[ev.step] = len(self.step)
@@ -390,7 +390,7 @@ def write_report(path: str | os.PathLike, out: str | os.PathLike, *, trust: Trus
                  **trust_options: Any) -> Reconstruction:
     """Verify and replay ``path`` and write the HTML page to ``out`` (atomically); return the reconstruction.
 
-    Raises what :func:`journal.verify.verify` raises when the journal does not verify: no page is written
+    Raises what :func:`trainledger.journal.verify.verify` raises when the journal does not verify: no page is written
     for a journal that does not verify.
     """
     plt = _matplotlib()

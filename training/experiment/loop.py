@@ -1,7 +1,7 @@
 """The experiment loop: a manifest-driven run with its stop rules, evaluation hooks and resource evidence.
 
 :func:`run_experiment` trains the tiny causal LM exactly as an
-:class:`~training.manifest.ExperimentManifest` says (batch semantics,
+:class:`~trainledger.training.experiment.manifest.ExperimentManifest` says (batch semantics,
 schedule, seeds, checkpoint plan) in a journal whose ``run_opened`` carries the
 manifest identity, and stops, with ``run_stopped`` naming the rule and the
 number, on: ``identity-mismatch`` (manifest, data, tokenizer or template digest

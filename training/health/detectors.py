@@ -1,7 +1,7 @@
 """The training-health projection: anomaly detection, MFU and restart continuity as a fold.
 
 Torch-free, so that ``replay`` rebuilds on an auditor's machine exactly what
-the live :class:`training.monitor.TrainingHealthMonitor` saw and decided: the
+the live :class:`trainledger.training.health.monitor.TrainingHealthMonitor` saw and decided: the
 monitor feeds every event it appends through this same reducer.
 
 Scoring: each step's loss (and the log of its grad norm: norms are

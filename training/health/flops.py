@@ -89,7 +89,7 @@ class FlopConfig:
 
 
 def flop_config_from_causal_lm(model, seq_len: int, *, recompute: str = "none") -> FlopConfig:
-    """The FLOP config of a :class:`training.model.CausalLM` (or any model with the same attributes).
+    """The FLOP config of a :class:`trainledger.training.reference.model.CausalLM` (or any model with the same attributes).
 
     Example: ``flop_config_from_causal_lm(build_causal_lm(32, 16, 2, 2, 8), seq_len=8)``.
     """

@@ -99,7 +99,7 @@ class ComputeTotals:
 
 
 def record_compute(journal: Any) -> Any:
-    """Append ``compute_totaled`` for everything ``journal`` (an open :class:`~journal.writer.Journal`) holds, sealed
+    """Append ``compute_totaled`` for everything ``journal`` (an open :class:`~trainledger.journal.writer.Journal`) holds, sealed
     and fsynced; return the event. The figure is folded from the journal as written (its signed lines, read back
     after a durable seal), so that a run resumed from a checkpoint, whose process saw only its own steps, still
     totals them all. Call it just before ``close()``; it reads the whole journal (what replay reads)."""

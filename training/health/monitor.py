@@ -1,7 +1,7 @@
 """TrainingHealthMonitor: the emitter users embed in a training loop.
 
 It records each step (and each resume) as a journal event and folds it
-through :class:`journal.health.HealthProjection`, the same reducer replay
+through :class:`trainledger.training.health.detectors.HealthProjection`, the same reducer replay
 uses, so the live state and a replay of the journal cannot drift apart.
 
 Host-device syncs: ``observe_step`` takes Python floats. Calling
