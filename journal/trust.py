@@ -92,10 +92,6 @@ class TrustPolicy:
             raise UsageError(f"trust: expected a TrustPolicy, got {type(trust).__name__}")
         return dataclasses.replace(trust, **options) if options else trust
 
-    def replace(self, **changes: Any) -> TrustPolicy:
-        """A copy with ``changes`` (``policy.replace(allow_unsealed=True)``)."""
-        return TrustPolicy.of(self, **changes)
-
     def describe(self) -> str:
         """One line for messages: what this policy accepts."""
         parts = [f"{len(self.keys)} pinned key(s)" if self.keys else

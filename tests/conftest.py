@@ -28,8 +28,8 @@ def pytest_ignore_collect(collection_path, config):
     (the integration tests import transformers, lightning and tensorboard, seconds the fast tier need not pay)."""
     want = (config.getoption("markexpr") or "").strip()
     if want in KINDS:
-        parts = Path(str(collection_path)).resolve().relative_to(_HERE).parts if _HERE in Path(
-            str(collection_path)).resolve().parents else ()
+        path = Path(str(collection_path)).resolve()
+        parts = path.relative_to(_HERE).parts if _HERE in path.parents else ()
         if parts and parts[0] in KINDS and parts[0] != want:
             return True
     return None

@@ -64,9 +64,6 @@ class ProjectionRegistry:
             raise ValueError(f"a projection named {name!r} is registered already")
         self._factories[name] = factory
 
-    def names(self) -> list[str]:
-        return list(self._factories)
-
     def build(self, format_version: str | None = None) -> list[Projection]:
         """A fresh instance of every registered projection, in order."""
         out = []

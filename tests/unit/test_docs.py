@@ -3,7 +3,6 @@ reference matches the parsers, the import graph keeps its rules, and no tracker 
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
 import shutil
@@ -12,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tool_modules import load_tool
 
 from trainledger.cli import main
 
@@ -100,12 +100,7 @@ def test_every_command_is_on_the_front_page_and_in_the_reference():
 
 
 def test_the_cli_reference_matches_the_parsers():
-    tools = str(ROOT / "tools")
-    sys.path.insert(0, tools)
-    try:
-        import cli_reference
-    finally:
-        sys.path.remove(tools)
+    cli_reference = load_tool("cli_reference")
     text = (ROOT / "docs" / "cli.md").read_text()
     made_with = re.search(r"\(Python (\d+\.\d+)\)", text).group(1)
     if made_with != f"{sys.version_info.major}.{sys.version_info.minor}":
@@ -126,12 +121,7 @@ def test_the_docs_site_builds_strictly(tmp_path):
 
 
 def test_the_import_graph_has_no_cycle_and_no_private_import_across_packages():
-    sys.path.insert(0, str(ROOT / "tools"))
-    try:
-        import import_graph
-    finally:
-        sys.path.remove(str(ROOT / "tools"))
-    res = json.loads(json.dumps(import_graph.analyse()))
+    res = load_tool("import_graph").analyse()
     assert res["findings"] == [], res["findings"]
     assert res["cycles"] == [] and res["modules"] > 60
     assert not any(k.startswith("journal -> ") for k in res["arrows"])  # the journal imports no other package

@@ -10,18 +10,12 @@ from __future__ import annotations
 
 import json
 import math
-import sys
-from pathlib import Path
 
 import pytest
+from tool_modules import load_tool
 
 torch = pytest.importorskip("torch")
-
-ROOT = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(ROOT / "tools"))
-import regen_goldens  # noqa: E402
-
-sys.path.remove(str(ROOT / "tools"))
+regen_goldens = load_tool("regen_goldens")
 
 
 def test_the_reference_loss_curve_matches_its_golden():
