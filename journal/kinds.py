@@ -28,6 +28,10 @@ CHECKPOINT_CONTRACT = ("model", "optimizer", "scheduler", "scaler", "rng", "samp
                        "manifest_id")
 
 
+#: the scales a loss can be scored on (``run_configured.loss_scale``)
+LOSS_SCALES = ("log", "linear")
+
+
 class RunConfigured(Event, tag="run_configured", frozen=True, kw_only=True):
     """What the monitor measures against: FLOP accounting, peak, devices and detector settings."""
 
@@ -42,6 +46,9 @@ class RunConfigured(Event, tag="run_configured", frozen=True, kw_only=True):
     loss_window: int = 64
     loss_min_periods: int = 16
     loss_z_thresh: float = 8.0
+    #: 1.4: the scale the loss is scored on: "log" (the monitor's default from 1.4: a loss is positive and its
+    #: noise multiplicative) or "linear" (absent: every journal before 1.4, replayed as it was scored)
+    loss_scale: str = "linear"
     grad_norm_window: int = 64
     grad_norm_min_periods: int = 16
     grad_norm_z_thresh: float = 8.0
@@ -55,6 +62,8 @@ class RunConfigured(Event, tag="run_configured", frozen=True, kw_only=True):
         # error instead of crashing the projection that folds it.
         DetectorParams(self.loss_window, self.loss_min_periods, self.loss_z_thresh, "loss")
         DetectorParams(self.grad_norm_window, self.grad_norm_min_periods, self.grad_norm_z_thresh, "grad_norm")
+        if self.loss_scale not in LOSS_SCALES:
+            raise ValueError(f"loss_scale must be one of {', '.join(LOSS_SCALES)}, got {self.loss_scale!r}")
         if self.devices < 1:
             raise ValueError(f"devices must be at least 1, got {self.devices}")
         p = self.peak_flops_per_sec

@@ -9,8 +9,8 @@ heavy-tailed Student-t(3) noise. Twenty spikes per curve, each 15 robust
 sigma high at its first step and halving for three more steps. NaN and inf
 values are injected too. Every detector sees the same curves:
 
-- trainledger: ``journal.health`` with the monitor's defaults (window 64,
-  16 warm-up values, z > 8 on the robust z-score, confirmation rule);
+- trainledger: ``training.health.detectors`` with the monitor's defaults (window 64,
+  16 warm-up values, z > 8 on the robust z-score of the log loss and log grad norm, confirmation rule);
 - OLMo-core: value > mean + 6 std of the previous 128 values;
 - Megatron: value > 10 x the max of the first 100 values;
 - llm-foundry: value > 2 x the mean of the previous 100 values, 4 steps in a row (patience 4);
@@ -74,6 +74,7 @@ def make_series(seed: int, noise: str, series: str):
 
 
 def ours(values, series, **params):
+    params.setdefault("loss_scale", "log")  # the monitor's default (TrainingHealthMonitor) from format 1.4
     proj = HealthProjection(RunConfigured(**params))
     flagged = []
     for i, v in enumerate(values):

@@ -30,6 +30,7 @@ from trainledger.journal.kinds import (
     EvaluationRecorded,
     PreflightCompleted,
     PreflightGate,
+    ResumeRejectedEvent,
     RewindDecided,
     RunConfigured,
     RunStopped,
@@ -162,6 +163,8 @@ class CheckpointLog(Projection):
     def __init__(self) -> None:
         self.checkpoints: list[dict[str, Any]] = []
         self.resumes: list[dict[str, Any]] = []
+        #: resumes that were refused (``resume_rejected``): the run did not continue from what it asked for
+        self.rejected: list[dict[str, Any]] = []
 
     def apply(self, ev: Any) -> None:
         if isinstance(ev, CheckpointSaved):
@@ -170,6 +173,9 @@ class CheckpointLog(Projection):
         elif isinstance(ev, RunResumed):
             self.resumes.append({"seq": ev.seq, "from_step": ev.from_step, "checkpoint": ev.checkpoint,
                                  "reason": ev.reason})
+        elif isinstance(ev, ResumeRejectedEvent):
+            self.rejected.append({"seq": ev.seq, "path": ev.path, "reason": ev.reason, "missing": list(ev.missing),
+                                  "detail": ev.detail})
 
 
 def rewind_allowed(earlier_spike_steps: list[int], spike_step: int, max_rewinds: int, window_steps: int) -> bool:

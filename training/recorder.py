@@ -31,6 +31,7 @@ from typing import Any
 
 from trainledger.training.health.mfu import record_compute
 from trainledger.journal import Journal, Signer, load_signer
+from trainledger.training.distributed.ranks import open_rank_journal, rank_journal_name
 from trainledger.journal.errors import JournalClosed, UsageError
 
 from trainledger.training.checkpoints.state import (
@@ -45,6 +46,39 @@ from trainledger.training.checkpoints.state import (
 from trainledger.training.health.monitor import TrainingHealthMonitor
 
 __all__ = ["Recorder"]
+
+
+def _grouped() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def _rank_info(run: Path) -> Any:
+    """torchrun's place for this process (``RANK`` and ``WORLD_SIZE`` > 1 set), else None."""
+    if int(os.environ.get("WORLD_SIZE", "1") or 1) <= 1 or "RANK" not in os.environ:
+        return None
+    from trainledger.training.distributed.ranks import rank_info
+
+    return rank_info(run_dir=run)
+
+
+def _agreed(kept: list[CheckpointSaved]) -> CheckpointSaved | None:
+    """The newest of this rank's live checkpoints whose step every rank has (one collective, when the process
+    group is up): ranks that died at different points resume from the same step. Without a process group, this
+    rank's newest."""
+    if not _grouped():
+        return kept[-1] if kept else None
+    import torch.distributed as dist
+
+    mine = sorted({c.step for c in kept})
+    every: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    common = set(mine).intersection(*(set(x or []) for x in every))
+    if not common:
+        return None
+    step = max(common)
+    return [c for c in kept if c.step == step][-1]
 
 
 class Recorder:
@@ -69,10 +103,18 @@ class Recorder:
         self.data_state: Any = None
         self.resumed_from: CheckpointSaved | None = None
         self._kept: list[CheckpointSaved] = []
-        path = self.run / "journal.jsonl"
+        #: under torchrun, this process's place (rank, world size, the run identity every rank shares); else None
+        self.rank_info = _rank_info(self.run)
+        info = self.rank_info
+        name = "journal.jsonl" if info is None else rank_journal_name(info.rank)
+        #: where this process's own checkpoints go, relative to the run folder (one folder per rank under torchrun)
+        self.checkpoint_dir = "checkpoints" if info is None else f"checkpoints/rank-{info.rank:05d}"
+        path = self.run / name
+        meta = {"recorder": True, **(meta or {})}
         if path.exists():
             try:
-                self.journal = Journal.open_append(path, signer=self.signer)
+                self.journal = (Journal.open_append(path, signer=self.signer) if info is None else
+                                open_rank_journal(self.run, self.signer, info=info, meta=meta))
             except JournalClosed:
                 raise UsageError(f"{path}: this run is finished (closed); to go on from it, start a new run folder "
                                  f"with Recorder(NEW_DIR, continue_from={str(self.run)!r}, ...)") from None
@@ -80,7 +122,8 @@ class Recorder:
         elif continue_from is not None:
             self._continue(Path(continue_from), path, meta, flop_config, peak_flops_per_sec)
         else:
-            self.journal = Journal.create(path, signer=self.signer, meta={"recorder": True, **(meta or {})})
+            self.journal = (Journal.create(path, signer=self.signer, meta=meta) if info is None else
+                            open_rank_journal(self.run, self.signer, info=info, meta=meta))
             self.monitor = TrainingHealthMonitor(journal=self.journal, flop_config=flop_config,
                                                  peak_flops_per_sec=peak_flops_per_sec)
         self._t = time.perf_counter()
@@ -96,7 +139,7 @@ class Recorder:
 
         from trainledger.training.checkpoints.state import apply_payload, file_sha256, load_payload
 
-        pj = prev / "journal.jsonl"
+        pj = prev / path.name  # under torchrun: this rank's journal of the previous run
         rep = verify(pj, keys=[self.signer.public], allow_unsealed=True)
         kept = live_checkpoints(prev, read_signed_events(pj, [self.signer.public]))
         if not kept:
@@ -120,8 +163,9 @@ class Recorder:
                 from None
         link = {"run_id": rep.run_id, "head": rep.head, "checkpoint": ck.path, "sha256": ck.sha256,
                 "step": ck.step, "folder": prev.name}
-        self.journal = Journal.create(path, signer=self.signer, meta={"recorder": True, "continues": link,
-                                                                      **(meta or {})})
+        meta = {**(meta or {}), "continues": link}
+        self.journal = (Journal.create(path, signer=self.signer, meta=meta) if self.rank_info is None else
+                        open_rank_journal(self.run, self.signer, info=self.rank_info, meta=meta))
         self.journal.append(RunResumed(reason="continued", from_step=ck.step, checkpoint=ck.path,
                                        detail={"continues": link}), durable=True)
         self.monitor = TrainingHealthMonitor(journal=self.journal, flop_config=flop_config, peak_flops_per_sec=peak)
@@ -133,7 +177,7 @@ class Recorder:
         j = self.journal
         history = signed_history(j)
         self._kept = live_checkpoints(self.run, history)
-        ckpt = self._kept[-1] if self._kept else None
+        ckpt = _agreed(self._kept) if self.rank_info is not None else (self._kept[-1] if self._kept else None)
         if ckpt is None:  # nothing to restore: the steps start over in the same journal
             self.monitor = TrainingHealthMonitor(journal=j, flop_config=flop_config, peak_flops_per_sec=peak)
             return
@@ -172,12 +216,25 @@ class Recorder:
         after resuming), is written beside it (``step-000000099-1.pt``), never over bytes a record names."""
         ev = save_checkpoint(self.run, self.journal, step=step, model=self.model, optimizer=self.optimizer,
                              scheduler=self.scheduler, scaler=self.scaler, sampler=self.data, tokens=tokens,
-                             data_state=data_state, extra={"monitor": self.monitor.state()})
+                             data_state=data_state, extra={"monitor": self.monitor.state()},
+                             folder=self.checkpoint_dir)
         self._kept.append(ev)
         if self.keep_last is not None:
             enforce_retention(self.run, self.journal, self._kept, self.keep_last)
+        if self.rank_info is not None:
+            self.anchor(step)
         self._t = time.perf_counter()  # the save is not part of the next step's time
         return ev
+
+    def anchor(self, step: int | None = None) -> dict[int, str] | None:
+        """Under torchrun, with the process group initialized: anchor every rank's journal to the others (one small
+        collective: call it on every rank at the same point; :meth:`checkpoint` and :meth:`close` do). Returns
+        ``{rank: "SEQ:HASH"}``; None in a single process, or before ``init_process_group``."""
+        if self.rank_info is None or not _grouped():
+            return None
+        from trainledger.training.distributed.ranks import anchor_ranks
+
+        return anchor_ranks(self.journal, step=step)
 
     def record_checkpoint(self, path: str | os.PathLike, *, step: int,
                           contents: tuple[str, ...] = ("model", "optimizer", "counters")) -> CheckpointSaved:
@@ -218,6 +275,8 @@ class Recorder:
         """Close the journal (sealed, durable); returns the monitor's report."""
         report = self.monitor.report()
         record_compute(self.journal)
+        if self.rank_info is not None and status == "completed":
+            self.anchor(self.monitor.report()["last_step"])  # every rank reaches the end together
         self.journal.close(status=status, reason=reason)
         return report
 

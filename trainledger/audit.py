@@ -55,6 +55,8 @@ class Reconstruction:
     anomalies_by_kind: dict[str, list[int]]
     checkpoints: list[dict[str, Any]]
     resumes: list[dict[str, Any]]
+    #: resumes that were refused (``resume_rejected``): what was asked for, and why not
+    rejected_resumes: list[dict[str, Any]]
     rewinds: list[dict[str, Any]]
     stops: list[dict[str, Any]]
     ladder: dict[str, Any] | None
@@ -114,6 +116,7 @@ def _reconstruction(report: VerifyReport, projections: list[Projection]) -> Reco
         anomalies_by_kind=health_audit.anomalies_by_kind(),
         checkpoints=by_name["checkpoints"].checkpoints,
         resumes=by_name["checkpoints"].resumes,
+        rejected_resumes=by_name["checkpoints"].rejected,
         rewinds=by_name["rewinds"].rewinds,
         stops=by_name["stops"].stops,
         ladder=by_name["ladder"].summary(),

@@ -139,6 +139,8 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         say(f"  checkpoint step {c['step']} {c['path']} sha256 {c['sha256'][:16]}...")
     for r in rec.resumes:
         say(f"  resumed from step {r['from_step']} ({r['checkpoint'] or r['reason']}) at seq {r['seq']}")
+    for r in rec.rejected_resumes:
+        say(f"  RESUME REJECTED at seq {r['seq']}: {r['path']} ({r['reason']}): {r['detail'][:200]}")
     for r in rec.rewinds:
         say(f"  rewind: spike at step {r['spike_step']} -> {r['checkpoint']}, skipped {r.get('skipped_batches')}")
     for s_ in rec.stops:
@@ -180,8 +182,9 @@ def _replay_run_dir(args: argparse.Namespace) -> int:
         f"{rec.verify.anchors} anchors, {len(rec.stragglers)} stragglers flagged")
     for r, one in sorted(rec.ranks.items()):
         h = one.health or {}
+        rej = f"  RESUMES REJECTED {len(one.rejected_resumes)}" if one.rejected_resumes else ""
         say(f"  rank {r:<5} {'OK  ' if one.ok else 'DIFF'} steps {h.get('steps', 0):,}  "
-            f"anomalies {sum(len(v) for v in one.anomalies_by_kind.values())}")
+            f"anomalies {sum(len(v) for v in one.anomalies_by_kind.values())}  resumed {len(one.resumes)}{rej}")
     for s_ in rec.stragglers:
         say(f"  straggler: rank {s_['rank']} ({s_['node']}) score {s_['score']:.3f} over steps "
             f"{s_['window'][0]}-{s_['window'][1]}")

@@ -170,13 +170,14 @@ def _to_host(obj: Any) -> Any:
 
 
 def _write(run: Path, journal: Journal, payload: dict[str, Any], contents: list[str], step: int, tokens: int,
-           t0: float, background: bool, monitor_sha256: str | None = None) -> CheckpointSaved:
-    rel = Path("checkpoints") / f"step-{step:09d}.pt"
+           t0: float, background: bool, monitor_sha256: str | None = None,
+           folder: str = "checkpoints") -> CheckpointSaved:
+    rel = Path(folder) / f"step-{step:09d}.pt"
     (run / rel).parent.mkdir(parents=True, exist_ok=True)
     k = 0
     while (run / rel).exists() or (run / rel).is_symlink():  # never over bytes a record may name: beside them
         k += 1
-        rel = Path("checkpoints") / f"step-{step:09d}-{k}.pt"
+        rel = Path(folder) / f"step-{step:09d}-{k}.pt"
     final = confined(run, rel.as_posix(), what="checkpoint path")  # a checkpoints/ link leading out: refused
     tmp = final.with_name(final.name + ".tmp")
     with open_new(tmp) as f:
@@ -197,8 +198,9 @@ def save_checkpoint(run_dir: str | os.PathLike, journal: Journal, *, step: int, 
                     optimizer: torch.optim.Optimizer, scheduler: Any = None, scaler: Any = None,
                     sampler: Any = None, tokens: int = 0, accumulation_step: int = 0,
                     manifest_id: str | None = None, extra: dict[str, Any] | None = None,
-                    data_state: Any = None) -> CheckpointSaved:
-    """Save the full training state under ``run_dir/checkpoints/`` and record it, durably (blocking).
+                    data_state: Any = None, folder: str = "checkpoints") -> CheckpointSaved:
+    """Save the full training state under ``run_dir/checkpoints/`` (``folder``, relative to ``run_dir``) and record
+    it, durably (blocking).
 
     ``step`` is the last step completed (the run continues at ``step + 1``). The data cursor: ``sampler`` is
     anything with ``state_dict()`` (``training.corpus.BatchSampler``, torchdata's ``StatefulDataLoader``), or pass
@@ -216,7 +218,7 @@ def save_checkpoint(run_dir: str | os.PathLike, journal: Journal, *, step: int, 
     # digest lets replay hold the one against the other.
     snap = (extra or {}).get("monitor")
     return _write(Path(run_dir), journal, payload, contents, step, tokens, t0, background=False,
-                  monitor_sha256=state_digest(snap) if isinstance(snap, dict) else None)
+                  monitor_sha256=state_digest(snap) if isinstance(snap, dict) else None, folder=folder)
 
 
 class BackgroundSaveError(TrainledgerError, RuntimeError):

@@ -110,7 +110,7 @@ def run_distributed_training(run_dir: str | os.PathLike, *, signer: Signer, conf
     rank, world = dist.get_rank(), dist.get_world_size()
     run = Path(run_dir)
     run.mkdir(parents=True, exist_ok=True)
-    j = open_rank_journal(run, signer, info=rank_info(), meta={"loop": dataclasses.asdict(cfg)})
+    j = open_rank_journal(run, signer, info=rank_info(run_dir=run), meta={"loop": dataclasses.asdict(cfg)})
     try:
         torch.manual_seed(cfg.seed)  # the same initial weights on every rank (DDP also broadcasts rank 0's)
         model = build_causal_lm(cfg.vocab, cfg.d_model, cfg.n_layer, cfg.n_head, cfg.block, dropout=cfg.dropout)

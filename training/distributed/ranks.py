@@ -43,19 +43,68 @@ class RankInfo:
     restart_count: int
 
 
-def rank_info(env: dict[str, str] | None = None) -> RankInfo:
-    """This process's place in a ``torchrun`` job, from its environment; ``UsageError`` outside one."""
+def rank_info(env: dict[str, str] | None = None, *, run_dir: str | os.PathLike | None = None) -> RankInfo:
+    """This process's place in a ``torchrun`` job, from its environment; ``UsageError`` outside one.
+
+    The run identity every rank shares is ``TORCHELASTIC_RUN_ID`` (``torchrun --rdzv-id``), else
+    ``TRAINLEDGER_RUN``. torchrun sets ``none`` when no ``--rdzv-id`` was given, which every such job would share,
+    so ``none`` counts as no identity: then the identity already recorded in ``run_dir``'s rank-0 journal (a
+    restart), or, with the process group initialized, a fresh one rank 0 makes and broadcasts (one collective, so
+    every rank must call this)."""
     env = os.environ if env is None else env
     try:
         rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
     except (KeyError, ValueError):
         raise UsageError("not a torchrun process: RANK and WORLD_SIZE are not set") from None
-    run = env.get("TORCHELASTIC_RUN_ID") or env.get("TRAINLEDGER_RUN") or ""
-    run = re.sub(r"[^A-Za-z0-9._:-]", "-", run)[:100]
-    if not run or not run[0].isalnum():
-        raise UsageError("no run identity: set TORCHELASTIC_RUN_ID (torchrun --rdzv-id) or TRAINLEDGER_RUN")
+    run = env.get("TORCHELASTIC_RUN_ID") or ""
+    if run == "none":  # torchrun's placeholder without --rdzv-id
+        run = ""
+    run = _clean_run(run or env.get("TRAINLEDGER_RUN") or "")
+    if not run:
+        run = _shared_run_id(run_dir, rank)
     return RankInfo(run=run, rank=rank, world_size=world, local_rank=int(env.get("LOCAL_RANK", "0")),
                     node=socket.gethostname(), restart_count=int(env.get("TORCHELASTIC_RESTART_COUNT", "0")))
+
+
+def _clean_run(run: str) -> str:
+    run = re.sub(r"[^A-Za-z0-9._:-]", "-", run)[:100]
+    return run if run and run[0].isalnum() else ""
+
+
+def _recorded_run(run_dir: Path) -> str:
+    """The run identity in ``run_dir/rank-00000.jsonl``'s first line (bounded read), or ""."""
+    import json
+
+    try:
+        with open(run_dir / rank_journal_name(0), "rb") as f:
+            first = f.readline(1 << 16)
+        meta = json.loads(first).get("meta") or {}
+        return _clean_run(str(meta.get("run") or ""))
+    except (OSError, ValueError, AttributeError):
+        return ""
+
+
+def _shared_run_id(run_dir: str | os.PathLike | None, rank: int) -> str:
+    import secrets
+    import time
+
+    try:
+        import torch.distributed as dist
+
+        grouped = dist.is_available() and dist.is_initialized()
+    except ImportError:  # pragma: no cover - the torch extra is installed wherever torchrun runs
+        grouped = False
+    recorded = _recorded_run(Path(run_dir)) if run_dir is not None else ""
+    if grouped:  # rank 0 decides, so that every rank takes the same branch and gets the same answer
+        box = [recorded or f"run-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{secrets.token_hex(4)}"
+               if dist.get_rank() == 0 else None]
+        dist.broadcast_object_list(box, src=0)
+        return str(box[0])
+    if recorded:
+        return recorded
+    raise UsageError("no run identity: torchrun was started without --rdzv-id (its run id is 'none'); pass "
+                     "--rdzv-id, set TRAINLEDGER_RUN, or initialize the process group first so that rank 0 "
+                     "can choose one")
 
 
 def init_process_group(backend: str = "gloo", **kwargs: Any) -> None:

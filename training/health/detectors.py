@@ -161,6 +161,10 @@ RESTART_WINDOW = 3
 IMMEDIATE_FACTOR = 4.0
 #: The next step confirms a candidate spike when its own z exceeds this fraction of the threshold.
 CONFIRM_FRACTION = 0.25
+#: The same for the loss on the log scale (format 1.4), whose rule also treats a spike as one episode: after a
+#: flag, the steps still above this level are its tail (kept out of the baseline, not flagged again) until one
+#: falls back to it or ``window`` steps have passed. Measured in tools/bench_false_alarms.py.
+EPISODE_CONFIRM_FRACTION = 0.4
 
 
 class _Detector:
@@ -176,20 +180,24 @@ class _Detector:
     """
 
     __slots__ = ("p", "base", "kind", "log", "pending", "inv_scale", "inv_scale_confirm", "min_periods", "window",
-                 "series", "suspected")
+                 "series", "suspected", "confirm", "episodes", "episode")
 
-    def __init__(self, p: DetectorParams, kind: str, log: bool):
+    def __init__(self, p: DetectorParams, kind: str, log: bool, series: str, episodes: bool = False):
         self.p = p
+        # The 1.4 loss rule (``episodes``): a higher confirmation level, and one anomaly per spike episode.
+        self.confirm = EPISODE_CONFIRM_FRACTION if episodes else CONFIRM_FRACTION
+        self.episodes = episodes
+        self.episode = 0  # steps an open spike episode may still last (0: none open)
         self.min_periods = p.min_periods
         self.window = p.window
         # z <= z_thresh  <=>  MAD >= (x - median) * inv_scale (and likewise for the confirmation level)
         self.inv_scale = 1.0 / (MAD_SCALE * p.z_thresh)
-        self.inv_scale_confirm = 1.0 / (MAD_SCALE * p.z_thresh * CONFIRM_FRACTION)
+        self.inv_scale_confirm = 1.0 / (MAD_SCALE * p.z_thresh * self.confirm)
         self.base = RollingBaseline(p.window)
         self.kind = kind
         self.log = log
         self.pending: list | None = None  # [step, raw, x, median, mad, z] of a candidate spike
-        self.series = "grad_norm" if log else "loss"
+        self.series = series
         self.suspected: SpikeSuspected | None = None  # a candidate the last call released unconfirmed
 
     def _z(self, x: float, inv_scale: float) -> tuple[float, float, float] | None:
@@ -222,6 +230,12 @@ class _Detector:
     def score(self, step: int, raw: float, after_resume: bool) -> AnomalyDetected | None:
         """Score one finite value; add it to the baseline unless it is (part of) a spike."""
         x = _log(raw) if self.log else raw
+        if self.episode:  # inside a flagged spike: its elevated steps are its tail, kept out and not flagged again
+            cur = self._z(x, self.inv_scale_confirm)
+            if cur is not None and cur[0] > self.confirm * self.p.z_thresh:
+                self.episode -= 1
+                return None
+            self.episode = 0  # back near the baseline: the episode is over, and this value is scored as any
         if self.pending is None:
             base = self.base
             if _baseline_step is not None:  # the lines below, in C (journal/_chainfast.c)
@@ -255,9 +269,11 @@ class _Detector:
         pend = self.pending
         if pend is not None:
             cur = self._z(x, self.inv_scale_confirm)
-            if cur is not None and cur[0] > CONFIRM_FRACTION * t:
+            if cur is not None and cur[0] > self.confirm * t:
                 # Still elevated: the candidate was a spike. This value is its tail: keep it out too.
                 self.pending = None
+                if self.episodes:
+                    self.episode = self.window
                 return AnomalyDetected(step=pend[0], anomaly=self.kind, value=pend[1], baseline_median=pend[3],
                                        mad=pend[4], z_score=pend[5], threshold=t, detected_at=step)
             self._unconfirmed(step)
@@ -266,6 +282,8 @@ class _Detector:
             z, med, mad = cur
             if after_resume or z > IMMEDIATE_FACTOR * t:
                 kind = "restart_discontinuity" if after_resume else self.kind
+                if self.episodes:
+                    self.episode = self.window
                 return AnomalyDetected(step=step, anomaly=kind, value=raw, baseline_median=med, mad=mad,
                                        z_score=z, threshold=t)
             self.pending = [step, raw, x, med, mad, z]
@@ -300,9 +318,11 @@ class HealthProjection:
         self.config = config or RunConfigured()
         c = self.config
         self._loss = _Detector(DetectorParams(c.loss_window, c.loss_min_periods, c.loss_z_thresh, "loss"),
-                               "loss_spike", log=False)
+                               "loss_spike", log=c.loss_scale == "log", series="loss",
+                               episodes=c.loss_scale == "log")
+        self._loss_log = c.loss_scale == "log"
         self._grad = _Detector(DetectorParams(c.grad_norm_window, c.grad_norm_min_periods, c.grad_norm_z_thresh,
-                                              "grad_norm"), "grad_norm_spike", log=True)
+                                              "grad_norm"), "grad_norm_spike", log=True, series="grad_norm")
         self.steps = 0
         self.last_step: int | None = None
         self.anomalies: list[AnomalyDetected] = []
@@ -364,9 +384,10 @@ class HealthProjection:
         out = _NONE
         loss = ev.loss
         if loss - loss == 0:  # finite (NaN and +/-inf give NaN)
-            a = self._loss.score(step, loss, after_resume)
-            if a is not None:
-                out = [a]
+            if loss > 0 or not self._loss_log:  # on the log scale a loss <= 0 is not scored (it is no spike)
+                a = self._loss.score(step, loss, after_resume)
+                if a is not None:
+                    out = [a]
         else:
             self._loss.release(step)
             out = [AnomalyDetected(step=step, anomaly="nan_loss" if loss != loss else "inf_loss", value=loss)]
@@ -432,6 +453,7 @@ class HealthProjection:
             self.restarts.append(prev)
         s = ev.from_step
         self._loss.pending = self._grad.pending = None  # the steps after the checkpoint are being redone
+        self._loss.episode = 0
         if s is not None:
             self._loss.base.rewind_to(s)
             self._grad.base.rewind_to(s)
@@ -512,6 +534,7 @@ class HealthProjection:
             "restarts": [dict(r) for r in self.restarts],
             "pending_resume": self._pending_resume,
             "unknown_events": self.unknown_events,
+            **({"loss_episode": self._loss.episode} if self._loss_log else {}),  # 1.4 only: older digests hold
         }
 
     @classmethod
@@ -534,4 +557,5 @@ class HealthProjection:
         p.restarts = [dict(r) for r in d["restarts"]]
         p._pending_resume = d["pending_resume"]
         p.unknown_events = d["unknown_events"]
+        p._loss.episode = int(d.get("loss_episode", 0))
         return p

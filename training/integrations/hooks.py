@@ -33,7 +33,7 @@ def open_run_journal(run_dir: Path, signer: Signer, meta: dict[str, Any], *,
     if info is None and int(os.environ.get("WORLD_SIZE", "1") or 1) > 1 and "RANK" in os.environ:
         from trainledger.training.distributed.ranks import rank_info
 
-        info = rank_info()
+        info = rank_info(run_dir=run_dir)
     if info is not None and info.world_size > 1:
         from trainledger.training.distributed.ranks import open_rank_journal
 

@@ -193,7 +193,7 @@ def test_detector_scores_the_same_with_and_without_the_accelerator(xs, window, m
     from trainledger.journal.kinds import DetectorParams
 
     p = DetectorParams(window, 3 + m % (window - 2), z, "loss")
-    fast_det, slow_det = health._Detector(p, "loss_spike", False), health._Detector(p, "loss_spike", False)
+    fast_det, slow_det = health._Detector(p, "loss_spike", False, "loss"), health._Detector(p, "loss_spike", False, "loss")
     saved = health._baseline_step
     for step, x in enumerate(xs):
         got = fast_det.score(step, x, False)

@@ -17,8 +17,9 @@ from trainledger.training.health.monitor import TrainingHealthMonitor
 
 
 def test_seed_example_spike_flagged_same_step():
-    """000_…: losses 3.0..3.01 then 50.0 at step 6 give loss_spike at step 6 with z ≈ 1584.885."""
-    monitor = TrainingHealthMonitor(loss_window=10, loss_min_periods=5, loss_z_thresh=6.0)
+    """000_…: losses 3.0..3.01 then 50.0 at step 6 give loss_spike at step 6 with z ≈ 1584.885 (the seed's rule:
+    the raw loss, ``loss_scale="linear"``; on the default log scale the same step is flagged, test below)."""
+    monitor = TrainingHealthMonitor(loss_window=10, loss_min_periods=5, loss_z_thresh=6.0, loss_scale="linear")
     for step, loss in enumerate([3.0, 3.05, 2.95, 3.02, 2.98, 3.01]):
         assert monitor.observe_step(step, loss) == []
     anomalies = monitor.observe_step(6, 50.0)
@@ -37,11 +38,66 @@ def test_non_finite_values_flagged_even_in_warm_up(loss, grad, kinds):
     assert [a.kind for a in m.observe_step(1, loss, grad_norm=grad)] == kinds
 
 
-def test_flagged_points_stay_out_of_their_baseline():
+def test_seed_example_on_the_log_scale_is_flagged_on_the_same_step():
     m = TrainingHealthMonitor(loss_window=10, loss_min_periods=5, loss_z_thresh=6.0)
+    for step, loss in enumerate([3.0, 3.05, 2.95, 3.02, 2.98, 3.01]):
+        assert m.observe_step(step, loss) == []
+    [a] = m.observe_step(6, 50.0)
+    assert (a.kind, a.step, a.detected_at) == ("loss_spike", 6, None)
+    assert a.z_score > 24  # log(50 / 3.005) against a log-space MAD of 0.0067: flagged on the spot
+    assert m.config.loss_scale == "log"
+
+
+def test_flagged_points_stay_out_of_their_baseline():
+    m = TrainingHealthMonitor(loss_window=10, loss_min_periods=5, loss_z_thresh=6.0, loss_scale="linear")
     for step, loss in enumerate([3.0, 3.05, 2.95, 3.02, 2.98, 3.01]):
         m.observe_step(step, loss)
     assert m.observe_step(6, 50.0) and m.observe_step(7, 50.0)  # the second spike is not hidden by the first
+
+
+def test_on_the_log_scale_a_spike_is_one_episode_and_the_next_spike_is_flagged_again():
+    m = TrainingHealthMonitor(loss_window=10, loss_min_periods=5, loss_z_thresh=6.0)
+    flat = [3.0, 3.05, 2.95, 3.02, 2.98, 3.01]
+    for step, loss in enumerate(flat):
+        m.observe_step(step, loss)
+    assert [a.step for a in m.observe_step(6, 50.0)] == [6]
+    assert m.observe_step(7, 40.0) == [] and m.observe_step(8, 20.0) == []  # its tail: the same spike
+    for step, loss in enumerate(flat, start=9):  # back on the baseline: the episode is over
+        assert m.observe_step(step, loss) == []
+    assert [a.step for a in m.observe_step(15, 50.0)] == [15]
+    assert len(m.report()["anomalies_by_kind"]) == 1 and m.report()["anomalies"] == 2
+    assert m.observe_step(16, 3.0) == []
+    assert m._proj.state()["loss_episode"] == 0  # closed by the step back on the baseline
+
+
+def test_log_scale_tells_a_tight_curves_jump_from_a_wide_curves_ordinary_batch():
+    """The issue's two cases: an LM whose loss moves 1% step to step, jumping 1.4x, is a spike; a small regression
+    whose batch loss spreads over 0.3x-3x of its level, giving a 3x or 10x batch, is not (the raw-loss rule calls
+    the 10x batch a spike)."""
+    import random
+
+    rnd = random.Random(1)
+    tight = [2.5 * math.exp(rnd.gauss(0, 0.01)) for _ in range(64)]
+    wide = [1e-4 * math.exp(rnd.gauss(0, 0.6)) for _ in range(64)]
+
+    def flags(series, jump, scale):
+        m = TrainingHealthMonitor(loss_scale=scale)
+        for step, loss in enumerate(series):
+            m.observe_step(step, loss)
+        level = sorted(series)[32]
+        return m.observe_step(64, level * jump) + m.observe_step(65, level * jump)
+
+    assert flags(tight, 1.4, "log")
+    assert not flags(wide, 3.0, "log") and not flags(wide, 10.0, "log")
+    assert flags(wide, 10.0, "linear")
+
+
+def test_loss_at_or_below_zero_is_not_scored_on_the_log_scale():
+    m = TrainingHealthMonitor(loss_window=10, loss_min_periods=5)
+    for step in range(20):
+        assert m.observe_step(step, -1.0 if step % 3 == 0 else 0.0) == []
+    with pytest.raises(ValueError, match="loss_scale"):
+        TrainingHealthMonitor(loss_scale="sqrt")
 
 
 def test_grad_norm_spike_is_scored_on_a_log_scale():
