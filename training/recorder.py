@@ -35,6 +35,7 @@ from trainledger.training.distributed.ranks import open_rank_journal, rank_journ
 from trainledger.journal.errors import JournalClosed, UsageError
 
 from trainledger.training.checkpoints.state import (
+    CONTRACT,
     CheckpointSaved,
     ResumeRejected,
     enforce_retention,
@@ -45,7 +46,34 @@ from trainledger.training.checkpoints.state import (
 )
 from trainledger.training.health.monitor import TrainingHealthMonitor
 
-__all__ = ["Recorder"]
+__all__ = ["Recorder", "check_checkpoint"]
+
+
+def check_checkpoint(path: str | os.PathLike, *, run_dir: str | os.PathLike, key: str | os.PathLike | None = None,
+                     signer: Signer | None = None) -> CheckpointSaved:
+    """Check a checkpoint your own code wrote and recorded (:meth:`Recorder.record_checkpoint`) before your code
+    loads it, with no model or optimizer yet (nanoGPT loads ``ckpt.pt`` before it builds the optimizer): its
+    digest against the newest signed record of that path, and the verdict recorded in the run's journal
+    (``run_resumed`` naming the step it was recorded at and what the file holds and does not; or
+    ``resume_rejected`` and :class:`ResumeRejected`). Returns the record: its ``step`` is the last step the file
+    completed. A :class:`Recorder` opened afterwards on the folder continues from it (``rec.start``)."""
+    from trainledger.training.integrations.hooks import check_folder, signer_from
+
+    s = signer_from(key, signer)
+    run = Path(run_dir)
+    info = _rank_info(run)
+    jpath = run / ("journal.jsonl" if info is None else rank_journal_name(info.rank))
+    if not jpath.exists():
+        raise UsageError(f"{jpath}: no journal to check {path} against (was the run recorded in {run}?)")
+    try:
+        j = Journal.open_append(jpath, signer=s)
+    except JournalClosed:
+        raise UsageError(f"{jpath}: this run is finished (closed); continue it in a new folder with "
+                         f"Recorder(NEW_DIR, continue_from={str(run)!r}, ...)") from None
+    try:
+        return check_folder(j, run, Path(path))
+    finally:
+        j.suspend()
 
 
 def _grouped() -> bool:
@@ -173,11 +201,21 @@ class Recorder:
         self.start = ck.step + 1
         self.resumed_from = ck
 
+    def _own(self, ck: CheckpointSaved) -> bool:
+        """A checkpoint this Recorder wrote (the whole contract, in its folder), not one the user's code wrote."""
+        return ck.path.startswith(self.checkpoint_dir + "/") and set(CONTRACT) <= set(ck.contents)
+
     def _resume(self, flop_config: Any, peak: float | None) -> None:
         j = self.journal
         history = signed_history(j)
         self._kept = live_checkpoints(self.run, history)
-        ckpt = _agreed(self._kept) if self.rank_info is not None else (self._kept[-1] if self._kept else None)
+        own = [c for c in self._kept if self._own(c)]
+        # under torchrun every rank takes part in the agreement, whatever it then restores (it is a collective)
+        ckpt = _agreed(own) if self.rank_info is not None else (own[-1] if own else None)
+        newest = self._kept[-1] if self._kept else None
+        if newest is not None and not self._own(newest):
+            self._resume_theirs(newest, history)
+            return
         if ckpt is None:  # nothing to restore: the steps start over in the same journal
             self.monitor = TrainingHealthMonitor(journal=j, flop_config=flop_config, peak_flops_per_sec=peak)
             return
@@ -198,6 +236,18 @@ class Recorder:
         else:
             self.monitor = TrainingHealthMonitor(journal=j, flop_config=flop_config, peak_flops_per_sec=peak)
             self.monitor.observe_resume(ckpt.step, checkpoint=ckpt.path, append=False)
+
+    def _resume_theirs(self, ck: CheckpointSaved, history: list[Any]) -> None:
+        """The newest checkpoint is one the user's code wrote (:meth:`record_checkpoint`): the user's code loads
+        it, not the Recorder. The monitor continues from the journal as it stands (the fold replay makes), and
+        when :func:`check_checkpoint` has already checked that file (a ``run_resumed`` for it after its record),
+        the run is resumed from it: :attr:`start` is the step after it. Otherwise call :meth:`check_checkpoint`
+        before loading it."""
+        self.monitor = TrainingHealthMonitor.continued(history, journal=self.journal)
+        if any(type(ev).__struct_config__.tag == "run_resumed" and ev.checkpoint == ck.path and ev.seq > ck.seq
+               for ev in history):
+            self.start = ck.step + 1
+            self.resumed_from = ck
 
     def step(self, step: int, loss: float, *, grad_norm: float | None = None, lr: float | None = None,
              tokens: int | None = None, batch_size: int | None = None, step_time_s: float | None = None) -> list[Any]:

@@ -426,14 +426,13 @@ def _reject(journal: Journal, rel: str, code: str, message: str, missing: tuple[
 
 def live_checkpoints(run_dir: str | os.PathLike, events: Iterable[Any]) -> list[CheckpointSaved]:
     """Checkpoints the journal's ``events`` recorded, not recorded as deleted, whose files are there; oldest first."""
-    deleted = set()
     saved: list[CheckpointSaved] = []
     for ev in events:
         if isinstance(ev, CheckpointSaved):
             saved.append(ev)
-        elif isinstance(ev, CheckpointDeleted):
-            deleted.add(ev.path)
-    return [ev for ev in saved if ev.path not in deleted and confined(run_dir, ev.path, what="checkpoint path").exists()]
+        elif isinstance(ev, CheckpointDeleted):  # the records of that path so far: a later save there is live
+            saved = [s for s in saved if s.path != ev.path]
+    return [ev for ev in saved if confined(run_dir, ev.path, what="checkpoint path").exists()]
 
 
 def enforce_retention(run_dir: str | os.PathLike, journal: Journal, kept: list[CheckpointSaved], keep_last: int,

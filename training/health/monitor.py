@@ -191,6 +191,20 @@ class TrainingHealthMonitor:
         return self
 
     @classmethod
+    def continued(cls, history: Iterable[Any], *, journal: Journal | None) -> TrainingHealthMonitor:
+        """The monitor of a journal that goes on without a snapshot to restore (a resume from a checkpoint the
+        user's code wrote): the fold of its events so far, exactly the state replay reaches there; it appends to
+        ``journal`` from now on, with no new ``run_configured`` (the segment goes on)."""
+        proj = HealthProjection()
+        proj.apply_all(list(history))
+        proj.suspected_new.clear()  # already on record
+        self = object.__new__(cls)
+        self._proj = proj
+        self.config = proj.config
+        self.journal = journal
+        return self
+
+    @classmethod
     def from_state(cls, state: dict[str, Any], *, journal: Journal | None = None) -> TrainingHealthMonitor:
         """Rebuild a monitor from :meth:`state`; it appends to ``journal`` from now on."""
         self = object.__new__(cls)

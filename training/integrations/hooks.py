@@ -124,7 +124,7 @@ def check_folder(journal: Journal, run_dir: Path, folder: Path, *, keys: list[An
         if digest != record.sha256:
             reject("resume-invalid-digest", "the file differs from its signed record")
         journal.append(RunResumed(reason="checkpoint", from_step=record.step, checkpoint=rel,
-                                  detail={"sha256": record.sha256}), durable=True)
+                                  detail={"sha256": record.sha256, **_coverage(record)}), durable=True)
         return record
     try:
         now = {f["file"]: f for f in _files(folder)}
@@ -140,8 +140,18 @@ def check_folder(journal: Journal, run_dir: Path, folder: Path, *, keys: list[An
     if extra:
         reject("resume-invalid-digest", f"files the record does not name: {', '.join(extra[:5])}")
     journal.append(RunResumed(reason="checkpoint", from_step=record.step, checkpoint=rel,
-                              detail={"sha256": record.sha256, "files": len(want)}), durable=True)
+                              detail={"sha256": record.sha256, "files": len(want), **_coverage(record)}),
+                   durable=True)
     return record
+
+
+def _coverage(record: CheckpointSaved) -> dict[str, Any]:
+    """What a checked checkpoint holds of the checkpoint contract, and what it does not (a file the user's code
+    wrote often lacks the RNG states or the data cursor: the resume is recorded as covering only what it holds)."""
+    from trainledger.journal.kinds import CHECKPOINT_CONTRACT
+
+    return {"contents": list(record.contents),
+            "not_covered": [k for k in CHECKPOINT_CONTRACT if k not in record.contents]}
 
 
 _tap: dict[str, Any] = {"original": None, "listener": None}
