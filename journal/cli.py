@@ -19,7 +19,7 @@ from typing import Any
 from trainledger.journal import __version__
 from trainledger.journal.text import csv_cell, safe
 from trainledger.journal.errors import IntegrityError, JournalError, JournalIOError, TrainledgerError, UsageError
-from trainledger.journal.keys import keygen
+from trainledger.journal.keys import keygen, warn_private_keys
 from trainledger.journal.options import (EPILOG, add_json_option, add_trust_options, print_report, say, trust_policy,
                                          verify_from_args)
 from trainledger.journal.verify import parse_head
@@ -356,6 +356,10 @@ def _cmd_show(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------- entry point
 
 
+#: the commands that read a journal or a run folder someone may have been sent (a private key found there is named)
+_READERS = frozenset({"verify", "replay", "report", "query", "show", "head", "watch", "prove", "bundle"})
+
+
 def main(argv: Sequence[str] | None = None, *, parser: argparse.ArgumentParser | None = None) -> int:
     """Run one command; return its exit code. ``parser`` defaults to the journal's commands alone
     (``trainledger.cli.main`` passes the full one)."""
@@ -370,6 +374,10 @@ def main(argv: Sequence[str] | None = None, *, parser: argparse.ArgumentParser |
     if not getattr(args, "command", None):
         parser.print_help()
         return 2
+    if args.command in _READERS:
+        for p in [getattr(args, "path", None), *(getattr(args, "paths", None) or [])]:
+            if isinstance(p, str) and p != "-":
+                warn_private_keys(p)
     try:
         return args.func(args)
     except TrainledgerError as e:  # the journal's, the training side's and the ladder's errors alike

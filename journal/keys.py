@@ -36,6 +36,11 @@ __all__ = [
     "load_public_key",
     "parse_public_key",
     "trusted_keys",
+    "KEY_DIR_ENV",
+    "key_home",
+    "run_key",
+    "private_keys_in",
+    "warn_private_keys",
 ]
 
 PUBKEY_PREFIX = "trainledger-ed25519"
@@ -288,4 +293,79 @@ def keygen(directory: str | os.PathLike, *, name: str = "trainledger", force: bo
         os.replace(pub.with_suffix(".pub.tmp"), pub)
     except OSError as e:
         raise JournalIOError(f"{d}: cannot write the key pair there: {e.strerror}") from None
+    return priv, pub
+
+
+def private_keys_in(path: str | os.PathLike) -> list[Path]:
+    """The private keys (``*.key`` files that start like a PEM private key) in the folder ``path`` is, or is in,
+    not below it: a run folder that holds its own signing key. Reads at most 64 bytes of each candidate."""
+    p = Path(path)
+    folder = p if p.is_dir() else p.parent
+    found = []
+    try:
+        candidates = sorted(folder.glob("*.key"))[:100]
+    except OSError:
+        return []
+    for k in candidates:
+        try:
+            if k.is_file() and not k.is_symlink():
+                with open(k, "rb") as f:
+                    head = f.read(64).lstrip()
+                    if head.startswith(b"-----BEGIN") and b"PRIVATE KEY" in head:
+                        found.append(k)
+        except OSError:
+            continue
+    return found
+
+
+def warn_private_keys(path: str | os.PathLike) -> None:
+    """One warning line on stderr for each private key in the folder of ``path`` (see :func:`private_keys_in`)."""
+    import sys
+
+    for k in private_keys_in(path):
+        sys.stderr.write(f"warning: {k} is a private signing key inside the run folder: whoever gets the folder "
+                         "can sign as this run's writer; keep keys outside run folders (a reviewer needs only the "
+                         "public key)\n")
+
+
+
+#: where commands that make a run's key (``ladder``, ``demo``) keep it: outside the run folder
+KEY_DIR_ENV = "TRAINLEDGER_KEY_DIR"
+
+
+def key_home() -> Path:
+    """``$TRAINLEDGER_KEY_DIR``, else ``$XDG_CONFIG_HOME/trainledger/keys``, else ``~/.config/trainledger/keys``."""
+    env = os.environ.get(KEY_DIR_ENV)
+    if env:
+        return Path(env).expanduser()
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "trainledger" / "keys"
+
+
+def run_key(run_dir: str | os.PathLike, key: str | os.PathLike | None = None) -> tuple[Path, Path]:
+    """The signing key of a run a command creates, kept outside the run folder, and its public key inside it.
+
+    With ``key`` (a private key file), that key; else a new one in :func:`key_home`, named after the run folder
+    (``NAME-XXXXXX.key``, never overwriting). The public key goes into ``run_dir/trainledger.pub`` either way (a
+    reviewer needs it; it signs nothing). Refuses a ``key`` inside ``run_dir``. Returns (private, public)."""
+    import secrets
+
+    run = Path(run_dir)
+    if key is not None:
+        k = Path(key)
+        if k.resolve().parent == run.resolve() or k.resolve().is_relative_to(run.resolve()):
+            raise UsageError(f"{k}: the signing key is inside the run folder {run}; keep it outside (whoever gets "
+                             "the folder could sign as the run)")
+        priv = k
+        signer = load_signer(priv)
+    else:
+        name = "".join(c if c.isalnum() or c in "._-" else "-" for c in run.resolve().name)[:80] or "run"
+        priv, _ = keygen(key_home(), name=f"{name}-{secrets.token_hex(3)}")
+        signer = load_signer(priv)
+    try:
+        run.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise JournalIOError(f"{run}: cannot create the run folder: {e.strerror}") from None
+    pub = run / "trainledger.pub"
+    pub.write_text(signer.public.line() + "\n")
     return priv, pub

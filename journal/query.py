@@ -58,7 +58,7 @@ from trainledger.journal.verify import VerifyReport, open_checked, read_opening,
 __all__ = ["connect", "open_views", "build_cache", "refresh_cache_in_background", "cache_dir", "journal_files",
            "VIEWS", "Source", "CACHE_MIN_BYTES"]
 
-CACHE_VERSION = 5  # bumped whenever a view's columns change (timeline, runs.imported, the 1.2 kinds)
+CACHE_VERSION = 6  # bumped whenever a view's columns change (timeline, runs.imported, the 1.2 kinds, events.rank)
 #: ``trainledger query`` keeps a columnar copy only of journals at least this large; smaller ones load in
 #: well under a tenth of a second anyway.
 CACHE_MIN_BYTES = 16 * 1024 * 1024
@@ -296,8 +296,8 @@ def _load(files: list[Path], verify_first: bool, trust: TrustPolicy) -> tuple[du
     con = duckdb.connect(":memory:")
     con.execute("SET autoinstall_known_extensions = false")
     con.execute("SET autoload_known_extensions = false")
-    con.execute("CREATE TABLE events_t (run_id VARCHAR, file VARCHAR, seq BIGINT, kind VARCHAR, ts BIGINT, "
-                "h VARCHAR, line VARCHAR)")
+    con.execute("CREATE TABLE events_t (run_id VARCHAR, rank INTEGER, file VARCHAR, seq BIGINT, kind VARCHAR, "
+                "ts BIGINT, h VARCHAR, line VARCHAR)")
     # Every file is copied into a private folder first and only the copy is verified and loaded: the bytes
     # DuckDB reads are the bytes verification checked, and the path DuckDB sees is ours (no glob expansion).
     with PrivateCopies() as copies:
@@ -362,13 +362,21 @@ def _insert(con: duckdb.DuckDBPyConnection, rows: list[dict[str, Any]], *, caref
     for r in rows:
         parse = "try(json_transform(line, ?))" if careful else "json_transform(line, ?)"
         con.execute(
-            f"INSERT INTO events_t SELECT ?, ?, c.seq, c.kind, c.ts, c.h, line FROM (SELECT {parse} AS c, line "
+            f"INSERT INTO events_t SELECT ?, ?, ?, c.seq, c.kind, c.ts, c.h, line FROM (SELECT {parse} AS c, line "
             "FROM read_csv(?, columns = {'line': 'VARCHAR'}, delim = '\x01', quote = '', escape = '', "
             f"header = false, auto_detect = false, max_line_size = {MAX_LINE + 2}, "
             f"ignore_errors = {str(careful).lower()}))",
-            [r["run_id"], r["file"], _COMMON, r["copy"]])
+            [r["run_id"], _rank_of(r["run_id"]), r["file"], _COMMON, r["copy"]])
         if careful:
             con.execute("DELETE FROM events_t WHERE file = ? AND seq IS NULL", [r["file"]])
+
+
+def _rank_of(run_id: str | None) -> int | None:
+    """The rank a distributed run's journal has in its run id (``RUN.r00003``, as RANK_SQL reads it), else None."""
+    import re
+
+    m = re.search(r"\.r([0-9]{5})$", run_id or "")
+    return int(m.group(1)) if m else None
 
 
 def _file_row(f: Path, rep: VerifyReport) -> dict[str, Any]:

@@ -146,6 +146,7 @@ class Journal:
         self._prev = prev
         self._last_hash_hex = _hexlify(prev)
         self._buf = bytearray()
+        self._last: tuple[int, Event] | None = None  # (seq after it, event) of the last append()
         #: Format 1.3: the Merkle tree of every line written (None: an older journal continued, whose seals name
         #: no tree). Lines join it a batch at a time, when the buffer is flushed or sealed (off the append path);
         #: ``_unhashed`` is where the buffer's lines not yet in the tree begin.
@@ -347,6 +348,7 @@ class Journal:
                         self._flush_locked(ts)
                 except JournalIOError:
                     pass  # this event is chained and kept in memory; the failure is raised by the next call
+            self._last = (self._seq, event)
             return seq, hx.decode()
 
     def append_deferred(self, event: Event) -> None:
@@ -564,6 +566,15 @@ class Journal:
             if self._pending:
                 self._drain_locked()
             return self._seq
+
+    def last_appended(self) -> Event | None:
+        """The event the last :meth:`append` wrote, when nothing (no deferred step either) came after it; else
+        None. Lets a caller tell whether the record it is about to write was just written by someone else."""
+        with self._lock:
+            if self._pending:
+                self._drain_locked()
+            last = self._last
+            return last[1] if last is not None and last[0] == self._seq else None
 
     @property
     def head(self) -> tuple[int, str]:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 
 from trainledger.training.health.mfu import record_compute
 from trainledger.journal.options import print_report, say
 from trainledger.journal.errors import JournalError, UsageError
-from trainledger.journal.keys import keygen, trusted_keys
+from trainledger.journal.keys import run_key, trusted_keys
 from trainledger.journal.verify import verify
 
 __all__ = ["register"]
@@ -21,7 +22,8 @@ def register(sub, *, write_report=None) -> None:
     the ladder package does not import the report, which draws every domain)."""
     p = sub.add_parser("ladder", help="run the tiny pilot ladder on the CPU: signed journal, verify, outcome table",
                        description="Run a pilot ladder (each rung trained and gated on its own receipts, a "
-                                   "signed decision after each), write its signed journal and key under OUT_DIR, "
+                                   "signed decision after each), write its signed journal and public key under "
+                                   "OUT_DIR (the private key outside it), "
                                    "verify it and print the outcome. The rungs stand in, at a tiny scale, for "
                                    "real ones that cannot run here. Needs the torch extra.")
     p.add_argument("out", metavar="OUT_DIR", help="run folder to create (must not hold a ladder yet)")
@@ -32,6 +34,9 @@ def register(sub, *, write_report=None) -> None:
     p.add_argument("--peak-flops", type=float, default=None,
                    help="peak FLOP/s to compute MFU against (default: this CPU's measured fp32 matmul throughput, "
                         "measured before the first rung and recorded in each run_configured)")
+    p.add_argument("--key", metavar="FILE", default=None,
+                   help="sign with this private key (outside OUT_DIR); default: a new key in $TRAINLEDGER_KEY_DIR "
+                        "or ~/.config/trainledger/keys, named after OUT_DIR")
     p.set_defaults(func=_cmd_ladder, write_report=write_report)
 
     p = sub.add_parser("fit", help="fit a scaling law L(N, D) = E + A/N^alpha + B/D^beta to (n_params, tokens, loss)",
@@ -145,6 +150,12 @@ def _cmd_fit(args: argparse.Namespace) -> int:
     return 0
 
 
+def _progress_line(line: str) -> None:
+    """A progress line on stderr (stdout keeps the results), flushed at once."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
 def _cmd_ladder(args: argparse.Namespace) -> int:
     try:
         from trainledger.ladder.presets import PRESETS
@@ -157,7 +168,8 @@ def _cmd_ladder(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if (out / "ladder.jsonl").exists():
         raise JournalError(f"{out}/ladder.jsonl already exists; choose another OUT_DIR")
-    priv, pub = keygen(out)
+    priv, pub = run_key(out, args.key)
+    say(f"signing key {priv} (outside the run folder; the public key is {pub})")
     j = Journal.create(out / "ladder.jsonl", signer=load_signer(priv), meta={"preset": args.preset,
                        "note": "tiny stand-in rungs: real targets are labels, not what ran"})
     peak = args.peak_flops
@@ -172,7 +184,7 @@ def _cmd_ladder(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     try:
         result = run_pilot_ladder(PRESETS[args.preset](), peak_flops_per_sec=peak, journal=j,
-                                  work_dir=out / "rungs", **peak_info)
+                                  work_dir=out / "rungs", progress=_progress_line, **peak_info)
     except BaseException:
         j.suspend()
         raise

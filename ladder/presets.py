@@ -47,10 +47,13 @@ def scaling() -> list[Rung]:
                               "(a real ladder: 10M-1B params)",
                   d_model=w, n_layer=n_layer, n_head=max(1, w // 8), steps=steps, **common)
              for k, (w, n_layer, steps) in enumerate(pilots)]
+    # The box's wall-clock limit is an hour: a ceiling, not the budget. The FLOP budget binds on any machine that
+    # trains the pilots in less than about a quarter of that, so the headline's size and prediction are the same
+    # on a fast machine and a busy one (600 s bound on a slow one and changed the headline).
     rungs.append(Rung(name="rung_iv_headline", real_target="the headline run sized by F5 inside the compute box "
                                                          "(a real ladder: 8B params / 1000 GPUs)",
                       decision_pieces=("F1", "F5"), exercise_scaling_law_fit=True, box_flops_multiple=4.0,
-                      box_wall_s=600.0, box_memory_bytes=2e9, candidate_widths=(16, 24, 32, 48),
+                      box_wall_s=3600.0, box_memory_bytes=2e9, candidate_widths=(16, 24, 32, 48),
                       candidate_layers=(1, 2, 3), interval_level=0.9, **common))
     return rungs
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,11 +37,14 @@ from trainledger.training.health.monitor import TrainingHealthMonitor
 from trainledger.ladder.pieces import SKIPPED_REASONS, moe_vs_dense, refuse_unavailable, transfer_lr
 from trainledger.ladder.rung import Rung
 
+#: seconds between the progress lines within a rung
+PROGRESS_EVERY_S = 10.0
+
 __all__ = ["run_pilot_ladder", "LadderResult", "RungOutcome", "LadderProjection", "GateVerdict", "DecisionRecorded"]
 
 
-def _train_rung(rung: Rung, j: Journal, work: Path, peak: float | None,
-                peak_info: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+def _train_rung(rung: Rung, j: Journal, work: Path, peak: float | None, peak_info: dict[str, Any], *,
+                progress: Callable[[int, float], None] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
     torch.manual_seed(rung.seed)
     artifacts: dict[str, Any] = {}
     lr = rung.lr
@@ -70,6 +74,7 @@ def _train_rung(rung: Rung, j: Journal, work: Path, peak: float | None,
     t_start = time.perf_counter()
     kill_at = rung.steps // 2 if rung.exercise_fault_tolerance else None
     step = 0
+    shown = time.perf_counter()
     while step < rung.steps:
         t0 = time.perf_counter()
         x, y = sampler.next()
@@ -94,6 +99,9 @@ def _train_rung(rung: Rung, j: Journal, work: Path, peak: float | None,
             info = restore_checkpoint(work, j, ck.path, model=model, optimizer=opt, sampler=sampler)
             monitor = TrainingHealthMonitor.resumed(info["extra"]["monitor"], journal=j, checkpoint=ck)
             kill_at = None
+        if progress is not None and time.perf_counter() - shown >= PROGRESS_EVERY_S:
+            shown = time.perf_counter()
+            progress(step, losses[-1])
         step += 1
     report = monitor.report()
     wall = time.perf_counter() - t_start
@@ -183,14 +191,25 @@ def _size_headline(rung: Rung, verdicts: list[tuple[GateVerdict, str]], peak: fl
 
 def run_pilot_ladder(rungs: list[Rung], peak_flops_per_sec: float | None = None, journal: Journal | None = None, *,
                      work_dir: str | Path | None = None, peak_source: str | None = None,
-                     peak_spread: float | None = None) -> LadderResult:
+                     peak_spread: float | None = None, progress: Callable[[str], None] | None = None) -> LadderResult:
     """Run the ladder; return its result (also rebuildable from the journal by :class:`LadderProjection`).
 
     ``journal`` receives every event; without one, a journal signed by a throwaway key is
     written in ``work_dir`` (a temporary directory by default). Raises
     ``NotImplementedError`` before training anything if a rung opts into a
-    piece that does not exist here.
+    piece that does not exist here. ``progress`` gets a line as each rung starts and ends, and about every
+    ten seconds within a rung. The rungs train with one intra-op thread (:mod:`training.reference.threads`).
     """
+    from trainledger.training.reference.threads import own_threads
+
+    with own_threads():
+        return _run_pilot_ladder(rungs, peak_flops_per_sec, journal, work_dir=work_dir, peak_source=peak_source,
+                                 peak_spread=peak_spread, progress=progress or (lambda line: None))
+
+
+def _run_pilot_ladder(rungs: list[Rung], peak_flops_per_sec: float | None, journal: Journal | None, *,
+                      work_dir: str | Path | None, peak_source: str | None, peak_spread: float | None,
+                      progress: Callable[[str], None]) -> LadderResult:
     import tempfile
 
     for i, r in enumerate(rungs):
@@ -204,16 +223,23 @@ def run_pilot_ladder(rungs: list[Rung], peak_flops_per_sec: float | None = None,
     a, b = 1.0, 1.0
     done: list[tuple[GateVerdict, str]] = []  # verdicts and their chain hashes, for F5
     try:
-        for rung in rungs:
+        for k, rung in enumerate(rungs, 1):
             f5 = None
+            t_rung = time.perf_counter()
             if rung.exercise_scaling_law_fit:
                 rung, f5 = _size_headline(rung, done, peak_flops_per_sec)
                 j.append(f5, durable=True)
             opened = j.append(RungStarted(rung=rung.name, real_target=rung.real_target,
                                           spec=dataclasses.asdict(rung)))
             (work / rung.name).mkdir(parents=True, exist_ok=True)
+            progress(f"rung {k}/{len(rungs)} {rung.name}: {rung.steps:,} steps, d_model {rung.d_model}, "
+                     f"{rung.n_layer} layer(s)" + (f" (sized by the fit; binding: {f5.choice['binding']})"
+                                                   if f5 is not None else ""))
             measured, artifacts = _train_rung(rung, j, work / rung.name, peak_flops_per_sec,
-                                              {"peak_source": peak_source, "peak_spread": peak_spread})
+                                              {"peak_source": peak_source, "peak_spread": peak_spread},
+                                              progress=lambda step, loss: progress(
+                                                  f"  {rung.name}: step {step + 1:,}/{rung.steps:,}, loss {loss:.4f}, "
+                                                  f"{time.perf_counter() - t_rung:.0f} s"))
             bars = {k: getattr(rung, k) for k in ("max_final_loss", "max_forgetting_gap", "min_mfu_mean",
                                                   "max_anomalies", "max_flops", "max_wall_s")}
             if f5 is not None:  # the run F5 sized checks F5's prediction
@@ -224,6 +250,8 @@ def run_pilot_ladder(rungs: list[Rung], peak_flops_per_sec: float | None = None,
                                                "loo_error": f5.loo_error, "binding": f5.choice["binding"],
                                                "candidate": f5.choice["candidate"]}
             passed, reason = gate(bars, measured)
+            progress(f"rung {k}/{len(rungs)} {rung.name}: {'GO' if passed else 'NO-GO'} in "
+                     f"{time.perf_counter() - t_rung:.1f} s (final loss {measured['final_loss']:.4f})")
             verdict = GateVerdict(rung=rung.name, passed=passed, reason=reason, measured=measured, bars=bars,
                                   artifacts=artifacts)
             _, vh = j.append(verdict, durable=True)

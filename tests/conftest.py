@@ -55,8 +55,10 @@ except ImportError:
 
 @pytest.fixture(autouse=True)
 def _own_cache_dir(tmp_path_factory, monkeypatch):
-    """No test reads or writes the user's query cache."""
+    """No test reads or writes the user's query cache or key folder."""
     monkeypatch.setenv("TRAINLEDGER_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+    # nor the user's key folder (the ladder and demo keep a run's new key there)
+    monkeypatch.setenv("TRAINLEDGER_KEY_DIR", str(tmp_path_factory.mktemp("keyhome")))
     yield
     from trainledger.journal import query
 

@@ -28,6 +28,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--busy", type=int, default=0, help="CPU-burning processes to run beside it (default 0)")
     ap.add_argument("--command", default=None, help="time this shell command instead of pytest")
+    ap.add_argument("--show", default=None, metavar="TEXT",
+                    help="also print the command's output lines that contain TEXT (e.g. the ladder's own timing)")
     args, pytest_args = ap.parse_known_args()
     cmd = shlex.split(args.command) if args.command else [sys.executable, "-m", "pytest", "-q", "-p",
                                                            "no:cacheprovider", *pytest_args]
@@ -48,6 +50,10 @@ def main() -> int:
     print(f"cores: {os.cpu_count()}; busy processes beside it: {args.busy}; load average before "
           f"{load0[0]:.2f}, after {load1[0]:.2f}")
     print(f"result: {tail[0]} (exit {proc.returncode})")
+    if args.show:
+        for ln in (proc.stdout + proc.stderr).splitlines():
+            if args.show in ln:
+                print(f"  {ln.strip()}")
     print(f"wall {wall:.1f} s; CPU user {ru.ru_utime:.1f} s, sys {ru.ru_stime:.1f} s; peak RSS of one process "
           f"{ru.ru_maxrss / 1024:.0f} MB")
     return proc.returncode

@@ -233,6 +233,9 @@ class StopLog(Projection):
     def apply(self, ev: Any) -> None:
         if isinstance(ev, AnomalyDetected):  # HealthAudit holds each of these to the steps themselves
             self._anomalies.add((ev.kind, ev.step))
+        elif isinstance(ev, RunResumed):  # a stop the run came back from (a crash, then a resume)
+            for s in self.stops:
+                s.setdefault("resumed_seq", ev.seq)
         elif isinstance(ev, RunStopped):
             self.stops.append({"seq": ev.seq, "rule": ev.rule, "reason": ev.reason, "value": ev.value,
                                "limit": ev.limit})

@@ -76,7 +76,8 @@ def register(sub) -> None:
     p.add_argument("--steps", type=int, default=2000, help="simulated optimizer steps (default: 2000)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
     p.add_argument("--key", metavar="FILE", default=None,
-                   help="sign with this private key instead of a new key pair in the run folder")
+                   help="sign with this private key (outside the run folder); default: a new key in "
+                        "$TRAINLEDGER_KEY_DIR or ~/.config/trainledger/keys, named after the run folder")
     p.set_defaults(func=_cmd_demo)
 
     p = sub.add_parser("manifest", help="experiment manifests: validate, print the identity, write an example",
@@ -293,7 +294,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else Path("runs") / time.strftime("demo-%Y%m%dT%H%M%S")
     journal_path, pub = run_demo(out, steps=args.steps, seed=args.seed,
                                  key=Path(args.key) if args.key else None)
-    say(f"wrote {journal_path} (public key {pub})")
+    say(f"wrote {journal_path} (public key {pub}; the signing key stays outside the run folder)")
     say(f"$ trainledger verify {journal_path} --pubkey {pub} --require-closed")
     r = verify(journal_path, keys=trusted_keys([str(pub)]), require_closed=True)
     print_report(r, title="OK  ")

@@ -16,7 +16,7 @@ from trainledger.journal.errors import UsageError
 from trainledger.training.health.mfu import record_compute
 from trainledger.journal.events import StepObserved
 from trainledger.training.health.detectors import HealthProjection, RunConfigured
-from trainledger.journal.keys import keygen, load_signer
+from trainledger.journal.keys import load_signer, run_key
 from trainledger.journal.writer import Journal
 
 
@@ -30,19 +30,13 @@ def _lr(step: int, steps: int, peak: float = 3e-4, warmup: int = 100) -> float:
 def run_demo(out: Path, *, steps: int = 2000, seed: int = 0, key: Path | None = None) -> tuple[Path, Path]:
     """Create ``out`` with ``journal.jsonl`` and its public key; return (journal, public key).
 
-    Signs with ``key`` (a private key file) when given, else with a new key pair
-    written into ``out``.
+    Signs with ``key`` (a private key file, outside ``out``) when given, else with a new key kept outside the run
+    folder (:func:`trainledger.journal.keys.run_key`); the public key goes into ``out``.
     """
     if (out / "journal.jsonl").exists():
         raise UsageError(f"{out}/journal.jsonl already exists; choose another --out")
-    if key is not None:
-        signer = load_signer(key)
-        out.mkdir(parents=True, exist_ok=True)
-        pub = out / "trainledger.pub"
-        pub.write_text(signer.public.line() + "\n")
-    else:
-        priv, pub = keygen(out)
-        signer = load_signer(priv)
+    priv, pub = run_key(out, key)
+    signer = load_signer(priv)
     rng = random.Random(seed)
     spike_at = int(steps * 0.6)
     tokens = 8 * 1024
@@ -52,7 +46,7 @@ def run_demo(out: Path, *, steps: int = 2000, seed: int = 0, key: Path | None = 
     with Journal.create(path, signer=signer, meta=meta) as j:
         # The monitor's fold, torch-free: what it concludes is recorded, so replay finds it consistent.
         config = RunConfigured(n_params=124_000_000, n_layer=12, n_head=12, head_dim=64, seq_len=1024,
-                               peak_flops_per_sec=312e12, devices=8)
+                               peak_flops_per_sec=312e12, devices=8, loss_scale="log")
         j.append(config)
         health = HealthProjection(config)
         for step in range(steps):

@@ -35,7 +35,6 @@ from trainledger.training.distributed.ranks import open_rank_journal, rank_journ
 from trainledger.journal.errors import JournalClosed, UsageError
 
 from trainledger.training.checkpoints.state import (
-    CONTRACT,
     CheckpointSaved,
     ResumeRejected,
     enforce_retention,
@@ -202,8 +201,9 @@ class Recorder:
         self.resumed_from = ck
 
     def _own(self, ck: CheckpointSaved) -> bool:
-        """A checkpoint this Recorder wrote (the whole contract, in its folder), not one the user's code wrote."""
-        return ck.path.startswith(self.checkpoint_dir + "/") and set(CONTRACT) <= set(ck.contents)
+        """A checkpoint this Recorder wrote (in its folder, with the monitor's snapshot), not one the user's code
+        wrote (:meth:`record_checkpoint` records no snapshot)."""
+        return ck.path.startswith(self.checkpoint_dir + "/") and ck.monitor_sha256 is not None
 
     def _resume(self, flop_config: Any, peak: float | None) -> None:
         j = self.journal
@@ -338,5 +338,13 @@ class Recorder:
             return
         if exc_type is None:
             self.close()
-        else:
-            self.journal.suspend()  # a crash: the journal stays open for the resume
+            return
+        # A crash (an exception, Ctrl-C): on record, as the Lightning callback records it, durably; the journal
+        # stays open for the resume.
+        from trainledger.journal.kinds import RunStopped
+
+        try:
+            self.journal.append(RunStopped(rule="exception", reason=f"{exc_type.__name__}: {exc}"[:500]),
+                                durable=True)
+        finally:
+            self.journal.suspend()

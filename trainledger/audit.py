@@ -126,6 +126,17 @@ def _reconstruction(report: VerifyReport, projections: list[Projection]) -> Reco
     )
 
 
+def _threshold_of(events: list[Any], flagged: Any) -> float | None:
+    """The threshold of the ``straggler_scores`` window a ``straggler_detected`` belongs to."""
+    from trainledger.journal.kinds import StragglerScores
+
+    for e in events:
+        if isinstance(e, StragglerScores) and e.window_start == flagged.window_start and \
+                e.window_end == flagged.window_end:
+            return e.threshold
+    return None
+
+
 @dataclasses.dataclass
 class RunDirReconstruction:
     """``replay`` of a run folder: every rank's reconstruction, the straggler windows, and every difference."""
@@ -169,5 +180,6 @@ def replay_run_dir(path: str | os.PathLike, *, trust: TrustPolicy | None = None,
     differences = [{**d, "rank": r} for r, rec in sorted(recs.items()) for d in rec.differences]
     differences += [{**d, "rank": 0} for d in audit_stragglers(events)]
     flagged = [{"seq": e.seq, "rank": e.rank, "score": e.score, "window": [e.window_start, e.window_end],
-                "node": e.node} for e in events.get(0, []) if isinstance(e, StragglerDetected)]
+                "node": e.node, "threshold": _threshold_of(events.get(0, []), e)}
+               for e in events.get(0, []) if isinstance(e, StragglerDetected)]
     return RunDirReconstruction(verify=report, ranks=recs, stragglers=flagged, differences=differences)

@@ -89,6 +89,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 def entry() -> None:
     """The console script: from here on Ctrl-C is a KeyboardInterrupt that each command handles."""
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    # The commands' numerical work (the scaling fit's small matrices, the tiny rungs) gains nothing from BLAS
+    # threads, whose helpers spin on a shared machine (measured: twice the fit's CPU time). Read when numpy loads,
+    # which is later; a value the user set is kept.
+    for var in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(var, "1")
     _journal_cli.entry(main)
 
 
@@ -144,7 +149,8 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     for r in rec.rewinds:
         say(f"  rewind: spike at step {r['spike_step']} -> {r['checkpoint']}, skipped {r.get('skipped_batches')}")
     for s_ in rec.stops:
-        say(f"  stopped: {s_['rule']} ({s_['reason']})")
+        later = f"; resumed at seq {s_['resumed_seq']}" if s_.get("resumed_seq") is not None else ""
+        say(f"  stopped: {s_['rule']} ({s_['reason']}){later}")
     if rec.ladder is not None:
         lad = rec.ladder
         say(f"  ladder: passed {lad['passed_rungs']}, halted_at {lad['halted_at']}, {lad['decisions']} decisions")
@@ -186,8 +192,11 @@ def _replay_run_dir(args: argparse.Namespace) -> int:
         say(f"  rank {r:<5} {'OK  ' if one.ok else 'DIFF'} steps {h.get('steps', 0):,}  "
             f"anomalies {sum(len(v) for v in one.anomalies_by_kind.values())}  resumed {len(one.resumes)}{rej}")
     for s_ in rec.stragglers:
+        thr = f", threshold {s_['threshold']:.2f}" if s_.get("threshold") is not None else ""
+        slow = f"{1 / s_['score']:.2f}x" if s_["score"] > 0 else "infinitely"
         say(f"  straggler: rank {s_['rank']} ({s_['node']}) score {s_['score']:.3f} over steps "
-            f"{s_['window'][0]}-{s_['window'][1]}")
+            f"{s_['window'][0]}-{s_['window'][1]} (score = the fastest rank's median step time / this rank's: "
+            f"its steps took {slow} as long{thr})")
     for d in rec.differences:
         say(f"  DIFFERENCE rank {d['rank']} seq {d['seq']} ({d['kind']}): {d['detail']}")
     return 0 if rec.ok else 1

@@ -199,6 +199,7 @@ def run_distributed_training(run_dir: str | os.PathLike, *, signer: Signer, conf
                 anchor_ranks(j, step=step)
             if on_step is not None:
                 on_step(step)
+        detector.finish()  # the last, partial window is scored too
         checkpointer.close()  # the last save recorded; the staging buffers freed
         if telemetry is not None:
             telemetry.stop()

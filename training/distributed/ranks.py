@@ -226,6 +226,16 @@ class StragglerDetector:
         if len(self._times) >= self.every:
             self.exchange()
 
+    def finish(self) -> dict[int, float]:
+        """At the end of training, on every rank: score the last window if it is partial (steps observed since the
+        last exchange), so no steps go unscored. Returns ``{rank: relative score}`` ({} when there was none)."""
+        import torch.distributed as dist
+
+        pending = [len(self._times)]
+        every: list[Any] = [None] * dist.get_world_size(self.group)
+        dist.all_gather_object(every, pending[0], group=self.group)  # every rank agrees whether to exchange
+        return self.exchange() if any(every) else {}
+
     def exchange(self) -> dict[int, float]:
         """Gather the window's medians now; rank 0 records the scores. Returns ``{rank: relative score}``."""
         import time

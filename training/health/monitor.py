@@ -138,11 +138,14 @@ class TrainingHealthMonitor:
         """Record a resume from the checkpoint of step ``from_step``: the next steps are scored against
         the baseline as it stood then, and a jump there is a ``restart_discontinuity``.
 
-        ``append=False`` when ``run_resumed`` is already in the journal (``restore_checkpoint`` writes it).
+        ``append=False`` when ``run_resumed`` is already in the journal (``restore_checkpoint`` writes it); a
+        ``run_resumed`` of the same step that was the journal's last event is not written twice either.
         """
         ev = RunResumed(reason=reason, from_step=from_step, checkpoint=checkpoint)
         if self.journal is not None and append:
-            self.journal.append(ev)
+            last = self.journal.last_appended()
+            if not (isinstance(last, RunResumed) and last.from_step == from_step):
+                self.journal.append(ev)  # else: a restore (restore_sharded, restore_checkpoint) just recorded it
         self._proj.apply(ev)
 
     def report(self) -> dict[str, Any]:

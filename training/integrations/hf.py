@@ -47,6 +47,7 @@ from transformers import TrainerCallback
 
 from trainledger.training.health.mfu import record_compute
 from trainledger.journal import Signer
+from trainledger.journal.errors import UsageError
 from trainledger.journal.kinds import CheckpointDeleted, CheckpointSaved
 
 from trainledger.training.checkpoints.state import ResumeRejected, signed_history
@@ -77,13 +78,38 @@ def check_resume(checkpoint: str | os.PathLike, *, run_dir: str | os.PathLike, k
         j.suspend()
 
 
+def _previous_run(prev: Path, signer: Signer, global_step: int) -> tuple[dict[str, Any], list[Any]]:
+    """A finished run this one continues: its journal verified under this run's key; (the link the new journal
+    records, the previous journal's signed events)."""
+    from trainledger.journal import read_signed_events, verify
+
+    from trainledger.training.distributed.ranks import rank_journal_name
+
+    name = "journal.jsonl"
+    if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1 and "RANK" in os.environ:
+        name = rank_journal_name(int(os.environ["RANK"]))
+    pj = prev / name
+    if not pj.is_file():
+        raise UsageError(f"{pj}: no journal of the run to continue from")
+    rep = verify(pj, keys=[signer.public], allow_unsealed=True)
+    history = list(read_signed_events(pj, [signer.public]))
+    folder = f"checkpoint-{global_step}"
+    record = next((e for e in reversed(history) if isinstance(e, CheckpointSaved) and e.path == folder), None)
+    link = {"run_id": rep.run_id, "head": rep.head, "checkpoint": folder, "folder": prev.name,
+            "sha256": None if record is None else record.sha256, "step": None if record is None else record.step}
+    return link, history
+
+
 class TrainledgerCallback(TrainerCallback):
     """See the module docstring."""
 
     def __init__(self, run_dir: str | os.PathLike | None = None, *, key: str | os.PathLike | None = None,
                  signer: Signer | None = None, peak_flops_per_sec: float | None = None, sync_every: int = 16,
-                 stop_on: tuple[str, ...] = _STOP_ON):
+                 stop_on: tuple[str, ...] = _STOP_ON, continue_from: str | os.PathLike | None = None):
         self.signer = signer_from(key, signer)
+        #: a finished run's folder this run goes on from (``trainer.train(resume_from_checkpoint=
+        #: "OLD/checkpoint-N")`` into a new ``output_dir``): its checkpoint is checked against that run's journal
+        self.continue_from = None if continue_from is None else Path(continue_from)
         self.run_dir = None if run_dir is None else Path(run_dir)
         self.peak, self.stop_on = peak_flops_per_sec, frozenset(stop_on)
         self.buffer = StepBuffer(sync_every)
@@ -120,6 +146,13 @@ class TrainledgerCallback(TrainerCallback):
         self.run_dir = run
         meta = {"integration": "transformers.Trainer", "transformers": transformers.__version__,
                 "training_args": scrub(args.to_dict())}
+        prev = None
+        if self.continue_from is not None:
+            if state.global_step <= 0:
+                raise UsageError(f"continue_from={str(self.continue_from)!r} needs trainer.train("
+                                 f"resume_from_checkpoint='{self.continue_from}/checkpoint-N')")
+            prev = _previous_run(self.continue_from, self.signer, state.global_step)
+            meta["continues"] = prev[0]
         self.journal, self.rank = open_run_journal(run, self.signer, meta)
         self._model = model
         self._hooks = [model.register_forward_hook(self._forward, with_kwargs=True)]
@@ -134,7 +167,13 @@ class TrainledgerCallback(TrainerCallback):
         if state.global_step > 0:  # resume_from_checkpoint: the Trainer restored checkpoint-<global_step>
             folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
             try:
-                self._resumed = check_folder(self.journal, run, folder, history=history)
+                if prev is not None:  # the previous run's folder, checked against the previous run's journal
+                    self._resumed = check_folder(self.journal, self.continue_from,
+                                                 self.continue_from / f"checkpoint-{state.global_step}",
+                                                 history=prev[1], reason="continued",
+                                                 detail={"continues": prev[0]})
+                else:
+                    self._resumed = check_folder(self.journal, run, folder, history=history)
             except ResumeRejected:
                 self._remove_hooks()
                 self.journal.suspend()

@@ -43,7 +43,9 @@ def open_run_journal(run_dir: Path, signer: Signer, meta: dict[str, Any], *,
         j = Journal.open_append(path, signer=signer) if path.exists() else \
             Journal.create(path, signer=signer, meta=meta)
     except JournalClosed:
-        raise UsageError(f"{path}: this run is finished (closed); give the run a new folder") from None
+        raise UsageError(f"{path}: this run is finished (closed); to go on from it, give the new run its own folder "
+                         f"and name this one: continue_from={str(run_dir)!r} (Hugging Face: with "
+                         f"resume_from_checkpoint='{run_dir}/checkpoint-N')") from None
     return j, None
 
 
@@ -86,7 +88,8 @@ def record_checkpoint(journal: Journal, run_dir: Path, path: Path, *, step: int,
 
 
 def check_folder(journal: Journal, run_dir: Path, folder: Path, *, keys: list[Any] | None = None,
-                 history: list[Any] | None = None) -> CheckpointSaved:
+                 history: list[Any] | None = None, reason: str = "checkpoint",
+                 detail: dict[str, Any] | None = None) -> CheckpointSaved:
     """Check a checkpoint folder (or a single checkpoint file another library wrote) against the newest signed
     ``checkpoint_saved`` recording it, file by file, and
     record the verdict: ``run_resumed``, or ``resume_rejected`` and :class:`ResumeRejected` (a file changed,
@@ -123,8 +126,9 @@ def check_folder(journal: Journal, run_dir: Path, folder: Path, *, keys: list[An
             reject("resume-invalid-missing-file", f"cannot read it: {e.strerror}")
         if digest != record.sha256:
             reject("resume-invalid-digest", "the file differs from its signed record")
-        journal.append(RunResumed(reason="checkpoint", from_step=record.step, checkpoint=rel,
-                                  detail={"sha256": record.sha256, **_coverage(record)}), durable=True)
+        journal.append(RunResumed(reason=reason, from_step=record.step, checkpoint=rel,
+                                  detail={"sha256": record.sha256, **_coverage(record), **(detail or {})}),
+                       durable=True)
         return record
     try:
         now = {f["file"]: f for f in _files(folder)}
@@ -139,9 +143,9 @@ def check_folder(journal: Journal, run_dir: Path, folder: Path, *, keys: list[An
     extra = sorted(set(now) - set(want))
     if extra:
         reject("resume-invalid-digest", f"files the record does not name: {', '.join(extra[:5])}")
-    journal.append(RunResumed(reason="checkpoint", from_step=record.step, checkpoint=rel,
-                              detail={"sha256": record.sha256, "files": len(want), **_coverage(record)}),
-                   durable=True)
+    journal.append(RunResumed(reason=reason, from_step=record.step, checkpoint=rel,
+                              detail={"sha256": record.sha256, "files": len(want), **_coverage(record),
+                                      **(detail or {})}), durable=True)
     return record
 
 

@@ -18,19 +18,26 @@ from trainledger.journal import load_signer, read_events  # noqa: E402
 
 @pytest.fixture(scope="module")
 def ladder(tmp_path_factory):
-    out = tmp_path_factory.mktemp("scaling") / "run"
+    base = tmp_path_factory.mktemp("scaling")
+    out = base / "run"
     import contextlib
     import io
 
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        code = main(["ladder", "--peak-flops", "2e10", str(out)])
+    from trainledger.journal import keygen
+
+    priv, _ = keygen(base / "keys")  # outside the run folder, where a run's key belongs
+    buf, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(err):
+        code = main(["ladder", "--peak-flops", "2e10", "--key", str(priv), str(out)])
     assert code == 0, buf.getvalue()[-2000:]
-    return out, buf.getvalue()
+    return out, buf.getvalue() + err.getvalue(), priv
 
 
 def test_the_default_ladder_climbs_and_checks_its_prediction(ladder):
-    out, printed = ladder
+    out, printed, _ = ladder
+    assert not list(out.rglob("*.key")) and (out / "trainledger.pub").exists()  # the private key stays outside
+    assert "rung 1/7 pilot_1" in printed and "rung 7/7 rung_iv_headline" in printed  # progress, a rung at a time
+    assert "binding constraint: flops" in printed  # the box binds on FLOPs, so the headline reproduces
     assert "ladder 'scaling'" in printed and "halted_at=None" in printed
     assert "inside F5's interval" in printed and "true entropy rate 2.485" in printed
     evs = list(read_events(out / "ladder.jsonl"))
@@ -46,7 +53,7 @@ def test_the_default_ladder_climbs_and_checks_its_prediction(ladder):
     assert headline.measured["flops"] <= 4 * max(flops[:-1]) * 1.01  # inside the box
 
 
-def _doctor(out, tmp_path, change, markers=(b'"kind":"scaling_fitted"',)):
+def _doctor(out, tmp_path, change, markers=(b'"kind":"scaling_fitted"',), *, ladder_key):
     """The ladder's journal with the first line holding every one of ``markers`` changed, re-signed with the run's own key: a
     signed lie, not a broken chain."""
 
@@ -56,7 +63,7 @@ def _doctor(out, tmp_path, change, markers=(b'"kind":"scaling_fitted"',)):
     obj = parse(lines[i])
     change(obj)
     lines[i] = dump(obj)
-    signer = load_signer(out / "trainledger.key")
+    signer = load_signer(ladder_key)
 
     write_lines(p, rechain(lines, resign=signer))
     return p
@@ -69,8 +76,8 @@ def _doctor(out, tmp_path, change, markers=(b'"kind":"scaling_fitted"',)):
     ("a hostile level", lambda o: o.update(level=5.0), "cannot be made again"),
 ])
 def test_a_doctored_fit_or_box_decision_is_named_by_replay(ladder, tmp_path, capsys, what, change, says):
-    out, _ = ladder
-    p = _doctor(out, tmp_path, change)
+    out, _, key = ladder
+    p = _doctor(out, tmp_path, change, ladder_key=key)
     assert main(["replay", "--pubkey", str(out / "trainledger.pub"), "--json", str(p)]) == 1
     diffs = json.loads(capsys.readouterr().out)["differences"]
     assert any(d["kind"] == "scaling_fitted" and says in d["detail"] for d in diffs), diffs
@@ -106,8 +113,8 @@ def test_a_fit_too_large_to_recompute_is_refused_not_run(tmp_path, signer, pubke
 def test_a_widened_interval_on_the_headline_verdict_is_named(ladder, tmp_path, capsys):
     """The headline's gate bar must be the interval F5 recorded: widening it in the verdict (re-signed with the
     run's key) is named."""
-    out, _ = ladder
-    p = _doctor(out, tmp_path, lambda o: o["bars"].update(loss_interval=[0.0, 100.0]),
+    out, _, key = ladder
+    p = _doctor(out, tmp_path, lambda o: o["bars"].update(loss_interval=[0.0, 100.0]), ladder_key=key,
                 markers=(b'"kind":"gate_verdict"', b"rung_iv_headline"))
     assert main(["replay", "--pubkey", str(out / "trainledger.pub"), "--json", str(p)]) == 1
     diffs = json.loads(capsys.readouterr().out)["differences"]

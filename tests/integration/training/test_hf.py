@@ -33,7 +33,7 @@ class Tokens(torch.utils.data.Dataset):
         return {"input_ids": self.x[i], "labels": self.x[i]}
 
 
-def _trainer(out, signer, *, steps=12, callbacks=(), **kw):
+def _trainer(out, signer, *, steps=12, callbacks=(), continue_from=None, **kw):
     from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 
     transformers.logging.set_verbosity_error()
@@ -43,7 +43,7 @@ def _trainer(out, signer, *, steps=12, callbacks=(), **kw):
     args = TrainingArguments(output_dir=str(out), max_steps=steps, per_device_train_batch_size=4, save_steps=5,
                              logging_steps=5, report_to="none", use_cpu=True, seed=0, disable_tqdm=True,
                              learning_rate=1e-3, **kw)
-    cb = TrainledgerCallback(signer=signer)
+    cb = TrainledgerCallback(signer=signer, continue_from=continue_from)
     return Trainer(model=model, args=args, train_dataset=Tokens(), callbacks=[cb, *callbacks]), cb
 
 
@@ -137,6 +137,24 @@ def test_a_resume_is_checked_before_the_first_step_and_a_changed_byte_refused(tm
     assert e.value.code == "resume-invalid-digest" and "optimizer.pt" in str(e.value)
     assert _events(other, "resume_rejected")[0].reason == "resume-invalid-digest"
     assert not [s for s in _events(other, "step_observed") if s.step > 6]  # not one step after the refusal
+
+
+def test_a_finished_run_is_continued_in_a_new_folder_linked_to_its_journal(tmp_path, signer, pubkey):
+    old, new = tmp_path / "old", tmp_path / "new"
+    trainer, _ = _trainer(old, signer)
+    trainer.train()  # finished: its journal is closed
+    trainer, _ = _trainer(old, signer)
+    with pytest.raises(Exception, match="continue_from"):  # the same folder: finished, and it says what to do
+        trainer.train(resume_from_checkpoint=str(old / "checkpoint-10"))
+    trainer, _ = _trainer(new, signer, steps=15, continue_from=old)
+    trainer.train(resume_from_checkpoint=str(old / "checkpoint-10"))
+    opened = next(iter(read_events(new / "journal.jsonl")))
+    link = opened.meta["continues"]
+    assert link["checkpoint"] == "checkpoint-10" and link["head"][0] == verify(old / "journal.jsonl", keys=[pubkey]).head[0]
+    (resumed,) = _events(new, "run_resumed")
+    assert (resumed.reason, resumed.from_step, resumed.detail["continues"]["folder"]) == ("continued", 9, "old")
+    assert [s.step for s in _events(new, "step_observed")] == list(range(10, 15))
+    assert replay(new / "journal.jsonl", keys=[pubkey]).ok
 
 
 class Poison(transformers.TrainerCallback):

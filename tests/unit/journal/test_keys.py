@@ -131,3 +131,32 @@ def test_keygen_where_no_folder_can_be_made_is_an_io_error(tmp_path, capsys):
     (tmp_path / "file").write_text("x")
     assert main(["keygen", str(tmp_path / "file" / "keys")]) == 2
     assert "cannot create" in capsys.readouterr().err
+
+
+def test_a_runs_new_key_is_kept_outside_its_folder_and_a_key_inside_is_refused(tmp_path, monkeypatch):
+    from trainledger.journal.errors import UsageError
+    from trainledger.journal.keys import key_home, run_key
+
+    monkeypatch.setenv("TRAINLEDGER_KEY_DIR", str(tmp_path / "home"))
+    priv, pub = run_key(tmp_path / "runs" / "a b")
+    assert priv.parent == key_home() == tmp_path / "home" and priv.name.startswith("a-b-")
+    assert pub == tmp_path / "runs" / "a b" / "trainledger.pub" and not list((tmp_path / "runs").rglob("*.key"))
+    assert load_signer(priv).public.line() == pub.read_text().strip()
+    inside, _ = keygen(tmp_path / "runs" / "c")
+    with pytest.raises(UsageError, match="inside the run folder"):
+        run_key(tmp_path / "runs" / "c", inside)
+
+
+def test_reading_a_run_folder_that_holds_a_private_key_warns(tmp_path, capsys):
+    from trainledger.cli import main
+    from trainledger.journal import Journal
+
+    priv, pub = keygen(tmp_path)
+    with Journal.create(tmp_path / "journal.jsonl", signer=load_signer(priv)):
+        pass
+    assert main(["verify", "--pubkey", str(pub), str(tmp_path / "journal.jsonl")]) == 0
+    err = capsys.readouterr().err
+    assert f"warning: {priv} is a private signing key inside the run folder" in err
+    priv.rename(tmp_path.parent / f"{tmp_path.name}-moved.key")
+    assert main(["verify", "--pubkey", str(pub), str(tmp_path / "journal.jsonl")]) == 0
+    assert "warning" not in capsys.readouterr().err

@@ -35,6 +35,15 @@ def test_views_and_non_finite_values(tmp_path, signer):
     assert con.execute("SELECT count(*) FROM runs").fetchone()[0] == 2
 
 
+def test_the_events_view_and_table_have_a_rank_column_like_every_view(tmp_path, signer):
+    _journal(tmp_path / "rank-00003.jsonl", signer, n=4, run_id="job.r00003")
+    _journal(tmp_path / "plain.jsonl", signer, n=4, run_id="plain")
+    con = connect([tmp_path], keys=[signer.public])
+    for view in ("events", "events_t", "steps"):
+        got = con.execute(f"SELECT run_id, rank FROM {view} GROUP BY ALL ORDER BY run_id").fetchall()
+        assert got == [("job.r00003", 3), ("plain", None)], view
+
+
 @pytest.mark.parametrize("sql", ["COPY (SELECT 1) TO '{out}'", "SELECT * FROM read_csv('/etc/passwd')",
                                  "SELECT * FROM read_json_objects('/etc/hostname')",
                                  "SET enable_external_access = true"])

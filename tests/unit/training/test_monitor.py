@@ -262,3 +262,27 @@ def test_hfu_reported_only_when_recompute_is_declared():
                                   peak_flops_per_sec=1e12)
     plain.observe_step(0, 3.0, step_time_s=0.1, batch_size=4)
     assert plain.report()["hfu"] is None
+
+
+def test_a_resume_a_restore_just_recorded_is_not_recorded_twice(tmp_path, signer):
+    """restore_sharded (or restore_checkpoint) writes run_resumed; observe_resume right after it adds nothing."""
+    from trainledger.journal.events import RunResumed
+
+    j = Journal.create(tmp_path / "j.jsonl", signer=signer)
+    m = TrainingHealthMonitor(journal=j)
+    for step in range(10):
+        m.observe_step(step, 3.0 - 0.01 * step)
+    j.append(RunResumed(reason="checkpoint", from_step=4, checkpoint="checkpoints/step-4"), durable=True)
+    m.observe_resume(4, checkpoint="checkpoints/step-4")
+    m.observe_step(5, 2.95)
+    m.observe_resume(5)  # a step came between: this one is a new resume, recorded
+    j.close()
+    kinds = [type(e).__struct_config__.tag for e in read_events_list(tmp_path / "j.jsonl")]
+    assert kinds.count("run_resumed") == 2
+    assert m.report()["restarts"]["count"] == 2
+
+
+def read_events_list(p):
+    from trainledger.journal import read_events
+
+    return list(read_events(p))

@@ -88,6 +88,25 @@ def test_a_stateful_loader_resumes_exactly(tmp_path, signer):
     assert tail == whole[8:]  # bit for bit, the loader continued where it stopped
     tags = _tags(run / "journal.jsonl")
     assert tags.count("run_resumed") == 1 and tags[-2:] == ["run_closed", "seal"]
+    assert tags.count("run_stopped") == 1 and tags.index("run_stopped") < tags.index("run_resumed")  # the crash
+
+
+def test_the_crash_is_on_record_and_replay_says_the_run_came_back(tmp_path, signer, capsys):
+    from trainledger.cli import main
+
+    model, opt, data = _setup()
+    loader = torch.utils.data.DataLoader(data, batch_size=4)
+    with pytest.raises(KeyboardInterrupt), Recorder(tmp_path, signer=signer, model=model, optimizer=opt) as rec:
+        _train(rec, model, opt, loader, 12, crash_at=5, data_state=lambda s: {"batch": s + 1})
+    [stop] = [e for e in read_events(tmp_path / "journal.jsonl") if type(e).__struct_config__.tag == "run_stopped"]
+    assert (stop.rule, stop.reason) == ("exception", "KeyboardInterrupt: ")
+    with Recorder(tmp_path, signer=signer, model=model, optimizer=opt) as rec:
+        _train(rec, model, opt, loader, 12, data_state=lambda s: {"batch": s + 1})
+    pub = tmp_path / "k.pub"
+    pub.write_text(signer.public.line() + "\n")
+    assert main(["replay", "--pubkey", str(pub), str(tmp_path / "journal.jsonl")]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"stopped: exception \(KeyboardInterrupt: \); resumed at seq \d+", out), out
 
 
 def test_a_plain_dataloader_gets_a_missing_state_verdict_not_a_crash(tmp_path, signer):
