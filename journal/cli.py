@@ -246,7 +246,8 @@ def _cmd_query(args: argparse.Namespace) -> int:
         try:
             con, source = open_views(paths, use_cache=not args.no_cache, trust=trust)
         except IntegrityError as e:
-            say(e.fail_line(str(e.report.path) if e.report else "journal"), file=sys.stderr)
+            say(e.fail_line(getattr(e, "path", None) or (str(e.report.path) if e.report else "journal")),
+                file=sys.stderr)
             return 1
         # Large journals read cold: keep a verified columnar copy for next time, built off this process.
         if (not args.no_cache and source.origin == "journals"

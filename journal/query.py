@@ -32,6 +32,7 @@ turns both off).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -40,7 +41,7 @@ import re
 import stat
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +51,7 @@ import msgspec
 from trainledger.journal import codec
 from trainledger.journal.scan import MAX_LINE
 from trainledger.journal.copies import PrivateCopies
-from trainledger.journal.errors import JournalIOError, SchemaError
+from trainledger.journal.errors import JournalIOError, SchemaError, TrainledgerError
 from trainledger.journal.kinds import BUILTIN_KINDS
 from trainledger.journal.trust import TrustPolicy
 from trainledger.journal.verify import VerifyReport, open_checked, read_opening, verify
@@ -310,8 +311,10 @@ def _load(files: list[Path], verify_first: bool, trust: TrustPolicy) -> tuple[du
             _insert(con, rows, careful=True)
             return con, Source("journals", [_public(r) for r in rows])
         staged = [(f, copies.copy(f)) for f in files]
-        names = [{"file": str(f), "copy": str(c), "run_id": read_opening(c, open_checked(c))[0].run_id}
-                 for f, c in staged]
+        names = []
+        for f, c in staged:
+            with _named(f, c):
+                names.append({"file": str(f), "copy": str(c), "run_id": read_opening(c, open_checked(c))[0].run_id})
         quick: list[BaseException] = []
 
         def read_all() -> None:
@@ -325,7 +328,8 @@ def _load(files: list[Path], verify_first: bool, trust: TrustPolicy) -> tuple[du
 
         rows = []
         for i, (f, c) in enumerate(staged):
-            rep = verify(c, trust=trust, _alongside=read_all if i == len(staged) - 1 else None)
+            with _named(f, c):
+                rep = verify(c, trust=trust, _alongside=read_all if i == len(staged) - 1 else None)
             rep.path = str(f)
             rows.append({**_file_row(f, rep), "copy": str(c), "identity": list(copies.identity[str(c)])})
         trimmed = False
@@ -338,6 +342,19 @@ def _load(files: list[Path], verify_first: bool, trust: TrustPolicy) -> tuple[du
             _insert(con, rows, careful=False)
         _check_loaded(con, rows)
     return con, Source("journals", [_public(r) for r in rows])
+
+
+@contextlib.contextmanager
+def _named(original: Path, copy: Path) -> Iterator[None]:
+    """An error about a private copy names the user's file instead (``path``, the report, the message)."""
+    try:
+        yield
+    except TrainledgerError as e:
+        e.path = str(original)
+        if getattr(e, "report", None) is not None:
+            e.report.path = str(original)
+        e.args = tuple(a.replace(str(copy), str(original)) if isinstance(a, str) else a for a in e.args)
+        raise
 
 
 def _public(row: dict[str, Any]) -> dict[str, Any]:

@@ -75,6 +75,7 @@ class _Series:
         self.fits: list[Any] = []  # scaling_fitted (F5)
         self.fit_png: str | None = None
         self._mfu: MfuAccounting | None = None  # from the run_configured in force
+        self.segments = 0  # run_configured events seen (a ladder: one per rung)
         self.plot_error: str | None = None
 
     def apply(self, ev: Any) -> None:
@@ -104,6 +105,7 @@ class _Series:
             self.rewinds.append(ev.spike_step)
         elif isinstance(ev, RunConfigured):
             self._mfu = MfuAccounting(ev)  # the same MFU the monitor and replay compute
+            self.segments += 1
             self._segment = len(self.step)  # a new segment (a ladder's rung): its steps start over
         elif isinstance(ev, RunOpened):
             self.opened = ev
@@ -117,14 +119,15 @@ class _Series:
             self.fits.append(ev)
 
 
-def _bucketed(xs: list[int], ys: list[float]) -> tuple[list[float], list[float], list[float], list[float]] | None:
-    """Per-bucket (x, mean, min, max) over finite values, for series too long to draw point by point."""
+def _bucketed(xs: list[int], ys: list[float], buckets: int = MAX_POINTS
+              ) -> tuple[list[float], list[float], list[float], list[float]] | None:
+    """Per-bucket (x, mean, min, max) over finite values, for series longer than ``buckets`` (else None)."""
     n = len(xs)
-    if n <= MAX_POINTS:
+    if n <= buckets:
         return None
     bx, mean, lo, hi = [], [], [], []
-    for b in range(MAX_POINTS):
-        i, j = b * n // MAX_POINTS, (b + 1) * n // MAX_POINTS
+    for b in range(buckets):
+        i, j = b * n // buckets, (b + 1) * n // buckets
         vals = [v for v in ys[i:j] if v - v == 0]
         if not vals:
             continue
@@ -145,36 +148,44 @@ def _drawable(ys: list[float]) -> list[float]:
 
 def _figure(plt, s: _Series) -> str:
     panels = [("loss", _drawable(s.loss), False), ("grad norm", _drawable(s.grad_norm), True),
-              ("step time (s)", _drawable(s.step_time), False), ("MFU", _drawable(s.mfu), False)]
+              ("step time (s)", _drawable(s.step_time), False),
+              ("MFU (%)", _drawable([100 * m for m in s.mfu]), False)]  # a percent, as in the tables
     panels = [p for p in panels if any(v - v == 0 for v in p[1])]
     fig, axes = plt.subplots(len(panels), 1, figsize=(11, 2.6 * len(panels)), sharex=True, squeeze=False)
     marks = [(s.checkpoints, "tab:green", "checkpoint", ":"), (s.resumes, "tab:blue", "resume", "--"),
              (s.rewinds, "tab:orange", "rewind", "-.")]
     # A resume or rewind runs steps again: each stretch of increasing steps is its own line.
     cuts = [0] + [i for i in range(1, len(s.step)) if s.step[i] <= s.step[i - 1]] + [len(s.step)]
-    for ax, (label, ys, logy) in zip(axes[:, 0], panels):
-        b = _bucketed(s.step, ys)  # long series: buckets over the whole record, repeats included
-        if b is None:
-            seen: set[str] = set()
-            gone = s.abandoned
-            for k in range(len(cuts) - 1):
-                i, j = cuts[k], cuts[k + 1]
-                kept = [math.nan if x in gone else ys[x] for x in range(i, j)]
-                rung = next((name for at, name in reversed(s.rungs) if at <= i), None)
-                if rung is None:
-                    ax.plot(s.step[i:j], kept, lw=0.9, color="tab:gray", label=label if k == 0 else None)
-                else:  # a ladder: one colour per rung
-                    color = f"C{[n for _, n in s.rungs].index(rung) % 10}"
-                    ax.plot(s.step[i:j], kept, lw=0.9, color=color, label=rung if rung not in seen else None)
-                    seen.add(rung)
-                if any(x in gone for x in range(i, j)):  # drawn apart: the run went back and took these again
-                    ax.plot(s.step[i:j], [ys[x] if x in gone else math.nan for x in range(i, j)], lw=0.9, ls=":",
-                            color="tab:red", alpha=0.6, label="abandoned (resumed/rewound)" if "ab" not in seen
-                            else None)
-                    seen.add("ab")
-        else:
-            ax.fill_between(b[0], b[2], b[3], color="tab:gray", alpha=0.25, lw=0, label=f"{label} (min-max)")
-            ax.plot(b[0], b[1], lw=0.9, color="tab:gray", label=f"{label} (mean of {len(s.step) // MAX_POINTS}+)")
+    total = len(s.step)
+    names = [n for _, n in s.rungs]
+    for row, (ax, (label, ys, logy)) in enumerate(zip(axes[:, 0], panels)):
+        seen: set[str] = set()
+        gone = s.abandoned
+        # Each stretch of increasing steps (a rung of a ladder, the steps after a resume) is drawn on its own,
+        # bucketed within itself when the record is too long to draw point by point: a bucket never spans two
+        # stretches, so no band or line joins one rung's end to the next one's start.
+        for k in range(len(cuts) - 1):
+            i, j = cuts[k], cuts[k + 1]
+            rung = next((name for at, name in reversed(s.rungs) if at <= i), None)
+            color = "tab:gray" if rung is None else f"C{names.index(rung) % 10}"
+            name = label if rung is None else rung
+            first = name not in seen
+            seen.add(name)
+            kept = [math.nan if x in gone else ys[x] for x in range(i, j)]
+            budget = max(2, MAX_POINTS * (j - i) // total) if total > MAX_POINTS else j - i
+            b = _bucketed(s.step[i:j], kept, budget)
+            if b is None:
+                ax.plot(s.step[i:j], kept, lw=0.9, color=color, label=name if first else None)
+            else:
+                ax.fill_between(b[0], b[2], b[3], color=color, alpha=0.2, lw=0,
+                                label="min-max of each bucket" if "band" not in seen else None)
+                seen.add("band")
+                ax.plot(b[0], b[1], lw=0.9, color=color, label=name if first else None)
+            if any(x in gone for x in range(i, j)):  # drawn apart: the run went back and took these again
+                ax.plot(s.step[i:j], [ys[x] if x in gone else math.nan for x in range(i, j)], lw=0.9, ls=":",
+                        color="tab:red", alpha=0.6, label="abandoned (resumed/rewound)" if "ab" not in seen
+                        else None)
+                seen.add("ab")
         if logy and all(v > 0 for v in ys if v - v == 0):
             ax.set_yscale("log")
             # Plain numbers: with mathtext off (a journal's strings are never parsed as math), the log axis's
@@ -193,7 +204,8 @@ def _figure(plt, s: _Series) -> str:
                        label="anomaly")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
-        ax.legend(loc="upper right", fontsize=7, ncol=3)
+        if row == 0 or not s.rungs:  # a ladder's rungs share their colours across panels: one legend, on top
+            ax.legend(loc="upper right", fontsize=7, ncol=4)
     axes[-1, 0].set_xlabel("step")
     fig.tight_layout()
     buf = io.BytesIO()
@@ -316,10 +328,22 @@ def render(rec: Reconstruction, s: _Series, png: str | None) -> str:
     h = rec.health or {}
     parts.append("<h2>Health</h2>")
     mfu = (h.get("mfu") or {})
-    parts.append(_table(["steps", "last step", "anomalies", "MFU mean", "MFU min", "MFU max", "tokens/s"],
-                        [[h.get("steps", 0), h.get("last_step", "-"), sum(len(x) for x in rec.anomalies_by_kind.values()),
-                          *(f"{mfu[k]:.2%}" if mfu.get(k) is not None else "-" for k in ("mean", "min", "max")),
-                          f"{h['tokens_per_s']:,.0f}" if h.get("tokens_per_s") else "-"]], ""))
+    if s.segments > 1:  # a ladder: every rung is a segment, and the monitor's own figures are the last one's
+        ms = [m for m in s.mfu if m - m == 0]
+        parts.append(_table(["segments", "steps (all)", "anomalies", "MFU mean (all steps)", "MFU min", "MFU max"],
+                            [[s.segments, f"{len(s.step):,}", sum(len(x) for x in rec.anomalies_by_kind.values()),
+                              *((f"{sum(ms) / len(ms):.2%}", f"{min(ms):.2%}", f"{max(ms):.2%}") if ms
+                                else ("-", "-", "-"))]], ""))
+        parts.append(f"<p class=muted>{s.segments} segments (one <code>run_configured</code> each: a ladder's "
+                     "rungs, or a monitor started over): the figures above are over every step"
+                     + ("; each rung's own are in the ladder's table below" if rec.ladder is not None else "")
+                     + ".</p>")
+    else:
+        parts.append(_table(["steps", "last step", "anomalies", "MFU mean", "MFU min", "MFU max", "tokens/s"],
+                            [[h.get("steps", 0), h.get("last_step", "-"),
+                              sum(len(x) for x in rec.anomalies_by_kind.values()),
+                              *(f"{mfu[k]:.2%}" if mfu.get(k) is not None else "-" for k in ("mean", "min", "max")),
+                              f"{h['tokens_per_s']:,.0f}" if h.get("tokens_per_s") else "-"]], ""))
     parts.append(_table(["anomaly", "count", "steps"],
                         [[k, len(st), ", ".join(map(str, st[:20])) + (" ..." if len(st) > 20 else "")]
                          for k, st in sorted(rec.anomalies_by_kind.items())], "no anomalies"))
@@ -346,10 +370,8 @@ def render(rec: Reconstruction, s: _Series, png: str | None) -> str:
                         [[r["seq"], r["spike_step"], r["from_step"], r["checkpoint"], r["reason"]] for r in rec.rewinds],
                         "no rewinds"))
     parts.append(_table(["seq", "rule", "reason"], [[x["seq"], x["rule"], x["reason"]] for x in rec.stops], "no stops"))
-    parts.append("<h2>Pilot ladder</h2>")
-    if rec.ladder is None:
-        parts.append("<p class=muted>no ladder in this journal</p>")
-    else:
+    if rec.ladder is not None:  # a plain run has no ladder section at all
+        parts.append("<h2>Pilot ladder</h2>")
         lad = rec.ladder
         parts.append(f"<p>passed rungs: {_e(', '.join(lad['passed_rungs']) or 'none')}; halted at: "
                      f"{_e(lad['halted_at'] or 'nowhere')}</p>")

@@ -147,3 +147,19 @@ def test_lines_a_live_writer_adds_after_verification_are_not_loaded(tmp_path, si
     con = connect([p], keys=[signer.public])
     assert con.execute("SELECT max(step) FROM steps").fetchone()[0] == 19
     assert con.execute("SELECT count(*) FROM events WHERE seq IS NULL").fetchone()[0] == 0
+
+
+def test_an_error_in_a_folder_names_the_users_file_not_the_private_copy(tmp_path, signer, keypair, capsys):
+    _, _, pub = keypair
+    run = tmp_path / "run"
+    _journal(run / "a.jsonl", signer, n=5)
+    lines = (run / "a.jsonl").read_bytes().splitlines(keepends=True)
+    lines[3] = lines[3].replace(b'"step":', b'"step": ')  # a changed byte
+    (run / "a.jsonl").write_bytes(b"".join(lines))
+    assert main(["query", "--pubkey", str(pub), str(run), "SELECT 1"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"FAIL {run / 'a.jsonl'}: seq ") and "trainledger-" not in err, err
+    (run / "a.jsonl").unlink()
+    (run / "b.jsonl").write_text("garbage\n")
+    assert main(["query", "--pubkey", str(pub), str(run), "SELECT 1"]) == 1
+    assert capsys.readouterr().err.startswith(f"FAIL {run / 'b.jsonl'}: ")
