@@ -590,7 +590,7 @@ static const struct {
     {STEP_KEY(",\"lr\":"), 'f', 0},            {STEP_KEY(",\"step_time_s\":"), 'f', 0},
     {STEP_KEY(",\"examples\":"), 'i', 0},      {STEP_KEY(",\"tokens\":"), 'i', 0},
     {STEP_KEY(",\"supervised_tokens\":"), 'i', 0}, {STEP_KEY(",\"data_time_s\":"), 'f', 0},
-    {STEP_KEY(",\"compute_time_s\":"), 'f', 0},
+    {STEP_KEY(",\"compute_time_s\":"), 'f', 0}, {STEP_KEY(",\"batch_fingerprint\":"), 'f', 0},
 };
 
 /* Whether line [p, end) (no newline) of a block scan_block passed is a step_observed record in canonical form

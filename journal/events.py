@@ -108,6 +108,9 @@ class StepObserved(Event, tag="step_observed", frozen=True, kw_only=True):
     #: step_time_s across ranks).
     data_time_s: float | None = None
     compute_time_s: float | None = None
+    #: Format 1.4. One number that stands for the step's batch (``training.health.fingerprint.batch_fingerprint``):
+    #: a step run again after a resume on other data gets another, which replay flags (``data_divergence``).
+    batch_fingerprint: float | None = None
 
 
 class RunResumed(Event, tag="run_resumed", frozen=True, kw_only=True):

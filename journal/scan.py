@@ -551,20 +551,21 @@ def _kind_name(t: type) -> str:
 #: check is not used (every line is decoded and re-encoded instead).
 _STEP_T = codec.record_type(StepObserved)
 _STEP_INTS = ("step", "examples", "tokens", "supervised_tokens", "seq", "ts")
-_STEP_NUMBERS = ("loss", "grad_norm", "lr", "step_time_s", "data_time_s", "compute_time_s")
+_STEP_NUMBERS = ("loss", "grad_norm", "lr", "step_time_s", "data_time_s", "compute_time_s", "batch_fingerprint")
 
 
 def _step_record_as_assumed() -> bool:
     cfg = _STEP_T.__struct_config__
     if _STEP_T.__struct_fields__ != ("step", "loss", "grad_norm", "lr", "step_time_s", "examples", "tokens",
-                                     "supervised_tokens", "data_time_s", "compute_time_s", "seq", "ts", "h") or \
+                                     "supervised_tokens", "data_time_s", "compute_time_s", "batch_fingerprint", "seq",
+                                     "ts", "h") or \
             not cfg.omit_defaults or cfg.tag != "step_observed" or cfg.tag_field != "kind" or cfg.array_like:
         return False
     hints = typing.get_type_hints(_STEP_T)
     number, optional = typing.Union[int, float], typing.Union[int, float, None]
     return (all(hints[f] in (int, int | None) for f in _STEP_INTS) and hints["loss"] == number and
             all(hints[f] == optional for f in _STEP_NUMBERS[1:]) and hints["h"] is str and
-            _STEP_T.__struct_defaults__ == (None,) * 8 + (msgspec.NODEFAULT,) * 3)
+            _STEP_T.__struct_defaults__ == (None,) * 9 + (msgspec.NODEFAULT,) * 3)
 
 
 _STEP_LINES_OK = _step_lines is not None and _step_record_as_assumed()

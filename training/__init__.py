@@ -19,7 +19,7 @@ _WHERE = {
     "CausalLM": "reference.model", "build_causal_lm": "reference.model",
     "AnomalyDetected": "health.monitor", "TrainingHealthMonitor": "health.monitor",
     "ExperimentManifest": "experiment.manifest", "load_manifest": "experiment.manifest", "validate": "experiment.manifest",
-    "Recorder": "recorder", "check_checkpoint": "recorder",
+    "Recorder": "recorder", "check_checkpoint": "recorder", "batch_fingerprint": "health.fingerprint",
 }
 
 
@@ -34,6 +34,7 @@ def __getattr__(name: str):
 __all__ = [
     "Recorder",
     "check_checkpoint",
+    "batch_fingerprint",
     "CausalLM",
     "build_causal_lm",
     "FlopConfig",

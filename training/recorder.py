@@ -250,14 +250,20 @@ class Recorder:
             self.resumed_from = ck
 
     def step(self, step: int, loss: float, *, grad_norm: float | None = None, lr: float | None = None,
-             tokens: int | None = None, batch_size: int | None = None, step_time_s: float | None = None) -> list[Any]:
+             tokens: int | None = None, batch_size: int | None = None, step_time_s: float | None = None,
+             batch_fingerprint: Any = None) -> list[Any]:
         """Record one optimizer step (a Python float loss; ``loss.item()``); returns its anomalies. The step time
-        defaults to the wall time since the previous call (or since the recorder was made)."""
+        defaults to the wall time since the previous call (or since the recorder was made). ``tokens`` (per step)
+        gives tokens/s and, with ``flop_config`` and ``peak_flops_per_sec``, MFU. ``batch_fingerprint``
+        (``batch_fingerprint(x, y)`` from ``trainledger.training``, a tensor or its float): a step run again after
+        a resume on another batch than the first time is a ``data_divergence`` anomaly."""
         now = time.perf_counter()
         dt = now - self._t if step_time_s is None else step_time_s
         self._t = now
         return self.monitor.observe_step(step, loss, grad_norm=grad_norm, step_time_s=dt, batch_size=batch_size,
-                                         tokens=tokens, lr=lr)
+                                         tokens=tokens, lr=lr,
+                                         batch_fingerprint=None if batch_fingerprint is None
+                                         else float(batch_fingerprint))
 
     def checkpoint(self, step: int, *, data_state: Any = None, tokens: int = 0) -> CheckpointSaved:
         """Save the full training state after step ``step`` (the last step completed) and record it, durably.

@@ -25,7 +25,8 @@ from trainledger.journal.accel import fast as _fast
 from trainledger.journal.codec import UnknownEvent, record_type
 from trainledger.journal.events import RunResumed, StepObserved
 from trainledger.training.health.mfu import MfuAccounting
-from trainledger.journal.kinds import MAX_WINDOW, AnomalyDetected, DetectorParams, RunConfigured, SpikeSuspected  # noqa: F401
+from trainledger.journal.kinds import (MAX_WINDOW, AnomalyDetected, DataWindowSkipped, DetectorParams,  # noqa: F401
+                                       RewindDecided, RunConfigured, SpikeSuspected)
 
 __all__ = [
     "state_digest",
@@ -299,6 +300,15 @@ _log = math.log
 _baseline_step = getattr(_fast, "baseline_step", None)
 
 
+#: Batch fingerprints kept (the most recent steps'): a resume goes back to a checkpoint, a few thousand steps at most
+FINGERPRINT_WINDOW = 1 << 16
+
+
+def _same_batch(a: float, b: float) -> bool:
+    """Two fingerprints of the same batch: equal, or within 1e-9 relative (a reduction summed in another order)."""
+    return a == b or abs(a - b) <= 1e-9 * max(abs(a), abs(b))
+
+
 def state_digest(state: dict[str, Any]) -> str:
     """SHA-256 of a monitor state's canonical JSON: what ``checkpoint_saved.monitor_sha256`` records."""
     import hashlib
@@ -341,7 +351,11 @@ class HealthProjection:
         self.unknown_events = 0
         # Live events and the records read back from a journal take the same paths.
         self._handlers = {}
-        for cls, fn in ((StepObserved, self._step), (RunResumed, self._resume), (RunConfigured, self._configure)):
+        #: format 1.4: each recent step's batch fingerprint, oldest first (at most FINGERPRINT_WINDOW), to hold a
+        #: step run again after a resume against (data_divergence)
+        self._fingerprints: dict[int, float] = {}
+        for cls, fn in ((StepObserved, self._step), (RunResumed, self._resume), (RunConfigured, self._configure),
+                        (RewindDecided, self._new_data), (DataWindowSkipped, self._new_data)):
             self._handlers[cls] = fn
             self._handlers[record_type(cls)] = fn
         self.mfu_accounting = MfuAccounting(c)  # the one MFU implementation (training/health/mfu.py)
@@ -402,6 +416,16 @@ class HealthProjection:
                 self._grad.release(step)
                 out = out + [AnomalyDetected(step=step, anomaly="nan_grad_norm" if g != g else "inf_grad_norm",
                                              value=g)]
+        fp = ev.batch_fingerprint
+        if fp is not None:
+            fps = self._fingerprints
+            before = fps.pop(step, None)
+            if before is not None and not _same_batch(before, fp):
+                out = out + [AnomalyDetected(step=step, anomaly="data_divergence", value=fp,
+                                             baseline_median=before)]
+            fps[step] = fp
+            if len(fps) > FINGERPRINT_WINDOW:
+                del fps[next(iter(fps))]
         if after_resume:
             r = self._pending_resume
             r.setdefault("at_step", step)
@@ -452,6 +476,8 @@ class HealthProjection:
             prev["continuity_ok"] = True
             self.restarts.append(prev)
         s = ev.from_step
+        if s is not None and self._fingerprints:  # the steps after it are redone: theirs are what they are held to
+            self._fingerprints = {k: v for k, v in self._fingerprints.items() if k > s}
         self._loss.pending = self._grad.pending = None  # the steps after the checkpoint are being redone
         self._loss.episode = 0
         if s is not None:
@@ -459,6 +485,11 @@ class HealthProjection:
             self._grad.base.rewind_to(s)
         self._pending_resume = {"from_step": s, "reason": ev.reason, "checkpoint": ev.checkpoint,
                                 "left": RESTART_WINDOW}
+        return _NONE
+
+    def _new_data(self, ev: Any) -> list[AnomalyDetected]:
+        """A rewind skips a window of data on purpose: the steps it redoes are meant to see other batches."""
+        self._fingerprints = {}
         return _NONE
 
     # ------------------------------------------------------------ reading it out

@@ -97,11 +97,14 @@ class TrainingHealthMonitor:
     def observe_step(self, step: int, loss: float, grad_norm: float | None = None, step_time_s: float | None = None,
                      batch_size: int | None = None, tokens: int | None = None,
                      lr: float | None = None, data_time_s: float | None = None,
-                     compute_time_s: float | None = None) -> list[AnomalyDetected]:
+                     compute_time_s: float | None = None,
+                     batch_fingerprint: float | None = None) -> list[AnomalyDetected]:
         """Record one optimizer step; return its anomalies (each with ``kind``, ``step``, ``value``, ``z_score``).
 
         In a distributed run, ``compute_time_s`` is this rank's own time in the step (before it waits on the other
-        ranks' gradients): what straggler detection compares."""
+        ranks' gradients): what straggler detection compares. ``batch_fingerprint``
+        (:func:`trainledger.training.health.fingerprint.batch_fingerprint`, as a float): a step run again after a
+        resume whose batch differs from the first time's is a ``data_divergence`` anomaly."""
         try:  # the conversions inline (a function call per field costs more than the field inside a loop)
             ev = StepObserved(step=int(step), loss=float(loss),
                               grad_norm=None if grad_norm is None else float(grad_norm),
@@ -110,7 +113,8 @@ class TrainingHealthMonitor:
                               examples=None if batch_size is None else int(batch_size),
                               tokens=None if tokens is None else int(tokens),
                               data_time_s=None if data_time_s is None else float(data_time_s),
-                              compute_time_s=None if compute_time_s is None else float(compute_time_s))
+                              compute_time_s=None if compute_time_s is None else float(compute_time_s),
+                              batch_fingerprint=None if batch_fingerprint is None else float(batch_fingerprint))
         except (TypeError, ValueError):
             for name, v in (("grad_norm", grad_norm), ("lr", lr), ("step_time_s", step_time_s),
                             ("data_time_s", data_time_s), ("compute_time_s", compute_time_s)):
