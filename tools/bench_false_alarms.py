@@ -128,6 +128,10 @@ def main() -> int:
         final = statistics.median(statistics.median(c[-200:]) for c in curves)
         print(f"| {name} ({len(curves)}) | {steps:,} | {final:.2g} | {1000 * flags['linear'] / steps:.2f} "
               f"| {1000 * flags['log'] / steps:.2f} |")
+        if curves is mlp:
+            per = [f"{1000 * loss_flags(c, 'log') / len(c):.2f}" for c in curves]
+            seeds_line = f"per MLP seed, log scale: {', '.join(per)} flags per 1,000 steps"
+    print(f"\n{seeds_line}")
     print("\nHeld-out spikes (tools/bench_anomaly.py's loss curves, 5 seeds x 2 noises, 20 spikes of 15 robust σ each)\n")
     print("| loss_scale | recall (≤1 step) | false alarms / 10k steps | mean latency (steps) |")
     print("|---|---:|---:|---:|")
