@@ -17,6 +17,14 @@ not fit). The data cursor is ``data.state_dict()`` when ``data`` has one (trainl
 verdict naming the cursor, never a crash. A compiled (``torch.compile``) or DDP-wrapped model saves and restores the
 weights of the module inside.
 
+Under torchrun (``RANK`` and ``WORLD_SIZE`` > 1) each rank writes its own journal (``rank-NNNNN.jsonl``) and
+checkpoint folder (``checkpoints/rank-NNNNN/``); with the process group up, :meth:`checkpoint` and :meth:`close`
+anchor the ranks' journals to each other (collectives: call them on every rank) and a restart resumes every rank
+from the newest step all ranks saved. A checkpoint the user's code wrote (:meth:`record_checkpoint`) is never
+loaded by the Recorder: :func:`check_checkpoint` checks it before the user's own load, and a Recorder opened
+after that continues from it. A crash inside ``with Recorder(...)`` is recorded (``run_stopped``, rule
+``exception``).
+
 Step convention: a checkpoint is labelled with the last step it completed (``checkpoint(step)`` after step
 ``step``), and the run continues at ``step + 1`` (:attr:`start`). nanoGPT's ``iter_num`` is the next step to run:
 pass ``iter_num - 1``.

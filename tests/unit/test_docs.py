@@ -192,3 +192,14 @@ def test_every_dotted_name_the_docs_give_resolves():
         else:
             missing.append(name)
     assert missing == []
+
+
+def test_the_false_alarm_figures_on_the_front_page_are_the_measured_ones():
+    """README's false-alarm table quotes docs/bench/false_alarms.txt (tools/bench_false_alarms.py's output)."""
+    import re
+
+    bench = (ROOT / "docs" / "bench" / "false_alarms.txt").read_text()
+    text = README.read_text()
+    block = text[text.index("<!-- false-alarms:begin -->"):text.index("<!-- false-alarms:end -->")]
+    quoted = re.findall(r"\b\d+\.\d\d\b", block)
+    assert len(quoted) >= 6 and all(q in bench for q in quoted), [q for q in quoted if q not in bench]

@@ -37,6 +37,7 @@ from typing import Any
 import torch
 
 from trainledger.training.health.mfu import record_compute
+from trainledger.training.reference.threads import in_own_threads
 from trainledger.journal import Journal, Signer, TrainledgerError, UnsafePath
 from trainledger.journal.paths import confined, open_new
 from trainledger.training.audit import select_checkpoint
@@ -354,6 +355,7 @@ class _Experiment:
                 "identity": self.ident, "journal": self.jpath}
 
 
+@in_own_threads
 def run_experiment(m: ExperimentManifest, root: str | Path, run_dir: str | Path, *, signer: Signer,
                    runtime: Runtime = Runtime(), stop_after: int | None = None,
                    peak_flops_per_sec: float | None = None) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from trainledger.training.health.mfu import record_compute
+from trainledger.training.reference.threads import in_own_threads
 from trainledger.journal import Journal, Signer, verify
 from trainledger.journal.paths import confined
 from trainledger.training.audit import rewind_allowed
@@ -125,6 +126,7 @@ def _rewind(run: Path, j: Journal, policy: RewindPolicy, spike: Any, target: Che
     return info
 
 
+@in_own_threads
 def run_training(run_dir: str | Path, *, signer: Signer, config: LoopConfig = LoopConfig(),
                  peak_flops_per_sec: float | None = None, stop_after: int | None = None,
                  rewind: RewindPolicy | None = None) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 
 from trainledger.journal.errors import UsageError
 
-__all__ = ["own_threads", "thread_count"]
+__all__ = ["own_threads", "thread_count", "in_own_threads"]
 
 
 def thread_count() -> int:
@@ -47,3 +47,15 @@ def own_threads() -> Iterator[int]:
         yield n
     finally:
         torch.set_num_threads(before)
+
+
+def in_own_threads(fn):
+    """Decorate a function that trains one of the project's own tiny models: it runs in :func:`own_threads`."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        with own_threads():
+            return fn(*args, **kwargs)
+
+    return wrapper
