@@ -13,7 +13,7 @@ from pathlib import Path, PurePosixPath
 
 from trainledger.journal.errors import UnsafePath
 
-__all__ = ["confined", "open_new", "file_sha256"]
+__all__ = ["confined", "open_new", "file_sha256", "read_regular"]
 
 
 def file_sha256(path: str | os.PathLike) -> tuple[str, int]:
@@ -52,3 +52,41 @@ def open_new(path: str | os.PathLike, mode: int = 0o644):
     fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0),
                  mode)
     return os.fdopen(fd, "wb")
+
+
+def read_regular(path: str | os.PathLike, limit: int, *, what: str = "file", owned: bool = False) -> bytes:
+    """The bytes of ``path`` when it is a regular file (not a link, a FIFO or a device) of at most ``limit`` bytes;
+    ``owned``: also this user's own, and not writable by group or others (a file that is a program's memory).
+    Opened without following a link and without blocking, checked on the open descriptor, read at most
+    ``limit + 1`` bytes. Raises :class:`UnsafePath` naming what is wrong, ``FileNotFoundError`` when absent."""
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    import stat
+
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        raise
+    except OSError as e:
+        if os.path.islink(path):
+            raise UnsafePath(f"{path}: the {what} is a symbolic link; only a regular file is read") from None
+        raise UnsafePath(f"{path}: cannot open the {what}: {e.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise UnsafePath(f"{path}: the {what} is not a regular file")
+        if owned and (st.st_uid != os.getuid() or st.st_mode & 0o022):
+            raise UnsafePath(f"{path}: the {what} must be this user's own and writable by no one else "
+                             f"(owner uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):o})")
+        if st.st_size > limit:
+            raise UnsafePath(f"{path}: the {what} is {st.st_size:,} bytes, more than the {limit:,} it can be")
+        out = bytearray()
+        while len(out) <= limit:
+            chunk = os.read(fd, min(1 << 20, limit + 1 - len(out)))
+            if not chunk:
+                break
+            out += chunk
+        if len(out) > limit:
+            raise UnsafePath(f"{path}: the {what} grew past {limit:,} bytes while it was read")
+        return bytes(out)
+    finally:
+        os.close(fd)

@@ -16,6 +16,7 @@ import html
 import io
 import math
 import os
+import re
 import tempfile
 import time
 import warnings
@@ -252,8 +253,13 @@ def _fit_figure(plt, s: _Series) -> str:
     return base64.b64encode(buf.getvalue()).decode()
 
 
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
 def _e(x: Any) -> str:
-    return html.escape(str(x))
+    """HTML-escaped, and every control character (an ESC in a node or run name a journal carries) shown as
+    ``\\xNN`` instead of copied into the page."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", html.escape(str(x)))
 
 
 def _table(headers: list[str], rows: list[list[Any]], empty: str) -> str:

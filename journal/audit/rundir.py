@@ -48,10 +48,16 @@ class RunDirReport:
 
 
 def rank_files(d: str | os.PathLike) -> dict[int, Path]:
+    """``{rank: file}`` of the rank journals in folder ``d``. A rank file that is a link leading out of the folder
+    is refused (:class:`UnsafePath`), as a checkpoint path is: the folder is what was sent, not what it points to."""
+    from trainledger.journal.paths import confined
+
     out = {}
     for p in sorted(Path(d).iterdir()):
         m = _RANK_FILE.match(p.name)
         if m and p.is_file():
+            if p.is_symlink():
+                confined(d, p.name, what="rank journal")
             out[int(m.group(1))] = p
     return out
 

@@ -59,6 +59,8 @@ class ProveResult:
     index_built: bool
     index_saved: bool
     tile_reads: int
+    #: what was wrong with the index found at its name (a link, a FIFO, ...): ignored, and rebuilt
+    notes: list[str] = dataclasses.field(default_factory=list)
 
 
 def _open_for_proof(journal: Path, keys: Sequence[PublicKey], trust_embedded: bool) -> tuple[Any, int, bytes]:
@@ -91,9 +93,10 @@ def _check_seal_signature(opened: Any, seal: Any, public_raw: bytes) -> bytes:
 
 
 def _view(journal: Path, need: int, index: Path | None, rebuild: bool,
-          progress: Callable[[int, int], None] | None) -> tuple[TreeView, bool, bool, TreeIndex]:
+          progress: Callable[[int, int], None] | None,
+          notes: list[str] | None = None) -> tuple[TreeView, bool, bool, TreeIndex]:
     ip = index or index_path_for(journal)
-    idx = None if rebuild else load_index(journal, ip)
+    idx = None if rebuild else load_index(journal, ip, notes=notes)
     built = saved = False
     if idx is None or idx.leaves < need:
         idx = build_index(journal, reuse=idx, progress=progress)
@@ -114,14 +117,15 @@ def _against_seal(journal: str | os.PathLike, keys: Sequence[PublicKey], trust_e
     p = Path(journal)
     opened, size, public_raw = _open_for_proof(p, keys, trust_embedded)
     ip = Path(index) if index is not None else None
+    notes: list[str] = []
     for rebuild in (False, True):
         try:
             if tree_size is not None:
-                view, built, saved, idx = _view(p, tree_size + 1, ip, rebuild, progress)
+                view, built, saved, idx = _view(p, tree_size + 1, ip, rebuild, progress, notes)
                 seal, _ = read_seal(p, size, tree_size=tree_size, view=view)
             else:
                 seal, _ = read_seal(p, size)
-                view, built, saved, idx = _view(p, seal.seq, ip, rebuild, progress)
+                view, built, saved, idx = _view(p, seal.seq, ip, rebuild, progress, notes)
             sig = _check_seal_signature(opened, seal, public_raw)
             if view.size != seal.seq:  # the seal's own line was read through a view one line longer
                 view = TreeView(p, idx, seal.seq, fresh=built)
@@ -130,7 +134,7 @@ def _against_seal(journal: str | os.PathLike, keys: Sequence[PublicKey], trust_e
                       "checkpoint": checkpoint_note(opened.run_id, seal.seq, root, bytes.fromhex(seal.sealed_hash),
                                                     sig, public_raw),
                       **body(view, root)}
-            return ProveResult(bundle, built, saved, view.reads)
+            return ProveResult(bundle, built, saved, view.reads, notes)
         except IndexMismatch:
             if rebuild:
                 raise IntegrityError(f"{p}: the journal's lines do not hash to the tree its seal signed "

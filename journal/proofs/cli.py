@@ -296,6 +296,8 @@ def _cmd_prove(args: argparse.Namespace) -> int:
     finally:
         if progress is not None:
             progress.close()
+    for note in res.notes:
+        say(f"trainledger prove: note: {note}", file=sys.stderr)
     _write_out(args.out, (json.dumps(res.bundle, indent=1) + "\n").encode())
     b = res.bundle
     size = b["checkpoint"].split("\n")[1]
@@ -319,6 +321,8 @@ def _cmd_consistency(args: argparse.Namespace) -> int:
     finally:
         if progress is not None:
             progress.close()
+    for note in res.notes:
+        say(f"trainledger consistency: note: {note}", file=sys.stderr)
     data = (json.dumps(res.bundle, indent=1) + "\n").encode()
     if args.out:
         _write_out(args.out, data)

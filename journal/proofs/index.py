@@ -16,12 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from trainledger.journal import codec
-from trainledger.journal.paths import open_new
+from trainledger.journal.paths import open_new, read_regular
 from trainledger.journal.scan import worker_ignores_ctrl_c
 from trainledger.journal.errors import (
     TrainledgerError,
     IntegrityError,
     SealInvalid,
+    UnsafePath,
     UsageError,
 )
 from trainledger.journal.proofs.merkle import EMPTY_ROOT, leaf_hashes, node_hash, node_level
@@ -104,12 +105,26 @@ def _parse_index(data: bytes) -> TreeIndex:
     return TreeIndex(h["run_id"], leaves, covered, offsets, out)
 
 
-def load_index(journal: str | os.PathLike, index: str | os.PathLike | None = None) -> TreeIndex | None:
-    """The index beside ``journal`` if there is one that is well formed and names this run; else None."""
+def index_limit(journal_size: int) -> int:
+    """The most bytes a well-formed index of a journal this size can have (a line is at least 2 bytes: a tile of
+    1,024 lines at least 2 KiB): its header, a tile offset and at most two node hashes per tile."""
+    tiles = journal_size // (2 * TILE) + 2
+    return 8192 + tiles * (8 + 2 * 32)
+
+
+def load_index(journal: str | os.PathLike, index: str | os.PathLike | None = None, *,
+               notes: list[str] | None = None) -> TreeIndex | None:
+    """The index beside ``journal`` if there is one that is well formed and names this run; else None. Only a
+    regular file no larger than such an index can be is read (a link, a FIFO or a device planted at its name is
+    ignored, with a line in ``notes``): the index is never trusted anyway, and is rebuilt."""
     p = Path(index) if index is not None else index_path_for(journal)
     try:
-        data = p.read_bytes()
+        data = read_regular(p, index_limit(os.path.getsize(journal)), what="tree index")
         idx = _parse_index(data)
+    except UnsafePath as e:
+        if notes is not None:
+            notes.append(f"{e}: ignored (the index is rebuilt from the journal)")
+        return None
     except (OSError, ValueError, KeyError, TypeError, struct.error, json.JSONDecodeError):
         return None
     try:
@@ -278,7 +293,18 @@ def build_index(journal: str | os.PathLike, *, reuse: TreeIndex | None = None, w
 
 
 def save_index(idx: TreeIndex, path: Path) -> bool:
-    """Write the index atomically (a temporary file renamed into place); False when the folder refuses it."""
+    """Write the index atomically (a temporary file renamed into place); False when the folder refuses it, or when
+    something other than a regular file or a link is at that name (``--index /dev/zero`` is never replaced)."""
+    import stat
+
+    try:
+        mode = os.lstat(path).st_mode
+        if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
+            return False
+    except FileNotFoundError:
+        pass
+    except OSError:
+        return False
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     try:
         try:

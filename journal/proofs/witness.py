@@ -13,10 +13,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from trainledger.journal.paths import open_new
+from trainledger.journal.paths import open_new, read_regular
 from trainledger.journal.errors import (
     IntegrityError,
     JournalIOError,
+    UnsafePath,
     UntrustedKey,
     UsageError,
 )
@@ -42,6 +43,10 @@ class WitnessRefused(IntegrityError):
 # ------------------------------------------------------------------ witness
 
 
+#: The largest witness state file read: far more origins than one witness follows (about 150 bytes each)
+STATE_LIMIT = 16 << 20
+
+
 class Witness:
     """A witness's state (``state``: a JSON file, per origin the size and root it last cosigned) and its key.
 
@@ -59,8 +64,10 @@ class Witness:
         self._priv = private  # an Ed25519PrivateKey
 
     def _load(self) -> dict[str, Any]:
+        """The state: the witness's memory of what it cosigned, so only a regular file of this user's own that no
+        one else can write, not a link, at most STATE_LIMIT bytes (anything else is refused: UnsafePath)."""
         try:
-            data = self.state.read_bytes()
+            data = read_regular(self.state, STATE_LIMIT, what="witness state", owned=True)
         except FileNotFoundError:
             return {}
         try:
@@ -85,7 +92,12 @@ class Witness:
                                seq=None)
         cp, _ = open_checkpoint(b.checkpoint, b.run_id, pinned)
         lock_path = self.state.with_name(self.state.name + ".lock")
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
+        try:
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
+                         | getattr(os, "O_NONBLOCK", 0), 0o600)
+        except OSError as e:
+            raise UnsafePath(f"{lock_path}: cannot open the witness's lock file: {e.strerror} (a link is refused)") \
+                from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             st = self._load()

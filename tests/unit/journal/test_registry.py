@@ -60,3 +60,15 @@ def test_format_md_lists_every_kind_with_its_fields_in_order():
         fields = [f.encode_name for f in msgspec.inspect.type_info(cls).fields]
         it = iter(names)
         assert all(f in it for f in fields), f"{kind}: FORMAT.md lists {names}, the class has {fields}"
+        # A field the decoder requires is shown neither as optional (`name?`) nor with a default (`name` int (0)):
+        # a writer that follows the page and leaves it out would be refused.
+        cell = row.group(1).split("|")[0]
+        for f in msgspec.inspect.type_info(cls).fields:
+            if not f.required:
+                continue
+            m = re.search(rf"`{f.encode_name}(\??)`([^`]*)", cell)
+            if m is None:
+                continue
+            assert not m.group(1), f"{kind}.{f.encode_name}: required by the reader, shown as optional"
+            assert not re.match(r"\s*[^\s(,]+\s*\((?:-?\d[\d.]*|\[\]|\{\}|\"\"|false|true|null)\)", m.group(2)), \
+                f"{kind}.{f.encode_name}: required by the reader, shown with a default: {m.group(2)!r}"
