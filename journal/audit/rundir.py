@@ -47,6 +47,9 @@ class RunDirReport:
                 "ranks": {str(r): rep.to_dict() for r, rep in sorted(self.ranks.items())}}
 
 
+_RUN_ID = re.compile(r"(.+)\.r([0-9]{5})")
+
+
 def rank_files(d: str | os.PathLike) -> dict[int, Path]:
     """``{rank: file}`` of the rank journals in folder ``d``. A rank file that is a link leading out of the folder
     is refused (:class:`UnsafePath`), as a checkpoint path is: the folder is what was sent, not what it points to."""
@@ -106,6 +109,30 @@ def _verify_ranks(files: dict[int, Path], shared: SharedWorkers, trust: TrustPol
             raise
 
 
+def _hold_to_one_run(reports: dict[int, VerifyReport], joined: list[tuple[int, int, str, int, int]]) -> None:
+    """Every rank journal belongs to one run, from line 0 on: its run id (signed in ``run_opened``) is
+    ``RUN.rNNNNN`` with its file's rank number and the same ``RUN`` as rank 0's (or the lowest rank's); every
+    ``rank_joined`` names that ``RUN``; and in each restart round every rank joined the same world size. A rank
+    file copied in from another run with the same key fails here, anchored or not."""
+    first = min(reports)
+    m = _RUN_ID.fullmatch(reports[first].run_id or "")
+    if m is None or int(m.group(2)) != first:
+        raise AnchorMismatch(f"rank {first}: its run id {reports[first].run_id!r} is not a rank-{first} journal's "
+                             f"(RUN.r{first:05d})", seq=0)
+    run = m.group(1)
+    for rank, rep in sorted(reports.items()):
+        if rep.run_id != f"{run}.r{rank:05d}":
+            raise AnchorMismatch(f"rank {rank}: its run id is {rep.run_id!r}, not {run}.r{rank:05d}: a journal of "
+                                 f"another run (or rank) in this folder", seq=0)
+    worlds: dict[int, tuple[int, int]] = {}  # restart round -> (world size, the rank that said so)
+    for rank, seq, r_run, rnd, w in joined:
+        if r_run != run:
+            raise AnchorMismatch(f"rank {rank}: rank_joined at seq {seq} names run {r_run!r}, not {run!r}", seq=seq)
+        if worlds.setdefault(rnd, (w, rank))[0] != w:
+            raise AnchorMismatch(f"rank {rank}: joined restart round {rnd} with world size {w}, rank "
+                                 f"{worlds[rnd][1]} with {worlds[rnd][0]}", seq=seq)
+
+
 def verify_run_dir(path: str | os.PathLike, *, trust: TrustPolicy | None = None, workers: int | None = None,
                    **trust_options: Any) -> RunDirReport:
     """Verify every rank journal in ``path`` under ``trust`` (a :class:`TrustPolicy`, or its fields as keywords)
@@ -128,6 +155,7 @@ def verify_run_dir(path: str | os.PathLike, *, trust: TrustPolicy | None = None,
     # (anchoring rank, its seq) -> [(anchored rank, seq, hash)]
     wanted: list[tuple[int, int, int, int, str]] = []
     world = 0
+    joined: list[tuple[int, int, str, int, int]] = []  # (rank, seq, run, restart round, world size) of rank_joined
     with SharedWorkers(workers, sum(map(_size, files.values()))) as shared:
         checked = _verify_ranks(files, shared, trust, workers)
     for rank, f in files.items():
@@ -143,6 +171,7 @@ def verify_run_dir(path: str | os.PathLike, *, trust: TrustPolicy | None = None,
                 if ev.rank != rank:
                     raise AnchorMismatch(f"rank {rank}: its journal says it is rank {ev.rank} (a swapped file)",
                                          seq=ev.seq)
+                joined.append((rank, ev.seq, ev.run, ev.restart_count, ev.world_size))
             elif isinstance(ev, RanksAnchored):
                 for r, head in ev.heads.items():
                     if int(r) != rank:
@@ -152,6 +181,7 @@ def verify_run_dir(path: str | os.PathLike, *, trust: TrustPolicy | None = None,
                 s, _, h = ev.head.partition(":")
                 wanted.append((rank, ev.seq, ev.rank, int(s), h))
         rep.collected = []
+    _hold_to_one_run(reports, joined)
     for r in range(world):
         if r not in files:
             raise AnchorMismatch(f"rank {r} of {world}: no journal in {d} (a run folder is verified whole)")
