@@ -100,6 +100,9 @@ def register(sub) -> None:
     p.add_argument("--format", choices=("table", "csv", "json", "parquet"), default="table")
     p.add_argument("--out", metavar="FILE", help="write the result here instead of stdout (required for parquet)")
     p.add_argument("--no-verify", action="store_true", help="skip signature verification (says so on stderr)")
+    p.add_argument("--partial", action="store_true",
+                   help="read the rank journals a run folder holds without checking the folder whole (a missing, "
+                        "truncated or foreign rank is not caught; says PARTIAL on stderr)")
     p.add_argument("--no-cache", action="store_true",
                    help="read the journals even if a verified columnar copy matches their heads, and keep none")
     p.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS",
@@ -238,13 +241,16 @@ def _cmd_query(args: argparse.Namespace) -> int:
         raise UsageError("the SQL is empty")
     if args.format == "parquet" and not args.out:
         raise UsageError("--format parquet needs --out FILE")
+    if args.partial:
+        say("trainledger query: PARTIAL: run folders read without the whole-folder check (a missing, truncated or "
+            "foreign rank is not caught)", file=sys.stderr)
     if args.no_verify:
         say("trainledger query: --no-verify: signatures NOT checked", file=sys.stderr)
         con, source = open_views(paths, verify_first=False)
     else:
         trust = trust_policy(args)
         try:
-            con, source = open_views(paths, use_cache=not args.no_cache, trust=trust)
+            con, source = open_views(paths, use_cache=not args.no_cache, trust=trust, partial=args.partial)
         except IntegrityError as e:
             say(e.fail_line(getattr(e, "path", None) or (str(e.report.path) if e.report else "journal")),
                 file=sys.stderr)

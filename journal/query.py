@@ -208,7 +208,8 @@ def _safe_cache_file(path: Path) -> bool:
 
 
 def connect(paths: Sequence[str | os.PathLike], *, verify_first: bool = True, use_cache: bool = True,
-            trust: TrustPolicy | None = None, **trust_options: Any) -> duckdb.DuckDBPyConnection:
+            trust: TrustPolicy | None = None, partial: bool = False,
+            **trust_options: Any) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB connection with every journal loaded and the views defined, then locked.
 
     ``verify_first`` verifies each journal under ``trust`` (a :class:`TrustPolicy`, or its fields as keywords,
@@ -216,15 +217,22 @@ def connect(paths: Sequence[str | os.PathLike], *, verify_first: bool = True, us
     fails; ``False`` skips that (the CLI says so). Torn tails are left out.
     ``use_cache`` answers from a verified columnar copy when one matches (see
     the module docstring); it never builds one (:func:`build_cache` does).
+    A run folder of rank journals is first checked whole, as ``verify RUN_DIR`` checks it (a missing rank, a rank
+    from another run, a truncated one: :class:`~trainledger.journal.audit.rundir.AnchorMismatch`), unless
+    ``partial`` (then the rank files present are read, and the caller must say the view is partial).
     """
-    return open_views(paths, verify_first=verify_first, use_cache=use_cache, trust=trust, **trust_options)[0]
+    return open_views(paths, verify_first=verify_first, use_cache=use_cache, trust=trust, partial=partial,
+                      **trust_options)[0]
 
 
 def open_views(paths: Sequence[str | os.PathLike], *, verify_first: bool = True, use_cache: bool = True,
-               trust: TrustPolicy | None = None, **trust_options: Any) -> tuple[duckdb.DuckDBPyConnection, Source]:
+               trust: TrustPolicy | None = None, partial: bool = False,
+               **trust_options: Any) -> tuple[duckdb.DuckDBPyConnection, Source]:
     """:func:`connect`, also saying where the tables came from."""
     trust = TrustPolicy.of(trust, **trust_options)
     files = journal_files(paths)
+    if verify_first and not partial:
+        _whole_run_dirs(paths, trust)
     if verify_first and use_cache:
         hit = _warm(files, trust)
         if hit is not None:
@@ -240,6 +248,23 @@ def open_views(paths: Sequence[str | os.PathLike], *, verify_first: bool = True,
         raise
     _lock(con)
     return con, source
+
+
+def _whole_run_dirs(paths: Sequence[str | os.PathLike], trust: TrustPolicy) -> None:
+    """Every run folder among ``paths`` (or below a folder named there), checked whole (verify_run_dir)."""
+    from trainledger.journal.audit.rundir import is_run_dir, verify_run_dir
+
+    folders = set()
+    for p in map(Path, paths):
+        if p.is_dir():
+            folders |= {x.parent for x in p.rglob("rank-*.jsonl") if x.is_file()}
+    for d in sorted(folders):
+        if is_run_dir(d):
+            try:
+                verify_run_dir(d, trust=trust)
+            except TrainledgerError as e:
+                e.path = str(d)
+                raise
 
 
 def build_cache(paths: Sequence[str | os.PathLike], *, trust: TrustPolicy | None = None, **trust_options: Any) -> Path:

@@ -46,3 +46,17 @@ def test_ranks_that_joined_one_round_with_different_world_sizes_are_refused(tmp_
     c = _run(tmp_path / "C", signer, "runC", worlds={1: 3})
     with pytest.raises(AnchorMismatch, match="world size"):
         verify_run_dir(c, keys=[signer.public])
+
+
+def test_query_over_a_run_folder_with_a_rank_missing_fails_unless_asked_for_a_partial_view(tmp_path, signer,
+                                                                                          keypair, capsys):
+    c = _run(tmp_path / "C", signer, "runC", world=4)
+    (c / "rank-00002.jsonl").unlink()
+    pub = str(keypair[2])
+    assert main(["query", "--pubkey", pub, str(c), "SELECT count(*) FROM steps"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"FAIL {c}: ") and "rank 2 of 4: no journal" in err
+    assert main(["query", "--pubkey", pub, "--partial", "--format", "csv", str(c),
+                 "SELECT count(DISTINCT rank) AS ranks FROM steps"]) == 0
+    out, err = capsys.readouterr()
+    assert "PARTIAL" in err and out.strip().splitlines()[-1] == "3"
