@@ -44,6 +44,7 @@ from trainledger.journal.proofs.merkle import CompactRange, range_of_lines
 from trainledger.journal.errors import IntegrityError, JournalClosed, JournalError, JournalIOError, JournalLocked, UsageError
 from trainledger.journal.events import FORMAT_VERSION, Event, RunClosed, RunOpened, Seal, TailRepaired
 from trainledger.journal.keys import Signer
+from trainledger.journal.scan import MAX_LINE
 
 __all__ = ["Journal", "DEFAULT_SEAL_EVERY", "DEFAULT_SEAL_INTERVAL_S", "DEFAULT_FLUSH_INTERVAL_S"]
 
@@ -66,6 +67,8 @@ _encoders: dict[type, Any] = {}  # event class -> its canonical encoder
 _WRITER_OWNED = (RunOpened, Seal, RunClosed)
 #: While a disk refuses writes, appends are kept in memory up to this much; beyond it append refuses.
 _MAX_BUFFER = 64 << 20
+#: The largest encoded event append() takes: the line cap verify holds every line to, less room for seq, ts and h
+_MAX_EVENT = MAX_LINE - 256
 #: Journals open in this process: suspended (sealed, fsynced, left open for open_append) at interpreter exit.
 _OPEN: weakref.WeakSet = weakref.WeakSet()
 
@@ -322,6 +325,9 @@ class Journal:
         """
         enc = _encoders.get(event.__class__)
         body = enc(event) if enc is not None else _encode_new(event)
+        if len(body) > _MAX_EVENT:  # verify refuses a line past MAX_LINE: never write one
+            raise UsageError(f"{self.path}: a {type(event).__name__} of {len(body):,} bytes encoded is over the "
+                             f"{_MAX_EVENT:,} an event may be (a journal line is at most {MAX_LINE:,} bytes)")
         with self._lock:
             if self._stopped or self._io_error is not None or len(self._buf) >= _MAX_BUFFER:
                 self._refuse_locked()

@@ -26,6 +26,7 @@ from trainledger.journal.errors import (
     UsageError,
 )
 from trainledger.journal.keys import PublicKey
+from trainledger.journal.scan import MAX_LINE
 from trainledger.journal.proofs.merkle import ProofError, leaf_hash, verify_consistency, verify_inclusion
 from trainledger.journal.proofs.note import (
     NoteError,
@@ -166,6 +167,9 @@ def prove(journal: str | os.PathLike, seqs: Sequence[int], *, trust: TrustPolicy
             if not 0 <= s < n:
                 raise UsageError(f"seq {s} is not in the tree of {n} lines the checkpoint covers (seqs 0 to {n - 1})")
             line = view.line(s)
+            if len(line) > MAX_LINE:  # the rule verify holds every line to: no bundle for a line it refuses
+                raise SchemaError(f"line {s} is {len(line):,} bytes, over the {MAX_LINE:,}-byte cap on a journal line",
+                                  seq=s)
             try:
                 rec = codec.decode_line(line, seq_hint=s)
             except IntegrityError:
@@ -311,6 +315,9 @@ def verify_bundle(data: bytes, keys: Sequence[PublicKey], *, witnesses: Sequence
             raise ProofError(f"seq {e.seq} appears twice")
         seen.add(e.seq)
         line = e.line.encode()
+        if len(line) > MAX_LINE:
+            raise ProofError(f"entry seq {e.seq}: its line is {len(line):,} bytes, over the {MAX_LINE:,}-byte cap "
+                             "verify holds every journal line to")
         try:
             rec = codec.decode_line(line, seq_hint=e.seq)
         except IntegrityError as err:

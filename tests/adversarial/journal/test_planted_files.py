@@ -118,3 +118,32 @@ def test_a_control_byte_in_a_node_name_is_not_copied_into_the_report(tmp_path, s
     write_run_dir_report(run, tmp_path / "r.html", keys=[signer.public])
     page = (tmp_path / "r.html").read_text()
     assert "\x1b" not in page and "\x07" not in page and "\\x1b" in page
+
+
+def test_a_line_over_the_cap_is_not_written_and_gets_no_bundle(tmp_path, signer):
+    from journal_tools import dump, parse, read_lines, rechain, write_lines
+
+    from trainledger.journal.errors import IntegrityError, UsageError
+    from trainledger.journal.kinds import RunStopped
+    from trainledger.journal.scan import MAX_LINE
+
+    j = Journal.create(tmp_path / "w.jsonl", signer=signer, background=False)
+    with pytest.raises(UsageError, match="over the"):
+        j.append(RunStopped(rule="x", reason="a" * MAX_LINE))
+    j.close()
+    # A key holder writes one anyway (by hand, re-signed): verify refuses the journal, and prove gives no bundle.
+    p = _journal(tmp_path / "j.jsonl", signer, 20)
+    lines = read_lines(p)
+    obj = parse(lines[3])
+    obj["loss"] = 1.0
+    obj["huge"] = "a"
+    lines[3] = dump(obj).replace(b'"huge":"a"', b'"huge":"' + b"a" * (MAX_LINE + 10) + b'"')
+    write_lines(p, rechain(lines, resign=signer))
+    with pytest.raises(IntegrityError):
+        T.prove(p, [3], keys=[signer.public])
+    b = T.prove(p, [1], keys=[signer.public]).bundle  # a line under the cap: proven
+    b["entries"][0]["line"] = "a" * (MAX_LINE + 1)
+    from trainledger.journal.proofs.merkle import ProofError
+
+    with pytest.raises(ProofError, match="over the"):
+        T.verify_bundle(json.dumps(b).encode(), [signer.public])
