@@ -383,7 +383,7 @@ def main(argv: Sequence[str] | None = None, *, parser: argparse.ArgumentParser |
         return 2
     if args.command in _READERS:
         for p in [getattr(args, "path", None), *(getattr(args, "paths", None) or [])]:
-            if isinstance(p, str) and p != "-":
+            if isinstance(p, str) and p != "-" and os.path.exists(p):  # query's last argument is its SQL
                 warn_private_keys(p)
     try:
         return args.func(args)
