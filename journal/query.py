@@ -231,12 +231,12 @@ def open_views(paths: Sequence[str | os.PathLike], *, verify_first: bool = True,
     """:func:`connect`, also saying where the tables came from."""
     trust = TrustPolicy.of(trust, **trust_options)
     files = journal_files(paths)
-    if verify_first and not partial:
-        _whole_run_dirs(paths, trust)
     if verify_first and use_cache:
-        hit = _warm(files, trust)
+        hit = _warm(files, trust)  # a copy is only ever built of whole run folders (build_cache checks them)
         if hit is not None:
             return hit
+    if verify_first and not partial:
+        _whole_run_dirs(paths, trust)
     try:
         con, source = _load(files, verify_first, trust)
         _define_views(con)
@@ -276,7 +276,9 @@ def build_cache(paths: Sequence[str | os.PathLike], *, trust: TrustPolicy | None
     files = journal_files(paths)
     if _safe_cache_dir(create=True) is None:
         raise JournalIOError(f"{cache_dir()}: not a folder that only this user can write: no cache kept there")
-    con, source = _load(files, True, TrustPolicy.of(trust, **trust_options))
+    trust = TrustPolicy.of(trust, **trust_options)
+    _whole_run_dirs(paths, trust)  # a warm answer skips that check, so no copy is made of a partial folder
+    con, source = _load(files, True, trust)
     _define_views(con)
     target = _cache_path(files)
     tmp = target.with_name(f"{target.name}.tmp-{os.getpid()}")
@@ -415,10 +417,10 @@ def _insert(con: duckdb.DuckDBPyConnection, rows: list[dict[str, Any]], *, caref
 
 def _rank_of(run_id: str | None) -> int | None:
     """The rank a distributed run's journal has in its run id (``RUN.r00003``, as RANK_SQL reads it), else None."""
-    import re
+    from trainledger.journal.audit.rundir import split_run_id
 
-    m = re.search(r"\.r([0-9]{5})$", run_id or "")
-    return int(m.group(1)) if m else None
+    split = split_run_id(run_id)
+    return None if split is None else split[1]
 
 
 def _file_row(f: Path, rep: VerifyReport) -> dict[str, Any]:

@@ -39,7 +39,7 @@ from typing import Any
 
 from trainledger.training.health.mfu import record_compute
 from trainledger.journal import Journal, Signer, load_signer
-from trainledger.training.distributed.ranks import open_rank_journal, rank_journal_name
+from trainledger.training.distributed.ranks import in_torchrun, journal_name, rank_info
 from trainledger.journal.errors import JournalClosed, UsageError
 
 from trainledger.training.checkpoints.state import (
@@ -52,6 +52,7 @@ from trainledger.training.checkpoints.state import (
     signed_history,
 )
 from trainledger.training.health.monitor import TrainingHealthMonitor
+from trainledger.training.integrations.hooks import check_folder, open_run_journal, record_checkpoint, signer_from
 
 __all__ = ["Recorder", "check_checkpoint"]
 
@@ -64,12 +65,9 @@ def check_checkpoint(path: str | os.PathLike, *, run_dir: str | os.PathLike, key
     (``run_resumed`` naming the step it was recorded at and what the file holds and does not; or
     ``resume_rejected`` and :class:`ResumeRejected`). Returns the record: its ``step`` is the last step the file
     completed. A :class:`Recorder` opened afterwards on the folder continues from it (``rec.start``)."""
-    from trainledger.training.integrations.hooks import check_folder, signer_from
-
     s = signer_from(key, signer)
     run = Path(run_dir)
-    info = _rank_info(run)
-    jpath = run / ("journal.jsonl" if info is None else rank_journal_name(info.rank))
+    jpath = run / journal_name()  # from the environment: no collective, so one rank alone may call this
     if not jpath.exists():
         raise UsageError(f"{jpath}: no journal to check {path} against (was the run recorded in {run}?)")
     try:
@@ -90,12 +88,8 @@ def _grouped() -> bool:
 
 
 def _rank_info(run: Path) -> Any:
-    """torchrun's place for this process (``RANK`` and ``WORLD_SIZE`` > 1 set), else None."""
-    if int(os.environ.get("WORLD_SIZE", "1") or 1) <= 1 or "RANK" not in os.environ:
-        return None
-    from trainledger.training.distributed.ranks import rank_info
-
-    return rank_info(run_dir=run)
+    """torchrun's place for this process, else None."""
+    return rank_info(run_dir=run) if in_torchrun() else None
 
 
 def _agreed(kept: list[CheckpointSaved]) -> CheckpointSaved | None:
@@ -141,24 +135,17 @@ class Recorder:
         #: under torchrun, this process's place (rank, world size, the run identity every rank shares); else None
         self.rank_info = _rank_info(self.run)
         info = self.rank_info
-        name = "journal.jsonl" if info is None else rank_journal_name(info.rank)
         #: where this process's own checkpoints go, relative to the run folder (one folder per rank under torchrun)
         self.checkpoint_dir = "checkpoints" if info is None else f"checkpoints/rank-{info.rank:05d}"
-        path = self.run / name
+        path = self.run / journal_name()
         meta = {"recorder": True, **(meta or {})}
-        if path.exists():
-            try:
-                self.journal = (Journal.open_append(path, signer=self.signer) if info is None else
-                                open_rank_journal(self.run, self.signer, info=info, meta=meta))
-            except JournalClosed:
-                raise UsageError(f"{path}: this run is finished (closed); to go on from it, start a new run folder "
-                                 f"with Recorder(NEW_DIR, continue_from={str(self.run)!r}, ...)") from None
+        if path.exists():  # continued (a finished one is refused, naming continue_from=)
+            self.journal, _ = open_run_journal(self.run, self.signer, meta, info=info)
             self._resume(flop_config, peak_flops_per_sec)
         elif continue_from is not None:
             self._continue(Path(continue_from), path, meta, flop_config, peak_flops_per_sec)
         else:
-            self.journal = (Journal.create(path, signer=self.signer, meta=meta) if info is None else
-                            open_rank_journal(self.run, self.signer, info=info, meta=meta))
+            self.journal, _ = open_run_journal(self.run, self.signer, meta, info=info)
             self.monitor = TrainingHealthMonitor(journal=self.journal, flop_config=flop_config,
                                                  peak_flops_per_sec=peak_flops_per_sec)
         self._t = time.perf_counter()
@@ -198,9 +185,8 @@ class Recorder:
                 from None
         link = {"run_id": rep.run_id, "head": rep.head, "checkpoint": ck.path, "sha256": ck.sha256,
                 "step": ck.step, "folder": prev.name}
-        meta = {**(meta or {}), "continues": link}
-        self.journal = (Journal.create(path, signer=self.signer, meta=meta) if self.rank_info is None else
-                        open_rank_journal(self.run, self.signer, info=self.rank_info, meta=meta))
+        self.journal, _ = open_run_journal(self.run, self.signer, {**(meta or {}), "continues": link},
+                                           info=self.rank_info)
         self.journal.append(RunResumed(reason="continued", from_step=ck.step, checkpoint=ck.path,
                                        detail={"continues": link}), durable=True)
         self.monitor = TrainingHealthMonitor(journal=self.journal, flop_config=flop_config, peak_flops_per_sec=peak)
@@ -269,9 +255,7 @@ class Recorder:
         dt = now - self._t if step_time_s is None else step_time_s
         self._t = now
         return self.monitor.observe_step(step, loss, grad_norm=grad_norm, step_time_s=dt, batch_size=batch_size,
-                                         tokens=tokens, lr=lr,
-                                         batch_fingerprint=None if batch_fingerprint is None
-                                         else float(batch_fingerprint))
+                                         tokens=tokens, lr=lr, batch_fingerprint=batch_fingerprint)
 
     def checkpoint(self, step: int, *, data_state: Any = None, tokens: int = 0) -> CheckpointSaved:
         """Save the full training state after step ``step`` (the last step completed) and record it, durably.
@@ -309,8 +293,6 @@ class Recorder:
         over at the resume."""
         from trainledger.journal.kinds import CheckpointDeleted
 
-        from trainledger.training.integrations.hooks import record_checkpoint
-
         p = Path(path)
         if not p.resolve().is_relative_to(self.run.resolve()):
             raise UsageError(f"{p}: a checkpoint outside the run folder {self.run}: save it inside")
@@ -326,8 +308,6 @@ class Recorder:
     def check_checkpoint(self, path: str | os.PathLike) -> CheckpointSaved:
         """Before loading a checkpoint your own code wrote: check it against its signed record and record the
         verdict (``run_resumed``; or ``resume_rejected`` and :class:`ResumeRejected`). Returns the record."""
-        from trainledger.training.integrations.hooks import check_folder
-
         rec = check_folder(self.journal, self.run, Path(path))
         self.monitor.observe_resume(rec.step, checkpoint=rec.path, append=False)
         return rec
@@ -340,7 +320,7 @@ class Recorder:
         report = self.monitor.report()
         record_compute(self.journal)
         if self.rank_info is not None and status == "completed":
-            self.anchor(self.monitor.report()["last_step"])  # every rank reaches the end together
+            self.anchor(report["last_step"])  # every rank reaches the end together
         self.journal.close(status=status, reason=reason)
         return report
 

@@ -50,6 +50,12 @@ class RunDirReport:
 _RUN_ID = re.compile(r"(.+)\.r([0-9]{5})")
 
 
+def split_run_id(run_id: str | None) -> tuple[str, int] | None:
+    """``(RUN, rank)`` of a rank journal's run id (``RUN.r00003``: training.distributed.ranks), else None."""
+    m = _RUN_ID.fullmatch(run_id or "")
+    return (m.group(1), int(m.group(2))) if m else None
+
+
 def rank_files(d: str | os.PathLike) -> dict[int, Path]:
     """``{rank: file}`` of the rank journals in folder ``d``. A rank file that is a link leading out of the folder
     is refused (:class:`UnsafePath`), as a checkpoint path is: the folder is what was sent, not what it points to."""
@@ -115,11 +121,11 @@ def _hold_to_one_run(reports: dict[int, VerifyReport], joined: list[tuple[int, i
     ``rank_joined`` names that ``RUN``; and in each restart round every rank joined the same world size. A rank
     file copied in from another run with the same key fails here, anchored or not."""
     first = min(reports)
-    m = _RUN_ID.fullmatch(reports[first].run_id or "")
-    if m is None or int(m.group(2)) != first:
+    split = split_run_id(reports[first].run_id)
+    if split is None or split[1] != first:
         raise AnchorMismatch(f"rank {first}: its run id {reports[first].run_id!r} is not a rank-{first} journal's "
                              f"(RUN.r{first:05d})", seq=0)
-    run = m.group(1)
+    run = split[0]
     for rank, rep in sorted(reports.items()):
         if rep.run_id != f"{run}.r{rank:05d}":
             raise AnchorMismatch(f"rank {rank}: its run id is {rep.run_id!r}, not {run}.r{rank:05d}: a journal of "

@@ -29,7 +29,8 @@ from trainledger.journal.errors import UsageError
 from trainledger.journal.kinds import AnchorRecorded, RankJoined, RanksAnchored
 from trainledger.training.distributed.stragglers import DEFAULT_THRESHOLD
 
-__all__ = ["RankInfo", "rank_info", "open_rank_journal", "anchor_ranks", "rank_journal_name", "init_process_group",
+__all__ = ["RankInfo", "rank_info", "open_rank_journal", "anchor_ranks", "rank_journal_name", "in_torchrun",
+           "journal_name", "init_process_group",
            "StragglerDetector", "save_sharded", "restore_sharded", "ShardedCheckpointer", "ShardedRestore", "rank_key"]
 
 
@@ -61,7 +62,7 @@ def rank_info(env: dict[str, str] | None = None, *, run_dir: str | os.PathLike |
         run = ""
     run = _clean_run(run or env.get("TRAINLEDGER_RUN") or "")
     if not run:
-        run = _shared_run_id(run_dir, rank)
+        run = _shared_run_id(run_dir)
     return RankInfo(run=run, rank=rank, world_size=world, local_rank=int(env.get("LOCAL_RANK", "0")),
                     node=socket.gethostname(), restart_count=int(env.get("TORCHELASTIC_RESTART_COUNT", "0")))
 
@@ -84,7 +85,7 @@ def _recorded_run(run_dir: Path) -> str:
         return ""
 
 
-def _shared_run_id(run_dir: str | os.PathLike | None, rank: int) -> str:
+def _shared_run_id(run_dir: str | os.PathLike | None) -> str:
     import secrets
     import time
 
@@ -133,6 +134,19 @@ def init_process_group(backend: str = "gloo", **kwargs: Any) -> None:
 
 def rank_journal_name(rank: int) -> str:
     return f"rank-{rank:05d}.jsonl"
+
+
+def in_torchrun(env: dict[str, str] | None = None) -> bool:
+    """Whether this process is one rank of a multi-process torchrun job (``RANK`` set, ``WORLD_SIZE`` > 1)."""
+    env = os.environ if env is None else env
+    return "RANK" in env and int(env.get("WORLD_SIZE", "1") or 1) > 1
+
+
+def journal_name(env: dict[str, str] | None = None) -> str:
+    """This process's journal in a run folder: ``rank-NNNNN.jsonl`` under torchrun, else ``journal.jsonl``. From
+    the environment alone (no collective: a call on one rank only is safe)."""
+    env = os.environ if env is None else env
+    return rank_journal_name(int(env["RANK"])) if in_torchrun(env) else "journal.jsonl"
 
 
 def open_rank_journal(run_dir: str | os.PathLike, signer: Signer, *, info: RankInfo | None = None,
@@ -231,9 +245,8 @@ class StragglerDetector:
         last exchange), so no steps go unscored. Returns ``{rank: relative score}`` ({} when there was none)."""
         import torch.distributed as dist
 
-        pending = [len(self._times)]
         every: list[Any] = [None] * dist.get_world_size(self.group)
-        dist.all_gather_object(every, pending[0], group=self.group)  # every rank agrees whether to exchange
+        dist.all_gather_object(every, len(self._times), group=self.group)  # every rank agrees whether to exchange
         return self.exchange() if any(every) else {}
 
     def exchange(self) -> dict[int, float]:

@@ -327,10 +327,10 @@ class HealthProjection:
     def __init__(self, config: RunConfigured | None = None):
         self.config = config or RunConfigured()
         c = self.config
-        self._loss = _Detector(DetectorParams(c.loss_window, c.loss_min_periods, c.loss_z_thresh, "loss"),
-                               "loss_spike", log=c.loss_scale == "log", series="loss",
-                               episodes=c.loss_scale == "log")
+        # format 1.4's rule (loss_scale "log"): the log of the loss, and one anomaly per spike episode
         self._loss_log = c.loss_scale == "log"
+        self._loss = _Detector(DetectorParams(c.loss_window, c.loss_min_periods, c.loss_z_thresh, "loss"),
+                               "loss_spike", log=self._loss_log, series="loss", episodes=self._loss_log)
         self._grad = _Detector(DetectorParams(c.grad_norm_window, c.grad_norm_min_periods, c.grad_norm_z_thresh,
                                               "grad_norm"), "grad_norm_spike", log=True, series="grad_norm")
         self.steps = 0

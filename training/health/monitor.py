@@ -117,7 +117,8 @@ class TrainingHealthMonitor:
                               batch_fingerprint=None if batch_fingerprint is None else float(batch_fingerprint))
         except (TypeError, ValueError):
             for name, v in (("grad_norm", grad_norm), ("lr", lr), ("step_time_s", step_time_s),
-                            ("data_time_s", data_time_s), ("compute_time_s", compute_time_s)):
+                            ("data_time_s", data_time_s), ("compute_time_s", compute_time_s),
+                            ("batch_fingerprint", batch_fingerprint)):
                 _opt_float(name, v)  # names the argument that is not a number
             raise
         j = self.journal
@@ -205,18 +206,19 @@ class TrainingHealthMonitor:
         proj = HealthProjection()
         proj.apply_all(list(history))
         proj.suspected_new.clear()  # already on record
-        self = object.__new__(cls)
-        self._proj = proj
-        self.config = proj.config
-        self.journal = journal
-        return self
+        return cls._around(proj, journal)
 
     @classmethod
     def from_state(cls, state: dict[str, Any], *, journal: Journal | None = None) -> TrainingHealthMonitor:
         """Rebuild a monitor from :meth:`state`; it appends to ``journal`` from now on."""
+        return cls._around(HealthProjection.from_state(state), journal)
+
+    @classmethod
+    def _around(cls, proj: HealthProjection, journal: Journal | None) -> TrainingHealthMonitor:
+        """A monitor over a projection already folded (nothing appended: its run_configured is on record)."""
         self = object.__new__(cls)
-        self._proj = HealthProjection.from_state(state)
-        self.config = self._proj.config
+        self._proj = proj
+        self.config = proj.config
         self.journal = journal
         return self
 

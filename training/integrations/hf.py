@@ -83,12 +83,9 @@ def _previous_run(prev: Path, signer: Signer, global_step: int) -> tuple[dict[st
     records, the previous journal's signed events)."""
     from trainledger.journal import read_signed_events, verify
 
-    from trainledger.training.distributed.ranks import rank_journal_name
+    from trainledger.training.distributed.ranks import journal_name
 
-    name = "journal.jsonl"
-    if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1 and "RANK" in os.environ:
-        name = rank_journal_name(int(os.environ["RANK"]))
-    pj = prev / name
+    pj = prev / journal_name()
     if not pj.is_file():
         raise UsageError(f"{pj}: no journal of the run to continue from")
     rep = verify(pj, keys=[signer.public], allow_unsealed=True)

@@ -29,17 +29,16 @@ def open_run_journal(run_dir: Path, signer: Signer, meta: dict[str, Any], *,
     (training.distributed): the rank is ``info`` (a ``RankInfo`` a framework built), else torchrun's environment
     (``RANK`` and ``WORLD_SIZE`` set, world > 1). Continued when it exists and is open. Returns the journal and
     the rank (None for a single process)."""
+    from trainledger.training.distributed.ranks import in_torchrun, open_rank_journal, rank_info, rank_journal_name
+
     run_dir.mkdir(parents=True, exist_ok=True)
-    if info is None and int(os.environ.get("WORLD_SIZE", "1") or 1) > 1 and "RANK" in os.environ:
-        from trainledger.training.distributed.ranks import rank_info
-
+    if info is None and in_torchrun():
         info = rank_info(run_dir=run_dir)
-    if info is not None and info.world_size > 1:
-        from trainledger.training.distributed.ranks import open_rank_journal
-
-        return open_rank_journal(run_dir, signer, info=info, meta=meta), info.rank
-    path = run_dir / "journal.jsonl"
+    ranked = info is not None and info.world_size > 1
+    path = run_dir / (rank_journal_name(info.rank) if ranked else "journal.jsonl")
     try:
+        if ranked:
+            return open_rank_journal(run_dir, signer, info=info, meta=meta), info.rank
         j = Journal.open_append(path, signer=signer) if path.exists() else \
             Journal.create(path, signer=signer, meta=meta)
     except JournalClosed:
