@@ -85,3 +85,29 @@ def test_a_plain_dataloader_skipped_by_hand_is_held_to_what_it_trained_first(tmp
     assert main(["replay", "--pubkey", str(pub), str(run / "journal.jsonl")]) == 0  # replay recomputes them
     out = capsys.readouterr().out
     assert ("anomaly data_divergence: 2 at steps 8, 9" in out) == bool(flagged)
+
+
+def test_a_doctored_data_divergence_in_a_signed_journal_is_named_by_replay(tmp_path, signer):
+    """The verdict rests on the fingerprints: hidden, or forged where the batches matched, with the run's own key
+    re-signing the lie, replay recomputes it from the steps and names the difference."""
+    from journal_tools import dump, parse, read_lines, rechain, write_lines
+
+    from trainledger.audit import replay
+
+    run = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt):
+        _run(run, signer, crash_at=9)
+    _run(run, signer, skip=lambda rec: rec.data_state["batch"] - 1)  # flagged at steps 8 and 9
+    lines = read_lines(run / "journal.jsonl")
+    flagged = [i for i, ln in enumerate(lines) if b'"data_divergence"' in ln]
+    assert len(flagged) == 2
+    hidden = tmp_path / "hidden.jsonl"
+    write_lines(hidden, rechain([ln for i, ln in enumerate(lines) if i != flagged[0]], resign=signer))
+    forged = tmp_path / "forged.jsonl"
+    obj = parse(lines[flagged[0]])
+    obj["step"] = 3  # a step whose batch was never redone
+    write_lines(forged, rechain(lines[:flagged[0]] + [dump(obj)] + lines[flagged[0] + 1:], resign=signer))
+    for doctored in (hidden, forged):
+        rec = replay(doctored, keys=[signer.public])
+        assert not rec.ok and any(d["kind"] == "anomaly_detected" for d in rec.differences), rec.differences
+    assert replay(run / "journal.jsonl", keys=[signer.public]).ok
