@@ -20,8 +20,8 @@ from trainledger.journal import __version__
 from trainledger.journal.text import csv_cell, safe
 from trainledger.journal.errors import IntegrityError, JournalError, JournalIOError, TrainledgerError, UsageError
 from trainledger.journal.keys import keygen, warn_private_keys
-from trainledger.journal.options import (EPILOG, add_json_option, add_trust_options, print_report, say, trust_policy,
-                                         verify_from_args)
+from trainledger.journal.options import (EPILOG, add_json_option, add_partial_option, add_trust_options, partial_line,
+                                         print_report, say, trust_policy, verify_from_args)
 from trainledger.journal.verify import parse_head
 
 __all__ = ["main", "entry", "build_parser", "new_parser", "register"]
@@ -100,9 +100,7 @@ def register(sub) -> None:
     p.add_argument("--format", choices=("table", "csv", "json", "parquet"), default="table")
     p.add_argument("--out", metavar="FILE", help="write the result here instead of stdout (required for parquet)")
     p.add_argument("--no-verify", action="store_true", help="skip signature verification (says so on stderr)")
-    p.add_argument("--partial", action="store_true",
-                   help="read the rank journals a run folder holds without checking the folder whole (a missing, "
-                        "truncated or foreign rank is not caught; says PARTIAL on stderr)")
+    add_partial_option(p)
     p.add_argument("--no-cache", action="store_true",
                    help="read the journals even if a verified columnar copy matches their heads, and keep none")
     p.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS",
@@ -171,6 +169,10 @@ def _verify_run_dir(args: argparse.Namespace, **extra) -> int:
         say(json.dumps(r.to_dict()))
         return 0
     say(f"OK    {r.path}: {len(r.ranks)} of {r.world_size} ranks verified, {r.anchors} cross-rank anchors hold")
+    bound = {"roster": f"the roster {args.roster}", "recorded": "rank 0's signed record of the ranks' keys "
+             "(pin --roster to bind them yourself)", "one key": "one key signs every rank",
+             "unsigned": "unsigned"}[r.keys_bound_by]
+    say(f"  keys bound to ranks by {bound}")
     for rank, rep in sorted(r.ranks.items()):
         unsigned = f", {rep.unsealed_events:,} NOT signed" if rep.unsealed_events else ""
         say(f"  rank {rank:<5} {rep.events:>10,} events  key {rep.key_id} ({rep.trust})  tail {rep.tail}{unsigned}")
@@ -241,9 +243,6 @@ def _cmd_query(args: argparse.Namespace) -> int:
         raise UsageError("the SQL is empty")
     if args.format == "parquet" and not args.out:
         raise UsageError("--format parquet needs --out FILE")
-    if args.partial:
-        say("trainledger query: PARTIAL: run folders read without the whole-folder check (a missing, truncated or "
-            "foreign rank is not caught)", file=sys.stderr)
     if args.no_verify:
         say("trainledger query: --no-verify: signatures NOT checked", file=sys.stderr)
         con, source = open_views(paths, verify_first=False)
@@ -255,6 +254,8 @@ def _cmd_query(args: argparse.Namespace) -> int:
             say(e.fail_line(getattr(e, "path", None) or (str(e.report.path) if e.report else "journal")),
                 file=sys.stderr)
             return 1
+        for folder, missing in source.missing.items():
+            say(f"trainledger query: {partial_line(folder, missing)}", file=sys.stderr)
         # Large journals read cold: keep a verified columnar copy for next time, built off this process.
         if (not args.no_cache and source.origin == "journals"
                 and sum(r["size"] for r in source.files) >= CACHE_MIN_BYTES):

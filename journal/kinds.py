@@ -320,6 +320,11 @@ def _check_head(head: str) -> None:
         raise ValueError(f"{head[:80]!r} is not SEQ:HASH")
 
 
+def _check_key_id(key_id: str) -> None:
+    if not (len(key_id) == 16 and not key_id.strip("0123456789abcdef")):
+        raise ValueError(f"{key_id[:40]!r} is not a key id (16 lowercase hex digits)")
+
+
 def _check_ranks(d: dict[str, Any], what: str) -> None:
     for k in d:
         if not (k.isdigit() and len(k) <= 7):
@@ -344,11 +349,17 @@ class RanksAnchored(Event, tag="ranks_anchored", frozen=True, kw_only=True):
 
     heads: dict[str, str]  # rank (decimal) -> "SEQ:HASH"
     step: int | None = None
+    #: 1.5: rank (decimal) -> the id of the key that rank signs with, from the same collective (the roster
+    #: rank 0 records: journal.audit.roster); an unsigned rank is left out
+    keys: dict[str, str] = {}
 
     def __post_init__(self) -> None:  # on decode too: verify RUN_DIR reads these fields
         _check_ranks(self.heads, "heads")
         for h in self.heads.values():
             _check_head(h)
+        _check_ranks(self.keys, "keys")
+        for k in self.keys.values():
+            _check_key_id(k)
 
 
 class AnchorRecorded(Event, tag="anchor_recorded", frozen=True, kw_only=True):
@@ -357,9 +368,12 @@ class AnchorRecorded(Event, tag="anchor_recorded", frozen=True, kw_only=True):
     rank: int
     head: str  # "SEQ:HASH"
     step: int | None = None
+    key: str | None = None  # 1.5: the id of the key that rank signs with, as the ranks exchanged it
 
     def __post_init__(self) -> None:
         _check_head(self.head)
+        if self.key is not None:
+            _check_key_id(self.key)
 
 
 class ShardsSaved(Event, tag="shards_saved", frozen=True, kw_only=True):

@@ -13,8 +13,8 @@ from trainledger.journal.text import safe
 from trainledger.journal.trust import TrustPolicy
 from trainledger.journal.verify import VerifyReport, verify
 
-__all__ = ["EPILOG", "say", "Progress", "progress_for", "add_json_option", "add_trust_options", "trust_policy",
-           "verify_from_args", "print_report", "fmt_int", "imported_line"]
+__all__ = ["EPILOG", "say", "Progress", "progress_for", "add_json_option", "add_trust_options", "add_partial_option",
+           "partial_line", "trust_policy", "verify_from_args", "print_report", "fmt_int", "imported_line"]
 
 EPILOG = """exit codes: 0 ok, 1 integrity failure (the journal does not verify, or
 what it or a checkpoint says cannot hold), 2 usage or I/O error, 130 Ctrl-C;
@@ -73,9 +73,26 @@ def add_trust_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--trust-embedded", action="store_true",
                    help="check against the key embedded in the journal (integrity only: authenticity not established)")
     g.add_argument("--allow-unsigned", action="store_true", help="accept a journal that carries no signatures")
+    g.add_argument("--roster", metavar="FILE",
+                   help="which key signs which rank of a run folder: lines 'RANKS KEY' (a rank, FIRST-LAST or *; a "
+                        "key id or a public key line); every rank is held to its key (docs/distributed.md)")
     g.add_argument("--allow-unsealed", action="store_true",
                    help="accept a signed journal whose last events no seal covers (a live or crashed run): only "
                         "the signed prefix is verified and used; the rest is counted and left out")
+
+
+def add_partial_option(p: argparse.ArgumentParser) -> None:
+    """The shared opt-in to reading a run folder with ranks missing (journal.audit.rundir's ``partial``)."""
+    p.add_argument("--partial", action="store_true",
+                   help="read a run folder with ranks missing: every rank present is still checked (anchors, run, "
+                        "keys), the missing ones are named, and what is shown says PARTIAL")
+
+
+def partial_line(folder: str, missing: list[int]) -> str:
+    """The label a partial view carries, wherever it is shown."""
+    shown = ", ".join(map(str, missing[:20])) + (f" and {len(missing) - 20:,} more" if len(missing) > 20 else "")
+    return (f"PARTIAL: {folder} lacks rank(s) {shown}; what follows covers only the ranks present, and nothing "
+            "checks that the missing ones agree")
 
 
 def verify_from_args(args: argparse.Namespace, *, label: str = "verifying", **extra) -> VerifyReport:
@@ -92,7 +109,12 @@ def verify_from_args(args: argparse.Namespace, *, label: str = "verifying", **ex
 def trust_policy(args: argparse.Namespace) -> TrustPolicy:
     """The :class:`TrustPolicy` the shared trust options (:func:`add_trust_options`) describe; a command without
     them (``show``) trusts no key."""
-    return TrustPolicy(keys=trusted_keys(args.pubkey) if hasattr(args, "pubkey") else (),
+    roster = getattr(args, "roster", None)
+    if roster is not None:
+        from trainledger.journal.audit.roster import load_roster
+
+        roster = load_roster(roster)
+    return TrustPolicy(keys=trusted_keys(args.pubkey) if hasattr(args, "pubkey") else (), roster=roster,
                        trust_embedded=getattr(args, "trust_embedded", False),
                        allow_unsigned=getattr(args, "allow_unsigned", False),
                        allow_unsealed=getattr(args, "allow_unsealed", False))

@@ -150,6 +150,8 @@ class Source:
     origin: str
     files: list[dict[str, Any]]
     cache_path: Path | None = None
+    #: a partial view's run folders (``partial=True``): folder -> the ranks it lacks; what is shown is partial
+    missing: dict[str, list[int]] = dataclasses.field(default_factory=dict)
 
 
 def journal_files(paths: Sequence[str | os.PathLike]) -> list[Path]:
@@ -219,7 +221,8 @@ def connect(paths: Sequence[str | os.PathLike], *, verify_first: bool = True, us
     the module docstring); it never builds one (:func:`build_cache` does).
     A run folder of rank journals is first checked whole, as ``verify RUN_DIR`` checks it (a missing rank, a rank
     from another run, a truncated one: :class:`~trainledger.journal.audit.rundir.AnchorMismatch`), unless
-    ``partial`` (then the rank files present are read, and the caller must say the view is partial).
+    ``partial``: then a missing rank is allowed (every rank present is still checked, anchors included), and the
+    caller must say the view is partial (:func:`open_views`' ``Source.missing`` names the ranks).
     """
     return open_views(paths, verify_first=verify_first, use_cache=use_cache, trust=trust, partial=partial,
                       **trust_options)[0]
@@ -235,10 +238,10 @@ def open_views(paths: Sequence[str | os.PathLike], *, verify_first: bool = True,
         hit = _warm(files, trust)  # a copy is only ever built of whole run folders (build_cache checks them)
         if hit is not None:
             return hit
-    if verify_first and not partial:
-        _whole_run_dirs(paths, trust)
+    missing = _whole_run_dirs(paths, trust, partial=partial) if verify_first else {}
     try:
         con, source = _load(files, verify_first, trust)
+        source.missing = missing
         _define_views(con)
     except (duckdb.InterruptException, RuntimeError) as e:
         # A Ctrl-C that lands inside one of DuckDB's own statements comes back as its InterruptException, or a
@@ -250,21 +253,27 @@ def open_views(paths: Sequence[str | os.PathLike], *, verify_first: bool = True,
     return con, source
 
 
-def _whole_run_dirs(paths: Sequence[str | os.PathLike], trust: TrustPolicy) -> None:
-    """Every run folder among ``paths`` (or below a folder named there), checked whole (verify_run_dir)."""
+def _whole_run_dirs(paths: Sequence[str | os.PathLike], trust: TrustPolicy, *,
+                    partial: bool = False) -> dict[str, list[int]]:
+    """Every run folder among ``paths`` (or below a folder named there), checked whole (verify_run_dir); with
+    ``partial``, checked as far as the ranks present go. Returns ``{folder: missing ranks}`` of partial ones."""
     from trainledger.journal.audit.rundir import is_run_dir, verify_run_dir
 
     folders = set()
     for p in map(Path, paths):
         if p.is_dir():
             folders |= {x.parent for x in p.rglob("rank-*.jsonl") if x.is_file()}
+    missing = {}
     for d in sorted(folders):
         if is_run_dir(d):
             try:
-                verify_run_dir(d, trust=trust)
+                rep = verify_run_dir(d, trust=trust, partial=partial)
             except TrainledgerError as e:
                 e.path = str(d)
                 raise
+            if rep.missing:
+                missing[str(d)] = rep.missing
+    return missing
 
 
 def build_cache(paths: Sequence[str | os.PathLike], *, trust: TrustPolicy | None = None, **trust_options: Any) -> Path:

@@ -18,6 +18,7 @@ import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
+from trainledger.journal.audit.roster import Roster
 from trainledger.journal.errors import UsageError
 from trainledger.journal.keys import PublicKey
 
@@ -42,7 +43,9 @@ class TrustPolicy:
     journal with no signatures. ``allow_unsealed``: accept a signed journal whose last events no seal covers;
     only its signed prefix is then verified and used. ``expect_head``: ``(seq, hash)`` or ``"SEQ:HASH"`` that the
     journal must contain. ``expect_checkpoint``: an opened signed checkpoint the journal must extend.
-    ``require_closed``: the run must have been closed and sealed.
+    ``require_closed``: the run must have been closed and sealed. ``roster``: which key signs which rank of a run
+    folder (:class:`trainledger.journal.audit.roster.Roster`, ``load_roster(FILE)``); the public keys it spells out
+    are pinned with it.
 
     Raises :class:`UsageError` for a value of the wrong type (at construction, not later).
     """
@@ -54,6 +57,7 @@ class TrustPolicy:
     expect_head: tuple[int, str] | None = None
     expect_checkpoint: Any = None
     require_closed: bool = False
+    roster: Roster | None = None
 
     def __post_init__(self) -> None:
         keys = self.keys
@@ -66,6 +70,11 @@ class TrustPolicy:
             if not isinstance(k, PublicKey):
                 raise UsageError(f"trust: keys must be public keys (trusted_keys, load_public_key), got "
                                  f"{type(k).__name__}")
+        if self.roster is not None:
+            if not isinstance(self.roster, Roster):
+                raise UsageError(f"trust: roster must be a Roster (load_roster), got {type(self.roster).__name__}")
+            have = {k.key_id for k in keys}
+            keys += tuple(k for k in self.roster.keys if k.key_id not in have)
         object.__setattr__(self, "keys", keys)
         for name in ("trust_embedded", "allow_unsigned", "allow_unsealed", "require_closed"):
             if not isinstance(getattr(self, name), bool):
@@ -102,4 +111,6 @@ class TrustPolicy:
             parts.append(f"head {self.expect_head[0]}:{self.expect_head[1][:12]}...")
         if self.expect_checkpoint is not None:
             parts.append("an expected checkpoint")
+        if self.roster is not None:
+            parts.append(f"a roster of {self.roster.describe()}")
         return ", ".join(parts)

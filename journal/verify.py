@@ -24,6 +24,7 @@ from typing import Any
 from trainledger.journal import codec
 from trainledger.journal.scan import MAX_LINE, RangeResult, ScanContext, _scan_range_star, cpu_count, scan_range, tree_mode, \
     worker_ignores_ctrl_c
+from trainledger.journal.audit.roster import Roster, split_run_id
 from trainledger.journal.chain import RUN_ID_RE, genesis
 from trainledger.journal.errors import (
     CheckpointMismatch,
@@ -312,6 +313,8 @@ def verify(
         public_raw, report.trust, notes = resolve_key(opened, keys=keys, trust_embedded=trust_embedded,
                                                       check_signatures=check_signatures)
         report.notes += notes
+        if policy.roster is not None:
+            _hold_to_roster(policy.roster, opened, p)
     except IntegrityError as e:
         _fail(report, e)
         raise
@@ -419,6 +422,15 @@ def verify_copy(path: str | os.PathLike, copies: Any, trust: TrustPolicy | None 
         raise
     report.path = str(path)
     return report, copy
+
+
+def _hold_to_roster(roster: Roster, opened: RunOpened, p: Path) -> None:
+    """A rank journal (run id ``RUN.rNNNNN``) is signed by the key the roster binds to its rank."""
+    split = split_run_id(opened.run_id)
+    if split is None:
+        raise UsageError(f"{p}: a roster binds the ranks of a run folder, and this journal's run id "
+                         f"{opened.run_id!r} is not a rank journal's (RUN.rNNNNN)")
+    roster.hold(split[1], opened.key_id)
 
 
 def resolve_key(opened: Any, *, keys: Sequence[PublicKey] = (), trust_embedded: bool = False,

@@ -13,10 +13,13 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
+from trainledger.journal.audit.rundir import AnchorMismatch, is_run_dir
 from trainledger.journal.errors import IntegrityError
 from trainledger.journal.keys import load_signer, trusted_keys
-from trainledger.journal.options import add_json_option, add_trust_options, print_report, say, trust_policy
+from trainledger.journal.options import (add_json_option, add_partial_option, add_trust_options, partial_line,
+                                         print_report, say, trust_policy)
 from trainledger.journal.verify import verify
 from trainledger.journal.errors import JournalError, UsageError
 from trainledger.journal.keys import keygen
@@ -63,10 +66,14 @@ def register(sub) -> None:
                        description="Export a journal's steps and anomalies as TensorBoard scalars, so dashboards keep "
                                    "working while the journal stays the record. The journal is verified first.")
     esub = p.add_subparsers(dest="target", required=True, metavar="TARGET")
-    q = esub.add_parser("tensorboard", help="TensorBoard event files")
-    q.add_argument("path", metavar="JOURNAL")
+    q = esub.add_parser("tensorboard", help="TensorBoard event files",
+                        description="A journal's steps and anomalies as TensorBoard scalars in LOGDIR. A run folder "
+                                    "is checked whole first (as verify RUN_DIR checks it), then each rank is written "
+                                    "to LOGDIR/rank-NNNNN (one TensorBoard run per rank).")
+    q.add_argument("path", metavar="JOURNAL", help="a journal, or a distributed run's folder of rank-NNNNN.jsonl")
     q.add_argument("logdir", metavar="LOGDIR")
     add_trust_options(q)
+    add_partial_option(q)
     q.set_defaults(func=_cmd_export)
 
     p = sub.add_parser("demo", help="write a signed journal of a simulated run, then verify and summarise it",
@@ -274,15 +281,49 @@ def _cmd_export(args: argparse.Namespace) -> int:
     from trainledger.journal.reader import unchecked_batches
     from trainledger.journal.verify import verify_copy
 
+    trust = trust_policy(args)
+    if is_run_dir(args.path):
+        return _export_run_dir(args, trust)
+    if args.partial:
+        raise UsageError(f"{args.path}: --partial reads a run folder with ranks missing; this is one journal")
     with PrivateCopies() as copies:
         try:
-            rep, copy = verify_copy(args.path, copies, trust_policy(args))
+            rep, copy = verify_copy(args.path, copies, trust)
         except IntegrityError as e:
             say(e.fail_line(args.path))
             return 1
         n = export_tensorboard((e for b in unchecked_batches(copy, rep.trusted_bytes) for e in b), args.logdir,
                                run_id=rep.run_id or "run")
     say(f"wrote {n:,} scalars of {rep.run_id} to {args.logdir} (TensorBoard event file; the journal stays the record)")
+    return 0
+
+
+def _export_run_dir(args: argparse.Namespace, trust: Any) -> int:
+    """A run folder, checked whole (or, with --partial, as far as its ranks go), one TensorBoard run per rank. Each
+    rank is exported from a private copy whose head must be the one the folder's check saw."""
+    from trainledger.journal.audit.rundir import rank_files, verify_run_dir
+    from trainledger.journal.copies import PrivateCopies
+    from trainledger.journal.reader import unchecked_batches
+    from trainledger.journal.verify import verify_copy
+    from trainledger.training.interop import export_tensorboard
+
+    try:
+        whole = verify_run_dir(args.path, trust=trust, partial=args.partial)
+        if whole.partial:
+            say(partial_line(args.path, whole.missing))
+        n = 0
+        for r, f in rank_files(args.path).items():
+            with PrivateCopies() as copies:
+                rep, copy = verify_copy(f, copies, trust)
+                if (rep.last_seq, rep.last_hash) != (whole.ranks[r].last_seq, whole.ranks[r].last_hash):
+                    raise AnchorMismatch(f"rank {r}: its journal changed while the folder was being exported")
+                n += export_tensorboard((e for b in unchecked_batches(copy, rep.trusted_bytes) for e in b),
+                                        Path(args.logdir) / f"rank-{r:05d}", run_id=rep.run_id or f"rank-{r}")
+    except IntegrityError as e:
+        say(e.fail_line(args.path))
+        return 1
+    say(f"wrote {n:,} scalars of {len(whole.ranks)} rank(s){' (PARTIAL)' if whole.partial else ''} to "
+        f"{args.logdir}/rank-NNNNN (TensorBoard event files; the journals stay the record)")
     return 0
 
 

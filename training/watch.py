@@ -155,7 +155,7 @@ def watch(path: str | Path, *, interval: float = 0.5, out: TextIO | None = None,
             if not is_run_dir(p):
                 out.write(safe(f"FAIL  {p}: a folder, but no rank journals (rank-00000.jsonl, ...) in it") + "\n")
                 return 1
-            return _watch_run_dir(p, nap, out, keys, trust_embedded, allow_unsigned, reading)
+            return _watch_run_dir(p, nap, out, policy, reading)
         while not _has_first_line(p):  # the writer may not have created the file yet
             if not nap():
                 return 3
@@ -199,23 +199,33 @@ def _draw(out: TextIO, tty: bool, text: list[str], drawn: int) -> int:
     return drawn
 
 
-def _watch_run_dir(d: Path, nap, out: TextIO, keys: Sequence[PublicKey], trust_embedded: bool,
-                   allow_unsigned: bool, reading: list[Path]) -> int:
+def _watch_run_dir(d: Path, nap, out: TextIO, policy: TrustPolicy, reading: list[Path]) -> int:
     """Follow every ``rank-NNNNN.jsonl`` in ``d`` (ranks that appear later too) until every rank has closed;
-    ``reading[0]`` names the file being read, for :func:`watch`'s one-line FAIL."""
-    from trainledger.journal.audit.rundir import rank_files
+    ``reading[0]`` names the file being read, for :func:`watch`'s one-line FAIL. Each rank is held to the folder's
+    run (its run id ``RUN.rNNNNN``, rank 0's ``RUN``) and to the roster as soon as it appears; once every rank has
+    closed, the folder is checked whole (``verify RUN_DIR``'s check) before the watch says so."""
+    from trainledger.journal.audit.rundir import rank_files, split_run_id, verify_run_dir
 
     followers: dict[int, _Follower] = {}
     tty = out.isatty()
     drawn = 0
+    run: str | None = None
     while True:
         for r, f in rank_files(d).items():
             if r not in followers and _has_first_line(f):
                 reading[0] = f
-                got = _context(f, keys, trust_embedded, allow_unsigned)
+                got = _context(f, policy.keys, policy.trust_embedded, policy.allow_unsigned)
                 if isinstance(got, str):
                     out.write(safe(got) + "\n")
                     return 1
+                split = split_run_id(got[0].run_id)
+                if split is None or split[1] != r or (run is not None and split[0] != run):
+                    out.write(safe(f"FAIL  {f}: its run id {got[0].run_id!r} is not this folder's rank {r} "
+                                   f"({run or 'RUN'}.r{r:05d}): a journal of another run (or rank)") + "\n")
+                    return 1
+                run = run or split[0]
+                if policy.roster is not None:
+                    policy.roster.hold(r, got[0].key_id)
                 followers[r] = _Follower(f, *got)
                 if not tty:
                     out.write(safe(f"watching rank {r}: {f} ({got[1]})") + "\n")
@@ -235,6 +245,8 @@ def _watch_run_dir(d: Path, nap, out: TextIO, keys: Sequence[PublicKey], trust_e
             f"rank {x.rank} score {x.score:.2f} steps {x.window_start}-{x.window_end}" for x in flagged[-3:])))
         drawn = _draw(out, tty, [safe(x) for x in text], drawn)
         if done:
+            reading[0] = d
+            verify_run_dir(d, trust=policy)  # what verify RUN_DIR says, or its one-line FAIL
             return 0
         if not nap():
             return 3

@@ -157,12 +157,13 @@ class RunDirReconstruction:
 
 
 def replay_run_dir(path: str | os.PathLike, *, trust: TrustPolicy | None = None, observe: Any = None,
-                   **trust_options: Any) -> RunDirReconstruction:
+                   partial: bool = False, **trust_options: Any) -> RunDirReconstruction:
     """Verify the folder (:func:`verify_run_dir`), replay every rank, and recompute the straggler windows rank 0
     recorded from every rank's own step times. A rank's differences carry ``rank``. ``observe(rank, event)`` sees
-    every signed event of every rank, in order (the report's curves)."""
+    every signed event of every rank, in order (the report's curves). ``partial``: a folder with ranks missing is
+    replayed as far as the ranks present go (``verify.partial``, ``verify.missing``: the caller labels it)."""
     trust = TrustPolicy.of(trust, **trust_options)
-    report = verify_run_dir(path, trust=trust)
+    report = verify_run_dir(path, trust=trust, partial=partial)
     keep = (StepObserved, StragglerScores, StragglerDetected, RankJoined)
     events: dict[int, list[Any]] = {}
     recs = {}

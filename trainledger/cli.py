@@ -31,8 +31,8 @@ from trainledger.ladder import cli as _ladder_cli  # noqa: E402
 from trainledger.training import cli as _training_cli  # noqa: E402
 from trainledger.journal.audit.rundir import is_run_dir  # noqa: E402
 from trainledger.journal.errors import IntegrityError, UsageError  # noqa: E402
-from trainledger.journal.options import (EPILOG, add_json_option, add_trust_options, imported_line,  # noqa: E402
-                                         say, trust_policy)
+from trainledger.journal.options import (EPILOG, add_json_option, add_partial_option,  # noqa: E402
+                                         add_trust_options, imported_line, partial_line, say, trust_policy)
 
 __all__ = ["build_parser", "main", "entry"]
 
@@ -65,6 +65,7 @@ def register(sub) -> None:
     add_trust_options(p)
     add_json_option(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar even on a terminal")
+    add_partial_option(p)
     p.set_defaults(func=_cmd_replay)
 
     p = sub.add_parser("report", help="write one self-contained HTML page about a run (curves, verdicts, decisions)",
@@ -77,6 +78,7 @@ def register(sub) -> None:
     p.add_argument("path", metavar="PATH")
     p.add_argument("-o", "--out", metavar="FILE", default=None, help="where to write (default: report.html beside PATH)")
     add_trust_options(p)
+    add_partial_option(p)
     p.set_defaults(func=_cmd_report)
 
 
@@ -105,7 +107,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 
     if is_run_dir(args.path):
         return _replay_run_dir(args)
-
+    _no_partial(args)
     rec = _replayed(replay, args)
     if isinstance(rec, int):
         return rec
@@ -163,11 +165,16 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     return 0 if rec.ok else 1
 
 
-def _replayed(fn, args: argparse.Namespace):
+def _no_partial(args: argparse.Namespace) -> None:
+    if getattr(args, "partial", False):
+        raise UsageError(f"{args.path}: --partial reads a run folder with ranks missing; this is one journal")
+
+
+def _replayed(fn, args: argparse.Namespace, **extra):
     """Run a replay (one journal or a run folder): the reconstruction to print, or the exit code when it
     failed (one FAIL line) or ``--json`` already printed it."""
     try:
-        rec = fn(args.path, trust=trust_policy(args))
+        rec = fn(args.path, trust=trust_policy(args), **extra)
     except IntegrityError as e:
         say(e.fail_line(args.path))
         return 1
@@ -181,9 +188,11 @@ def _replay_run_dir(args: argparse.Namespace) -> int:
     """A distributed run's folder: every rank replayed, the straggler windows recomputed."""
     from trainledger.audit import replay_run_dir
 
-    rec = _replayed(replay_run_dir, args)
+    rec = _replayed(replay_run_dir, args, partial=args.partial)
     if isinstance(rec, int):
         return rec
+    if rec.verify.partial:
+        say(partial_line(args.path, rec.verify.missing))
     say(f"{'OK  ' if rec.ok else 'DIFF'}  {args.path}: {len(rec.ranks)} ranks replayed, "
         f"{rec.verify.anchors} anchors, {len(rec.stragglers)} stragglers flagged")
     for r, one in sorted(rec.ranks.items()):
@@ -212,13 +221,18 @@ def _cmd_report(args: argparse.Namespace) -> int:
         raise UsageError(f"{out}: is a folder; give a file name with -o")
     if not out.parent.is_dir():
         raise UsageError(f"{out.parent}: no such folder")
+    if not folder:
+        _no_partial(args)
+    extra = {"partial": args.partial} if folder else {}
     try:
-        rec = (write_run_dir_report if folder else write_report)(args.path, out, trust=trust_policy(args))
+        rec = (write_run_dir_report if folder else write_report)(args.path, out, trust=trust_policy(args), **extra)
     except IntegrityError as e:
         say(e.fail_line(args.path))
         say("trainledger report: no report written", file=sys.stderr)
         return 1
     if folder:
+        if rec.verify.partial:
+            say(partial_line(args.path, rec.verify.missing))
         say(f"wrote {out} ({out.stat().st_size / 1024:.0f} KiB): {len(rec.ranks)} ranks, "
             f"{sum(r.events for r in rec.verify.ranks.values()):,} events, {len(rec.stragglers)} stragglers, "
             + ("replay consistent" if rec.ok else f"{len(rec.differences)} DIFFERENCES from the recomputation"))

@@ -544,17 +544,18 @@ def _run_dir_figure(plt, ranks: dict[int, _RankSeries], stragglers: list[dict[st
 
 
 def write_run_dir_report(path: str | os.PathLike, out: str | os.PathLike, *, trust: TrustPolicy | None = None,
-                         **trust_options: Any) -> Any:
+                         partial: bool = False, **trust_options: Any) -> Any:
     """The page for a distributed run's folder: every rank verified, anchored and replayed, straggler windows
     recomputed; a per-rank step-time heatmap with stragglers boxed, per-rank loss curves, the ranks, stragglers,
-    differences, and the shards of every sharded checkpoint. Nothing is written for a folder that does not verify."""
+    differences, and the shards of every sharded checkpoint. Nothing is written for a folder that does not verify.
+    ``partial``: a folder with ranks missing is shown as far as the ranks present go, labelled PARTIAL at the top."""
     import statistics
 
     from trainledger.audit import replay_run_dir
 
     plt = _matplotlib()
     ranks: dict[int, _RankSeries] = {}
-    rec = replay_run_dir(path, trust=TrustPolicy.of(trust, **trust_options),
+    rec = replay_run_dir(path, trust=TrustPolicy.of(trust, **trust_options), partial=partial,
                          observe=lambda r, ev: ranks.setdefault(r, _RankSeries()).apply(ev))
     png, plot_error = None, None
     if any(x.loss for x in ranks.values()):
@@ -567,12 +568,17 @@ def write_run_dir_report(path: str | os.PathLike, out: str | os.PathLike, *, tru
     v = rec.verify
     ok = ("<span class=ok>every recorded conclusion follows from the observations</span>" if rec.ok else
           f"<span class=bad>{len(rec.differences)} recorded conclusion(s) differ from the recomputation</span>")
-    parts = [f"<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>trainledger report {_e(v.path)}</title>"
-             f"<style>{_CSS}</style></head><body>",
-             f"<h1>Run folder {_e(Path(v.path).name)}</h1><p class=muted>trainledger {__version__} report</p><dl>",
+    tag = " (PARTIAL)" if v.partial else ""
+    parts = [f"<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>trainledger report {_e(v.path)}{tag}"
+             f"</title><style>{_CSS}</style></head><body>",
+             f"<h1>Run folder {_e(Path(v.path).name)}{tag}</h1><p class=muted>trainledger {__version__} report</p><dl>",
              f"<dt>folder</dt><dd>{_e(v.path)}</dd>",
-             f"<dt>verification</dt><dd><span class=ok>VERIFIED</span> {len(v.ranks)} of {v.world_size} ranks, "
-             f"{v.anchors} cross-rank anchors hold</dd>",
+             f"<dt>verification</dt><dd>" + (
+                 f"<span class=bad>PARTIAL</span> {len(v.ranks)} of {v.world_size} ranks verified; no journal for "
+                 f"rank(s) {_e(', '.join(map(str, v.missing[:50])))}{' ...' if len(v.missing) > 50 else ''}: this "
+                 "page covers only the ranks present, and nothing checks that the missing ones agree"
+                 if v.partial else f"<span class=ok>VERIFIED</span> {len(v.ranks)} of {v.world_size} ranks") +
+             f", {v.anchors} cross-rank anchors hold; keys bound to ranks by {_e(v.keys_bound_by)}</dd>",
              f"<dt>replay</dt><dd>{ok}</dd>",
              f"<dt>stragglers</dt><dd>{len(rec.stragglers)} flagged</dd></dl>"]
     if rec.differences:

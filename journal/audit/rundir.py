@@ -6,6 +6,10 @@ recorded for another rank (``ranks_anchored``) must be a line of that rank's sig
 rank 0's head that every other rank recorded (``anchor_recorded``) must be one of rank 0's. A rank journal that was
 truncated, rolled back or swapped for another run's fails, naming the rank and the anchor; so does a rank that
 some journal says exists and that has no file (never a silent "7 of 8 verified").
+
+Every rank journal belongs to one run (its run id, its ``rank_joined``, one world size per restart round) and is
+signed by its own key: the operator's roster, or rank 0's signed record of the keys the ranks anchored with
+(:mod:`trainledger.journal.audit.roster`).
 """
 
 from __future__ import annotations
@@ -17,13 +21,14 @@ import re
 from pathlib import Path
 from typing import Any
 
+from trainledger.journal.audit.roster import RosterMismatch, key_words, split_run_id
 from trainledger.journal.codec import decode_line
 from trainledger.journal.errors import IntegrityError, JournalIOError
 from trainledger.journal.kinds import AnchorRecorded, RankJoined, RanksAnchored
 from trainledger.journal.trust import TrustPolicy
 from trainledger.journal.verify import SharedWorkers, VerifyReport, verify
 
-__all__ = ["AnchorMismatch", "RunDirReport", "verify_run_dir", "is_run_dir", "rank_files"]
+__all__ = ["AnchorMismatch", "RunDirReport", "verify_run_dir", "is_run_dir", "rank_files", "split_run_id"]
 
 _RANK_FILE = re.compile(r"rank-(\d{5})\.jsonl\Z")
 
@@ -41,19 +46,18 @@ class RunDirReport:
     ranks: dict[int, VerifyReport]
     world_size: int
     anchors: int
+    #: what binds each rank to its key (journal.audit.roster): "roster" (the operator's), "recorded" (rank 0's
+    #: signed record, and the other ranks' of rank 0's), "one key" (every rank signed by the same key), "unsigned"
+    keys_bound_by: str = "one key"
+    #: a partial view (``partial=True`` and a rank missing): the ranks some journal says exist that have no file,
+    #: whose anchors were therefore not checked. Empty, and ``partial`` False, for a whole folder
+    missing: list[int] = dataclasses.field(default_factory=list)
+    partial: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {"ok": self.ok, "path": self.path, "world_size": self.world_size, "anchors": self.anchors,
+                "keys_bound_by": self.keys_bound_by, "partial": self.partial, "missing": self.missing,
                 "ranks": {str(r): rep.to_dict() for r, rep in sorted(self.ranks.items())}}
-
-
-_RUN_ID = re.compile(r"(.+)\.r([0-9]{5})")
-
-
-def split_run_id(run_id: str | None) -> tuple[str, int] | None:
-    """``(RUN, rank)`` of a rank journal's run id (``RUN.r00003``: training.distributed.ranks), else None."""
-    m = _RUN_ID.fullmatch(run_id or "")
-    return (m.group(1), int(m.group(2))) if m else None
 
 
 def rank_files(d: str | os.PathLike) -> dict[int, Path]:
@@ -139,8 +143,39 @@ def _hold_to_one_run(reports: dict[int, VerifyReport], joined: list[tuple[int, i
                                  f"{worlds[rnd][1]} with {worlds[rnd][0]}", seq=seq)
 
 
+def _hold_to_keys(reports: dict[int, VerifyReport], recorded: dict[int, tuple[str, int]],
+                  said: list[tuple[int, int, int, str]], trust: TrustPolicy) -> str:
+    """Every rank signed by its own key (journal.audit.roster): the operator's roster (each rank's verification
+    held it to that already), else rank 0's signed record of the keys the ranks exchanged (``recorded``: rank ->
+    (key id, rank 0's seq)) and the other ranks' of rank 0's (``said``: (rank, its seq, the rank it names, key id)).
+    Returns what bound them; raises :class:`RosterMismatch` for a rank signed by another key, or left unbound in a
+    folder several keys sign."""
+    for r, (key, seq) in sorted(recorded.items()):
+        if r in reports and reports[r].key_id != key:
+            raise RosterMismatch(f"rank {r}: signed by {key_words(reports[r].key_id)}, but rank 0 recorded at its seq "
+                                 f"{seq} that rank {r} signs with key {key}", seq=seq)
+    for rank, seq, of, key in said:
+        if of in reports and reports[of].key_id != key:
+            raise RosterMismatch(f"rank {of}: signed by {key_words(reports[of].key_id)}, but rank {rank} recorded at its "
+                                 f"seq {seq} that rank {of} signs with key {key}", seq=seq)
+    if trust.roster is not None:
+        return "roster"
+    keys = {rep.key_id for rep in reports.values()}
+    if len(keys) <= 1:
+        return "unsigned" if keys == {None} else "one key"
+    named_of = {of for _, _, of, _ in said}
+    for r in sorted(reports):
+        if (r in named_of) if r == 0 else (r in recorded):
+            continue
+        raise RosterMismatch(f"rank {r}: this folder is signed by {len(keys)} keys and nothing binds rank {r} to "
+                             f"its key ({key_words(reports[r].key_id)}): no anchor recorded the ranks' keys yet (or the "
+                             "journals predate format 1.5); pin which key signs which rank with --roster FILE",
+                             seq=0)
+    return "recorded"
+
+
 def verify_run_dir(path: str | os.PathLike, *, trust: TrustPolicy | None = None, workers: int | None = None,
-                   **trust_options: Any) -> RunDirReport:
+                   partial: bool = False, **trust_options: Any) -> RunDirReport:
     """Verify every rank journal in ``path`` under ``trust`` (a :class:`TrustPolicy`, or its fields as keywords)
     and every cross-rank anchor.
 
@@ -149,8 +184,13 @@ def verify_run_dir(path: str | os.PathLike, *, trust: TrustPolicy | None = None,
     twice and nothing unchecked is used. An anchored head that is not a seal line (an anchor some other writer
     recorded) costs that rank one more pass, which must end at the same head as the first.
 
+    ``partial``: the user's opt-in to a view of the ranks present. A missing rank is then listed in the report's
+    ``missing`` (``partial`` set) instead of failing, and the anchors naming it are left unchecked; every rank
+    present is still held to everything else. A caller must label what it shows from such a report as partial.
+
     Raises the first rank's :class:`IntegrityError` (its message names the rank), :class:`AnchorMismatch` for a
-    missing, truncated, rolled-back or swapped rank, and :class:`JournalIOError` for a folder without journals.
+    missing, truncated, rolled-back or swapped rank, :class:`RosterMismatch` for a rank signed by another key than
+    its own, and :class:`JournalIOError` for a folder without journals.
     """
     trust = TrustPolicy.of(trust, **trust_options)
     d = Path(path)
@@ -162,6 +202,8 @@ def verify_run_dir(path: str | os.PathLike, *, trust: TrustPolicy | None = None,
     wanted: list[tuple[int, int, int, int, str]] = []
     world = 0
     joined: list[tuple[int, int, str, int, int]] = []  # (rank, seq, run, restart round, world size) of rank_joined
+    recorded: dict[int, tuple[str, int]] = {}  # rank -> (its key id, rank 0's seq): ranks_anchored.keys
+    said: list[tuple[int, int, int, str]] = []  # (rank, its seq, the rank it names, key id): anchor_recorded.key
     with SharedWorkers(workers, sum(map(_size, files.values()))) as shared:
         checked = _verify_ranks(files, shared, trust, workers)
     for rank, f in files.items():
@@ -183,14 +225,26 @@ def verify_run_dir(path: str | os.PathLike, *, trust: TrustPolicy | None = None,
                     if int(r) != rank:
                         s, _, h = head.partition(":")
                         wanted.append((rank, ev.seq, int(r), int(s), h))
+                if rank == 0:
+                    for r, key in ev.keys.items():
+                        if recorded.setdefault(int(r), (key, ev.seq))[0] != key:
+                            raise RosterMismatch(f"rank 0: recorded key {recorded[int(r)][0]} for rank {r} at its "
+                                                 f"seq {recorded[int(r)][1]} and key {key} at its seq {ev.seq}",
+                                                 seq=ev.seq)
             elif isinstance(ev, AnchorRecorded):
                 s, _, h = ev.head.partition(":")
                 wanted.append((rank, ev.seq, ev.rank, int(s), h))
+                if ev.key is not None:
+                    said.append((rank, ev.seq, ev.rank, ev.key))
         rep.collected = []
     _hold_to_one_run(reports, joined)
-    for r in range(world):
-        if r not in files:
-            raise AnchorMismatch(f"rank {r} of {world}: no journal in {d} (a run folder is verified whole)")
+    bound_by = _hold_to_keys(reports, recorded, said, trust)
+    missing = [r for r in range(world) if r not in files]
+    if missing and not partial:
+        raise AnchorMismatch(f"rank {missing[0]} of {world}: no journal in {d} (a run folder is verified whole; "
+                             "--partial reads the ranks present, labelled as partial)")
+    if missing:
+        wanted = [w for w in wanted if w[2] in files]
     found: dict[int, dict[int, str]] = {r: dict(rep.hashes) for r, rep in reports.items()}
     more: dict[int, set[int]] = {}
     for anchoring, at, r, s, h in wanted:
@@ -216,4 +270,5 @@ def verify_run_dir(path: str | os.PathLike, *, trust: TrustPolicy | None = None,
                                  "(rewritten, or another run's journal)", seq=s)
     for rep in reports.values():
         rep.hashes = {}
-    return RunDirReport(ok=True, path=str(d), ranks=reports, world_size=max(world, len(files)), anchors=len(wanted))
+    return RunDirReport(ok=True, path=str(d), ranks=reports, world_size=max(world, len(files)), anchors=len(wanted),
+                        keys_bound_by=bound_by, missing=missing, partial=bool(missing))

@@ -105,6 +105,7 @@ def register(sub) -> None:
                    help="prove against the seal at seq N (its tree of N lines) instead of the latest")
     p.add_argument("--index", metavar="FILE", default=None, help="the tree index (default: JOURNAL.tlindex)")
     p.add_argument("-o", "--out", metavar="BUNDLE", required=True, help="the bundle file to write")
+    _add_rank_option(p)
     add_trust_options(p)
     p.set_defaults(func=_cmd_prove)
 
@@ -133,6 +134,7 @@ def register(sub) -> None:
     p.add_argument("--tree-size", type=int, default=None, metavar="N", help="to the seal at seq N, not the latest")
     p.add_argument("--index", metavar="FILE", default=None, help="the tree index (default: JOURNAL.tlindex)")
     p.add_argument("-o", "--out", metavar="BUNDLE", default=None, help="write the bundle here (default: stdout)")
+    _add_rank_option(p)
     add_trust_options(p)
     p.set_defaults(func=_cmd_consistency)
 
@@ -285,13 +287,39 @@ def _helpers(args: argparse.Namespace):
     return select
 
 
+def _add_rank_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--rank", type=int, default=None, metavar="N",
+                   help="JOURNAL is a distributed run's folder: prove rank N's lines, after checking the folder "
+                        "whole (as verify RUN_DIR does)")
+
+
+def _journal_of(args: argparse.Namespace, trust: Any) -> str:
+    """The journal a proof command reads: ``args.path``, or with a run folder its rank ``--rank``'s journal once
+    the folder checks out whole (a missing, foreign or truncated rank fails, as ``verify RUN_DIR`` fails it)."""
+    from trainledger.journal.audit.rundir import is_run_dir, rank_files, verify_run_dir
+
+    if not is_run_dir(args.path):
+        if args.rank is not None:
+            raise UsageError(f"{args.path}: --rank picks a rank of a run folder, and this is one journal")
+        return args.path
+    files = rank_files(args.path)
+    if args.rank is None:
+        raise UsageError(f"{args.path}: a run folder; name the rank whose journal to prove from with --rank N")
+    if args.rank not in files:
+        raise UsageError(f"{args.path}: no journal of rank {args.rank} (rank-{args.rank:05d}.jsonl) in this folder")
+    verify_run_dir(args.path, trust=trust)
+    return str(files[args.rank])
+
+
 def _cmd_prove(args: argparse.Namespace) -> int:
     from trainledger.journal.options import progress_for, say, trust_policy
     from trainledger.journal.proofs.bundle import prove
 
+    trust = trust_policy(args)
+    path = _journal_of(args, trust)
     progress = progress_for(args, "indexing")
     try:
-        res = prove(args.path, args.seq, trust=trust_policy(args),
+        res = prove(path, args.seq, trust=trust,
                     tree_size=args.tree_size, index=args.index, select=_helpers(args), progress=progress)
     finally:
         if progress is not None:
@@ -314,9 +342,11 @@ def _cmd_consistency(args: argparse.Namespace) -> int:
     from trainledger.journal.options import progress_for, say, trust_policy
     from trainledger.journal.proofs.bundle import consistency
 
+    trust = trust_policy(args)
+    path = _journal_of(args, trust)
     progress = progress_for(args, "indexing")
     try:
-        res = consistency(args.path, args.from_size, trust=trust_policy(args),
+        res = consistency(path, args.from_size, trust=trust,
                           tree_size=args.tree_size, index=args.index, progress=progress)
     finally:
         if progress is not None:

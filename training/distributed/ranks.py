@@ -29,7 +29,7 @@ from trainledger.journal.errors import UsageError
 from trainledger.journal.kinds import AnchorRecorded, RankJoined, RanksAnchored
 from trainledger.training.distributed.stragglers import DEFAULT_THRESHOLD
 
-__all__ = ["RankInfo", "rank_info", "open_rank_journal", "anchor_ranks", "rank_journal_name", "in_torchrun",
+__all__ = ["RankInfo", "rank_info", "open_rank_journal", "anchor_ranks", "anchor_record", "rank_journal_name", "in_torchrun",
            "journal_name", "init_process_group",
            "StragglerDetector", "save_sharded", "restore_sharded", "ShardedCheckpointer", "ShardedRestore", "rank_key"]
 
@@ -185,21 +185,28 @@ def open_rank_journal(run_dir: str | os.PathLike, signer: Signer, *, info: RankI
 
 
 def anchor_ranks(journal: Journal, *, step: int | None = None, group: Any = None) -> dict[int, str]:
-    """At a point every rank reaches together: seal, gather every rank's sealed head (one ``all_gather_object``),
-    record them (rank 0: all of them; the others: rank 0's). Returns ``{rank: "SEQ:HASH"}``."""
+    """At a point every rank reaches together: seal, gather every rank's sealed head and the id of its key (one
+    ``all_gather_object``), record them (rank 0: all of them, its record of which key signs which rank; the others:
+    rank 0's head and key). Returns ``{rank: "SEQ:HASH"}``."""
     import torch.distributed as dist
 
     journal.seal(durable=True)
     seq, h = journal.head
-    mine = f"{seq}:{h}"
-    heads: list[str | None] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(heads, mine, group=group)
-    by_rank = {r: x for r, x in enumerate(heads) if x is not None}
-    if dist.get_rank(group) == 0:
-        journal.append(RanksAnchored(heads={str(r): x for r, x in by_rank.items()}, step=step), durable=True)
-    else:
-        journal.append(AnchorRecorded(rank=0, head=by_rank[0], step=step), durable=True)
-    return by_rank
+    mine = (f"{seq}:{h}", journal.key_id)
+    got: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(got, mine, group=group)
+    journal.append(anchor_record(dist.get_rank(group), got, step=step), durable=True)
+    return {r: head for r, (head, _) in enumerate(got)}
+
+
+def anchor_record(rank: int, got: list[tuple[str, str | None]], *, step: int | None = None
+                  ) -> RanksAnchored | AnchorRecorded:
+    """What ``rank`` records of every rank's gathered ``(head, key id)`` (``got[r]``): rank 0 every rank's head and
+    key (its record of which key signs which rank), another rank rank 0's."""
+    if rank == 0:
+        return RanksAnchored(heads={str(r): head for r, (head, _) in enumerate(got)}, step=step,
+                             keys={str(r): key for r, (_, key) in enumerate(got) if key is not None})
+    return AnchorRecorded(rank=0, head=got[0][0], step=step, key=got[0][1])
 
 
 class StragglerDetector:

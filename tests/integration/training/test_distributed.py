@@ -222,8 +222,8 @@ def test_four_ranks_verify_together_and_a_rolled_back_rank_is_caught(tmp_path, c
 
 
 def test_one_key_per_node_pinned_together_in_a_trusted_keys_file(tmp_path, capsys):
-    """Each node signs with its own key; a trusted-keys file lists them all; a rank signed by a key not listed fails,
-    named."""
+    """Each node signs with its own key; a trusted-keys file lists them all and a roster says which signs which rank;
+    a rank signed by a key not listed fails, named."""
     from trainledger.journal import Journal, Signer, StepObserved
     from trainledger.journal.kinds import RankJoined
 
@@ -236,8 +236,13 @@ def test_one_key_per_node_pinned_together_in_a_trusted_keys_file(tmp_path, capsy
     listing = tmp_path / "trusted-keys"
     listing.write_text("# the cluster's nodes\n" + "".join(s.public.line() + "\n" for s in nodes))
     env = dict(os.environ, TRAINLEDGER_TRUSTED_KEYS=str(listing))
-    ok = subprocess.run([sys.executable, "-m", "trainledger", "verify", str(run)], capture_output=True, text=True,
-                        env=env)
+    unbound = subprocess.run([sys.executable, "-m", "trainledger", "verify", str(run)], capture_output=True,
+                             text=True, env=env)  # no anchor has recorded which key signs which rank yet
+    assert unbound.returncode == 1 and "--roster FILE" in unbound.stdout
+    roster = tmp_path / "roster"
+    roster.write_text("".join(f"{r} {s.key_id}\n" for r, s in enumerate(nodes)))
+    ok = subprocess.run([sys.executable, "-m", "trainledger", "verify", "--roster", str(roster), str(run)],
+                        capture_output=True, text=True, env=env)
     assert ok.returncode == 0 and "2 of 2 ranks verified" in ok.stdout
     listing.write_text(nodes[0].public.line() + "\n")
     bad = subprocess.run([sys.executable, "-m", "trainledger", "verify", str(run)], capture_output=True, text=True,

@@ -54,8 +54,12 @@ def test_recorder_under_torchrun_one_journal_per_rank_anchored_resumed_and_verif
     anchored = [ev.step for ev in events[0] if kind(ev) == "ranks_anchored"]
     assert anchored[-1] == 24 and 19 in anchored and 9 in anchored
     assert any(kind(ev) == "anchor_recorded" for ev in events[1])
+    key_id = events[0][0].key_id  # run_opened: every rank signs with the run's key, and the anchors record it
+    assert all(ev.keys == {"0": key_id, "1": key_id} for ev in events[0] if kind(ev) == "ranks_anchored")
+    assert all(ev.key == key_id for ev in events[1] if kind(ev) == "anchor_recorded")
     assert main(["verify", "--pubkey", str(pub), "--require-closed", str(run)]) == 0
-    assert "2 rank" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "2 rank" in out and "keys bound to ranks by one key" in out
     assert main(["replay", "--pubkey", str(pub), str(run)]) == 0
     out = capsys.readouterr().out
     assert out.count("resumed 1") == 2  # both ranks, from the same checkpoint step
