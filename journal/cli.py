@@ -157,8 +157,9 @@ def _verify_run_dir(args: argparse.Namespace, **extra) -> int:
     """A distributed run's folder: every rank journal and every cross-rank anchor (journal/audit/rundir.py)."""
     from trainledger.journal.audit.rundir import verify_run_dir
 
+    trust = trust_policy(args)
     try:
-        r = verify_run_dir(args.path, trust=trust_policy(args), **extra)
+        r = verify_run_dir(args.path, trust=trust, **extra)
     except IntegrityError as e:
         if args.json:
             say(json.dumps({"ok": False, "path": args.path, "first_bad_seq": e.seq, "error": str(e)}))
@@ -173,6 +174,9 @@ def _verify_run_dir(args: argparse.Namespace, **extra) -> int:
              "(pin --roster to bind them yourself)", "one key": "one key signs every rank",
              "unsigned": "unsigned"}[r.keys_bound_by]
     say(f"  keys bound to ranks by {bound}")
+    if r.keys_bound_by in ("one key", "recorded") and len(trust.keys) > 1:
+        say(f"  note: {len(trust.keys)} keys are pinned; any one of them could have written a folder like this one "
+            "(pin --roster FILE to say which key signs which rank)")
     for rank, rep in sorted(r.ranks.items()):
         unsigned = f", {rep.unsealed_events:,} NOT signed" if rep.unsealed_events else ""
         say(f"  rank {rank:<5} {rep.events:>10,} events  key {rep.key_id} ({rep.trust})  tail {rep.tail}{unsigned}")

@@ -95,6 +95,9 @@ def test_in_a_two_rank_run_only_the_operators_roster_stops_rank_1_rewriting_rank
     only a roster pinned by the operator names it."""
     forged = _folder(tmp_path / "forged", [keys[1], keys[1]])
     assert verify_run_dir(forged, keys=_pins(keys[:2])).keys_bound_by == "one key"
+    pins = [a for k in range(2) for a in ("--pubkey", str(_one(tmp_path, keys[k], k)))]
+    assert main(["verify", *pins, str(forged)]) == 0
+    assert "2 keys are pinned; any one of them could have written a folder like this one" in capsys.readouterr().out
     roster = _roster_file(tmp_path / "roster", keys[:2])
     with pytest.raises(RosterMismatch, match=rf"rank 0: signed by key {keys[1].key_id}, but the roster .* binds "
                                              rf"key {keys[0].key_id} to rank 0"):
