@@ -56,6 +56,10 @@ class RunConfigured(Event, tag="run_configured", frozen=True, kw_only=True):
     peak_source: str | None = None
     #: for a measured peak, how much the repeated measurements varied: (best - median) / best
     peak_spread: float | None = None
+    #: 1.5: how far back a resume or rewind rebuilds each detector's baseline exactly, in accepted values: the
+    #: detectors keep that many past their window (the monitor's default: RESUME_HORIZON); absent: every value
+    #: (every journal before 1.5, replayed as it was folded)
+    resume_horizon: int | None = None
 
     def __post_init__(self) -> None:
         # Runs on decode too (msgspec): a signed journal with impossible settings fails verification as a schema
@@ -66,6 +70,8 @@ class RunConfigured(Event, tag="run_configured", frozen=True, kw_only=True):
             raise ValueError(f"loss_scale must be one of {', '.join(LOSS_SCALES)}, got {self.loss_scale!r}")
         if self.devices < 1:
             raise ValueError(f"devices must be at least 1, got {self.devices}")
+        if self.resume_horizon is not None and not 0 <= self.resume_horizon <= 1 << 30:
+            raise ValueError(f"resume_horizon must be between 0 and 2**30, got {self.resume_horizon}")
         p = self.peak_flops_per_sec
         if p is not None and not (p > 0 and math.isfinite(p)):
             raise ValueError(f"peak_flops_per_sec must be a positive finite number or absent, got {p}")

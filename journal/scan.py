@@ -20,6 +20,7 @@ import itertools
 import operator
 import os
 import typing
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -27,7 +28,7 @@ import msgspec
 from trainledger.journal import codec
 
 from trainledger.journal import accel as _accel
-from trainledger.journal.chain import LINE_TAG, is_hash_hex, seal_checkpoint, seal_message
+from trainledger.journal.chain import LINE_TAG, genesis, is_hash_hex, seal_checkpoint, seal_message
 from trainledger.journal.proofs.merkle import CompactRange, range_of_hashes, range_of_lines
 from trainledger.journal.codec import HASH_SUFFIX_LEN, UnknownEvent
 from trainledger.journal.errors import (
@@ -669,6 +670,44 @@ def scan_range(path: str, start: int, end: int, prev_seq: int, prev_hash: bytes,
         with open(path, "rb", buffering=0) as f:
             for block, off in iter_blocks(f, start, end, res, is_last=is_last):
                 scanner.feed_block(block, off)
+    except IntegrityError as e:
+        res.error = (type(e).__name__, str(e), e.seq if e.seq is not None else scanner.expect, e.offset)
+    except OSError as e:
+        res.error = ("JournalIOError", f"{path}: {e.strerror}", None, None)
+    scanner.finish()
+    return res
+
+
+def scan_consuming(path: str, size: int, ctx: ScanContext, consume: Callable[[list[Any]], None], *, signed: bool,
+                   progress: Callable[[int, int], None] | None = None) -> RangeResult:
+    """Check the whole file in one pass, as :func:`scan_range` does, and hand every checked event on to
+    ``consume`` (a list at a time, in order) from the same bytes: nothing is read twice and nothing unchecked is
+    used, so a file changed under the reader is caught as it would be by verify. ``signed``: an event is handed on
+    only once a seal that covers it has checked out (events after the last seal never are); otherwise as soon as
+    its line has. Errors are returned in ``result.error``; what ``consume`` raises propagates (the caller throws
+    away what it folded, as it does when the result carries an error)."""
+    res = RangeResult(0, size)
+    scanner = Scanner(ctx, -1, genesis(ctx.run_id), res)
+    pending: list[Any] = []
+    try:
+        with open(path, "rb", buffering=0) as f:
+            for block, off in iter_blocks(f, 0, size, res, is_last=True):
+                recs = scanner.feed_block(block, off)
+                if not signed:
+                    consume(recs)
+                else:
+                    pending += recs
+                    sealed = res.last_seal_seq
+                    if sealed is not None and pending and pending[0].seq <= sealed:
+                        cut = sealed - pending[0].seq + 1
+                        if cut >= len(pending):
+                            consume(pending)
+                            pending = []
+                        else:
+                            consume(pending[:cut])
+                            del pending[:cut]
+                if progress is not None:
+                    progress(off + len(block), size)
     except IntegrityError as e:
         res.error = (type(e).__name__, str(e), e.seq if e.seq is not None else scanner.expect, e.offset)
     except OSError as e:

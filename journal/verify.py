@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from trainledger.journal import codec
-from trainledger.journal.scan import MAX_LINE, RangeResult, ScanContext, _scan_range_star, cpu_count, scan_range, tree_mode, \
-    worker_ignores_ctrl_c
+from trainledger.journal.scan import MAX_LINE, RangeResult, ScanContext, _scan_range_star, cpu_count, scan_consuming, \
+    scan_range, tree_mode, worker_ignores_ctrl_c
 from trainledger.journal.audit.roster import Roster, split_run_id
 from trainledger.journal.chain import RUN_ID_RE, genesis
 from trainledger.journal.errors import (
@@ -263,6 +263,7 @@ def verify(
     _alongside: Callable[[], None] | None = None,
     _collect: tuple[frozenset[str], frozenset[int]] | None = None,
     _pool: SharedWorkers | None = None,
+    _consume: Callable[[list[Any]], None] | None = None,
     **trust_options: Any,
 ) -> VerifyReport:
     """Verify a journal file and return what was established.
@@ -326,7 +327,11 @@ def verify(
         err = UsageError(f"{p}: a format {opened.format_version} journal has no tree heads: --expect-checkpoint "
                          "needs format 1.3 or later")
         raise err
-    results = _scan(p, size, opened_len + 1, ctx, workers, progress, _alongside, _pool)
+    if _consume is not None:  # replay's fold: one pass in this process, each checked event handed on
+        results = [scan_consuming(str(p), size, ctx, _consume, progress=progress,
+                                  signed=report.trust in ("pinned", "embedded"))]
+    else:
+        results = _scan(p, size, opened_len + 1, ctx, workers, progress, _alongside, _pool)
     if _collect is not None:  # verify_run_dir: lines and hashes gathered by the same pass that checked them
         report.collected = [x for r in results for x in r.collected]
         report.hashes = {k: v for r in results for k, v in r.hashes.items()}

@@ -86,6 +86,8 @@ class HealthAudit(Projection):
     ladder writes one per rung); ``summary`` is the last segment's report, anomalies are counted across all."""
 
     name = "health"
+    kinds = (RunConfigured, StepObserved, RunResumed, DeviceChanged, AnomalyDetected, SpikeSuspected,
+             ComputeTotaled, CheckpointSaved)  # the events it folds (journal.audit.projection)
 
     def __init__(self, format_version: str | None = None) -> None:
         self.proj: HealthProjection | None = None
@@ -99,6 +101,22 @@ class HealthAudit(Projection):
         # device anomalies derived from device_changed came with format 1.2
         self.check_device = format_version is None or format_at_least(format_version, (1, 2))
         self.compute = ComputeTotals()  # compute_totaled (1.3): every step of every segment
+
+    def handlers(self) -> dict[type, Any]:
+        return {StepObserved: self._on_step, **{k: self.apply for k in self.kinds if k is not StepObserved}}
+
+    def _on_step(self, ev: Any) -> None:
+        """The fold's hot path: :meth:`apply` for a ``step_observed``, without the dispatch."""
+        self.compute.add(ev)
+        proj = self.proj
+        if proj is None:
+            proj = self.proj = HealthProjection()
+        found = proj._step(ev)
+        if found:
+            seq = ev.seq
+            self.recomputed += [(seq, an) for an in found]
+        if proj.suspected_new:
+            self.suspected += [(ev.seq, x) for x in proj.take_suspected()]
 
     def apply(self, ev: Any) -> None:
         if isinstance(ev, RunConfigured):
@@ -159,6 +177,7 @@ class HealthAudit(Projection):
 
 class CheckpointLog(Projection):
     name = "checkpoints"
+    kinds = (CheckpointSaved, RunResumed, ResumeRejectedEvent)  # the events it folds (journal.audit.projection)
 
     def __init__(self) -> None:
         self.checkpoints: list[dict[str, Any]] = []
@@ -189,6 +208,7 @@ class RewindAudit(Projection):
     """Rewinds, their data windows, and the budget: a rewind past ``max_rewinds`` per window is a difference."""
 
     name = "rewinds"
+    kinds = (RewindDecided, DataWindowSkipped)  # the events it folds (journal.audit.projection)
 
     def __init__(self) -> None:
         self.rewinds: list[dict[str, Any]] = []
@@ -224,6 +244,7 @@ class StopLog(Projection):
     (a run stopped for futility whose value met its threshold is a difference; so is a finite non-finite-loss)."""
 
     name = "stops"
+    kinds = (AnomalyDetected, RunResumed, RunStopped)  # the events it folds (journal.audit.projection)
 
     def __init__(self) -> None:
         self.stops: list[dict[str, Any]] = []
@@ -275,6 +296,7 @@ def select_checkpoint(rule: str, evals: list[Any]) -> tuple[Any, int] | None:
 
 class SelectionAudit(Projection):
     name = "selection"
+    kinds = (EvaluationRecorded, CheckpointSelected)  # the events it folds (journal.audit.projection)
 
     def __init__(self) -> None:
         self.evals: list[EvaluationRecorded] = []
@@ -325,6 +347,7 @@ class PreflightAudit(Projection):
     completion status says where the machine stopped."""
 
     name = "preflight"
+    kinds = (PreflightGate, PreflightCompleted)  # the events it folds (journal.audit.projection)
 
     def __init__(self) -> None:
         self.stopped: PreflightGate | None = None

@@ -25,10 +25,21 @@ class Projection:
     ``_diffs`` as they fold (``differences`` returns it unless a subclass compares at the end)."""
 
     name = "projection"
+    #: the event classes ``apply`` folds (a decoded record is an instance of its event's class); the fold hands a
+    #: projection only those, so a step costs nothing to the projections that ignore steps. None: every event
+    kinds: tuple[type, ...] | None = None
     _diffs: Any = ()  # a subclass that finds anything sets its own list
 
     def apply(self, ev: Any) -> None:
         raise NotImplementedError
+
+    def handlers(self) -> dict[type, Callable[[Any], None]]:
+        """``{event class: function}``: what the fold calls for an event of each kind (the first class the event
+        is an instance of, in order). By default :meth:`apply` for each of :attr:`kinds`; a projection with a hot
+        kind (the steps) gives that kind its own function, so the fold calls it directly."""
+        if self.kinds is None:
+            return {object: self.apply}
+        return {k: self.apply for k in self.kinds}
 
     def differences(self) -> list[dict[str, Any]]:
         return list(self._diffs)

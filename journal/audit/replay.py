@@ -1,4 +1,4 @@
-"""Folding a verified journal: verify a private copy, then apply every projection to every signed event.
+"""Folding a verified journal: one pass that checks each block and applies every projection to its signed events.
 
 This is the generic half of replay. Which projections are folded, and what the reconstruction of a training run
 holds, is the installed face's (:mod:`trainledger.audit`): the journal package knows only the protocol
@@ -12,11 +12,9 @@ from collections.abc import Callable
 from typing import Any
 
 from trainledger.journal.audit.projection import Projection
-from trainledger.journal.copies import PrivateCopies
 from trainledger.journal.errors import SemanticError
-from trainledger.journal.reader import unchecked_batches
 from trainledger.journal.trust import TrustPolicy
-from trainledger.journal.verify import VerifyReport, verify_copy
+from trainledger.journal.verify import VerifyReport, verify
 
 __all__ = ["fold"]
 
@@ -24,36 +22,66 @@ __all__ = ["fold"]
 def fold(path: str | os.PathLike, projections: Callable[[str | None], list[Projection]], *,
          trust: TrustPolicy | None = None, observe: Callable[[Any], None] | None = None,
          **trust_options: Any) -> tuple[VerifyReport, list[Projection]]:
-    """Verify ``path`` under ``trust`` (a :class:`TrustPolicy`, or its fields as keywords), then fold its signed
-    prefix through ``projections(format_version)``; return the verify report and the folded projections.
+    """Verify ``path`` under ``trust`` (a :class:`TrustPolicy`, or its fields as keywords) and fold its signed
+    prefix through ``projections(format_version)`` in the same pass; return the verify report and the folded
+    projections.
 
-    ``observe``, when given, is called with every event in order during the same pass. Only the signed prefix is
-    folded (every event a pinned or embedded key's seal covers; in an unsigned journal every complete line):
-    events after the last seal are counted in ``verify.unsealed_events`` and left out (``allow_unsealed=True`` is
-    needed to get that far). The journal is copied first and the copy is verified and folded, so nothing can be
-    swapped in between.
+    One pass over the bytes: each block is checked (canonical form, seq, chain, seals and their signatures) and
+    its events decoded from the same bytes, so nothing is read twice, nothing is copied, and a file changed under
+    the reader fails as it would fail ``verify``. Only the signed prefix is folded: an event is applied once a seal
+    whose signature checks out covers it (in an unsigned journal, every complete line); events after the last seal
+    are counted in ``verify.unsealed_events`` and left out (``allow_unsealed=True`` is needed to get that far).
+    Each projection sees only the kinds it declares, through its own function for each (``Projection.handlers``). ``observe``, when given, is called with
+    every folded event in order.
 
-    Raises what :func:`verify` raises when the journal does not verify, and :class:`SemanticError` (exit 1) for a
-    signed event that no projection can fold.
+    Raises what :func:`verify` raises when the journal does not verify (whatever was folded is then thrown away),
+    and :class:`SemanticError` (exit 1) for a signed event that no projection can fold.
     """
-    with PrivateCopies() as copies:
-        report, copy = verify_copy(path, copies, TrustPolicy.of(trust, **trust_options))
-        folded = projections(report.format_version)
-        applies = [p.apply for p in folded]
-        ev: Any = None
+    policy = TrustPolicy.of(trust, **trust_options)
+    folded: list[Projection] = []
+    table: dict[type, list[Callable[[Any], None]]] = {}
+
+    handlers: list[list[tuple[type, Callable[[Any], None]]]] = []
+
+    def applies(t: type) -> list[Callable[[Any], None]]:
+        if not handlers:
+            handlers.extend(list(p.handlers().items()) for p in folded)
+        fns = [next((fn for cls, fn in hs if issubclass(t, cls)), None) for hs in handlers]
+        table[t] = fns = [fn for fn in fns if fn is not None]
+        return fns
+
+    def consume(batch: list[Any]) -> None:
+        if not folded:  # the first checked lines: run_opened names the format the projections read
+            folded.extend(projections(getattr(batch[0], "format_version", None) if batch else None))
+        get = table.get
+        ev = None
         try:
-            # verify() has checked every byte it reported: decode those without checking them a second time.
-            for batch in unchecked_batches(copy, report.trusted_bytes):
-                for ev in batch:
-                    if observe is not None:
-                        observe(ev)
-                    for apply in applies:
-                        apply(ev)
+            for ev in batch:
+                if observe is not None:
+                    observe(ev)
+                fns = get(type(ev))
+                if fns is None:
+                    fns = applies(type(ev))
+                for apply in fns:
+                    apply(ev)
         except (ArithmeticError, ValueError, TypeError, KeyError, IndexError) as e:
             # A signed event with a value no projection can fold: one line, exit 1, never a traceback.
             kind = getattr(ev, "kind", None) if type(ev).__name__ == "UnknownEvent" else (
                 type(ev).__struct_config__.tag if ev is not None else "journal")
-            err = SemanticError(f"{kind} cannot be folded: {type(e).__name__}: {e}", seq=getattr(ev, "seq", None))
-            err.report = report
-            raise err from None
+            raise _FoldFailed(SemanticError(f"{kind} cannot be folded: {type(e).__name__}: {e}",
+                                            seq=getattr(ev, "seq", None))) from None
+
+    try:
+        report = verify(path, trust=policy, _consume=consume)
+    except _FoldFailed as f:
+        raise f.error from None
+    if not folded:  # nothing signed to fold (no seal yet, with allow_unsealed)
+        folded.extend(projections(report.format_version))
     return report, folded
+
+
+class _FoldFailed(Exception):
+    """Carries a fold's SemanticError out through verify's pass, which lets nothing but its own errors out."""
+
+    def __init__(self, error: SemanticError):
+        self.error = error

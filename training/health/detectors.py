@@ -29,6 +29,7 @@ from trainledger.journal.kinds import (MAX_WINDOW, AnomalyDetected, DataWindowSk
                                        RewindDecided, RunConfigured, SpikeSuspected)
 
 __all__ = [
+    "RESUME_HORIZON",
     "state_digest",
     "RunConfigured",
     "AnomalyDetected",
@@ -73,22 +74,43 @@ def _kth_deviation(s: list[float], m: float, k: int) -> float:
     return max(dev_a(i - 1) if i > 0 else -math.inf, dev_b(j - 1) if j > 0 else -math.inf)
 
 
+#: The monitor's resume horizon (format 1.5, ``run_configured.resume_horizon``): each detector keeps this many
+#: accepted values past its window, so a resume or rewind up to that far back rebuilds the window exactly, and its
+#: memory (and a checkpoint's monitor snapshot) stays bounded however long the run: about 1.1 MB a detector.
+RESUME_HORIZON = 16384
+
+
 class RollingBaseline:
     """Causal rolling median and MAD over the last ``window`` accepted values.
 
     A sorted copy of the window gives the median in O(1) and the MAD in
-    O(log n); appending is O(window) memory moves. Every accepted value is
-    kept with its step (the window is the tail of that history), so a resume
-    can put the window back as it stood at any earlier step.
+    O(log n); appending is O(window) memory moves. Accepted values are kept with
+    their steps (the window is the tail of that history), so a resume can put the
+    window back as it stood at an earlier step: every value when ``horizon`` is
+    None (journals before format 1.5), else the last ``window + horizon`` at least
+    (dropped a chunk at a time, the same way live and in replay, so a snapshot
+    stays the fold). A resume further back than that rebuilds the window from the
+    values still kept (fewer, or none: the detector warms up again).
     """
 
-    __slots__ = ("window", "_sorted", "_steps", "_values")
+    __slots__ = ("window", "_sorted", "_steps", "_values", "keep", "trim_at")
 
-    def __init__(self, window: int):
+    def __init__(self, window: int, horizon: int | None = None):
         self.window = window
         self._sorted: list[float] = []
         self._steps: list[int] = []
         self._values: list[float] = []
+        self.keep = None if horizon is None else window + horizon
+        #: the history length at which the oldest values are dropped (never, unbounded)
+        # a quarter more before the oldest are dropped at once (amortizes the deletion)
+        self.trim_at = 1 << 62 if horizon is None else self.keep + max(16, self.keep // 4)
+
+    def trim(self) -> None:
+        """Drop the oldest values past ``window + horizon`` (called when the history reaches ``trim_at``)."""
+        cut = len(self._values) - self.keep
+        if cut > 0:
+            del self._values[:cut]
+            del self._steps[:cut]
 
     def __len__(self) -> int:
         return len(self._sorted)
@@ -127,6 +149,8 @@ class RollingBaseline:
         bisect.insort(s, x)
         if len(values) > self.window:
             del s[bisect.bisect_left(s, values[-self.window - 1])]
+        if len(values) >= self.trim_at:
+            self.trim()
 
     def _rebuild(self) -> None:
         self._sorted = sorted(self._values[-self.window:])
@@ -145,8 +169,8 @@ class RollingBaseline:
         return {"window": self.window, "steps": list(self._steps), "values": list(self._values)}
 
     @classmethod
-    def from_state(cls, d: dict[str, Any]) -> RollingBaseline:
-        b = cls(int(d["window"]))
+    def from_state(cls, d: dict[str, Any], horizon: int | None = None) -> RollingBaseline:
+        b = cls(int(d["window"]), horizon)
         b._steps = [int(x) for x in d["steps"]]
         b._values = [float(x) for x in d["values"]]
         b._rebuild()
@@ -183,7 +207,8 @@ class _Detector:
     __slots__ = ("p", "base", "kind", "log", "pending", "inv_scale", "inv_scale_confirm", "min_periods", "window",
                  "series", "suspected", "confirm", "episodes", "episode")
 
-    def __init__(self, p: DetectorParams, kind: str, log: bool, series: str, episodes: bool = False):
+    def __init__(self, p: DetectorParams, kind: str, log: bool, series: str, episodes: bool = False,
+                 horizon: int | None = None):
         self.p = p
         # The 1.4 loss rule (``episodes``): a higher confirmation level, and one anomaly per spike episode.
         self.confirm = EPISODE_CONFIRM_FRACTION if episodes else CONFIRM_FRACTION
@@ -194,7 +219,7 @@ class _Detector:
         # z <= z_thresh  <=>  MAD >= (x - median) * inv_scale (and likewise for the confirmation level)
         self.inv_scale = 1.0 / (MAD_SCALE * p.z_thresh)
         self.inv_scale_confirm = 1.0 / (MAD_SCALE * p.z_thresh * self.confirm)
-        self.base = RollingBaseline(p.window)
+        self.base = RollingBaseline(p.window, horizon)
         self.kind = kind
         self.log = log
         self.pending: list | None = None  # [step, raw, x, median, mad, z] of a candidate spike
@@ -242,6 +267,8 @@ class _Detector:
             if _baseline_step is not None:  # the lines below, in C (journal/_chainfast.c)
                 if _baseline_step(base._sorted, base._values, base._steps, x, step, self.min_periods, self.inv_scale,
                                   self.window):
+                    if len(base._values) >= base.trim_at:
+                        base.trim()
                     return None
                 return self._score(step, raw, x, after_resume)
             # The common case, inlined: warm, and not even near a threshold (see _z and mad_at_least).
@@ -262,6 +289,8 @@ class _Detector:
             w = self.window
             if len(values) > w:
                 del s[_bisect_left(s, values[-w - 1])]
+            if len(values) >= base.trim_at:
+                base.trim()
             return None
         return self._score(step, raw, x, after_resume)
 
@@ -330,9 +359,11 @@ class HealthProjection:
         # format 1.4's rule (loss_scale "log"): the log of the loss, and one anomaly per spike episode
         self._loss_log = c.loss_scale == "log"
         self._loss = _Detector(DetectorParams(c.loss_window, c.loss_min_periods, c.loss_z_thresh, "loss"),
-                               "loss_spike", log=self._loss_log, series="loss", episodes=self._loss_log)
+                               "loss_spike", log=self._loss_log, series="loss", episodes=self._loss_log,
+                               horizon=c.resume_horizon)
         self._grad = _Detector(DetectorParams(c.grad_norm_window, c.grad_norm_min_periods, c.grad_norm_z_thresh,
-                                              "grad_norm"), "grad_norm_spike", log=True, series="grad_norm")
+                                              "grad_norm"), "grad_norm_spike", log=True, series="grad_norm",
+                               horizon=c.resume_horizon)
         self.steps = 0
         self.last_step: int | None = None
         self.anomalies: list[AnomalyDetected] = []
@@ -574,8 +605,8 @@ class HealthProjection:
 
         cfg = msgspec.convert(d["config"], RunConfigured, strict=False)
         p = cls(cfg)
-        p._loss.base = RollingBaseline.from_state(d["loss"])
-        p._grad.base = RollingBaseline.from_state(d["grad_norm"])
+        p._loss.base = RollingBaseline.from_state(d["loss"], cfg.resume_horizon)
+        p._grad.base = RollingBaseline.from_state(d["grad_norm"], cfg.resume_horizon)
         p._loss.pending, p._grad.pending = (list(x) if x is not None else None for x in d["pending"])
         p.steps, p.last_step = d["steps"], d["last_step"]
         p.anomalies = [msgspec.convert(a, AnomalyDetected, strict=False) for a in d["anomalies"]]

@@ -20,7 +20,8 @@ from typing import Any
 
 from trainledger.journal import Journal, RunResumed, StepObserved
 from trainledger.journal.reader import fold_events
-from trainledger.training.health.detectors import AnomalyDetected, DetectorParams, HealthProjection, RunConfigured
+from trainledger.training.health.detectors import (RESUME_HORIZON, AnomalyDetected, DetectorParams, HealthProjection,
+                                                   RunConfigured)
 
 from trainledger.training.health.flops import FlopConfig
 
@@ -66,6 +67,7 @@ class TrainingHealthMonitor:
         grad_norm_window: int = 64,
         grad_norm_min_periods: int = 16,
         grad_norm_z_thresh: float = 8.0,
+        resume_horizon: int | None = RESUME_HORIZON,
     ):
         DetectorParams(loss_window, loss_min_periods, loss_z_thresh, "loss")
         DetectorParams(grad_norm_window, grad_norm_min_periods, grad_norm_z_thresh, "grad_norm")
@@ -88,6 +90,7 @@ class TrainingHealthMonitor:
             grad_norm_window=grad_norm_window, grad_norm_min_periods=grad_norm_min_periods,
             grad_norm_z_thresh=float(grad_norm_z_thresh),
             peak_source=peak_source, peak_spread=None if peak_spread is None else float(peak_spread),
+            resume_horizon=resume_horizon,
         )
         self.journal = journal
         self._proj = HealthProjection(self.config)

@@ -40,7 +40,10 @@ def _stream(draw_losses, cuts):
                 ev = RunResumed(reason="checkpoint", from_step=max(0, step - 3))
                 step = max(0, step - 3) + 1
             else:
-                ev = RunConfigured(loss_window=8, loss_min_periods=4, grad_norm_window=8, grad_norm_min_periods=4)
+                # a bounded history (format 1.5) of 2 values past the window: resumes reach past it, and the
+                # oldest values are dropped along the way, the same in the snapshot and in the fold
+                ev = RunConfigured(loss_window=8, loss_min_periods=4, grad_norm_window=8, grad_norm_min_periods=4,
+                                   resume_horizon=2)
             events.append(ev)
         events.append(StepObserved(step=step, loss=loss, grad_norm=abs(loss) + 0.5 if math.isfinite(loss) else 1.0,
                                    step_time_s=0.1, tokens=16))
@@ -54,11 +57,12 @@ losses = st.lists(st.one_of(st.floats(0.5, 5.0), st.sampled_from([math.nan, math
 
 @settings(max_examples=60, deadline=None)
 @given(losses, st.dictionaries(st.integers(1, 79), st.sampled_from(["resume", "configure"]), max_size=4),
-       st.integers(0, 100))
-def test_snapshot_plus_later_events_is_the_full_fold(draw, cuts, cut_at):
+       st.integers(0, 100), st.sampled_from([None, 0, 2]))
+def test_snapshot_plus_later_events_is_the_full_fold(draw, cuts, cut_at, horizon):
     events = _stream(draw, cuts)
     k = cut_at % (len(events) + 1)
-    config = RunConfigured(loss_window=8, loss_min_periods=4, grad_norm_window=8, grad_norm_min_periods=4)
+    config = RunConfigured(loss_window=8, loss_min_periods=4, grad_norm_window=8, grad_norm_min_periods=4,
+                           resume_horizon=horizon)
     full = HealthProjection(config)
     for ev in events:
         full.apply(ev)
@@ -70,13 +74,41 @@ def test_snapshot_plus_later_events_is_the_full_fold(draw, cuts, cut_at):
         rest.apply(ev)
     a, b = rest.report(), full.report()
     assert _nan_eq(a, b) and len(rest.suspected) == len(full.suspected)
+    assert _nan_eq(rest.state(), full.state())  # what a later checkpoint's snapshot digests
 
 
 def _nan_eq(a, b):
     if isinstance(a, dict):
         return a.keys() == b.keys() and all(_nan_eq(a[k], b[k]) for k in a)
-    if isinstance(a, list):
+    if isinstance(a, (list, tuple)):
         return len(a) == len(b) and all(_nan_eq(x, y) for x, y in zip(a, b))
     if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
         return True
     return a == b
+
+
+def test_a_bounded_history_stays_bounded_and_a_snapshot_of_it_is_still_the_fold():
+    """Format 1.5's resume_horizon: each detector keeps its window plus the horizon (dropping a chunk at a time),
+    a snapshot restored and continued keeps dropping where the uninterrupted fold does, and a resume reaching past
+    the horizon rebuilds from what is kept, the same in both."""
+    config = RunConfigured(loss_window=8, loss_min_periods=4, grad_norm_window=8, grad_norm_min_periods=4,
+                           resume_horizon=4)
+    events = [StepObserved(step=i, loss=2.0 + 0.01 * (i % 7), grad_norm=1.0 + 0.01 * (i % 5)) for i in range(300)]
+    events.insert(250, RunResumed(reason="rewind", from_step=200))  # 50 steps back: past the horizon
+    full = HealthProjection(config)
+    for ev in events:
+        full.apply(ev)
+    assert 8 + 4 <= len(full._loss.base._values) < 8 + 4 + 16 + 1
+    for k in (0, 37, 120, 249, 250, 251):
+        head = HealthProjection(config)
+        for ev in events[:k]:
+            head.apply(ev)
+        rest = HealthProjection.from_state(head.state())
+        for ev in events[k:]:
+            rest.apply(ev)
+        assert _nan_eq(rest.state(), full.state()), k
+    unbounded = HealthProjection(RunConfigured(loss_window=8, loss_min_periods=4, grad_norm_window=8,
+                                               grad_norm_min_periods=4))
+    for ev in events:
+        unbounded.apply(ev)
+    assert len(unbounded._loss.base._values) == 251  # before 1.5: every value (steps 0-200, then 50 more)

@@ -1,0 +1,190 @@
+#!/usr/bin/env python3
+"""Costs as a run grows: replay, cold query, verify and the live monitor at 1e5, 1e6 and 1e7
+steps, each beside its peer in the same run.
+
+    .venv/bin/python tools/bench_scale.py [--sizes 1e5,1e6,1e7] [--rounds 3] [--out docs/bench/scale.txt]
+
+For each size one signed journal is written through the health monitor (the training loop's own calls: a step's
+loss, grad norm, step time and tokens, seals every 1,000 events), then every measure runs as a whole fresh process,
+the measures alternated round by round (so the machine's load falls on all of them alike), and the medians are
+printed. Each process reports its wall time, its CPU time (user + sys of the process and every child it waited for:
+verify's workers, sha256sum), its peak RSS (the larger of its own high-water mark and its largest child's) and the
+bytes it wrote (``/proc/self/io`` ``wchar``, the process itself; the workers write nothing but pipes).
+
+- ``replay``: ``trainledger.audit.replay`` end to end, against DuckDB ``read_ndjson`` of the same file (an
+  aggregate over the step lines: DuckDB parses every line, as replay must).
+- ``query cold``: ``trainledger.journal.query.connect`` (verify + load + views, no cache) and one aggregate, against
+  the same DuckDB aggregate.
+- ``verify``: ``verify(workers=1)`` (one core), CPU per line, against ``sha256sum`` of the file per line.
+- ``monitor``: a process that drives ``TrainingHealthMonitor.observe_step`` for the size's steps into a journal;
+  how much its resident memory grew from the first step to the last (after a collection), per step.
+
+The load average before and after is printed; the machine is shared, so read CPU time first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+RUNNER = r"""
+import json, os, re, resource, sys, time
+mode, p, k, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+t0 = time.perf_counter()
+extra = {}
+if mode == "duckdb":
+    import duckdb
+    con = duckdb.connect()
+    con.execute("SET threads = 1")
+    extra["rows"] = con.execute(
+        "SELECT count(*), avg(loss), max(grad_norm) FROM read_ndjson(?, columns={'kind': 'VARCHAR', 'loss': 'DOUBLE', "
+        "'grad_norm': 'DOUBLE', 'step': 'BIGINT'}) WHERE kind = 'step_observed'", [p]).fetchall()[0][0]
+elif mode == "replay":
+    from trainledger.audit import replay
+    from trainledger.journal import load_public_key
+    rec = replay(p, keys=[load_public_key(k)])
+    assert rec.ok, rec.differences[:3]
+    extra["rows"] = rec.health["steps"]
+elif mode == "query":
+    from trainledger.journal import load_public_key
+    from trainledger.journal.query import connect
+    con = connect([p], keys=[load_public_key(k)], use_cache=False)
+    extra["rows"] = con.execute("SELECT count(*), avg(loss), max(grad_norm) FROM steps").fetchall()[0][0]
+elif mode == "verify":
+    from trainledger.journal import load_public_key, verify
+    extra["rows"] = verify(p, keys=[load_public_key(k)], workers=1).events
+elif mode == "sha256sum":
+    import subprocess
+    subprocess.run(["sha256sum", p], check=True, capture_output=True)
+elif mode == "monitor":
+    import gc
+    from trainledger.journal import Journal, Signer
+    from trainledger.training.health.monitor import TrainingHealthMonitor
+    import random
+    def rss():
+        gc.collect()
+        return int(re.search(r"VmRSS:\s+(\d+)", open("/proc/self/status").read()).group(1)) * 1024
+    rng = random.Random(1)
+    with Journal.create(p, signer=Signer.generate(), background=False) as j:
+        m = TrainingHealthMonitor(journal=j, peak_flops_per_sec=1e12)
+        m.observe_step(0, 5.0, grad_norm=0.8, step_time_s=0.25, tokens=4096)
+        base = rss()
+        for i in range(1, n):
+            m.observe_step(i, 2.0 + 3.0 * (1 + i / 50) ** -0.5 + rng.gauss(0, 0.02),
+                           grad_norm=0.8 + abs(rng.gauss(0, 0.05)), step_time_s=0.25, tokens=4096)
+        extra["held_bytes"] = rss() - base
+    extra["rows"] = n
+wall = time.perf_counter() - t0
+me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+hwm = int(re.search(r"VmHWM:\s+(\d+)", open("/proc/self/status").read()).group(1))
+wchar = int(re.search(r"wchar:\s+(\d+)", open("/proc/self/io").read()).group(1))
+print(json.dumps({"wall": wall, "cpu": me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime,
+                  "rss_mb": max(hwm, kids.ru_maxrss) / 1024, "wchar": wchar, **extra}))
+"""
+
+
+def write_journal(path: Path, n: int) -> Path:
+    """A signed journal of ``n`` steps through the health monitor; returns the public key file."""
+    from trainledger.journal import Journal, Signer
+    from trainledger.training.health.monitor import TrainingHealthMonitor
+
+    s = Signer.generate()
+    rng = random.Random(0)
+    with Journal.create(path, signer=s, background=False) as j:
+        m = TrainingHealthMonitor(journal=j, peak_flops_per_sec=1e12)
+        for i in range(n):
+            m.observe_step(i, 2.0 + 3.0 * (1 + i / 50) ** -0.5 + rng.gauss(0, 0.02),
+                           grad_norm=0.8 + abs(rng.gauss(0, 0.05)), step_time_s=0.25, tokens=4096)
+    k = path.with_suffix(".pub")
+    k.write_text(s.public.line() + "\n")
+    return k
+
+
+def run(mode: str, p: Path, k: Path, n: int) -> dict:
+    env = dict(os.environ, TRAINLEDGER_CACHE_DIR=str(p.parent / "cache"), OPENBLAS_NUM_THREADS="1")
+    out = subprocess.run([sys.executable, "-c", RUNNER, mode, str(p), str(k), str(n)], capture_output=True, text=True,
+                         env=env)
+    if out.returncode != 0:
+        raise SystemExit(f"{mode} on {p.name}: exit {out.returncode}: {out.stderr[-1500:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def med(rs: list[dict], key: str) -> float:
+    return statistics.median(r[key] for r in rs)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sizes", default="1e5,1e6,1e7")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--only", default="duckdb,replay,query,verify,sha256sum,monitor",
+                    help="the measures to run (comma-separated)")
+    ap.add_argument("--out", metavar="FILE", help="also write the table here")
+    a = ap.parse_args()
+    sizes = [int(float(x)) for x in a.sizes.split(",")]
+    modes = [m for m in a.only.split(",") if m]
+    lines: list[str] = []
+
+    def say(text: str = "") -> None:
+        print(text, flush=True)
+        lines.append(text)
+
+    load0 = os.getloadavg()
+    t_start = time.perf_counter()
+    results: dict[int, dict[str, list[dict]]] = {}
+    meta: dict[int, dict] = {}
+    with tempfile.TemporaryDirectory(prefix="tl-scale-") as tmp:
+        for n in sizes:
+            p = Path(tmp) / f"j{n}.jsonl"
+            t = time.perf_counter()
+            k = write_journal(p, n)
+            meta[n] = {"bytes": p.stat().st_size, "write_s": time.perf_counter() - t}
+            results[n] = {m: [] for m in modes}
+            for _ in range(a.rounds):
+                for m in modes:
+                    target = Path(tmp) / "monitor.jsonl" if m == "monitor" else p
+                    results[n][m].append(run(m, target, k, n))
+                    if m == "monitor":
+                        target.unlink(missing_ok=True)
+            p.unlink()
+    load1 = os.getloadavg()
+    say(f"tools/bench_scale.py --sizes {a.sizes} --rounds {a.rounds}: {time.perf_counter() - t_start:.0f} s; "
+        f"{os.cpu_count()} CPUs; load average {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f} before, "
+        f"{load1[0]:.2f} {load1[1]:.2f} {load1[2]:.2f} after; medians of {a.rounds} whole processes each")
+    for n in sizes:
+        r = results[n]
+        say(f"\n{n:,} steps: {meta[n]['bytes'] / 2**20:,.0f} MiB journal (written in {meta[n]['write_s']:.1f} s)")
+        say(f"  {'measure':<26} {'CPU s':>9} {'wall s':>9} {'peak RSS MiB':>13} {'MiB written':>12}")
+        for m in modes:
+            rs = r[m]
+            say(f"  {m:<26} {med(rs, 'cpu'):>9.2f} {med(rs, 'wall'):>9.2f} {max(x['rss_mb'] for x in rs):>13.0f} "
+                f"{med(rs, 'wchar') / 2**20:>12.1f}")
+        if "duckdb" in r:
+            duck = med(r["duckdb"], "cpu")
+            for m in ("replay", "query"):
+                if m in r:
+                    say(f"  {m}: {med(r[m], 'cpu') / duck:.1f}x DuckDB's CPU, peak RSS "
+                        f"{max(x['rss_mb'] for x in r[m]):.0f} MiB vs DuckDB's {max(x['rss_mb'] for x in r['duckdb']):.0f}")
+        if "verify" in r and "sha256sum" in r:
+            lines_n = r["verify"][0]["rows"]  # every line of the file is an event
+            v, s = med(r["verify"], "cpu") / lines_n * 1e6, med(r["sha256sum"], "cpu") / lines_n * 1e6
+            say(f"  verify: {v:.2f} us CPU a line vs sha256sum's {s:.2f} us ({v / s:.2f}x), one core")
+        if "monitor" in r:
+            held = med(r["monitor"], "held_bytes")
+            say(f"  monitor: resident memory grew {held / 2**20:.1f} MiB from step 1 to step {n:,} "
+                f"({held / n:.1f} bytes a step)")
+    if a.out:
+        Path(a.out).write_text("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
