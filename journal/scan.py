@@ -688,11 +688,16 @@ def scan_consuming(path: str, size: int, ctx: ScanContext, consume: Callable[[li
     away what it folded, as it does when the result carries an error)."""
     res = RangeResult(0, size)
     scanner = Scanner(ctx, -1, genesis(ctx.run_id), res)
+    # verify's fast path (step lines held to their canonical form in C, not decoded and encoded again), then one
+    # decode of the block the check passed, from the same bytes
+    scanner.steps_unread = _STEP_LINES_OK
     pending: list[Any] = []
     try:
         with open(path, "rb", buffering=0) as f:
             for block, off in iter_blocks(f, 0, size, res, is_last=True):
                 recs = scanner.feed_block(block, off)
+                if type(recs) is _StepLines:
+                    recs = codec.decode_unchecked_block(block) or [codec.decode_line(x) for x in lines_of(block)]
                 if not signed:
                     consume(recs)
                 else:

@@ -500,9 +500,9 @@ class Cancelled(TrainledgerError):
 class SharedWorkers:
     """Worker processes that several verifications running at once share (:func:`trainledger.journal.audit.rundir.verify_run_dir`
     verifies its ranks side by side): every journal's ranges queue for the same workers, which so never wait
-    between journals. Used as a context manager, from a process with no other thread yet; where it cannot fork
-    (one CPU, another thread running, no fork, or the fork fails for want of processes or memory) or the files are
-    small (``total_bytes``), it starts none, and each verification checks its file alone."""
+    between journals. Used as a context manager (workers forked, or from a fork server beside threads); where it
+    cannot start them (one CPU, no fork or fork server, or the start fails for want of processes or memory) or
+    the files are small (``total_bytes``), it starts none, and each verification checks its file alone."""
 
     def __init__(self, workers: int | None = None, total_bytes: int = 0):
         self.n = cpu_count() if workers is None else max(1, workers)
@@ -547,13 +547,16 @@ class SharedWorkers:
         return any(w.exitcode is not None for w in procs) or {w.pid for w in procs} != self._pids
 
     def __enter__(self) -> SharedWorkers:
-        if self.n > 1 and self.total >= PARALLEL_MIN_BYTES and threading.active_count() == 1 \
-                and "fork" in multiprocessing.get_all_start_methods():
-            # built once here: inherited by every worker (rather than built again in each), and ready before any
-            # thread of verify_run_dir's reads
-            codec._decoders()
+        if self.n > 1 and self.total >= PARALLEL_MIN_BYTES:
+            ctx = _worker_context()
+            if ctx is None:
+                return self
+            if ctx.get_start_method() == "fork":
+                # built once here: inherited by every worker (rather than built again in each), and ready before
+                # any thread of verify_run_dir's reads
+                codec._decoders()
             try:
-                self.pool = multiprocessing.get_context("fork").Pool(self.n, initializer=worker_ignores_ctrl_c)
+                self.pool = ctx.Pool(self.n, initializer=worker_ignores_ctrl_c)
             except OSError:  # no process to spare (EAGAIN, ENOMEM): Pool stopped the ones it started; check alone
                 return self
             self._pids = {w.pid for w in getattr(self.pool, "_pool", ())}
@@ -565,6 +568,22 @@ class SharedWorkers:
             self.pool.terminate()
             self.pool.join()
             self.pool = None
+
+
+def _worker_context() -> Any:
+    """How to start worker processes here. ``fork`` from a process with no other thread (the fastest: the workers
+    inherit what is imported); from one with threads (a training script's, a test runner's, verify_run_dir's own),
+    forking could copy a lock another thread holds, so ``forkserver``: workers forked from a clean server process
+    (started once per process, with the scanner imported) that never had those threads. None where neither
+    exists (then the file is checked in this process)."""
+    methods = multiprocessing.get_all_start_methods()
+    if threading.active_count() == 1 and "fork" in methods:
+        return multiprocessing.get_context("fork")
+    if "forkserver" in methods:
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(["trainledger.journal.scan"])
+        return ctx
+    return None
 
 
 class _Alongside:
@@ -598,7 +617,7 @@ def _scan_ranges(p: Path, size: int, first_end: int, ctx: ScanContext, workers: 
                  progress: Callable[[int, int], None] | None, start_alongside: Callable[[], None]
                  ) -> list[RangeResult]:
     g = genesis(ctx.run_id)
-    # Workers only from a single-threaded process (forking with live threads can deadlock) and for a big file.
+    # Workers for a big file: forked, or from a fork server when this process has other threads (_worker_context).
     with SharedWorkers(workers, size) as shared:
         start_alongside()  # any workers exist now
         if shared.pool is not None:

@@ -329,3 +329,33 @@ def parse_step():
     from conftest import step
 
     return step(0)
+
+
+def test_a_journal_rewritten_under_replay_fails_as_verify_would(tmp_path, signer, pubkey):
+    """Replay reads each block once: it is checked and folded from the same bytes, with no private copy. A step
+    rewritten (same length) after replay started, in a block it has not read yet, fails the chain there; nothing
+    folded from the journal is returned."""
+    import pytest
+
+    from trainledger.audit import replay
+    from trainledger.journal import IntegrityError, Journal, StepObserved
+
+    p = tmp_path / "j.jsonl"
+    with Journal.create(p, signer=signer, background=False) as j:
+        for i in range(6000):  # about 1.3 MB: several read blocks
+            j.append(StepObserved(step=i, loss=2.5, grad_norm=1.0))
+    assert replay(p, keys=[pubkey]).ok
+    data = p.read_bytes()
+    at = data.index(b'"step":5000,"loss":2.5')
+    done = []
+
+    def rewrite(ev):
+        if not done:
+            done.append(ev)
+            with open(p, "r+b") as f:
+                f.seek(at + len(b'"step":5000,"loss":'))
+                f.write(b"9.5")
+
+    with pytest.raises(IntegrityError, match="seq"):
+        replay(p, keys=[pubkey], observe=rewrite)
+    assert done

@@ -105,8 +105,20 @@ def test_parallel_ranges_check_each_seals_root_against_the_lines_before_them(tmp
                                                  real(rep, results, *a))[1])
     import threading
 
-    assert threading.active_count() == 1, threading.enumerate()  # else verify rightly refuses to fork
-    r = verify(p, keys=[pubkey], workers=2)
+    # With a thread left running (a training script's, a test runner's), the workers come from a fork server
+    # instead of a fork of this process, and the ranges are checked in them all the same.
+    stop = threading.Event()
+    t = threading.Thread(target=stop.wait, daemon=True)
+    t.start()
+    try:
+        started = []
+        real_ctx = verify_mod._worker_context
+        monkeypatch.setattr(verify_mod, "_worker_context", lambda: (started.append(c := real_ctx()), c)[1])
+        r = verify(p, keys=[pubkey], workers=2)
+        assert started and started[0].get_start_method() == "forkserver"
+    finally:
+        stop.set()
+        t.join()
     assert merged and merged[0] > 50  # the seals of the ranges after the first were checked at the merge
     lines = read_lines(p)
     assert r.ok and r.tree.end == len(lines) and r.tree.root() == range_of_lines(0, lines).root()
