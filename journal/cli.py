@@ -336,10 +336,9 @@ def _run_sql(con, sql: str, params, timeout: float) -> tuple[list[str], list[tup
 
 def _write_parquet(cols: list[str], rows: list[tuple], out_path: str) -> None:
     """Write the result with a connection of our own (the query's is locked down), where the user asked."""
-    import duckdb
+    from trainledger.journal.query import new_connection
 
-    out = duckdb.connect(":memory:")
-    out.execute("SET autoinstall_known_extensions = false")
+    out = new_connection()
     if rows:
         out.execute("CREATE TABLE r AS SELECT * FROM (VALUES " + ", ".join(
             "(" + ", ".join("?" for _ in cols) + ")" for _ in rows) + f") t({', '.join(map(_qi, cols))})",

@@ -329,10 +329,18 @@ _REFRESHERS: list[subprocess.Popen] = []
 # -- loading ----------------------------------------------------------------------------------------------------
 
 
+def new_connection() -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB connection as every command here uses one: no extension installed or loaded behind the
+    user's back, and no progress bar (DuckDB draws it on stdout once a statement runs two seconds, which would
+    corrupt ``--format csv`` or ``json`` output)."""
+    con = duckdb.connect(":memory:", config={"autoinstall_known_extensions": False,
+                                             "autoload_known_extensions": False})
+    con.execute("SET enable_progress_bar = false")  # a connection setting, not a global one
+    return con
+
+
 def _load(files: list[Path], verify_first: bool, trust: TrustPolicy) -> tuple[duckdb.DuckDBPyConnection, Source]:
-    con = duckdb.connect(":memory:")
-    con.execute("SET autoinstall_known_extensions = false")
-    con.execute("SET autoload_known_extensions = false")
+    con = new_connection()
     con.execute("CREATE TABLE events_t (run_id VARCHAR, rank INTEGER, file VARCHAR, seq BIGINT, kind VARCHAR, "
                 "ts BIGINT, h VARCHAR, line VARCHAR)")
     # Every file is copied into a private folder first and only the copy is verified and loaded: the bytes
@@ -512,9 +520,7 @@ def _warm(files: list[Path], trust: TrustPolicy) -> tuple[duckdb.DuckDBPyConnect
     path = _cache_path(files)
     if not _safe_cache_file(path):
         return None
-    con = duckdb.connect(":memory:")
-    con.execute("SET autoinstall_known_extensions = false")
-    con.execute("SET autoload_known_extensions = false")
+    con = new_connection()
     try:
         con.execute("ATTACH ? AS cache (READ_ONLY)", [str(path)])
         rows = _still_current(con, files, trust)

@@ -44,6 +44,7 @@ if mode == "duckdb":
     import duckdb
     con = duckdb.connect()
     con.execute("SET threads = 1")
+    con.execute("SET enable_progress_bar = false")  # it draws on stdout after two seconds
     extra["rows"] = con.execute(
         "SELECT count(*), avg(loss), max(grad_norm) FROM read_ndjson(?, columns={'kind': 'VARCHAR', 'loss': 'DOUBLE', "
         "'grad_norm': 'DOUBLE', 'step': 'BIGINT'}) WHERE kind = 'step_observed'", [p]).fetchall()[0][0]

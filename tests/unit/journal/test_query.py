@@ -54,6 +54,15 @@ def test_queries_cannot_touch_files(tmp_path, signer, sql):
     assert not (tmp_path / "stolen.csv").exists()
 
 
+def test_no_progress_bar_can_reach_stdout(tmp_path, signer):
+    """DuckDB draws a progress bar on stdout once a statement has run two seconds (a cold load of a large journal,
+    a slow query), which corrupted --format csv / json output: every connection here has it off, locked."""
+    con = connect([_journal(tmp_path / "a.jsonl", signer)], keys=[signer.public])
+    assert con.execute("SELECT current_setting('enable_progress_bar')").fetchone()[0] is False
+    with pytest.raises(duckdb.Error):
+        con.execute("SET enable_progress_bar = true")
+
+
 def test_cli_formats_params_and_refusals(tmp_path, signer, keypair, capsys):
     p = _journal(tmp_path / "a.jsonl", signer)
     pub = str(keypair[2])
