@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from trainledger.journal.audit.projection import Projection
-from trainledger.journal.errors import SemanticError
+from trainledger.journal.errors import SemanticError, TrainledgerError
 from trainledger.journal.trust import TrustPolicy
 from trainledger.journal.verify import VerifyReport, verify
 
@@ -80,8 +80,9 @@ def fold(path: str | os.PathLike, projections: Callable[[str | None], list[Proje
     return report, folded
 
 
-class _FoldFailed(Exception):
-    """Carries a fold's SemanticError out through verify's pass, which lets nothing but its own errors out."""
+class _FoldFailed(TrainledgerError):
+    """Carries a fold's SemanticError out through verify's pass, which catches its own integrity errors (a
+    SemanticError is one); never reaches a caller."""
 
     def __init__(self, error: SemanticError):
         self.error = error

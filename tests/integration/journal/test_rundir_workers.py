@@ -123,20 +123,31 @@ def test_ctrl_c_stops_a_shared_verification_at_once(tmp_path, signer, pubkey, sh
     assert shared_workers == [True]
 
 
-def test_shared_workers_start_none_beside_another_thread(tmp_path):
+def test_shared_workers_beside_another_thread_come_from_a_fork_server(tmp_path, signer, pubkey):
+    """Forking beside a live thread can deadlock the child (a lock the thread held is copied locked): the workers
+    then come from a fork server, which never had that thread, and they check the ranges as forked ones do."""
     import threading
 
     from trainledger.journal.verify import SharedWorkers
 
+    run = _run_dir(tmp_path, signer)
+    one = verify_run_dir(run, keys=[pubkey], workers=1)
     stop = threading.Event()
     t = threading.Thread(target=stop.wait)
     t.start()
     try:
         with SharedWorkers(2, total_bytes=1 << 40) as shared:
-            assert shared.pool is None  # forking beside a live thread can deadlock the child
+            assert shared.pool is not None and shared.pool._ctx.get_start_method() == "forkserver"
+        verify_mod.PARALLEL_MIN_BYTES, saved = 0, verify_mod.PARALLEL_MIN_BYTES
+        try:
+            both = verify_run_dir(run, keys=[pubkey], workers=2)
+        finally:
+            verify_mod.PARALLEL_MIN_BYTES = saved
     finally:
         stop.set()
         t.join()
+    assert {r: (x.last_seq, x.last_hash) for r, x in both.ranks.items()} == \
+        {r: (x.last_seq, x.last_hash) for r, x in one.ranks.items()}
     with SharedWorkers(2, total_bytes=0) as shared:
         assert shared.pool is None  # small journals: not worth a fork
 
