@@ -172,3 +172,17 @@ def test_a_roster_of_16000_ranks_by_node_looks_up_each_rank(tmp_path):
     roster = Roster.parse(text)
     assert roster.key_for(0) == f"{0:016x}" and roster.key_for(15999) == f"{1999:016x}"
     assert roster.key_for(8 * 1234 + 5) == f"{1234:016x}" and roster.key_for(16000) is None
+
+
+def test_watch_holds_each_rank_to_the_roster_as_it_appears(tmp_path, keys):
+    import io
+
+    from trainledger.training.watch import watch
+
+    run = _folder(tmp_path / "run", keys[:2])
+    good = load_roster(_roster_file(tmp_path / "good", keys[:2]))
+    assert watch(run, trust=TrustPolicy(roster=good), out=io.StringIO(), timeout=20, interval=0.05) == 0
+    out = io.StringIO()
+    swapped = load_roster(_roster_file(tmp_path / "swapped", [keys[1], keys[0]]))
+    assert watch(run, trust=TrustPolicy(roster=swapped), out=out, timeout=20, interval=0.05) == 1
+    assert f"binds key {keys[1].key_id} to rank 0" in out.getvalue()
