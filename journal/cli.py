@@ -170,10 +170,7 @@ def _verify_run_dir(args: argparse.Namespace, **extra) -> int:
         say(json.dumps(r.to_dict()))
         return 0
     say(f"OK    {r.path}: {len(r.ranks)} of {r.world_size} ranks verified, {r.anchors} cross-rank anchors hold")
-    bound = {"roster": f"the roster {args.roster}", "recorded": "rank 0's signed record of the ranks' keys "
-             "(pin --roster to bind them yourself)", "one key": "one key signs every rank",
-             "unsigned": "unsigned"}[r.keys_bound_by]
-    say(f"  keys bound to ranks by {bound}")
+    say(f"  keys bound to ranks by {r.keys_binding(trust.roster)}")
     if r.keys_bound_by in ("one key", "recorded") and len(trust.keys) > 1:
         say(f"  note: {len(trust.keys)} keys are pinned; any one of them could have written a folder like this one "
             "(pin --roster FILE to say which key signs which rank)")

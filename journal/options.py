@@ -8,13 +8,16 @@ import sys
 import time
 from typing import Any
 
+from trainledger.journal.audit.roster import load_roster
+from trainledger.journal.errors import UsageError
 from trainledger.journal.keys import TRUSTED_KEYS_ENV, trusted_keys
 from trainledger.journal.text import safe
 from trainledger.journal.trust import TrustPolicy
 from trainledger.journal.verify import VerifyReport, verify
 
 __all__ = ["EPILOG", "say", "Progress", "progress_for", "add_json_option", "add_trust_options", "add_partial_option",
-           "partial_line", "trust_policy", "verify_from_args", "print_report", "fmt_int", "imported_line"]
+           "refuse_partial", "partial_line", "trust_policy", "verify_from_args", "print_report", "fmt_int",
+           "imported_line"]
 
 EPILOG = """exit codes: 0 ok, 1 integrity failure (the journal does not verify, or
 what it or a checkpoint says cannot hold), 2 usage or I/O error, 130 Ctrl-C;
@@ -88,6 +91,12 @@ def add_partial_option(p: argparse.ArgumentParser) -> None:
                         "keys), the missing ones are named, and what is shown says PARTIAL")
 
 
+def refuse_partial(args: argparse.Namespace) -> None:
+    """``--partial`` given for one journal (it is about a run folder's missing ranks): a usage error."""
+    if getattr(args, "partial", False):
+        raise UsageError(f"{args.path}: --partial reads a run folder with ranks missing; this is one journal")
+
+
 def partial_line(folder: str, missing: list[int]) -> str:
     """The label a partial view carries, wherever it is shown."""
     shown = ", ".join(map(str, missing[:20])) + (f" and {len(missing) - 20:,} more" if len(missing) > 20 else "")
@@ -110,11 +119,8 @@ def trust_policy(args: argparse.Namespace) -> TrustPolicy:
     """The :class:`TrustPolicy` the shared trust options (:func:`add_trust_options`) describe; a command without
     them (``show``) trusts no key."""
     roster = getattr(args, "roster", None)
-    if roster is not None:
-        from trainledger.journal.audit.roster import load_roster
-
-        roster = load_roster(roster)
-    return TrustPolicy(keys=trusted_keys(args.pubkey) if hasattr(args, "pubkey") else (), roster=roster,
+    return TrustPolicy(keys=trusted_keys(args.pubkey) if hasattr(args, "pubkey") else (),
+                       roster=None if roster is None else load_roster(roster),
                        trust_embedded=getattr(args, "trust_embedded", False),
                        allow_unsigned=getattr(args, "allow_unsigned", False),
                        allow_unsealed=getattr(args, "allow_unsealed", False))

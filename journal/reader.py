@@ -13,7 +13,7 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from trainledger.journal.scan import RangeResult, ScanContext, Scanner, iter_blocks, lines_of, tree_mode
+from trainledger.journal.scan import RangeResult, ScanContext, Scanner, iter_blocks, lines_of, signed_prefix, tree_mode
 from trainledger.journal.chain import genesis
 from trainledger.journal.verify import open_checked, read_opening
 
@@ -76,11 +76,7 @@ def read_signed_events(path: str | os.PathLike, keys) -> Iterator[Any]:
     with open(p, "rb", buffering=0) as f:
         for block, off in iter_blocks(f, 0, size, res, is_last=True):
             pending += scanner.feed_block(block, off)
-            sealed = res.last_seal_seq
-            if sealed is not None and pending and pending[0].seq <= sealed:
-                cut = sealed - pending[0].seq + 1
-                yield from pending[:cut]
-                del pending[:cut]
+            yield from signed_prefix(pending, res)
 
 
 def fold_events(path: str | os.PathLike, apply_batch) -> None:

@@ -661,21 +661,37 @@ def lines_of(block: bytes) -> list[bytes]:
 
 
 def scan_range(path: str, start: int, end: int, prev_seq: int, prev_hash: bytes,
-               ctx: ScanContext, is_last: bool) -> RangeResult:
-    """Check ``[start, end)`` of the file; errors are returned in ``result.error``, not raised."""
+               ctx: ScanContext, is_last: bool, *,
+               each: Callable[[bytes, Any, int, RangeResult], None] | None = None) -> RangeResult:
+    """Check ``[start, end)`` of the file; errors are returned in ``result.error``, not raised. ``each(block,
+    records, offset, result)`` is called after each block has checked out (what it raises propagates)."""
     res = RangeResult(start, end)
     scanner = Scanner(ctx, prev_seq, prev_hash, res)
     scanner.steps_unread = _STEP_LINES_OK
     try:
         with open(path, "rb", buffering=0) as f:
             for block, off in iter_blocks(f, start, end, res, is_last=is_last):
-                scanner.feed_block(block, off)
+                recs = scanner.feed_block(block, off)
+                if each is not None:
+                    each(block, recs, off, res)
     except IntegrityError as e:
         res.error = (type(e).__name__, str(e), e.seq if e.seq is not None else scanner.expect, e.offset)
     except OSError as e:
         res.error = ("JournalIOError", f"{path}: {e.strerror}", None, None)
     scanner.finish()
     return res
+
+
+def signed_prefix(pending: list[Any], res: RangeResult) -> list[Any]:
+    """The events at the head of ``pending`` that a seal checked so far covers, taken out of it (what a reader of
+    signed events may use); the rest wait for the next seal."""
+    sealed = res.last_seal_seq
+    if sealed is None or not pending or pending[0].seq > sealed:
+        return []
+    cut = sealed - pending[0].seq + 1
+    out = pending[:cut]
+    del pending[:cut]
+    return out
 
 
 def scan_consuming(path: str, size: int, ctx: ScanContext, consume: Callable[[list[Any]], None], *, signed: bool,
@@ -686,39 +702,22 @@ def scan_consuming(path: str, size: int, ctx: ScanContext, consume: Callable[[li
     only once a seal that covers it has checked out (events after the last seal never are); otherwise as soon as
     its line has. Errors are returned in ``result.error``; what ``consume`` raises propagates (the caller throws
     away what it folded, as it does when the result carries an error)."""
-    res = RangeResult(0, size)
-    scanner = Scanner(ctx, -1, genesis(ctx.run_id), res)
-    # verify's fast path (step lines held to their canonical form in C, not decoded and encoded again), then one
-    # decode of the block the check passed, from the same bytes
-    scanner.steps_unread = _STEP_LINES_OK
     pending: list[Any] = []
-    try:
-        with open(path, "rb", buffering=0) as f:
-            for block, off in iter_blocks(f, 0, size, res, is_last=True):
-                recs = scanner.feed_block(block, off)
-                if type(recs) is _StepLines:
-                    recs = codec.decode_unchecked_block(block) or [codec.decode_line(x) for x in lines_of(block)]
-                if not signed:
-                    consume(recs)
-                else:
-                    pending += recs
-                    sealed = res.last_seal_seq
-                    if sealed is not None and pending and pending[0].seq <= sealed:
-                        cut = sealed - pending[0].seq + 1
-                        if cut >= len(pending):
-                            consume(pending)
-                            pending = []
-                        else:
-                            consume(pending[:cut])
-                            del pending[:cut]
-                if progress is not None:
-                    progress(off + len(block), size)
-    except IntegrityError as e:
-        res.error = (type(e).__name__, str(e), e.seq if e.seq is not None else scanner.expect, e.offset)
-    except OSError as e:
-        res.error = ("JournalIOError", f"{path}: {e.strerror}", None, None)
-    scanner.finish()
-    return res
+
+    def each(block: bytes, recs: Any, off: int, res: RangeResult) -> None:
+        if type(recs) is _StepLines:  # verify's fast path checked the step lines in C: decode the block once
+            recs = codec.decode_unchecked_block(block) or [codec.decode_line(x) for x in lines_of(block)]
+        if not signed:
+            consume(recs)
+        else:
+            pending.extend(recs)
+            ready = signed_prefix(pending, res)
+            if ready:
+                consume(ready)
+        if progress is not None:
+            progress(off + len(block), size)
+
+    return scan_range(path, 0, size, -1, genesis(ctx.run_id), ctx, True, each=each)
 
 
 def _scan_range_star(args) -> RangeResult:

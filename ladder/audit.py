@@ -44,10 +44,7 @@ class LadderAudit(Projection):
         self._f5: dict[str, ScalingFitted] = {}  # rung -> the fit that sized it, until its verdict
         self._f5_unchecked: str | None = None
 
-    def handlers(self) -> dict[type, Any]:
-        return {StepObserved: self._on_step, **{k: self.apply for k in self.kinds if k is not StepObserved}}
-
-    def _on_step(self, ev: Any) -> None:
+    def apply_step(self, ev: Any) -> None:
         """:meth:`apply` for a ``step_observed``: nothing outside a rung."""
         if self._rung is not None:
             self.apply(ev)

@@ -92,8 +92,9 @@ print(json.dumps({"wall": wall, "cpu": me.ru_utime + me.ru_stime + kids.ru_utime
 """
 
 
-def write_journal(path: Path, n: int) -> Path:
-    """A signed journal of ``n`` steps through the health monitor; returns the public key file."""
+def write_journal(path: Path, n: int) -> tuple[Path, object]:
+    """A signed journal of ``n`` steps through the health monitor; returns the public key file and the monitor
+    (``tests/integration/training/test_bounded_memory.py`` looks into its detectors)."""
     from trainledger.journal import Journal, Signer
     from trainledger.training.health.monitor import TrainingHealthMonitor
 
@@ -106,7 +107,7 @@ def write_journal(path: Path, n: int) -> Path:
                            grad_norm=0.8 + abs(rng.gauss(0, 0.05)), step_time_s=0.25, tokens=4096)
     k = path.with_suffix(".pub")
     k.write_text(s.public.line() + "\n")
-    return k
+    return k, m
 
 
 def run(mode: str, p: Path, k: Path, n: int) -> dict:
@@ -146,7 +147,7 @@ def main() -> int:
         for n in sizes:
             p = Path(tmp) / f"j{n}.jsonl"
             t = time.perf_counter()
-            k = write_journal(p, n)
+            k, _ = write_journal(p, n)
             meta[n] = {"bytes": p.stat().st_size, "write_s": time.perf_counter() - t}
             results[n] = {m: [] for m in modes}
             for _ in range(a.rounds):

@@ -102,10 +102,7 @@ class HealthAudit(Projection):
         self.check_device = format_version is None or format_at_least(format_version, (1, 2))
         self.compute = ComputeTotals()  # compute_totaled (1.3): every step of every segment
 
-    def handlers(self) -> dict[type, Any]:
-        return {StepObserved: self._on_step, **{k: self.apply for k in self.kinds if k is not StepObserved}}
-
-    def _on_step(self, ev: Any) -> None:
+    def apply_step(self, ev: Any) -> None:
         """The fold's hot path: :meth:`apply` for a ``step_observed``, without the dispatch."""
         self.compute.add(ev)
         proj = self.proj

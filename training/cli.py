@@ -19,7 +19,7 @@ from trainledger.journal.audit.rundir import AnchorMismatch, is_run_dir
 from trainledger.journal.errors import IntegrityError
 from trainledger.journal.keys import load_signer, trusted_keys
 from trainledger.journal.options import (add_json_option, add_partial_option, add_trust_options, partial_line,
-                                         print_report, say, trust_policy)
+                                         print_report, refuse_partial, say, trust_policy)
 from trainledger.journal.verify import verify
 from trainledger.journal.errors import JournalError, UsageError
 from trainledger.journal.keys import keygen
@@ -284,8 +284,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
     trust = trust_policy(args)
     if is_run_dir(args.path):
         return _export_run_dir(args, trust)
-    if args.partial:
-        raise UsageError(f"{args.path}: --partial reads a run folder with ranks missing; this is one journal")
+    refuse_partial(args)
     with PrivateCopies() as copies:
         try:
             rep, copy = verify_copy(args.path, copies, trust)

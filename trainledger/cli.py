@@ -32,7 +32,8 @@ from trainledger.training import cli as _training_cli  # noqa: E402
 from trainledger.journal.audit.rundir import is_run_dir  # noqa: E402
 from trainledger.journal.errors import IntegrityError, UsageError  # noqa: E402
 from trainledger.journal.options import (EPILOG, add_json_option, add_partial_option,  # noqa: E402
-                                         add_trust_options, imported_line, partial_line, say, trust_policy)
+                                         add_trust_options, imported_line, partial_line, refuse_partial, say,
+                                         trust_policy)
 
 __all__ = ["build_parser", "main", "entry"]
 
@@ -107,7 +108,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 
     if is_run_dir(args.path):
         return _replay_run_dir(args)
-    _no_partial(args)
+    refuse_partial(args)
     rec = _replayed(replay, args)
     if isinstance(rec, int):
         return rec
@@ -165,11 +166,6 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     return 0 if rec.ok else 1
 
 
-def _no_partial(args: argparse.Namespace) -> None:
-    if getattr(args, "partial", False):
-        raise UsageError(f"{args.path}: --partial reads a run folder with ranks missing; this is one journal")
-
-
 def _replayed(fn, args: argparse.Namespace, **extra):
     """Run a replay (one journal or a run folder): the reconstruction to print, or the exit code when it
     failed (one FAIL line) or ``--json`` already printed it."""
@@ -222,7 +218,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
     if not out.parent.is_dir():
         raise UsageError(f"{out.parent}: no such folder")
     if not folder:
-        _no_partial(args)
+        refuse_partial(args)
     extra = {"partial": args.partial} if folder else {}
     try:
         rec = (write_run_dir_report if folder else write_report)(args.path, out, trust=trust_policy(args), **extra)

@@ -555,7 +555,8 @@ def write_run_dir_report(path: str | os.PathLike, out: str | os.PathLike, *, tru
 
     plt = _matplotlib()
     ranks: dict[int, _RankSeries] = {}
-    rec = replay_run_dir(path, trust=TrustPolicy.of(trust, **trust_options), partial=partial,
+    policy = TrustPolicy.of(trust, **trust_options)
+    rec = replay_run_dir(path, trust=policy, partial=partial,
                          observe=lambda r, ev: ranks.setdefault(r, _RankSeries()).apply(ev))
     png, plot_error = None, None
     if any(x.loss for x in ranks.values()):
@@ -573,12 +574,12 @@ def write_run_dir_report(path: str | os.PathLike, out: str | os.PathLike, *, tru
              f"</title><style>{_CSS}</style></head><body>",
              f"<h1>Run folder {_e(Path(v.path).name)}{tag}</h1><p class=muted>trainledger {__version__} report</p><dl>",
              f"<dt>folder</dt><dd>{_e(v.path)}</dd>",
-             f"<dt>verification</dt><dd>" + (
+             "<dt>verification</dt><dd>" + (
                  f"<span class=bad>PARTIAL</span> {len(v.ranks)} of {v.world_size} ranks verified; no journal for "
                  f"rank(s) {_e(', '.join(map(str, v.missing[:50])))}{' ...' if len(v.missing) > 50 else ''}: this "
                  "page covers only the ranks present, and nothing checks that the missing ones agree"
                  if v.partial else f"<span class=ok>VERIFIED</span> {len(v.ranks)} of {v.world_size} ranks") +
-             f", {v.anchors} cross-rank anchors hold; keys bound to ranks by {_e(v.keys_bound_by)}</dd>",
+             f", {v.anchors} cross-rank anchors hold; keys bound to ranks by {_e(v.keys_binding(policy.roster))}</dd>",
              f"<dt>replay</dt><dd>{ok}</dd>",
              f"<dt>stragglers</dt><dd>{len(rec.stragglers)} flagged</dd></dl>"]
     if rec.differences:

@@ -17,6 +17,8 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from trainledger.journal.events import StepObserved
+
 __all__ = ["Projection", "ProjectionRegistry", "difference", "values_agree"]
 
 
@@ -33,13 +35,19 @@ class Projection:
     def apply(self, ev: Any) -> None:
         raise NotImplementedError
 
+    #: a projection that folds steps may give them a function of their own (``apply_step(event)``), which the
+    #: fold then calls for a ``step_observed`` instead of :meth:`apply`: the one kind of nearly every line
+    apply_step: Callable[[Any], None] | None = None
+
     def handlers(self) -> dict[type, Callable[[Any], None]]:
         """``{event class: function}``: what the fold calls for an event of each kind (the first class the event
-        is an instance of, in order). By default :meth:`apply` for each of :attr:`kinds`; a projection with a hot
-        kind (the steps) gives that kind its own function, so the fold calls it directly."""
+        is an instance of, in order): :meth:`apply` for each of :attr:`kinds`, :attr:`apply_step` for the steps."""
         if self.kinds is None:
             return {object: self.apply}
-        return {k: self.apply for k in self.kinds}
+        fns = {k: self.apply for k in self.kinds}
+        if StepObserved in fns and self.apply_step is not None:
+            fns[StepObserved] = self.apply_step
+        return fns
 
     def differences(self) -> list[dict[str, Any]]:
         return list(self._diffs)

@@ -50,14 +50,28 @@ class RunDirReport:
     #: signed record, and the other ranks' of rank 0's), "one key" (every rank signed by the same key), "unsigned"
     keys_bound_by: str = "one key"
     #: a partial view (``partial=True`` and a rank missing): the ranks some journal says exist that have no file,
-    #: whose anchors were therefore not checked. Empty, and ``partial`` False, for a whole folder
+    #: whose anchors were therefore not checked. Empty for a whole folder
     missing: list[int] = dataclasses.field(default_factory=list)
-    partial: bool = False
+
+    @property
+    def partial(self) -> bool:
+        """Whether this report covers only the ranks present (some are :attr:`missing`)."""
+        return bool(self.missing)
+
+    def keys_binding(self, roster: Any = None) -> str:
+        """What bound each rank to its key, in words (``roster``: the policy's, to name its file)."""
+        if self.keys_bound_by == "roster":
+            return f"the roster {roster.source}" if roster is not None else "the roster"
+        return _BINDING[self.keys_bound_by]
 
     def to_dict(self) -> dict[str, Any]:
         return {"ok": self.ok, "path": self.path, "world_size": self.world_size, "anchors": self.anchors,
                 "keys_bound_by": self.keys_bound_by, "partial": self.partial, "missing": self.missing,
                 "ranks": {str(r): rep.to_dict() for r, rep in sorted(self.ranks.items())}}
+
+
+_BINDING = {"recorded": "rank 0's signed record of the ranks' keys (pin --roster to bind them yourself)",
+            "one key": "one key signs every rank", "unsigned": "unsigned"}
 
 
 def rank_files(d: str | os.PathLike) -> dict[int, Path]:
@@ -271,4 +285,4 @@ def verify_run_dir(path: str | os.PathLike, *, trust: TrustPolicy | None = None,
     for rep in reports.values():
         rep.hashes = {}
     return RunDirReport(ok=True, path=str(d), ranks=reports, world_size=max(world, len(files)), anchors=len(wanted),
-                        keys_bound_by=bound_by, missing=missing, partial=bool(missing))
+                        keys_bound_by=bound_by, missing=missing)

@@ -63,6 +63,14 @@ def test_snapshot_plus_later_events_is_the_full_fold(draw, cuts, cut_at, horizon
     k = cut_at % (len(events) + 1)
     config = RunConfigured(loss_window=8, loss_min_periods=4, grad_norm_window=8, grad_norm_min_periods=4,
                            resume_horizon=horizon)
+    rest, full = _resumed_and_whole(config, events, k)
+    a, b = rest.report(), full.report()
+    assert _nan_eq(a, b) and len(rest.suspected) == len(full.suspected)
+    assert _nan_eq(rest.state(), full.state())  # what a later checkpoint's snapshot digests
+
+
+def _resumed_and_whole(config, events, k):
+    """(the fold of ``events[:k]``, snapshotted, restored and fed the rest; the fold of them all)."""
     full = HealthProjection(config)
     for ev in events:
         full.apply(ev)
@@ -72,9 +80,7 @@ def test_snapshot_plus_later_events_is_the_full_fold(draw, cuts, cut_at, horizon
     rest = HealthProjection.from_state(head.state())
     for ev in events[k:]:
         rest.apply(ev)
-    a, b = rest.report(), full.report()
-    assert _nan_eq(a, b) and len(rest.suspected) == len(full.suspected)
-    assert _nan_eq(rest.state(), full.state())  # what a later checkpoint's snapshot digests
+    return rest, full
 
 
 def _nan_eq(a, b):
@@ -95,18 +101,10 @@ def test_a_bounded_history_stays_bounded_and_a_snapshot_of_it_is_still_the_fold(
                            resume_horizon=4)
     events = [StepObserved(step=i, loss=2.0 + 0.01 * (i % 7), grad_norm=1.0 + 0.01 * (i % 5)) for i in range(300)]
     events.insert(250, RunResumed(reason="rewind", from_step=200))  # 50 steps back: past the horizon
-    full = HealthProjection(config)
-    for ev in events:
-        full.apply(ev)
-    assert 8 + 4 <= len(full._loss.base._values) < 8 + 4 + 16 + 1
     for k in (0, 37, 120, 249, 250, 251):
-        head = HealthProjection(config)
-        for ev in events[:k]:
-            head.apply(ev)
-        rest = HealthProjection.from_state(head.state())
-        for ev in events[k:]:
-            rest.apply(ev)
+        rest, full = _resumed_and_whole(config, events, k)
         assert _nan_eq(rest.state(), full.state()), k
+    assert 8 + 4 <= len(full._loss.base._values) < 8 + 4 + 16 + 1
     unbounded = HealthProjection(RunConfigured(loss_window=8, loss_min_periods=4, grad_norm_window=8,
                                                grad_norm_min_periods=4))
     for ev in events:
