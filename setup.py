@@ -9,6 +9,8 @@ from setuptools import Extension, setup
 
 setup(
     ext_modules=[
-        Extension("trainledger.journal._chainfast", ["journal/_chainfast.c"], libraries=["crypto", "m"], optional=True),
+        Extension("trainledger.journal._chainfast", ["journal/_chainfast.c"], libraries=["crypto", "m"], optional=True,
+                  # no fused multiply-add: the detectors' and MFU's arithmetic must round as Python's does
+                  extra_compile_args=["-ffp-contract=off"]),
     ]
 )

@@ -1023,6 +1023,76 @@ static Py_ssize_t bisect_floats(PyObject *s, double v, int right)
     return lo;
 }
 
+/* The common step, in two halves: baseline_plan reads (and changes nothing): 1 with where x goes in sorted (*at)
+ * and where the value leaving the window comes out (*out, -1 when none), or 0 for "the caller scores x the long
+ * way" (warm, above the median, and the MAD possibly below (x - median) * inv_scale: the count of values within
+ * that distance of the median, widened by one ulp each way, reaching half the window) and for any list item that is
+ * not a float. baseline_commit then adds x (and step) and drops the value that left; -1 only when out of memory. */
+static int baseline_plan(PyObject *s, PyObject *values, double x, Py_ssize_t min_periods, double inv_scale,
+                         Py_ssize_t window, Py_ssize_t *at, Py_ssize_t *out)
+{
+    Py_ssize_t n = PyList_GET_SIZE(s);
+    if (n >= min_periods) {
+        if (n == 0)
+            return 0;
+        Py_ssize_t h = n >> 1;
+        double a, b, med;
+        if (n & 1) {
+            if (!float_at(s, h, &med))
+                return 0;
+        } else {
+            if (!float_at(s, h - 1, &a) || !float_at(s, h, &b))
+                return 0;
+            med = 0.5 * (a + b);
+        }
+        if (x > med) {
+            double d = (x - med) * inv_scale;
+            Py_ssize_t hi = bisect_floats(s, nextafter(med + d, INFINITY), 0);
+            Py_ssize_t lo = bisect_floats(s, nextafter(med - d, -INFINITY), 1);
+            if (hi < 0 || lo < 0 || hi - lo >= h)
+                return 0;
+        }
+    }
+    if (window < 1)
+        return 0;
+    /* x goes in after the values equal to it; then the value that leaves the window (values[-window - 1] once x
+     * is appended) goes out of sorted at its first place there: the count of values below it, x among them when
+     * x is smaller. */
+    *at = bisect_floats(s, x, 1);
+    if (*at < 0)
+        return 0;
+    Py_ssize_t nv = PyList_GET_SIZE(values);
+    *out = -1;
+    if (nv + 1 > window) {
+        double old;  /* values[nv - window]: an index in [0, nv) since 1 <= window <= nv */
+        if (!float_at(values, nv - window, &old))
+            return 0;
+        *out = bisect_floats(s, old, 0);
+        if (*out < 0)
+            return 0;
+        *out += x < old;
+    }
+    return 1;
+}
+
+static int baseline_commit(PyObject *s, PyObject *values, PyObject *steps, PyObject *xo, PyObject *step,
+                           Py_ssize_t at, Py_ssize_t out)
+{
+    if (PyList_Append(steps, step) < 0 || PyList_Append(values, xo) < 0 || PyList_Insert(s, at, xo) < 0)
+        return -1;  /* out of memory: the lists are no longer consistent, and the error propagates */
+    if (out >= 0 && PyList_SetSlice(s, out, out + 1, NULL) < 0)
+        return -1;
+    return 0;
+}
+
+/*
+ * baseline_step(sorted, values, steps, x, step, min_periods, inv_scale, window) -> bool
+ *
+ * The health detector's common step (training/health/detectors.py, _Detector.score with no candidate pending),
+ * the same arithmetic in the same order: True when x was added to the baseline, False (nothing changed) when the
+ * caller is to score x the long way. Any list item that is not a float also returns False, unchanged: the
+ * caller's code is the reference and handles every case.
+ */
 static PyObject *baseline_step(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 8 || !PyList_CheckExact(args[0]) || !PyList_CheckExact(args[1]) || !PyList_CheckExact(args[2])
@@ -1032,60 +1102,213 @@ static PyObject *baseline_step(PyObject *self, PyObject *const *args, Py_ssize_t
                                          "min_periods: int, inv_scale: float, window: int)");
         return NULL;
     }
-    PyObject *s = args[0], *values = args[1], *steps = args[2], *xo = args[3];
-    if (!PyFloat_CheckExact(xo))
+    if (!PyFloat_CheckExact(args[3]))
         Py_RETURN_FALSE;
-    double x = PyFloat_AS_DOUBLE(xo), inv_scale = PyFloat_AS_DOUBLE(args[6]);
-    Py_ssize_t min_periods = PyLong_AsSsize_t(args[5]), window = PyLong_AsSsize_t(args[7]);
+    Py_ssize_t min_periods = PyLong_AsSsize_t(args[5]), window = PyLong_AsSsize_t(args[7]), at, out;
     if ((min_periods == -1 || window == -1) && PyErr_Occurred())
         return NULL;
-    Py_ssize_t n = PyList_GET_SIZE(s);
-    if (n >= min_periods) {
-        if (n == 0)
-            Py_RETURN_FALSE;
-        Py_ssize_t h = n >> 1;
-        double a, b, med;
-        if (n & 1) {
-            if (!float_at(s, h, &med))
-                Py_RETURN_FALSE;
-        } else {
-            if (!float_at(s, h - 1, &a) || !float_at(s, h, &b))
-                Py_RETURN_FALSE;
-            med = 0.5 * (a + b);
-        }
-        if (x > med) {
-            double d = (x - med) * inv_scale;
-            Py_ssize_t hi = bisect_floats(s, nextafter(med + d, INFINITY), 0);
-            Py_ssize_t lo = bisect_floats(s, nextafter(med - d, -INFINITY), 1);
-            if (hi < 0 || lo < 0 || hi - lo >= h)
-                Py_RETURN_FALSE;
-        }
-    }
-    if (window < 1)
+    if (!baseline_plan(args[0], args[1], PyFloat_AS_DOUBLE(args[3]), min_periods, PyFloat_AS_DOUBLE(args[6]), window,
+                       &at, &out))
         Py_RETURN_FALSE;
-    /* Everything is read before anything changes. x goes in after the values equal to it; then the value that
-     * leaves the window (values[-window - 1] once x is appended) goes out of sorted at its first place there:
-     * the count of values below it, x among them when x is smaller. */
-    Py_ssize_t at = bisect_floats(s, x, 1);
-    if (at < 0)
-        Py_RETURN_FALSE;
-    Py_ssize_t nv = PyList_GET_SIZE(values), out = -1;
-    if (nv + 1 > window) {
-        double old;  /* values[nv - window]: an index in [0, nv) since 1 <= window <= nv */
-        if (!float_at(values, nv - window, &old))
-            Py_RETURN_FALSE;
-        out = bisect_floats(s, old, 0);
-        if (out < 0)
-            Py_RETURN_FALSE;
-        out += x < old;
-    }
-    if (PyList_Append(steps, args[4]) < 0)
-        return NULL;
-    if (PyList_Append(values, xo) < 0 || PyList_Insert(s, at, xo) < 0)
-        return NULL;  /* out of memory: the lists are no longer consistent, and the error propagates */
-    if (out >= 0 && PyList_SetSlice(s, out, out + 1, NULL) < 0)
+    if (baseline_commit(args[0], args[1], args[2], args[3], args[4], at, out) < 0)
         return NULL;
     Py_RETURN_TRUE;
+}
+
+/* One detector as health_run takes it: (sorted, values, steps, min_periods, inv_scale, window, trim_at, log). */
+typedef struct {
+    PyObject *sorted, *values, *steps;
+    Py_ssize_t min_periods, window, trim_at;
+    double inv_scale;
+    int log;
+} detector;
+
+static int detector_of(PyObject *t, detector *d)
+{
+    if (!PyTuple_CheckExact(t) || PyTuple_GET_SIZE(t) != 8 || !PyList_CheckExact(PyTuple_GET_ITEM(t, 0))
+            || !PyList_CheckExact(PyTuple_GET_ITEM(t, 1)) || !PyList_CheckExact(PyTuple_GET_ITEM(t, 2))
+            || !PyFloat_Check(PyTuple_GET_ITEM(t, 4))) {
+        PyErr_SetString(PyExc_TypeError, "a detector is (sorted, values, steps, min_periods, inv_scale, window, "
+                                         "trim_at, log)");
+        return 0;
+    }
+    d->sorted = PyTuple_GET_ITEM(t, 0);
+    d->values = PyTuple_GET_ITEM(t, 1);
+    d->steps = PyTuple_GET_ITEM(t, 2);
+    d->min_periods = PyLong_AsSsize_t(PyTuple_GET_ITEM(t, 3));
+    d->inv_scale = PyFloat_AS_DOUBLE(PyTuple_GET_ITEM(t, 4));
+    d->window = PyLong_AsSsize_t(PyTuple_GET_ITEM(t, 5));
+    d->trim_at = PyLong_AsSsize_t(PyTuple_GET_ITEM(t, 6));
+    d->log = PyObject_IsTrue(PyTuple_GET_ITEM(t, 7));
+    return !PyErr_Occurred() && d->log >= 0;
+}
+
+static PyObject *S_step, *S_loss, *S_grad_norm, *S_step_time_s, *S_tokens, *S_examples, *S_batch_fingerprint;
+
+/* An attribute of a step record as a new reference; NULL with an error set when it is missing. */
+static PyObject *field(PyObject *ev, PyObject *name)
+{
+    return PyObject_GetAttr(ev, name);
+}
+
+/*
+ * health_run(events, lo, hi, step_type, loss, grad, loss_log, fpt, peak, token_time_s, mfu_sum, mfu_min, mfu_max)
+ *   -> (stop, last_step, tokens, token_time_s, mfu_sum, mfu_count, mfu_min, mfu_max, mfu_over, all_tokens,
+ *       without_tokens)
+ *
+ * HealthProjection._step (training/health/detectors.py) for a run of events[lo:hi], as long as each is the common
+ * case: a step_observed record (exactly step_type) with a finite float loss, a finite float grad norm or none, no
+ * batch fingerprint, a token count that is an int (or neither tokens nor examples), a float step time or none, and
+ * both detectors on their common step (baseline_plan) without reaching their trim point. The caller has checked
+ * the state that makes a step common (no resume window open, no candidate pending, no spike episode open). It
+ * stops at the first event that is not (stop: its index; nothing of it folded), for the caller's code, which is
+ * the reference, to fold.
+ *
+ * The sums come back for the caller to store: the last step folded (None when none), the tokens of steps with a
+ * step time (the MFU's), the running float sums continued in the same order as the Python code adds them, the MFU
+ * count and count above 1, and for the compute totals every step's tokens and the steps without any. A step's MFU
+ * is fpt * tokens / step_time_s / peak as Python computes it: the integer product rounded once to a double.
+ */
+static PyObject *health_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 13 || !PyList_CheckExact(args[0]) || !PyType_Check(args[3]) || !PyFloat_Check(args[9])
+            || !PyFloat_Check(args[10]) || !PyFloat_Check(args[11]) || !PyFloat_Check(args[12])) {
+        PyErr_SetString(PyExc_TypeError, "health_run(events: list, lo, hi, step_type, loss, grad, loss_log, fpt, peak, "
+                                         "token_time_s: float, mfu_sum: float, mfu_min: float, mfu_max: float)");
+        return NULL;
+    }
+    PyObject *events = args[0];
+    PyTypeObject *step_type = (PyTypeObject *)args[3];
+    Py_ssize_t lo = PyLong_AsSsize_t(args[1]), hi = PyLong_AsSsize_t(args[2]);
+    int loss_log = PyObject_IsTrue(args[6]);
+    detector dl, dg;
+    if (PyErr_Occurred() || loss_log < 0 || !detector_of(args[4], &dl) || !detector_of(args[5], &dg))
+        return NULL;
+    if (lo < 0 || hi > PyList_GET_SIZE(events) || lo > hi) {
+        PyErr_SetString(PyExc_IndexError, "health_run: lo, hi out of range");
+        return NULL;
+    }
+    /* the MFU: both fpt (an int) and peak (a float) known, else no step has one */
+    int mfu = args[7] != Py_None && args[8] != Py_None;
+    long long fpt = 0;
+    double peak = 0.0;
+    if (mfu) {
+        int over = 0;
+        fpt = PyLong_Check(args[7]) ? PyLong_AsLongLongAndOverflow(args[7], &over) : -1;
+        if (PyErr_Occurred())
+            return NULL;
+        if (over || !PyFloat_Check(args[8]) || fpt < 0)
+            return Py_BuildValue("(nOLdddnddnLn)", lo, Py_None, 0LL, PyFloat_AS_DOUBLE(args[9]),
+                                 PyFloat_AS_DOUBLE(args[10]), (Py_ssize_t)0, PyFloat_AS_DOUBLE(args[11]),
+                                 PyFloat_AS_DOUBLE(args[12]), (Py_ssize_t)0, 0LL, (Py_ssize_t)0);
+        peak = PyFloat_AS_DOUBLE(args[8]);
+    }
+    double token_time = PyFloat_AS_DOUBLE(args[9]), mfu_sum = PyFloat_AS_DOUBLE(args[10]);
+    double mfu_min = PyFloat_AS_DOUBLE(args[11]), mfu_max = PyFloat_AS_DOUBLE(args[12]);
+    long long tokens = 0, all_tokens = 0;
+    Py_ssize_t mfu_count = 0, mfu_over = 0, without = 0, i;
+    PyObject *last = NULL;  /* borrowed from the last event folded, which the list holds */
+    for (i = lo; i < hi; i++) {
+        PyObject *ev = PyList_GET_ITEM(events, i);
+        if (Py_TYPE(ev) != step_type)
+            break;
+        PyObject *step = field(ev, S_step), *lo_ = field(ev, S_loss), *g = field(ev, S_grad_norm);
+        PyObject *st = field(ev, S_step_time_s), *tk = field(ev, S_tokens), *ex = field(ev, S_examples);
+        PyObject *fp = field(ev, S_batch_fingerprint);
+        PyObject *xl = NULL, *xg = NULL;
+        int done = 0;  /* 1: folded; 0: not common (stop); -1: error */
+        if (!step || !lo_ || !g || !st || !tk || !ex || !fp) {
+            done = -1;
+            goto next;
+        }
+        if (!PyLong_CheckExact(step) || !PyFloat_CheckExact(lo_) || fp != Py_None || (g != Py_None && !PyFloat_CheckExact(g))
+                || (st != Py_None && !PyFloat_CheckExact(st)) || (tk == Py_None ? ex != Py_None : !PyLong_CheckExact(tk)))
+            goto next;
+        double loss = PyFloat_AS_DOUBLE(lo_);
+        if (!isfinite(loss))
+            goto next;
+        long long t = 0;
+        if (tk != Py_None) {
+            int over = 0;
+            t = PyLong_AsLongLongAndOverflow(tk, &over);
+            if (over || t < 0 || all_tokens > LLONG_MAX - t)
+                goto next;
+        }
+        /* both detectors planned before either changes */
+        Py_ssize_t at_l = 0, out_l = 0, at_g = 0, out_g = 0;
+        int score_l = loss > 0 || !loss_log, score_g = 0;
+        double vl = 0.0, vg = 0.0;
+        if (score_l) {
+            vl = dl.log ? log(loss) : loss;
+            if (PyList_GET_SIZE(dl.values) + 1 >= dl.trim_at
+                    || !baseline_plan(dl.sorted, dl.values, vl, dl.min_periods, dl.inv_scale, dl.window, &at_l, &out_l))
+                goto next;
+        }
+        if (g != Py_None) {
+            double gv = PyFloat_AS_DOUBLE(g);
+            if (!isfinite(gv))
+                goto next;
+            score_g = gv > 0;
+            if (score_g) {
+                vg = dg.log ? log(gv) : gv;
+                if (PyList_GET_SIZE(dg.values) + 1 >= dg.trim_at
+                        || !baseline_plan(dg.sorted, dg.values, vg, dg.min_periods, dg.inv_scale, dg.window, &at_g, &out_g))
+                    goto next;
+            }
+        }
+        if (score_l) {
+            xl = dl.log ? PyFloat_FromDouble(vl) : (Py_INCREF(lo_), lo_);
+            if (!xl || baseline_commit(dl.sorted, dl.values, dl.steps, xl, step, at_l, out_l) < 0) {
+                done = -1;
+                goto next;
+            }
+        }
+        if (score_g) {
+            xg = dg.log ? PyFloat_FromDouble(vg) : (Py_INCREF(g), g);
+            if (!xg || baseline_commit(dg.sorted, dg.values, dg.steps, xg, step, at_g, out_g) < 0) {
+                done = -1;
+                goto next;
+            }
+        }
+        if (st != Py_None) {
+            double s = PyFloat_AS_DOUBLE(st);
+            if (s > 0 && isfinite(s)) {
+                if (tk != Py_None) {
+                    tokens += t;
+                    token_time += s;
+                    if (mfu) {
+                        double m = (double)((__int128)fpt * t) / s / peak;
+                        mfu_sum += m;
+                        mfu_count++;
+                        if (m < mfu_min)
+                            mfu_min = m;
+                        if (m > mfu_max)
+                            mfu_max = m;
+                        if (m > 1.0)
+                            mfu_over++;
+                    }
+                }
+            }
+        }
+        if (tk != Py_None)
+            all_tokens += t;
+        else
+            without++;
+        last = ev;
+        done = 1;
+    next:
+        Py_XDECREF(step); Py_XDECREF(lo_); Py_XDECREF(g); Py_XDECREF(st); Py_XDECREF(tk); Py_XDECREF(ex);
+        Py_XDECREF(fp); Py_XDECREF(xl); Py_XDECREF(xg);
+        if (done < 0)
+            return NULL;
+        if (!done)
+            break;
+    }
+    PyObject *last_step = last ? PyObject_GetAttr(last, S_step) : (Py_INCREF(Py_None), Py_None);
+    if (!last_step)
+        return NULL;
+    return Py_BuildValue("(nNLddnddnLn)", i, last_step, tokens, token_time, mfu_sum, mfu_count, mfu_min, mfu_max,
+                         mfu_over, all_tokens, without);
 }
 
 static PyMethodDef methods[] = {
@@ -1109,6 +1332,8 @@ static PyMethodDef methods[] = {
     {"node_level", (PyCFunction)(void (*)(void))node_level, METH_FASTCALL, "Node hashes of consecutive pairs."},
     {"baseline_step", (PyCFunction)(void (*)(void))baseline_step, METH_FASTCALL,
      "The health detector's common step: add x to the baseline (True), or leave it to the caller (False)."},
+    {"health_run", (PyCFunction)(void (*)(void))health_run, METH_FASTCALL,
+     "HealthProjection._step over a run of common step records; stops at the first that is not."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1117,6 +1342,12 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "journal._chainfast",
 PyMODINIT_FUNC PyInit__chainfast(void)
 {
     hex_table();
+    if (!(S_step = PyUnicode_InternFromString("step")) || !(S_loss = PyUnicode_InternFromString("loss"))
+            || !(S_grad_norm = PyUnicode_InternFromString("grad_norm"))
+            || !(S_step_time_s = PyUnicode_InternFromString("step_time_s"))
+            || !(S_tokens = PyUnicode_InternFromString("tokens")) || !(S_examples = PyUnicode_InternFromString("examples"))
+            || !(S_batch_fingerprint = PyUnicode_InternFromString("batch_fingerprint")))
+        return NULL;
 #ifdef HAVE_SHANI_CODE
     use_shani = shani_usable();
 #endif

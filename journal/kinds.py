@@ -491,6 +491,7 @@ class ScalingFitted(Event, tag="scaling_fitted", frozen=True, kw_only=True):
     candidates: list[dict[str, Any]]  # name, n_params, flops_per_token, and the shape
     choice: dict[str, Any]  # candidate, tokens, predicted_loss, interval, binding, usage, ...
     entropy_rate: float | None = None  # the true E: the corpus's entropy rate, when the data has a known one
+    fitter: str | None = None  # format 1.5: the minimiser (ladder.scaling.FITTERS); absent = "lbfgs", as before
 
 
 class MetricsLogged(Event, tag="metrics_logged", frozen=True, kw_only=True):

@@ -49,6 +49,25 @@ class LadderAudit(Projection):
         if self._rung is not None:
             self.apply(ev)
 
+    def apply_steps(self, events: list[Any], lo: int, hi: int) -> None:
+        """:meth:`apply_step` on each of ``events[lo:hi]`` (the rung's health fold in C where the steps are common)."""
+        if self._rung is None:
+            return
+        if self._health is None:
+            self._health = HealthProjection()
+        h = self._health
+        h.fold_steps(events, lo, hi)
+        h.take_suspected()
+        self._last_loss = events[hi - 1].loss
+        fpt = h.mfu_accounting.fpt
+        if fpt is not None:
+            flops = self._flops
+            for k in range(lo, hi):
+                t = events[k].tokens
+                if t is not None:
+                    flops += fpt * t
+            self._flops = flops
+
     def apply(self, ev: Any) -> None:
         if isinstance(ev, RungStarted):
             self._rung, self._health, self._last_loss, self._flops = ev, None, None, 0.0
@@ -130,7 +149,8 @@ class LadderAudit(Projection):
         try:
             from trainledger.ladder.scaling import Candidate, ComputeBox, fit_scaling_law
 
-            fit = fit_scaling_law(ev.points, seed=ev.seed, boot=ev.boot)
+            # the minimiser the journal names (format 1.5); before it, every fit was L-BFGS
+            fit = fit_scaling_law(ev.points, seed=ev.seed, boot=ev.boot, fitter=ev.fitter or "lbfgs")
         except UsageError as e:  # numpy/scipy missing: said in the summary, never passed off as checked
             self._f5_unchecked = str(e)
             return None

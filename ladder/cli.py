@@ -42,7 +42,7 @@ def register(sub, *, write_report=None) -> None:
     p = sub.add_parser("fit", help="fit a scaling law L(N, D) = E + A/N^alpha + B/D^beta to (n_params, tokens, loss)",
                        description="Fit the Chinchilla form to a CSV of n_params,tokens,loss rows (a header row is "
                                    "allowed), the way Besiroglu et al. 2024 recommend (Huber loss on log-loss "
-                                   "residuals, L-BFGS from a grid); print the law, its leave-one-out error, and, "
+                                   "residuals, a damped Newton minimiser from a grid); print the law, its leave-one-out error, and, "
                                    "with --budget, the compute-optimal (N, D) on the 6ND frontier with a seeded "
                                    "bootstrap interval of its predicted loss. Needs numpy and scipy.")
     p.add_argument("csv", metavar="POINTS.csv|JOURNAL.jsonl",

@@ -184,7 +184,7 @@ def _size_headline(rung: Rung, verdicts: list[tuple[GateVerdict, str]], peak: fl
                        candidates=[dataclasses.asdict(c) for c in cands],
                        choice={**choice.to_dict(), "steps": steps, "tokens": tokens, "per_step": per_step,
                                "predicted_loss": predicted, "interval": [lo, hi]},
-                       entropy_rate=used[-1][0].artifacts.get("entropy_rate"))
+                       entropy_rate=used[-1][0].artifacts.get("entropy_rate"), fitter=fit.fitter)
     sized = dataclasses.replace(rung, d_model=width, n_layer=depth, n_head=max(1, width // 8), steps=steps)
     return sized, ev
 

@@ -115,6 +115,21 @@ class HealthAudit(Projection):
         if proj.suspected_new:
             self.suspected += [(ev.seq, x) for x in proj.take_suspected()]
 
+    def apply_steps(self, events: list[Any], lo: int, hi: int) -> None:
+        """:meth:`apply_step` on each of ``events[lo:hi]`` (the common steps in C: HealthProjection.fold_steps)."""
+        proj = self.proj
+        if proj is None:
+            proj = self.proj = HealthProjection()
+        proj.fold_steps(events, lo, hi, self.compute, self._after)
+
+    def _after(self, ev: Any, found: list[AnomalyDetected]) -> None:
+        if found:
+            seq = ev.seq
+            self.recomputed += [(seq, an) for an in found]
+        proj = self.proj
+        if proj.suspected_new:
+            self.suspected += [(ev.seq, x) for x in proj.take_suspected()]
+
     def apply(self, ev: Any) -> None:
         if isinstance(ev, RunConfigured):
             self.proj = HealthProjection(ev)

@@ -38,6 +38,9 @@ class Projection:
     #: a projection that folds steps may give them a function of their own (``apply_step(event)``), which the
     #: fold then calls for a ``step_observed`` instead of :meth:`apply`: the one kind of nearly every line
     apply_step: Callable[[Any], None] | None = None
+    #: and may fold a run of consecutive ``step_observed`` records at once (``apply_steps(events, lo, hi)``: the same
+    #: as :attr:`apply_step` on each of ``events[lo:hi]`` in order), which the fold then calls for each such run
+    apply_steps: Callable[[list[Any], int, int], None] | None = None
 
     def handlers(self) -> dict[type, Callable[[Any], None]]:
         """``{event class: function}``: what the fold calls for an event of each kind (the first class the event

@@ -13,6 +13,7 @@ from typing import Any
 
 from trainledger.journal.audit.projection import Projection
 from trainledger.journal.errors import SemanticError, TrainledgerError
+from trainledger.journal.events import StepObserved
 from trainledger.journal.trust import TrustPolicy
 from trainledger.journal.verify import VerifyReport, verify
 
@@ -40,14 +41,18 @@ def fold(path: str | os.PathLike, projections: Callable[[str | None], list[Proje
     policy = TrustPolicy.of(trust, **trust_options)
     folded: list[Projection] = []
     table: dict[type, list[Callable[[Any], None]]] = {}
-
     handlers: list[list[tuple[type, Callable[[Any], None]]]] = []
+    # the step records' type, once met, and what folds a run of them: each projection's apply_steps, or its
+    # apply_step (or apply) on each; a projection is independent of the others, so each takes the whole run in turn
+    runs: dict[type, list[Callable[[list[Any], int, int], None]]] = {}
 
     def applies(t: type) -> list[Callable[[Any], None]]:
         if not handlers:
             handlers.extend(list(p.handlers().items()) for p in folded)
-        fns = [next((fn for cls, fn in hs if issubclass(t, cls)), None) for hs in handlers]
-        table[t] = fns = [fn for fn in fns if fn is not None]
+        each = [next((fn for cls, fn in hs if issubclass(t, cls)), None) for hs in handlers]
+        table[t] = fns = [fn for fn in each if fn is not None]
+        if issubclass(t, StepObserved):
+            runs[t] = [_run_of(p, fn) for p, fn in zip(folded, each) if fn is not None]
         return fns
 
     def consume(batch: list[Any]) -> None:
@@ -55,15 +60,31 @@ def fold(path: str | os.PathLike, projections: Callable[[str | None], list[Proje
             folded.extend(projections(getattr(batch[0], "format_version", None) if batch else None))
         get = table.get
         ev = None
+        i, n = 0, len(batch)
         try:
-            for ev in batch:
+            while i < n:
+                ev = batch[i]
+                t = type(ev)
+                fns = get(t)
+                if fns is None:
+                    fns = applies(t)
+                run = runs.get(t)
+                if run is not None:  # a run of step records: each projection folds it whole
+                    j = i + 1
+                    while j < n and type(batch[j]) is t:
+                        j += 1
+                    if observe is not None:
+                        for k in range(i, j):
+                            observe(batch[k])
+                    for fold_run in run:
+                        fold_run(batch, i, j)
+                    i = j
+                    continue
                 if observe is not None:
                     observe(ev)
-                fns = get(type(ev))
-                if fns is None:
-                    fns = applies(type(ev))
                 for apply in fns:
                     apply(ev)
+                i += 1
         except (ArithmeticError, ValueError, TypeError, KeyError, IndexError) as e:
             # A signed event with a value no projection can fold: one line, exit 1, never a traceback.
             kind = getattr(ev, "kind", None) if type(ev).__name__ == "UnknownEvent" else (
@@ -78,6 +99,18 @@ def fold(path: str | os.PathLike, projections: Callable[[str | None], list[Proje
     if not folded:  # nothing signed to fold (no seal yet, with allow_unsealed)
         folded.extend(projections(report.format_version))
     return report, folded
+
+
+def _run_of(p: Projection, fn: Callable[[Any], None]) -> Callable[[list[Any], int, int], None]:
+    """What folds a run of step records for ``p``: its ``apply_steps``, or ``fn`` on each."""
+    if p.apply_steps is not None:
+        return p.apply_steps
+
+    def each(events: list[Any], lo: int, hi: int) -> None:
+        for k in range(lo, hi):
+            fn(events[k])
+
+    return each
 
 
 class _FoldFailed(TrainledgerError):

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import bisect
 import math
+from collections.abc import Callable
 from typing import Any
 
 from trainledger.journal.accel import fast as _fast
@@ -327,6 +328,7 @@ _bisect_right = bisect.bisect_right
 _insort = bisect.insort
 _log = math.log
 _baseline_step = getattr(_fast, "baseline_step", None)
+_health_run = getattr(_fast, "health_run", None)
 
 
 #: Batch fingerprints kept (the most recent steps'): a resume goes back to a checkpoint, a few thousand steps at most
@@ -493,6 +495,51 @@ class HealthProjection:
                 self.anomalies.append(a)
                 self.by_kind[a.anomaly] = self.by_kind.get(a.anomaly, 0) + 1
         return out
+
+    def fold_steps(self, events: list[Any], lo: int, hi: int, compute: Any = None,
+                   after: Callable[[Any, list[AnomalyDetected]], None] | None = None) -> None:
+        """Fold ``events[lo:hi]``, every one a ``step_observed`` record, as :meth:`_step` on each in order (replay's
+        loop). The common steps go through the C accelerator (``health_run``: the same arithmetic in the same
+        order); whenever a step is not common, or the state is not (a resume window or a spike episode open, a
+        candidate pending), that step goes through :meth:`_step`. ``compute``: a :class:`ComputeTotals` each step
+        is also added to (before it is folded, as :class:`training.audit.HealthAudit` does one by one);
+        ``after(event, anomalies)``: called after each step folded by :meth:`_step`, the only ones that can find
+        anomalies or release a suspected spike."""
+        i = lo
+        run = _health_run
+        while i < hi:
+            loss, grad = self._loss, self._grad
+            if run is not None and self._pending_resume is None and loss.pending is None and grad.pending is None \
+                    and not loss.episode and not grad.episode:
+                lb, gb, acc = loss.base, grad.base, self.mfu_accounting
+                out = run(events, i, hi, type(events[i]),
+                          (lb._sorted, lb._values, lb._steps, loss.min_periods, loss.inv_scale, loss.window, lb.trim_at,
+                           loss.log),
+                          (gb._sorted, gb._values, gb._steps, grad.min_periods, grad.inv_scale, grad.window, gb.trim_at,
+                           grad.log),
+                          self._loss_log, acc.fpt, acc.peak, self.token_time_s, self.mfu_sum, self.mfu_min, self.mfu_max)
+                stop = out[0]
+                if stop > i:
+                    k = stop - i
+                    self.steps += k
+                    self.last_step = out[1]
+                    self.tokens += out[2]
+                    self.token_time_s, self.mfu_sum = out[3], out[4]
+                    self.mfu_count += out[5]
+                    self.mfu_min, self.mfu_max = out[6], out[7]
+                    self.mfu_over += out[8]
+                    if compute is not None:
+                        compute.add_run(k, out[1], out[9], out[10])
+                    i = stop
+                    if i >= hi:
+                        break
+            ev = events[i]
+            if compute is not None:
+                compute.add(ev)
+            found = self._step(ev)
+            if after is not None:
+                after(ev, found)
+            i += 1
 
     def take_suspected(self) -> list[SpikeSuspected]:
         """The ``spike_suspected`` events the last folds produced (the live monitor appends them; replay

@@ -79,6 +79,18 @@ class ComputeTotals:
         else:
             self.flops += self._fpt * t
 
+    def add_run(self, steps: int, last_step: int, tokens: int, without_tokens: int) -> None:
+        """``steps`` step records at once (replay's run in C): ``tokens`` the sum of their token counts,
+        ``without_tokens`` how many had none (none of them counted by examples: those take :meth:`add`)."""
+        self.steps += steps
+        self.last_step = last_step
+        self.steps_without_tokens += without_tokens
+        self.tokens += tokens
+        if self._fpt is None:
+            self.tokens_without_shape += tokens
+        else:
+            self.flops += self._fpt * tokens
+
     def event(self) -> Any:
         from trainledger.journal.kinds import ComputeTotaled
 

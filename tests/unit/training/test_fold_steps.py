@@ -1,0 +1,108 @@
+"""Replay folds runs of step records through the C accelerator (``health_run``); the Python ``_step`` is the
+reference. Random streams that hit every way out of the common case (a spike, a NaN or inf loss or grad norm, a
+resume window, a batch fingerprint, examples without tokens, a zero or missing step time, an int where a float was
+expected, a detector reaching its trim point, a segment change) must fold to the same state, the same anomalies
+and the same compute totals, float for float, as one step at a time."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import msgspec
+import pytest
+
+from trainledger.journal import Journal, Signer
+from trainledger.journal.audit.replay import fold as replay_fold
+from trainledger.journal.codec import encode_document
+from trainledger.journal.events import StepObserved
+from trainledger.journal.kinds import RunConfigured, RunResumed
+from trainledger.training.audit import HealthAudit
+from trainledger.training.health import detectors
+
+pytestmark = pytest.mark.skipif(detectors._health_run is None, reason="the C accelerator is not built")
+
+
+def _journal(events, path):
+    """The events written as a real signed journal (what replay reads back, record by record)."""
+    s = Signer.generate()
+    with Journal.create(path, signer=s, background=False) as j:
+        for ev in events:
+            j.append(ev)
+    return path, s.public
+
+
+def stream(seed: int, path, n: int = 3000):
+    rng = random.Random(seed)
+    evs: list = [RunConfigured(n_params=1000, n_layer=2, n_head=2, head_dim=4, seq_len=16, peak_flops_per_sec=1e9,
+                               loss_window=rng.choice([8, 16, 64]), loss_min_periods=rng.choice([4, 8]),
+                               loss_scale=rng.choice(["log", "linear"]), grad_norm_window=16, grad_norm_min_periods=4,
+                               resume_horizon=rng.choice([None, 16, 40]))]
+    step = 0
+    for _ in range(n):
+        r = rng.random()
+        if r < 0.004:
+            evs.append(RunResumed(from_step=max(0, step - rng.randint(1, 50)), reason="crash"))
+            continue
+        if r < 0.006:
+            evs.append(RunConfigured(peak_flops_per_sec=None if rng.random() < 0.5 else 2e9, loss_window=16,
+                                     loss_min_periods=4, n_params=None if rng.random() < 0.5 else 500, n_layer=1,
+                                     n_head=1, head_dim=4, seq_len=8, resume_horizon=24))
+            continue
+        loss = 2.0 + math.exp(-step / 500) + rng.gauss(0, 0.02)
+        u = rng.random()
+        if u < 0.01:
+            loss *= rng.choice([3.0, 10.0, 50.0])  # a spike
+        elif u < 0.013:
+            loss = rng.choice([math.nan, math.inf, -1.0, 0.0])
+        elif u < 0.015:
+            loss = 3  # an int
+        g = rng.choice([0.8 + abs(rng.gauss(0, 0.05))] * 8 + [None, 0.0, math.nan, 40.0])
+        fields = dict(step=step, loss=loss, grad_norm=g)
+        v = rng.random()
+        if v < 0.9:
+            fields.update(step_time_s=rng.choice([0.25, 0.2 + rng.random() * 0.1]), tokens=rng.choice([4096, 1000]))
+        elif v < 0.93:
+            fields.update(step_time_s=0.25, examples=32)
+        elif v < 0.95:
+            fields.update(step_time_s=rng.choice([0.0, -1.0, math.inf]), tokens=4096)
+        elif v < 0.97:
+            fields.update(batch_fingerprint=rng.random(), step_time_s=0.25, tokens=4096)
+        elif v < 0.98:
+            fields.update(step_time_s=1, tokens=4096)  # an int step time
+        evs.append(StepObserved(**fields))
+        step += 1
+    return _journal(evs, path)
+
+
+def fold(path, key) -> HealthAudit:
+    """Replay's own fold (``journal.audit.replay.fold``: runs of step records handed to ``apply_steps``)."""
+    _, (a,) = replay_fold(path, lambda version: [HealthAudit(version)], keys=[key])
+    return a
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_runs_in_c_fold_as_the_python_steps_do(seed, tmp_path, monkeypatch):
+    path, key = stream(seed, tmp_path / "j.jsonl")
+    c = fold(path, key)
+    # the reference: every step through _step, every line of it in Python
+    monkeypatch.setattr(detectors, "_health_run", None)
+    monkeypatch.setattr(detectors, "_baseline_step", None)
+    py = fold(path, key)
+    same = lambda a, b: encode_document(a) == encode_document(b)  # noqa: E731 (canonical JSON: NaN equals NaN)
+    assert same(c.proj.state(), py.proj.state())
+    assert same(c.proj.report(), py.proj.report())
+    assert same([(q, msgspec.to_builtins(x)) for q, x in c.recomputed + c.suspected],
+                [(q, msgspec.to_builtins(x)) for q, x in py.recomputed + py.suspected])
+    assert [getattr(c.compute, f) for f in c.compute.__slots__] == [getattr(py.compute, f) for f in py.compute.__slots__]
+    assert c.recomputed, "the stream should find some anomalies"
+
+
+def test_most_steps_of_a_plain_stream_take_the_c_run(tmp_path, monkeypatch):
+    """The test above is only worth something if the C run does fold steps: count the ones that go the long way."""
+    path, key = stream(0, tmp_path / "j.jsonl")
+    long_way = []
+    real = detectors.HealthProjection._step
+    monkeypatch.setattr(detectors.HealthProjection, "_step", lambda self, ev: long_way.append(ev) or real(self, ev))
+    a = fold(path, key)
+    assert 0 < len(long_way) < a.compute.steps * 0.3, (len(long_way), a.compute.steps)
