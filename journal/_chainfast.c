@@ -17,6 +17,7 @@
 #define _GNU_SOURCE /* memmem */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h> /* T_OBJECT_EX: the step record's fields read from their slots */
 #define OPENSSL_SUPPRESS_DEPRECATED
 #include <openssl/sha.h>
 #include <math.h>
@@ -1145,10 +1146,38 @@ static int detector_of(PyObject *t, detector *d)
 
 static PyObject *S_step, *S_loss, *S_grad_norm, *S_step_time_s, *S_tokens, *S_examples, *S_batch_fingerprint;
 
-/* An attribute of a step record as a new reference; NULL with an error set when it is missing. */
-static PyObject *field(PyObject *ev, PyObject *name)
+/* Where a field of the step record lives: the offset its member descriptor reads (a msgspec Struct keeps each
+ * field in a slot), or -1 to ask by name. */
+static Py_ssize_t slot_of(PyTypeObject *t, PyObject *name)
 {
-    return PyObject_GetAttr(ev, name);
+    PyObject *d = PyObject_GetAttr((PyObject *)t, name);
+    Py_ssize_t off = -1;
+    if (d == NULL) {
+        PyErr_Clear();
+        return -1;
+    }
+    if (Py_IS_TYPE(d, &PyMemberDescr_Type)) {
+        PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
+        if (m->type == T_OBJECT_EX && !(m->flags & READ_RESTRICTED))
+            off = m->offset;
+    }
+    Py_DECREF(d);
+    return off;
+}
+
+/* A field of a step record as a new reference: read from its slot (NULL, with AttributeError, when unset), or
+ * by name. */
+static PyObject *field(PyObject *ev, PyObject *name, Py_ssize_t off)
+{
+    if (off < 0)
+        return PyObject_GetAttr(ev, name);
+    PyObject *v = *(PyObject **)((char *)ev + off);
+    if (v == NULL) {
+        PyErr_SetObject(PyExc_AttributeError, name);
+        return NULL;
+    }
+    Py_INCREF(v);
+    return v;
 }
 
 /*
@@ -1208,13 +1237,18 @@ static PyObject *health_run(PyObject *self, PyObject *const *args, Py_ssize_t na
     long long tokens = 0, all_tokens = 0;
     Py_ssize_t mfu_count = 0, mfu_over = 0, without = 0, i;
     PyObject *last = NULL;  /* borrowed from the last event folded, which the list holds */
+    Py_ssize_t o_step = slot_of(step_type, S_step), o_loss = slot_of(step_type, S_loss);
+    Py_ssize_t o_grad = slot_of(step_type, S_grad_norm), o_st = slot_of(step_type, S_step_time_s);
+    Py_ssize_t o_tk = slot_of(step_type, S_tokens), o_ex = slot_of(step_type, S_examples);
+    Py_ssize_t o_fp = slot_of(step_type, S_batch_fingerprint);
     for (i = lo; i < hi; i++) {
         PyObject *ev = PyList_GET_ITEM(events, i);
         if (Py_TYPE(ev) != step_type)
             break;
-        PyObject *step = field(ev, S_step), *lo_ = field(ev, S_loss), *g = field(ev, S_grad_norm);
-        PyObject *st = field(ev, S_step_time_s), *tk = field(ev, S_tokens), *ex = field(ev, S_examples);
-        PyObject *fp = field(ev, S_batch_fingerprint);
+        PyObject *step = field(ev, S_step, o_step), *lo_ = field(ev, S_loss, o_loss);
+        PyObject *g = field(ev, S_grad_norm, o_grad), *st = field(ev, S_step_time_s, o_st);
+        PyObject *tk = field(ev, S_tokens, o_tk), *ex = field(ev, S_examples, o_ex);
+        PyObject *fp = field(ev, S_batch_fingerprint, o_fp);
         PyObject *xl = NULL, *xg = NULL;
         int done = 0;  /* 1: folded; 0: not common (stop); -1: error */
         if (!step || !lo_ || !g || !st || !tk || !ex || !fp) {
@@ -1311,6 +1345,23 @@ static PyObject *health_run(PyObject *self, PyObject *const *args, Py_ssize_t na
                          mfu_over, all_tokens, without);
 }
 
+/* type_run(items, i, type) -> j: the end of the run of items of exactly that type from i (replay's runs of steps). */
+static PyObject *type_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3 || !PyList_CheckExact(args[0]) || !PyType_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "type_run(items: list, i: int, type)");
+        return NULL;
+    }
+    Py_ssize_t i = PyLong_AsSsize_t(args[1]), n = PyList_GET_SIZE(args[0]);
+    if (i == -1 && PyErr_Occurred())
+        return NULL;
+    if (i < 0)
+        i = 0;
+    while (i < n && Py_TYPE(PyList_GET_ITEM(args[0], i)) == (PyTypeObject *)args[2])
+        i++;
+    return PyLong_FromSsize_t(i);
+}
+
 static PyMethodDef methods[] = {
     {"step_lines", (PyCFunction)(void (*)(void))step_lines, METH_FASTCALL,
      "Which lines of a block are canonical step_observed records but for their numbers' spelling, and the numbers."},
@@ -1332,6 +1383,8 @@ static PyMethodDef methods[] = {
     {"node_level", (PyCFunction)(void (*)(void))node_level, METH_FASTCALL, "Node hashes of consecutive pairs."},
     {"baseline_step", (PyCFunction)(void (*)(void))baseline_step, METH_FASTCALL,
      "The health detector's common step: add x to the baseline (True), or leave it to the caller (False)."},
+    {"type_run", (PyCFunction)(void (*)(void))type_run, METH_FASTCALL,
+     "The end of the run of list items of exactly one type."},
     {"health_run", (PyCFunction)(void (*)(void))health_run, METH_FASTCALL,
      "HealthProjection._step over a run of common step records; stops at the first that is not."},
     {NULL, NULL, 0, NULL},

@@ -417,9 +417,9 @@ def _first_difference(got: bytes, canon: bytes) -> str:
     return f"first difference at byte {n}: {got[max(0, n - 12):n + 12]!r} vs canonical {canon[max(0, n - 12):n + 12]!r}"
 
 
-def decode_unchecked_block(block: bytes) -> list[Any] | None:
+def decode_unchecked_block(block: bytes, lines: int | None = None) -> list[Any] | None:
     """Decode a block of complete known-kind lines, each ending with a newline, *without* checking canonical
-    form; ``None`` if it cannot.
+    form; ``None`` if it cannot. ``lines``: how many lines the block has, when the caller has counted them.
 
     Only for readers whose lines are checked elsewhere (``reader.fold_events``
     checks them in another process at the same time; replay reads what verify checked).
@@ -428,7 +428,7 @@ def decode_unchecked_block(block: bytes) -> list[Any] | None:
         records = _decoders()[0].decode_lines(block)
     except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
         return None
-    return records if len(records) == block.count(b"\n") else None
+    return records if len(records) == (block.count(b"\n") if lines is None else lines) else None
 
 
 def decode_batch(lines: list[bytes], *, aligned: bool = False) -> list[Any] | None:

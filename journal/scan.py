@@ -706,7 +706,7 @@ def scan_consuming(path: str, size: int, ctx: ScanContext, consume: Callable[[li
 
     def each(block: bytes, recs: Any, off: int, res: RangeResult) -> None:
         if type(recs) is _StepLines:  # verify's fast path checked the step lines in C: decode the block once
-            recs = codec.decode_unchecked_block(block) or [codec.decode_line(x) for x in lines_of(block)]
+            recs = codec.decode_unchecked_block(block, recs.n) or [codec.decode_line(x) for x in lines_of(block)]
         if not signed:
             consume(recs)
         else:

@@ -11,6 +11,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from trainledger.journal.accel import fast as _fast
 from trainledger.journal.audit.projection import Projection
 from trainledger.journal.errors import SemanticError, TrainledgerError
 from trainledger.journal.events import StepObserved
@@ -70,9 +71,7 @@ def fold(path: str | os.PathLike, projections: Callable[[str | None], list[Proje
                     fns = applies(t)
                 run = runs.get(t)
                 if run is not None:  # a run of step records: each projection folds it whole
-                    j = i + 1
-                    while j < n and type(batch[j]) is t:
-                        j += 1
+                    j = type_run(batch, i + 1, t)
                     if observe is not None:
                         for k in range(i, j):
                             observe(batch[k])
@@ -99,6 +98,17 @@ def fold(path: str | os.PathLike, projections: Callable[[str | None], list[Proje
     if not folded:  # nothing signed to fold (no seal yet, with allow_unsealed)
         folded.extend(projections(report.format_version))
     return report, folded
+
+
+def _type_run(items: list[Any], i: int, t: type) -> int:
+    """The end of the run of items of exactly type ``t`` from ``i`` (the C accelerator's ``type_run``)."""
+    n = len(items)
+    while i < n and type(items[i]) is t:
+        i += 1
+    return i
+
+
+type_run = getattr(_fast, "type_run", None) or _type_run
 
 
 def _run_of(p: Projection, fn: Callable[[Any], None]) -> Callable[[list[Any], int, int], None]:
