@@ -701,6 +701,173 @@ static PyObject *step_lines(PyObject *self, PyObject *const *args, Py_ssize_t na
     return Py_BuildValue("(NN)", mask, nums);
 }
 
+static Py_ssize_t slot_of(PyTypeObject *t, PyObject *name);
+
+/* Digits (an optional '-', then at most 19 digits: what canon_int passed, or seq and ts) as a Python int, within
+ * int64 as msgspec decodes them; NULL with no error set when not (the caller then decodes the block the ordinary
+ * way). */
+static PyObject *small_int(const char *p, Py_ssize_t k)
+{
+    int neg = k > 0 && *p == '-';
+    unsigned long long v = 0;
+    if (k - neg < 1 || k - neg > 19)
+        return NULL;
+    for (Py_ssize_t i = neg; i < k; i++) {
+        unsigned d = (unsigned)(p[i] - '0');
+        if (d > 9 || v > (ULLONG_MAX - d) / 10)
+            return NULL;
+        v = v * 10 + d;
+    }
+    if (v > (unsigned long long)LLONG_MAX + (unsigned long long)neg)
+        return NULL;
+    return neg ? PyLong_FromLongLong(v == (unsigned long long)LLONG_MAX + 1 ? LLONG_MIN : -(long long)v)
+               : PyLong_FromLongLong((long long)v);
+}
+
+static PyObject *S_fields[14];
+static const char *const FIELD_NAMES[14] = {"step", "loss", "grad_norm", "lr", "step_time_s", "examples", "tokens",
+                                            "supervised_tokens", "data_time_s", "compute_time_s", "batch_fingerprint",
+                                            "seq", "ts", "h"};
+
+/* One step line [p, end) that step_line passed, as a record of step_type: each field put in its slot (offs), its
+ * numbers taken in order from nums from *k on (msgspec's own decode of them: the same objects a decode of the line
+ * would hold). 0 when it cannot be built this way (nothing is left allocated), -1 on an error. */
+static int step_record(const char *p, const char *end, PyTypeObject *t, const Py_ssize_t *offs, PyObject *nums,
+                       Py_ssize_t *k, PyObject **out)
+{
+    static const char head[] = "{\"kind\":\"step_observed\",\"step\":";
+    PyObject *v[14] = {NULL};
+    Py_ssize_t n;
+    int f;
+    p += sizeof head - 1;
+    n = canon_int(p, end);
+    if (!(v[0] = small_int(p, n)))
+        goto fail;
+    p += n;
+    for (f = 0; f < 10; f++) {
+        Py_ssize_t kl = STEP_FIELDS[f].len;
+        if (end - p < kl || memcmp(p, STEP_FIELDS[f].key, (size_t)kl) != 0) {
+            v[f + 1] = Py_None;
+            Py_INCREF(Py_None);
+            continue;
+        }
+        p += kl;
+        if (STEP_FIELDS[f].type == 'i') {
+            n = canon_int(p, end);
+            if (!(v[f + 1] = small_int(p, n)))
+                goto fail;
+        } else {
+            n = json_number(p, end);
+            if (*k >= PyList_GET_SIZE(nums))
+                goto fail;
+            v[f + 1] = PyList_GET_ITEM(nums, *k);
+            Py_INCREF(v[f + 1]);
+            (*k)++;
+        }
+        p += n;
+    }
+    /* ,"seq":<digits>,"ts":<digits>,"h":"<64 hex>"} (held by scan_block and step_line) */
+    const char *q;
+    p += 7;
+    for (q = p; *q >= '0' && *q <= '9'; q++)
+        ;
+    if (!(v[11] = small_int(p, q - p)))
+        goto fail;
+    p = q + 6;
+    for (q = p; *q >= '0' && *q <= '9'; q++)
+        ;
+    if (!(v[12] = small_int(p, q - p)))
+        goto fail;
+    p = q + 6;
+    if (end - p != 66)
+        goto fail;
+    if (!(v[13] = PyUnicode_New(64, 127)))
+        goto fail;
+    memcpy(PyUnicode_DATA(v[13]), p, 64);
+    PyObject *rec = t->tp_alloc(t, 0);  /* zeroed, its type referenced */
+    if (rec == NULL)
+        goto fail;
+    for (f = 0; f < 14; f++)
+        *(PyObject **)((char *)rec + offs[f]) = v[f];  /* the reference moves into the slot */
+    if (PyObject_IS_GC(rec))
+        PyObject_GC_UnTrack(rec);  /* ints, floats, a str and None: nothing a collection could find, as msgspec does */
+    *out = rec;
+    return 1;
+fail:
+    for (f = 0; f < 14; f++)
+        Py_XDECREF(v[f]);
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+/*
+ * step_records(block, ends, mask, numbers, step_type) -> list | None
+ *
+ * The records of a block's step lines (mask[i] 1: step_lines passed line i) built from the line and the numbers
+ * msgspec decoded for verify's check of their spelling (numbers, in order), without decoding the lines again; None
+ * in the list for every other line (the caller has those decoded). None instead of the list when some line cannot
+ * be built this way (an integer of more than 18 digits, a field the record does not keep in a slot): the caller
+ * then decodes the block.
+ */
+static PyObject *step_records(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5 || !PyBytes_Check(args[1]) || !PyBytes_Check(args[2]) || !PyList_CheckExact(args[3])
+            || !PyType_Check(args[4])) {
+        PyErr_SetString(PyExc_TypeError, "step_records(block, ends: bytes, mask: bytes, numbers: list, step_type)");
+        return NULL;
+    }
+    PyTypeObject *t = (PyTypeObject *)args[4];
+    Py_ssize_t offs[14];
+    for (int f = 0; f < 14; f++)
+        if ((offs[f] = slot_of(t, S_fields[f])) < (Py_ssize_t)sizeof(PyObject) || offs[f] > t->tp_basicsize - 8)
+            Py_RETURN_NONE;
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    const char *s = (const char *)view.buf, *m = PyBytes_AS_STRING(args[2]);
+    Py_ssize_t len = view.len, n = PyBytes_GET_SIZE(args[1]) / 4, k = 0, start = 0, i;
+    const uint32_t *e = (const uint32_t *)PyBytes_AS_STRING(args[1]);
+    PyObject *out = PyBytes_GET_SIZE(args[2]) == n ? PyList_New(n) : NULL;
+    if (out == NULL) {
+        PyBuffer_Release(&view);
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "step_records: the mask does not fit the ends");
+        return NULL;
+    }
+    for (i = 0; i < n; i++) {
+        Py_ssize_t stop = (Py_ssize_t)e[i];
+        PyObject *rec = Py_None;
+        if (stop >= len || stop < start) {
+            PyErr_SetString(PyExc_ValueError, "step_records: ends do not fit the block");
+            goto error;
+        }
+        if (m[i]) {
+            int r = step_record(s + start, s + stop, t, offs, args[3], &k, &rec);
+            if (r < 0)
+                goto error;
+            if (r == 0)
+                goto none;
+        } else {
+            Py_INCREF(Py_None);
+        }
+        PyList_SET_ITEM(out, i, rec);
+        start = stop + 1;
+    }
+    PyBuffer_Release(&view);
+    if (k != PyList_GET_SIZE(args[3])) {
+        Py_DECREF(out);
+        Py_RETURN_NONE;
+    }
+    return out;
+none:
+    PyBuffer_Release(&view);
+    Py_DECREF(out);
+    Py_RETURN_NONE;
+error:
+    PyBuffer_Release(&view);
+    Py_DECREF(out);
+    return NULL;
+}
+
 /* ---- RFC 6962 Merkle tree over the journal's lines (format 1.3, docs/FORMAT.md) ---- */
 
 static void leaf_of(const char *p, Py_ssize_t n, unsigned char *out)
@@ -1383,6 +1550,8 @@ static PyMethodDef methods[] = {
     {"node_level", (PyCFunction)(void (*)(void))node_level, METH_FASTCALL, "Node hashes of consecutive pairs."},
     {"baseline_step", (PyCFunction)(void (*)(void))baseline_step, METH_FASTCALL,
      "The health detector's common step: add x to the baseline (True), or leave it to the caller (False)."},
+    {"step_records", (PyCFunction)(void (*)(void))step_records, METH_FASTCALL,
+     "The records of a block's step lines, built from the lines and their numbers without decoding them again."},
     {"type_run", (PyCFunction)(void (*)(void))type_run, METH_FASTCALL,
      "The end of the run of list items of exactly one type."},
     {"health_run", (PyCFunction)(void (*)(void))health_run, METH_FASTCALL,
@@ -1401,6 +1570,9 @@ PyMODINIT_FUNC PyInit__chainfast(void)
             || !(S_tokens = PyUnicode_InternFromString("tokens")) || !(S_examples = PyUnicode_InternFromString("examples"))
             || !(S_batch_fingerprint = PyUnicode_InternFromString("batch_fingerprint")))
         return NULL;
+    for (int f = 0; f < 14; f++)
+        if (!(S_fields[f] = PyUnicode_InternFromString(FIELD_NAMES[f])))
+            return NULL;
 #ifdef HAVE_SHANI_CODE
     use_shani = shani_usable();
 #endif

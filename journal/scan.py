@@ -53,6 +53,7 @@ BLOCK = 256 * 1024
 _fast = _accel.fast
 _scan_block = getattr(_fast, "scan_block", None)
 _step_lines = getattr(_fast, "step_lines", None)
+_step_records = getattr(_fast, "step_records", None)
 _link = _accel.link
 _get_seq = operator.attrgetter("seq")
 _get_h = operator.attrgetter("h")
@@ -249,7 +250,8 @@ class Scanner:
         re-encode of them all; its other lines decoded and re-encoded as :func:`codec.decode_block` does. ``None``
         sends the block the ordinary way."""
         mask, numbers = _step_lines(block, ends_b)
-        if len(numbers) > 2 and not _numbers_canonical(numbers):
+        values = _numbers_canonical(numbers) if len(numbers) > 2 else []
+        if values is None:
             return None
         others: dict[int, Any] = {}
         i = mask.find(0)
@@ -266,7 +268,7 @@ class Scanner:
         types = [_STEP_T] * len(mask)
         for i, r in others.items():
             types[i] = type(r)
-        return _StepLines(self.expect, block, ends_b, others, len(mask)), types
+        return _StepLines(self.expect, block, ends_b, others, len(mask), mask, values), types
 
     def _settle(self, block: bytes, offset: int, recs: Any, types: list[type], ends_b: bytes, last: bytes,
                 leaves: Any) -> Any:
@@ -574,22 +576,38 @@ _STEP_LINES_OK = _step_lines is not None and _step_record_as_assumed()
 _numbers_decoder = msgspec.json.Decoder(list[typing.Union[int, float]])  # noqa: UP007
 
 
-def _numbers_canonical(numbers: bytes) -> bool:
-    """Whether ``[n1,n2,...]`` is spelled as msgspec writes those numbers (as the line's re-encode would)."""
+def _numbers_canonical(numbers: bytes) -> list[Any] | None:
+    """The numbers of ``[n1,n2,...]`` if it is spelled as msgspec writes them (as the line's re-encode would),
+    else None."""
     try:
-        return codec._encoder.encode(_numbers_decoder.decode(numbers)) == numbers  # the records' encoder
+        got = _numbers_decoder.decode(numbers)
     except msgspec.DecodeError:
-        return False
+        return None
+    return got if codec._encoder.encode(got) == numbers else None  # the records' encoder
 
 
 class _StepLines:
     """A block's records for verify's fast path: the decoded records of its other lines, and for a step line only
     what the scanner asks of it (``seq``, ``h``, its kind), read off the line when asked."""
 
-    __slots__ = ("first", "block", "ends", "others", "n")
+    __slots__ = ("first", "block", "ends", "others", "n", "ends_b", "mask", "numbers")
 
-    def __init__(self, first: int, block: bytes, ends_b: bytes, others: dict[int, Any], n: int):
+    def __init__(self, first: int, block: bytes, ends_b: bytes, others: dict[int, Any], n: int, mask: bytes,
+                 numbers: list[Any]):
         self.first, self.block, self.ends, self.others, self.n = first, block, memoryview(ends_b).cast("I"), others, n
+        self.ends_b, self.mask, self.numbers = ends_b, mask, numbers  # the step lines', for records()
+
+    def records(self) -> list[Any]:
+        """Every line's record: the step lines' built in C from the lines and the numbers msgspec decoded for
+        their check (``step_records``), else the block decoded once, unchecked (its lines are checked)."""
+        recs = _step_records(self.block, self.ends_b, self.mask, self.numbers, _STEP_T) \
+            if _step_records is not None else None
+        if recs is None:
+            return codec.decode_unchecked_block(self.block, self.n) or [codec.decode_line(x)
+                                                                         for x in lines_of(self.block)]
+        for i, rec in self.others.items():
+            recs[i] = rec
+        return recs
 
     def __len__(self) -> int:
         return self.n
@@ -706,7 +724,7 @@ def scan_consuming(path: str, size: int, ctx: ScanContext, consume: Callable[[li
 
     def each(block: bytes, recs: Any, off: int, res: RangeResult) -> None:
         if type(recs) is _StepLines:  # verify's fast path checked the step lines in C: decode the block once
-            recs = codec.decode_unchecked_block(block, recs.n) or [codec.decode_line(x) for x in lines_of(block)]
+            recs = recs.records()
         if not signed:
             consume(recs)
         else:

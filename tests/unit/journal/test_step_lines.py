@@ -50,10 +50,24 @@ def fast_blocks(monkeypatch):
 
 
 def fast_takes(line: bytes) -> bool:
-    """What the fast path concludes of one line (no newline): taken whole, or sent the ordinary way."""
+    """What the fast path concludes of one line (no newline): taken whole, or sent the ordinary way. A line it
+    takes is also built into its record in C (``step_records``, what replay folds), which must be the record
+    msgspec decodes from the line, field for field and type for type."""
     block = line + b"\n"
-    mask, numbers = scan._step_lines(block, _ends(block))
-    return mask == b"\x01" and (numbers == b"[]" or scan._numbers_canonical(numbers))
+    ends = _ends(block)
+    mask, numbers = scan._step_lines(block, ends)
+    values = scan._numbers_canonical(numbers) if numbers != b"[]" else []
+    taken = mask == b"\x01" and values is not None
+    if taken and scan._step_records is not None:
+        built = scan._step_records(block, ends, mask, values, scan._STEP_T)
+        if built is not None:  # None: the block is decoded instead (not an error)
+            (rec,) = built
+            (want,) = codec.decode_unchecked_block(block)
+            assert type(rec) is type(want) and codec._encoder.encode(rec) == codec._encoder.encode(want) == line
+            fields = type(want).__struct_fields__
+            assert [type(getattr(rec, f)) for f in fields] == [type(getattr(want, f)) for f in fields]
+            assert rec == want
+    return taken
 
 
 def full_check_takes(line: bytes) -> bool:
