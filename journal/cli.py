@@ -138,6 +138,13 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     extra = {"require_closed": args.require_closed, "workers": args.workers}
     if args.expect_head:
         extra["expect_head"] = parse_head(args.expect_head)
+    from trainledger.journal.parquet import is_export
+
+    if is_export(args.path):
+        if args.expect_head or args.expect_checkpoint:
+            raise UsageError("--expect-head and --expect-checkpoint name one journal's head; an export holds its "
+                             "receipts (verify prints them)")
+        return _verify_export(args)
     if is_run_dir(args.path):
         if args.expect_head or args.expect_checkpoint:
             raise UsageError("--expect-head and --expect-checkpoint name one journal's head; give that rank's file, "
@@ -151,6 +158,29 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     if cp is not None:
         extra["expect_checkpoint"] = cp
     return _verify_and_print(args, "OK  ", **extra)
+
+
+def _verify_export(args: argparse.Namespace) -> int:
+    """A Parquet export (journal/parquet): its listing, then every journal's lines verified and its typed columns
+    held to them."""
+    from trainledger.journal.parquet.check import verify_export
+
+    try:
+        r = verify_export(args.path, trust=trust_policy(args))
+    except IntegrityError as e:
+        if args.json:
+            say(json.dumps({"ok": False, "path": args.path, "first_bad_seq": e.seq, "error": str(e)}))
+        else:
+            say(e.fail_line(args.path))
+        return 1
+    if args.json:
+        say(json.dumps({"ok": True, **r.to_dict()}))
+        return 0
+    say(f"OK    {r.out}: {r.journals} journal(s), {r.events:,} events re-verified from their lines ({r.trust}); "
+        f"{r.files} files match the listing, every typed cell its line")
+    for rc in r.receipts:
+        say(f"  {rc['run_id']}  head {rc['head']}  tree {rc['tree_size']} root {rc['tree_root']}  key {rc['key_id']}")
+    return 0
 
 
 def _verify_run_dir(args: argparse.Namespace, **extra) -> int:

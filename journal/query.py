@@ -447,7 +447,10 @@ def _file_row(f: Path, rep: VerifyReport) -> dict[str, Any]:
             "torn_offset": rep.torn_offset, "trusted_bytes": rep.trusted_bytes, "trusted_last_seq": trusted_last,
             "trusted_hash": rep.last_hash if trusted_last == rep.last_seq else rep.seal_line_hash,
             "unsealed_events": rep.unsealed_events if rep.trust in ("pinned", "embedded") else 0,
-            "resolved": str(f.resolve())}
+            "resolved": str(f.resolve()),
+            # the last seal's signed tree head (format 1.3): what an export's receipt carries
+            "format_version": rep.format_version, "sealed_seq": rep.last_sealed_seq,
+            "sealed_hash": rep.last_sealed_hash, "tree_root": rep.last_tree_root, "seal_sig": rep.last_seal_sig}
 
 
 def _define_views(con: duckdb.DuckDBPyConnection) -> None:

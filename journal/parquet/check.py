@@ -1,0 +1,226 @@
+"""``trainledger verify OUT`` of a Parquet export (:mod:`.export`): the export alone re-verified.
+
+1. The listing (``receipts.json``, at most 64 MiB) names every file; each must be a regular file inside ``OUT`` (no
+   link on the way) whose SHA-256 is the listed one, and ``OUT`` may hold nothing else (a reader's glob would pick up
+   a planted file).
+2. An export written without ``--lines`` stops there: its rows cannot be checked against anything signed, so it is
+   not verified (exit 1, saying so); its receipts are what the exporter says.
+3. Otherwise each journal's lines are written, in seq order, to a private file and verified under the caller's trust
+   as any journal is (chain, tree, seals and their signatures under pinned keys); the result must end at the
+   receipt's head, tree size and root, and key. Then the typed columns are held to the lines: every table the
+   export has is recomputed from those lines by the query layer's own views and must equal the exported file, row
+   for row (both ways), and a table the lines give rows for must have its file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import stat
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from trainledger.journal.errors import IntegrityError, JournalIOError, SchemaError, TrainledgerError
+from trainledger.journal.parquet.export import EXPORT_FORMAT, LISTING, folder_name, file_name, tables, typed_select
+from trainledger.journal.trust import TrustPolicy
+
+__all__ = ["ExportCheck", "verify_export", "ExportMismatch", "NotVerifiable"]
+
+MAX_LISTING = 64 << 20
+
+
+class ExportMismatch(IntegrityError):
+    """An export's file, receipt or cell is not what its lines (or its listing) say."""
+
+
+class NotVerifiable(IntegrityError):
+    """An export without its lines: nothing signed to hold its rows to."""
+
+
+@dataclasses.dataclass
+class ExportCheck:
+    out: str
+    journals: int
+    events: int
+    files: int
+    lines: bool
+    trust: str | None
+    receipts: list[dict[str, Any]]
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _read_listing(d: Path) -> dict[str, Any]:
+    p = d / LISTING
+    try:
+        st = os.lstat(p)
+        if not stat.S_ISREG(st.st_mode):
+            raise SchemaError(f"{p}: not a regular file", offset=None)
+        if st.st_size > MAX_LISTING:
+            raise SchemaError(f"{p}: {st.st_size} bytes, more than a listing may hold ({MAX_LISTING})", offset=None)
+        with open(p, "rb") as f:
+            data = f.read(MAX_LISTING + 1)
+    except OSError as e:
+        raise JournalIOError(f"{p}: {e.strerror}") from None
+    try:
+        listing = json.loads(data)
+    except (ValueError, RecursionError):
+        raise SchemaError(f"{p}: not JSON", offset=None) from None
+    if not isinstance(listing, dict) or listing.get("format") != EXPORT_FORMAT or \
+            not isinstance(listing.get("files"), list) or not isinstance(listing.get("journals"), list) or \
+            not isinstance(listing.get("lines"), bool):
+        raise SchemaError(f"{p}: not a {EXPORT_FORMAT} listing", offset=None)
+    return listing
+
+
+def _inside(d: Path, rel: Any) -> Path:
+    """A listed path as a file of ``d``: relative, plain components, no link on the way, a regular file."""
+    if not isinstance(rel, str) or not rel or "\\" in rel or "\x00" in rel:
+        raise ExportMismatch(f"{d}: listed path {str(rel)[:120]!r} is not a relative path", seq=None)
+    parts = PurePosixPath(rel).parts
+    if PurePosixPath(rel).is_absolute() or any(x in ("", ".", "..") for x in parts):
+        raise ExportMismatch(f"{d}: listed path {rel[:120]!r} leaves the export", seq=None)
+    p = d
+    for part in parts:
+        p = p / part
+        try:
+            st = os.lstat(p)
+        except FileNotFoundError:
+            raise ExportMismatch(f"{d}: {rel}: listed but missing", seq=None) from None
+        if stat.S_ISLNK(st.st_mode):
+            raise ExportMismatch(f"{d}: {rel}: a link in the path", seq=None)
+    if not stat.S_ISREG(st.st_mode):
+        raise ExportMismatch(f"{d}: {rel}: not a regular file", seq=None)
+    return p
+
+
+def _sha256(p: Path) -> str:
+    h = hashlib.sha256()
+    with open(p, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _lit(s: str) -> str:
+    return "'" + s.replace("'", "''") + "'"
+
+
+def verify_export(out: str | os.PathLike, *, trust: TrustPolicy | None = None, **trust_options: Any) -> ExportCheck:
+    """Re-verify the export folder ``out`` (see the module doc). Raises :class:`ExportMismatch` naming the file,
+    table or journal that is not what its lines say, :class:`NotVerifiable` for an export without its lines, and
+    what verification raises for lines that do not verify."""
+    d = Path(out)
+    policy = TrustPolicy.of(trust, **trust_options)
+    listing = _read_listing(d)
+    files: dict[str, dict[str, Any]] = {}
+    for x in listing["files"]:
+        if not isinstance(x, dict) or not isinstance(x.get("path"), str) or not isinstance(x.get("sha256"), str):
+            raise SchemaError(f"{d / LISTING}: a file entry without path and sha256", offset=None)
+        p = _inside(d, x["path"])
+        if x["path"] in files:
+            raise ExportMismatch(f"{d}: {x['path']} is listed twice", seq=None)
+        if _sha256(p) != x["sha256"]:
+            raise ExportMismatch(f"{d}: {x['path']}: its SHA-256 is not the listed one (changed after the export)",
+                                 seq=None)
+        files[x["path"]] = x
+    for root, dirs, names in os.walk(d):
+        for name in names:
+            rel = (Path(root) / name).relative_to(d).as_posix()
+            if rel != LISTING and rel not in files:
+                raise ExportMismatch(f"{d}: {rel}: not in the listing (a planted file)", seq=None)
+    if not listing["lines"]:
+        raise NotVerifiable(f"{d}: exported without --lines: its files match the listing, but nothing signed holds "
+                            "its rows; it is as trustworthy as whoever exported it", seq=None)
+    events = 0
+    receipts = []
+    for rc in listing["journals"]:
+        if not isinstance(rc, dict) or not isinstance(rc.get("run_id"), str):
+            raise SchemaError(f"{d / LISTING}: a journal entry without a run id", offset=None)
+        events += _check_journal(d, rc, files, policy)
+        receipts.append(rc)
+    return ExportCheck(out=str(d), journals=len(receipts), events=events, files=len(files), lines=True,
+                       trust=receipts[0].get("trust") if receipts else None, receipts=receipts)
+
+
+def _check_journal(d: Path, rc: dict[str, Any], files: dict[str, dict[str, Any]], policy: TrustPolicy) -> int:
+    from trainledger.journal.copies import PrivateCopies
+    from trainledger.journal.query import _define_views, _load, new_connection
+    from trainledger.journal.verify import verify
+
+    run, rank = rc["run_id"], rc.get("rank")
+    if rank is not None and not isinstance(rank, int):
+        raise SchemaError(f"{d / LISTING}: run {run}: rank {rank!r} is not an int", offset=None)
+    sub = f"run-{folder_name(run)}/{file_name(rank)}"
+    ev_rel = f"events/{sub}"
+    if ev_rel not in files:
+        raise ExportMismatch(f"{d}: run {run}: no events file ({ev_rel})", seq=None)
+    con = new_connection()
+    with PrivateCopies() as copies:
+        lines_path = copies.dir / "lines.jsonl"
+        # the lines in seq order, each written back as it was exported (canonical JSON holds no raw newline)
+        cur = con.execute(f"SELECT seq, line FROM read_parquet({_lit(str(d / ev_rel))}) ORDER BY seq")
+        n = 0
+        with open(lines_path, "wb") as f:
+            while True:
+                chunk = cur.fetchmany(8192)
+                if not chunk:
+                    break
+                for seq, line in chunk:
+                    if seq != n or not isinstance(line, str) or "\n" in line:
+                        raise ExportMismatch(f"{d}: {ev_rel}: line {n} is missing, out of order or not one line",
+                                             seq=n)
+                    f.write(line.encode() + b"\n")
+                    n += 1
+        con.close()
+        try:
+            rep = verify(lines_path, trust=policy)
+        except TrainledgerError as e:  # named by the exported file its lines came from
+            msg = str(e.args[0]).replace(str(lines_path), ev_rel) if e.args else ""
+            e.args = (msg if msg.startswith(ev_rel) else f"{ev_rel}: {msg}",) + tuple(e.args[1:])
+            e.path = f"{d / ev_rel}"
+            raise
+        want = (rc.get("last_seq"), rc.get("head"), rc.get("tree_root"), rc.get("key_id"))
+        got = (rep.trusted_last_seq, f"{rep.trusted_last_seq}:{rep.last_hash}", rep.last_tree_root, rep.key_id)
+        if got != want or rep.unsealed_events:
+            raise ExportMismatch(f"{d}: run {run}: its lines end at {got[1]} (tree root {got[2]}, key {got[3]}); its "
+                                 f"receipt says {want[1]} (tree root {want[2]}, key {want[3]})", seq=None)
+        if rep.run_id != run:
+            raise ExportMismatch(f"{d}: {ev_rel}: the lines are run {rep.run_id!r}, the receipt says {run!r}", seq=None)
+        # the typed columns held to the lines: the query layer's own views over them, file by file
+        con, _ = _load([lines_path], True, policy)
+        _define_views(con)
+        try:
+            for table in tables():
+                rel = f"{table}/{sub}"
+                if table == "events":
+                    mine = "SELECT run_id, rank, seq, kind, ts, h, line FROM events_t ORDER BY seq"
+                else:
+                    mine = typed_select(con, table, "true")
+                    if rel not in files:
+                        if con.execute(f"SELECT count(*) FROM ({mine})").fetchone()[0]:
+                            raise ExportMismatch(f"{d}: run {run}: its lines have {table} rows, and the export has "
+                                                 f"no {rel}", seq=None)
+                        continue
+                theirs = f"SELECT * FROM read_parquet({_lit(str(d / rel))})"
+                bad = con.execute(f"SELECT count(*) FROM (({mine}) EXCEPT ALL ({theirs})) UNION ALL "
+                                  f"SELECT count(*) FROM (({theirs}) EXCEPT ALL ({mine}))").fetchall()
+                if any(c for (c,) in bad):
+                    row = con.execute(f"SELECT seq FROM (({theirs}) EXCEPT ALL ({mine})) ORDER BY seq LIMIT 1"
+                                      ).fetchone()
+                    raise ExportMismatch(f"{d}: {rel}: {bad[1][0]} row(s) are not what the lines give"
+                                         + (f" (first at seq {row[0]})" if row else f" ({bad[0][0]} missing)"),
+                                         seq=row[0] if row else None)
+        except Exception as e:
+            import duckdb
+
+            if isinstance(e, duckdb.Error):
+                raise ExportMismatch(f"{d}: run {run}: a file is not the table it should be: "
+                                     f"{str(e).splitlines()[0]}", seq=None) from None
+            raise
+        finally:
+            con.close()
+    return n

@@ -1,0 +1,205 @@
+"""``trainledger export parquet`` and ``trainledger verify OUT``: verified events as a Parquet dataset with
+receipts that re-verifies alone. Real files, real DuckDB; the attacks are an export folder rewritten by someone
+without the key (a line, a typed cell, a planted file, the listing), each named."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from trainledger.cli import main
+from trainledger.journal import IntegrityError, Signer, StepObserved
+from trainledger.journal.parquet import LISTING, export_parquet
+from trainledger.journal.parquet.check import ExportMismatch, NotVerifiable, verify_export
+from trainledger.journal.query import connect
+from trainledger.training.distributed.ranks import RankInfo, open_rank_journal
+
+GOLDEN = Path(__file__).resolve().parents[2] / "assets" / "golden"
+
+
+def _pub(name: str) -> list[str]:
+    return ["--pubkey", str(GOLDEN / f"{name}.pub")]
+
+
+@pytest.fixture(scope="module")
+def export(tmp_path_factory):
+    """The every-kind golden journal (format 1.3) exported with its lines."""
+    out = tmp_path_factory.mktemp("ex") / "out"
+    assert main(["export", "parquet", str(GOLDEN / "every_kind_v1_3.jsonl"), str(out), "--lines",
+                 *_pub("every_kind_v1_3")]) == 0
+    return out
+
+
+def _copy(export, tmp_path) -> Path:
+    d = tmp_path / "copy"
+    shutil.copytree(export, d)
+    return d
+
+
+def _relist(d: Path) -> None:
+    """What someone who can write the folder does after changing a file: the listing's SHA-256 made to match."""
+    listing = json.loads((d / LISTING).read_text())
+    for x in listing["files"]:
+        x["sha256"] = hashlib.sha256((d / x["path"]).read_bytes()).hexdigest()
+    (d / LISTING).write_text(json.dumps(listing))
+
+
+def _rewrite(path: Path, sql: str) -> None:
+    """Rewrite one Parquet file through DuckDB (``sql`` selects from ``t``), its footer's receipt kept."""
+    con = duckdb.connect()
+    con.execute(f"CREATE TABLE t AS SELECT * FROM read_parquet('{path}')")
+    meta = con.execute(f"SELECT key, value FROM parquet_kv_metadata('{path}')").fetchall()
+    kv = ", ".join(f"'{k.decode()}': '{v.decode().replace(chr(39), chr(39) * 2)}'" for k, v in meta)
+    path.unlink()
+    con.execute(f"COPY ({sql}) TO '{path}' (FORMAT parquet, KV_METADATA {{{kv}}})")
+
+
+def test_the_export_re_verifies_alone_and_says_what_it_holds(export, capsys):
+    assert main(["verify", str(export), *_pub("every_kind_v1_3")]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"OK    {export}: 1 journal(s)") and "re-verified from their lines (pinned)" in out
+    listing = json.loads((export / LISTING).read_text())
+    (rc,) = listing["journals"]
+    assert rc["lines"] is True and rc["trust"] == "pinned" and rc["checkpoint"].startswith("trainledger/")
+    # every file's footer holds its journal's receipt
+    con = duckdb.connect()
+    for x in listing["files"]:
+        (meta,) = con.execute(f"SELECT value FROM parquet_kv_metadata('{export / x['path']}') "
+                              "WHERE key = 'trainledger.receipt'").fetchall()
+        assert json.loads(meta[0]) == rc
+
+
+def test_duckdb_over_the_export_answers_what_query_answers_over_the_journal(export):
+    q = connect([GOLDEN / "every_kind_v1_3.jsonl"], keys=[_key("every_kind_v1_3")], use_cache=False)
+    con = duckdb.connect()
+    for view in ("steps", "anomalies", "checkpoints", "verdicts", "decisions", "configs"):
+        mine = q.execute(f"SELECT * FROM {view} ORDER BY seq").fetchall()
+        theirs = con.execute(f"SELECT * FROM read_parquet('{export}/{view}/**/*.parquet') ORDER BY seq").fetchall()
+        assert len(mine) == len(theirs) > 0, view
+        assert [tuple(map(_plain, r)) for r in mine] == [tuple(map(_plain, r)) for r in theirs], view
+    n = con.execute(f"SELECT count(*) FROM read_parquet('{export}/events/**/*.parquet')").fetchone()[0]
+    assert n == q.execute("SELECT count(*) FROM events").fetchone()[0]
+
+
+def _plain(v):
+    """A value as both sides hold it (a wide int is a DECIMAL(38,0) in the export; NaN compared as itself)."""
+    from decimal import Decimal
+
+    if isinstance(v, float) and v != v:
+        return "NaN"
+    return int(v) if isinstance(v, Decimal) else v
+
+
+def _key(name):
+    from trainledger.journal import load_public_key
+
+    return load_public_key(GOLDEN / f"{name}.pub")
+
+
+def test_a_changed_line_is_named(export, tmp_path):
+    d = _copy(export, tmp_path)
+    ev = next((d / "events").rglob("*.parquet"))
+    _rewrite(ev, "SELECT * REPLACE (CASE WHEN kind = 'step_observed' AND seq = (SELECT min(seq) FROM t WHERE kind = "
+                 "'step_observed') THEN replace(line, '\"loss\":', '\"loss\":1') ELSE line END AS line) FROM t")
+    _relist(d)
+    with pytest.raises(IntegrityError, match=r"^events/run-[^/]+/journal.parquet: chain broken at seq 3") as e:
+        verify_export(d, keys=[_key("every_kind_v1_3")])
+    assert e.value.seq == 3
+
+
+def test_a_changed_typed_cell_is_named(export, tmp_path):
+    d = _copy(export, tmp_path)
+    steps = next((d / "steps").rglob("*.parquet"))
+    _rewrite(steps, "SELECT * REPLACE (CASE WHEN seq = (SELECT min(seq) FROM t) THEN loss * 0.5 ELSE loss END AS loss) "
+                    "FROM t")
+    _relist(d)
+    with pytest.raises(ExportMismatch, match=r"steps/.*1 row\(s\) are not what the lines give \(first at seq"):
+        verify_export(d, keys=[_key("every_kind_v1_3")])
+
+
+def test_a_file_changed_after_the_export_a_planted_file_and_a_missing_one_are_named(export, tmp_path, capsys):
+    d = _copy(export, tmp_path)
+    steps = next((d / "steps").rglob("*.parquet"))
+    steps.write_bytes(steps.read_bytes() + b"\0")
+    assert main(["verify", str(d), *_pub("every_kind_v1_3")]) == 1
+    assert "its SHA-256 is not the listed one" in capsys.readouterr().out
+    d2 = _copy(export, tmp_path / "b")
+    (d2 / "steps" / "extra.parquet").write_bytes(steps.read_bytes())
+    with pytest.raises(ExportMismatch, match="steps/extra.parquet: not in the listing"):
+        verify_export(d2, keys=[_key("every_kind_v1_3")])
+    d3 = _copy(export, tmp_path / "c")
+    shutil.rmtree(d3 / "steps")
+    with pytest.raises(ExportMismatch, match="listed but missing"):
+        verify_export(d3, keys=[_key("every_kind_v1_3")])
+
+
+def test_a_typed_file_left_out_of_a_relisted_export_is_named(export, tmp_path):
+    d = _copy(export, tmp_path)
+    shutil.rmtree(d / "anomalies")
+    listing = json.loads((d / LISTING).read_text())
+    listing["files"] = [x for x in listing["files"] if x["table"] != "anomalies"]
+    (d / LISTING).write_text(json.dumps(listing))
+    with pytest.raises(ExportMismatch, match="its lines have anomalies rows, and the export has no"):
+        verify_export(d, keys=[_key("every_kind_v1_3")])
+
+
+def test_a_listed_path_outside_the_folder_is_refused(export, tmp_path):
+    d = _copy(export, tmp_path)
+    listing = json.loads((d / LISTING).read_text())
+    listing["files"][0]["path"] = "../../etc/passwd"
+    (d / LISTING).write_text(json.dumps(listing))
+    with pytest.raises(ExportMismatch, match="leaves the export"):
+        verify_export(d, keys=[_key("every_kind_v1_3")])
+
+
+def test_a_typed_only_export_says_it_cannot_be_verified(tmp_path, capsys):
+    out = tmp_path / "typed"
+    assert main(["export", "parquet", str(GOLDEN / "every_kind_v1_3.jsonl"), str(out), *_pub("every_kind_v1_3")]) == 0
+    assert "as trustworthy as whoever exported it" in capsys.readouterr().out
+    assert main(["verify", str(out), *_pub("every_kind_v1_3")]) == 1
+    assert "exported without --lines" in capsys.readouterr().out
+    with pytest.raises(NotVerifiable):
+        verify_export(out, keys=[_key("every_kind_v1_3")])
+
+
+def test_a_bad_journal_or_an_existing_out_leaves_nothing_written(tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    lines = (GOLDEN / "every_kind_v1_3.jsonl").read_bytes().splitlines(keepends=True)
+    lines[5] = lines[5].replace(b'"seq":5', b'"seq":6')
+    bad.write_bytes(b"".join(lines))
+    out = tmp_path / "out"
+    assert main(["export", "parquet", str(bad), str(out), *_pub("every_kind_v1_3")]) == 1
+    assert capsys.readouterr().out.startswith("FAIL ")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.jsonl"]
+    out.mkdir()
+    assert main(["export", "parquet", str(GOLDEN / "every_kind_v1_3.jsonl"), str(out), *_pub("every_kind_v1_3")]) == 2
+    assert "exists" in capsys.readouterr().err
+
+
+def test_a_run_folder_is_exported_whole_rank_by_rank(tmp_path):
+    s = Signer.generate()
+    run = tmp_path / "run"
+    js = [open_rank_journal(run, s, info=RankInfo(run="r1", rank=r, world_size=2, local_rank=0, node="n",
+                                                  restart_count=0)) for r in range(2)]
+    for j in js:
+        for i in range(20):
+            j.append(StepObserved(step=i, loss=2.0 + i / 100, grad_norm=0.5))
+        j.close()
+    out = tmp_path / "out"
+    rep = export_parquet([run], out, lines=True, keys=[s.public])
+    assert rep.journals == 2
+    assert sorted(p.relative_to(out).as_posix() for p in (out / "steps").rglob("*.parquet")) == \
+        ["steps/run-r1.r00000/rank-00000.parquet", "steps/run-r1.r00001/rank-00001.parquet"]
+    con = duckdb.connect()
+    assert con.execute(f"SELECT rank, count(*) FROM read_parquet('{out}/steps/**/*.parquet') GROUP BY rank "
+                       "ORDER BY rank").fetchall() == [(0, 20), (1, 20)]
+    assert verify_export(out, keys=[s.public]).journals == 2
+    (run / "rank-00001.jsonl").unlink()  # a missing rank: the folder is not whole
+    with pytest.raises(Exception, match="rank 1"):
+        export_parquet([run], tmp_path / "out2", keys=[s.public])
+    assert not (tmp_path / "out2").exists()
