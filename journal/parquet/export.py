@@ -9,7 +9,7 @@ with the same columns) is written with DuckDB, one zstd Parquet file per table a
     OUT/steps/run-<run>/rank-00003.parquet
     ...
 
-Each file's footer holds its journal's receipt (key-value metadata ``trainledger.receipt``): run id, rank, the events
+Each file's footer holds its journal's receipt (key-value metadata ``trainledger_receipt``): run id, rank, the events
 exported and their first and last seq, the chain head, the tree size and root, the signed checkpoint note, the key
 id and trust, the exporter's version. With ``lines``, ``events`` keeps each line's exact bytes (the ``line``
 column), so the export alone re-verifies (:mod:`.check`); without it the export is typed only, as trustworthy as
@@ -40,7 +40,7 @@ __all__ = ["EXPORT_FORMAT", "LISTING", "RECEIPT_KEY", "ExportReport", "export_pa
 
 EXPORT_FORMAT = "trainledger-parquet/1"
 LISTING = "receipts.json"
-RECEIPT_KEY = "trainledger.receipt"
+RECEIPT_KEY = "trainledger_receipt"
 #: the query layer's views that hold rows of one kind; the derived ones (runs, timeline, mfu) are recomputed by a
 #: reader from these, as the query layer does
 _DERIVED = ("runs", "timeline", "mfu")

@@ -70,7 +70,7 @@ def test_the_export_re_verifies_alone_and_says_what_it_holds(export, capsys):
     con = duckdb.connect()
     for x in listing["files"]:
         (meta,) = con.execute(f"SELECT value FROM parquet_kv_metadata('{export / x['path']}') "
-                              "WHERE key = 'trainledger.receipt'").fetchall()
+                              "WHERE key = 'trainledger_receipt'").fetchall()
         assert json.loads(meta[0]) == rc
 
 
