@@ -135,18 +135,32 @@ def verify_export(out: str | os.PathLike, *, trust: TrustPolicy | None = None, *
     if not listing["lines"]:
         raise NotVerifiable(f"{d}: exported without --lines: its files match the listing, but nothing signed holds "
                             "its rows; it is as trustworthy as whoever exported it", seq=None)
+    if not listing["journals"]:
+        raise SchemaError(f"{d / LISTING}: names no journal: nothing to verify", offset=None)
     events = 0
     receipts = []
+    checked: set[str] = set()
+    runs: set[str] = set()
     for rc in listing["journals"]:
         if not isinstance(rc, dict) or not isinstance(rc.get("run_id"), str):
             raise SchemaError(f"{d / LISTING}: a journal entry without a run id", offset=None)
-        events += _check_journal(d, rc, files, policy)
+        if rc["run_id"] in runs:
+            raise ExportMismatch(f"{d}: run {rc['run_id']} is listed twice", seq=None)
+        runs.add(rc["run_id"])
+        n, rels = _check_journal(d, rc, files, policy)
+        events += n
+        checked |= rels
         receipts.append(rc)
+    stray = sorted(set(files) - checked)
+    if stray:  # listed, hashed, but held to no journal's lines: a reader's glob would still pick it up
+        raise ExportMismatch(f"{d}: {stray[0]}: listed, but of no journal the export verifies", seq=None)
     return ExportCheck(out=str(d), journals=len(receipts), events=events, files=len(files), lines=True,
                        trust=receipts[0].get("trust") if receipts else None, receipts=receipts)
 
 
-def _check_journal(d: Path, rc: dict[str, Any], files: dict[str, dict[str, Any]], policy: TrustPolicy) -> int:
+def _check_journal(d: Path, rc: dict[str, Any], files: dict[str, dict[str, Any]],
+                   policy: TrustPolicy) -> tuple[int, set[str]]:
+    """One journal of the export: its lines verified, its typed files held to them; (events, the files checked)."""
     from trainledger.journal.copies import PrivateCopies
     import duckdb
 
@@ -197,6 +211,7 @@ def _check_journal(d: Path, rc: dict[str, Any], files: dict[str, dict[str, Any]]
                                  seq=None)
         # the typed columns held to the lines: the query layer's own views over them, file by file
         _define_views(con)
+        rels = {ev_rel}
         try:
             for table in tables():
                 rel = f"{table}/{sub}"
@@ -209,6 +224,7 @@ def _check_journal(d: Path, rc: dict[str, Any], files: dict[str, dict[str, Any]]
                             raise ExportMismatch(f"{d}: run {run}: its lines have {table} rows, and the export has "
                                                  f"no {rel}", seq=None)
                         continue
+                rels.add(rel)
                 theirs = f"SELECT * FROM read_parquet({_lit(str(d / rel))})"
                 # one row an event: matched by seq, each whole row compared (as a struct: NULL and NaN equal
                 # themselves), and a row on one side only is a difference too
@@ -226,4 +242,4 @@ def _check_journal(d: Path, rc: dict[str, Any], files: dict[str, dict[str, Any]]
             raise
         finally:
             con.close()
-    return n
+    return n, rels

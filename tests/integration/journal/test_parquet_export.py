@@ -13,7 +13,7 @@ import duckdb
 import pytest
 
 from trainledger.cli import main
-from trainledger.journal import IntegrityError, Signer, StepObserved
+from trainledger.journal import IntegrityError, SchemaError, Signer, StepObserved
 from trainledger.journal.parquet import LISTING, export_parquet
 from trainledger.journal.parquet.check import ExportMismatch, NotVerifiable, verify_export
 from trainledger.journal.query import connect
@@ -146,6 +146,29 @@ def test_a_typed_file_left_out_of_a_relisted_export_is_named(export, tmp_path):
     (d / LISTING).write_text(json.dumps(listing))
     with pytest.raises(ExportMismatch, match="its lines have anomalies rows, and the export has no"):
         verify_export(d, keys=[_key("every_kind_v1_3")])
+
+
+def test_a_listed_file_of_no_verified_journal_and_an_empty_listing_are_refused(export, tmp_path):
+    """A file added with its hash to the listing, under a run the listing has no receipt for: every file must be
+    held to some journal's lines, or a reader's glob picks up rows nothing checked."""
+    d = _copy(export, tmp_path)
+    src = next((d / "steps").rglob("*.parquet"))
+    planted = d / "steps" / "run-other" / "journal.parquet"
+    planted.parent.mkdir()
+    shutil.copy(src, planted)
+    listing = json.loads((d / LISTING).read_text())
+    listing["files"].append({"path": "steps/run-other/journal.parquet", "table": "steps", "run_id": "other",
+                             "rank": None, "rows": 1, "bytes": planted.stat().st_size,
+                             "sha256": hashlib.sha256(planted.read_bytes()).hexdigest()})
+    (d / LISTING).write_text(json.dumps(listing))
+    with pytest.raises(ExportMismatch, match="steps/run-other/journal.parquet: listed, but of no journal"):
+        verify_export(d, keys=[_key("every_kind_v1_3")])
+    listing = {**listing, "journals": [], "files": []}
+    d2 = tmp_path / "empty"
+    d2.mkdir()
+    (d2 / LISTING).write_text(json.dumps(listing))
+    with pytest.raises(SchemaError, match="names no journal"):
+        verify_export(d2, keys=[_key("every_kind_v1_3")])
 
 
 def test_a_listed_path_outside_the_folder_is_refused(export, tmp_path):
