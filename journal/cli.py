@@ -74,6 +74,10 @@ def register(sub) -> None:
     add_witness_options(p)
     add_json_option(p)
     p.add_argument("--workers", type=int, default=None, help="processes for large journals (default: all cores)")
+    p.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                   help="verify a run folder's rank journals as Ray tasks (pinned keys only; trainledger[ray]): on "
+                        "the cluster at ADDRESS ('auto': the one 'ray start' runs here), or on one started for the "
+                        "call; the anchors are then checked here as without it")
     p.add_argument("--no-progress", action="store_true", help="no progress bar even on a terminal")
     p.set_defaults(func=_cmd_verify)
 
@@ -145,6 +149,8 @@ def _cmd_verify(args: argparse.Namespace) -> int:
             raise UsageError("--expect-head and --expect-checkpoint name one journal's head; an export holds its "
                              "receipts (verify prints them)")
         return _verify_export(args)
+    if args.ray is not None and not is_run_dir(args.path):
+        raise UsageError("--ray verifies a run folder's rank journals as tasks: give RUN_DIR")
     if is_run_dir(args.path):
         if args.expect_head or args.expect_checkpoint:
             raise UsageError("--expect-head and --expect-checkpoint name one journal's head; give that rank's file, "
@@ -189,7 +195,12 @@ def _verify_run_dir(args: argparse.Namespace, **extra) -> int:
 
     trust = trust_policy(args)
     try:
-        r = verify_run_dir(args.path, trust=trust, **extra)
+        if args.ray is not None:
+            from trainledger.journal.engines.ray import verify_run_dir_ray
+
+            r = verify_run_dir_ray(args.path, trust=trust, address=args.ray or None, **extra)
+        else:
+            r = verify_run_dir(args.path, trust=trust, **extra)
     except IntegrityError as e:
         if args.json:
             say(json.dumps({"ok": False, "path": args.path, "first_bad_seq": e.seq, "error": str(e)}))

@@ -83,6 +83,11 @@ class PublicKey:
         self._key = Ed25519PublicKey.from_public_bytes(raw)
         self.source = source
 
+    def __reduce__(self):
+        """Pickled as its 32 bytes (rebuilt, and checked again, where it is unpickled: a verification task's
+        process)."""
+        return (PublicKey, (self.raw, self.source))
+
     @property
     def b64(self) -> str:
         return base64.b64encode(self.raw).decode()

@@ -18,6 +18,7 @@ import concurrent.futures
 import dataclasses
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,8 @@ from trainledger.journal.kinds import AnchorRecorded, RankJoined, RanksAnchored
 from trainledger.journal.trust import TrustPolicy
 from trainledger.journal.verify import SharedWorkers, VerifyReport, verify
 
-__all__ = ["AnchorMismatch", "RunDirReport", "verify_run_dir", "is_run_dir", "rank_files", "split_run_id"]
+__all__ = ["AnchorMismatch", "RunDirReport", "verify_run_dir", "verify_rank", "check_run", "is_run_dir", "rank_files",
+           "split_run_id"]
 
 _RANK_FILE = re.compile(r"rank-(\d{5})\.jsonl\Z")
 
@@ -211,15 +213,45 @@ def verify_run_dir(path: str | os.PathLike, *, trust: TrustPolicy | None = None,
     files = rank_files(d)
     if not files:
         raise JournalIOError(f"{d}: no rank journals (rank-00000.jsonl, ...) in this folder")
-    reports: dict[int, VerifyReport] = {}
+    with SharedWorkers(workers, sum(map(_size, files.values()))) as shared:
+        checked = _verify_ranks(files, shared, trust, workers)
+    return check_run(d, checked, trust=trust, partial=partial,
+                     rescan=lambda r, seqs: _verify_rank(r, files[r], trust, seqs, workers=workers))
+
+
+def verify_rank(rank: int, path: str | os.PathLike, trust: TrustPolicy, seqs: frozenset[int] = frozenset(), *,
+                workers: int | None = None) -> VerifyReport:
+    """One rank journal's own verification, as :func:`verify_run_dir` does it for each rank: engine-neutral (a
+    process pool, a Ray task, a Dask or Spark task may run it; the report pickles). It also hands back what the
+    cross-rank check needs: the anchor kinds' lines (``collected``) and the chain hashes of its seals and of
+    ``seqs`` (``hashes``). Raises the rank's :class:`IntegrityError`, its message naming the rank."""
+    return _verify_rank(rank, Path(path), trust, frozenset(seqs), workers=workers)
+
+
+def check_run(path: str | os.PathLike, reports: dict[int, VerifyReport], *, trust: TrustPolicy,
+              partial: bool = False,
+              rescan: Callable[[int, frozenset[int]], VerifyReport] | None = None) -> RunDirReport:
+    """The cross-rank half of :func:`verify_run_dir`, from every rank's :func:`verify_rank` report (wherever it
+    ran): one run identity, each rank's key, every anchor. ``reports`` must hold every rank file of ``path``
+    (a rank without a report fails: never "63 of 64 verified"). ``rescan(rank, seqs)``: a rank's verification again
+    for anchored seqs that are not seal lines (default: :func:`verify_rank` here). Raises as :func:`verify_run_dir`."""
+    d = Path(path)
+    files = rank_files(d)
+    lacking = sorted(set(files) - set(reports))
+    if lacking:
+        raise AnchorMismatch(f"rank {lacking[0]}: its journal is in {d} but was not verified (every rank file "
+                             "needs its own verification)", seq=None)
+    if rescan is None:
+        def rescan(r: int, seqs: frozenset[int]) -> VerifyReport:
+            return verify_rank(r, files[r], trust, seqs)
+    checked = {r: reports[r] for r in files}
+    reports = {}
     # (anchoring rank, its seq) -> [(anchored rank, seq, hash)]
     wanted: list[tuple[int, int, int, int, str]] = []
     world = 0
     joined: list[tuple[int, int, str, int, int]] = []  # (rank, seq, run, restart round, world size) of rank_joined
     recorded: dict[int, tuple[str, int]] = {}  # rank -> (its key id, rank 0's seq): ranks_anchored.keys
     said: list[tuple[int, int, int, str]] = []  # (rank, its seq, the rank it names, key id): anchor_recorded.key
-    with SharedWorkers(workers, sum(map(_size, files.values()))) as shared:
-        checked = _verify_ranks(files, shared, trust, workers)
     for rank, f in files.items():
         rep = checked[rank]
         reports[rank] = rep
@@ -265,7 +297,7 @@ def verify_run_dir(path: str | os.PathLike, *, trust: TrustPolicy | None = None,
         if r in reports and s not in found[r] and s <= (reports[r].trusted_last_seq or -1):
             more.setdefault(r, set()).add(s)
     for r, seqs in more.items():  # anchors at lines that are not seals: one more pass over that rank
-        again = _verify_rank(r, files[r], trust, frozenset(seqs), workers=workers)
+        again = rescan(r, frozenset(seqs))
         if (again.last_seq, again.last_hash) != (reports[r].last_seq, reports[r].last_hash):
             raise AnchorMismatch(f"rank {r}: its journal changed while it was being verified")
         found[r].update(again.hashes)

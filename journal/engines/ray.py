@@ -1,0 +1,112 @@
+"""``trainledger verify RUN_DIR --ray [ADDRESS]``: each rank journal verified as a Ray task (``trainledger[ray]``).
+
+- Tasks take pinned keys only (``--pubkey``, ``--roster``): a task never trusts a journal's own key.
+- The largest journals are submitted first, one task each; a worker or node lost mid-task is retried by Ray
+  (``max_retries``); an integrity failure is the task's verdict, returned and never retried.
+- Every rank file needs its result: a task lost beyond its retries fails the run (never "63 of 64 verified").
+- The driver checks the anchors and the run's identity with the same function ``verify RUN_DIR`` uses
+  (:func:`check_run`), and raises the first failing rank's error, in rank order, as ``verify RUN_DIR`` would.
+- Tasks read the rank files where they run: a cluster of several machines needs the run folder at the same path on
+  each (a shared filesystem). They write nothing (verification is one pass, no copy).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from trainledger.journal.audit.rundir import RunDirReport, check_run, rank_files, verify_rank
+from trainledger.journal.errors import IntegrityError, JournalIOError, UsageError
+from trainledger.journal.trust import TrustPolicy
+
+__all__ = ["verify_run_dir_ray", "MAX_RETRIES"]
+
+#: how many times Ray runs a rank's task again after losing its worker or node
+MAX_RETRIES = 3
+
+
+def _ray():
+    try:
+        import ray
+    except ImportError:
+        raise UsageError("verification on Ray needs ray: pip install 'trainledger[ray]'") from None
+    return ray
+
+
+def _task(rank: int, path: str, trust: TrustPolicy, seqs: frozenset[int]) -> tuple[str, Any]:
+    """One rank's verification, where the task runs: ("ok", report), or ("fail", the error as plain values)."""
+    try:
+        return "ok", verify_rank(rank, path, trust, seqs, workers=1)
+    except IntegrityError as e:  # a verdict, not a failure of the task: returned, so Ray never retries it
+        return "fail", (type(e).__module__, type(e).__name__, str(e), e.seq, e.offset)
+    except JournalIOError as e:
+        return "io", str(e)
+
+
+def _raise(rank: int, verdict: tuple[str, Any]) -> None:
+    kind, what = verdict
+    if kind == "io":
+        raise JournalIOError(what)
+    module, name, msg, seq, offset = what
+    import importlib
+
+    cls = getattr(importlib.import_module(module), name, None)
+    if not (isinstance(cls, type) and issubclass(cls, IntegrityError)):
+        cls = IntegrityError
+    try:
+        err = cls(msg, seq=seq, offset=offset)
+    except TypeError:
+        err = IntegrityError(msg, seq=seq, offset=offset)
+    raise err
+
+
+def verify_run_dir_ray(path: str | os.PathLike, *, trust: TrustPolicy | None = None, address: str | None = None,
+                       partial: bool = False, **trust_options: Any) -> RunDirReport:
+    """:func:`verify_run_dir` with each rank journal verified as a Ray task (see the module doc). ``address``:
+    a running cluster's (``ray start``; ``"auto"``), or None for one started here for the call (or the one this
+    process already joined)."""
+    policy = TrustPolicy.of(trust, **trust_options)
+    if not policy.keys or policy.trust_embedded or policy.allow_unsigned:
+        raise UsageError("verification on Ray takes pinned keys only: pass --pubkey FILE (or --roster FILE)")
+    d = Path(path)
+    files = rank_files(d)
+    if not files:
+        raise JournalIOError(f"{d}: no rank journals (rank-00000.jsonl, ...) in this folder")
+    ray = _ray()
+    started = False
+    if not ray.is_initialized():
+        ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        started = True
+    try:
+        remote = ray.remote(num_cpus=1, max_retries=MAX_RETRIES, retry_exceptions=False)(_task)
+        order = sorted(files, key=lambda r: -_size(files[r]))  # the largest first: the slowest start first
+        refs = {r: remote.remote(r, str(files[r].resolve()), policy, frozenset()) for r in order}
+        verdicts: dict[int, tuple[str, Any]] = {}
+        for r in order:
+            try:
+                verdicts[r] = ray.get(refs[r])
+            except ray.exceptions.RayError as e:  # lost beyond its retries: no result, so no verdict on the run
+                raise JournalIOError(f"rank {r}: its verification task did not return ({type(e).__name__}): the run "
+                                     "is not verified") from None
+        for r in sorted(verdicts):
+            if verdicts[r][0] != "ok":
+                _raise(r, verdicts[r])
+
+        def rescan(r: int, seqs: frozenset[int]) -> Any:
+            v = ray.get(remote.remote(r, str(files[r].resolve()), policy, seqs))
+            if v[0] != "ok":
+                _raise(r, v)
+            return v[1]
+
+        return check_run(d, {r: v[1] for r, v in verdicts.items()}, trust=policy, partial=partial, rescan=rescan)
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def _size(f: Path) -> int:
+    try:
+        return f.stat().st_size
+    except OSError:
+        return 0
