@@ -285,13 +285,24 @@ def _cmd_query(args: argparse.Namespace) -> int:
         raise UsageError("the SQL is empty")
     if args.format == "parquet" and not args.out:
         raise UsageError("--format parquet needs --out FILE")
+    from trainledger.journal.parquet import is_export
+
+    exports = [p for p in paths if is_export(p)]
+    if exports and len(exports) != len(paths):
+        raise UsageError("give exports or journals, not both (query them apart)")
+    if exports:  # Parquet exports (docs/fleet.md): copied, verified, read in place
+        from trainledger.journal.parquet.read import open_exports as opener
+    else:
+        opener = None
     if args.no_verify:
         say("trainledger query: --no-verify: signatures NOT checked", file=sys.stderr)
-        con, source = open_views(paths, verify_first=False)
+        con, source = (opener(paths, verify_first=False, trust=trust_policy(args)) if opener else
+                       open_views(paths, verify_first=False))
     else:
         trust = trust_policy(args)
         try:
-            con, source = open_views(paths, use_cache=not args.no_cache, trust=trust, partial=args.partial)
+            con, source = (opener(paths, verify_first=True, trust=trust) if opener else
+                           open_views(paths, use_cache=not args.no_cache, trust=trust, partial=args.partial))
         except IntegrityError as e:
             say(e.fail_line(getattr(e, "path", None) or (str(e.report.path) if e.report else "journal")),
                 file=sys.stderr)

@@ -14,6 +14,8 @@ medians:
 - ``verify OUT``: the export re-verified from its lines, every typed cell held to them.
 - ``query``: the audit SQL through ``trainledger query`` over the journals (verify + load, no cache).
 - ``duckdb over the export``: the same SQL by DuckDB over the exported Parquet (``read_parquet``, one thread).
+- ``query over the export``: the same SQL through ``trainledger query OUT`` (the export copied, re-verified from its
+  lines, then read in place), and with ``--no-verify`` (copied, not checked: labelled so).
 
 The load average before and after is printed; the machine is shared, so read CPU time first.
 """
@@ -104,7 +106,11 @@ def main() -> int:
                               ("verify OUT", [TL, "verify", str(ex), "--pubkey", str(key)]),
                               ("query (JSONL, cold)", [TL, "query", str(run), AUDIT, "--pubkey", str(key),
                                                        "--format", "csv", "--no-cache"]),
-                              ("duckdb over the export", [PY, "-c", dk, str(ex), AUDIT])):
+                              ("duckdb over the export", [PY, "-c", dk, str(ex), AUDIT]),
+                              ("query over the export", [TL, "query", str(ex), AUDIT, "--pubkey", str(key),
+                                                         "--format", "csv"]),
+                              ("  the same, --no-verify", [TL, "query", str(ex), AUDIT, "--no-verify",
+                                                           "--format", "csv"])):
                 results.setdefault(name, []).append(timed(cmd, env))
             if rnd < a.rounds - 1:
                 import shutil

@@ -16,6 +16,7 @@ from trainledger.cli import main
 from trainledger.journal import IntegrityError, SchemaError, Signer, StepObserved
 from trainledger.journal.parquet import LISTING, export_parquet
 from trainledger.journal.parquet.check import ExportMismatch, NotVerifiable, verify_export
+from trainledger.journal.parquet.read import connect_exports
 from trainledger.journal.query import connect
 from trainledger.training.distributed.ranks import RankInfo, open_rank_journal
 
@@ -226,3 +227,37 @@ def test_a_run_folder_is_exported_whole_rank_by_rank(tmp_path):
     with pytest.raises(Exception, match="rank 1"):
         export_parquet([run], tmp_path / "out2", keys=[s.public])
     assert not (tmp_path / "out2").exists()
+
+
+def test_query_reads_an_export_as_it_reads_the_journal(export, capsys):
+    """``query OUT``: the export's copy verified, then the views over its Parquet files: the same answers as
+    over the journal, the derived views included."""
+    q = connect([GOLDEN / "every_kind_v1_3.jsonl"], keys=[_key("every_kind_v1_3")], use_cache=False)
+    x = connect_exports([export], keys=[_key("every_kind_v1_3")])
+    for sql in ("SELECT count(*), sum(loss), max(grad_norm) FROM steps",
+                "SELECT anomaly, count(*) FROM anomalies GROUP BY anomaly ORDER BY anomaly",
+                "SELECT count(*) FROM timeline", "SELECT count(*), round(sum(mfu), 12) FROM mfu",
+                "SELECT kind, count(*) FROM events GROUP BY kind ORDER BY kind",
+                "SELECT count(*) FROM step_observed", "SELECT run_id, events, last_seq FROM runs"):
+        assert [tuple(map(_plain, r)) for r in x.execute(sql).fetchall()] == \
+            [tuple(map(_plain, r)) for r in q.execute(sql).fetchall()], sql
+    assert main(["query", str(export), "SELECT count(*) AS n FROM steps", "--format", "csv",
+                 *_pub("every_kind_v1_3")]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1] == str(q.execute("SELECT count(*) FROM steps").fetchone()[0])
+
+
+def test_query_of_a_changed_or_typed_only_export_fails_unless_told_not_to_check(export, tmp_path, capsys):
+    d = _copy(export, tmp_path)
+    steps = next((d / "steps").rglob("*.parquet"))
+    _rewrite(steps, "SELECT * REPLACE (loss * 2 AS loss) FROM t")
+    _relist(d)
+    assert main(["query", str(d), "SELECT count(*) FROM steps", *_pub("every_kind_v1_3")]) == 1
+    assert "are not what the lines give" in capsys.readouterr().err
+    typed = tmp_path / "typed"
+    assert main(["export", "parquet", str(GOLDEN / "every_kind_v1_3.jsonl"), str(typed), *_pub("every_kind_v1_3")]) == 0
+    capsys.readouterr()
+    assert main(["query", str(typed), "SELECT count(*) FROM steps", *_pub("every_kind_v1_3")]) == 1
+    assert "exported without --lines" in capsys.readouterr().err
+    assert main(["query", str(typed), "SELECT count(*) FROM steps", "--no-verify", "--format", "csv"]) == 0
+    cap = capsys.readouterr()
+    assert "NOT checked" in cap.err and int(cap.out.strip().splitlines()[-1]) > 0

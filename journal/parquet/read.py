@@ -1,0 +1,103 @@
+"""``trainledger query OUT SQL``: an export (:mod:`.export`) queried as journals are, without loading it into memory.
+
+Each export is copied first, every listed file and the listing, into a private folder (the bytes read are the
+bytes checked: a file swapped in after the check is never read), the copy is verified as ``verify OUT`` verifies
+(without ``--no-verify``: from its lines, so only an export written with ``--lines``), and the query layer's views
+are then views over the copy's Parquet files, which DuckDB reads as the query needs them (memory bounded by DuckDB's
+own, not by the export's size). The derived views (``runs``, ``timeline``, ``mfu``) are the query layer's SQL over
+them. The private copy lives as long as the process (removed at exit).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from trainledger.journal.parquet.check import _inside, _read_listing, verify_export
+from trainledger.journal.parquet.export import LISTING, tables
+from trainledger.journal.trust import TrustPolicy
+
+__all__ = ["open_exports", "connect_exports"]
+
+
+def _copy_export(src: Path, dest: Path) -> dict[str, Any]:
+    """Every file the listing names, and the listing, copied to ``dest`` (each path checked as verify checks it
+    first); returns the listing as copied."""
+    dest.mkdir(mode=0o700)
+    shutil.copyfile(src / LISTING, dest / LISTING)
+    listing = _read_listing(dest)
+    for x in listing["files"]:
+        if not isinstance(x, dict) or not isinstance(x.get("path"), str):
+            continue  # verify_export below names it
+        p = _inside(src, x["path"])
+        out = dest / x["path"]
+        out.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(p, out)
+    return listing
+
+
+def _lit(s: str) -> str:
+    return "'" + s.replace("'", "''") + "'"
+
+
+def connect_exports(paths: Sequence[str | os.PathLike], *, verify_first: bool = True, trust: TrustPolicy | None = None,
+                    **trust_options: Any) -> Any:
+    """:func:`trainledger.journal.query.connect` for exports: a locked DuckDB connection with the query layer's
+    views over them (see the module doc)."""
+    return open_exports(paths, verify_first=verify_first, trust=TrustPolicy.of(trust, **trust_options))[0]
+
+
+def open_exports(paths: Sequence[str | os.PathLike], *, verify_first: bool, trust: TrustPolicy) -> tuple[Any, Any]:
+    """The query layer's connection, locked, and :class:`~trainledger.journal.query.Source` over exports (see the
+    module doc). ``verify_first=False`` (``--no-verify``) reads a copy unchecked, typed-only exports included."""
+    from trainledger.journal.copies import PrivateCopies
+    from trainledger.journal.query import VIEW_NAMES, Source, _define_views, _lock, new_connection
+
+    copies = PrivateCopies()
+    atexit.register(copies.close)
+    rows: list[dict[str, Any]] = []
+    by_table: dict[str, list[str]] = {}
+    try:
+        for i, p in enumerate(map(Path, paths)):
+            local = copies.dir / f"export-{i}"
+            listing = _copy_export(p, local)
+            if verify_first:
+                verify_export(local, trust=trust)
+            for x in listing["files"]:
+                by_table.setdefault(x["table"], []).append(str(local / x["path"]))
+            for rc in listing["journals"]:
+                rows.append({"file": str(p), "export": str(p), "run_id": rc.get("run_id"), "rank": rc.get("rank"),
+                             "last_seq": rc.get("last_seq"), "head": rc.get("head"), "key_id": rc.get("key_id"),
+                             "trust": rc.get("trust") if verify_first else "unchecked"})
+    except BaseException:
+        copies.close()
+        raise
+    con = new_connection()
+    con.execute("CREATE TABLE events_t (run_id VARCHAR, rank INTEGER, file VARCHAR, seq BIGINT, kind VARCHAR, "
+                "ts BIGINT, h VARCHAR, line VARCHAR)")
+    _define_views(con)  # every view, over no rows; the exported tables then replace theirs
+    aliases = {tag: name for name, tag in VIEW_NAMES.items()}
+    for table in tables():
+        files = by_table.get(table)
+        if not files:
+            continue
+        src = f"read_parquet([{', '.join(_lit(f) for f in files)}], union_by_name = true)"
+        if table == "events":
+            has_line = "line" in {c for c, *_ in con.execute(f"DESCRIBE SELECT * FROM {src}").fetchall()}
+            sql = (f"SELECT run_id, rank, NULL::VARCHAR AS file, seq, kind, ts, h, "
+                   f"{'line' if has_line else 'NULL::VARCHAR AS line'} FROM {src}")
+        else:
+            sql = f"SELECT * FROM {src}"
+        con.execute(f"CREATE OR REPLACE VIEW {table} AS {sql}")
+        # the kind's other name (steps is step_observed too)
+        other = aliases.get(table) or VIEW_NAMES.get(table)
+        if other:
+            con.execute(f"CREATE OR REPLACE VIEW {other} AS SELECT * FROM {table}")
+    # the lockdown (query._lock) turns file access off for the user's SQL; the private copy alone stays readable
+    con.execute(f"SET allowed_directories = [{_lit(str(copies.dir) + os.sep)}]")
+    _lock(con)
+    return con, Source("export", rows)
