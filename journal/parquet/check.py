@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 import stat
@@ -23,7 +22,8 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from trainledger.journal.errors import IntegrityError, JournalIOError, SchemaError, TrainledgerError
-from trainledger.journal.parquet.export import EXPORT_FORMAT, LISTING, folder_name, file_name, tables, typed_select
+from trainledger.journal.parquet.export import (EXPORT_FORMAT, LISTING, _lit, _sha256, file_name, folder_name, tables,
+                                                typed_select)
 from trainledger.journal.trust import TrustPolicy
 
 __all__ = ["ExportCheck", "verify_export", "ExportMismatch", "NotVerifiable"]
@@ -95,18 +95,6 @@ def _inside(d: Path, rel: Any) -> Path:
     if not stat.S_ISREG(st.st_mode):
         raise ExportMismatch(f"{d}: {rel}: not a regular file", seq=None)
     return p
-
-
-def _sha256(p: Path) -> str:
-    h = hashlib.sha256()
-    with open(p, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def _lit(s: str) -> str:
-    return "'" + s.replace("'", "''") + "'"
 
 
 def verify_export(out: str | os.PathLike, *, trust: TrustPolicy | None = None, **trust_options: Any) -> ExportCheck:

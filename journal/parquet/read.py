@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from trainledger.journal.parquet.check import _inside, _read_listing, verify_export
-from trainledger.journal.parquet.export import LISTING, tables
+from trainledger.journal.parquet.export import LISTING, _lit, tables
 from trainledger.journal.trust import TrustPolicy
 
 __all__ = ["open_exports", "connect_exports"]
@@ -38,10 +38,6 @@ def _copy_export(src: Path, dest: Path) -> dict[str, Any]:
         out.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(p, out)
     return listing
-
-
-def _lit(s: str) -> str:
-    return "'" + s.replace("'", "''") + "'"
 
 
 def connect_exports(paths: Sequence[str | os.PathLike], *, verify_first: bool = True, trust: TrustPolicy | None = None,
