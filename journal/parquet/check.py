@@ -97,10 +97,12 @@ def _inside(d: Path, rel: Any) -> Path:
     return p
 
 
-def verify_export(out: str | os.PathLike, *, trust: TrustPolicy | None = None, **trust_options: Any) -> ExportCheck:
+def verify_export(out: str | os.PathLike, *, trust: TrustPolicy | None = None, _files_only: bool = False,
+                  **trust_options: Any) -> ExportCheck:
     """Re-verify the export folder ``out`` (see the module doc). Raises :class:`ExportMismatch` naming the file,
     table or journal that is not what its lines say, :class:`NotVerifiable` for an export without its lines, and
-    what verification raises for lines that do not verify."""
+    what verification raises for lines that do not verify. ``_files_only``: step 1 alone (``query OUT`` of a
+    listing verified whole before, :mod:`.read`)."""
     d = Path(out)
     policy = TrustPolicy.of(trust, **trust_options)
     listing = _read_listing(d)
@@ -120,6 +122,10 @@ def verify_export(out: str | os.PathLike, *, trust: TrustPolicy | None = None, *
             rel = (Path(root) / name).relative_to(d).as_posix()
             if rel != LISTING and rel not in files:
                 raise ExportMismatch(f"{d}: {rel}: not in the listing (a planted file)", seq=None)
+    if _files_only:
+        rcs = [rc for rc in listing["journals"] if isinstance(rc, dict)]
+        return ExportCheck(out=str(d), journals=len(rcs), events=sum(int(rc.get("events") or 0) for rc in rcs),
+                           files=len(files), lines=listing["lines"], trust=None, receipts=rcs)
     if not listing["lines"]:
         raise NotVerifiable(f"{d}: exported without --lines: its files match the listing, but nothing signed holds "
                             "its rows; it is as trustworthy as whoever exported it", seq=None)

@@ -2,7 +2,9 @@
 
 Each export is copied first, every listed file and the listing, into a private folder (the bytes read are the
 bytes checked: a file swapped in after the check is never read), the copy is verified as ``verify OUT`` verifies
-(without ``--no-verify``: from its lines, so only an export written with ``--lines``), and the query layer's views
+(without ``--no-verify``: from its lines, so only an export written with ``--lines``; a listing verified whole
+under the same trust before, as the user's cache remembers, has its files checked against it only), and the query
+layer's views
 are then views over the copy's Parquet files, which DuckDB reads as the query needs them (memory bounded by DuckDB's
 own, not by the export's size). The derived views (``runs``, ``timeline``, ``mfu``) are the query layer's SQL over
 them. The private copy lives as long as the process (removed at exit).
@@ -40,6 +42,34 @@ def _copy_export(src: Path, dest: Path) -> dict[str, Any]:
     return listing
 
 
+def _memo(local: Path, trust: TrustPolicy) -> Path | None:
+    """Where the user's cache remembers that this listing was verified whole under this trust: the listing's
+    SHA-256 binds every file's, so a copy whose files match it holds what was verified then. As trustworthy as the
+    cache folder (the user's own: query's cache rules); None when there is no safe one."""
+    import hashlib
+
+    from trainledger.journal.query import _safe_cache_dir
+
+    d = _safe_cache_dir(create=True)
+    if d is None:
+        return None
+    pinned = ",".join(sorted(k.key_id for k in trust.keys))
+    h = hashlib.sha256((local / LISTING).read_bytes() + f"\0{pinned}\0{trust.describe()}".encode()).hexdigest()
+    return d / f"x-{h[:40]}.verified"
+
+
+def _remember(memo: Path | None) -> None:
+    if memo is None:
+        return
+    tmp = memo.with_name(f"{memo.name}.tmp-{os.getpid()}")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        os.close(fd)
+        os.replace(tmp, memo)
+    except OSError:  # no memo: the next query verifies again
+        pass
+
+
 def connect_exports(paths: Sequence[str | os.PathLike], *, verify_first: bool = True, trust: TrustPolicy | None = None,
                     **trust_options: Any) -> Any:
     """:func:`trainledger.journal.query.connect` for exports: a locked DuckDB connection with the query layer's
@@ -51,7 +81,7 @@ def open_exports(paths: Sequence[str | os.PathLike], *, verify_first: bool, trus
     """The query layer's connection, locked, and :class:`~trainledger.journal.query.Source` over exports (see the
     module doc). ``verify_first=False`` (``--no-verify``) reads a copy unchecked, typed-only exports included."""
     from trainledger.journal.copies import PrivateCopies
-    from trainledger.journal.query import VIEW_NAMES, Source, _define_views, _lock, new_connection
+    from trainledger.journal.query import VIEW_NAMES, Source, _define_views, _lock, _safe_cache_file, new_connection
 
     copies = PrivateCopies()
     atexit.register(copies.close)
@@ -62,7 +92,12 @@ def open_exports(paths: Sequence[str | os.PathLike], *, verify_first: bool, trus
             local = copies.dir / f"export-{i}"
             listing = _copy_export(p, local)
             if verify_first:
-                verify_export(local, trust=trust)
+                memo = _memo(local, trust)
+                if memo is not None and _safe_cache_file(memo):
+                    verify_export(local, trust=trust, _files_only=True)  # the files are the listing's
+                else:
+                    verify_export(local, trust=trust)
+                    _remember(memo)
             for x in listing["files"]:
                 by_table.setdefault(x["table"], []).append(str(local / x["path"]))
             for rc in listing["journals"]:

@@ -261,3 +261,31 @@ def test_query_of_a_changed_or_typed_only_export_fails_unless_told_not_to_check(
     assert main(["query", str(typed), "SELECT count(*) FROM steps", "--no-verify", "--format", "csv"]) == 0
     cap = capsys.readouterr()
     assert "NOT checked" in cap.err and int(cap.out.strip().splitlines()[-1]) > 0
+
+
+def test_a_listing_verified_before_is_remembered_and_a_change_still_caught(export, tmp_path, monkeypatch):
+    """The user's cache remembers a listing verified whole under the same keys: a later query checks the copy's
+    files against it only. A file changed under the same listing fails that check; a re-listed change is a new
+    listing, verified whole again."""
+    import trainledger.journal.parquet.read as read
+
+    monkeypatch.setenv("TRAINLEDGER_CACHE_DIR", str(tmp_path / "cache"))
+    calls = []
+    real = read.verify_export
+    monkeypatch.setattr(read, "verify_export", lambda *a, **k: calls.append(k.get("_files_only", False)) or real(*a, **k))
+    d = _copy(export, tmp_path)
+    key = [_key("every_kind_v1_3")]
+    n = connect_exports([d], keys=key).execute("SELECT count(*) FROM steps").fetchone()[0]
+    assert connect_exports([d], keys=key).execute("SELECT count(*) FROM steps").fetchone()[0] == n
+    assert calls == [False, True]
+    steps = next((d / "steps").rglob("*.parquet"))
+    good = steps.read_bytes()
+    steps.write_bytes(good[:-1] + b"\1")
+    with pytest.raises(ExportMismatch, match="its SHA-256 is not the listed one"):
+        connect_exports([d], keys=key)
+    steps.write_bytes(good)
+    _rewrite(steps, "SELECT * REPLACE (loss * 2 AS loss) FROM t")
+    _relist(d)
+    with pytest.raises(ExportMismatch, match="are not what the lines give"):
+        connect_exports([d], keys=key)
+    assert calls[-1] is False
