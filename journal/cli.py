@@ -166,6 +166,15 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     return _verify_and_print(args, "OK  ", **extra)
 
 
+def _folder_failed(args: argparse.Namespace, e: IntegrityError) -> int:
+    """A run folder's or an export's failure, as --json or as the one FAIL line: exit 1."""
+    if args.json:
+        say(json.dumps({"ok": False, "path": args.path, "first_bad_seq": e.seq, "error": str(e)}))
+    else:
+        say(e.fail_line(args.path))
+    return 1
+
+
 def _verify_export(args: argparse.Namespace) -> int:
     """A Parquet export (journal/parquet): its listing, then every journal's lines verified and its typed columns
     held to them."""
@@ -174,11 +183,7 @@ def _verify_export(args: argparse.Namespace) -> int:
     try:
         r = verify_export(args.path, trust=trust_policy(args))
     except IntegrityError as e:
-        if args.json:
-            say(json.dumps({"ok": False, "path": args.path, "first_bad_seq": e.seq, "error": str(e)}))
-        else:
-            say(e.fail_line(args.path))
-        return 1
+        return _folder_failed(args, e)
     if args.json:
         say(json.dumps({"ok": True, **r.to_dict()}))
         return 0
@@ -202,11 +207,7 @@ def _verify_run_dir(args: argparse.Namespace, **extra) -> int:
         else:
             r = verify_run_dir(args.path, trust=trust, **extra)
     except IntegrityError as e:
-        if args.json:
-            say(json.dumps({"ok": False, "path": args.path, "first_bad_seq": e.seq, "error": str(e)}))
-        else:
-            say(e.fail_line(args.path))
-        return 1
+        return _folder_failed(args, e)
     if args.json:
         say(json.dumps(r.to_dict()))
         return 0

@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from trainledger.journal.audit.rundir import RunDirReport, check_run, rank_files, verify_rank
+from trainledger.journal.audit.rundir import RunDirReport, _size, check_run, rank_files, verify_rank
 from trainledger.journal.errors import IntegrityError, JournalIOError, UsageError
 from trainledger.journal.trust import TrustPolicy
 
@@ -103,10 +103,3 @@ def verify_run_dir_ray(path: str | os.PathLike, *, trust: TrustPolicy | None = N
     finally:
         if started:
             ray.shutdown()
-
-
-def _size(f: Path) -> int:
-    try:
-        return f.stat().st_size
-    except OSError:
-        return 0
