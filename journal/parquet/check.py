@@ -22,8 +22,8 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from trainledger.journal.errors import IntegrityError, JournalIOError, SchemaError, TrainledgerError
-from trainledger.journal.parquet.export import (EXPORT_FORMAT, LISTING, _lit, _sha256, file_name, folder_name, tables,
-                                                typed_select)
+from trainledger.journal.parquet.export import (EXPORT_FORMAT, LISTING, _lit, _sha256, file_name, folder_name,
+                                                receipt_of, tables, typed_select)
 from trainledger.journal.trust import TrustPolicy
 
 __all__ = ["ExportCheck", "verify_export", "ExportMismatch", "NotVerifiable"]
@@ -192,17 +192,19 @@ def _check_journal(d: Path, rc: dict[str, Any], files: dict[str, dict[str, Any]]
             e.path = f"{d / ev_rel}"
             raise
         (row,) = source.files
-        want = (rc.get("last_seq"), rc.get("head"), rc.get("tree_root"), rc.get("key_id"))
-        got = (row["trusted_last_seq"], f"{row['trusted_last_seq']}:{row['trusted_hash']}", row["tree_root"],
-               row["key_id"])
-        if got != want or row["trusted_bytes"] != row["size"]:
-            con.close()
-            raise ExportMismatch(f"{d}: run {run}: its lines end at {got[1]} (tree root {got[2]}, key {got[3]}); its "
-                                 f"receipt says {want[1]} (tree root {want[2]}, key {want[3]})", seq=None)
         if row["run_id"] != run:
             con.close()
             raise ExportMismatch(f"{d}: {ev_rel}: the lines are run {row['run_id']!r}, the receipt says {run!r}",
                                  seq=None)
+        # the receipt rebuilt from the verified lines, as the exporter built it, must be the listed one (but for
+        # what only the export knew: its source file's name, its version, the trust it ran under)
+        mine = receipt_of(row, lines=True, exported=n)
+        wrong = [k for k in mine if k not in ("source", "exporter", "trust") and mine[k] != rc.get(k)]
+        if wrong or row["trusted_bytes"] != row["size"]:
+            con.close()
+            k = wrong[0] if wrong else "head"
+            raise ExportMismatch(f"{d}: run {run}: its lines give {k} {str(mine.get(k))[:80]!r}; its receipt says "
+                                 f"{str(rc.get(k))[:80]!r}", seq=None)
         # the typed columns held to the lines: the query layer's own views over them, file by file
         _define_views(con)
         rels = {ev_rel}

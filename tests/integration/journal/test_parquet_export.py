@@ -289,3 +289,13 @@ def test_a_listing_verified_before_is_remembered_and_a_change_still_caught(expor
     with pytest.raises(ExportMismatch, match="are not what the lines give"):
         connect_exports([d], keys=key)
     assert calls[-1] is False
+
+
+def test_a_receipt_that_is_not_what_the_lines_give_is_named(export, tmp_path):
+    """The listing's receipt is held to the lines field by field (what verify prints and --json hands on)."""
+    d = _copy(export, tmp_path)
+    listing = json.loads((d / LISTING).read_text())
+    listing["journals"][0]["tree_size"] += 1
+    (d / LISTING).write_text(json.dumps(listing))
+    with pytest.raises(ExportMismatch, match="its lines give tree_size"):
+        verify_export(d, keys=[_key("every_kind_v1_3")])
