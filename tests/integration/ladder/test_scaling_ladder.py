@@ -74,6 +74,7 @@ def _doctor(out, tmp_path, change, markers=(b'"kind":"scaling_fitted"',), *, lad
     ("the box decision", lambda o: o["choice"].update(binding="memory"), "recorded binding"),
     ("a hostile candidate", lambda o: o["candidates"][0].update(n_params=0), "cannot be made again"),
     ("a hostile level", lambda o: o.update(level=5.0), "cannot be made again"),
+    ("an unknown fitter", lambda o: o.update(fitter="newton"), "cannot be refitted: fitter 'newton'"),
 ])
 def test_a_doctored_fit_or_box_decision_is_named_by_replay(ladder, tmp_path, capsys, what, change, says):
     out, _, key = ladder
