@@ -1529,6 +1529,92 @@ static PyObject *type_run(PyObject *self, PyObject *const *args, Py_ssize_t narg
     return PyLong_FromSsize_t(i);
 }
 
+/* record_column(records, name, code) -> (data, validity or None, nulls) or None: one field of records (of one
+ * type) as an Arrow column's buffers. code 'd': float or None (float64); 'q': int within int64 or None (int64);
+ * 'b': bool or None (bit-packed). None when a value is anything else (an int in a float field, an int beyond
+ * int64): the caller builds that column the ordinary way. */
+static PyObject *record_column(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3 || !PyList_CheckExact(args[0]) || !PyUnicode_Check(args[1]) || !PyUnicode_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "record_column(records: list, name: str, code: str)");
+        return NULL;
+    }
+    PyObject *recs = args[0], *name = args[1];
+    Py_ssize_t n = PyList_GET_SIZE(recs), nulls = 0;
+    Py_UCS4 code = PyUnicode_GetLength(args[2]) == 1 ? PyUnicode_READ_CHAR(args[2], 0) : 0;
+    if (code != 'd' && code != 'q' && code != 'b') {
+        PyErr_SetString(PyExc_ValueError, "record_column: code is 'd', 'q' or 'b'");
+        return NULL;
+    }
+    PyTypeObject *t = n ? Py_TYPE(PyList_GET_ITEM(recs, 0)) : NULL;
+    Py_ssize_t off = t ? slot_of(t, name) : -1;
+    if (off >= 0 && (off < (Py_ssize_t)sizeof(PyObject) || off > t->tp_basicsize - (Py_ssize_t)sizeof(PyObject *)))
+        off = -1;
+    Py_ssize_t width = code == 'b' ? (n + 7) / 8 : n * 8, vbytes = (n + 7) / 8;
+    PyObject *data = PyBytes_FromStringAndSize(NULL, width), *valid = PyBytes_FromStringAndSize(NULL, vbytes);
+    if (data == NULL || valid == NULL)
+        goto fail;
+    char *d = PyBytes_AS_STRING(data);
+    unsigned char *vb = (unsigned char *)PyBytes_AS_STRING(valid);
+    memset(vb, 0, (size_t)vbytes);
+    if (code == 'b')
+        memset(d, 0, (size_t)width);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *ev = PyList_GET_ITEM(recs, i), *v;
+        if (off >= 0 && Py_TYPE(ev) == t) {
+            v = *(PyObject **)((char *)ev + off);
+            if (v == NULL)
+                goto other;
+            Py_INCREF(v);
+        } else if ((v = PyObject_GetAttr(ev, name)) == NULL)
+            goto fail;
+        if (v == Py_None) {
+            nulls++;
+            if (code != 'b')
+                memset(d + i * 8, 0, 8);
+        } else {
+            vb[i >> 3] |= (unsigned char)(1u << (i & 7));
+            if (code == 'd') {
+                if (!PyFloat_CheckExact(v)) {
+                    Py_DECREF(v);
+                    goto other;
+                }
+                double x = PyFloat_AS_DOUBLE(v);
+                memcpy(d + i * 8, &x, 8);
+            } else if (code == 'q') {
+                int overflow = 0;
+                long long x = PyLong_CheckExact(v) ? PyLong_AsLongLongAndOverflow(v, &overflow) : 0;
+                if (!PyLong_CheckExact(v) || overflow) {
+                    Py_DECREF(v);
+                    goto other;
+                }
+                memcpy(d + i * 8, &x, 8);
+            } else {
+                if (v != Py_True && v != Py_False) {
+                    Py_DECREF(v);
+                    goto other;
+                }
+                if (v == Py_True)
+                    ((unsigned char *)d)[i >> 3] |= (unsigned char)(1u << (i & 7));
+            }
+        }
+        Py_DECREF(v);
+    }
+    if (nulls == 0) {
+        Py_DECREF(valid);
+        valid = Py_NewRef(Py_None);
+    }
+    return Py_BuildValue("(NNn)", data, valid, nulls);
+other:
+    Py_XDECREF(data);
+    Py_XDECREF(valid);
+    Py_RETURN_NONE;
+fail:
+    Py_XDECREF(data);
+    Py_XDECREF(valid);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"step_lines", (PyCFunction)(void (*)(void))step_lines, METH_FASTCALL,
      "Which lines of a block are canonical step_observed records but for their numbers' spelling, and the numbers."},
@@ -1552,6 +1638,8 @@ static PyMethodDef methods[] = {
      "The health detector's common step: add x to the baseline (True), or leave it to the caller (False)."},
     {"step_records", (PyCFunction)(void (*)(void))step_records, METH_FASTCALL,
      "The records of a block's step lines, built from the lines and their numbers without decoding them again."},
+    {"record_column", (PyCFunction)(void (*)(void))record_column, METH_FASTCALL,
+     "One float, int64 or bool field of records of one type as an Arrow column's buffers, or None."},
     {"type_run", (PyCFunction)(void (*)(void))type_run, METH_FASTCALL,
      "The end of the run of list items of exactly one type."},
     {"health_run", (PyCFunction)(void (*)(void))health_run, METH_FASTCALL,

@@ -712,20 +712,36 @@ def signed_prefix(pending: list[Any], res: RangeResult) -> list[Any]:
     return out
 
 
-def scan_consuming(path: str, size: int, ctx: ScanContext, consume: Callable[[list[Any]], None], *, signed: bool,
-                   progress: Callable[[int, int], None] | None = None) -> RangeResult:
+def scan_consuming(path: str, size: int, ctx: ScanContext, consume: Callable[..., None], *, signed: bool,
+                   progress: Callable[[int, int], None] | None = None, with_lines: bool = False) -> RangeResult:
     """Check the whole file in one pass, as :func:`scan_range` does, and hand every checked event on to
     ``consume`` (a list at a time, in order) from the same bytes: nothing is read twice and nothing unchecked is
     used, so a file changed under the reader is caught as it would be by verify. ``signed``: an event is handed on
     only once a seal that covers it has checked out (events after the last seal never are); otherwise as soon as
-    its line has. Errors are returned in ``result.error``; what ``consume`` raises propagates (the caller throws
+    its line has. ``with_lines``: ``consume(events, lines)``, each event's line beside it (its exact bytes, no
+    newline). Errors are returned in ``result.error``; what ``consume`` raises propagates (the caller throws
     away what it folded, as it does when the result carries an error)."""
     pending: list[Any] = []
+    pending_lines: list[bytes] = []
 
     def each(block: bytes, recs: Any, off: int, res: RangeResult) -> None:
         if type(recs) is _StepLines:  # verify's fast path checked the step lines in C: decode the block once
             recs = recs.records()
-        if not signed:
+        if with_lines:
+            lines = lines_of(block)
+            if len(lines) != len(recs):  # pragma: no cover - a block is whole lines, one event each
+                raise AssertionError(f"{path}: {len(lines)} lines, {len(recs)} events in one block")
+            if not signed:
+                consume(recs, lines)
+            else:
+                pending.extend(recs)
+                pending_lines.extend(lines)
+                ready = signed_prefix(pending, res)
+                if ready:
+                    taken = pending_lines[:len(ready)]
+                    del pending_lines[:len(ready)]
+                    consume(ready, taken)
+        elif not signed:
             consume(recs)
         else:
             pending.extend(recs)

@@ -263,7 +263,8 @@ def verify(
     _alongside: Callable[[], None] | None = None,
     _collect: tuple[frozenset[str], frozenset[int]] | None = None,
     _pool: SharedWorkers | None = None,
-    _consume: Callable[[list[Any]], None] | None = None,
+    _consume: Callable[..., None] | None = None,
+    _with_lines: bool = False,
     **trust_options: Any,
 ) -> VerifyReport:
     """Verify a journal file and return what was established.
@@ -328,7 +329,7 @@ def verify(
                          "needs format 1.3 or later")
         raise err
     if _consume is not None:  # replay's fold: one pass in this process, each checked event handed on
-        results = [scan_consuming(str(p), size, ctx, _consume, progress=progress,
+        results = [scan_consuming(str(p), size, ctx, _consume, progress=progress, with_lines=_with_lines,
                                   signed=report.trust in ("pinned", "embedded"))]
     else:
         results = _scan(p, size, opened_len + 1, ctx, workers, progress, _alongside, _pool)

@@ -1,13 +1,22 @@
 """``trainledger export parquet JOURNAL|RUN_DIR... OUT``: verified events as a Parquet dataset with receipts.
 
-The journals are verified and loaded exactly as ``trainledger query`` loads them (a run folder checked whole
-first; only each journal's signed prefix), then every table the query layer has (``events`` and each typed view,
-with the same columns) is written with DuckDB, one zstd Parquet file per table and journal::
+Each journal is verified and written in one streaming pass (:func:`export_journal`): the verifier hands on each
+event once a seal covering it has checked out, with its line's exact bytes (``verify``'s one-pass mode, as replay
+uses it), and the events are written as they come, a row group at a time, with pyarrow (the ``parquet`` extra).
+Nothing is read twice and memory stays bounded by a row group, whatever the journal's size. A run folder's ranks are
+held to each other (anchors, one run, each rank's key) by the same check ``verify RUN_DIR`` makes, from the reports
+of those passes, before the export is kept. Every table the query layer has (``events`` and each typed view, with
+the same columns) gets one zstd Parquet file per journal::
 
     OUT/receipts.json                                   the listing: every journal's receipt, every file's SHA-256
     OUT/events/run-<run>/rank-00003.parquet             (journal.parquet for a journal that is not a rank's)
     OUT/steps/run-<run>/rank-00003.parquet
     ...
+
+The typed columns of a kind whose fields are all scalars (steps, seals, checkpoints, ...) are built from the
+verified events; a kind with a container field (``run_opened``'s ``meta``, ...) is typed by DuckDB from its lines
+with the query layer's own SQL, so its JSON cells are spelled as ``query`` spells them. ``trainledger verify OUT``
+holds every cell to the lines either way.
 
 Each file's footer holds its journal's receipt (key-value metadata ``trainledger_receipt``): run id, rank, the events
 exported and their first and last seq, the chain head, the tree size and root, the signed checkpoint note, the key
@@ -22,8 +31,10 @@ leaves no ``OUT``. ``OUT`` must not exist.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
+import operator
 import os
 import re
 import shutil
@@ -32,11 +43,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from trainledger.journal.errors import JournalIOError, UsageError
+from trainledger.journal.accel import fast as _fast
+from trainledger.journal.errors import JournalIOError, SchemaError, UsageError
 from trainledger.journal.trust import TrustPolicy
 
-__all__ = ["EXPORT_FORMAT", "LISTING", "RECEIPT_KEY", "ExportReport", "export_parquet", "is_export", "tables",
-           "typed_select"]
+__all__ = ["EXPORT_FORMAT", "LISTING", "RECEIPT_KEY", "ExportReport", "JournalExport", "export_journal", "export_parquet",
+           "is_export", "tables", "typed_select"]
 
 EXPORT_FORMAT = "trainledger-parquet/1"
 LISTING = "receipts.json"
@@ -145,6 +157,280 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+#: events per row group: what one journal's export holds in memory at most (besides the verifier's own block)
+ROW_GROUP = 65_536
+
+
+def _pyarrow() -> Any:
+    try:
+        import pyarrow
+        import pyarrow.parquet  # noqa: F401
+    except ImportError:
+        raise UsageError("export parquet writes with pyarrow: pip install 'trainledger[parquet]'") from None
+    return pyarrow
+
+
+class _Typed:
+    """How one typed table is built: its kind's fields as the query layer's view has them (``typed_view``)."""
+
+    def __init__(self, table: str, kind: str, cls: type) -> None:
+        import msgspec
+
+        from trainledger.journal.query import _duck_type, typed_view
+
+        fields = [f for f in msgspec.inspect.type_info(cls).fields if f.name not in ("run_id", "seq", "ts")]
+        self.table, self.kind = table, kind
+        self.names = [f.name for f in fields]
+        self.duck = [_duck_type(f.type) for f in fields]
+        #: a container field: typed by DuckDB from the lines, so its JSON is spelled as the query layer spells it
+        self.by_sql = "JSON" in self.duck
+        self.rank_col = "journal_rank" if "rank" in self.names else "rank"
+        self.sql = f"({typed_view(kind)})"
+
+
+@functools.lru_cache(maxsize=1)
+def _specs() -> dict[str, _Typed]:
+    """``{kind: _Typed}`` for every typed table (:func:`tables`), worked out once per process."""
+    from trainledger.journal import codec
+    from trainledger.journal.query import VIEW_NAMES
+
+    known = codec.known_kinds()
+    return {VIEW_NAMES.get(t, t): _Typed(t, VIEW_NAMES.get(t, t), known[VIEW_NAMES.get(t, t)])
+            for t in tables()[1:]}
+
+
+class _JournalWriter:
+    """One journal's tables, written a row group at a time as its verified events arrive."""
+
+    def __init__(self, root: Path, sub: Path, run_id: str, rank: int | None, *, lines: bool,
+                 specs: dict[str, _Typed], con: Any) -> None:
+        self.pa = _pyarrow()
+        self.root, self.sub, self.run_id, self.rank, self.lines = root, sub, run_id, rank, lines
+        self.specs, self.con = specs, con
+        self.recs: list[Any] = []
+        self.raw: list[bytes] = []
+        self.writers: dict[str, tuple[Any, Path]] = {}
+        self.rows: dict[str, int] = {}
+        self.count = 0
+        self._tags: dict[type, str | None] = {}
+        pa = self.pa
+        self.dec = pa.decimal128(38, 0)
+        self.events_schema = pa.schema([("run_id", pa.string()), ("rank", pa.int32()), ("seq", pa.int64()),
+                                        ("kind", pa.string()), ("ts", pa.int64()), ("h", pa.string())]
+                                       + ([("line", pa.string())] if lines else []))
+
+    def __call__(self, recs: list[Any], raw: list[bytes]) -> None:
+        self.recs.extend(recs)
+        self.raw.extend(raw)
+        if len(self.recs) >= ROW_GROUP:
+            self.flush()
+
+    def _tag(self, t: type) -> str | None:
+        """A record type's kind (None: an unknown kind, whose records carry their own)."""
+        if t not in self._tags:
+            cfg = getattr(t, "__struct_config__", None)
+            self._tags[t] = cfg.tag if cfg is not None and isinstance(cfg.tag, str) else None
+        return self._tags[t]
+
+    def _const(self, n: int) -> tuple[Any, Any]:
+        pa = self.pa
+        return pa.repeat(self.run_id, n), (pa.nulls(n, pa.int32()) if self.rank is None
+                                           else pa.repeat(pa.scalar(self.rank, pa.int32()), n))
+
+    def _write(self, table: str, data: Any) -> None:
+        got = self.writers.get(table)
+        if got is None:
+            import pyarrow.parquet as pq
+
+            path = self.root / table / self.sub
+            path.parent.mkdir(parents=True, exist_ok=True)
+            got = self.writers[table] = (pq.ParquetWriter(
+                path, data.schema, compression="zstd", use_dictionary=_DICTIONARY,
+                write_statistics=[c for c in data.schema.names if c not in _NO_STATS]), path)
+            self.rows[table] = 0
+        got[0].write_table(data, row_group_size=ROW_GROUP)
+        self.rows[table] += data.num_rows
+
+    def flush(self) -> None:
+        from trainledger.journal.audit.replay import type_run
+
+        recs, raw = self.recs, self.raw
+        self.recs, self.raw = [], []
+        n = len(recs)
+        if not n and "events" in self.writers:
+            return
+        pa = self.pa
+        self.count += n
+        kinds: list[str] = []
+        groups: dict[str, list[Any]] = {}
+        lines_of: dict[str, list[bytes]] = {}
+        i = 0
+        while i < n:
+            t = type(recs[i])
+            j = type_run(recs, i, t)
+            tag = self._tag(t)
+            if tag is None:
+                kinds.extend(r.kind for r in recs[i:j])
+            else:
+                kinds.extend([tag] * (j - i))
+                spec = self.specs.get(tag)
+                if spec is not None:
+                    groups.setdefault(tag, []).extend(recs[i:j])
+                    if spec.by_sql:
+                        lines_of.setdefault(tag, []).extend(raw[i:j])
+            i = j
+        run, rank = self._const(n)
+        cols = [run, rank, self._column(recs, "seq", "BIGINT"), pa.array(kinds, pa.string()),
+                self._column(recs, "ts", "BIGINT"), pa.array(list(map(_H, recs)), pa.string())]
+        if self.lines:
+            cols.append(self._text(raw))
+        self._write("events", pa.Table.from_arrays(cols, schema=self.events_schema))
+        for tag, group in groups.items():
+            spec = self.specs[tag]
+            self._write(spec.table, self._by_sql(spec, group, lines_of[tag]) if spec.by_sql
+                        else self._scalar(spec, group))
+
+    def _scalar(self, spec: _Typed, group: list[Any]) -> Any:
+        pa = self.pa
+        run, rank = self._const(len(group))
+        arrays, names = [run, rank, self._column(group, "seq", "BIGINT"), self._column(group, "ts", "BIGINT")], \
+            ["run_id", spec.rank_col, "seq", "ts"]
+        for name, duck in zip(spec.names, spec.duck):
+            arrays.append(self._column(group, name, duck))
+            names.append(name)
+        return pa.Table.from_arrays(arrays, names=names)
+
+    def _column(self, recs: list[Any], name: str, duck: str) -> Any:
+        """One field of records of one type as the column the query layer's view has: from the records' slots in
+        C (``record_column``) where every value is of the field's own type, else value by value."""
+        pa = self.pa
+        code = _CODES.get(duck)
+        got = _record_column(recs, name, code) if code is not None and _record_column is not None else None
+        if got is not None:
+            data, valid, nulls = got
+            typ = _ARROW[duck](pa)
+            arr = pa.Array.from_buffers(typ, len(recs), [pa.py_buffer(valid) if valid is not None else None,
+                                                         pa.py_buffer(data)], null_count=nulls)
+            return arr.cast(self.dec) if duck == "HUGEINT" else arr
+        col = list(map(operator.attrgetter(name), recs))
+        if duck == "HUGEINT":
+            return self._int(col)
+        return pa.array(col, _ARROW[duck](pa))
+
+    def _text(self, raw: list[bytes]) -> Any:
+        """Lines as a string column: ASCII ones (nearly all) as they are, others checked as UTF-8 by the cast."""
+        arr = self.pa.array(raw, self.pa.binary())
+        return arr.view(self.pa.string()) if all(map(bytes.isascii, raw)) else arr.cast(self.pa.string())
+
+    def _int(self, col: Any) -> Any:
+        pa = self.pa
+        try:
+            return pa.array(col, pa.int64()).cast(self.dec)
+        except (OverflowError, pa.ArrowInvalid):  # beyond int64 (an event's int may be up to 2**64 - 1)
+            return pa.array(col, self.dec)
+
+    def _by_sql(self, spec: _Typed, group: list[Any], raw: list[bytes]) -> Any:
+        pa = self.pa
+        events = pa.table({"run_id": pa.repeat(self.run_id, len(group)),
+                           "seq": pa.array([r.seq for r in group], pa.int64()),
+                           "ts": pa.array([r.ts for r in group], pa.int64()),
+                           "kind": pa.repeat(spec.kind, len(group)),
+                           "line": self._text(raw)})
+        self.con.register("events", events)
+        try:
+            return self.con.sql(typed_select(self.con, spec.sql, "true")).to_arrow_table()
+        finally:
+            self.con.unregister("events")
+
+    def close(self, receipt: dict[str, Any]) -> list[dict[str, Any]]:
+        """Write the footers (each holding ``receipt``) and return the files' listing entries."""
+        self.flush()
+        meta = {RECEIPT_KEY: json.dumps(receipt, sort_keys=True, separators=(",", ":"))}
+        listed = []
+        for table, (w, path) in self.writers.items():
+            w.add_key_value_metadata(meta)
+            w.close()
+            listed.append({"path": path.relative_to(self.root).as_posix(), "table": table, "run_id": self.run_id,
+                           "rank": receipt["rank"], "rows": self.rows[table], "bytes": path.stat().st_size,
+                           "sha256": _sha256(path)})
+        self.writers.clear()
+        return listed
+
+    def abandon(self) -> None:
+        for w, _ in self.writers.values():
+            try:
+                w.close()
+            except Exception:  # noqa: BLE001 - the files are removed with the folder
+                pass
+        self.writers.clear()
+
+
+_H = operator.attrgetter("h")
+_record_column = getattr(_fast, "record_column", None)
+#: record_column's code for a view's column type, and the Arrow type it builds
+_CODES = {"HUGEINT": "q", "BIGINT": "q", "DOUBLE": "d", "BOOLEAN": "b"}
+_ARROW: dict[str, Callable[[Any], Any]] = {"HUGEINT": lambda pa: pa.int64(), "BIGINT": lambda pa: pa.int64(),
+                                           "DOUBLE": lambda pa: pa.float64(), "BOOLEAN": lambda pa: pa.bool_(),
+                                           "VARCHAR": lambda pa: pa.string()}
+#: the columns a dictionary pays for (few distinct values); the others are written plain
+_DICTIONARY = ["run_id", "rank", "journal_rank", "kind"]
+#: the columns without min/max statistics (a line's or a hash's are of no use to a reader's pruning)
+_NO_STATS = frozenset({"line", "h"})
+
+
+@dataclasses.dataclass
+class JournalExport:
+    """What :func:`export_journal` hands back: the verification report, the receipt, the files written."""
+    report: Any
+    receipt: dict[str, Any]
+    files: list[dict[str, Any]]
+
+
+def export_journal(path: str | os.PathLike, root: str | os.PathLike, *, lines: bool, trust: TrustPolicy,
+                   rank: int | None = None, con: Any = None) -> JournalExport:
+    """Verify one journal under ``trust`` and write its signed events under ``root`` (``TABLE/run-<run>/FILE``), in
+    one pass: engine-neutral (a Ray, Dask or Spark task may run it; the result pickles). ``rank``: the journal is
+    that rank of a run folder: its verification also gathers what :func:`~trainledger.journal.audit.rundir.check_run`
+    needs, and an integrity failure's message names the rank. ``con``: a DuckDB connection to type container
+    kinds with (one is opened otherwise). Raises what verification raises; the files it wrote are then closed and
+    left for the caller to remove with ``root``."""
+    from trainledger.journal.audit.rundir import _ANCHOR_KINDS
+    from trainledger.journal.errors import IntegrityError
+    from trainledger.journal.query import _file_row, _rank_of, new_connection
+    from trainledger.journal.verify import open_checked, read_opening, verify
+
+    f, root = Path(path), Path(root)
+    run_id = read_opening(f, open_checked(f))[0].run_id
+    own = con is None
+    if own:
+        con = new_connection()
+        con.execute("SET threads = 1")
+    w = _JournalWriter(root, Path(f"run-{folder_name(run_id)}") / file_name(_rank_of(run_id)), run_id,
+                       _rank_of(run_id), lines=lines, specs=_specs(), con=con)
+    try:
+        try:
+            rep = verify(f, trust=trust, _consume=w, _with_lines=True,
+                         _collect=(_ANCHOR_KINDS, frozenset()) if rank is not None else None)
+        except IntegrityError as e:
+            if rank is None:
+                raise
+            raise type(e)(f"rank {rank}: {e}", seq=e.seq, offset=e.offset) from None
+        w.flush()
+        row = _file_row(f, rep)
+        if w.count != row["trusted_last_seq"] + 1:
+            raise SchemaError(f"{f}: {w.count} events exported where verification checked "
+                              f"{row['trusted_last_seq'] + 1}", seq=None)
+        receipt = receipt_of(row, lines=lines, exported=w.count)
+        files = w.close(receipt)
+    except BaseException:
+        w.abandon()
+        raise
+    finally:
+        if own:
+            con.close()
+    return JournalExport(rep, receipt, files)
+
+
 def export_parquet(paths: Sequence[str | os.PathLike], out: str | os.PathLike, *, lines: bool = False,
                    trust: TrustPolicy | None = None, partial: bool = False,
                    progress: Callable[[str], None] | None = None, **trust_options: Any) -> ExportReport:
@@ -154,7 +440,7 @@ def export_parquet(paths: Sequence[str | os.PathLike], out: str | os.PathLike, *
     be written (nothing is left behind)."""
     import duckdb
 
-    from trainledger.journal.query import VIEW_NAMES, _define_views, _load, _whole_run_dirs, journal_files
+    from trainledger.journal.query import journal_files, new_connection
 
     t0 = time.perf_counter()
     policy = TrustPolicy.of(trust, **trust_options)
@@ -163,58 +449,26 @@ def export_parquet(paths: Sequence[str | os.PathLike], out: str | os.PathLike, *
         raise UsageError(f"{dest}: exists: an export writes a new folder")
     if not dest.parent.is_dir():
         raise UsageError(f"{dest.parent}: no such folder")
+    pa = _pyarrow()
     files = journal_files(paths)
-    missing = _whole_run_dirs(paths, policy, partial=partial)
-    con, source = _load(files, True, policy)
-    rows = source.files
-    seen: dict[str, str] = {}
-    for r in rows:
-        if r["run_id"] in seen:
-            raise UsageError(f"{r['file']} and {seen[r['run_id']]} are both run {r['run_id']!r}: export one of them")
-        seen[r["run_id"]] = r["file"]
-    _define_views(con)
+    ranks = _ranks_of(paths)
+    _one_run_each(files)
     tmp = dest.parent / f".{dest.name}.partial-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    listed: list[dict[str, Any]] = []
-    receipts: list[dict[str, Any]] = []
-    total = 0
+    con = new_connection()
+    con.execute("SET threads = 1")
+    done: list[JournalExport] = []
     try:
         tmp.mkdir(mode=0o755)
-        counts = dict(con.execute("SELECT file, count(*) FROM events_t GROUP BY file").fetchall())
-        for i, r in enumerate(rows):
-            exported = counts.get(r["file"], 0)
-            total += exported
-            receipt = receipt_of(r, lines=lines, exported=exported)
-            receipts.append(receipt)
-            meta = _lit(json.dumps(receipt, sort_keys=True, separators=(",", ":")))
-            sub = Path(f"run-{folder_name(r['run_id'])}") / file_name(receipt["rank"])
-            present = {k for (k,) in con.execute("SELECT DISTINCT kind FROM events_t WHERE file = ?",
-                                                    [r["file"]]).fetchall()}
-            for table in tables():
-                if table == "events":
-                    cols = "run_id, rank, seq, kind, ts, h" + (", line" if lines else "")
-                    select = f"SELECT {cols} FROM events_t WHERE file = {_lit(r['file'])}"
-                else:
-                    if VIEW_NAMES.get(table, table) not in present:
-                        continue  # no rows of that kind: no file
-                    select = typed_select(con, table, f"run_id = {_lit(r['run_id'])}")
-                rel = Path(table) / sub
-                (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
-                # in the journal's order: the events were loaded in it, and DuckDB keeps insertion order
-                n_rows = con.execute(f"COPY ({select}) TO {_lit(str(tmp / rel))} (FORMAT parquet, COMPRESSION zstd, "
-                                     f"KV_METADATA {{'{RECEIPT_KEY}': {meta}}})").fetchone()[0]
-                listed.append({"path": rel.as_posix(), "table": table, "run_id": r["run_id"], "rank": receipt["rank"],
-                               "rows": n_rows, "bytes": (tmp / rel).stat().st_size, "sha256": _sha256(tmp / rel)})
+        for i, f in enumerate(files):
+            d, rank = ranks.get(f.resolve(), (None, None))
+            done.append(export_journal(f, tmp, lines=lines, trust=policy, rank=rank, con=con))
             if progress is not None:
-                progress(f"{i + 1}/{len(rows)} journals, {total:,} events")
-        listing = {"format": EXPORT_FORMAT, "lines": lines, "journals": receipts, "files": listed,
-                   **({"partial": missing} if missing else {})}
-        with open(tmp / LISTING, "w") as f:
-            f.write(json.dumps(listing, indent=1, sort_keys=True) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+                progress(f"{i + 1}/{len(files)} journals, {sum(x.receipt['events'] for x in done):,} events")
+        missing = _check_runs(files, ranks, done, policy, partial)
+        _write_listing(tmp, lines, done, missing)
         os.rename(tmp, dest)
-    except (OSError, duckdb.Error) as e:
+    except (OSError, duckdb.Error, pa.ArrowException) as e:
         shutil.rmtree(tmp, ignore_errors=True)
         why = e.strerror if isinstance(e, OSError) and e.strerror else str(e).splitlines()[0]
         raise JournalIOError(f"{dest}: cannot write the export: {why}") from None
@@ -223,6 +477,68 @@ def export_parquet(paths: Sequence[str | os.PathLike], out: str | os.PathLike, *
         raise
     finally:
         con.close()
-    return ExportReport(out=str(dest), journals=len(rows), events=total, files=len(listed),
-                        bytes=sum(x["bytes"] for x in listed), lines=lines, seconds=time.perf_counter() - t0,
-                        missing=missing)
+    listed = [x for d in done for x in d.files]
+    return ExportReport(out=str(dest), journals=len(done), events=sum(d.receipt["events"] for d in done),
+                        files=len(listed), bytes=sum(x["bytes"] for x in listed), lines=lines,
+                        seconds=time.perf_counter() - t0, missing=missing)
+
+
+def _ranks_of(paths: Sequence[str | os.PathLike]) -> dict[Path, tuple[Path, int]]:
+    """``{resolved file: (run folder, rank)}`` for the rank journals of every run folder among ``paths`` (or below a
+    folder named there): those are held to their folder's cross-rank check."""
+    from trainledger.journal.audit.rundir import is_run_dir, rank_files
+
+    folders = set()
+    for p in map(Path, paths):
+        if p.is_dir():
+            folders |= {x.parent for x in p.rglob("rank-*.jsonl") if x.is_file()}
+    out = {}
+    for d in sorted(folders):
+        if is_run_dir(d):
+            for rank, f in rank_files(d).items():
+                out[f.resolve()] = (d, rank)
+    return out
+
+
+def _one_run_each(files: list[Path]) -> None:
+    from trainledger.journal.verify import open_checked, read_opening
+
+    seen: dict[str, Path] = {}
+    for f in files:
+        run_id = read_opening(f, open_checked(f))[0].run_id
+        if run_id in seen:
+            raise UsageError(f"{f} and {seen[run_id]} are both run {run_id!r}: export one of them")
+        seen[run_id] = f
+
+
+def _check_runs(files: list[Path], ranks: dict[Path, tuple[Path, int]], done: list[JournalExport],
+                policy: TrustPolicy, partial: bool) -> dict[str, list[int]]:
+    """Each run folder's cross-rank check (``verify RUN_DIR``'s, from the exports' reports). Returns
+    ``{folder: missing ranks}`` of partial ones."""
+    from trainledger.journal.audit.rundir import check_run
+    from trainledger.journal.errors import TrainledgerError
+
+    by_dir: dict[Path, dict[int, Any]] = {}
+    for f, d in zip(files, done):
+        if f.resolve() in ranks:
+            folder, rank = ranks[f.resolve()]
+            by_dir.setdefault(folder, {})[rank] = d.report
+    missing = {}
+    for folder, reports in sorted(by_dir.items()):
+        try:
+            rep = check_run(folder, reports, trust=policy, partial=partial)
+        except TrainledgerError as e:
+            e.path = str(folder)
+            raise
+        if rep.missing:
+            missing[str(folder)] = rep.missing
+    return missing
+
+
+def _write_listing(tmp: Path, lines: bool, done: list[JournalExport], missing: dict[str, list[int]]) -> None:
+    listing = {"format": EXPORT_FORMAT, "lines": lines, "journals": [d.receipt for d in done],
+               "files": [x for d in done for x in d.files], **({"partial": missing} if missing else {})}
+    with open(tmp / LISTING, "w") as f:
+        f.write(json.dumps(listing, indent=1, sort_keys=True) + "\n")
+        f.flush()
+        os.fsync(f.fileno())

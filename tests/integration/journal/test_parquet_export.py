@@ -299,3 +299,43 @@ def test_a_receipt_that_is_not_what_the_lines_give_is_named(export, tmp_path):
     (d / LISTING).write_text(json.dumps(listing))
     with pytest.raises(ExportMismatch, match="its lines give tree_size"):
         verify_export(d, keys=[_key("every_kind_v1_3")])
+
+
+def test_the_streaming_pass_keeps_every_value_across_row_groups_and_leaves_the_unsigned_tail_out(tmp_path,
+                                                                                                 monkeypatch):
+    """Row groups of 7 events (the seals fall between them), values the fast column path does not take (an int
+    past int64, NaN and infinities, an int where a float is expected, None), and a live run's tail that no seal
+    covers: the export holds exactly the signed prefix, cell for cell what the lines say."""
+    import trainledger.journal.parquet.export as ex
+    from trainledger.journal import Journal
+
+    monkeypatch.setattr(ex, "ROW_GROUP", 7)
+    s = Signer.generate()
+    p = tmp_path / "live.jsonl"
+    with Journal.create(p, signer=s, seal_every=10, background=False) as j:
+        for i in range(95):
+            j.append(StepObserved(step=i, loss=[float("nan"), float("inf"), 2.5, 3][i % 4],
+                                  grad_norm=None if i % 3 else -float("inf"),
+                                  tokens=2**64 - 1 if i == 41 else 4096 * i, examples=i))
+    lines = p.read_bytes().splitlines(keepends=True)
+    p.write_bytes(b"".join(lines[:-2]))  # run_closed and its seal dropped: the run looks live, its tail unsigned
+    with pytest.raises(IntegrityError):
+        export_parquet([p], tmp_path / "refused", lines=True, keys=[s.public])
+    assert not (tmp_path / "refused").exists()
+    out = tmp_path / "out"
+    rep = export_parquet([p], out, lines=True, keys=[s.public], allow_unsealed=True)
+    listing = json.loads((out / LISTING).read_text())
+    (receipt,) = listing["journals"]
+    assert rep.events == receipt["events"] == receipt["last_seq"] + 1 < len(lines) - 2
+    assert verify_export(out, keys=[s.public], allow_unsealed=True).events == rep.events
+    con = duckdb.connect()
+    got = con.execute(f"SELECT step, loss, grad_norm, tokens, examples FROM read_parquet('{out}/steps/**/*.parquet') "
+                      "ORDER BY seq").fetchall()
+    want = connect([p], keys=[s.public], allow_unsealed=True).execute(
+        "SELECT step, loss, grad_norm, tokens, examples FROM steps ORDER BY seq").fetchall()
+    assert len(got) == len(want) > 80
+    assert [tuple(map(_plain, g)) for g in got] == [tuple(map(_plain, w)) for w in want]
+    assert int(got[41][3]) == 2**64 - 1 and got[1][1] == float("inf")
+    groups = con.execute(f"SELECT DISTINCT row_group_id, row_group_num_rows FROM parquet_metadata("
+                         f"'{out}/events/**/*.parquet')").fetchall()
+    assert len(groups) > 10 and {n for _, n in groups} <= set(range(1, 8))
