@@ -421,6 +421,61 @@ def _cmd_show(args: argparse.Namespace) -> int:
 _READERS = frozenset({"verify", "replay", "report", "query", "show", "head", "watch", "prove", "bundle"})
 
 
+#: the commands that take s3:// and file:// URLs (journal/storage.py): what they read is fetched to a private copy
+_URL_COMMANDS = frozenset({"verify", "replay", "query", "show", "head", "export"})
+
+
+def _urls_in(args: argparse.Namespace) -> bool:
+    from trainledger.journal.storage import is_url
+
+    if is_url(getattr(args, "out", None)) and args.command != "export":
+        raise UsageError(f"{args.out}: --out writes a local file")
+    found = [p for p in [getattr(args, "path", None), *(getattr(args, "paths", None) or []), getattr(args, "out", None)]
+             if is_url(p)]
+    if found and (args.command not in _URL_COMMANDS or (args.command == "export"
+                                                         and getattr(args, "target", None) != "parquet")):
+        raise UsageError(f"{found[0]}: {args.command} reads local files; fetch it first (URLs are read by "
+                         f"{', '.join(sorted(_URL_COMMANDS - {'export'}))} and export parquet)")
+    return bool(found)
+
+
+def _run_on_copies(args: argparse.Namespace) -> int:
+    """A command over s3:// or file:// URLs: each fetched into a private local folder first (removed after), what
+    is printed naming the URL; ``export parquet ... s3://OUT`` writes locally, then uploads the whole export."""
+    import tempfile
+
+    from trainledger.journal.options import SHOWN_AS
+    from trainledger.journal.storage import is_url, localized, must_be_new, publish
+
+    def shown(url: str, local: Path) -> None:
+        SHOWN_AS.append((str(local), url))
+
+    paths = list(getattr(args, "paths", None) or [])
+    single = getattr(args, "path", None)
+    out_url = getattr(args, "out", None) if is_url(getattr(args, "out", None)) else None
+    if out_url is not None:
+        must_be_new(out_url)
+    try:
+        with localized(([single] if single is not None else []) + paths, on_copy=shown) as local:
+            if single is not None:
+                args.path, local = local[0], local[1:]
+            if paths:
+                args.paths = local
+            if out_url is None:
+                return args.func(args)
+            with tempfile.TemporaryDirectory(prefix="trainledger-out-") as d:
+                args.out = str(Path(d) / "export")
+                SHOWN_AS.append((args.out, out_url))
+                code = args.func(args)
+                if code == 0:
+                    from trainledger.journal.parquet import LISTING
+
+                    publish(args.out, out_url, last=LISTING)
+                return code
+    finally:
+        SHOWN_AS.clear()
+
+
 def main(argv: Sequence[str] | None = None, *, parser: argparse.ArgumentParser | None = None) -> int:
     """Run one command; return its exit code. ``parser`` defaults to the journal's commands alone
     (``trainledger.cli.main`` passes the full one)."""
@@ -440,6 +495,8 @@ def main(argv: Sequence[str] | None = None, *, parser: argparse.ArgumentParser |
             if isinstance(p, str) and p != "-" and os.path.exists(p):  # query's last argument is its SQL
                 warn_private_keys(p)
     try:
+        if _urls_in(args):
+            return _run_on_copies(args)
         return args.func(args)
     except TrainledgerError as e:  # the journal's, the training side's and the ladder's errors alike
         say(f"trainledger {args.command}: error: {e}", file=sys.stderr)

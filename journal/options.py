@@ -25,10 +25,22 @@ watch also 3 at --timeout. Keys can be pinned once for a team in a file named by
 $%s (one public key per line).""" % TRUSTED_KEYS_ENV
 
 
+#: (a private local copy's path, the URL it was fetched from): what is printed names the URL (journal/storage.py)
+SHOWN_AS: list[tuple[str, str]] = []
+
+
 def say(*values: object, file=None, end: str = "\n", flush: bool = False) -> None:
     """Print one line. Every value is passed through :func:`trainledger.journal.text.safe`: whatever a journal or a
     manifest put in a run id, a reason or a path shows as visible escapes, never as terminal control."""
+    if SHOWN_AS:
+        values = tuple(_as_shown(v) if isinstance(v, str) else v for v in values)
     print(*(safe(v) for v in values), file=file, end=end, flush=flush)
+
+
+def _as_shown(text: str) -> str:
+    for local, url in SHOWN_AS:
+        text = text.replace(local, url)
+    return text
 
 
 class Progress:

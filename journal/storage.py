@@ -1,0 +1,177 @@
+"""Run folders, journals and exports in object storage: ``s3://`` and ``file://`` URLs, through pyarrow's
+filesystem layer (the ``parquet`` extra).
+
+Nothing is verified or queried where it lies. A reader copies the object, or every object below a prefix, into a
+private local folder first (``tempfile.mkdtemp``, mode 0700, removed when the command ends) and works on the copy:
+the bytes verified are the bytes then read, and no object key becomes a path outside that folder (a key with an
+empty, ``.`` or ``..`` component, or a backslash, is refused). A writer (``export parquet ... s3://...``) writes
+the export locally, whole, then uploads it with the listing (``receipts.json``) last, so that a prefix without
+the listing is never taken for an export; it refuses a prefix that already holds objects.
+
+Credentials and the endpoint come from the environment as the AWS tools read them (``AWS_ACCESS_KEY_ID``,
+``AWS_SECRET_ACCESS_KEY``, ``AWS_DEFAULT_REGION``, ``AWS_ENDPOINT_URL`` for an S3-compatible server) or from the
+URL's query, as pyarrow reads it (``s3://bucket/run?endpoint_override=host:9000&scheme=http``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from trainledger.journal.errors import JournalIOError, UnsafePath, UsageError
+
+__all__ = ["SCHEMES", "is_url", "fetch", "must_be_new", "publish", "localized"]
+
+SCHEMES = ("s3://", "file://")
+#: the most objects one prefix may hold for a fetch (a 16,000-rank run folder is 16,000)
+MAX_OBJECTS = 1_000_000
+_CHUNK = 1 << 20
+
+
+def is_url(s: object) -> bool:
+    """Whether ``s`` is an ``s3://`` or ``file://`` URL (anything else is a local path)."""
+    return isinstance(s, str) and s.startswith(SCHEMES)
+
+
+def _filesystem(url: str) -> tuple[Any, str]:
+    try:
+        import pyarrow.fs as pafs
+    except ImportError:
+        raise UsageError(f"{url}: object storage is read with pyarrow: pip install 'trainledger[parquet]'") from None
+    try:
+        return pafs.FileSystem.from_uri(url)
+    except (ValueError, TypeError, OSError) as e:  # pyarrow's ArrowInvalid is a ValueError
+        raise UsageError(f"{url}: not a URL pyarrow can open: {_why(e)}") from None
+
+
+def _why(e: BaseException) -> str:
+    return (str(e).splitlines() or [type(e).__name__])[0]
+
+
+def _safe_parts(rel: str, url: str) -> PurePosixPath:
+    parts = rel.split("/")
+    if not rel or "\\" in rel or any(p in ("", ".", "..") for p in parts):
+        raise UnsafePath(f"{url}: the object key {rel!r} is not a plain path below the prefix; nothing was read")
+    return PurePosixPath(*parts)
+
+
+def fetch(url: str, into: str | os.PathLike, *, progress: Callable[[int, int], None] | None = None) -> Path:
+    """Copy the object ``url`` names, or every object below it, into the folder ``into``; return the local file or
+    folder (named as the URL's last component). Raises :class:`JournalIOError` when nothing is there or a read
+    fails, :class:`UnsafePath` for a key that is not a plain path below the prefix."""
+    import pyarrow.fs as pafs
+
+    fs, path = _filesystem(url)
+    path = path.rstrip("/")
+    name = PurePosixPath(path).name or "root"
+    dest = Path(into) / name
+    try:
+        info = fs.get_file_info(path)
+        if info.type == pafs.FileType.File:
+            _copy_in(fs, path, dest, url)
+            return dest
+        sel = pafs.FileSelector(path, recursive=True, allow_not_found=True)
+        objects = [x for x in fs.get_file_info(sel) if x.type == pafs.FileType.File]
+    except OSError as e:
+        raise JournalIOError(f"{url}: cannot be read: {_why(e)}") from None
+    if not objects:
+        raise JournalIOError(f"{url}: no such object, and no objects below it")
+    if len(objects) > MAX_OBJECTS:
+        raise JournalIOError(f"{url}: more than {MAX_OBJECTS:,} objects below it; name a narrower prefix")
+    rels = [(_safe_parts(x.path[len(path) + 1:], url), x) for x in objects]  # every key checked before any copy
+    total, done = sum(x.size or 0 for _, x in rels), 0
+    dest.mkdir(mode=0o700)
+    for rel, x in rels:
+        target = dest.joinpath(*rel.parts)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            _copy_in(fs, x.path, target, url)
+        except OSError as e:
+            raise JournalIOError(f"{url}: {x.path} cannot be read: {_why(e)}") from None
+        done += x.size or 0
+        if progress is not None:
+            progress(done, total)
+    return dest
+
+
+def _copy_in(fs: Any, path: str, target: Path, url: str) -> None:
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as out, fs.open_input_stream(path) as src:
+        while True:
+            chunk = src.read(_CHUNK)
+            if not chunk:
+                break
+            out.write(chunk)
+
+
+def must_be_new(url: str) -> tuple[Any, str]:
+    """The filesystem and path of ``url``, which must name nothing yet (no object, none below it): else
+    :class:`UsageError`."""
+    import pyarrow.fs as pafs
+
+    fs, path = _filesystem(url)
+    path = path.rstrip("/")
+    try:
+        if fs.get_file_info(path).type != pafs.FileType.NotFound or \
+                fs.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True)):
+            raise UsageError(f"{url}: exists: an export writes a new prefix")
+    except OSError as e:
+        raise JournalIOError(f"{url}: cannot be listed: {_why(e)}") from None
+    return fs, path
+
+
+def publish(local: str | os.PathLike, url: str, *, last: str | None = None) -> int:
+    """Upload the folder ``local`` to the prefix ``url``, which must hold no objects yet; ``last`` (a file name in
+    ``local``) is uploaded after every other file. Returns the bytes uploaded. On a failure, what was uploaded is
+    deleted (best effort) and :class:`JournalIOError` raised."""
+    fs, path = must_be_new(url)
+    root = Path(local)
+    files = sorted((p for p in root.rglob("*") if p.is_file()), key=lambda p: (p.name == last, str(p)))
+    sent: list[str] = []
+    total = 0
+    try:
+        for p in files:
+            key = f"{path}/{p.relative_to(root).as_posix()}"
+            fs.create_dir(str(PurePosixPath(key).parent), recursive=True)
+            with open(p, "rb") as src, fs.open_output_stream(key) as out:
+                sent.append(key)
+                for chunk in iter(lambda: src.read(_CHUNK), b""):
+                    out.write(chunk)
+                    total += len(chunk)
+    except OSError as e:
+        for key in reversed(sent):
+            with contextlib.suppress(OSError):
+                fs.delete_file(key)
+        raise JournalIOError(f"{url}: cannot be written: {_why(e)}") from None
+    return total
+
+
+@contextlib.contextmanager
+def localized(paths: Sequence[str], *, on_copy: Callable[[str, Path], None] | None = None) -> Iterator[list[str]]:
+    """``paths`` with each URL replaced by a private local copy of what it names (see the module doc), removed
+    when the block ends; local paths are passed through. ``on_copy(url, local)`` is told of each copy."""
+    urls = [p for p in paths if is_url(p)]
+    if not urls:
+        yield list(paths)
+        return
+    tmp = Path(tempfile.mkdtemp(prefix="trainledger-fetch-"))
+    try:
+        out = []
+        for i, p in enumerate(paths):
+            if is_url(p):
+                slot = tmp / str(i)
+                slot.mkdir(mode=0o700)
+                local = fetch(p, slot)
+                if on_copy is not None:
+                    on_copy(p, local)
+                out.append(str(local))
+            else:
+                out.append(p)
+        yield out
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -1,0 +1,114 @@
+"""Run folders and exports in object storage, against a real S3-compatible server started here (moto's server
+mode, on 127.0.0.1; no network): a run folder verified and exported from ``s3://``, the export written to
+``s3://``, verified and queried there, a changed object named, nothing left in the temporary folder."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("pyarrow")
+moto_server = pytest.importorskip("moto.server")
+
+from trainledger.cli import main  # noqa: E402
+from trainledger.journal import Signer, StepObserved  # noqa: E402
+from trainledger.journal.errors import UnsafePath  # noqa: E402
+from trainledger.journal.storage import _safe_parts  # noqa: E402
+from trainledger.training.distributed.ranks import RankInfo, open_rank_journal  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def s3():
+    """A moto S3 server on a free local port, the environment pointing at it, and a bucket."""
+    import logging
+
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # a line per request otherwise
+    srv = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    srv.start()
+    host, port = srv.get_host_and_port()
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1",
+                     "AWS_ENDPOINT_URL": f"http://{host}:{port}", "AWS_EC2_METADATA_DISABLED": "true"}.items():
+            mp.setenv(k, v)
+        import boto3
+
+        client = boto3.client("s3")
+        client.create_bucket(Bucket="runs")
+        yield client
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    d = tmp_path_factory.mktemp("s3run")
+    s = Signer.generate()
+    for r in range(2):
+        j = open_rank_journal(d / "run", s, info=RankInfo(run="r1", rank=r, world_size=2, local_rank=0, node="n",
+                                                          restart_count=0))
+        for i in range(30):
+            j.append(StepObserved(step=i, loss=3.0 - i / 20, grad_norm=0.5, tokens=512))
+        j.close()
+    pub = d / "r1.pub"
+    pub.write_text(s.public.line() + "\n")
+    return d / "run", str(pub)
+
+
+def _upload(client, folder: Path, prefix: str) -> None:
+    for p in sorted(folder.iterdir()):
+        client.put_object(Bucket="runs", Key=f"{prefix}/{p.name}", Body=p.read_bytes())
+
+
+def _leftovers() -> set[str]:
+    return {p for p in os.listdir(tempfile.gettempdir()) if p.startswith(("trainledger-fetch-", "trainledger-out-"))}
+
+
+def test_a_run_folder_verified_exported_and_queried_in_s3(s3, run, capsys):
+    folder, pub = run
+    _upload(s3, folder, "a/run")
+    before = _leftovers()
+    assert main(["verify", "s3://runs/a/run", "--pubkey", pub]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("OK    s3://runs/a/run: 2 of 2 ranks verified") and tempfile.gettempdir() not in out
+    assert main(["export", "parquet", "s3://runs/a/run", "s3://runs/a/export", "--lines", "--pubkey", pub]) == 0
+    assert "to s3://runs/a/export:" in capsys.readouterr().out
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket="runs", Prefix="a/export/")["Contents"]]
+    assert "a/export/receipts.json" in keys and "a/export/steps/run-r1.r00001/rank-00001.parquet" in keys
+    assert main(["verify", "s3://runs/a/export", "--pubkey", pub]) == 0
+    assert capsys.readouterr().out.startswith("OK    s3://runs/a/export: 2 journal(s), 72 events re-verified")
+    assert main(["query", "s3://runs/a/export", "--pubkey", pub, "--format", "csv",
+                 "SELECT rank, count(*) AS n FROM steps GROUP BY rank ORDER BY rank"]) == 0
+    assert capsys.readouterr().out.splitlines() == ["rank,n", "0,30", "1,30"]
+    # an export writes a new prefix: an existing one is refused before anything is read
+    assert main(["export", "parquet", str(folder), "s3://runs/a/export", "--pubkey", pub]) == 2
+    assert "s3://runs/a/export: exists" in capsys.readouterr().err
+    assert _leftovers() == before
+
+
+def test_a_changed_object_and_a_missing_prefix_are_named(s3, run, capsys):
+    folder, pub = run
+    _upload(s3, folder, "b/run")
+    body = (folder / "rank-00001.jsonl").read_bytes().replace(b'"step":7,', b'"step":8,', 1)
+    s3.put_object(Bucket="runs", Key="b/run/rank-00001.jsonl", Body=body)
+    assert main(["verify", "s3://runs/b/run", "--pubkey", pub]) == 1
+    out = capsys.readouterr().out
+    assert out.startswith("FAIL s3://runs/b/run: ") and "rank 1: chain broken" in out
+    assert main(["verify", "s3://runs/nothing/here", "--pubkey", pub]) == 2
+    assert "s3://runs/nothing/here: no such object" in capsys.readouterr().err
+    assert main(["watch", "s3://runs/b/run"]) == 2
+    assert "watch reads local files" in capsys.readouterr().err
+
+
+def test_file_urls_read_the_same_way(run, capsys):
+    folder, pub = run
+    assert main(["verify", folder.as_uri(), "--pubkey", pub]) == 0
+    assert capsys.readouterr().out.startswith(f"OK    {folder.as_uri()}: 2 of 2 ranks verified")
+    assert main(["verify", (folder / "rank-00000.jsonl").as_uri(), "--pubkey", pub]) == 0
+
+
+@pytest.mark.parametrize("key", ["a/../b", "a//b", "./a", "a\\b", ""])
+def test_an_object_key_that_is_not_a_plain_path_is_refused(key):
+    with pytest.raises(UnsafePath, match="not a plain path"):
+        _safe_parts(key, "s3://x/y")
