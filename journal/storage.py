@@ -151,6 +151,22 @@ def publish(local: str | os.PathLike, url: str, *, last: str | None = None) -> i
     return total
 
 
+def _remove_stale() -> None:
+    """Fetched copies left by a command that was killed before it could remove them (its process gone)."""
+    root = Path(tempfile.gettempdir())
+    for p in root.glob("trainledger-fetch-*-*"):
+        pid = p.name.split("-")[2]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            if p.is_dir() and not p.is_symlink() and p.stat().st_uid == os.getuid():
+                shutil.rmtree(p, ignore_errors=True)
+        except OSError:
+            pass
+
+
 @contextlib.contextmanager
 def localized(paths: Sequence[str], *, on_copy: Callable[[str, Path], None] | None = None) -> Iterator[list[str]]:
     """``paths`` with each URL replaced by a private local copy of what it names (see the module doc), removed
@@ -159,7 +175,8 @@ def localized(paths: Sequence[str], *, on_copy: Callable[[str, Path], None] | No
     if not urls:
         yield list(paths)
         return
-    tmp = Path(tempfile.mkdtemp(prefix="trainledger-fetch-"))
+    _remove_stale()
+    tmp = Path(tempfile.mkdtemp(prefix=f"trainledger-fetch-{os.getpid()}-"))
     try:
         out = []
         for i, p in enumerate(paths):

@@ -88,6 +88,9 @@ def register(sub) -> None:
     q.add_argument("paths", nargs="+", metavar="PATH", help="journals, run folders or folders of journals")
     q.add_argument("out", metavar="OUT", help="the folder to create")
     q.add_argument("--lines", action="store_true", help="keep every line's bytes (the export re-verifies alone)")
+    q.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                   help="verify and write each journal as a Ray task (pinned keys only; trainledger[ray]) on the "
+                        "cluster at ADDRESS, or on one started for the call; OUT's folder must be shared by its nodes")
     add_trust_options(q)
     add_partial_option(q)
     add_json_option(q)
@@ -320,7 +323,8 @@ def _cmd_export_parquet(args: argparse.Namespace) -> int:
     trust = trust_policy(args)
     shown = args.paths[0] if len(args.paths) == 1 else f"{len(args.paths)} paths"
     try:
-        rep = export_parquet(args.paths, args.out, lines=args.lines, trust=trust, partial=args.partial)
+        rep = export_parquet(args.paths, args.out, lines=args.lines, trust=trust, partial=args.partial,
+                             ray=(args.ray or True) if args.ray is not None else None)
     except IntegrityError as e:
         say(e.fail_line(getattr(e, "path", None) or shown))
         return 1

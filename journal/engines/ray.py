@@ -1,4 +1,5 @@
-"""``trainledger verify RUN_DIR --ray [ADDRESS]``: each rank journal verified as a Ray task (``trainledger[ray]``).
+"""``trainledger verify RUN_DIR --ray [ADDRESS]`` and ``export parquet ... --ray``: each rank journal verified (and
+exported) as a Ray task (``trainledger[ray]``).
 
 - Tasks take pinned keys only (``--pubkey``, ``--roster``): a task never trusts a journal's own key.
 - The largest journals are submitted first, one task each; a worker or node lost mid-task is retried by Ray
@@ -7,7 +8,9 @@
 - The driver checks the anchors and the run's identity with the same function ``verify RUN_DIR`` uses
   (:func:`check_run`), and raises the first failing rank's error, in rank order, as ``verify RUN_DIR`` would.
 - Tasks read the rank files where they run: a cluster of several machines needs the run folder at the same path on
-  each (a shared filesystem). They write nothing (verification is one pass, no copy).
+  each (a shared filesystem). Verification writes nothing (one pass, no copy); an export's tasks write their
+  journal's Parquet files into the export's staging folder, which must be shared the same way, and the driver
+  writes the listing and renames the folder only once every rank's files and the run's check are in.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from trainledger.journal.audit.rundir import RunDirReport, _size, check_run, ran
 from trainledger.journal.errors import IntegrityError, JournalIOError, UsageError
 from trainledger.journal.trust import TrustPolicy
 
-__all__ = ["verify_run_dir_ray", "MAX_RETRIES"]
+__all__ = ["verify_run_dir_ray", "export_journals_ray", "MAX_RETRIES"]
 
 #: how many times Ray runs a rank's task again after losing its worker or node
 MAX_RETRIES = 3
@@ -42,6 +45,68 @@ def _task(rank: int, path: str, trust: TrustPolicy, seqs: frozenset[int]) -> tup
         return "fail", (type(e).__module__, type(e).__name__, str(e), e.seq, e.offset)
     except JournalIOError as e:
         return "io", str(e)
+
+
+def _export_task(path: str, root: str, lines: bool, trust: TrustPolicy, rank: int | None) -> tuple[str, Any]:
+    """One journal's export, where the task runs: ("ok", JournalExport) or a verdict as :func:`_task` returns it.
+    A task that runs again after its worker was lost starts the journal's files afresh."""
+    from trainledger.journal.parquet.export import export_journal, file_name, folder_name, tables
+    from trainledger.journal.query import _rank_of
+    from trainledger.journal.verify import open_checked, read_opening
+
+    try:
+        run_id = read_opening(Path(path), open_checked(Path(path)))[0].run_id
+        for t in tables():  # what an earlier attempt of this task left
+            (Path(root) / t / f"run-{folder_name(run_id)}" / file_name(_rank_of(run_id))).unlink(missing_ok=True)
+        return "ok", export_journal(path, root, lines=lines, trust=trust, rank=rank)
+    except IntegrityError as e:
+        return "fail", (type(e).__module__, type(e).__name__, str(e), e.seq, e.offset)
+    except JournalIOError as e:
+        return "io", str(e)
+    except OSError as e:  # the staging folder cannot be written where the task runs (a disk full, not shared)
+        return "io", f"{root}: cannot write the export: {e.strerror or e}"
+
+
+def _pinned(policy: TrustPolicy) -> None:
+    if not policy.keys or policy.trust_embedded or policy.allow_unsigned:
+        raise UsageError("verification on Ray takes pinned keys only: pass --pubkey FILE (or --roster FILE)")
+
+
+def _joined(ray: Any, address: str | None) -> bool:
+    """Join the cluster at ``address`` (or start one here) unless this process has; whether it did."""
+    if ray.is_initialized():
+        return False
+    ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    return True
+
+
+def export_journals_ray(jobs: list[tuple[Path, int | None]], root: str | os.PathLike, *, lines: bool,
+                        trust: TrustPolicy, address: str | None = None) -> list[Any]:
+    """Each ``(journal, rank or None)`` of ``jobs`` verified and exported into ``root`` by a Ray task
+    (:func:`~trainledger.journal.parquet.export.export_journal`), the largest first; their results in ``jobs``'
+    order. The first failing journal, in that order, raises; a task lost beyond its retries raises
+    :class:`JournalIOError` (no journal goes without its result)."""
+    _pinned(trust)
+    ray = _ray()
+    started = _joined(ray, address)
+    try:
+        remote = ray.remote(num_cpus=1, max_retries=MAX_RETRIES, retry_exceptions=False)(_export_task)
+        order = sorted(range(len(jobs)), key=lambda i: -_size(jobs[i][0]))
+        refs = {i: remote.remote(str(Path(jobs[i][0]).resolve()), str(root), lines, trust, jobs[i][1]) for i in order}
+        got: dict[int, tuple[str, Any]] = {}
+        for i in order:
+            try:
+                got[i] = ray.get(refs[i])
+            except ray.exceptions.RayError as e:
+                raise JournalIOError(f"{jobs[i][0]}: its export task did not return ({type(e).__name__}): nothing "
+                                     "was exported") from None
+        for i in range(len(jobs)):
+            if got[i][0] != "ok":
+                _raise(jobs[i][1] if jobs[i][1] is not None else -1, got[i])
+        return [got[i][1] for i in range(len(jobs))]
+    finally:
+        if started:
+            ray.shutdown()
 
 
 def _raise(rank: int, verdict: tuple[str, Any]) -> None:
@@ -67,17 +132,13 @@ def verify_run_dir_ray(path: str | os.PathLike, *, trust: TrustPolicy | None = N
     a running cluster's (``ray start``; ``"auto"``), or None for one started here for the call (or the one this
     process already joined)."""
     policy = TrustPolicy.of(trust, **trust_options)
-    if not policy.keys or policy.trust_embedded or policy.allow_unsigned:
-        raise UsageError("verification on Ray takes pinned keys only: pass --pubkey FILE (or --roster FILE)")
+    _pinned(policy)
     d = Path(path)
     files = rank_files(d)
     if not files:
         raise JournalIOError(f"{d}: no rank journals (rank-00000.jsonl, ...) in this folder")
     ray = _ray()
-    started = False
-    if not ray.is_initialized():
-        ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)
-        started = True
+    started = _joined(ray, address)
     try:
         remote = ray.remote(num_cpus=1, max_retries=MAX_RETRIES, retry_exceptions=False)(_task)
         order = sorted(files, key=lambda r: -_size(files[r]))  # the largest first: the slowest start first

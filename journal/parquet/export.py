@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import glob
 import hashlib
 import json
 import operator
@@ -433,9 +434,12 @@ def export_journal(path: str | os.PathLike, root: str | os.PathLike, *, lines: b
 
 def export_parquet(paths: Sequence[str | os.PathLike], out: str | os.PathLike, *, lines: bool = False,
                    trust: TrustPolicy | None = None, partial: bool = False,
-                   progress: Callable[[str], None] | None = None, **trust_options: Any) -> ExportReport:
+                   progress: Callable[[str], None] | None = None, ray: str | bool | None = None,
+                   **trust_options: Any) -> ExportReport:
     """Verify ``paths`` (journals, run folders, folders of journals) under ``trust`` and write their signed events
-    to the new folder ``out`` (see the module doc). Raises what verification raises (nothing is written then),
+    to the new folder ``out`` (see the module doc). ``ray``: each journal's pass as a Ray task instead
+    (:func:`~trainledger.journal.engines.ray.export_journals_ray`; a cluster's address, or True for one started
+    here), the run folders' check and the listing here as without it. Raises what verification raises (nothing is written then),
     :class:`UsageError` when ``out`` exists or two journals share a run id, :class:`JournalIOError` when it cannot
     be written (nothing is left behind)."""
     import duckdb
@@ -453,6 +457,7 @@ def export_parquet(paths: Sequence[str | os.PathLike], out: str | os.PathLike, *
     files = journal_files(paths)
     ranks = _ranks_of(paths)
     _one_run_each(files)
+    _remove_stale(dest)
     tmp = dest.parent / f".{dest.name}.partial-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     con = new_connection()
@@ -460,7 +465,12 @@ def export_parquet(paths: Sequence[str | os.PathLike], out: str | os.PathLike, *
     done: list[JournalExport] = []
     try:
         tmp.mkdir(mode=0o755)
-        for i, f in enumerate(files):
+        if ray:
+            from trainledger.journal.engines.ray import export_journals_ray
+
+            done = export_journals_ray([(f, ranks.get(f.resolve(), (None, None))[1]) for f in files], tmp,
+                                       lines=lines, trust=policy, address=ray if isinstance(ray, str) else None)
+        for i, f in enumerate(files if not ray else ()):
             d, rank = ranks.get(f.resolve(), (None, None))
             done.append(export_journal(f, tmp, lines=lines, trust=policy, rank=rank, con=con))
             if progress is not None:
@@ -481,6 +491,21 @@ def export_parquet(paths: Sequence[str | os.PathLike], out: str | os.PathLike, *
     return ExportReport(out=str(dest), journals=len(done), events=sum(d.receipt["events"] for d in done),
                         files=len(listed), bytes=sum(x["bytes"] for x in listed), lines=lines,
                         seconds=time.perf_counter() - t0, missing=missing)
+
+
+def _remove_stale(dest: Path) -> None:
+    """The staging folders of earlier exports to ``dest`` whose process is gone (killed before it could remove
+    its own): never an export (no listing), only disk."""
+    for p in dest.parent.glob(f".{glob.escape(dest.name)}.partial-*"):
+        pid = p.name.rsplit("-", 1)[-1]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(p, ignore_errors=True)
+        except OSError:  # alive, someone else's
+            pass
 
 
 def _ranks_of(paths: Sequence[str | os.PathLike]) -> dict[Path, tuple[Path, int]]:

@@ -112,3 +112,16 @@ def test_file_urls_read_the_same_way(run, capsys):
 def test_an_object_key_that_is_not_a_plain_path_is_refused(key):
     with pytest.raises(UnsafePath, match="not a plain path"):
         _safe_parts(key, "s3://x/y")
+
+
+def test_copies_left_by_a_killed_command_are_removed_by_the_next(run, capsys):
+    import subprocess
+    import sys
+
+    folder, pub = run
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = Path(tempfile.gettempdir()) / f"trainledger-fetch-{dead.stdout.strip()}-x"
+    stale.mkdir()
+    (stale / "rank-00000.jsonl").write_bytes(b"left behind")
+    assert main(["verify", folder.as_uri(), "--pubkey", pub]) == 0
+    assert not stale.exists()
