@@ -303,7 +303,8 @@ def _cmd_query(args: argparse.Namespace) -> int:
         trust = trust_policy(args)
         try:
             con, source = (opener(paths, verify_first=True, trust=trust) if opener else
-                           open_views(paths, use_cache=not args.no_cache, trust=trust, partial=args.partial))
+                           open_views(paths, use_cache=not args.no_cache, trust=trust, partial=args.partial,
+                                      cold=_cold_load(paths)))
         except IntegrityError as e:
             say(e.fail_line(getattr(e, "path", None) or (str(e.report.path) if e.report else "journal")),
                 file=sys.stderr)
@@ -345,6 +346,21 @@ def _cmd_query(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(buf.getvalue())
     return 0
+
+
+def _cold_load(paths: list[str]) -> Any:
+    """The Parquet form's load for journals of CACHE_MIN_BYTES or more when pyarrow is here (memory bounded by
+    DuckDB's own: journal/parquet/journals.py), else None (read into memory)."""
+    from trainledger.journal.parquet.journals import available, load_journals
+    from trainledger.journal.query import CACHE_MIN_BYTES, journal_files
+
+    if not available():
+        return None
+    try:
+        size = sum(f.stat().st_size for f in journal_files(paths))
+    except (OSError, JournalError):
+        return None  # the load names what is wrong
+    return load_journals if size >= CACHE_MIN_BYTES else None
 
 
 def _run_sql(con, sql: str, params, timeout: float) -> tuple[list[str], list[tuple]]:

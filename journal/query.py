@@ -41,7 +41,7 @@ import re
 import stat
 import subprocess
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +99,10 @@ def _sql_default(value: Any) -> str | None:
     return "'" + json.dumps(value) + "'::JSON"
 
 
+def _lit(s: str) -> str:
+    return "'" + s.replace("'", "''") + "'"
+
+
 def _qid(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
@@ -142,6 +146,10 @@ VIEWS: dict[str, str] = {
 
 _COMMON = '{"kind":"VARCHAR","seq":"BIGINT","ts":"BIGINT","h":"VARCHAR"}'
 
+#: a cold load instead of the in-memory one: ``(files, paths, trust, partial) -> (unlocked connection with every
+#: view, Source with readable set)``
+ColdLoad = Callable[[list[Path], Sequence[Any], TrustPolicy, bool], tuple[duckdb.DuckDBPyConnection, "Source"]]
+
 
 @dataclasses.dataclass
 class Source:
@@ -152,6 +160,8 @@ class Source:
     cache_path: Path | None = None
     #: a partial view's run folders (``partial=True``): folder -> the ranks it lacks; what is shown is partial
     missing: dict[str, list[int]] = dataclasses.field(default_factory=dict)
+    #: the private folder the views read (a cold load through the Parquet form); the lockdown allows only it
+    readable: Path | None = None
 
 
 def journal_files(paths: Sequence[str | os.PathLike]) -> list[Path]:
@@ -229,20 +239,26 @@ def connect(paths: Sequence[str | os.PathLike], *, verify_first: bool = True, us
 
 
 def open_views(paths: Sequence[str | os.PathLike], *, verify_first: bool = True, use_cache: bool = True,
-               trust: TrustPolicy | None = None, partial: bool = False,
+               trust: TrustPolicy | None = None, partial: bool = False, cold: ColdLoad | None = None,
                **trust_options: Any) -> tuple[duckdb.DuckDBPyConnection, Source]:
-    """:func:`connect`, also saying where the tables came from."""
+    """:func:`connect`, also saying where the tables came from. ``cold``: the load to use instead of reading every
+    line into memory when the journals are not cached (``trainledger query`` passes the Parquet form's,
+    :func:`trainledger.journal.parquet.journals.load_journals`, for large journals); it verifies as this does."""
     trust = TrustPolicy.of(trust, **trust_options)
     files = journal_files(paths)
     if verify_first and use_cache:
         hit = _warm(files, trust)  # a copy is only ever built of whole run folders (build_cache checks them)
         if hit is not None:
             return hit
-    missing = _whole_run_dirs(paths, trust, partial=partial) if verify_first else {}
     try:
-        con, source = _load(files, verify_first, trust)
-        source.missing = missing
-        _define_views(con)
+        if cold is not None and verify_first:
+            con, source = cold(files, paths, trust, partial)
+            con.execute(f"SET allowed_directories = [{_lit(str(source.readable) + os.sep)}]")
+        else:
+            missing = _whole_run_dirs(paths, trust, partial=partial) if verify_first else {}
+            con, source = _load(files, verify_first, trust)
+            source.missing = missing
+            _define_views(con)
     except (duckdb.InterruptException, RuntimeError) as e:
         # A Ctrl-C that lands inside one of DuckDB's own statements comes back as its InterruptException, or a
         # RuntimeError saying "Query interrupted": the same Ctrl-C, for the caller to handle as one.
@@ -276,26 +292,31 @@ def _whole_run_dirs(paths: Sequence[str | os.PathLike], trust: TrustPolicy, *,
     return missing
 
 
-def build_cache(paths: Sequence[str | os.PathLike], *, trust: TrustPolicy | None = None, **trust_options: Any) -> Path:
+def build_cache(paths: Sequence[str | os.PathLike], *, trust: TrustPolicy | None = None,
+                cold: ColdLoad | None = None, **trust_options: Any) -> Path:
     """Verify the journals, load them and write the columnar copy a later :func:`connect` can use.
 
     Written to a temporary file and renamed into place, so a reader never sees
-    half a copy; a copy for the same set of files is replaced.
+    half a copy; a copy for the same set of files is replaced. ``cold``: as :func:`open_views` takes it (the
+    copy is then written from the Parquet form, one streaming pass, memory bounded by DuckDB's own).
     """
     files = journal_files(paths)
     if _safe_cache_dir(create=True) is None:
         raise JournalIOError(f"{cache_dir()}: not a folder that only this user can write: no cache kept there")
     trust = TrustPolicy.of(trust, **trust_options)
-    _whole_run_dirs(paths, trust)  # a warm answer skips that check, so no copy is made of a partial folder
-    con, source = _load(files, True, trust)
-    _define_views(con)
+    if cold is not None:  # a warm answer skips the run folders' check: cold holds them whole (no partial)
+        con, source = cold(files, paths, trust, False)
+    else:
+        _whole_run_dirs(paths, trust)  # a warm answer skips that check, so no copy is made of a partial folder
+        con, source = _load(files, True, trust)
+        _define_views(con)
     target = _cache_path(files)
     tmp = target.with_name(f"{target.name}.tmp-{os.getpid()}")
     tmp.unlink(missing_ok=True)
     try:
         con.execute("ATTACH ? AS c", [str(tmp)])
         con.execute("CREATE TABLE c.meta AS SELECT ? AS version, ? AS files", [CACHE_VERSION, json.dumps(source.files)])
-        con.execute("CREATE TABLE c.events AS SELECT * FROM events_t")
+        con.execute("CREATE TABLE c.events AS SELECT * FROM events")
         for name in VIEWS:
             con.execute(f"CREATE TABLE c.{name} AS SELECT * FROM {name}")
         con.execute("DETACH c")
@@ -316,9 +337,11 @@ def refresh_cache_in_background(paths: Sequence[str | os.PathLike], *, trust: Tr
             "trust_embedded": t.trust_embedded, "allow_unsigned": t.allow_unsigned, "allow_unsealed": t.allow_unsealed,
             "cache_dir": str(cache_dir())}
     # Isolated (-I: neither the current folder nor PYTHON* variables reach sys.path) and started from /, so a
-    # folder named journal/ where the user happens to stand is never imported.
+    # folder named journal/ where the user happens to stand is never imported. With pyarrow, from the Parquet
+    # form (bounded memory: journal/parquet/journals.py), else loaded into memory here.
+    module = "trainledger.journal.parquet.journals" if _has_pyarrow() else "trainledger.journal.query"
     _REFRESHERS.append(subprocess.Popen(
-        [sys.executable, "-I", "-m", "trainledger.journal.query", json.dumps(spec)], stdin=subprocess.DEVNULL,
+        [sys.executable, "-I", "-m", module, json.dumps(spec)], stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, cwd="/"))
 
 
@@ -543,8 +566,18 @@ def _warm(files: list[Path], trust: TrustPolicy) -> tuple[duckdb.DuckDBPyConnect
     return con, Source("cache", rows, cache_path=path)
 
 
+def _has_pyarrow() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("pyarrow") is not None
+
+
 def _main(argv: list[str]) -> int:
     """The background refresher: ``python -m trainledger.journal.query SPEC_JSON``."""
+    return _refresh(argv)
+
+
+def _refresh(argv: list[str], cold: ColdLoad | None = None) -> int:
     from trainledger.journal.keys import parse_public_key
 
     spec = json.loads(argv[0])
@@ -553,7 +586,7 @@ def _main(argv: list[str]) -> int:
     except OSError:
         pass
     os.environ["TRAINLEDGER_CACHE_DIR"] = spec["cache_dir"]  # -I dropped nothing we need but this
-    build_cache(spec["paths"], keys=[parse_public_key(k, "cache spec") for k in spec["keys"]],
+    build_cache(spec["paths"], cold=cold, keys=[parse_public_key(k, "cache spec") for k in spec["keys"]],
                 trust_embedded=spec["trust_embedded"], allow_unsigned=spec["allow_unsigned"],
                 allow_unsealed=spec["allow_unsealed"])
     return 0

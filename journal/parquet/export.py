@@ -204,7 +204,8 @@ class _JournalWriter:
     """One journal's tables, written a row group at a time as its verified events arrive."""
 
     def __init__(self, root: Path, sub: Path, run_id: str, rank: int | None, *, lines: bool,
-                 specs: dict[str, _Typed], con: Any) -> None:
+                 specs: dict[str, _Typed], con: Any, file_column: str | None = None,
+                 compression: str = "zstd") -> None:
         self.pa = _pyarrow()
         self.root, self.sub, self.run_id, self.rank, self.lines = root, sub, run_id, rank, lines
         self.specs, self.con = specs, con
@@ -216,9 +217,11 @@ class _JournalWriter:
         self._tags: dict[type, str | None] = {}
         pa = self.pa
         self.dec = pa.decimal128(38, 0)
-        self.events_schema = pa.schema([("run_id", pa.string()), ("rank", pa.int32()), ("seq", pa.int64()),
-                                        ("kind", pa.string()), ("ts", pa.int64()), ("h", pa.string())]
-                                       + ([("line", pa.string())] if lines else []))
+        self.file_column, self.compression = file_column, compression
+        self.events_schema = pa.schema([("run_id", pa.string()), ("rank", pa.int32())]
+                                       + ([("file", pa.string())] if file_column is not None else [])
+                                       + [("seq", pa.int64()), ("kind", pa.string()), ("ts", pa.int64()),
+                                          ("h", pa.string())] + ([("line", pa.string())] if lines else []))
 
     def __call__(self, recs: list[Any], raw: list[bytes]) -> None:
         self.recs.extend(recs)
@@ -246,7 +249,7 @@ class _JournalWriter:
             path = self.root / table / self.sub
             path.parent.mkdir(parents=True, exist_ok=True)
             got = self.writers[table] = (pq.ParquetWriter(
-                path, data.schema, compression="zstd", use_dictionary=_DICTIONARY,
+                path, data.schema, compression=self.compression, use_dictionary=_DICTIONARY,
                 write_statistics=[c for c in data.schema.names if c not in _NO_STATS]), path)
             self.rows[table] = 0
         got[0].write_table(data, row_group_size=ROW_GROUP)
@@ -281,7 +284,8 @@ class _JournalWriter:
                         lines_of.setdefault(tag, []).extend(raw[i:j])
             i = j
         run, rank = self._const(n)
-        cols = [run, rank, self._column(recs, "seq", "BIGINT"), pa.array(kinds, pa.string()),
+        cols = [run, rank, *([pa.repeat(self.file_column, n)] if self.file_column is not None else []),
+                self._column(recs, "seq", "BIGINT"), pa.array(kinds, pa.string()),
                 self._column(recs, "ts", "BIGINT"), pa.array(list(map(_H, recs)), pa.string())]
         if self.lines:
             cols.append(self._text(raw))
@@ -388,7 +392,8 @@ class JournalExport:
 
 
 def export_journal(path: str | os.PathLike, root: str | os.PathLike, *, lines: bool, trust: TrustPolicy,
-                   rank: int | None = None, con: Any = None) -> JournalExport:
+                   rank: int | None = None, con: Any = None, file_column: str | None = None,
+                   compression: str = "zstd") -> JournalExport:
     """Verify one journal under ``trust`` and write its signed events under ``root`` (``TABLE/run-<run>/FILE``), in
     one pass: engine-neutral (a Ray, Dask or Spark task may run it; the result pickles). ``rank``: the journal is
     that rank of a run folder: its verification also gathers what :func:`~trainledger.journal.audit.rundir.check_run`
@@ -407,7 +412,8 @@ def export_journal(path: str | os.PathLike, root: str | os.PathLike, *, lines: b
         con = new_connection()
         con.execute("SET threads = 1")
     w = _JournalWriter(root, Path(f"run-{folder_name(run_id)}") / file_name(_rank_of(run_id)), run_id,
-                       _rank_of(run_id), lines=lines, specs=_specs(), con=con)
+                       _rank_of(run_id), lines=lines, specs=_specs(), con=con, file_column=file_column,
+                       compression=compression)
     try:
         try:
             rep = verify(f, trust=trust, _consume=w, _with_lines=True,

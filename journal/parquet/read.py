@@ -23,7 +23,7 @@ from trainledger.journal.parquet.check import _inside, _read_listing, verify_exp
 from trainledger.journal.parquet.export import LISTING, _lit, tables
 from trainledger.journal.trust import TrustPolicy
 
-__all__ = ["open_exports", "connect_exports"]
+__all__ = ["open_exports", "connect_exports", "views_over"]
 
 
 def _copy_export(src: Path, dest: Path) -> dict[str, Any]:
@@ -70,6 +70,35 @@ def _remember(memo: Path | None) -> None:
         pass
 
 
+def views_over(by_table: dict[str, list[str]]) -> Any:
+    """A new connection with the query layer's views over Parquet files of the export's layout (``{table: [file,
+    ...]}``; ``events`` with or without ``line`` and ``file``), not locked yet."""
+    from trainledger.journal.query import VIEW_NAMES, _define_views, new_connection
+
+    con = new_connection()
+    con.execute("CREATE TABLE events_t (run_id VARCHAR, rank INTEGER, file VARCHAR, seq BIGINT, kind VARCHAR, "
+                "ts BIGINT, h VARCHAR, line VARCHAR)")
+    _define_views(con)  # every view, over no rows; the Parquet tables then replace theirs
+    aliases = {tag: name for name, tag in VIEW_NAMES.items()}
+    for table in tables():
+        files = by_table.get(table)
+        if not files:
+            continue
+        src = f"read_parquet([{', '.join(_lit(f) for f in files)}], union_by_name = true)"
+        if table == "events":
+            have = {c for c, *_ in con.execute(f"DESCRIBE SELECT * FROM {src}").fetchall()}
+            sql = (f"SELECT run_id, rank, {'file' if 'file' in have else 'NULL::VARCHAR AS file'}, seq, kind, ts, "
+                   f"h, {'line' if 'line' in have else 'NULL::VARCHAR AS line'} FROM {src}")
+        else:
+            sql = f"SELECT * FROM {src}"
+        con.execute(f"CREATE OR REPLACE VIEW {table} AS {sql}")
+        # the kind's other name (steps is step_observed too)
+        other = aliases.get(table) or VIEW_NAMES.get(table)
+        if other:
+            con.execute(f"CREATE OR REPLACE VIEW {other} AS SELECT * FROM {table}")
+    return con
+
+
 def connect_exports(paths: Sequence[str | os.PathLike], *, verify_first: bool = True, trust: TrustPolicy | None = None,
                     **trust_options: Any) -> Any:
     """:func:`trainledger.journal.query.connect` for exports: a locked DuckDB connection with the query layer's
@@ -81,7 +110,7 @@ def open_exports(paths: Sequence[str | os.PathLike], *, verify_first: bool, trus
     """The query layer's connection, locked, and :class:`~trainledger.journal.query.Source` over exports (see the
     module doc). ``verify_first=False`` (``--no-verify``) reads a copy unchecked, typed-only exports included."""
     from trainledger.journal.copies import PrivateCopies
-    from trainledger.journal.query import VIEW_NAMES, Source, _define_views, _lock, _safe_cache_file, new_connection
+    from trainledger.journal.query import Source, _lock, _safe_cache_file
 
     copies = PrivateCopies()
     atexit.register(copies.close)
@@ -107,27 +136,7 @@ def open_exports(paths: Sequence[str | os.PathLike], *, verify_first: bool, trus
     except BaseException:
         copies.close()
         raise
-    con = new_connection()
-    con.execute("CREATE TABLE events_t (run_id VARCHAR, rank INTEGER, file VARCHAR, seq BIGINT, kind VARCHAR, "
-                "ts BIGINT, h VARCHAR, line VARCHAR)")
-    _define_views(con)  # every view, over no rows; the exported tables then replace theirs
-    aliases = {tag: name for name, tag in VIEW_NAMES.items()}
-    for table in tables():
-        files = by_table.get(table)
-        if not files:
-            continue
-        src = f"read_parquet([{', '.join(_lit(f) for f in files)}], union_by_name = true)"
-        if table == "events":
-            has_line = "line" in {c for c, *_ in con.execute(f"DESCRIBE SELECT * FROM {src}").fetchall()}
-            sql = (f"SELECT run_id, rank, NULL::VARCHAR AS file, seq, kind, ts, h, "
-                   f"{'line' if has_line else 'NULL::VARCHAR AS line'} FROM {src}")
-        else:
-            sql = f"SELECT * FROM {src}"
-        con.execute(f"CREATE OR REPLACE VIEW {table} AS {sql}")
-        # the kind's other name (steps is step_observed too)
-        other = aliases.get(table) or VIEW_NAMES.get(table)
-        if other:
-            con.execute(f"CREATE OR REPLACE VIEW {other} AS SELECT * FROM {table}")
+    con = views_over(by_table)
     # the lockdown (query._lock) turns file access off for the user's SQL; the private copy alone stays readable
     con.execute(f"SET allowed_directories = [{_lit(str(copies.dir) + os.sep)}]")
     _lock(con)

@@ -1,0 +1,104 @@
+"""The query layer's cold load through the Parquet form (journal/parquet/journals.py): every view answers what the
+in-memory load answers, row for row, over golden journals of every kind and over a run folder; a changed byte is
+named; the lockdown still holds; the cache refresher builds its copy from this form and a later query is warm."""
+
+from __future__ import annotations
+
+import math
+from decimal import Decimal
+from pathlib import Path
+
+import duckdb
+import pytest
+
+pytest.importorskip("pyarrow")
+
+from trainledger.cli import main  # noqa: E402
+from trainledger.journal import IntegrityError, Signer, StepObserved, load_public_key  # noqa: E402
+from trainledger.journal.parquet.journals import load_journals  # noqa: E402
+from trainledger.journal.query import VIEWS, build_cache, open_views  # noqa: E402
+from trainledger.training.distributed.ranks import RankInfo, open_rank_journal  # noqa: E402
+
+GOLDEN = Path(__file__).resolve().parents[2] / "assets" / "golden"
+NAMES = ["every_kind_v1_3", "every_kind_v1_2", "resumed_rewound_v1_1", "scaling_ladder_v1_2"]
+
+
+def _plain(v):
+    if isinstance(v, float) and math.isnan(v):
+        return "NaN"
+    if isinstance(v, Decimal):
+        return int(v)
+    return v
+
+
+def _all(con, view: str) -> list[tuple]:
+    return sorted((tuple(map(_plain, r)) for r in con.execute(f"SELECT * FROM {view}").fetchall()), key=repr)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_view_answers_what_the_in_memory_load_answers(name):
+    p, keys = [str(GOLDEN / f"{name}.jsonl")], [load_public_key(GOLDEN / f"{name}.pub")]
+    mem, _ = open_views(p, use_cache=False, keys=keys)
+    pq, src = open_views(p, use_cache=False, keys=keys, cold=load_journals)
+    assert src.readable is not None and src.files[0]["file"] == p[0]
+    for view in ["events", *VIEWS]:
+        a, b = _all(mem, view), _all(pq, view)
+        assert a == b, view
+        assert [d[0] for d in mem.execute(f"SELECT * FROM {view}").description] == \
+            [d[0] for d in pq.execute(f"SELECT * FROM {view}").description], view
+
+
+def test_a_run_folder_its_partial_view_and_a_changed_byte(tmp_path):
+    s = Signer.generate()
+    run = tmp_path / "run"
+    for r in range(3):
+        j = open_rank_journal(run, s, info=RankInfo(run="pf", rank=r, world_size=3, local_rank=0, node="n",
+                                                    restart_count=0))
+        for i in range(25):
+            j.append(StepObserved(step=i, loss=1.0 + i / 10, grad_norm=0.3))
+        j.close()
+    mem = open_views([run], use_cache=False, keys=[s.public])[0]
+    pq = open_views([run], use_cache=False, keys=[s.public], cold=load_journals)[0]
+    for view in ("events", "runs", "steps", "timeline"):
+        assert _all(mem, view) == _all(pq, view)
+    (run / "rank-00002.jsonl").unlink()
+    with pytest.raises(IntegrityError, match="rank 2"):
+        open_views([run], use_cache=False, keys=[s.public], cold=load_journals)
+    con, src = open_views([run], use_cache=False, keys=[s.public], cold=load_journals, partial=True)
+    assert list(src.missing.values()) == [[2]]
+    assert con.execute("SELECT count(DISTINCT rank) FROM steps").fetchone() == (2,)
+    f = run / "rank-00001.jsonl"
+    f.write_bytes(f.read_bytes().replace(b'"step":3,', b'"step":4,', 1))
+    with pytest.raises(IntegrityError, match="rank 1") as e:
+        open_views([run], use_cache=False, keys=[s.public], cold=load_journals, partial=True)
+    assert e.value.seq is not None
+
+
+def test_the_lockdown_holds_over_the_parquet_form(tmp_path):
+    p, keys = [str(GOLDEN / "every_kind_v1_3.jsonl")], [load_public_key(GOLDEN / "every_kind_v1_3.pub")]
+    con, _ = open_views(p, use_cache=False, keys=keys, cold=load_journals)
+    outside = tmp_path / "secret.csv"
+    outside.write_text("a\n1\n")
+    for sql in (f"SELECT * FROM read_csv('{outside}')", f"COPY (SELECT 1) TO '{tmp_path / 'x.csv'}'",
+                "SET allowed_directories = ['/']", "SET enable_external_access = true"):
+        with pytest.raises(duckdb.Error):
+            con.execute(sql)
+    assert not (tmp_path / "x.csv").exists()
+    assert con.execute("SELECT count(*) FROM steps").fetchone()[0] > 0
+
+
+def test_the_cache_is_built_from_the_parquet_form_and_answers_warm(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("TRAINLEDGER_CACHE_DIR", str(tmp_path / "cache"))
+    p, pub = str(GOLDEN / "scaling_ladder_v1_2.jsonl"), str(GOLDEN / "scaling_ladder_v1_2.pub")
+    build_cache([p], cold=load_journals, keys=[load_public_key(pub)])
+    con, src = open_views([p], keys=[load_public_key(pub)])
+    assert src.origin == "cache"
+    mem, _ = open_views([p], use_cache=False, keys=[load_public_key(pub)])
+    for view in ("events", "steps", "runs", "verdicts"):
+        assert _all(con, view) == _all(mem, view)
+    # the command takes the Parquet form for large journals (here: any size)
+    monkeypatch.setattr("trainledger.journal.query.CACHE_MIN_BYTES", 0)
+    assert main(["query", p, "--pubkey", pub, "--no-cache", "--format", "csv",
+                 "SELECT count(*) AS n FROM events"]) == 0
+    n = mem.execute("SELECT count(*) FROM events").fetchone()[0]
+    assert capsys.readouterr().out.splitlines() == ["n", str(n)]
