@@ -16,6 +16,7 @@ exported) as a Ray task (``trainledger[ray]``).
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,18 +48,14 @@ def _task(rank: int, path: str, trust: TrustPolicy, seqs: frozenset[int]) -> tup
         return "io", str(e)
 
 
-def _export_task(path: str, root: str, lines: bool, trust: TrustPolicy, rank: int | None) -> tuple[str, Any]:
-    """One journal's export, where the task runs: ("ok", JournalExport) or a verdict as :func:`_task` returns it.
-    A task that runs again after its worker was lost starts the journal's files afresh."""
-    from trainledger.journal.parquet.export import export_journal, file_name, folder_name, tables
-    from trainledger.journal.query import _rank_of
-    from trainledger.journal.verify import open_checked, read_opening
-
+def _export_task(export: Callable[..., Any], path: str, root: str, lines: bool, trust: TrustPolicy,
+                 rank: int | None) -> tuple[str, Any]:
+    """One journal's export by ``export`` (the exporter's ``export_journal``, handed in: this module does not import
+    the exporter), where the task runs: ("ok", its result) or a verdict as :func:`_task` returns it. A task run
+    again after its worker was lost writes the same files over what the first attempt left (the same journal gives
+    the same tables)."""
     try:
-        run_id = read_opening(Path(path), open_checked(Path(path)))[0].run_id
-        for t in tables():  # what an earlier attempt of this task left
-            (Path(root) / t / f"run-{folder_name(run_id)}" / file_name(_rank_of(run_id))).unlink(missing_ok=True)
-        return "ok", export_journal(path, root, lines=lines, trust=trust, rank=rank)
+        return "ok", export(path, root, lines=lines, trust=trust, rank=rank)
     except IntegrityError as e:
         return "fail", (type(e).__module__, type(e).__name__, str(e), e.seq, e.offset)
     except JournalIOError as e:
@@ -80,10 +77,10 @@ def _joined(ray: Any, address: str | None) -> bool:
     return True
 
 
-def export_journals_ray(jobs: list[tuple[Path, int | None]], root: str | os.PathLike, *, lines: bool,
-                        trust: TrustPolicy, address: str | None = None) -> list[Any]:
-    """Each ``(journal, rank or None)`` of ``jobs`` verified and exported into ``root`` by a Ray task
-    (:func:`~trainledger.journal.parquet.export.export_journal`), the largest first; their results in ``jobs``'
+def export_journals_ray(export: Callable[..., Any], jobs: list[tuple[Path, int | None]], root: str | os.PathLike, *,
+                        lines: bool, trust: TrustPolicy, address: str | None = None) -> list[Any]:
+    """Each ``(journal, rank or None)`` of ``jobs`` verified and exported into ``root`` by a Ray task running
+    ``export`` (:func:`~trainledger.journal.parquet.export.export_journal`), the largest first; their results in ``jobs``'
     order. The first failing journal, in that order, raises; a task lost beyond its retries raises
     :class:`JournalIOError` (no journal goes without its result)."""
     _pinned(trust)
@@ -92,7 +89,8 @@ def export_journals_ray(jobs: list[tuple[Path, int | None]], root: str | os.Path
     try:
         remote = ray.remote(num_cpus=1, max_retries=MAX_RETRIES, retry_exceptions=False)(_export_task)
         order = sorted(range(len(jobs)), key=lambda i: -_size(jobs[i][0]))
-        refs = {i: remote.remote(str(Path(jobs[i][0]).resolve()), str(root), lines, trust, jobs[i][1]) for i in order}
+        refs = {i: remote.remote(export, str(Path(jobs[i][0]).resolve()), str(root), lines, trust, jobs[i][1])
+                for i in order}
         got: dict[int, tuple[str, Any]] = {}
         for i in order:
             try:

@@ -474,8 +474,9 @@ def export_parquet(paths: Sequence[str | os.PathLike], out: str | os.PathLike, *
         if ray:
             from trainledger.journal.engines.ray import export_journals_ray
 
-            done = export_journals_ray([(f, ranks.get(f.resolve(), (None, None))[1]) for f in files], tmp,
-                                       lines=lines, trust=policy, address=ray if isinstance(ray, str) else None)
+            jobs = [(f, ranks.get(f.resolve(), (None, None))[1]) for f in files]
+            done = export_journals_ray(export_journal, jobs, tmp, lines=lines, trust=policy,
+                                       address=ray if isinstance(ray, str) else None)
         for i, f in enumerate(files if not ray else ()):
             d, rank = ranks.get(f.resolve(), (None, None))
             done.append(export_journal(f, tmp, lines=lines, trust=policy, rank=rank, con=con))
