@@ -10,13 +10,22 @@ process and its children; peak RSS the largest of them), alternating the measure
 medians:
 
 - ``verify RUN_DIR``: the folder checked whole (the floor any export pays).
-- ``export parquet --lines``: verify, load and write every table; events per CPU-second.
+- ``export parquet --lines``: one verifying pass per journal, every table written as it goes; events per
+  CPU-second. ``typed only``: the same without the lines.
 - ``verify OUT``: the export re-verified from its lines, every typed cell held to them.
-- ``query``: the audit SQL through ``trainledger query`` over the journals (verify + load, no cache).
+- ``query (JSONL, cold)``: the audit SQL through ``trainledger query`` over the journals, no cache: journals this
+  large are read through the Parquet form (a private streaming export, then DuckDB over it). ``in memory``: the
+  same through ``query.connect``, which loads every line into DuckDB's memory (the command's load before, and
+  the API's still). ``cached``: the command again once the cache refresher's copy exists (built untimed, from
+  the Parquet form).
 - ``duckdb over the export``: the same SQL by DuckDB over the exported Parquet (``read_parquet``, one thread).
 - ``query over the export``: the same SQL through ``trainledger query OUT`` (the export copied, re-verified from its
   lines, then read in place), again (the listing remembered as verified: the copy's files checked against it),
   and with ``--no-verify`` (copied, not checked: labelled so).
+
+``--ray`` adds ``tools/bench_ray.py``'s measures to the same run, on the same folder: ``verify RUN_DIR`` with one
+worker process against ``--ray`` on a local Ray of 1 and of 2 CPUs (the whole process tree's CPU, Ray's start
+timed apart).
 
 The load average before and after is printed; the machine is shared, so read CPU time first.
 """
@@ -36,6 +45,14 @@ from pathlib import Path
 AUDIT = ("SELECT rank, count(*) AS steps, avg(loss) AS loss, max(grad_norm) AS gmax, sum(tokens) AS tokens "
          "FROM steps GROUP BY rank ORDER BY rank")
 PY = str(Path(sys.executable))
+#: the in-memory load (query.connect, no cold load): argv key, SQL
+MEM = ("import sys; from trainledger.journal import load_public_key; from trainledger.journal.query import connect; "
+       "print(connect([sys.argv[1]], use_cache=False, keys=[load_public_key(sys.argv[2])]).execute(sys.argv[3])"
+       ".fetchall())")
+#: the cache refresher's copy, from the Parquet form (what a cold query starts in the background)
+BUILD = ("import sys; from trainledger.journal import load_public_key; from trainledger.journal.query import "
+         "build_cache; from trainledger.journal.parquet.journals import load_journals; "
+         "build_cache([sys.argv[1]], cold=load_journals, keys=[load_public_key(sys.argv[2])])")
 TL = str(Path(sys.executable).with_name("trainledger"))
 
 
@@ -73,8 +90,10 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=50_000)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", metavar="FILE")
+    ap.add_argument("--ray", action="store_true", help="also verify on a local Ray of 1 and 2 CPUs (bench_ray.py)")
     a = ap.parse_args()
     lines = []
+    ray_res: dict[str, list[dict]] = {}
 
     def say(t=""):
         print(t, flush=True)
@@ -100,6 +119,12 @@ def main() -> int:
             r = timed([TL, "export", "parquet", str(run), str(ex), "--lines", "--pubkey", str(key), "--json"], env)
             results.setdefault("export parquet --lines", []).append(r)
             import json as _j
+            import shutil
+
+            typed = tmp / f"typed{rnd}"
+            results.setdefault("  typed only", []).append(
+                timed([TL, "export", "parquet", str(run), str(typed), "--pubkey", str(key), "--json"], env))
+            shutil.rmtree(typed)
 
             events = _j.loads(r["stdout"])["events"]
             parquet = sum(p.stat().st_size for p in ex.rglob("*.parquet"))
@@ -107,6 +132,8 @@ def main() -> int:
                               ("verify OUT", [TL, "verify", str(ex), "--pubkey", str(key)]),
                               ("query (JSONL, cold)", [TL, "query", str(run), AUDIT, "--pubkey", str(key),
                                                        "--format", "csv", "--no-cache"]),
+                              ("  in memory (query.connect)", [PY, "-c", MEM, str(run), str(key), AUDIT]),
+                              ("  cached", [TL, "query", str(run), AUDIT, "--pubkey", str(key), "--format", "csv"]),
                               ("duckdb over the export", [PY, "-c", dk, str(ex), AUDIT]),
                               ("query over the export", [TL, "query", str(ex), AUDIT, "--pubkey", str(key),
                                                          "--format", "csv"]),
@@ -114,13 +141,23 @@ def main() -> int:
                                                              "--format", "csv"]),
                               ("  the same, --no-verify", [TL, "query", str(ex), AUDIT, "--no-verify",
                                                            "--format", "csv"])):
+                if name == "  cached":  # the refresher's copy, built untimed
+                    subprocess.run([PY, "-c", BUILD, str(run), str(key)], check=True, env=env)
                 if name == "query over the export":  # cold: nothing remembers this listing verified
                     for memo in (tmp / "cache").glob("x-*.verified"):
                         memo.unlink()
                 results.setdefault(name, []).append(timed(cmd, env))
-            if rnd < a.rounds - 1:
-                import shutil
+            if a.ray:
+                sys.path.insert(0, str(Path(__file__).resolve().parent))
+                from bench_ray import RUNNER
 
+                for m in ("one process", "ray 1 cpus", "ray 2 cpus"):
+                    out = subprocess.run([PY, "-c", RUNNER, m, str(run), str(key)], capture_output=True, text=True,
+                                         env=env)
+                    if out.returncode != 0:
+                        raise SystemExit(f"{m}: exit {out.returncode}: {out.stderr[-1500:]}")
+                    ray_res.setdefault(m, []).append(_j.loads(out.stdout.strip().splitlines()[-1]))
+            if rnd < a.rounds - 1:
                 shutil.rmtree(ex)
         say(f"tools/bench_parquet.py --ranks {a.ranks} --steps {a.steps} --rounds {a.rounds}: "
             f"{time.perf_counter() - t_start:.0f} s; {os.cpu_count()} CPUs; load average "
@@ -135,9 +172,19 @@ def main() -> int:
         ex_cpu = med["export parquet --lines"]["cpu"]
         say(f"  export: {events / ex_cpu:,.0f} events per CPU-second ({ex_cpu / med['verify RUN_DIR']['cpu']:.1f}x "
             f"verify's CPU)")
-        say(f"  the audit SQL: query over the journals {med['query (JSONL, cold)']['cpu']:.2f} s CPU, DuckDB over the "
-            f"export {med['duckdb over the export']['cpu']:.2f} s "
-            f"({med['query (JSONL, cold)']['cpu'] / med['duckdb over the export']['cpu']:.0f}x)")
+        say(f"  typed only: {events / med['  typed only']['cpu']:,.0f} events per CPU-second "
+            f"({med['  typed only']['cpu'] / med['verify RUN_DIR']['cpu']:.1f}x verify's CPU)")
+        dk_cpu = med["duckdb over the export"]["cpu"]
+        for k in ("query (JSONL, cold)", "  in memory (query.connect)", "  cached", "query over the export",
+                  "  again (verified before)"):
+            say(f"  the audit SQL, {k.strip()}: {med[k]['cpu']:.2f} s CPU, {med[k]['cpu'] / dk_cpu:.1f}x DuckDB over "
+                f"the export; peak RSS {med[k]['rss']:.0f} MiB against DuckDB's {med['duckdb over the export']['rss']:.0f}")
+        if ray_res:
+            say(f"  verify RUN_DIR on Ray (bench_ray.py's measure, same folder, medians of {a.rounds}):")
+            say(f"  {'measure':24s} {'verify wall s':>14s} {'Ray start s':>12s} {'verify tree CPU s':>18s}")
+            for m, rs in ray_res.items():
+                mm = {f: statistics.median(r[f] for r in rs) for f in ("verify_wall", "start", "cpu")}
+                say(f"  {m:24s} {mm['verify_wall']:14.2f} {mm['start']:12.2f} {mm['cpu']:18.2f}")
     if a.out:
         Path(a.out).write_text("\n".join(lines) + "\n")
     return 0

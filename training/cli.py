@@ -11,6 +11,7 @@ import argparse
 import dataclasses
 import json
 import sys
+from collections.abc import Callable
 import time
 from pathlib import Path
 from typing import Any
@@ -317,14 +318,29 @@ def _cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _progress_line(label: str) -> Callable[[str], None]:
+    """A progress line rewritten in place on stderr (a terminal's), then ended by the command's own output."""
+    def show(text: str) -> None:
+        sys.stderr.write(f"\r{label}: {text}\x1b[K")
+        sys.stderr.flush()
+
+    return show
+
+
 def _cmd_export_parquet(args: argparse.Namespace) -> int:
     from trainledger.journal.parquet import export_parquet
 
     trust = trust_policy(args)
     shown = args.paths[0] if len(args.paths) == 1 else f"{len(args.paths)} paths"
     try:
-        rep = export_parquet(args.paths, args.out, lines=args.lines, trust=trust, partial=args.partial,
-                             ray=(args.ray or True) if args.ray is not None else None)
+        tty = sys.stderr.isatty()
+        try:
+            rep = export_parquet(args.paths, args.out, lines=args.lines, trust=trust, partial=args.partial,
+                                 ray=(args.ray or True) if args.ray is not None else None,
+                                 progress=_progress_line("export parquet") if tty else None)
+        finally:
+            if tty:
+                sys.stderr.write("\r\x1b[K")  # the progress line cleared, whatever follows
     except IntegrityError as e:
         say(e.fail_line(getattr(e, "path", None) or shown))
         return 1
