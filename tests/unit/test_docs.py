@@ -203,3 +203,19 @@ def test_the_false_alarm_figures_on_the_front_page_are_the_measured_ones():
     block = text[text.index("<!-- false-alarms:begin -->"):text.index("<!-- false-alarms:end -->")]
     quoted = re.findall(r"\b\d+\.\d\d\b", block)
     assert len(quoted) >= 6 and all(q in bench for q in quoted), [q for q in quoted if q not in bench]
+
+
+def test_every_package_folder_is_installed():
+    """A folder with an ``__init__.py`` that pyproject's package list lacks works in the editable install the tests
+    use and is missing from ``pip install .``: every one must be listed."""
+    tomllib = pytest.importorskip("tomllib")
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    dirs = {"journal": "trainledger.journal", "training": "trainledger.training", "ladder": "trainledger.ladder",
+            "trainledger": "trainledger"}
+    found = set()
+    for folder, name in dirs.items():
+        for init in (ROOT / folder).rglob("__init__.py"):
+            rel = init.parent.relative_to(ROOT / folder).parts
+            found.add(".".join((name, *rel)))
+    assert found - listed == set()
