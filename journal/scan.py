@@ -678,6 +678,15 @@ def lines_of(block: bytes) -> list[bytes]:
     return lines
 
 
+def new_scanner(ctx: ScanContext, prev_seq: int, prev_hash: bytes, res: RangeResult) -> Scanner:
+    """A scanner for a reader that follows a file as it grows (``serve``): fed blocks of complete lines from where
+    the last one ended (:meth:`Scanner.feed_block`), with the step lines' fast path on as :func:`scan_range` has it.
+    A block's records may come back lazily: call ``records()`` on what has that method."""
+    scanner = Scanner(ctx, prev_seq, prev_hash, res)
+    scanner.steps_unread = _STEP_LINES_OK
+    return scanner
+
+
 def scan_range(path: str, start: int, end: int, prev_seq: int, prev_hash: bytes,
                ctx: ScanContext, is_last: bool, *,
                each: Callable[[bytes, Any, int, RangeResult], None] | None = None) -> RangeResult:

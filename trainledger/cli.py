@@ -82,6 +82,22 @@ def register(sub) -> None:
     add_partial_option(p)
     p.set_defaults(func=_cmd_report)
 
+    p = sub.add_parser("serve", help="a live dashboard of what verifies, in the browser (trainledger[serve])",
+                       description="Verify a journal or a run folder and serve one page that follows it as it is "
+                                   "written: loss and grad norm per rank (segments and rungs apart; anomalies, "
+                                   "spikes, rewinds, resumes and checkpoints marked), MFU and tokens/s, step time "
+                                   "per rank with stragglers outlined, devices, verdicts, decisions, fits and stop "
+                                   "rules. Only signed events are drawn; events past the last seal are drawn apart "
+                                   "as not signed yet; a journal that fails verification shows one FAIL line and "
+                                   "nothing else. Every point opens its event and its inclusion proof. Binds "
+                                   "127.0.0.1; any other --host needs the token printed with the URL. Read-only.",
+                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("path", metavar="PATH", help="a journal, or a distributed run's folder of rank-NNNNN.jsonl")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
+    p.add_argument("--port", type=int, default=8765, help="port (default: 8765; 0: any free one)")
+    add_trust_options(p)
+    p.set_defaults(func=_cmd_serve)
+
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -205,6 +221,21 @@ def _replay_run_dir(args: argparse.Namespace) -> int:
     for d in rec.differences:
         say(f"  DIFFERENCE rank {d['rank']} seq {d['seq']} ({d['kind']}): {d['detail']}")
     return 0 if rec.ok else 1
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from trainledger.serve.app import serve
+
+    if not 0 <= args.port <= 65535:
+        raise UsageError(f"--port {args.port}: a port is 0 to 65535")
+
+    def ready(url: str, board) -> None:
+        state = board.state()
+        if state.get("fail"):
+            say(state["fail"])
+        say(f"serving {args.path} at {url}  (Ctrl-C stops)", flush=True)
+
+    return serve(args.path, trust=trust_policy(args), host=args.host, port=args.port, ready=ready)
 
 
 def _cmd_report(args: argparse.Namespace) -> int:

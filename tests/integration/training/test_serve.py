@@ -1,0 +1,317 @@
+"""``trainledger serve``: the live dashboard, in headless Chromium through Playwright, against a real uvicorn.
+
+The page draws the curves (counted in the chart's own data), a step sealed by a writer in another process appears
+within 2 s, an unsigned tail is drawn apart and labelled, a changed byte leaves one FAIL banner and no curve, a run
+folder shows every rank with the slow one outlined, a downloaded proof verifies, hostile strings stay text, and the
+server answers only its loopback name (or the token). Waiting is done by polling ``page.evaluate`` (the page's
+Content-Security-Policy forbids the string evaluation ``wait_for_function`` uses)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("starlette")
+pytest.importorskip("uvicorn")
+pytest.importorskip("pyarrow")
+
+from trainledger.cli import main  # noqa: E402
+from trainledger.journal import Journal, Signer, StepObserved, TrustPolicy  # noqa: E402
+from trainledger.journal.kinds import GateVerdict, StragglerDetected  # noqa: E402
+from trainledger.training.distributed.ranks import RankInfo, open_rank_journal  # noqa: E402
+
+GOLDEN = Path(__file__).resolve().parents[2] / "assets" / "golden"
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync"]
+
+
+@contextlib.contextmanager
+def serving(path: Path, keys, *, token: str | None = None):
+    """A real uvicorn serving the board of ``path`` on a free loopback port, in a thread; yields the page's URL."""
+    import uvicorn
+
+    from trainledger.serve.app import make_app
+    from trainledger.serve.board import open_board
+
+    board = open_board(path, TrustPolicy(keys=list(keys)))
+    app = make_app(board, token=token, host="127.0.0.1", port=0)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="error", lifespan="on"))
+    t = threading.Thread(target=server.run, daemon=True)
+    t.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        assert time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.02)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}/" + (f"?token={token}" if token else "")
+    finally:
+        server.should_exit = True
+        t.join(10)
+        board.close()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if CHROMIUM is None:
+        pytest.skip("chromium is not installed: bash tools/setup.sh --browser installs Debian's package")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
+        yield b
+        b.close()
+
+
+class Page:
+    """A page of the dashboard, its console errors and every URL it asked for."""
+
+    def __init__(self, browser, url: str, **ctx):
+        self.context = browser.new_context(viewport={"width": 1300, "height": 1000}, **ctx)
+        self.page = self.context.new_page()
+        self.errors: list[str] = []
+        self.requests: list[str] = []
+        self.page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
+        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
+        self.page.on("request", lambda r: self.requests.append(r.url))
+        self.page.goto(url)
+
+    def js(self, expr: str):
+        return self.page.evaluate(f"() => {expr}")
+
+    def until(self, expr: str, timeout: float = 10.0) -> float:
+        """Seconds until ``expr`` is true in the page."""
+        t0 = time.monotonic()
+        while not self.js(expr):
+            assert time.monotonic() - t0 < timeout, f"never true: {expr}"
+            time.sleep(0.02)
+        return time.monotonic() - t0
+
+    def close(self):
+        self.context.close()
+
+
+def test_the_page_draws_a_ladder_journal_from_the_command(browser, tmp_path):
+    """The command itself (a subprocess, port 0): the URL it prints, the curves of every rung, the verdicts."""
+    proc = subprocess.Popen([sys.executable, "-m", "trainledger", "serve", str(GOLDEN / "scaling_ladder_v1_2.jsonl"),
+                             "--pubkey", str(GOLDEN / "scaling_ladder_v1_2.pub"), "--port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("serving ") and " at http://127.0.0.1:" in line, line
+        url = line.split(" at ", 1)[1].split()[0]
+        p = Page(browser, url)
+        p.until("window.__trainledger.drawn > 0")
+        data = p.js("window.__trainledger.data")
+        assert data["loss"]["series"] == 7 and data["loss"]["points"] > 2000 and data["loss"]["unsigned"] == 0
+        assert data["grad_norm"]["points"] > 2000 and data["mfu"]["points"] > 1000
+        assert p.js("document.querySelectorAll('#listed tr').length") > 20  # verdicts, decisions, the fit
+        assert "passed: final loss" in p.js("document.getElementById('listed').textContent")
+        assert p.js("document.getElementById('fail').hidden") is True
+        shot = p.page.screenshot(full_page=True)
+        (tmp_path / "ladder.png").write_bytes(shot)
+        assert p.errors == []
+        assert [u for u in p.requests if not u.startswith(url.split("?")[0])] == []  # nothing from outside
+        p.close()
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        proc.stdout.close()
+
+
+_WRITER = textwrap.dedent("""
+    import os, sys
+    from trainledger.journal import Journal, StepObserved, load_signer
+    path, key, phase, start = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    j = Journal.open_append(path, signer=load_signer(key), seal_every=10_000, seal_interval_s=3600,
+                            flush_interval_s=0.01, background=False)
+    for i in range(start, start + 5):
+        j.append(StepObserved(step=i, loss=1.0 + 1.0 / (i + 1), grad_norm=0.4, step_time_s=0.1, tokens=256))
+    if phase == "seal":
+        j.seal(durable=True)
+        j.suspend()
+    else:
+        j.flush()
+        os._exit(0)  # a writer killed before its next seal: the lines are there, unsigned
+""")
+
+
+def test_a_step_sealed_by_another_process_appears_within_two_seconds_and_an_unsigned_tail_is_labelled(
+        browser, tmp_path):
+    from trainledger.journal import keygen
+
+    priv, pub = keygen(tmp_path / "keys")
+    from trainledger.journal import load_public_key, load_signer
+
+    path = tmp_path / "live.jsonl"
+    j = Journal.create(path, signer=load_signer(priv), seal_every=10_000, background=False)
+    for i in range(20):
+        j.append(StepObserved(step=i, loss=2.0 - i / 100, grad_norm=0.5, step_time_s=0.1, tokens=256))
+    j.seal(durable=True)
+    j.suspend()
+    writer = tmp_path / "writer.py"
+    writer.write_text(_WRITER)
+    with serving(path, [load_public_key(pub)]) as url:
+        p = Page(browser, url)
+        p.until("window.__trainledger.drawn > 0")
+        assert p.js("window.__trainledger.data.loss.points") == 20
+        t0 = time.monotonic()
+        subprocess.run([sys.executable, str(writer), str(path), str(priv), "seal", "20"], check=True, timeout=60)
+        written = time.monotonic()
+        p.until("window.__trainledger.data.loss.points === 25", timeout=10)
+        assert time.monotonic() - written < 2.0, f"took {time.monotonic() - written:.2f} s after the seal"
+        assert time.monotonic() - t0 < 30
+        subprocess.run([sys.executable, str(writer), str(path), str(priv), "flush", "25"], check=True, timeout=60)
+        p.until("window.__trainledger.data.loss.unsigned === 5")
+        assert p.js("window.__trainledger.data.loss.points") == 30  # 25 signed, 5 drawn apart
+        status = p.js("document.getElementById('status').textContent")
+        assert "5 events not signed yet" in status
+        assert "not signed yet" in p.js("document.getElementById('journals').textContent")
+        assert p.errors == []
+        p.close()
+
+
+def test_a_changed_byte_shows_one_fail_banner_and_no_curve(browser, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    lines = (GOLDEN / "scaling_ladder_v1_2.jsonl").read_bytes().splitlines(keepends=True)
+    lines[40] = lines[40].replace(b'"step":', b'"step":1', 1)
+    bad.write_bytes(b"".join(lines))
+    from trainledger.journal import load_public_key
+
+    with serving(bad, [load_public_key(GOLDEN / "scaling_ladder_v1_2.pub")]) as url:
+        p = Page(browser, url)
+        p.until("window.__trainledger.drawn > 0")
+        fail = p.js("document.getElementById('fail').textContent")
+        assert fail.startswith("FAIL") and "seq 40" in fail
+        assert p.js("document.getElementById('fail').hidden") is False
+        assert p.js("document.getElementById('board').hidden") is True
+        assert p.js("document.querySelectorAll('canvas.u-canvas, .uplot').length") == 0
+        assert p.js("Object.keys(window.__trainledger.data).length") == 0
+        p.close()
+
+
+def _run_folder(d: Path, s: Signer) -> Path:
+    js = [open_rank_journal(d, s, info=RankInfo(run="srv", rank=r, world_size=2, local_rank=0, node=f"n{r}",
+                                                restart_count=0)) for r in range(2)]
+    for i in range(40):
+        for r, j in enumerate(js):
+            j.append(StepObserved(step=i, loss=2.0 - i / 100 + r / 50, grad_norm=0.5, step_time_s=0.1 * (1 + 2 * r),
+                                  tokens=512))
+    js[0].append(StragglerDetected(rank=1, score=1 / 3, window_start=0, window_end=39, node="n1"))
+    for j in js:
+        j.close()
+    return d
+
+
+def test_a_run_folder_shows_every_rank_and_the_slow_rank_outlined(browser, tmp_path):
+    s = Signer.generate()
+    d = _run_folder(tmp_path / "run", s)
+    with serving(d, [s.public]) as url:
+        p = Page(browser, url)
+        p.until("window.__trainledger.drawn > 0")
+        data = p.js("window.__trainledger.data")
+        assert data["heatmap"]["ranks"] == [0, 1] and data["heatmap"]["stragglers"] == 1
+        assert data["loss"]["series"] == 2 and data["loss"]["points"] == 80
+        legend = p.js("document.getElementById('heatmap-legend').textContent")
+        assert "ranks 0, 1" in legend and "stragglers flagged (1)" in legend
+        assert "straggler rank 1" in p.js("document.getElementById('marks').textContent")
+        (tmp_path / "run-folder.png").write_bytes(p.page.screenshot(full_page=True))
+        assert p.errors == []
+        p.close()
+
+
+def test_a_downloaded_proof_verifies(browser, tmp_path, capsys):
+    from trainledger.journal import keygen, load_public_key, load_signer
+
+    priv, pub = keygen(tmp_path / "keys")
+    path = tmp_path / "gated.jsonl"
+    with Journal.create(path, signer=load_signer(priv), seal_every=16, background=False) as j:
+        for i in range(50):
+            j.append(StepObserved(step=i, loss=2.0 - i / 100, grad_norm=0.3))
+        j.append(GateVerdict(rung="r1", passed=True, reason="final loss 1.51 <= 4.0", measured={"final_loss": 1.51},
+                             bars={"max_final_loss": 4.0}, artifacts={}))
+    with serving(path, [load_public_key(pub)]) as url:
+        p = Page(browser, url, accept_downloads=True)
+        p.until("window.__trainledger.drawn > 0")
+        p.page.click("#listed tr:nth-child(2) button")  # the verdict
+        p.until("!document.getElementById('event').hidden")
+        assert p.js("document.getElementById('event-title').textContent").startswith("gate_verdict at seq ")
+        with p.page.expect_download() as dl:
+            p.page.click("#event-proof")
+        bundle = tmp_path / "proof.json"
+        dl.value.save_as(bundle)
+        p.close()
+    assert main(["verify-proof", str(bundle), "--pubkey", str(pub)]) == 0
+    assert "OK" in capsys.readouterr().out
+
+
+def test_a_journal_without_tree_heads_says_it_has_no_proof(browser):
+    from trainledger.journal import load_public_key
+
+    with serving(GOLDEN / "scaling_ladder_v1_2.jsonl", [load_public_key(GOLDEN / "scaling_ladder_v1_2.pub")]) as url:
+        p = Page(browser, url)
+        p.until("window.__trainledger.drawn > 0")
+        p.page.click("#listed tr:nth-child(3) button")
+        p.until("!document.getElementById('event').hidden")
+        assert p.js("document.getElementById('event-proof').hidden") is True
+        assert "format 1.2 journal has no tree heads" in p.js("document.getElementById('event-noproof').textContent")
+        p.close()
+
+
+def test_hostile_strings_stay_text(browser, tmp_path):
+    s = Signer.generate()
+    path = tmp_path / "hostile.jsonl"
+    evil = '<img src=x onerror="window.__pwned=1"><script>window.__pwned=2</script>'
+    with Journal.create(path, signer=s, background=False) as j:
+        for i in range(10):
+            j.append(StepObserved(step=i, loss=1.0, grad_norm=0.1))
+        j.append(GateVerdict(rung=evil, passed=False, reason=evil, measured={evil: 1.0}, bars={}, artifacts={}))
+    with serving(path, [s.public]) as url:
+        p = Page(browser, url)
+        p.until("window.__trainledger.drawn > 0")
+        assert p.js("window.__pwned === undefined")
+        assert p.js("document.querySelectorAll('img, script:not([src])').length") == 0
+        assert evil in p.js("document.getElementById('listed').textContent")
+        p.page.click("#listed tr:nth-child(2) button")
+        p.until("!document.getElementById('event').hidden")
+        shown = json.loads(p.js("document.getElementById('event-fields').textContent"))
+        assert shown["reason"] == evil and shown["ts"] > 2**53  # every integer as the line has it
+        assert p.js("window.__pwned === undefined")
+        p.close()
+
+
+def test_only_the_loopback_name_or_the_token_is_answered(tmp_path):
+    s = Signer.generate()
+    path = tmp_path / "j.jsonl"
+    with Journal.create(path, signer=s, background=False) as j:
+        j.append(StepObserved(step=0, loss=1.0))
+
+    def status(url: str, host: str | None = None) -> int:
+        req = urllib.request.Request(url, headers={"Host": host} if host else {})
+        try:
+            with urllib.request.urlopen(req, timeout=10) as r:
+                return r.status
+        except urllib.error.HTTPError as e:
+            return e.code
+
+    with serving(path, [s.public]) as url:
+        assert status(url + "api/state") == 200
+        assert status(url + "api/state", host="attacker.example:80") == 403  # a rebound name
+    with serving(path, [s.public], token="t0ken") as url:
+        base = url.split("?")[0]
+        assert status(base + "api/state") == 403
+        assert status(base + "api/state?token=wrong") == 403
+        assert status(base + "api/state?token=t0ken") == 200
+        assert status(base + "api/state?token=t0ken", host="anything.example") == 200

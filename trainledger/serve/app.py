@@ -1,0 +1,273 @@
+"""``trainledger serve JOURNAL|RUN_DIR``: a live dashboard of what verifies (the ``serve`` extra: Starlette, uvicorn).
+
+One page (``static/index.html``, its script and uPlot, all shipped in the package: nothing is fetched from outside)
+and a read-only JSON API over a :class:`~.board.Board`. A follower thread reads the journals every
+:data:`POLL_S` seconds; the page hears of each change through server-sent events (``/api/stream``) and fetches what
+changed. Every journal string reaches the page as JSON and is put into it as text, never as markup; the page runs
+under a Content-Security-Policy that allows only its own script and styles.
+
+Safe by default: it binds 127.0.0.1; a loopback bind answers only requests whose ``Host`` is the loopback address
+(a page elsewhere cannot rebind a name to it and read the journals); any other bind needs the token printed with
+its URL (``?token=``, as Jupyter does), and every request must carry it. There is nothing to write: every route is
+a GET.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import math
+import secrets
+import threading
+import time
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from trainledger.journal.errors import IntegrityError, TrainledgerError, UsageError
+from trainledger.serve.board import METRICS, Board
+
+__all__ = ["make_app", "POLL_S", "CSP", "LOOPBACK"]
+
+POLL_S = 0.25
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
+CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
+       "base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+_STATIC = {"app.js": "text/javascript", "app.css": "text/css", "uPlot.iife.min.js": "text/javascript",
+           "uPlot.min.css": "text/css", "index.html": "text/html"}
+
+
+def _static(name: str) -> bytes:
+    return resources.files("trainledger.serve").joinpath("static", name).read_bytes()
+
+
+class Follower(threading.Thread):
+    """Polls the board until stopped; the server's one writer of the board."""
+
+    def __init__(self, board: Board, interval: float = POLL_S) -> None:
+        super().__init__(name="trainledger-serve-follow", daemon=True)
+        self.board, self.interval = board, interval
+        self.stopped = threading.Event()
+        self.error: str | None = None
+
+    def run(self) -> None:
+        while not self.stopped.wait(self.interval):
+            try:
+                self.board.poll()
+            except TrainledgerError as e:  # a journal gone or unreadable: said on the page, the server stays up
+                self.error = str(e)
+            except Exception as e:  # noqa: BLE001 - the follower must never die silently
+                self.error = f"{type(e).__name__}: {e}"
+
+
+def make_app(board: Board, *, token: str | None, host: str, port: int, follow: bool = True) -> Any:
+    """The Starlette application over ``board``. ``token``: every request must carry it (``?token=``); None on a
+    loopback bind, where the ``Host`` header must name the loopback address instead."""
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse, Response, StreamingResponse
+    from starlette.routing import Route
+
+    follower = Follower(board) if follow else None
+
+    def guard(request: Request) -> Response | None:
+        if token is not None:
+            got = request.query_params.get("token", "")
+            if not hmac.compare_digest(got.encode(), token.encode()):
+                return Response("a token is needed: open the URL serve printed\n", status_code=403,
+                                media_type="text/plain")
+        elif _host_name(request.headers.get("host", "")) not in ("127.0.0.1", "localhost", "[::1]"):
+            return Response("this server answers its loopback address only\n", status_code=403,
+                            media_type="text/plain")
+        return None
+
+    def headers(extra: dict[str, str] | None = None) -> dict[str, str]:
+        h = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer",
+             "Cache-Control": "no-store", "Cross-Origin-Opener-Policy": "same-origin",
+             "Cross-Origin-Resource-Policy": "same-origin", "X-Frame-Options": "DENY"}
+        h.update(extra or {})
+        return h
+
+    def api(fn):
+        async def handler(request: Request) -> Response:
+            bad = guard(request)
+            if bad is not None:
+                return bad
+            try:
+                body = await asyncio.to_thread(fn, request)
+            except UsageError as e:
+                return JSONResponse({"error": str(e)}, status_code=400, headers=headers())
+            except IntegrityError as e:
+                return JSONResponse({"error": str(e)}, status_code=409, headers=headers())
+            except (ValueError, TypeError) as e:
+                return JSONResponse({"error": f"bad request: {e}"}, status_code=400, headers=headers())
+            if isinstance(body, Response):
+                return body
+            return Response(json.dumps(_finite(body), allow_nan=False, default=str), media_type="application/json",
+                            headers=headers())
+        return handler
+
+    def _int(request: Request, name: str, default: int | None = None) -> int | None:
+        v = request.query_params.get(name)
+        if v is None or v == "":
+            return default
+        return int(v)
+
+    def _rank(request: Request) -> int | None:
+        return _int(request, "rank")
+
+    def state(request: Request) -> dict[str, Any]:
+        s = board.state()
+        s["server_error"] = follower.error if follower is not None else None
+        s["metrics"] = list(METRICS)
+        return s
+
+    def series(request: Request) -> dict[str, Any]:
+        return board.series(request.query_params.get("metric", "loss"), _int(request, "width", 1200),
+                            _int(request, "lo"), _int(request, "hi"))
+
+    def heatmap(request: Request) -> dict[str, Any]:
+        return board.heatmap(_int(request, "width", 600))
+
+    def telemetry(request: Request) -> dict[str, Any]:
+        return board.telemetry()
+
+    def event(request: Request) -> dict[str, Any]:
+        return board.event(_rank(request), _int(request, "seq", -1))
+
+    def proof(request: Request) -> Response:
+        rank, seq = _rank(request), _int(request, "seq", -1)
+        bundle = board.proof(rank, seq)
+        name = f"proof-{'' if rank is None else f'rank{rank}-'}seq{seq}.json"
+        return Response(json.dumps(bundle, indent=1) + "\n", media_type="application/json",
+                        headers=headers({"Content-Disposition": f'attachment; filename="{name}"'}))
+
+    async def page(request: Request) -> Response:
+        bad = guard(request)
+        if bad is not None:
+            return bad
+        return Response(_static("index.html"), media_type="text/html; charset=utf-8", headers=headers())
+
+    async def static(request: Request) -> Response:
+        bad = guard(request)
+        if bad is not None:
+            return bad
+        name = request.path_params["name"]
+        if name not in _STATIC:
+            return Response("not found\n", status_code=404, media_type="text/plain")
+        return Response(_static(name), media_type=_STATIC[name], headers=headers({"Cache-Control": "max-age=60"}))
+
+    async def stream(request: Request) -> Response:
+        bad = guard(request)
+        if bad is not None:
+            return bad
+
+        async def events():
+            seen = -1
+            last = time.monotonic()
+            while True:
+                if await request.is_disconnected():
+                    break
+                v = board.version
+                if v != seen:
+                    seen = v
+                    last = time.monotonic()
+                    yield f"data: {json.dumps({'version': v})}\n\n"
+                elif time.monotonic() - last > 15:
+                    last = time.monotonic()
+                    yield ": keep-alive\n\n"
+                await asyncio.sleep(0.1)
+
+        return StreamingResponse(events(), media_type="text/event-stream", headers=headers())
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Any):
+        if follower is not None:
+            follower.start()
+        try:
+            yield
+        finally:
+            if follower is not None:
+                follower.stopped.set()
+
+    async def favicon(request: Request) -> Response:
+        return Response(status_code=204)
+
+    routes = [Route("/", page), Route("/favicon.ico", favicon), Route("/static/{name}", static), Route("/api/state", api(state)),
+              Route("/api/series", api(series)), Route("/api/heatmap", api(heatmap)),
+              Route("/api/telemetry", api(telemetry)), Route("/api/event", api(event)),
+              Route("/api/proof", api(proof)), Route("/api/stream", stream)]
+    return Starlette(routes=routes, lifespan=lifespan)
+
+
+def _finite(x: Any) -> Any:
+    """``x`` with every non-finite float spelled as the journal spells it ("NaN", "Infinity", "-Infinity"): JSON has
+    no such numbers, and a journal's anomaly may well hold one."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else ("NaN" if x != x else ("Infinity" if x > 0 else "-Infinity"))
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_finite(v) for v in x]
+    return x
+
+
+def _host_name(host: str) -> str:
+    """The name part of a ``Host`` header (``[::1]:8765`` -> ``[::1]``, ``localhost:8765`` -> ``localhost``)."""
+    if host.startswith("["):
+        return host.split("]", 1)[0] + "]"
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+
+def new_token() -> str:
+    return secrets.token_urlsafe(24)
+
+
+def url_of(host: str, port: int, token: str | None) -> str:
+    shown = f"[{host}]" if ":" in host else host
+    return f"http://{shown}:{port}/" + (f"?token={token}" if token else "")
+
+
+def is_loopback(host: str) -> bool:
+    return host in LOOPBACK
+
+
+def serve(path: str | Path, *, trust: Any, host: str = "127.0.0.1", port: int = 8765,
+          ready: Any = None) -> int:
+    """Verify what ``path`` holds now, then serve it until Ctrl-C. ``ready(url)`` is told the URL once the server
+    listens (the CLI prints it)."""
+    try:
+        import uvicorn
+    except ImportError:
+        raise UsageError("serve needs its extra: pip install 'trainledger[serve]'") from None
+    from trainledger.serve.board import open_board
+
+    board = open_board(path, trust)
+    token = None if is_loopback(host) else new_token()
+    app = make_app(board, token=token, host=host, port=port)
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, lifespan="on",
+                            server_header=False, date_header=False)
+    server = uvicorn.Server(config)
+
+    async def main() -> None:
+        task = asyncio.create_task(server.serve())
+        while not server.started and not task.done():
+            await asyncio.sleep(0.05)
+        if server.started and ready is not None:
+            ready(url_of(host, port if port else _bound_port(server), token), board)
+        await task
+
+    try:
+        asyncio.run(main())
+    finally:
+        board.close()
+    return 0
+
+
+def _bound_port(server: Any) -> int:
+    for s in server.servers:
+        for sock in s.sockets:
+            return sock.getsockname()[1]
+    return 0

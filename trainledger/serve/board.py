@@ -1,0 +1,561 @@
+"""What ``trainledger serve`` shows, kept current as the journals grow: only what verifies.
+
+A :class:`Board` follows one journal or every rank journal of a run folder. Each journal is read from where the last
+read stopped, complete lines only, and checked line by line as ``verify`` checks it (the chain, the seqs, the Merkle
+tree, each seal's signature under the pinned key): the same :class:`~trainledger.journal.scan.Scanner` ``watch``
+uses. An event reaches the board's tables only once a seal covering it has checked out; the events past the last
+seal are kept apart, for the page to draw as "not signed yet". A line that does not check out fails the board: from
+then on it holds the one FAIL line (the file, the seq, what is wrong) and nothing else, the tables emptied. A
+journal cut back and rewritten under the reader is read again from its first line.
+
+The tables live in DuckDB (one thread, a memory limit, spilling to a private temporary folder), so a long run's
+steps cost DuckDB's memory, not Python's: ``steps`` (one row per step: rank, segment, rung, seq, step, loss, grad
+norm, step time, tokens, MFU), ``marks`` (anomalies, suspected spikes, rewinds, resumes, checkpoints, device
+changes, stops: what the curves mark), ``telemetry`` (device readings) and ``lines`` (each event's seq, kind, chain
+hash and where its line is, so that the page can open any event and ask for its inclusion proof). The curves are
+downsampled here (:meth:`Board.series`): per pixel the lowest and the highest point, within one rank, one segment
+and one rung (a line never joins a resumed stretch to the one before it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import tempfile
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from trainledger.journal.audit.rundir import is_run_dir, rank_files, split_run_id
+from trainledger.journal.chain import genesis, link
+from trainledger.journal.errors import IntegrityError, JournalError, SchemaError, UsageError
+from trainledger.journal.scan import BLOCK, MAX_LINE, RangeResult, ScanContext, new_scanner, tree_mode
+from trainledger.journal.trust import TrustPolicy
+from trainledger.journal.verify import open_checked, read_opening, resolve_key
+
+__all__ = ["Board", "METRICS", "MAX_WIDTH"]
+
+#: the curves the page draws: name -> the SQL of its value over ``steps``
+METRICS = {"loss": "loss", "grad_norm": "grad_norm", "step_time_s": "step_time_s", "mfu": "mfu",
+           "tokens_per_s": "CASE WHEN step_time_s > 0 THEN tokens / step_time_s END"}
+#: the widest downsampling a request may ask for (pixels)
+MAX_WIDTH = 4096
+#: the most events past the last seal kept to draw (a run whose seals stopped: the rest are only counted)
+MAX_UNSIGNED = 20_000
+_SEGMENT_KINDS = {"run_resumed", "rewind_decided", "run_configured", "rung_started", "weights_restored"}
+_MARK_KINDS = {"anomaly_detected", "spike_suspected", "rewind_decided", "run_resumed", "checkpoint_saved",
+               "shards_saved", "device_changed", "run_stopped", "straggler_detected", "weights_restored"}
+_LISTED = {"gate_verdict", "decision_recorded", "scaling_fitted", "run_stopped", "straggler_detected", "rung_started",
+           "run_closed", "preflight_completed", "evaluation_recorded"}
+
+
+def _tag(ev: Any) -> str:
+    cfg = getattr(type(ev), "__struct_config__", None)
+    tag = getattr(cfg, "tag", None)
+    return tag if isinstance(tag, str) else str(getattr(ev, "kind", "unknown"))
+
+
+def _num(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
+
+
+@dataclasses.dataclass
+class _Segment:
+    """What a step's row needs from the events before it: its segment and rung, and MFU's constants."""
+
+    index: int = 0
+    rung: str | None = None
+    flops_per_token: float | None = None
+    peak: float | None = None
+    seq_len: int | None = None
+
+
+class _Journal:
+    """One journal followed: complete lines checked as they arrive, signed events handed to the board."""
+
+    def __init__(self, board: Board, path: Path, rank: int | None) -> None:
+        self.board, self.path, self.rank = board, path, rank
+        self.restart()
+
+    def restart(self) -> None:
+        opened, _ = read_opening(self.path, open_checked(self.path))
+        policy = self.board.trust
+        if policy.keys or policy.trust_embedded or opened.key_id is None:
+            raw, trust, _ = resolve_key(opened, keys=policy.keys, trust_embedded=policy.trust_embedded)
+            if trust == "unsigned" and not policy.allow_unsigned:
+                raise UsageError(f"{self.path}: the journal is unsigned (pass --allow-unsigned to show it anyway)")
+        else:
+            raise UsageError("serve shows only what verifies: pass --pubkey FILE (or --trust-embedded)")
+        self.trust = trust
+        self.key_id = opened.key_id
+        self.format_version = opened.format_version
+        self.provable = tree_mode(opened.format_version)
+        self.run_id = opened.run_id
+        self.ctx = ScanContext(opened.run_id, opened.key_id, raw, trust != "unsigned", None,
+                               tree=tree_mode(opened.format_version))
+        self.res = RangeResult(0, 0)
+        self.scanner = new_scanner(self.ctx, -1, genesis(opened.run_id), self.res)
+        self.offset = 0
+        self.carry = b""
+        self.tail = b""
+        self.pending: list[tuple[Any, int, int]] = []  # (event, offset, length) past the last seal
+        self.signed = 0
+        self.segment = _Segment()
+        self.closed = False
+
+    def read_new(self) -> bool:
+        """Check and hand on everything appended since the last call; whether anything new was signed or seen."""
+        changed = False
+        with open(self.path, "rb", buffering=0) as f:
+            size = os.fstat(f.fileno()).st_size
+            if self.offset:
+                f.seek(self.offset - len(self.tail))
+                again = f.read(len(self.tail))
+                if size < self.offset or again != self.tail:
+                    self.board._rewritten(self)
+                    return True
+            f.seek(self.offset)
+            while True:
+                block = f.read(BLOCK)
+                if not block:
+                    break
+                start = self.offset - len(self.carry)
+                self.offset += len(block)
+                self.tail = (self.tail + block)[-64:]
+                chunk = self.carry + block
+                cut = chunk.rfind(b"\n")
+                if cut < 0:
+                    self.carry = chunk
+                    if len(chunk) > MAX_LINE:
+                        raise SchemaError(f"line at byte {start} is longer than {MAX_LINE} bytes", offset=start)
+                    continue
+                self.carry = chunk[cut + 1:]
+                whole = chunk[:cut + 1]
+                recs = self.scanner.feed_block(whole, start)
+                recs = recs.records() if hasattr(recs, "records") else list(recs)
+                offs = self._offsets(whole, start, len(recs))
+                self.pending.extend(zip(recs, *offs))
+                changed = True
+                self._release()
+        return changed
+
+    @staticmethod
+    def _offsets(block: bytes, start: int, n: int) -> tuple[list[int], list[int]]:
+        starts, lens = [], []
+        pos = 0
+        for _ in range(n):
+            end = block.index(b"\n", pos)
+            starts.append(start + pos)
+            lens.append(end - pos)
+            pos = end + 1
+        return starts, lens
+
+    def _release(self) -> None:
+        """Hand the events a checked seal covers to the board (in order); keep the rest pending."""
+        sealed = self.res.last_seal_seq if self.trust != "unsigned" else (
+            self.pending[-1][0].seq if self.pending else None)
+        if sealed is None or not self.pending or self.pending[0][0].seq > sealed:
+            return
+        cut = sealed - self.pending[0][0].seq + 1
+        ready, self.pending = self.pending[:cut], self.pending[cut:]
+        self.signed += len(ready)
+        self.board._take(self, ready)
+
+
+class Board:
+    """The verified state of one journal or run folder (see the module doc). Thread-safe: :meth:`poll` runs in the
+    server's follower thread, the queries in its request handlers."""
+
+    def __init__(self, path: str | os.PathLike, *, trust: TrustPolicy | None = None, memory_limit: str = "512MB",
+                 **trust_options: Any) -> None:
+        import duckdb
+
+        from trainledger.journal.query import new_connection
+
+        self.path = Path(path)
+        self.trust = TrustPolicy.of(trust, **trust_options)
+        if not self.path.exists():
+            raise JournalError(f"{self.path}: no such file or folder")
+        self.private = Path(tempfile.mkdtemp(prefix="trainledger-serve-"))
+        self.lock = threading.RLock()
+        self.con = new_connection()
+        self._duck = duckdb
+        self.con.execute("SET threads = 1")
+        self.con.execute(f"SET memory_limit = '{memory_limit}'")
+        self.con.execute(f"SET temp_directory = '{self.private}'")
+        self._create()
+        self.version = 0
+        self.fail: str | None = None
+        self.notes: list[str] = []
+        self.listed: list[dict[str, Any]] = []
+        self.journals: dict[int | None, _Journal] = {}
+        self.run: str | None = None
+        self.is_run_dir = self.path.is_dir()
+        if self.is_run_dir and not is_run_dir(self.path):
+            raise UsageError(f"{self.path}: a folder, but no rank journals (rank-00000.jsonl, ...) in it")
+
+    def _create(self) -> None:
+        self.con.execute("CREATE TABLE steps (rank INTEGER, segment INTEGER, rung VARCHAR, seq BIGINT, step BIGINT, "
+                         "loss DOUBLE, grad_norm DOUBLE, step_time_s DOUBLE, tokens DOUBLE, mfu DOUBLE, ts BIGINT)")
+        self.con.execute("CREATE TABLE marks (rank INTEGER, seq BIGINT, step BIGINT, kind VARCHAR, label VARCHAR)")
+        self.con.execute("CREATE TABLE telemetry (rank INTEGER, seq BIGINT, ts BIGINT, device INTEGER, temp_c DOUBLE, "
+                         "temp_hbm_c DOUBLE, power_w DOUBLE, sm_clock_mhz DOUBLE, throttled BOOLEAN, "
+                         "ecc_uncorrected DOUBLE)")
+        self.con.execute("CREATE TABLE lines (rank INTEGER, seq BIGINT, kind VARCHAR, h VARCHAR, off BIGINT, "
+                         "len INTEGER)")
+
+    def close(self) -> None:
+        import shutil
+
+        with self.lock:
+            self.con.close()
+        shutil.rmtree(self.private, ignore_errors=True)
+
+    # -- following ----------------------------------------------------------------------------------------------
+
+    def poll(self) -> bool:
+        """Read what every journal gained; whether anything changed (the version then grows)."""
+        with self.lock:
+            if self.fail is not None:
+                return False
+            changed = False
+            try:
+                for rank, f in self._files().items():
+                    if rank not in self.journals:
+                        self.journals[rank] = self._open(rank, f)
+                        changed = True
+                    j = self.journals[rank]
+                    self._reading = j.path
+                    changed |= j.read_new()
+            except IntegrityError as e:
+                self._failed(e.fail_line(str(self._reading)))
+                changed = True
+            except JournalError as e:
+                if not self.journals:
+                    raise
+                self._failed(f"FAIL  {self._reading}: {e}")
+                changed = True
+            if changed:
+                self.version += 1
+            return changed
+
+    def _files(self) -> dict[int | None, Path]:
+        if not self.is_run_dir:
+            return {None: self.path}
+        return dict(rank_files(self.path))
+
+    def _open(self, rank: int | None, f: Path) -> _Journal:
+        self._reading = f
+        j = _Journal(self, f, rank)
+        if rank is not None:
+            split = split_run_id(j.run_id)
+            if split is None or split[1] != rank or (self.run is not None and split[0] != self.run):
+                raise SchemaError(f"its run id {j.run_id!r} is not this folder's rank {rank} "
+                                  f"({self.run or 'RUN'}.r{rank:05d}): a journal of another run (or rank)", seq=0)
+            self.run = self.run or split[0]
+            if self.trust.roster is not None:
+                self.trust.roster.hold(rank, j.key_id)
+        return j
+
+    def _failed(self, line: str) -> None:
+        """From now on the board holds this one line and nothing from any journal."""
+        self.fail = line
+        for t in ("steps", "marks", "telemetry", "lines"):
+            self.con.execute(f"DELETE FROM {t}")
+        self.listed.clear()
+        for j in self.journals.values():
+            j.pending.clear()
+
+    def _rewritten(self, j: _Journal) -> None:
+        self.notes.append(f"{j.path}: the journal was cut back and rewritten: read again from its first line")
+        r = -1 if j.rank is None else j.rank
+        for t in ("steps", "marks", "telemetry", "lines"):
+            self.con.execute(f"DELETE FROM {t} WHERE rank = ?", [r])
+        self.listed = [x for x in self.listed if x["rank"] != j.rank]
+        j.restart()
+        j.read_new()
+
+    def _take(self, j: _Journal, ready: list[tuple[Any, int, int]]) -> None:
+        """Signed events of journal ``j``, in order, into the tables."""
+        import pyarrow as pa
+
+        r = -1 if j.rank is None else j.rank
+        seg = j.segment
+        steps: dict[str, list[Any]] = {k: [] for k in ("segment", "rung", "seq", "step", "loss", "grad_norm",
+                                                       "step_time_s", "tokens", "mfu", "ts")}
+        lines: dict[str, list[Any]] = {k: [] for k in ("seq", "kind", "h", "off", "len")}
+        marks: list[tuple[Any, ...]] = []
+        tele: list[tuple[Any, ...]] = []
+        for ev, off, ln in ready:
+            kind = _tag(ev)
+            lines["seq"].append(ev.seq)
+            lines["kind"].append(kind)
+            lines["h"].append(getattr(ev, "h", None))
+            lines["off"].append(off)
+            lines["len"].append(ln)
+            if kind == "step_observed":
+                tokens = ev.tokens if ev.tokens is not None else (
+                    ev.examples * seg.seq_len if ev.examples is not None and seg.seq_len else None)
+                st = _num(ev.step_time_s)
+                mfu = (seg.flops_per_token * tokens / st / seg.peak
+                       if tokens is not None and st and seg.flops_per_token and seg.peak else None)
+                for k, v in (("segment", seg.index), ("rung", seg.rung), ("seq", ev.seq), ("step", ev.step),
+                             ("loss", _num(ev.loss)), ("grad_norm", _num(ev.grad_norm)), ("step_time_s", st),
+                             ("tokens", float(tokens) if tokens is not None else None), ("mfu", mfu),
+                             ("ts", ev.ts)):
+                    steps[k].append(v)
+                continue
+            if kind in _SEGMENT_KINDS:
+                seg.index += 1
+                if kind == "rung_started":
+                    seg.rung = str(ev.rung)
+                if kind == "run_configured":
+                    if ev.n_params and ev.seq_len:
+                        seg.flops_per_token = 6.0 * ev.n_params + 12.0 * (ev.n_layer or 0) * (ev.n_head or 0) * (
+                            ev.head_dim or 0) * ev.seq_len
+                    seg.peak = (ev.peak_flops_per_sec * (ev.devices or 1)) if ev.peak_flops_per_sec else None
+                    seg.seq_len = ev.seq_len
+            if kind in _MARK_KINDS:
+                marks.append((r, ev.seq, _mark_step(ev, kind), kind, _mark_label(ev, kind)))
+            if kind == "device_sampled":
+                ecc = ev.ecc if isinstance(ev.ecc, dict) else {}
+                unc = sum(v for k, v in ecc.items() if "uncorrected" in str(k) and isinstance(v, int))
+                tele.append((r, ev.seq, ev.ts, ev.device, _num(ev.temp_c), _num(ev.temp_hbm_c), _num(ev.power_w),
+                             _num(ev.sm_clock_mhz), bool(ev.clock_event_reasons), float(unc)))
+            if kind == "run_closed":
+                j.closed = True
+            if kind in _LISTED:
+                self.listed.append({"rank": j.rank, "seq": ev.seq, "kind": kind, "fields": _fields(ev)})
+        if steps["seq"]:
+            n = len(steps["seq"])
+            self._insert("steps", pa.table({"rank": pa.repeat(pa.scalar(r, pa.int32()), n),
+                                            **{k: pa.array(v, _STEP_TYPES[k]) for k, v in steps.items()}}))
+        n = len(lines["seq"])
+        self._insert("lines", pa.table({"rank": pa.repeat(pa.scalar(r, pa.int32()), n),
+                                        "seq": pa.array(lines["seq"], pa.int64()),
+                                        "kind": pa.array(lines["kind"], pa.string()),
+                                        "h": pa.array(lines["h"], pa.string()),
+                                        "off": pa.array(lines["off"], pa.int64()),
+                                        "len": pa.array(lines["len"], pa.int32())}))
+        if marks:
+            self.con.executemany("INSERT INTO marks VALUES (?, ?, ?, ?, ?)", marks)
+        if tele:
+            self.con.executemany("INSERT INTO telemetry VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", tele)
+
+    def _insert(self, table: str, rows: Any) -> None:
+        self.con.register("_rows", rows)
+        try:
+            self.con.execute(f"INSERT INTO {table} SELECT * FROM _rows")
+        finally:
+            self.con.unregister("_rows")
+
+    # -- reading ------------------------------------------------------------------------------------------------
+
+    def state(self) -> dict[str, Any]:
+        """Everything but the curves: verification, the journals, the listed events, the marks."""
+        with self.lock:
+            out: dict[str, Any] = {"version": self.version, "path": str(self.path), "fail": self.fail,
+                                   "notes": list(self.notes[-5:]), "run_dir": self.is_run_dir}
+            if self.fail is not None:
+                return out
+            out["journals"] = [{"rank": j.rank, "file": str(j.path), "run_id": j.run_id, "key_id": j.key_id,
+                                "format_version": j.format_version,
+                                "trust": j.trust, "signed": j.signed, "unsigned": len(j.pending),
+                                "last_seal_seq": j.res.last_seal_seq, "closed": j.closed}
+                               for _, j in sorted(self.journals.items(), key=lambda x: -1 if x[0] is None else x[0])]
+            out["listed"] = list(self.listed[-500:])
+            out["marks"] = [dict(zip(("rank", "seq", "step", "kind", "label"), m)) for m in self.con.execute(
+                "SELECT CASE WHEN rank < 0 THEN NULL ELSE rank END, seq, step, kind, label FROM marks "
+                "ORDER BY seq LIMIT 2000").fetchall()]
+            out["steps"] = self.con.execute("SELECT count(*), min(step), max(step) FROM steps").fetchall()[0]
+            return out
+
+    def series(self, metric: str, width: int, lo: int | None = None, hi: int | None = None) -> dict[str, Any]:
+        """``metric`` by step, per rank, segment and rung, at most two points (the lowest and the highest, in step
+        order) per pixel of ``width``; the events past each journal's last seal apart, as they are."""
+        if metric not in METRICS:
+            raise UsageError(f"no such curve {metric!r}: one of {', '.join(METRICS)}")
+        width = max(1, min(int(width), MAX_WIDTH))
+        with self.lock:
+            if self.fail is not None:
+                return {"metric": metric, "series": [], "unsigned": []}
+            lo_, hi_ = self.con.execute("SELECT min(step), max(step) FROM steps").fetchall()[0]
+            lo = lo_ if lo is None else lo
+            hi = hi_ if hi is None else hi
+            series: list[dict[str, Any]] = []
+            if lo is not None and hi is not None:
+                span = max(hi - lo + 1, 1)
+                rows = self.con.execute(
+                    f"WITH s AS (SELECT rank, segment, rung, seq, step, {METRICS[metric]} AS v FROM steps "
+                    "WHERE step BETWEEN ? AND ?), b AS (SELECT *, CAST(floor((step - ?) * ? / ?) AS BIGINT) AS px "
+                    "FROM s WHERE v IS NOT NULL AND isfinite(v)) "
+                    "SELECT rank, segment, rung, px, arg_min(step, v), min(v), arg_min(seq, v), arg_max(step, v), "
+                    "max(v), arg_max(seq, v) FROM b GROUP BY rank, segment, rung, px "
+                    "ORDER BY rank, segment, px", [lo, hi, lo, width, span]).fetchall()
+                cur: dict[str, Any] | None = None
+                for rank, segment, rung, _px, s0, v0, q0, s1, v1, q1 in rows:
+                    key = (rank, segment, rung)
+                    if cur is None or cur["key"] != key:
+                        cur = {"key": key, "rank": None if rank < 0 else rank, "segment": segment, "rung": rung,
+                               "x": [], "y": [], "seq": []}
+                        series.append(cur)
+                    pts = sorted({(s0, v0, q0), (s1, v1, q1)})
+                    for s, v, q in pts:
+                        cur["x"].append(s)
+                        cur["y"].append(v)
+                        cur["seq"].append(q)
+                for s in series:
+                    del s["key"]
+            unsigned = []
+            for rank, j in sorted(self.journals.items(), key=lambda x: -1 if x[0] is None else x[0]):
+                pts = [(ev.step, _value(ev, metric, j.segment), ev.seq) for ev, _, _ in j.pending[-MAX_UNSIGNED:]
+                       if _tag(ev) == "step_observed"]
+                pts = [p for p in pts if p[1] is not None]
+                if pts:
+                    unsigned.append({"rank": rank, "x": [p[0] for p in pts], "y": [p[1] for p in pts],
+                                     "seq": [p[2] for p in pts]})
+            return {"metric": metric, "lo": lo, "hi": hi, "width": width, "series": series, "unsigned": unsigned}
+
+    def heatmap(self, width: int) -> dict[str, Any]:
+        """Step time per rank, averaged per pixel of steps, and the stragglers' windows to outline."""
+        width = max(1, min(int(width), MAX_WIDTH))
+        with self.lock:
+            if self.fail is not None:
+                return {"ranks": [], "cells": [], "stragglers": []}
+            lo, hi = self.con.execute("SELECT min(step), max(step) FROM steps").fetchall()[0]
+            if lo is None:
+                return {"ranks": [], "cells": [], "stragglers": []}
+            span = max(hi - lo + 1, 1)
+            cells = self.con.execute(
+                "SELECT rank, CAST(floor((step - ?) * ? / ?) AS BIGINT) AS px, avg(step_time_s) FROM steps "
+                "WHERE step_time_s IS NOT NULL AND isfinite(step_time_s) GROUP BY ALL ORDER BY rank, px",
+                [lo, width, span]).fetchall()
+            strag = [x for x in self.listed if x["kind"] == "straggler_detected"]
+            return {"lo": lo, "hi": hi, "width": width, "ranks": sorted({c[0] for c in cells}),
+                    "cells": [[c[0], c[1], c[2]] for c in cells],
+                    "stragglers": [{"rank": x["fields"].get("rank"), "from": x["fields"].get("window_start"),
+                                    "to": x["fields"].get("window_end"), "score": x["fields"].get("score"),
+                                    "seq": x["seq"], "by": x["rank"]} for x in strag]}
+
+    def telemetry(self) -> dict[str, Any]:
+        with self.lock:
+            if self.fail is not None:
+                return {"rows": []}
+            rows = self.con.execute(
+                "SELECT CASE WHEN rank < 0 THEN NULL ELSE rank END, device, count(*), max(temp_c), max(temp_hbm_c), "
+                "max(power_w), min(sm_clock_mhz), bool_or(throttled), max(ecc_uncorrected), max(seq) FROM telemetry "
+                "GROUP BY ALL ORDER BY ALL").fetchall()
+            return {"rows": [dict(zip(("rank", "device", "samples", "temp_c_max", "temp_hbm_c_max", "power_w_max",
+                                       "sm_clock_mhz_min", "throttled", "ecc_uncorrected", "last_seq"), r))
+                             for r in rows]}
+
+    def event(self, rank: int | None, seq: int) -> dict[str, Any]:
+        """One signed event as its line says it, with its seq and chain hash: read back from the file and held to
+        the hash the check recorded (a line changed since is refused)."""
+        import json
+
+        with self.lock:
+            if self.fail is not None:
+                raise UsageError("the journal failed verification: nothing from it is shown")
+            j = self.journals.get(rank)
+            r = -1 if rank is None else rank
+            row = _first(self.con.execute("SELECT kind, h, off, len FROM lines WHERE rank = ? AND seq = ?",
+                                          [r, seq]).fetchall())
+            if j is None or row is None:
+                raise UsageError(f"no signed event at seq {seq}" + (f" of rank {rank}" if rank is not None else ""))
+            prev = _first(self.con.execute("SELECT h FROM lines WHERE rank = ? AND seq = ?", [r, seq - 1]).fetchall())
+            kind, h, off, ln = row
+            with open(j.path, "rb") as f:
+                f.seek(off)
+                line = f.read(ln)
+            prev_h = bytes.fromhex(prev[0]) if prev else genesis(j.run_id)
+            cut = line.rfind(b',"h":"')
+            if cut < 0 or link(prev_h, line[:cut]).hex() != h:
+                raise IntegrityError(f"{j.path}: the line at seq {seq} is not the one verified (changed since)",
+                                     seq=seq)
+            return {"rank": rank, "seq": seq, "kind": kind, "h": h, "file": str(j.path),
+                    "format_version": j.format_version, "provable": bool(j.provable), "line": line.decode(),
+                    # pretty-printed here: a browser's JSON.parse rounds integers past 2**53 (every ts is one)
+                    "pretty": json.dumps(json.loads(line), indent=1, ensure_ascii=False)}
+
+    def proof(self, rank: int | None, seq: int) -> dict[str, Any]:
+        """The inclusion proof bundle of one signed event against its journal's latest seal (``trainledger
+        verify-proof`` accepts it). The tree index is kept in the board's private folder, never beside the
+        journal."""
+        from trainledger.journal.proofs.bundle import prove
+
+        with self.lock:
+            if self.fail is not None:
+                raise UsageError("the journal failed verification: nothing from it is shown")
+            j = self.journals.get(rank)
+            if j is None or seq >= j.signed:
+                raise UsageError(f"no signed event at seq {seq}")
+            index = self.private / f"{'journal' if rank is None else rank}.tlindex"
+            return prove(j.path, [seq], trust=self.trust, index=index).bundle
+
+
+_STEP_TYPES: dict[str, Any] = {}
+
+
+def _init_types() -> None:
+    import pyarrow as pa
+
+    _STEP_TYPES.update({"segment": pa.int32(), "rung": pa.string(), "seq": pa.int64(), "step": pa.int64(),
+                        "loss": pa.float64(), "grad_norm": pa.float64(), "step_time_s": pa.float64(),
+                        "tokens": pa.float64(), "mfu": pa.float64(), "ts": pa.int64()})
+
+
+def _first(rows: list[Any]) -> Any:
+    """The first row or None (a result is always read whole: DuckDB keeps a connection busy until it is)."""
+    return rows[0] if rows else None
+
+
+def _value(ev: Any, metric: str, seg: _Segment) -> float | None:
+    if metric == "tokens_per_s":
+        st = _num(ev.step_time_s)
+        return ev.tokens / st if ev.tokens is not None and st else None
+    if metric == "mfu":
+        st = _num(ev.step_time_s)
+        return (seg.flops_per_token * ev.tokens / st / seg.peak
+                if ev.tokens is not None and st and seg.flops_per_token and seg.peak else None)
+    return _num(getattr(ev, metric, None))
+
+
+def _mark_step(ev: Any, kind: str) -> int | None:
+    for name in ("step", "spike_step", "from_step", "window_start"):
+        v = getattr(ev, name, None)
+        if isinstance(v, int) and not isinstance(v, bool):
+            return v
+    return None
+
+
+def _mark_label(ev: Any, kind: str) -> str:
+    if kind == "anomaly_detected":
+        return f"{ev.anomaly}"
+    if kind == "device_changed":
+        return f"device {ev.device}: {ev.change}"
+    if kind == "run_stopped":
+        return f"stop: {ev.rule}"
+    if kind == "straggler_detected":
+        return f"straggler rank {ev.rank}"
+    return kind.replace("_", " ")
+
+
+def _fields(ev: Any) -> dict[str, Any]:
+    import msgspec
+
+    d = msgspec.to_builtins(ev)
+    return {k: v for k, v in d.items() if k not in ("h",)} if isinstance(d, dict) else {"value": d}
+
+
+def open_board(path: str | os.PathLike, trust: TrustPolicy, paths: Sequence[str] = ()) -> Board:
+    """A board over ``path``, read once through (what the journals hold now), ready to serve."""
+    try:
+        _init_types()
+    except ImportError:
+        raise UsageError("serve needs its extra: pip install 'trainledger[serve]'") from None
+    b = Board(path, trust=trust)
+    b.poll()
+    return b

@@ -1,0 +1,284 @@
+// trainledger serve: the page. Every string from a journal is put into the page as text (textContent), never as
+// markup. Tests read window.__trainledger (the charts' data, the state, the version drawn).
+"use strict";
+(function () {
+  const token = new URLSearchParams(location.search).get("token");
+  const METRICS = ["loss", "grad_norm", "mfu", "tokens_per_s"];
+  const COLORS = ["#0969da", "#cf222e", "#1a7f37", "#8250df", "#bf8700", "#0550ae", "#a40e26", "#116329",
+                  "#6639ba", "#953800"];
+  const MARK_COLORS = {anomaly_detected: "#cf222e", spike_suspected: "#fb8500", rewind_decided: "#8250df",
+                       run_resumed: "#0969da", checkpoint_saved: "#1a7f37", shards_saved: "#1a7f37",
+                       device_changed: "#953800", run_stopped: "#1b1f24", straggler_detected: "#bf8700",
+                       weights_restored: "#8250df"};
+  const T = window.__trainledger = {charts: {}, data: {}, state: null, version: -1, drawn: 0, errors: []};
+
+  function url(path, params) {
+    const q = new URLSearchParams(params || {});
+    if (token) q.set("token", token);
+    const s = q.toString();
+    return path + (s ? "?" + s : "");
+  }
+  async function get(path, params) {
+    const r = await fetch(url(path, params), {cache: "no-store"});
+    const body = await r.json();
+    if (!r.ok) throw new Error(body.error || r.statusText);
+    return body;
+  }
+  function el(tag, text, cls) {
+    const e = document.createElement(tag);
+    if (text !== undefined && text !== null) e.textContent = String(text);
+    if (cls) e.className = cls;
+    return e;
+  }
+  function row(table, cells, head) {
+    const tr = document.createElement("tr");
+    for (const c of cells) {
+      const td = document.createElement(head ? "th" : "td");
+      if (c instanceof Node) td.appendChild(c); else td.textContent = c === null || c === undefined ? "" : String(c);
+      tr.appendChild(td);
+    }
+    table.appendChild(tr);
+    return tr;
+  }
+  function fmt(v) {
+    if (v === null || v === undefined) return "";
+    if (typeof v === "number") return Number.isInteger(v) ? String(v) : v.toPrecision(5);
+    if (typeof v === "object") return JSON.stringify(v);
+    return String(v);
+  }
+  function axisLabel(v) {
+    if (v === null || v === undefined) return "";
+    const a = Math.abs(v);
+    if (a >= 1e9) return (v / 1e9).toPrecision(3) + "G";
+    if (a >= 1e6) return (v / 1e6).toPrecision(3) + "M";
+    if (a >= 1e4) return (v / 1e3).toPrecision(3) + "k";
+    return String(+v.toPrecision(4));
+  }
+  function openButton(rank, seq, label) {
+    const b = el("button", label || ("seq " + seq), "open");
+    b.type = "button";
+    b.addEventListener("click", () => openEvent(rank, seq));
+    return b;
+  }
+
+  async function openEvent(rank, seq) {
+    const params = {seq: seq};
+    if (rank !== null && rank !== undefined) params.rank = rank;
+    const box = document.getElementById("event");
+    try {
+      const ev = await get("api/event", params);
+      document.getElementById("event-title").textContent =
+        ev.kind + " at seq " + ev.seq + (ev.rank !== null ? " (rank " + ev.rank + ")" : "");
+      document.getElementById("event-hash").textContent = "chain hash " + ev.h + "  in " + ev.file;
+      document.getElementById("event-fields").textContent = ev.pretty;
+      const a = document.getElementById("event-proof"), why = document.getElementById("event-noproof");
+      a.hidden = !ev.provable;
+      why.hidden = !!ev.provable;
+      why.textContent = ev.provable ? "" : "a format " + ev.format_version + " journal has no tree heads in its seals: " +
+        "no inclusion proof (format 1.3 and later have them)";
+      a.href = url("api/proof", params);
+      a.setAttribute("download", "proof-" + (ev.rank !== null ? "rank" + ev.rank + "-" : "") + "seq" + ev.seq + ".json");
+      box.hidden = false;
+    } catch (e) {
+      T.errors.push(String(e));
+    }
+  }
+  document.getElementById("event-close").addEventListener("click", () => { document.getElementById("event").hidden = true; });
+
+  function showFail(line) {
+    const f = document.getElementById("fail");
+    f.textContent = line;
+    f.hidden = false;
+    document.getElementById("board").hidden = true;
+    document.getElementById("status").textContent = "does not verify: nothing from it is shown";
+    for (const k of Object.keys(T.charts)) { T.charts[k].destroy(); delete T.charts[k]; }
+    T.data = {};
+  }
+
+  function drawState(s) {
+    document.getElementById("path").textContent = s.path;
+    if (s.fail) { showFail(s.fail); return; }
+    document.getElementById("fail").hidden = true;
+    document.getElementById("board").hidden = false;
+    const js = document.getElementById("journals");
+    js.replaceChildren();
+    row(js, ["rank", "run id", "key", "trust", "signed events", "not signed yet", "last seal", "closed"], true);
+    let unsigned = 0, signed = 0;
+    for (const j of s.journals) {
+      unsigned += j.unsigned; signed += j.signed;
+      const tr = row(js, [j.rank === null ? "-" : j.rank, j.run_id, j.key_id, j.trust, j.signed,
+                          j.unsigned ? j.unsigned + " (not signed yet)" : "0", j.last_seal_seq, j.closed ? "yes" : "no"]);
+      if (j.unsigned) tr.className = "unsigned";
+    }
+    document.getElementById("status").textContent = "verified: " + signed + " signed events in " + s.journals.length +
+      " journal(s)" + (unsigned ? "; " + unsigned + " events not signed yet, drawn apart" : "") +
+      (s.server_error ? "; " + s.server_error : "");
+    const ms = document.getElementById("marks");
+    ms.replaceChildren();
+    row(ms, ["step", "rank", "what", ""], true);
+    for (const m of s.marks.slice(-300)) row(ms, [m.step, m.rank === null ? "-" : m.rank, m.label, openButton(m.rank, m.seq)]);
+    const ls = document.getElementById("listed");
+    ls.replaceChildren();
+    row(ls, ["kind", "rank", "rung", "what", ""], true);
+    for (const x of s.listed) {
+      const f = x.fields || {};
+      let what = "";
+      if (x.kind === "gate_verdict") what = (f.passed ? "passed" : "failed") + ": " + fmt(f.reason);
+      else if (x.kind === "decision_recorded") what = fmt(f.action_chosen);
+      else if (x.kind === "scaling_fitted") what = "fit " + fmt(f.params) + (f.choice ? "; choice " + fmt(f.choice) : "");
+      else if (x.kind === "run_stopped") what = fmt(f.rule) + ": " + fmt(f.reason);
+      else if (x.kind === "straggler_detected") what = "rank " + fmt(f.rank) + " score " + fmt(f.score) +
+        " steps " + fmt(f.window_start) + "-" + fmt(f.window_end);
+      else what = fmt(f.reason || f.rung || "");
+      row(ls, [x.kind, x.rank === null ? "-" : x.rank, fmt(f.rung), what, openButton(x.rank, x.seq)]);
+    }
+    const nb = document.getElementById("notes-box"), nl = document.getElementById("notes");
+    nl.replaceChildren();
+    for (const n of s.notes) nl.appendChild(el("li", n));
+    nb.hidden = !s.notes.length;
+  }
+
+  function chartData(series) {
+    // one x axis, the union of every series' steps; a series has null where it has no point
+    const xs = new Set();
+    for (const s of series) for (const x of s.x) xs.add(x);
+    const x = Array.from(xs).sort((a, b) => a - b);
+    const at = new Map(x.map((v, i) => [v, i]));
+    const data = [x], seqs = [null];
+    for (const s of series) {
+      const y = new Array(x.length).fill(null), q = new Array(x.length).fill(null);
+      for (let i = 0; i < s.x.length; i++) { const k = at.get(s.x[i]); y[k] = s.y[i]; q[k] = s.seq[i]; }
+      data.push(y); seqs.push(q);
+    }
+    return {data: data, seqs: seqs};
+  }
+
+  function drawChart(metric, body, marks) {
+    const box = document.getElementById("chart-" + metric);
+    const parts = body.series.map(s => Object.assign({}, s, {unsigned: false}))
+      .concat(body.unsigned.map(s => Object.assign({}, s, {unsigned: true})));
+    T.data[metric] = {points: parts.reduce((n, s) => n + s.x.length, 0), series: parts.length,
+                      unsigned: body.unsigned.reduce((n, s) => n + s.x.length, 0)};
+    const {data, seqs} = chartData(parts);
+    const ranks = [...new Set(parts.map(s => s.rank))];
+    // colour by rank in a run folder, else by rung (a ladder), else by segment
+    const keyOf = s => ranks.length > 1 ? "r" + s.rank : (s.rung ? "g" + s.rung : "s" + s.segment);
+    const keys = [...new Set(parts.filter(s => !s.unsigned).map(keyOf))];
+    const opts = {
+      width: Math.max(300, box.clientWidth || 900), height: 220,
+      scales: {x: {time: false}},
+      axes: [{}, {size: 64, values: (u, vals) => vals.map(axisLabel)}],
+      series: [{label: "step"}].concat(parts.map(s => ({
+        label: (s.unsigned ? "not signed yet" : "") + (s.rank !== null && s.rank !== undefined ? " rank " + s.rank : "") +
+               (s.rung ? " " + s.rung : "") + (!s.unsigned && s.segment ? " seg " + s.segment : ""),
+        stroke: s.unsigned ? "#9a6700" : COLORS[keys.indexOf(keyOf(s)) % COLORS.length],
+        dash: s.unsigned ? [4, 4] : undefined, spanGaps: true, width: 1.25, points: {show: false},
+      }))),
+      legend: {show: parts.length <= 12},
+      hooks: {draw: [u => drawMarks(u, marks)]},
+    };
+    if (T.charts[metric]) T.charts[metric].destroy();
+    box.replaceChildren();
+    const u = new uPlot(opts, data, box);
+    u.__seqs = seqs; u.__parts = parts;
+    u.over.addEventListener("click", () => {
+      const i = u.cursor.idx;
+      if (i === null || i === undefined) return;
+      let best = null;
+      for (let k = 1; k < u.data.length; k++) if (u.data[k][i] !== null && seqs[k][i] !== null) { best = k; break; }
+      if (best !== null) openEvent(parts[best - 1].rank, seqs[best][i]);
+    });
+    T.charts[metric] = u;
+  }
+
+  function drawMarks(u, marks) {
+    const ctx = u.ctx;
+    ctx.save();
+    for (const m of marks) {
+      if (m.step === null || m.step === undefined) continue;
+      const x = u.valToPos(m.step, "x", true);
+      if (x < u.bbox.left || x > u.bbox.left + u.bbox.width) continue;
+      ctx.strokeStyle = MARK_COLORS[m.kind] || "#57606a";
+      ctx.globalAlpha = 0.55;
+      ctx.beginPath(); ctx.moveTo(x, u.bbox.top); ctx.lineTo(x, u.bbox.top + u.bbox.height); ctx.stroke();
+    }
+    ctx.restore();
+  }
+
+  function drawHeatmap(h) {
+    const c = document.getElementById("heatmap");
+    const rows = h.ranks.length;
+    T.data.heatmap = {ranks: h.ranks.slice(), stragglers: h.stragglers.length, cells: h.cells.length};
+    const legend = document.getElementById("heatmap-legend");
+    if (!rows) { c.hidden = true; legend.textContent = "no step times"; return; }
+    c.hidden = false;
+    const rowH = Math.max(6, Math.min(24, Math.floor(240 / rows)));
+    c.width = Math.min(h.width, 1200); c.height = rows * rowH;
+    const ctx = c.getContext("2d");
+    ctx.clearRect(0, 0, c.width, c.height);
+    let lo = Infinity, hi = -Infinity;
+    for (const [, , v] of h.cells) { if (v < lo) lo = v; if (v > hi) hi = v; }
+    const sx = c.width / h.width;
+    for (const [rank, px, v] of h.cells) {
+      const t = hi > lo ? (v - lo) / (hi - lo) : 0;
+      ctx.fillStyle = "rgb(" + Math.round(255 * t) + "," + Math.round(200 * (1 - t)) + "," + Math.round(255 * (1 - t)) + ")";
+      ctx.fillRect(px * sx, h.ranks.indexOf(rank) * rowH, Math.max(sx, 1), rowH);
+    }
+    ctx.strokeStyle = "#000"; ctx.lineWidth = 2;
+    const span = Math.max(h.hi - h.lo + 1, 1);
+    for (const s of h.stragglers) {
+      const r = h.ranks.indexOf(s.rank);
+      if (r < 0) continue;
+      const x0 = (s.from - h.lo) / span * c.width, x1 = (s.to - h.lo + 1) / span * c.width;
+      ctx.strokeRect(x0, r * rowH + 1, Math.max(x1 - x0, 2), rowH - 2);
+    }
+    legend.textContent = "rows: " + (h.ranks.length === 1 && h.ranks[0] < 0 ? "the journal" : "ranks " + h.ranks.join(", ")) + "; colour: step time " + fmt(lo) + " s (blue) to " +
+      fmt(hi) + " s (red), steps " + h.lo + " to " + h.hi + "; outlined: stragglers flagged (" + h.stragglers.length + ")";
+  }
+
+  function drawTelemetry(t) {
+    const tb = document.getElementById("telemetry");
+    tb.replaceChildren();
+    if (!t.rows.length) { row(tb, ["no device readings in this journal"]); return; }
+    row(tb, ["rank", "device", "samples", "max temp °C", "max HBM °C", "max power W", "min SM clock MHz", "throttled",
+             "uncorrected ECC"], true);
+    for (const r of t.rows) row(tb, [r.rank === null ? "-" : r.rank, r.device, r.samples, fmt(r.temp_c_max),
+                                     fmt(r.temp_hbm_c_max), fmt(r.power_w_max), fmt(r.sm_clock_mhz_min),
+                                     r.throttled ? "yes" : "no", fmt(r.ecc_uncorrected)]);
+  }
+
+  let busy = false, again = false;
+  async function refresh() {
+    if (busy) { again = true; return; }
+    busy = true;
+    try {
+      do {
+        again = false;
+        const s = await get("api/state");
+        T.state = s;
+        drawState(s);
+        if (!s.fail) {
+          const width = Math.max(300, Math.min(2000, document.getElementById("chart-loss").clientWidth || 1200));
+          const bodies = await Promise.all(METRICS.map(m => get("api/series", {metric: m, width: width})));
+          METRICS.forEach((m, i) => drawChart(m, bodies[i], s.marks));
+          drawHeatmap(await get("api/heatmap", {width: 600}));
+          drawTelemetry(await get("api/telemetry"));
+        }
+        T.version = s.version;
+        T.drawn += 1;
+      } while (again);
+    } catch (e) {
+      T.errors.push(String(e));
+      document.getElementById("status").textContent = "cannot reach the server: " + e;
+    } finally {
+      busy = false;
+    }
+  }
+
+  refresh();
+  const es = new EventSource(url("api/stream"));
+  es.onmessage = (m) => {
+    const v = JSON.parse(m.data).version;
+    if (v !== T.version) refresh();
+  };
+})();
