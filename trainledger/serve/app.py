@@ -56,6 +56,8 @@ class Follower(threading.Thread):
         while not self.stopped.wait(self.interval):
             try:
                 self.board.poll()
+                if self.board.replay_due():
+                    self.board.run_replay()
             except TrainledgerError as e:  # a journal gone or unreadable: said on the page, the server stays up
                 self.error = str(e)
             except Exception as e:  # noqa: BLE001 - the follower must never die silently

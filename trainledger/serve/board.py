@@ -30,7 +30,7 @@ from typing import Any
 
 from trainledger.journal.audit.rundir import is_run_dir, rank_files, split_run_id
 from trainledger.journal.chain import genesis, link
-from trainledger.journal.errors import IntegrityError, JournalError, SchemaError, UsageError
+from trainledger.journal.errors import IntegrityError, JournalError, SchemaError, TrainledgerError, UsageError
 from trainledger.journal.scan import BLOCK, MAX_LINE, RangeResult, ScanContext, new_scanner, tree_mode
 from trainledger.journal.trust import TrustPolicy
 from trainledger.journal.verify import open_checked, read_opening, resolve_key
@@ -192,6 +192,8 @@ class Board:
         self.listed: list[dict[str, Any]] = []
         self.journals: dict[int | None, _Journal] = {}
         self.run: str | None = None
+        #: replay's verdict on what was concluded: run once every journal has closed (the whole run is then signed)
+        self.replayed: dict[str, Any] = {"state": "waiting", "detail": "replay runs once the run has closed"}
         self.is_run_dir = self.path.is_dir()
         if self.is_run_dir and not is_run_dir(self.path):
             raise UsageError(f"{self.path}: a folder, but no rank journals (rank-00000.jsonl, ...) in it")
@@ -351,6 +353,42 @@ class Board:
         finally:
             self.con.unregister("_rows")
 
+    def replay_due(self) -> bool:
+        with self.lock:
+            return (self.fail is None and self.replayed["state"] == "waiting" and bool(self.journals)
+                    and all(j.closed and not j.pending for j in self.journals.values()))
+
+    def run_replay(self) -> None:
+        """Replay (``trainledger replay``) what the board shows, once the run has closed: the differences between
+        what was concluded and what the events give, each with its seq, for the page to show where they are."""
+        from trainledger.audit import replay, replay_run_dir
+
+        with self.lock:
+            self.replayed = {"state": "running", "detail": "replaying"}
+        try:
+            rec = (replay_run_dir if self.is_run_dir else replay)(self.path, trust=self.trust)
+        except IntegrityError as e:  # the files changed since they were read: the board's own check says so next
+            result = {"state": "failed", "detail": e.fail_line(str(self.path))}
+        except TrainledgerError as e:
+            result = {"state": "failed", "detail": str(e)}
+        else:
+            diffs = [{"rank": d.get("rank"), "seq": d.get("seq"), "kind": d.get("kind"), "detail": d.get("detail")}
+                     for d in rec.differences]
+            result = {"state": "differences" if diffs else "consistent", "differences": diffs[:500],
+                      "detail": f"{len(diffs)} difference(s) from the recomputation" if diffs else
+                      "replay consistent: every conclusion recomputed from the events agrees"}
+        with self.lock:
+            for d in result.get("differences", []):  # where it is on the curves: the step its event names, else
+                if d["seq"] is not None:                # the last step before it
+                    r = -1 if d["rank"] is None else d["rank"]
+                    got = _first(self.con.execute("SELECT step FROM marks WHERE rank = ? AND seq = ? AND step IS NOT "
+                                                  "NULL", [r, d["seq"]]).fetchall()) or _first(self.con.execute(
+                        "SELECT step FROM steps WHERE rank = ? AND seq <= ? ORDER BY seq DESC LIMIT 1",
+                        [r, d["seq"]]).fetchall())
+                    d["step"] = got[0] if got else None
+            self.replayed = result
+            self.version += 1
+
     # -- reading ------------------------------------------------------------------------------------------------
 
     def state(self) -> dict[str, Any]:
@@ -369,6 +407,7 @@ class Board:
             out["marks"] = [dict(zip(("rank", "seq", "step", "kind", "label"), m)) for m in self.con.execute(
                 "SELECT CASE WHEN rank < 0 THEN NULL ELSE rank END, seq, step, kind, label FROM marks "
                 "ORDER BY seq LIMIT 2000").fetchall()]
+            out["replay"] = dict(self.replayed)
             out["steps"] = self.con.execute("SELECT count(*), min(step), max(step) FROM steps").fetchall()[0]
             return out
 

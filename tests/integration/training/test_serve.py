@@ -315,3 +315,28 @@ def test_only_the_loopback_name_or_the_token_is_answered(tmp_path):
         assert status(base + "api/state?token=wrong") == 403
         assert status(base + "api/state?token=t0ken") == 200
         assert status(base + "api/state?token=t0ken", host="anything.example") == 200
+
+
+def test_a_replay_difference_is_shown_where_it_is(browser, tmp_path):
+    """A signed anomaly the observations do not support: once the run has closed, replay's difference is listed
+    with its seq (opening its event) and marked at its step on the curves."""
+    from trainledger.journal.kinds import AnomalyDetected
+
+    s = Signer.generate()
+    path = tmp_path / "claimed.jsonl"
+    with Journal.create(path, signer=s, background=False) as j:
+        for i in range(30):
+            j.append(StepObserved(step=i, loss=2.0, grad_norm=0.5))
+        j.append(AnomalyDetected(step=12, anomaly="loss_spike", value=9.0))
+    with serving(path, [s.public]) as url:
+        p = Page(browser, url)
+        p.until("window.__trainledger.state && window.__trainledger.state.replay.state === 'differences'")
+        p.until("document.querySelectorAll('#differences tr').length === 2")
+        text = p.js("document.getElementById('differences').textContent")
+        assert "recorded loss_spike at step 12" in text and "32" in text
+        assert p.js("window.__trainledger.state.replay.differences[0].step") == 12  # the step it names
+        assert "1 difference(s)" in p.js("document.getElementById('replay').textContent")
+        p.page.click("#differences tr:nth-child(2) button")
+        p.until("!document.getElementById('event').hidden")
+        assert p.js("document.getElementById('event-title').textContent").startswith("anomaly_detected at seq 32")
+        p.close()

@@ -9,7 +9,7 @@
   const MARK_COLORS = {anomaly_detected: "#cf222e", spike_suspected: "#fb8500", rewind_decided: "#8250df",
                        run_resumed: "#0969da", checkpoint_saved: "#1a7f37", shards_saved: "#1a7f37",
                        device_changed: "#953800", run_stopped: "#1b1f24", straggler_detected: "#bf8700",
-                       weights_restored: "#8250df"};
+                       weights_restored: "#8250df", replay_difference: "#ff0000"};
   const T = window.__trainledger = {charts: {}, data: {}, state: null, version: -1, drawn: 0, errors: []};
 
   function url(path, params) {
@@ -131,6 +131,17 @@
         " steps " + fmt(f.window_start) + "-" + fmt(f.window_end);
       else what = fmt(f.reason || f.rung || "");
       row(ls, [x.kind, x.rank === null ? "-" : x.rank, fmt(f.rung), what, openButton(x.rank, x.seq)]);
+    }
+    const rp = s.replay || {state: "waiting", detail: ""};
+    const rd = document.getElementById("replay");
+    rd.textContent = rp.detail;
+    rd.className = rp.state === "differences" || rp.state === "failed" ? "fail" : "";
+    const dt = document.getElementById("differences");
+    dt.replaceChildren();
+    if (rp.differences && rp.differences.length) {
+      row(dt, ["seq", "rank", "what", "difference", ""], true);
+      for (const d of rp.differences) row(dt, [d.seq, d.rank === null || d.rank === undefined ? "-" : d.rank, d.kind,
+                                               d.detail, d.seq === null ? "" : openButton(d.rank, d.seq)]);
     }
     const nb = document.getElementById("notes-box"), nl = document.getElementById("notes");
     nl.replaceChildren();
@@ -260,7 +271,8 @@
         if (!s.fail) {
           const width = Math.max(300, Math.min(2000, document.getElementById("chart-loss").clientWidth || 1200));
           const bodies = await Promise.all(METRICS.map(m => get("api/series", {metric: m, width: width})));
-          METRICS.forEach((m, i) => drawChart(m, bodies[i], s.marks));
+          const diffs = ((s.replay || {}).differences || []).map(d => ({step: d.step, kind: "replay_difference"}));
+          METRICS.forEach((m, i) => drawChart(m, bodies[i], s.marks.concat(diffs)));
           drawHeatmap(await get("api/heatmap", {width: 600}));
           drawTelemetry(await get("api/telemetry"));
         }
