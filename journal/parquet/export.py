@@ -48,7 +48,8 @@ from trainledger.journal.accel import fast as _fast
 from trainledger.journal.errors import JournalIOError, SchemaError, UsageError
 from trainledger.journal.trust import TrustPolicy
 
-__all__ = ["EXPORT_FORMAT", "LISTING", "RECEIPT_KEY", "ExportReport", "JournalExport", "export_journal", "export_parquet",
+__all__ = ["EXPORT_FORMAT", "LISTING", "RECEIPT_KEY", "ExportReport", "JournalExport", "arrow_column", "export_journal",
+           "export_parquet",
            "is_export", "tables", "typed_select"]
 
 EXPORT_FORMAT = "trainledger-parquet/1"
@@ -306,33 +307,12 @@ class _JournalWriter:
         return pa.Table.from_arrays(arrays, names=names)
 
     def _column(self, recs: list[Any], name: str, duck: str) -> Any:
-        """One field of records of one type as the column the query layer's view has: from the records' slots in
-        C (``record_column``) where every value is of the field's own type, else value by value."""
-        pa = self.pa
-        code = _CODES.get(duck)
-        got = _record_column(recs, name, code) if code is not None and _record_column is not None else None
-        if got is not None:
-            data, valid, nulls = got
-            typ = _ARROW[duck](pa)
-            arr = pa.Array.from_buffers(typ, len(recs), [pa.py_buffer(valid) if valid is not None else None,
-                                                         pa.py_buffer(data)], null_count=nulls)
-            return arr.cast(self.dec) if duck == "HUGEINT" else arr
-        col = list(map(operator.attrgetter(name), recs))
-        if duck == "HUGEINT":
-            return self._int(col)
-        return pa.array(col, _ARROW[duck](pa))
+        return arrow_column(recs, name, duck)
 
     def _text(self, raw: list[bytes]) -> Any:
         """Lines as a string column: ASCII ones (nearly all) as they are, others checked as UTF-8 by the cast."""
         arr = self.pa.array(raw, self.pa.binary())
         return arr.view(self.pa.string()) if all(map(bytes.isascii, raw)) else arr.cast(self.pa.string())
-
-    def _int(self, col: Any) -> Any:
-        pa = self.pa
-        try:
-            return pa.array(col, pa.int64()).cast(self.dec)
-        except (OverflowError, pa.ArrowInvalid):  # beyond int64 (an event's int may be up to 2**64 - 1)
-            return pa.array(col, self.dec)
 
     def _by_sql(self, spec: _Typed, group: list[Any], raw: list[bytes]) -> Any:
         pa = self.pa
@@ -381,6 +361,27 @@ _ARROW: dict[str, Callable[[Any], Any]] = {"HUGEINT": lambda pa: pa.int64(), "BI
 _DICTIONARY = ["run_id", "rank", "journal_rank", "kind"]
 #: the columns without min/max statistics (a line's or a hash's are of no use to a reader's pruning)
 _NO_STATS = frozenset({"line", "h"})
+
+
+def arrow_column(recs: list[Any], name: str, duck: str) -> Any:
+    """One field of records of one type as the Arrow column of the query layer's type ``duck`` (HUGEINT as
+    DECIMAL(38,0), BIGINT, DOUBLE, BOOLEAN, VARCHAR): from the records' slots in C where every value is of the
+    field's own type, else value by value. For other readers of verified records (``trainledger serve``)."""
+    pa = _pyarrow()
+    code = _CODES.get(duck)
+    got = _record_column(recs, name, code) if code is not None and _record_column is not None else None
+    if got is not None:
+        data, valid, nulls = got
+        arr = pa.Array.from_buffers(_ARROW[duck](pa), len(recs), [pa.py_buffer(valid) if valid is not None else None,
+                                                                 pa.py_buffer(data)], null_count=nulls)
+        return arr.cast(pa.decimal128(38, 0)) if duck == "HUGEINT" else arr
+    col = list(map(operator.attrgetter(name), recs))
+    if duck == "HUGEINT":
+        try:
+            return pa.array(col, pa.int64()).cast(pa.decimal128(38, 0))
+        except (OverflowError, pa.ArrowInvalid):
+            return pa.array(col, pa.decimal128(38, 0))
+    return pa.array(col, _ARROW[duck](pa))
 
 
 @dataclasses.dataclass

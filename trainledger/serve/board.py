@@ -20,7 +20,9 @@ and one rung (a line never joins a resumed stretch to the one before it).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
+import operator
 import os
 import tempfile
 import threading
@@ -38,10 +40,15 @@ from trainledger.journal.verify import open_checked, read_opening, resolve_key
 __all__ = ["Board", "METRICS", "MAX_WIDTH"]
 
 #: the curves the page draws: name -> the SQL of its value over ``steps``
-METRICS = {"loss": "loss", "grad_norm": "grad_norm", "step_time_s": "step_time_s", "mfu": "mfu",
-           "tokens_per_s": "CASE WHEN step_time_s > 0 THEN tokens / step_time_s END"}
+_TOKENS = "CAST(COALESCE(tokens, examples * seq_len) AS DOUBLE)"
+METRICS = {"loss": "loss", "grad_norm": "grad_norm", "step_time_s": "step_time_s",
+           # PaLM appendix B, against the run_configured in force in the step's segment (segs)
+           "mfu": f"CASE WHEN step_time_s > 0 AND peak > 0 THEN {_TOKENS} * fpt / step_time_s / peak END",
+           "tokens_per_s": f"CASE WHEN step_time_s > 0 THEN {_TOKENS} / step_time_s END"}
 #: the widest downsampling a request may ask for (pixels)
 MAX_WIDTH = 4096
+#: signed events handed to the tables at a time
+BATCH = 65_536
 #: the most events past the last seal kept to draw (a run whose seals stopped: the rest are only counted)
 MAX_UNSIGNED = 20_000
 _SEGMENT_KINDS = {"run_resumed", "rewind_decided", "run_configured", "rung_started", "weights_restored"}
@@ -100,7 +107,11 @@ class _Journal:
         self.offset = 0
         self.carry = b""
         self.tail = b""
-        self.pending: list[tuple[Any, int, int]] = []  # (event, offset, length) past the last seal
+        # the events past the last seal, with where their lines are; and the signed ones not handed on yet
+        self.pending: list[Any] = []
+        self.pending_at: list[tuple[int, int]] = []
+        self.ready: list[Any] = []
+        self.ready_at: list[tuple[int, int]] = []
         self.signed = 0
         self.segment = _Segment()
         self.closed = False
@@ -135,33 +146,34 @@ class _Journal:
                 whole = chunk[:cut + 1]
                 recs = self.scanner.feed_block(whole, start)
                 recs = recs.records() if hasattr(recs, "records") else list(recs)
-                offs = self._offsets(whole, start, len(recs))
-                self.pending.extend(zip(recs, *offs))
+                lens = list(map(len, whole.split(b"\n")))[:-1]
+                offs = list(itertools.accumulate((n + 1 for n in lens), initial=start))[:-1]
+                self.pending.extend(recs)
+                self.pending_at.extend(zip(offs, lens))
                 changed = True
                 self._release()
+                if len(self.ready) >= BATCH:
+                    self._hand_on()
+        self._hand_on()
         return changed
 
-    @staticmethod
-    def _offsets(block: bytes, start: int, n: int) -> tuple[list[int], list[int]]:
-        starts, lens = [], []
-        pos = 0
-        for _ in range(n):
-            end = block.index(b"\n", pos)
-            starts.append(start + pos)
-            lens.append(end - pos)
-            pos = end + 1
-        return starts, lens
-
     def _release(self) -> None:
-        """Hand the events a checked seal covers to the board (in order); keep the rest pending."""
+        """Move the events a checked seal covers (in order) to those to hand on; keep the rest pending."""
         sealed = self.res.last_seal_seq if self.trust != "unsigned" else (
-            self.pending[-1][0].seq if self.pending else None)
-        if sealed is None or not self.pending or self.pending[0][0].seq > sealed:
+            self.pending[-1].seq if self.pending else None)
+        if sealed is None or not self.pending or self.pending[0].seq > sealed:
             return
-        cut = sealed - self.pending[0][0].seq + 1
-        ready, self.pending = self.pending[:cut], self.pending[cut:]
-        self.signed += len(ready)
-        self.board._take(self, ready)
+        cut = sealed - self.pending[0].seq + 1
+        self.ready.extend(self.pending[:cut])
+        self.ready_at.extend(self.pending_at[:cut])
+        del self.pending[:cut], self.pending_at[:cut]
+
+    def _hand_on(self) -> None:
+        if self.ready:
+            recs, at = self.ready, self.ready_at
+            self.ready, self.ready_at = [], []
+            self.signed += len(recs)
+            self.board._take(self, recs, at)
 
 
 class Board:
@@ -200,7 +212,8 @@ class Board:
 
     def _create(self) -> None:
         self.con.execute("CREATE TABLE steps (rank INTEGER, segment INTEGER, rung VARCHAR, seq BIGINT, step BIGINT, "
-                         "loss DOUBLE, grad_norm DOUBLE, step_time_s DOUBLE, tokens DOUBLE, mfu DOUBLE, ts BIGINT)")
+                         "loss DOUBLE, grad_norm DOUBLE, step_time_s DOUBLE, tokens BIGINT, examples BIGINT, ts BIGINT)")
+        self.con.execute("CREATE TABLE segs (rank INTEGER, segment INTEGER, fpt DOUBLE, peak DOUBLE, seq_len BIGINT)")
         self.con.execute("CREATE TABLE marks (rank INTEGER, seq BIGINT, step BIGINT, kind VARCHAR, label VARCHAR)")
         self.con.execute("CREATE TABLE telemetry (rank INTEGER, seq BIGINT, ts BIGINT, device INTEGER, temp_c DOUBLE, "
                          "temp_hbm_c DOUBLE, power_w DOUBLE, sm_clock_mhz DOUBLE, throttled BOOLEAN, "
@@ -264,87 +277,101 @@ class Board:
     def _failed(self, line: str) -> None:
         """From now on the board holds this one line and nothing from any journal."""
         self.fail = line
-        for t in ("steps", "marks", "telemetry", "lines"):
+        for t in ("steps", "segs", "marks", "telemetry", "lines"):
             self.con.execute(f"DELETE FROM {t}")
         self.listed.clear()
         for j in self.journals.values():
             j.pending.clear()
+            j.pending_at.clear()
 
     def _rewritten(self, j: _Journal) -> None:
         self.notes.append(f"{j.path}: the journal was cut back and rewritten: read again from its first line")
         r = -1 if j.rank is None else j.rank
-        for t in ("steps", "marks", "telemetry", "lines"):
+        for t in ("steps", "segs", "marks", "telemetry", "lines"):
             self.con.execute(f"DELETE FROM {t} WHERE rank = ?", [r])
         self.listed = [x for x in self.listed if x["rank"] != j.rank]
         j.restart()
         j.read_new()
 
-    def _take(self, j: _Journal, ready: list[tuple[Any, int, int]]) -> None:
-        """Signed events of journal ``j``, in order, into the tables."""
+    def _take(self, j: _Journal, recs: list[Any], at: list[tuple[int, int]]) -> None:
+        """Signed events of journal ``j``, in order, into the tables: runs of steps as columns (built in C from
+        the records where the accelerator is built), everything else one event at a time."""
         import pyarrow as pa
+
+        from trainledger.journal.audit.replay import type_run
 
         r = -1 if j.rank is None else j.rank
         seg = j.segment
-        steps: dict[str, list[Any]] = {k: [] for k in ("segment", "rung", "seq", "step", "loss", "grad_norm",
-                                                       "step_time_s", "tokens", "mfu", "ts")}
-        lines: dict[str, list[Any]] = {k: [] for k in ("seq", "kind", "h", "off", "len")}
+        n = len(recs)
+        kinds: list[str] = []
+        steps: list[Any] = []
+        seg_cols: list[Any] = []
+        rung_cols: list[Any] = []
         marks: list[tuple[Any, ...]] = []
         tele: list[tuple[Any, ...]] = []
-        for ev, off, ln in ready:
-            kind = _tag(ev)
-            lines["seq"].append(ev.seq)
-            lines["kind"].append(kind)
-            lines["h"].append(getattr(ev, "h", None))
-            lines["off"].append(off)
-            lines["len"].append(ln)
-            if kind == "step_observed":
-                tokens = ev.tokens if ev.tokens is not None else (
-                    ev.examples * seg.seq_len if ev.examples is not None and seg.seq_len else None)
-                st = _num(ev.step_time_s)
-                mfu = (seg.flops_per_token * tokens / st / seg.peak
-                       if tokens is not None and st and seg.flops_per_token and seg.peak else None)
-                for k, v in (("segment", seg.index), ("rung", seg.rung), ("seq", ev.seq), ("step", ev.step),
-                             ("loss", _num(ev.loss)), ("grad_norm", _num(ev.grad_norm)), ("step_time_s", st),
-                             ("tokens", float(tokens) if tokens is not None else None), ("mfu", mfu),
-                             ("ts", ev.ts)):
-                    steps[k].append(v)
-                continue
-            if kind in _SEGMENT_KINDS:
-                seg.index += 1
-                if kind == "rung_started":
-                    seg.rung = str(ev.rung)
-                if kind == "run_configured":
-                    if ev.n_params and ev.seq_len:
-                        seg.flops_per_token = 6.0 * ev.n_params + 12.0 * (ev.n_layer or 0) * (ev.n_head or 0) * (
-                            ev.head_dim or 0) * ev.seq_len
-                    seg.peak = (ev.peak_flops_per_sec * (ev.devices or 1)) if ev.peak_flops_per_sec else None
-                    seg.seq_len = ev.seq_len
-            if kind in _MARK_KINDS:
-                marks.append((r, ev.seq, _mark_step(ev, kind), kind, _mark_label(ev, kind)))
-            if kind == "device_sampled":
-                ecc = ev.ecc if isinstance(ev.ecc, dict) else {}
-                unc = sum(v for k, v in ecc.items() if "uncorrected" in str(k) and isinstance(v, int))
-                tele.append((r, ev.seq, ev.ts, ev.device, _num(ev.temp_c), _num(ev.temp_hbm_c), _num(ev.power_w),
-                             _num(ev.sm_clock_mhz), bool(ev.clock_event_reasons), float(unc)))
-            if kind == "run_closed":
-                j.closed = True
-            if kind in _LISTED:
-                self.listed.append({"rank": j.rank, "seq": ev.seq, "kind": kind, "fields": _fields(ev)})
-        if steps["seq"]:
-            n = len(steps["seq"])
-            self._insert("steps", pa.table({"rank": pa.repeat(pa.scalar(r, pa.int32()), n),
-                                            **{k: pa.array(v, _STEP_TYPES[k]) for k, v in steps.items()}}))
-        n = len(lines["seq"])
-        self._insert("lines", pa.table({"rank": pa.repeat(pa.scalar(r, pa.int32()), n),
-                                        "seq": pa.array(lines["seq"], pa.int64()),
-                                        "kind": pa.array(lines["kind"], pa.string()),
-                                        "h": pa.array(lines["h"], pa.string()),
-                                        "off": pa.array(lines["off"], pa.int64()),
-                                        "len": pa.array(lines["len"], pa.int32())}))
+        segs: list[tuple[Any, ...]] = []
+        i = 0
+        while i < n:
+            t = type(recs[i])
+            k = type_run(recs, i, t)
+            if _tag(recs[i]) == "step_observed":
+                steps.extend(recs[i:k])
+                kinds.extend(["step_observed"] * (k - i))
+                seg_cols.append(pa.repeat(pa.scalar(seg.index, pa.int32()), k - i))
+                rung_cols.append(pa.repeat(pa.scalar(seg.rung, pa.string()), k - i))
+            else:
+                for ev in recs[i:k]:
+                    kind = _tag(ev)
+                    kinds.append(kind)
+                    self._other(j, r, ev, kind, marks, tele, segs)
+            i = k
+        if steps:
+            m = len(steps)
+            cols = {"rank": pa.repeat(pa.scalar(r, pa.int32()), m), "segment": pa.concat_arrays(seg_cols),
+                    "rung": pa.concat_arrays(rung_cols), "seq": _ints(steps, "seq"), "step": _ints(steps, "step"),
+                    "loss": _floats(steps, "loss"), "grad_norm": _floats(steps, "grad_norm"),
+                    "step_time_s": _floats(steps, "step_time_s"), "tokens": _ints(steps, "tokens"),
+                    "examples": _ints(steps, "examples"), "ts": _ints(steps, "ts")}
+            self._insert("steps", pa.table(cols))
+        self._insert("lines", pa.table({"rank": pa.repeat(pa.scalar(r, pa.int32()), n), "seq": _ints(recs, "seq"),
+                                        "kind": pa.array(kinds, pa.string()),
+                                        "h": pa.array(list(map(_H, recs)), pa.string()),
+                                        "off": pa.array([a for a, _ in at], pa.int64()),
+                                        "len": pa.array([b for _, b in at], pa.int32())}))
         if marks:
             self.con.executemany("INSERT INTO marks VALUES (?, ?, ?, ?, ?)", marks)
         if tele:
             self.con.executemany("INSERT INTO telemetry VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", tele)
+        if segs:
+            self.con.executemany("INSERT INTO segs VALUES (?, ?, ?, ?, ?)", segs)
+
+    def _other(self, j: _Journal, r: int, ev: Any, kind: str, marks: list, tele: list, segs: list) -> None:
+        """One event that is not a step: a new segment, a mark, a device reading, a listed event."""
+        seg = j.segment
+        if kind in _SEGMENT_KINDS:
+            seg.index += 1
+            if kind == "rung_started":
+                seg.rung = str(ev.rung)
+            if kind == "run_configured":
+                seg.flops_per_token = None
+                if ev.n_params and ev.seq_len:
+                    seg.flops_per_token = 6.0 * ev.n_params + 12.0 * (ev.n_layer or 0) * (ev.n_head or 0) * (
+                        ev.head_dim or 0) * ev.seq_len
+                seg.peak = (ev.peak_flops_per_sec * (ev.devices or 1)) if ev.peak_flops_per_sec else None
+                seg.seq_len = ev.seq_len
+            segs.append((r, seg.index, _num(seg.flops_per_token), _num(seg.peak),
+                         seg.seq_len if isinstance(seg.seq_len, int) and abs(seg.seq_len) < 2**63 else None))
+        if kind in _MARK_KINDS:
+            marks.append((r, ev.seq, _mark_step(ev, kind), kind, _mark_label(ev, kind)))
+        if kind == "device_sampled":
+            ecc = ev.ecc if isinstance(ev.ecc, dict) else {}
+            unc = sum(v for k, v in ecc.items() if "uncorrected" in str(k) and isinstance(v, int))
+            tele.append((r, ev.seq, ev.ts, ev.device, _num(ev.temp_c), _num(ev.temp_hbm_c), _num(ev.power_w),
+                         _num(ev.sm_clock_mhz), bool(ev.clock_event_reasons), _num(float(unc))))
+        if kind == "run_closed":
+            j.closed = True
+        if kind in _LISTED:
+            self.listed.append({"rank": j.rank, "seq": ev.seq, "kind": kind, "fields": _fields(ev)})
 
     def _insert(self, table: str, rows: Any) -> None:
         self.con.register("_rows", rows)
@@ -428,7 +455,7 @@ class Board:
                 span = max(hi - lo + 1, 1)
                 rows = self.con.execute(
                     f"WITH s AS (SELECT rank, segment, rung, seq, step, {METRICS[metric]} AS v FROM steps "
-                    "WHERE step BETWEEN ? AND ?), b AS (SELECT *, CAST(floor((step - ?) * ? / ?) AS BIGINT) AS px "
+                    "LEFT JOIN segs USING (rank, segment) WHERE step BETWEEN ? AND ?), b AS (SELECT *, CAST(floor((step - ?) * ? / ?) AS BIGINT) AS px "
                     "FROM s WHERE v IS NOT NULL AND isfinite(v)) "
                     "SELECT rank, segment, rung, px, arg_min(step, v), min(v), arg_min(seq, v), arg_max(step, v), "
                     "max(v), arg_max(seq, v) FROM b GROUP BY rank, segment, rung, px "
@@ -449,7 +476,7 @@ class Board:
                     del s["key"]
             unsigned = []
             for rank, j in sorted(self.journals.items(), key=lambda x: -1 if x[0] is None else x[0]):
-                pts = [(ev.step, _value(ev, metric, j.segment), ev.seq) for ev, _, _ in j.pending[-MAX_UNSIGNED:]
+                pts = [(ev.step, _value(ev, metric, j.segment), ev.seq) for ev in j.pending[-MAX_UNSIGNED:]
                        if _tag(ev) == "step_observed"]
                 pts = [p for p in pts if p[1] is not None]
                 if pts:
@@ -535,15 +562,31 @@ class Board:
             return prove(j.path, [seq], trust=self.trust, index=index).bundle
 
 
-_STEP_TYPES: dict[str, Any] = {}
+_H = operator.attrgetter("h")
 
 
-def _init_types() -> None:
+def _ints(recs: list[Any], name: str) -> Any:
+    """An int field as int64 (a value past int64, which a signed event may hold, is left out of the curves)."""
     import pyarrow as pa
 
-    _STEP_TYPES.update({"segment": pa.int32(), "rung": pa.string(), "seq": pa.int64(), "step": pa.int64(),
-                        "loss": pa.float64(), "grad_norm": pa.float64(), "step_time_s": pa.float64(),
-                        "tokens": pa.float64(), "mfu": pa.float64(), "ts": pa.int64()})
+    from trainledger.journal.parquet.export import arrow_column
+
+    try:
+        return arrow_column(recs, name, "BIGINT")
+    except (OverflowError, pa.ArrowInvalid, pa.ArrowTypeError):
+        vals = [getattr(x, name) for x in recs]
+        return pa.array([v if isinstance(v, int) and -2**63 <= v < 2**63 else None for v in vals], pa.int64())
+
+
+def _floats(recs: list[Any], name: str) -> Any:
+    import pyarrow as pa
+
+    from trainledger.journal.parquet.export import arrow_column
+
+    try:
+        return arrow_column(recs, name, "DOUBLE")
+    except (OverflowError, pa.ArrowInvalid, pa.ArrowTypeError):
+        return pa.array([_num(getattr(x, name)) for x in recs], pa.float64())
 
 
 def _first(rows: list[Any]) -> Any:
@@ -591,10 +634,10 @@ def _fields(ev: Any) -> dict[str, Any]:
 
 def open_board(path: str | os.PathLike, trust: TrustPolicy, paths: Sequence[str] = ()) -> Board:
     """A board over ``path``, read once through (what the journals hold now), ready to serve."""
-    try:
-        _init_types()
-    except ImportError:
-        raise UsageError("serve needs its extra: pip install 'trainledger[serve]'") from None
+    import importlib.util
+
+    if importlib.util.find_spec("pyarrow") is None:
+        raise UsageError("serve needs its extra: pip install 'trainledger[serve]'")
     b = Board(path, trust=trust)
     b.poll()
     return b
