@@ -48,7 +48,7 @@ METRICS = {"loss": "loss", "grad_norm": "grad_norm", "step_time_s": "step_time_s
 #: the widest downsampling a request may ask for (pixels)
 MAX_WIDTH = 4096
 #: signed events handed to the tables at a time
-BATCH = 65_536
+BATCH = 16_384
 #: the most events past the last seal kept to draw (a run whose seals stopped: the rest are only counted)
 MAX_UNSIGNED = 20_000
 _SEGMENT_KINDS = {"run_resumed", "rewind_decided", "run_configured", "rung_started", "weights_restored"}
@@ -180,11 +180,9 @@ class Board:
     """The verified state of one journal or run folder (see the module doc). Thread-safe: :meth:`poll` runs in the
     server's follower thread, the queries in its request handlers."""
 
-    def __init__(self, path: str | os.PathLike, *, trust: TrustPolicy | None = None, memory_limit: str = "512MB",
+    def __init__(self, path: str | os.PathLike, *, trust: TrustPolicy | None = None, memory_limit: str = "128MB",
                  **trust_options: Any) -> None:
         import duckdb
-
-        from trainledger.journal.query import new_connection
 
         self.path = Path(path)
         self.trust = TrustPolicy.of(trust, **trust_options)
@@ -192,8 +190,10 @@ class Board:
             raise JournalError(f"{self.path}: no such file or folder")
         self.private = Path(tempfile.mkdtemp(prefix="trainledger-serve-"))
         self.lock = threading.RLock()
-        self.con = new_connection()
-        self._duck = duckdb
+        # on disk in the private folder, so that a long run's tables cost DuckDB's buffer, not the run's length
+        self.con = duckdb.connect(str(self.private / "board.duckdb"),
+                                  config={"autoinstall_known_extensions": False, "autoload_known_extensions": False})
+        self.con.execute("SET enable_progress_bar = false")
         self.con.execute("SET threads = 1")
         self.con.execute(f"SET memory_limit = '{memory_limit}'")
         self.con.execute(f"SET temp_directory = '{self.private}'")
