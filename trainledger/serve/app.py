@@ -228,6 +228,11 @@ def new_token() -> str:
 
 
 def url_of(host: str, port: int, token: str | None) -> str:
+    """The URL to open: a wildcard bind is shown under this machine's name."""
+    import socket
+
+    if host in ("0.0.0.0", "::", ""):
+        host = socket.gethostname()
     shown = f"[{host}]" if ":" in host else host
     return f"http://{shown}:{port}/" + (f"?token={token}" if token else "")
 
@@ -246,30 +251,54 @@ def serve(path: str | Path, *, trust: Any, host: str = "127.0.0.1", port: int = 
         raise UsageError("serve needs its extra: pip install 'trainledger[serve]'") from None
     from trainledger.serve.board import open_board
 
-    board = open_board(path, trust)
+    sock = _listen(host, port)
+    try:
+        board = open_board(path, trust)
+    except BaseException:
+        sock.close()
+        raise
+    port = sock.getsockname()[1]
     token = None if is_loopback(host) else new_token()
     app = make_app(board, token=token, host=host, port=port)
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, lifespan="on",
-                            server_header=False, date_header=False)
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on", server_header=False,
+                            date_header=False)
     server = uvicorn.Server(config)
 
     async def main() -> None:
-        task = asyncio.create_task(server.serve())
+        task = asyncio.create_task(server.serve(sockets=[sock]))
         while not server.started and not task.done():
             await asyncio.sleep(0.05)
         if server.started and ready is not None:
-            ready(url_of(host, port if port else _bound_port(server), token), board)
+            ready(url_of(host, port, token), board)
         await task
 
     try:
         asyncio.run(main())
     finally:
         board.close()
+        sock.close()
     return 0
 
 
-def _bound_port(server: Any) -> int:
-    for s in server.servers:
-        for sock in s.sockets:
-            return sock.getsockname()[1]
-    return 0
+def _listen(host: str, port: int) -> Any:
+    """The listening socket, bound here so that a port in use or an address not this machine's is one line
+    (exit 2) before anything is read."""
+    import socket
+
+    from trainledger.journal.errors import JournalIOError
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        raise UsageError(f"--host {host}: {e.strerror}") from None
+    family, kind, proto, _, addr = infos[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+        sock.listen(128)
+    except OSError as e:
+        sock.close()
+        raise JournalIOError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    sock.setblocking(False)
+    return sock

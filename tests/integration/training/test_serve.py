@@ -28,7 +28,7 @@ pytest.importorskip("pyarrow")
 
 from trainledger.cli import main  # noqa: E402
 from trainledger.journal import Journal, Signer, StepObserved, TrustPolicy  # noqa: E402
-from trainledger.journal.kinds import GateVerdict, StragglerDetected  # noqa: E402
+from trainledger.journal.kinds import DeviceChanged, DeviceSampled, GateVerdict, StragglerDetected  # noqa: E402
 from trainledger.training.distributed.ranks import RankInfo, open_rank_journal  # noqa: E402
 
 GOLDEN = Path(__file__).resolve().parents[2] / "assets" / "golden"
@@ -210,6 +210,9 @@ def _run_folder(d: Path, s: Signer) -> Path:
             j.append(StepObserved(step=i, loss=2.0 - i / 100 + r / 50, grad_norm=0.5, step_time_s=0.1 * (1 + 2 * r),
                                   tokens=512))
     js[0].append(StragglerDetected(rank=1, score=1 / 3, window_start=0, window_end=39, node="n1"))
+    js[1].append(DeviceSampled(device=0, temp_c=71.0, temp_hbm_c=80.5, power_w=301.0, sm_clock_mhz=1410,
+                               clock_event_reasons=0, ecc={"volatile_uncorrected": 2}))
+    js[1].append(DeviceChanged(device=0, change="xid", detail={"xid": 79}, step=39))
     for j in js:
         j.close()
     return d
@@ -226,7 +229,10 @@ def test_a_run_folder_shows_every_rank_and_the_slow_rank_outlined(browser, tmp_p
         assert data["loss"]["series"] == 2 and data["loss"]["points"] == 80
         legend = p.js("document.getElementById('heatmap-legend').textContent")
         assert "ranks 0, 1" in legend and "stragglers flagged (1)" in legend
-        assert "straggler rank 1" in p.js("document.getElementById('marks').textContent")
+        marks = p.js("document.getElementById('marks').textContent")
+        assert "straggler rank 1" in marks and "device 0: xid" in marks
+        devices = p.js("[...document.querySelectorAll('#telemetry tr')].map(r => r.textContent)")
+        assert len(devices) == 2 and "80.5" in devices[1] and "301" in devices[1] and devices[1].endswith("2")
         (tmp_path / "run-folder.png").write_bytes(p.page.screenshot(full_page=True))
         assert p.errors == []
         p.close()
@@ -340,3 +346,29 @@ def test_a_replay_difference_is_shown_where_it_is(browser, tmp_path):
         p.until("!document.getElementById('event').hidden")
         assert p.js("document.getElementById('event-title').textContent").startswith("anomaly_detected at seq 32")
         p.close()
+
+
+def test_a_port_in_use_a_missing_key_and_a_bad_path_are_one_line_each(tmp_path, capsys):
+    import socket
+
+    s = Signer.generate()
+    path = tmp_path / "j.jsonl"
+    with Journal.create(path, signer=s, background=False) as j:
+        j.append(StepObserved(step=0, loss=1.0))
+    pub = tmp_path / "j.pub"
+    pub.write_text(s.public.line() + "\n")
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen(1)
+    try:
+        port = busy.getsockname()[1]
+        assert main(["serve", str(path), "--pubkey", str(pub), "--port", str(port)]) == 2
+        assert capsys.readouterr().err.strip() == (f"trainledger serve: error: cannot listen on 127.0.0.1:{port}: "
+                                                   "Address already in use")
+    finally:
+        busy.close()
+    assert main(["serve", str(path), "--port", "0"]) == 2
+    assert "pass --pubkey" in capsys.readouterr().err
+    assert main(["serve", str(tmp_path / "none.jsonl"), "--pubkey", str(pub), "--port", "0"]) == 2
+    assert "no such file" in capsys.readouterr().err
+    assert main(["serve", str(path), "--pubkey", str(pub), "--port", "70000"]) == 2

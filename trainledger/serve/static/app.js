@@ -188,8 +188,13 @@
       legend: {show: parts.length <= 12},
       hooks: {draw: [u => drawMarks(u, marks)]},
     };
-    if (T.charts[metric]) T.charts[metric].destroy();
+    if (T.charts[metric]) { T.charts[metric].destroy(); delete T.charts[metric]; }
     box.replaceChildren();
+    if (!parts.length) {
+      box.appendChild(el("p", metric === "mfu" ? "no MFU: no run_configured with the model's size and the devices' peak"
+                                             : "nothing to draw yet", "legend"));
+      return;
+    }
     const u = new uPlot(opts, data, box);
     u.__seqs = seqs; u.__parts = parts;
     u.over.addEventListener("click", () => {
@@ -230,10 +235,12 @@
     let lo = Infinity, hi = -Infinity;
     for (const [, , v] of h.cells) { if (v < lo) lo = v; if (v > hi) hi = v; }
     const sx = c.width / h.width;
+    // a pixel bucket covers at least one step: with fewer steps than pixels, a cell is a step wide
+    const cellW = Math.max(sx, c.width / Math.max(h.hi - h.lo + 1, 1), 1);
     for (const [rank, px, v] of h.cells) {
       const t = hi > lo ? (v - lo) / (hi - lo) : 0;
       ctx.fillStyle = "rgb(" + Math.round(255 * t) + "," + Math.round(200 * (1 - t)) + "," + Math.round(255 * (1 - t)) + ")";
-      ctx.fillRect(px * sx, h.ranks.indexOf(rank) * rowH, Math.max(sx, 1), rowH);
+      ctx.fillRect(px * sx, h.ranks.indexOf(rank) * rowH, Math.ceil(cellW), rowH);
     }
     ctx.strokeStyle = "#000"; ctx.lineWidth = 2;
     const span = Math.max(h.hi - h.lo + 1, 1);
