@@ -387,15 +387,23 @@ class Board:
 
     def run_replay(self) -> None:
         """Replay (``trainledger replay``) what the board shows, once the run has closed: the differences between
-        what was concluded and what the events give, each with its seq, for the page to show where they are."""
+        what was concluded and what the events give, each with its seq, for the page to show where they are. A run
+        folder is then also checked whole, as ``verify RUN_DIR`` checks it (the anchors between its ranks): a
+        failure there is the board's FAIL."""
         from trainledger.audit import replay, replay_run_dir
 
         with self.lock:
             self.replayed = {"state": "running", "detail": "replaying"}
         try:
             rec = (replay_run_dir if self.is_run_dir else replay)(self.path, trust=self.trust)
-        except IntegrityError as e:  # the files changed since they were read: the board's own check says so next
-            result = {"state": "failed", "detail": e.fail_line(str(self.path))}
+        except IntegrityError as e:
+            # replay checks a run folder whole (its cross-rank anchors, which a rank's own lines cannot show), and
+            # every journal again: what fails here fails the board
+            with self.lock:
+                self._failed(e.fail_line(str(self.path)))
+                self.replayed = {"state": "failed", "detail": self.fail}
+                self.version += 1
+            return
         except TrainledgerError as e:
             result = {"state": "failed", "detail": str(e)}
         else:

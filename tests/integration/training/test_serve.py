@@ -119,6 +119,8 @@ def test_the_page_draws_a_ladder_journal_from_the_command(browser, tmp_path):
         assert data["grad_norm"]["points"] > 2000 and data["mfu"]["points"] > 1000
         assert p.js("document.querySelectorAll('#listed tr').length") > 20  # verdicts, decisions, the fit
         assert "passed: final loss" in p.js("document.getElementById('listed').textContent")
+        assert data["fit"] == {"points": 6, "chosen": True}  # the scaling fit: six rungs and the size it chose
+        assert "chosen d16" in p.js("document.getElementById('fit-legend').textContent")
         assert p.js("document.getElementById('fail').hidden") is True
         shot = p.page.screenshot(full_page=True)
         (tmp_path / "ladder.png").write_bytes(shot)
@@ -372,3 +374,35 @@ def test_a_port_in_use_a_missing_key_and_a_bad_path_are_one_line_each(tmp_path, 
     assert main(["serve", str(tmp_path / "none.jsonl"), "--pubkey", str(pub), "--port", "0"]) == 2
     assert "no such file" in capsys.readouterr().err
     assert main(["serve", str(path), "--pubkey", str(pub), "--port", "70000"]) == 2
+
+
+def test_a_rank_swapped_for_another_runs_shows_the_fail_banner_once_the_run_has_closed(browser, tmp_path):
+    """Each rank verifies on its own, with this folder's run id and key, but rank 1 is another run's: the anchors
+    rank 0 recorded say so, and the whole-folder check that runs once every rank has closed fails the page."""
+    from trainledger.training.distributed.ranks import anchor_record
+
+    s = Signer.generate()
+
+    def folder(d: Path, loss0: float) -> Path:
+        js = [open_rank_journal(d, s, info=RankInfo(run="swap", rank=r, world_size=2, local_rank=0, node="n",
+                                                    restart_count=0)) for r in range(2)]
+        for j in js:
+            for i in range(20):
+                j.append(StepObserved(step=i, loss=loss0 + i / 100, grad_norm=0.5))
+            j.seal()
+        heads = [("%d:%s" % j.head, j.key_id) for j in js]
+        for r, j in enumerate(js):
+            j.append(anchor_record(r, heads, step=19))
+        for j in js:
+            j.close()
+        return d
+
+    a, b = folder(tmp_path / "a", 2.0), folder(tmp_path / "b", 3.0)
+    shutil.copyfile(b / "rank-00001.jsonl", a / "rank-00001.jsonl")
+    with serving(a, [s.public]) as url:
+        p = Page(browser, url)
+        p.until("window.__trainledger.state && window.__trainledger.state.fail !== null", timeout=20)
+        fail = p.js("document.getElementById('fail').textContent")
+        assert fail.startswith("FAIL") and "rank 1" in fail
+        assert p.js("document.getElementById('board').hidden") is True
+        p.close()

@@ -13,7 +13,7 @@ import pytest
 from trainledger.cli import build_parser, main
 
 ROOT = Path(__file__).resolve().parents[3]
-COMMANDS = ["keygen", "verify", "head", "show", "demo", "ladder", "replay", "query", "report", "watch", "manifest", "preflight", "approve", "import", "export", "fit",
+COMMANDS = ["keygen", "verify", "head", "show", "demo", "ladder", "replay", "query", "report", "serve", "watch", "manifest", "preflight", "approve", "import", "export", "fit",
             "checkpoint", "prove", "verify-proof", "consistency", "witness"]
 
 

@@ -221,6 +221,45 @@
     ctx.restore();
   }
 
+  function drawFit(s) {
+    // the latest scaling_fitted: its points' observed losses against the fitted L = E + A/N^alpha + B/D^beta, by
+    // training compute 6ND; and the size it chose, at its predicted loss
+    const fits = s.listed.filter(x => x.kind === "scaling_fitted");
+    const box = document.getElementById("fit-box");
+    if (T.charts.fit) { T.charts.fit.destroy(); delete T.charts.fit; }
+    if (!fits.length) { box.hidden = true; T.data.fit = {points: 0}; return; }
+    const f = fits[fits.length - 1].fields, p = f.params || {};
+    const pts = (f.points || []).filter(q => Array.isArray(q) && q.length >= 3 && q[0] > 0 && q[1] > 0);
+    const model = (n, d) => p.E + p.A / Math.pow(n, p.alpha) + p.B / Math.pow(d, p.beta);
+    const rowsOf = pts.map(q => [Math.log10(6 * q[0] * q[1]), q[2], model(q[0], q[1]), null]);
+    const c = f.choice || {};
+    const cand = c.candidate || {};
+    if (c.predicted_loss !== undefined && cand.n_params && c.tokens) {
+      rowsOf.push([Math.log10(6 * cand.n_params * c.tokens), null, null, c.predicted_loss]);
+    }
+    rowsOf.sort((a, b) => a[0] - b[0]);
+    const data = [0, 1, 2, 3].map(k => rowsOf.map(r => r[k]));
+    box.hidden = false;
+    const el0 = document.getElementById("chart-fit");
+    el0.replaceChildren();
+    const dots = {show: true, size: 7};
+    T.charts.fit = new uPlot({
+      width: Math.max(300, Math.min(900, el0.clientWidth || 700)), height: 220, scales: {x: {time: false}},
+      axes: [{label: "log10 training FLOPs (6ND)"}, {size: 64, values: (u, vals) => vals.map(axisLabel)}],
+      series: [{label: "log10 6ND"},
+               {label: "observed (held-out loss)", stroke: "#0969da", paths: () => null, points: dots},
+               {label: "fitted", stroke: "#1a7f37", spanGaps: true, points: {show: false}},
+               {label: "chosen size, predicted", stroke: "#cf222e", paths: () => null, points: dots}],
+    }, data, el0);
+    T.data.fit = {points: pts.length, chosen: c.predicted_loss !== undefined};
+    document.getElementById("fit-legend").textContent = "L(N, D) = E + A/N^alpha + B/D^beta with E " + fmt(p.E) +
+      ", A " + fmt(p.A) + ", B " + fmt(p.B) + ", alpha " + fmt(p.alpha) + ", beta " + fmt(p.beta) +
+      (cand.name ? "; chosen " + cand.name + " (" + fmt(cand.n_params) + " params, " + fmt(c.tokens) +
+                   " tokens), predicted loss " + fmt(c.predicted_loss) +
+                   (Array.isArray(c.interval) ? " in [" + fmt(c.interval[0]) + ", " + fmt(c.interval[1]) + "]" : "") : "") +
+      "; fitted by " + fmt(f.fitter || "lbfgs") + " over " + pts.length + " rung(s)";
+  }
+
   function drawHeatmap(h) {
     const c = document.getElementById("heatmap");
     const rows = h.ranks.length;
@@ -280,6 +319,7 @@
           const bodies = await Promise.all(METRICS.map(m => get("api/series", {metric: m, width: width})));
           const diffs = ((s.replay || {}).differences || []).map(d => ({step: d.step, kind: "replay_difference"}));
           METRICS.forEach((m, i) => drawChart(m, bodies[i], s.marks.concat(diffs)));
+          drawFit(s);
           drawHeatmap(await get("api/heatmap", {width: 600}));
           drawTelemetry(await get("api/telemetry"));
         }
