@@ -8,11 +8,12 @@ seal are kept apart, for the page to draw as "not signed yet". A line that does 
 then on it holds the one FAIL line (the file, the seq, what is wrong) and nothing else, the tables emptied. A
 journal cut back and rewritten under the reader is read again from its first line.
 
-The tables live in DuckDB (one thread, a memory limit, spilling to a private temporary folder), so a long run's
-steps cost DuckDB's memory, not Python's: ``steps`` (one row per step: rank, segment, rung, seq, step, loss, grad
-norm, step time, tokens, MFU), ``marks`` (anomalies, suspected spikes, rewinds, resumes, checkpoints, device
-changes, stops: what the curves mark), ``telemetry`` (device readings) and ``lines`` (each event's seq, kind, chain
-hash and where its line is, so that the page can open any event and ask for its inclusion proof). The curves are
+The tables live in DuckDB, on disk in a private temporary folder (one thread, a 128 MB memory limit), so a long
+run's steps cost disk, not memory: ``steps`` (one row per step: rank, segment, rung, seq, step, loss, grad norm,
+step time, tokens, examples), ``segs`` (each segment's MFU constants, from its ``run_configured``), ``marks``
+(anomalies, suspected spikes, rewinds, resumes, checkpoints, device changes, stops: what the curves mark) and
+``telemetry`` (device readings); beside them, per journal, two flat files by seq (each event's chain hash and where
+its line is, so that the page can open any event and ask for its inclusion proof). The curves are
 downsampled here (:meth:`Board.series`): per pixel the lowest and the highest point, within one rank, one segment
 and one rung (a line never joins a resumed stretch to the one before it).
 """
@@ -79,6 +80,40 @@ class _Segment:
     seq_len: int | None = None
 
 
+class _Index:
+    """Where each signed event's line is and its chain hash, by seq: two flat files in the board's private folder
+    (64 hex characters, then two int64s, per event), so that opening any event costs two seeks and the board's
+    memory does not grow with the run."""
+
+    def __init__(self, stem: Path) -> None:
+        self.hashes, self.places = stem.with_suffix(".hashes"), stem.with_suffix(".places")
+        for p in (self.hashes, self.places):
+            p.unlink(missing_ok=True)
+            fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            os.close(fd)
+
+    def append(self, recs: list[Any], at: list[tuple[int, int]]) -> None:
+        import array
+
+        with open(self.hashes, "ab") as f:
+            f.write("".join(map(_H, recs)).encode("ascii"))
+        with open(self.places, "ab") as f:
+            array.array("q", itertools.chain.from_iterable(at)).tofile(f)
+
+    def get(self, seq: int) -> tuple[str, int, int]:
+        """(chain hash, byte offset, length) of the event at ``seq``."""
+        import array
+
+        with open(self.hashes, "rb") as f:
+            f.seek(seq * 64)
+            h = f.read(64).decode("ascii")
+        a = array.array("q")
+        with open(self.places, "rb") as f:
+            f.seek(seq * 16)
+            a.frombytes(f.read(16))
+        return h, a[0], a[1]
+
+
 class _Journal:
     """One journal followed: complete lines checked as they arrive, signed events handed to the board."""
 
@@ -115,6 +150,7 @@ class _Journal:
         self.signed = 0
         self.segment = _Segment()
         self.closed = False
+        self.index = _Index(self.board.private / f"{'journal' if self.rank is None else f'rank-{self.rank:05d}'}")
 
     def read_new(self) -> bool:
         """Check and hand on everything appended since the last call; whether anything new was signed or seen."""
@@ -218,8 +254,7 @@ class Board:
         self.con.execute("CREATE TABLE telemetry (rank INTEGER, seq BIGINT, ts BIGINT, device INTEGER, temp_c DOUBLE, "
                          "temp_hbm_c DOUBLE, power_w DOUBLE, sm_clock_mhz DOUBLE, throttled BOOLEAN, "
                          "ecc_uncorrected DOUBLE)")
-        self.con.execute("CREATE TABLE lines (rank INTEGER, seq BIGINT, kind VARCHAR, h VARCHAR, off BIGINT, "
-                         "len INTEGER)")
+
 
     def close(self) -> None:
         import shutil
@@ -277,7 +312,7 @@ class Board:
     def _failed(self, line: str) -> None:
         """From now on the board holds this one line and nothing from any journal."""
         self.fail = line
-        for t in ("steps", "segs", "marks", "telemetry", "lines"):
+        for t in ("steps", "segs", "marks", "telemetry"):
             self.con.execute(f"DELETE FROM {t}")
         self.listed.clear()
         for j in self.journals.values():
@@ -287,7 +322,7 @@ class Board:
     def _rewritten(self, j: _Journal) -> None:
         self.notes.append(f"{j.path}: the journal was cut back and rewritten: read again from its first line")
         r = -1 if j.rank is None else j.rank
-        for t in ("steps", "segs", "marks", "telemetry", "lines"):
+        for t in ("steps", "segs", "marks", "telemetry"):
             self.con.execute(f"DELETE FROM {t} WHERE rank = ?", [r])
         self.listed = [x for x in self.listed if x["rank"] != j.rank]
         j.restart()
@@ -333,11 +368,7 @@ class Board:
                     "step_time_s": _floats(steps, "step_time_s"), "tokens": _ints(steps, "tokens"),
                     "examples": _ints(steps, "examples"), "ts": _ints(steps, "ts")}
             self._insert("steps", pa.table(cols))
-        self._insert("lines", pa.table({"rank": pa.repeat(pa.scalar(r, pa.int32()), n), "seq": _ints(recs, "seq"),
-                                        "kind": pa.array(kinds, pa.string()),
-                                        "h": pa.array(list(map(_H, recs)), pa.string()),
-                                        "off": pa.array([a for a, _ in at], pa.int64()),
-                                        "len": pa.array([b for _, b in at], pa.int32())}))
+        j.index.append(recs, at)
         if marks:
             self.con.executemany("INSERT INTO marks VALUES (?, ?, ?, ?, ?)", marks)
         if tele:
@@ -534,25 +565,23 @@ class Board:
             if self.fail is not None:
                 raise UsageError("the journal failed verification: nothing from it is shown")
             j = self.journals.get(rank)
-            r = -1 if rank is None else rank
-            row = _first(self.con.execute("SELECT kind, h, off, len FROM lines WHERE rank = ? AND seq = ?",
-                                          [r, seq]).fetchall())
-            if j is None or row is None:
+            if j is None or not 0 <= seq < j.signed:
                 raise UsageError(f"no signed event at seq {seq}" + (f" of rank {rank}" if rank is not None else ""))
-            prev = _first(self.con.execute("SELECT h FROM lines WHERE rank = ? AND seq = ?", [r, seq - 1]).fetchall())
-            kind, h, off, ln = row
+            h, off, ln = j.index.get(seq)
+            prev = j.index.get(seq - 1)[0] if seq > 0 else None
             with open(j.path, "rb") as f:
                 f.seek(off)
                 line = f.read(ln)
-            prev_h = bytes.fromhex(prev[0]) if prev else genesis(j.run_id)
+            prev_h = bytes.fromhex(prev) if prev else genesis(j.run_id)
             cut = line.rfind(b',"h":"')
             if cut < 0 or link(prev_h, line[:cut]).hex() != h:
                 raise IntegrityError(f"{j.path}: the line at seq {seq} is not the one verified (changed since)",
                                      seq=seq)
-            return {"rank": rank, "seq": seq, "kind": kind, "h": h, "file": str(j.path),
+            fields = json.loads(line)
+            return {"rank": rank, "seq": seq, "kind": fields.get("kind"), "h": h, "file": str(j.path),
                     "format_version": j.format_version, "provable": bool(j.provable), "line": line.decode(),
                     # pretty-printed here: a browser's JSON.parse rounds integers past 2**53 (every ts is one)
-                    "pretty": json.dumps(json.loads(line), indent=1, ensure_ascii=False)}
+                    "pretty": json.dumps(fields, indent=1, ensure_ascii=False)}
 
     def proof(self, rank: int | None, seq: int) -> dict[str, Any]:
         """The inclusion proof bundle of one signed event against its journal's latest seal (``trainledger
