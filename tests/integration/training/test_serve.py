@@ -406,3 +406,53 @@ def test_a_rank_swapped_for_another_runs_shows_the_fail_banner_once_the_run_has_
         assert fail.startswith("FAIL") and "rank 1" in fail
         assert p.js("document.getElementById('board').hidden") is True
         p.close()
+
+
+def test_the_board_follows_a_live_run_folder_a_late_rank_and_a_rewritten_journal(tmp_path):
+    """No browser: the board itself. A rank that appears later is followed; a journal cut back and rewritten (an
+    honest crash repaired) is read again from its first line, with a note; a rank of another run fails it."""
+    from trainledger.serve.board import open_board
+
+    s = Signer.generate()
+    d = tmp_path / "run"
+    j0 = open_rank_journal(d, s, info=RankInfo(run="live", rank=0, world_size=2, local_rank=0, node="n",
+                                               restart_count=0))
+    for i in range(10):
+        j0.append(StepObserved(step=i, loss=1.0, grad_norm=0.1))
+    j0.seal(durable=True)
+    b = open_board(d, TrustPolicy(keys=[s.public]))
+    try:
+        assert [j["rank"] for j in b.state()["journals"]] == [0]
+        j1 = open_rank_journal(d, s, info=RankInfo(run="live", rank=1, world_size=2, local_rank=0, node="n",
+                                                   restart_count=0))
+        for i in range(7):
+            j1.append(StepObserved(step=i, loss=2.0, grad_norm=0.1))
+        j1.seal(durable=True)
+        assert b.poll()
+        st = b.state()
+        assert [j["rank"] for j in st["journals"]] == [0, 1] and st["steps"][0] == 17
+        # rank 1 cut back to its first seal and written again with other steps: read again, noted
+        j1.suspend()
+        lines = (d / "rank-00001.jsonl").read_bytes().splitlines(keepends=True)
+        keep = next(i for i, x in enumerate(lines) if b'"kind":"seal"' in x) + 1
+        (d / "rank-00001.jsonl").write_bytes(b"".join(lines[:keep]))
+        j1 = Journal.open_append(d / "rank-00001.jsonl", signer=s, background=False)
+        for i in range(3):
+            j1.append(StepObserved(step=i, loss=5.0, grad_norm=0.1))
+        j1.seal(durable=True)
+        assert b.poll()
+        st = b.state()
+        assert st["fail"] is None and any("rewritten" in n for n in st["notes"])
+        assert b.con.execute("SELECT count(*), max(loss) FROM steps WHERE rank = 1").fetchall() == [(3, 5.0)]
+        # a journal of another run dropped in as rank 2: the board fails, and shows nothing else
+        other = open_rank_journal(tmp_path / "other", s, info=RankInfo(run="else", rank=2, world_size=3,
+                                                                       local_rank=0, node="n", restart_count=0))
+        other.close()
+        shutil.copyfile(tmp_path / "other" / "rank-00002.jsonl", d / "rank-00002.jsonl")
+        b.poll()
+        st = b.state()
+        assert st["fail"].startswith("FAIL") and "another run" in st["fail"] and "journals" not in st
+        assert b.series("loss", 100)["series"] == []
+    finally:
+        b.close()
+        j0.suspend()
