@@ -420,26 +420,30 @@ class Board:
         """Replay (``trainledger replay``) what the board shows, once the run has closed: the differences between
         what was concluded and what the events give, each with its seq, for the page to show where they are. A run
         folder is then also checked whole, as ``verify RUN_DIR`` checks it (the anchors between its ranks): a
-        failure there is the board's FAIL."""
-        from trainledger.audit import replay, replay_run_dir
+        failure there is the board's FAIL. It runs in a child process at low priority, so that the server keeps
+        answering while it works (a 1e6-step replay is seconds of CPU)."""
+        import concurrent.futures
+        import multiprocessing
 
         with self.lock:
             self.replayed = {"state": "running", "detail": "replaying"}
+        methods = multiprocessing.get_all_start_methods()
+        ctx = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
         try:
-            rec = (replay_run_dir if self.is_run_dir else replay)(self.path, trust=self.trust)
-        except IntegrityError as e:
-            # replay checks a run folder whole (its cross-rank anchors, which a rank's own lines cannot show), and
-            # every journal again: what fails here fails the board
+            with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=ctx) as pool:
+                kind, got = pool.submit(_replayed, str(self.path), self.is_run_dir, self.trust).result()
+        except (OSError, concurrent.futures.process.BrokenProcessPool) as e:
+            kind, got = "error", f"replay could not run: {e}"
+        if kind == "fail":
             with self.lock:
-                self._failed(e.fail_line(str(self.path)))
+                self._failed(got)
                 self.replayed = {"state": "failed", "detail": self.fail}
                 self.version += 1
             return
-        except TrainledgerError as e:
-            result = {"state": "failed", "detail": str(e)}
+        if kind == "error":
+            result: dict[str, Any] = {"state": "failed", "detail": got}
         else:
-            diffs = [{"rank": d.get("rank"), "seq": d.get("seq"), "kind": d.get("kind"), "detail": d.get("detail")}
-                     for d in rec.differences]
+            diffs = got
             result = {"state": "differences" if diffs else "consistent", "differences": diffs[:500],
                       "detail": f"{len(diffs)} difference(s) from the recomputation" if diffs else
                       "replay consistent: every conclusion recomputed from the events agrees"}
@@ -624,6 +628,26 @@ def _floats(recs: list[Any], name: str) -> Any:
         return arrow_column(recs, name, "DOUBLE")
     except (OverflowError, pa.ArrowInvalid, pa.ArrowTypeError):
         return pa.array([_num(getattr(x, name)) for x in recs], pa.float64())
+
+
+def _replayed(path: str, run_dir: bool, trust: TrustPolicy) -> tuple[str, Any]:
+    """In the replay's child process: ("ok", differences), ("fail", the FAIL line) or ("error", what went wrong)."""
+    try:
+        os.nice(10)
+    except OSError:
+        pass
+    from trainledger.audit import replay, replay_run_dir
+
+    try:
+        rec = (replay_run_dir if run_dir else replay)(path, trust=trust)
+    except IntegrityError as e:
+        # replay checks a run folder whole (its cross-rank anchors, which a rank's own lines cannot show), and
+        # every journal again: what fails here fails the board
+        return "fail", e.fail_line(path)
+    except TrainledgerError as e:
+        return "error", str(e)
+    return "ok", [{"rank": d.get("rank"), "seq": d.get("seq"), "kind": d.get("kind"), "detail": d.get("detail")}
+                  for d in rec.differences]
 
 
 def _first(rows: list[Any]) -> Any:
