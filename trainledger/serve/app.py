@@ -136,6 +136,9 @@ def make_app(board: Board, *, token: str | None, host: str, port: int, follow: b
     def telemetry(request: Request) -> dict[str, Any]:
         return board.telemetry()
 
+    def devices(request: Request) -> dict[str, Any]:
+        return board.device_series(request.query_params.get("metric", "temp_c"), _int(request, "width", 900))
+
     def event(request: Request) -> dict[str, Any]:
         return board.event(_rank(request), _int(request, "seq", -1))
 
@@ -199,7 +202,7 @@ def make_app(board: Board, *, token: str | None, host: str, port: int, follow: b
 
     routes = [Route("/", page), Route("/favicon.ico", favicon), Route("/static/{name}", static), Route("/api/state", api(state)),
               Route("/api/series", api(series)), Route("/api/heatmap", api(heatmap)),
-              Route("/api/telemetry", api(telemetry)), Route("/api/event", api(event)),
+              Route("/api/telemetry", api(telemetry)), Route("/api/devices", api(devices)), Route("/api/event", api(event)),
               Route("/api/proof", api(proof)), Route("/api/stream", stream)]
     return Starlette(routes=routes, lifespan=lifespan)
 

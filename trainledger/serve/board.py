@@ -38,7 +38,7 @@ from trainledger.journal.scan import BLOCK, MAX_LINE, RangeResult, ScanContext, 
 from trainledger.journal.trust import TrustPolicy
 from trainledger.journal.verify import open_checked, read_opening, resolve_key
 
-__all__ = ["Board", "METRICS", "MAX_WIDTH"]
+__all__ = ["Board", "METRICS", "DEVICE_METRICS", "MAX_WIDTH"]
 
 #: the curves the page draws: name -> the SQL of its value over ``steps``
 _TOKENS = "CAST(COALESCE(tokens, examples * seq_len) AS DOUBLE)"
@@ -46,6 +46,8 @@ METRICS = {"loss": "loss", "grad_norm": "grad_norm", "step_time_s": "step_time_s
            # PaLM appendix B, against the run_configured in force in the step's segment (segs)
            "mfu": f"CASE WHEN step_time_s > 0 AND peak > 0 THEN {_TOKENS} * fpt / step_time_s / peak END",
            "tokens_per_s": f"CASE WHEN step_time_s > 0 THEN {_TOKENS} / step_time_s END"}
+#: the device readings drawn over time (columns of ``telemetry``)
+DEVICE_METRICS = ("temp_c", "temp_hbm_c", "power_w", "sm_clock_mhz")
 #: the widest downsampling a request may ask for (pixels)
 MAX_WIDTH = 4096
 #: signed events handed to the tables at a time
@@ -526,6 +528,36 @@ class Board:
                     unsigned.append({"rank": rank, "x": [p[0] for p in pts], "y": [p[1] for p in pts],
                                      "seq": [p[2] for p in pts]})
             return {"metric": metric, "lo": lo, "hi": hi, "width": width, "series": series, "unsigned": unsigned}
+
+    def device_series(self, metric: str, width: int) -> dict[str, Any]:
+        """A device reading over time (seconds since the first reading), per rank and device, at most two points a
+        pixel (the lowest and the highest)."""
+        if metric not in DEVICE_METRICS:
+            raise UsageError(f"no such reading {metric!r}: one of {', '.join(DEVICE_METRICS)}")
+        width = max(1, min(int(width), MAX_WIDTH))
+        with self.lock:
+            if self.fail is not None:
+                return {"metric": metric, "series": []}
+            t0, t1 = self.con.execute("SELECT min(ts), max(ts) FROM telemetry").fetchall()[0]
+            series: list[dict[str, Any]] = []
+            if t0 is not None:
+                span = max(t1 - t0 + 1, 1)
+                rows = self.con.execute(
+                    f"WITH b AS (SELECT rank, device, seq, ts, {metric} AS v, CAST(floor((ts - ?) * ? / ?) AS BIGINT) "
+                    "AS px FROM telemetry WHERE {metric} IS NOT NULL AND isfinite({metric})) "
+                    "SELECT rank, device, px, arg_min(ts, v), min(v), arg_min(seq, v), arg_max(ts, v), max(v), "
+                    "arg_max(seq, v) FROM b GROUP BY rank, device, px ORDER BY rank, device, px".replace(
+                        "{metric}", metric), [t0, width, span]).fetchall()
+                cur: dict[str, Any] | None = None
+                for rank, device, _px, a0, v0, q0, a1, v1, q1 in rows:
+                    if cur is None or (cur["rank"], cur["device"]) != (None if rank < 0 else rank, device):
+                        cur = {"rank": None if rank < 0 else rank, "device": device, "x": [], "y": [], "seq": []}
+                        series.append(cur)
+                    for t, v, q in sorted({(a0, v0, q0), (a1, v1, q1)}):
+                        cur["x"].append((t - t0) / 1e9)
+                        cur["y"].append(v)
+                        cur["seq"].append(q)
+            return {"metric": metric, "series": series}
 
     def heatmap(self, width: int) -> dict[str, Any]:
         """Step time per rank, averaged per pixel of steps, and the stragglers' windows to outline."""

@@ -212,8 +212,9 @@ def _run_folder(d: Path, s: Signer) -> Path:
             j.append(StepObserved(step=i, loss=2.0 - i / 100 + r / 50, grad_norm=0.5, step_time_s=0.1 * (1 + 2 * r),
                                   tokens=512))
     js[0].append(StragglerDetected(rank=1, score=1 / 3, window_start=0, window_end=39, node="n1"))
-    js[1].append(DeviceSampled(device=0, temp_c=71.0, temp_hbm_c=80.5, power_w=301.0, sm_clock_mhz=1410,
-                               clock_event_reasons=0, ecc={"volatile_uncorrected": 2}))
+    for k in range(5):
+        js[1].append(DeviceSampled(device=0, temp_c=67.0 + k, temp_hbm_c=76.5 + k, power_w=297.0 + k,
+                                   sm_clock_mhz=1410, clock_event_reasons=0, ecc={"volatile_uncorrected": 2}))
     js[1].append(DeviceChanged(device=0, change="xid", detail={"xid": 79}, step=39))
     for j in js:
         j.close()
@@ -235,6 +236,7 @@ def test_a_run_folder_shows_every_rank_and_the_slow_rank_outlined(browser, tmp_p
         assert "straggler rank 1" in marks and "device 0: xid" in marks
         devices = p.js("[...document.querySelectorAll('#telemetry tr')].map(r => r.textContent)")
         assert len(devices) == 2 and "80.5" in devices[1] and "301" in devices[1] and devices[1].endswith("2")
+        assert data["temp_c"] == {"points": 5, "series": 1} and data["power_w"]["points"] == 5
         (tmp_path / "run-folder.png").write_bytes(p.page.screenshot(full_page=True))
         assert p.errors == []
         p.close()

@@ -293,6 +293,32 @@
       fmt(hi) + " s (red), steps " + h.lo + " to " + h.hi + "; outlined: stragglers flagged (" + h.stragglers.length + ")";
   }
 
+  function drawDevices(metric, body) {
+    // a reading over time, a line per rank and device; each point opens its device_sampled event
+    const box = document.getElementById("chart-" + metric);
+    if (T.charts[metric]) { T.charts[metric].destroy(); delete T.charts[metric]; }
+    box.replaceChildren();
+    T.data[metric] = {points: body.series.reduce((n, s) => n + s.x.length, 0), series: body.series.length};
+    if (!body.series.length) { box.appendChild(el("p", "no readings", "legend")); return; }
+    const {data, seqs} = chartData(body.series);
+    const u = new uPlot({
+      width: Math.max(300, box.clientWidth || 600), height: 200, scales: {x: {time: false}},
+      axes: [{}, {size: 56, values: (u, vals) => vals.map(axisLabel)}],
+      series: [{label: "s"}].concat(body.series.map((s, i) => ({
+        label: (s.rank !== null && s.rank !== undefined ? "rank " + s.rank + " " : "") + "device " + s.device,
+        stroke: COLORS[i % COLORS.length], spanGaps: true, width: 1.25, points: {show: false}}))),
+      legend: {show: body.series.length <= 12},
+    }, data, box);
+    u.over.addEventListener("click", () => {
+      const i = u.cursor.idx;
+      if (i === null || i === undefined) return;
+      for (let k = 1; k < u.data.length; k++) if (u.data[k][i] !== null && seqs[k][i] !== null) {
+        openEvent(body.series[k - 1].rank, seqs[k][i]); break;
+      }
+    });
+    T.charts[metric] = u;
+  }
+
   function drawTelemetry(t) {
     const tb = document.getElementById("telemetry");
     tb.replaceChildren();
@@ -321,7 +347,12 @@
           METRICS.forEach((m, i) => drawChart(m, bodies[i], s.marks.concat(diffs)));
           drawFit(s);
           drawHeatmap(await get("api/heatmap", {width: 600}));
-          drawTelemetry(await get("api/telemetry"));
+          const tele = await get("api/telemetry");
+          drawTelemetry(tele);
+          document.getElementById("devices-box").hidden = !tele.rows.length;
+          if (tele.rows.length) {
+            for (const m of ["temp_c", "power_w"]) drawDevices(m, await get("api/devices", {metric: m, width: 900}));
+          }
         }
         T.version = s.version;
         T.drawn += 1;
