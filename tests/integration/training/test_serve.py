@@ -458,3 +458,36 @@ def test_the_board_follows_a_live_run_folder_a_late_rank_and_a_rewritten_journal
     finally:
         b.close()
         j0.suspend()
+
+
+def test_a_point_and_a_mark_on_the_curve_open_their_events(browser, tmp_path):
+    from trainledger.journal.kinds import CheckpointSaved
+
+    s = Signer.generate()
+    path = tmp_path / "marked.jsonl"
+    with Journal.create(path, signer=s, background=False) as j:
+        for i in range(100):
+            j.append(StepObserved(step=i, loss=2.0 - i / 200, grad_norm=0.5))
+            if i == 50:
+                j.append(CheckpointSaved(step=50, path="ckpt/50", bytes=10, sha256="0" * 64, contents=["model"],
+                                         duration_s=0.1))
+    with serving(path, [s.public]) as url:
+        p = Page(browser, url)
+        p.until("window.__trainledger.drawn > 0")
+        u = "window.__trainledger.charts.loss"
+        box = p.js(f"(() => {{ const r = {u}.over.getBoundingClientRect(); return [r.width, r.height]; }})()")
+        x_mark = p.js(f"{u}.valToPos(50, 'x')")
+        p.page.mouse.move(0, 0)
+        over = p.page.locator("#chart-loss .u-over")
+        over.click(position={"x": x_mark, "y": box[1] / 2})
+        p.until("!document.getElementById('event').hidden")
+        assert p.js("document.getElementById('event-title').textContent").startswith("checkpoint_saved at seq ")
+        p.page.click("#event-close")
+        x_point = p.js(f"{u}.valToPos(20, 'x')")
+        over.click(position={"x": x_point, "y": box[1] / 2})
+        p.until("!document.getElementById('event').hidden")
+        title = p.js("document.getElementById('event-title').textContent")
+        assert title.startswith("step_observed at seq ")
+        assert '"step": 2' in p.js("document.getElementById('event-fields').textContent")  # near step 20
+        assert p.errors == []
+        p.close()

@@ -197,7 +197,13 @@
     }
     const u = new uPlot(opts, data, box);
     u.__seqs = seqs; u.__parts = parts;
-    u.over.addEventListener("click", () => {
+    u.over.addEventListener("click", (e) => {
+      // a mark within 4 px of the click opens its event; else the nearest point's
+      const left = e.clientX - u.over.getBoundingClientRect().left;
+      for (const m of marks) {
+        if (m.step === null || m.step === undefined || m.seq === undefined) continue;
+        if (Math.abs(u.valToPos(m.step, "x") - left) <= 4) { openEvent(m.rank, m.seq); return; }
+      }
       const i = u.cursor.idx;
       if (i === null || i === undefined) return;
       let best = null;
@@ -343,7 +349,8 @@
         if (!s.fail) {
           const width = Math.max(300, Math.min(2000, document.getElementById("chart-loss").clientWidth || 1200));
           const bodies = await Promise.all(METRICS.map(m => get("api/series", {metric: m, width: width})));
-          const diffs = ((s.replay || {}).differences || []).map(d => ({step: d.step, kind: "replay_difference"}));
+          const diffs = ((s.replay || {}).differences || []).map(d => ({step: d.step, kind: "replay_difference",
+                                                                         rank: d.rank, seq: d.seq}));
           METRICS.forEach((m, i) => drawChart(m, bodies[i], s.marks.concat(diffs)));
           drawFit(s);
           drawHeatmap(await get("api/heatmap", {width: 600}));
