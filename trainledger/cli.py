@@ -32,8 +32,8 @@ from trainledger.training import cli as _training_cli  # noqa: E402
 from trainledger.journal.audit.rundir import is_run_dir  # noqa: E402
 from trainledger.journal.errors import IntegrityError, UsageError  # noqa: E402
 from trainledger.journal.options import (EPILOG, add_json_option, add_partial_option,  # noqa: E402
-                                         add_trust_options, imported_line, partial_line, refuse_partial, say,
-                                         trust_policy)
+                                         add_trust_options, imported_line, partial_line, progress_for,
+                                         refuse_partial, say, trust_policy)
 
 __all__ = ["build_parser", "main", "entry"]
 
@@ -235,7 +235,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             say(state["fail"])
         say(f"serving {args.path} at {url}  (Ctrl-C stops)", flush=True)
 
-    return serve(args.path, trust=trust_policy(args), host=args.host, port=args.port, ready=ready)
+    return serve(args.path, trust=trust_policy(args), host=args.host, port=args.port, ready=ready,
+                 progress=progress_for(args, "verifying"))
 
 
 def _cmd_report(args: argparse.Namespace) -> int:

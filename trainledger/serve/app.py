@@ -245,7 +245,7 @@ def is_loopback(host: str) -> bool:
 
 
 def serve(path: str | Path, *, trust: Any, host: str = "127.0.0.1", port: int = 8765,
-          ready: Any = None) -> int:
+          ready: Any = None, progress: Any = None) -> int:
     """Verify what ``path`` holds now, then serve it until Ctrl-C. ``ready(url)`` is told the URL once the server
     listens (the CLI prints it)."""
     try:
@@ -256,7 +256,7 @@ def serve(path: str | Path, *, trust: Any, host: str = "127.0.0.1", port: int = 
 
     sock = _listen(host, port)
     try:
-        board = open_board(path, trust)
+        board = open_board(path, trust, progress=progress)
     except BaseException:
         sock.close()
         raise

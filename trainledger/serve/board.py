@@ -166,10 +166,13 @@ class _Journal:
                     self.board._rewritten(self)
                     return True
             f.seek(self.offset)
+            progress = self.board.progress
             while True:
                 block = f.read(BLOCK)
                 if not block:
                     break
+                if progress is not None:
+                    progress(self.offset + len(block), size)
                 start = self.offset - len(self.carry)
                 self.offset += len(block)
                 self.tail = (self.tail + block)[-64:]
@@ -237,6 +240,8 @@ class Board:
         self.con.execute(f"SET temp_directory = '{self.private}'")
         self._create()
         self.version = 0
+        #: told (bytes read, bytes there) as a journal is read: the first read of a long run takes a while
+        self.progress: Any = None
         self.fail: str | None = None
         self.notes: list[str] = []
         self.listed: list[dict[str, Any]] = []
@@ -725,12 +730,20 @@ def _fields(ev: Any) -> dict[str, Any]:
     return {k: v for k, v in d.items() if k not in ("h",)} if isinstance(d, dict) else {"value": d}
 
 
-def open_board(path: str | os.PathLike, trust: TrustPolicy, paths: Sequence[str] = ()) -> Board:
-    """A board over ``path``, read once through (what the journals hold now), ready to serve."""
+def open_board(path: str | os.PathLike, trust: TrustPolicy, paths: Sequence[str] = (), *,
+               progress: Any = None) -> Board:
+    """A board over ``path``, read once through (what the journals hold now), ready to serve. ``progress(done,
+    total)`` is told how far each journal's first read has come (the CLI's progress bar on a terminal)."""
     import importlib.util
 
     if importlib.util.find_spec("pyarrow") is None:
         raise UsageError("serve needs its extra: pip install 'trainledger[serve]'")
     b = Board(path, trust=trust)
-    b.poll()
+    b.progress = progress
+    try:
+        b.poll()
+    finally:
+        b.progress = None
+        if progress is not None and hasattr(progress, "close"):
+            progress.close()
     return b

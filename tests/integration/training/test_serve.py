@@ -491,3 +491,21 @@ def test_a_point_and_a_mark_on_the_curve_open_their_events(browser, tmp_path):
         assert '"step": 2' in p.js("document.getElementById('event-fields').textContent")  # near step 20
         assert p.errors == []
         p.close()
+
+
+def test_the_first_read_reports_its_progress(tmp_path):
+    from trainledger.serve.board import open_board
+
+    s = Signer.generate()
+    path = tmp_path / "p.jsonl"
+    with Journal.create(path, signer=s, background=False) as j:
+        for i in range(3000):
+            j.append(StepObserved(step=i, loss=1.0, grad_norm=0.1))
+    seen: list[tuple[int, int]] = []
+    b = open_board(path, TrustPolicy(keys=[s.public]), progress=lambda done, total: seen.append((done, total)))
+    try:
+        size = path.stat().st_size
+        assert len(seen) >= 2 and seen[-1] == (size, size) and all(d <= t for d, t in seen)
+        assert b.progress is None  # only the first read: the live follower says nothing
+    finally:
+        b.close()
