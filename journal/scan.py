@@ -20,7 +20,7 @@ import itertools
 import operator
 import os
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import msgspec
@@ -676,6 +676,48 @@ def lines_of(block: bytes) -> list[bytes]:
     lines = block.split(b"\n")
     lines.pop()
     return lines
+
+
+class Appended:
+    """What a file gained since the last read, as blocks of complete lines (a torn last line waits for its newline):
+    for a reader that follows a journal as it is written (``watch``, ``serve``). It remembers where it stopped and
+    the last bytes it read, so that a file cut back or rewritten under it is noticed (:meth:`cut_back`)."""
+
+    def __init__(self) -> None:
+        self.offset = 0  # bytes consumed as complete lines, plus the partial line held in carry
+        self.carry = b""
+        self.tail = b""  # the last bytes read: if they changed, the file was cut and rewritten under us
+
+    def cut_back(self, f: Any, size: int) -> bool:
+        """Whether what was read no longer stands (the file, open in ``f``, is shorter or its bytes changed)."""
+        if not self.offset:
+            return False
+        f.seek(self.offset - len(self.tail))
+        return size < self.offset or f.read(len(self.tail)) != self.tail
+
+    def blocks(self, f: Any, size: int | None = None,
+               progress: Callable[[int, int], None] | None = None) -> Iterator[tuple[bytes, int]]:
+        """``(block, offset)``: every block of complete lines appended since the last read, each ending with a
+        newline, and the byte it starts at. Raises :class:`SchemaError` for a line longer than ``MAX_LINE``."""
+        f.seek(self.offset)
+        while True:
+            block = f.read(BLOCK)
+            if not block:
+                return
+            if progress is not None and size is not None:
+                progress(self.offset + len(block), size)
+            start = self.offset - len(self.carry)
+            self.offset += len(block)
+            self.tail = (self.tail + block)[-64:]
+            chunk = self.carry + block
+            cut = chunk.rfind(b"\n")
+            if cut < 0:
+                self.carry = chunk
+                if len(chunk) > MAX_LINE:
+                    raise SchemaError(f"line at byte {start} is longer than {MAX_LINE} bytes", offset=start)
+                continue
+            self.carry = chunk[cut + 1:]
+            yield chunk[:cut + 1], start
 
 
 def new_scanner(ctx: ScanContext, prev_seq: int, prev_hash: bytes, res: RangeResult) -> Scanner:

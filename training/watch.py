@@ -20,10 +20,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from trainledger.journal.scan import BLOCK, MAX_LINE, RangeResult, ScanContext, Scanner, tree_mode
+from trainledger.journal.scan import Appended, RangeResult, ScanContext, Scanner, lines_of, tree_mode
 from trainledger.journal.text import safe
 from trainledger.journal.chain import genesis
-from trainledger.journal.errors import IntegrityError, JournalError, SchemaError
+from trainledger.journal.errors import IntegrityError, JournalError
 from trainledger.journal.events import RunClosed, Seal, StepObserved
 from trainledger.training.health.detectors import AnomalyDetected, HealthProjection, RunConfigured
 from trainledger.journal.keys import PublicKey
@@ -272,39 +272,19 @@ class _Follower:
     def _restart(self) -> None:
         self.view = _View(self.label)
         self.scanner = Scanner(self.ctx, -1, genesis(self.ctx.run_id), RangeResult(0, 0))
-        self.offset = 0  # bytes consumed as complete lines, plus the partial line held in carry
-        self.carry = b""
-        self.tail = b""  # the last bytes read: if they changed, the file was cut and rewritten under us
+        self.appended = Appended()
 
     def read_new(self) -> str | None:
         """Fold every complete line appended since the last call; a note when the file was cut meanwhile."""
         note = None
         with open(self.p, "rb", buffering=0) as f:
             size = os.fstat(f.fileno()).st_size
-            if self.offset:
-                f.seek(self.offset - len(self.tail))
-                again = f.read(len(self.tail))
-            if self.offset and (size < self.offset or again != self.tail):
+            if self.appended.cut_back(f, size):
                 # open_append cut a torn line, or unsigned events, off the end (an honest crash and repair), or
                 # someone rewrote the file: either way what was read no longer stands. Read it again.
                 note = f"{self.p}: the journal was cut back and rewritten (a crash repaired?): reading it again"
                 self._restart()
-            f.seek(self.offset)
-            while True:
-                block = f.read(BLOCK)
-                if not block:
-                    break
-                start = self.offset - len(self.carry)
-                self.offset += len(block)
-                self.tail = (self.tail + block)[-64:]
-                chunk = self.carry + block
-                cut = chunk.rfind(b"\n")
-                if cut < 0:
-                    self.carry = chunk
-                    if len(chunk) > MAX_LINE:
-                        raise SchemaError(f"line at byte {start} is longer than {MAX_LINE} bytes", offset=start)
-                    continue
-                self.carry = chunk[cut + 1:]
-                for ev in self.scanner.feed(chunk[:cut].split(b"\n"), start):
+            for block, start in self.appended.blocks(f):
+                for ev in self.scanner.feed(lines_of(block), start):
                     self.view.apply(ev)
         return note

@@ -27,14 +27,13 @@ import operator
 import os
 import tempfile
 import threading
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from trainledger.journal.audit.rundir import is_run_dir, rank_files, split_run_id
 from trainledger.journal.chain import genesis, link
 from trainledger.journal.errors import IntegrityError, JournalError, SchemaError, TrainledgerError, UsageError
-from trainledger.journal.scan import BLOCK, MAX_LINE, RangeResult, ScanContext, new_scanner, tree_mode
+from trainledger.journal.scan import Appended, RangeResult, ScanContext, new_scanner, tree_mode
 from trainledger.journal.trust import TrustPolicy
 from trainledger.journal.verify import open_checked, read_opening, resolve_key
 
@@ -141,9 +140,7 @@ class _Journal:
                                tree=tree_mode(opened.format_version))
         self.res = RangeResult(0, 0)
         self.scanner = new_scanner(self.ctx, -1, genesis(opened.run_id), self.res)
-        self.offset = 0
-        self.carry = b""
-        self.tail = b""
+        self.appended = Appended()
         # the events past the last seal, with where their lines are; and the signed ones not handed on yet
         self.pending: list[Any] = []
         self.pending_at: list[tuple[int, int]] = []
@@ -159,32 +156,10 @@ class _Journal:
         changed = False
         with open(self.path, "rb", buffering=0) as f:
             size = os.fstat(f.fileno()).st_size
-            if self.offset:
-                f.seek(self.offset - len(self.tail))
-                again = f.read(len(self.tail))
-                if size < self.offset or again != self.tail:
-                    self.board._rewritten(self)
-                    return True
-            f.seek(self.offset)
-            progress = self.board.progress
-            while True:
-                block = f.read(BLOCK)
-                if not block:
-                    break
-                if progress is not None:
-                    progress(self.offset + len(block), size)
-                start = self.offset - len(self.carry)
-                self.offset += len(block)
-                self.tail = (self.tail + block)[-64:]
-                chunk = self.carry + block
-                cut = chunk.rfind(b"\n")
-                if cut < 0:
-                    self.carry = chunk
-                    if len(chunk) > MAX_LINE:
-                        raise SchemaError(f"line at byte {start} is longer than {MAX_LINE} bytes", offset=start)
-                    continue
-                self.carry = chunk[cut + 1:]
-                whole = chunk[:cut + 1]
+            if self.appended.cut_back(f, size):
+                self.board._rewritten(self)
+                return True
+            for whole, start in self.appended.blocks(f, size, self.board.progress):
                 recs = self.scanner.feed_block(whole, start)
                 recs = recs.records() if hasattr(recs, "records") else list(recs)
                 lens = list(map(len, whole.split(b"\n")))[:-1]
@@ -730,8 +705,7 @@ def _fields(ev: Any) -> dict[str, Any]:
     return {k: v for k, v in d.items() if k not in ("h",)} if isinstance(d, dict) else {"value": d}
 
 
-def open_board(path: str | os.PathLike, trust: TrustPolicy, paths: Sequence[str] = (), *,
-               progress: Any = None) -> Board:
+def open_board(path: str | os.PathLike, trust: TrustPolicy, *, progress: Any = None) -> Board:
     """A board over ``path``, read once through (what the journals hold now), ready to serve. ``progress(done,
     total)`` is told how far each journal's first read has come (the CLI's progress bar on a terminal)."""
     import importlib.util
