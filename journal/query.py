@@ -273,22 +273,17 @@ def _whole_run_dirs(paths: Sequence[str | os.PathLike], trust: TrustPolicy, *,
                     partial: bool = False) -> dict[str, list[int]]:
     """Every run folder among ``paths`` (or below a folder named there), checked whole (verify_run_dir); with
     ``partial``, checked as far as the ranks present go. Returns ``{folder: missing ranks}`` of partial ones."""
-    from trainledger.journal.audit.rundir import is_run_dir, verify_run_dir
+    from trainledger.journal.audit.rundir import run_dirs_among, verify_run_dir
 
-    folders = set()
-    for p in map(Path, paths):
-        if p.is_dir():
-            folders |= {x.parent for x in p.rglob("rank-*.jsonl") if x.is_file()}
     missing = {}
-    for d in sorted(folders):
-        if is_run_dir(d):
-            try:
-                rep = verify_run_dir(d, trust=trust, partial=partial)
-            except TrainledgerError as e:
-                e.path = str(d)
-                raise
-            if rep.missing:
-                missing[str(d)] = rep.missing
+    for d in run_dirs_among(paths):
+        try:
+            rep = verify_run_dir(d, trust=trust, partial=partial)
+        except TrainledgerError as e:
+            e.path = str(d)
+            raise
+        if rep.missing:
+            missing[str(d)] = rep.missing
     return missing
 
 

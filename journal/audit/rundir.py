@@ -18,7 +18,7 @@ import concurrent.futures
 import dataclasses
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +89,16 @@ def rank_files(d: str | os.PathLike) -> dict[int, Path]:
                 confined(d, p.name, what="rank journal")
             out[int(m.group(1))] = p
     return out
+
+
+def run_dirs_among(paths: Sequence[str | os.PathLike]) -> list[Path]:
+    """Every run folder among ``paths`` or below a folder named there (a folder holding rank journals), sorted:
+    what a command over several paths holds whole."""
+    folders = set()
+    for p in map(Path, paths):
+        if p.is_dir():
+            folders |= {x.parent for x in p.rglob("rank-*.jsonl") if x.is_file()}
+    return [d for d in sorted(folders) if is_run_dir(d)]
 
 
 def is_run_dir(path: str | os.PathLike) -> bool:

@@ -217,7 +217,6 @@ class _JournalWriter:
         self.count = 0
         self._tags: dict[type, str | None] = {}
         pa = self.pa
-        self.dec = pa.decimal128(38, 0)
         self.file_column, self.compression = file_column, compression
         self.events_schema = pa.schema([("run_id", pa.string()), ("rank", pa.int32())]
                                        + ([("file", pa.string())] if file_column is not None else [])
@@ -286,8 +285,8 @@ class _JournalWriter:
             i = j
         run, rank = self._const(n)
         cols = [run, rank, *([pa.repeat(self.file_column, n)] if self.file_column is not None else []),
-                self._column(recs, "seq", "BIGINT"), pa.array(kinds, pa.string()),
-                self._column(recs, "ts", "BIGINT"), pa.array(list(map(_H, recs)), pa.string())]
+                arrow_column(recs, "seq", "BIGINT"), pa.array(kinds, pa.string()),
+                arrow_column(recs, "ts", "BIGINT"), pa.array(list(map(_H, recs)), pa.string())]
         if self.lines:
             cols.append(self._text(raw))
         self._write("events", pa.Table.from_arrays(cols, schema=self.events_schema))
@@ -299,15 +298,12 @@ class _JournalWriter:
     def _scalar(self, spec: _Typed, group: list[Any]) -> Any:
         pa = self.pa
         run, rank = self._const(len(group))
-        arrays, names = [run, rank, self._column(group, "seq", "BIGINT"), self._column(group, "ts", "BIGINT")], \
+        arrays, names = [run, rank, arrow_column(group, "seq", "BIGINT"), arrow_column(group, "ts", "BIGINT")], \
             ["run_id", spec.rank_col, "seq", "ts"]
         for name, duck in zip(spec.names, spec.duck):
-            arrays.append(self._column(group, name, duck))
+            arrays.append(arrow_column(group, name, duck))
             names.append(name)
         return pa.Table.from_arrays(arrays, names=names)
-
-    def _column(self, recs: list[Any], name: str, duck: str) -> Any:
-        return arrow_column(recs, name, duck)
 
     def _text(self, raw: list[bytes]) -> Any:
         """Lines as a string column: ASCII ones (nearly all) as they are, others checked as UTF-8 by the cast."""
@@ -479,7 +475,7 @@ def export_parquet(paths: Sequence[str | os.PathLike], out: str | os.PathLike, *
             done = export_journals_ray(export_journal, jobs, tmp, lines=lines, trust=policy,
                                        address=ray if isinstance(ray, str) else None)
         for i, f in enumerate(files if not ray else ()):
-            d, rank = ranks.get(f.resolve(), (None, None))
+            rank = ranks.get(f.resolve(), (None, None))[1]
             done.append(export_journal(f, tmp, lines=lines, trust=policy, rank=rank, con=con))
             if progress is not None:
                 progress(f"{i + 1}/{len(files)} journals, {sum(x.receipt['events'] for x in done):,} events")
@@ -519,18 +515,9 @@ def _remove_stale(dest: Path) -> None:
 def _ranks_of(paths: Sequence[str | os.PathLike]) -> dict[Path, tuple[Path, int]]:
     """``{resolved file: (run folder, rank)}`` for the rank journals of every run folder among ``paths`` (or below a
     folder named there): those are held to their folder's cross-rank check."""
-    from trainledger.journal.audit.rundir import is_run_dir, rank_files
+    from trainledger.journal.audit.rundir import rank_files, run_dirs_among
 
-    folders = set()
-    for p in map(Path, paths):
-        if p.is_dir():
-            folders |= {x.parent for x in p.rglob("rank-*.jsonl") if x.is_file()}
-    out = {}
-    for d in sorted(folders):
-        if is_run_dir(d):
-            for rank, f in rank_files(d).items():
-                out[f.resolve()] = (d, rank)
-    return out
+    return {f.resolve(): (d, rank) for d in run_dirs_among(paths) for rank, f in rank_files(d).items()}
 
 
 def _one_run_each(files: list[Path]) -> None:
