@@ -149,14 +149,9 @@ def main() -> int:
                 results.setdefault(name, []).append(timed(cmd, env))
             if a.ray:
                 sys.path.insert(0, str(Path(__file__).resolve().parent))
-                from bench_ray import RUNNER
+                from bench_ray import measure_round
 
-                for m in ("one process", "ray 1 cpus", "ray 2 cpus"):
-                    out = subprocess.run([PY, "-c", RUNNER, m, str(run), str(key)], capture_output=True, text=True,
-                                         env=env)
-                    if out.returncode != 0:
-                        raise SystemExit(f"{m}: exit {out.returncode}: {out.stderr[-1500:]}")
-                    ray_res.setdefault(m, []).append(_j.loads(out.stdout.strip().splitlines()[-1]))
+                measure_round(run, key, ray_res, env)
             if rnd < a.rounds - 1:
                 shutil.rmtree(ex)
         say(f"tools/bench_parquet.py --ranks {a.ranks} --steps {a.steps} --rounds {a.rounds}: "
@@ -181,10 +176,10 @@ def main() -> int:
                 f"the export; peak RSS {med[k]['rss']:.0f} MiB against DuckDB's {med['duckdb over the export']['rss']:.0f}")
         if ray_res:
             say(f"  verify RUN_DIR on Ray (bench_ray.py's measure, same folder, medians of {a.rounds}):")
-            say(f"  {'measure':24s} {'verify wall s':>14s} {'Ray start s':>12s} {'verify tree CPU s':>18s}")
-            for m, rs in ray_res.items():
-                mm = {f: statistics.median(r[f] for r in rs) for f in ("verify_wall", "start", "cpu")}
-                say(f"  {m:24s} {mm['verify_wall']:14.2f} {mm['start']:12.2f} {mm['cpu']:18.2f}")
+            from bench_ray import table
+
+            for line in table(ray_res):
+                say(line)
     if a.out:
         Path(a.out).write_text("\n".join(lines) + "\n")
     return 0

@@ -61,6 +61,28 @@ if mode != "one process":
 """
 
 
+MODES = ("one process", "ray 1 cpus", "ray 2 cpus")
+
+
+def measure_round(run: Path, key: Path, res: dict[str, list[dict]], env: dict | None = None) -> None:
+    """One round: each mode in a fresh process, its figures appended to ``res[mode]``."""
+    for m in MODES:
+        out = subprocess.run([sys.executable, "-c", RUNNER, m, str(run), str(key)], capture_output=True, text=True,
+                             env=env)
+        if out.returncode != 0:
+            raise SystemExit(f"{m}: exit {out.returncode}: {out.stderr[-1500:]}")
+        res.setdefault(m, []).append(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def table(res: dict[str, list[dict]]) -> list[str]:
+    """The medians, a line per mode under a header."""
+    out = [f"  {'measure':24s} {'verify wall s':>14s} {'Ray start s':>12s} {'verify tree CPU s':>18s}"]
+    for m, rs in res.items():
+        med = {f: statistics.median(r[f] for r in rs) for f in ("verify_wall", "start", "cpu")}
+        out.append(f"  {m:24s} {med['verify_wall']:14.2f} {med['start']:12.2f} {med['cpu']:18.2f}")
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ranks", type=int, default=8)
@@ -83,24 +105,16 @@ def main() -> int:
         run = Path(tmp) / "run"
         key = write_run(run, a.ranks, a.steps)
         size = sum(p.stat().st_size for p in run.glob("*.jsonl"))
-        modes = ["one process", "ray 1 cpus", "ray 2 cpus"]
-        res: dict[str, list[dict]] = {m: [] for m in modes}
+        res: dict[str, list[dict]] = {m: [] for m in MODES}
         for _ in range(a.rounds):
-            for m in modes:
-                out = subprocess.run([sys.executable, "-c", RUNNER, m, str(run), str(key)], capture_output=True,
-                                     text=True)
-                if out.returncode != 0:
-                    raise SystemExit(f"{m}: exit {out.returncode}: {out.stderr[-1500:]}")
-                res[m].append(json.loads(out.stdout.strip().splitlines()[-1]))
+            measure_round(run, key, res)
     say(f"tools/bench_ray.py --ranks {a.ranks} --steps {a.steps} --rounds {a.rounds}: "
         f"{time.perf_counter() - t_start:.0f} s; {os.cpu_count()} CPUs; load average "
         f"{' '.join(f'{x:.2f}' for x in load0)} before, {' '.join(f'{x:.2f}' for x in os.getloadavg())} after; "
         f"medians of {a.rounds} fresh processes each")
     say(f"{a.ranks} rank journals, {size / 2**20:,.0f} MiB")
-    say(f"  {'measure':24s} {'verify wall s':>14s} {'Ray start s':>12s} {'verify tree CPU s':>18s}")
-    for m in modes:
-        med = {f: statistics.median(r[f] for r in res[m]) for f in ("verify_wall", "start", "cpu")}
-        say(f"  {m:24s} {med['verify_wall']:14.2f} {med['start']:12.2f} {med['cpu']:18.2f}")
+    for line in table(res):
+        say(line)
     if a.out:
         Path(a.out).write_text("\n".join(lines) + "\n")
     return 0
