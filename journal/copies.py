@@ -18,7 +18,7 @@ from pathlib import Path
 
 from trainledger.journal.errors import JournalIOError
 
-__all__ = ["PrivateCopies"]
+__all__ = ["PrivateCopies", "remove_if_owner_gone"]
 
 
 class PrivateCopies:
@@ -75,3 +75,18 @@ class PrivateCopies:
         finally:
             os.close(src)
         return dst_path
+
+
+def remove_if_owner_gone(folder: Path, pid: str) -> None:
+    """Remove ``folder``, a temporary folder named after the process that made it, when that process is gone (it
+    was killed before it could remove its own) and the folder is this user's own, not a link. Never this process's,
+    never a live one's."""
+    if not pid.isdigit() or int(pid) == os.getpid():
+        return
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        if folder.is_dir() and not folder.is_symlink() and folder.stat().st_uid == os.getuid():
+            shutil.rmtree(folder, ignore_errors=True)
+    except OSError:  # alive, someone else's
+        pass

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from trainledger.journal.copies import remove_if_owner_gone
 from trainledger.journal.errors import JournalIOError, UnsafePath, UsageError
 
 __all__ = ["SCHEMES", "is_url", "fetch", "must_be_new", "publish", "localized"]
@@ -155,16 +156,7 @@ def _remove_stale() -> None:
     """Fetched copies left by a command that was killed before it could remove them (its process gone)."""
     root = Path(tempfile.gettempdir())
     for p in root.glob("trainledger-fetch-*-*"):
-        pid = p.name.split("-")[2]
-        if not pid.isdigit() or int(pid) == os.getpid():
-            continue
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            if p.is_dir() and not p.is_symlink() and p.stat().st_uid == os.getuid():
-                shutil.rmtree(p, ignore_errors=True)
-        except OSError:
-            pass
+        remove_if_owner_gone(p, p.name.split("-")[2])
 
 
 @contextlib.contextmanager

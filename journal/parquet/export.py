@@ -500,16 +500,10 @@ def export_parquet(paths: Sequence[str | os.PathLike], out: str | os.PathLike, *
 def _remove_stale(dest: Path) -> None:
     """The staging folders of earlier exports to ``dest`` whose process is gone (killed before it could remove
     its own): never an export (no listing), only disk."""
+    from trainledger.journal.copies import remove_if_owner_gone
+
     for p in dest.parent.glob(f".{glob.escape(dest.name)}.partial-*"):
-        pid = p.name.rsplit("-", 1)[-1]
-        if not pid.isdigit() or int(pid) == os.getpid():
-            continue
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            shutil.rmtree(p, ignore_errors=True)
-        except OSError:  # alive, someone else's
-            pass
+        remove_if_owner_gone(p, p.name.rsplit("-", 1)[-1])
 
 
 def _ranks_of(paths: Sequence[str | os.PathLike]) -> dict[Path, tuple[Path, int]]:

@@ -27,9 +27,9 @@ __all__ = ["load_journals", "available"]
 
 def available() -> bool:
     """Whether pyarrow is installed (the ``parquet`` extra): else the query layer loads into memory."""
-    import importlib.util
+    from trainledger.journal.query import _has_pyarrow
 
-    return importlib.util.find_spec("pyarrow") is not None
+    return _has_pyarrow()
 
 
 def load_journals(files: list[Path], paths: Sequence[str | os.PathLike], trust: TrustPolicy, partial: bool

@@ -64,7 +64,7 @@ class Follower(threading.Thread):
                 self.error = f"{type(e).__name__}: {e}"
 
 
-def make_app(board: Board, *, token: str | None, host: str, port: int, follow: bool = True) -> Any:
+def make_app(board: Board, *, token: str | None, follow: bool = True) -> Any:
     """The Starlette application over ``board``. ``token``: every request must carry it (``?token=``); None on a
     loopback bind, where the ``Host`` header must name the loopback address instead."""
     from starlette.applications import Starlette
@@ -262,7 +262,7 @@ def serve(path: str | Path, *, trust: Any, host: str = "127.0.0.1", port: int = 
         raise
     port = sock.getsockname()[1]
     token = None if is_loopback(host) else new_token()
-    app = make_app(board, token=token, host=host, port=port)
+    app = make_app(board, token=token)
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on", server_header=False,
                             date_header=False)
     server = uvicorn.Server(config)

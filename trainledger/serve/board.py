@@ -668,13 +668,17 @@ def _first(rows: list[Any]) -> Any:
 
 
 def _value(ev: Any, metric: str, seg: _Segment) -> float | None:
-    if metric == "tokens_per_s":
+    """An unsigned step's value of ``metric``, as :data:`METRICS` computes a signed one's in SQL (tokens, else
+    examples times the segment's sequence length; MFU against the segment's constants)."""
+    if metric in ("tokens_per_s", "mfu"):
         st = _num(ev.step_time_s)
-        return ev.tokens / st if ev.tokens is not None and st else None
-    if metric == "mfu":
-        st = _num(ev.step_time_s)
-        return (seg.flops_per_token * ev.tokens / st / seg.peak
-                if ev.tokens is not None and st and seg.flops_per_token and seg.peak else None)
+        tokens = ev.tokens if ev.tokens is not None else (
+            ev.examples * seg.seq_len if ev.examples is not None and seg.seq_len else None)
+        if tokens is None or not st or st <= 0:
+            return None
+        if metric == "tokens_per_s":
+            return _num(tokens / st)
+        return _num(tokens * seg.flops_per_token / st / seg.peak) if seg.flops_per_token and seg.peak else None
     return _num(getattr(ev, metric, None))
 
 

@@ -46,7 +46,7 @@ def serving(path: Path, keys, *, token: str | None = None):
     from trainledger.serve.board import open_board
 
     board = open_board(path, TrustPolicy(keys=list(keys)))
-    app = make_app(board, token=token, host="127.0.0.1", port=0)
+    app = make_app(board, token=token)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="error", lifespan="on"))
     t = threading.Thread(target=server.run, daemon=True)
     t.start()
