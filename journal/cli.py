@@ -8,6 +8,7 @@ unreadable or wrong key). A user mistake never prints a traceback.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -78,6 +79,7 @@ def register(sub) -> None:
                    help="verify a run folder's rank journals as Ray tasks (pinned keys only; trainledger[ray]): on "
                         "the cluster at ADDRESS ('auto': the one 'ray start' runs here), or on one started for the "
                         "call; the anchors are then checked here as without it")
+    add_partial_option(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar even on a terminal")
     p.set_defaults(func=_cmd_verify)
 
@@ -149,6 +151,9 @@ def _cmd_verify(args: argparse.Namespace) -> int:
             raise UsageError("--expect-head and --expect-checkpoint name one journal's head; an export holds its "
                              "receipts (verify prints them)")
         return _verify_export(args)
+    if args.partial and not is_run_dir(args.path):
+        raise UsageError(f"{args.path}: --partial reads a run folder (or its export) with ranks missing; this is "
+                         "one journal")
     if args.ray is not None and not is_run_dir(args.path):
         raise UsageError("--ray verifies a run folder's rank journals as tasks: give RUN_DIR")
     if is_run_dir(args.path):
@@ -180,15 +185,21 @@ def _verify_export(args: argparse.Namespace) -> int:
     held to them."""
     from trainledger.journal.parquet.check import verify_export
 
+    policy = dataclasses.replace(trust_policy(args), require_closed=args.require_closed)
     try:
-        r = verify_export(args.path, trust=trust_policy(args))
+        r = verify_export(args.path, trust=policy, partial=args.partial)
     except IntegrityError as e:
         return _folder_failed(args, e)
     if args.json:
-        say(json.dumps({"ok": True, **r.to_dict()}))
+        say(json.dumps({"ok": True, "partial": r.partial, **r.to_dict()}))
         return 0
+    for run, missing in r.missing.items():
+        say(partial_line(run, missing))
     say(f"OK    {r.out}: {r.journals} journal(s), {r.events:,} events re-verified from their lines ({r.trust}); "
         f"{r.files} files match the listing, every typed cell its line")
+    for run, n in r.runs.items():
+        say(f"  run {run}: {n} rank(s) held together as verify RUN_DIR holds a run folder (one run, world sizes, "
+            "every anchor, each rank's key)")
     for rc in r.receipts:
         say(f"  {rc['run_id']}  head {rc['head']}  tree {rc['tree_size']} root {rc['tree_root']}  key {rc['key_id']}")
     return 0
@@ -203,9 +214,9 @@ def _verify_run_dir(args: argparse.Namespace, **extra) -> int:
         if args.ray is not None:
             from trainledger.journal.engines.ray import verify_run_dir_ray
 
-            r = verify_run_dir_ray(args.path, trust=trust, address=args.ray or None, **extra)
+            r = verify_run_dir_ray(args.path, trust=trust, address=args.ray or None, partial=args.partial, **extra)
         else:
-            r = verify_run_dir(args.path, trust=trust, **extra)
+            r = verify_run_dir(args.path, trust=trust, partial=args.partial, **extra)
     except IntegrityError as e:
         return _folder_failed(args, e)
     if args.json:
@@ -213,6 +224,11 @@ def _verify_run_dir(args: argparse.Namespace, **extra) -> int:
         return 0
     say(f"OK    {r.path}: {len(r.ranks)} of {r.world_size} ranks verified, {r.anchors} cross-rank anchors hold")
     say(f"  keys bound to ranks by {r.keys_binding(trust.roster)}")
+    if r.engine:
+        say(f"  ranks verified on {r.engine}")
+    for_partial = r.missing
+    if for_partial:
+        say(partial_line(r.path, for_partial))
     if r.keys_bound_by in ("one key", "recorded") and len(trust.keys) > 1:
         say(f"  note: {len(trust.keys)} keys are pinned; any one of them could have written a folder like this one "
             "(pin --roster FILE to say which key signs which rank)")
@@ -297,12 +313,12 @@ def _cmd_query(args: argparse.Namespace) -> int:
         opener = None
     if args.no_verify:
         say("trainledger query: --no-verify: signatures NOT checked", file=sys.stderr)
-        con, source = (opener(paths, verify_first=False, trust=trust_policy(args)) if opener else
+        con, source = (opener(paths, verify_first=False, trust=trust_policy(args), partial=args.partial) if opener else
                        open_views(paths, verify_first=False))
     else:
         trust = trust_policy(args)
         try:
-            con, source = (opener(paths, verify_first=True, trust=trust) if opener else
+            con, source = (opener(paths, verify_first=True, trust=trust, partial=args.partial) if opener else
                            open_views(paths, use_cache=not args.no_cache, trust=trust, partial=args.partial,
                                       cold=_cold_load(paths)))
         except IntegrityError as e:

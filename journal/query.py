@@ -145,6 +145,9 @@ VIEWS: dict[str, str] = {
 }
 
 _COMMON = '{"kind":"VARCHAR","seq":"BIGINT","ts":"BIGINT","h":"VARCHAR"}'
+#: the table every view reads: one row a line
+_COMMON_TABLE = ("CREATE TABLE events_t (run_id VARCHAR, rank INTEGER, file VARCHAR, seq BIGINT, kind VARCHAR, "
+                 "ts BIGINT, h VARCHAR, line VARCHAR)")
 
 #: a cold load instead of the in-memory one: ``(files, paths, trust, partial) -> (unlocked connection with every
 #: view, Source with readable set)``
@@ -253,7 +256,6 @@ def open_views(paths: Sequence[str | os.PathLike], *, verify_first: bool = True,
     try:
         if cold is not None and verify_first:
             con, source = cold(files, paths, trust, partial)
-            con.execute(f"SET allowed_directories = [{_lit(str(source.readable) + os.sep)}]")
         else:
             missing = _whole_run_dirs(paths, trust, partial=partial) if verify_first else {}
             con, source = _load(files, verify_first, trust)
@@ -265,7 +267,7 @@ def open_views(paths: Sequence[str | os.PathLike], *, verify_first: bool = True,
         if isinstance(e, duckdb.InterruptException) or str(e).strip() == "Query interrupted":
             raise KeyboardInterrupt from None
         raise
-    _lock(con)
+    _lock(con, source.readable)
     return con, source
 
 
@@ -359,8 +361,7 @@ def new_connection() -> duckdb.DuckDBPyConnection:
 
 def _load(files: list[Path], verify_first: bool, trust: TrustPolicy) -> tuple[duckdb.DuckDBPyConnection, Source]:
     con = new_connection()
-    con.execute("CREATE TABLE events_t (run_id VARCHAR, rank INTEGER, file VARCHAR, seq BIGINT, kind VARCHAR, "
-                "ts BIGINT, h VARCHAR, line VARCHAR)")
+    con.execute(_COMMON_TABLE)
     # Every file is copied into a private folder first and only the copy is verified and loaded: the bytes
     # DuckDB reads are the bytes verification checked, and the path DuckDB sees is ours (no glob expansion).
     with PrivateCopies() as copies:
@@ -477,8 +478,18 @@ def _define_views(con: duckdb.DuckDBPyConnection) -> None:
         con.execute(f"CREATE VIEW {name} AS {sql}")
 
 
-def _lock(con: duckdb.DuckDBPyConnection) -> None:
-    # From here on, no file access and no configuration changes: user SQL runs sandboxed.
+def _lock(con: duckdb.DuckDBPyConnection, private: Path | None = None) -> None:
+    """From here on, no file access and no configuration changes: user SQL runs sandboxed. DuckDB's temporary
+    folder is always in ``allowed_directories``, and its default is ``./.tmp`` of the working folder (readable,
+    writable, and a planted link there leads anywhere): it is set to ``private``/spill (a private folder the
+    caller owns, where spilling may go), or spilling is switched off."""
+    if private is not None:
+        spill = Path(private) / "spill"
+        spill.mkdir(mode=0o700, exist_ok=True)
+        con.execute(f"SET temp_directory = {_lit(str(spill))}")
+        con.execute(f"SET allowed_directories = [{_lit(str(private) + os.sep)}]")
+    else:
+        con.execute("SET temp_directory = ''")
     con.execute("SET enable_external_access = false")
     con.execute("SET lock_configuration = true")
 

@@ -29,7 +29,8 @@ from trainledger.journal.kinds import AnchorRecorded, RankJoined, RanksAnchored
 from trainledger.journal.trust import TrustPolicy
 from trainledger.journal.verify import SharedWorkers, VerifyReport, verify
 
-__all__ = ["AnchorMismatch", "RunDirReport", "verify_run_dir", "verify_rank", "check_run", "is_run_dir", "rank_files",
+__all__ = ["AnchorMismatch", "RunDirReport", "verify_run_dir", "verify_rank", "check_run", "hold_ranks", "is_run_dir",
+           "rank_files",
            "split_run_id"]
 
 _RANK_FILE = re.compile(r"rank-(\d{5})\.jsonl\Z")
@@ -54,6 +55,8 @@ class RunDirReport:
     #: a partial view (``partial=True`` and a rank missing): the ranks some journal says exist that have no file,
     #: whose anchors were therefore not checked. Empty for a whole folder
     missing: list[int] = dataclasses.field(default_factory=list)
+    #: where the ranks were verified, in words, when not in this process (``--ray``: which cluster)
+    engine: str | None = None
 
     @property
     def partial(self) -> bool:
@@ -69,6 +72,7 @@ class RunDirReport:
     def to_dict(self) -> dict[str, Any]:
         return {"ok": self.ok, "path": self.path, "world_size": self.world_size, "anchors": self.anchors,
                 "keys_bound_by": self.keys_bound_by, "partial": self.partial, "missing": self.missing,
+                **({"engine": self.engine} if self.engine else {}),
                 "ranks": {str(r): rep.to_dict() for r, rep in sorted(self.ranks.items())}}
 
 
@@ -164,6 +168,9 @@ def _hold_to_one_run(reports: dict[int, VerifyReport], joined: list[tuple[int, i
     for rank, seq, r_run, rnd, w in joined:
         if r_run != run:
             raise AnchorMismatch(f"rank {rank}: rank_joined at seq {seq} names run {r_run!r}, not {run!r}", seq=seq)
+        if not 0 <= rank < w:
+            raise AnchorMismatch(f"rank {rank}: joined restart round {rnd} as rank {rank} of a world of {w} (no "
+                                 "such rank)", seq=seq)
         if worlds.setdefault(rnd, (w, rank))[0] != w:
             raise AnchorMismatch(f"rank {rank}: joined restart round {rnd} with world size {w}, rank "
                                  f"{worlds[rnd][1]} with {worlds[rnd][0]}", seq=seq)
@@ -254,7 +261,17 @@ def check_run(path: str | os.PathLike, reports: dict[int, VerifyReport], *, trus
     if rescan is None:
         def rescan(r: int, seqs: frozenset[int]) -> VerifyReport:
             return verify_rank(r, files[r], trust, seqs)
-    checked = {r: reports[r] for r in files}
+    return hold_ranks(str(d), {r: reports[r] for r in files}, trust=trust, partial=partial, rescan=rescan)
+
+
+def hold_ranks(where: str, checked: dict[int, VerifyReport], *, trust: TrustPolicy, partial: bool,
+               rescan: Callable[[int, frozenset[int]], VerifyReport]) -> RunDirReport:
+    """The cross-rank check of one run's ranks, whatever holds them (a run folder, an export's journals): every
+    rank's own verification report (``checked``, with the anchor kinds collected) held to one run identity and world
+    size per round, each rank's key, and every anchor; a rank some journal says exists and ``checked`` lacks is
+    missing (an error unless ``partial``). ``where`` names the ranks' home in messages and the report."""
+    files = dict(sorted(checked.items()))
+    d = where
     reports = {}
     # (anchoring rank, its seq) -> [(anchored rank, seq, hash)]
     wanted: list[tuple[int, int, int, int, str]] = []
@@ -262,7 +279,7 @@ def check_run(path: str | os.PathLike, reports: dict[int, VerifyReport], *, trus
     joined: list[tuple[int, int, str, int, int]] = []  # (rank, seq, run, restart round, world size) of rank_joined
     recorded: dict[int, tuple[str, int]] = {}  # rank -> (its key id, rank 0's seq): ranks_anchored.keys
     said: list[tuple[int, int, int, str]] = []  # (rank, its seq, the rank it names, key id): anchor_recorded.key
-    for rank, f in files.items():
+    for rank in files:
         rep = checked[rank]
         reports[rank] = rep
         trusted = rep.trusted_bytes
@@ -326,5 +343,5 @@ def check_run(path: str | os.PathLike, reports: dict[int, VerifyReport], *, trus
                                  "(rewritten, or another run's journal)", seq=s)
     for rep in reports.values():
         rep.hashes = {}
-    return RunDirReport(ok=True, path=str(d), ranks=reports, world_size=max(world, len(files)), anchors=len(wanted),
+    return RunDirReport(ok=True, path=d, ranks=reports, world_size=max(world, len(files)), anchors=len(wanted),
                         keys_bound_by=bound_by, missing=missing)

@@ -69,12 +69,41 @@ def _pinned(policy: TrustPolicy) -> None:
         raise UsageError("verification on Ray takes pinned keys only: pass --pubkey FILE (or --roster FILE)")
 
 
-def _joined(ray: Any, address: str | None) -> bool:
-    """Join the cluster at ``address`` (or start one here) unless this process has; whether it did."""
+def _joined(ray: Any, address: str | None) -> tuple[bool, str]:
+    """Join the cluster at ``address``, or start a private one here for the call (``address="local"``: never a
+    cluster already running on this machine, which ``address=None`` would join through ``RAY_ADDRESS`` or the last
+    ``ray start``: its workers would report whatever their owner likes), unless this process already has; whether
+    it did, and which cluster, in words."""
     if ray.is_initialized():
-        return False
-    ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    return True
+        return False, "the Ray cluster this process had joined"
+    ray.init(address=address or "local", include_dashboard=False, log_to_driver=False, configure_logging=False)
+    return True, (f"the Ray cluster at {address}" if address else "a private local Ray cluster started for the call")
+
+
+def _hold_report(rank: int | None, rep: Any, policy: TrustPolicy, where: Any) -> None:
+    """What a task reported, held to the policy before anything rests on it: a verification report, under a pinned
+    key (the roster's key for that rank, where one is pinned), of that rank's journal. A worker can still lie about
+    a journal's contents (the engine is trusted with each journal's verdict: docs/fleet.md), but never make a
+    journal signed by a key the caller did not pin, or another rank's, pass."""
+    from trainledger.journal.audit.roster import RosterMismatch, split_run_id
+    from trainledger.journal.verify import VerifyReport
+
+    label = f"rank {rank}" if rank is not None else str(where)
+    if not isinstance(rep, VerifyReport):
+        raise IntegrityError(f"{label}: its task returned {type(rep).__name__}, not a verification report", seq=None)
+    if rep.trust != "pinned" or rep.key_id not in {k.key_id for k in policy.keys}:
+        raise IntegrityError(f"{label}: its task reports trust {rep.trust!r} under key {rep.key_id}, which is not a "
+                             "pinned key: the cluster's report is not taken", seq=None)
+    if rank is not None:
+        split = split_run_id(rep.run_id)
+        if split is None or split[1] != rank:
+            raise IntegrityError(f"{label}: its task reports run {str(rep.run_id)[:80]!r}, not a rank-{rank} "
+                                 "journal's", seq=None)
+        if policy.roster is not None:
+            try:
+                policy.roster.hold(rank, rep.key_id, seq=None)
+            except RosterMismatch as e:
+                raise RosterMismatch(f"{label}: its task reports a journal {e}", seq=None) from None
 
 
 def export_journals_ray(export: Callable[..., Any], jobs: list[tuple[Path, int | None]], root: str | os.PathLike, *,
@@ -85,7 +114,7 @@ def export_journals_ray(export: Callable[..., Any], jobs: list[tuple[Path, int |
     :class:`JournalIOError` (no journal goes without its result)."""
     _pinned(trust)
     ray = _ray()
-    started = _joined(ray, address)
+    started, _ = _joined(ray, address)
     try:
         remote = ray.remote(num_cpus=1, max_retries=MAX_RETRIES, retry_exceptions=False)(_export_task)
         order = sorted(range(len(jobs)), key=lambda i: -_size(jobs[i][0]))
@@ -101,6 +130,7 @@ def export_journals_ray(export: Callable[..., Any], jobs: list[tuple[Path, int |
         for i in range(len(jobs)):
             if got[i][0] != "ok":
                 _raise(jobs[i][1] if jobs[i][1] is not None else -1, got[i])
+            _hold_report(jobs[i][1], getattr(got[i][1], "report", None), trust, jobs[i][0])
         return [got[i][1] for i in range(len(jobs))]
     finally:
         if started:
@@ -127,8 +157,9 @@ def _raise(rank: int, verdict: tuple[str, Any]) -> None:
 def verify_run_dir_ray(path: str | os.PathLike, *, trust: TrustPolicy | None = None, address: str | None = None,
                        partial: bool = False, **trust_options: Any) -> RunDirReport:
     """:func:`verify_run_dir` with each rank journal verified as a Ray task (see the module doc). ``address``:
-    a running cluster's (``ray start``; ``"auto"``), or None for one started here for the call (or the one this
-    process already joined)."""
+    a running cluster's (``ray start``; ``"auto"``), or None for a private one started here for the call (or the
+    one this process already joined); the report's ``engine`` says which. Every task's report is held to the
+    policy (pinned key, the roster's for that rank, that rank's run) before the run's check."""
     policy = TrustPolicy.of(trust, **trust_options)
     _pinned(policy)
     d = Path(path)
@@ -136,7 +167,7 @@ def verify_run_dir_ray(path: str | os.PathLike, *, trust: TrustPolicy | None = N
     if not files:
         raise JournalIOError(f"{d}: no rank journals (rank-00000.jsonl, ...) in this folder")
     ray = _ray()
-    started = _joined(ray, address)
+    started, cluster = _joined(ray, address)
     try:
         remote = ray.remote(num_cpus=1, max_retries=MAX_RETRIES, retry_exceptions=False)(_task)
         order = sorted(files, key=lambda r: -_size(files[r]))  # the largest first: the slowest start first
@@ -151,14 +182,18 @@ def verify_run_dir_ray(path: str | os.PathLike, *, trust: TrustPolicy | None = N
         for r in sorted(verdicts):
             if verdicts[r][0] != "ok":
                 _raise(r, verdicts[r])
+            _hold_report(r, verdicts[r][1], policy, files[r])
 
         def rescan(r: int, seqs: frozenset[int]) -> Any:
             v = ray.get(remote.remote(r, str(files[r].resolve()), policy, seqs))
             if v[0] != "ok":
                 _raise(r, v)
+            _hold_report(r, v[1], policy, files[r])
             return v[1]
 
-        return check_run(d, {r: v[1] for r, v in verdicts.items()}, trust=policy, partial=partial, rescan=rescan)
+        rep = check_run(d, {r: v[1] for r, v in verdicts.items()}, trust=policy, partial=partial, rescan=rescan)
+        rep.engine = cluster
+        return rep
     finally:
         if started:
             ray.shutdown()

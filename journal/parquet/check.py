@@ -15,14 +15,18 @@
 from __future__ import annotations
 
 import dataclasses
+import errno
+import hashlib
 import json
 import os
 import stat
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from trainledger.journal.audit.roster import split_run_id
+from trainledger.journal.copies import PrivateCopies
 from trainledger.journal.errors import IntegrityError, JournalIOError, SchemaError, TrainledgerError
-from trainledger.journal.parquet.export import (EXPORT_FORMAT, LISTING, _lit, _sha256, file_name, folder_name,
+from trainledger.journal.parquet.export import (EXPORT_FORMAT, LISTING, RECEIPT_KEY, _lit, file_name, folder_name,
                                                 receipt_of, tables, typed_select)
 from trainledger.journal.trust import TrustPolicy
 
@@ -46,25 +50,40 @@ class ExportCheck:
     events: int
     files: int
     lines: bool
+    #: the trust of the verification just run (never the receipt's own word)
     trust: str | None
     receipts: list[dict[str, Any]]
+    #: ``{run: missing ranks}`` of a run checked as far as its ranks present go (``partial``); empty when whole
+    missing: dict[str, list[int]] = dataclasses.field(default_factory=dict)
+    #: ``{run: ranks}`` of the runs whose ranks were held together as ``verify RUN_DIR`` holds a run folder's
+    runs: dict[str, int] = dataclasses.field(default_factory=dict)
+
+    @property
+    def partial(self) -> bool:
+        return bool(self.missing)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
-def _read_listing(d: Path) -> dict[str, Any]:
+def read_listing(d: Path) -> tuple[dict[str, Any], bytes]:
+    """The listing of export folder ``d`` and its bytes: a regular file (not a link) of at most MAX_LISTING."""
     p = d / LISTING
     try:
-        st = os.lstat(p)
+        fd = os.open(p, os.O_RDONLY | _NOFOLLOW | _NONBLOCK)
+    except OSError as e:
+        why = "a link" if e.errno == errno.ELOOP else e.strerror
+        raise JournalIOError(f"{p}: {why}") from None
+    try:
+        st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise SchemaError(f"{p}: not a regular file", offset=None)
         if st.st_size > MAX_LISTING:
             raise SchemaError(f"{p}: {st.st_size} bytes, more than a listing may hold ({MAX_LISTING})", offset=None)
-        with open(p, "rb") as f:
+        with os.fdopen(fd, "rb", closefd=False) as f:
             data = f.read(MAX_LISTING + 1)
-    except OSError as e:
-        raise JournalIOError(f"{p}: {e.strerror}") from None
+    finally:
+        os.close(fd)
     try:
         listing = json.loads(data)
     except (ValueError, RecursionError):
@@ -73,18 +92,33 @@ def _read_listing(d: Path) -> dict[str, Any]:
             not isinstance(listing.get("files"), list) or not isinstance(listing.get("journals"), list) or \
             not isinstance(listing.get("lines"), bool):
         raise SchemaError(f"{p}: not a {EXPORT_FORMAT} listing", offset=None)
-    return listing
+    return listing, data
+
+
+def _read_listing(d: Path) -> dict[str, Any]:
+    return read_listing(d)[0]
+
+
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+
+
+def _plain(d: Path, rel: Any) -> str:
+    """A listed path: relative, plain components, nothing that leaves the export."""
+    if not isinstance(rel, str) or not rel or "\\" in rel or "\x00" in rel:
+        raise ExportMismatch(f"{d}: listed path {str(rel)[:120]!r} is not a relative path", seq=None)
+    parts = PurePosixPath(rel).parts
+    if PurePosixPath(rel).is_absolute() or any(x in ("", ".", "..") for x in parts) or \
+            PurePosixPath(*parts).as_posix() != rel:
+        raise ExportMismatch(f"{d}: listed path {rel[:120]!r} leaves the export", seq=None)
+    return rel
 
 
 def _inside(d: Path, rel: Any) -> Path:
     """A listed path as a file of ``d``: relative, plain components, no link on the way, a regular file."""
-    if not isinstance(rel, str) or not rel or "\\" in rel or "\x00" in rel:
-        raise ExportMismatch(f"{d}: listed path {str(rel)[:120]!r} is not a relative path", seq=None)
-    parts = PurePosixPath(rel).parts
-    if PurePosixPath(rel).is_absolute() or any(x in ("", ".", "..") for x in parts):
-        raise ExportMismatch(f"{d}: listed path {rel[:120]!r} leaves the export", seq=None)
+    _plain(d, rel)
     p = d
-    for part in parts:
+    for part in PurePosixPath(rel).parts:
         p = p / part
         try:
             st = os.lstat(p)
@@ -97,31 +131,103 @@ def _inside(d: Path, rel: Any) -> Path:
     return p
 
 
-def verify_export(out: str | os.PathLike, *, trust: TrustPolicy | None = None, _files_only: bool = False,
-                  **trust_options: Any) -> ExportCheck:
-    """Re-verify the export folder ``out`` (see the module doc). Raises :class:`ExportMismatch` naming the file,
-    table or journal that is not what its lines say, :class:`NotVerifiable` for an export without its lines, and
-    what verification raises for lines that do not verify. ``_files_only``: step 1 alone (``query OUT`` of a
-    listing verified whole before, :mod:`.read`)."""
-    d = Path(out)
-    policy = TrustPolicy.of(trust, **trust_options)
-    listing = _read_listing(d)
+def open_regular(p: Path, d: Path, rel: str) -> int:
+    """``p`` opened for reading: never through a final link, never blocking on a FIFO, and a regular file."""
+    try:
+        fd = os.open(p, os.O_RDONLY | _NOFOLLOW | _NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise ExportMismatch(f"{d}: {rel}: listed but missing", seq=None) from None
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise ExportMismatch(f"{d}: {rel}: a link", seq=None) from None
+        raise JournalIOError(f"{d / rel}: {e.strerror}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ExportMismatch(f"{d}: {rel}: not a regular file", seq=None)
+    return fd
+
+
+def check_tree(d: Path, listing: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """What ``d`` holds, held to its listing (``verify OUT`` and ``query OUT`` alike): every file entry well formed
+    (a plain relative path, its SHA-256, its table the path's first folder), listed once; and every entry of the
+    folder, looked at without following links, is the listing, a listed regular file, or a folder on a listed
+    file's path: a link (to a file or a folder, dangling or not), a FIFO, a socket, a device, an unlisted file or
+    an extra folder is refused (a reader's glob or dataset scan would follow or read it). Returns ``{path:
+    entry}``."""
     files: dict[str, dict[str, Any]] = {}
+    known = set(tables())
     for x in listing["files"]:
         if not isinstance(x, dict) or not isinstance(x.get("path"), str) or not isinstance(x.get("sha256"), str):
             raise SchemaError(f"{d / LISTING}: a file entry without path and sha256", offset=None)
-        p = _inside(d, x["path"])
-        if x["path"] in files:
-            raise ExportMismatch(f"{d}: {x['path']} is listed twice", seq=None)
-        if _sha256(p) != x["sha256"]:
-            raise ExportMismatch(f"{d}: {x['path']}: its SHA-256 is not the listed one (changed after the export)",
-                                 seq=None)
-        files[x["path"]] = x
-    for root, dirs, names in os.walk(d):
-        for name in names:
-            rel = (Path(root) / name).relative_to(d).as_posix()
-            if rel != LISTING and rel not in files:
+        rel = _plain(d, x["path"])
+        if rel in files:
+            raise ExportMismatch(f"{d}: {rel} is listed twice", seq=None)
+        table = rel.split("/", 1)[0]
+        if table not in known or rel.count("/") != 2:
+            raise ExportMismatch(f"{d}: {rel}: not a file of the export's layout (TABLE/run-RUN/FILE)", seq=None)
+        if x.get("table", table) != table:
+            raise ExportMismatch(f"{d}: {rel}: listed as table {str(x.get('table'))[:60]!r}, but its path is "
+                                 f"{table}'s", seq=None)
+        files[rel] = x
+    folders = {str(PurePosixPath(rel).parents[i]) for rel in files for i in range(len(PurePosixPath(rel).parts) - 1)}
+    seen: set[str] = set()
+    todo = [("", d)]
+    while todo:
+        base, p = todo.pop()
+        try:
+            entries = list(os.scandir(p))
+        except OSError as e:
+            raise JournalIOError(f"{p}: {e.strerror}") from None
+        for e in entries:
+            rel = f"{base}/{e.name}" if base else e.name
+            try:
+                mode = e.stat(follow_symlinks=False).st_mode
+            except OSError:
+                raise ExportMismatch(f"{d}: {rel}: gone while it was being looked at", seq=None) from None
+            if stat.S_ISLNK(mode):
+                raise ExportMismatch(f"{d}: {rel}: a link (an export holds files only)", seq=None)
+            if stat.S_ISDIR(mode):
+                if rel not in folders:
+                    raise ExportMismatch(f"{d}: {rel}: a folder no listed file is in (planted)", seq=None)
+                todo.append((rel, Path(e.path)))
+            elif not stat.S_ISREG(mode):
+                raise ExportMismatch(f"{d}: {rel}: not a regular file (a FIFO, socket or device)", seq=None)
+            elif rel != LISTING and rel not in files:
                 raise ExportMismatch(f"{d}: {rel}: not in the listing (a planted file)", seq=None)
+            else:
+                seen.add(rel)
+    for rel in sorted(set(files) - seen):
+        raise ExportMismatch(f"{d}: {rel}: listed but missing", seq=None)
+    return files
+
+
+def hash_regular(d: Path, rel: str) -> str:
+    """The SHA-256 of the listed file ``rel`` of ``d``, read through :func:`open_regular`."""
+    fd = open_regular(d / rel, d, rel)
+    h = hashlib.sha256()
+    with os.fdopen(fd, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def verify_export(out: str | os.PathLike, *, trust: TrustPolicy | None = None, partial: bool = False,
+                  _files_only: bool = False, **trust_options: Any) -> ExportCheck:
+    """Re-verify the export folder ``out`` (see the module doc). Raises :class:`ExportMismatch` naming the file,
+    table or journal that is not what its lines say, :class:`NotVerifiable` for an export without its lines, what
+    verification raises for lines that do not verify, and what ``verify RUN_DIR`` raises for a run's ranks that do
+    not hold together (:class:`~trainledger.journal.audit.rundir.AnchorMismatch`, ``RosterMismatch``).
+    ``partial``: a run with ranks missing is checked as far as the ranks present go, and the check's ``missing``
+    names them (recomputed from the verified lines, never read from the listing). ``_files_only``: step 1 alone
+    (``query OUT`` of a listing verified whole before, :mod:`.read`)."""
+    d = Path(out)
+    policy = TrustPolicy.of(trust, **trust_options)
+    listing = _read_listing(d)
+    files = check_tree(d, listing)
+    for rel, x in files.items():
+        if hash_regular(d, rel) != x["sha256"]:
+            raise ExportMismatch(f"{d}: {rel}: its SHA-256 is not the listed one (changed after the export)",
+                                 seq=None)
     if _files_only:
         rcs = [rc for rc in listing["journals"] if isinstance(rc, dict)]
         return ExportCheck(out=str(d), journals=len(rcs), events=sum(int(rc.get("events") or 0) for rc in rcs),
@@ -135,107 +241,284 @@ def verify_export(out: str | os.PathLike, *, trust: TrustPolicy | None = None, _
     receipts = []
     checked: set[str] = set()
     runs: set[str] = set()
-    for rc in listing["journals"]:
-        if not isinstance(rc, dict) or not isinstance(rc.get("run_id"), str):
-            raise SchemaError(f"{d / LISTING}: a journal entry without a run id", offset=None)
-        if rc["run_id"] in runs:
-            raise ExportMismatch(f"{d}: run {rc['run_id']} is listed twice", seq=None)
-        runs.add(rc["run_id"])
-        n, rels = _check_journal(d, rc, files, policy)
-        events += n
-        checked |= rels
-        receipts.append(rc)
-    stray = sorted(set(files) - checked)
-    if stray:  # listed, hashed, but held to no journal's lines: a reader's glob would still pick it up
-        raise ExportMismatch(f"{d}: {stray[0]}: listed, but of no journal the export verifies", seq=None)
+    trusts: list[str] = []
+    ranks: dict[str, dict[int, Any]] = {}  # run -> rank -> its verification report
+    with PrivateCopies() as work:
+        for rc in listing["journals"]:
+            if not isinstance(rc, dict) or not isinstance(rc.get("run_id"), str):
+                raise SchemaError(f"{d / LISTING}: a journal entry without a run id", offset=None)
+            if rc["run_id"] in runs:
+                raise ExportMismatch(f"{d}: run {rc['run_id']} is listed twice", seq=None)
+            runs.add(rc["run_id"])
+            n, rels, rep = _check_journal(d, rc, files, policy, work.dir)
+            events += n
+            checked |= rels
+            receipts.append(rc)
+            trusts.append(rep.trust)
+            split = split_run_id(rep.run_id)
+            if split is not None:
+                ranks.setdefault(split[0], {})[split[1]] = rep
+        stray = sorted(set(files) - checked)
+        if stray:  # listed, hashed, but held to no journal's lines: a reader's glob would still pick it up
+            raise ExportMismatch(f"{d}: {stray[0]}: listed, but of no journal the export verifies", seq=None)
+        missing = _hold_runs(d, ranks, files, policy, partial, work.dir)
+    trust_word = trusts[0] if len(set(trusts)) == 1 else ", ".join(sorted(set(trusts)))
     return ExportCheck(out=str(d), journals=len(receipts), events=events, files=len(files), lines=True,
-                       trust=receipts[0].get("trust") if receipts else None, receipts=receipts)
+                       trust=trust_word, receipts=receipts, missing=missing,
+                       runs={run: len(rs) for run, rs in sorted(ranks.items())})
 
 
-def _check_journal(d: Path, rc: dict[str, Any], files: dict[str, dict[str, Any]],
-                   policy: TrustPolicy) -> tuple[int, set[str]]:
-    """One journal of the export: its lines verified, its typed files held to them; (events, the files checked)."""
-    from trainledger.journal.copies import PrivateCopies
+def _hold_runs(d: Path, ranks: dict[str, dict[int, Any]], files: dict[str, dict[str, Any]], policy: TrustPolicy,
+               partial: bool, work: Path) -> dict[str, list[int]]:
+    """Every run's ranks in the export held together as ``verify RUN_DIR`` holds a run folder's (one run, world
+    sizes, every anchor, keys and roster, no rank missing unless ``partial``), from the reports of the lines just
+    verified. Returns ``{run: missing ranks}`` of partial ones."""
+    from trainledger.journal.audit.rundir import hold_ranks
+    from trainledger.journal.errors import TrainledgerError
+
+    missing = {}
+    for run, reports in sorted(ranks.items()):
+        def rescan(r: int, seqs: frozenset[int], run: str = run) -> Any:
+            # an anchor at a line that is not a seal: that rank's lines verified again, handing back those hashes
+            rc_run = reports[r].run_id
+            rel = f"events/run-{folder_name(rc_run)}/{file_name(r)}"
+            return _verified_lines(d, rel, files, policy, work, seqs=seqs)[0]
+
+        where = f"{d} (run {run})"
+        try:
+            rep = hold_ranks(where, reports, trust=policy, partial=partial, rescan=rescan)
+        except TrainledgerError as e:
+            e.path = str(d)
+            raise
+        if rep.missing:
+            missing[where] = rep.missing
+    return missing
+
+
+#: what DuckDB may hold in memory while an export is checked; past it, it spills into the private folder (never
+#: the working folder) or fails: a file's cells can never make the check take the machine's memory
+MEMORY_LIMIT = "1GB"
+#: lines handed on at a time (a batch's rows are sized from the longest line)
+BATCH_BYTES = 32 << 20
+
+
+def _connection(work: Path) -> Any:
+    from trainledger.journal.query import new_connection
+
+    con = new_connection()
+    spill = work / "spill"
+    spill.mkdir(mode=0o700, exist_ok=True)
+    con.execute("SET threads = 1")  # one thread: rows come back in file order
+    con.execute(f"SET memory_limit = '{MEMORY_LIMIT}'")
+    con.execute(f"SET temp_directory = {_lit(str(spill))}")
+    return con
+
+
+def _verified_lines(d: Path, ev_rel: str, files: dict[str, dict[str, Any]], policy: TrustPolicy, work: Path, *,
+                    seqs: frozenset[int] = frozenset(), events: int | None = None) -> tuple[Any, Path, int]:
+    """The events file's lines written back, in seq order, into a private file, chain-checked batch by batch as
+    they come (a line that is not the next one stops it at once, having written no more than one batch past it),
+    then verified whole under ``policy`` as any journal is. Returns (the verification report, with the anchor
+    kinds and ``seqs``' hashes collected; the lines file; the number of lines). Refuses before reading a line: an
+    events file whose seqs are not 0 to n - 1 each once, n other than the receipt's ``events``, a ``line`` column
+    stored with a dictionary (the exporter never writes one: a dictionary is how a small file decodes to a huge
+    one) or that claims more bytes than its rows' lines may hold, and a line longer than a journal's line may be."""
     import duckdb
 
-    from trainledger.journal.query import _define_views, _load, new_connection
+    from trainledger.journal.audit.rundir import _ANCHOR_KINDS
+    from trainledger.journal.chain import genesis
+    from trainledger.journal.scan import MAX_LINE, RangeResult, ScanContext, Scanner, tree_mode
+    from trainledger.journal.verify import read_opening, verify
+
+    path = d / ev_rel
+    src = f"read_parquet({_lit(str(path))})"
+    lines_path = work / f"lines-{len(list(work.glob('lines-*')))}.jsonl"
+    con = _connection(work)
+    try:
+        try:
+            meta = con.execute(
+                "SELECT count(*), coalesce(sum(total_uncompressed_size), 0), "
+                "bool_or(encodings ILIKE '%DICTIONARY%') FROM parquet_metadata(?) WHERE path_in_schema = 'line'",
+                [str(path)]).fetchone()
+            rows = con.execute("SELECT coalesce(sum(num_rows), 0) FROM parquet_file_metadata(?)", [str(path)]
+                               ).fetchone()[0]
+            if not meta[0]:
+                raise ExportMismatch(f"{d}: {ev_rel}: no line column: nothing signed to hold its rows to", seq=None)
+            if events is not None and rows != events:
+                raise ExportMismatch(f"{d}: {ev_rel}: {rows} rows, where its receipt says {events} events",
+                                     seq=None)
+            if meta[2]:
+                raise ExportMismatch(f"{d}: {ev_rel}: its line column is stored with a dictionary (an exporter "
+                                     "never writes one)", seq=None)
+            if meta[1] > rows * (MAX_LINE + 8):
+                raise ExportMismatch(f"{d}: {ev_rel}: its line column claims {meta[1]:,} bytes, more than "
+                                     f"{rows:,} lines may hold", seq=None)
+            n, lo, hi, distinct, longest, at = con.execute(
+                f"SELECT count(*), min(seq), max(seq), count(DISTINCT seq), max(strlen(line)), "
+                f"arg_max(seq, strlen(line)) FROM {src}").fetchone()
+            if n and (lo != 0 or hi != n - 1 or distinct != n):
+                raise ExportMismatch(f"{d}: {ev_rel}: its seqs are not 0 to {n - 1}, each once", seq=None)
+            if longest is not None and longest > MAX_LINE:
+                raise ExportMismatch(f"{d}: {ev_rel}: the line at seq {at} is {longest:,} bytes, longer than a "
+                                     f"journal's line may be ({MAX_LINE:,})", seq=at)
+            per = max(1, min(ROW_BATCH, BATCH_BYTES // max(1, longest or 1)))
+            res = con.execute(f"SELECT seq, line FROM {src}")
+            scanner = None
+            want = offset = 0
+            with open(lines_path, "xb") as out:
+                os.chmod(lines_path, 0o600)
+                while True:
+                    batch = res.fetchmany(per)
+                    if not batch:
+                        break
+                    lines = []
+                    for seq, line in batch:
+                        if seq != want or line is None:
+                            raise ExportMismatch(f"{d}: {ev_rel}: the row at seq {seq} is out of order or has no "
+                                                 "line", seq=seq)
+                        want += 1
+                        lines.append(line.encode())
+                    block = b"\n".join(lines) + b"\n"
+                    out.write(block)
+                    if scanner is None:  # the opening line decides the chain's start and its format
+                        out.flush()
+                        opened, _ = read_opening(lines_path, len(block))
+                        scanner = Scanner(ScanContext(opened.run_id, opened.key_id, None, False, None,
+                                                      tree=tree_mode(opened.format_version, check=False)),
+                                          -1, genesis(opened.run_id), RangeResult(0, 0))
+                    scanner.feed(lines, offset)
+                    offset += len(block)
+        except duckdb.OutOfMemoryException:
+            raise ExportMismatch(f"{d}: {ev_rel}: decoding its lines needs more memory than a check may use "
+                                 f"({MEMORY_LIMIT}): no journal's lines need that", seq=None) from None
+        except duckdb.Error as e:
+            raise ExportMismatch(f"{d}: {ev_rel}: not an events table: {str(e).splitlines()[0]}", seq=None) from None
+    except TrainledgerError as e:  # named by the exported file its lines came from
+        _rename(e, lines_path, d, ev_rel)
+        raise
+    finally:
+        con.close()
+    try:
+        rep = verify(lines_path, trust=policy, _collect=(_ANCHOR_KINDS, seqs))
+    except TrainledgerError as e:
+        _rename(e, lines_path, d, ev_rel)
+        raise
+    return rep, lines_path, n
+
+
+#: rows handed on at a time at most
+ROW_BATCH = 65_536
+
+
+def _rename(e: Exception, lines_path: Path, d: Path, ev_rel: str) -> None:
+    msg = str(e.args[0]).replace(str(lines_path), ev_rel) if e.args else ""
+    e.args = (msg if msg.startswith(ev_rel) or msg.startswith(str(d)) else f"{ev_rel}: {msg}",) + tuple(e.args[1:])
+    e.path = f"{d / ev_rel}"
+    if getattr(e, "report", None) is not None:
+        e.report.path = str(d / ev_rel)
+
+
+def _footer(con: Any, path: Path) -> Any:
+    got = con.execute("SELECT value FROM parquet_kv_metadata(?) WHERE key = ?", [str(path), RECEIPT_KEY.encode()]
+                      ).fetchall()
+    if len(got) != 1:
+        return None
+    try:
+        return json.loads(got[0][0])
+    except (ValueError, RecursionError, UnicodeDecodeError):
+        return None
+
+
+def _check_journal(d: Path, rc: dict[str, Any], files: dict[str, dict[str, Any]], policy: TrustPolicy,
+                   work: Path) -> tuple[int, set[str], Any]:
+    """One journal of the export: its lines verified, its typed files held to them; (events, the files checked,
+    its verification report)."""
+    import duckdb
+
+    from trainledger.journal.query import _COMMON_TABLE, _check_loaded, _define_views, _file_row, _insert
 
     run, rank = rc["run_id"], rc.get("rank")
-    if rank is not None and not isinstance(rank, int):
+    if rank is not None and (not isinstance(rank, int) or isinstance(rank, bool)):
         raise SchemaError(f"{d / LISTING}: run {run}: rank {rank!r} is not an int", offset=None)
     sub = f"run-{folder_name(run)}/{file_name(rank)}"
     ev_rel = f"events/{sub}"
     if ev_rel not in files:
         raise ExportMismatch(f"{d}: run {run}: no events file ({ev_rel})", seq=None)
-    con = new_connection()
-    with PrivateCopies() as copies:
-        lines_path = copies.dir / "lines.jsonl"
-        src = f"read_parquet({_lit(str(d / ev_rel))})"
-        try:
-            n, lo, hi, distinct = con.execute(f"SELECT count(*), min(seq), max(seq), count(DISTINCT seq) FROM {src}"
-                                              ).fetchone()
-            if n and (lo != 0 or hi != n - 1 or distinct != n):
-                raise ExportMismatch(f"{d}: {ev_rel}: its seqs are not 0 to {n - 1}, each once", seq=None)
-            # the lines in seq order, each written back as it was exported (a line that is not one canonical JSON
-            # line written this way fails the verification below: nothing here can make bad lines pass)
-            con.execute(f"COPY (SELECT line FROM {src} ORDER BY seq) TO {_lit(str(lines_path))} (FORMAT csv, "
-                        "HEADER false, QUOTE '', ESCAPE '', DELIMITER '\x01')")
-        except duckdb.Error as e:
-            raise ExportMismatch(f"{d}: {ev_rel}: not an events table: {str(e).splitlines()[0]}", seq=None) from None
-        finally:
-            con.close()
-        try:  # verified once, as query loads it (the typed views below are computed from that load)
-            con, source = _load([lines_path], True, policy)
-        except TrainledgerError as e:  # named by the exported file its lines came from
-            msg = str(e.args[0]).replace(str(lines_path), ev_rel) if e.args else ""
-            e.args = (msg if msg.startswith(ev_rel) else f"{ev_rel}: {msg}",) + tuple(e.args[1:])
-            e.path = f"{d / ev_rel}"
-            raise
-        (row,) = source.files
-        if row["run_id"] != run:
-            con.close()
-            raise ExportMismatch(f"{d}: {ev_rel}: the lines are run {row['run_id']!r}, the receipt says {run!r}",
-                                 seq=None)
-        # the receipt rebuilt from the verified lines, as the exporter built it, must be the listed one (but for
-        # what only the export knew: its source file's name, its version, the trust it ran under)
-        mine = receipt_of(row, lines=True, exported=n)
-        wrong = [k for k in mine if k not in ("source", "exporter", "trust") and mine[k] != rc.get(k)]
-        if wrong or row["trusted_bytes"] != row["size"]:
-            con.close()
-            k = wrong[0] if wrong else "head"
-            raise ExportMismatch(f"{d}: run {run}: its lines give {k} {str(mine.get(k))[:80]!r}; its receipt says "
-                                 f"{str(rc.get(k))[:80]!r}", seq=None)
-        # the typed columns held to the lines: the query layer's own views over them, file by file
+    events = rc.get("events") if isinstance(rc.get("events"), int) else None
+    rep, lines_path, n = _verified_lines(d, ev_rel, files, policy, work, events=events)
+    row = {**_file_row(lines_path, rep), "file": str(lines_path), "copy": str(lines_path)}
+    if row["run_id"] != run:
+        raise ExportMismatch(f"{d}: {ev_rel}: the lines are run {row['run_id']!r}, the receipt says {run!r}",
+                             seq=None)
+    # the receipt rebuilt from the verified lines, as the exporter built it, must be the listed one (but for what
+    # only the export knew: its source file's name, its version, the trust it ran under)
+    mine = receipt_of(row, lines=True, exported=n)
+    wrong = [k for k in mine if k not in ("source", "exporter", "trust") and mine[k] != rc.get(k)]
+    if wrong or row["trusted_bytes"] != row["size"]:
+        k = wrong[0] if wrong else "head"
+        raise ExportMismatch(f"{d}: run {run}: its lines give {k} {str(mine.get(k))[:80]!r}; its receipt says "
+                             f"{str(rc.get(k))[:80]!r}", seq=None)
+    con = _connection(work)
+    rels = {ev_rel}
+    try:
+        con.execute(_COMMON_TABLE)
+        _insert(con, [row], careful=False)
+        _check_loaded(con, [row])
         _define_views(con)
-        rels = {ev_rel}
-        try:
-            for table in tables():
-                rel = f"{table}/{sub}"
-                if table == "events":
-                    mine = "SELECT run_id, rank, seq, kind, ts, h, line FROM events_t ORDER BY seq"
-                else:
-                    mine = typed_select(con, table, "true")
-                    if rel not in files:
-                        if con.execute(f"SELECT count(*) FROM ({mine})").fetchone()[0]:
-                            raise ExportMismatch(f"{d}: run {run}: its lines have {table} rows, and the export has "
-                                                 f"no {rel}", seq=None)
-                        continue
-                rels.add(rel)
-                theirs = f"SELECT * FROM read_parquet({_lit(str(d / rel))})"
-                # one row an event: matched by seq, each whole row compared (as a struct: NULL and NaN equal
-                # themselves), and a row on one side only is a difference too
-                bad, first = con.execute(
-                    f"SELECT count(*), min(coalesce(t.seq, m.seq)) FROM ({mine}) m FULL OUTER JOIN ({theirs}) t "
-                    "ON m.seq = t.seq WHERE m.seq IS NULL OR t.seq IS NULL OR m IS DISTINCT FROM t").fetchone()
-                dup = con.execute(f"SELECT count(*) - count(DISTINCT seq) FROM ({theirs})").fetchone()[0]
-                if bad or dup:
-                    raise ExportMismatch(f"{d}: {rel}: {bad + dup} row(s) are not what the lines give"
-                                         + (f" (first at seq {first})" if first is not None else ""), seq=first)
-        except Exception as e:
-            if isinstance(e, duckdb.Error):
-                raise ExportMismatch(f"{d}: run {run}: a file is not the table it should be: "
-                                     f"{str(e).splitlines()[0]}", seq=None) from None
-            raise
-        finally:
-            con.close()
-    return n, rels
+        for table in tables():
+            rel = f"{table}/{sub}"
+            if table == "events":
+                mine_sql = "SELECT run_id, rank, seq, kind, ts, h, line FROM events_t ORDER BY seq"
+            else:
+                mine_sql = typed_select(con, table, "true")
+                if rel not in files:
+                    if con.execute(f"SELECT count(*) FROM ({mine_sql})").fetchone()[0]:
+                        raise ExportMismatch(f"{d}: run {run}: its lines have {table} rows, and the export has "
+                                             f"no {rel}", seq=None)
+                    continue
+            rels.add(rel)
+            _hold_file(con, d, rel, files[rel], mine_sql, rc, run, rank)
+    except duckdb.Error as e:
+        raise ExportMismatch(f"{d}: run {run}: a file is not the table it should be: {str(e).splitlines()[0]}",
+                             seq=None) from None
+    finally:
+        con.close()
+    try:
+        os.unlink(lines_path)
+    except OSError:
+        pass
+    return n, rels, rep
+
+
+def _hold_file(con: Any, d: Path, rel: str, entry: dict[str, Any], mine: str, rc: dict[str, Any], run: str,
+               rank: int | None) -> None:
+    """One exported file held to what the verified lines give: its listing entry (run, rank, rows), its footer's
+    receipt, its columns' names and types, then every row, both ways."""
+    path = d / rel
+    theirs = f"SELECT * FROM read_parquet({_lit(str(path))})"
+    if entry.get("run_id", run) != run or entry.get("rank", rank) != rank:
+        raise ExportMismatch(f"{d}: {rel}: listed as run {str(entry.get('run_id'))[:80]!r} rank "
+                             f"{str(entry.get('rank'))[:20]}, but its path is run {run}'s", seq=None)
+    footer = _footer(con, path)
+    if footer != rc:
+        raise ExportMismatch(f"{d}: {rel}: its footer's receipt is not the listed one"
+                             + ("" if footer is not None else " (it has none)"), seq=None)
+    # JSON cells are stored as Parquet strings (DuckDB reads them back as VARCHAR)
+    want = [(c[0], "VARCHAR" if c[1] == "JSON" else c[1]) for c in con.execute(f"DESCRIBE {mine}").fetchall()]
+    have = [(c[0], c[1]) for c in con.execute(f"DESCRIBE {theirs}").fetchall()]
+    if want != have:
+        diff = next(((a, b) for a, b in zip(want, have) if a != b), None)
+        what = (f"column {diff[1][0]} is {diff[1][1]}, the lines give {diff[0][0]} {diff[0][1]}" if diff is not None
+                else f"{len(have)} columns, the lines give {len(want)}")
+        raise ExportMismatch(f"{d}: {rel}: {what}", seq=None)
+    # one row an event: matched by seq, each whole row compared (as a struct: NULL and NaN equal themselves), and a
+    # row on one side only is a difference too
+    bad, first = con.execute(
+        f"SELECT count(*), min(coalesce(t.seq, m.seq)) FROM ({mine}) m FULL OUTER JOIN ({theirs}) t "
+        "ON m.seq = t.seq WHERE m.seq IS NULL OR t.seq IS NULL OR m IS DISTINCT FROM t").fetchone()
+    dup, rows = con.execute(f"SELECT count(*) - count(DISTINCT seq), count(*) FROM ({theirs})").fetchone()
+    if bad or dup:
+        raise ExportMismatch(f"{d}: {rel}: {bad + dup} row(s) are not what the lines give"
+                             + (f" (first at seq {first})" if first is not None else ""), seq=first)
+    if "rows" in entry and entry["rows"] != rows:
+        raise ExportMismatch(f"{d}: {rel}: listed with {str(entry['rows'])[:20]} rows; it has {rows}", seq=None)

@@ -13,13 +13,15 @@ them. The private copy lives as long as the process (removed at exit).
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from trainledger.journal.parquet.check import _inside, _read_listing, verify_export
+from trainledger.journal.errors import TrainledgerError
+from trainledger.journal.parquet.check import check_tree, open_regular, read_listing, verify_export
 from trainledger.journal.parquet.export import LISTING, _lit, tables
 from trainledger.journal.trust import TrustPolicy
 
@@ -27,19 +29,27 @@ __all__ = ["open_exports", "connect_exports", "views_over"]
 
 
 def _copy_export(src: Path, dest: Path) -> dict[str, Any]:
-    """Every file the listing names, and the listing, copied to ``dest`` (each path checked as verify checks it
-    first); returns the listing as copied."""
+    """Every file the listing names, and the listing, copied to ``dest``, once ``src`` has been held to its listing
+    as ``verify OUT`` holds it (:func:`~.check.check_tree`: no link, FIFO or unlisted entry anywhere in it); each
+    file opened without following a link or blocking. Returns the listing as copied."""
     dest.mkdir(mode=0o700)
-    shutil.copyfile(src / LISTING, dest / LISTING)
-    listing = _read_listing(dest)
-    for x in listing["files"]:
-        if not isinstance(x, dict) or not isinstance(x.get("path"), str):
-            continue  # verify_export below names it
-        p = _inside(src, x["path"])
-        out = dest / x["path"]
+    listing, data = read_listing(src)
+    files = check_tree(src, listing)
+    with open(dest / LISTING, "xb") as f:
+        f.write(data)
+    for rel in files:
+        fd = open_regular(src / rel, src, rel)
+        out = dest / rel
         out.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(p, out)
+        with os.fdopen(fd, "rb") as f, open(out, "xb") as g:
+            shutil.copyfileobj(f, g, 1 << 20)
     return listing
+
+
+def table_of(path: str) -> str:
+    """The table a listed file belongs to: its path's first folder (:func:`~.check.check_tree` held it to the
+    layout), never the listing's ``table`` label."""
+    return path.split("/", 1)[0]
 
 
 def _memo(local: Path, trust: TrustPolicy) -> Path | None:
@@ -58,26 +68,39 @@ def _memo(local: Path, trust: TrustPolicy) -> Path | None:
     return d / f"x-{h[:40]}.verified"
 
 
-def _remember(memo: Path | None) -> None:
+def _remember(memo: Path | None, missing: dict[str, list[int]], trust_word: str | None) -> None:
+    """The memo written: what the whole verification found beside the listing (the ranks missing, the trust)."""
     if memo is None:
         return
     tmp = memo.with_name(f"{memo.name}.tmp-{os.getpid()}")
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        os.close(fd)
+        with os.fdopen(fd, "w") as f:
+            json.dump({"missing": missing, "trust": trust_word}, f)
         os.replace(tmp, memo)
     except OSError:  # no memo: the next query verifies again
         pass
 
 
+def _remembered(memo: Path) -> tuple[dict[str, list[int]], str | None]:
+    """What :func:`_remember` wrote (a memo of an older version, or unreadable: nothing missing, trust pinned, as
+    only a whole verification under pinned keys was remembered then)."""
+    try:
+        with open(memo, "rb") as f:
+            got = json.loads(f.read(1 << 20) or b"{}")
+        missing = {str(k): [int(r) for r in v] for k, v in dict(got.get("missing") or {}).items()}
+        return missing, str(got.get("trust") or "pinned")
+    except (OSError, ValueError, TypeError, AttributeError):
+        return {}, "pinned"
+
+
 def views_over(by_table: dict[str, list[str]]) -> Any:
     """A new connection with the query layer's views over Parquet files of the export's layout (``{table: [file,
     ...]}``; ``events`` with or without ``line`` and ``file``), not locked yet."""
-    from trainledger.journal.query import VIEW_NAMES, _define_views, new_connection
+    from trainledger.journal.query import _COMMON_TABLE, VIEW_NAMES, _define_views, new_connection
 
     con = new_connection()
-    con.execute("CREATE TABLE events_t (run_id VARCHAR, rank INTEGER, file VARCHAR, seq BIGINT, kind VARCHAR, "
-                "ts BIGINT, h VARCHAR, line VARCHAR)")
+    con.execute(_COMMON_TABLE)
     _define_views(con)  # every view, over no rows; the Parquet tables then replace theirs
     aliases = {tag: name for name, tag in VIEW_NAMES.items()}
     for table in tables():
@@ -106,38 +129,56 @@ def connect_exports(paths: Sequence[str | os.PathLike], *, verify_first: bool = 
     return open_exports(paths, verify_first=verify_first, trust=TrustPolicy.of(trust, **trust_options))[0]
 
 
-def open_exports(paths: Sequence[str | os.PathLike], *, verify_first: bool, trust: TrustPolicy) -> tuple[Any, Any]:
+def open_exports(paths: Sequence[str | os.PathLike], *, verify_first: bool, trust: TrustPolicy,
+                 partial: bool = False) -> tuple[Any, Any]:
     """The query layer's connection, locked, and :class:`~trainledger.journal.query.Source` over exports (see the
-    module doc). ``verify_first=False`` (``--no-verify``) reads a copy unchecked, typed-only exports included."""
+    module doc). ``verify_first=False`` (``--no-verify``) reads a copy unchecked, typed-only exports included.
+    ``partial``: an export of a run with ranks missing is read as far as its ranks present go (the Source's
+    ``missing`` names them); without it such an export fails, as ``verify OUT`` fails it."""
+    from trainledger.journal.audit.rundir import AnchorMismatch
     from trainledger.journal.copies import PrivateCopies
     from trainledger.journal.query import Source, _lock, _safe_cache_file
 
-    copies = PrivateCopies()
+    copies = PrivateCopies(owned="query-out")  # a killed query's copy is swept by the next one
     atexit.register(copies.close)
     rows: list[dict[str, Any]] = []
     by_table: dict[str, list[str]] = {}
+    found: dict[str, list[int]] = {}
     try:
         for i, p in enumerate(map(Path, paths)):
             local = copies.dir / f"export-{i}"
             listing = _copy_export(p, local)
+            trust_word = "unchecked"
             if verify_first:
                 memo = _memo(local, trust)
                 if memo is not None and _safe_cache_file(memo):
                     verify_export(local, trust=trust, _files_only=True)  # the files are the listing's
+                    missing, trust_word = _remembered(memo)
                 else:
-                    verify_export(local, trust=trust)
-                    _remember(memo)
+                    check = verify_export(local, trust=trust, partial=partial)
+                    missing, trust_word = check.missing, check.trust
+                    _remember(memo, missing, trust_word)
+                if missing and not partial:  # remembered from a --partial query: this one did not ask for it
+                    run, ranks = next(iter(missing.items()))
+                    raise AnchorMismatch(f"{p}: rank {ranks[0]} of {run.rsplit(' (run ', 1)[-1].rstrip(')')}: no "
+                                         "journal in the export (--partial reads the ranks present, labelled as "
+                                         "partial)", seq=None)
+                for run, ranks in missing.items():
+                    found[run.replace(str(local), str(p), 1)] = ranks
             for x in listing["files"]:
-                by_table.setdefault(x["table"], []).append(str(local / x["path"]))
+                by_table.setdefault(table_of(x["path"]), []).append(str(local / x["path"]))
             for rc in listing["journals"]:
                 rows.append({"file": str(p), "export": str(p), "run_id": rc.get("run_id"), "rank": rc.get("rank"),
                              "last_seq": rc.get("last_seq"), "head": rc.get("head"), "key_id": rc.get("key_id"),
-                             "trust": rc.get("trust") if verify_first else "unchecked"})
-    except BaseException:
+                             "trust": trust_word})
+    except BaseException as e:
         copies.close()
+        if isinstance(e, TrainledgerError) and "local" in locals():  # named by the user's folder, not our copy
+            e.args = tuple(a.replace(str(local), str(p)) if isinstance(a, str) else a for a in e.args)
+            e.path = str(p)
         raise
     con = views_over(by_table)
-    # the lockdown (query._lock) turns file access off for the user's SQL; the private copy alone stays readable
-    con.execute(f"SET allowed_directories = [{_lit(str(copies.dir) + os.sep)}]")
-    _lock(con)
-    return con, Source("export", rows)
+    # the lockdown (query._lock) turns file access off for the user's SQL; the private copy alone stays readable,
+    # and DuckDB spills into it (its default, ./.tmp of the working folder, would be readable and writable)
+    _lock(con, copies.dir)
+    return con, Source("export", rows, missing=found)

@@ -1,0 +1,446 @@
+"""Trust round 3: an attacker who can write an export folder (or the working folder, or run a Ray cluster on the
+machine) but holds no key, against ``verify OUT``, ``query OUT`` and the query lockdown. Each test is named after
+its attack; each export here is real (``export parquet`` of real signed run folders), each change is one an
+attacker without the key can make, and the listing is re-hashed after it (they can rewrite that too)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from trainledger.cli import main
+from trainledger.journal import Signer, StepObserved
+from trainledger.journal.audit.roster import RosterMismatch, load_roster
+from trainledger.journal.audit.rundir import AnchorMismatch, verify_run_dir
+from trainledger.journal.errors import IntegrityError
+from trainledger.journal.parquet import LISTING, export_parquet
+from trainledger.journal.parquet.check import ExportMismatch, verify_export
+from trainledger.journal.parquet.read import connect_exports
+from trainledger.journal.trust import TrustPolicy
+from trainledger.training.distributed.ranks import RankInfo, anchor_record, open_rank_journal
+
+pa = pytest.importorskip("pyarrow")
+pq = pytest.importorskip("pyarrow.parquet")
+
+GOLDEN = Path(__file__).resolve().parents[2] / "assets" / "golden"
+
+
+def _folder(d: Path, signers, *, run="runX", rounds=2, snapshot: dict | None = None) -> Path:
+    """A run folder of ``len(signers)`` ranks anchored ``rounds`` times as anchor_ranks does. ``snapshot``:
+    {rank: path}: that rank's journal copied there right after its first round's seal (what it was before the
+    second round rank 0 anchored)."""
+    world = len(signers)
+    js = [open_rank_journal(d, s, info=RankInfo(run=run, rank=r, world_size=world, local_rank=0, node="n",
+                                                restart_count=0)) for r, s in enumerate(signers)]
+    for k in range(rounds):
+        for j in js:
+            for i in range(5):
+                j.append(StepObserved(step=5 * k + i, loss=2.0 - k / 10, grad_norm=0.5))
+            j.seal()
+        if k == 0:
+            for r, dest in (snapshot or {}).items():
+                shutil.copy(d / f"rank-{r:05d}.jsonl", dest)
+        got = [("%d:%s" % j.head, j.key_id) for j in js]
+        for r, j in enumerate(js):
+            j.append(anchor_record(r, got, step=5 * k + 4))
+    for j in js:
+        j.close()
+    return d
+
+
+def _relist(d: Path) -> None:
+    listing = json.loads((d / LISTING).read_text())
+    for x in listing["files"]:
+        x["sha256"] = hashlib.sha256((d / x["path"]).read_bytes()).hexdigest()
+    (d / LISTING).write_text(json.dumps(listing))
+
+
+def _drop_journal(out: Path, run_id: str) -> None:
+    """A journal's files and its listing entries removed, the rest re-hashed: what an attacker does to hide a rank."""
+    listing = json.loads((out / LISTING).read_text())
+    for x in [x for x in listing["files"] if x["run_id"] == run_id]:
+        (out / x["path"]).unlink()
+        (out / x["path"]).parent.rmdir()
+    listing["files"] = [x for x in listing["files"] if x["run_id"] != run_id]
+    listing["journals"] = [rc for rc in listing["journals"] if rc["run_id"] != run_id]
+    listing.pop("partial", None)
+    (out / LISTING).write_text(json.dumps(listing))
+
+
+def _graft(out: Path, other: Path, run_id: str) -> None:
+    """Another export's journal (files, entries, receipt) put into ``out``."""
+    theirs = json.loads((other / LISTING).read_text())
+    listing = json.loads((out / LISTING).read_text())
+    for x in theirs["files"]:
+        if x["run_id"] == run_id:
+            (out / x["path"]).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(other / x["path"], out / x["path"])
+            listing["files"].append(x)
+    listing["journals"] += [rc for rc in theirs["journals"] if rc["run_id"] == run_id]
+    (out / LISTING).write_text(json.dumps(listing))
+    _relist(out)
+
+
+@pytest.fixture(scope="module")
+def run4(tmp_path_factory):
+    """A 4-rank run folder signed by one key, its rank 1 as it was after the first round, its export (lines)."""
+    base = tmp_path_factory.mktemp("run4")
+    s = Signer.generate()
+    early = base / "rank1-early.jsonl"
+    d = _folder(base / "run", [s] * 4, snapshot={1: early})
+    out = base / "out"
+    export_parquet([d], out, lines=True, keys=[s.public])
+    pub = base / "k.pub"
+    pub.write_text(s.public.line() + "\n")
+    return d, out, s, early, pub
+
+
+def _copy(out: Path, tmp_path: Path) -> Path:
+    d = tmp_path / "copy"
+    shutil.copytree(out, d)
+    return d
+
+
+# -- High 1: verify OUT holds a run folder's export whole ------------------------------------------------------
+
+
+def test_a_rank_dropped_from_a_run_folders_export_fails_verify_out_and_query_out(run4, tmp_path, capsys):
+    d, out, s, _, pub = run4
+    bad = _copy(out, tmp_path)
+    _drop_journal(bad, "runX.r00002")
+    _relist(bad)
+    with pytest.raises(AnchorMismatch, match=r"rank 2 of 4: no journal"):
+        verify_export(bad, keys=[s.public])
+    assert main(["verify", str(bad), "--pubkey", str(pub)]) == 1
+    assert "rank 2 of 4" in capsys.readouterr().out
+    assert main(["query", str(bad), "--pubkey", str(pub), "SELECT count(*) FROM steps"]) == 1
+    assert "rank 2" in capsys.readouterr().err
+
+
+def test_a_partial_view_of_such_an_export_is_labelled_partial(run4, tmp_path, capsys):
+    d, out, s, _, pub = run4
+    bad = _copy(out, tmp_path)
+    _drop_journal(bad, "runX.r00002")
+    _relist(bad)
+    r = verify_export(bad, keys=[s.public], partial=True)
+    assert r.partial and list(r.missing.values()) == [[2]]
+    assert main(["verify", str(bad), "--pubkey", str(pub), "--partial"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith(f"PARTIAL: {bad} (run runX) lacks rank(s) 2;") and "\nOK    " in printed
+    assert main(["query", str(bad), "--pubkey", str(pub), "--partial", "--format", "csv",
+                 "SELECT count(DISTINCT rank) AS n FROM steps"]) == 0
+    got = capsys.readouterr()
+    assert got.out.splitlines() == ["n", "3"] and "PARTIAL: " in got.err and "lacks rank(s) 2" in got.err
+    # remembered as partial: a later query without --partial still fails
+    assert main(["query", str(bad), "--pubkey", str(pub), "SELECT 1"]) == 1
+    assert "--partial" in capsys.readouterr().err
+
+
+def test_the_exporters_own_partial_label_is_neither_needed_nor_trusted(run4, tmp_path, capsys):
+    """A --partial export: verify OUT recomputes which ranks are missing; the listing's word is never read."""
+    d, out, s, _, pub = run4
+    part = tmp_path / "part"
+    shutil.copytree(d, part)
+    (part / "rank-00003.jsonl").unlink()
+    ex = tmp_path / "ex"
+    export_parquet([part], ex, lines=True, keys=[s.public], partial=True)
+    listing = json.loads((ex / LISTING).read_text())
+    listing["partial"] = {}  # the exporter's record, erased
+    (ex / LISTING).write_text(json.dumps(listing))
+    with pytest.raises(AnchorMismatch, match="rank 3 of 4"):
+        verify_export(ex, keys=[s.public])
+    assert verify_export(ex, keys=[s.public], partial=True).missing == {f"{ex} (run runX)": [3]}
+
+
+def test_a_rank_rolled_back_before_rank_0s_anchor_fails_verify_out(run4, tmp_path, capsys):
+    d, out, s, early, pub = run4
+    assert verify_run_dir(d, keys=[s.public]).ok
+    lone = tmp_path / "lone"
+    export_parquet([early], lone, lines=True, keys=[s.public])  # rank 1 as it was, exported alone
+    bad = _copy(out, tmp_path)
+    _drop_journal(bad, "runX.r00001")
+    _graft(bad, lone, "runX.r00001")
+    with pytest.raises(AnchorMismatch, match=r"rank 1: its signed journal ends at seq \d+, but rank 0 anchored"):
+        verify_export(bad, keys=[s.public])
+    assert main(["verify", str(bad), "--pubkey", str(pub)]) == 1
+    assert "truncated or rolled back" in capsys.readouterr().out
+
+
+def test_another_runs_rank_swapped_into_an_export_fails(run4, tmp_path):
+    d, out, s, _, pub = run4
+    other = _folder(tmp_path / "other", [s] * 4, run="runY")
+    ex = tmp_path / "ex"
+    export_parquet([other / "rank-00001.jsonl"], ex, lines=True, keys=[s.public])
+    bad = _copy(out, tmp_path)
+    _drop_journal(bad, "runX.r00001")
+    _graft(bad, ex, "runY.r00001")
+    with pytest.raises(AnchorMismatch, match=r"rank (1 of 4|0 of 4): no journal"):
+        verify_export(bad, keys=[s.public])
+
+
+def test_a_two_key_folders_export_needs_the_roster(tmp_path):
+    keys = [Signer.generate() for _ in range(2)]
+    d = _folder(tmp_path / "run", keys, rounds=0)  # no anchor: nothing binds a rank to its key
+    out = tmp_path / "out"
+    roster = tmp_path / "roster.txt"
+    roster.write_text("".join(f"{r} {k.public.line()}\n" for r, k in enumerate(keys)))
+    export_parquet([d], out, lines=True, trust=TrustPolicy(roster=load_roster(roster)))
+    with pytest.raises(RosterMismatch, match="signed by 2 keys and nothing binds rank"):
+        verify_export(out, keys=[k.public for k in keys])
+    assert verify_export(out, trust=TrustPolicy(roster=load_roster(roster))).runs == {"runX": 2}
+    # the roster holds each rank to its key: rank 1 signed by rank 0's key fails
+    swapped = tmp_path / "swapped.txt"
+    swapped.write_text(f"0 {keys[0].public.line()}\n1 {keys[0].public.line()}\n* {keys[1].public.line()}\n")
+    with pytest.raises(RosterMismatch):
+        verify_export(out, trust=TrustPolicy(roster=load_roster(swapped)))
+
+
+def test_a_rank_at_or_past_its_rounds_world_size_is_refused(tmp_path, signer):
+    for r, world in ((0, 2), (2, 2)):
+        info = RankInfo(run="runW", rank=r, world_size=world, local_rank=0, node="n", restart_count=0)
+        with open_rank_journal(tmp_path / "w", signer, info=info) as j:
+            j.append(StepObserved(step=0, loss=1.0))
+    with pytest.raises(AnchorMismatch, match="rank 2: joined restart round 0 as rank 2 of a world of 2"):
+        verify_run_dir(tmp_path / "w", keys=[signer.public], partial=True)
+
+
+# -- High 2: query OUT's views come from verified paths, never the listing's labels -----------------------------
+
+
+def test_relabelled_listing_tables_do_not_change_what_query_out_answers(run4, tmp_path):
+    d, out, s, _, pub = run4
+    want = connect_exports([out], keys=[s.public]).execute("SELECT count(*) FROM steps").fetchone()[0]
+    bad = _copy(out, tmp_path)
+    listing = json.loads((bad / LISTING).read_text())
+    for x in listing["files"]:
+        if x["path"].startswith("steps/"):
+            x["table"] = "anomalies"
+    (bad / LISTING).write_text(json.dumps(listing))
+    with pytest.raises(ExportMismatch, match="listed as table 'anomalies', but its path is steps's"):
+        verify_export(bad, keys=[s.public])
+    with pytest.raises(ExportMismatch, match="listed as table"):
+        connect_exports([bad], keys=[s.public])
+    with pytest.raises(ExportMismatch, match="listed as table"):  # the folder's shape is held even unchecked
+        connect_exports([bad], verify_first=False)
+    # the labels are not what the views are built from: without any, every table is still its path's
+    for x in listing["files"]:
+        del x["table"]
+    (bad / LISTING).write_text(json.dumps(listing))
+    con = connect_exports([bad], keys=[s.public])
+    assert con.execute("SELECT count(*) FROM steps").fetchone()[0] == want == 40
+    assert con.execute("SELECT count(*) FROM anomalies").fetchone()[0] == 0
+
+
+def test_an_entry_naming_another_run_or_rank_than_its_path_is_refused(run4, tmp_path):
+    d, out, s, _, pub = run4
+    for field, value in (("run_id", "runX.r00003"), ("rank", 3), ("rows", 999)):
+        bad = tmp_path / f"bad-{field}"
+        shutil.copytree(out, bad)
+        listing = json.loads((bad / LISTING).read_text())
+        x = next(x for x in listing["files"] if x["path"].startswith("steps/run-runX.r00001/"))
+        x[field] = value
+        (bad / LISTING).write_text(json.dumps(listing))
+        with pytest.raises(ExportMismatch, match="steps/run-runX.r00001"):
+            verify_export(bad, keys=[s.public])
+
+
+# -- High 3 and Low: nothing but listed regular files and their folders ------------------------------------------
+
+
+def _forged_rows(where: Path) -> None:
+    where.mkdir(parents=True)
+    pq.write_table(pa.table({"run_id": ["forged"], "seq": [0]}), where / "forged.parquet")
+
+
+@pytest.mark.parametrize("plant", ["folder link", "file link", "dangling link", "fifo", "socket", "extra folder",
+                                   "linked listing"])
+def test_anything_planted_in_out_but_a_listed_file_is_refused_by_verify_and_query(run4, tmp_path, plant, capsys):
+    d, out, s, _, pub = run4
+    bad = _copy(out, tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    _forged_rows(elsewhere)
+    if plant == "folder link":  # pyarrow's dataset reader follows it: pq.read_table('OUT/steps') reads the forgery
+        os.symlink(elsewhere, bad / "steps" / "run-zz")
+        assert pq.read_table(bad / "steps").num_rows > 40
+    elif plant == "file link":
+        os.symlink(elsewhere / "forged.parquet", bad / "steps" / "run-runX.r00000" / "more.parquet")
+    elif plant == "dangling link":
+        os.symlink(tmp_path / "nowhere", bad / "steps" / "gone")
+    elif plant == "fifo":
+        os.mkfifo(bad / "steps" / "pipe")
+    elif plant == "socket":
+        sock = socket.socket(socket.AF_UNIX)
+        sock.bind(str(bad / "sock"))
+        sock.close()
+    elif plant == "extra folder":
+        (bad / "steps" / "run-empty").mkdir()
+    elif plant == "linked listing":
+        shutil.move(bad / LISTING, tmp_path / "listing.json")
+        os.symlink(tmp_path / "listing.json", bad / LISTING)
+    with pytest.raises((ExportMismatch, IntegrityError, Exception)) as e:
+        verify_export(bad, keys=[s.public])
+    assert type(e.value).__name__ in ("ExportMismatch", "JournalIOError", "SchemaError")
+    assert main(["verify", str(bad), "--pubkey", str(pub)]) in (1, 2)
+    said = capsys.readouterr()
+    assert "Traceback" not in said.out + said.err
+    assert main(["query", str(bad), "--pubkey", str(pub), "SELECT 1"]) in (1, 2)
+    said = capsys.readouterr()
+    assert "Traceback" not in said.out + said.err and said.err.strip()
+    first = said.err.strip().splitlines()[0]
+    assert ("link" in first or "not a regular file" in first or "planted" in first or "not in the listing" in first)
+
+
+def _rewrite(path: Path, table, receipt: dict) -> None:
+    """A file written anew as the exporter writes one, its footer holding ``receipt``."""
+    path.unlink()
+    w = pq.ParquetWriter(path, table.schema)
+    w.write_table(table)
+    w.add_key_value_metadata({"trainledger_receipt": json.dumps(receipt, sort_keys=True, separators=(",", ":"))})
+    w.close()
+
+
+# -- Medium ---------------------------------------------------------------------------------------------------------
+
+
+def test_a_footer_receipt_claiming_another_tree_is_refused(run4, tmp_path):
+    d, out, s, _, pub = run4
+    bad = _copy(out, tmp_path)
+    rel = "steps/run-runX.r00000/rank-00000.parquet"
+    rc = json.loads(pq.read_metadata(bad / rel).metadata[b"trainledger_receipt"])
+    rc["tree_size"] = 3
+    rc["tree_root"] = "00" * 32
+    _rewrite(bad / rel, pq.read_table(bad / rel), rc)
+    _relist(bad)
+    with pytest.raises(ExportMismatch, match=f"{rel}: its footer's receipt is not the listed one"):
+        verify_export(bad, keys=[s.public])
+
+
+def test_verify_out_prints_the_trust_it_ran_under_not_the_receipts(run4, capsys):
+    d, out, s, _, pub = run4
+    assert main(["verify", str(out), "--trust-embedded"]) == 0
+    printed = capsys.readouterr().out
+    assert "re-verified from their lines (embedded)" in printed and "(pinned)" not in printed
+    assert verify_export(out, trust_embedded=True).trust == "embedded"
+
+
+def _bomb(export: Path, dest: Path, *, dictionary: bool, n: int = 600) -> Path:
+    """The events file replaced by ``n`` rows of one 1 MiB line: a dictionary of one value (a 4 KiB file), or
+    plain (zstd makes it 33 KiB), the receipt's count made to match and the listing re-hashed."""
+    shutil.copytree(export, dest)
+    listing = json.loads((dest / LISTING).read_text())
+    (rc,) = listing["journals"]
+    p = dest / next(x["path"] for x in listing["files"] if x["path"].startswith("events/"))
+    big = "a" * (1 << 20)
+    line = (pa.DictionaryArray.from_arrays(pa.array([0] * n, pa.int32()), pa.array([big])) if dictionary
+            else pa.array([big + str(i) for i in range(n)]))
+    pq.write_table(pa.table({"run_id": [rc["run_id"]] * n, "rank": pa.nulls(n, pa.int32()),
+                             "seq": pa.array(range(n), pa.int64()), "kind": ["step_observed"] * n,
+                             "ts": pa.array([0] * n, pa.int64()), "h": ["0" * 64] * n, "line": line}),
+                   p, compression="zstd", use_dictionary=dictionary)
+    rc["events"] = n
+    (dest / LISTING).write_text(json.dumps(listing))
+    _relist(dest)
+    return dest
+
+
+@pytest.mark.parametrize("dictionary", [True, False], ids=["dictionary", "plain"])
+def test_a_decompression_bomb_fails_at_once_within_bounded_memory_and_disk(tmp_path, dictionary):
+    ex = tmp_path / "ex"
+    pub = GOLDEN / "every_kind_v1_3.pub"
+    assert main(["export", "parquet", str(GOLDEN / "every_kind_v1_3.jsonl"), str(ex), "--lines",
+                 "--pubkey", str(pub)]) == 0
+    bomb = _bomb(ex, tmp_path / "bomb", dictionary=dictionary)
+    assert sum(f.stat().st_size for f in bomb.rglob("*") if f.is_file()) < 200_000
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    # the peak from /proc (VmHWM starts anew at exec; ru_maxrss would count the forked test process's)
+    code = ("import re, sys; from trainledger.cli import main; rc = main(sys.argv[1:]); "
+            "print('peak', re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read()).group(1)); "
+            "sys.exit(rc)")
+    for cmd in (["verify", str(bomb), "--pubkey", str(pub)], ["query", str(bomb), "--pubkey", str(pub), "SELECT 1"]):
+        p = subprocess.run([sys.executable, "-c", code, *cmd], capture_output=True, text=True, timeout=120,
+                           env={**os.environ, "TMPDIR": str(tmp)})
+        assert p.returncode == 1, p.stdout + p.stderr
+        said = p.stdout + p.stderr
+        assert "Traceback" not in said
+        assert ("dictionary" in said) if dictionary else ("more memory than a check may use" in said), said
+        peak_kib = int(said.split("peak ")[1].split()[0])
+        assert peak_kib < 600 * 1024, said  # the 600 MiB the lines decode to is never held
+        assert not any(tmp.iterdir())  # and nothing left in the temp folder
+
+
+def test_the_query_lockdown_keeps_the_working_folders_tmp_out(run4, tmp_path, monkeypatch, capsys):
+    """DuckDB's temp folder is always readable and writable by SQL; its default is ./.tmp of the working folder,
+    where a planted link leads anywhere."""
+    d, out, s, _, pub = run4
+    work = tmp_path / "work"
+    work.mkdir()
+    secret = tmp_path / "secret"
+    secret.mkdir()
+    (secret / "key.csv").write_text("a\nthe secret\n")
+    os.symlink(secret, work / ".tmp")
+    monkeypatch.chdir(work)
+    for path in (str(out), str(d)):
+        assert main(["query", path, "--pubkey", str(pub), "--no-cache", "SELECT * FROM read_csv('.tmp/key.csv')"]) \
+            == 2, path
+        said = capsys.readouterr()
+        assert "the secret" not in said.out and "Permission" in said.err
+        assert main(["query", path, "--pubkey", str(pub), "--no-cache",
+                     "COPY (SELECT 1) TO '.tmp/written.csv'"]) == 2
+        capsys.readouterr()
+        assert not (secret / "written.csv").exists()
+    con = connect_exports([out], keys=[s.public])
+    assert con.execute("SELECT current_setting('temp_directory')").fetchone()[0].endswith("spill")
+
+
+def test_a_typed_column_retyped_through_an_implicit_cast_is_refused(run4, tmp_path):
+    d, out, s, _, pub = run4
+    bad = _copy(out, tmp_path)
+    rel = "steps/run-runX.r00000/rank-00000.parquet"
+    t = pq.read_table(bad / rel)
+    i = t.schema.get_field_index("step")
+    t = t.set_column(i, pa.field("step", pa.float64()), t.column(i).cast(pa.float64()))
+    _rewrite(bad / rel, t, json.loads(pq.read_metadata(bad / rel).metadata[b"trainledger_receipt"]))
+    _relist(bad)
+    with pytest.raises(ExportMismatch, match=rf"{rel}: column step is DOUBLE, the lines give step DECIMAL\(38,0\)"):
+        verify_export(bad, keys=[s.public])
+
+
+def test_verify_out_require_closed_fails_an_open_runs_export(tmp_path, signer, keypair, capsys):
+    info = RankInfo(run="open", rank=0, world_size=1, local_rank=0, node="n", restart_count=0)
+    j = open_rank_journal(tmp_path / "run", signer, info=info)
+    j.append(StepObserved(step=0, loss=1.0))
+    j.seal()  # never closed
+    out = tmp_path / "out"
+    export_parquet([tmp_path / "run"], out, lines=True, keys=[signer.public])
+    assert main(["verify", str(out), "--pubkey", str(keypair[2])]) == 0
+    capsys.readouterr()
+    assert main(["verify", str(out), "--pubkey", str(keypair[2]), "--require-closed"]) == 1
+    assert "closed" in capsys.readouterr().out
+
+
+def test_a_killed_query_out_leaves_its_private_copy_for_the_next_to_sweep(run4, tmp_path):
+    d, out, s, _, pub = run4
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp)}
+    code = ("import os, sys; from trainledger.journal.parquet.read import connect_exports; "
+            "from trainledger.journal import trusted_keys; "
+            "connect_exports([sys.argv[1]], keys=trusted_keys([sys.argv[2]])); os._exit(9)")
+    p = subprocess.run([sys.executable, "-c", code, str(out), str(pub)], env=env, timeout=120)
+    assert p.returncode == 9
+    left = [x.name for x in tmp.iterdir()]
+    assert any(x.startswith("trainledger-query-out-") for x in left), left
+    p = subprocess.run([sys.executable, "-m", "trainledger", "query", str(out), "--pubkey", str(pub),
+                        "SELECT 1"], env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert not [x for x in tmp.iterdir() if x.name.startswith("trainledger-query-out-")]
