@@ -504,6 +504,15 @@ def _run_on_copies(args: argparse.Namespace) -> int:
 
                     publish(args.out, out_url, last=LISTING)
                 return code
+    except (TrainledgerError, OSError) as e:  # printed by main once the copies are gone: named by the URL now
+        from trainledger.journal.options import _as_shown
+
+        e.args = tuple(_as_shown(a) if isinstance(a, str) else a for a in e.args)
+        if isinstance(e, OSError) and isinstance(e.filename, str):
+            e.filename = _as_shown(e.filename)
+        if isinstance(getattr(e, "path", None), str):
+            e.path = _as_shown(e.path)
+        raise
     finally:
         SHOWN_AS.clear()
 

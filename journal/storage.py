@@ -85,6 +85,9 @@ def fetch(url: str, into: str | os.PathLike, *, progress: Callable[[int, int], N
     if len(objects) > MAX_OBJECTS:
         raise JournalIOError(f"{url}: more than {MAX_OBJECTS:,} objects below it; name a narrower prefix")
     rels = [(_safe_parts(x.path[len(path) + 1:], url), x) for x in objects]  # every key checked before any copy
+    if isinstance(fs, pafs.LocalFileSystem):  # file://: pyarrow follows links; a folder sent is its own files
+        for rel, x in rels:
+            _not_linked(path, rel, url)
     total, done = sum(x.size or 0 for _, x in rels), 0
     dest.mkdir(mode=0o700)
     for rel, x in rels:
@@ -98,6 +101,22 @@ def fetch(url: str, into: str | os.PathLike, *, progress: Callable[[int, int], N
         if progress is not None:
             progress(done, total)
     return dest
+
+
+def _not_linked(root: str, rel: PurePosixPath, url: str) -> None:
+    """A ``file://`` prefix's object reached without a link below the prefix (a rank file linked out of the run
+    folder would otherwise be copied in as if it were the folder's own): else :class:`UnsafePath`."""
+    import stat
+
+    p = Path(root)
+    for part in rel.parts:
+        p = p / part
+        try:
+            if stat.S_ISLNK(os.lstat(p).st_mode):
+                raise UnsafePath(f"{url}: {rel.as_posix()} is reached through a link ({p.relative_to(root)}); "
+                                 "nothing was read")
+        except FileNotFoundError:
+            raise JournalIOError(f"{url}: {rel.as_posix()} is gone") from None
 
 
 def _copy_in(fs: Any, path: str, target: Path, url: str) -> None:

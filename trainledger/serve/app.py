@@ -115,7 +115,10 @@ def make_app(board: Board, *, token: str | None, follow: bool = True) -> Any:
         v = request.query_params.get(name)
         if v is None or v == "":
             return default
-        return int(v)
+        n = int(v)
+        if not -(1 << 63) <= n < (1 << 63):
+            raise UsageError(f"{name}={v[:40]}: past a 64-bit integer")
+        return n
 
     def _rank(request: Request) -> int | None:
         return _int(request, "rank")
@@ -275,11 +278,22 @@ def serve(path: str | Path, *, trust: Any, host: str = "127.0.0.1", port: int = 
             ready(url_of(host, port, token), board)
         await task
 
+    def terminated(signum: int, frame: Any) -> None:
+        # uvicorn stops on SIGTERM, then raises the signal again under the handler it found: this one, so that
+        # the board's private folder and replay's processes are removed before the process ends
+        raise SystemExit(128 + signum)
+
+    import signal
+
+    before = signal.signal(signal.SIGTERM, terminated) if threading.current_thread() is threading.main_thread() \
+        else None
     try:
         asyncio.run(main())
     finally:
         board.close()
         sock.close()
+        if before is not None:
+            signal.signal(signal.SIGTERM, before)
     return 0
 
 

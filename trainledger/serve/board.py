@@ -32,7 +32,8 @@ from typing import Any
 
 from trainledger.journal.audit.rundir import is_run_dir, rank_files, split_run_id
 from trainledger.journal.chain import genesis, link
-from trainledger.journal.errors import IntegrityError, JournalError, SchemaError, TrainledgerError, UsageError
+from trainledger.journal.errors import (IntegrityError, JournalError, JournalIOError, SchemaError, TrainledgerError,
+                                       UsageError)
 from trainledger.journal.scan import Appended, RangeResult, ScanContext, new_scanner, tree_mode
 from trainledger.journal.trust import TrustPolicy
 from trainledger.journal.verify import open_checked, read_opening, resolve_key
@@ -115,6 +116,21 @@ class _Index:
         return h, a[0], a[1]
 
 
+def _open_regular(path: Path) -> Any:
+    """``path`` opened for reading without blocking (a journal swapped for a FIFO would hang every route) and held
+    to be a regular file: else :class:`JournalIOError`."""
+    import stat
+
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        raise JournalIOError(f"{path}: {e.strerror}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise JournalIOError(f"{path}: not a regular file any more")
+    return os.fdopen(fd, "rb", buffering=0)
+
+
 class _Journal:
     """One journal followed: complete lines checked as they arrive, signed events handed to the board."""
 
@@ -154,7 +170,7 @@ class _Journal:
     def read_new(self) -> bool:
         """Check and hand on everything appended since the last call; whether anything new was signed or seen."""
         changed = False
-        with open(self.path, "rb", buffering=0) as f:
+        with _open_regular(self.path) as f:
             size = os.fstat(f.fileno()).st_size
             if self.appended.cut_back(f, size):
                 self.board._rewritten(self)
@@ -204,6 +220,9 @@ class Board:
         self.trust = TrustPolicy.of(trust, **trust_options)
         if not self.path.exists():
             raise JournalError(f"{self.path}: no such file or folder")
+        self.is_run_dir = self.path.is_dir()
+        if self.is_run_dir and not is_run_dir(self.path):  # checked before anything is made: nothing left behind
+            raise UsageError(f"{self.path}: a folder, but no rank journals (rank-00000.jsonl, ...) in it")
         self.private = Path(tempfile.mkdtemp(prefix="trainledger-serve-"))
         self.lock = threading.RLock()
         # on disk in the private folder, so that a long run's tables cost DuckDB's buffer, not the run's length
@@ -224,9 +243,10 @@ class Board:
         self.run: str | None = None
         #: replay's verdict on what was concluded: run once every journal has closed (the whole run is then signed)
         self.replayed: dict[str, Any] = {"state": "waiting", "detail": "replay runs once the run has closed"}
-        self.is_run_dir = self.path.is_dir()
-        if self.is_run_dir and not is_run_dir(self.path):
-            raise UsageError(f"{self.path}: a folder, but no rank journals (rank-00000.jsonl, ...) in it")
+        #: the heads ranks anchored of each other, (anchored rank, its seq, chain hash, anchoring rank, its seq),
+        #: each held once the anchored rank has been read past it (or has closed short of it)
+        self.anchors: list[tuple[int, int, str, int, int]] = []
+        self._pool: Any = None
 
     def _create(self) -> None:
         self.con.execute("CREATE TABLE steps (rank INTEGER, segment INTEGER, rung VARCHAR, seq BIGINT, step BIGINT, "
@@ -243,6 +263,7 @@ class Board:
 
         with self.lock:
             self.con.close()
+        _stop_pool(self._pool)
         shutil.rmtree(self.private, ignore_errors=True)
 
     # -- following ----------------------------------------------------------------------------------------------
@@ -269,6 +290,8 @@ class Board:
                     raise
                 self._failed(f"FAIL  {self._reading}: {e}")
                 changed = True
+            if self.fail is None and self.anchors:
+                changed |= self._hold_anchors()
             if changed:
                 self.version += 1
             return changed
@@ -290,6 +313,28 @@ class Board:
             if self.trust.roster is not None:
                 self.trust.roster.hold(rank, j.key_id)
         return j
+
+    def _hold_anchors(self) -> bool:
+        """Each anchor whose anchored rank has been read past it held to that rank's line (the chain hash the
+        check recorded), and one whose rank has closed short of it failed: a rank rolled back before another's
+        anchor, or swapped for another run's, fails the page while it is still open, as ``verify RUN_DIR`` fails
+        it. Whether the board failed."""
+        left = []
+        for r, s, h, by, at in self.anchors:
+            j = self.journals.get(r)
+            if j is not None and s < j.signed:
+                if j.index.get(s)[0] != h:
+                    self._failed(f"FAIL  {j.path}: seq {s}: not the line rank {by} anchored at its seq {at} "
+                                 "(rewritten, or another run's journal)")
+                    return True
+            elif j is not None and j.closed and not j.pending:
+                self._failed(f"FAIL  {j.path}: its signed journal ends at seq {j.signed - 1}, but rank {by} "
+                             f"anchored its seq {s} (rank {by}'s seq {at}): truncated or rolled back")
+                return True
+            else:
+                left.append((r, s, h, by, at))
+        self.anchors = left
+        return False
 
     def _failed(self, line: str) -> None:
         """From now on the board holds this one line and nothing from any journal."""
@@ -383,6 +428,15 @@ class Board:
                          _num(ev.sm_clock_mhz), bool(ev.clock_event_reasons), _num(float(unc))))
         if kind == "run_closed":
             j.closed = True
+        if kind == "ranks_anchored" and j.rank is not None:
+            for other, head in ev.heads.items():
+                s_, _, h_ = str(head).partition(":")
+                if str(other).isdigit() and int(other) != j.rank and s_.isdigit():
+                    self.anchors.append((int(other), int(s_), h_, j.rank, ev.seq))
+        elif kind == "anchor_recorded" and j.rank is not None:
+            s_, _, h_ = str(ev.head).partition(":")
+            if isinstance(ev.rank, int) and ev.rank != j.rank and s_.isdigit():
+                self.anchors.append((ev.rank, int(s_), h_, j.rank, ev.seq))
         if kind in _LISTED:
             self.listed.append({"rank": j.rank, "seq": ev.seq, "kind": kind, "fields": _fields(ev)})
 
@@ -413,7 +467,9 @@ class Board:
         ctx = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
         try:
             with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=ctx) as pool:
+                self._pool = pool
                 kind, got = pool.submit(_replayed, str(self.path), self.is_run_dir, self.trust).result()
+            self._pool = None
         except (OSError, concurrent.futures.process.BrokenProcessPool) as e:
             kind, got = "error", f"replay could not run: {e}"
         if kind == "fail":
@@ -473,18 +529,19 @@ class Board:
             if self.fail is not None:
                 return {"metric": metric, "series": [], "unsigned": []}
             lo_, hi_ = self.con.execute("SELECT min(step), max(step) FROM steps").fetchall()[0]
-            lo = lo_ if lo is None else lo
-            hi = hi_ if hi is None else hi
+            # a window asked for is cut to the steps there are (any 64-bit bounds: the arithmetic never overflows)
+            lo = lo_ if lo is None or (lo_ is not None and lo < lo_) else lo
+            hi = hi_ if hi is None or (hi_ is not None and hi > hi_) else hi
             series: list[dict[str, Any]] = []
-            if lo is not None and hi is not None:
-                span = max(hi - lo + 1, 1)
+            if lo is not None and hi is not None and lo <= hi:
+                span = float(max(hi - lo + 1, 1))
                 rows = self.con.execute(
                     f"WITH s AS (SELECT rank, segment, rung, seq, step, {METRICS[metric]} AS v FROM steps "
-                    "LEFT JOIN segs USING (rank, segment) WHERE step BETWEEN ? AND ?), b AS (SELECT *, CAST(floor((step - ?) * ? / ?) AS BIGINT) AS px "
+                    "LEFT JOIN segs USING (rank, segment) WHERE step BETWEEN ? AND ?), b AS (SELECT *, CAST(floor((step::DOUBLE - ?) * ? / ?) AS BIGINT) AS px "
                     "FROM s WHERE v IS NOT NULL AND isfinite(v)) "
                     "SELECT rank, segment, rung, px, arg_min(step, v), min(v), arg_min(seq, v), arg_max(step, v), "
                     "max(v), arg_max(seq, v) FROM b GROUP BY rank, segment, rung, px "
-                    "ORDER BY rank, segment, px", [lo, hi, lo, width, span]).fetchall()
+                    "ORDER BY rank, segment, px", [lo, hi, float(lo), width, span]).fetchall()
                 cur: dict[str, Any] | None = None
                 for rank, segment, rung, _px, s0, v0, q0, s1, v1, q1 in rows:
                     key = (rank, segment, rung)
@@ -550,7 +607,7 @@ class Board:
                 return {"ranks": [], "cells": [], "stragglers": []}
             span = max(hi - lo + 1, 1)
             cells = self.con.execute(
-                "SELECT rank, CAST(floor((step - ?) * ? / ?) AS BIGINT) AS px, avg(step_time_s) FROM steps "
+                "SELECT rank, CAST(floor((step::DOUBLE - ?) * ? / ?) AS BIGINT) AS px, avg(step_time_s) FROM steps "
                 "WHERE step_time_s IS NOT NULL AND isfinite(step_time_s) GROUP BY ALL ORDER BY rank, px",
                 [lo, width, span]).fetchall()
             strag = [x for x in self.listed if x["kind"] == "straggler_detected"]
@@ -585,14 +642,22 @@ class Board:
                 raise UsageError(f"no signed event at seq {seq}" + (f" of rank {rank}" if rank is not None else ""))
             h, off, ln = j.index.get(seq)
             prev = j.index.get(seq - 1)[0] if seq > 0 else None
-            with open(j.path, "rb") as f:
-                f.seek(off)
-                line = f.read(ln)
+            try:
+                with _open_regular(j.path) as f:
+                    f.seek(off)
+                    line = f.read(ln)
+            except JournalError as e:
+                self._failed(f"FAIL  {j.path}: {e}")
+                self.version += 1
+                raise IntegrityError(f"{j.path}: {e}", seq=seq) from None
             prev_h = bytes.fromhex(prev) if prev else genesis(j.run_id)
             cut = line.rfind(b',"h":"')
             if cut < 0 or link(prev_h, line[:cut]).hex() != h:
-                raise IntegrityError(f"{j.path}: the line at seq {seq} is not the one verified (changed since)",
-                                     seq=seq)
+                e = IntegrityError(f"{j.path}: the line at seq {seq} is not the one verified (changed since)",
+                                   seq=seq)
+                self._failed(e.fail_line(str(j.path)))  # what was shown no longer holds: the page says FAIL
+                self.version += 1
+                raise e
             fields = json.loads(line)
             return {"rank": rank, "seq": seq, "kind": fields.get("kind"), "h": h, "file": str(j.path),
                     "format_version": j.format_version, "provable": bool(j.provable), "line": line.decode(),
@@ -640,6 +705,30 @@ def _floats(recs: list[Any], name: str) -> Any:
         return arrow_column(recs, name, "DOUBLE")
     except (OverflowError, pa.ArrowInvalid, pa.ArrowTypeError):
         return pa.array([_num(getattr(x, name)) for x in recs], pa.float64())
+
+
+def _stop_pool(pool: Any) -> None:
+    """Replay's worker (mid-replay when the server stops: Ctrl-C, SIGTERM) ended, with the forkserver and the
+    resource tracker multiprocessing started for it: nothing is left running after serve."""
+    import multiprocessing.forkserver
+    import multiprocessing.resource_tracker
+
+    if pool is not None:
+        for p in list(getattr(pool, "_processes", {}).values()):
+            try:
+                p.terminate()
+                p.join(5)
+            except (OSError, ValueError, AttributeError):
+                pass
+        pool.shutdown(wait=False, cancel_futures=True)
+    for owner in (getattr(multiprocessing.forkserver, "_forkserver", None),
+                  getattr(multiprocessing.resource_tracker, "_resource_tracker", None)):
+        stop = getattr(owner, "_stop", None)
+        if stop is not None:
+            try:
+                stop()
+            except (OSError, ValueError, AttributeError, ChildProcessError):
+                pass
 
 
 def _replayed(path: str, run_dir: bool, trust: TrustPolicy) -> tuple[str, Any]:
