@@ -135,12 +135,31 @@ def _against_seal(journal: str | os.PathLike, keys: Sequence[PublicKey], trust_e
                       "checkpoint": checkpoint_note(opened.run_id, seal.seq, root, bytes.fromhex(seal.sealed_hash),
                                                     sig, public_raw),
                       **body(view, root)}
+            notes += _past_the_seal(p, idx, seal.seq, size)
             return ProveResult(bundle, built, saved, view.reads, notes)
         except IndexMismatch:
             if rebuild:
                 raise IntegrityError(f"{p}: the journal's lines do not hash to the tree its seal signed "
                                      "(changed after it was sealed)", seq=None) from None
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _past_the_seal(p: Path, idx: Any, sealed: int, size: int) -> list[str]:
+    """What a bundle against the seal at seq ``sealed`` leaves out, said (never silently): the lines after that
+    seal (none is covered by its checkpoint), a line among them over the journal's line cap (which verify refuses),
+    and torn bytes after the last complete line."""
+    out = []
+    after = idx.leaves - sealed - 1
+    if after > 0:
+        past = TreeView(p, idx, idx.leaves)
+        longest, at = max((len(past.line(s)), s) for s in range(sealed + 1, idx.leaves))
+        out.append(f"{after:,} line(s) after the seal at seq {sealed} are not covered by its checkpoint: not proven")
+        if longest > MAX_LINE:
+            out.append(f"refused: line {at} is {longest:,} bytes, over the {MAX_LINE:,}-byte cap on a journal line: "
+                       "the journal does not verify past its seal (trainledger verify names it)")
+    if idx.covered < size:
+        out.append(f"{size - idx.covered:,} bytes after the last complete line (a torn line) were not read")
+    return out
 
 
 def prove(journal: str | os.PathLike, seqs: Sequence[int], *, trust: TrustPolicy | None = None,

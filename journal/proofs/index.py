@@ -224,6 +224,22 @@ def _cut_points(path: Path, start: int, end: int, parts: int) -> list[int]:
     return cuts
 
 
+def _complete_end(p: Path, size: int) -> int:
+    """The byte after the last complete line (its newline): complete lines only, a torn last line, however long
+    (searched back 1 MiB at a time), is not a leaf."""
+    with open(p, "rb") as f:
+        pos = size
+        while pos > 0:
+            lo = max(0, pos - (1 << 20))
+            f.seek(lo)
+            chunk = f.read(pos - lo)
+            i = chunk.rfind(b"\n")
+            if i >= 0:
+                return lo + i + 1
+            pos = lo
+    return 0
+
+
 def build_index(journal: str | os.PathLike, *, reuse: TreeIndex | None = None, workers: int | None = None,
                 progress: Callable[[int, int], None] | None = None) -> TreeIndex:
     """Index every complete line of ``journal`` (one pass; byte ranges in parallel worker processes). ``reuse``:
@@ -234,10 +250,7 @@ def build_index(journal: str | os.PathLike, *, reuse: TreeIndex | None = None, w
     p = Path(journal)
     size = open_checked(p)
     opened, _ = read_opening(p, size)
-    with open(p, "rb") as f:  # complete lines only: a torn last line is not a leaf
-        f.seek(max(0, size - (1 << 20)))
-        tail = f.read()
-    end = size - (len(tail) - tail.rfind(b"\n") - 1) if b"\n" in tail else size
+    end = _complete_end(p, size)
     keep = 0
     offsets: list[int] = []
     tile_roots = bytearray()
