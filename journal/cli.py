@@ -147,10 +147,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     from trainledger.journal.parquet import is_export
 
     if is_export(args.path):
-        if args.expect_head or args.expect_checkpoint:
-            raise UsageError("--expect-head and --expect-checkpoint name one journal's head; an export holds its "
-                             "receipts (verify prints them)")
-        return _verify_export(args)
+        return _verify_export(args, extra.get("expect_head"))
     if args.partial and not is_run_dir(args.path):
         raise UsageError(f"{args.path}: --partial reads a run folder (or its export) with ranks missing; this is "
                          "one journal")
@@ -180,14 +177,36 @@ def _folder_failed(args: argparse.Namespace, e: IntegrityError) -> int:
     return 1
 
 
-def _verify_export(args: argparse.Namespace) -> int:
+def _verify_export(args: argparse.Namespace, head: tuple[int, str] | None) -> int:
     """A Parquet export (journal/parquet): its listing, then every journal's lines verified and its typed columns
-    held to them."""
+    held to them. ``--expect-checkpoint`` is held by the journal of the run its origin names, ``--expect-head`` by
+    the export's only journal."""
     from trainledger.journal.parquet.check import verify_export
+    from trainledger.journal.proofs.cli import FAILS
+    from trainledger.journal.proofs.checkpoint import open_checkpoint
 
+    if args.witness_key or args.witness_quorum:
+        raise UsageError("--witness-key and --witness-quorum are for one journal's checkpoint; an export's is held "
+                         "without witnesses (verify the rank's journal for those)")
     policy = dataclasses.replace(trust_policy(args), require_closed=args.require_closed)
+    expect = None
+    if args.expect_checkpoint:
+        from trainledger.journal.keys import read_small_file
+
+        if not policy.keys:
+            raise UsageError("--expect-checkpoint of an export is opened under a pinned key: pass --pubkey FILE")
+        try:
+            note = read_small_file(Path(args.expect_checkpoint), "checkpoint note", limit=64 << 10).decode(
+                "utf-8", "replace")
+            cp, _ = open_checkpoint(note, None, policy.keys)
+        except FAILS as e:
+            say(f"FAIL  {args.path}: the expected checkpoint {args.expect_checkpoint}: {e}")
+            return 1
+        expect = {"checkpoint": cp, "run": cp.origin[len("trainledger/"):]}
+    if head is not None:
+        expect = {**(expect or {}), "head": head}
     try:
-        r = verify_export(args.path, trust=policy, partial=args.partial)
+        r = verify_export(args.path, trust=policy, partial=args.partial, expect=expect)
     except IntegrityError as e:
         return _folder_failed(args, e)
     if args.json:

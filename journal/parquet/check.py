@@ -25,7 +25,7 @@ from typing import Any
 
 from trainledger.journal.audit.roster import split_run_id
 from trainledger.journal.copies import PrivateCopies
-from trainledger.journal.errors import IntegrityError, JournalIOError, SchemaError, TrainledgerError
+from trainledger.journal.errors import IntegrityError, JournalIOError, SchemaError, TrainledgerError, UsageError
 from trainledger.journal.parquet.export import (EXPORT_FORMAT, LISTING, RECEIPT_KEY, _lit, file_name, folder_name,
                                                 receipt_of, tables, typed_select)
 from trainledger.journal.trust import TrustPolicy
@@ -212,13 +212,17 @@ def hash_regular(d: Path, rel: str) -> str:
 
 
 def verify_export(out: str | os.PathLike, *, trust: TrustPolicy | None = None, partial: bool = False,
-                  _files_only: bool = False, **trust_options: Any) -> ExportCheck:
+                  expect: dict[str, Any] | None = None, _files_only: bool = False,
+                  **trust_options: Any) -> ExportCheck:
     """Re-verify the export folder ``out`` (see the module doc). Raises :class:`ExportMismatch` naming the file,
     table or journal that is not what its lines say, :class:`NotVerifiable` for an export without its lines, what
     verification raises for lines that do not verify, and what ``verify RUN_DIR`` raises for a run's ranks that do
     not hold together (:class:`~trainledger.journal.audit.rundir.AnchorMismatch`, ``RosterMismatch``).
     ``partial``: a run with ranks missing is checked as far as the ranks present go, and the check's ``missing``
-    names them (recomputed from the verified lines, never read from the listing). ``_files_only``: step 1 alone
+    names them (recomputed from the verified lines, never read from the listing). ``expect``: what one journal must
+    contain, as ``verify --expect-head`` and ``--expect-checkpoint`` hold a journal to it: ``{"head": (seq, hash)}``
+    for an export of one journal, ``{"checkpoint": an opened checkpoint, "run": the run id its origin names}`` (and
+    a head with it) for that run's journal, which the export must hold. ``_files_only``: step 1 alone
     (``query OUT`` of a listing verified whole before, :mod:`.read`)."""
     d = Path(out)
     policy = TrustPolicy.of(trust, **trust_options)
@@ -243,6 +247,18 @@ def verify_export(out: str | os.PathLike, *, trust: TrustPolicy | None = None, p
     runs: set[str] = set()
     trusts: list[str] = []
     ranks: dict[str, dict[int, Any]] = {}  # run -> rank -> its verification report
+    held_to = None
+    if expect:
+        ids = [rc.get("run_id") for rc in listing["journals"] if isinstance(rc, dict)]
+        held_to = expect.get("run")
+        if held_to is None:
+            if len(ids) != 1:
+                raise UsageError(f"{d}: --expect-head names one journal's head, and this export holds {len(ids)}: "
+                                 "hold a run's journal to its published checkpoint with --expect-checkpoint NOTE")
+            held_to = ids[0]
+        if held_to not in ids:
+            raise ExportMismatch(f"{d}: the expected checkpoint is of run {str(held_to)[:80]!r}, which this export "
+                                 "does not hold", seq=None)
     with PrivateCopies() as work:
         for rc in listing["journals"]:
             if not isinstance(rc, dict) or not isinstance(rc.get("run_id"), str):
@@ -250,7 +266,9 @@ def verify_export(out: str | os.PathLike, *, trust: TrustPolicy | None = None, p
             if rc["run_id"] in runs:
                 raise ExportMismatch(f"{d}: run {rc['run_id']} is listed twice", seq=None)
             runs.add(rc["run_id"])
-            n, rels, rep = _check_journal(d, rc, files, policy, work.dir)
+            mine = policy if rc["run_id"] != held_to else dataclasses.replace(
+                policy, expect_head=expect.get("head"), expect_checkpoint=expect.get("checkpoint"))
+            n, rels, rep = _check_journal(d, rc, files, mine, work.dir)
             events += n
             checked |= rels
             receipts.append(rc)

@@ -444,3 +444,29 @@ def test_a_killed_query_out_leaves_its_private_copy_for_the_next_to_sweep(run4, 
                         "SELECT 1"], env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     assert not [x for x in tmp.iterdir() if x.name.startswith("trainledger-query-out-")]
+
+
+def test_verify_out_holds_a_runs_journal_to_its_published_checkpoint_and_head(run4, tmp_path, capsys):
+    d, out, s, early, pub = run4
+    assert main(["checkpoint", str(d / "rank-00002.jsonl"), "--pubkey", str(pub)]) == 0
+    note = tmp_path / "rank2.note"
+    note.write_text(capsys.readouterr().out)
+    assert main(["verify", str(out), "--pubkey", str(pub), "--expect-checkpoint", str(note)]) == 0
+    capsys.readouterr()
+    other = tmp_path / "other.note"
+    other.write_text(note.read_text().replace("runX.r00002", "runZ.r00002"))
+    assert main(["verify", str(out), "--pubkey", str(pub), "--expect-checkpoint", str(other)]) == 1
+    assert "FAIL" in capsys.readouterr().out
+    # --expect-head: an export of one journal
+    lone = tmp_path / "lone"
+    export_parquet([d / "rank-00002.jsonl"], lone, lines=True, keys=[s.public])
+    assert main(["head", str(d / "rank-00002.jsonl"), "--pubkey", str(pub)]) == 0
+    head = capsys.readouterr().out.strip()
+    assert main(["verify", str(lone), "--pubkey", str(pub), "--partial", "--expect-head", head]) == 0
+    capsys.readouterr()
+    seq, _, h = head.partition(":")
+    assert main(["verify", str(lone), "--pubkey", str(pub), "--partial", "--expect-head",
+                 f"{int(seq) + 50}:{h}"]) == 1
+    assert "FAIL" in capsys.readouterr().out
+    assert main(["verify", str(out), "--pubkey", str(pub), "--expect-head", head]) == 2
+    assert "names one journal's head" in capsys.readouterr().err
