@@ -1,15 +1,21 @@
-"""``trainledger verify OUT`` of a Parquet export (:mod:`.export`): the export alone re-verified.
+"""``trainledger verify OUT`` of a Parquet export (:mod:`.export`): the export alone re-verified, as trustworthy
+once it passes as the journals and run folders it came from (docs/fleet.md, "Verify an export").
 
-1. The listing (``receipts.json``, at most 64 MiB) names every file; each must be a regular file inside ``OUT`` (no
-   link on the way) whose SHA-256 is the listed one, and ``OUT`` may hold nothing else (a reader's glob would pick up
-   a planted file).
+1. The folder's shape (:func:`check_tree`, ``query OUT`` runs the same): the listing (``receipts.json``, a regular
+   file of at most 64 MiB) names every file once, each a plain path of the export's layout; ``OUT`` walked without
+   following links holds the listing, the listed regular files and the folders on their paths, nothing else (no
+   link, FIFO, socket, unlisted file or extra folder); each file hashes to its listed SHA-256.
 2. An export written without ``--lines`` stops there: its rows cannot be checked against anything signed, so it is
    not verified (exit 1, saying so); its receipts are what the exporter says.
-3. Otherwise each journal's lines are written, in seq order, to a private file and verified under the caller's trust
-   as any journal is (chain, tree, seals and their signatures under pinned keys); the result must end at the
-   receipt's head, tree size and root, and key. Then the typed columns are held to the lines: every table the
-   export has is recomputed from those lines by the query layer's own views and must equal the exported file, row
-   for row (both ways), and a table the lines give rows for must have its file.
+3. Otherwise each journal's lines are streamed, in seq order, into a private file, bounded before a line is read
+   (seqs, row count, no dictionary, the bytes claimed, the line cap), chain-checked batch by batch and then
+   verified under the caller's trust as any journal is; the receipt rebuilt from them must be the listed one and
+   every file's footer receipt; every typed table is recomputed by the query layer's own views and must equal the
+   exported file in its columns' names and types and row for row, both ways; a table the lines give rows for must
+   have its file. DuckDB runs under a memory limit, spilling only into the private folder.
+4. The ranks of one run are held together as ``verify RUN_DIR`` holds a run folder
+   (:func:`~trainledger.journal.audit.rundir.hold_ranks`), on the reports of the lines just verified; ranks missing
+   are recomputed from them (an error unless ``partial``).
 """
 
 from __future__ import annotations
@@ -95,10 +101,6 @@ def read_listing(d: Path) -> tuple[dict[str, Any], bytes]:
     return listing, data
 
 
-def _read_listing(d: Path) -> dict[str, Any]:
-    return read_listing(d)[0]
-
-
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 
@@ -112,23 +114,6 @@ def _plain(d: Path, rel: Any) -> str:
             PurePosixPath(*parts).as_posix() != rel:
         raise ExportMismatch(f"{d}: listed path {rel[:120]!r} leaves the export", seq=None)
     return rel
-
-
-def _inside(d: Path, rel: Any) -> Path:
-    """A listed path as a file of ``d``: relative, plain components, no link on the way, a regular file."""
-    _plain(d, rel)
-    p = d
-    for part in PurePosixPath(rel).parts:
-        p = p / part
-        try:
-            st = os.lstat(p)
-        except FileNotFoundError:
-            raise ExportMismatch(f"{d}: {rel}: listed but missing", seq=None) from None
-        if stat.S_ISLNK(st.st_mode):
-            raise ExportMismatch(f"{d}: {rel}: a link in the path", seq=None)
-    if not stat.S_ISREG(st.st_mode):
-        raise ExportMismatch(f"{d}: {rel}: not a regular file", seq=None)
-    return p
 
 
 def open_regular(p: Path, d: Path, rel: str) -> int:
@@ -226,7 +211,7 @@ def verify_export(out: str | os.PathLike, *, trust: TrustPolicy | None = None, p
     (``query OUT`` of a listing verified whole before, :mod:`.read`)."""
     d = Path(out)
     policy = TrustPolicy.of(trust, **trust_options)
-    listing = _read_listing(d)
+    listing, _ = read_listing(d)
     files = check_tree(d, listing)
     for rel, x in files.items():
         if hash_regular(d, rel) != x["sha256"]:

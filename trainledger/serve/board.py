@@ -324,12 +324,12 @@ class Board:
             j = self.journals.get(r)
             if j is not None and s < j.signed:
                 if j.index.get(s)[0] != h:
-                    self._failed(f"FAIL  {j.path}: seq {s}: not the line rank {by} anchored at its seq {at} "
-                                 "(rewritten, or another run's journal)")
+                    self._failed(f"FAIL  {j.path}: rank {r}: seq {s} is not the line rank {by} anchored at its seq "
+                                 f"{at} (rewritten, or another run's journal)")
                     return True
             elif j is not None and j.closed and not j.pending:
-                self._failed(f"FAIL  {j.path}: its signed journal ends at seq {j.signed - 1}, but rank {by} "
-                             f"anchored its seq {s} (rank {by}'s seq {at}): truncated or rolled back")
+                self._failed(f"FAIL  {j.path}: rank {r}: its signed journal ends at seq {j.signed - 1}, but rank "
+                             f"{by} anchored its seq {s} (rank {by}'s seq {at}): truncated or rolled back")
                 return True
             else:
                 left.append((r, s, h, by, at))

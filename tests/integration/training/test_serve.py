@@ -380,7 +380,8 @@ def test_a_port_in_use_a_missing_key_and_a_bad_path_are_one_line_each(tmp_path, 
 
 def test_a_rank_swapped_for_another_runs_shows_the_fail_banner_once_the_run_has_closed(browser, tmp_path):
     """Each rank verifies on its own, with this folder's run id and key, but rank 1 is another run's: the anchors
-    rank 0 recorded say so, and the whole-folder check that runs once every rank has closed fails the page."""
+    rank 0 recorded say so (held as soon as rank 1 is read past them, and by the whole-folder check once every rank
+    has closed), and the page fails."""
     from trainledger.training.distributed.ranks import anchor_record
 
     s = Signer.generate()
@@ -405,7 +406,7 @@ def test_a_rank_swapped_for_another_runs_shows_the_fail_banner_once_the_run_has_
         p = Page(browser, url)
         p.until("window.__trainledger.state && window.__trainledger.state.fail !== null", timeout=20)
         fail = p.js("document.getElementById('fail').textContent")
-        assert fail.startswith("FAIL") and "rank 1" in fail
+        assert fail.startswith("FAIL") and "rank 1" in fail and "anchored" in fail
         assert p.js("document.getElementById('board').hidden") is True
         p.close()
 
