@@ -330,7 +330,7 @@ def _verified_lines(d: Path, ev_rel: str, files: dict[str, dict[str, Any]], poli
 
     from trainledger.journal.audit.rundir import _ANCHOR_KINDS
     from trainledger.journal.chain import genesis
-    from trainledger.journal.scan import MAX_LINE, RangeResult, ScanContext, Scanner, tree_mode
+    from trainledger.journal.scan import MAX_LINE
     from trainledger.journal.verify import read_opening, verify
 
     path = d / ev_rel
@@ -366,8 +366,8 @@ def _verified_lines(d: Path, ev_rel: str, files: dict[str, dict[str, Any]], poli
                                      f"journal's line may be ({MAX_LINE:,})", seq=at)
             per = max(1, min(ROW_BATCH, BATCH_BYTES // max(1, longest or 1)))
             res = con.execute(f"SELECT seq, line FROM {src}")
-            scanner = None
-            want = offset = 0
+            prev = None
+            want = 0
             with open(lines_path, "xb") as out:
                 os.chmod(lines_path, 0o600)
                 while True:
@@ -381,16 +381,13 @@ def _verified_lines(d: Path, ev_rel: str, files: dict[str, dict[str, Any]], poli
                                                  "line", seq=seq)
                         want += 1
                         lines.append(line.encode())
-                    block = b"\n".join(lines) + b"\n"
-                    out.write(block)
-                    if scanner is None:  # the opening line decides the chain's start and its format
+                    out.write(b"\n".join(lines) + b"\n")
+                    if prev is None:  # the opening line binds the chain to its run
                         out.flush()
-                        opened, _ = read_opening(lines_path, len(block))
-                        scanner = Scanner(ScanContext(opened.run_id, opened.key_id, None, False, None,
-                                                      tree=tree_mode(opened.format_version, check=False)),
-                                          -1, genesis(opened.run_id), RangeResult(0, 0))
-                    scanner.feed(lines, offset)
-                    offset += len(block)
+                        prev = genesis(read_opening(lines_path, lines_path.stat().st_size)[0].run_id)
+                    prev = _chained(prev, lines, want - len(lines))
+                    if prev is None:  # stop here: the verification below names the line and what is wrong
+                        break
         except duckdb.OutOfMemoryException:
             raise ExportMismatch(f"{d}: {ev_rel}: decoding its lines needs more memory than a check may use "
                                  f"({MEMORY_LIMIT}): no journal's lines need that", seq=None) from None
@@ -411,6 +408,27 @@ def _verified_lines(d: Path, ev_rel: str, files: dict[str, dict[str, Any]], poli
 
 #: rows handed on at a time at most
 ROW_BATCH = 65_536
+
+
+def _chained(prev: bytes, lines: list[bytes], first: int) -> bytes | None:
+    """The chain hash after ``lines`` (seqs from ``first``), each line's seq and hash holding, or None at the first
+    that does not (in C where the accelerator is built; hashlib otherwise)."""
+    from trainledger.journal.accel import fast
+    from trainledger.journal.chain import link
+
+    if not lines:
+        return prev
+    if fast is not None:
+        return bytes.fromhex(lines[-1][-66:-2].decode("ascii", "replace")) if \
+            fast.check_lines(prev, lines, first) < 0 else None
+    for i, line in enumerate(lines):
+        cut = line.rfind(b',"h":"')
+        if cut < 0 or not line[:cut].endswith(b'"seq":%d,"ts":' % (first + i) + line[:cut].rsplit(b":", 1)[-1]):
+            return None
+        prev = link(prev, line[:cut])
+        if prev.hex().encode() != line[cut + 6:cut + 70]:
+            return None
+    return prev
 
 
 def _rename(e: Exception, lines_path: Path, d: Path, ev_rel: str) -> None:

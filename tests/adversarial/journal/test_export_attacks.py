@@ -470,3 +470,26 @@ def test_verify_out_holds_a_runs_journal_to_its_published_checkpoint_and_head(ru
     assert "FAIL" in capsys.readouterr().out
     assert main(["verify", str(out), "--pubkey", str(pub), "--expect-head", head]) == 2
     assert "names one journal's head" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("accel", [True, False], ids=["C", "hashlib"])
+def test_the_streamed_chain_check_stops_at_the_first_line_that_does_not_continue(monkeypatch, accel):
+    from trainledger.journal import accel as accel_mod
+    from trainledger.journal.chain import genesis
+    from trainledger.journal.parquet.check import _chained
+    from trainledger.journal.verify import read_opening
+
+    if accel and accel_mod.fast is None:
+        pytest.skip("the C accelerator is not built here")
+    if not accel:
+        monkeypatch.setattr(accel_mod, "fast", None)
+    path = GOLDEN / "every_kind_v1_3.jsonl"
+    lines = path.read_bytes().split(b"\n")[:-1]
+    g = genesis(read_opening(path, path.stat().st_size)[0].run_id)
+    end = _chained(g, lines, 0)
+    assert end == bytes.fromhex(lines[-1][-66:-2].decode())
+    assert _chained(_chained(g, lines[:40], 0), lines[40:], 40) == end
+    bad = list(lines)
+    bad[50] = bad[50].replace(b'"step":', b'"step": ', 1)
+    assert _chained(g, bad, 0) is None
+    assert _chained(g, lines[1:], 1) is None and _chained(g, lines[:10], 3) is None
