@@ -5,7 +5,6 @@ attacker without the key can make, and the listing is re-hashed after it (they c
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -16,6 +15,8 @@ from pathlib import Path
 
 import duckdb
 import pytest
+
+from test_parquet_export import _relist  # noqa: E402  (the listing re-hashed, as an attacker would)
 
 from trainledger.cli import main
 from trainledger.journal import Signer, StepObserved
@@ -55,13 +56,6 @@ def _folder(d: Path, signers, *, run="runX", rounds=2, snapshot: dict | None = N
     for j in js:
         j.close()
     return d
-
-
-def _relist(d: Path) -> None:
-    listing = json.loads((d / LISTING).read_text())
-    for x in listing["files"]:
-        x["sha256"] = hashlib.sha256((d / x["path"]).read_bytes()).hexdigest()
-    (d / LISTING).write_text(json.dumps(listing))
 
 
 def _drop_journal(out: Path, run_id: str) -> None:
