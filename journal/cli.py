@@ -182,26 +182,16 @@ def _verify_export(args: argparse.Namespace, head: tuple[int, str] | None) -> in
     held to them. ``--expect-checkpoint`` is held by the journal of the run its origin names, ``--expect-head`` by
     the export's only journal."""
     from trainledger.journal.parquet.check import verify_export
-    from trainledger.journal.proofs.cli import FAILS
-    from trainledger.journal.proofs.checkpoint import open_checkpoint
+    from trainledger.journal.proofs.cli import FAILS, expected_checkpoint
 
-    if args.witness_key or args.witness_quorum:
-        raise UsageError("--witness-key and --witness-quorum are for one journal's checkpoint; an export's is held "
-                         "without witnesses (verify the rank's journal for those)")
     policy = dataclasses.replace(trust_policy(args), require_closed=args.require_closed)
     expect = None
-    if args.expect_checkpoint:
-        from trainledger.journal.keys import read_small_file
-
-        if not policy.keys:
-            raise UsageError("--expect-checkpoint of an export is opened under a pinned key: pass --pubkey FILE")
-        try:
-            note = read_small_file(Path(args.expect_checkpoint), "checkpoint note", limit=64 << 10).decode(
-                "utf-8", "replace")
-            cp, _ = open_checkpoint(note, None, policy.keys)
-        except FAILS as e:
-            say(f"FAIL  {args.path}: the expected checkpoint {args.expect_checkpoint}: {e}")
-            return 1
+    try:  # opened under the pinned keys (an export has no journal of its own to embed one), witnesses as asked
+        cp = expected_checkpoint(args, keys=policy.keys)
+    except FAILS as e:
+        say(f"FAIL  {args.path}: the expected checkpoint {args.expect_checkpoint}: {e}")
+        return 1
+    if cp is not None:
         expect = {"checkpoint": cp, "run": cp.origin[len("trainledger/"):]}
     if head is not None:
         expect = {**(expect or {}), "head": head}
@@ -245,9 +235,8 @@ def _verify_run_dir(args: argparse.Namespace, **extra) -> int:
     say(f"  keys bound to ranks by {r.keys_binding(trust.roster)}")
     if r.engine:
         say(f"  ranks verified on {r.engine}")
-    for_partial = r.missing
-    if for_partial:
-        say(partial_line(r.path, for_partial))
+    if r.missing:
+        say(partial_line(r.path, r.missing))
     if r.keys_bound_by in ("one key", "recorded") and len(trust.keys) > 1:
         say(f"  note: {len(trust.keys)} keys are pinned; any one of them could have written a folder like this one "
             "(pin --roster FILE to say which key signs which rank)")

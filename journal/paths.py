@@ -13,17 +13,22 @@ from pathlib import Path, PurePosixPath
 
 from trainledger.journal.errors import UnsafePath
 
-__all__ = ["confined", "open_new", "file_sha256", "read_regular"]
+__all__ = ["confined", "open_new", "file_sha256", "stream_sha256", "open_regular", "read_regular"]
 
 
 def file_sha256(path: str | os.PathLike) -> tuple[str, int]:
     """(SHA-256 hex, size) of a file, read in 1 MiB blocks."""
+    with open(path, "rb") as f:
+        return stream_sha256(f)
+
+
+def stream_sha256(f) -> tuple[str, int]:
+    """(SHA-256 hex, size) of what the open binary file ``f`` holds from where it is, read in 1 MiB blocks."""
     h = hashlib.sha256()
     size = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-            size += len(chunk)
+    while chunk := f.read(1 << 20):
+        h.update(chunk)
+        size += len(chunk)
     return h.hexdigest(), size
 
 
@@ -54,26 +59,37 @@ def open_new(path: str | os.PathLike, mode: int = 0o644):
     return os.fdopen(fd, "wb")
 
 
-def read_regular(path: str | os.PathLike, limit: int, *, what: str = "file", owned: bool = False) -> bytes:
-    """The bytes of ``path`` when it is a regular file (not a link, a FIFO or a device) of at most ``limit`` bytes;
-    ``owned``: also this user's own, and not writable by group or others (a file that is a program's memory).
-    Opened without following a link and without blocking, checked on the open descriptor, read at most
-    ``limit + 1`` bytes. Raises :class:`UnsafePath` naming what is wrong, ``FileNotFoundError`` when absent."""
-    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+def open_regular(path: str | os.PathLike, *, what: str = "file", follow: bool = False) -> int:
+    """A read-only descriptor of ``path`` when it is a regular file (not a FIFO, a socket or a device; not a link
+    unless ``follow``): opened without blocking (a FIFO would hang the open) and checked on the open descriptor.
+    Raises :class:`UnsafePath` naming what is wrong, ``FileNotFoundError`` when absent."""
     import stat
 
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
-        fd = os.open(path, flags)
+        fd = os.open(path, flags if follow else flags | getattr(os, "O_NOFOLLOW", 0))
     except FileNotFoundError:
         raise
     except OSError as e:
-        if os.path.islink(path):
+        if not follow and os.path.islink(path):
             raise UnsafePath(f"{path}: the {what} is a symbolic link; only a regular file is read") from None
         raise UnsafePath(f"{path}: cannot open the {what}: {e.strerror}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise UnsafePath(f"{path}: the {what} is not a regular file")
+    return fd
+
+
+def read_regular(path: str | os.PathLike, limit: int, *, what: str = "file", owned: bool = False) -> bytes:
+    """The bytes of ``path`` when it is a regular file (not a link, a FIFO or a device) of at most ``limit`` bytes;
+    ``owned``: also this user's own, and not writable by group or others (a file that is a program's memory).
+    Opened by :func:`open_regular`, read at most ``limit + 1`` bytes. Raises :class:`UnsafePath` naming what is
+    wrong, ``FileNotFoundError`` when absent."""
+    import stat
+
+    fd = open_regular(path, what=what)
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise UnsafePath(f"{path}: the {what} is not a regular file")
         if owned and (st.st_uid != os.getuid() or st.st_mode & 0o022):
             raise UnsafePath(f"{path}: the {what} must be this user's own and writable by no one else "
                              f"(owner uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):o})")

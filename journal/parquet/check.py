@@ -21,17 +21,19 @@ once it passes as the journals and run folders it came from (docs/fleet.md, "Ver
 from __future__ import annotations
 
 import dataclasses
-import errno
-import hashlib
 import json
 import os
 import stat
+import tempfile
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from trainledger.journal.audit.roster import split_run_id
 from trainledger.journal.copies import PrivateCopies
-from trainledger.journal.errors import IntegrityError, JournalIOError, SchemaError, TrainledgerError, UsageError
+from trainledger.journal import paths
+from trainledger.journal.errors import (IntegrityError, JournalIOError, SchemaError, TrainledgerError, UnsafePath,
+                                        UsageError)
+from trainledger.journal.paths import read_regular
 from trainledger.journal.parquet.export import (EXPORT_FORMAT, LISTING, RECEIPT_KEY, _lit, file_name, folder_name,
                                                 receipt_of, tables, typed_select)
 from trainledger.journal.trust import TrustPolicy
@@ -76,20 +78,11 @@ def read_listing(d: Path) -> tuple[dict[str, Any], bytes]:
     """The listing of export folder ``d`` and its bytes: a regular file (not a link) of at most MAX_LISTING."""
     p = d / LISTING
     try:
-        fd = os.open(p, os.O_RDONLY | _NOFOLLOW | _NONBLOCK)
-    except OSError as e:
-        why = "a link" if e.errno == errno.ELOOP else e.strerror
-        raise JournalIOError(f"{p}: {why}") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise SchemaError(f"{p}: not a regular file", offset=None)
-        if st.st_size > MAX_LISTING:
-            raise SchemaError(f"{p}: {st.st_size} bytes, more than a listing may hold ({MAX_LISTING})", offset=None)
-        with os.fdopen(fd, "rb", closefd=False) as f:
-            data = f.read(MAX_LISTING + 1)
-    finally:
-        os.close(fd)
+        data = read_regular(p, MAX_LISTING, what="listing")
+    except FileNotFoundError:
+        raise JournalIOError(f"{p}: no such file") from None
+    except UnsafePath as e:  # a link, a FIFO, too large
+        raise SchemaError(str(e), offset=None) from None
     try:
         listing = json.loads(data)
     except (ValueError, RecursionError):
@@ -99,10 +92,6 @@ def read_listing(d: Path) -> tuple[dict[str, Any], bytes]:
             not isinstance(listing.get("lines"), bool):
         raise SchemaError(f"{p}: not a {EXPORT_FORMAT} listing", offset=None)
     return listing, data
-
-
-_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
-_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 
 
 def _plain(d: Path, rel: Any) -> str:
@@ -116,20 +105,15 @@ def _plain(d: Path, rel: Any) -> str:
     return rel
 
 
-def open_regular(p: Path, d: Path, rel: str) -> int:
-    """``p`` opened for reading: never through a final link, never blocking on a FIFO, and a regular file."""
+def open_regular(d: Path, rel: str) -> int:
+    """The listed file ``rel`` of ``d`` opened for reading (:func:`~trainledger.journal.paths.open_regular`: never
+    through a final link, never blocking on a FIFO, a regular file), else :class:`ExportMismatch` naming it."""
     try:
-        fd = os.open(p, os.O_RDONLY | _NOFOLLOW | _NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        return paths.open_regular(d / rel, what="listed file")
     except FileNotFoundError:
         raise ExportMismatch(f"{d}: {rel}: listed but missing", seq=None) from None
-    except OSError as e:
-        if e.errno == errno.ELOOP:
-            raise ExportMismatch(f"{d}: {rel}: a link", seq=None) from None
-        raise JournalIOError(f"{d / rel}: {e.strerror}") from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise ExportMismatch(f"{d}: {rel}: not a regular file", seq=None)
-    return fd
+    except UnsafePath as e:
+        raise ExportMismatch(f"{d}: {rel}: {str(e)[len(str(d / rel)) + 2:]}", seq=None) from None  # what, not where
 
 
 def check_tree(d: Path, listing: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -188,12 +172,8 @@ def check_tree(d: Path, listing: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def hash_regular(d: Path, rel: str) -> str:
     """The SHA-256 of the listed file ``rel`` of ``d``, read through :func:`open_regular`."""
-    fd = open_regular(d / rel, d, rel)
-    h = hashlib.sha256()
-    with os.fdopen(fd, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    with os.fdopen(open_regular(d, rel), "rb") as f:
+        return paths.stream_sha256(f)[0]
 
 
 def verify_export(out: str | os.PathLike, *, trust: TrustPolicy | None = None, partial: bool = False,
@@ -264,28 +244,28 @@ def verify_export(out: str | os.PathLike, *, trust: TrustPolicy | None = None, p
         stray = sorted(set(files) - checked)
         if stray:  # listed, hashed, but held to no journal's lines: a reader's glob would still pick it up
             raise ExportMismatch(f"{d}: {stray[0]}: listed, but of no journal the export verifies", seq=None)
-        missing = _hold_runs(d, ranks, files, policy, partial, work.dir)
+        missing = _hold_runs(d, ranks, policy, partial, work.dir)
     trust_word = trusts[0] if len(set(trusts)) == 1 else ", ".join(sorted(set(trusts)))
     return ExportCheck(out=str(d), journals=len(receipts), events=events, files=len(files), lines=True,
                        trust=trust_word, receipts=receipts, missing=missing,
                        runs={run: len(rs) for run, rs in sorted(ranks.items())})
 
 
-def _hold_runs(d: Path, ranks: dict[str, dict[int, Any]], files: dict[str, dict[str, Any]], policy: TrustPolicy,
-               partial: bool, work: Path) -> dict[str, list[int]]:
+def _hold_runs(d: Path, ranks: dict[str, dict[int, Any]], policy: TrustPolicy, partial: bool,
+               work: Path) -> dict[str, list[int]]:
     """Every run's ranks in the export held together as ``verify RUN_DIR`` holds a run folder's (one run, world
     sizes, every anchor, keys and roster, no rank missing unless ``partial``), from the reports of the lines just
     verified. Returns ``{run: missing ranks}`` of partial ones."""
     from trainledger.journal.audit.rundir import hold_ranks
-    from trainledger.journal.errors import TrainledgerError
 
     missing = {}
     for run, reports in sorted(ranks.items()):
-        def rescan(r: int, seqs: frozenset[int], run: str = run) -> Any:
+        def rescan(r: int, seqs: frozenset[int]) -> Any:
             # an anchor at a line that is not a seal: that rank's lines verified again, handing back those hashes
-            rc_run = reports[r].run_id
-            rel = f"events/run-{folder_name(rc_run)}/{file_name(r)}"
-            return _verified_lines(d, rel, files, policy, work, seqs=seqs)[0]
+            rep, lines_path, _ = _verified_lines(d, f"events/run-{folder_name(reports[r].run_id)}/{file_name(r)}",
+                                                 policy, work, seqs=seqs)
+            lines_path.unlink()
+            return rep
 
         where = f"{d} (run {run})"
         try:
@@ -317,8 +297,8 @@ def _connection(work: Path) -> Any:
     return con
 
 
-def _verified_lines(d: Path, ev_rel: str, files: dict[str, dict[str, Any]], policy: TrustPolicy, work: Path, *,
-                    seqs: frozenset[int] = frozenset(), events: int | None = None) -> tuple[Any, Path, int]:
+def _verified_lines(d: Path, ev_rel: str, policy: TrustPolicy, work: Path, *, seqs: frozenset[int] = frozenset(),
+                    events: int | None = None) -> tuple[Any, Path, int]:
     """The events file's lines written back, in seq order, into a private file, chain-checked batch by batch as
     they come (a line that is not the next one stops it at once, having written no more than one batch past it),
     then verified whole under ``policy`` as any journal is. Returns (the verification report, with the anchor
@@ -335,7 +315,8 @@ def _verified_lines(d: Path, ev_rel: str, files: dict[str, dict[str, Any]], poli
 
     path = d / ev_rel
     src = f"read_parquet({_lit(str(path))})"
-    lines_path = work / f"lines-{len(list(work.glob('lines-*')))}.jsonl"
+    fd, name = tempfile.mkstemp(dir=work, prefix="lines-", suffix=".jsonl")  # 0600, a name of its own
+    lines_path = Path(name)
     con = _connection(work)
     try:
         try:
@@ -368,8 +349,8 @@ def _verified_lines(d: Path, ev_rel: str, files: dict[str, dict[str, Any]], poli
             res = con.execute(f"SELECT seq, line FROM {src}")
             prev = None
             want = 0
-            with open(lines_path, "xb") as out:
-                os.chmod(lines_path, 0o600)
+            with os.fdopen(fd, "wb") as out:
+                fd = -1
                 while True:
                     batch = res.fetchmany(per)
                     if not batch:
@@ -398,6 +379,8 @@ def _verified_lines(d: Path, ev_rel: str, files: dict[str, dict[str, Any]], poli
         raise
     finally:
         con.close()
+        if fd >= 0:  # failed before the lines were written
+            os.close(fd)
     try:
         rep = verify(lines_path, trust=policy, _collect=(_ANCHOR_KINDS, seqs))
     except TrainledgerError as e:
@@ -466,7 +449,7 @@ def _check_journal(d: Path, rc: dict[str, Any], files: dict[str, dict[str, Any]]
     if ev_rel not in files:
         raise ExportMismatch(f"{d}: run {run}: no events file ({ev_rel})", seq=None)
     events = rc.get("events") if isinstance(rc.get("events"), int) else None
-    rep, lines_path, n = _verified_lines(d, ev_rel, files, policy, work, events=events)
+    rep, lines_path, n = _verified_lines(d, ev_rel, policy, work, events=events)
     row = {**_file_row(lines_path, rep), "file": str(lines_path), "copy": str(lines_path)}
     if row["run_id"] != run:
         raise ExportMismatch(f"{d}: {ev_rel}: the lines are run {row['run_id']!r}, the receipt says {run!r}",

@@ -46,6 +46,7 @@ from typing import Any
 
 from trainledger.journal.accel import fast as _fast
 from trainledger.journal.errors import JournalIOError, SchemaError, UsageError
+from trainledger.journal.paths import file_sha256
 from trainledger.journal.trust import TrustPolicy
 
 __all__ = ["EXPORT_FORMAT", "LISTING", "RECEIPT_KEY", "ExportReport", "JournalExport", "arrow_column", "export_journal",
@@ -149,14 +150,6 @@ def typed_select(con: Any, table: str, where: str) -> str:
 
 def _lit(s: str) -> str:
     return "'" + s.replace("'", "''") + "'"
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 #: events per row group: what one journal's export holds in memory at most (besides the verifier's own block)
@@ -333,7 +326,7 @@ class _JournalWriter:
             w.close()
             listed.append({"path": path.relative_to(self.root).as_posix(), "table": table, "run_id": self.run_id,
                            "rank": receipt["rank"], "rows": self.rows[table], "bytes": path.stat().st_size,
-                           "sha256": _sha256(path)})
+                           "sha256": file_sha256(path)[0]})
         self.writers.clear()
         return listed
 

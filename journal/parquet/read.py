@@ -38,7 +38,7 @@ def _copy_export(src: Path, dest: Path) -> dict[str, Any]:
     with open(dest / LISTING, "xb") as f:
         f.write(data)
     for rel in files:
-        fd = open_regular(src / rel, src, rel)
+        fd = open_regular(src, rel)
         out = dest / rel
         out.parent.mkdir(parents=True, exist_ok=True)
         with os.fdopen(fd, "rb") as f, open(out, "xb") as g:
@@ -144,6 +144,7 @@ def open_exports(paths: Sequence[str | os.PathLike], *, verify_first: bool, trus
     rows: list[dict[str, Any]] = []
     by_table: dict[str, list[str]] = {}
     found: dict[str, list[int]] = {}
+    p = local = None
     try:
         for i, p in enumerate(map(Path, paths)):
             local = copies.dir / f"export-{i}"
@@ -158,13 +159,12 @@ def open_exports(paths: Sequence[str | os.PathLike], *, verify_first: bool, trus
                     check = verify_export(local, trust=trust, partial=partial)
                     missing, trust_word = check.missing, check.trust
                     _remember(memo, missing, trust_word)
-                if missing and not partial:  # remembered from a --partial query: this one did not ask for it
-                    run, ranks = next(iter(missing.items()))
-                    raise AnchorMismatch(f"{p}: rank {ranks[0]} of {run.rsplit(' (run ', 1)[-1].rstrip(')')}: no "
-                                         "journal in the export (--partial reads the ranks present, labelled as "
-                                         "partial)", seq=None)
-                for run, ranks in missing.items():
-                    found[run.replace(str(local), str(p), 1)] = ranks
+                mine = {where.replace(str(local), str(p), 1): ranks for where, ranks in missing.items()}
+                if mine and not partial:  # remembered from a --partial query: this one did not ask for it
+                    where, ranks = next(iter(mine.items()))
+                    raise AnchorMismatch(f"rank {ranks[0]}: no journal in {where} (--partial reads the ranks "
+                                         "present, labelled as partial)", seq=None)
+                found.update(mine)
             for x in listing["files"]:
                 by_table.setdefault(table_of(x["path"]), []).append(str(local / x["path"]))
             for rc in listing["journals"]:
@@ -173,7 +173,7 @@ def open_exports(paths: Sequence[str | os.PathLike], *, verify_first: bool, trus
                              "trust": trust_word})
     except BaseException as e:
         copies.close()
-        if isinstance(e, TrainledgerError) and "local" in locals():  # named by the user's folder, not our copy
+        if isinstance(e, TrainledgerError) and local is not None:  # named by the user's folder, not our copy
             e.args = tuple(a.replace(str(local), str(p)) if isinstance(a, str) else a for a in e.args)
             e.path = str(p)
         raise

@@ -43,9 +43,10 @@ def _quorum(args: argparse.Namespace) -> tuple[list, int]:
     return witnesses, k
 
 
-def expected_checkpoint(args: argparse.Namespace) -> Any:
+def expected_checkpoint(args: argparse.Namespace, keys: Any = None) -> Any:
     """``verify --expect-checkpoint NOTE``: the note opened under a pinned key (or, with --trust-embedded, the
-    journal's own), with the witness quorum checked; None when not asked."""
+    journal's own), with the witness quorum checked; None when not asked. ``keys``: the keys to open it under instead
+    (an export's: the policy's, with no journal of its own to embed one)."""
     if not args.expect_checkpoint:
         if args.witness_key or args.witness_quorum:
             raise UsageError("--witness-key and --witness-quorum apply to a published checkpoint: give "
@@ -58,8 +59,9 @@ def expected_checkpoint(args: argparse.Namespace) -> Any:
 
     note = read_small_file(Path(args.expect_checkpoint), "checkpoint note", limit=_MAX_NOTE).decode("utf-8",
                                                                                                 "replace")
-    keys = trusted_keys(args.pubkey)
-    if not keys and args.trust_embedded:
+    if keys is not None:
+        keys = list(keys)
+    elif not (keys := trusted_keys(args.pubkey)) and args.trust_embedded:
         opened, _ = read_opening(Path(args.path), open_checked(Path(args.path)))
         if opened.public_key:
             keys = [PublicKey(base64.b64decode(opened.public_key), source="the journal (embedded)")]

@@ -117,18 +117,18 @@ class _Index:
 
 
 def _open_regular(path: Path) -> Any:
-    """``path`` opened for reading without blocking (a journal swapped for a FIFO would hang every route) and held
-    to be a regular file: else :class:`JournalIOError`."""
-    import stat
+    """``path`` opened for reading (:func:`~trainledger.journal.paths.open_regular`, a link followed: the journal
+    the user named may be one): without blocking, since a journal swapped for a FIFO would hang every route, and
+    held to be a regular file; else :class:`JournalIOError`."""
+    from trainledger.journal.errors import UnsafePath
+    from trainledger.journal.paths import open_regular
 
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-    except OSError as e:
-        raise JournalIOError(f"{path}: {e.strerror}") from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise JournalIOError(f"{path}: not a regular file any more")
-    return os.fdopen(fd, "rb", buffering=0)
+        return os.fdopen(open_regular(path, what="journal", follow=True), "rb", buffering=0)
+    except FileNotFoundError:
+        raise JournalIOError(f"{path}: no such file") from None
+    except UnsafePath as e:
+        raise JournalIOError(str(e)) from None
 
 
 class _Journal:
