@@ -17,6 +17,7 @@ import duckdb
 import pytest
 
 from test_parquet_export import _relist  # noqa: E402  (the listing re-hashed, as an attacker would)
+from test_run_folder_keys import _folder  # noqa: E402  (a run folder anchored as anchor_ranks does)
 
 from trainledger.cli import main
 from trainledger.journal import Signer, StepObserved
@@ -27,35 +28,12 @@ from trainledger.journal.parquet import LISTING, export_parquet
 from trainledger.journal.parquet.check import ExportMismatch, verify_export
 from trainledger.journal.parquet.read import connect_exports
 from trainledger.journal.trust import TrustPolicy
-from trainledger.training.distributed.ranks import RankInfo, anchor_record, open_rank_journal
+from trainledger.training.distributed.ranks import RankInfo, open_rank_journal
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
 
 GOLDEN = Path(__file__).resolve().parents[2] / "assets" / "golden"
-
-
-def _folder(d: Path, signers, *, run="runX", rounds=2, snapshot: dict | None = None) -> Path:
-    """A run folder of ``len(signers)`` ranks anchored ``rounds`` times as anchor_ranks does. ``snapshot``:
-    {rank: path}: that rank's journal copied there right after its first round's seal (what it was before the
-    second round rank 0 anchored)."""
-    world = len(signers)
-    js = [open_rank_journal(d, s, info=RankInfo(run=run, rank=r, world_size=world, local_rank=0, node="n",
-                                                restart_count=0)) for r, s in enumerate(signers)]
-    for k in range(rounds):
-        for j in js:
-            for i in range(5):
-                j.append(StepObserved(step=5 * k + i, loss=2.0 - k / 10, grad_norm=0.5))
-            j.seal()
-        if k == 0:
-            for r, dest in (snapshot or {}).items():
-                shutil.copy(d / f"rank-{r:05d}.jsonl", dest)
-        got = [("%d:%s" % j.head, j.key_id) for j in js]
-        for r, j in enumerate(js):
-            j.append(anchor_record(r, got, step=5 * k + 4))
-    for j in js:
-        j.close()
-    return d
 
 
 def _drop_journal(out: Path, run_id: str) -> None:
@@ -90,7 +68,7 @@ def run4(tmp_path_factory):
     base = tmp_path_factory.mktemp("run4")
     s = Signer.generate()
     early = base / "rank1-early.jsonl"
-    d = _folder(base / "run", [s] * 4, snapshot={1: early})
+    d = _folder(base / "run", [s] * 4, run="runX", snapshot={1: early})
     out = base / "out"
     export_parquet([d], out, lines=True, keys=[s.public])
     pub = base / "k.pub"
@@ -183,7 +161,7 @@ def test_another_runs_rank_swapped_into_an_export_fails(run4, tmp_path):
 
 def test_a_two_key_folders_export_needs_the_roster(tmp_path):
     keys = [Signer.generate() for _ in range(2)]
-    d = _folder(tmp_path / "run", keys, rounds=0)  # no anchor: nothing binds a rank to its key
+    d = _folder(tmp_path / "run", keys, rounds=0, run="runX")  # no anchor: nothing binds a rank to its key
     out = tmp_path / "out"
     roster = tmp_path / "roster.txt"
     roster.write_text("".join(f"{r} {k.public.line()}\n" for r, k in enumerate(keys)))

@@ -16,9 +16,10 @@ from trainledger.journal.kinds import AnchorRecorded, RanksAnchored
 from trainledger.training.distributed.ranks import RankInfo, anchor_record, open_rank_journal
 
 
-def _folder(d, signers, rounds=2, run="runK"):
+def _folder(d, signers, rounds=2, run="runK", snapshot=None):
     """A run folder whose rank r is signed by ``signers[r]``, anchored ``rounds`` times the way anchor_ranks does
-    (every rank's sealed head and key id gathered, then recorded by each rank)."""
+    (every rank's sealed head and key id gathered, then recorded by each rank). ``snapshot``: {rank: path}: that
+    rank's journal copied there right after its first round's seal (what it was before rank 0's second anchor)."""
     world = len(signers)
     js = [open_rank_journal(d, s, info=RankInfo(run=run, rank=r, world_size=world, local_rank=0, node=f"node-{r}",
                                                 restart_count=0)) for r, s in enumerate(signers)]
@@ -27,6 +28,9 @@ def _folder(d, signers, rounds=2, run="runK"):
             for i in range(5):
                 j.append(StepObserved(step=5 * k + i, loss=2.0))
             j.seal()
+        if k == 0:
+            for r, dest in (snapshot or {}).items():
+                shutil.copy(d / f"rank-{r:05d}.jsonl", dest)
         got = [("%d:%s" % j.head, j.key_id) for j in js]
         for r, j in enumerate(js):
             j.append(anchor_record(r, got, step=5 * k + 4))
