@@ -116,6 +116,11 @@ class _Index:
         return h, a[0], a[1]
 
 
+def _seq_text(s: str) -> bool:
+    """A rank or seq as an anchor spells it: ASCII digits that fit 64 bits (``int()`` of 5,000 digits raises)."""
+    return s.isascii() and s.isdigit() and len(s) < 20
+
+
 def _open_regular(path: Path) -> Any:
     """``path`` opened for reading (:func:`~trainledger.journal.paths.open_regular`, a link followed: the journal
     the user named may be one): without blocking, since a journal swapped for a FIFO would hang every route, and
@@ -431,11 +436,11 @@ class Board:
         if kind == "ranks_anchored" and j.rank is not None:
             for other, head in ev.heads.items():
                 s_, _, h_ = str(head).partition(":")
-                if str(other).isdigit() and int(other) != j.rank and s_.isdigit():
+                if _seq_text(str(other)) and int(other) != j.rank and _seq_text(s_):
                     self.anchors.append((int(other), int(s_), h_, j.rank, ev.seq))
         elif kind == "anchor_recorded" and j.rank is not None:
             s_, _, h_ = str(ev.head).partition(":")
-            if isinstance(ev.rank, int) and ev.rank != j.rank and s_.isdigit():
+            if isinstance(ev.rank, int) and ev.rank != j.rank and _seq_text(s_):
                 self.anchors.append((ev.rank, int(s_), h_, j.rank, ev.seq))
         if kind in _LISTED:
             self.listed.append({"rank": j.rank, "seq": ev.seq, "kind": kind, "fields": _fields(ev)})
