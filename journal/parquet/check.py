@@ -298,7 +298,7 @@ def _connection(work: Path) -> Any:
 
 
 def _verified_lines(d: Path, ev_rel: str, policy: TrustPolicy, work: Path, *, seqs: frozenset[int] = frozenset(),
-                    events: int | None = None) -> tuple[Any, Path, int]:
+                    events: int | None = None, con: Any = None) -> tuple[Any, Path, int]:
     """The events file's lines written back, in seq order, into a private file, chain-checked batch by batch as
     they come (a line that is not the next one stops it at once, having written no more than one batch past it),
     then verified whole under ``policy`` as any journal is. Returns (the verification report, with the anchor
@@ -317,7 +317,8 @@ def _verified_lines(d: Path, ev_rel: str, policy: TrustPolicy, work: Path, *, se
     src = f"read_parquet({_lit(str(path))})"
     fd, name = tempfile.mkstemp(dir=work, prefix="lines-", suffix=".jsonl")  # 0600, a name of its own
     lines_path = Path(name)
-    con = _connection(work)
+    own = con is None
+    con = _connection(work) if own else con
     try:
         try:
             meta = con.execute(
@@ -378,7 +379,8 @@ def _verified_lines(d: Path, ev_rel: str, policy: TrustPolicy, work: Path, *, se
         _rename(e, lines_path, d, ev_rel)
         raise
     finally:
-        con.close()
+        if own:
+            con.close()
         if fd >= 0:  # failed before the lines were written
             os.close(fd)
     try:
@@ -437,10 +439,6 @@ def _check_journal(d: Path, rc: dict[str, Any], files: dict[str, dict[str, Any]]
                    work: Path) -> tuple[int, set[str], Any]:
     """One journal of the export: its lines verified, its typed files held to them; (events, the files checked,
     its verification report)."""
-    import duckdb
-
-    from trainledger.journal.query import _COMMON_TABLE, _check_loaded, _define_views, _file_row, _insert
-
     run, rank = rc["run_id"], rc.get("rank")
     if rank is not None and (not isinstance(rank, int) or isinstance(rank, bool)):
         raise SchemaError(f"{d / LISTING}: run {run}: rank {rank!r} is not an int", offset=None)
@@ -449,7 +447,29 @@ def _check_journal(d: Path, rc: dict[str, Any], files: dict[str, dict[str, Any]]
     if ev_rel not in files:
         raise ExportMismatch(f"{d}: run {run}: no events file ({ev_rel})", seq=None)
     events = rc.get("events") if isinstance(rc.get("events"), int) else None
-    rep, lines_path, n = _verified_lines(d, ev_rel, policy, work, events=events)
+    con = _connection(work)  # one for the journal: its lines streamed out, then its tables held to them
+    try:
+        rep, lines_path, n = _verified_lines(d, ev_rel, policy, work, events=events, con=con)
+        _hold_journal(con, d, rc, files, sub, rep, lines_path, n)
+    finally:
+        con.close()
+    try:
+        os.unlink(lines_path)
+    except OSError:
+        pass
+    return n, {f"{table}/{sub}" for table in tables() if f"{table}/{sub}" in files}, rep
+
+
+def _hold_journal(con: Any, d: Path, rc: dict[str, Any], files: dict[str, dict[str, Any]], sub: str, rep: Any,
+                  lines_path: Path, n: int) -> None:
+    """A journal's verified lines held to its receipt, then loaded and every table of it held to its file (a table
+    the lines have rows for must have one)."""
+    import duckdb
+
+    from trainledger.journal.query import VIEW_NAMES, _COMMON_TABLE, _check_loaded, _define_views, _file_row, _insert
+
+    run, rank = rc["run_id"], rc.get("rank")
+    ev_rel = f"events/{sub}"
     row = {**_file_row(lines_path, rep), "file": str(lines_path), "copy": str(lines_path)}
     if row["run_id"] != run:
         raise ExportMismatch(f"{d}: {ev_rel}: the lines are run {row['run_id']!r}, the receipt says {run!r}",
@@ -462,36 +482,29 @@ def _check_journal(d: Path, rc: dict[str, Any], files: dict[str, dict[str, Any]]
         k = wrong[0] if wrong else "head"
         raise ExportMismatch(f"{d}: run {run}: its lines give {k} {str(mine.get(k))[:80]!r}; its receipt says "
                              f"{str(rc.get(k))[:80]!r}", seq=None)
-    con = _connection(work)
-    rels = {ev_rel}
     try:
         con.execute(_COMMON_TABLE)
         _insert(con, [row], careful=False)
         _check_loaded(con, [row])
         _define_views(con)
+        present = {k for (k,) in con.execute("SELECT DISTINCT kind FROM events_t").fetchall()}
         for table in tables():
             rel = f"{table}/{sub}"
             if table == "events":
                 mine_sql = "SELECT run_id, rank, seq, kind, ts, h, line FROM events_t ORDER BY seq"
             else:
+                if rel not in files and VIEW_NAMES.get(table, table) not in present:
+                    continue  # a typed view holds its kind's lines only: none here, so no rows and no file owed
                 mine_sql = typed_select(con, table, "true")
                 if rel not in files:
                     if con.execute(f"SELECT count(*) FROM ({mine_sql})").fetchone()[0]:
                         raise ExportMismatch(f"{d}: run {run}: its lines have {table} rows, and the export has "
                                              f"no {rel}", seq=None)
                     continue
-            rels.add(rel)
             _hold_file(con, d, rel, files[rel], mine_sql, rc, run, rank)
     except duckdb.Error as e:
         raise ExportMismatch(f"{d}: run {run}: a file is not the table it should be: {str(e).splitlines()[0]}",
                              seq=None) from None
-    finally:
-        con.close()
-    try:
-        os.unlink(lines_path)
-    except OSError:
-        pass
-    return n, rels, rep
 
 
 def _hold_file(con: Any, d: Path, rel: str, entry: dict[str, Any], mine: str, rc: dict[str, Any], run: str,
