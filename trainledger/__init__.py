@@ -11,6 +11,10 @@ re-exported here; the torch-side ones resolve on first use, so ``import trainled
 
 from __future__ import annotations
 
+from trainledger import _moved
+
+_moved.install()   # 0.1.0's module names (trainledger.training.checkpoint, ...) still import, with a warning
+
 _JOURNAL_NAMES = ("Event", "IntegrityError", "Journal", "JournalError", "PublicKey", "Signer", "StepObserved",
                   "TrainledgerError", "TrustPolicy", "VerifyReport", "__version__", "keygen", "load_public_key", "load_signer",
                   "read_events", "read_signed_events", "trusted_keys", "verify")

@@ -55,8 +55,6 @@ class Reconstruction:
     anomalies_by_kind: dict[str, list[int]]
     checkpoints: list[dict[str, Any]]
     resumes: list[dict[str, Any]]
-    #: resumes that were refused (``resume_rejected``): what was asked for, and why not
-    rejected_resumes: list[dict[str, Any]]
     rewinds: list[dict[str, Any]]
     stops: list[dict[str, Any]]
     ladder: dict[str, Any] | None
@@ -65,6 +63,9 @@ class Reconstruction:
     notes: list[str] = dataclasses.field(default_factory=list)
     #: the training compute every step of the signed prefix adds up to (journal.mfu.ComputeTotals)
     compute: dict[str, Any] | None = None
+    #: resumes that were refused (``resume_rejected``): what was asked for, and why not (last, with a default:
+    #: 0.1.0's positional fields keep their places)
+    rejected_resumes: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     @property
     def ok(self) -> bool:

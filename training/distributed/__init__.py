@@ -1,2 +1,25 @@
 """Runs across ranks: one journal per rank, cross-rank anchors, sharded checkpoints (``ranks``), the
-straggler fold (``stragglers``, torch-free) and the DDP reference loop (``loop``)."""
+straggler fold (``stragglers``, torch-free) and the DDP reference loop (``loop``).
+
+The pieces a torchrun script needs import from here, as 0.1.0 documented them::
+
+    from trainledger.training.distributed import (ShardedCheckpointer, StragglerDetector, anchor_ranks,
+                                                  init_process_group, open_rank_journal, rank_key, restore_sharded)
+
+They resolve on first use (PEP 562), so ``trainledger.training.distributed.stragglers`` imports without torch.
+"""
+
+_RANKS = ("RankInfo", "rank_info", "open_rank_journal", "anchor_ranks", "anchor_record", "rank_journal_name",
+          "in_torchrun", "journal_name", "init_process_group", "StragglerDetector", "save_sharded",
+          "restore_sharded", "ShardedCheckpointer", "ShardedRestore", "rank_key")
+
+
+def __getattr__(name: str):
+    if name in _RANKS:
+        from trainledger.training.distributed import ranks
+
+        return getattr(ranks, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = list(_RANKS)
