@@ -47,24 +47,41 @@ class RankInfo:
 def rank_info(env: dict[str, str] | None = None, *, run_dir: str | os.PathLike | None = None) -> RankInfo:
     """This process's place in a ``torchrun`` job, from its environment; ``UsageError`` outside one.
 
-    The run identity every rank shares is ``TORCHELASTIC_RUN_ID`` (``torchrun --rdzv-id``), else
-    ``TRAINLEDGER_RUN``. torchrun sets ``none`` when no ``--rdzv-id`` was given, which every such job would share,
-    so ``none`` counts as no identity: then the identity already recorded in ``run_dir``'s rank-0 journal (a
-    restart), or, with the process group initialized, a fresh one rank 0 makes and broadcasts (one collective, so
-    every rank must call this)."""
+    The run identity every rank shares: a run folder that already holds a run (its rank-0 journal, else its
+    lowest rank's) continues that run, whatever id the launcher made this time: ``torchrun --standalone`` and a
+    single-node ``torchrun --nproc_per_node=N`` give every launch a fresh random rendezvous id, so a job relaunched
+    by hand after it died would otherwise write a second run into the folder, which no audit can verify. A name
+    the user chose (``TRAINLEDGER_RUN``, else an explicit ``--rdzv-id``, i.e. ``TORCHELASTIC_RUN_ID`` that is not a
+    launcher-made UUID) that differs from the folder's run is refused here, at start: a different run needs its
+    own folder (or ``TRAINLEDGER_RUN=<the folder's run>`` to continue it).
+
+    In a new folder: ``TRAINLEDGER_RUN``, else ``TORCHELASTIC_RUN_ID``; torchrun's ``none`` (no ``--rdzv-id``)
+    counts as no identity, and then, with the process group initialized, rank 0 makes one and broadcasts it (one
+    collective, so every rank must call this)."""
     env = os.environ if env is None else env
     try:
         rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
     except (KeyError, ValueError):
         raise UsageError("not a torchrun process: RANK and WORLD_SIZE are not set") from None
-    run = env.get("TORCHELASTIC_RUN_ID") or ""
-    if run == "none":  # torchrun's placeholder without --rdzv-id
-        run = ""
-    run = _clean_run(run or env.get("TRAINLEDGER_RUN") or "")
-    if not run:
-        run = _shared_run_id(run_dir)
+    chosen = _clean_run(env.get("TRAINLEDGER_RUN") or "")
+    launcher = env.get("TORCHELASTIC_RUN_ID") or ""
+    launcher = "" if launcher == "none" else _clean_run(launcher)   # "none": torchrun's placeholder
+    if not chosen and launcher and not _LAUNCHER_MADE.fullmatch(launcher):
+        chosen = launcher                                              # --rdzv-id=$JOB_ID
+    recorded, where = _recorded_run(Path(run_dir)) if run_dir is not None else ("", None)
+    if recorded and chosen and chosen != recorded:
+        source = "TRAINLEDGER_RUN" if env.get("TRAINLEDGER_RUN") else "--rdzv-id (TORCHELASTIC_RUN_ID)"
+        raise UsageError(f"{where} holds run {recorded!r}, but {source} names {chosen!r}: a different run needs "
+                         f"its own folder; to continue this one, set TRAINLEDGER_RUN={recorded}")
+    # without any id (torchrun's "none") every rank takes rank 0's answer through one broadcast, as before: a rank
+    # must never skip that collective because it saw a file its peers did not
+    run = (recorded or chosen or launcher) if (chosen or launcher) else _shared_run_id(run_dir)
     return RankInfo(run=run, rank=rank, world_size=world, local_rank=int(env.get("LOCAL_RANK", "0")),
                     node=socket.gethostname(), restart_count=int(env.get("TORCHELASTIC_RESTART_COUNT", "0")))
+
+
+#: the rendezvous id torchrun makes itself (``--standalone``, a single node without ``--rdzv-id``): a UUID
+_LAUNCHER_MADE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
 
 def _clean_run(run: str) -> str:
@@ -72,17 +89,20 @@ def _clean_run(run: str) -> str:
     return run if run and run[0].isalnum() else ""
 
 
-def _recorded_run(run_dir: Path) -> str:
-    """The run identity in ``run_dir/rank-00000.jsonl``'s first line (bounded read), or ""."""
+def _recorded_run(run_dir: Path) -> tuple[str, Path | None]:
+    """The run identity a run folder already holds, and the journal it was read from: the first line of
+    ``rank-00000.jsonl`` (a bounded read); ("", None) for a new folder."""
     import json
 
+    path = run_dir / rank_journal_name(0)
     try:
-        with open(run_dir / rank_journal_name(0), "rb") as f:
-            first = f.readline(1 << 16)
-        meta = json.loads(first).get("meta") or {}
-        return _clean_run(str(meta.get("run") or ""))
+        with open(path, "rb") as f:
+            line = f.readline(1 << 16)
+        meta = json.loads(line).get("meta") or {}
+        run = _clean_run(str(meta.get("run") or ""))
     except (OSError, ValueError, AttributeError):
-        return ""
+        return "", None
+    return (run, path) if run else ("", None)
 
 
 def _shared_run_id(run_dir: str | os.PathLike | None) -> str:
@@ -95,7 +115,7 @@ def _shared_run_id(run_dir: str | os.PathLike | None) -> str:
         grouped = dist.is_available() and dist.is_initialized()
     except ImportError:  # pragma: no cover - the torch extra is installed wherever torchrun runs
         grouped = False
-    recorded = _recorded_run(Path(run_dir)) if run_dir is not None else ""
+    recorded = _recorded_run(Path(run_dir))[0] if run_dir is not None else ""
     if grouped:  # rank 0 decides, so that every rank takes the same branch and gets the same answer
         box = [recorded or f"run-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{secrets.token_hex(4)}"
                if dist.get_rank() == 0 else None]
@@ -156,7 +176,7 @@ def open_rank_journal(run_dir: str | os.PathLike, signer: Signer, *, info: RankI
     Each rank's journal has its own run id (the shared run identity and the rank: ``RUN.r00003``), so a line or
     a file of one rank can never pass as another's; ``rank_joined`` and ``run_opened.meta`` name the shared run.
     """
-    info = info or rank_info()
+    info = info or rank_info(run_dir=run_dir)
     path = Path(run_dir) / rank_journal_name(info.rank)
     if path.exists():
         j = Journal.open_append(path, signer=signer, **journal_options)

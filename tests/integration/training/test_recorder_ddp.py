@@ -63,3 +63,37 @@ def test_recorder_under_torchrun_one_journal_per_rank_anchored_resumed_and_verif
     assert main(["replay", "--pubkey", str(pub), str(run)]) == 0
     out = capsys.readouterr().out
     assert out.count("resumed 1") == 2  # both ranks, from the same checkpoint step
+
+
+def test_a_standalone_job_relaunched_by_hand_continues_its_run_and_verifies(tmp_path, capsys):
+    """torchrun --standalone makes a new random rendezvous id at every launch. The job dies (rank 1 SIGKILLed,
+    no restarts), the user runs the same command again: the relaunch continues the folder's run (its identity
+    from rank 0's journal, not the launcher's), and verify and replay accept the folder. A launch that names a
+    different run for the same folder is refused before it writes anything."""
+    priv, pub = keygen(tmp_path / "keys")
+    run = tmp_path / "run"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env.pop("TORCHELASTIC_RUN_ID", None)
+    env.pop("TRAINLEDGER_RUN", None)
+
+    def launch(*extra: str, env=env):
+        return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                               "--max-restarts=0", "--monitor-interval=0.1", str(WORKER), str(run), str(priv), "20",
+                               *extra], capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+
+    died = launch("9")
+    assert died.returncode != 0                                  # rank 1 was killed and nothing restarted it
+    first = {ev.run for ev in read_events(run / "rank-00000.jsonl") if kind(ev) == "rank_joined"}
+    again = launch()
+    assert again.returncode == 0, again.stderr[-3000:]
+    for r in (0, 1):
+        joined = [ev for ev in read_events(run / f"rank-{r:05d}.jsonl") if kind(ev) == "rank_joined"]
+        assert len(joined) == 2 and {ev.run for ev in joined} == first   # one identity across both launches
+    assert main(["verify", "--pubkey", str(pub), "--require-closed", str(run)]) == 0
+    assert main(["replay", "--pubkey", str(pub), str(run)]) == 0
+    capsys.readouterr()
+    before = {p.name: p.read_bytes() for p in run.glob("*.jsonl")}
+    other = launch(env=dict(env, TRAINLEDGER_RUN="someone-else"))
+    assert other.returncode != 0
+    assert f"holds run {next(iter(first))!r}, but TRAINLEDGER_RUN names 'someone-else'" in other.stderr
+    assert {p.name: p.read_bytes() for p in run.glob("*.jsonl")} == before
