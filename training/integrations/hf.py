@@ -22,7 +22,9 @@ rank under torchrun (``rank-NNNNN.jsonl``). It records:
   comes first, at every save, and at the end, on the CPU too: no extra host-device sync per step on a GPU, the
   monitor's work done in batches (a step's share is then a few microseconds; one step at a time, with the caches a
   training step leaves cold, it is tens), the health monitor's verdicts (and a ``stop_on`` stop) lag by at most
-  that, and a process that dies loses at most the steps of that window (the journal's own crash model);
+  that. A process killed outright (SIGKILL, a lost node) loses the steps of that window plus the lines the
+  journal had not flushed yet (it writes every ``flush_interval_s``, 1 s by default, and lines past the last seal
+  were never part of the signed record): the steps of up to about 1.2 s, not just the window;
 - ``on_save``: the monitor's snapshot is written into ``checkpoint-N/`` (``trainledger-monitor.pt``) and every
   file of the folder is digested into ``checkpoint_saved`` (``files``); folders the Trainer rotated away
   (``save_total_limit``) are recorded as deleted;
@@ -53,7 +55,8 @@ from trainledger.journal.kinds import CheckpointDeleted, CheckpointSaved
 from trainledger.training.checkpoints.state import ResumeRejected, signed_history
 from trainledger.training.health.flops import flop_config_from_hf
 from trainledger.training.health.monitor import TrainingHealthMonitor
-from trainledger.training.integrations.hooks import (StepBuffer, check_folder, open_run_journal, record_checkpoint, signer_from, step_loss,
+from trainledger.training.integrations.hooks import (StepBuffer, check_folder, fingerprint_batch, open_run_journal, previous_run,
+                      record_checkpoint, signer_from, step_loss,
                       tap_clip, total_norm, untap_clip)
 
 __all__ = ["TrainledgerCallback", "check_resume", "ResumeRejected"]
@@ -81,15 +84,7 @@ def check_resume(checkpoint: str | os.PathLike, *, run_dir: str | os.PathLike, k
 def _previous_run(prev: Path, signer: Signer, global_step: int) -> tuple[dict[str, Any], list[Any]]:
     """A finished run this one continues: its journal verified under this run's key; (the link the new journal
     records, the previous journal's signed events)."""
-    from trainledger.journal import read_signed_events, verify
-
-    from trainledger.training.distributed.ranks import journal_name
-
-    pj = prev / journal_name()
-    if not pj.is_file():
-        raise UsageError(f"{pj}: no journal of the run to continue from")
-    rep = verify(pj, keys=[signer.public], allow_unsealed=True)
-    history = list(read_signed_events(pj, [signer.public]))
+    rep, history = previous_run(prev, signer)
     folder = f"checkpoint-{global_step}"
     record = next((e for e in reversed(history) if isinstance(e, CheckpointSaved) and e.path == folder), None)
     link = {"run_id": rep.run_id, "head": rep.head, "checkpoint": folder, "folder": prev.name,
@@ -102,8 +97,14 @@ class TrainledgerCallback(TrainerCallback):
 
     def __init__(self, run_dir: str | os.PathLike | None = None, *, key: str | os.PathLike | None = None,
                  signer: Signer | None = None, peak_flops_per_sec: float | None = None, sync_every: int = 16,
-                 stop_on: tuple[str, ...] = _STOP_ON, continue_from: str | os.PathLike | None = None):
+                 stop_on: tuple[str, ...] = _STOP_ON, continue_from: str | os.PathLike | None = None,
+                 batch_fingerprint: bool = False):
         self.signer = signer_from(key, signer)
+        #: fingerprint every step's batch (the tensors the Trainer hands the model: ``input_ids``, ``labels``,
+        #: ``attention_mask``; summed over the step's micro-batches): a step run again after a resume on another
+        #: batch than the first time is a ``data_divergence`` anomaly, which replay recomputes
+        self.fingerprint = bool(batch_fingerprint)
+        self._fp: Any = None
         #: a finished run's folder this run goes on from (``trainer.train(resume_from_checkpoint=
         #: "OLD/checkpoint-N")`` into a new ``output_dir``): its checkpoint is checked against that run's journal
         self.continue_from = None if continue_from is None else Path(continue_from)
@@ -193,6 +194,9 @@ class TrainledgerCallback(TrainerCallback):
         loss = output.get("loss") if isinstance(output, dict) else getattr(output, "loss", None)
         if isinstance(loss, torch.Tensor):
             self._losses.append(loss.detach())
+        if self.fingerprint:
+            fp = fingerprint_batch({**dict(enumerate(args)), **kwargs})
+            self._fp = fp if self._fp is None or fp is None else self._fp + fp
         ids = kwargs.get("input_ids", args[0] if args else None)
         if isinstance(ids, torch.Tensor):
             self._tokens += ids.numel()  # from the shape: no sync
@@ -213,6 +217,7 @@ class TrainledgerCallback(TrainerCallback):
     def on_step_begin(self, args, state, control, **kwargs):
         self._t0 = time.perf_counter()
         self._losses, self._tokens, self._fired, self._grad_norm, self._clip_norm = [], 0, [], None, None
+        self._fp = None
 
     def on_pre_optimizer_step(self, args, state, control, optimizer=None, **kwargs):
         if self._clip_norm is not None:  # the Trainer clipped through torch: its pre-clip norm, computed once
@@ -242,7 +247,7 @@ class TrainledgerCallback(TrainerCallback):
             self.monitor = TrainingHealthMonitor(journal=self.journal, flop_config=fc, peak_flops_per_sec=self.peak)
         due = self.buffer.add(state.global_step - 1, step_loss(self._losses), self._grad_norm,
                               {"lr": self._lr, "tokens": self._tokens or None,
-                               "step_time_s": time.perf_counter() - self._t0})
+                               "step_time_s": time.perf_counter() - self._t0, "batch_fingerprint": self._fp})
         if due:
             self._drain(control)
 

@@ -14,7 +14,8 @@ from trainledger.journal.paths import confined
 from trainledger.journal.errors import JournalClosed, UnsafePath, UsageError
 from trainledger.journal.kinds import CheckpointSaved, ResumeRejectedEvent, RunStopped, folder_digest
 
-__all__ = ["open_run_journal", "record_checkpoint", "check_folder", "StepBuffer", "signer_from", "step_loss"]
+__all__ = ["open_run_journal", "record_checkpoint", "check_folder", "StepBuffer", "signer_from", "step_loss",
+           "batch_tensors", "fingerprint_batch", "previous_run"]
 
 
 def signer_from(key: str | os.PathLike | None, signer: Signer | None) -> Signer:
@@ -46,6 +47,20 @@ def open_run_journal(run_dir: Path, signer: Signer, meta: dict[str, Any], *,
                          f"and name this one: continue_from={str(run_dir)!r} (Hugging Face: with "
                          f"resume_from_checkpoint='{run_dir}/checkpoint-N')") from None
     return j, None
+
+
+def previous_run(prev: Path, signer: Signer) -> tuple[Any, list[Any]]:
+    """A finished run that a new one continues (``continue_from=``): this process's journal in the previous
+    folder, verified under this run's key; (its verify report, its signed events). ``UsageError`` when the folder
+    holds no such journal."""
+    from trainledger.journal import read_signed_events, verify
+    from trainledger.training.distributed.ranks import journal_name
+
+    pj = prev / journal_name()
+    if not pj.is_file():
+        raise UsageError(f"{pj}: no journal of the run to continue from")
+    rep = verify(pj, keys=[signer.public], allow_unsealed=True)
+    return rep, list(read_signed_events(pj, [signer.public]))
 
 
 def _files(folder: Path) -> list[dict[str, Any]]:
@@ -221,6 +236,37 @@ def step_loss(losses: list[Any]) -> Any:
     return losses[0] if len(losses) == 1 else torch.stack(losses).mean()
 
 
+def _host(value: Any) -> float | None:
+    """A queued batch fingerprint (a 0-d tensor, read here, at drain time, never in the step) as a float."""
+    return None if value is None else float(value)
+
+
+def batch_tensors(batch: Any) -> list[Any]:
+    """The tensors a framework's batch holds, in a fixed order: a tensor; a mapping's values by sorted key (a
+    Hugging Face batch: ``attention_mask``, ``input_ids``, ``labels``); a tuple or list's elements, one level
+    deep. What a callback's ``batch_fingerprint=True`` fingerprints."""
+    import torch
+
+    if isinstance(batch, torch.Tensor):
+        return [batch]
+    if isinstance(batch, dict):
+        items = [batch[k] for k in sorted(batch, key=str)]
+    elif isinstance(batch, (tuple, list)):
+        items = list(batch)
+    else:
+        items = [getattr(batch, k) for k in sorted(vars(batch))] if hasattr(batch, "__dict__") else []
+    return [t for t in items if isinstance(t, torch.Tensor)]
+
+
+def fingerprint_batch(batch: Any) -> Any:
+    """:func:`~trainledger.training.health.fingerprint.batch_fingerprint` of a framework's batch (a 0-d tensor on
+    its device, no sync), or None when it holds no tensor."""
+    from trainledger.training.health.fingerprint import batch_fingerprint
+
+    tensors = batch_tensors(batch)
+    return batch_fingerprint(*tensors) if tensors else None
+
+
 class StepBuffer:
     """Per-step losses (and grad norms) kept as tensors, converted to floats in one transfer every ``every`` steps
     or ``max_wait_s`` seconds, whichever comes first (one host-device sync per batch of steps instead of one per
@@ -249,7 +295,8 @@ class StepBuffer:
         stop = None
         for step, loss, gn, f in self.drain():
             found = monitor.observe_step(step, loss, grad_norm=None if gn is None or gn != gn else gn,
-                                         step_time_s=f["step_time_s"], tokens=f["tokens"], lr=f["lr"])
+                                         step_time_s=f["step_time_s"], tokens=f["tokens"], lr=f["lr"],
+                                         batch_fingerprint=_host(f.get("batch_fingerprint")))
             hit = next((a for a in found if a.kind in stop_on), None)
             if hit is not None and stop is None:
                 stop = RunStopped(rule=f"stop_on:{hit.kind}", reason=f"{hit.kind} at step {hit.step}",

@@ -10,7 +10,9 @@ The journal is ``RUN_DIR/journal.jsonl``, or ``rank-NNNNN.jsonl`` on every rank 
   the learning rate, the wall time from the step's first micro-batch to its last, and tokens where the batch has
   ``input_ids``. Values stay tensors and are converted in one transfer every ``sync_every`` steps or 0.2 s,
   whichever comes first, and on an exception; the monitor works on them in
-  batches (its verdicts, and a ``stop_on`` stop, lag by at most that);
+  batches (its verdicts, and a ``stop_on`` stop, lag by at most that). A process killed outright (SIGKILL) loses
+  that window plus the lines the journal had not flushed (every ``flush_interval_s``, 1 s by default): the steps of
+  up to about 1.2 s;
 - checkpoints: ``on_save_checkpoint`` writes the journal's head ``(seq, hash)`` and the monitor's snapshot into the
   checkpoint dict (``checkpoint["trainledger"]``); once ``ModelCheckpoint`` has written the file, its digest is
   recorded (``checkpoint_saved``) at the next step, validation end or fit end (files written by a direct
@@ -41,12 +43,19 @@ from trainledger.journal.kinds import CheckpointSaved, MetricsLogged, ResumeReje
 
 from trainledger.training.checkpoints.state import ResumeRejected, file_sha256
 from trainledger.training.health.monitor import TrainingHealthMonitor
-from trainledger.training.integrations.hooks import (StepBuffer, open_run_journal, record_checkpoint, signer_from, step_loss, tap_clip, total_norm,
-                      untap_clip)
+from trainledger.journal.errors import UsageError
+from trainledger.training.integrations.hooks import (StepBuffer, fingerprint_batch, open_run_journal, previous_run,
+                      record_checkpoint, signer_from, step_loss, tap_clip, total_norm, untap_clip)
 
 __all__ = ["TrainledgerCallback", "TrainledgerLogger", "ResumeRejected"]
 
 _STOP_ON = ("nan_loss", "inf_loss", "nan_grad_norm", "inf_grad_norm")
+
+
+def _journal_name(trainer: Any) -> str:
+    from trainledger.training.distributed.ranks import rank_journal_name
+
+    return rank_journal_name(trainer.global_rank) if trainer.world_size > 1 else "journal.jsonl"
 
 
 def _open(run_dir: Path, signer: Signer, trainer: Any, meta: dict[str, Any]) -> Journal:
@@ -70,8 +79,18 @@ class TrainledgerCallback(Callback):
 
     def __init__(self, run_dir: str | os.PathLike, *, key: str | os.PathLike | None = None,
                  signer: Signer | None = None, flop_config: Any = None, peak_flops_per_sec: float | None = None,
-                 sync_every: int = 16, stop_on: tuple[str, ...] = _STOP_ON):
+                 sync_every: int = 16, stop_on: tuple[str, ...] = _STOP_ON,
+                 continue_from: str | os.PathLike | None = None, batch_fingerprint: bool = False):
         self.signer = signer_from(key, signer)
+        #: a finished run's folder this run goes on from (``trainer.fit(model, ckpt_path="OLD/.../last.ckpt")``
+        #: with this callback on a new folder): the checkpoint is checked against that run's journal
+        self.continue_from = None if continue_from is None else Path(continue_from)
+        self._prev: tuple[Any, list[Any]] | None = None
+        #: fingerprint every step's batch (the tensors of the batch Lightning hands ``on_train_batch_end``, summed
+        #: over the step's micro-batches): a step run again after a resume on another batch than the first time is
+        #: a ``data_divergence`` anomaly, which replay recomputes
+        self.fingerprint = bool(batch_fingerprint)
+        self._fp: Any = None
         self.run_dir = Path(run_dir)
         self.flop_config, self.peak, self.stop_on = flop_config, peak_flops_per_sec, frozenset(stop_on)
         self.buffer = StepBuffer(sync_every)
@@ -89,6 +108,7 @@ class TrainledgerCallback(Callback):
         self._step = 0
         self._recorded: dict[str, float] = {}  # checkpoint file -> mtime when recorded
         self._pending_resume: dict[str, Any] | None = None
+        self._continued = False
         self.stopped: str | None = None
 
     # -------------------------------------------------------------- start
@@ -98,12 +118,20 @@ class TrainledgerCallback(Callback):
             return
         import lightning
 
-        self.journal = _open(self.run_dir, self.signer, trainer,
-                             {"integration": "lightning", "lightning": lightning.__version__})
+        meta: dict[str, Any] = {"integration": "lightning", "lightning": lightning.__version__}
+        if self.continue_from is not None and not (self.run_dir / _journal_name(trainer)).exists():
+            rep, history = previous_run(self.continue_from, self.signer)
+            self._prev = ({"run_id": rep.run_id, "head": rep.head, "folder": self.continue_from.name}, history)
+            meta["continues"] = self._prev[0]
+        self.journal = _open(self.run_dir, self.signer, trainer, meta)
         self.monitor = None
         self._params = None
 
     def on_train_start(self, trainer, pl_module) -> None:
+        if self._prev is not None and not self._continued:
+            self.journal.suspend()
+            raise UsageError(f"continue_from={str(self.continue_from)!r} needs trainer.fit(model, ckpt_path=...) "
+                             f"naming one of its checkpoints (e.g. '{self.continue_from}/checkpoints/last.ckpt')")
         # Once: walking a large module's parameters costs tens of microseconds a step (every parameter, frozen or
         # not: the norm takes whichever have a gradient at that step).
         self._params = list(pl_module.parameters())
@@ -124,6 +152,8 @@ class TrainledgerCallback(Callback):
 
         if j is None:
             return
+        if self._prev is not None:
+            return self._continue(path, checkpoint)
         if path is None or rel is None:
             reject("resume-invalid-path", "the checkpoint is not a file inside the run folder")
         record = None
@@ -152,6 +182,44 @@ class TrainledgerCallback(Callback):
                                                          after_seq=int(seq_s))
         self._recorded[rel] = path.stat().st_mtime
 
+    def _continue(self, path: Path | None, checkpoint: dict[str, Any]) -> None:
+        """A new run going on from a finished one: the file against its signed record in the previous run's
+        journal, and the head it carries against that journal's signed events; then ``run_resumed`` (reason
+        ``continued``) naming the previous run."""
+        j, (link, history) = self.journal, self._prev
+        try:
+            rel = path.resolve().relative_to(self.continue_from.resolve()).as_posix() if path else None
+        except ValueError:
+            rel = None
+
+        def reject(code: str, detail: str) -> None:
+            j.append(ResumeRejectedEvent(path=str(path), reason=code, detail=detail), durable=True)
+            j.suspend()
+            raise ResumeRejected(code, f"{path}: {detail}")
+
+        if rel is None:
+            reject("resume-invalid-path", f"continue_from={str(self.continue_from)!r}, but the checkpoint is not a "
+                                          "file inside that folder")
+        record = next((e for e in reversed(history) if isinstance(e, CheckpointSaved) and e.path == rel), None)
+        if record is None:
+            reject("resume-invalid-unknown-checkpoint", "no signed checkpoint_saved of the previous run records it")
+        if file_sha256(path)[0] != record.sha256:
+            reject("resume-invalid-digest", "the file differs from its signed record in the previous run's journal")
+        mine = checkpoint.get("trainledger")
+        head = mine.get("head") if isinstance(mine, dict) and isinstance(mine.get("head"), str) else ""
+        seq_s, _, h = head.partition(":")
+        if not seq_s.isdigit() or not any(e.seq == int(seq_s) and e.h == h for e in history):
+            reject("resume-invalid-journal", f"the journal head the checkpoint carries ({head[:24]}) is not in the "
+                                             "previous run's signed events")
+        from trainledger.journal import RunResumed
+
+        link = {**link, "checkpoint": rel, "sha256": record.sha256, "step": record.step}
+        j.append(RunResumed(reason="continued", from_step=record.step, checkpoint=rel,
+                            detail={"continues": link}), durable=True)
+        self.monitor = TrainingHealthMonitor(journal=j, flop_config=self.flop_config, peak_flops_per_sec=self.peak)
+        self.monitor.observe_resume(record.step, reason="continued", checkpoint=rel, append=False)
+        self._continued = True
+
     def _rel(self, path: Path) -> str | None:
         try:
             return path.resolve().relative_to(self.run_dir.resolve()).as_posix()
@@ -176,6 +244,9 @@ class TrainledgerCallback(Callback):
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
         if isinstance(loss, torch.Tensor):
             self._losses.append(loss.detach())
+        if self.fingerprint:
+            fp = fingerprint_batch(batch)
+            self._fp = fp if self._fp is None or fp is None else self._fp + fp
         ids = batch.get("input_ids") if isinstance(batch, dict) else None
         if isinstance(ids, torch.Tensor):
             self._tokens += ids.numel()
@@ -192,8 +263,9 @@ class TrainledgerCallback(Callback):
         elif self._tapped:  # no clipping this step: the gradients are as the backward left them
             self._grad_norm = total_norm([p.grad for p in self._params if p.grad is not None])
         due = self.buffer.add(step, step_loss(self._losses), self._grad_norm, {"lr": self._lr, "tokens": self._tokens or None,
-                                                          "step_time_s": time.perf_counter() - (self._t0 or 0)})
-        self._losses, self._tokens, self._t0, self._grad_norm = [], 0, None, None
+                                                          "step_time_s": time.perf_counter() - (self._t0 or 0),
+                                                          "batch_fingerprint": self._fp})
+        self._losses, self._tokens, self._t0, self._grad_norm, self._fp = [], 0, None, None, None
         if due:
             self._drain(trainer)
 

@@ -33,7 +33,7 @@ class Tokens(torch.utils.data.Dataset):
         return {"input_ids": self.x[i], "labels": self.x[i]}
 
 
-def _trainer(out, signer, *, steps=12, callbacks=(), continue_from=None, **kw):
+def _trainer(out, signer, *, steps=12, callbacks=(), continue_from=None, batch_fingerprint=False, **kw):
     from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 
     transformers.logging.set_verbosity_error()
@@ -43,7 +43,7 @@ def _trainer(out, signer, *, steps=12, callbacks=(), continue_from=None, **kw):
     args = TrainingArguments(output_dir=str(out), max_steps=steps, per_device_train_batch_size=4, save_steps=5,
                              logging_steps=5, report_to="none", use_cpu=True, seed=0, disable_tqdm=True,
                              learning_rate=1e-3, **kw)
-    cb = TrainledgerCallback(signer=signer, continue_from=continue_from)
+    cb = TrainledgerCallback(signer=signer, continue_from=continue_from, batch_fingerprint=batch_fingerprint)
     return Trainer(model=model, args=args, train_dataset=Tokens(), callbacks=[cb, *callbacks]), cb
 
 
@@ -202,3 +202,17 @@ def test_every_rank_journals_its_steps_under_torchrun(tmp_path):
         saved = [e.path for e in evs if type(e).__struct_config__.tag == "checkpoint_saved"]
         assert saved == (["checkpoint-3", "checkpoint-6"] if rank == 0 else [])
     assert main(["verify", "--pubkey", str(pub), "--require-closed", str(out)]) == 0
+
+
+def test_batch_fingerprint_is_taken_from_the_batch_the_trainer_hands_the_model(tmp_path, signer, pubkey):
+    """batch_fingerprint=True: every step records the fingerprint of the tensors the Trainer passed the model
+    (input_ids, labels; summed over micro-batches), one number a step, another for every other batch."""
+    trainer, _ = _trainer(tmp_path / "a", signer, steps=8, batch_fingerprint=True)
+    trainer.train()
+    trainer, _ = _trainer(tmp_path / "b", signer, steps=8, batch_fingerprint=True, gradient_accumulation_steps=2)
+    trainer.train()
+    one = [s.batch_fingerprint for s in _events(tmp_path / "a", "step_observed")]
+    two = [s.batch_fingerprint for s in _events(tmp_path / "b", "step_observed")]
+    assert len(one) == 8 and None not in one and len(set(one)) == 8 and None not in two
+    assert two[0] != one[0]                    # two micro-batches a step: their sum, not the first batch's alone
+    assert replay(tmp_path / "a" / "journal.jsonl", keys=[pubkey]).ok

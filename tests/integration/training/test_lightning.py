@@ -47,11 +47,11 @@ class Tiny(L.LightningModule):
         return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(xs, xs.sum(1, keepdim=True)), batch_size=8)
 
 
-def _fit(run, signer, *, crash_at=None, ckpt_path=None, logger=False, clip=1.0):
+def _fit(run, signer, *, crash_at=None, ckpt_path=None, logger=False, clip=1.0, steps=12, **options):
     from lightning.pytorch.callbacks import ModelCheckpoint
 
-    cb = TrainledgerCallback(run, signer=signer)
-    trainer = L.Trainer(max_steps=12, accelerator="cpu", devices=1, enable_progress_bar=False,
+    cb = TrainledgerCallback(run, signer=signer, **options)
+    trainer = L.Trainer(max_steps=steps, accelerator="cpu", devices=1, enable_progress_bar=False,
                         enable_model_summary=False, logger=TrainledgerLogger(cb) if logger else False,
                         callbacks=[cb, ModelCheckpoint(dirpath=run / "ckpts", every_n_train_steps=5, save_top_k=-1)],
                         log_every_n_steps=1, gradient_clip_val=clip)
@@ -146,3 +146,51 @@ def test_every_rank_journals_its_steps_under_torchrun(tmp_path):
         saved = [e.path for e in evs if type(e).__struct_config__.tag == "checkpoint_saved"]
         assert saved == (["ckpts/epoch=0-step=3.ckpt", "ckpts/epoch=0-step=6.ckpt"] if rank == 0 else [])
     assert main(["verify", "--pubkey", str(pub), "--require-closed", str(run)]) == 0
+
+
+def test_a_finished_run_is_continued_in_a_new_folder_linked_to_its_journal(tmp_path, signer, pubkey):
+    """As with the Hugging Face callback: the error on the finished folder names continue_from=, and the callback
+    takes it: the checkpoint is checked against the previous run's journal and the new journal names that run."""
+    from trainledger.journal.errors import UsageError
+
+    old, new = tmp_path / "old", tmp_path / "new"
+    _fit(old, signer)
+    ckpt = old / "ckpts" / "epoch=0-step=10.ckpt"
+    with pytest.raises(UsageError, match="continue_from="):
+        _fit(old, signer, steps=15, ckpt_path=ckpt)
+    _fit(new, signer, steps=15, ckpt_path=ckpt, continue_from=old)
+    link = next(iter(read_events(new / "journal.jsonl"))).meta["continues"]
+    assert link["folder"] == "old" and link["head"][0] == verify(old / "journal.jsonl", keys=[pubkey]).head[0]
+    (resumed,) = _events(new, "run_resumed")
+    assert (resumed.reason, resumed.from_step, resumed.checkpoint) == ("continued", 9, "ckpts/epoch=0-step=10.ckpt")
+    assert resumed.detail["continues"]["sha256"] == _events(old, "checkpoint_saved")[-1].sha256
+    assert [s.step for s in _events(new, "step_observed")] == list(range(10, 15))
+    assert replay(new / "journal.jsonl", keys=[pubkey]).ok
+    b = bytearray(ckpt.read_bytes())
+    b[len(b) // 2] ^= 1
+    ckpt.write_bytes(bytes(b))
+    with pytest.raises(ResumeRejected) as e:                      # a changed byte: refused against the old journal
+        _fit(tmp_path / "third", signer, steps=15, ckpt_path=ckpt, continue_from=old)
+    assert e.value.code == "resume-invalid-digest"
+    with pytest.raises(UsageError, match="needs trainer.fit"):     # continue_from= without a checkpoint to go on from
+        _fit(tmp_path / "fourth", signer, continue_from=old)
+
+
+def test_batch_fingerprint_records_each_steps_batch_and_a_resume_on_other_batches_is_flagged(tmp_path, signer, pubkey):
+    """batch_fingerprint=True fingerprints the batch Lightning hands the hook: two runs on the same batches record
+    the same numbers. Resumed mid-epoch from a plain DataLoader, Lightning starts the epoch again from its first
+    batch, so the redone step 5 trains on batch 0, not batch 5: a data_divergence, and replay agrees."""
+    _fit(tmp_path / "a", signer, batch_fingerprint=True)
+    _fit(tmp_path / "b", signer, batch_fingerprint=True)
+    fa = [s.batch_fingerprint for s in _events(tmp_path / "a", "step_observed")]
+    fb = [s.batch_fingerprint for s in _events(tmp_path / "b", "step_observed")]
+    assert len(fa) == 12 and None not in fa and fa == fb and len(set(fa)) == 12
+    run = tmp_path / "resumed"
+    with pytest.raises(RuntimeError):
+        _fit(run, signer, crash_at=7, batch_fingerprint=True)
+    _fit(run, signer, ckpt_path=run / "ckpts" / "epoch=0-step=5.ckpt", batch_fingerprint=True)
+    redone = [s for s in _events(run, "step_observed")][7:]
+    assert redone[0].step == 5 and redone[0].batch_fingerprint == fa[0]     # batch 0 again, at step 5
+    flagged = [a for a in _events(run, "anomaly_detected") if a.kind == "data_divergence"]
+    assert [a.step for a in flagged] == [5, 6]   # every redone step that ran before the crash (one per resume: issue 39)
+    assert replay(run / "journal.jsonl", keys=[pubkey]).ok
