@@ -62,7 +62,7 @@ def register(sub) -> None:
                        description="Check canonical form, seq continuity, every chain hash, every seal and the "
                                    "tail state. Exit 0 intact, 1 integrity failure, 2 usage or I/O error.",
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("path", metavar="PATH", help="a journal, or a distributed run's folder of rank-NNNNN.jsonl")
+    p.add_argument("path", metavar="PATH", help="a journal, a run folder holding one (ladder.jsonl, journal.jsonl), or a distributed run's folder of rank-NNNNN.jsonl")
     add_trust_options(p)
     p.add_argument("--expect-head", metavar="SEQ:HASH",
                    help="fail unless the journal contains this head (published earlier with 'trainledger head')")
@@ -525,6 +525,26 @@ def _run_on_copies(args: argparse.Namespace) -> int:
         SHOWN_AS.clear()
 
 
+#: the commands that read one journal (or a run folder of rank journals) at ``args.path``
+_ONE_JOURNAL = frozenset({"verify", "replay", "report", "show", "head", "checkpoint", "prove", "consistency",
+                          "export"})
+
+
+def _one_journal_of_folder(args: argparse.Namespace) -> None:
+    """A run folder the project wrote with one journal in it (the ladder's ``ladder.jsonl``, the Recorder's
+    ``journal.jsonl``) reads as that journal, and the command says which file it read (on stderr: stdout stays
+    the result)."""
+    from trainledger.journal.audit.rundir import run_journal
+
+    path = getattr(args, "path", None)
+    if args.command not in _ONE_JOURNAL or not isinstance(path, str) or "://" in path or not os.path.isdir(path):
+        return
+    found = run_journal(path)
+    if found is not None:
+        say(f"trainledger {args.command}: reading {found}", file=sys.stderr)
+        args.path = str(found)
+
+
 def main(argv: Sequence[str] | None = None, *, parser: argparse.ArgumentParser | None = None) -> int:
     """Run one command; return its exit code. ``parser`` defaults to the journal's commands alone
     (``trainledger.cli.main`` passes the full one)."""
@@ -544,6 +564,7 @@ def main(argv: Sequence[str] | None = None, *, parser: argparse.ArgumentParser |
             if isinstance(p, str) and p != "-" and os.path.exists(p):  # query's last argument is its SQL
                 warn_private_keys(p)
     try:
+        _one_journal_of_folder(args)
         if _urls_in(args):
             return _run_on_copies(args)
         return args.func(args)

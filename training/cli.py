@@ -71,7 +71,7 @@ def register(sub) -> None:
                         description="A journal's steps and anomalies as TensorBoard scalars in LOGDIR. A run folder "
                                     "is checked whole first (as verify RUN_DIR checks it), then each rank is written "
                                     "to LOGDIR/rank-NNNNN (one TensorBoard run per rank).")
-    q.add_argument("path", metavar="JOURNAL", help="a journal, or a distributed run's folder of rank-NNNNN.jsonl")
+    q.add_argument("path", metavar="JOURNAL", help="a journal, a run folder holding one (ladder.jsonl, journal.jsonl), or a distributed run's folder of rank-NNNNN.jsonl")
     q.add_argument("logdir", metavar="LOGDIR")
     add_trust_options(q)
     add_partial_option(q)

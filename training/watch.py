@@ -132,7 +132,8 @@ def watch(path: str | Path, *, interval: float = 0.5, out: TextIO | None = None,
     ``path`` may be a distributed run's folder: every rank journal is followed, one line per rank, until all close."""
     policy = TrustPolicy.of(trust, **trust_options)
     keys, trust_embedded, allow_unsigned = policy.keys, policy.trust_embedded, policy.allow_unsigned
-    from trainledger.journal.audit.rundir import is_run_dir
+    from trainledger.journal.audit.rundir import is_run_dir, run_journal
+    from trainledger.journal.errors import UsageError
 
     out = sys.stdout if out is None else out  # looked up now: a caller may have redirected it
     p = Path(path)
@@ -149,12 +150,26 @@ def watch(path: str | Path, *, interval: float = 0.5, out: TextIO | None = None,
         time.sleep(min(interval, left))
         return True
 
+    if not p.exists() and not p.parent.is_dir():   # a misspelt path would otherwise be waited for forever
+        out.write(safe(f"FAIL  {p}: no such folder {p.parent} to wait in") + "\n")
+        return 2
+    if not p.exists() or (p.is_dir() and not any(p.glob("*.jsonl"))):
+        sys.stderr.write(safe(f"waiting for {p} to hold a journal (Ctrl-C to stop)") + "\n")
     reading = [p]  # the file being read when a line fails to check out (a run folder has one per rank)
     try:
+        while p.is_dir() and not is_run_dir(p):   # a folder: its rank journals, or its one journal
+            try:
+                one = run_journal(p)
+            except UsageError as e:
+                if "no journal in it" not in str(e):
+                    out.write(safe(f"FAIL  {e}") + "\n")
+                    return 2
+                if not nap():                     # an empty folder: the run has not written yet
+                    return 3
+                continue
+            p = one
+            reading[0] = p
         if p.is_dir():
-            if not is_run_dir(p):
-                out.write(safe(f"FAIL  {p}: a folder, but no rank journals (rank-00000.jsonl, ...) in it") + "\n")
-                return 1
             return _watch_run_dir(p, nap, out, policy, reading)
         while not _has_first_line(p):  # the writer may not have created the file yet
             if not nap():

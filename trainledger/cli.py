@@ -92,7 +92,7 @@ def register(sub) -> None:
                                    "nothing else. Every point opens its event and its inclusion proof. Binds "
                                    "127.0.0.1; any other --host needs the token printed with the URL. Read-only.",
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("path", metavar="PATH", help="a journal, or a distributed run's folder of rank-NNNNN.jsonl")
+    p.add_argument("path", metavar="PATH", help="a journal, a run folder holding one (ladder.jsonl, journal.jsonl), or a distributed run's folder of rank-NNNNN.jsonl")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
     p.add_argument("--port", type=int, default=8765, help="port (default: 8765; 0: any free one)")
     add_trust_options(p)

@@ -24,13 +24,13 @@ from typing import Any
 
 from trainledger.journal.audit.roster import RosterMismatch, key_words, split_run_id
 from trainledger.journal.codec import decode_line
-from trainledger.journal.errors import IntegrityError, JournalIOError
+from trainledger.journal.errors import IntegrityError, JournalIOError, UsageError
 from trainledger.journal.kinds import AnchorRecorded, RankJoined, RanksAnchored
 from trainledger.journal.trust import TrustPolicy
 from trainledger.journal.verify import SharedWorkers, VerifyReport, verify
 
 __all__ = ["AnchorMismatch", "RunDirReport", "verify_run_dir", "verify_rank", "check_run", "hold_ranks", "is_run_dir",
-           "rank_files",
+           "rank_files", "run_journal", "JOURNAL_NAMES",
            "split_run_id"]
 
 _RANK_FILE = re.compile(r"rank-(\d{5})\.jsonl\Z")
@@ -103,6 +103,31 @@ def run_dirs_among(paths: Sequence[str | os.PathLike]) -> list[Path]:
         if p.is_dir():
             folders |= {x.parent for x in p.rglob("rank-*.jsonl") if x.is_file()}
     return [d for d in sorted(folders) if is_run_dir(d)]
+
+
+#: the journal a one-journal run folder holds, by the writer that made it: the Recorder, the callbacks, the demo
+#: and the experiment loop write journal.jsonl, the ladder ladder.jsonl
+JOURNAL_NAMES = ("journal.jsonl", "ladder.jsonl")
+
+
+def run_journal(path: str | os.PathLike) -> Path | None:
+    """The one journal a run folder the project wrote holds (``journal.jsonl``, ``ladder.jsonl``, or the folder's
+    only ``*.jsonl``), for the commands that read one journal; None when ``path`` is not a folder or is a run
+    folder of rank journals. ``UsageError`` for a folder with several journals and none of those names (which one
+    was meant is not for a command to guess), or with none at all."""
+    p = Path(path)
+    if not p.is_dir() or rank_files(p):
+        return None
+    for name in JOURNAL_NAMES:
+        if (p / name).is_file() and not (p / name).is_symlink():
+            return p / name
+    found = sorted(f for f in p.glob("*.jsonl") if f.is_file() and not f.is_symlink())
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        raise UsageError(f"{p}: a folder, but no journal in it (journal.jsonl, ladder.jsonl or rank-00000.jsonl, ...)")
+    raise UsageError(f"{p}: a folder of {len(found)} journals ({', '.join(f.name for f in found[:4])}"
+                     f"{', ...' if len(found) > 4 else ''}): name the one to read")
 
 
 def is_run_dir(path: str | os.PathLike) -> bool:

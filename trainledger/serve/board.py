@@ -30,7 +30,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from trainledger.journal.audit.rundir import is_run_dir, rank_files, split_run_id
+from trainledger.journal.audit.rundir import is_run_dir, rank_files, run_journal, split_run_id
 from trainledger.journal.chain import genesis, link
 from trainledger.journal.errors import (IntegrityError, JournalError, JournalIOError, SchemaError, TrainledgerError,
                                        UsageError)
@@ -225,9 +225,9 @@ class Board:
         self.trust = TrustPolicy.of(trust, **trust_options)
         if not self.path.exists():
             raise JournalError(f"{self.path}: no such file or folder")
+        if self.path.is_dir() and not is_run_dir(self.path):  # checked before anything is made: nothing left behind
+            self.path = run_journal(self.path)       # a one-journal run folder (the ladder's, the Recorder's)
         self.is_run_dir = self.path.is_dir()
-        if self.is_run_dir and not is_run_dir(self.path):  # checked before anything is made: nothing left behind
-            raise UsageError(f"{self.path}: a folder, but no rank journals (rank-00000.jsonl, ...) in it")
         self.private = Path(tempfile.mkdtemp(prefix="trainledger-serve-"))
         self.lock = threading.RLock()
         # on disk in the private folder, so that a long run's tables cost DuckDB's buffer, not the run's length

@@ -151,11 +151,13 @@ def _url(proc: subprocess.Popen) -> str:
 def test_serve_stopped_by_sigterm_or_a_usage_error_leaves_nothing_in_the_temp_folder(tmp_path, keypair):
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    empty = tmp_path / "empty"
-    empty.mkdir()
-    p = subprocess.run([sys.executable, "-m", "trainledger", "serve", str(empty), "--pubkey", str(keypair[2])],
+    two = tmp_path / "two"
+    two.mkdir()
+    (two / "a.jsonl").write_text("{}\n")
+    (two / "b.jsonl").write_text("{}\n")
+    p = subprocess.run([sys.executable, "-m", "trainledger", "serve", str(two), "--pubkey", str(keypair[2])],
                        capture_output=True, text=True, timeout=60, env={**os.environ, "TMPDIR": str(tmp)})
-    assert p.returncode == 2 and "no rank journals" in p.stderr
+    assert p.returncode == 2 and "a folder of 2 journals (a.jsonl, b.jsonl): name the one to read" in p.stderr
     assert not list(tmp.iterdir())
     proc = _serve(_journal(tmp_path / "j.jsonl", keypair[0]), keypair[2], tmp)
     try:
