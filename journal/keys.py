@@ -266,10 +266,14 @@ def trusted_keys(paths: list[str] | tuple[str, ...] = (), *, env: dict[str, str]
     return keys
 
 
-def keygen(directory: str | os.PathLike, *, name: str = "trainledger", force: bool = False) -> tuple[Path, Path]:
+def keygen(directory: str | os.PathLike, *, name: str = "trainledger", force: bool = False,
+           exist_ok: bool = False) -> tuple[Path, Path]:
     """Write ``NAME.key`` (0600) and ``NAME.pub`` into ``directory``; return both paths.
 
-    Refuses to overwrite existing files unless ``force``.
+    Refuses to overwrite existing files unless ``force``. With ``exist_ok`` a pair already there is kept and
+    returned (a script run again after a crash makes its key once): the private key must load and match the
+    public one, else ``UsageError``. Warns (``UserWarning``) when the key lands inside a git work tree that does
+    not ignore it: one ``git add`` from a commit.
     """
     d = Path(directory)
     if d.exists() and not d.is_dir():
@@ -279,6 +283,14 @@ def keygen(directory: str | os.PathLike, *, name: str = "trainledger", force: bo
     except OSError as e:
         raise JournalIOError(f"{d}: cannot create the key folder: {e.strerror}") from None
     priv, pub = d / f"{name}.key", d / f"{name}.pub"
+    if exist_ok and not force and (priv.exists() or pub.exists()):
+        if not (priv.is_file() and pub.is_file()):
+            raise UsageError(f"{priv if not priv.is_file() else pub}: missing beside "
+                             f"{pub if not priv.is_file() else priv}; a key pair is both files")
+        if load_signer(priv).public.line() != load_public_key(pub).line():
+            raise UsageError(f"{pub}: is not the public key of {priv}")
+        _warn_if_tracked(priv)
+        return priv, pub
     if not force:
         for p in (priv, pub):
             if p.exists():
@@ -298,7 +310,27 @@ def keygen(directory: str | os.PathLike, *, name: str = "trainledger", force: bo
         os.replace(pub.with_suffix(".pub.tmp"), pub)
     except OSError as e:
         raise JournalIOError(f"{d}: cannot write the key pair there: {e.strerror}") from None
+    _warn_if_tracked(priv)
     return priv, pub
+
+
+def _warn_if_tracked(key: Path) -> None:
+    """A ``UserWarning`` when ``key`` is inside a git work tree that does not ignore it (asked of git itself,
+    ``git check-ignore``; no git, no warning)."""
+    import subprocess
+    import warnings
+
+    here = key.resolve().parent
+    if not any((p / ".git").exists() for p in (here, *here.parents)):
+        return
+    try:
+        out = subprocess.run(["git", "-C", str(here), "check-ignore", "-q", str(key.resolve())],
+                             capture_output=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return
+    if out.returncode == 1:  # 0: ignored; 128: not a work tree after all, or git failed
+        warnings.warn(f"{key}: a private signing key inside a git work tree that does not ignore it; add its "
+                      f"folder to .gitignore (one 'git add' would commit it)", UserWarning, stacklevel=3)
 
 
 def private_keys_in(path: str | os.PathLike) -> list[Path]:

@@ -53,6 +53,29 @@ def test_the_readme_recorder_example_runs(tmp_path, monkeypatch):
     assert all(s.grad_norm is not None and s.lr == 1e-2 and s.tokens == 128 for s in steps)
 
 
+def test_the_readme_recorder_example_runs_again_after_a_crash(tmp_path, monkeypatch):
+    """The case the page describes: the script dies at step 14 (after the step-9 checkpoint) and is run again as
+    written: the key is kept (not refused, not replaced), the run continues from the checkpoint and closes."""
+    monkeypatch.chdir(tmp_path)
+    code = _block(README.read_text(), "readme-recorder")
+    crashing = code.replace("    rec.step(step,", "    if step == 14: os.kill(os.getpid(), 9)\n    rec.step(step,", 1)
+    assert crashing != code
+    (tmp_path / "killed.py").write_text("import os\n" + crashing)
+    (tmp_path / "again.py").write_text(code)
+    died = subprocess.run([sys.executable, "killed.py"], cwd=tmp_path, capture_output=True, timeout=120)
+    assert died.returncode == -9
+    key = (tmp_path / "keys" / "trainledger.key").read_bytes()
+    again = subprocess.run([sys.executable, "again.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0, again.stderr
+    assert (tmp_path / "keys" / "trainledger.key").read_bytes() == key
+    from trainledger.journal import load_public_key, read_events, verify
+
+    j = tmp_path / "runs" / "mine" / "journal.jsonl"
+    assert verify(j, keys=[load_public_key(tmp_path / "keys" / "trainledger.pub")], require_closed=True).ok
+    resumed = [e for e in read_events(j) if type(e).__struct_config__.tag == "run_resumed"]
+    assert [r.from_step for r in resumed] == [9]
+
+
 def test_the_readme_callback_lines_construct_their_callbacks(tmp_path):
     """The two lines each: the import and the callback with the arguments the page gives (the Trainers themselves
     are tested in tests/integration/training/)."""

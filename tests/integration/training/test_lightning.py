@@ -192,5 +192,5 @@ def test_batch_fingerprint_records_each_steps_batch_and_a_resume_on_other_batche
     redone = [s for s in _events(run, "step_observed")][7:]
     assert redone[0].step == 5 and redone[0].batch_fingerprint == fa[0]     # batch 0 again, at step 5
     flagged = [a for a in _events(run, "anomaly_detected") if a.kind == "data_divergence"]
-    assert [a.step for a in flagged] == [5, 6]   # every redone step that ran before the crash (one per resume: issue 39)
+    assert [a.step for a in flagged] == [5, 6]   # every redone step that ran before the crash
     assert replay(run / "journal.jsonl", keys=[pubkey]).ok
