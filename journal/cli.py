@@ -539,6 +539,10 @@ def _one_journal_of_folder(args: argparse.Namespace) -> None:
     path = getattr(args, "path", None)
     if args.command not in _ONE_JOURNAL or not isinstance(path, str) or "://" in path or not os.path.isdir(path):
         return
+    from trainledger.journal.parquet import is_export
+
+    if is_export(path):   # a Parquet export folder (verify OUT): read as itself
+        return
     found = run_journal(path)
     if found is not None:
         say(f"trainledger {args.command}: reading {found}", file=sys.stderr)

@@ -190,12 +190,13 @@ def _cmd_ladder(args: argparse.Namespace) -> int:
         raise
     record_compute(j)
     j.close()
+    halted = f"halted at {result.halted_at}" if result.halted_at else "no rung halted"
     say(f"ladder '{args.preset}' in {time.perf_counter() - t0:.1f} s: {len(result.outcomes)} rungs attempted, "
-          f"halted_at={result.halted_at}, passed={result.passed_rungs()}, {result.decisions} decisions")
+          f"{halted}, GO: {', '.join(result.passed_rungs()) or 'none'}, {result.decisions} decisions")
     say(f"{'rung':<22} {'verdict':<8} {'final loss':>10} {'forget gap':>10} {'MFU mean':>10}  reason")
     for o in result.outcomes:
         mfu = o.measured.get("mfu_mean")
-        shown = "-" if mfu is None else format(mfu, "10.3e") + ("!" if mfu > 1.0 else "")
+        shown = "-" if mfu is None else f"{mfu:.3%}" + ("!" if mfu > 1.0 else "")   # a percent, as everywhere
         say(f"{o.name:<22} {'GO' if o.passed else 'NO-GO':<8} {o.measured['final_loss']:>10.4f} "
              f"{o.measured['forgetting_gap']:>10.4f} {shown:>10}  {o.reason}")
         if mfu is not None and mfu > 1.0:

@@ -379,10 +379,10 @@ def render(rec: Reconstruction, s: _Series, png: str | None) -> str:
     if rec.ladder is not None:  # a plain run has no ladder section at all
         parts.append("<h2>Pilot ladder</h2>")
         lad = rec.ladder
-        parts.append(f"<p>passed rungs: {_e(', '.join(lad['passed_rungs']) or 'none')}; halted at: "
-                     f"{_e(lad['halted_at'] or 'nowhere')}</p>")
+        parts.append(f"<p>GO: {_e(', '.join(lad['passed_rungs']) or 'none')}; "
+                     f"{_e('halted at ' + lad['halted_at'] if lad['halted_at'] else 'no rung halted')}</p>")
         parts.append(_table(["seq", "rung", "verdict", "reason", "measured", "bars"],
-                            [[g.seq, g.rung, "PASS" if g.passed else "FAIL", g.reason, _fmt(dict(g.measured)),
+                            [[g.seq, g.rung, "GO" if g.passed else "NO-GO", g.reason, _fmt(dict(g.measured)),
                               _fmt(dict(g.bars))] for g in s.verdicts], "no verdicts"))
         for f in s.fits:  # F5: the law against the points it was fitted to, and the run it sized
             p = f.params

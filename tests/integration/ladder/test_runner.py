@@ -95,8 +95,8 @@ def test_cli_ladder_runs_verifies_and_prints(tmp_path, capsys):
 
     assert main(["ladder", "--preset", "tiny", str(tmp_path / "out")]) == 0
     out = capsys.readouterr().out
-    assert "halted_at=None" in out and "rung_iii_context" in out and "tail      closed" in out
+    assert "no rung halted" in out and "rung_iii_context" in out and "tail      closed" in out
     assert main(["ladder", "--preset", "halt", str(tmp_path / "halt")]) == 0
     out = capsys.readouterr().out
-    assert "halted_at=rung_ii_impossible" in out and "> target 1e-06" in out
+    assert "halted at rung_ii_impossible" in out and "> target 1e-06" in out
     assert main(["ladder", "--preset", "tiny", str(tmp_path / "out")]) == 2  # never overwrites a ladder

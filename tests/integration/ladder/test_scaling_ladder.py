@@ -38,7 +38,7 @@ def test_the_default_ladder_climbs_and_checks_its_prediction(ladder):
     assert not list(out.rglob("*.key")) and (out / "trainledger.pub").exists()  # the private key stays outside
     assert "rung 1/7 pilot_1" in printed and "rung 7/7 rung_iv_headline" in printed  # progress, a rung at a time
     assert "binding constraint: flops" in printed  # the box binds on FLOPs, so the headline reproduces
-    assert "ladder 'scaling'" in printed and "halted_at=None" in printed
+    assert "ladder 'scaling'" in printed and "no rung halted" in printed and "halted_at=" not in printed
     assert "inside F5's interval" in printed and "true entropy rate 2.485" in printed
     evs = list(read_events(out / "ladder.jsonl"))
     (fit,) = [e for e in evs if type(e).__struct_config__.tag == "scaling_fitted"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -107,7 +108,7 @@ def test_the_page_draws_a_ladder_journal_from_the_command(browser, tmp_path):
     """The command itself (a subprocess, port 0): the URL it prints, the curves of every rung, the verdicts."""
     proc = subprocess.Popen([sys.executable, "-m", "trainledger", "serve", str(GOLDEN / "scaling_ladder_v1_2.jsonl"),
                              "--pubkey", str(GOLDEN / "scaling_ladder_v1_2.pub"), "--port", "0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         line = proc.stdout.readline()
         assert line.startswith("serving ") and " at http://127.0.0.1:" in line, line
@@ -118,7 +119,7 @@ def test_the_page_draws_a_ladder_journal_from_the_command(browser, tmp_path):
         assert data["loss"]["series"] == 7 and data["loss"]["points"] > 2000 and data["loss"]["unsigned"] == 0
         assert data["grad_norm"]["points"] > 2000 and data["mfu"]["points"] > 1000
         assert p.js("document.querySelectorAll('#listed tr').length") > 20  # verdicts, decisions, the fit
-        assert "passed: final loss" in p.js("document.getElementById('listed').textContent")
+        assert "GO: final loss" in p.js("document.getElementById('listed').textContent")
         assert data["fit"] == {"points": 6, "chosen": True}  # the scaling fit: six rungs and the size it chose
         assert "chosen d16" in p.js("document.getElementById('fit-legend').textContent")
         assert p.js("document.getElementById('fail').hidden") is True
@@ -131,6 +132,18 @@ def test_the_page_draws_a_ladder_journal_from_the_command(browser, tmp_path):
         proc.terminate()
         proc.wait(10)
         proc.stdout.close()
+        _end_group(proc.pid)
+
+
+def _end_group(pgid: int) -> None:
+    """End what the command started beside itself (its verifier pool's forkserver, the resource tracker), which
+    outlived it by seconds or for good: the test leaves no process behind."""
+    import signal
+
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 _WRITER = textwrap.dedent("""

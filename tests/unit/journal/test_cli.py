@@ -146,7 +146,7 @@ def test_fifty_megabyte_single_line(tmp_path, capsys, keypair):
 
 def test_directory_given_as_journal(tmp_path, capsys, keypair):
     code, _, err = run(capsys, "verify", tmp_path, "--pubkey", keypair[2])
-    assert code == 2 and "is a directory" in one_line_error(err)
+    assert code == 2 and "a folder, but no journal in it" in one_line_error(err)
 
 
 def test_missing_journal(tmp_path, capsys, keypair):
@@ -188,6 +188,10 @@ def test_real_process_exit_codes(demo, tmp_path):
     r = subprocess.run(exe + ["verify", str(bad), "--pubkey", str(pub)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and "Traceback" not in r.stdout + r.stderr
     r = subprocess.run(exe + ["verify", str(tmp_path), "--pubkey", str(pub)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and f"reading {bad}" in r.stderr    # the folder's one journal, named
+    (tmp_path / "empty").mkdir()
+    r = subprocess.run(exe + ["verify", str(tmp_path / "empty"), "--pubkey", str(pub)], capture_output=True,
+                       text=True, timeout=60)
     assert r.returncode == 2 and "Traceback" not in r.stderr
 
 

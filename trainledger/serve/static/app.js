@@ -123,7 +123,7 @@
     for (const x of s.listed) {
       const f = x.fields || {};
       let what = "";
-      if (x.kind === "gate_verdict") what = (f.passed ? "passed" : "failed") + ": " + fmt(f.reason);
+      if (x.kind === "gate_verdict") what = (f.passed ? "GO" : "NO-GO") + ": " + fmt(f.reason);
       else if (x.kind === "decision_recorded") what = fmt(f.action_chosen);
       else if (x.kind === "scaling_fitted") what = "fit " + fmt(f.params) + (f.choice ? "; choice " + fmt(f.choice) : "");
       else if (x.kind === "run_stopped") what = fmt(f.rule) + ": " + fmt(f.reason);
