@@ -395,6 +395,14 @@ def _run_sql(con, sql: str, params, timeout: float) -> tuple[list[str], list[tup
 
     if not timeout >= 0 or timeout == float("inf"):
         raise UsageError(f"--timeout must be a finite number of seconds (0 for none), got {timeout}")
+    try:  # a read-only session: a statement that would change its own views (DROP VIEW steps) is refused
+        kinds = [st.type for st in con.extract_statements(sql)]
+    except duckdb.Error:
+        kinds = []  # a syntax error: DuckDB names it when the statement runs
+    writes = [k.name for k in kinds if k not in (duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN)]
+    if writes:
+        raise UsageError(f"query failed: the session is read-only: {writes[0]} statements are refused (SELECT, "
+                         "WITH, FROM, DESCRIBE, SHOW, SUMMARIZE and EXPLAIN run)")
     box: dict = {}
 
     def work() -> None:

@@ -374,6 +374,11 @@ def _cmd_verify_proof(args: argparse.Namespace) -> int:
     keys = trusted_keys(args.pubkey)
     witnesses, k = _quorum(args)
     data = read_small_file(Path(args.bundle), "proof bundle", limit=MAX_BUNDLE_BYTES)
+    if _looks_like_journal(data):
+        from trainledger.journal.errors import UsageError
+
+        raise UsageError(f"{args.bundle}: a journal, not a proof bundle; make one with 'trainledger prove "
+                         f"{args.bundle} --seq N --out BUNDLE.json', or check the journal with 'trainledger verify'")
     note = None
     if args.expect_checkpoint:
         note = read_small_file(Path(args.expect_checkpoint), "checkpoint note", limit=_MAX_NOTE).decode("utf-8",
@@ -400,6 +405,17 @@ def _cmd_verify_proof(args: argparse.Namespace) -> int:
     if k:
         say(f"  published: {len(r.witnesses)} of the quorum of {k} witness cosignature(s)")
     return 0
+
+
+def _looks_like_journal(data: bytes) -> bool:
+    """Whether ``data`` opens like a journal (a JSON line with a seq and a kind) rather than a bundle (one JSON
+    object with a format)."""
+    first = data.split(b"\n", 1)[0]
+    try:
+        head = json.loads(first)
+    except ValueError:
+        return False
+    return isinstance(head, dict) and "seq" in head and "kind" in head and "format" not in head
 
 
 def _describe(ev: Any) -> str:

@@ -210,3 +210,9 @@ def test_every_command_has_help_and_is_in_the_readme(command, capsys):
 def test_parser_lists_exactly_the_documented_commands():
     sub = next(a for a in build_parser()._actions if a.dest == "command")
     assert sorted(sub.choices) == sorted(COMMANDS)
+
+
+def test_verify_proof_given_a_journal_is_a_usage_error_that_says_what_to_run(demo, capsys):
+    path, pub = demo
+    code, _, err = run(capsys, "verify-proof", path, "--pubkey", pub)
+    assert code == 2 and "a journal, not a proof bundle; make one with 'trainledger prove" in one_line_error(err)

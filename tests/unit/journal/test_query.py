@@ -172,3 +172,13 @@ def test_an_error_in_a_folder_names_the_users_file_not_the_private_copy(tmp_path
     (run / "b.jsonl").write_text("garbage\n")
     assert main(["query", "--pubkey", str(pub), str(run), "SELECT 1"]) == 1
     assert capsys.readouterr().err.startswith(f"FAIL {run / 'b.jsonl'}: ")
+
+
+@pytest.mark.parametrize("sql", ["DROP VIEW steps", "CREATE TABLE t AS SELECT 1", "SET threads = 4",
+                                 "SELECT 1; DROP VIEW events"])
+def test_the_command_refuses_a_statement_that_changes_its_session(tmp_path, signer, keypair, capsys, sql):
+    p = _journal(tmp_path / "a.jsonl", signer)
+    assert main(["query", "--pubkey", str(keypair[2]), str(p), sql]) == 2
+    err = capsys.readouterr().err
+    assert "the session is read-only" in err and err.count("\n") == 1
+    assert main(["query", "--pubkey", str(keypair[2]), str(p), "DESCRIBE steps"]) == 0
