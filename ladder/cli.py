@@ -157,17 +157,23 @@ def _progress_line(line: str) -> None:
 
 
 def _cmd_ladder(args: argparse.Namespace) -> int:
+    from trainledger.journal.keys import load_signer
+    from trainledger.journal.writer import Journal
+
+    out = Path(args.out)  # the arguments first: torch takes seconds to import, a mistake should not
+    if (out / "ladder.jsonl").exists():
+        raise JournalError(f"{out}/ladder.jsonl already exists; choose another OUT_DIR")
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"{out}: exists and is not a folder")
+    if args.key is not None:
+        load_signer(args.key)   # a key that does not load is named now, not after the imports
+    if args.peak_flops is not None and not (args.peak_flops > 0 and args.peak_flops != float("inf")):
+        raise UsageError(f"--peak-flops must be a positive number of FLOP/s, got {args.peak_flops}")
     try:
         from trainledger.ladder.presets import PRESETS
         from trainledger.ladder.runner import run_pilot_ladder
     except ImportError as e:
         raise JournalError(f"the ladder needs the torch extra (pip install 'trainledger[torch]'): {e}") from None
-    from trainledger.journal.keys import load_signer
-    from trainledger.journal.writer import Journal
-
-    out = Path(args.out)
-    if (out / "ladder.jsonl").exists():
-        raise JournalError(f"{out}/ladder.jsonl already exists; choose another OUT_DIR")
     priv, pub = run_key(out, args.key)
     say(f"signing key {priv} (outside the run folder; the public key is {pub})")
     j = Journal.create(out / "ladder.jsonl", signer=load_signer(priv), meta={"preset": args.preset,

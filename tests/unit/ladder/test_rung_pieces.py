@@ -69,3 +69,21 @@ def test_opting_into_a_missing_piece_raises_naming_it(flag, piece):
     with pytest.raises(NotImplementedError, match=piece):
         refuse_unavailable(rung)
     assert piece in SKIPPED_REASONS
+
+
+def test_the_ladder_checks_its_arguments_before_it_imports_torch(tmp_path):
+    """A folder that already holds a ladder, a key that does not load: named in a fraction of a second, before
+    torch (seconds to import) is touched."""
+    import subprocess
+    import sys
+
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "ladder.jsonl").write_text("")
+    probe = ("import sys; from trainledger.cli import main; "
+             f"codes = [main(['ladder', {str(tmp_path / 'old')!r}]), "
+             f"main(['ladder', {str(tmp_path / 'new')!r}, '--key', {str(tmp_path / 'none.key')!r}])]; "
+             "print(codes, 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["[2,", "2]", "False"], out.stderr
+    assert "already exists" in out.stderr and "none.key" in out.stderr
+    assert not (tmp_path / "new").exists()
