@@ -257,6 +257,8 @@ def serve(path: str | Path, *, trust: Any, host: str = "127.0.0.1", port: int = 
         raise UsageError("serve needs its extra: pip install 'trainledger[serve]'") from None
     from trainledger.serve.board import open_board
 
+    _wait_for_journal(Path(path))
+    _precheck_trust(Path(path), trust)   # a missing key is named before a taken port is
     sock = _listen(host, port)
     try:
         board = open_board(path, trust, progress=progress)
@@ -295,6 +297,44 @@ def serve(path: str | Path, *, trust: Any, host: str = "127.0.0.1", port: int = 
         if before is not None:
             signal.signal(signal.SIGTERM, before)
     return 0
+
+
+def _wait_for_journal(path: Path, interval: float = 0.5) -> None:
+    """Started beside the training (as ``watch`` may be): wait until ``path`` holds a journal, saying so once on
+    stderr. A path whose folder does not exist is a usage error at once (a misspelt path is never waited for)."""
+    import sys
+    import time
+
+    def has_journal() -> bool:
+        if path.is_file():
+            return True
+        return path.is_dir() and any(path.glob("*.jsonl"))
+
+    if has_journal():
+        return
+    if not path.exists() and not path.parent.is_dir():
+        raise UsageError(f"{path}: no such file or folder, and no folder {path.parent} to wait in")
+    sys.stderr.write(f"waiting for {path} to hold a journal (Ctrl-C to stop)\n")
+    sys.stderr.flush()
+    while not has_journal():
+        time.sleep(interval)
+    time.sleep(interval)  # the writer's first lines: the opening is written durably at create
+
+
+def _precheck_trust(path: Path, trust: Any) -> None:
+    """No key and no --trust-embedded for a signed journal: the usage error, before the port is bound."""
+    if trust.keys or trust.trust_embedded:
+        return
+    from trainledger.journal.audit.rundir import rank_files, run_journal
+
+    try:
+        first = path if path.is_file() else (next(iter(rank_files(path).values()), None) or run_journal(path))
+        with open(first, "rb") as f:
+            opening = json.loads(f.readline(1 << 16) or b"{}")
+    except (OSError, ValueError, TypeError, UsageError):
+        return  # the board names what is wrong with the path itself
+    if isinstance(opening, dict) and opening.get("key_id") is not None:
+        raise UsageError("serve shows only what verifies: pass --pubkey FILE (or --trust-embedded)")
 
 
 def _listen(host: str, port: int) -> Any:

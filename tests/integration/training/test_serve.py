@@ -523,3 +523,41 @@ def test_the_first_read_reports_its_progress(tmp_path):
         assert b.progress is None  # only the first read: the live follower says nothing
     finally:
         b.close()
+
+
+def test_serve_started_before_the_training_waits_for_the_first_journal(tmp_path):
+    """Launched beside the run, on a folder with nothing in it yet: it says what it waits for, then serves the
+    journal once one appears (here the main job's ladder.jsonl)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    proc = subprocess.Popen([sys.executable, "-m", "trainledger", "serve", str(run), "--pubkey",
+                             str(GOLDEN / "scaling_ladder_v1_2.pub"), "--port", "0"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert proc.stderr.readline().startswith(f"waiting for {run} to hold a journal")
+        time.sleep(1.0)
+        assert proc.poll() is None                                  # still waiting, not refused
+        shutil.copy(GOLDEN / "scaling_ladder_v1_2.jsonl", run / "ladder.jsonl")
+        line = proc.stdout.readline()
+        assert line.startswith(f"serving {run}") and "http://127.0.0.1:" in line, line
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        proc.stdout.close()
+        proc.stderr.close()
+        _end_group(proc.pid)
+
+
+def test_serve_names_a_missing_key_before_a_taken_port(tmp_path):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        taken = s.getsockname()[1]
+        p = subprocess.run([sys.executable, "-m", "trainledger", "serve", str(GOLDEN / "scaling_ladder_v1_2.jsonl"),
+                            "--port", str(taken)], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "pass --pubkey" in p.stderr and str(taken) not in p.stderr
+    q = subprocess.run([sys.executable, "-m", "trainledger", "serve", str(tmp_path / "no" / "such")],
+                       capture_output=True, text=True, timeout=60)
+    assert q.returncode == 2 and "no folder" in q.stderr
