@@ -75,7 +75,9 @@ def expected_checkpoint(args: argparse.Namespace, keys: Any = None) -> Any:
 
 
 def register(sub) -> None:
-    from trainledger.journal.options import EPILOG, add_json_option, add_trust_options
+    from trainledger.journal.options import EPILOG, add_json_option, add_progress_option, add_trust_options
+
+    journal_help = "the journal (or, with --rank, a distributed run's folder)"
 
     p = sub.add_parser("checkpoint", help="print the latest seal as a signed checkpoint note (C2SP), to publish",
                        description="Verify the journal (format 1.3), then print its latest seal as a C2SP signed "
@@ -83,10 +85,10 @@ def register(sub) -> None:
                                    "the signature line. Publish it, or have witnesses cosign it; 'verify "
                                    "--expect-checkpoint' later shows the journal only grew.",
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("path", metavar="JOURNAL")
+    p.add_argument("path", metavar="JOURNAL", help="the journal, or a run folder holding one")
     add_trust_options(p)
     add_json_option(p)
-    p.add_argument("--no-progress", action="store_true", help="no progress bar even on a terminal")
+    add_progress_option(p)
     p.set_defaults(func=_cmd_checkpoint)
 
     p = sub.add_parser("prove", help="write a bundle proving chosen lines against a signed checkpoint",
@@ -95,7 +97,7 @@ def register(sub) -> None:
                                    "seal --tree-size names). Builds or extends a tree index beside the journal "
                                    "(JOURNAL.tlindex) the first time; checked against the journal, never trusted.",
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("path", metavar="JOURNAL")
+    p.add_argument("path", metavar="JOURNAL", help=journal_help)
     p.add_argument("--seq", type=int, action="append", default=[], help="a line to prove (repeatable)")
     p.add_argument("--checkpoint", metavar="STEP", help="prove the checkpoint_saved of this step ('latest': the "
                                                         "last one)")
@@ -109,6 +111,8 @@ def register(sub) -> None:
     p.add_argument("-o", "--out", metavar="BUNDLE", required=True, help="the bundle file to write")
     _add_rank_option(p)
     add_trust_options(p)
+    add_json_option(p)
+    add_progress_option(p)
     p.set_defaults(func=_cmd_prove)
 
     p = sub.add_parser("verify-proof", help="check a proof bundle offline, without the journal",
@@ -116,7 +120,7 @@ def register(sub) -> None:
                                    "a pinned key, every line's inclusion proof, the consistency proof, and the "
                                    "witnesses' cosignatures. Exit 0 holds, 1 does not, 2 usage or I/O error.",
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("bundle", metavar="BUNDLE")
+    p.add_argument("bundle", metavar="BUNDLE", help="a bundle written by 'trainledger prove' or 'consistency'")
     p.add_argument("--pubkey", action="append", default=[], metavar="FILE",
                    help="pinned public key (repeatable); also read from $TRAINLEDGER_TRUSTED_KEYS")
     p.add_argument("--expect-checkpoint", metavar="NOTE", default=None,
@@ -130,7 +134,7 @@ def register(sub) -> None:
                                    "consistency proof from the tree of the first SIZE lines (a checkpoint "
                                    "published earlier): what a third party or a witness checks.",
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("path", metavar="JOURNAL")
+    p.add_argument("path", metavar="JOURNAL", help=journal_help)
     p.add_argument("--from", dest="from_size", type=int, required=True, metavar="SIZE",
                    help="the earlier checkpoint's tree size")
     p.add_argument("--tree-size", type=int, default=None, metavar="N", help="to the seal at seq N, not the latest")
@@ -138,16 +142,19 @@ def register(sub) -> None:
     p.add_argument("-o", "--out", metavar="BUNDLE", default=None, help="write the bundle here (default: stdout)")
     _add_rank_option(p)
     add_trust_options(p)
+    add_json_option(p)
+    add_progress_option(p)
     p.set_defaults(func=_cmd_consistency)
 
     p = sub.add_parser("witness", help="cosign checkpoints that only ever grow (C2SP tlog-cosignature)",
                        description="A witness keeps, per origin, the last checkpoint it cosigned, and cosigns a "
                                    "new one only with a valid consistency proof from it: a rollback or a fork is "
                                    "refused and named (exit 1).")
-    wsub = p.add_subparsers(dest="witness_command", metavar="ACTION")
+    wsub = p.add_subparsers(dest="witness_command", metavar="ACTION", help="vkey or cosign")
     q = wsub.add_parser("vkey", help="print the witness's verifier key (what verifiers pin with --witness-key)")
     q.add_argument("--key", required=True, metavar="FILE", help="the witness's private key (trainledger keygen)")
     q.add_argument("--name", required=True, help="the witness's name (no spaces or '+')")
+    add_json_option(q)
     q.set_defaults(func=_cmd_witness_vkey)
     q = wsub.add_parser("cosign", help="check a bundle's checkpoint and print it with this witness's cosignature")
     q.add_argument("bundle", metavar="BUNDLE", help="from 'trainledger consistency --from <last cosigned size>' "
@@ -159,6 +166,7 @@ def register(sub) -> None:
                    help="a log (run) public key this witness accepts checkpoints from (repeatable)")
     q.add_argument("-o", "--out", metavar="FILE", default=None,
                    help="write the bundle with the cosignature added to its checkpoint (default: print the note)")
+    add_json_option(q)
     q.set_defaults(func=_cmd_witness_cosign)
     p.set_defaults(func=lambda args: _usage(p))
 
@@ -190,12 +198,13 @@ def _cmd_checkpoint(args: argparse.Namespace) -> int:
     from trainledger.journal.chain import origin
     from trainledger.journal.proofs.note import verifier_key
 
+    from trainledger.journal.options import say_failed
+
     args.allow_unsealed = True
     try:
         r = verify_from_args(args)
     except IntegrityError as e:
-        say(e.fail_line(args.path), file=sys.stderr)
-        return 1
+        return say_failed(args, e, args.path, file=sys.stderr)
     if r.head is None:
         raise JournalError(f"{args.path}: no seal yet: nothing to publish")
     if r.last_tree_root is None or r.last_seal_sig is None:
@@ -331,6 +340,11 @@ def _cmd_prove(args: argparse.Namespace) -> int:
     _write_out(args.out, (json.dumps(res.bundle, indent=1) + "\n").encode())
     b = res.bundle
     size = b["checkpoint"].split("\n")[1]
+    if args.json:
+        say(json.dumps({"ok": True, "out": args.out, "run_id": b["run_id"], "tree_size": int(size),
+                        "seqs": [e["seq"] for e in b["entries"]], "index_built": res.index_built,
+                        "notes": list(res.notes)}))
+        return 0
     say(f"wrote {args.out}: {len(b['entries'])} line(s) of run {b['run_id']} proven against its signed checkpoint "
         f"of {int(size):,} lines ({max((len(e['proof']) for e in b['entries']), default=0)} hashes at most per proof)")
     if res.index_built:
@@ -356,6 +370,14 @@ def _cmd_consistency(args: argparse.Namespace) -> int:
     for note in res.notes:
         say(f"trainledger consistency: note: {note}", file=sys.stderr)
     data = (json.dumps(res.bundle, indent=1) + "\n").encode()
+    if args.json:
+        c = res.bundle["consistency"]
+        if args.out:
+            _write_out(args.out, data)
+        say(json.dumps({"ok": True, "out": args.out, "from_size": c["from_size"],
+                        "tree_size": int(res.bundle["checkpoint"].split("\n")[1]), "hashes": len(c["proof"]),
+                        "notes": list(res.notes), **({} if args.out else {"bundle": res.bundle})}))
+        return 0
     if args.out:
         _write_out(args.out, data)
         c = res.bundle["consistency"]
@@ -411,9 +433,11 @@ def _looks_like_journal(data: bytes) -> bool:
     """Whether ``data`` opens like a journal (a JSON line with a seq and a kind) rather than a bundle (one JSON
     object with a format)."""
     first = data.split(b"\n", 1)[0]
+    if not first.lstrip().startswith(b"{"):
+        return False  # a journal's line is an object; anything else (a nested array bomb) is the bundle reader's
     try:
         head = json.loads(first)
-    except ValueError:
+    except (ValueError, RecursionError):  # deeply nested: not a journal line, and verify_bundle names it
         return False
     return isinstance(head, dict) and "seq" in head and "kind" in head and "format" not in head
 
@@ -436,7 +460,8 @@ def _cmd_witness_vkey(args: argparse.Namespace) -> int:
     from trainledger.journal.proofs.note import cosigner_key
 
     s = load_signer(args.key)
-    say(cosigner_key(args.name, s.public.raw))
+    vkey = cosigner_key(args.name, s.public.raw)
+    say(json.dumps({"ok": True, "name": args.name, "vkey": vkey}) if args.json else vkey)
     return 0
 
 
@@ -452,12 +477,17 @@ def _cmd_witness_cosign(args: argparse.Namespace) -> int:
     try:
         line, note = w.add(data, [load_public_key(k) for k in args.log_key])
     except FAILS as e:
-        say(f"REFUSED  {args.bundle}: {e}")
+        say(json.dumps({"ok": False, "path": args.bundle, "refused": True, "error": str(e)}) if args.json
+            else f"REFUSED  {args.bundle}: {e}")
         return 1
     if args.out:
         b = json.loads(data)
         b["checkpoint"] = note
         _write_out(args.out, (json.dumps(b, indent=1) + "\n").encode())
+    if args.json:
+        say(json.dumps({"ok": True, "out": args.out, "name": args.name, "cosignature": line,
+                        **({} if args.out else {"note": note})}))
+    elif args.out:
         say(f"wrote {args.out}: the checkpoint with {args.name}'s cosignature")
     else:
         sys.stdout.write(note)
