@@ -172,38 +172,54 @@ def _coverage(record: CheckpointSaved) -> dict[str, Any]:
             "not_covered": [k for k in CHECKPOINT_CONTRACT if k not in record.contents]}
 
 
-_tap: dict[str, Any] = {"original": None, "listener": None}
+_tap: dict[str, Any] = {"original": None, "accelerate": None, "listener": None}
+
+
+def _heard(original: Any) -> Any:
+    """``original`` wrapped: called as it was, its value (the total norm before clipping) handed to the listening
+    callback when the call comes from that callback's thread."""
+    import functools
+    import threading
+
+    @functools.wraps(original)
+    def clip_grad_norm_(*args, **kwargs):
+        total = original(*args, **kwargs)
+        ref = _tap["listener"]
+        listener = ref() if ref is not None else None
+        if listener is not None and listener._thread == threading.get_ident():
+            listener._clip_norm = total
+        return total
+
+    return clip_grad_norm_
 
 
 def tap_clip(owner: Any) -> None:
     """While a run trains, wrap ``torch.nn.utils.clip_grad_norm_`` (once) so that ``owner`` (a callback with
     ``_thread`` and ``_clip_norm``) gets the total norm before clipping that the framework computes when it clips:
-    the wrapper calls the original and returns its value; only calls from the owner's thread are seen."""
-    import functools
-    import threading
+    the wrapper calls the original and returns its value; only calls from the owner's thread are seen. Where
+    ``accelerate`` is loaded (the Trainer's), ``Accelerator.clip_grad_norm_`` too: from accelerate 1.16 it clips
+    with ``get_total_norm`` and ``clip_grads_with_norm_`` and never calls torch's ``clip_grad_norm_``."""
+    import sys
     import weakref
 
     import torch
 
     if _tap["original"] is None:
-        original = torch.nn.utils.clip_grad_norm_
-
-        @functools.wraps(original)
-        def clip_grad_norm_(*args, **kwargs):
-            total = original(*args, **kwargs)
-            ref = _tap["listener"]
-            listener = ref() if ref is not None else None
-            if listener is not None and listener._thread == threading.get_ident():
-                listener._clip_norm = total
-            return total
-
-        torch.nn.utils.clip_grad_norm_ = clip_grad_norm_
-        _tap["original"] = original
+        _tap["original"] = torch.nn.utils.clip_grad_norm_
+        torch.nn.utils.clip_grad_norm_ = _heard(_tap["original"])
+    acc = sys.modules.get("accelerate")
+    if _tap["accelerate"] is None and acc is not None and hasattr(getattr(acc, "Accelerator", None),
+                                                                  "clip_grad_norm_"):
+        _tap["accelerate"] = acc.Accelerator.clip_grad_norm_
+        acc.Accelerator.clip_grad_norm_ = _heard(_tap["accelerate"])
     _tap["listener"] = weakref.ref(owner)
 
 
 def untap_clip(owner: Any) -> None:
-    """Put ``torch.nn.utils.clip_grad_norm_`` back (when ``owner`` is the one listening)."""
+    """Put ``torch.nn.utils.clip_grad_norm_`` (and ``Accelerator.clip_grad_norm_``) back (when ``owner`` is the one
+    listening)."""
+    import sys
+
     import torch
 
     ref = _tap["listener"]
@@ -212,6 +228,9 @@ def untap_clip(owner: Any) -> None:
         if _tap["original"] is not None:
             torch.nn.utils.clip_grad_norm_ = _tap["original"]
             _tap["original"] = None
+        if _tap["accelerate"] is not None:
+            sys.modules["accelerate"].Accelerator.clip_grad_norm_ = _tap["accelerate"]
+            _tap["accelerate"] = None
 
 
 def total_norm(grads: list[Any]) -> Any:
