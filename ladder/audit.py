@@ -43,6 +43,7 @@ class LadderAudit(Projection):
         self._verdicts: dict[str, GateVerdict] = {}  # by chain hash: what F5's evidence cites
         self._f5: dict[str, ScalingFitted] = {}  # rung -> the fit that sized it, until its verdict
         self._f5_unchecked: str | None = None
+        self.fit_warnings: dict[str, list[str]] = {}  # rung -> what makes the fit that sized it doubtful, recomputed
 
     def apply_step(self, ev: Any) -> None:
         """:meth:`apply` for a ``step_observed``: nothing outside a rung."""
@@ -139,6 +140,14 @@ class LadderAudit(Projection):
         if len(ev.points) > 1000 or not 0 <= ev.boot <= 2000 or len(ev.candidates) > 1000:
             return bad(f"too large to recompute ({len(ev.points)} points, {ev.boot} bootstrap draws, "
                        f"{len(ev.candidates)} candidates; at most 1000, 2000, 1000)")
+        from trainledger.ladder.scaling import fit_warnings  # pure Python: recomputed without numpy too
+
+        warned = fit_warnings(ev.params, ev.points, ev.entropy_rate)
+        if warned:
+            self.fit_warnings[ev.rung] = warned
+        # absent in journals written before it was recorded
+        if "fit_warnings" in ev.choice and ev.choice["fit_warnings"] != warned:
+            return bad(f"recorded fit warnings {ev.choice['fit_warnings']!r}, the law and its points give {warned!r}")
         if len(ev.evidence) != len(ev.points):
             return bad("the points and the verdicts they cite do not pair up")
         for h, p in zip(ev.evidence, ev.points):
@@ -223,6 +232,8 @@ class LadderAudit(Projection):
                "outcomes": [{"rung": o.name, "passed": o.passed, "reason": o.reason} for o in res.outcomes]}
         if self._f5_unchecked is not None:
             out["f5_not_recomputed"] = self._f5_unchecked
+        if self.fit_warnings:
+            out["fit_warnings"] = dict(self.fit_warnings)
         return out
 
 

@@ -178,13 +178,15 @@ def _size_headline(rung: Rung, verdicts: list[tuple[GateVerdict, str]], peak: fl
     width, depth = (int(x) for x in choice.candidate.name[1:].split("-L"))
     predicted = fit.predict(choice.candidate.n_params, tokens)
     lo, hi = fit.interval(choice.candidate.n_params, tokens, level=rung.interval_level)
+    entropy = used[-1][0].artifacts.get("entropy_rate")
     ev = ScalingFitted(rung=rung.name, points=points, evidence=[h for _, h in used], params=fit.params,
                        theta=list(fit.theta), seed=fit.seed, boot=fit.boot, level=rung.interval_level,
                        loo_error=fit.loo_error(), box=dataclasses.asdict(box),
                        candidates=[dataclasses.asdict(c) for c in cands],
                        choice={**choice.to_dict(), "steps": steps, "tokens": tokens, "per_step": per_step,
-                               "predicted_loss": predicted, "interval": [lo, hi]},
-                       entropy_rate=used[-1][0].artifacts.get("entropy_rate"), fitter=fit.fitter)
+                               "predicted_loss": predicted, "interval": [lo, hi],
+                               "fit_warnings": fit.warnings(entropy)},
+                       entropy_rate=entropy, fitter=fit.fitter)
     sized = dataclasses.replace(rung, d_model=width, n_layer=depth, n_head=max(1, width // 8), steps=steps)
     return sized, ev
 
@@ -248,7 +250,8 @@ def _run_pilot_ladder(rungs: list[Rung], peak_flops_per_sec: float | None, journ
                 artifacts["skipped_pieces"].pop("F5", None)
                 artifacts["F5_scaling_fit"] = {"params": f5.params, "entropy_rate": f5.entropy_rate,
                                                "loo_error": f5.loo_error, "binding": f5.choice["binding"],
-                                               "candidate": f5.choice["candidate"]}
+                                               "candidate": f5.choice["candidate"],
+                                               "warnings": f5.choice["fit_warnings"]}
             passed, reason = gate(bars, measured)
             progress(f"rung {k}/{len(rungs)} {rung.name}: {'GO' if passed else 'NO-GO'} in "
                      f"{time.perf_counter() - t_rung:.1f} s (final loss {measured['final_loss']:.4f})")

@@ -35,7 +35,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["ScalingFit", "fit_scaling_law", "ComputeBox", "BoxChoice", "Candidate", "HUBER_DELTA", "STARTS", "FITTERS"]
+__all__ = ["ScalingFit", "fit_scaling_law", "fit_warnings", "ComputeBox", "BoxChoice", "Candidate", "HUBER_DELTA",
+           "STARTS", "FITTERS", "PLAUSIBLE"]
 
 HUBER_DELTA = 1e-3
 #: L-BFGS runs from this many of the grid's best starting points
@@ -45,6 +46,10 @@ FITTERS = ("lm", "lbfgs")
 #: the batched minimiser's bound on its iterations (a problem whose minimum lies at infinity, E -> 0 on a small
 #: ladder, creeps towards it and stops here)
 LM_MAXIT = 1000
+#: where a fitted law is taken at face value (:func:`fit_warnings`): E at least this fraction of the lowest loss
+#: measured and below it; each exponent in this range (the grid Hoffmann et al. start from spans 0 to 2; published
+#: fits sit near 0.3); E within this factor of the data's true entropy rate, where the data has a known one
+PLAUSIBLE = {"E_min_fraction": 0.05, "exponent": (0.05, 2.0), "entropy_factor": 2.0}
 _ALPHAS = (4.0, 2.0, 1.0, 0.5, 0.25, 0.125, 1 / 16, 1 / 64)  # the line search's step lengths, tried at once
 _GRID = {"alpha": [0.0, 0.5, 1.0, 1.5, 2.0], "beta": [0.0, 0.5, 1.0, 1.5, 2.0], "e": [-1.0, -0.5, 0.0, 0.5, 1.0],
          "a": [0.0, 5.0, 10.0, 15.0, 20.0, 25.0], "b": [0.0, 5.0, 10.0, 15.0, 20.0, 25.0]}
@@ -290,12 +295,63 @@ class ScalingFit:
             errs.append(abs(pred - math.exp(logl[i])) / math.exp(logl[i]))
         return float(np.mean(errs))
 
+    def warnings(self, entropy_rate: float | None = None) -> list[str]:
+        """What makes this fit's parameters doubtful (:func:`fit_warnings`); empty when none."""
+        return fit_warnings(self.params, self.points, entropy_rate)
+
     def to_dict(self) -> dict[str, Any]:
         return {"params": self.params, "theta": list(self.theta), "objective": self.objective,
                 "points": [list(p) for p in self.points], "seed": self.seed, "boot": self.boot, "fitter": self.fitter}
 
 
 _BOOT: dict[ScalingFit, list[Any]] = {}
+
+
+def fit_warnings(params: dict[str, float], points: Sequence[Sequence[float]],
+                 entropy_rate: float | None = None) -> list[str]:
+    """One line per reason a fitted law's parameters are not to be taken at face value (:data:`PLAUSIBLE`), in a
+    fixed order; empty when none. A pure function of the law, its points and the data's entropy rate, so replay
+    recomputes it from the signed ``scaling_fitted``.
+
+    - E under 5% of the lowest loss measured: the irreducible loss is not identified; the minimiser drove it
+      towards 0 and a power-law term with a small exponent carries the floor instead (E = 8.4e-13 with
+      beta = 0.033 on the scaling preset).
+    - E at or above the lowest loss measured: the law says a measured loss is below its own floor.
+    - an exponent under 0.05 (a term that barely falls, acting as a constant) or over 2 (beyond the grid the fit
+      starts from; no published fit is near it).
+    - E off the data's true entropy rate by more than a factor of 2, where the data has a known one.
+    """
+    out: list[str] = []
+    try:
+        e = float(params["E"])
+        losses = [float(p[2]) for p in points]
+    except (KeyError, TypeError, ValueError, IndexError):
+        return ["the fit's parameters or points are not numbers: nothing can be said of them"]
+    lowest = min(losses) if losses else math.nan
+    frac = PLAUSIBLE["E_min_fraction"]
+    if math.isfinite(lowest) and e < frac * lowest:
+        out.append(f"E = {e:.3g} is under {frac:.0%} of the lowest loss measured ({lowest:.4g}): the irreducible loss "
+                   "is not identified (a power-law term carries the floor instead); read E, and predictions far "
+                   "beyond the points, as unreliable")
+    elif math.isfinite(lowest) and e >= lowest:
+        out.append(f"E = {e:.4g} is at or above the lowest loss measured ({lowest:.4g}): the law puts a measured "
+                   "loss below its own floor")
+    lo, hi = PLAUSIBLE["exponent"]
+    for name in ("alpha", "beta"):
+        v = params.get(name)
+        if not isinstance(v, (int, float)) or not math.isfinite(v):
+            out.append(f"{name} = {v!r} is not a finite number")
+        elif v < lo:
+            out.append(f"{name} = {v:.3g} is under {lo}: its term barely falls and acts as a constant (what it "
+                       f"carries belongs to E)")
+        elif v > hi:
+            out.append(f"{name} = {v:.3g} is over {hi:g}: beyond the range the fit starts from and any published fit")
+    if entropy_rate is not None and math.isfinite(entropy_rate) and entropy_rate > 0 and e > 0:
+        k = PLAUSIBLE["entropy_factor"]
+        if not entropy_rate / k <= e <= entropy_rate * k:
+            out.append(f"E = {e:.3g} is not within a factor of {k:g} of the data's true entropy rate "
+                       f"({entropy_rate:.4g} nats)")
+    return out
 
 
 def _arrays(points):

@@ -397,6 +397,9 @@ def render(rec: Reconstruction, s: _Series, png: str | None) -> str:
                          f"leave-one-out error {f.loo_error:.2%}; fitted E {p['E']:.4g}"
                          + (f" against the corpus's true entropy rate {f.entropy_rate:.4g} nats"
                             if f.entropy_rate is not None else "") + "</p>")
+            warned = (lad.get("fit_warnings") or {}).get(f.rung, [])  # recomputed by replay, never read off the event
+            if warned:
+                parts.append('<p class=bad><b>FIT WARNING:</b> ' + "<br>".join(_e(w) for w in warned) + "</p>")
             rows = [[f"{n:,.0f}", f"{d:,.0f}", f"{ls:.4f}",
                      f"{p['E'] + p['A'] / n ** p['alpha'] + p['B'] / d ** p['beta']:.4f}"] for n, d, ls in f.points]
             parts.append(_table(["params", "tokens", "held-out loss", "the law's"], rows, "no points"))

@@ -443,7 +443,12 @@ class Board:
             if isinstance(ev.rank, int) and ev.rank != j.rank and _seq_text(s_):
                 self.anchors.append((ev.rank, int(s_), h_, j.rank, ev.seq))
         if kind in _LISTED:
-            self.listed.append({"rank": j.rank, "seq": ev.seq, "kind": kind, "fields": _fields(ev)})
+            item = {"rank": j.rank, "seq": ev.seq, "kind": kind, "fields": _fields(ev)}
+            if kind == "scaling_fitted":  # what makes the fit doubtful: computed here as replay computes it
+                from trainledger.ladder.scaling import fit_warnings
+
+                item["warnings"] = fit_warnings(ev.params, ev.points, ev.entropy_rate)
+            self.listed.append(item)
 
     def _insert(self, table: str, rows: Any) -> None:
         self.con.register("_rows", rows)

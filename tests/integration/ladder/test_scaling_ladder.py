@@ -75,6 +75,7 @@ def _doctor(out, tmp_path, change, markers=(b'"kind":"scaling_fitted"',), *, lad
     ("a hostile candidate", lambda o: o["candidates"][0].update(n_params=0), "cannot be made again"),
     ("a hostile level", lambda o: o.update(level=5.0), "cannot be made again"),
     ("an unknown fitter", lambda o: o.update(fitter="newton"), "cannot be refitted: fitter 'newton'"),
+    ("a fit warning dropped", lambda o: o["choice"].update(fit_warnings=[]), "recorded fit warnings []"),
 ])
 def test_a_doctored_fit_or_box_decision_is_named_by_replay(ladder, tmp_path, capsys, what, change, says):
     out, _, key = ladder
@@ -82,6 +83,41 @@ def test_a_doctored_fit_or_box_decision_is_named_by_replay(ladder, tmp_path, cap
     assert main(["replay", "--pubkey", str(out / "trainledger.pub"), "--json", str(p)]) == 1
     diffs = json.loads(capsys.readouterr().out)["differences"]
     assert any(d["kind"] == "scaling_fitted" and says in d["detail"] for d in diffs), diffs
+
+
+def test_a_degenerate_fit_is_flagged_recorded_and_recomputed(ladder, capsys):
+    """The main job's fit drives E towards 0 (a small beta carries the floor). It is flagged in the
+    terminal, recorded in the signed fit (choice.fit_warnings), recomputed by replay and shown in the report."""
+    from trainledger.ladder.scaling import fit_warnings
+
+    out, printed, _ = ladder
+    (fit,) = [e for e in read_events(out / "ladder.jsonl") if type(e).__struct_config__.tag == "scaling_fitted"]
+    warned = fit_warnings(fit.params, fit.points, fit.entropy_rate)
+    assert fit.choice["fit_warnings"] == warned
+    if fit.params["E"] < 0.05 * min(p[2] for p in fit.points):   # the degenerate case the issue saw
+        assert any("irreducible loss is not identified" in w for w in warned)
+    for w in warned:
+        assert f"FIT WARNING: {w}" in printed
+    assert main(["replay", "--pubkey", str(out / "trainledger.pub"), str(out)]) == 0
+    shown = capsys.readouterr().out
+    assert all(f"FIT WARNING (the fit that sized rung_iv_headline): {w}" in shown for w in warned)
+    html = (out / "report.html").read_text()
+    assert ("FIT WARNING" in html) == bool(warned)
+
+
+def test_fit_warnings_name_each_implausible_parameter():
+    from trainledger.ladder.scaling import fit_warnings
+
+    pts = [[1e3, 1e4, 3.0], [1e4, 1e5, 2.8]]
+    fine = {"E": 1.5, "A": 10.0, "B": 10.0, "alpha": 0.34, "beta": 0.28}
+    assert fit_warnings(fine, pts) == [] and fit_warnings(fine, pts, entropy_rate=1.6) == []
+    w = fit_warnings({**fine, "E": 8.4e-13, "beta": 0.033}, pts, entropy_rate=2.485)
+    assert len(w) == 3 and "E = 8.4e-13 is under 5% of the lowest loss measured (2.8)" in w[0]
+    assert w[1].startswith("beta = 0.033 is under 0.05") and "true entropy rate (2.485 nats)" in w[2]
+    assert "at or above the lowest loss" in fit_warnings({**fine, "E": 2.9}, pts)[0]
+    assert fit_warnings({**fine, "alpha": 3.5}, pts)[0].startswith("alpha = 3.5 is over 2")
+    assert fit_warnings({"E": "x"}, pts) == ["the fit's parameters or points are not numbers: nothing can be said "
+                                              "of them"]
 
 
 def test_f5_opt_in_without_pilots_raises_before_training():

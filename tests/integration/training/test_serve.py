@@ -120,8 +120,11 @@ def test_the_page_draws_a_ladder_journal_from_the_command(browser, tmp_path):
         assert data["grad_norm"]["points"] > 2000 and data["mfu"]["points"] > 1000
         assert p.js("document.querySelectorAll('#listed tr').length") > 20  # verdicts, decisions, the fit
         assert "GO: final loss" in p.js("document.getElementById('listed').textContent")
-        assert data["fit"] == {"points": 6, "chosen": True}  # the scaling fit: six rungs and the size it chose
+        # the scaling fit: six rungs, the size it chose, and the warning its E of 0 earns
+        assert data["fit"] == {"points": 6, "chosen": True, "warnings": 1}
         assert "chosen d16" in p.js("document.getElementById('fit-legend').textContent")
+        warned = p.js("document.getElementById('fit-warnings').textContent")
+        assert warned.startswith("FIT WARNING: E = 0 is under 5% of the lowest loss measured (2.701)"), warned
         assert p.js("document.getElementById('fail').hidden") is True
         shot = p.page.screenshot(full_page=True)
         (tmp_path / "ladder.png").write_bytes(shot)
@@ -386,8 +389,10 @@ def test_a_port_in_use_a_missing_key_and_a_bad_path_are_one_line_each(tmp_path, 
         busy.close()
     assert main(["serve", str(path), "--port", "0"]) == 2
     assert "pass --pubkey" in capsys.readouterr().err
-    assert main(["serve", str(tmp_path / "none.jsonl"), "--pubkey", str(pub), "--port", "0"]) == 2
-    assert "no such file" in capsys.readouterr().err
+    # a journal not written yet is waited for (test_serve_started_before_the_training_waits_for_the_first_journal);
+    # one in a folder that does not exist is a misspelt path, refused at once
+    assert main(["serve", str(tmp_path / "nodir" / "none.jsonl"), "--pubkey", str(pub), "--port", "0"]) == 2
+    assert "no such file or folder, and no folder" in capsys.readouterr().err
     assert main(["serve", str(path), "--pubkey", str(pub), "--port", "70000"]) == 2
 
 

@@ -235,6 +235,10 @@
     if (T.charts.fit) { T.charts.fit.destroy(); delete T.charts.fit; }
     if (!fits.length) { box.hidden = true; T.data.fit = {points: 0}; return; }
     const f = fits[fits.length - 1].fields, p = f.params || {};
+    const warned = fits[fits.length - 1].warnings || [];
+    const wbox = document.getElementById("fit-warnings");
+    wbox.hidden = !warned.length;
+    wbox.textContent = warned.length ? "FIT WARNING: " + warned.join("; ") : "";
     const pts = (f.points || []).filter(q => Array.isArray(q) && q.length >= 3 && q[0] > 0 && q[1] > 0);
     const model = (n, d) => p.E + p.A / Math.pow(n, p.alpha) + p.B / Math.pow(d, p.beta);
     const rowsOf = pts.map(q => [Math.log10(6 * q[0] * q[1]), q[2], model(q[0], q[1]), null]);
@@ -257,7 +261,7 @@
                {label: "fitted", stroke: "#1a7f37", spanGaps: true, points: {show: false}},
                {label: "chosen size, predicted", stroke: "#cf222e", paths: () => null, points: dots}],
     }, data, el0);
-    T.data.fit = {points: pts.length, chosen: c.predicted_loss !== undefined};
+    T.data.fit = {points: pts.length, chosen: c.predicted_loss !== undefined, warnings: warned.length};
     document.getElementById("fit-legend").textContent = "L(N, D) = E + A/N^alpha + B/D^beta with E " + fmt(p.E) +
       ", A " + fmt(p.A) + ", B " + fmt(p.B) + ", alpha " + fmt(p.alpha) + ", beta " + fmt(p.beta) +
       (cand.name ? "; chosen " + cand.name + " (" + fmt(cand.n_params) + " params, " + fmt(c.tokens) +
