@@ -21,8 +21,9 @@ from trainledger.journal import __version__
 from trainledger.journal.text import csv_cell, safe
 from trainledger.journal.errors import IntegrityError, JournalError, JournalIOError, TrainledgerError, UsageError
 from trainledger.journal.keys import keygen, warn_private_keys
-from trainledger.journal.options import (EPILOG, add_json_option, add_partial_option, add_trust_options, partial_line,
-                                         print_report, say, trust_policy, verify_from_args)
+from trainledger.journal.options import (EPILOG, PATH_HELP, add_json_option, add_partial_option,
+                                         add_progress_option, add_trust_options, partial_line, print_report, say,
+                                         say_failed, trust_policy, verify_from_args)
 from trainledger.journal.verify import parse_head
 
 __all__ = ["main", "entry", "build_parser", "new_parser", "register"]
@@ -53,16 +54,17 @@ def register(sub) -> None:
     (:mod:`trainledger.journal.proofs.cli`)."""
     p = sub.add_parser("keygen", help="write an Ed25519 key pair (NAME.key, mode 0600, and NAME.pub)",
                        description="Write an Ed25519 private key (PKCS8 PEM, mode 0600) and a one-line public key.")
-    p.add_argument("directory", metavar="DIR")
+    p.add_argument("directory", metavar="DIR", help="the folder to write the key pair into (created if absent)")
     p.add_argument("--name", default="trainledger", help="file name stem (default: trainledger)")
     p.add_argument("--force", action="store_true", help="overwrite existing key files")
+    add_json_option(p)
     p.set_defaults(func=_cmd_keygen)
 
     p = sub.add_parser("verify", help="verify a journal offline against a pinned key",
                        description="Check canonical form, seq continuity, every chain hash, every seal and the "
                                    "tail state. Exit 0 intact, 1 integrity failure, 2 usage or I/O error.",
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("path", metavar="PATH", help="a journal, a run folder holding one (ladder.jsonl, journal.jsonl), or a distributed run's folder of rank-NNNNN.jsonl")
+    p.add_argument("path", metavar="PATH", help=PATH_HELP + ", or a Parquet export (export parquet --lines)")
     add_trust_options(p)
     p.add_argument("--expect-head", metavar="SEQ:HASH",
                    help="fail unless the journal contains this head (published earlier with 'trainledger head')")
@@ -80,16 +82,16 @@ def register(sub) -> None:
                         "the cluster at ADDRESS ('auto': the one 'ray start' runs here), or on one started for the "
                         "call; the anchors are then checked here as without it")
     add_partial_option(p)
-    p.add_argument("--no-progress", action="store_true", help="no progress bar even on a terminal")
+    add_progress_option(p)
     p.set_defaults(func=_cmd_verify)
 
     p = sub.add_parser("head", help="print the latest sealed SEQ:HASH, to publish elsewhere",
                        description="Verify the journal, then print its latest sealed head as SEQ:HASH. Publish it "
                                    "somewhere the writer cannot rewrite; 'verify --expect-head' then detects truncation.")
-    p.add_argument("path", metavar="PATH")
+    p.add_argument("path", metavar="PATH", help=PATH_HELP)
     add_trust_options(p)
     add_json_option(p)
-    p.add_argument("--no-progress", action="store_true", help="no progress bar even on a terminal")
+    add_progress_option(p)
     p.set_defaults(func=_cmd_head)
 
     p = sub.add_parser("query", help="SQL over one or more journals (or folders of them) with DuckDB",
@@ -103,7 +105,8 @@ def register(sub) -> None:
     p.add_argument("--sql-file", metavar="FILE", help="read the SQL from FILE")
     p.add_argument("--param", action="append", default=[], metavar="VALUE",
                    help="a value bound to the next ? in the SQL (repeatable; never pasted into the SQL)")
-    p.add_argument("--format", choices=("table", "csv", "json", "parquet"), default="table")
+    p.add_argument("--format", choices=("table", "csv", "json", "parquet"), default="table",
+                   help="how to print the result (default: table; parquet needs --out)")
     p.add_argument("--out", metavar="FILE", help="write the result here instead of stdout (required for parquet)")
     p.add_argument("--no-verify", action="store_true", help="skip signature verification (says so on stderr)")
     add_partial_option(p)
@@ -115,9 +118,9 @@ def register(sub) -> None:
 
     p = sub.add_parser("show", help="summarise a journal: run, key, events by kind, seals, tail",
                        description="Summarise a journal. Checks the chain but not signatures (use verify for that).")
-    p.add_argument("path", metavar="PATH")
+    p.add_argument("path", metavar="PATH", help=PATH_HELP)
     add_json_option(p)
-    p.add_argument("--no-progress", action="store_true", help="no progress bar even on a terminal")
+    add_progress_option(p)
     p.set_defaults(func=_cmd_show)
 
     from trainledger.journal.proofs.cli import register as register_proofs
@@ -130,6 +133,13 @@ def register(sub) -> None:
 
 def _cmd_keygen(args: argparse.Namespace) -> int:
     priv, pub = keygen(args.directory, name=args.name, force=args.force)
+    if args.json:
+        from trainledger.journal.keys import load_public_key
+
+        key = load_public_key(pub)
+        say(json.dumps({"ok": True, "private_key": str(priv), "public_key": str(pub), "key_id": key.key_id,
+                        "public_key_line": key.line()}))
+        return 0
     say(f"private key: {priv} (mode 0600; keep it secret)")
     say(f"public key:  {pub}")
     say(Path(pub).read_text().strip())
@@ -168,15 +178,6 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     return _verify_and_print(args, "OK  ", **extra)
 
 
-def _folder_failed(args: argparse.Namespace, e: IntegrityError) -> int:
-    """A run folder's or an export's failure, as --json or as the one FAIL line: exit 1."""
-    if args.json:
-        say(json.dumps({"ok": False, "path": args.path, "first_bad_seq": e.seq, "error": str(e)}))
-    else:
-        say(e.fail_line(args.path))
-    return 1
-
-
 def _verify_export(args: argparse.Namespace, head: tuple[int, str] | None) -> int:
     """A Parquet export (journal/parquet): its listing, then every journal's lines verified and its typed columns
     held to them. ``--expect-checkpoint`` is held by the journal of the run its origin names, ``--expect-head`` by
@@ -198,7 +199,7 @@ def _verify_export(args: argparse.Namespace, head: tuple[int, str] | None) -> in
     try:
         r = verify_export(args.path, trust=policy, partial=args.partial, expect=expect)
     except IntegrityError as e:
-        return _folder_failed(args, e)
+        return say_failed(args, e, args.path)
     if args.json:
         say(json.dumps({"ok": True, "partial": r.partial, **r.to_dict()}))
         return 0
@@ -227,7 +228,7 @@ def _verify_run_dir(args: argparse.Namespace, **extra) -> int:
         else:
             r = verify_run_dir(args.path, trust=trust, partial=args.partial, **extra)
     except IntegrityError as e:
-        return _folder_failed(args, e)
+        return say_failed(args, e, args.path)
     if args.json:
         say(json.dumps(r.to_dict()))
         return 0
@@ -270,8 +271,7 @@ def _cmd_head(args: argparse.Namespace) -> int:
     try:
         r = verify_from_args(args)
     except IntegrityError as e:
-        say(e.fail_line(args.path), file=sys.stderr)
-        return 1
+        return say_failed(args, e, args.path, file=sys.stderr)
     if r.head is None:
         raise JournalError(f"{args.path}: no seal yet: nothing to publish")
     if args.json:
@@ -581,8 +581,7 @@ def main(argv: Sequence[str] | None = None, *, parser: argparse.ArgumentParser |
             return _run_on_copies(args)
         return args.func(args)
     except TrainledgerError as e:  # the journal's, the training side's and the ladder's errors alike
-        say(f"trainledger {args.command}: error: {e}", file=sys.stderr)
-        return e.exit_code
+        return _failed(args, str(e), e.exit_code)
     except KeyboardInterrupt:
         say(f"trainledger {args.command}: interrupted", file=sys.stderr)
         return 130
@@ -592,8 +591,16 @@ def main(argv: Sequence[str] | None = None, *, parser: argparse.ArgumentParser |
         return 0
     except OSError as e:  # a file or folder that cannot be read or written: an I/O error, one line, exit 2
         where = f"{e.filename}: " if e.filename else ""
-        say(f"trainledger {args.command}: error: {where}{e.strerror or e}", file=sys.stderr)
-        return 2
+        return _failed(args, f"{where}{e.strerror or e}", 2)
+
+
+def _failed(args: argparse.Namespace, message: str, code: int) -> int:
+    """A command's error: one line on stderr, and with ``--json`` also one JSON object on stdout (a script reads
+    stdout); returns the exit code."""
+    say(f"trainledger {args.command}: error: {message}", file=sys.stderr)
+    if getattr(args, "json", False):
+        say(json.dumps({"ok": False, "command": args.command, "error": message, "exit_code": code}))
+    return code
 
 
 def entry(main=main) -> None:

@@ -15,7 +15,8 @@ from trainledger.journal.text import safe
 from trainledger.journal.trust import TrustPolicy
 from trainledger.journal.verify import VerifyReport, verify
 
-__all__ = ["EPILOG", "say", "Progress", "progress_for", "add_json_option", "add_trust_options", "add_partial_option",
+__all__ = ["EPILOG", "PATH_HELP", "say", "say_failed", "Progress", "progress_for", "add_json_option",
+           "add_progress_option", "add_trust_options", "add_partial_option",
            "refuse_partial", "partial_line", "trust_policy", "verify_from_args", "print_report", "fmt_int",
            "imported_line"]
 
@@ -23,6 +24,11 @@ EPILOG = """exit codes: 0 ok, 1 integrity failure (the journal does not verify, 
 what it or a checkpoint says cannot hold), 2 usage or I/O error, 130 Ctrl-C;
 watch also 3 at --timeout. Keys can be pinned once for a team in a file named by
 $%s (one public key per line).""" % TRUSTED_KEYS_ENV
+
+
+#: what a reading command's PATH may be (journal/cli.py reads a run folder's one journal for it)
+PATH_HELP = ("a journal, a run folder holding one (ladder.jsonl, journal.jsonl), or a distributed run's folder of "
+             "rank-NNNNN.jsonl")
 
 
 #: (a private local copy's path, the URL it was fetched from): what is printed names the URL (journal/storage.py)
@@ -77,8 +83,28 @@ def progress_for(args: argparse.Namespace, label: str) -> Progress | None:
 
 
 def add_json_option(p: argparse.ArgumentParser) -> None:
-    """The shared machine-readable output switch (one JSON object on stdout)."""
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    """The shared machine-readable output switch: one JSON object on stdout, on success and on failure alike
+    (``"ok": false`` and the error; the exit code is the documented one either way)."""
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object on stdout (with \"ok\": false and the error when it fails)")
+
+
+def add_progress_option(p: argparse.ArgumentParser) -> None:
+    """The shared switch for the progress bar a command draws on a terminal's stderr while it reads."""
+    p.add_argument("--no-progress", action="store_true", help="no progress bar even on a terminal")
+
+
+def say_failed(args: argparse.Namespace, e: Any, path: str, *, file=None) -> int:
+    """An integrity failure, as the command prints it: with ``--json`` one JSON object on stdout, else the one
+    ``FAIL`` line (on ``file``). Returns 1, the exit code of every integrity failure."""
+    import json
+
+    if getattr(args, "json", False):
+        say(json.dumps({"ok": False, "path": str(path), "first_bad_seq": getattr(e, "seq", None),
+                        "byte": getattr(e, "offset", None), "error": str(e)}))
+    else:
+        say(e.fail_line(str(path)), file=file)
+    return 1
 
 
 def add_trust_options(p: argparse.ArgumentParser) -> None:

@@ -47,10 +47,32 @@ def _filesystem(url: str) -> tuple[Any, str]:
     try:
         return pafs.FileSystem.from_uri(url)
     except (ValueError, TypeError, OSError) as e:  # pyarrow's ArrowInvalid is a ValueError
+        if _unreachable(e):
+            raise JournalIOError(f"{url}: {_why(e)}") from None
         raise UsageError(f"{url}: not a URL pyarrow can open: {_why(e)}") from None
 
 
+def _unreachable(e: BaseException) -> str | None:
+    """The endpoint pyarrow could not reach (a network error from its S3 client), or None for any other error."""
+    import re
+
+    text = str(e)
+    if "NETWORK_CONNECTION" not in text and "curlCode" not in text:
+        return None
+    for pattern in (r"Could not resolve host: ([^\s;,]+)", r"Failed to connect to ([^\s;,]+)( port \d+)?"):
+        m = re.search(pattern, text)
+        if m:
+            return m.group(1) + (f":{m.group(2).split()[-1]}" if m.lastindex == 2 and m.group(2) else "")
+    return "the endpoint"
+
+
 def _why(e: BaseException) -> str:
+    """The first line of a storage error; a network error says which endpoint could not be reached and where the
+    endpoint comes from."""
+    host = _unreachable(e)
+    if host is not None:
+        return (f"could not reach the S3 endpoint {host} (is the server up? the endpoint comes from "
+                "AWS_ENDPOINT_URL or the URL's ?endpoint_override=host:port&scheme=http)")
     return (str(e).splitlines() or [type(e).__name__])[0]
 
 

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from trainledger.training.health.mfu import record_compute
-from trainledger.journal.options import print_report, say
+from trainledger.journal.options import print_report, say as _say
 from trainledger.journal.errors import JournalError, UsageError
 from trainledger.journal.keys import run_key, trusted_keys
 from trainledger.journal.verify import verify
@@ -37,6 +37,9 @@ def register(sub, *, write_report=None) -> None:
     p.add_argument("--key", metavar="FILE", default=None,
                    help="sign with this private key (outside OUT_DIR); default: a new key in $TRAINLEDGER_KEY_DIR "
                         "or ~/.config/trainledger/keys, named after OUT_DIR")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object on stdout at the end (the outcome, the fit, verification, the report) "
+                        "instead of the table; progress stays on stderr")
     p.set_defaults(func=_cmd_ladder, write_report=write_report)
 
     p = sub.add_parser("fit", help="fit a scaling law L(N, D) = E + A/N^alpha + B/D^beta to (n_params, tokens, loss)",
@@ -125,7 +128,8 @@ def _cmd_fit(args: argparse.Namespace) -> int:
         fit = fit_scaling_law(pts, seed=args.seed)
     except ValueError as e:
         raise UsageError(f"{args.csv}: {e}") from None
-    out = {"points": len(pts), "params": fit.params, "loo_error": fit.loo_error(), "budgets": []}
+    out = {"points": len(pts), "params": fit.params, "loo_error": fit.loo_error(), "warnings": fit.warnings(),
+           "budgets": []}
     for c in args.budget:
         if not c > 0:
             raise UsageError(f"--budget must be a positive number of FLOPs, got {c}")
@@ -146,6 +150,8 @@ def _cmd_fit(args: argparse.Namespace) -> int:
         print(f"  {b['flops']:.3g} FLOPs: N = {b['n_params']:.4g}, D = {b['tokens']:.4g} ({b['tokens_per_param']:.1f} "
               f"tokens per parameter), predicted loss {b['predicted_loss']:.4f}, {b['level']:.0%} interval "
               f"[{b['interval'][0]:.4f}, {b['interval'][1]:.4f}]")
+    for w in out["warnings"]:
+        print(f"  FIT WARNING: {w}")
     print("  E is often not identifiable from a small ladder, and a size far beyond the points is an extrapolation.")
     return 0
 
@@ -159,6 +165,9 @@ def _progress_line(line: str) -> None:
 def _cmd_ladder(args: argparse.Namespace) -> int:
     from trainledger.journal.keys import load_signer
     from trainledger.journal.writer import Journal
+
+    # with --json, stdout holds the one object and every other line goes to stderr, with the progress
+    say = _say if not args.json else (lambda *a, **k: _say(*a, **{**k, "file": sys.stderr}))
 
     out = Path(args.out)  # the arguments first: torch takes seconds to import, a mistake should not
     if (out / "ladder.jsonl").exists():
@@ -219,18 +228,37 @@ def _cmd_ladder(args: argparse.Namespace) -> int:
                 f"(leave-one-out error {f5['loo_error']:.2%}); fitted E {p['E']:.4g} vs the corpus's true "
                 f"entropy rate {f5['entropy_rate']:.4g} nats; chose {f5['candidate']['name']} "
                 f"({f5['candidate']['n_params']:,} params), binding constraint: {f5['binding']}")
+            for w in f5.get("warnings") or ():
+                say(f"    FIT WARNING: {w}")
     say(f"$ trainledger verify {out / 'ladder.jsonl'} --pubkey {pub} --require-closed")
     r = verify(out / "ladder.jsonl", keys=trusted_keys([str(pub)]), require_closed=True)
-    print_report(r, title="OK  ")
+    if not args.json:
+        print_report(r, title="OK  ")
+    summary = {"ok": True, "out": str(out), "journal": str(out / "ladder.jsonl"), "pubkey": str(pub),
+               "key": str(priv), "preset": args.preset, "seconds": round(time.perf_counter() - t0, 3),
+               "passed_rungs": result.passed_rungs(), "halted_at": result.halted_at, "decisions": result.decisions,
+               "outcomes": [{"rung": o.name, "passed": o.passed, "reason": o.reason,
+                             **{k: o.measured.get(k) for k in ("final_loss", "forgetting_gap", "mfu_mean",
+                                                               "eval_loss")},
+                             **({"fit": o.artifacts["F5_scaling_fit"]} if "F5_scaling_fit" in o.artifacts else {})}
+                            for o in result.outcomes],
+               "verify": r.to_dict(), "report": None, "replay_consistent": None}
+    code = 0
     if args.write_report is None:
         say("no report: this command was registered without a report writer")
-        return 0
-    try:
-        rec = args.write_report(out / "ladder.jsonl", out / "report.html", keys=trusted_keys([str(pub)]))
-    except UsageError as e:  # matplotlib missing: the run stands without its page
-        say(f"no report: {e}")
-        return 0
-    say(f"$ trainledger report {out / 'ladder.jsonl'} --pubkey {pub} -o {out / 'report.html'}")
-    say(f"wrote {out / 'report.html'}: replay " + ("consistent: every verdict and decision follows from its "
-                                                       "receipts" if rec.ok else "found DIFFERENCES"))
-    return 0 if rec.ok else 1
+    else:
+        try:
+            rec = args.write_report(out / "ladder.jsonl", out / "report.html", keys=trusted_keys([str(pub)]))
+        except UsageError as e:  # matplotlib missing: the run stands without its page
+            say(f"no report: {e}")
+        else:
+            say(f"$ trainledger report {out / 'ladder.jsonl'} --pubkey {pub} -o {out / 'report.html'}")
+            say(f"wrote {out / 'report.html'}: replay " + ("consistent: every verdict and decision follows from its "
+                                                               "receipts" if rec.ok else "found DIFFERENCES"))
+            summary.update(report=str(out / "report.html"), replay_consistent=rec.ok, ok=rec.ok)
+            code = 0 if rec.ok else 1
+    if args.json:
+        import json
+
+        _say(json.dumps(summary, default=str))
+    return code

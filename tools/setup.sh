@@ -1,10 +1,20 @@
 #!/usr/bin/env bash
-# Create .venv and install trainledger with its test, torch and report extras.
-# torch is pinned to the local CPU build by constraints.txt (pyproject keeps an open range).
-#   --browser  also install Debian's chromium (the report's browser test drives it); needs root or sudo.
+# Create .venv and install trainledger into it. torch is pinned to the local CPU build by constraints.txt
+# (pyproject keeps an open range).
+#   (no flag)  what the main job needs, `trainledger ladder`: the torch, report and scaling extras
+#   --dev      also the dev extra: pytest and the real frameworks, servers and tools the tests drive
+#   --browser  --dev, and Debian's chromium for the browser tests (needs root or sudo)
+# docs/bench/setup.txt has the time each takes, measured on a fresh clone.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
+EXTRAS="torch,report,scaling"
+case "${1:-}" in
+  "") ;;
+  --dev) EXTRAS="dev,$EXTRAS" ;;
+  --browser) EXTRAS="dev,$EXTRAS" ;;
+  *) echo "setup.sh: unknown option ${1}; use --dev or --browser (or nothing, for the main job)" >&2; exit 2 ;;
+esac
 if [ "${1:-}" = "--browser" ] && ! command -v chromium >/dev/null 2>&1; then
   SUDO=""
   if [ "$(id -u)" != 0 ]; then
@@ -18,4 +28,4 @@ fi
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e ".[dev,torch,report]"
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e ".[$EXTRAS]"

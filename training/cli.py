@@ -19,8 +19,8 @@ from typing import Any
 from trainledger.journal.audit.rundir import AnchorMismatch, is_run_dir
 from trainledger.journal.errors import IntegrityError
 from trainledger.journal.keys import load_signer, trusted_keys
-from trainledger.journal.options import (add_json_option, add_partial_option, add_trust_options, partial_line,
-                                         print_report, refuse_partial, say, trust_policy)
+from trainledger.journal.options import (add_json_option, add_partial_option, add_progress_option, add_trust_options,
+                                         partial_line, print_report, refuse_partial, say, say_failed, trust_policy)
 from trainledger.journal.verify import verify
 from trainledger.journal.errors import JournalError, UsageError
 from trainledger.journal.keys import keygen
@@ -37,7 +37,8 @@ def register(sub) -> None:
                                    "1 at the first line that does not check out. Checks the chain as it reads, and "
                                    "every seal's signature when a key is pinned (or with --trust-embedded). PATH may be "
                                    "a distributed run's folder: one line per rank, until every rank has closed.")
-    p.add_argument("path", metavar="PATH")
+    p.add_argument("path", metavar="PATH", help="a journal or a run folder, existing or about to be written (its "
+                                                "folder must exist): watch waits for it")
     add_trust_options(p)
     p.add_argument("--interval", type=float, default=0.5, help="seconds between refreshes (default 0.5)")
     p.add_argument("--timeout", type=float, default=None, help="give up after this many seconds (exit 3)")
@@ -48,33 +49,38 @@ def register(sub) -> None:
                                    "(from which files, their SHA-256, by which tool, when): it attests what the files "
                                    "said at import time, never that the run happened. The steps go through the health "
                                    "projection, so replay, query and report work on the old run.")
-    isub = p.add_subparsers(dest="source", required=True, metavar="SOURCE")
+    isub = p.add_subparsers(dest="source", required=True, metavar="SOURCE", help="tensorboard or megatron")
     q = isub.add_parser("tensorboard", help="TensorBoard event files (the tensorboard package's own reader)")
-    q.add_argument("logdir", metavar="LOGDIR")
-    q.add_argument("out_dir", metavar="OUT_DIR")
+    q.add_argument("logdir", metavar="LOGDIR", help="the folder of TensorBoard event files to read")
+    q.add_argument("out_dir", metavar="OUT_DIR", help="the run folder to write journal.jsonl into")
     q.add_argument("--key", required=True, metavar="FILE", help="the private key that signs the imported journal")
     q.add_argument("--loss-tag", default=None, help="the loss scalar's tag (default: the first of loss, train/loss, ...)")
-    q.add_argument("--grad-norm-tag", default=None)
-    q.add_argument("--lr-tag", default=None)
+    q.add_argument("--grad-norm-tag", default=None, help="the gradient norm's tag (default: the first of grad_norm, "
+                                                         "train/grad_norm, ...)")
+    q.add_argument("--lr-tag", default=None, help="the learning rate's tag (default: the first of lr, "
+                                                  "learning_rate, ...)")
+    add_json_option(q)
     q.set_defaults(func=_cmd_import)
     q = isub.add_parser("megatron", help="a Megatron-LM / DeepSpeed-style log (iteration lines)")
-    q.add_argument("logfile", metavar="LOGFILE")
-    q.add_argument("out_dir", metavar="OUT_DIR")
+    q.add_argument("logfile", metavar="LOGFILE", help="the training log to read")
+    q.add_argument("out_dir", metavar="OUT_DIR", help="the run folder to write journal.jsonl into")
     q.add_argument("--key", required=True, metavar="FILE", help="the private key that signs the imported journal")
+    add_json_option(q)
     q.set_defaults(func=_cmd_import)
 
     p = sub.add_parser("export", help="write a verified journal's steps into another tool's format (TensorBoard)",
                        description="Export a journal's steps and anomalies as TensorBoard scalars, so dashboards keep "
                                    "working while the journal stays the record. The journal is verified first.")
-    esub = p.add_subparsers(dest="target", required=True, metavar="TARGET")
+    esub = p.add_subparsers(dest="target", required=True, metavar="TARGET", help="tensorboard or parquet")
     q = esub.add_parser("tensorboard", help="TensorBoard event files",
                         description="A journal's steps and anomalies as TensorBoard scalars in LOGDIR. A run folder "
                                     "is checked whole first (as verify RUN_DIR checks it), then each rank is written "
                                     "to LOGDIR/rank-NNNNN (one TensorBoard run per rank).")
     q.add_argument("path", metavar="JOURNAL", help="a journal, a run folder holding one (ladder.jsonl, journal.jsonl), or a distributed run's folder of rank-NNNNN.jsonl")
-    q.add_argument("logdir", metavar="LOGDIR")
+    q.add_argument("logdir", metavar="LOGDIR", help="the folder to write TensorBoard event files into")
     add_trust_options(q)
     add_partial_option(q)
+    add_json_option(q)
     q.set_defaults(func=_cmd_export)
     q = esub.add_parser("parquet", help="verified events as a Parquet dataset with receipts",
                         description="Verify the journals (a run folder whole, as verify RUN_DIR checks it) and write "
@@ -95,31 +101,38 @@ def register(sub) -> None:
     add_trust_options(q)
     add_partial_option(q)
     add_json_option(q)
+    add_progress_option(q)
     q.set_defaults(func=_cmd_export_parquet)
 
     p = sub.add_parser("demo", help="write a signed journal of a simulated run, then verify and summarise it",
                        description="The torch-free demo: a key pair, a simulated training run written as a signed "
                                    "journal, verification against the pinned public key, and a summary.")
-    p.add_argument("--out", metavar="DIR", default=None, help="run folder to create (default: runs/demo-<time>)")
+    p.add_argument("out", metavar="OUT_DIR", nargs="?", default=None,
+                   help="run folder to create (default: runs/demo-<time>)")
+    p.add_argument("--out", dest="out_option", metavar="DIR", default=None,
+                   help="deprecated: give OUT_DIR as the argument, as 'ladder' takes it")
     p.add_argument("--steps", type=int, default=2000, help="simulated optimizer steps (default: 2000)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
     p.add_argument("--key", metavar="FILE", default=None,
                    help="sign with this private key (outside the run folder); default: a new key in "
                         "$TRAINLEDGER_KEY_DIR or ~/.config/trainledger/keys, named after the run folder")
+    add_json_option(p)
     p.set_defaults(func=_cmd_demo)
 
     p = sub.add_parser("manifest", help="experiment manifests: validate, print the identity, write an example",
                        description="An experiment manifest (TOML, YAML or JSON) freezes what a run is before it "
                                    "starts. Its identity is the SHA-256 of its canonical encoding, the label left "
                                    "out.")
-    msub = p.add_subparsers(dest="manifest_command", metavar="ACTION", required=True)
+    msub = p.add_subparsers(dest="manifest_command", metavar="ACTION", required=True, help="validate, id or init")
     q = msub.add_parser("validate", help="print every finding; exit 1 if any is an error")
-    q.add_argument("file", metavar="FILE")
+    q.add_argument("file", metavar="FILE", help="the manifest (TOML, YAML or JSON)")
     add_json_option(q)
     q = msub.add_parser("id", help="print the manifest's identity (sha256:...)")
-    q.add_argument("file", metavar="FILE")
+    q.add_argument("file", metavar="FILE", help="the manifest (TOML, YAML or JSON)")
+    add_json_option(q)
     q = msub.add_parser("init", help="write an example manifest for the tiny model, with its data files")
-    q.add_argument("directory", metavar="DIR")
+    q.add_argument("directory", metavar="DIR", help="the folder to write the manifest and its files into")
+    add_json_option(q)
     p.set_defaults(func=_cmd_manifest)
 
     p = sub.add_parser("preflight", help="run the experiment preflight gates in order, into a signed journal",
@@ -128,29 +141,32 @@ def register(sub) -> None:
                                    "overfit, save/load inspection, resume equivalence, resource probe, evaluation "
                                    "dry run, authority (needs --approval). Stops at the first gate that does not "
                                    "pass; later gates are recorded as not run. Exit 0 only when ready to train.")
-    p.add_argument("manifest", metavar="MANIFEST")
+    p.add_argument("manifest", metavar="MANIFEST", help="the experiment manifest (TOML, YAML or JSON)")
     p.add_argument("--data-root", metavar="DIR", help="where the manifest's relative refs point (default: its folder)")
     p.add_argument("--journal", metavar="PATH", help="journal to write (default: preflight-<time>.jsonl beside it)")
     p.add_argument("--key", metavar="FILE",
-                   help="private key to sign with (default: preflight.key beside the journal, created on first use)")
+                   help="private key to sign with (default: a new key in $TRAINLEDGER_KEY_DIR or "
+                        "~/.config/trainledger/keys, named after the journal; never beside it)")
     p.add_argument("--template-check", metavar="MODULE:FUNCTION",
                    help="your template/tokenizer/mask check: FUNCTION(manifest, root) -> (ok, detail)")
     p.add_argument("--approval", metavar="FILE", help="a signed approval of this manifest (trainledger approve)")
     p.add_argument("--approvers", metavar="FILE",
                    help="trusted approvers, one 'NAME <public key line>' per line (default: "
                         "$TRAINLEDGER_TRUSTED_APPROVERS); without them the authority gate stays blocked")
+    add_json_option(p)
     p.set_defaults(func=_cmd_preflight)
 
     p = sub.add_parser("approve", help="sign your decision on a manifest (for preflight's authority gate)",
                        description="Write a signed approval (or rejection) of one manifest identity, signed with "
                                    "your own key. preflight --approval checks it against the pinned approvers.")
-    p.add_argument("manifest", metavar="MANIFEST")
+    p.add_argument("manifest", metavar="MANIFEST", help="the manifest to approve or reject")
     p.add_argument("--key", metavar="FILE", required=True, help="your private key (trainledger keygen)")
     p.add_argument("--as", dest="authority", metavar="NAME", required=True,
                    help="the approver name the manifest lists (authority.approvers)")
     p.add_argument("--reject", action="store_true", help="record a rejection instead of an approval")
     p.add_argument("--note", default="", help="a note signed with the decision")
     p.add_argument("-o", "--out", metavar="FILE", help="where to write (default: approval-NAME.json beside it)")
+    add_json_option(p)
     p.set_defaults(func=_cmd_approve)
 
 
@@ -163,6 +179,9 @@ def _cmd_manifest(args: argparse.Namespace) -> int:
         except ImportError as e:
             raise JournalError(f"manifest init needs the torch extra (it samples the example data): {e}") from None
         path = write_example(args.directory)
+        if args.json:
+            say(json.dumps({"ok": True, "manifest": str(path)}))
+            return 0
         say(f"wrote {path} and its data, tokenizer and template files")
         say(f"$ trainledger manifest validate {path}")
         return 0
@@ -170,8 +189,14 @@ def _cmd_manifest(args: argparse.Namespace) -> int:
     errors = [f for f in findings if f.severity == "error"]
     if args.manifest_command == "id":
         if m is None:
+            if args.json:
+                say(json.dumps({"ok": False, "file": args.file, "error": f"not a manifest: {findings[0].path}: "
+                                                                         f"{findings[0].message}"}))
             say(f"FAIL  {args.file}: not a manifest: {findings[0].path}: {findings[0].message}", file=sys.stderr)
             return 1
+        if args.json:
+            say(json.dumps({"ok": True, "file": args.file, "identity": manifest_identity(m), "errors": len(errors)}))
+            return 0
         say(manifest_identity(m))
         if errors:
             say(f"note: the manifest has {len(errors)} error finding(s); run trainledger manifest validate",
@@ -223,26 +248,54 @@ def _cmd_preflight(args: argparse.Namespace) -> int:
     approvers = load_trusted_approvers(args.approvers)
     root = Path(args.data_root) if args.data_root else mpath.parent
     jpath = Path(args.journal) if args.journal else mpath.parent / f"preflight-{time.strftime('%Y%m%dT%H%M%S')}.jsonl"
+    priv = None
     if args.key:
         signer, pub = load_signer(args.key), None
-    elif (jpath.parent / "preflight.key").exists():  # the key of earlier preflights here: never overwritten
-        signer, pub = load_signer(jpath.parent / "preflight.key"), jpath.parent / "preflight.pub"
+    elif (jpath.parent / "preflight.key").exists():  # 0.1.0 wrote it here: kept for that folder's continuity
+        priv, pub = jpath.parent / "preflight.key", jpath.parent / "preflight.pub"
+        signer = load_signer(priv)
+        say(f"trainledger preflight: note: signing with {priv}, a private key inside the folder a reviewer is sent; "
+            f"move it out and pass --key", file=sys.stderr)
     else:
-        priv, pub = keygen(jpath.parent, name="preflight")
+        priv, pub = _preflight_key(jpath.parent)
         signer = load_signer(priv)
 
     def show(r) -> None:
-        say(f"  {r.gate:<20} {r.status.upper():<8} {r.reason}", flush=True)
+        if not args.json:
+            say(f"  {r.gate:<20} {r.status.upper():<8} {r.reason}", flush=True)
 
-    say(f"preflight {m.identity} ({m.label or 'no label'}) -> {jpath}")
+    if not args.json:
+        say(f"preflight {m.identity} ({m.label or 'no label'}) -> {jpath}")
     with Journal.create(jpath, signer=signer, manifest_id=m.identity, manifest_label=m.label or None,
                         meta={"preflight": True}) as j:
         res = run_preflight(m, root, j, template_check=check, approval=approval, approvers=approvers,
                             progress=show)
+    if args.json:
+        say(json.dumps({"ok": res.ready, "ready": res.ready, "status": res.status, "manifest": m.identity,
+                        "journal": str(jpath), "pubkey": None if pub is None else str(pub),
+                        "key": None if priv is None else str(priv),
+                        "gates": [{"gate": r.gate, "status": r.status, "reason": r.reason} for r in res.gates]}))
+        return 0 if res.ready else 1
     say(f"status: {res.status}")
     if pub is not None:
         say(f"$ trainledger verify {jpath} --pubkey {pub}")
     return 0 if res.ready else 1
+
+
+def _preflight_key(folder: Path) -> tuple[Path, Path]:
+    """The key preflights in ``folder`` sign with: made once in the key home (outside any run folder; the same key
+    for every preflight of this folder), its public half copied into the folder as ``preflight.pub``."""
+    import hashlib
+
+    from trainledger.journal.keys import key_home
+
+    where = folder.resolve()
+    stem = "".join(c if c.isalnum() or c in "._-" else "-" for c in where.name)[:60] or "folder"
+    name = f"preflight-{stem}-{hashlib.sha256(str(where).encode()).hexdigest()[:8]}"
+    priv, home_pub = keygen(key_home(), name=name, exist_ok=True)
+    pub = folder / "preflight.pub"
+    pub.write_text(home_pub.read_text())
+    return priv, pub
 
 
 def _cmd_approve(args: argparse.Namespace) -> int:
@@ -264,6 +317,10 @@ def _cmd_approve(args: argparse.Namespace) -> int:
         out.write_bytes(a.to_json())
     except OSError as e:
         raise UsageError(f"{out}: cannot write: {e.strerror}") from None
+    if args.json:
+        say(json.dumps({"ok": True, "out": str(out), "decision": a.decision, "manifest": a.manifest_id,
+                        "authority": a.authority, "key_id": a.key_id}))
+        return 0
     say(f"wrote {out}: {a.decision} of {a.manifest_id} by {a.authority} (key {a.key_id})")
     return 0
 
@@ -287,6 +344,10 @@ def _cmd_import(args: argparse.Namespace) -> int:
                                grad_norm_tag=args.grad_norm_tag, lr_tag=args.lr_tag)
     else:
         r = import_megatron(args.logfile, args.out_dir, signer)
+    if args.json:
+        say(json.dumps({"ok": True, "journal": str(r.journal), "steps": r.steps, "metrics": r.metrics,
+                        "files": r.files, "skipped": [{"line": line, "why": why} for line, why in r.skipped]}))
+        return 0
     say(f"IMPORTED {r.steps:,} steps and {r.metrics:,} other values from {r.files} {args.source} file(s) into "
         f"{r.journal} (signed; it attests what the files said now, not that the run happened)")
     for line, why in r.skipped[:10]:
@@ -310,10 +371,12 @@ def _cmd_export(args: argparse.Namespace) -> int:
         try:
             rep, copy = verify_copy(args.path, copies, trust)
         except IntegrityError as e:
-            say(e.fail_line(args.path))
-            return 1
+            return say_failed(args, e, args.path)
         n = export_tensorboard((e for b in unchecked_batches(copy, rep.trusted_bytes) for e in b), args.logdir,
                                run_id=rep.run_id or "run")
+    if args.json:
+        say(json.dumps({"ok": True, "scalars": n, "run_id": rep.run_id, "logdir": args.logdir}))
+        return 0
     say(f"wrote {n:,} scalars of {rep.run_id} to {args.logdir} (TensorBoard event file; the journal stays the record)")
     return 0
 
@@ -333,7 +396,7 @@ def _cmd_export_parquet(args: argparse.Namespace) -> int:
     trust = trust_policy(args)
     shown = args.paths[0] if len(args.paths) == 1 else f"{len(args.paths)} paths"
     try:
-        tty = sys.stderr.isatty()
+        tty = sys.stderr.isatty() and not args.no_progress and not args.json
         try:
             rep = export_parquet(args.paths, args.out, lines=args.lines, trust=trust, partial=args.partial,
                                  ray=(args.ray or True) if args.ray is not None else None,
@@ -342,8 +405,7 @@ def _cmd_export_parquet(args: argparse.Namespace) -> int:
             if tty:
                 sys.stderr.write("\r\x1b[K")  # the progress line cleared, whatever follows
     except IntegrityError as e:
-        say(e.fail_line(getattr(e, "path", None) or shown))
-        return 1
+        return say_failed(args, e, getattr(e, "path", None) or shown)
     if args.json:
         say(json.dumps(rep.to_dict()))
         return 0
@@ -378,8 +440,11 @@ def _export_run_dir(args: argparse.Namespace, trust: Any) -> int:
                 n += export_tensorboard((e for b in unchecked_batches(copy, rep.trusted_bytes) for e in b),
                                         Path(args.logdir) / f"rank-{r:05d}", run_id=rep.run_id or f"rank-{r}")
     except IntegrityError as e:
-        say(e.fail_line(args.path))
-        return 1
+        return say_failed(args, e, args.path)
+    if args.json:
+        say(json.dumps({"ok": True, "scalars": n, "ranks": len(whole.ranks), "partial": whole.partial,
+                        "missing": whole.missing, "logdir": args.logdir}))
+        return 0
     say(f"wrote {n:,} scalars of {len(whole.ranks)} rank(s){' (PARTIAL)' if whole.partial else ''} to "
         f"{args.logdir}/rank-NNNNN (TensorBoard event files; the journals stay the record)")
     return 0
@@ -390,11 +455,20 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
     if args.steps < 1:
         raise JournalError(f"--steps must be at least 1, got {args.steps}")
+    if args.out_option is not None:
+        if args.out is not None:
+            raise UsageError(f"two run folders: {args.out} and --out {args.out_option}; give one (as OUT_DIR)")
+        say(f"trainledger demo: --out is deprecated; give the run folder as the argument: trainledger demo "
+            f"{args.out_option}", file=sys.stderr)
+        args.out = args.out_option
     out = Path(args.out) if args.out else Path("runs") / time.strftime("demo-%Y%m%dT%H%M%S")
     journal_path, pub = run_demo(out, steps=args.steps, seed=args.seed,
                                  key=Path(args.key) if args.key else None)
+    r = verify(journal_path, keys=trusted_keys([str(pub)]), require_closed=True)
+    if args.json:
+        say(json.dumps({"ok": True, "journal": str(journal_path), "pubkey": str(pub), "verify": r.to_dict()}))
+        return 0
     say(f"wrote {journal_path} (public key {pub}; the signing key stays outside the run folder)")
     say(f"$ trainledger verify {journal_path} --pubkey {pub} --require-closed")
-    r = verify(journal_path, keys=trusted_keys([str(pub)]), require_closed=True)
     print_report(r, title="OK  ")
     return 0

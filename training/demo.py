@@ -34,7 +34,7 @@ def run_demo(out: Path, *, steps: int = 2000, seed: int = 0, key: Path | None = 
     folder (:func:`trainledger.journal.keys.run_key`); the public key goes into ``out``.
     """
     if (out / "journal.jsonl").exists():
-        raise UsageError(f"{out}/journal.jsonl already exists; choose another --out")
+        raise UsageError(f"{out}/journal.jsonl already exists; choose another OUT_DIR")
     priv, pub = run_key(out, key)
     signer = load_signer(priv)
     rng = random.Random(seed)

@@ -31,9 +31,9 @@ from trainledger.ladder import cli as _ladder_cli  # noqa: E402
 from trainledger.training import cli as _training_cli  # noqa: E402
 from trainledger.journal.audit.rundir import is_run_dir  # noqa: E402
 from trainledger.journal.errors import IntegrityError, UsageError  # noqa: E402
-from trainledger.journal.options import (EPILOG, add_json_option, add_partial_option,  # noqa: E402
-                                         add_trust_options, imported_line, partial_line, progress_for,
-                                         refuse_partial, say, trust_policy)
+from trainledger.journal.options import (EPILOG, PATH_HELP, add_json_option, add_partial_option,  # noqa: E402
+                                         add_progress_option, add_trust_options, imported_line, partial_line,
+                                         progress_for, refuse_partial, say, say_failed, trust_policy)
 
 __all__ = ["build_parser", "main", "entry"]
 
@@ -62,10 +62,10 @@ def register(sub) -> None:
                                    "event (anomalies, gate verdicts, decisions) from the events they rest on. "
                                    "Any difference from what was recorded exits 1.",
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("path", metavar="PATH")
+    p.add_argument("path", metavar="PATH", help=PATH_HELP)
     add_trust_options(p)
     add_json_option(p)
-    p.add_argument("--no-progress", action="store_true", help="no progress bar even on a terminal")
+    add_progress_option(p)
     add_partial_option(p)
     p.set_defaults(func=_cmd_replay)
 
@@ -76,10 +76,12 @@ def register(sub) -> None:
                                    "decisions, and the manifest identity. Nothing is written for a journal that "
                                    "does not verify. Needs matplotlib (pip install 'trainledger[report]').",
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("path", metavar="PATH")
+    p.add_argument("path", metavar="PATH", help=PATH_HELP)
     p.add_argument("-o", "--out", metavar="FILE", default=None, help="where to write (default: report.html beside PATH)")
     add_trust_options(p)
     add_partial_option(p)
+    add_json_option(p)
+    add_progress_option(p)
     p.set_defaults(func=_cmd_report)
 
     p = sub.add_parser("serve", help="a live dashboard of what verifies, in the browser (trainledger[serve])",
@@ -92,10 +94,11 @@ def register(sub) -> None:
                                    "nothing else. Every point opens its event and its inclusion proof. Binds "
                                    "127.0.0.1; any other --host needs the token printed with the URL. Read-only.",
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("path", metavar="PATH", help="a journal, a run folder holding one (ladder.jsonl, journal.jsonl), or a distributed run's folder of rank-NNNNN.jsonl")
+    p.add_argument("path", metavar="PATH", help=PATH_HELP + " (waits for the first journal when there is none yet)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
     p.add_argument("--port", type=int, default=8765, help="port (default: 8765; 0: any free one)")
     add_trust_options(p)
+    add_progress_option(p)
     p.set_defaults(func=_cmd_serve)
 
 
@@ -172,9 +175,13 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         say(f"  stopped: {s_['rule']} ({s_['reason']}){later}")
     if rec.ladder is not None:
         lad = rec.ladder
-        say(f"  ladder: passed {lad['passed_rungs']}, halted_at {lad['halted_at']}, {lad['decisions']} decisions")
+        halted = f"halted at {lad['halted_at']}" if lad["halted_at"] else "no rung halted"
+        say(f"  ladder: GO {', '.join(lad['passed_rungs']) or 'none'}; {halted}; {lad['decisions']} decisions")
         for o in lad["outcomes"]:
             say(f"    {o['rung']}: {'GO' if o['passed'] else 'NO-GO'}  {o['reason']}")
+        for rung, warned in (lad.get("fit_warnings") or {}).items():
+            for w in warned:
+                say(f"  FIT WARNING (the fit that sized {rung}): {w}")
     for note in rec.notes:
         say(f"  note: {note}")
     for d in rec.differences:
@@ -188,8 +195,7 @@ def _replayed(fn, args: argparse.Namespace, **extra):
     try:
         rec = fn(args.path, trust=trust_policy(args), **extra)
     except IntegrityError as e:
-        say(e.fail_line(args.path))
-        return 1
+        return say_failed(args, e, args.path)
     if args.json:
         say(json.dumps(rec.to_dict(), default=str))
         return 0 if rec.ok else 1
@@ -255,9 +261,15 @@ def _cmd_report(args: argparse.Namespace) -> int:
     try:
         rec = (write_run_dir_report if folder else write_report)(args.path, out, trust=trust_policy(args), **extra)
     except IntegrityError as e:
-        say(e.fail_line(args.path))
         say("trainledger report: no report written", file=sys.stderr)
-        return 1
+        return say_failed(args, e, args.path)
+    if args.json:
+        v = rec.verify
+        say(json.dumps({"ok": rec.ok, "out": str(out), "bytes": out.stat().st_size, "path": args.path,
+                        "run_id": None if folder else v.run_id, "ranks": len(rec.ranks) if folder else None,
+                        "partial": bool(getattr(v, "partial", False)),
+                        "differences": rec.differences}, default=str))
+        return 0 if rec.ok else 1
     if folder:
         if rec.verify.partial:
             say(partial_line(args.path, rec.verify.missing))

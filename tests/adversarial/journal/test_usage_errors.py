@@ -40,7 +40,7 @@ def test_query_unwritable_out_is_an_io_error(journal_file, not_a_folder, capsys,
 
 
 @pytest.mark.parametrize("argv", [
-    ["demo", "--steps", "5", "--out", "{nf}/demo"],
+    ["demo", "--steps", "5", "{nf}/demo"],
     ["manifest", "init", "{nf}/exp"],
     ["ladder", "{nf}/ladder", "--peak-flops", "1e9"],
     ["report", "{j}", "--trust-embedded", "-o", "{nf}/r.html"],

@@ -26,7 +26,7 @@ SCRIPT = BLOCK_TORCH + textwrap.dedent(r"""
 
     d = tempfile.mkdtemp()
     run = os.path.join(d, "run")
-    assert main(["demo", "--out", run, "--steps", "50"]) == 0
+    assert main(["demo", run, "--steps", "50"]) == 0
     j, pub = os.path.join(run, "journal.jsonl"), os.path.join(run, "trainledger.pub")
     assert main(["keygen", os.path.join(d, "keys")]) == 0
     assert main(["verify", j, "--pubkey", pub, "--require-closed"]) == 0

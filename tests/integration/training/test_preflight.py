@@ -133,6 +133,30 @@ def test_a_changed_data_file_fails_lineage(tmp_path, signer):
     assert "has digest" in r.gates[1].reason
 
 
+def test_cli_preflight_prints_json_and_an_old_folder_key_is_named(tmp_path, capsys):
+    """--json: one object with the status and every gate; a folder holding 0.1.0's preflight.key keeps signing
+    with it (its journals stay one key's) and is told to move it."""
+    import json
+
+    from trainledger.journal import keygen
+
+    d = base()
+    d["batch"]["accumulation"] = 8
+    p = write(tmp_path, d)
+    assert main(["preflight", str(p), "--journal", str(tmp_path / "a.jsonl"), "--json"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert out["ok"] is False and out["status"].endswith("at schema") and len(out["gates"]) == 10
+    assert out["gates"][0] == {**out["gates"][0], "gate": "schema", "status": "failed"}
+    old = tmp_path / "old"
+    old.mkdir()
+    q = write(old, d)
+    keygen(old, name="preflight")
+    assert main(["preflight", str(q), "--journal", str(old / "b.jsonl")]) == 1
+    assert "a private key inside the folder" in capsys.readouterr().err
+    from trainledger.journal import load_public_key
+    verify(old / "b.jsonl", keys=[load_public_key(old / "preflight.pub")], require_closed=True)
+
+
 def test_cli_records_a_failed_schema_gate_and_keeps_its_key(tmp_path, capsys):
     """A manifest with error findings still gets its journal (schema failed, the rest not run); a second
     preflight in the same folder signs with the same key instead of replacing it."""
@@ -146,6 +170,7 @@ def test_cli_records_a_failed_schema_gate_and_keeps_its_key(tmp_path, capsys):
     assert [g.status for g in gates] == ["failed"] + ["not_run"] * 9 and "E_EFFECTIVE_BATCH" in str(gates[0].measured)
     assert main(["preflight", str(p), "--journal", str(tmp_path / "b.jsonl")]) == 1
     assert (tmp_path / "preflight.pub").read_text() == pub
+    assert not list(tmp_path.rglob("*.key"))   # the private key is kept outside the folder
     from trainledger.journal import load_public_key
     for name in ("a.jsonl", "b.jsonl"):
         verify(tmp_path / name, keys=[load_public_key(tmp_path / "preflight.pub")], require_closed=True)

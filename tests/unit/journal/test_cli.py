@@ -32,7 +32,7 @@ def one_line_error(err: str) -> str:
 
 @pytest.fixture
 def demo(tmp_path, capsys):
-    code, out, _ = run(capsys, "demo", "--out", tmp_path / "run", "--steps", 300)
+    code, out, _ = run(capsys, "demo", tmp_path / "run", "--steps", 300)
     assert code == 0 and "OK" in out and "tail      closed" in out
     return tmp_path / "run" / "journal.jsonl", tmp_path / "run" / "trainledger.pub"
 
@@ -155,7 +155,7 @@ def test_missing_journal(tmp_path, capsys, keypair):
 
 
 def test_public_key_given_as_private_key(tmp_path, capsys, keypair):
-    code, _, err = run(capsys, "demo", "--out", tmp_path / "r", "--key", keypair[2])
+    code, _, err = run(capsys, "demo", tmp_path / "r", "--key", keypair[2])
     assert code == 2 and "this is a public key" in one_line_error(err)
 
 
