@@ -79,11 +79,12 @@ class Reconstruction:
 
 
 def replay(path: str | os.PathLike, *, trust: TrustPolicy | None = None, observe: Callable[[Any], None] | None = None,
-           **trust_options: Any) -> Reconstruction:
+           progress: Callable[[int, int], None] | None = None, **trust_options: Any) -> Reconstruction:
     """Verify ``path`` under ``trust`` (a :class:`TrustPolicy`, or its fields as keywords:
     ``replay(path, keys=[pub])``), then rebuild and audit it.
 
-    ``observe``, when given, is called with every event in order during the same pass (the report draws its
+    ``progress(done, total)``, when given, is told the bytes verified. ``observe``, when given, is called with
+    every event in order during the same pass (the report draws its
     curves this way instead of decoding the journal a second time). Only the signed prefix is folded; the
     journal is copied first and the copy is verified and folded (:func:`~trainledger.journal.audit.replay.fold`).
 
@@ -91,7 +92,7 @@ def replay(path: str | os.PathLike, *, trust: TrustPolicy | None = None, observe
     signed event no projection can fold.
     """
     report, projections = fold(path, default_projections, trust=TrustPolicy.of(trust, **trust_options),
-                               observe=observe)
+                               observe=observe, progress=progress)
     try:
         return _reconstruction(report, projections)
     except (ArithmeticError, ValueError, TypeError, KeyError, IndexError) as e:

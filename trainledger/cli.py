@@ -192,10 +192,14 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 def _replayed(fn, args: argparse.Namespace, **extra):
     """Run a replay (one journal or a run folder): the reconstruction to print, or the exit code when it
     failed (one FAIL line) or ``--json`` already printed it."""
+    progress = None if is_run_dir(args.path) else progress_for(args, "verifying")
     try:
-        rec = fn(args.path, trust=trust_policy(args), **extra)
+        rec = fn(args.path, trust=trust_policy(args), **extra, **({"progress": progress} if progress else {}))
     except IntegrityError as e:
         return say_failed(args, e, args.path)
+    finally:
+        if progress is not None:
+            progress.close()
     if args.json:
         say(json.dumps(rec.to_dict(), default=str))
         return 0 if rec.ok else 1
@@ -258,6 +262,9 @@ def _cmd_report(args: argparse.Namespace) -> int:
     if not folder:
         refuse_partial(args)
     extra = {"partial": args.partial} if folder else {}
+    progress = None if folder else progress_for(args, "verifying")
+    if progress is not None:
+        extra["progress"] = progress
     try:
         rec = (write_run_dir_report if folder else write_report)(args.path, out, trust=trust_policy(args), **extra)
     except IntegrityError as e:

@@ -418,15 +418,16 @@ def render(rec: Reconstruction, s: _Series, png: str | None) -> str:
 
 
 def write_report(path: str | os.PathLike, out: str | os.PathLike, *, trust: TrustPolicy | None = None,
-                 **trust_options: Any) -> Reconstruction:
+                 progress: Any = None, **trust_options: Any) -> Reconstruction:
     """Verify and replay ``path`` and write the HTML page to ``out`` (atomically); return the reconstruction.
+    ``progress(done, total)``, when given, is told the bytes verified.
 
     Raises what :func:`trainledger.journal.verify.verify` raises when the journal does not verify: no page is written
     for a journal that does not verify.
     """
     plt = _matplotlib()
     s = _Series()
-    rec = replay(path, trust=TrustPolicy.of(trust, **trust_options), observe=s.apply)
+    rec = replay(path, trust=TrustPolicy.of(trust, **trust_options), observe=s.apply, progress=progress)
     png = None
     if s.step:
         try:

@@ -23,7 +23,8 @@ __all__ = ["fold"]
 
 def fold(path: str | os.PathLike, projections: Callable[[str | None], list[Projection]], *,
          trust: TrustPolicy | None = None, observe: Callable[[Any], None] | None = None,
-         **trust_options: Any) -> tuple[VerifyReport, list[Projection]]:
+         progress: Callable[[int, int], None] | None = None, **trust_options: Any
+         ) -> tuple[VerifyReport, list[Projection]]:
     """Verify ``path`` under ``trust`` (a :class:`TrustPolicy`, or its fields as keywords) and fold its signed
     prefix through ``projections(format_version)`` in the same pass; return the verify report and the folded
     projections.
@@ -34,7 +35,7 @@ def fold(path: str | os.PathLike, projections: Callable[[str | None], list[Proje
     whose signature checks out covers it (in an unsigned journal, every complete line); events after the last seal
     are counted in ``verify.unsealed_events`` and left out (``allow_unsealed=True`` is needed to get that far).
     Each projection sees only the kinds it declares, through its own function for each (``Projection.handlers``). ``observe``, when given, is called with
-    every folded event in order.
+    every folded event in order; ``progress(done, total)``, when given, is told the bytes read as verify tells it.
 
     Raises what :func:`verify` raises when the journal does not verify (whatever was folded is then thrown away),
     and :class:`SemanticError` (exit 1) for a signed event that no projection can fold.
@@ -92,7 +93,7 @@ def fold(path: str | os.PathLike, projections: Callable[[str | None], list[Proje
                                             seq=getattr(ev, "seq", None))) from None
 
     try:
-        report = verify(path, trust=policy, _consume=consume)
+        report = verify(path, trust=policy, _consume=consume, progress=progress)
     except _FoldFailed as f:
         raise f.error from None
     if not folded:  # nothing signed to fold (no seal yet, with allow_unsealed)

@@ -143,3 +143,20 @@ def test_setup_installs_the_main_job_by_default_and_the_tests_with_a_flag():
     assert '--dev) EXTRAS="dev,$EXTRAS"' in text and '--browser) EXTRAS="dev,$EXTRAS"' in text
     r = subprocess.run(["bash", str(script), "--brwoser"], capture_output=True, text=True, timeout=30)
     assert r.returncode == 2 and "unknown option --brwoser" in r.stderr
+
+
+def test_replay_and_the_report_tell_their_progress(tmp_path, signer, pubkey):
+    """What their progress bar draws on a terminal: the bytes verified, up to the whole journal."""
+    from trainledger.audit import replay
+    from trainledger.journal import Journal, StepObserved
+    from trainledger.report import write_report
+
+    p = tmp_path / "j.jsonl"
+    with Journal.create(p, signer=signer) as j:
+        for s in range(200):
+            j.append(StepObserved(step=s, loss=1.0 + s * 1e-3))
+    for call in (lambda cb: replay(p, keys=[pubkey], progress=cb),
+                 lambda cb: write_report(p, tmp_path / "r.html", keys=[pubkey], progress=cb)):
+        seen: list[tuple[int, int]] = []
+        assert call(lambda done, total: seen.append((done, total))).ok
+        assert seen and seen[-1] == (p.stat().st_size, p.stat().st_size)
