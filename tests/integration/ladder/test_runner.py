@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from journal_tools import read_lines, write_lines
 from test_rung_pieces import seed_rungs
@@ -96,7 +98,10 @@ def test_cli_ladder_runs_verifies_and_prints(tmp_path, capsys):
     assert main(["ladder", "--preset", "tiny", str(tmp_path / "out")]) == 0
     out = capsys.readouterr().out
     assert "no rung halted" in out and "rung_iii_context" in out and "tail      closed" in out
-    assert main(["ladder", "--preset", "halt", str(tmp_path / "halt")]) == 0
-    out = capsys.readouterr().out
-    assert "halted at rung_ii_impossible" in out and "> target 1e-06" in out
+    assert main(["ladder", "--preset", "halt", "--json", str(tmp_path / "halt")]) == 0
+    out, err = capsys.readouterr()
+    d = json.loads(out)   # --json: stdout is one object; the table and the progress go to stderr
+    assert d["halted_at"] == "rung_ii_impossible" and d["replay_consistent"] is True and d["verify"]["tail"] == "closed"
+    assert [o["passed"] for o in d["outcomes"]] == [True, False] and d["report"].endswith("report.html")
+    assert "halted at rung_ii_impossible" in err and "> target 1e-06" in err
     assert main(["ladder", "--preset", "tiny", str(tmp_path / "out")]) == 2  # never overwrites a ladder
