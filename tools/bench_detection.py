@@ -15,7 +15,9 @@ before clipping, and the steps a fault was injected at):
 - ``cnn``: a two-layer CNN classifying 10 noisy 12x12 templates (SGD 0.02, momentum 0.9, batches of 32), which it
   fits: batch losses span decades;
 - ``charlm``: the reference causal LM (d 48, 2 layers, context 32) on this repository's own docs as bytes, AdamW
-  3e-3 with warm-up and cosine decay.
+  3e-3 with warm-up and cosine decay;
+- ``hfgpt2``: a tiny GPT-2 (transformers, from a config) under the Hugging Face Trainer on the same bytes, the
+  loss and grad norm as the Trainer logs them; each fault is a run of its own, injected once (at 60%).
 
 Faults, each injected on its own at three steps of the run (40%, 60% and 80% of it): from the healthy run's state
 just before that step, a branch runs ``BRANCH`` steps with the fault on its first step and the healthy run's batches
@@ -57,8 +59,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 CACHE = ROOT / "bench-out" / "detection"
-MODELS = ("mlp", "linreg", "cnn", "charlm")
-STEPS = {"mlp": 4000, "linreg": 3000, "cnn": 4000, "charlm": 3000}
+MODELS = ("mlp", "linreg", "cnn", "charlm", "hfgpt2")
+STEPS = {"mlp": 4000, "linreg": 3000, "cnn": 4000, "charlm": 3000, "hfgpt2": 800}
 FAULTS = ("none", "loss_x50", "lr_x50", "corrupt_batch", "random_tokens")
 LM_ONLY = {"random_tokens"}
 
@@ -124,11 +126,7 @@ def _charlm(seed: int, steps: int):
 
     from trainledger.training.reference.model import build_causal_lm
 
-    global _DOC_BYTES
-    if _DOC_BYTES is None:
-        text = b"".join(p.read_bytes() for p in sorted((ROOT / "docs").glob("*.md")))
-        _DOC_BYTES = torch.tensor(list(text), dtype=torch.long)
-    tokens = _DOC_BYTES
+    tokens = _doc_tokens()
     block = 32
     model = build_causal_lm(vocab=256, d_model=48, n_layer=2, n_head=4, block=block)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
@@ -241,11 +239,98 @@ def train(model_name: str, seed: int) -> dict:
             "branches": branches, "cpu_s": time.process_time() - t0}
 
 
+def _doc_tokens():
+    import torch
+
+    global _DOC_BYTES
+    if _DOC_BYTES is None:
+        text = b"".join(p.read_bytes() for p in sorted((ROOT / "docs").glob("*.md")))
+        _DOC_BYTES = torch.tensor(list(text), dtype=torch.long)
+    return _DOC_BYTES
+
+
+def _hf_run(seed: int, steps: int, fault: str, at: int | None) -> tuple[list[float], list[float]]:
+    """One run of a tiny GPT-2 (2 layers, d64, bytes) under the Hugging Face Trainer (AdamW 1e-3, warm-up and cosine,
+    clipping at 1.0, batches of 16 x 64 bytes of the docs): the loss and grad norm the Trainer itself logs each step
+    (logging_steps=1). ``fault`` is injected at step ``at`` through ``compute_loss``: it sees the step's batch
+    before the forward pass and its loss before the backward pass; the lr is multiplied there and the scheduler
+    sets it back at its own step."""
+    import tempfile
+
+    import torch
+    import transformers
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+
+    transformers.logging.set_verbosity_error()
+    tokens = _doc_tokens()
+    block = 64
+    n = (tokens.numel() - 1) // block
+
+    class Blocks(torch.utils.data.Dataset):
+        def __len__(self):
+            return n
+
+        def __getitem__(self, i):
+            x = tokens[i * block:(i + 1) * block]
+            return {"input_ids": x, "labels": x}
+
+    class Faulty(Trainer):
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            hit = self.state.global_step == at
+            if hit and fault == "random_tokens":
+                g = torch.Generator().manual_seed(seed * 7 + at)
+                r = torch.randint(0, 256, inputs["input_ids"].shape, generator=g)
+                inputs = {**inputs, "input_ids": r, "labels": r}
+            if hit and fault == "corrupt_batch":   # the labels one position off: the targets not aligned
+                inputs = {**inputs, "labels": torch.roll(inputs["labels"], 1, dims=1)}
+            if hit and fault == "lr_x50":
+                for grp in self.optimizer.param_groups:
+                    grp["lr"] *= 50
+            loss = super().compute_loss(model, inputs, return_outputs=return_outputs,
+                                        num_items_in_batch=num_items_in_batch)
+            if hit and fault == "loss_x50":
+                loss = loss * 50
+            return loss
+
+    torch.manual_seed(seed)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=4, n_embd=64, vocab_size=256, n_positions=block,
+                                       bos_token_id=0, eos_token_id=0))
+    with tempfile.TemporaryDirectory(prefix="tl-bench-det-") as d:
+        args = TrainingArguments(output_dir=d, max_steps=steps, per_device_train_batch_size=16, logging_steps=1,
+                                 learning_rate=1e-3, warmup_steps=50, lr_scheduler_type="cosine", report_to="none",
+                                 use_cpu=True, seed=seed, disable_tqdm=True, save_strategy="no")
+        t = Faulty(model=model, args=args, train_dataset=Blocks())
+        t.remove_callback(transformers.trainer_callback.PrinterCallback)   # the logs are read from log_history
+        t.train()
+    logs = [h for h in t.state.log_history if "loss" in h and "grad_norm" in h]
+    return [float(h["loss"]) for h in logs], [float(h["grad_norm"]) for h in logs]
+
+
+def _train_hf(seed: int) -> dict:
+    """The Trainer cannot branch from a state: each fault is its own run from the same seed, injected once, at 60%
+    of the run; the healthy run must match it step for step up to the injection (checked)."""
+    import torch
+
+    torch.set_num_threads(1)
+    steps = STEPS["hfgpt2"]
+    t0 = time.process_time()
+    loss, grad = _hf_run(seed, steps, "none", None)
+    s = int(steps * 0.6)
+    branches = {}
+    for f in (f for f in FAULTS if f != "none"):
+        fl, fg = _hf_run(seed, steps, f, s)
+        if fl[:s] != loss[:s]:
+            raise SystemExit(f"hfgpt2 seed {seed}: the {f} run differs from the healthy run before its fault")
+        branches[f] = [{"at": s, "loss": fl[s:s + BRANCH], "grad_norm": fg[s:s + BRANCH]}]
+    return {"model": "hfgpt2", "seed": seed, "steps": steps, "loss": loss, "grad_norm": grad, "branches": branches,
+            "cpu_s": time.process_time() - t0}
+
+
 def run_of(model_name: str, seed: int, *, fresh: bool = False) -> dict:
     path = CACHE / f"{model_name}-{seed}.json"
     if path.exists() and not fresh:
         return json.loads(path.read_text())
-    c = train(model_name, seed)
+    c = _train_hf(seed) if model_name == "hfgpt2" else train(model_name, seed)
     CACHE.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(c))
