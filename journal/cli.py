@@ -275,7 +275,7 @@ def _cmd_head(args: argparse.Namespace) -> int:
     if r.head is None:
         raise JournalError(f"{args.path}: no seal yet: nothing to publish")
     if args.json:
-        say(json.dumps({"head": r.head, "seq": r.last_sealed_seq, "hash": r.last_sealed_hash,
+        say(json.dumps({"ok": True, "head": r.head, "seq": r.last_sealed_seq, "hash": r.last_sealed_hash,
                           "run_id": r.run_id, "key_id": r.key_id, "unsealed_events": r.unsealed_events}))
     else:
         say(r.head)

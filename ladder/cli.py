@@ -128,7 +128,7 @@ def _cmd_fit(args: argparse.Namespace) -> int:
         fit = fit_scaling_law(pts, seed=args.seed)
     except ValueError as e:
         raise UsageError(f"{args.csv}: {e}") from None
-    out = {"points": len(pts), "params": fit.params, "loo_error": fit.loo_error(), "warnings": fit.warnings(),
+    out = {"ok": True, "points": len(pts), "params": fit.params, "loo_error": fit.loo_error(), "warnings": fit.warnings(),
            "budgets": []}
     for c in args.budget:
         if not c > 0:

@@ -221,7 +221,7 @@ def _cmd_checkpoint(args: argparse.Namespace) -> int:
     note = checkpoint_note(r.run_id, r.last_sealed_seq + 1, bytes.fromhex(r.last_tree_root),
                            bytes.fromhex(r.last_sealed_hash), base64.b64decode(r.last_seal_sig), pub)
     if args.json:
-        say(json.dumps({"note": note, "origin": origin(r.run_id), "tree_size": r.last_sealed_seq + 1,
+        say(json.dumps({"ok": True, "note": note, "origin": origin(r.run_id), "tree_size": r.last_sealed_seq + 1,
                         "root": base64.b64encode(bytes.fromhex(r.last_tree_root)).decode(), "head": r.head,
                         "vkey": verifier_key(origin(r.run_id), pub.raw), "unsealed_events": r.unsealed_events}))
     else:

@@ -160,3 +160,18 @@ def test_replay_and_the_report_tell_their_progress(tmp_path, signer, pubkey):
         seen: list[tuple[int, int]] = []
         assert call(lambda done, total: seen.append((done, total))).ok
         assert seen and seen[-1] == (p.stat().st_size, p.stat().st_size)
+
+
+def test_every_json_result_says_ok(tmp_path, capsys, signer, pubkey):
+    """A script reads one key to know whether the command did what it asked: "ok", on success and on failure."""
+    from trainledger.journal import Journal, StepObserved
+
+    p = tmp_path / "j.jsonl"
+    with Journal.create(p, signer=signer) as j:
+        for s in range(30):
+            j.append(StepObserved(step=s, loss=1.0))
+    pub = tmp_path / "k.pub"
+    pub.write_text(pubkey.line() + "\n")
+    for argv in (["verify", p], ["head", p], ["checkpoint", p], ["replay", p], ["show", p]):
+        code, out, _ = _run(capsys, *argv, "--json", *(["--pubkey", pub] if argv[0] != "show" else []))
+        assert code == 0 and json.loads(out)["ok"] is True, argv
