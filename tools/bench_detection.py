@@ -17,7 +17,10 @@ before clipping, and the steps a fault was injected at):
 - ``charlm``: the reference causal LM (d 48, 2 layers, context 32) on this repository's own docs as bytes, AdamW
   3e-3 with warm-up and cosine decay;
 - ``hfgpt2``: a tiny GPT-2 (transformers, from a config) under the Hugging Face Trainer on the same bytes, the
-  loss and grad norm as the Trainer logs them; each fault is a run of its own, injected once (at 60%).
+  loss and grad norm as the Trainer logs them; each fault is a run of its own, injected once (at 60%);
+- ``ddplm`` and ``ddplm0``: the charlm under real torchrun, DDP over gloo, 2 ranks (tools/bench_detection_ddp.py),
+  1,500 steps; each fault a run of its own, injected once (at 60%) on rank 1's batch: ``ddplm`` is rank 1's
+  curve, ``ddplm0`` rank 0's (another batch, the same averaged gradient).
 
 Faults, each injected on its own at three steps of the run (40%, 60% and 80% of it): from the healthy run's state
 just before that step, a branch runs ``BRANCH`` steps with the fault on its first step and the healthy run's batches
@@ -59,8 +62,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 CACHE = ROOT / "bench-out" / "detection"
-MODELS = ("mlp", "linreg", "cnn", "charlm", "hfgpt2")
-STEPS = {"mlp": 4000, "linreg": 3000, "cnn": 4000, "charlm": 3000, "hfgpt2": 800}
+MODELS = ("mlp", "linreg", "cnn", "charlm", "hfgpt2", "ddplm", "ddplm0")
+STEPS = {"mlp": 4000, "linreg": 3000, "cnn": 4000, "charlm": 3000, "hfgpt2": 800, "ddplm": 1500, "ddplm0": 1500}
 FAULTS = ("none", "loss_x50", "lr_x50", "corrupt_batch", "random_tokens")
 LM_ONLY = {"random_tokens"}
 
@@ -326,9 +329,54 @@ def _train_hf(seed: int) -> dict:
             "cpu_s": time.process_time() - t0}
 
 
+def _train_ddp(seed: int) -> dict[str, dict]:
+    """The charlm under real torchrun, 2 ranks over gloo (tools/bench_detection_ddp.py): each fault a run of its own
+    from the same seed, injected once at 60% on rank 1's batch (every rank's update for lr_x50), checked equal to the
+    healthy run before it. Two curves: rank 1's (``ddplm``: its own batch's loss) and rank 0's (``ddplm0``: another
+    rank's batch, the same averaged gradient)."""
+    import subprocess
+    import tempfile
+
+    steps = STEPS["ddplm"]
+    s = int(steps * 0.6)
+    t0 = time.perf_counter()
+    curves: dict[str, dict[int, dict]] = {}
+    with tempfile.TemporaryDirectory(prefix="tl-bench-ddp-") as d:
+        for f in FAULTS:
+            out = Path(d) / f
+            env = {**os.environ, "OMP_NUM_THREADS": "1"}
+            r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                                str(ROOT / "tools" / "bench_detection_ddp.py"), str(seed), str(steps), f,
+                                str(s if f != "none" else -1), str(out)], capture_output=True, text=True, env=env,
+                               timeout=1800)
+            if r.returncode != 0:
+                raise SystemExit(f"ddplm seed {seed} {f}: torchrun exited {r.returncode}: {r.stderr[-2000:]}")
+            curves[f] = {k: json.loads((out / f"rank-{k}.json").read_text()) for k in (0, 1)}
+    wall = time.perf_counter() - t0
+    runs = {}
+    for name, k in (("ddplm", 1), ("ddplm0", 0)):
+        h = curves["none"][k]
+        branches = {}
+        for f in FAULTS[1:]:
+            c = curves[f][k]
+            if c["loss"][:s] != h["loss"][:s]:
+                raise SystemExit(f"{name} seed {seed}: the {f} run differs from the healthy run before its fault")
+            branches[f] = [{"at": s, "loss": c["loss"][s:s + BRANCH], "grad_norm": c["grad_norm"][s:s + BRANCH]}]
+        runs[name] = {"model": name, "seed": seed, "steps": steps, "loss": h["loss"], "grad_norm": h["grad_norm"],
+                      "branches": branches, "cpu_s": wall}
+    return runs
+
+
 def run_of(model_name: str, seed: int, *, fresh: bool = False) -> dict:
     path = CACHE / f"{model_name}-{seed}.json"
     if path.exists() and not fresh:
+        return json.loads(path.read_text())
+    if model_name in ("ddplm", "ddplm0"):  # one torchrun job makes both ranks' curves
+        CACHE.mkdir(parents=True, exist_ok=True)
+        for name, c in _train_ddp(seed).items():
+            tmp = (CACHE / f"{name}-{seed}.json").with_suffix(".tmp")
+            tmp.write_text(json.dumps(c))
+            os.replace(tmp, CACHE / f"{name}-{seed}.json")
         return json.loads(path.read_text())
     c = _train_hf(seed) if model_name == "hfgpt2" else train(model_name, seed)
     CACHE.mkdir(parents=True, exist_ok=True)
@@ -589,9 +637,9 @@ def main() -> int:
                              f"{(sum(lat) / len(lat)) if lat else float('nan'):>8.2f} "
                              f"{sum(1 for e in vis if e['in_range']):>8} {len(es) - len(vis):>9} {'':>9}")
         lines.append(f"(scored in {time.perf_counter() - t1:.1f} s)")
-    ru = resource.getrusage(resource.RUSAGE_SELF)
-    lines += ["", f"# whole process: CPU {ru.ru_utime + ru.ru_stime:.1f} s, peak RSS {ru.ru_maxrss / 1024:.0f} MiB; "
-                  f"load {os.getloadavg()[0]:.2f} after"]
+    ru, rc = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    lines += ["", f"# whole process: CPU {ru.ru_utime + ru.ru_stime:.1f} s (its torchrun jobs {rc.ru_utime + rc.ru_stime:.1f} "
+                  f"s), peak RSS {ru.ru_maxrss / 1024:.0f} MiB; load {os.getloadavg()[0]:.2f} after"]
     text = "\n".join(lines) + "\n"
     sys.stdout.write(text)
     if args.out:
