@@ -30,7 +30,9 @@ after it (batches come from a generator seeded by (seed, step)), so the healthy 
 - ``lr_x50``: the learning rate times 50 for that one update (the loss rises from the next step: its onset);
 - ``corrupt_batch``: a batch the pipeline broke: undecoded bytes for the CNN's images (noise in 0..255), features
   not normalised (x 100), the LM's targets not shifted (y = x);
-- ``random_tokens`` (LM only): a batch of uniformly random bytes.
+- ``random_tokens`` (LM only): a batch of uniformly random bytes;
+- a data-order change after a resume (the MLP: the loader restarted from its beginning instead of its cursor),
+  folded through the product's own projection with every step's batch fingerprint (:func:`data_order`).
 
 An episode is *visible* when, within 3 steps of its onset, the loss or the grad norm is at least twice the healthy
 run's at the same step (a fault that changes nothing is not one), and *in range* when it stays under the maximum of
@@ -407,6 +409,52 @@ def episodes(run: dict, fault: str) -> list[dict]:
     return out
 
 
+def data_order(seed: int, *, checkpoint: int = 2000, crash: int = 2400, after: int = 100) -> dict:
+    """A resume whose data order changed, folded through the product's health projection (``data_divergence``):
+    the MLP trained to step ``crash`` with its state kept at ``checkpoint``; then resumed from that state twice,
+    once correctly (the loader at its cursor) and once with the loader restarted from its beginning (a cursor not
+    saved), each to ``crash + after``. Every step carries its batch's fingerprint. Returns, for each resume, the
+    steps its data_divergence anomalies name."""
+    import copy
+
+    import torch
+
+    from trainledger.journal import RunResumed, StepObserved
+    from trainledger.training.health.detectors import HealthProjection, RunConfigured
+    from trainledger.training.health.fingerprint import batch_fingerprint
+
+    torch.set_num_threads(1)
+    torch.manual_seed(seed)
+    model, opt, sched, batch, loss_fn, _ = _mlp(seed, crash + after)
+    params = list(model.parameters())
+
+    def batch_of(k: int):
+        return batch(torch.Generator().manual_seed(seed * 1_000_003 + k))
+
+    events, snap = [], None
+    for step in range(crash + 1):
+        if step == checkpoint + 1:
+            snap = copy.deepcopy((model, opt, sched))
+        x, y = batch_of(step)
+        lv, gv = _step(model, opt, sched, params, x, y, loss_fn)
+        events.append(StepObserved(step=step, loss=lv, grad_norm=gv, batch_fingerprint=float(batch_fingerprint(x, y))))
+    out = {}
+    for name, cursor in (("correct", lambda k: k), ("loader restarted", lambda k: k - checkpoint - 1)):
+        m, o, sc = copy.deepcopy(snap)
+        ps = list(m.parameters())
+        redo = [RunResumed(reason="crash", from_step=checkpoint)]
+        for step in range(checkpoint + 1, crash + after + 1):
+            x, y = batch_of(cursor(step))
+            lv, gv = _step(m, o, sc, ps, x, y, loss_fn)
+            redo.append(StepObserved(step=step, loss=lv, grad_norm=gv,
+                                     batch_fingerprint=float(batch_fingerprint(x, y))))
+        proj = HealthProjection(RunConfigured(loss_scale="log"))
+        found = [a for ev in events + redo for a in proj.apply(ev)]
+        out[name] = {"data_divergence": [a.step for a in found if a.anomaly == "data_divergence"],
+                     "other": [(a.anomaly, a.step) for a in found if a.anomaly != "data_divergence"]}
+    return out
+
+
 # ---------------------------------------------------------------- the rules: a curve -> anomalies and suspicions
 
 
@@ -637,6 +685,28 @@ def main() -> int:
                              f"{(sum(lat) / len(lat)) if lat else float('nan'):>8.2f} "
                              f"{sum(1 for e in vis if e['in_range']):>8} {len(es) - len(vis):>9} {'':>9}")
         lines.append(f"(scored in {time.perf_counter() - t1:.1f} s)")
+    lines += ["", "## totals over every model and seed scored: visible episodes that leave the healthy range, caught "
+                  "within a step; the worst model's false alarms per 1,000 healthy steps"]
+    for name, rule in rules.items():
+        out = [e for es in eps.values() for e in es if e["visible"] and not e["in_range"]]
+        res = [caught(e, rule)[0] for e in out]
+        worst = max((sum(false_alarms(r, rule) for r in runs if r["model"] == m)
+                     / sum(r["steps"] for r in runs if r["model"] == m) * 1000, m)
+                    for m in models if any(r["model"] == m for r in runs))
+        lines.append(f"{name:<24} caught {res.count('caught')}/{len(out)} ({res.count('caught') / len(out):.1%}), "
+                     f"only suspected {res.count('suspected')}; false alarms {worst[0]:.2f}/1k at worst ({worst[1]})")
+    if "mlp" in models:
+        t1 = time.perf_counter()
+        lines += ["", "## data-order change after a resume (mlp; checkpoint at 2,000, crash at 2,400, resumed to 2,500; "
+                      "the product's rule of formats 1.4-1.5)"]
+        for seed in range(args.first_seed, args.seeds):
+            d = data_order(seed)
+            for name, r in d.items():
+                dd = r["data_divergence"]
+                shown = f"{len(dd)} data_divergence anomalies, steps {dd[0]}-{dd[-1]}" if dd else "no data_divergence"
+                lines.append(f"seed {seed}  {name:<17} {shown}; other anomalies {len(r['other'])}")
+        lines.append(f"(trained and folded in {time.perf_counter() - t1:.1f} s; one resume is one episode: the "
+                     "redone steps 2,001-2,400 each count once today)")
     ru, rc = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     lines += ["", f"# whole process: CPU {ru.ru_utime + ru.ru_stime:.1f} s (its torchrun jobs {rc.ru_utime + rc.ru_stime:.1f} "
                   f"s), peak RSS {ru.ru_maxrss / 1024:.0f} MiB; load {os.getloadavg()[0]:.2f} after"]
