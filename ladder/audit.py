@@ -147,7 +147,8 @@ class LadderAudit(Projection):
             self.fit_warnings[ev.rung] = warned
         # absent in journals written before it was recorded
         if "fit_warnings" in ev.choice and ev.choice["fit_warnings"] != warned:
-            return bad(f"recorded fit warnings {ev.choice['fit_warnings']!r}, the law and its points give {warned!r}")
+            return bad(f"recorded fit warnings {repr(ev.choice['fit_warnings'])[:300]}, the law and its points give "
+                       f"{warned!r}")
         if len(ev.evidence) != len(ev.points):
             return bad("the points and the verdicts they cite do not pair up")
         for h, p in zip(ev.evidence, ev.points):

@@ -329,7 +329,9 @@ def fit_warnings(params: dict[str, float], points: Sequence[Sequence[float]],
         return ["the fit's parameters or points are not numbers: nothing can be said of them"]
     lowest = min(losses) if losses else math.nan
     frac = PLAUSIBLE["E_min_fraction"]
-    if math.isfinite(lowest) and e < frac * lowest:
+    if not math.isfinite(e):
+        out.append(f"E = {e!r} is not a finite number")
+    elif math.isfinite(lowest) and e < frac * lowest:
         out.append(f"E = {e:.3g} is under {frac:.0%} of the lowest loss measured ({lowest:.4g}): the irreducible loss "
                    "is not identified (a power-law term carries the floor instead); read E, and predictions far "
                    "beyond the points, as unreliable")

@@ -146,7 +146,7 @@ def register(sub) -> None:
     p.add_argument("--journal", metavar="PATH", help="journal to write (default: preflight-<time>.jsonl beside it)")
     p.add_argument("--key", metavar="FILE",
                    help="private key to sign with (default: a new key in $TRAINLEDGER_KEY_DIR or "
-                        "~/.config/trainledger/keys, named after the journal; never beside it)")
+                        "~/.config/trainledger/keys, one per folder of journals; never beside them)")
     p.add_argument("--template-check", metavar="MODULE:FUNCTION",
                    help="your template/tokenizer/mask check: FUNCTION(manifest, root) -> (ok, detail)")
     p.add_argument("--approval", metavar="FILE", help="a signed approval of this manifest (trainledger approve)")

@@ -5,6 +5,7 @@ fit parameter or box decision, re-signed with the run's own key, named by replay
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -116,6 +117,7 @@ def test_fit_warnings_name_each_implausible_parameter():
     assert w[1].startswith("beta = 0.033 is under 0.05") and "true entropy rate (2.485 nats)" in w[2]
     assert "at or above the lowest loss" in fit_warnings({**fine, "E": 2.9}, pts)[0]
     assert fit_warnings({**fine, "alpha": 3.5}, pts)[0].startswith("alpha = 3.5 is over 2")
+    assert fit_warnings({**fine, "E": math.nan}, pts)[0] == "E = nan is not a finite number"
     assert fit_warnings({"E": "x"}, pts) == ["the fit's parameters or points are not numbers: nothing can be said "
                                               "of them"]
 
