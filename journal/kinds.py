@@ -30,6 +30,8 @@ CHECKPOINT_CONTRACT = ("model", "optimizer", "scheduler", "scaler", "rng", "samp
 
 #: the scales a loss can be scored on (``run_configured.loss_scale``)
 LOSS_SCALES = ("log", "linear")
+#: 1.6: the spike rules a run_configured may name (``spike_rule``; absent: the robust z alone)
+SPIKE_RULES = ("range",)
 
 
 class RunConfigured(Event, tag="run_configured", frozen=True, kw_only=True):
@@ -60,6 +62,17 @@ class RunConfigured(Event, tag="run_configured", frozen=True, kw_only=True):
     #: detectors keep that many past their window (the monitor's default: RESUME_HORIZON); absent: every value
     #: (every journal before 1.5, replayed as it was folded)
     resume_horizon: int | None = None
+    #: 1.6: the spike rules on top of the robust z (training/health/detectors.py, docs/monitor.md): "range" flags at
+    #: once a value above its window's maximum by max(excursion_ratio, (max / median) ** excursion_power), and a
+    #: step whose loss and grad norm both rise above their windows' maxima and joint_z robust sigma and stay above
+    #: joint_confirm_z the next step; both series are scored on the log scale in episodes, and a z above
+    #: immediate_factor x the threshold is flagged on the spot. Absent: every journal before 1.6, scored as it was.
+    spike_rule: str | None = None
+    excursion_ratio: float = 8.0
+    excursion_power: float = 1.5
+    joint_z: float = 3.0
+    joint_confirm_z: float = 3.0
+    immediate_factor: float = 4.0
 
     def __post_init__(self) -> None:
         # Runs on decode too (msgspec): a signed journal with impossible settings fails verification as a schema
@@ -70,6 +83,17 @@ class RunConfigured(Event, tag="run_configured", frozen=True, kw_only=True):
             raise ValueError(f"loss_scale must be one of {', '.join(LOSS_SCALES)}, got {self.loss_scale!r}")
         if self.devices < 1:
             raise ValueError(f"devices must be at least 1, got {self.devices}")
+        if self.spike_rule is not None and self.spike_rule not in SPIKE_RULES:
+            raise ValueError(f"spike_rule must be one of {', '.join(SPIKE_RULES)} or absent, got {self.spike_rule!r}")
+        if self.spike_rule == "range" and self.loss_scale != "log":
+            raise ValueError("spike_rule 'range' scores the loss on the log scale: loss_scale must be 'log'")
+        for name, lo, at_least in (("excursion_ratio", 1.0, False), ("excursion_power", 0.0, False),
+                                   ("joint_z", 0.0, False), ("joint_confirm_z", 0.0, False),
+                                   ("immediate_factor", 1.0, True)):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and (v >= lo if at_least else v > lo)):
+                raise ValueError(f"{name} must be a finite number {'at least' if at_least else 'above'} {lo:g}, "
+                                 f"got {v!r}")
         if self.resume_horizon is not None and not 0 <= self.resume_horizon <= 1 << 30:
             raise ValueError(f"resume_horizon must be between 0 and 2**30, got {self.resume_horizon}")
         p = self.peak_flops_per_sec
@@ -98,6 +122,8 @@ class AnomalyDetected(Event, tag="anomaly_detected", frozen=True, kw_only=True):
     detected_at: int | None = None
     #: Format 1.2: the device of a device_fault / thermal_throttle (derived from device_changed)
     device: int | None = None
+    #: Format 1.6, spike_rule "range": which rule flagged a spike: "z", "excursion" or "joint" (absent: "z")
+    rule: str | None = None
 
     @property
     def kind(self) -> str:

@@ -40,9 +40,9 @@ the 64 healthy steps before it (no rule can tell it from an ordinary batch witho
 
 Each curve is folded through each rule set, step by step, as replay folds a journal: ``linear`` (the seed's rule:
 robust z of the raw loss, formats 1.0-1.3), ``log`` (formats 1.4-1.5: the log of the loss, episodes), a plain
-6-sigma rule like OLMo-core's (mean + 6 standard deviations of the last 128 values, loss and grad norm), and a
-prototype of the rules the next format is to carry (:class:`_Series`, :func:`rule_candidate`; parameters chosen on
-seeds 0 and 1, seeds 2 and 3 held out). Per model and fault: visible episodes *caught* (an anomaly at the onset or
+6-sigma rule like OLMo-core's (mean + 6 standard deviations of the last 128 values, loss and grad norm), the
+prototype the format 1.6 rule was designed with (:class:`_Series`, :func:`rule_candidate`; parameters chosen on
+seeds 0 and 1, seeds 2 and 3 held out), and that rule as the product folds it (``spike_rule="range"``). Per model and fault: visible episodes *caught* (an anomaly at the onset or
 the step after, detected by then), only *suspected* (a ``spike_suspected`` there), the mean latency, how many of
 them were in range and how many injections were invisible; per model, false alarms per 1,000 healthy steps (any
 anomaly on a healthy run).
@@ -458,12 +458,12 @@ def data_order(seed: int, *, checkpoint: int = 2000, crash: int = 2400, after: i
 # ---------------------------------------------------------------- the rules: a curve -> anomalies and suspicions
 
 
-def rule_trainledger(scale: str):
+def rule_trainledger(scale: str, **rule):
     def run(c: dict) -> tuple[list[tuple[int, int]], list[int]]:
         from trainledger.journal import StepObserved
         from trainledger.training.health.detectors import HealthProjection, RunConfigured
 
-        proj = HealthProjection(RunConfigured(loss_scale=scale))
+        proj = HealthProjection(RunConfigured(loss_scale=scale, **rule))
         flagged: list[tuple[int, int]] = []
         for i, (loss, gn) in enumerate(zip(c["loss"], c["grad_norm"])):
             for a in proj.apply(StepObserved(step=i, loss=loss, grad_norm=gn)):
@@ -603,7 +603,8 @@ def rule_candidate(p: dict = CANDIDATE):
 
 
 RULES = {"linear (seed, 1.0-1.3)": rule_trainledger("linear"), "log (1.4-1.5)": rule_trainledger("log"),
-         "OLMo-core 6σ/128": rule_olmo, "candidate (prototype)": rule_candidate()}
+         "OLMo-core 6σ/128": rule_olmo, "candidate (prototype)": rule_candidate(),
+         "range (1.6, the fold)": rule_trainledger("log", spike_rule="range", immediate_factor=1.5)}
 
 
 def false_alarms(run: dict, rule) -> int:

@@ -3,7 +3,7 @@
 
     .venv/bin/python tools/bench_monitor.py                  # 200,000 timed steps; replay 1,000,000 steps
 
-Two figures for observe_step, side by side. In a **real loop**: a tiny causal LM (d_model 64, 2 layers,
+Two figures for observe_step, side by side (the tight one also under format 1.6's ``spike_rule="range"``). In a **real loop**: a tiny causal LM (d_model 64, 2 layers,
 block 32, batch 8) trained with AdamW on the CPU, one thread, and observe_step timed alone after each optimizer
 step, with a signed journal and without one (the torch step evicts the caches a tight loop keeps warm; this is
 the figure a user timing it inside nanoGPT sees). Both also with the detectors' common step in its Python lines
@@ -51,10 +51,11 @@ def timer_overhead() -> float:
     return statistics.median(s)
 
 
-def bench_observe(tmp: Path, values, overhead: float, python_step: bool = False) -> dict:
+def bench_observe(tmp: Path, values, overhead: float, python_step: bool = False, spike_rule: str | None = None) -> dict:
     python_detector_step(python_step)
     j = Journal.create(tmp / f"m-{time.time_ns()}.jsonl", signer=Signer.generate())
-    m = TrainingHealthMonitor(journal=j, loss_window=128, grad_norm_window=128, peak_flops_per_sec=1e12)
+    m = TrainingHealthMonitor(journal=j, loss_window=128, grad_norm_window=128, peak_flops_per_sec=1e12,
+                              spike_rule=spike_rule)
     samples = []
     obs = m.observe_step
     for i, (loss, g, dt) in enumerate(values):
@@ -178,10 +179,11 @@ def main() -> int:
             loop_j.append(bench_in_loop(tmp, args.loop_steps, True, r))
             loop_p.append(bench_in_loop(tmp, args.loop_steps, True, r, python_step=True))
             loop_b.append(bench_in_loop(tmp, args.loop_steps, True, r, batch=args.batch))
-        obs, obs_p = [], []
+        obs, obs_p, obs_r = [], [], []
         for _ in range(args.repeats):
             obs.append(bench_observe(tmp, values, overhead))
             obs_p.append(bench_observe(tmp, values, overhead, python_step=True))
+            obs_r.append(bench_observe(tmp, values, overhead, spike_rule="range"))
         tb = [bench_tensorboard(tmp, values[: args.tb_steps], overhead) for _ in range(args.repeats)]
         rep = bench_replay(tmp, args.replay_steps)
     finally:
@@ -198,7 +200,9 @@ def main() -> int:
           f"{statistics.median(o['mean_us'] for o in loop_j):.2f} µs a step one call at a time")
     print(f"observe_step with a signed journal, window 128, both detectors: median {med:.2f} µs, "
           f"p99 {statistics.median(o['p99_us'] for o in obs):.2f} µs, mean {statistics.median(o['mean_us'] for o in obs):.2f} µs; "
-          f"with the detector's step in Python: median {statistics.median(o['median_us'] for o in obs_p):.2f} µs")
+          f"with the detector's step in Python: median {statistics.median(o['median_us'] for o in obs_p):.2f} µs; "
+          f"with spike_rule=\"range\" (format 1.6): median {statistics.median(o['median_us'] for o in obs_r):.2f} µs, "
+          f"mean {statistics.median(o['mean_us'] for o in obs_r):.2f} µs")
     if tb[0] is not None:
         tbm = statistics.median(t["median_us"] for t in tb)
         print(f"TensorBoard 5 × add_scalar: median {tbm:.2f} µs  →  observe_step is {tbm / med:.1f}× cheaper")

@@ -30,6 +30,7 @@ from trainledger.journal.kinds import (MAX_WINDOW, AnomalyDetected, DataWindowSk
                                        RewindDecided, RunConfigured, SpikeSuspected)
 
 __all__ = [
+    "RANGE_IMMEDIATE_FACTOR",
     "RESUME_HORIZON",
     "state_digest",
     "RunConfigured",
@@ -185,6 +186,9 @@ RESTART_WINDOW = 3
 #: A spike whose z exceeds this multiple of the threshold is flagged on the spot;
 #: a smaller one is flagged when the next step is still elevated (see _Detector).
 IMMEDIATE_FACTOR = 4.0
+#: Format 1.6's "range" rule flags a z above this multiple of the threshold on the spot (the monitor records it in
+#: run_configured.immediate_factor): a one-step bad batch is an anomaly, not a suspicion (tools/bench_detection.py)
+RANGE_IMMEDIATE_FACTOR = 1.5
 #: The next step confirms a candidate spike when its own z exceeds this fraction of the threshold.
 CONFIRM_FRACTION = 0.25
 #: The same for the loss on the log scale (format 1.4), whose rule also treats a spike as one episode: after a
@@ -206,11 +210,19 @@ class _Detector:
     """
 
     __slots__ = ("p", "base", "kind", "log", "pending", "inv_scale", "inv_scale_confirm", "min_periods", "window",
-                 "series", "suspected", "confirm", "episodes", "episode")
+                 "series", "suspected", "confirm", "episodes", "episode", "excursion", "immediate", "joint", "last_z",
+                 "force")
 
     def __init__(self, p: DetectorParams, kind: str, log: bool, series: str, episodes: bool = False,
-                 horizon: int | None = None):
+                 horizon: int | None = None, excursion: tuple[float, float] | None = None,
+                 immediate: float = IMMEDIATE_FACTOR):
         self.p = p
+        #: format 1.6's "range" rule: (log of the ratio, power) of the excursion over the window's maximum; None: off
+        self.excursion = excursion
+        self.immediate = immediate
+        self.joint = False  # "range": this step's value rose above the window's maximum and the joint level
+        self.last_z: float | None = None  # "range": this step's z (0 with a MAD of 0), None in warm-up
+        self.force = False  # "range": score the next value in full (a joint rise waits on it)
         # The 1.4 loss rule (``episodes``): a higher confirmation level, and one anomaly per spike episode.
         self.confirm = EPISODE_CONFIRM_FRACTION if episodes else CONFIRM_FRACTION
         self.episodes = episodes
@@ -259,10 +271,17 @@ class _Detector:
         x = _log(raw) if self.log else raw
         if self.episode:  # inside a flagged spike: its elevated steps are its tail, kept out and not flagged again
             cur = self._z(x, self.inv_scale_confirm)
-            if cur is not None and cur[0] > self.confirm * self.p.z_thresh:
+            if (cur is not None and cur[0] > self.confirm * self.p.z_thresh) or (
+                    self.excursion is not None and self.base._sorted and x > self.base._sorted[-1]):
                 self.episode -= 1
+                self.joint, self.last_z = False, None
                 return None
             self.episode = 0  # back near the baseline: the episode is over, and this value is scored as any
+        if self.excursion is not None:
+            s = self.base._sorted
+            if self.pending is not None or self.force or (s and x > s[-1]) or len(s) < self.min_periods:
+                return self._score_range(step, raw, x, after_resume)
+            self.last_z = None  # not computed: at or below the window's maximum, so no joint rise
         if self.pending is None:
             base = self.base
             if _baseline_step is not None:  # the lines below, in C (journal/_chainfast.c)
@@ -296,6 +315,8 @@ class _Detector:
         return self._score(step, raw, x, after_resume)
 
     def _score(self, step: int, raw: float, x: float, after_resume: bool) -> AnomalyDetected | None:
+        if self.excursion is not None:
+            return self._score_range(step, raw, x, after_resume)
         t = self.p.z_thresh
         pend = self.pending
         if pend is not None:
@@ -321,6 +342,60 @@ class _Detector:
             return None
         self.base.add(step, x)
         return None
+
+
+    def _score_range(self, step: int, raw: float, x: float, after_resume: bool) -> AnomalyDetected | None:
+        """Format 1.6's "range" rule for one value (see RunConfigured.spike_rule): a pending candidate confirmed or
+        released; then an excursion over the window's maximum, flagged at once; then the robust z (at once above
+        ``immediate`` x the threshold, else confirmed by the next value); a value above the window's maximum and
+        the joint level is marked for the projection's joint rule. A window whose MAD is 0 scores no z."""
+        p, t, base = self.p, self.p.z_thresh, self.base
+        self.force, self.joint = False, False
+        pend = self.pending
+        if pend is not None:
+            z = self._plain_z(x)
+            if z is not None and z > self.confirm * t:
+                self.pending = None
+                self.episode = self.window
+                self.last_z = z
+                return AnomalyDetected(step=pend[0], anomaly=self.kind, value=pend[1], baseline_median=pend[3],
+                                       mad=pend[4], z_score=pend[5], threshold=t, detected_at=step, rule="z")
+            self._unconfirmed(step)
+        s = base._sorted
+        if len(s) < p.min_periods:
+            self.last_z = None
+            base.add(step, x)
+            return None
+        med, top = base.median(), s[-1]
+        mad = base.mad(med)
+        z = (x - med) / (MAD_SCALE * mad) if mad > 0 else 0.0
+        self.last_z = z
+        log_ratio, power = self.excursion
+        if x > top + max(log_ratio, power * (top - med)):
+            self.episode = self.window
+            return AnomalyDetected(step=step, anomaly="restart_discontinuity" if after_resume else self.kind,
+                                   value=raw, baseline_median=med, mad=mad,
+                                   z_score=(x - med) / (MAD_SCALE * mad) if mad > 0 else math.inf, threshold=t,
+                                   rule="excursion")
+        if z > t:
+            if after_resume or z > self.immediate * t:
+                self.episode = self.window
+                return AnomalyDetected(step=step, anomaly="restart_discontinuity" if after_resume else self.kind,
+                                       value=raw, baseline_median=med, mad=mad, z_score=z, threshold=t, rule="z")
+            self.pending = [step, raw, x, med, mad, z]
+            return None
+        self.joint = x > top
+        base.add(step, x)
+        return None
+
+    def _plain_z(self, x: float) -> float | None:
+        """The robust z of ``x`` against the window (0 with a MAD of 0), None in warm-up."""
+        base = self.base
+        if len(base) < self.p.min_periods:
+            return None
+        med = base.median()
+        mad = base.mad(med)
+        return (x - med) / (MAD_SCALE * mad) if mad > 0 else 0.0
 
 
 _bisect_left = bisect.bisect_left
@@ -360,12 +435,18 @@ class HealthProjection:
         c = self.config
         # format 1.4's rule (loss_scale "log"): the log of the loss, and one anomaly per spike episode
         self._loss_log = c.loss_scale == "log"
+        #: format 1.6's "range" rule (RunConfigured.spike_rule): the excursion and the joint rise, both series in
+        #: episodes; its detectors take the Python path for values above their window's maximum
+        self._range = c.spike_rule == "range"
+        rng = dict(excursion=(math.log(c.excursion_ratio), c.excursion_power), immediate=c.immediate_factor) \
+            if self._range else {}
         self._loss = _Detector(DetectorParams(c.loss_window, c.loss_min_periods, c.loss_z_thresh, "loss"),
                                "loss_spike", log=self._loss_log, series="loss", episodes=self._loss_log,
-                               horizon=c.resume_horizon)
+                               horizon=c.resume_horizon, **rng)
         self._grad = _Detector(DetectorParams(c.grad_norm_window, c.grad_norm_min_periods, c.grad_norm_z_thresh,
                                               "grad_norm"), "grad_norm_spike", log=True, series="grad_norm",
-                               horizon=c.resume_horizon)
+                               episodes=self._range, horizon=c.resume_horizon, **rng)
+        self._joint: list | None = None  # "range": [step, loss, grad norm, loss z, grad z] of a joint rise
         self.steps = 0
         self.last_step: int | None = None
         self.anomalies: list[AnomalyDetected] = []
@@ -430,6 +511,10 @@ class HealthProjection:
         after_resume = self._pending_resume is not None
         out = _NONE
         loss = ev.loss
+        if self._range:  # the joint rule reads what each detector saw of this step
+            in_episode = bool(self._loss.episode or self._grad.episode)
+            self._loss.joint = self._grad.joint = False
+            self._loss.last_z = self._grad.last_z = None
         if loss - loss == 0:  # finite (NaN and +/-inf give NaN)
             if loss > 0 or not self._loss_log:  # on the log scale a loss <= 0 is not scored (it is no spike)
                 a = self._loss.score(step, loss, after_resume)
@@ -449,6 +534,8 @@ class HealthProjection:
                 self._grad.release(step)
                 out = out + [AnomalyDetected(step=step, anomaly="nan_grad_norm" if g != g else "inf_grad_norm",
                                              value=g)]
+        if self._range:
+            out = self._joint_rule(step, loss, g, out, in_episode)
         fp = ev.batch_fingerprint
         if fp is not None:
             fps = self._fingerprints
@@ -496,6 +583,25 @@ class HealthProjection:
                 self.by_kind[a.anomaly] = self.by_kind.get(a.anomaly, 0) + 1
         return out
 
+    def _joint_rule(self, step: int, loss: float, g: float | None, out: list, in_episode: bool) -> list:
+        """Format 1.6's joint rise: the loss and the grad norm both above their windows' maxima and ``joint_z``
+        robust sigma on one step (no spike flagged, no episode open), and both still above ``joint_confirm_z`` on
+        the next: flagged then as a ``loss_spike`` of the first step (``rule`` "joint"), an episode on both."""
+        c, lo, gr = self.config, self._loss, self._grad
+        pend, self._joint = self._joint, None
+        lo.force = gr.force = False
+        if out:
+            return out
+        lz, gz = lo.last_z, gr.last_z
+        if pend is not None and lz is not None and gz is not None and lz > c.joint_confirm_z and gz > c.joint_confirm_z:
+            lo.episode, gr.episode = lo.window, gr.window
+            return [AnomalyDetected(step=pend[0], anomaly="loss_spike", value=pend[1], z_score=pend[3],
+                                    threshold=c.joint_z, detected_at=step, rule="joint")]
+        if not in_episode and lo.joint and gr.joint and lz > c.joint_z and gz > c.joint_z:
+            self._joint = [step, loss, g, lz, gz]
+            lo.force = gr.force = True
+        return out
+
     def fold_steps(self, events: list[Any], lo: int, hi: int, compute: Any = None,
                    after: Callable[[Any, list[AnomalyDetected]], None] | None = None) -> None:
         """Fold ``events[lo:hi]``, every one a ``step_observed`` record, as :meth:`_step` on each in order (replay's
@@ -509,8 +615,8 @@ class HealthProjection:
         run = _health_run
         while i < hi:
             loss, grad = self._loss, self._grad
-            if run is not None and self._pending_resume is None and loss.pending is None and grad.pending is None \
-                    and not loss.episode and not grad.episode:
+            if run is not None and not self._range and self._pending_resume is None and loss.pending is None \
+                    and grad.pending is None and not loss.episode and not grad.episode:
                 lb, gb, acc = loss.base, grad.base, self.mfu_accounting
                 out = run(events, i, hi, type(events[i]),
                           (lb._sorted, lb._values, lb._steps, loss.min_periods, loss.inv_scale, loss.window, lb.trim_at,
@@ -558,6 +664,9 @@ class HealthProjection:
             self._fingerprints = {k: v for k, v in self._fingerprints.items() if k > s}
         self._loss.pending = self._grad.pending = None  # the steps after the checkpoint are being redone
         self._loss.episode = 0
+        self._grad.episode = 0
+        self._joint = None
+        self._loss.force = self._grad.force = False
         if s is not None:
             self._loss.base.rewind_to(s)
             self._grad.base.rewind_to(s)
@@ -644,6 +753,7 @@ class HealthProjection:
             "pending_resume": self._pending_resume,
             "unknown_events": self.unknown_events,
             **({"loss_episode": self._loss.episode} if self._loss_log else {}),  # 1.4 only: older digests hold
+            **({"range": {"grad_episode": self._grad.episode, "joint": self._joint}} if self._range else {}),  # 1.6
         }
 
     @classmethod
@@ -667,4 +777,9 @@ class HealthProjection:
         p._pending_resume = d["pending_resume"]
         p.unknown_events = d["unknown_events"]
         p._loss.episode = int(d.get("loss_episode", 0))
+        rng = d.get("range")
+        if p._range and isinstance(rng, dict):
+            p._grad.episode = int(rng.get("grad_episode", 0))
+            p._joint = list(rng["joint"]) if rng.get("joint") is not None else None
+            p._loss.force = p._grad.force = p._joint is not None
         return p

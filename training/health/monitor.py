@@ -20,7 +20,7 @@ from typing import Any
 
 from trainledger.journal import Journal, RunResumed, StepObserved
 from trainledger.journal.reader import fold_events
-from trainledger.training.health.detectors import (RESUME_HORIZON, AnomalyDetected, DetectorParams, HealthProjection,
+from trainledger.training.health.detectors import (RANGE_IMMEDIATE_FACTOR, RESUME_HORIZON, AnomalyDetected, DetectorParams, HealthProjection,
                                                    RunConfigured)
 
 from trainledger.training.health.flops import FlopConfig
@@ -48,6 +48,10 @@ class TrainingHealthMonitor:
         monitor.observe_step(step, float(loss.item()), grad_norm=float(gn.item()), step_time_s=dt, batch_size=4)
         monitor.report()
 
+    ``spike_rule="range"`` (journal format 1.6) adds the rules measured in tools/bench_detection.py to the robust
+    z: a value far above its window's maximum, and a loss and grad norm rising together, are anomalies at once, and
+    both series are scored in episodes (docs/monitor.md); the default (None) keeps the rules of formats 1.4-1.5.
+
     Raises ``ValueError`` at construction for an invalid setting.
     """
 
@@ -68,6 +72,7 @@ class TrainingHealthMonitor:
         grad_norm_min_periods: int = 16,
         grad_norm_z_thresh: float = 8.0,
         resume_horizon: int | None = RESUME_HORIZON,
+        spike_rule: str | None = None,
     ):
         DetectorParams(loss_window, loss_min_periods, loss_z_thresh, "loss")
         DetectorParams(grad_norm_window, grad_norm_min_periods, grad_norm_z_thresh, "grad_norm")
@@ -91,6 +96,8 @@ class TrainingHealthMonitor:
             grad_norm_z_thresh=float(grad_norm_z_thresh),
             peak_source=peak_source, peak_spread=None if peak_spread is None else float(peak_spread),
             resume_horizon=resume_horizon,
+            # format 1.6's "range" rule, with the immediate factor tools/bench_detection.py chose for it
+            **({"spike_rule": spike_rule, "immediate_factor": RANGE_IMMEDIATE_FACTOR} if spike_rule is not None else {}),
         )
         self.journal = journal
         self._proj = HealthProjection(self.config)
