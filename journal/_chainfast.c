@@ -1283,21 +1283,23 @@ static PyObject *baseline_step(PyObject *self, PyObject *const *args, Py_ssize_t
     Py_RETURN_TRUE;
 }
 
-/* One detector as health_run takes it: (sorted, values, steps, min_periods, inv_scale, window, trim_at, log). */
+/* One detector as health_run takes it: (sorted, values, steps, min_periods, inv_scale, window, trim_at, log[, cap]).
+ * cap (format 1.6's "range" rule): a value above the warm window's maximum is not common (the caller scores it). */
 typedef struct {
     PyObject *sorted, *values, *steps;
     Py_ssize_t min_periods, window, trim_at;
     double inv_scale;
-    int log;
+    int log, cap;
 } detector;
 
 static int detector_of(PyObject *t, detector *d)
 {
-    if (!PyTuple_CheckExact(t) || PyTuple_GET_SIZE(t) != 8 || !PyList_CheckExact(PyTuple_GET_ITEM(t, 0))
+    if (!PyTuple_CheckExact(t) || (PyTuple_GET_SIZE(t) != 8 && PyTuple_GET_SIZE(t) != 9)
+            || !PyList_CheckExact(PyTuple_GET_ITEM(t, 0))
             || !PyList_CheckExact(PyTuple_GET_ITEM(t, 1)) || !PyList_CheckExact(PyTuple_GET_ITEM(t, 2))
             || !PyFloat_Check(PyTuple_GET_ITEM(t, 4))) {
         PyErr_SetString(PyExc_TypeError, "a detector is (sorted, values, steps, min_periods, inv_scale, window, "
-                                         "trim_at, log)");
+                                         "trim_at, log[, cap])");
         return 0;
     }
     d->sorted = PyTuple_GET_ITEM(t, 0);
@@ -1308,7 +1310,8 @@ static int detector_of(PyObject *t, detector *d)
     d->window = PyLong_AsSsize_t(PyTuple_GET_ITEM(t, 5));
     d->trim_at = PyLong_AsSsize_t(PyTuple_GET_ITEM(t, 6));
     d->log = PyObject_IsTrue(PyTuple_GET_ITEM(t, 7));
-    return !PyErr_Occurred() && d->log >= 0;
+    d->cap = PyTuple_GET_SIZE(t) == 9 ? PyObject_IsTrue(PyTuple_GET_ITEM(t, 8)) : 0;
+    return !PyErr_Occurred() && d->log >= 0 && d->cap >= 0;
 }
 
 static PyObject *S_step, *S_loss, *S_grad_norm, *S_step_time_s, *S_tokens, *S_examples, *S_batch_fingerprint;
@@ -1330,6 +1333,19 @@ static Py_ssize_t slot_of(PyTypeObject *t, PyObject *name)
     }
     Py_DECREF(d);
     return off;
+}
+
+/* Above the warm window's maximum (format 1.6's "range" rule scores such a value in Python): 1, else 0; -1 when
+ * the window's last item is not a float. */
+static int above_cap(const detector *d, double x)
+{
+    Py_ssize_t n = PyList_GET_SIZE(d->sorted);
+    double top;
+    if (!d->cap || n < d->min_periods || n == 0)
+        return 0;
+    if (!float_at(d->sorted, n - 1, &top))
+        return -1;
+    return x > top;
 }
 
 /* A field of a step record as a new reference: read from its slot (NULL, with AttributeError, when unset), or
@@ -1441,7 +1457,7 @@ static PyObject *health_run(PyObject *self, PyObject *const *args, Py_ssize_t na
         double vl = 0.0, vg = 0.0;
         if (score_l) {
             vl = dl.log ? log(loss) : loss;
-            if (PyList_GET_SIZE(dl.values) + 1 >= dl.trim_at
+            if (above_cap(&dl, vl) != 0 || PyList_GET_SIZE(dl.values) + 1 >= dl.trim_at
                     || !baseline_plan(dl.sorted, dl.values, vl, dl.min_periods, dl.inv_scale, dl.window, &at_l, &out_l))
                 goto next;
         }
@@ -1452,7 +1468,7 @@ static PyObject *health_run(PyObject *self, PyObject *const *args, Py_ssize_t na
             score_g = gv > 0;
             if (score_g) {
                 vg = dg.log ? log(gv) : gv;
-                if (PyList_GET_SIZE(dg.values) + 1 >= dg.trim_at
+                if (above_cap(&dg, vg) != 0 || PyList_GET_SIZE(dg.values) + 1 >= dg.trim_at
                         || !baseline_plan(dg.sorted, dg.values, vg, dg.min_periods, dg.inv_scale, dg.window, &at_g, &out_g))
                     goto next;
             }

@@ -96,7 +96,7 @@ def register(sub) -> None:
 
     p = sub.add_parser("query", help="SQL over one or more journals (or folders of them) with DuckDB",
                        description="Load verified journals into an in-memory DuckDB and run SQL over the views "
-                                   "events, runs, steps, anomalies, checkpoints, resumes, rewinds, verdicts, "
+                                   "events, runs, steps, anomalies, episodes, checkpoints, resumes, rewinds, verdicts, "
                                    "decisions, seals. File access is switched off before your SQL runs.",
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("paths", metavar="PATH", nargs="+", help="journals or folders; the last argument is the SQL "

@@ -17,7 +17,7 @@ from typing import Any
 
 from trainledger.journal.events import Event, RunClosed, RunOpened, RunResumed, Seal, StepObserved, TailRepaired
 
-__all__ = ["BUILTIN_KINDS", "ComputeTotaled", "MetricsLogged", "ScalingFitted", "DeviceSampled", "DeviceChanged", "DEVICE_ANOMALIES", "device_anomaly", "TelemetryUnavailable", "ShardsSaved", "StragglerScores", "StragglerDetected", "RankJoined", "RanksAnchored", "AnchorRecorded", "RunConfigured", "AnomalyDetected", "SpikeSuspected", "DetectorParams", "MAX_WINDOW", "CheckpointSaved", "ResumeRejectedEvent", "WeightsRestored", "CheckpointFailed", "CheckpointDeleted",
+__all__ = ["BUILTIN_KINDS", "ComputeTotaled", "MetricsLogged", "ScalingFitted", "DeviceSampled", "DeviceChanged", "DEVICE_ANOMALIES", "device_anomaly", "TelemetryUnavailable", "ShardsSaved", "StragglerScores", "StragglerDetected", "RankJoined", "RanksAnchored", "AnchorRecorded", "RunConfigured", "AnomalyDetected", "SpikeSuspected", "AnomalyEnded", "DetectorParams", "MAX_WINDOW", "CheckpointSaved", "ResumeRejectedEvent", "WeightsRestored", "CheckpointFailed", "CheckpointDeleted",
            "RewindDecided", "DataWindowSkipped", "RunStopped", "RungStarted", "GateVerdict", "DecisionRecorded",
            "PreflightGate", "PreflightCompleted", "EvaluationRecorded", "CheckpointSelected", "ResourceRecorded",
            "CHECKPOINT_CONTRACT"]
@@ -73,6 +73,13 @@ class RunConfigured(Event, tag="run_configured", frozen=True, kw_only=True):
     joint_z: float = 3.0
     joint_confirm_z: float = 3.0
     immediate_factor: float = 4.0
+    #: 1.6, "range": the grad norm's own immediate factor (absent: immediate_factor). A bad batch often moves the
+    #: gradient alone (the loss of a corrupted batch can stay in range); the monitor records 1.25
+    grad_norm_immediate_factor: float | None = None
+    #: 1.6, "range": a z above the immediate factor is flagged on the spot only when the value is also above the
+    #: window's maximum by this multiple of the maximum's distance from the median (log units); else it waits for
+    #: the next step like a smaller one (heavy-tailed noise makes lone values at z 10-15; the monitor records 1.5)
+    immediate_margin: float = 0.0
 
     def __post_init__(self) -> None:
         # Runs on decode too (msgspec): a signed journal with impossible settings fails verification as a schema
@@ -89,8 +96,11 @@ class RunConfigured(Event, tag="run_configured", frozen=True, kw_only=True):
             raise ValueError("spike_rule 'range' scores the loss on the log scale: loss_scale must be 'log'")
         for name, lo, at_least in (("excursion_ratio", 1.0, False), ("excursion_power", 0.0, False),
                                    ("joint_z", 0.0, False), ("joint_confirm_z", 0.0, False),
-                                   ("immediate_factor", 1.0, True)):
+                                   ("immediate_factor", 1.0, True), ("grad_norm_immediate_factor", 1.0, True),
+                                   ("immediate_margin", 0.0, True)):
             v = getattr(self, name)
+            if v is None and name == "grad_norm_immediate_factor":
+                continue
             if not (isinstance(v, (int, float)) and math.isfinite(v) and (v >= lo if at_least else v > lo)):
                 raise ValueError(f"{name} must be a finite number {'at least' if at_least else 'above'} {lo:g}, "
                                  f"got {v!r}")
@@ -124,6 +134,9 @@ class AnomalyDetected(Event, tag="anomaly_detected", frozen=True, kw_only=True):
     device: int | None = None
     #: Format 1.6, spike_rule "range": which rule flagged a spike: "z", "excursion" or "joint" (absent: "z")
     rule: str | None = None
+    #: Format 1.6, spike_rule "range", a loss anomaly: the robust z of the log of the loss, which the rule scores
+    #: (``baseline_median``, ``mad`` and ``z_score`` are then those of the loss itself, as the seed defines them)
+    log_z: float | None = None
 
     @property
     def kind(self) -> str:
@@ -145,6 +158,28 @@ class SpikeSuspected(Event, tag="spike_suspected", frozen=True, kw_only=True):
     threshold: float
     #: the step whose calm (or non-finite) value released it
     released_at: int
+
+
+class AnomalyEnded(Event, tag="anomaly_ended", frozen=True, kw_only=True):
+    """A derived event (format 1.6, spike_rule "range"): the end of the episode an anomaly opened. A spike's
+    elevated steps after its onset, and a resume's redone steps that keep seeing other batches, are its tail: one
+    anomaly, then this record with its extent. Recomputed by replay."""
+
+    #: the anomaly's step (its ``anomaly_detected.step``) and kind
+    step: int
+    anomaly: str
+    series: str  # "loss" | "grad_norm" | "data"
+    #: the episode's last step, and the steps in it (its onset included)
+    last_step: int
+    steps: int
+    #: the largest value in it and its step (None for data divergence)
+    peak: float | None = None
+    peak_step: int | None = None
+    #: "calm" (a value back near the baseline, or a redone batch equal to the first time's), "length" (the window's
+    #: length of steps passed) or "resume"
+    closed_by: str = "calm"
+    #: the step whose observation closed it (None when a resume did)
+    ended_at: int | None = None
 
 
 #: The longest baseline window a detector keeps (a journal cannot ask for more memory than this).
@@ -547,7 +582,7 @@ class ComputeTotaled(Event, tag="compute_totaled", frozen=True, kw_only=True):
 
 BUILTIN_KINDS: dict[str, type[Event]] = {c.__struct_config__.tag: c for c in (
     RunOpened, Seal, StepObserved, RunResumed, TailRepaired, RunClosed,
-    RunConfigured, AnomalyDetected, SpikeSuspected,
+    RunConfigured, AnomalyDetected, SpikeSuspected, AnomalyEnded,
     CheckpointSaved, ResumeRejectedEvent, WeightsRestored, CheckpointFailed, CheckpointDeleted,
     RewindDecided, DataWindowSkipped, RunStopped,
     RungStarted, GateVerdict, DecisionRecorded,

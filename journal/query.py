@@ -59,7 +59,8 @@ from trainledger.journal.verify import VerifyReport, open_checked, read_opening,
 __all__ = ["connect", "open_views", "build_cache", "refresh_cache_in_background", "cache_dir", "journal_files",
            "VIEWS", "Source", "CACHE_MIN_BYTES"]
 
-CACHE_VERSION = 6  # bumped whenever a view's columns change (timeline, runs.imported, the 1.2 kinds, events.rank)
+CACHE_VERSION = 7  # bumped whenever a view's columns change (timeline, runs.imported, the 1.2 kinds, events.rank,
+#                   the 1.6 fields and anomaly_ended)
 #: ``trainledger query`` keeps a columnar copy only of journals at least this large; smaller ones load in
 #: well under a tenth of a second anyway.
 CACHE_MIN_BYTES = 16 * 1024 * 1024
@@ -69,7 +70,8 @@ CACHE_MIN_BYTES = 16 * 1024 * 1024
 #: The rank of a distributed run's journal (its run id ends in ``.rNNNNN``, training/distributed/ranks.py); NULL else.
 RANK_SQL = r"TRY_CAST(regexp_extract(run_id, '\.r([0-9]{5})$', 1) AS INTEGER)"
 
-VIEW_NAMES = {"steps": "step_observed", "anomalies": "anomaly_detected", "checkpoints": "checkpoint_saved",
+VIEW_NAMES = {"steps": "step_observed", "anomalies": "anomaly_detected", "episodes": "anomaly_ended",
+              "checkpoints": "checkpoint_saved",
               "resumes": "run_resumed", "rewinds": "rewind_decided", "verdicts": "gate_verdict",
               "decisions": "decision_recorded", "seals": "seal", "stops": "run_stopped", "configs": "run_configured",
               "stragglers": "straggler_detected", "telemetry": "device_sampled"}

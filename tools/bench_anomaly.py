@@ -74,7 +74,11 @@ def make_series(seed: int, noise: str, series: str):
 
 
 def ours(values, series, **params):
-    params.setdefault("loss_scale", "log")  # the monitor's default (TrainingHealthMonitor) from format 1.4
+    params.setdefault("loss_scale", "log")  # the monitor's defaults (TrainingHealthMonitor): the log scale (1.4)
+    if params["loss_scale"] == "log" and params.get("spike_rule", "range") == "range":  # ... and the range rule (1.6)
+        from trainledger.training.health.detectors import RANGE_DEFAULTS
+
+        params = {**RANGE_DEFAULTS, **params}
     proj = HealthProjection(RunConfigured(**params))
     flagged = []
     for i, v in enumerate(values):

@@ -4,8 +4,9 @@
     .venv/bin/python tools/bench_false_alarms.py             # the MLP (20,000 steps, 2 seeds) + 40 synthetic curves
     .venv/bin/python tools/bench_false_alarms.py --steps 2000 --seeds 1    # a quick look
 
-Every curve is folded through the health projection twice: with ``loss_scale="linear"`` (the rule before journal
-format 1.4: the robust z-score of the raw loss) and ``loss_scale="log"`` (the default from 1.4: of its logarithm).
+Every curve is folded through the health projection three times: with ``loss_scale="linear"`` (the rule before
+journal format 1.4: the robust z-score of the raw loss), ``loss_scale="log"`` (formats 1.4-1.5: of its logarithm)
+and the default from 1.6 (the log scale and the "range" rule).
 Any loss flag on these curves is a false alarm (none has a spike in it):
 
 - **MLP regression**, the case a user reported: a 32-256-256-1 ReLU MLP (AdamW, lr 1e-3, batches of 64, fresh
@@ -36,9 +37,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from trainledger.journal import StepObserved  # noqa: E402
-from trainledger.training.health.detectors import HealthProjection, RunConfigured  # noqa: E402
+from trainledger.training.health.detectors import RANGE_DEFAULTS, HealthProjection, RunConfigured  # noqa: E402
 
-SCALES = ("linear", "log")
+#: the rules compared: the seed's (raw loss), formats 1.4-1.5's (log loss), and the default from 1.6
+RULES = {"linear": {"loss_scale": "linear"}, "log": {"loss_scale": "log", "spike_rule": None},
+         "range": {"loss_scale": "log", **RANGE_DEFAULTS}}
+
 
 
 def mlp_losses(steps: int, seed: int) -> list[float]:
@@ -80,18 +84,20 @@ def synthetic(seed: int, steps: int) -> list[float]:
     return (level * np.exp(width * eps)).tolist()
 
 
-def loss_flags(values: list[float], scale: str, ratios: list[float] | None = None) -> int:
-    """The loss_spike flags on ``values``; ``ratios`` gets each flagged value over its baseline median."""
+def loss_flags(values: list[float], rule: str, ratios: list[float] | None = None) -> int:
+    """The loss_spike flags on ``values`` under ``RULES[rule]``; ``ratios`` gets each flagged value over its baseline
+    median."""
     import math
 
-    proj = HealthProjection(RunConfigured(loss_scale=scale))
+    proj = HealthProjection(RunConfigured(**RULES[rule]))
     n = 0
     for i, v in enumerate(values):
         for a in proj.apply(StepObserved(step=i, loss=v)):
             if a.anomaly == "loss_spike":
                 n += 1
                 if ratios is not None:
-                    base = math.exp(a.baseline_median) if scale == "log" else a.baseline_median
+                    # formats 1.4-1.5 report the log's median; the range rule reports the loss's own (as linear)
+                    base = math.exp(a.baseline_median) if rule == "log" else a.baseline_median
                     ratios.append(a.value / base if base > 0 else math.inf)
     return n
 
@@ -101,13 +107,13 @@ def held_out(seeds: int) -> dict[str, tuple[float, float, float]]:
     import bench_anomaly as B
 
     out = {}
-    for scale in SCALES:
+    for scale in RULES:
         found = total = fa = 0
         lats: list[int] = []
         for noise in ("gaussian", "student_t3"):
             for seed in range(seeds):
                 values, starts = B.make_series(seed, noise, "loss")
-                f, lat, a = B.score(B.ours(values, "loss", loss_scale=scale), starts)
+                f, lat, a = B.score(B.ours(values, "loss", **RULES[scale]), starts)
                 found, total, fa, lats = found + f, total + len(starts), fa + a, lats + lat
         out[scale] = (found / total, fa / (2 * seeds * B.STEPS / 10_000), statistics.fmean(lats) if lats else -1)
     return out
@@ -123,27 +129,28 @@ def main() -> int:
     t0, c0 = time.perf_counter(), time.process_time()
     load = os.getloadavg()[0]
     print(f"# {platform.node()} ({os.cpu_count()} cores), load {load:.2f} at start\n")
-    print("| curves | steps | final loss (median) | loss flags per 1,000 steps: linear | log |")
-    print("|---|---:|---:|---:|---:|")
+    print("| curves | steps | final loss (median) | loss flags per 1,000 steps: linear | log (1.4-1.5) | "
+          "default (1.6) |")
+    print("|---|---:|---:|---:|---:|---:|")
     mlp = [mlp_losses(args.steps, s) for s in range(args.seeds)]
     rows = [("MLP 32-256-256-1 regression", mlp),
             ("synthetic, converging to 1e-5..1e-2", [synthetic(s, args.curve_steps) for s in range(args.curves)])]
     for name, curves in rows:
         steps = sum(len(c) for c in curves)
-        flags = {sc: sum(loss_flags(c, sc) for c in curves) for sc in SCALES}
+        flags = {sc: sum(loss_flags(c, sc) for c in curves) for sc in RULES}
         final = statistics.median(statistics.median(c[-200:]) for c in curves)
         print(f"| {name} ({len(curves)}) | {steps:,} | {final:.2g} | {1000 * flags['linear'] / steps:.2f} "
-              f"| {1000 * flags['log'] / steps:.2f} |")
+              f"| {1000 * flags['log'] / steps:.2f} | {1000 * flags['range'] / steps:.2f} |")
         if curves is mlp:
-            ratios: dict[str, list[float]] = {"linear": [], "log": []}
-            per = [f"{1000 * loss_flags(c, 'log', ratios['log']) / len(c):.2f}" for c in curves]
+            ratios: dict[str, list[float]] = {"linear": [], "log": [], "range": []}
+            per = {r: [f"{1000 * loss_flags(c, r, ratios[r]) / len(c):.2f}" for c in curves] for r in ("log", "range")}
             for c in curves:
                 loss_flags(c, "linear", ratios["linear"])
             q = {k: sorted(v) for k, v in ratios.items()}
-            seeds_line = (f"per MLP seed, log scale: {', '.join(per)} flags per 1,000 steps. A flagged step's loss "
-                          f"over its window's median: linear rule min {q['linear'][0]:.1f}x, median "
-                          f"{statistics.median(q['linear']):.1f}x; log rule min {q['log'][0]:.1f}x, median "
-                          f"{statistics.median(q['log']):.1f}x (each confirmed by the step after it)")
+            seeds_line = (f"per MLP seed: {', '.join(per['log'])} flags per 1,000 steps under 1.4-1.5's rule, "
+                          f"{', '.join(per['range'])} under the default. A flagged step's loss over its window's "
+                          "median: " + "; ".join(f"{k} rule min {v[0]:.1f}x, median {statistics.median(v):.1f}x"
+                                                 for k, v in q.items() if v))
     print(f"\n{seeds_line}")
     print("\nHeld-out spikes (tools/bench_anomaly.py's loss curves, 5 seeds x 2 noises, 20 spikes of 15 robust σ each)\n")
     print("| loss_scale | recall (≤1 step) | false alarms / 10k steps | mean latency (steps) |")

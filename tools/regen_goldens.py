@@ -65,23 +65,30 @@ def every_kind(path: Path) -> Path:
     signer = Signer.generate()
     ident = "sha256:" + "ab" * 32
     sha = "cd" * 32
-    j = Journal.create(path, signer=signer, run_id="golden-every-kind-v1-2", manifest_id=ident,
-                       manifest_label="golden", meta={"golden": "every kind, format 1.2"}, background=False)
+    from trainledger.journal import FORMAT_VERSION
+    from trainledger.training.health.detectors import RANGE_DEFAULTS
+
+    j = Journal.create(path, signer=signer, run_id="golden-every-kind-v" + FORMAT_VERSION.replace(".", "-"),
+                       manifest_id=ident, manifest_label="golden", meta={"golden": f"every kind, format {FORMAT_VERSION}"},
+                       background=False)
+    # the monitor's default rule (format 1.6, "range"): anomaly_ended records the extent of each episode
     config = RunConfigured(n_params=7104, n_layer=2, n_head=2, head_dim=8, seq_len=8, peak_flops_per_sec=1e12,
                            devices=1, loss_window=16, loss_min_periods=4, grad_norm_window=16, grad_norm_min_periods=4,
-                           peak_source="measured", peak_spread=0.12)
+                           peak_source="measured", peak_spread=0.12, loss_scale="log", **RANGE_DEFAULTS)
     proj = HealthProjection(config)
     j.append(config)
 
-    def observe(ev) -> None:  # as the monitor does: the event, then the anomalies and suspicions it implies
+    def observe(ev) -> None:  # as the monitor does: the event, then the anomalies, suspicions and episode ends
         j.append(ev)
         for a in proj.apply(ev):
             j.append(a)
         for x in proj.take_suspected():
             j.append(x)
+        for x in proj.take_ended():
+            j.append(x)
 
     losses = [3.0 - 0.01 * i + 0.003 * math.sin(i) for i in range(24)] + [math.nan, 2.75, 30.0, 2.74]
-    losses[15] += 1.0  # a lone outlier (z 16) the next step does not confirm: spike_suspected, not an anomaly
+    losses[15] += 0.7  # a lone outlier (z 10 on the log scale) the next step does not confirm: spike_suspected
     for i, loss in enumerate(losses):
         observe(StepObserved(step=i, loss=loss, grad_norm=1.0 + 0.01 * (i % 3), lr=3e-4, step_time_s=0.01,
                              tokens=32, examples=4, supervised_tokens=32, data_time_s=0.001, compute_time_s=0.004))
@@ -99,8 +106,13 @@ def every_kind(path: Path) -> Path:
     j.append(DataWindowSkipped(start_batch=20, end_batch=27), durable=True)
     j.append(CheckpointDeleted(path="checkpoints/step-000000019.pt", step=19, reason="retention: keep_last=1"),
              durable=True)
-    for i in range(20, 26):
-        observe(StepObserved(step=i, loss=2.8 - 0.01 * i, grad_norm=1.0, lr=1.5e-4, step_time_s=0.01, tokens=32))
+    for i in range(20, 26):  # each batch's fingerprint (1.4), to hold a step redone after a resume to
+        observe(StepObserved(step=i, loss=2.8 - 0.01 * i, grad_norm=1.0, lr=1.5e-4, step_time_s=0.01, tokens=32,
+                             batch_fingerprint=i + 0.5))
+    observe(RunResumed(reason="crash", from_step=22))
+    for i in range(23, 27):  # the loader restarted one batch short: 23 and 24 see other batches (one episode)
+        observe(StepObserved(step=i, loss=2.8 - 0.01 * i, grad_norm=1.0, lr=1.5e-4, step_time_s=0.01, tokens=32,
+                             batch_fingerprint=i + (0.5 if i > 24 else 0.25)))
     j.append(EvaluationRecorded(hook="heldout", role="target", step=25, checkpoint="checkpoints/step-000000025.pt",
                                 checkpoint_sha256=sha, metrics={"loss": 2.5}, cases=8, cases_sha256="ef" * 32,
                                 cases_path="evals/" + "ef" * 32 + ".json"), durable=True)
@@ -251,8 +263,9 @@ def expectations(path: Path) -> dict:
 
 #: The goldens this code can write. Older ones (every_kind_v1.jsonl: format 1.0, before spike_suspected and the
 #: peak's provenance) are frozen: no builder, never rewritten, and they must keep verifying and replaying.
-# every_kind_v1.jsonl (1.0), every_kind_v1_1.jsonl (1.1) and every_kind_v1_2.jsonl (1.2) are frozen: this code writes the current format.
-GOLDENS = {"every_kind_v1_3.jsonl": every_kind, "resumed_rewound_v1_1.jsonl": resumed_rewound,
+# every_kind_v1.jsonl (1.0), every_kind_v1_1.jsonl (1.1), every_kind_v1_2.jsonl (1.2) and every_kind_v1_3.jsonl (1.3)
+# are frozen: this code writes the current format.
+GOLDENS = {"every_kind_v1_6.jsonl": every_kind, "resumed_rewound_v1_1.jsonl": resumed_rewound,
            "ladder_halt_v1_1.jsonl": ladder_halt, "experiment_v1_1.jsonl": experiment,
            "scaling_ladder_v1_2.jsonl": scaling_ladder}
 

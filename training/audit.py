@@ -35,6 +35,7 @@ from trainledger.journal.kinds import (
     RunConfigured,
     RunStopped,
     SpikeSuspected,
+    AnomalyEnded,
     device_anomaly,
 )
 from trainledger.training.experiment.approval import ApprovalInvalid, SignedApproval, check_approval
@@ -57,6 +58,8 @@ def _key(a: Any) -> tuple:
 
 
 def _what(a: Any) -> str:
+    if isinstance(a, AnomalyEnded):
+        return f"the end of a {a.anomaly} episode"
     return a.kind if isinstance(a, AnomalyDetected) else f"a suspected {a.series} spike"
 
 
@@ -76,7 +79,8 @@ def compare_derived(recomputed: list[tuple[int, Any]], recorded: list[tuple[int,
         k = _key(rc)
         if want[k] > 0:
             want[k] -= 1
-            out.append(_diff(seq, kind, f"the observations give {_what(rc)} at step {rc.step} (z {rc.z_score}), "
+            z = f" (z {rc.z_score})" if getattr(rc, "z_score", None) is not None else ""
+            out.append(_diff(seq, kind, f"the observations give {_what(rc)} at step {rc.step}{z}, "
                                         "which was not recorded"))
     return out
 
@@ -87,7 +91,7 @@ class HealthAudit(Projection):
 
     name = "health"
     kinds = (RunConfigured, StepObserved, RunResumed, DeviceChanged, AnomalyDetected, SpikeSuspected,
-             ComputeTotaled, CheckpointSaved)  # the events it folds (journal.audit.projection)
+             AnomalyEnded, ComputeTotaled, CheckpointSaved)  # the events it folds (journal.audit.projection)
 
     def __init__(self, format_version: str | None = None) -> None:
         self.proj: HealthProjection | None = None
@@ -95,6 +99,8 @@ class HealthAudit(Projection):
         self.recorded: list[tuple[int, AnomalyDetected]] = []
         self.suspected: list[tuple[int, SpikeSuspected]] = []
         self.suspected_recorded: list[tuple[int, SpikeSuspected]] = []
+        self.ended: list[tuple[int, AnomalyEnded]] = []  # format 1.6: the episodes' ends
+        self.ended_recorded: list[tuple[int, AnomalyEnded]] = []
         self._diffs = []  # snapshots that are not the fold
         # spike_suspected came with format 1.1: a journal written before cannot be asked for it
         self.check_suspected = format_version is None or format_at_least(format_version, (1, 1))
@@ -114,6 +120,8 @@ class HealthAudit(Projection):
             self.recomputed += [(seq, an) for an in found]
         if proj.suspected_new:
             self.suspected += [(ev.seq, x) for x in proj.take_suspected()]
+        if proj.ended_new:
+            self.ended += [(ev.seq, x) for x in proj.take_ended()]
 
     def apply_steps(self, events: list[Any], lo: int, hi: int) -> None:
         """:meth:`apply_step` on each of ``events[lo:hi]`` (the common steps in C: HealthProjection.fold_steps)."""
@@ -129,6 +137,8 @@ class HealthAudit(Projection):
         proj = self.proj
         if proj.suspected_new:
             self.suspected += [(ev.seq, x) for x in proj.take_suspected()]
+        if proj.ended_new:
+            self.ended += [(ev.seq, x) for x in proj.take_ended()]
 
     def apply(self, ev: Any) -> None:
         if isinstance(ev, RunConfigured):
@@ -144,6 +154,8 @@ class HealthAudit(Projection):
                 self.recomputed.append((ev.seq, an))
             if proj.suspected_new:
                 self.suspected += [(ev.seq, x) for x in proj.take_suspected()]
+            if proj.ended_new:
+                self.ended += [(ev.seq, x) for x in proj.take_ended()]
         elif isinstance(ev, DeviceChanged) and self.check_device:  # a fault or throttling is an anomaly (1.2)
             an = device_anomaly(ev)
             if an is not None:
@@ -152,6 +164,8 @@ class HealthAudit(Projection):
             self.recorded.append((ev.seq, ev))
         elif isinstance(ev, SpikeSuspected):
             self.suspected_recorded.append((ev.seq, ev))
+        elif isinstance(ev, AnomalyEnded):
+            self.ended_recorded.append((ev.seq, ev))
         elif isinstance(ev, ComputeTotaled):
             want = self.compute.event()
             got = {f: getattr(ev, f) for f in ComputeTotaled.__struct_fields__ if f not in _RECORD_ONLY}
@@ -172,6 +186,8 @@ class HealthAudit(Projection):
         out = compare_derived(self.recomputed, self.recorded, "anomaly_detected") + self._diffs
         if self.check_suspected:
             out += compare_derived(self.suspected, self.suspected_recorded, "spike_suspected")
+        # anomaly_ended (1.6) only follows from a run_configured that names the range rule, which 1.6 brought
+        out += compare_derived(self.ended, self.ended_recorded, "anomaly_ended")
         return out
 
     def summary(self) -> dict[str, Any] | None:

@@ -66,10 +66,21 @@ class Reconstruction:
     #: resumes that were refused (``resume_rejected``): what was asked for, and why not (last, with a default:
     #: 0.1.0's positional fields keep their places)
     rejected_resumes: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    #: format 1.6: each closed anomaly episode (``anomaly_ended`` as replay recomputes it): anomaly, series, step,
+    #: last_step, steps, peak, peak_step, closed_by, ended_at
+    episodes: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     @property
     def ok(self) -> bool:
         return not self.differences
+
+    def anomaly_steps(self, kind: str, limit: int = 10) -> str:
+        """The steps of ``kind``'s anomalies as a reader wants them: ``8-9`` for an episode that lasted to step 9
+        (format 1.6), the first ``limit`` and ``...`` after them."""
+        last = {(e["anomaly"], e["step"]): e["last_step"] for e in self.episodes}
+        steps = self.anomalies_by_kind.get(kind, [])
+        shown = [f"{s}-{last[kind, s]}" if last.get((kind, s), s) > s else str(s) for s in steps[:limit]]
+        return ", ".join(shown) + (" ..." if len(steps) > limit else "")
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -125,6 +136,8 @@ def _reconstruction(report: VerifyReport, projections: list[Projection]) -> Reco
         differences=differences,
         notes=notes,
         compute=msgspec.to_builtins(health_audit.compute.event()) if health_audit.compute.steps else None,
+        episodes=[{k: getattr(e, k) for k in type(e).__struct_fields__ if k not in ("seq", "ts", "h")}
+                  for _, e in health_audit.ended],
     )
 
 

@@ -160,8 +160,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         say(f"  compute {c['steps']:,} steps, {c['tokens']:,} tokens, {c['flops']:.4g} model FLOPs (every step "
             "observed, all segments)")
     for kind, steps in sorted(rec.anomalies_by_kind.items()):
-        shown = ", ".join(map(str, steps[:10])) + (" ..." if len(steps) > 10 else "")
-        say(f"  anomaly {kind}: {len(steps)} at steps {shown}")
+        say(f"  anomaly {kind}: {len(steps)} at step{'s' if len(steps) > 1 else ''} {rec.anomaly_steps(kind)}")
     for c in rec.checkpoints:
         say(f"  checkpoint step {c['step']} {c['path']} sha256 {c['sha256'][:16]}...")
     for r in rec.resumes:

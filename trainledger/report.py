@@ -351,8 +351,8 @@ def render(rec: Reconstruction, s: _Series, png: str | None) -> str:
                               *(f"{mfu[k]:.2%}" if mfu.get(k) is not None else "-" for k in ("mean", "min", "max")),
                               f"{h['tokens_per_s']:,.0f}" if h.get("tokens_per_s") else "-"]], ""))
     parts.append(_table(["anomaly", "count", "steps"],
-                        [[k, len(st), ", ".join(map(str, st[:20])) + (" ..." if len(st) > 20 else "")]
-                         for k, st in sorted(rec.anomalies_by_kind.items())], "no anomalies"))
+                        [[k, len(st), rec.anomaly_steps(k, 20)] for k, st in sorted(rec.anomalies_by_kind.items())],
+                        "no anomalies"))
     c = rec.compute
     if c is not None:
         parts.append("<p>Training compute, every step observed in every segment (what <code>compute_totaled</code> "
@@ -615,7 +615,7 @@ def write_run_dir_report(path: str | os.PathLike, out: str | os.PathLike, *, tru
     parts.append(_table(["seq", "rank", "node", "score", "steps"],
                         [[x["seq"], x["rank"], x["node"] or "-", f"{x['score']:.3f}", f"{x['window'][0]}-{x['window'][1]}"]
                          for x in rec.stragglers], "no straggler flagged"))
-    anomalies = [[r, k, len(st), ", ".join(map(str, st[:20])) + (" ..." if len(st) > 20 else "")]
+    anomalies = [[r, k, len(st), one.anomaly_steps(k, 20)]
                  for r, one in sorted(rec.ranks.items()) for k, st in sorted(one.anomalies_by_kind.items())]
     parts.append("<h2>Anomalies</h2>")
     parts.append(_table(["rank", "anomaly", "count", "steps"], anomalies, "no anomalies"))

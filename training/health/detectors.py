@@ -26,11 +26,14 @@ from trainledger.journal.accel import fast as _fast
 from trainledger.journal.codec import UnknownEvent, record_type
 from trainledger.journal.events import RunResumed, StepObserved
 from trainledger.training.health.mfu import MfuAccounting
-from trainledger.journal.kinds import (MAX_WINDOW, AnomalyDetected, DataWindowSkipped, DetectorParams,  # noqa: F401
-                                       RewindDecided, RunConfigured, SpikeSuspected)
+from trainledger.journal.kinds import (MAX_WINDOW, AnomalyDetected, AnomalyEnded, DataWindowSkipped,  # noqa: F401
+                                       DetectorParams, RewindDecided, RunConfigured, SpikeSuspected)
 
 __all__ = [
     "RANGE_IMMEDIATE_FACTOR",
+    "RANGE_GRAD_IMMEDIATE_FACTOR",
+    "RANGE_IMMEDIATE_MARGIN",
+    "RANGE_DEFAULTS",
     "RESUME_HORIZON",
     "state_digest",
     "RunConfigured",
@@ -189,6 +192,21 @@ IMMEDIATE_FACTOR = 4.0
 #: Format 1.6's "range" rule flags a z above this multiple of the threshold on the spot (the monitor records it in
 #: run_configured.immediate_factor): a one-step bad batch is an anomaly, not a suspicion (tools/bench_detection.py)
 RANGE_IMMEDIATE_FACTOR = 1.5
+#: The same for the grad norm (run_configured.grad_norm_immediate_factor): a corrupted batch under DDP moved rank 0's
+#: grad norm alone, to a z of 10-12, and the next step did not confirm it (tools/bench_detection.py, ddplm0)
+RANGE_GRAD_IMMEDIATE_FACTOR = 1.25
+#: ... and only when the value is also above the window's maximum by 1.5x the maximum's distance from the median
+#: (run_configured.immediate_margin): Student-t(3) noise makes lone values at z 10-15, whose windows reach far
+#: (tools/bench_anomaly.py: 0.56 false alarms per 1,000 steps on such grad norms, 0.94 without the margin)
+RANGE_IMMEDIATE_MARGIN = 1.5
+#: The excursion's floor the monitor records (run_configured.excursion_ratio): 32x the window's maximum. With the z
+#: flagged on the spot above, a lower floor adds nothing on the benchmark's faults and flags more of a long MLP
+#: regression's own one-step spikes (tools/bench_false_alarms.py: 1.85 per 1,000 steps at 8x, 0.97 at 32x)
+RANGE_EXCURSION_RATIO = 32.0
+#: What the monitor records by default (format 1.6): the "range" rule with the settings above
+RANGE_DEFAULTS = {"spike_rule": "range", "immediate_factor": RANGE_IMMEDIATE_FACTOR,
+                  "grad_norm_immediate_factor": RANGE_GRAD_IMMEDIATE_FACTOR, "immediate_margin": RANGE_IMMEDIATE_MARGIN,
+                  "excursion_ratio": RANGE_EXCURSION_RATIO}
 #: The next step confirms a candidate spike when its own z exceeds this fraction of the threshold.
 CONFIRM_FRACTION = 0.25
 #: The same for the loss on the log scale (format 1.4), whose rule also treats a spike as one episode: after a
@@ -211,18 +229,27 @@ class _Detector:
 
     __slots__ = ("p", "base", "kind", "log", "pending", "inv_scale", "inv_scale_confirm", "min_periods", "window",
                  "series", "suspected", "confirm", "episodes", "episode", "excursion", "immediate", "joint", "last_z",
-                 "force")
+                 "force", "raw", "joint_z", "raw_stats", "ep", "sink", "margin")
 
     def __init__(self, p: DetectorParams, kind: str, log: bool, series: str, episodes: bool = False,
                  horizon: int | None = None, excursion: tuple[float, float] | None = None,
-                 immediate: float = IMMEDIATE_FACTOR):
+                 immediate: float = IMMEDIATE_FACTOR, margin: float = 0.0):
         self.p = p
         #: format 1.6's "range" rule: (log of the ratio, power) of the excursion over the window's maximum; None: off
         self.excursion = excursion
         self.immediate = immediate
+        self.margin = margin  # "range": the immediate z also needs x - max > margin * (max - median)
         self.joint = False  # "range": this step's value rose above the window's maximum and the joint level
         self.last_z: float | None = None  # "range": this step's z (0 with a MAD of 0), None in warm-up
         self.force = False  # "range": score the next value in full (a joint rise waits on it)
+        #: "range", the loss: anomalies report the loss's own median, MAD and z (the rule scores its log: log_z)
+        self.raw = excursion is not None and log and kind == "loss_spike"
+        self.joint_z = math.inf  # "range": the joint level (the projection sets it)
+        self.raw_stats: tuple[float, float] | None = None  # the raw median and MAD before a joint candidate's step
+        #: "range": the open episode of an anomaly this detector flagged, [step, kind, last_step, peak, peak_step,
+        #: steps]; its anomaly_ended goes to ``sink`` (the projection's list) when it closes
+        self.ep: list | None = None
+        self.sink: list = []
         # The 1.4 loss rule (``episodes``): a higher confirmation level, and one anomaly per spike episode.
         self.confirm = EPISODE_CONFIRM_FRACTION if episodes else CONFIRM_FRACTION
         self.episodes = episodes
@@ -254,6 +281,21 @@ class _Detector:
         scale = MAD_SCALE * mad
         return ((x - med) / scale if scale > 0 else math.inf), med, mad
 
+    def open(self, a: AnomalyDetected, last: int, raw: float) -> AnomalyDetected:
+        """Open the episode of anomaly ``a`` (its tail so far reaching step ``last``, whose value was ``raw``)."""
+        self.episode = self.window
+        if a.value >= raw or a.value != a.value:
+            self.ep = [a.step, a.anomaly, last, a.value, a.step, 1 + (last > a.step)]
+        else:
+            self.ep = [a.step, a.anomaly, last, raw, last, 1 + (last > a.step)]
+        return a
+
+    def close(self, how: str, at: int | None) -> None:
+        """Close the open episode: its anomaly_ended goes to the sink."""
+        ep, self.ep = self.ep, None
+        self.sink.append(AnomalyEnded(step=ep[0], anomaly=ep[1], series=self.series, last_step=ep[2], steps=ep[5],
+                                      peak=ep[3], peak_step=ep[4], closed_by=how, ended_at=at))
+
     def release(self, step: int) -> None:
         """Give up on a candidate (a non-finite value came instead of a confirmation): it joins the baseline,
         and is recorded as suspected."""
@@ -275,8 +317,18 @@ class _Detector:
                     self.excursion is not None and self.base._sorted and x > self.base._sorted[-1]):
                 self.episode -= 1
                 self.joint, self.last_z = False, None
+                ep = self.ep
+                if ep is not None:
+                    ep[2] = step
+                    ep[5] += 1
+                    if raw > ep[3]:
+                        ep[3], ep[4] = raw, step
+                    if not self.episode:
+                        self.close("length", step)
                 return None
             self.episode = 0  # back near the baseline: the episode is over, and this value is scored as any
+            if self.ep is not None:
+                self.close("calm", step)
         if self.excursion is not None:
             s = self.base._sorted
             if self.pending is not None or self.force or (s and x > s[-1]) or len(s) < self.min_periods:
@@ -356,10 +408,13 @@ class _Detector:
             z = self._plain_z(x)
             if z is not None and z > self.confirm * t:
                 self.pending = None
-                self.episode = self.window
                 self.last_z = z
-                return AnomalyDetected(step=pend[0], anomaly=self.kind, value=pend[1], baseline_median=pend[3],
-                                       mad=pend[4], z_score=pend[5], threshold=t, detected_at=step, rule="z")
+                if self.raw:
+                    return self.open(self._raw_anomaly(pend[0], self.kind, pend[1], pend[6], pend[5], t, "z",
+                                                       detected_at=step), step, raw)
+                return self.open(AnomalyDetected(step=pend[0], anomaly=self.kind, value=pend[1],
+                                                 baseline_median=pend[3], mad=pend[4], z_score=pend[5], threshold=t,
+                                                 detected_at=step, rule="z"), step, raw)
             self._unconfirmed(step)
         s = base._sorted
         if len(s) < p.min_periods:
@@ -371,22 +426,46 @@ class _Detector:
         z = (x - med) / (MAD_SCALE * mad) if mad > 0 else 0.0
         self.last_z = z
         log_ratio, power = self.excursion
+        kind = "restart_discontinuity" if after_resume else self.kind
         if x > top + max(log_ratio, power * (top - med)):
-            self.episode = self.window
-            return AnomalyDetected(step=step, anomaly="restart_discontinuity" if after_resume else self.kind,
-                                   value=raw, baseline_median=med, mad=mad,
-                                   z_score=(x - med) / (MAD_SCALE * mad) if mad > 0 else math.inf, threshold=t,
-                                   rule="excursion")
+            zx = (x - med) / (MAD_SCALE * mad) if mad > 0 else math.inf
+            if self.raw:
+                return self.open(self._raw_anomaly(step, kind, raw, self._raw_median_mad(), zx, t, "excursion"),
+                                 step, raw)
+            return self.open(AnomalyDetected(step=step, anomaly=kind, value=raw, baseline_median=med, mad=mad,
+                                             z_score=zx, threshold=t, rule="excursion"), step, raw)
         if z > t:
-            if after_resume or z > self.immediate * t:
-                self.episode = self.window
-                return AnomalyDetected(step=step, anomaly="restart_discontinuity" if after_resume else self.kind,
-                                       value=raw, baseline_median=med, mad=mad, z_score=z, threshold=t, rule="z")
-            self.pending = [step, raw, x, med, mad, z]
+            if after_resume or (z > self.immediate * t and x - top > self.margin * (top - med)):
+                if self.raw:
+                    return self.open(self._raw_anomaly(step, kind, raw, self._raw_median_mad(), z, t, "z"), step, raw)
+                return self.open(AnomalyDetected(step=step, anomaly=kind, value=raw, baseline_median=med, mad=mad,
+                                                 z_score=z, threshold=t, rule="z"), step, raw)
+            self.pending = [step, raw, x, med, mad, z] + ([list(self._raw_median_mad())] if self.raw else [])
             return None
         self.joint = x > top
+        if self.joint and self.raw and z > self.joint_z:  # a joint candidate: its window before it joins
+            self.raw_stats = self._raw_median_mad()
         base.add(step, x)
         return None
+
+    def _raw_median_mad(self) -> tuple[float, float]:
+        """The median and MAD of the loss itself over the window (whose values are its logs): what a loss
+        anomaly of the "range" rule reports, as the seed's rule did."""
+        vals = [math.exp(v) for v in self.base._sorted]  # exp is increasing: still sorted
+        n = len(vals)
+        h = n // 2
+        med = vals[h] if n % 2 else 0.5 * (vals[h - 1] + vals[h])
+        mad = _kth_deviation(vals, med, h) if n % 2 else \
+            0.5 * (_kth_deviation(vals, med, h - 1) + _kth_deviation(vals, med, h))
+        return med, mad
+
+    @staticmethod
+    def _raw_anomaly(step: int, kind: str, raw: float, stats: Any, log_z: float, t: float, rule: str,
+                     detected_at: int | None = None) -> AnomalyDetected:
+        med, mad = stats
+        return AnomalyDetected(step=step, anomaly=kind, value=raw, baseline_median=med, mad=mad,
+                               z_score=(raw - med) / (MAD_SCALE * mad) if mad > 0 else math.inf, threshold=t,
+                               detected_at=detected_at, rule=rule, log_z=log_z)
 
     def _plain_z(self, x: float) -> float | None:
         """The robust z of ``x`` against the window (0 with a MAD of 0), None in warm-up."""
@@ -438,15 +517,22 @@ class HealthProjection:
         #: format 1.6's "range" rule (RunConfigured.spike_rule): the excursion and the joint rise, both series in
         #: episodes; its detectors take the Python path for values above their window's maximum
         self._range = c.spike_rule == "range"
-        rng = dict(excursion=(math.log(c.excursion_ratio), c.excursion_power), immediate=c.immediate_factor) \
-            if self._range else {}
+        rng = dict(excursion=(math.log(c.excursion_ratio), c.excursion_power), immediate=c.immediate_factor,
+                   margin=c.immediate_margin) if self._range else {}
+        grng = dict(rng, immediate=c.grad_norm_immediate_factor or c.immediate_factor) if self._range else {}
         self._loss = _Detector(DetectorParams(c.loss_window, c.loss_min_periods, c.loss_z_thresh, "loss"),
                                "loss_spike", log=self._loss_log, series="loss", episodes=self._loss_log,
                                horizon=c.resume_horizon, **rng)
         self._grad = _Detector(DetectorParams(c.grad_norm_window, c.grad_norm_min_periods, c.grad_norm_z_thresh,
                                               "grad_norm"), "grad_norm_spike", log=True, series="grad_norm",
-                               episodes=self._range, horizon=c.resume_horizon, **rng)
+                               episodes=self._range, horizon=c.resume_horizon, **grng)
+        self._loss.joint_z = c.joint_z if self._range else math.inf
         self._joint: list | None = None  # "range": [step, loss, grad norm, loss z, grad z] of a joint rise
+        #: "range": the anomaly_ended records of the episodes closed since the last take_ended (the live monitor
+        #: appends them; replay compares them with what was recorded)
+        self.ended_new: list[AnomalyEnded] = []
+        self._loss.sink = self._grad.sink = self.ended_new
+        self._dd: list | None = None  # "range": the open data-divergence episode, [step, last_step, steps]
         self.steps = 0
         self.last_step: int | None = None
         self.anomalies: list[AnomalyDetected] = []
@@ -534,15 +620,24 @@ class HealthProjection:
                 self._grad.release(step)
                 out = out + [AnomalyDetected(step=step, anomaly="nan_grad_norm" if g != g else "inf_grad_norm",
                                              value=g)]
-        if self._range:
-            out = self._joint_rule(step, loss, g, out, in_episode)
+        if self._range and (self._joint is not None or (self._loss.joint and self._grad.joint)):
+            out = self._joint_rule(step, loss, g, out, in_episode)  # (force is only ever set with a joint pending)
         fp = ev.batch_fingerprint
         if fp is not None:
             fps = self._fingerprints
             before = fps.pop(step, None)
             if before is not None and not _same_batch(before, fp):
-                out = out + [AnomalyDetected(step=step, anomaly="data_divergence", value=fp,
-                                             baseline_median=before)]
+                dd = self._dd
+                if dd is None:  # (format 1.6, "range": the redone steps that go on diverging are its tail)
+                    out = out + [AnomalyDetected(step=step, anomaly="data_divergence", value=fp,
+                                                 baseline_median=before)]
+                    if self._range:
+                        self._dd = [step, step, 1]
+                else:
+                    dd[1] = step
+                    dd[2] += 1
+            elif self._dd is not None:  # the same batch as the first time, or a step not done before
+                self._close_data("calm", step)
             fps[step] = fp
             if len(fps) > FINGERPRINT_WINDOW:
                 del fps[next(iter(fps))]
@@ -594,11 +689,11 @@ class HealthProjection:
             return out
         lz, gz = lo.last_z, gr.last_z
         if pend is not None and lz is not None and gz is not None and lz > c.joint_confirm_z and gz > c.joint_confirm_z:
-            lo.episode, gr.episode = lo.window, gr.window
-            return [AnomalyDetected(step=pend[0], anomaly="loss_spike", value=pend[1], z_score=pend[3],
-                                    threshold=c.joint_z, detected_at=step, rule="joint")]
+            gr.episode = gr.window
+            return [lo.open(lo._raw_anomaly(pend[0], "loss_spike", pend[1], pend[5], pend[3], c.joint_z, "joint",
+                                            detected_at=step), step, loss)]
         if not in_episode and lo.joint and gr.joint and lz > c.joint_z and gz > c.joint_z:
-            self._joint = [step, loss, g, lz, gz]
+            self._joint = [step, loss, g, lz, gz, list(lo.raw_stats)]
             lo.force = gr.force = True
         return out
 
@@ -615,14 +710,14 @@ class HealthProjection:
         run = _health_run
         while i < hi:
             loss, grad = self._loss, self._grad
-            if run is not None and not self._range and self._pending_resume is None and loss.pending is None \
-                    and grad.pending is None and not loss.episode and not grad.episode:
+            if run is not None and self._pending_resume is None and loss.pending is None and grad.pending is None \
+                    and not loss.episode and not grad.episode and self._joint is None:
                 lb, gb, acc = loss.base, grad.base, self.mfu_accounting
                 out = run(events, i, hi, type(events[i]),
                           (lb._sorted, lb._values, lb._steps, loss.min_periods, loss.inv_scale, loss.window, lb.trim_at,
-                           loss.log),
+                           loss.log, self._range),
                           (gb._sorted, gb._values, gb._steps, grad.min_periods, grad.inv_scale, grad.window, gb.trim_at,
-                           grad.log),
+                           grad.log, self._range),
                           self._loss_log, acc.fpt, acc.peak, self.token_time_s, self.mfu_sum, self.mfu_min, self.mfu_max)
                 stop = out[0]
                 if stop > i:
@@ -653,7 +748,23 @@ class HealthProjection:
         new, self.suspected_new = self.suspected_new, []
         return new
 
+    def _close_data(self, how: str, at: int | None) -> None:
+        dd, self._dd = self._dd, None
+        self.ended_new.append(AnomalyEnded(step=dd[0], anomaly="data_divergence", series="data", last_step=dd[1],
+                                           steps=dd[2], closed_by=how, ended_at=at))
+
+    def take_ended(self) -> list[AnomalyEnded]:
+        """The ``anomaly_ended`` events the last folds produced; emptied by the call."""
+        new = list(self.ended_new)
+        self.ended_new.clear()  # the detectors hold this list
+        return new
+
     def _resume(self, ev: RunResumed) -> list[AnomalyDetected]:
+        for det in (self._loss, self._grad):  # a resume ends every open episode: the steps after it are redone
+            if det.ep is not None:
+                det.close("resume", None)
+        if self._dd is not None:
+            self._close_data("resume", None)
         prev = self._pending_resume
         if prev is not None:  # resumed again before the window closed: no break was seen
             del prev["left"]
@@ -753,7 +864,8 @@ class HealthProjection:
             "pending_resume": self._pending_resume,
             "unknown_events": self.unknown_events,
             **({"loss_episode": self._loss.episode} if self._loss_log else {}),  # 1.4 only: older digests hold
-            **({"range": {"grad_episode": self._grad.episode, "joint": self._joint}} if self._range else {}),  # 1.6
+            **({"range": {"grad_episode": self._grad.episode, "joint": self._joint, "loss_ep": self._loss.ep,
+                          "grad_ep": self._grad.ep, "data_ep": self._dd}} if self._range else {}),  # 1.6
         }
 
     @classmethod
@@ -782,4 +894,7 @@ class HealthProjection:
             p._grad.episode = int(rng.get("grad_episode", 0))
             p._joint = list(rng["joint"]) if rng.get("joint") is not None else None
             p._loss.force = p._grad.force = p._joint is not None
+            for det, key in ((p._loss, "loss_ep"), (p._grad, "grad_ep")):
+                det.ep = list(rng[key]) if rng.get(key) is not None else None
+            p._dd = list(rng["data_ep"]) if rng.get("data_ep") is not None else None
         return p

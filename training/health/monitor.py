@@ -20,8 +20,8 @@ from typing import Any
 
 from trainledger.journal import Journal, RunResumed, StepObserved
 from trainledger.journal.reader import fold_events
-from trainledger.training.health.detectors import (RANGE_IMMEDIATE_FACTOR, RESUME_HORIZON, AnomalyDetected, DetectorParams, HealthProjection,
-                                                   RunConfigured)
+from trainledger.training.health.detectors import (RANGE_DEFAULTS, RESUME_HORIZON, AnomalyDetected, DetectorParams,
+                                                   HealthProjection, RunConfigured)
 
 from trainledger.training.health.flops import FlopConfig
 
@@ -48,9 +48,12 @@ class TrainingHealthMonitor:
         monitor.observe_step(step, float(loss.item()), grad_norm=float(gn.item()), step_time_s=dt, batch_size=4)
         monitor.report()
 
-    ``spike_rule="range"`` (journal format 1.6) adds the rules measured in tools/bench_detection.py to the robust
-    z: a value far above its window's maximum, and a loss and grad norm rising together, are anomalies at once, and
-    both series are scored in episodes (docs/monitor.md); the default (None) keeps the rules of formats 1.4-1.5.
+    ``spike_rule="range"`` (journal format 1.6, the default with the log scale) adds the rules measured in
+    tools/bench_detection.py to the robust z: a value far above its window's maximum, and a loss and grad norm
+    rising together, are anomalies at once, and both series are scored in episodes (docs/monitor.md). A loss
+    anomaly reports the loss's own median, MAD and robust z (``z_score``, the seed's receipt) and the z of its log
+    that the rule scored (``log_z``). ``spike_rule=None`` keeps the rules of formats 1.4-1.5 (and
+    ``loss_scale="linear"`` the seed's, 1.0-1.3).
 
     Raises ``ValueError`` at construction for an invalid setting.
     """
@@ -72,7 +75,7 @@ class TrainingHealthMonitor:
         grad_norm_min_periods: int = 16,
         grad_norm_z_thresh: float = 8.0,
         resume_horizon: int | None = RESUME_HORIZON,
-        spike_rule: str | None = None,
+        spike_rule: str | None = "default",
     ):
         DetectorParams(loss_window, loss_min_periods, loss_z_thresh, "loss")
         DetectorParams(grad_norm_window, grad_norm_min_periods, grad_norm_z_thresh, "grad_norm")
@@ -83,6 +86,8 @@ class TrainingHealthMonitor:
             raise ValueError(f"devices must be a positive integer, got {devices!r}")
         if flop_config is not None and not isinstance(flop_config, FlopConfig):
             raise ValueError("flop_config must be a training.flops.FlopConfig (see flop_config_from_causal_lm)")
+        if spike_rule == "default":  # the range rule scores the log of the loss: with the linear scale, the seed's rule
+            spike_rule = "range" if loss_scale == "log" else None
         fc = flop_config
         self.config = RunConfigured(
             n_params=fc.n_params if fc else None, n_layer=fc.n_layer if fc else None,
@@ -97,7 +102,7 @@ class TrainingHealthMonitor:
             peak_source=peak_source, peak_spread=None if peak_spread is None else float(peak_spread),
             resume_horizon=resume_horizon,
             # format 1.6's "range" rule, with the immediate factor tools/bench_detection.py chose for it
-            **({"spike_rule": spike_rule, "immediate_factor": RANGE_IMMEDIATE_FACTOR} if spike_rule is not None else {}),
+            **(dict(RANGE_DEFAULTS, spike_rule=spike_rule) if spike_rule is not None else {}),
         )
         self.journal = journal
         self._proj = HealthProjection(self.config)
@@ -144,8 +149,14 @@ class TrainingHealthMonitor:
             if proj.suspected_new:  # a candidate the next step did not confirm: on record, not an anomaly
                 for sus in proj.take_suspected():
                     j.append_deferred(sus)
-        elif proj.suspected_new:
-            proj.suspected_new.clear()
+            if proj.ended_new:  # an episode closed: its extent on record
+                for end in proj.take_ended():
+                    j.append_deferred(end)
+        else:
+            if proj.suspected_new:
+                proj.suspected_new.clear()
+            if proj.ended_new:
+                proj.ended_new.clear()
         return found
 
     def observe_resume(self, from_step: int | None, *, reason: str = "checkpoint",
@@ -162,6 +173,11 @@ class TrainingHealthMonitor:
             if not (isinstance(last, RunResumed) and last.from_step == from_step):
                 self.journal.append(ev)  # else: a restore (restore_sharded, restore_checkpoint) just recorded it
         self._proj.apply(ev)
+        if self._proj.ended_new:  # the resume ended the open episodes: derived here, whoever wrote run_resumed
+            ended = self._proj.take_ended()
+            if self.journal is not None:
+                for end in ended:
+                    self.journal.append(end)
 
     def report(self) -> dict[str, Any]:
         """JSON-serializable: steps, MFU mean/min/max/count, tokens/s, anomalies by kind, restarts."""
@@ -205,6 +221,7 @@ class TrainingHealthMonitor:
             if ev.seq > upto:
                 proj.apply(ev)
         proj.suspected_new.clear()  # already on record
+        proj.ended_new.clear()
         self.observe_resume(checkpoint.step, checkpoint=checkpoint.path, append=False)
         return self
 
@@ -216,6 +233,7 @@ class TrainingHealthMonitor:
         proj = HealthProjection()
         proj.apply_all(list(history))
         proj.suspected_new.clear()  # already on record
+        proj.ended_new.clear()
         return cls._around(proj, journal)
 
     @classmethod

@@ -192,5 +192,7 @@ def test_batch_fingerprint_records_each_steps_batch_and_a_resume_on_other_batche
     redone = [s for s in _events(run, "step_observed")][7:]
     assert redone[0].step == 5 and redone[0].batch_fingerprint == fa[0]     # batch 0 again, at step 5
     flagged = [a for a in _events(run, "anomaly_detected") if a.kind == "data_divergence"]
-    assert [a.step for a in flagged] == [5, 6]   # every redone step that ran before the crash
+    assert [a.step for a in flagged] == [5]   # one episode: the redone steps that ran before the crash, 5 and 6
+    [end] = [e for e in _events(run, "anomaly_ended") if e.anomaly == "data_divergence"]
+    assert (end.step, end.last_step, end.steps, end.ended_at) == (5, 6, 2, 7)   # step 7 never ran before
     assert replay(run / "journal.jsonl", keys=[pubkey]).ok

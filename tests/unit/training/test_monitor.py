@@ -17,15 +17,29 @@ from trainledger.training.health.monitor import TrainingHealthMonitor
 
 
 def test_seed_example_spike_flagged_same_step():
-    """000_…: losses 3.0..3.01 then 50.0 at step 6 give loss_spike at step 6 with z ≈ 1584.885 (the seed's rule:
-    the raw loss, ``loss_scale="linear"``; on the default log scale the same step is flagged, test below)."""
+    """000_…, written exactly as the seed writes it: losses 3.0..3.01 then 50.0 at step 6 give loss_spike at step 6
+    with z_score 1584.885, the robust median/MAD z of the raw loss, under the default rule (format 1.6's "range",
+    which flags it on the spot by the z of its log: log_z)."""
+    monitor = TrainingHealthMonitor(loss_window=10, loss_min_periods=5, loss_z_thresh=6.0)
+    for step, loss in enumerate([3.0, 3.05, 2.95, 3.02, 2.98, 3.01]):
+        monitor.observe_step(step, loss)
+    anomalies = monitor.observe_step(6, 50.0)  # a deliberate spike
+    assert [(a.kind, a.step, a.detected_at) for a in anomalies] == [("loss_spike", 6, None)]
+    assert round(anomalies[0].z_score, 3) == 1584.885
+    assert (anomalies[0].rule, round(anomalies[0].baseline_median, 6), round(anomalies[0].mad, 6)) == \
+        ("z", 3.005, 0.02)
+    assert anomalies[0].log_z > 24  # log(50 / 3.005) against a log-space MAD of 0.0067
+    assert monitor.config.spike_rule == "range" and monitor.report()["anomalies_by_kind"] == {"loss_spike": 1}
+
+
+def test_seed_example_under_the_seeds_own_rule():
+    """The seed's rule itself (``loss_scale="linear"``, formats 1.0-1.3) gives the same receipt."""
     monitor = TrainingHealthMonitor(loss_window=10, loss_min_periods=5, loss_z_thresh=6.0, loss_scale="linear")
     for step, loss in enumerate([3.0, 3.05, 2.95, 3.02, 2.98, 3.01]):
         assert monitor.observe_step(step, loss) == []
-    anomalies = monitor.observe_step(6, 50.0)
-    assert [(a.kind, a.step) for a in anomalies] == [("loss_spike", 6)]
-    assert round(anomalies[0].z_score, 3) == 1584.885
-    assert monitor.report()["anomalies_by_kind"] == {"loss_spike": 1}
+    [a] = monitor.observe_step(6, 50.0)
+    assert (a.kind, a.step, round(a.z_score, 3), a.log_z) == ("loss_spike", 6, 1584.885, None)
+    assert monitor.config.spike_rule is None
 
 
 @pytest.mark.parametrize("loss,grad,kinds", [
@@ -231,21 +245,34 @@ def _steady(m, n=40):
         m.observe_step(i, 3.0 + 0.01 * ((i * 7) % 5 - 2))
 
 
-def test_moderate_spike_is_confirmed_by_the_next_step():
-    m = TrainingHealthMonitor(loss_window=30, loss_min_periods=10, loss_z_thresh=8.0)
+@pytest.mark.parametrize("spike_rule", ["range", None])
+def test_moderate_spike_is_confirmed_by_the_next_step(spike_rule):
+    m = TrainingHealthMonitor(loss_window=30, loss_min_periods=10, loss_z_thresh=8.0, spike_rule=spike_rule)
     _steady(m)
-    # MAD of the steady series is 0.01, so robust sigma = 0.0148: +0.2 is z ~ 13.5 (between 8 and 32).
-    assert m.observe_step(40, 3.2) == []  # a candidate: wait one step
+    # MAD of the steady series' logs is 0.0033, so robust sigma = 0.0049: +0.15 is z ~ 10 (between 8 and 12).
+    assert m.observe_step(40, 3.15) == []  # a candidate: wait one step
     found = m.observe_step(41, 3.1)  # still elevated: it was a spike
     assert [(a.kind, a.step, a.detected_at) for a in found] == [("loss_spike", 40, 41)]
 
 
-def test_lone_outlier_is_not_a_spike():
-    m = TrainingHealthMonitor(loss_window=30, loss_min_periods=10, loss_z_thresh=8.0)
+@pytest.mark.parametrize("spike_rule", ["range", None])
+def test_lone_outlier_is_not_a_spike(spike_rule):
+    m = TrainingHealthMonitor(loss_window=30, loss_min_periods=10, loss_z_thresh=8.0, spike_rule=spike_rule)
     _steady(m)
-    assert m.observe_step(40, 3.2) == []
+    assert m.observe_step(40, 3.15) == []
     assert m.observe_step(41, 3.0) == []  # back to normal: heavy-tailed noise, not a spike
-    assert m.report()["anomalies"] == 0
+    assert m.report()["anomalies"] == 0 and [s.step for s in m.suspected] == [40]
+
+
+def test_a_one_step_jump_well_above_the_threshold_is_an_anomaly_at_once():
+    """The default rule: z above 1.5x the threshold is flagged on the spot (a bad batch lasts one step); the rules
+    of formats 1.4-1.5 only suspected it unless z > 4x."""
+    for rule, want in (("range", [("loss_spike", 40)]), (None, [])):
+        m = TrainingHealthMonitor(loss_window=30, loss_min_periods=10, loss_z_thresh=8.0, spike_rule=rule)
+        _steady(m)
+        assert [(a.kind, a.step) for a in m.observe_step(40, 3.3)] == want  # z ~ 19
+        m.observe_step(41, 3.0)
+        assert m.report()["anomalies"] == len(want)
 
 
 def test_hfu_reported_only_when_recompute_is_declared():

@@ -18,10 +18,11 @@ def _kinds(p):
 @pytest.mark.parametrize("series", ["loss", "grad_norm"])
 def test_a_lone_outlier_is_suspected_not_an_anomaly(tmp_path, signer, pubkey, series):
     """Seen on nanoGPT: a batch of random tokens (loss z 10.7), a single-step 51x grad-norm jump (z 27.7): the next
-    step is calm, so neither is an anomaly, and both used to leave no trace at all."""
+    step is calm, so under the rules of formats 1.4-1.5 neither is an anomaly, and both used to leave no trace at all
+    (the default rule flags both: the test below)."""
     p = tmp_path / "j.jsonl"
     with Journal.create(p, signer=signer) as j:
-        m = TrainingHealthMonitor(journal=j)
+        m = TrainingHealthMonitor(journal=j, spike_rule=None)
         for i in range(80):
             loss = 3.0 + 0.01 * (i % 7)
             gn = 1.0 + 0.02 * (i % 5)
@@ -35,6 +36,22 @@ def test_a_lone_outlier_is_suspected_not_an_anomaly(tmp_path, signer, pubkey, se
     assert _kinds(p).count("spike_suspected") == 1
     rec = replay(p, keys=[pubkey])
     assert rec.ok and rec.health["spikes_suspected"] == 1 and rec.anomalies_by_kind == {}
+
+
+@pytest.mark.parametrize("series", ["loss", "grad_norm"])
+def test_the_default_rule_flags_those_one_step_jumps_and_replay_agrees(tmp_path, signer, pubkey, series):
+    p = tmp_path / "j.jsonl"
+    with Journal.create(p, signer=signer) as j:
+        m = TrainingHealthMonitor(journal=j)
+        for i in range(80):
+            loss = 3.0 + 0.01 * (i % 7)
+            gn = 1.0 + 0.02 * (i % 5)
+            if i == 60:
+                loss, gn = (loss + 0.5, gn) if series == "loss" else (loss, gn * 1.5)
+            found = m.observe_step(i, loss, grad_norm=gn)
+            assert [a.step for a in found] == ([60] if i == 60 else [])
+    rec = replay(p, keys=[pubkey])
+    assert rec.ok and rec.anomalies_by_kind == {f"{series}_spike": [60]} and rec.health["spikes_suspected"] == 0
 
 
 def test_a_doctored_suspicion_is_named_by_replay(tmp_path, signer, pubkey):
