@@ -57,6 +57,9 @@ def register(sub) -> None:
     p.add_argument("directory", metavar="DIR", help="the folder to write the key pair into (created if absent)")
     p.add_argument("--name", default="trainledger", help="file name stem (default: trainledger)")
     p.add_argument("--force", action="store_true", help="overwrite existing key files")
+    p.add_argument("--release", action="store_true",
+                   help="write a release key instead: ECDSA P-256 PEM, DIR/release.key (0600) and DIR/release.pub, "
+                        "for trainledger release and model signing (docs/provenance.md)")
     add_json_option(p)
     p.set_defaults(func=_cmd_keygen)
 
@@ -132,6 +135,10 @@ def register(sub) -> None:
 
 
 def _cmd_keygen(args: argparse.Namespace) -> int:
+    if args.release:
+        from trainledger.journal.release.cli import cmd_keygen_release
+
+        return cmd_keygen_release(args)
     priv, pub = keygen(args.directory, name=args.name, force=args.force)
     if args.json:
         from trainledger.journal.keys import load_public_key

@@ -17,7 +17,7 @@ from typing import Any
 
 from trainledger.journal.events import Event, RunClosed, RunOpened, RunResumed, Seal, StepObserved, TailRepaired
 
-__all__ = ["BUILTIN_KINDS", "ComputeTotaled", "MetricsLogged", "ScalingFitted", "DeviceSampled", "DeviceChanged", "DEVICE_ANOMALIES", "device_anomaly", "TelemetryUnavailable", "ShardsSaved", "StragglerScores", "StragglerDetected", "RankJoined", "RanksAnchored", "AnchorRecorded", "RunConfigured", "AnomalyDetected", "SpikeSuspected", "AnomalyEnded", "DetectorParams", "MAX_WINDOW", "CheckpointSaved", "ResumeRejectedEvent", "WeightsRestored", "CheckpointFailed", "CheckpointDeleted",
+__all__ = ["BUILTIN_KINDS", "ComputeTotaled", "MetricsLogged", "ScalingFitted", "DeviceSampled", "DeviceChanged", "DEVICE_ANOMALIES", "device_anomaly", "TelemetryUnavailable", "ShardsSaved", "StragglerScores", "StragglerDetected", "RankJoined", "RanksAnchored", "AnchorRecorded", "RunConfigured", "AnomalyDetected", "SpikeSuspected", "AnomalyEnded", "ModelExported", "DetectorParams", "MAX_WINDOW", "CheckpointSaved", "ResumeRejectedEvent", "WeightsRestored", "CheckpointFailed", "CheckpointDeleted",
            "RewindDecided", "DataWindowSkipped", "RunStopped", "RungStarted", "GateVerdict", "DecisionRecorded",
            "PreflightGate", "PreflightCompleted", "EvaluationRecorded", "CheckpointSelected", "ResourceRecorded",
            "CHECKPOINT_CONTRACT"]
@@ -229,6 +229,28 @@ class CheckpointSaved(Event, tag="checkpoint_saved", frozen=True, kw_only=True):
 
     def __post_init__(self) -> None:  # on decode too: a resume checks every entry
         _check_files(self.files or (), "checkpoint")
+
+
+class ModelExported(Event, tag="model_exported", frozen=True, kw_only=True):
+    """Format 1.6: the weights a run wrote to ship (a ``save_pretrained`` folder, a safetensors file's folder), as
+    OpenSSF model signing digests them (``trainledger.journal.release.manifest``): every file, {file, bytes,
+    sha256} in model signing's order, and ``digest`` the SHA-256 over those digests, so ``model_signing digest`` of
+    the folder gives ``digest``. ``step`` the step the weights are of, ``checkpoint`` the ``checkpoint_saved`` path
+    they came from (None: not a recorded checkpoint); ``base`` the digest of the released model it was fine-tuned
+    from, and ``base_release`` that release's run id (None: trained from scratch)."""
+
+    path: str  # the folder as the run named it
+    digest: str
+    files: list[dict[str, Any]]
+    step: int | None = None
+    checkpoint: str | None = None
+    base: str | None = None
+    base_release: str | None = None
+
+    def __post_init__(self) -> None:  # on decode too
+        _check_files(self.files, "exported")
+        if not (len(self.digest) == 64 and all(c in "0123456789abcdef" for c in self.digest)):
+            raise ValueError("digest must be 64 lowercase hex digits (a SHA-256)")
 
 
 def folder_digest(files: list[dict[str, Any]]) -> str:
@@ -583,7 +605,7 @@ class ComputeTotaled(Event, tag="compute_totaled", frozen=True, kw_only=True):
 BUILTIN_KINDS: dict[str, type[Event]] = {c.__struct_config__.tag: c for c in (
     RunOpened, Seal, StepObserved, RunResumed, TailRepaired, RunClosed,
     RunConfigured, AnomalyDetected, SpikeSuspected, AnomalyEnded,
-    CheckpointSaved, ResumeRejectedEvent, WeightsRestored, CheckpointFailed, CheckpointDeleted,
+    CheckpointSaved, ResumeRejectedEvent, WeightsRestored, CheckpointFailed, CheckpointDeleted, ModelExported,
     RewindDecided, DataWindowSkipped, RunStopped,
     RungStarted, GateVerdict, DecisionRecorded,
     PreflightGate, PreflightCompleted, EvaluationRecorded, CheckpointSelected, ResourceRecorded,

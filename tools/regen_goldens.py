@@ -94,6 +94,14 @@ def every_kind(path: Path) -> Path:
                              tokens=32, examples=4, supervised_tokens=32, data_time_s=0.001, compute_time_s=0.004))
     j.append(CheckpointSaved(step=19, path="checkpoints/step-000000019.pt", bytes=1234, sha256=sha,
                              contents=["model", "optimizer"], duration_s=0.5, tokens=640), durable=True)
+    # 1.6: the weights the run shipped, from that checkpoint (one file, its bytes: the checkpoint's own)
+    from trainledger.journal.kinds import ModelExported
+    from trainledger.journal.release.manifest import FileDigest, root_digest
+
+    shipped = [FileDigest("config.json", 17, "ef" * 32), FileDigest("model.safetensors", 1234, sha)]
+    j.append(ModelExported(path="export", digest=root_digest(shipped), step=19, checkpoint="checkpoints/step-000000019.pt",
+                           files=[{"file": f.path, "bytes": f.size, "sha256": f.sha256} for f in shipped]),
+             durable=True)
     j.append(ResumeRejectedEvent(path="checkpoints/step-000000019.pt", reason="resume-invalid-missing-state",
                                  missing=["rng"], detail="the checkpoint lacks rng"), durable=True)
     j.append(WeightsRestored(path="checkpoints/step-000000019.pt", step=19, override="fine-tune"), durable=True)

@@ -24,6 +24,7 @@ from trainledger.journal.kinds import (
     AnomalyDetected,
     CheckpointSaved,
     CheckpointSelected,
+    ModelExported,
     ComputeTotaled,
     DataWindowSkipped,
     DeviceChanged,
@@ -42,7 +43,7 @@ from trainledger.training.experiment.approval import ApprovalInvalid, SignedAppr
 from trainledger.training.health.detectors import HealthProjection, state_digest
 from trainledger.training.health.mfu import ComputeTotals
 
-__all__ = ["HealthAudit", "CheckpointLog", "RewindAudit", "StopLog", "SelectionAudit", "PreflightAudit",
+__all__ = ["HealthAudit", "ExportAudit", "CheckpointLog", "RewindAudit", "StopLog", "SelectionAudit", "PreflightAudit",
            "compare_derived", "rewind_allowed", "select_checkpoint", "approval_problem", "register"]
 
 
@@ -403,6 +404,58 @@ class PreflightAudit(Projection):
             self.stopped = None
 
 
+class ExportAudit(Projection):
+    """Every ``model_exported`` (format 1.6): its digest is the one its files give (model signing's), the
+    checkpoint it names was recorded before it, of the same step; and how many of its files are that checkpoint's
+    bytes (none: converted or merged weights, said plainly, not a difference)."""
+
+    name = "exports"
+    kinds = (CheckpointSaved, ModelExported)  # the events it folds (journal.audit.projection)
+
+    def __init__(self) -> None:
+        self.exports: list[dict[str, Any]] = []
+        self._diffs = []
+        self._checkpoints: dict[str, Any] = {}
+
+    def apply(self, ev: Any) -> None:
+        if isinstance(ev, CheckpointSaved):
+            self._checkpoints[ev.path] = ev
+            return
+        from trainledger.journal.release.manifest import FileDigest, root_digest
+
+        files = [FileDigest(f["file"], f["bytes"], f["sha256"]) for f in ev.files]
+        if root_digest(files) != ev.digest:
+            self._diffs.append(_diff(ev.seq, "model_exported", f"the digest {ev.digest[:16]}... is not the one its "
+                                                               "files give"))
+        same = None
+        if ev.checkpoint is not None:
+            c = self._checkpoints.get(ev.checkpoint)
+            if c is None:
+                self._diffs.append(_diff(ev.seq, "model_exported", f"exported from checkpoint {ev.checkpoint}, "
+                                                                   "which the journal does not record before it"))
+            else:
+                if ev.step is not None and c.step != ev.step:
+                    self._diffs.append(_diff(ev.seq, "model_exported", f"of step {ev.step}, from checkpoint "
+                                                                       f"{c.path} of step {c.step}"))
+                theirs = {(f["file"], f["sha256"]) for f in (c.files or [])}
+                if c.files is None:  # one file: its bytes are the checkpoint's when a file has its digest
+                    theirs = {(f.path, c.sha256) for f in files if f.sha256 == c.sha256}
+                same = sorted(f.path for f in files if (f.path, f.sha256) in theirs)
+        self.exports.append({"seq": ev.seq, "path": ev.path, "digest": ev.digest, "step": ev.step,
+                             "checkpoint": ev.checkpoint, "files": len(files), "bytes": sum(f.size for f in files),
+                             "same_as_checkpoint": same, "base": ev.base})
+
+    def notes(self) -> list[str]:
+        out = []
+        for e in self.exports:
+            if e["checkpoint"] is None:
+                out.append(f"model export at seq {e['seq']} ({e['path']}): not a recorded checkpoint's weights")
+            elif not e["same_as_checkpoint"]:
+                out.append(f"model export at seq {e['seq']} ({e['path']}): none of its files is checkpoint "
+                           f"{e['checkpoint']}'s bytes (converted or merged weights)")
+        return out
+
+
 def register(registry: ProjectionRegistry) -> None:
     """Add the training domain's projections to ``registry``, in replay's order."""
     registry.add("health", HealthAudit)
@@ -411,3 +464,4 @@ def register(registry: ProjectionRegistry) -> None:
     registry.add("stops", lambda _fv: StopLog())
     registry.add("selection", lambda _fv: SelectionAudit())
     registry.add("preflight", lambda _fv: PreflightAudit())
+    registry.add("exports", lambda _fv: ExportAudit())

@@ -305,6 +305,19 @@ class Recorder:
         self._kept.append(ev)
         return ev
 
+    def record_export(self, path: str | os.PathLike, *, step: int | None = None, base: str | None = None,
+                      base_release: str | None = None) -> Any:
+        """Record the weights the run ships (a ``save_pretrained`` folder, a folder of safetensors files) as
+        ``model_exported``: every file's digest as OpenSSF model signing computes it, the step (default: the last
+        step recorded) and the checkpoint of that step, if one was saved. ``base``: the digest of the released model
+        this run fine-tuned (``verify-model`` of the base prints it), ``base_release`` its run id. Then
+        ``trainledger release FOLDER RUN --key release.key`` signs it for release (docs/provenance.md)."""
+        from trainledger.journal.release.export import checkpoint_of, record_export
+
+        step = self.monitor.last_step if step is None else step
+        return record_export(self.journal, path, step=step, checkpoint=checkpoint_of(self._kept, step),
+                             base=base, base_release=base_release, relative_to=self.run)
+
     def check_checkpoint(self, path: str | os.PathLike) -> CheckpointSaved:
         """Before loading a checkpoint your own code wrote: check it against its signed record and record the
         verdict (``run_resumed``; or ``resume_rejected`` and :class:`ResumeRejected`). Returns the record."""

@@ -69,6 +69,9 @@ class Reconstruction:
     #: format 1.6: each closed anomaly episode (``anomaly_ended`` as replay recomputes it): anomaly, series, step,
     #: last_step, steps, peak, peak_step, closed_by, ended_at
     episodes: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    #: format 1.6: each ``model_exported`` (the weights the run shipped): seq, path, digest, step, checkpoint, files,
+    #: bytes, same_as_checkpoint (its files that are the checkpoint's bytes), base
+    exports: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -123,6 +126,9 @@ def _reconstruction(report: VerifyReport, projections: list[Projection]) -> Reco
         notes.append("no step observations: the health, MFU and anomaly receipts rest on nothing")
     elif health["mfu"]["implausible"]:
         notes.append(f"MFU implausible: {health['mfu']['above_100pct']:,} steps above 100% (the peak is too low)")
+    exports = by_name.get("exports")
+    if exports is not None:
+        notes += exports.notes()
     return Reconstruction(
         verify=report,
         health=health,
@@ -138,6 +144,7 @@ def _reconstruction(report: VerifyReport, projections: list[Projection]) -> Reco
         compute=msgspec.to_builtins(health_audit.compute.event()) if health_audit.compute.steps else None,
         episodes=[{k: getattr(e, k) for k in type(e).__struct_fields__ if k not in ("seq", "ts", "h")}
                   for _, e in health_audit.ended],
+        exports=list(exports.exports) if exports is not None else [],
     )
 
 

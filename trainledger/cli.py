@@ -27,6 +27,7 @@ from collections.abc import Sequence  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 from trainledger.journal import cli as _journal_cli  # noqa: E402
+from trainledger.journal.release import cli as _release_cli  # noqa: E402
 from trainledger.ladder import cli as _ladder_cli  # noqa: E402
 from trainledger.training import cli as _training_cli  # noqa: E402
 from trainledger.journal.audit.rundir import is_run_dir  # noqa: E402
@@ -42,9 +43,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser, sub = _journal_cli.new_parser()
     _journal_cli.register(sub)
     register(sub)
+    _release_cli.register(sub, replay=_replay)
     _training_cli.register(sub)
     _ladder_cli.register(sub, write_report=_write_report)
     return parser
+
+
+def _replay(path, keys):
+    """``verify-model --journal``: the run replayed (every package's projections)."""
+    from trainledger.audit import replay
+
+    return replay(path, keys=list(keys), allow_unsealed=True)
 
 
 def _write_report(*args, **kwargs):

@@ -1,0 +1,45 @@
+"""Recording the weights a run ships (``model_exported``): the helper the Recorder and the callbacks call."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from trainledger.journal.kinds import ModelExported
+from trainledger.journal.release.manifest import model_manifest
+
+__all__ = ["record_export", "checkpoint_of"]
+
+
+def checkpoint_of(kept: Sequence[Any], step: int | None) -> str | None:
+    """The path of the newest recorded checkpoint of ``step`` (None: none of that step)."""
+    if step is None:
+        return None
+    for c in reversed(list(kept)):
+        if c.step == step:
+            return c.path
+    return None
+
+
+def record_export(journal: Any, path: str | os.PathLike, *, step: int | None, checkpoint: str | None = None,
+                  base: str | None = None, base_release: str | None = None,
+                  relative_to: str | os.PathLike | None = None) -> ModelExported:
+    """Digest the folder at ``path`` as OpenSSF model signing does and append ``model_exported``, durably, then
+    seal: the record a release (``trainledger release``) rests on. Release the folder unchanged: any byte changed
+    after this is a different model. ``relative_to``: the run folder, to record the path from."""
+    p = Path(path)
+    m = model_manifest(p)
+    shown = str(p)
+    if relative_to is not None:
+        try:
+            shown = p.resolve().relative_to(Path(relative_to).resolve()).as_posix()
+        except ValueError:
+            shown = str(p)
+    ev = ModelExported(path=shown, digest=m.digest, step=step, checkpoint=checkpoint, base=base,
+                       base_release=base_release,
+                       files=[{"file": f.path, "bytes": f.size, "sha256": f.sha256} for f in m.files])
+    journal.append(ev, durable=True)
+    journal.seal(durable=True)
+    return ev

@@ -1,0 +1,148 @@
+"""The release key: ECDSA P-256, PEM files, the only kind OpenSSF model signing's key flows accept (its
+``model_signing verify key`` takes P-256, P-384 or P-521; cosign and Rekor v2 take no pure Ed25519). The run's
+Ed25519 key keeps signing the journal's seals; this one signs what is released from it.
+
+A key is known by its *hint*, the SHA-256 of its public key's PEM (SubjectPublicKeyInfo), which model signing
+records in a bundle's ``verificationMaterial.publicKey.hint``; ``key_id`` is its first 16 hex digits."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from trainledger.journal.errors import KeyFileError
+
+__all__ = ["ReleaseKey", "ReleasePublicKey", "load_release_key", "load_release_public_key", "generate_release_key",
+           "public_path"]
+
+_CURVES = {"secp256r1": hashes.SHA256, "secp384r1": hashes.SHA384, "secp521r1": hashes.SHA512}
+_MAX_KEY_FILE = 64 << 10
+
+
+def _hash_for(key: ec.EllipticCurvePublicKey):
+    name = key.curve.name
+    if name not in _CURVES:
+        raise KeyFileError(f"an ECDSA key on {name}: a release key is P-256, P-384 or P-521")
+    return _CURVES[name]()
+
+
+class ReleasePublicKey:
+    """A release key's public half."""
+
+    def __init__(self, key: ec.EllipticCurvePublicKey):
+        self._key = key
+        self._hash = _hash_for(key)
+        self.pem = key.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+        self.hint = hashlib.sha256(self.pem).hexdigest()
+        self.key_id = self.hint[:16]
+
+    def verify(self, signature: bytes, data: bytes) -> bool:
+        try:
+            self._key.verify(signature, data, ec.ECDSA(self._hash))
+            return True
+        except (InvalidSignature, ValueError):
+            return False
+
+    def __repr__(self) -> str:
+        return f"ReleasePublicKey(key_id={self.key_id!r})"
+
+
+class ReleaseKey:
+    """A release key's private half (signs a model's signature and provenance)."""
+
+    def __init__(self, key: ec.EllipticCurvePrivateKey):
+        self._key = key
+        self.public = ReleasePublicKey(key.public_key())
+
+    def sign(self, data: bytes) -> bytes:
+        return self._key.sign(data, ec.ECDSA(self.public._hash))
+
+    @classmethod
+    def generate(cls) -> ReleaseKey:
+        return cls(ec.generate_private_key(ec.SECP256R1()))
+
+    def save(self, path: str | os.PathLike, *, exist_ok: bool = False) -> tuple[Path, Path]:
+        """Write the private key (PKCS#8 PEM, mode 0600, never over an existing file) and its public key beside it
+        (``release.key`` -> ``release.pub``; a name without ``.key`` gets ``.pub`` added)."""
+        priv = Path(path)
+        pub = public_path(priv)
+        if exist_ok and priv.exists() and pub.exists():
+            if load_release_key(priv).public.hint == load_release_public_key(pub).hint == self.public.hint:
+                return priv, pub
+        pem = self._key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                      serialization.NoEncryption())
+        try:
+            fd = os.open(priv, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            raise KeyFileError(f"{priv}: exists; a release key is never overwritten (remove it first)") from None
+        except OSError as e:
+            raise KeyFileError(f"{priv}: cannot be written ({e.strerror or e})") from None
+        with os.fdopen(fd, "wb") as f:
+            f.write(pem)
+        tmp = pub.with_name(pub.name + ".tmp")
+        tmp.write_bytes(self.public.pem)
+        os.replace(tmp, pub)
+        return priv, pub
+
+
+def public_path(private: str | os.PathLike) -> Path:
+    """Where a release key's public half lives: ``release.key`` -> ``release.pub``."""
+    p = Path(private)
+    return p.with_suffix(".pub") if p.suffix == ".key" else p.with_name(p.name + ".pub")
+
+
+def generate_release_key(path: str | os.PathLike, *, exist_ok: bool = False) -> ReleaseKey:
+    """A new P-256 release key written to ``path`` and ``path.pub`` (see :meth:`ReleaseKey.save`)."""
+    p = Path(path)
+    if exist_ok and p.exists():
+        return load_release_key(p)
+    k = ReleaseKey.generate()
+    k.save(p)
+    return k
+
+
+def _read(path: str | os.PathLike, what: str) -> bytes:
+    p = Path(path)
+    try:
+        with open(p, "rb") as f:
+            data = f.read(_MAX_KEY_FILE + 1)
+    except OSError as e:
+        raise KeyFileError(f"{p}: the {what} cannot be read ({e.strerror or e})") from None
+    if len(data) > _MAX_KEY_FILE:
+        raise KeyFileError(f"{p}: over {_MAX_KEY_FILE:,} bytes: not a {what}")
+    return data
+
+
+def load_release_key(path: str | os.PathLike, password: bytes | None = None) -> ReleaseKey:
+    p = Path(path)
+    data = _read(p, "release key")
+    if os.name == "posix" and os.stat(p).st_mode & 0o077:
+        raise KeyFileError(f"{p}: the release key is readable by others (chmod 600 {p})")
+    try:
+        key = serialization.load_pem_private_key(data, password)
+    except (ValueError, TypeError) as e:
+        raise KeyFileError(f"{p}: not a PEM private key ({str(e).splitlines()[0] if str(e) else 'unreadable'})") \
+            from None
+    if not isinstance(key, ec.EllipticCurvePrivateKey):
+        raise KeyFileError(f"{p}: a {type(key).__name__.lstrip('_')}, not an ECDSA key: a release key is ECDSA P-256 "
+                           "(trainledger keygen --release)")
+    _hash_for(key.public_key())
+    return ReleaseKey(key)
+
+
+def load_release_public_key(path: str | os.PathLike) -> ReleasePublicKey:
+    p = Path(path)
+    data = _read(p, "release public key")
+    try:
+        key = serialization.load_pem_public_key(data)
+    except (ValueError, TypeError):
+        raise KeyFileError(f"{p}: not a PEM public key") from None
+    if not isinstance(key, ec.EllipticCurvePublicKey):
+        raise KeyFileError(f"{p}: not an ECDSA public key: a release key is ECDSA P-256 "
+                           "(its .pub from trainledger keygen --release)")
+    return ReleasePublicKey(key)

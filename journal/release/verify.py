@@ -1,0 +1,240 @@
+"""``trainledger verify-model``: a released model folder checked offline against its signature and provenance,
+the run's key and (optionally) the run's journal. Every refusal names its reason; nothing here runs code from the
+folder or reads outside it."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import dataclasses
+import hashlib
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from trainledger.journal.errors import IntegrityError, UsageError
+from trainledger.journal.keys import PublicKey
+from trainledger.journal.release.attest import PROOF_MEDIA_TYPE, SIGNATURE_PREDICATE, SLSA_PREDICATE
+from trainledger.journal.release.dsse import MAX_BUNDLE_BYTES, ReleaseSignatureError, open_bundle
+from trainledger.journal.release.keys import ReleasePublicKey
+from trainledger.journal.release.manifest import IGNORED, PROVENANCE, SIGNATURE, model_manifest, root_digest, FileDigest
+
+__all__ = ["ModelVerified", "ModelRefused", "verify_model"]
+
+
+class ModelRefused(IntegrityError):
+    """The folder is not the model its release says (exit 1); ``reason`` names the check that failed."""
+
+    def __init__(self, message: str, reason: str):
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclasses.dataclass
+class ModelVerified:
+    """What a released folder was established to be."""
+
+    model: str
+    digest: str
+    files: int
+    bytes: int
+    release_key: str
+    run_id: str
+    run_key: str
+    step: int | None
+    checkpoint: dict[str, Any] | None
+    head: str
+    tree_size: int
+    compute: dict[str, Any]
+    final: bool
+    witnesses: list[tuple[str, int]]
+    base: dict[str, Any] | None
+    journal: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["witnesses"] = [{"name": n, "timestamp": t} for n, t in self.witnesses]
+        return {"ok": True, **d}
+
+
+def _read(path: Path, what: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_BUNDLE_BYTES + 1)
+    except FileNotFoundError:
+        raise UsageError(f"{path}: no {what} (trainledger release writes it beside the weights, or give its path)") \
+            from None
+    except OSError as e:
+        raise UsageError(f"{path}: the {what} cannot be read ({e.strerror or e})") from None
+    return data
+
+
+def _fail(msg: str, reason: str) -> ModelRefused:
+    return ModelRefused(msg, reason)
+
+
+def _compare(expected: list[FileDigest], actual: list[FileDigest]) -> None:
+    want = {f.path: f.sha256 for f in expected}
+    got = {f.path: f.sha256 for f in actual}
+    missing = sorted(set(want) - set(got))
+    extra = sorted(set(got) - set(want))
+    changed = sorted(p for p in set(want) & set(got) if want[p] != got[p])
+    if missing and extra and {want[p] for p in missing} & {got[p] for p in extra}:
+        moved = [(p, q) for p in missing for q in extra if want[p] == got[q]]
+        raise _fail(f"renamed: {moved[0][0]} is now {moved[0][1]} (the signature names every file by its path)",
+                    "renamed-file")
+    if changed:
+        raise _fail(f"changed: {', '.join(changed[:5])}{' ...' if len(changed) > 5 else ''} (its bytes are not the "
+                    "signed ones)", "changed-file")
+    if missing:
+        raise _fail(f"missing: {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''} (signed, not in the "
+                    "folder)", "missing-file")
+    if extra:
+        raise _fail(f"extra: {', '.join(extra[:5])}{' ...' if len(extra) > 5 else ''} (in the folder, not signed)",
+                    "extra-file")
+
+
+def _signed_files(st: dict[str, Any], where: str) -> tuple[list[FileDigest], str, list[str]]:
+    if st.get("predicateType") != SIGNATURE_PREDICATE:
+        raise ReleaseSignatureError(f"{where}: predicate {str(st.get('predicateType'))[:60]!r}, not a model "
+                                    f"signing signature ({SIGNATURE_PREDICATE})")
+    try:
+        pred = st["predicate"]
+        ser = pred["serialization"]
+        if ser.get("method") != "files" or ser.get("hash_type") != "sha256":
+            raise ReleaseSignatureError(f"{where}: serialization {ser.get('method')}/{ser.get('hash_type')}; this "
+                                        "verifier reads files/sha256")
+        files = [FileDigest(str(r["name"]), -1, str(r["digest"]).lower()) for r in pred["resources"]
+                 if r["algorithm"] == "sha256"]
+        [subject] = st["subject"]
+        digest = str(subject["digest"]["sha256"])
+        ignore = [str(x) for x in ser.get("ignore_paths", [])]
+    except (KeyError, TypeError, ValueError, AttributeError):
+        raise ReleaseSignatureError(f"{where}: not a model signing v1.0 statement (subject, serialization, "
+                                    "resources)") from None
+    if root_digest(files) != digest:
+        raise ReleaseSignatureError(f"{where}: the signed resources do not hash to the signed digest")
+    for p in ignore:
+        if p.startswith("/") or ".." in Path(p).parts:
+            raise ReleaseSignatureError(f"{where}: an ignored path outside the folder ({p[:60]})")
+    return files, digest, ignore
+
+
+def verify_model(model_dir: str | os.PathLike, *, release_keys: Sequence[ReleasePublicKey],
+                 run_keys: Sequence[PublicKey], witnesses: Sequence[Any] = (), quorum: int = 0,
+                 signature: str | os.PathLike | None = None, provenance: str | os.PathLike | None = None,
+                 journal: str | os.PathLike | None = None, allow_intermediate: bool = False,
+                 progress: Callable[[int], None] | None = None,
+                 replay: Callable[[Any, Sequence[PublicKey]], Any] | None = None) -> ModelVerified:
+    """Check ``model_dir`` (see the module). ``journal``: the run's journal, verified and held to the release's
+    signed tree; ``replay(path, keys)`` (``trainledger.audit.replay``) replays it too. Raises :class:`ModelRefused`
+    or :class:`ReleaseSignatureError` (integrity, exit 1) naming the reason, :class:`UsageError` (exit 2) for a
+    missing file or key."""
+    from trainledger.journal.proofs.bundle import verify_bundle
+
+    root = Path(model_dir)
+    if not root.is_dir():
+        raise UsageError(f"{root}: not a folder")
+    if not release_keys:
+        raise UsageError("no release key pinned: pass --release-key FILE (the release key's .pub, from whoever "
+                         "released the model)")
+    if not run_keys:
+        raise UsageError("no run key pinned: pass --pubkey FILE (the run's trainledger.pub)")
+    sig_path = Path(signature) if signature is not None else root / SIGNATURE
+    prov_path = Path(provenance) if provenance is not None else root / PROVENANCE
+    st, rkey = open_bundle(_read(sig_path, "model signature"), list(release_keys), str(sig_path))
+    signed, digest, ignore = _signed_files(st, str(sig_path))
+    actual = model_manifest(root, ignored=set(IGNORED) | set(ignore), progress=progress)
+    _compare(signed, list(actual.files))
+    if actual.digest != digest:  # (the comparison above already names the file)
+        raise _fail("the folder's digest is not the signed one", "changed-file")
+    pst, _ = open_bundle(_read(prov_path, "provenance"), [rkey], str(prov_path))
+    if pst.get("predicateType") != SLSA_PREDICATE:
+        raise ReleaseSignatureError(f"{prov_path}: predicate {str(pst.get('predicateType'))[:60]!r}, not SLSA "
+                                    f"provenance ({SLSA_PREDICATE})")
+    try:
+        [subj] = pst["subject"]
+        prov_digest = subj["digest"]["sha256"]
+        details = pst["predicate"]["runDetails"]
+        run_id = details["metadata"]["invocationId"]
+        [proof_rd] = [b for b in details["byproducts"] if b.get("mediaType") == PROOF_MEDIA_TYPE]
+        raw = base64.b64decode(proof_rd["content"], validate=True)
+    except (KeyError, TypeError, ValueError, binascii.Error):
+        raise ReleaseSignatureError(f"{prov_path}: not a trainledger provenance (subject, runDetails.metadata, one "
+                                    "proof byproduct)") from None
+    if prov_digest != actual.digest:
+        raise _fail(f"{prov_path}: the provenance is of another model (digest {str(prov_digest)[:16]}..., this "
+                    f"folder {actual.digest[:16]}...)", "another-model")
+    if hashlib.sha256(raw).hexdigest() != proof_rd.get("digest", {}).get("sha256"):
+        raise ReleaseSignatureError(f"{prov_path}: the proof byproduct does not match its digest")
+    res = verify_bundle(raw, list(run_keys), witnesses=list(witnesses), quorum=quorum)
+    if res.run_id != run_id:
+        raise _fail(f"{prov_path}: the provenance names run {str(run_id)[:60]}, its proof is of run {res.run_id}",
+                    "another-run")
+    by_kind: dict[str, list[Any]] = {}
+    for ev in res.events:
+        by_kind.setdefault(type(ev).__struct_config__.tag, []).append(ev)
+    exports = [e for e in by_kind.get("model_exported", []) if e.digest == actual.digest]
+    if not exports:
+        raise _fail(f"{prov_path}: the run's proof holds no model_exported of this folder (the journal never "
+                    "recorded these files)", "another-model")
+    exp = exports[-1]
+    computes = [c for c in by_kind.get("compute_totaled", []) if c.seq > exp.seq]
+    if not computes:
+        raise _fail(f"{prov_path}: no compute_totaled after the export at seq {exp.seq} in the run's proof: nothing "
+                    "shows this is the run's last model", "no-compute")
+    comp = computes[0]
+    final = exp.step is None or comp.last_step is None or exp.step >= comp.last_step
+    if not final and not allow_intermediate:
+        raise _fail(f"the export of step {exp.step} is passed off as the run's model, but the run went on to step "
+                    f"{comp.last_step} (--allow-intermediate to accept an intermediate model)", "not-final")
+    ck = None
+    if exp.checkpoint is not None:
+        cks = [c for c in by_kind.get("checkpoint_saved", []) if c.path == exp.checkpoint and c.seq < exp.seq]
+        if cks:
+            c = cks[-1]
+            same = sorted({f["file"] for f in exp.files} & {f["file"] for f in (c.files or [])
+                                                          if any(f["sha256"] == g["sha256"] and f["file"] == g["file"]
+                                                                 for g in exp.files)})
+            ck = {"path": c.path, "step": c.step, "sha256": c.sha256, "same_files": same}
+    opened = by_kind.get("run_opened", [None])[0]
+    base = None
+    if exp.base is not None:
+        base = {"digest": exp.base, "run_id": exp.base_release}
+    out = ModelVerified(model=actual.name, digest=actual.digest, files=len(actual.files), bytes=actual.bytes,
+                        release_key=rkey.key_id, run_id=res.run_id, run_key=res.key_id, step=exp.step,
+                        checkpoint=ck, head=res.head, tree_size=res.tree_size,
+                        compute={"steps": comp.steps, "tokens": comp.tokens, "flops": comp.flops,
+                                 "last_step": comp.last_step},
+                        final=final, witnesses=list(res.witnesses), base=base)
+    del opened
+    if journal is not None:
+        out.journal = _against_journal(journal, run_keys, res, exp, replay)
+    return out
+
+
+def _against_journal(journal: str | os.PathLike, run_keys: Sequence[PublicKey], res: Any, exp: Any,
+                     replay: Any) -> dict[str, Any]:
+    """The run's journal verified (and replayed, given ``replay``), holding the proof's tree: the journal reaches the
+    export, and its tree at the proof's size has the proof's root (else a fork, or a journal cut short)."""
+    from trainledger.journal.proofs.bundle import consistency
+    from trainledger.journal.verify import verify
+
+    rec = replay(journal, run_keys) if replay is not None else None
+    v = rec.verify if rec is not None else verify(journal, keys=list(run_keys), allow_unsealed=True)
+    if v.run_id != res.run_id:
+        raise _fail(f"{journal}: the journal of run {v.run_id}, not of run {res.run_id}", "another-run")
+    if v.events <= exp.seq:
+        raise _fail(f"{journal}: the journal ends at seq {v.events - 1}, before the export at seq {exp.seq} (cut "
+                    "short)", "truncated")
+    try:
+        c = consistency(journal, res.tree_size, keys=list(run_keys)).bundle
+    except IntegrityError as e:
+        raise _fail(f"{journal}: its signed tree does not extend the release's ({e})", "fork") from None
+    from_root = c.get("consistency", {}).get("from_root")
+    if from_root != res.root:
+        raise _fail(f"{journal}: a fork: the journal's tree of {res.tree_size:,} lines has another root than the "
+                    "one the release's proof was signed against", "fork")
+    return {"path": str(journal), "replayed": rec is not None, "ok": rec.ok if rec is not None else True,
+            "differences": len(rec.differences) if rec is not None else 0, "events": v.events, "head": v.head}

@@ -1,0 +1,221 @@
+"""Releasing a model the run recorded: model.sig that OpenSSF model signing's own verifier (library and CLI)
+accepts, SLSA provenance bound to the journal, and verify-model's refusals, each with its reason."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import model_signing  # noqa: E402  (the dev extra: its own verifier is the reference for model.sig)
+
+from trainledger.journal.errors import UsageError  # noqa: E402
+from trainledger.journal.release.attest import provenance_statement, release  # noqa: E402
+from trainledger.journal.release.dsse import ReleaseSignatureError, sign_statement  # noqa: E402
+from trainledger.journal.release.keys import ReleaseKey  # noqa: E402
+from trainledger.journal.release.manifest import PROVENANCE, model_manifest  # noqa: E402
+from trainledger.journal.release.verify import ModelRefused, verify_model  # noqa: E402
+from trainledger.training.recorder import Recorder  # noqa: E402
+
+
+def _train(run: Path, signer, *, exports=(4,), steps: int = 5, seed: int = 0) -> dict[int, Path]:
+    """A tiny regression recorded by the Recorder; at each step in ``exports`` its weights are written to a folder
+    (safetensors-like: a state dict and a config) and recorded as model_exported."""
+    torch.manual_seed(seed)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    out = {}
+    with Recorder(run, signer=signer, model=model, optimizer=opt) as rec:
+        for step in range(steps):
+            x = torch.randn(8, 4)
+            loss = ((model(x) - 1) ** 2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            rec.step(step, loss.item())
+            if step in exports:
+                rec.checkpoint(step)
+                folder = run / f"export-{step}"
+                folder.mkdir()
+                torch.save(model.state_dict(), folder / "weights.pt")
+                (folder / "config.json").write_text(json.dumps({"d": 4, "seed": seed}))
+                rec.record_export(folder)
+                out[step] = folder
+    return out
+
+
+@pytest.fixture
+def released(tmp_path, signer):
+    run = tmp_path / "run"
+    [model] = _train(run, signer).values()
+    key = ReleaseKey.generate()
+    key.save(tmp_path / "release.key")
+    res = release(model, run / "journal.jsonl", key, keys=[signer.public])
+    return {"run": run, "model": model, "key": key, "res": res, "tmp": tmp_path}
+
+
+def test_a_release_is_model_signing_and_verify_model_reads_its_run(released, signer):
+    r = released
+    assert (r["model"] / "model.sig").is_file() and (r["model"] / PROVENANCE).is_file()
+    # OpenSSF model signing's own verifier, the library and the CLI, with the release key's public half
+    model_signing.verifying.Config().use_elliptic_key_verifier(public_key=r["tmp"] / "release.pub").verify(
+        r["model"], r["model"] / "model.sig")
+    cli = Path(sys.executable).with_name("model_signing")
+    done = subprocess.run([str(cli), "verify", "key", "--signature", str(r["model"] / "model.sig"), "--public_key",
+                           str(r["tmp"] / "release.pub"), str(r["model"])], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    # its digest is model signing's own
+    ms = model_signing.hashing.Config().set_ignored_paths(paths=["model.sig", PROVENANCE]).hash(r["model"])
+    assert {rd.identifier: rd.digest.digest_hex for rd in ms.resource_descriptors()} == \
+        {f.path: f.sha256 for f in model_manifest(r["model"]).files}
+    v = verify_model(r["model"], release_keys=[r["key"].public], run_keys=[signer.public],
+                     journal=r["run"] / "journal.jsonl")
+    assert (v.step, v.final, v.run_id, v.checkpoint["path"]) == (4, True, r["res"].run_id,
+                                                                  "checkpoints/step-000000004.pt")
+    assert v.compute["steps"] == 5 and v.compute["last_step"] == 4 and v.journal["events"] > v.tree_size - 1
+
+
+@pytest.mark.parametrize("tamper, reason", [
+    (lambda m: (m / "config.json").write_text('{"d": 5}'), "changed-file"),
+    (lambda m: (m / "config.json").rename(m / "config2.json"), "renamed-file"),
+    (lambda m: (m / "config.json").unlink(), "missing-file"),
+    (lambda m: (m / "notes.txt").write_text("hi"), "extra-file"),
+])
+def test_a_changed_renamed_missing_or_extra_file_is_refused_by_name(released, signer, tamper, reason):
+    tamper(released["model"])
+    with pytest.raises(ModelRefused) as e:
+        verify_model(released["model"], release_keys=[released["key"].public], run_keys=[signer.public])
+    assert e.value.reason == reason
+    with pytest.raises(ValueError):  # model signing agrees there is something wrong
+        model_signing.verifying.Config().use_elliptic_key_verifier(
+            public_key=released["tmp"] / "release.pub").verify(released["model"], released["model"] / "model.sig")
+
+
+def test_keys_not_pinned_or_not_the_signers_are_refused(released, signer):
+    with pytest.raises(UsageError, match="no release key pinned"):
+        verify_model(released["model"], release_keys=[], run_keys=[signer.public])
+    with pytest.raises(ReleaseSignatureError, match="not a pinned release key"):
+        verify_model(released["model"], release_keys=[ReleaseKey.generate().public], run_keys=[signer.public])
+    from trainledger.journal import Signer
+    from trainledger.journal.errors import UntrustedKey
+
+    with pytest.raises(UntrustedKey):
+        verify_model(released["model"], release_keys=[released["key"].public], run_keys=[Signer.generate().public])
+
+
+def test_the_provenance_of_another_model_or_run_is_refused(released, signer, tmp_path):
+    r = released
+    # another run's release, beside these weights
+    from trainledger.journal import Signer
+
+    other_signer = Signer.generate()
+    [other] = _train(tmp_path / "other", other_signer, seed=1).values()
+    release(other, tmp_path / "other" / "journal.jsonl", r["key"], keys=[other_signer.public])
+    shutil.copy(other / PROVENANCE, r["model"] / PROVENANCE)
+    with pytest.raises(ModelRefused) as e:
+        verify_model(r["model"], release_keys=[r["key"].public], run_keys=[signer.public, other_signer.public])
+    assert e.value.reason == "another-model"
+    # a provenance for these files whose proof is of the other run (signed by the release key's holder)
+    prov = json.loads((other / PROVENANCE).read_text())
+    st = json.loads(__import__("base64").b64decode(prov["dsseEnvelope"]["payload"]))
+    proof = json.loads(__import__("base64").b64decode(st["predicate"]["runDetails"]["byproducts"][0]["content"]))
+    m = model_manifest(r["model"])
+    exp = type("E", (), {"base": None, "base_release": None, "step": 4, "checkpoint": None, "path": "x"})()
+    forged = provenance_statement(m, run_id=r["res"].run_id, key_id=signer.public.key_id, software={},
+                                  opened_ts=None, finished_ts=None, config=None, manifest_id=None, export=exp,
+                                  proof=proof)
+    (r["model"] / PROVENANCE).write_text(json.dumps(sign_statement(forged, r["key"])))
+    with pytest.raises(ModelRefused) as e:
+        verify_model(r["model"], release_keys=[r["key"].public], run_keys=[signer.public, other_signer.public])
+    assert e.value.reason == "another-run"
+
+
+def test_an_earlier_export_passed_off_as_the_final_model_is_refused(tmp_path, signer):
+    run = tmp_path / "run"
+    folders = _train(run, signer, exports=(2, 4))
+    key = ReleaseKey.generate()
+    release(folders[2], run / "journal.jsonl", key, keys=[signer.public])
+    with pytest.raises(ModelRefused, match="went on to step 4") as e:
+        verify_model(folders[2], release_keys=[key.public], run_keys=[signer.public])
+    assert e.value.reason == "not-final"
+    v = verify_model(folders[2], release_keys=[key.public], run_keys=[signer.public], allow_intermediate=True)
+    assert (v.step, v.final) == (2, False)
+
+
+def test_a_journal_forked_or_cut_short_after_the_release_is_refused(released, signer, tmp_path):
+    from journal_tools import dump, parse, read_lines, rechain, write_lines
+
+    r = released
+    j = r["run"] / "journal.jsonl"
+    lines = read_lines(j)
+    exp_seq = r["res"].export_seq
+    forked = tmp_path / "forked.jsonl"
+    i = next(k for k, ln in enumerate(lines) if parse(ln)["kind"] == "step_observed")
+    obj = parse(lines[i])
+    obj["loss"] = obj["loss"] * 0.5  # history rewritten, re-signed with the run's own key
+    write_lines(forked, rechain(lines[:i] + [dump(obj)] + lines[i + 1:], resign=signer))
+    with pytest.raises(ModelRefused) as e:
+        verify_model(r["model"], release_keys=[r["key"].public], run_keys=[signer.public], journal=forked)
+    assert e.value.reason == "fork"
+    cut = tmp_path / "cut.jsonl"
+    write_lines(cut, rechain(lines[:exp_seq - 1], resign=signer))
+    with pytest.raises(ModelRefused) as e:
+        verify_model(r["model"], release_keys=[r["key"].public], run_keys=[signer.public], journal=cut)
+    assert e.value.reason == "truncated"
+
+
+def test_a_folder_the_run_did_not_record_is_not_released(tmp_path, signer):
+    run = tmp_path / "run"
+    [model] = _train(run, signer).values()
+    (model / "config.json").write_text("{}")
+    with pytest.raises(UsageError, match="no model_exported of this folder"):
+        release(model, run / "journal.jsonl", ReleaseKey.generate(), keys=[signer.public])
+
+
+def test_the_commands_end_to_end(tmp_path, signer, capsys):
+    from trainledger.cli import main
+
+    run = tmp_path / "run"
+    [model] = _train(run, signer).values()
+    pub = tmp_path / "trainledger.pub"
+    pub.write_text(signer.public.line() + "\n")
+    assert main(["keygen", "--release", str(tmp_path / "keys"), "--json"]) == 0
+    made = json.loads(capsys.readouterr().out)
+    assert made["kind"] == "ecdsa-p256" and (tmp_path / "keys" / "release.pub").is_file()
+    assert main(["release", str(model), str(run), "--key", str(tmp_path / "keys" / "release.key"),
+                 "--pubkey", str(pub), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["step"] == 4
+    assert main(["verify-model", str(model), "--release-key", str(tmp_path / "keys" / "release.pub"),
+                 "--pubkey", str(pub), "--journal", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("OK ") and "step 4, from checkpoint checkpoints/step-000000004.pt" in out
+    assert "verified and replayed" in out
+    (model / "weights.pt").write_bytes(b"not the weights")
+    assert main(["verify-model", str(model), "--release-key", str(tmp_path / "keys" / "release.pub"),
+                 "--pubkey", str(pub), "--json"]) == 1
+    fail = json.loads(capsys.readouterr().out)
+    assert fail["ok"] is False and "changed: weights.pt" in fail["error"]
+
+
+def test_replay_checks_each_export_and_names_a_doctored_one(released, signer, tmp_path):
+    from journal_tools import dump, parse, read_lines, rechain, write_lines
+
+    from trainledger.audit import replay
+
+    r = released
+    rec = replay(r["run"] / "journal.jsonl", keys=[signer.public])
+    assert rec.ok and [(e["step"], e["checkpoint"]) for e in rec.exports] == [(4, "checkpoints/step-000000004.pt")]
+    assert any("converted or merged weights" in n for n in rec.notes)
+    lines = read_lines(r["run"] / "journal.jsonl")
+    i = r["res"].export_seq
+    obj = parse(lines[i])
+    obj["files"][0]["sha256"] = "00" * 32
+    bad = tmp_path / "bad.jsonl"
+    write_lines(bad, rechain(lines[:i] + [dump(obj)] + lines[i + 1:], resign=signer))
+    rec = replay(bad, keys=[signer.public])
+    assert not rec.ok and [d["kind"] for d in rec.differences] == ["model_exported"]
