@@ -116,7 +116,8 @@ class Recorder:
     def __init__(self, run_dir: str | os.PathLike, *, model: Any, optimizer: Any, key: str | os.PathLike | None = None,
                  signer: Signer | None = None, scheduler: Any = None, scaler: Any = None, data: Any = None,
                  flop_config: Any = None, peak_flops_per_sec: float | None = None, keep_last: int | None = None,
-                 meta: dict[str, Any] | None = None, continue_from: str | os.PathLike | None = None):
+                 meta: dict[str, Any] | None = None, continue_from: str | os.PathLike | None = None,
+                 release_key: str | os.PathLike | None = None):
         if (key is None) == (signer is None):
             raise UsageError("Recorder needs the run's signing key: key='path/to/trainledger.key' (or signer=)")
         if keep_last is not None and keep_last < 1:
@@ -126,6 +127,9 @@ class Recorder:
         self.signer = signer if signer is not None else load_signer(key)
         self.model, self.optimizer, self.scheduler, self.scaler, self.data = model, optimizer, scheduler, scaler, data
         self.keep_last = keep_last
+        #: an ECDSA P-256 release key (trainledger keygen --release): close() releases the last recorded export
+        self.release_key = release_key
+        self._exported: Path | None = None
         #: the step to run next: 0 for a new run, the restored checkpoint's step + 1 after a resume
         self.start = 0
         #: the restored checkpoint's ``data_state`` (what you passed to checkpoint()), or None
@@ -306,17 +310,23 @@ class Recorder:
         return ev
 
     def record_export(self, path: str | os.PathLike, *, step: int | None = None, base: str | None = None,
-                      base_release: str | None = None) -> Any:
+                      base_release: str | None = None, base_model: str | os.PathLike | None = None) -> Any:
         """Record the weights the run ships (a ``save_pretrained`` folder, a folder of safetensors files) as
         ``model_exported``: every file's digest as OpenSSF model signing computes it, the step (default: the last
         step recorded) and the checkpoint of that step, if one was saved. ``base``: the digest of the released model
         this run fine-tuned (``verify-model`` of the base prints it), ``base_release`` its run id. Then
-        ``trainledger release FOLDER RUN --key release.key`` signs it for release (docs/provenance.md)."""
-        from trainledger.journal.release.export import checkpoint_of, record_export
+        ``trainledger release FOLDER RUN --key release.key`` signs it for release (docs/provenance.md), or
+        ``release_key=`` does at :meth:`close`. ``base_model``: the released model's folder instead of ``base``
+        (its digest, and the run its provenance names)."""
+        from trainledger.journal.release.export import base_of, checkpoint_of, record_export
 
         step = self.monitor.last_step if step is None else step
-        return record_export(self.journal, path, step=step, checkpoint=checkpoint_of(self._kept, step),
-                             base=base, base_release=base_release, relative_to=self.run)
+        if base_model is not None:
+            base, base_release = base_of(base_model)
+        ev = record_export(self.journal, path, step=step, checkpoint=checkpoint_of(self._kept, step),
+                           base=base, base_release=base_release, relative_to=self.run)
+        self._exported = Path(path)
+        return ev
 
     def check_checkpoint(self, path: str | os.PathLike) -> CheckpointSaved:
         """Before loading a checkpoint your own code wrote: check it against its signed record and record the
@@ -335,6 +345,11 @@ class Recorder:
         if self.rank_info is not None and status == "completed":
             self.anchor(report["last_step"])  # every rank reaches the end together
         self.journal.close(status=status, reason=reason)
+        if self.release_key is not None and self._exported is not None and status == "completed":
+            from trainledger.journal.release.attest import release
+            from trainledger.journal.release.keys import load_release_key
+
+            release(self._exported, self.journal.path, load_release_key(self.release_key), keys=[self.signer.public])
         return report
 
     def __enter__(self) -> Recorder:

@@ -150,11 +150,14 @@ def _write(path: Path, doc: dict[str, Any]) -> None:
 
 def release(model_dir: str | os.PathLike, journal: str | os.PathLike, key: ReleaseKey, *,
             trust: TrustPolicy | None = None, out: str | os.PathLike | None = None,
-            progress: Callable[[int], None] | None = None, **trust_options: Any) -> ReleaseResult:
+            progress: Callable[[int], None] | None = None, cosigned: bytes | None = None,
+            **trust_options: Any) -> ReleaseResult:
     """Sign ``model_dir`` for release: its digest must be one the journal (verified under ``trust``) recorded in a
     ``model_exported``, followed by the run's ``compute_totaled`` (the run closed). Writes ``model.sig`` and
-    ``model.provenance.json`` into ``out`` (default: the model folder). Raises :class:`UsageError` naming what is
-    missing."""
+    ``model.provenance.json`` into ``out`` (default: the model folder). ``cosigned``: a proof bundle whose
+    checkpoint witnesses cosigned (``trainledger witness cosign``): the release's proof is made against that
+    checkpoint and carries its cosignatures, so ``verify-model --witness-key`` holds it to them. Raises
+    :class:`UsageError` naming what is missing."""
     from trainledger.journal.proofs.bundle import prove
     from trainledger.journal.reader import read_signed_events
 
@@ -181,7 +184,24 @@ def release(model_dir: str | os.PathLike, journal: str | os.PathLike, key: Relea
     for k in ("config", "checkpoint"):
         if found.get(k) is not None:
             seqs.append(found[k].seq)
-    proof = prove(journal, sorted(set(seqs)), trust=t).bundle
+    size = None
+    if cosigned is not None:
+        from trainledger.journal.proofs.bundle import parse_bundle
+
+        note = parse_bundle(cosigned).checkpoint
+        try:
+            size = int(note.split("\n")[1])
+        except (IndexError, ValueError):
+            raise UsageError("the cosigned bundle's checkpoint is not a checkpoint note") from None
+        if max(seqs) >= size:
+            raise UsageError(f"the cosigned checkpoint covers {size:,} lines, not the export and compute total (up to "
+                             f"seq {max(seqs)}): have a checkpoint of the closed run cosigned")
+    proof = prove(journal, sorted(set(seqs)), trust=t, tree_size=size).bundle
+    if cosigned is not None:
+        if not note.startswith(proof["checkpoint"]):
+            raise UsageError(f"the cosigned checkpoint is not {journal}'s at {size:,} lines (another run's, or a "
+                             "fork's)")
+        proof["checkpoint"] = note
     config = found.get("config")
     sig_doc = sign_statement(signature_statement(m), key)
     prov_doc = sign_statement(provenance_statement(

@@ -35,6 +35,9 @@ def register(sub, *, replay: Any = None) -> None:
                    help="the run's pinned public key (trainledger.pub; repeatable; also $TRAINLEDGER_TRUSTED_KEYS)")
     p.add_argument("--out", metavar="DIR", help="write model.sig and model.provenance.json here (default: into "
                                                 "MODEL_DIR, where model signing looks for model.sig)")
+    p.add_argument("--cosigned", metavar="FILE",
+                   help="a proof bundle of the closed run whose checkpoint witnesses cosigned (trainledger witness "
+                        "cosign): the release carries those cosignatures (verify-model --witness-key)")
     add_json_option(p)
     add_progress_option(p)
     p.set_defaults(func=_cmd_release)
@@ -134,10 +137,19 @@ def _cmd_release(args: argparse.Namespace) -> int:
     from trainledger.journal.release.keys import load_release_key
 
     key = load_release_key(args.key)
+    cosigned = None
+    if args.cosigned is not None:
+        from pathlib import Path
+
+        from trainledger.journal.proofs.bundle import MAX_BUNDLE_BYTES
+        from trainledger.journal.keys import read_small_file
+
+        cosigned = read_small_file(Path(args.cosigned), "cosigned bundle", limit=MAX_BUNDLE_BYTES)
     journal = _run_journal(args.run)
     tick, bar = _bytes_progress(args, "hashing", _folder_bytes(args.model_dir))
     try:
-        res = release(args.model_dir, journal, key, keys=trusted_keys(args.pubkey), out=args.out, progress=tick)
+        res = release(args.model_dir, journal, key, keys=trusted_keys(args.pubkey), out=args.out, progress=tick,
+                      cosigned=cosigned)
     finally:
         if bar is not None:
             bar.close()

@@ -10,7 +10,7 @@ from typing import Any
 from trainledger.journal.kinds import ModelExported
 from trainledger.journal.release.manifest import model_manifest
 
-__all__ = ["record_export", "checkpoint_of"]
+__all__ = ["record_export", "checkpoint_of", "base_of"]
 
 
 def checkpoint_of(kept: Sequence[Any], step: int | None) -> str | None:
@@ -43,3 +43,25 @@ def record_export(journal: Any, path: str | os.PathLike, *, step: int | None, ch
     journal.append(ev, durable=True)
     journal.seal(durable=True)
     return ev
+
+
+def base_of(folder: str | os.PathLike) -> tuple[str, str | None]:
+    """A released model's digest, and the run its provenance names (as it claims: ``verify-model`` of the base
+    checks that claim), for a fine-tune to record as its base."""
+    import base64
+    import json
+
+    from trainledger.journal.release.manifest import PROVENANCE
+
+    p = Path(folder)
+    digest = model_manifest(p).digest
+    run = None
+    prov = p / PROVENANCE
+    if prov.is_file() and prov.stat().st_size < (64 << 20):
+        try:
+            st = json.loads(base64.b64decode(json.loads(prov.read_text())["dsseEnvelope"]["payload"]))
+            if st["subject"][0]["digest"]["sha256"] == digest:
+                run = str(st["predicate"]["runDetails"]["metadata"]["invocationId"])[:200]
+        except (ValueError, KeyError, TypeError, IndexError):
+            run = None
+    return digest, run

@@ -98,8 +98,19 @@ class TrainledgerCallback(TrainerCallback):
     def __init__(self, run_dir: str | os.PathLike | None = None, *, key: str | os.PathLike | None = None,
                  signer: Signer | None = None, peak_flops_per_sec: float | None = None, sync_every: int = 16,
                  stop_on: tuple[str, ...] = _STOP_ON, continue_from: str | os.PathLike | None = None,
-                 batch_fingerprint: bool = False):
+                 batch_fingerprint: bool = False, export_dir: str | os.PathLike | None = None,
+                 release_key: str | os.PathLike | None = None, base_model: str | os.PathLike | None = None):
         self.signer = signer_from(key, signer)
+        #: at the end of training the model (and its tokenizer) is saved here with ``save_pretrained`` and recorded
+        #: as ``model_exported``; with ``release_key`` (an ECDSA P-256 PEM, trainledger keygen --release) it is then
+        #: released: model.sig and model.provenance.json beside it (docs/provenance.md)
+        self.export_dir = None if export_dir is None else Path(export_dir)
+        self.release_key = release_key
+        if release_key is not None and export_dir is None:
+            raise UsageError("release_key= releases the model saved to export_dir=: give both")
+        #: a released model this run fine-tunes: its folder, whose digest (and the run its provenance names) the
+        #: export records as its base
+        self.base_model = None if base_model is None else Path(base_model)
         #: fingerprint every step's batch (the tensors the Trainer hands the model: ``input_ids``, ``labels``,
         #: ``attention_mask``; summed over the step's micro-batches): a step run again after a resume on another
         #: batch than the first time is a ``data_divergence`` anomaly, which replay recomputes
@@ -290,11 +301,34 @@ class TrainledgerCallback(TrainerCallback):
         if self.monitor is not None:
             self._drain(control)
         self._remove_hooks()
+        exported = self.export_dir is not None and state.is_world_process_zero
+        if exported:
+            self._export(kwargs.get("model"), kwargs.get("processing_class") or kwargs.get("tokenizer"))
         record_compute(self.journal)
         if self.stopped:
             self.journal.close(status="stopped", reason=self.stopped)
         else:
             self.journal.close()
+        if exported and self.release_key is not None:
+            from trainledger.journal.release.attest import release
+            from trainledger.journal.release.keys import load_release_key
+
+            release(self.export_dir, self.journal.path, load_release_key(self.release_key), keys=[self.signer.public])
+
+    def _export(self, model: Any, tokenizer: Any) -> None:
+        """Save the trained model (and tokenizer) to ``export_dir`` and record it (model_exported)."""
+        from trainledger.journal.release.export import base_of, checkpoint_of, record_export
+
+        if model is None:
+            raise UsageError("export_dir=: the Trainer did not hand the callback its model")
+        self.export_dir.mkdir(parents=True, exist_ok=True)
+        getattr(model, "module", model).save_pretrained(self.export_dir)
+        if tokenizer is not None and hasattr(tokenizer, "save_pretrained"):
+            tokenizer.save_pretrained(self.export_dir)
+        step = self.monitor.last_step if self.monitor is not None else None
+        base, base_release = base_of(self.base_model) if self.base_model is not None else (None, None)
+        record_export(self.journal, self.export_dir, step=step, checkpoint=checkpoint_of(self._live, step),
+                      base=base, base_release=base_release, relative_to=self.run_dir)
 
 
 def _has_shape(model: Any) -> bool:

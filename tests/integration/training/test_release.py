@@ -219,3 +219,89 @@ def test_replay_checks_each_export_and_names_a_doctored_one(released, signer, tm
     write_lines(bad, rechain(lines[:i] + [dump(obj)] + lines[i + 1:], resign=signer))
     rec = replay(bad, keys=[signer.public])
     assert not rec.ok and [d["kind"] for d in rec.differences] == ["model_exported"]
+
+
+def test_the_provenance_is_a_dsse_envelope_the_in_toto_reference_code_verifies(released):
+    """Debian's archive has no cosign: the provenance's envelope is checked with securesystemslib's DSSE (the in-toto
+    reference code), its statement with in-toto's attestation library, its predicate as SLSA v1 provenance."""
+    import base64
+
+    from google.protobuf import json_format
+    from in_toto_attestation.predicates.provenance.v1 import provenance_pb2
+    from in_toto_attestation.v1 import statement, statement_pb2
+    from securesystemslib.dsse import Envelope
+    from securesystemslib.signer import SSlibKey
+
+    bundle = json.loads((released["model"] / PROVENANCE).read_text())
+    env = bundle["dsseEnvelope"]
+    key = SSlibKey(keyid="", keytype="ecdsa", scheme="ecdsa-sha2-nistp256",
+                   keyval={"public": (released["tmp"] / "release.pub").read_text()})
+    assert "" in Envelope.from_dict(env).verify([key], 1)
+    st = json.loads(base64.b64decode(env["payload"]))
+    statement.Statement.copy_from_pb(json_format.ParseDict(st, statement_pb2.Statement())).validate()
+    pv = json_format.ParseDict(st["predicate"], provenance_pb2.Provenance())
+    assert pv.run_details.metadata.invocation_id == released["res"].run_id
+    assert st["subject"][0]["digest"]["sha256"] == model_manifest(released["model"]).digest
+    tampered = dict(env, payload=base64.b64encode(base64.b64decode(env["payload"]) + b" ").decode())
+    with pytest.raises(Exception):
+        Envelope.from_dict(tampered).verify([key], 1)
+
+
+def test_the_recorder_releases_its_export_when_it_closes_and_a_fine_tune_names_its_base(tmp_path, signer):
+    key = ReleaseKey.generate()
+    key.save(tmp_path / "release.key")
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    base = tmp_path / "base-model"
+    with Recorder(tmp_path / "run", signer=signer, model=model, optimizer=opt, release_key=tmp_path / "release.key") \
+            as rec:
+        rec.step(0, 1.0)
+        base.mkdir()
+        torch.save(model.state_dict(), base / "weights.pt")
+        rec.record_export(base)
+    v = verify_model(base, release_keys=[key.public], run_keys=[signer.public])
+    tuned = tmp_path / "tuned-model"
+    with Recorder(tmp_path / "run2", signer=signer, model=model, optimizer=opt, release_key=tmp_path / "release.key") \
+            as rec:
+        rec.step(0, 0.5)
+        tuned.mkdir()
+        torch.save({"w": torch.ones(2)}, tuned / "weights.pt")
+        rec.record_export(tuned, base_model=base)
+    t = verify_model(tuned, release_keys=[key.public], run_keys=[signer.public])
+    assert t.base == {"digest": v.digest, "run_id": v.run_id} and t.run_id != v.run_id
+
+
+def test_a_witness_cosigned_release_and_a_fork_that_cannot_carry_the_cosignature(released, signer, tmp_path):
+    """The witness cosigns the closed run's checkpoint; the release carries the cosignature and verify-model holds
+    it to the pinned witness. A fork of the run (history rewritten, re-signed) cannot borrow that cosignature, and
+    released without one it fails the quorum."""
+    from journal_tools import dump, parse, read_lines, rechain, write_lines
+
+    from trainledger.journal import Signer
+    from trainledger.journal.proofs.bundle import prove
+    from trainledger.journal.proofs.note import NoteError, cosigner_key, parse_verifier_key
+    from trainledger.journal.proofs.witness import Witness
+
+    r = released
+    j = r["run"] / "journal.jsonl"
+    w_key = Signer.generate()
+    vkey = parse_verifier_key(cosigner_key("w1", w_key.public.raw))
+    bundle = prove(j, [0], keys=[signer.public]).bundle
+    _, note = Witness(tmp_path / "w.json", "w1", w_key._key).add(json.dumps(bundle).encode(), [signer.public])
+    cosigned = json.dumps(dict(bundle, checkpoint=note)).encode()
+    release(r["model"], j, r["key"], keys=[signer.public], cosigned=cosigned)
+    v = verify_model(r["model"], release_keys=[r["key"].public], run_keys=[signer.public], witnesses=[vkey], quorum=1)
+    assert [n for n, _ in v.witnesses] == ["w1"]
+    # the fork: the same run, its first step's loss rewritten, re-signed by the run's own key
+    lines = read_lines(j)
+    i = next(k for k, ln in enumerate(lines) if parse(ln)["kind"] == "step_observed")
+    obj = parse(lines[i])
+    obj["loss"] = 0.0
+    fork = tmp_path / "fork.jsonl"
+    write_lines(fork, rechain(lines[:i] + [dump(obj)] + lines[i + 1:], resign=signer))
+    with pytest.raises(UsageError, match="another run's, or a fork's"):
+        release(r["model"], fork, r["key"], keys=[signer.public], cosigned=cosigned)
+    release(r["model"], fork, r["key"], keys=[signer.public])
+    with pytest.raises(NoteError, match="fewer than the quorum"):
+        verify_model(r["model"], release_keys=[r["key"].public], run_keys=[signer.public], witnesses=[vkey], quorum=1)
