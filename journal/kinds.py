@@ -237,7 +237,8 @@ class ModelExported(Event, tag="model_exported", frozen=True, kw_only=True):
     sha256} in model signing's order, and ``digest`` the SHA-256 over those digests: the subject digest of the
     folder's model-signing signature. ``step`` the step the weights are of, ``checkpoint`` the ``checkpoint_saved`` path
     they came from (None: not a recorded checkpoint); ``base`` the digest of the released model it was fine-tuned
-    from, and ``base_release`` that release's run id (None: trained from scratch)."""
+    from, and ``base_release`` that release's run id (None: trained from scratch); ``lineage`` the base's own
+    ancestors, nearest first ({digest, run_id}), as the base's provenance names them."""
 
     path: str  # the folder as the run named it
     digest: str
@@ -246,6 +247,7 @@ class ModelExported(Event, tag="model_exported", frozen=True, kw_only=True):
     checkpoint: str | None = None
     base: str | None = None
     base_release: str | None = None
+    lineage: list[dict[str, Any]] | None = None
 
     def __post_init__(self) -> None:  # on decode too
         _check_files(self.files, "exported")

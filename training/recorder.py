@@ -321,10 +321,11 @@ class Recorder:
         from trainledger.journal.release.export import base_of, checkpoint_of, record_export
 
         step = self.monitor.last_step if step is None else step
+        lineage = None
         if base_model is not None:
-            base, base_release = base_of(base_model)
+            base, base_release, lineage = base_of(base_model)
         ev = record_export(self.journal, path, step=step, checkpoint=checkpoint_of(self._kept, step),
-                           base=base, base_release=base_release, relative_to=self.run)
+                           base=base, base_release=base_release, relative_to=self.run, lineage=lineage)
         self._exported = Path(path)
         return ev
 

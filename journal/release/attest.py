@@ -64,11 +64,13 @@ def provenance_statement(m: ModelManifest, *, run_id: str, key_id: str, software
     fine-tuned from, and as byproduct the run's proof bundle (``trainledger prove``'s format) for the lines it
     rests on."""
     deps = []
-    if export.base is not None:
-        deps.append({"name": "base-model" + (f" (release of run {export.base_release})" if export.base_release
-                                             else ""),
-                     "digest": {"sha256": export.base},
-                     "annotations": {"run_id": export.base_release}})
+    if export.base is not None:  # the model it was fine-tuned from, then that one's own ancestors (generation 2, ...)
+        chain = [{"digest": export.base, "run_id": export.base_release}, *(getattr(export, "lineage", None) or [])]
+        for g, anc in enumerate(chain, 1):
+            deps.append({"name": "base-model", "digest": {"sha256": anc["digest"]},
+                         "annotations": {"run_id": anc.get("run_id"), "generation": g}})
+    if manifest_id is not None and manifest_id.startswith("sha256:"):  # the experiment manifest (data, tokenizer)
+        deps.append({"name": "experiment-manifest", "digest": {"sha256": manifest_id[len("sha256:"):]}})
     raw = (json.dumps(proof, separators=(",", ":"), sort_keys=True)).encode()
     seqs = {e["seq"]: json.loads(e["line"])["kind"] for e in proof["entries"]}
     return {

@@ -197,8 +197,10 @@ def _cmd_verify_model(args: argparse.Namespace, replay: Any = None) -> int:
     say(f"  journal head {res.head} (signed tree of {res.tree_size:,} lines)"
         + (f"; cosigned by {', '.join(n for n, _ in res.witnesses)}" if res.witnesses else ""))
     if res.base is not None:
-        say(f"  fine-tuned from sha256:{res.base['digest']}" + (f" (released by run {res.base['run_id']})"
-                                                              if res.base.get("run_id") else ""))
+        chain = [res.base, *res.base.get("lineage", [])]
+        say("  fine-tuned from " + ", itself fine-tuned from ".join(
+            f"sha256:{b['digest']}" + (f" (run {b['run_id']})" if b.get("run_id") else "") for b in chain)
+            + " (as the base's release says: verify-model the base to check it)")
     if res.journal is not None:
         j = res.journal
         say(f"  journal {j['path']}: verified{' and replayed' if j['replayed'] else ''}, {j['events']:,} events"

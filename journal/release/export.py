@@ -25,7 +25,8 @@ def checkpoint_of(kept: Sequence[Any], step: int | None) -> str | None:
 
 def record_export(journal: Any, path: str | os.PathLike, *, step: int | None, checkpoint: str | None = None,
                   base: str | None = None, base_release: str | None = None,
-                  relative_to: str | os.PathLike | None = None) -> ModelExported:
+                  relative_to: str | os.PathLike | None = None,
+                  lineage: list[dict[str, Any]] | None = None) -> ModelExported:
     """Digest the folder at ``path`` as OpenSSF model signing does and append ``model_exported``, durably, then
     seal: the record a release (``trainledger release``) rests on. Release the folder unchanged: any byte changed
     after this is a different model. ``relative_to``: the run folder, to record the path from."""
@@ -38,16 +39,16 @@ def record_export(journal: Any, path: str | os.PathLike, *, step: int | None, ch
         except ValueError:
             shown = str(p)
     ev = ModelExported(path=shown, digest=m.digest, step=step, checkpoint=checkpoint, base=base,
-                       base_release=base_release,
+                       base_release=base_release, lineage=lineage or None,
                        files=[{"file": f.path, "bytes": f.size, "sha256": f.sha256} for f in m.files])
     journal.append(ev, durable=True)
     journal.seal(durable=True)
     return ev
 
 
-def base_of(folder: str | os.PathLike) -> tuple[str, str | None]:
-    """A released model's digest, and the run its provenance names (as it claims: ``verify-model`` of the base
-    checks that claim), for a fine-tune to record as its base."""
+def base_of(folder: str | os.PathLike) -> tuple[str, str | None, list[dict[str, Any]]]:
+    """A released model's digest, the run its provenance names, and its own ancestors as that provenance lists
+    them (as claimed: ``verify-model`` of the base checks them), for a fine-tune to record as its base."""
     import base64
     import json
 
@@ -55,13 +56,19 @@ def base_of(folder: str | os.PathLike) -> tuple[str, str | None]:
 
     p = Path(folder)
     digest = model_manifest(p).digest
-    run = None
+    run, lineage = None, []
     prov = p / PROVENANCE
     if prov.is_file() and prov.stat().st_size < (64 << 20):
         try:
             st = json.loads(base64.b64decode(json.loads(prov.read_text())["dsseEnvelope"]["payload"]))
             if st["subject"][0]["digest"]["sha256"] == digest:
                 run = str(st["predicate"]["runDetails"]["metadata"]["invocationId"])[:200]
-        except (ValueError, KeyError, TypeError, IndexError):
-            run = None
-    return digest, run
+                deps = st["predicate"]["buildDefinition"].get("resolvedDependencies", [])
+                ancestors = sorted((d for d in deps if d.get("name") == "base-model"),
+                                   key=lambda d: int(d.get("annotations", {}).get("generation", 1)))
+                lineage = [{"digest": str(d["digest"]["sha256"])[:64],
+                            "run_id": (lambda r: None if r is None else str(r)[:200])(
+                                d.get("annotations", {}).get("run_id"))} for d in ancestors[:64]]
+        except (ValueError, KeyError, TypeError, IndexError, AttributeError):
+            run, lineage = None, []
+    return digest, run, lineage

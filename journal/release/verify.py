@@ -201,7 +201,7 @@ def verify_model(model_dir: str | os.PathLike, *, release_keys: Sequence[Release
     opened = by_kind.get("run_opened", [None])[0]
     base = None
     if exp.base is not None:
-        base = {"digest": exp.base, "run_id": exp.base_release}
+        base = {"digest": exp.base, "run_id": exp.base_release, "lineage": list(exp.lineage or [])}
     out = ModelVerified(model=actual.name, digest=actual.digest, files=len(actual.files), bytes=actual.bytes,
                         release_key=rkey.key_id, run_id=res.run_id, run_key=res.key_id, step=exp.step,
                         checkpoint=ck, head=res.head, tree_size=res.tree_size,

@@ -326,9 +326,9 @@ class TrainledgerCallback(TrainerCallback):
         if tokenizer is not None and hasattr(tokenizer, "save_pretrained"):
             tokenizer.save_pretrained(self.export_dir)
         step = self.monitor.last_step if self.monitor is not None else None
-        base, base_release = base_of(self.base_model) if self.base_model is not None else (None, None)
+        base, base_release, lineage = base_of(self.base_model) if self.base_model is not None else (None, None, None)
         record_export(self.journal, self.export_dir, step=step, checkpoint=checkpoint_of(self._live, step),
-                      base=base, base_release=base_release, relative_to=self.run_dir)
+                      base=base, base_release=base_release, relative_to=self.run_dir, lineage=lineage)
 
 
 def _has_shape(model: Any) -> bool:

@@ -80,8 +80,19 @@ class TrainledgerCallback(Callback):
     def __init__(self, run_dir: str | os.PathLike, *, key: str | os.PathLike | None = None,
                  signer: Signer | None = None, flop_config: Any = None, peak_flops_per_sec: float | None = None,
                  sync_every: int = 16, stop_on: tuple[str, ...] = _STOP_ON,
-                 continue_from: str | os.PathLike | None = None, batch_fingerprint: bool = False):
+                 continue_from: str | os.PathLike | None = None, batch_fingerprint: bool = False,
+                 export_dir: str | os.PathLike | None = None, release_key: str | os.PathLike | None = None,
+                 base_model: str | os.PathLike | None = None):
         self.signer = signer_from(key, signer)
+        #: at the end of fit the module's weights are saved here (its ``model.save_pretrained`` when it wraps a
+        #: Hugging Face model, else its state dict as ``model.safetensors``) and recorded as ``model_exported``;
+        #: ``release_key``: then released (docs/provenance.md); ``base_model``: the released model it fine-tunes
+        self.export_dir = None if export_dir is None else Path(export_dir)
+        self.release_key = release_key
+        if release_key is not None and export_dir is None:
+            raise UsageError("release_key= releases the model saved to export_dir=: give both")
+        self.base_model = None if base_model is None else Path(base_model)
+        self._checkpoints: list[CheckpointSaved] = []
         #: a finished run's folder this run goes on from (``trainer.fit(model, ckpt_path="OLD/.../last.ckpt")``
         #: with this callback on a new folder): the checkpoint is checked against that run's journal
         self.continue_from = None if continue_from is None else Path(continue_from)
@@ -293,7 +304,29 @@ class TrainledgerCallback(Callback):
                                contents=["model", "optimizer", "scheduler", "counters", "sampler", "rng",
                                          "accumulation", "manifest_id", "scaler"])
         self._recorded[ev.path] = p.stat().st_mtime
+        self._checkpoints.append(ev)
         return ev
+
+    def _export(self, pl_module) -> None:
+        """Save the module's weights to ``export_dir`` and record them (model_exported)."""
+        from trainledger.journal.release.export import base_of, checkpoint_of, record_export
+
+        self.export_dir.mkdir(parents=True, exist_ok=True)
+        inner = getattr(pl_module, "model", None)
+        if inner is not None and hasattr(inner, "save_pretrained"):
+            inner.save_pretrained(self.export_dir)
+        else:
+            state = {k: v.detach().cpu().contiguous() for k, v in pl_module.state_dict().items()}
+            try:
+                from safetensors.torch import save_file
+            except ImportError:  # safetensors comes with transformers; without it, torch's own format
+                torch.save(state, self.export_dir / "model.pt")
+            else:
+                save_file(state, str(self.export_dir / "model.safetensors"))
+        step = self.monitor.last_step if self.monitor is not None else None
+        base, base_release, lineage = base_of(self.base_model) if self.base_model is not None else (None, None, None)
+        record_export(self.journal, self.export_dir, step=step, checkpoint=checkpoint_of(self._checkpoints, step),
+                      base=base, base_release=base_release, relative_to=self.run_dir, lineage=lineage)
 
     def _record_checkpoints(self, trainer) -> None:
         """Record the files ModelCheckpoint wrote since the last look."""
@@ -334,12 +367,20 @@ class TrainledgerCallback(Callback):
         if self.monitor is not None:
             self._drain(trainer)
         self._record_checkpoints(trainer)
+        exported = self.export_dir is not None and trainer.is_global_zero
+        if exported:
+            self._export(pl_module)
         record_compute(self.journal)
         if self.stopped:
             self.journal.close(status="stopped", reason=self.stopped)
         else:
             self.journal.close()
-        self.journal = None
+        path, self.journal = self.journal.path, None
+        if exported and self.release_key is not None:
+            from trainledger.journal.release.attest import release
+            from trainledger.journal.release.keys import load_release_key
+
+            release(self.export_dir, path, load_release_key(self.release_key), keys=[self.signer.public])
 
 
 class TrainledgerLogger(Logger):

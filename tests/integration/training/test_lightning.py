@@ -196,3 +196,19 @@ def test_batch_fingerprint_records_each_steps_batch_and_a_resume_on_other_batche
     [end] = [e for e in _events(run, "anomaly_ended") if e.anomaly == "data_divergence"]
     assert (end.step, end.last_step, end.steps, end.ended_at) == (5, 6, 2, 7)   # step 7 never ran before
     assert replay(run / "journal.jsonl", keys=[pubkey]).ok
+
+
+def test_the_fitted_module_is_exported_recorded_and_released_at_fit_end(tmp_path, signer):
+    """export_dir= saves the module's weights (safetensors) at the end of fit and records them; with release_key=
+    they are released, and verify-model ties them to the run and to the checkpoint of the last step."""
+    from trainledger.journal.release.keys import ReleaseKey
+    from trainledger.journal.release.verify import verify_model
+
+    key = ReleaseKey.generate()
+    key.save(tmp_path / "release.key")
+    run = tmp_path / "run"
+    _fit(run, signer, steps=10, export_dir=run / "export", release_key=tmp_path / "release.key")
+    [exp] = _events(run, "model_exported")
+    assert exp.step == 9 and exp.checkpoint is not None and [f["file"] for f in exp.files] == ["model.safetensors"]
+    v = verify_model(run / "export", release_keys=[key.public], run_keys=[signer.public], journal=run / "journal.jsonl")
+    assert v.final and v.step == 9 and v.compute["steps"] == 10 and v.journal["ok"]

@@ -269,7 +269,22 @@ def test_the_recorder_releases_its_export_when_it_closes_and_a_fine_tune_names_i
         torch.save({"w": torch.ones(2)}, tuned / "weights.pt")
         rec.record_export(tuned, base_model=base)
     t = verify_model(tuned, release_keys=[key.public], run_keys=[signer.public])
-    assert t.base == {"digest": v.digest, "run_id": v.run_id} and t.run_id != v.run_id
+    assert t.base == {"digest": v.digest, "run_id": v.run_id, "lineage": []} and t.run_id != v.run_id
+    # a fine-tune of the fine-tune names its whole lineage, nearest first
+    again = tmp_path / "again-model"
+    with Recorder(tmp_path / "run3", signer=signer, model=model, optimizer=opt, release_key=tmp_path / "release.key") \
+            as rec:
+        rec.step(0, 0.25)
+        again.mkdir()
+        torch.save({"w": torch.zeros(2)}, again / "weights.pt")
+        rec.record_export(again, base_model=tuned)
+    a = verify_model(again, release_keys=[key.public], run_keys=[signer.public])
+    assert a.base == {"digest": t.digest, "run_id": t.run_id, "lineage": [{"digest": v.digest, "run_id": v.run_id}]}
+    from trainledger.cli import main
+
+    pub = tmp_path / "k.pub"
+    pub.write_text(signer.public.line() + "\n")
+    assert main(["verify-model", str(again), "--release-key", str(tmp_path / "release.pub"), "--pubkey", str(pub)]) == 0
 
 
 def test_a_witness_cosigned_release_and_a_fork_that_cannot_carry_the_cosignature(released, signer, tmp_path):

@@ -63,4 +63,4 @@ def test_a_trainer_run_released_at_its_end_and_a_fine_tune_that_names_its_base(t
     tuned = _train(tmp_path / "tuned", signer, tmp_path / "release.key",
                    model=GPT2LMHeadModel.from_pretrained(base), base_model=base, steps=4)
     t = verify_model(tuned, release_keys=[key.public], run_keys=[signer.public])
-    assert t.base == {"digest": v.digest, "run_id": v.run_id}
+    assert t.base == {"digest": v.digest, "run_id": v.run_id, "lineage": []}
