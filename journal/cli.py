@@ -588,7 +588,7 @@ def main(argv: Sequence[str] | None = None, *, parser: argparse.ArgumentParser |
             return _run_on_copies(args)
         return args.func(args)
     except TrainledgerError as e:  # the journal's, the training side's and the ladder's errors alike
-        return _failed(args, str(e), e.exit_code)
+        return _failed(args, str(e), e.exit_code, getattr(e, "reason", None))
     except KeyboardInterrupt:
         say(f"trainledger {args.command}: interrupted", file=sys.stderr)
         return 130
@@ -601,12 +601,13 @@ def main(argv: Sequence[str] | None = None, *, parser: argparse.ArgumentParser |
         return _failed(args, f"{where}{e.strerror or e}", 2)
 
 
-def _failed(args: argparse.Namespace, message: str, code: int) -> int:
+def _failed(args: argparse.Namespace, message: str, code: int, reason: str | None = None) -> int:
     """A command's error: one line on stderr, and with ``--json`` also one JSON object on stdout (a script reads
-    stdout); returns the exit code."""
+    stdout; ``reason``, an integrity failure's short tag, when it has one); returns the exit code."""
     say(f"trainledger {args.command}: error: {message}", file=sys.stderr)
     if getattr(args, "json", False):
-        say(json.dumps({"ok": False, "command": args.command, "error": message, "exit_code": code}))
+        say(json.dumps({"ok": False, "command": args.command, "error": message, "exit_code": code,
+                        **({"reason": reason} if reason else {})}))
     return code
 
 

@@ -199,7 +199,7 @@ def test_the_commands_end_to_end(tmp_path, signer, capsys):
     assert main(["verify-model", str(model), "--release-key", str(tmp_path / "keys" / "release.pub"),
                  "--pubkey", str(pub), "--json"]) == 1
     fail = json.loads(capsys.readouterr().out)
-    assert fail["ok"] is False and "changed: weights.pt" in fail["error"]
+    assert fail["ok"] is False and "changed: weights.pt" in fail["error"] and fail["reason"] == "changed-file"
 
 
 def test_replay_checks_each_export_and_names_a_doctored_one(released, signer, tmp_path):
