@@ -57,11 +57,23 @@ def register(sub) -> None:
     p.add_argument("directory", metavar="DIR", help="the folder to write the key pair into (created if absent)")
     p.add_argument("--name", default="trainledger", help="file name stem (default: trainledger)")
     p.add_argument("--force", action="store_true", help="overwrite existing key files")
+    p.add_argument("--pkcs11", metavar="URI",
+                   help="make the key inside a PKCS#11 token instead (an RFC 7512 pkcs11:token=...;object=... URI; "
+                        "the PIN from pin-source= or $TRAINLEDGER_PKCS11_PIN): only DIR/NAME.pub is written, the "
+                        "private key never leaves the token (docs/keys.md)")
     p.add_argument("--release", action="store_true",
                    help="write a release key instead: ECDSA P-256 PEM, DIR/release.key (0600) and DIR/release.pub, "
                         "for trainledger release and model signing (docs/provenance.md)")
     add_json_option(p)
     p.set_defaults(func=_cmd_keygen)
+
+    p = sub.add_parser("pubkey", help="print the public key of a signing key (a key file or a pkcs11: URI)",
+                       description="Print the one-line public key (trainledger-ed25519 BASE64 KEYID) of a private "
+                                   "key file or of the key a pkcs11: URI names inside a token, to pin with --pubkey.")
+    p.add_argument("key", metavar="KEY", help="a private key file (trainledger.key) or a pkcs11: URI")
+    p.add_argument("--out", metavar="FILE", help="also write it to FILE (a .pub file)")
+    add_json_option(p)
+    p.set_defaults(func=_cmd_pubkey)
 
     p = sub.add_parser("verify", help="verify a journal offline against a pinned key",
                        description="Check canonical form, seq continuity, every chain hash, every seal and the "
@@ -134,7 +146,48 @@ def register(sub) -> None:
 # ---------------------------------------------------------------- commands
 
 
+def _cmd_pubkey(args: argparse.Namespace) -> int:
+    from trainledger.journal.keys import load_signer
+
+    if str(args.key).startswith("pkcs11:"):
+        from trainledger.journal.hsm import public_key_of
+
+        pub = public_key_of(args.key)
+    else:
+        pub = load_signer(args.key).public
+    if args.out:
+        tmp = Path(args.out).with_name(Path(args.out).name + ".tmp")
+        tmp.write_text(pub.line() + "\n")
+        os.replace(tmp, args.out)
+    if args.json:
+        say(json.dumps({"ok": True, "key_id": pub.key_id, "public_key_line": pub.line(), "out": args.out}))
+    else:
+        say(pub.line())
+    return 0
+
+
 def _cmd_keygen(args: argparse.Namespace) -> int:
+    if args.pkcs11:
+        from trainledger.journal.hsm import generate_pkcs11_key
+
+        if args.release:
+            raise UsageError("--pkcs11 makes a run's Ed25519 key in a token; release keys are PEM files here")
+        pub = generate_pkcs11_key(args.pkcs11)
+        d = Path(args.directory)
+        d.mkdir(parents=True, exist_ok=True)
+        out = d / f"{args.name}.pub"
+        if out.exists() and not args.force:
+            raise UsageError(f"{out}: exists (--force replaces it)")
+        out.write_text(pub.line() + "\n")
+        shown = args.pkcs11.split("?", 1)[0]
+        if args.json:
+            say(json.dumps({"ok": True, "private_key": shown, "public_key": str(out), "key_id": pub.key_id,
+                            "public_key_line": pub.line()}))
+            return 0
+        say(f"private key: in the token ({shown}); it never leaves it")
+        say(f"public key:  {out}")
+        say(pub.line())
+        return 0
     if args.release:
         from trainledger.journal.release.cli import cmd_keygen_release
 

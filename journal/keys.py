@@ -16,7 +16,10 @@ import binascii
 import hashlib
 import os
 import stat
+import threading
+import urllib.parse
 from pathlib import Path
+from typing import Any
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
@@ -26,6 +29,10 @@ from trainledger.journal.paths import open_new
 from trainledger.journal.errors import JournalIOError, KeyFileError, UsageError
 
 __all__ = [
+    "Pkcs11Signer",
+    "generate_pkcs11_key",
+    "public_key_of",
+    "parse_pkcs11_uri",
     "PUBKEY_PREFIX",
     "TRUSTED_KEYS_ENV",
     "Signer",
@@ -177,11 +184,20 @@ def read_small_file(path: Path, what: str, *, limit: int = _MAX_KEY_FILE) -> byt
 
 
 def load_signer(path: str | os.PathLike) -> Signer:
-    """Load a private key written by :func:`keygen` (or any unencrypted PKCS8 Ed25519 PEM).
+    """Load a private key written by :func:`keygen` (or any unencrypted PKCS8 Ed25519 PEM), or open the key an
+    RFC 7512 ``pkcs11:`` URI names inside a token (:class:`trainledger.journal.hsm.Pkcs11Signer`: the key never
+    leaves it). Every ``key=`` and ``--key`` goes through here.
 
     Raises :class:`KeyFileError` if the file is missing, readable by group or
     others, a public key, encrypted, or not an Ed25519 key.
     """
+    text = os.fspath(path)
+    if isinstance(text, str) and text.startswith(("pkcs11:", "awskms://", "gcpkms://", "azurekms://", "hashivault://")):
+        if text.startswith(KMS_SCHEMES):
+            raise UsageError(f"{text.split('/')[0]}// keys (cloud KMS) are not supported yet: use a PEM file or a "
+                             "pkcs11: URI (docs/keys.md)")
+        if text.startswith("pkcs11:"):
+            return Pkcs11Signer(text)  # a Signer whose key stays in the token
     p = Path(path)
     data = read_small_file(p, "private key")
     if data.lstrip().startswith(PUBKEY_PREFIX.encode()) or b"PUBLIC KEY" in data:
@@ -382,13 +398,17 @@ def key_home() -> Path:
 def run_key(run_dir: str | os.PathLike, key: str | os.PathLike | None = None) -> tuple[Path, Path]:
     """The signing key of a run a command creates, kept outside the run folder, and its public key inside it.
 
-    With ``key`` (a private key file), that key; else a new one in :func:`key_home`, named after the run folder
+    With ``key`` (a private key file, or a ``pkcs11:`` URI), that key; else a new one in :func:`key_home`, named after the run folder
     (``NAME-XXXXXX.key``, never overwriting). The public key goes into ``run_dir/trainledger.pub`` either way (a
-    reviewer needs it; it signs nothing). Refuses a ``key`` inside ``run_dir``. Returns (private, public)."""
+    reviewer needs it; it signs nothing). Refuses a ``key`` inside ``run_dir``. Returns (private, public): the
+    private one a path, or the URI."""
     import secrets
 
     run = Path(run_dir)
-    if key is not None:
+    if key is not None and str(key).startswith("pkcs11:"):  # a key in a token: nothing on disk to keep away
+        priv = str(key)  # the URI: load_signer opens it again
+        signer = load_signer(priv)
+    elif key is not None:
         k = Path(key)
         if k.resolve().parent == run.resolve() or k.resolve().is_relative_to(run.resolve()):
             raise UsageError(f"{k}: the signing key is inside the run folder {run}; keep it outside (whoever gets "
@@ -406,3 +426,189 @@ def run_key(run_dir: str | os.PathLike, key: str | os.PathLike | None = None) ->
     pub = run / "trainledger.pub"
     pub.write_text(signer.public.line() + "\n")
     return priv, pub
+
+
+# ---------------------------------------------------------------- keys held in hardware (PKCS#11)
+# (trainledger.journal.hsm re-exports these; docs/keys.md)
+
+PKCS11_SCHEME = "pkcs11:"
+#: cosign's KMS URI schemes: named so that a user gets a clear refusal, not "file not found"
+KMS_SCHEMES = ("awskms://", "gcpkms://", "azurekms://", "hashivault://")
+MODULE_ENV = "TRAINLEDGER_PKCS11_MODULE"
+PIN_ENV = "TRAINLEDGER_PKCS11_PIN"
+_ED25519_PARAMS = bytes.fromhex("06032b6570")  # DER of the OID 1.3.101.112 (id-Ed25519)
+_MAX_PIN = 256
+
+
+def is_key_uri(spec: Any) -> bool:
+    s = str(spec)
+    return s.startswith(PKCS11_SCHEME) or s.startswith(KMS_SCHEMES)
+
+
+def parse_pkcs11_uri(uri: str) -> dict[str, str]:
+    """The URI's path attributes (token, object, id, serial, ...) and its query (module-path, pin-source), decoded.
+    Raises :class:`UsageError` naming what is wrong."""
+    if not uri.startswith(PKCS11_SCHEME):
+        raise UsageError(f"{uri[:40]!r}: not a pkcs11: URI")
+    body = uri[len(PKCS11_SCHEME):]
+    path, _, query = body.partition("?")
+    out: dict[str, str] = {}
+    for part, sep in ((path, ";"), (query, "&")):
+        for item in filter(None, part.split(sep)):
+            k, eq, v = item.partition("=")
+            if not eq:
+                raise UsageError(f"pkcs11 URI: {item[:40]!r} is not NAME=VALUE")
+            k = k.strip().lower()
+            if k in out:
+                raise UsageError(f"pkcs11 URI: {k} given twice")
+            out[k] = urllib.parse.unquote(v)
+    if "pin-value" in out:
+        raise UsageError("pkcs11 URI: pin-value is refused (a command line is visible to every user of the machine): "
+                         f"use pin-source=file:/path or ${PIN_ENV}")
+    if "object" not in out:
+        raise UsageError("pkcs11 URI: name the key with object=LABEL")
+    if "token" not in out and "serial" not in out:
+        raise UsageError("pkcs11 URI: name the token with token=LABEL (or serial=)")
+    return out
+
+
+def _module(attrs: dict[str, str]) -> str:
+    m = attrs.get("module-path") or os.environ.get(MODULE_ENV)
+    if not m:
+        raise UsageError(f"pkcs11 URI: no module: add module-path=/path/to/lib.so or set ${MODULE_ENV}")
+    if not Path(m).is_file():
+        raise KeyFileError(f"{m}: the PKCS#11 module is not there")
+    return m
+
+
+def _pin(attrs: dict[str, str]) -> str | None:
+    src = attrs.get("pin-source")
+    if src is not None:
+        p = Path(src[len("file:"):] if src.startswith("file:") else src)
+        data = read_small_file(p, "PIN file", limit=_MAX_PIN)
+        if os.name == "posix" and p.stat().st_mode & 0o077:
+            raise KeyFileError(f"{p}: the PIN file is readable by others (chmod 600 {p})")
+        return data.decode("utf-8", "replace").strip()
+    return os.environ.get(PIN_ENV)
+
+
+def _pkcs11():
+    try:
+        import pkcs11
+    except ImportError:
+        raise UsageError("a pkcs11: key needs python-pkcs11: pip install 'trainledger[pkcs11]'") from None
+    return pkcs11
+
+
+def _open(uri: str, *, rw: bool = False):
+    pkcs11 = _pkcs11()
+    attrs = parse_pkcs11_uri(uri)
+    try:
+        lib = pkcs11.lib(_module(attrs))
+        kw = {"token_label": attrs["token"]} if "token" in attrs else {"token_serial": attrs["serial"].encode()}
+        token = lib.get_token(**kw)
+        try:
+            session = token.open(user_pin=_pin(attrs), rw=rw)
+        except pkcs11.exceptions.UserAlreadyLoggedIn:  # the login is the token's, shared by this process's sessions
+            session = token.open(rw=rw)
+    except (pkcs11.exceptions.PKCS11Error, RuntimeError) as e:
+        raise KeyFileError(f"{_shown(uri)}: cannot open the token ({type(e).__name__}{': ' + str(e) if str(e) else ''})") \
+            from None
+    return pkcs11, attrs, session
+
+
+def _shown(uri: str) -> str:
+    """The URI as an error may show it: its path, without the query (no PIN source, no module)."""
+    return uri.split("?", 1)[0]
+
+
+def _public_of(pkcs11, session, label: str, uri: str) -> PublicKey:
+    from pkcs11 import Attribute, KeyType, ObjectClass
+
+    try:
+        pub = session.get_key(object_class=ObjectClass.PUBLIC_KEY, key_type=KeyType.EC_EDWARDS, label=label)
+        point = pub[Attribute.EC_POINT]
+    except (pkcs11.exceptions.PKCS11Error, pkcs11.exceptions.NoSuchKey, pkcs11.exceptions.MultipleObjectsReturned) \
+            as e:
+        raise KeyFileError(f"{_shown(uri)}: no single Ed25519 public key labelled {label!r} in the token "
+                           f"({type(e).__name__})") from None
+    raw = bytes(point)
+    if len(raw) == 34 and raw[:2] == b"\x04\x20":  # a DER OCTET STRING around the 32 bytes
+        raw = raw[2:]
+    return PublicKey(raw, source=_shown(uri))
+
+
+class Pkcs11Signer(Signer):
+    """Signs seals with an Ed25519 key inside a PKCS#11 token (one session, kept open; signing is serialized). A
+    :class:`Signer` everywhere one is taken; it has no private bytes to give (:meth:`private_pem` refuses)."""
+
+    __slots__ = ("uri", "_session", "_lock", "_mech")
+
+    def __init__(self, uri: str):  # noqa: D107 - no Signer.__init__: there is no private key object here
+        pkcs11, attrs, session = _open(uri)
+        from pkcs11 import KeyType, Mechanism, ObjectClass
+
+        self.uri = _shown(uri)
+        self._session = session
+        try:
+            self._key = session.get_key(object_class=ObjectClass.PRIVATE_KEY, key_type=KeyType.EC_EDWARDS,
+                                        label=attrs["object"])
+        except (pkcs11.exceptions.PKCS11Error, pkcs11.exceptions.NoSuchKey,
+                pkcs11.exceptions.MultipleObjectsReturned) as e:
+            session.close()
+            raise KeyFileError(f"{self.uri}: no single Ed25519 private key labelled {attrs['object']!r} in the token "
+                               f"({type(e).__name__}; trainledger keygen --pkcs11 makes one)") from None
+        self.public = _public_of(pkcs11, session, attrs["object"], uri)
+        self._lock = threading.Lock()
+        self._mech = Mechanism.EDDSA
+
+    def private_pem(self) -> bytes:
+        raise KeyFileError(f"{self.uri}: the key lives in the token and cannot be exported")
+
+    def sign(self, message: bytes) -> bytes:
+        with self._lock:
+            sig = bytes(self._key.sign(message, mechanism=self._mech))
+        if not self.public.verify(sig, message):  # a token that signs wrong is caught here, not by a verifier later
+            raise KeyFileError(f"{self.uri}: the token's signature does not verify under its public key")
+        return sig
+
+    def close(self) -> None:
+        try:
+            self._session.close()
+        except Exception:  # noqa: BLE001 - a token gone away cannot be closed either
+            pass
+
+    def __repr__(self) -> str:
+        return f"Pkcs11Signer(key_id={self.key_id!r}, uri={self.uri!r})"
+
+
+def generate_pkcs11_key(uri: str) -> PublicKey:
+    """Make an Ed25519 key pair inside the token, labelled by the URI's ``object`` (private: sensitive, never
+    extractable); refuses a label already used. Returns the public key."""
+    pkcs11, attrs, session = _open(uri, rw=True)
+    from pkcs11 import Attribute, KeyType, Mechanism, ObjectClass
+
+    try:
+        label = attrs["object"]
+        found = list(session.get_objects({Attribute.LABEL: label, Attribute.CLASS: ObjectClass.PRIVATE_KEY}))
+        if found:
+            raise KeyFileError(f"{_shown(uri)}: the token already holds a key labelled {label!r}; a key is never "
+                               "replaced (choose another object=)")
+        try:
+            session.generate_keypair(KeyType.EC_EDWARDS, mechanism=Mechanism.EC_EDWARDS_KEY_PAIR_GEN, store=True,
+                                     label=label, public_template={Attribute.EC_PARAMS: _ED25519_PARAMS},
+                                     private_template={Attribute.SENSITIVE: True, Attribute.EXTRACTABLE: False})
+        except pkcs11.exceptions.PKCS11Error as e:
+            raise KeyFileError(f"{_shown(uri)}: the token cannot make an Ed25519 key ({type(e).__name__})") from None
+        return _public_of(pkcs11, session, label, uri)
+    finally:
+        session.close()
+
+
+def public_key_of(uri: str) -> PublicKey:
+    """The public half of the key the URI names."""
+    pkcs11, attrs, session = _open(uri)
+    try:
+        return _public_of(pkcs11, session, attrs["object"], uri)
+    finally:
+        session.close()

@@ -34,8 +34,8 @@ def register(sub, *, write_report=None) -> None:
     p.add_argument("--peak-flops", type=float, default=None,
                    help="peak FLOP/s to compute MFU against (default: this CPU's measured fp32 matmul throughput, "
                         "measured before the first rung and recorded in each run_configured)")
-    p.add_argument("--key", metavar="FILE", default=None,
-                   help="sign with this private key (outside OUT_DIR); default: a new key in $TRAINLEDGER_KEY_DIR "
+    p.add_argument("--key", metavar="KEY", default=None,
+                   help="sign with this private key (a file outside OUT_DIR, or a pkcs11: URI); default: a new key in $TRAINLEDGER_KEY_DIR "
                         "or ~/.config/trainledger/keys, named after OUT_DIR")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object on stdout at the end (the outcome, the fit, verification, the report) "

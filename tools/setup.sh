@@ -3,7 +3,7 @@
 # (pyproject keeps an open range).
 #   (no flag)  what the main job needs, `trainledger ladder`: the torch, report and scaling extras
 #   --dev      also the dev extra: pytest and the real frameworks, servers and tools the tests drive
-#   --browser  --dev, and Debian's chromium for the browser tests (needs root or sudo)
+#   --browser  --dev, and Debian's chromium for the browser tests and softhsm2 for the PKCS#11 tests (root or sudo)
 # docs/bench/setup.txt has the time each takes, measured on a fresh clone.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,15 +15,20 @@ case "${1:-}" in
   --browser) EXTRAS="dev,$EXTRAS" ;;
   *) echo "setup.sh: unknown option ${1}; use --dev or --browser (or nothing, for the main job)" >&2; exit 2 ;;
 esac
-if [ "${1:-}" = "--browser" ] && ! command -v chromium >/dev/null 2>&1; then
+NEED=""
+if [ "${1:-}" = "--browser" ]; then
+  command -v chromium >/dev/null 2>&1 || NEED="$NEED chromium"
+  command -v softhsm2-util >/dev/null 2>&1 || NEED="$NEED softhsm2"
+fi
+if [ -n "$NEED" ]; then
   SUDO=""
   if [ "$(id -u)" != 0 ]; then
-    command -v sudo >/dev/null 2>&1 || { echo "setup.sh: --browser needs root or sudo to install chromium" >&2; exit 1; }
+    command -v sudo >/dev/null 2>&1 || { echo "setup.sh: --browser needs root or sudo to install$NEED" >&2; exit 1; }
     SUDO=sudo
   fi
-  echo "setup.sh: installing Debian's chromium for the browser test" >&2
+  echo "setup.sh: installing Debian's$NEED for the browser and PKCS#11 tests" >&2
   $SUDO apt-get update -qq >/dev/null
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends chromium >/dev/null
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends $NEED >/dev/null
 fi
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv

@@ -53,7 +53,8 @@ def register(sub) -> None:
     q = isub.add_parser("tensorboard", help="TensorBoard event files (the tensorboard package's own reader)")
     q.add_argument("logdir", metavar="LOGDIR", help="the folder of TensorBoard event files to read")
     q.add_argument("out_dir", metavar="OUT_DIR", help="the run folder to write journal.jsonl into")
-    q.add_argument("--key", required=True, metavar="FILE", help="the private key that signs the imported journal")
+    q.add_argument("--key", required=True, metavar="KEY",
+                   help="the private key that signs the imported journal (a key file or a pkcs11: URI)")
     q.add_argument("--loss-tag", default=None, help="the loss scalar's tag (default: the first of loss, train/loss, ...)")
     q.add_argument("--grad-norm-tag", default=None, help="the gradient norm's tag (default: the first of grad_norm, "
                                                          "train/grad_norm, ...)")
@@ -64,7 +65,8 @@ def register(sub) -> None:
     q = isub.add_parser("megatron", help="a Megatron-LM / DeepSpeed-style log (iteration lines)")
     q.add_argument("logfile", metavar="LOGFILE", help="the training log to read")
     q.add_argument("out_dir", metavar="OUT_DIR", help="the run folder to write journal.jsonl into")
-    q.add_argument("--key", required=True, metavar="FILE", help="the private key that signs the imported journal")
+    q.add_argument("--key", required=True, metavar="KEY",
+                   help="the private key that signs the imported journal (a key file or a pkcs11: URI)")
     add_json_option(q)
     q.set_defaults(func=_cmd_import)
 
@@ -113,8 +115,8 @@ def register(sub) -> None:
                    help="deprecated: give OUT_DIR as the argument, as 'ladder' takes it")
     p.add_argument("--steps", type=int, default=2000, help="simulated optimizer steps (default: 2000)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
-    p.add_argument("--key", metavar="FILE", default=None,
-                   help="sign with this private key (outside the run folder); default: a new key in "
+    p.add_argument("--key", metavar="KEY", default=None,
+                   help="sign with this private key (a file outside the run folder, or a pkcs11: URI); default: a new key in "
                         "$TRAINLEDGER_KEY_DIR or ~/.config/trainledger/keys, named after the run folder")
     add_json_option(p)
     p.set_defaults(func=_cmd_demo)
@@ -144,8 +146,8 @@ def register(sub) -> None:
     p.add_argument("manifest", metavar="MANIFEST", help="the experiment manifest (TOML, YAML or JSON)")
     p.add_argument("--data-root", metavar="DIR", help="where the manifest's relative refs point (default: its folder)")
     p.add_argument("--journal", metavar="PATH", help="journal to write (default: preflight-<time>.jsonl beside it)")
-    p.add_argument("--key", metavar="FILE",
-                   help="private key to sign with (default: a new key in $TRAINLEDGER_KEY_DIR or "
+    p.add_argument("--key", metavar="KEY",
+                   help="private key to sign with, a file or a pkcs11: URI (default: a new key in $TRAINLEDGER_KEY_DIR or "
                         "~/.config/trainledger/keys, one per folder of journals; never beside them)")
     p.add_argument("--template-check", metavar="MODULE:FUNCTION",
                    help="your template/tokenizer/mask check: FUNCTION(manifest, root) -> (ok, detail)")
@@ -160,7 +162,8 @@ def register(sub) -> None:
                        description="Write a signed approval (or rejection) of one manifest identity, signed with "
                                    "your own key. preflight --approval checks it against the pinned approvers.")
     p.add_argument("manifest", metavar="MANIFEST", help="the manifest to approve or reject")
-    p.add_argument("--key", metavar="FILE", required=True, help="your private key (trainledger keygen)")
+    p.add_argument("--key", metavar="KEY", required=True,
+                   help="your private key (trainledger keygen; a key file or a pkcs11: URI)")
     p.add_argument("--as", dest="authority", metavar="NAME", required=True,
                    help="the approver name the manifest lists (authority.approvers)")
     p.add_argument("--reject", action="store_true", help="record a rejection instead of an approval")

@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m trainledger.training.distributed.loop",
                                 description="the reference loop under torchrun: DDP, one journal per rank")
     p.add_argument("run_dir")
-    p.add_argument("--key", required=True, help="the run's signing key (every rank reads it)")
+    p.add_argument("--key", required=True, help="the run's signing key (every rank reads it; a file or a pkcs11: URI)")
     p.add_argument("--steps", type=int, default=LoopConfig.steps)
     p.add_argument("--ckpt-every", type=int, default=LoopConfig.ckpt_every)
     p.add_argument("--straggler-every", type=int, default=None,
