@@ -119,7 +119,8 @@ class Recorder:
                  meta: dict[str, Any] | None = None, continue_from: str | os.PathLike | None = None,
                  release_key: str | os.PathLike | None = None):
         if (key is None) == (signer is None):
-            raise UsageError("Recorder needs the run's signing key: key='path/to/trainledger.key' (or signer=)")
+            raise UsageError("Recorder needs the run's signing key: key='path/to/trainledger.key' (or a pkcs11: URI, or "
+                             "signer=)")
         if keep_last is not None and keep_last < 1:
             raise UsageError(f"keep_last must be at least 1, got {keep_last}")
         self.run = Path(run_dir)
