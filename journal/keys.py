@@ -15,6 +15,7 @@ import base64
 import binascii
 import hashlib
 import os
+import re
 import stat
 import threading
 import urllib.parse
@@ -30,6 +31,7 @@ from trainledger.journal.errors import JournalIOError, KeyFileError, UsageError
 
 __all__ = [
     "Pkcs11Signer",
+    "PluginSigner",
     "generate_pkcs11_key",
     "public_key_of",
     "parse_pkcs11_uri",
@@ -192,12 +194,10 @@ def load_signer(path: str | os.PathLike) -> Signer:
     others, a public key, encrypted, or not an Ed25519 key.
     """
     text = os.fspath(path)
-    if isinstance(text, str) and text.startswith(("pkcs11:", "awskms://", "gcpkms://", "azurekms://", "hashivault://")):
-        if text.startswith(KMS_SCHEMES):
-            raise UsageError(f"{text.split('/')[0]}// keys (cloud KMS) are not supported yet: use a PEM file or a "
-                             "pkcs11: URI (docs/keys.md)")
-        if text.startswith("pkcs11:"):
-            return Pkcs11Signer(text)  # a Signer whose key stays in the token
+    if isinstance(text, str) and text.startswith("pkcs11:"):
+        return Pkcs11Signer(text)  # a Signer whose key stays in the token
+    if isinstance(text, str) and _SCHEME.match(text):
+        return PluginSigner(text)  # a KMS (awskms://, gcpkms://, ...) through the back end named for its scheme
     p = Path(path)
     data = read_small_file(p, "private key")
     if data.lstrip().startswith(PUBKEY_PREFIX.encode()) or b"PUBLIC KEY" in data:
@@ -405,7 +405,7 @@ def run_key(run_dir: str | os.PathLike, key: str | os.PathLike | None = None) ->
     import secrets
 
     run = Path(run_dir)
-    if key is not None and str(key).startswith("pkcs11:"):  # a key in a token: nothing on disk to keep away
+    if key is not None and (str(key).startswith("pkcs11:") or _SCHEME.match(str(key))):  # a token's, a service's
         priv = str(key)  # the URI: load_signer opens it again
         signer = load_signer(priv)
     elif key is not None:
@@ -438,6 +438,78 @@ MODULE_ENV = "TRAINLEDGER_PKCS11_MODULE"
 PIN_ENV = "TRAINLEDGER_PKCS11_PIN"
 _ED25519_PARAMS = bytes.fromhex("06032b6570")  # DER of the OID 1.3.101.112 (id-Ed25519)
 _MAX_PIN = 256
+
+
+#: ``SCHEME://...``: a key held by a service, signed through a back end (:class:`PluginSigner`)
+_SCHEME = re.compile(r"[a-z][a-z0-9+.-]{1,30}://")
+#: ``awskms=package.module:factory,...``: the signing back ends, by URI scheme (docs/keys.md)
+PLUGINS_ENV = "TRAINLEDGER_SIGNER_PLUGINS"
+
+
+def _plugin_factory(scheme: str) -> Any:
+    """The back end for ``scheme``: from ``$TRAINLEDGER_SIGNER_PLUGINS`` (``scheme=module:callable``, comma
+    separated), else an installed package's entry point in the group ``trainledger_signers``."""
+    import importlib
+
+    for item in filter(None, (x.strip() for x in os.environ.get(PLUGINS_ENV, "").split(","))):
+        name, eq, target = item.partition("=")
+        if eq and name.strip() == scheme:
+            mod, colon, attr = target.strip().partition(":")
+            if not colon:
+                raise UsageError(f"${PLUGINS_ENV}: {item[:60]!r} is not scheme=module:callable")
+            try:
+                return getattr(importlib.import_module(mod), attr)
+            except (ImportError, AttributeError) as e:
+                raise UsageError(f"${PLUGINS_ENV}: the {scheme} back end {target[:60]} cannot be loaded ({e})") \
+                    from None
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group="trainledger_signers"):
+        if ep.name == scheme:
+            return ep.load()
+    known = " (cosign's KMS scheme)" if scheme + "://" in KMS_SCHEMES else ""
+    raise UsageError(f"{scheme}:// keys{known}: no signing back end for {scheme} is installed; one registers as an "
+                     f"entry point in the group trainledger_signers or in ${PLUGINS_ENV} (docs/keys.md); or use a "
+                     "key file or a pkcs11: URI")
+
+
+class PluginSigner(Signer):
+    """Signs seals through a back end for a service-held key (a cloud KMS): the back end is a callable taking the
+    URI and returning an object with ``public_key() -> bytes`` (the 32 raw bytes of the Ed25519 public key) and
+    ``sign(message: bytes) -> bytes`` (the 64-byte Ed25519 signature). Every signature is checked against the
+    public key before a seal carries it."""
+
+    __slots__ = ("uri", "_backend", "_lock")
+
+    def __init__(self, uri: str):  # noqa: D107 - the key is the service's: no Signer.__init__
+        scheme = uri.split("://", 1)[0]
+        self.uri = uri.split("?", 1)[0]
+        try:
+            self._backend = _plugin_factory(scheme)(uri)
+            raw = bytes(self._backend.public_key())
+        except (UsageError, KeyFileError):
+            raise
+        except Exception as e:  # noqa: BLE001 - a back end's own failure, named in one line
+            raise KeyFileError(f"{self.uri}: the {scheme} back end failed: {type(e).__name__}: {str(e)[:200]}") \
+                from None
+        self.public = PublicKey(raw, source=self.uri)
+        self._lock = threading.Lock()
+
+    def private_pem(self) -> bytes:
+        raise KeyFileError(f"{self.uri}: the key is held by the service and cannot be exported")
+
+    def sign(self, message: bytes) -> bytes:
+        with self._lock:
+            try:
+                sig = bytes(self._backend.sign(message))
+            except Exception as e:  # noqa: BLE001 - a throttled or unreachable service: one line
+                raise KeyFileError(f"{self.uri}: signing failed: {type(e).__name__}: {str(e)[:200]}") from None
+        if not self.public.verify(sig, message):
+            raise KeyFileError(f"{self.uri}: the service's signature does not verify under its public key")
+        return sig
+
+    def __repr__(self) -> str:
+        return f"PluginSigner(key_id={self.key_id!r}, uri={self.uri!r})"
 
 
 def is_key_uri(spec: Any) -> bool:

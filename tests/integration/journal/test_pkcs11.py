@@ -112,7 +112,7 @@ def test_bad_uris_and_keys_are_one_line_errors(token, tmp_path):
         load_signer("pkcs11:token=tl")
     with pytest.raises(KeyFileError, match="no single Ed25519 private key labelled '.*-nope'"):
         load_signer(token("nope"))
-    with pytest.raises(UsageError, match="not supported yet"):
+    with pytest.raises(UsageError, match="no signing back end for awskms"):
         load_signer("awskms:///alias/run")
     from trainledger.journal.hsm import generate_pkcs11_key
 
