@@ -130,13 +130,20 @@ def test_bad_uris_and_keys_are_one_line_errors(token, tmp_path):
         load_signer(token("k"))
 
 
-def test_the_demo_command_signs_in_the_token(token, tmp_path, capsys):
+def test_the_demo_command_signs_in_the_token(token, tmp_path, capsys, monkeypatch):
     from trainledger.cli import main
-    from trainledger.journal.keys import generate_pkcs11_key
+    from trainledger.journal.keys import KEY_DIR_ENV, generate_pkcs11_key
 
+    home = tmp_path / "key-home"
+    home.mkdir()
+    monkeypatch.setenv(KEY_DIR_ENV, str(home))  # where a command would put a key it makes: it makes none here
     pub = generate_pkcs11_key(token("demo"))
     assert main(["demo", str(tmp_path / "run"), "--key", token("demo"), "--steps", "300"]) == 0
     capsys.readouterr()
     assert (tmp_path / "run" / "trainledger.pub").read_text().strip() == pub.line()
     assert main(["verify", str(tmp_path / "run"), "--pubkey", str(tmp_path / "run" / "trainledger.pub"),
                  "--require-closed"]) == 0
+    assert list(home.iterdir()) == []
+    for f in tmp_path.rglob("*"):
+        if f.is_file():
+            assert b"PRIVATE KEY" not in f.read_bytes(), f
