@@ -39,6 +39,8 @@ from trainledger.journal.kinds import (
     AnomalyEnded,
     device_anomaly,
 )
+from trainledger.journal.release.export import same_as_checkpoint
+from trainledger.journal.release.manifest import FileDigest, root_digest
 from trainledger.training.experiment.approval import ApprovalInvalid, SignedApproval, check_approval
 from trainledger.training.health.detectors import HealthProjection, state_digest
 from trainledger.training.health.mfu import ComputeTotals
@@ -421,8 +423,6 @@ class ExportAudit(Projection):
         if isinstance(ev, CheckpointSaved):
             self._checkpoints[ev.path] = ev
             return
-        from trainledger.journal.release.manifest import FileDigest, root_digest
-
         files = [FileDigest(f["file"], f["bytes"], f["sha256"]) for f in ev.files]
         if root_digest(files) != ev.digest:
             self._diffs.append(_diff(ev.seq, "model_exported", f"the digest {ev.digest[:16]}... is not the one its "
@@ -437,10 +437,7 @@ class ExportAudit(Projection):
                 if ev.step is not None and c.step != ev.step:
                     self._diffs.append(_diff(ev.seq, "model_exported", f"of step {ev.step}, from checkpoint "
                                                                        f"{c.path} of step {c.step}"))
-                theirs = {(f["file"], f["sha256"]) for f in (c.files or [])}
-                if c.files is None:  # one file: its bytes are the checkpoint's when a file has its digest
-                    theirs = {(f.path, c.sha256) for f in files if f.sha256 == c.sha256}
-                same = sorted(f.path for f in files if (f.path, f.sha256) in theirs)
+                same = same_as_checkpoint(ev.files, c)
         self.exports.append({"seq": ev.seq, "path": ev.path, "digest": ev.digest, "step": ev.step,
                              "checkpoint": ev.checkpoint, "files": len(files), "bytes": sum(f.size for f in files),
                              "same_as_checkpoint": same, "base": ev.base})

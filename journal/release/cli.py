@@ -94,12 +94,14 @@ def cmd_keygen_release(args: argparse.Namespace) -> int:
     return 0
 
 
-def _bytes_progress(args: argparse.Namespace, label: str, total: int | None):
+def _bytes_progress(args: argparse.Namespace, label: str, folder: str):
+    """A bar over the bytes of ``folder`` hashed (the folder's size read only when a bar is drawn)."""
     from trainledger.journal.options import progress_for
 
     bar = progress_for(args, label)
     if bar is None:
         return None, None
+    total = _folder_bytes(folder)
     done = [0]
 
     def tick(n: int) -> None:
@@ -146,7 +148,7 @@ def _cmd_release(args: argparse.Namespace) -> int:
 
         cosigned = read_small_file(Path(args.cosigned), "cosigned bundle", limit=MAX_BUNDLE_BYTES)
     journal = _run_journal(args.run)
-    tick, bar = _bytes_progress(args, "hashing", _folder_bytes(args.model_dir))
+    tick, bar = _bytes_progress(args, "hashing", args.model_dir)
     try:
         res = release(args.model_dir, journal, key, keys=trusted_keys(args.pubkey), out=args.out, progress=tick,
                       cosigned=cosigned)
@@ -174,7 +176,7 @@ def _cmd_verify_model(args: argparse.Namespace, replay: Any = None) -> int:
 
     rkeys = [load_release_public_key(p) for p in args.release_key]
     witnesses, k = _quorum(args)
-    tick, bar = _bytes_progress(args, "hashing", _folder_bytes(args.model_dir))
+    tick, bar = _bytes_progress(args, "hashing", args.model_dir)
     try:
         res = verify_model(args.model_dir, release_keys=rkeys, run_keys=trusted_keys(args.pubkey),
                            witnesses=witnesses, quorum=k, signature=args.signature, provenance=args.provenance,

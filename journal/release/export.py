@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from trainledger.journal.errors import UnsafePath
 from trainledger.journal.kinds import ModelExported
-from trainledger.journal.release.manifest import model_manifest
+from trainledger.journal.paths import read_regular
+from trainledger.journal.release.dsse import MAX_BUNDLE_BYTES
+from trainledger.journal.release.manifest import PROVENANCE, model_manifest
 
-__all__ = ["record_export", "checkpoint_of", "base_of"]
+__all__ = ["record_export", "checkpoint_of", "base_of", "same_as_checkpoint"]
 
 
 def checkpoint_of(kept: Sequence[Any], step: int | None) -> str | None:
@@ -21,6 +26,15 @@ def checkpoint_of(kept: Sequence[Any], step: int | None) -> str | None:
         if c.step == step:
             return c.path
     return None
+
+
+def same_as_checkpoint(files: Sequence[dict[str, Any]], checkpoint: Any) -> list[str]:
+    """The exported files (``model_exported.files``) that are byte for byte the checkpoint's: a checkpoint folder's
+    file of the same name and digest, or, for a one-file checkpoint, a file whose digest is the checkpoint's."""
+    if checkpoint.files is None:
+        return sorted(f["file"] for f in files if f["sha256"] == checkpoint.sha256)
+    theirs = {(f["file"], f["sha256"]) for f in checkpoint.files}
+    return sorted(f["file"] for f in files if (f["file"], f["sha256"]) in theirs)
 
 
 def record_export(journal: Any, path: str | os.PathLike, *, step: int | None, checkpoint: str | None = None,
@@ -49,26 +63,26 @@ def record_export(journal: Any, path: str | os.PathLike, *, step: int | None, ch
 def base_of(folder: str | os.PathLike) -> tuple[str, str | None, list[dict[str, Any]]]:
     """A released model's digest, the run its provenance names, and its own ancestors as that provenance lists
     them (as claimed: ``verify-model`` of the base checks them), for a fine-tune to record as its base."""
-    import base64
-    import json
-
-    from trainledger.journal.release.manifest import PROVENANCE
-
     p = Path(folder)
     digest = model_manifest(p).digest
     run, lineage = None, []
-    prov = p / PROVENANCE
-    if prov.is_file() and prov.stat().st_size < (64 << 20):
+    try:  # a regular file of the folder's own, bounded (a link or a FIFO planted there is no claim)
+        text = read_regular(p / PROVENANCE, MAX_BUNDLE_BYTES, what="provenance")
+    except (FileNotFoundError, UnsafePath):
+        text = None
+    if text is not None:
         try:
-            st = json.loads(base64.b64decode(json.loads(prov.read_text())["dsseEnvelope"]["payload"]))
+            st = json.loads(base64.b64decode(json.loads(text)["dsseEnvelope"]["payload"]))
             if st["subject"][0]["digest"]["sha256"] == digest:
                 run = str(st["predicate"]["runDetails"]["metadata"]["invocationId"])[:200]
                 deps = st["predicate"]["buildDefinition"].get("resolvedDependencies", [])
                 ancestors = sorted((d for d in deps if d.get("name") == "base-model"),
                                    key=lambda d: int(d.get("annotations", {}).get("generation", 1)))
-                lineage = [{"digest": str(d["digest"]["sha256"])[:64],
-                            "run_id": (lambda r: None if r is None else str(r)[:200])(
-                                d.get("annotations", {}).get("run_id"))} for d in ancestors[:64]]
-        except (ValueError, KeyError, TypeError, IndexError, AttributeError):
+                lineage = []
+                for d in ancestors[:64]:
+                    r = d.get("annotations", {}).get("run_id")
+                    lineage.append({"digest": str(d["digest"]["sha256"])[:64],
+                                    "run_id": None if r is None else str(r)[:200]})
+        except (ValueError, KeyError, TypeError, IndexError, AttributeError, RecursionError):
             run, lineage = None, []
     return digest, run, lineage

@@ -16,6 +16,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from trainledger.journal.errors import KeyFileError
+from trainledger.journal.keys import read_small_file
 
 __all__ = ["ReleaseKey", "ReleasePublicKey", "load_release_key", "load_release_public_key", "generate_release_key",
            "public_path"]
@@ -106,21 +107,9 @@ def generate_release_key(path: str | os.PathLike, *, exist_ok: bool = False) -> 
     return k
 
 
-def _read(path: str | os.PathLike, what: str) -> bytes:
-    p = Path(path)
-    try:
-        with open(p, "rb") as f:
-            data = f.read(_MAX_KEY_FILE + 1)
-    except OSError as e:
-        raise KeyFileError(f"{p}: the {what} cannot be read ({e.strerror or e})") from None
-    if len(data) > _MAX_KEY_FILE:
-        raise KeyFileError(f"{p}: over {_MAX_KEY_FILE:,} bytes: not a {what}")
-    return data
-
-
 def load_release_key(path: str | os.PathLike, password: bytes | None = None) -> ReleaseKey:
     p = Path(path)
-    data = _read(p, "release key")
+    data = read_small_file(p, "release key", limit=_MAX_KEY_FILE)  # a FIFO or a device is refused, not read
     if os.name == "posix" and os.stat(p).st_mode & 0o077:
         raise KeyFileError(f"{p}: the release key is readable by others (chmod 600 {p})")
     try:
@@ -137,7 +126,7 @@ def load_release_key(path: str | os.PathLike, password: bytes | None = None) -> 
 
 def load_release_public_key(path: str | os.PathLike) -> ReleasePublicKey:
     p = Path(path)
-    data = _read(p, "release public key")
+    data = read_small_file(p, "release public key", limit=_MAX_KEY_FILE)
     try:
         key = serialization.load_pem_public_key(data)
     except (ValueError, TypeError):

@@ -116,3 +116,36 @@ def test_a_missing_provenance_or_key_file_is_a_usage_error(released, capsys):
     released["release_pub"] = Path(released["tmp"]) / "nope.pub"
     code, _, err = _verify(capsys, released)
     assert code == 2 and "nope.pub" in err
+
+
+def test_a_fifo_or_a_link_planted_as_the_signature_is_refused_without_a_hang(released, capsys, tmp_path):
+    sig = released["model"] / "model.sig"
+    sig.unlink()
+    os.mkfifo(sig)  # opening it for reading would block until someone writes
+    code, _, err = _verify(capsys, released)
+    assert code == 1 and "is not a regular file" in err
+    sig.unlink()
+    outside = tmp_path / "elsewhere.sig"
+    outside.write_text("{}")
+    sig.symlink_to(outside)  # a file outside the folder, named as the folder's
+    code, _, err = _verify(capsys, released)
+    assert code == 1 and "symbolic link" in err
+
+
+def test_a_base_models_planted_provenance_is_no_claim(tmp_path):
+    """A fine-tune records what its base's provenance claims; a link, a nesting bomb or garbage there is no claim
+    (the base's digest is still recorded), never read outside the folder or raised."""
+    from trainledger.journal.release.export import base_of
+
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "weights.bin").write_bytes(b"w")
+    outside = tmp_path / "secret.json"
+    outside.write_text('{"dsseEnvelope": {"payload": ""}}')
+    digest = model_manifest(base).digest
+    (base / "model.provenance.json").symlink_to(outside)
+    assert base_of(base) == (digest, None, [])
+    (base / "model.provenance.json").unlink()
+    payload = base64.b64encode(b"[" * 100_000 + b"]" * 100_000).decode()
+    (base / "model.provenance.json").write_text(json.dumps({"dsseEnvelope": {"payload": payload}}))
+    assert base_of(base) == (digest, None, [])
