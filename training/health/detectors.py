@@ -79,6 +79,21 @@ def _kth_deviation(s: list[float], m: float, k: int) -> float:
     return max(dev_a(i - 1) if i > 0 else -math.inf, dev_b(j - 1) if j > 0 else -math.inf)
 
 
+def _sorted_median(s: list[float]) -> float:
+    """The median of the sorted list ``s``."""
+    n = len(s)
+    h = n // 2
+    return s[h] if n % 2 else 0.5 * (s[h - 1] + s[h])
+
+
+def _sorted_mad(s: list[float], median: float) -> float:
+    """The median absolute deviation from ``median`` (the median of sorted ``s``), in O(log n)."""
+    n = len(s)
+    if n % 2:
+        return _kth_deviation(s, median, n // 2)
+    return 0.5 * (_kth_deviation(s, median, n // 2 - 1) + _kth_deviation(s, median, n // 2))
+
+
 #: The monitor's resume horizon (format 1.5, ``run_configured.resume_horizon``): each detector keeps this many
 #: accepted values past its window, so a resume or rewind up to that far back rebuilds the window exactly, and its
 #: memory (and a checkpoint's monitor snapshot) stays bounded however long the run: about 1.1 MB a detector.
@@ -121,17 +136,10 @@ class RollingBaseline:
         return len(self._sorted)
 
     def median(self) -> float:
-        s = self._sorted
-        n = len(s)
-        h = n // 2
-        return s[h] if n % 2 else 0.5 * (s[h - 1] + s[h])
+        return _sorted_median(self._sorted)
 
     def mad(self, median: float) -> float:
-        s = self._sorted
-        n = len(s)
-        if n % 2:
-            return _kth_deviation(s, median, n // 2)
-        return 0.5 * (_kth_deviation(s, median, n // 2 - 1) + _kth_deviation(s, median, n // 2))
+        return _sorted_mad(self._sorted, median)
 
     def mad_at_least(self, d: float) -> bool:
         """True when the MAD is certainly >= ``d`` (a sufficient test by counting, O(log n)).
@@ -452,12 +460,8 @@ class _Detector:
         """The median and MAD of the loss itself over the window (whose values are its logs): what a loss
         anomaly of the "range" rule reports, as the seed's rule did."""
         vals = [math.exp(v) for v in self.base._sorted]  # exp is increasing: still sorted
-        n = len(vals)
-        h = n // 2
-        med = vals[h] if n % 2 else 0.5 * (vals[h - 1] + vals[h])
-        mad = _kth_deviation(vals, med, h) if n % 2 else \
-            0.5 * (_kth_deviation(vals, med, h - 1) + _kth_deviation(vals, med, h))
-        return med, mad
+        med = _sorted_median(vals)
+        return med, _sorted_mad(vals, med)
 
     @staticmethod
     def _raw_anomaly(step: int, kind: str, raw: float, stats: Any, log_z: float, t: float, rule: str,
