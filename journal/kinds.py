@@ -249,10 +249,11 @@ class ModelExported(Event, tag="model_exported", frozen=True, kw_only=True):
     base_release: str | None = None
     lineage: list[dict[str, Any]] | None = None
 
-    def __post_init__(self) -> None:  # on decode too
+    def __post_init__(self) -> None:  # on decode too: replay rehashes the digests, so each must be one
         _check_files(self.files, "exported")
-        if not (len(self.digest) == 64 and all(c in "0123456789abcdef" for c in self.digest)):
-            raise ValueError("digest must be 64 lowercase hex digits (a SHA-256)")
+        for d in (self.digest, *(f["sha256"] for f in self.files)):
+            if not (len(d) == 64 and all(c in "0123456789abcdef" for c in d)):
+                raise ValueError("digest and every file's sha256 must be 64 lowercase hex digits (a SHA-256)")
 
 
 def folder_digest(files: list[dict[str, Any]]) -> str:

@@ -320,3 +320,23 @@ def test_a_witness_cosigned_release_and_a_fork_that_cannot_carry_the_cosignature
     release(r["model"], fork, r["key"], keys=[signer.public])
     with pytest.raises(NoteError, match="fewer than the quorum"):
         verify_model(r["model"], release_keys=[r["key"].public], run_keys=[signer.public], witnesses=[vkey], quorum=1)
+
+
+def test_an_export_whose_file_digest_is_no_sha256_fails_verification_not_replay(released, signer, tmp_path):
+    """Even signed by the run's own key, a model_exported whose file digest is not 64 hex digits is a schema error
+    that verify names at its line, never a traceback in replay's rehash."""
+    from journal_tools import dump, parse, read_lines, rechain, write_lines
+
+    from trainledger.audit import replay
+    from trainledger.journal.errors import SchemaError
+
+    r = released
+    lines = read_lines(r["run"] / "journal.jsonl")
+    i = r["res"].export_seq
+    obj = parse(lines[i])
+    obj["files"][0]["sha256"] = "not-a-digest"
+    bad = tmp_path / "bad.jsonl"
+    write_lines(bad, rechain(lines[:i] + [dump(obj)] + lines[i + 1:], resign=signer))
+    with pytest.raises(SchemaError) as e:
+        replay(bad, keys=[signer.public])
+    assert e.value.seq == i
