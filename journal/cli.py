@@ -67,10 +67,12 @@ def register(sub) -> None:
     add_json_option(p)
     p.set_defaults(func=_cmd_keygen)
 
-    p = sub.add_parser("pubkey", help="print the public key of a signing key (a key file or a pkcs11: URI)",
+    p = sub.add_parser("pubkey", help="print the public key of a signing key (a key file, a pkcs11: or awskms:// URI)",
                        description="Print the one-line public key (trainledger-ed25519 BASE64 KEYID) of a private "
-                                   "key file or of the key a pkcs11: URI names inside a token, to pin with --pubkey.")
-    p.add_argument("key", metavar="KEY", help="a private key file (trainledger.key) or a pkcs11: URI")
+                                   "key file, of the key a pkcs11: URI names inside a token or of a key a service "
+                                   "holds (awskms://...), to pin with --pubkey.")
+    p.add_argument("key", metavar="KEY", help="a private key file (trainledger.key), a pkcs11: URI or a KMS URI "
+                                              "(awskms:///alias/NAME)")
     p.add_argument("--out", metavar="FILE", help="also write it to FILE (a .pub file)")
     add_json_option(p)
     p.set_defaults(func=_cmd_pubkey)
@@ -171,7 +173,9 @@ def _cmd_keygen(args: argparse.Namespace) -> int:
         from trainledger.journal.hsm import generate_pkcs11_key
 
         if args.release:
-            raise UsageError("--pkcs11 makes a run's Ed25519 key in a token; release keys are PEM files here")
+            from trainledger.journal.release.cli import cmd_keygen_release_pkcs11
+
+            return cmd_keygen_release_pkcs11(args)
         pub = generate_pkcs11_key(args.pkcs11)
         d = Path(args.directory)
         d.mkdir(parents=True, exist_ok=True)

@@ -30,12 +30,14 @@ __all__ = [
     "RunResumed",
     "TailRepaired",
     "RunClosed",
+    "KeyCertified",
+    "SealSigned",
     "FORMAT_VERSION",
 ]
 
 #: Major.minor version of the line format this package writes. A reader refuses
 #: a newer major version; a newer minor version only adds event kinds.
-FORMAT_VERSION = "1.6"
+FORMAT_VERSION = "1.7"
 
 
 class Event(
@@ -141,3 +143,51 @@ class RunClosed(Event, tag="run_closed", frozen=True, kw_only=True):
 
     status: str
     reason: str | None = None
+
+
+class KeyCertified(Event, tag="key_certified", frozen=True, kw_only=True):
+    """Format 1.7: the key that signs this journal's seals from the next seal on, certified by another key.
+
+    Written by the journal itself (``Journal.create`` / ``open_append`` with ``certificate=``) right after
+    ``run_opened``, and again after each restart of a rank (a new key each round). ``sig`` is the certifying key's
+    (``issuer``'s) Ed25519 signature over the round's roster statement (:mod:`trainledger.journal.certify`), which
+    names every rank's key through an RFC 6962 tree (``keys_root``); ``proof`` shows this rank's leaf
+    (``"RANK KEY"``) in it. A verifier that pins the issuer accepts the seals of the keys certified this way and no
+    others, each only after its own certificate and not past ``not_after_ns``.
+    """
+
+    run: str
+    round: int
+    world_size: int
+    rank: int
+    key: str
+    keys_root: str
+    proof: list[str]
+    issued_ns: int
+    not_after_ns: int
+    issuer: str
+    sig: str
+
+
+class SealSigned(Event, tag="seal_signed", frozen=True, kw_only=True):
+    """Format 1.7: the signature of an earlier seal, signed off the appending path (a key in a token or a service).
+
+    A writer whose key is slow to sign (``Journal.create(sign_in_background=True)``, the default for a ``pkcs11:``
+    or KMS key) writes each seal without its signature (``sig`` null: a *pending* seal) and goes on appending; its
+    signing thread signs the pending seal's checkpoint and the writer then records this line, naming that seal
+    (``seal_seq``, and its head and tree again) with the signature, how long it waited (``waited_ms``, from the
+    pending seal to the signature) and how many attempts it took (``attempts``; ``error``: the last failure, if
+    any): a signed catch-up that says how late the signature came. The signed prefix then ends at the pending seal's
+    line; what came after it waits for the next seal.
+    """
+
+    seal_seq: int
+    sealed_seq: int
+    sealed_hash: str
+    tree_size: int
+    tree_root: str
+    key_id: str
+    sig: str
+    waited_ms: int = 0
+    attempts: int = 1
+    error: str | None = None

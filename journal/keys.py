@@ -448,7 +448,8 @@ PLUGINS_ENV = "TRAINLEDGER_SIGNER_PLUGINS"
 
 def _plugin_factory(scheme: str) -> Any:
     """The back end for ``scheme``: from ``$TRAINLEDGER_SIGNER_PLUGINS`` (``scheme=module:callable``, comma
-    separated), else an installed package's entry point in the group ``trainledger_signers``."""
+    separated), else an installed package's entry point in the group ``trainledger_signers``, else for
+    ``awskms`` the one that ships (:mod:`trainledger.journal.kms`, boto3)."""
     import importlib
 
     for item in filter(None, (x.strip() for x in os.environ.get(PLUGINS_ENV, "").split(","))):
@@ -467,6 +468,10 @@ def _plugin_factory(scheme: str) -> Any:
     for ep in entry_points(group="trainledger_signers"):
         if ep.name == scheme:
             return ep.load()
+    if scheme == "awskms":  # the one back end that ships: through boto3 (journal/kms.py)
+        from trainledger.journal.kms import aws_kms
+
+        return aws_kms
     known = " (cosign's KMS scheme)" if scheme + "://" in KMS_SCHEMES else ""
     raise UsageError(f"{scheme}:// keys{known}: no signing back end for {scheme} is installed; one registers as an "
                      f"entry point in the group trainledger_signers or in ${PLUGINS_ENV} (docs/keys.md); or use a "
@@ -614,32 +619,61 @@ class Pkcs11Signer(Signer):
     """Signs seals with an Ed25519 key inside a PKCS#11 token (one session, kept open; signing is serialized). A
     :class:`Signer` everywhere one is taken; it has no private bytes to give (:meth:`private_pem` refuses)."""
 
-    __slots__ = ("uri", "_session", "_lock", "_mech")
+    __slots__ = ("uri", "_session", "_lock", "_mech", "_full")
 
     def __init__(self, uri: str):  # noqa: D107 - no Signer.__init__: there is no private key object here
-        pkcs11, attrs, session = _open(uri)
-        from pkcs11 import KeyType, Mechanism, ObjectClass
+        from pkcs11 import Mechanism
 
+        self._full = uri  # kept to open the session again after the token went away (never shown)
         self.uri = _shown(uri)
-        self._session = session
+        self._session, self._key, self.public = self._connect()
+        self._lock = threading.Lock()
+        self._mech = Mechanism.EDDSA
+
+    def _connect(self):
+        """A session on the token, its private key and its public key (a token plugged back in: the same key)."""
+        from pkcs11 import KeyType, ObjectClass
+
+        pkcs11, attrs, session = _open(self._full)
+        uri = self._full
         try:
-            self._key = session.get_key(object_class=ObjectClass.PRIVATE_KEY, key_type=KeyType.EC_EDWARDS,
-                                        label=attrs["object"])
+            key = session.get_key(object_class=ObjectClass.PRIVATE_KEY, key_type=KeyType.EC_EDWARDS,
+                                  label=attrs["object"])
         except (pkcs11.exceptions.PKCS11Error, pkcs11.exceptions.NoSuchKey,
                 pkcs11.exceptions.MultipleObjectsReturned) as e:
             session.close()
             raise KeyFileError(f"{self.uri}: no single Ed25519 private key labelled {attrs['object']!r} in the token "
                                f"({type(e).__name__}; trainledger keygen --pkcs11 makes one)") from None
-        self.public = _public_of(pkcs11, session, attrs["object"], uri)
-        self._lock = threading.Lock()
-        self._mech = Mechanism.EDDSA
+        return session, key, _public_of(pkcs11, session, attrs["object"], uri)
 
     def private_pem(self) -> bytes:
         raise KeyFileError(f"{self.uri}: the key lives in the token and cannot be exported")
 
     def sign(self, message: bytes) -> bytes:
+        import pkcs11
+
         with self._lock:
-            sig = bytes(self._key.sign(message, mechanism=self._mech))
+            try:
+                sig = bytes(self._key.sign(message, mechanism=self._mech))
+            except pkcs11.exceptions.PKCS11Error as e:
+                # the token went away (unplugged, its service restarted): open a session again, once, and go on if
+                # it is back with the same key; else one line (the journal's signing thread retries later)
+                first = type(e).__name__
+                self.close()
+                try:
+                    session, key, public = self._connect()
+                except KeyFileError as again:
+                    raise KeyFileError(f"{self.uri}: signing failed ({first}); the token cannot be opened again: "
+                                       f"{again}") from None
+                if public.raw != self.public.raw:
+                    session.close()
+                    raise KeyFileError(f"{self.uri}: the token answers again with another key under that label "
+                                       f"({public.key_id}, not {self.key_id})") from None
+                self._session, self._key = session, key
+                try:
+                    sig = bytes(self._key.sign(message, mechanism=self._mech))
+                except pkcs11.exceptions.PKCS11Error as e2:
+                    raise KeyFileError(f"{self.uri}: signing failed ({type(e2).__name__})") from None
         if not self.public.verify(sig, message):  # a token that signs wrong is caught here, not by a verifier later
             raise KeyFileError(f"{self.uri}: the token's signature does not verify under its public key")
         return sig

@@ -15,7 +15,8 @@ import math
 import re
 from typing import Any
 
-from trainledger.journal.events import Event, RunClosed, RunOpened, RunResumed, Seal, StepObserved, TailRepaired
+from trainledger.journal.events import Event, KeyCertified, RunClosed, RunOpened, RunResumed, Seal, SealSigned, \
+    StepObserved, TailRepaired
 
 __all__ = ["BUILTIN_KINDS", "ComputeTotaled", "MetricsLogged", "ScalingFitted", "DeviceSampled", "DeviceChanged", "DEVICE_ANOMALIES", "device_anomaly", "TelemetryUnavailable", "ShardsSaved", "StragglerScores", "StragglerDetected", "RankJoined", "RanksAnchored", "AnchorRecorded", "RunConfigured", "AnomalyDetected", "SpikeSuspected", "AnomalyEnded", "ModelExported", "DetectorParams", "MAX_WINDOW", "CheckpointSaved", "ResumeRejectedEvent", "WeightsRestored", "CheckpointFailed", "CheckpointDeleted",
            "RewindDecided", "DataWindowSkipped", "RunStopped", "RungStarted", "GateVerdict", "DecisionRecorded",
@@ -444,6 +445,10 @@ class RanksAnchored(Event, tag="ranks_anchored", frozen=True, kw_only=True):
     #: 1.5: rank (decimal) -> the id of the key that rank signs with, from the same collective (the roster
     #: rank 0 records: journal.audit.roster); an unsigned rank is left out
     keys: dict[str, str] = {}
+    #: 1.7, rank keys certified by a run key (journal.certify): that key's Ed25519 signature (base64) over the
+    #: anchor statement (journal.certify.anchor_statement) of these heads and keys, so that the anchored history of
+    #: every rank is signed by the run key too, whatever became of the ranks' own keys
+    cosig: str | None = None
 
     def __post_init__(self) -> None:  # on decode too: verify RUN_DIR reads these fields
         _check_ranks(self.heads, "heads")
@@ -606,7 +611,7 @@ class ComputeTotaled(Event, tag="compute_totaled", frozen=True, kw_only=True):
 
 
 BUILTIN_KINDS: dict[str, type[Event]] = {c.__struct_config__.tag: c for c in (
-    RunOpened, Seal, StepObserved, RunResumed, TailRepaired, RunClosed,
+    RunOpened, Seal, StepObserved, RunResumed, TailRepaired, RunClosed, KeyCertified, SealSigned,
     RunConfigured, AnomalyDetected, SpikeSuspected, AnomalyEnded,
     CheckpointSaved, ResumeRejectedEvent, WeightsRestored, CheckpointFailed, CheckpointDeleted, ModelExported,
     RewindDecided, DataWindowSkipped, RunStopped,

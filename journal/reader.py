@@ -35,9 +35,12 @@ def read_event_batches(path: str | os.PathLike) -> Iterator[list[Any]]:
     from pathlib import Path
 
     p = Path(path)
+    from trainledger.journal.verify import resolve_signing
+
     size = open_checked(p)
-    opened, _ = read_opening(p, size)
-    ctx = ScanContext(opened.run_id, opened.key_id, None, False, None, tree=tree_mode(opened.format_version, False))
+    opened, opened_len = read_opening(p, size)
+    ctx = ScanContext(opened.run_id, opened.key_id, None, False, None, tree=tree_mode(opened.format_version, False),
+                      certified=resolve_signing(p, size, opened, opened_len, check_signatures=False).certified)
     res = RangeResult(0, size)
     scanner = Scanner(ctx, -1, genesis(opened.run_id), res)
     with open(p, "rb", buffering=0) as f:
@@ -58,18 +61,19 @@ def read_signed_events(path: str | os.PathLike, keys) -> Iterator[Any]:
     from pathlib import Path
 
     from trainledger.journal.errors import UnsignedJournal, UsageError
-    from trainledger.journal.verify import resolve_key
+    from trainledger.journal.verify import resolve_signing
 
     keys = list(keys)
     if not keys:
         raise UsageError("read_signed_events needs the public key the journal must be signed with")
     p = Path(path)
     size = open_checked(p)
-    opened, _ = read_opening(p, size)
-    public_raw, trust, _ = resolve_key(opened, keys=keys)
-    if trust != "pinned" or public_raw is None:
+    opened, opened_len = read_opening(p, size)
+    signing = resolve_signing(p, size, opened, opened_len, keys=keys)
+    if signing.trust != "pinned" or (signing.raw is None and signing.certified is None):
         raise UnsignedJournal(f"{p}: the journal is unsigned: nothing in it may drive a resume or a deletion", seq=0)
-    ctx = ScanContext(opened.run_id, opened.key_id, public_raw, True, None, tree=tree_mode(opened.format_version))
+    ctx = ScanContext(opened.run_id, opened.key_id, signing.raw, True, None, tree=tree_mode(opened.format_version),
+                      certified=signing.certified)
     res = RangeResult(0, size)
     scanner = Scanner(ctx, -1, genesis(opened.run_id), res)
     pending: list[Any] = []

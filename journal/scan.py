@@ -40,7 +40,7 @@ from trainledger.journal.errors import (
     SealInvalid,
     SequenceError,
 )
-from trainledger.journal.events import RunClosed, RunOpened, Seal, StepObserved
+from trainledger.journal.events import KeyCertified, RunClosed, RunOpened, Seal, SealSigned, StepObserved
 from trainledger.journal.keys import PublicKey
 
 #: Longest line accepted. The writer never produces one near this; a longer
@@ -81,12 +81,13 @@ class ScanContext:
     """What every range needs to know about the journal (picklable)."""
 
     __slots__ = ("run_id", "key_id", "public_raw", "check_signatures", "expect_head", "collect", "want_seqs", "tree",
-                 "tree_at")
+                 "tree_at", "certified")
 
     def __init__(self, run_id: str, key_id: str | None, public_raw: bytes | None,
                  check_signatures: bool, expect_head: tuple[int, str] | None,
                  collect: frozenset[str] = frozenset(), want_seqs: frozenset[int] = frozenset(),
-                 tree: int = 0, tree_at: int | None = None):
+                 tree: int = 0, tree_at: int | None = None,
+                 certified: dict[str, tuple[bytes | None, int]] | None = None):
         self.run_id = run_id
         self.key_id = key_id
         self.public_raw = public_raw
@@ -103,6 +104,10 @@ class ScanContext:
         #: a tree size whose root the scan keeps (verify --expect-checkpoint): the range holding that leaf boundary
         #: hands back its leaves before it
         self.tree_at = tree_at
+        #: format 1.7, a journal whose keys are certified (journal.certify): key id -> (raw public key, not-after
+        #: ns) of every key its certificates certify (checked before the scan); each seal is then held to the key
+        #: certified last before it. None: every seal is the journal's own key's (``key_id``)
+        self.certified = certified
 
     def __getstate__(self):
         return tuple(getattr(self, s) for s in self.__slots__)
@@ -112,13 +117,34 @@ class ScanContext:
             setattr(self, s, v)
 
 
+def _pending_fields(rec: Any) -> tuple:
+    """What a seal signed late and its seal_signed both name: (seal seq, sealed seq and hash, tree size and root,
+    key id)."""
+    return (rec.seq, rec.sealed_seq, rec.sealed_hash, rec.tree_size, rec.tree_root, rec.key_id)
+
+
+class _AnyKey(dict):
+    """``ScanContext.certified`` for a certified journal read without checking signatures: any key, any time (the
+    order of keys and certificates is still held)."""
+
+    def get(self, key, default=None):
+        return (None, 1 << 63)
+
+    def __contains__(self, key) -> bool:
+        return True
+
+
+ANY_KEY = _AnyKey()
+
+
 class RangeResult:
     """Facts gathered from one byte range; merged in file order by the verifier."""
 
     __slots__ = ("start", "end", "count", "kinds", "first_seq", "last_seq", "last_hash", "last_kind",
                  "seals", "last_seal_seq", "last_sealed_hash", "last_seal_end", "last_seal_h", "closed_seqs", "head_found", "torn_offset", "torn_bytes",
                  "unknown", "error", "collected", "hashes", "tree", "seal_tree", "seal_roots",
-                 "last_seal_sig", "last_seal_root", "tree_at")
+                 "last_seal_sig", "last_seal_root", "tree_at", "lead_key", "last_cert_key", "touched", "pending_open",
+                 "pending_tree", "carry_resolution", "carried")
 
     def __init__(self, start: int, end: int):
         self.start = start
@@ -152,6 +178,19 @@ class RangeResult:
         self.last_seal_sig: str | None = None
         self.last_seal_root: str | None = None
         self.tree_at: CompactRange | None = None
+        #: certified journals: the key of the range's seals before its first key_certified (the merge holds it to
+        #: the key certified last before the range), and the key its last key_certified certifies
+        self.lead_key: str | None = None
+        self.last_cert_key: str | None = None
+        #: format 1.7, seals signed late (a seal without its signature, then seal_signed): whether the range holds
+        #: any seal line at all; the pending seal it ends with (seq, end offset, its line's hash, its fields) and the
+        #: tree through it; the fields of a seal_signed that resolves a seal pending from before the range, and
+        #: whether the range's signed point is that one (its end offset and hash then come from the merge)
+        self.touched = False
+        self.pending_open: tuple[int, int, str, tuple] | None = None
+        self.pending_tree: CompactRange | None = None
+        self.carry_resolution: tuple | None = None
+        self.carried = False
 
     def __getstate__(self):
         return tuple(getattr(self, s) for s in self.__slots__)
@@ -178,9 +217,17 @@ class Scanner:
         self._seal_t = codec.record_type(Seal)
         self._opened_t = codec.record_type(RunOpened)
         self._closed_t = codec.record_type(RunClosed)
+        self._cert_t = codec.record_type(KeyCertified)
+        self._signed_t = codec.record_type(SealSigned)
+        #: the seal waiting for its signature (format 1.7), and the tree through its line
+        self._pending: Any = None
+        self._pending_tree: CompactRange | None = None
+        #: the key the last key_certified of this range certifies (None: none yet in this range)
+        self._cur_key: str | None = None
+        self._pubs: dict[str, PublicKey] = {}
         # Kinds with no per-line rule beyond the chain: batches of them take the all-C path.
         self._plain = {t for c, t in ((c, codec.record_type(c)) for c in codec.known_kinds().values())
-                       if c not in (Seal, RunOpened, RunClosed)}
+                       if c not in (Seal, RunOpened, RunClosed, KeyCertified, SealSigned)}
         self._plain_or_seal = self._plain | {self._seal_t}
         kinds = codec.known_kinds()
         self._collect = {codec.record_type(kinds[k]) for k in ctx.collect if k in kinds}
@@ -323,12 +370,23 @@ class Scanner:
         seal_t = self._seal_t
         start = 0
         i = -1
+        signed_t = self._signed_t
+        at = []
         for _ in range(types.count(seal_t)):
             i = types.index(seal_t, i + 1)
+            at.append(i)
+        if signed_t in types:  # a late signature (rare): in order among the seals
+            at = sorted(at + [j for j, t in enumerate(types) if t is signed_t])
+        for i in at:
+            rec = recs[i]
+            if types[i] is signed_t:  # a late signature: the signed point is its pending seal's line
+                if self._pending_tree is not None and self._pending_tree.end == rec.seal_seq + 1:
+                    self.res.seal_tree = self._pending_tree
+                self._pending_tree = None
+                continue
             if i > start:
                 self._add(part, start, i)
             start = i
-            rec = recs[i]
             claimed = _fromhex(rec.tree_root)  # _check_seal has held it to 64 hex digits
             if tree.begin == 0:
                 if tree.root() != claimed:
@@ -338,7 +396,11 @@ class Scanner:
                 self.res.seal_roots.append((rec.seq, offset + line_start(i), claimed, tree.copy()))
             self._add(part, i, i + 1)
             start = i + 1
-            self.res.seal_tree = tree.copy()
+            if rec.sig is None and rec.key_id is not None:  # pending: signed later, if at all
+                self._pending_tree = self.res.pending_tree = tree.copy()
+            else:
+                self._pending_tree = None
+                self.res.seal_tree = tree.copy()
         if start < len(recs):
             self._add(part, start, len(recs))
 
@@ -412,14 +474,19 @@ class Scanner:
             return False  # run_opened, run_closed, unknown kinds: the slow path handles them
         seal_t = self._seal_t
         res = self.res
-        saved = (res.seals, res.last_seal_seq, res.last_sealed_hash, res.last_seal_end, res.last_seal_h)
+        saved = (res.seals, res.last_seal_seq, res.last_sealed_hash, res.last_seal_end, res.last_seal_h, res.lead_key)
         i = -1
         try:
             for _ in range(types.count(seal_t)):
                 i = types.index(seal_t, i + 1)
+                if recs[i].sig is None and recs[i].key_id is not None:
+                    # a seal signed late: the line-by-line path keeps its bookkeeping
+                    res.seals, res.last_seal_seq, res.last_sealed_hash, res.last_seal_end, res.last_seal_h, \
+                        res.lead_key = saved
+                    return False
                 self._check_seal(recs[i], _fromhex(recs[i - 1].h) if i else self.prev)
         except IntegrityError:
-            res.seals, res.last_seal_seq, res.last_sealed_hash, res.last_seal_end, res.last_seal_h = saved
+            res.seals, res.last_seal_seq, res.last_sealed_hash, res.last_seal_end, res.last_seal_h, res.lead_key = saved
             return False  # checked again, and named with full context, by the slow path
         if i >= 0:
             res.last_seal_end = offset + end_of(i)
@@ -445,8 +512,13 @@ class Scanner:
                     raise ChainBroken(f"chain broken at seq {expect}: hash mismatch", seq=expect)
                 t = type(rec)
                 if t is seal_t:
-                    self._check_seal(rec, prev)
-                    self.res.last_seal_end = offset + sum(map(len, lines[:i + 1])) + i + 1
+                    end = offset + sum(map(len, lines[:i + 1])) + i + 1
+                    if self._check_seal(rec, prev):
+                        self.res.last_seal_end = end
+                    else:
+                        self.res.pending_open = (rec.seq, end, rec.h, _pending_fields(rec))
+                elif t is self._signed_t:
+                    self._check_seal_signed(rec)
                 elif t is opened_t:
                     if expect != 0:
                         raise RunMismatch(f"run_opened at seq {expect}: a second run's events were spliced in", seq=expect)
@@ -454,6 +526,8 @@ class Scanner:
                         raise RunMismatch("run_opened names another run", seq=expect)
                 elif t is closed_t:
                     self.res.closed_seqs.append(expect)
+                elif t is self._cert_t:
+                    self._check_certificate(rec)
                 if t in self._collect:
                     self.res.collected.append((offset + sum(map(len, lines[:i])) + i, line))
                 if eh is not None and eh[0] == expect:
@@ -510,22 +584,31 @@ class Scanner:
             if rec.sig is not None or rec.key_id is not None:
                 raise SealInvalid(f"seal at seq {seq} is signed but the journal declared no key", seq=seq)
         else:
-            if rec.key_id != ctx.key_id:
+            pub = self._pub if ctx.certified is None else self._certified_key(rec)
+            if ctx.certified is None and rec.key_id != ctx.key_id:
                 raise SealInvalid(
                     f"seal at seq {seq} is by key {rec.key_id}, not the journal's key {ctx.key_id} (foreign-key seal)",
                     seq=seq,
                 )
             if rec.sig is None:
-                raise SealInvalid(f"seal at seq {seq} carries no signature", seq=seq)
-            if ctx.check_signatures and self._pub is not None:
+                if not ctx.tree:
+                    raise SealInvalid(f"seal at seq {seq} carries no signature", seq=seq)
+                # format 1.7: a seal whose signature a later seal_signed carries (none may ever come: then it
+                # signs nothing). It names its head and tree as any seal does (checked above and by the tree).
+                self._pending = rec
+                self.res.touched = True
+                if ctx.collect:
+                    self.res.hashes[seq] = rec.h
+                return False
+            if ctx.check_signatures and pub is not None:
                 try:
                     sig = base64.b64decode(rec.sig, validate=True)
                 except (binascii.Error, ValueError):
                     raise SealInvalid(f"seal at seq {seq}: signature is not base64", seq=seq) from None
                 msg = (seal_checkpoint(ctx.run_id, seq, _fromhex(rec.tree_root), seq - 1, prev).encode() if ctx.tree
                        else seal_message(ctx.run_id, seq - 1, prev))
-                if not self._pub.verify(sig, msg):
-                    raise SealInvalid(f"seal at seq {seq}: signature does not verify under key {ctx.key_id}", seq=seq)
+                if not pub.verify(sig, msg):
+                    raise SealInvalid(f"seal at seq {seq}: signature does not verify under key {rec.key_id}", seq=seq)
         self.res.seals += 1
         if ctx.collect:
             self.res.hashes[seq] = rec.h
@@ -534,6 +617,105 @@ class Scanner:
         self.res.last_seal_h = rec.h
         self.res.last_seal_sig = rec.sig
         self.res.last_seal_root = rec.tree_root
+        self.res.touched = True
+        self.res.carried = False
+        self.res.pending_open = None
+        self._pending = None  # a pending seal before it is superseded: it signs everything the pending one named
+        return True
+
+    def _check_seal_signed(self, rec: Any) -> None:
+        """A late signature (format 1.7): it must name the seal waiting for one (in this range, or for the first in
+        a range, the one the ranges before it left waiting: the merge checks that) and verify under the key that
+        signs seals there. The signed prefix then ends at that seal's line."""
+        seq, ctx, res = rec.seq, self.ctx, self.res
+        p = self._pending
+        fields = (rec.seal_seq, rec.sealed_seq, rec.sealed_hash, rec.tree_size, rec.tree_root, rec.key_id)
+        if not ctx.tree or rec.sealed_seq != rec.seal_seq - 1 or rec.tree_size != rec.seal_seq or \
+                not is_hash_hex(rec.tree_root) or not is_hash_hex(rec.sealed_hash) or ctx.key_id is None:
+            raise SealInvalid(f"seal_signed at seq {seq} does not name a seal's head and tree", seq=seq)
+        if p is not None:
+            if _pending_fields(p) != fields:
+                raise SealInvalid(f"seal_signed at seq {seq} names seal {rec.seal_seq}, not the seal waiting for its "
+                                  f"signature (seq {p.seq})", seq=seq)
+        elif res.touched:
+            raise SealInvalid(f"seal_signed at seq {seq}: no seal is waiting for a signature (seal {rec.seal_seq} "
+                              "was signed already, or never pending)", seq=seq)
+        pub = self._pub if ctx.certified is None else self._certified_key(rec)
+        if ctx.certified is None and rec.key_id != ctx.key_id:
+            raise SealInvalid(f"seal_signed at seq {seq} is by key {rec.key_id}, not the journal's key {ctx.key_id} "
+                              "(foreign-key seal)", seq=seq)
+        if ctx.check_signatures and pub is not None:
+            try:
+                sig = base64.b64decode(rec.sig, validate=True)
+            except (binascii.Error, ValueError):
+                raise SealInvalid(f"seal_signed at seq {seq}: signature is not base64", seq=seq) from None
+            msg = seal_checkpoint(ctx.run_id, rec.tree_size, _fromhex(rec.tree_root), rec.sealed_seq,
+                                  _fromhex(rec.sealed_hash)).encode()
+            if not pub.verify(sig, msg):
+                raise SealInvalid(f"seal_signed at seq {seq}: the signature of seal {rec.seal_seq} does not verify "
+                                  f"under key {rec.key_id}", seq=seq)
+        res.seals += 1
+        res.last_seal_seq = rec.seal_seq
+        res.last_sealed_hash = rec.sealed_hash
+        res.last_seal_sig = rec.sig
+        res.last_seal_root = rec.tree_root
+        if p is not None:
+            res.last_seal_end, res.last_seal_h = res.pending_open[1], p.h
+            res.carried = False
+        else:  # the seal it signs is in an earlier range: the merge fills in where its line ends
+            res.carry_resolution = fields
+            res.last_seal_end = res.last_seal_h = None
+            res.carried = True
+        res.pending_open = None
+        res.touched = True
+        self._pending = None
+
+    def _certified_key(self, rec: Any) -> PublicKey | None:
+        """A certified journal's seal: its key must be certified, the one certified last before it (in this range;
+        the merge checks a range's first seals against the ranges before it), and still valid at the seal's time."""
+        seq, key = rec.seq, rec.key_id
+        got = self.ctx.certified.get(key)
+        if got is None:
+            raise SealInvalid(f"seal at seq {seq} is by key {key}, which no certificate in the journal certifies for "
+                              "this rank (foreign-key seal)", seq=seq)
+        if self._cur_key is not None:
+            if key != self._cur_key:
+                raise SealInvalid(f"seal at seq {seq} is by key {key}, but the key certified last before it is "
+                                  f"{self._cur_key} (a seal of another round's key)", seq=seq)
+        elif self.res.lead_key is None:
+            self.res.lead_key = key
+        elif key != self.res.lead_key:
+            raise SealInvalid(f"seal at seq {seq} is by key {key} where the seals before it are by key "
+                              f"{self.res.lead_key}, with no certificate between them", seq=seq)
+        raw, not_after = got
+        if rec.ts > not_after:
+            raise SealInvalid(f"seal at seq {seq} is dated after its key {key} stopped being valid (its certificate's "
+                              "not-after)", seq=seq)
+        if raw is None:
+            return None
+        pub = self._pubs.get(key)
+        if pub is None:
+            pub = self._pubs[key] = PublicKey(raw)
+        return pub
+
+    def _check_certificate(self, rec: Any) -> None:
+        """A key_certified line: from here on seals are its key's. Its content was checked before the scan
+        (journal.certify.certified_keys); here it must be one of the certificates checked."""
+        from trainledger.journal.keys import key_id_of
+
+        seq = rec.seq
+        if self.ctx.certified is None:
+            raise SealInvalid(f"key_certified at seq {seq} in a journal whose seals are its own key's (certificates "
+                              "are read only where the journal's key is not pinned)", seq=seq)
+        try:
+            key = key_id_of(base64.b64decode(rec.key, validate=True))
+        except (binascii.Error, ValueError):
+            key = None
+        if key not in self.ctx.certified:
+            raise SealInvalid(f"key_certified at seq {seq} was not among the certificates checked before the scan",
+                              seq=seq)
+        self._cur_key = key
+        self.res.last_cert_key = key
 
     def finish(self) -> None:
         kinds = self.res.kinds

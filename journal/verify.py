@@ -46,7 +46,8 @@ from trainledger.journal.events import FORMAT_VERSION, RunOpened
 from trainledger.journal.keys import PublicKey, key_id_of
 from trainledger.journal.trust import TrustPolicy, parse_head
 
-__all__ = ["VerifyReport", "verify", "verify_copy", "resolve_key", "parse_head", "PARALLEL_MIN_BYTES"]
+__all__ = ["VerifyReport", "verify", "verify_copy", "resolve_key", "resolve_signing", "Signing", "parse_head",
+           "PARALLEL_MIN_BYTES"]
 
 #: Files smaller than this are checked in-process; process start-up would cost more than it saves.
 PARALLEL_MIN_BYTES = 16 * 1024 * 1024
@@ -104,6 +105,9 @@ class VerifyReport:
     #: verify_run_dir's: (offset, line) of the anchor kinds, seq -> chain hash of seals and wanted seqs
     collected: list[tuple[int, bytes]] = dataclasses.field(default_factory=list, repr=False)
     hashes: dict[int, str] = dataclasses.field(default_factory=dict, repr=False)
+    #: the keys seals were checked under: the journal's own, or (format 1.7) the keys its certificates certify,
+    #: ``key_id`` being then the certifying key
+    signing_keys: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def head(self) -> str | None:
@@ -312,18 +316,20 @@ def verify(
     report.format_version = opened.format_version
     report.created_ns = opened.ts
     try:
-        public_raw, report.trust, notes = resolve_key(opened, keys=keys, trust_embedded=trust_embedded,
-                                                      check_signatures=check_signatures)
-        report.notes += notes
+        signing = resolve_signing(p, size, opened, opened_len, keys=keys, trust_embedded=trust_embedded,
+                                  check_signatures=check_signatures)
+        report.trust, report.key_id, report.signing_keys = signing.trust, signing.key_id, signing.signing_keys
+        report.notes += signing.notes
         if policy.roster is not None:
-            _hold_to_roster(policy.roster, opened, p)
+            _hold_to_roster(policy.roster, opened, p, signing.key_id)
     except IntegrityError as e:
         _fail(report, e)
         raise
 
-    ctx = ScanContext(opened.run_id, opened.key_id, public_raw, check_signatures, head_req,
+    ctx = ScanContext(opened.run_id, opened.key_id, signing.raw, check_signatures, head_req,
                       *(_collect or (frozenset(), frozenset())), tree=tree_mode(opened.format_version),
-                      tree_at=expect_checkpoint.size if expect_checkpoint is not None else None)
+                      tree_at=expect_checkpoint.size if expect_checkpoint is not None else None,
+                      certified=signing.certified)
     if expect_checkpoint is not None and not ctx.tree:
         err = UsageError(f"{p}: a format {opened.format_version} journal has no tree heads: --expect-checkpoint "
                          "needs format 1.3 or later")
@@ -337,6 +343,11 @@ def verify(
         report.collected = [x for r in results for x in r.collected]
         report.hashes = {k: v for r in results for k, v in r.hashes.items()}
 
+    try:
+        _carry_late_signatures(results)
+    except IntegrityError as e:
+        _fail(report, e)
+        raise
     for res in results:
         report.events += res.count
         for k, n in res.kinds.items():
@@ -360,6 +371,12 @@ def verify(
             if isinstance(err, IntegrityError):
                 _fail(report, err)
             raise err
+    if ctx.certified is not None:
+        try:
+            _hold_seal_keys(opened, results)
+        except IntegrityError as e:
+            _fail(report, e)
+            raise
     if ctx.tree:
         try:
             at = _merge_trees(report, results, ctx.tree_at)
@@ -394,6 +411,7 @@ def _merge_trees(report: VerifyReport, results: list[RangeResult], tree_at: int 
     whole = CompactRange(0)
     sealed = None
     root_at = None
+    waiting = None  # the tree through a seal left waiting for its signature (format 1.7)
     for res in results:
         if res.tree_at is not None and root_at is None:
             t = whole.copy()
@@ -405,9 +423,16 @@ def _merge_trees(report: VerifyReport, results: list[RangeResult], tree_at: int 
             if t.root() != claimed:
                 raise SealInvalid(f"seal at seq {seq}: its tree root is not the root of the {seq:,} lines before it",
                                   seq=seq, offset=offset)
+        if res.carried and res.seal_tree is None and waiting is not None:
+            sealed = waiting  # its signature came in this range: the signed lines end at that seal's line
         if res.seal_tree is not None:
             sealed = whole.copy()
             sealed.merge(res.seal_tree)
+        if res.pending_open is not None and res.pending_tree is not None:
+            waiting = whole.copy()
+            waiting.merge(res.pending_tree)
+        elif res.touched:
+            waiting = None
         if res.tree is not None:
             whole.merge(res.tree)
     report.tree, report.sealed_tree = whole, sealed
@@ -430,13 +455,91 @@ def verify_copy(path: str | os.PathLike, copies: Any, trust: TrustPolicy | None 
     return report, copy
 
 
-def _hold_to_roster(roster: Roster, opened: RunOpened, p: Path) -> None:
-    """A rank journal (run id ``RUN.rNNNNN``) is signed by the key the roster binds to its rank."""
+def _hold_to_roster(roster: Roster, opened: RunOpened, p: Path, key_id: str | None) -> None:
+    """A rank journal (run id ``RUN.rNNNNN``) is signed by the key the roster binds to its rank (for a journal
+    whose keys are certified: certified by it)."""
     split = split_run_id(opened.run_id)
     if split is None:
         raise UsageError(f"{p}: a roster binds the ranks of a run folder, and this journal's run id "
                          f"{opened.run_id!r} is not a rank journal's (RUN.rNNNNN)")
-    roster.hold(split[1], opened.key_id)
+    roster.hold(split[1], key_id)
+
+
+def _carry_late_signatures(results: list[RangeResult]) -> None:
+    """Format 1.7, seals signed late: a range's first seal_signed may sign the seal an earlier range left waiting;
+    it must be that one, and the signed prefix then ends at that seal's line (in the earlier range)."""
+    waiting = None  # (seq, end offset, line hash, fields) of the seal left waiting by the ranges so far
+    for res in results:
+        if res.error is not None:
+            return  # the loop that reads the results raises it
+        if res.carry_resolution is not None:
+            if waiting is None or waiting[3] != res.carry_resolution:
+                raise SealInvalid(f"a seal_signed after seq {res.first_seq} names seal {res.carry_resolution[0]}, "
+                                  "which is not the seal waiting for a signature", seq=res.carry_resolution[0])
+            if res.carried:
+                res.last_seal_end, res.last_seal_h = waiting[1], waiting[2]
+        if res.touched:
+            waiting = res.pending_open
+
+
+def _hold_seal_keys(opened: Any, results: list[RangeResult]) -> None:
+    """A certified journal's seals, across ranges: each range's seals before its first certificate are by the key
+    certified last before the range (run_opened's, before any)."""
+    governing = opened.key_id
+    for res in results:
+        if res.lead_key is not None and res.lead_key != governing:
+            raise SealInvalid(f"a seal after seq {res.first_seq} is by key {res.lead_key}, but the key certified "
+                              f"last before it is {governing} (a seal of another round's key)", seq=res.first_seq)
+        if res.last_cert_key is not None:
+            governing = res.last_cert_key
+
+
+@dataclasses.dataclass
+class Signing:
+    """How a journal's seals are checked (:func:`resolve_signing`): the one key's raw bytes, or the keys its
+    certificates certify (``certified``, a :class:`ScanContext` table); the trust label; the key that stands for
+    the journal (its own, or the certifying key); notes for the report."""
+
+    raw: bytes | None
+    trust: str
+    key_id: str | None
+    notes: list[str]
+    certified: dict[str, tuple[bytes | None, int]] | None = None
+    signing_keys: list[str] = dataclasses.field(default_factory=list)
+
+
+def resolve_signing(p: Path, size: int, opened: Any, opened_len: int, *, keys: Sequence[PublicKey] = (),
+                    trust_embedded: bool = False, check_signatures: bool = True) -> Signing:
+    """:func:`resolve_key`, and for a journal whose keys are certified (format 1.7, journal.certify) the keys
+    its certificates certify under a pinned key: every certificate checked here, before the scan, which then
+    holds each seal to the key certified last before it."""
+    from trainledger.journal.certify import certified_keys, opens_certified
+    from trainledger.journal.scan import ANY_KEY
+
+    if opened.key_id is None or not opens_certified(p, opened_len):
+        raw, trust, notes = resolve_key(opened, keys=keys, trust_embedded=trust_embedded,
+                                        check_signatures=check_signatures)
+        return Signing(raw, trust, opened.key_id, notes, signing_keys=[opened.key_id] if opened.key_id else [])
+    _embedded_key(opened)
+    if not check_signatures:
+        return Signing(None, "unchecked", opened.key_id, [], ANY_KEY)
+    if not keys and not trust_embedded:
+        raise UsageError("no key pinned: pass --pubkey FILE (the key that certifies the rank keys) or set "
+                         "TRAINLEDGER_TRUSTED_KEYS; --trust-embedded checks integrity only")
+    cert = certified_keys(p, size, opened, keys=keys, trust_embedded=trust_embedded)
+    if cert is None:  # pragma: no cover - opens_certified saw one at line 1
+        raise SealInvalid("the journal's certificate could not be read", seq=1)
+    first = cert.keys.get(opened.key_id)
+    if first is None:
+        raise SealInvalid(f"run_opened's key {opened.key_id} is not the key its certificate certifies", seq=1)
+    issuer = first.issuer_id
+    trust = "pinned" if keys else "embedded"
+    pinned = next((k.source for k in keys if k.key_id == issuer), None)
+    notes = [f"rank keys certified by key {issuer}" + (f", pinned by {pinned}" if pinned else
+                                                       " (embedded: authenticity not established)")
+             + f"; {len(cert.keys)} key{'s' if len(cert.keys) > 1 else ''} (round{'s' if len(cert.rounds) > 1 else ''}"
+             f" {', '.join(map(str, cert.rounds))})"]
+    return Signing(None, trust, issuer, notes, cert.table(), list(cert.keys))
 
 
 def resolve_key(opened: Any, *, keys: Sequence[PublicKey] = (), trust_embedded: bool = False,

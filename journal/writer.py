@@ -42,7 +42,8 @@ from trainledger.journal import accel as _accel
 from trainledger.journal.chain import check_run_id, genesis, has_tree, seal_checkpoint, seal_message
 from trainledger.journal.proofs.merkle import CompactRange, range_of_lines
 from trainledger.journal.errors import IntegrityError, JournalClosed, JournalError, JournalIOError, JournalLocked, UsageError
-from trainledger.journal.events import FORMAT_VERSION, Event, RunClosed, RunOpened, Seal, TailRepaired
+from trainledger.journal.events import FORMAT_VERSION, Event, KeyCertified, RunClosed, RunOpened, Seal, SealSigned, \
+    TailRepaired
 from trainledger.journal.keys import Signer
 from trainledger.journal.scan import MAX_LINE
 
@@ -64,11 +65,16 @@ _encode_event = codec.encode_event
 _encoders: dict[type, Any] = {}  # event class -> its canonical encoder
 
 
-_WRITER_OWNED = (RunOpened, Seal, RunClosed)
+_WRITER_OWNED = (RunOpened, Seal, RunClosed, KeyCertified, SealSigned)
 #: While a disk refuses writes, appends are kept in memory up to this much; beyond it append refuses.
 _MAX_BUFFER = 64 << 20
 #: The largest encoded event append() takes: the line cap verify holds every line to, less room for seq, ts and h
 _MAX_EVENT = MAX_LINE - 256
+#: How long close(), suspend() and the seals that must be signed before they return (a journal's first, an anchor's)
+#: wait for a key held in a token or a service to sign, by default
+DEFAULT_SIGN_WAIT_S = 60.0
+#: Retries of a failing signature: the first after this long, doubling up to the cap (never a busy loop)
+_RETRY_FIRST_S, _RETRY_CAP_S = 0.05, 2.0
 #: Journals open in this process: suspended (sealed, fsynced, left open for open_append) at interpreter exit.
 _OPEN: weakref.WeakSet = weakref.WeakSet()
 
@@ -134,7 +140,8 @@ class Journal:
     @classmethod
     def _new(cls, path: Path, fd: int, signer: Signer | None, run_id: str, seq: int, prev: bytes,
              seal_every: int, seal_interval_s: float, flush_interval_s: float, background: bool,
-             tree: CompactRange | None) -> Journal:
+             tree: CompactRange | None, sign_in_background: bool | None = None,
+             fail_closed_after_s: float | None = None, sign_wait_s: float = DEFAULT_SIGN_WAIT_S) -> Journal:
         if not isinstance(seal_every, int) or seal_every < 1:
             raise UsageError(f"seal_every must be a positive integer, got {seal_every!r}")
         if not seal_interval_s > 0 or not flush_interval_s > 0:
@@ -143,6 +150,10 @@ class Journal:
         self.path = path
         self._fd = fd
         self._signer = signer
+        self._certified_by = None  # the issuer's PublicKey of a journal whose keys are certified
+        #: the key that certified this journal's key, where this process holds it (rank 0 of a run with certified
+        #: rank keys): it countersigns the anchors (training.distributed.ranks.anchor_ranks)
+        self.certifier: Signer | None = None
         self.run_id = run_id
         self.key_id = signer.key_id if signer is not None else None
         self._seq = seq
@@ -159,6 +170,7 @@ class Journal:
         self._lock = threading.Lock()
         self._closed = False  # released: lock dropped, file closed
         self._stopped = False  # no more appends: released, or run_closed already chained by a close() that failed
+        self._close_head: tuple[int, str] | None = None  # the closing seal's head, once chained
         self._io_error: str | None = None  # a write or fsync failure not yet reported to the caller
         self._seal_every = seal_every
         self._seal_interval_ns = int(seal_interval_s * 1e9)
@@ -169,6 +181,30 @@ class Journal:
         self._since_seal = 0
         self._fsync_pending = False
         self._stop = threading.Event()
+        self._kick = threading.Event()  # wakes the background thread early (a signature came back)
+        #: Seals signed off the appending path (format 1.7): a seal is written without its signature, the signing
+        #: thread signs it, and the signature follows as seal_signed. By default for a key that is not a plain
+        #: in-process one (a pkcs11: token, a KMS): those take 0.2 ms to seconds and may stop answering.
+        if sign_in_background is None:
+            sign_in_background = signer is not None and type(signer) is not Signer
+        if sign_in_background and tree is None:
+            sign_in_background = False  # a journal of a format before tree heads: its seals are signed in place
+        if fail_closed_after_s is not None and not fail_closed_after_s > 0:
+            raise UsageError(f"fail_closed_after_s must be positive seconds, got {fail_closed_after_s!r}")
+        self._bg_sign = bool(sign_in_background and signer is not None)
+        self._fail_closed_ns = int(fail_closed_after_s * 1e9) if fail_closed_after_s is not None else None
+        self._sign_wait_s = sign_wait_s
+        self._job: _SignJob | None = None  # the pending seal's signature, being made
+        self._reseal = False  # a seal came due while one was pending: request the next when its signature is in
+        self._sig_ready = False  # the signing thread finished self._job
+        self._signing = None
+        if self._bg_sign:
+            import queue
+
+            self._jobs: Any = queue.SimpleQueue()
+            self._signing = threading.Thread(target=self._sign_loop, name=f"trainledger-signer-{path.name}",
+                                             daemon=True)
+            self._signing.start()
         self._ticker: threading.Thread | None = None
         if background:
             self._ticker = threading.Thread(target=self._tick,
@@ -190,17 +226,29 @@ class Journal:
         background: bool = True,
         manifest_id: str | None = None,
         manifest_label: str | None = None,
+        certificate: KeyCertified | None = None,
+        sign_in_background: bool | None = None,
+        fail_closed_after_s: float | None = None,
     ) -> Journal:
         """Create a new journal at ``path`` and write ``run_opened`` (sealed, durable).
 
         ``signer=None`` writes an unsigned journal (verify then needs
-        ``--allow-unsigned``). Raises :class:`UsageError` if the file exists and
-        :class:`JournalIOError` if it cannot be created.
+        ``--allow-unsigned``). ``certificate``: the ``key_certified`` that certifies ``signer``'s key (an
+        ephemeral rank key, :mod:`trainledger.journal.certify`), recorded right after ``run_opened``; the
+        journal then verifies under the certifying key.
+
+        ``sign_in_background``: seals are written at once and signed by a thread of their own, the signature
+        following as ``seal_signed`` (format 1.7), so that a slow or unresponsive key never holds up ``append``;
+        by default for a key in a token or a service (not for a key file, which signs in 20 us).
+        ``fail_closed_after_s``: with it, once a seal has waited that long for its signature, ``append`` raises
+        :class:`JournalIOError` instead of going on unsigned (the run fails closed). Raises :class:`UsageError`
+        if the file exists and :class:`JournalIOError` if it cannot be created.
         """
         p = Path(path)
         rid = check_run_id(run_id if run_id is not None else _default_run_id())
         if signer is not None and not isinstance(signer, Signer):
             raise UsageError("signer must be a journal.keys.Signer (see load_signer / Signer.generate)")
+        _check_certificate_use(certificate, signer, rid)
         meta_d = dict(meta or {})
         if p.exists():
             raise UsageError(f"{p}: already exists; use Journal.open_append to continue it")
@@ -217,7 +265,7 @@ class Journal:
             os.close(fd)
             raise
         self = cls._new(p, fd, signer, rid, 0, genesis(rid), seal_every, seal_interval_s, flush_interval_s, background,
-                        CompactRange(0))
+                        CompactRange(0), sign_in_background, fail_closed_after_s)
         opened = RunOpened(
             format_version=FORMAT_VERSION,
             run_id=rid,
@@ -230,7 +278,11 @@ class Journal:
             manifest_id=manifest_id,
             manifest_label=manifest_label,
         )
-        self._append_owned(opened)
+        if certificate is not None:
+            from trainledger.journal.certify import issuer_of
+
+            self._certified_by = issuer_of(certificate)
+        self._append_owned(opened, *([certificate] if certificate is not None else []))
         _fsync_dir(p.parent)
         if self._ticker is not None:
             self._ticker.start()
@@ -246,12 +298,18 @@ class Journal:
         seal_interval_s: float = DEFAULT_SEAL_INTERVAL_S,
         flush_interval_s: float = DEFAULT_FLUSH_INTERVAL_S,
         background: bool = True,
+        certificate: KeyCertified | None = None,
+        sign_in_background: bool | None = None,
+        fail_closed_after_s: float | None = None,
     ) -> Journal:
         """Reopen an existing journal to continue it after a stop or a crash.
 
         Takes the lock, verifies the whole file under ``signer``'s public key
         (an unsigned journal needs ``signer=None``), moves a torn last line to
         ``<path>.torn-<offset>-<digest>`` and records ``tail_repaired``.
+        ``certificate``: a journal whose keys are certified continues under a new key (a restart's: the old one
+        died with its process), certified by the same kind of ``key_certified`` as at its start; the file is
+        then verified under the certificate's issuer, and the certificate is the first line written.
         Raises :class:`JournalLocked` if another writer holds the file,
         :class:`JournalClosed` if the run was closed, and the verifier's
         :class:`IntegrityError` if the existing content does not verify.
@@ -261,6 +319,11 @@ class Journal:
         p = Path(path)
         if signer is not None and not isinstance(signer, Signer):
             raise UsageError("signer must be a journal.keys.Signer")
+        pinned = [signer.public] if signer is not None else []
+        if certificate is not None:
+            from trainledger.journal.certify import issuer_of
+
+            pinned = [issuer_of(certificate)]
         try:
             fd = os.open(p, os.O_RDWR | os.O_APPEND | getattr(os, "O_CLOEXEC", 0))
         except FileNotFoundError:
@@ -271,9 +334,8 @@ class Journal:
             raise JournalIOError(f"{p}: cannot open journal: {e.strerror}") from None
         try:
             _lock_or_raise(fd, p)
-            keys = [signer.public] if signer is not None else []
             try:
-                report = verify(p, keys=keys, allow_unsigned=True, allow_unsealed=True,
+                report = verify(p, keys=pinned, allow_unsigned=True, allow_unsealed=True,
                                 check_signatures=signer is not None, workers=1)
             except IntegrityError as e:
                 raise type(e)(f"{p}: cannot append: {e}", seq=e.seq, offset=e.offset) from None
@@ -299,17 +361,23 @@ class Journal:
                 tree = report.sealed_tree
             elif report.tail == "torn":
                 repair = _move_tail(fd, p, report.torn_offset, report.torn_bytes)
+            if certificate is not None:
+                _check_certificate_use(certificate, signer, report.run_id)
             if has_tree(report.format_version) and (tree is None or tree.end != next_seq):
                 raise IntegrityError(f"{p}: cannot append: the tree of its lines does not end at seq {next_seq}",
                                      seq=next_seq)  # pragma: no cover - verify builds it over exactly those lines
             self = cls._new(p, fd, signer, report.run_id, next_seq, bytes.fromhex(prev),
                             seal_every, seal_interval_s, flush_interval_s, background,
-                            tree if has_tree(report.format_version) else None)
+                            tree if has_tree(report.format_version) else None, sign_in_background,
+                            fail_closed_after_s)
         except BaseException:
             os.close(fd)
             raise
-        if repair is not None:
-            self.append(repair, durable=True)
+        if certificate is not None:  # the new key's certificate before anything it seals
+            self._certified_by = pinned[0]
+            self._append_owned(certificate)
+        if repair is not None:  # sealed and signed before it returns: the prefix it cut back to stays signed
+            self._append_owned(repair)
         if self._ticker is not None:
             self._ticker.start()
         return self
@@ -352,6 +420,8 @@ class Journal:
                         self._seal_locked(durable=False)
                     elif ts - self._last_flush_ns >= self._flush_interval_ns or len(self._buf) >= _FLUSH_BYTES:
                         self._flush_locked(ts)
+                    elif self._sig_ready:
+                        self._resolve_locked()
                 except JournalIOError:
                     pass  # this event is chained and kept in memory; the failure is raised by the next call
             self._last = (self._seq, event)
@@ -392,9 +462,18 @@ class Journal:
                     pass  # recorded; the buffer is retried and the next call raises it
 
     def _refuse_locked(self) -> None:
-        """Why ``append`` takes nothing now: closed, a write failure to report, or a full buffer."""
+        """Why ``append`` takes nothing now: closed, a write failure to report, or a full buffer (or a run failing
+        closed for want of a signature: it goes on once the signature is in)."""
+        if self._sig_ready and not self._stopped and self._io_error is not None and \
+                self._io_error.startswith("no signature"):
+            self._resolve_locked()
+            if self._io_error is None and len(self._buf) < _MAX_BUFFER:
+                return
         if self._stopped:
             raise JournalClosed(f"{self.path}: journal is closed")
+        if self._io_error is not None and self._io_error.startswith("no signature"):
+            raise JournalIOError(f"{self.path}: {self._io_error}; this event was not appended (the run fails closed: "
+                                 "fail_closed_after_s)")
         if self._io_error is not None:
             err, self._io_error = self._io_error, None  # reported once; the writer keeps retrying
             raise JournalIOError(f"{self.path}: {err}; this event was not appended, {len(self._buf):,} bytes of "
@@ -402,14 +481,15 @@ class Journal:
         raise JournalIOError(f"{self.path}: {len(self._buf):,} bytes are waiting for the disk; this event was "
                              "not appended")
 
-    def _append_owned(self, event: Event) -> None:
-        """Write an event the journal owns (run_opened, run_closed) and seal it durably."""
+    def _append_owned(self, *events: Event) -> None:
+        """Write events the journal owns (run_opened, key_certified) and seal them durably."""
         with self._lock:
             if self._pending:
                 self._drain_locked()
-            self._write_locked(_encode_event(event))
-            self._since_seal += 1
-            self._seal_locked(durable=True)
+            for event in events:
+                self._write_locked(_encode_event(event))
+                self._since_seal += 1
+            self._seal_locked(durable=True, signed=True)
 
     def _write_locked(self, body: bytes, ts: int | None = None) -> tuple[int, bytes, int]:
         """Chain and buffer one encoded event (the caller holds the lock); ``append`` inlines this."""
@@ -425,26 +505,32 @@ class Journal:
         self._last_hash_hex = hx
         return seq, hx, ts
 
-    def seal(self, *, durable: bool = False) -> tuple[int, str] | None:
+    def seal(self, *, durable: bool = False, signed: bool = False) -> tuple[int, str] | None:
         """Seal the current head now; return the sealed ``(seq, hash_hex)``.
 
         Returns ``None`` when nothing was appended since the last seal (the head
-        is already sealed). ``durable=True`` fsyncs before returning.
+        is already sealed). ``durable=True`` fsyncs before returning. A journal that signs in the background
+        writes the seal at once and its signature when the key returns it; ``signed=True`` waits for the
+        signature (at most ``DEFAULT_SIGN_WAIT_S``, else :class:`JournalIOError`), for a head that others record
+        (an anchor) and that must be signed when they do.
         """
         with self._lock:
             if self._stopped:
                 raise JournalClosed(f"{self.path}: journal is closed")
             if self._pending:
                 self._drain_locked()
-            if self._since_seal == 0:
+            if self._sig_ready:
+                self._resolve_locked()
+            if self._since_seal == 0 and not (signed and self._job is not None):
                 if durable:
                     self._flush_locked(_now())
                     self._fsync()
                 return None
-            return self._seal_locked(durable=durable)
+            return self._seal_locked(durable=durable, signed=signed)
 
-    def _seal_event(self) -> Seal:
-        """The seal of the current head: in format 1.3 signing the checkpoint of the tree of every line so far."""
+    def _seal_event(self, sign: bool = True) -> Seal:
+        """The seal of the current head: in format 1.3 signing the checkpoint of the tree of every line so far.
+        ``sign=False``: without its signature (a pending seal; ``self._job`` gets its message to sign)."""
         sealed_seq = self._seq - 1
         sealed_hex = self._last_hash_hex.decode()
         tree = self._tree
@@ -457,9 +543,74 @@ class Journal:
             size = tree.end
             msg = seal_checkpoint(self.run_id, size, root, sealed_seq, self._prev).encode()
             root = root.hex()
-        sig = base64.b64encode(self._signer.sign(msg)).decode() if self._signer is not None else None
+        if self._signer is None:
+            sig = None
+        elif not sign:
+            sig = None
+            self._job = _SignJob(msg, (self._seq, sealed_seq, sealed_hex, size, root, self.key_id))
+        else:
+            sig = base64.b64encode(self._sign_now(msg)).decode()
         return Seal(sealed_seq=sealed_seq, sealed_hash=sealed_hex, key_id=self.key_id, sig=sig, tree_size=size,
                     tree_root=root)
+
+    def _sign_now(self, msg: bytes) -> bytes:
+        """A signature the caller waits for: in place, or through the signing thread for at most
+        ``sign_wait_s`` (a token that stopped answering cannot hang close() or an anchor for ever)."""
+        if not self._bg_sign:
+            return self._signer.sign(msg)
+        job = _SignJob(msg, None, deadline=time.monotonic() + self._sign_wait_s)
+        self._jobs.put(job)
+        if not job.done.wait(self._sign_wait_s + 1.0) or job.sig is None:
+            raise JournalIOError(f"{self.path}: key {self.key_id} gave no signature in {self._sign_wait_s:g} s"
+                                 + (f" ({job.error})" if job.error else ""))
+        return job.sig
+
+    def _sign_loop(self) -> None:
+        """The signing thread: one signature at a time, each retried with a growing pause (bounded: 2 s at
+        most between tries) until it succeeds, its deadline passes or the journal is released. It never takes the
+        journal's lock: the writer records the signature the next time it holds it."""
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            pause = _RETRY_FIRST_S
+            while True:
+                job.attempts += 1
+                try:
+                    job.sig = bytes(self._signer.sign(job.msg))
+                    break
+                except Exception as e:  # noqa: BLE001 - any back end's failure: recorded in one line, retried
+                    job.error = " ".join(f"{type(e).__name__}: {e}".split())[:300]
+                if (job.deadline is not None and time.monotonic() + pause > job.deadline) or self._stop.wait(pause):
+                    break
+                pause = min(pause * 2, _RETRY_CAP_S)
+            job.done.set()
+            if job.fields is not None:
+                self._sig_ready = True
+                self._kick.set()
+
+    def _resolve_locked(self) -> None:
+        """Record the signature the signing thread made for the pending seal (``seal_signed``: the signed
+        catch-up, how late and after how many tries), and request the next seal if one came due meanwhile."""
+        job = self._job
+        self._sig_ready = False
+        if job is None or not job.done.is_set():
+            return
+        self._job = None
+        if job.sig is None:  # released while it was failing: nothing to record
+            return
+        seal_seq, sealed_seq, sealed_hex, size, root, key_id = job.fields
+        waited = max(0, (_now() - job.posted_ns) // 1_000_000)
+        self._write_locked(_encode_event(SealSigned(
+            seal_seq=seal_seq, sealed_seq=sealed_seq, sealed_hash=sealed_hex, tree_size=size, tree_root=root,
+            key_id=key_id, sig=base64.b64encode(job.sig).decode(), waited_ms=waited, attempts=job.attempts,
+            error=job.error if job.attempts > 1 else None)))
+        self._since_seal += 1
+        if self._io_error is not None and self._io_error.startswith("no signature"):
+            self._io_error = None  # the key answered: the run may go on
+        if self._reseal:
+            self._reseal = False
+            self._seal_locked(durable=False)
 
     def _hash_locked(self) -> None:
         """Add the buffered lines not yet in the tree to it (a batch: in C where the accelerator is built)."""
@@ -470,7 +621,11 @@ class Journal:
             self._tree.merge(range_of_lines(self._tree.end, lines))
             self._unhashed = len(buf)
 
-    def _seal_locked(self, *, durable: bool) -> tuple[int, str]:
+    def _seal_locked(self, *, durable: bool, signed: bool = False) -> tuple[int, str]:
+        if self._bg_sign and not signed:
+            return self._seal_pending_locked(durable)
+        if signed and self._job is not None:  # this seal signs everything the pending one named, and more
+            self._drop_job_locked()
         seal = self._seal_event()
         sealed_seq, sealed_hex = seal.sealed_seq, seal.sealed_hash
         # Written through the ordinary path so the seal is itself a chained line.
@@ -484,6 +639,47 @@ class Journal:
         if not background_fsync:
             self._fsync()
         return sealed_seq, sealed_hex
+
+    def _drop_job_locked(self) -> None:
+        """Forget the pending seal's signature (a signed seal covers what it named): the signing thread stops
+        retrying it after its current try."""
+        self._job.deadline = time.monotonic()
+        self._job, self._reseal, self._sig_ready = None, False, False
+
+    def _seal_pending_locked(self, durable: bool) -> tuple[int, str]:
+        """A seal written now and signed by the signing thread (format 1.7). While one is pending, a seal that
+        comes due is requested again once the signature is in (never two pending at once); a run that fails
+        closed raises here once the pending one has waited ``fail_closed_after_s``."""
+        now = _now()
+        if self._job is not None and self._job.done.is_set():
+            self._reseal = False  # sealing now anyway
+            self._resolve_locked()
+        if self._job is not None:
+            self._reseal = True
+            self._since_seal = 0
+            self._last_seal_ns = now
+            if self._fail_closed_ns is not None and now - self._job.posted_ns > self._fail_closed_ns:
+                self._io_error = (f"no signature from key {self.key_id} for "
+                                  f"{(now - self._job.posted_ns) / 1e9:.1f} s"
+                                  + (f" (last error: {self._job.error})" if self._job.error else ""))
+                raise JournalIOError(f"{self.path}: {self._io_error}")
+            self._flush_locked(now)
+            if durable:
+                self._fsync()
+            return self._seq - 1, self._last_hash_hex.decode()
+        seal = self._seal_event(sign=False)
+        _, _, ts = self._write_locked(_encode_event(seal))
+        self._since_seal = 0
+        self._last_seal_ns = ts
+        self._job.posted_ns = ts
+        self._jobs.put(self._job)
+        background_fsync = not durable and self._ticker is not None
+        if background_fsync:
+            self._fsync_pending = True
+        self._flush_locked(ts)
+        if not background_fsync:
+            self._fsync()
+        return seal.sealed_seq, seal.sealed_hash
 
     def _flush_locked(self, now: int) -> None:
         """Hand the buffer to the OS. On failure what was not written stays buffered (retried by the next
@@ -525,7 +721,9 @@ class Journal:
         while True:
             with self._lock:
                 wait = self._next_wake_s_locked()
-            if self._stop.wait(wait):
+            self._kick.wait(wait)
+            self._kick.clear()
+            if self._stop.is_set():
                 return
             fsync = False
             with self._lock:
@@ -535,6 +733,9 @@ class Journal:
                 try:
                     if self._pending:
                         self._drain_locked()
+                    if self._sig_ready:
+                        self._resolve_locked()
+                        self._fsync_pending = True
                     if self._since_seal and not self._stopped and now - self._last_seal_ns >= self._seal_interval_ns:
                         self._seal_locked(durable=False)
                     elif self._buf:
@@ -592,7 +793,10 @@ class Journal:
 
     @property
     def public_key(self):
-        """The signer's :class:`~trainledger.journal.keys.PublicKey` (``None`` for an unsigned journal)."""
+        """The key this journal verifies under: the signer's :class:`~trainledger.journal.keys.PublicKey`, or for a
+        journal whose keys are certified the certifying key (``None`` for an unsigned journal)."""
+        if self._certified_by is not None:
+            return self._certified_by
         return self._signer.public if self._signer is not None else None
 
     @property
@@ -613,6 +817,7 @@ class Journal:
                 self._stopped = True
                 self._write_locked(_encode_event(RunClosed(status=status, reason=reason)))
                 self._since_seal += 1
+            if self._close_head is None:  # raises JournalIOError when the key gives no signature: close() again
                 self._close_head = self._seal_locked_chain_only()
             self._flush_locked(_now())  # raises JournalIOError: close() can be called again once there is room
             self._fsync()
@@ -623,6 +828,8 @@ class Journal:
 
     def _seal_locked_chain_only(self) -> tuple[int, str]:
         """Chain a seal of the current head without writing it (close writes and fsyncs it itself)."""
+        if self._job is not None:  # the closing seal signs everything the pending one named
+            self._drop_job_locked()
         seal = self._seal_event()
         self._write_locked(_encode_event(seal))
         self._since_seal = 0
@@ -646,8 +853,10 @@ class Journal:
             try:
                 if self._pending:
                     self._drain_locked()
-                if self._since_seal and not self._stopped:
-                    self._seal_locked(durable=True)
+                if self._sig_ready:
+                    self._resolve_locked()
+                if (self._since_seal or self._job is not None) and not self._stopped:
+                    self._seal_locked(durable=True, signed=True)
                 else:
                     self._flush_locked(_now())
                     self._fsync()
@@ -663,6 +872,9 @@ class Journal:
         self._closed = True
         self._stopped = True
         self._stop.set()
+        self._kick.set()
+        if self._signing is not None:
+            self._jobs.put(None)
         _OPEN.discard(self)
         try:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
@@ -683,6 +895,38 @@ class Journal:
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"next seq {self._seq}"
         return f"Journal({str(self.path)!r}, run_id={self.run_id!r}, key_id={self.key_id!r}, {state})"
+
+
+class _SignJob:
+    """One message for the signing thread: ``fields`` those of the pending seal it signs (None: a caller waits for
+    it, ``deadline`` its time.monotonic() limit); the result in ``sig``, ``attempts``, ``error``, then ``done``."""
+
+    __slots__ = ("msg", "fields", "deadline", "posted_ns", "sig", "attempts", "error", "done")
+
+    def __init__(self, msg: bytes, fields: tuple | None, deadline: float | None = None):
+        self.msg, self.fields, self.deadline = msg, fields, deadline
+        self.posted_ns = _now()
+        self.sig: bytes | None = None
+        self.attempts = 0
+        self.error: str | None = None
+        self.done = threading.Event()
+
+
+def _check_certificate_use(certificate: KeyCertified | None, signer: Signer | None, run_id: str) -> None:
+    """A certificate given to create/open_append certifies the signer's key, for this journal's run and rank."""
+    if certificate is None:
+        return
+    from trainledger.journal.audit.roster import split_run_id
+
+    if not isinstance(certificate, KeyCertified):
+        raise UsageError("certificate must be a KeyCertified (journal.certify.RankRoster.certificate)")
+    if signer is None or certificate.key != signer.public.b64:
+        raise UsageError(f"the certificate certifies another key than the signer's ({signer and signer.key_id})")
+    split = split_run_id(run_id)
+    run, rank = split if split is not None else (run_id, 0)
+    if (certificate.run, certificate.rank) != (run, rank):
+        raise UsageError(f"the certificate is for rank {certificate.rank} of run {certificate.run!r}, not rank {rank} "
+                         f"of {run!r}")
 
 
 def _lock_or_raise(fd: int, p: Path) -> None:

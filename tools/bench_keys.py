@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """What a key held in hardware costs: seal signing through PKCS#11 (Debian's SoftHSM, an Ed25519 key made in a
-temporary token) beside the in-process Ed25519 key of a PEM file, and the step-time overhead of the default seal
-policy (a seal every 1,000 events or second) inside a real training loop.
+temporary token) beside the in-process Ed25519 key of a PEM file, signed in place or by the journal's signing thread
+(format 1.7: the default for a token), and the training thread's cost of a seal a second and of the default seal
+policy (every 1,000 events or second) inside a real training loop.
 
     .venv/bin/python tools/bench_keys.py                 # 2,000 signatures and seals each; 3 x 3,000 training steps
     .venv/bin/python tools/bench_keys.py --steps 500     # a quick look
@@ -13,6 +14,7 @@ from one process, the two keys alternated so that drift on a busy machine hits b
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
@@ -77,31 +79,53 @@ def main() -> int:
                 t = time.perf_counter()
                 s.sign(msg)
                 sign[k].append(time.perf_counter() - t)
-        seal = {k: [] for k in keys}
-        js = {k: Journal.create(tmp / f"seal-{i}.jsonl", signer=s, background=False) for i, (k, s) in
-              enumerate(keys.items())}
+        lines += ["", "signatures alone (the key's own cost):", "| key | sign p50 µs | sign p99 µs |", "|---|---:|---:|"]
+        for k in keys:
+            lines.append(f"| {k} | {_pct(sign[k], .5) * 1e6:.0f} | {_pct(sign[k], .99) * 1e6:.0f} |")
+
+        hsm = keys["SoftHSM (PKCS#11)"]
+        variants = {"PEM file, signed in place": (keys["PEM file (in-process Ed25519)"], False),
+                    "SoftHSM, signed in place": (hsm, False),
+                    "SoftHSM, signed in the background (its default)": (hsm, True)}
+        seal = {k: [] for k in variants}
+        late: dict[str, list[int]] = {k: [] for k in variants}
+        # the background thread on (it fsyncs a seal, off the appending thread, as in a run), its own seals and
+        # flushes off: every seal here is one this loop asks for
+        js = {k: Journal.create(tmp / f"seal-{i}.jsonl", signer=s, sign_in_background=bg, seal_every=10**9,
+                                seal_interval_s=3600, flush_interval_s=3600)
+              for i, (k, (s, bg)) in enumerate(variants.items())}
         for i in range(args.n):
             for k, j in js.items():
                 j.append(StepObserved(step=i, loss=1.0))
                 t = time.perf_counter()
                 j.seal()
                 seal[k].append(time.perf_counter() - t)
-        for j in js.values():
+                while j._job is not None and not j._job.done.is_set():  # the next seal is not skipped
+                    time.sleep(0.0001)
+        for k, j in js.items():
             j.close()
-        lines += ["", "| key | sign p50 µs | sign p99 µs | seal p50 µs | seal p99 µs |", "|---|---:|---:|---:|---:|"]
-        for k in keys:
-            lines.append(f"| {k} | {_pct(sign[k], .5) * 1e6:.0f} | {_pct(sign[k], .99) * 1e6:.0f} | "
-                         f"{_pct(seal[k], .5) * 1e6:.0f} | {_pct(seal[k], .99) * 1e6:.0f} |")
+            late[k] = [json.loads(x).get("waited_ms", 0) for x in j.path.read_text().splitlines()
+                       if '"kind":"seal_signed"' in x]
+        lines += ["", "a seal (the tree head, the line, its signature or its hand-off), timed on the appending thread; "
+                      "for the background signer, how late the signature line came (waited_ms, the seal_signed "
+                      "lines):", "| seal | appending thread p50 µs | p99 µs | signature late p50 ms | p99 ms |",
+                  "|---|---:|---:|---:|---:|"]
+        for k in variants:
+            lt = late[k]
+            lines.append(f"| {k} | {_pct(seal[k], .5) * 1e6:.0f} | {_pct(seal[k], .99) * 1e6:.0f} | "
+                         f"{_pct(lt, .5) if lt else '-'} | {_pct(lt, .99) if lt else '-'} |")
 
-        def loop(signer, r: int) -> float:
-            """Mean step time (ms) of an MLP (256-1024-1, batches of 256) on CPU, one thread, each step appended; the
-            journal's default seal policy (every 1,000 events or second)."""
+        def loop(signer, r: int, policy: dict, bg: bool | None) -> tuple[float, list[float], float]:
+            """Mean step time (ms) of an MLP (256-1024-1, batches of 256) on CPU, one thread, each step appended
+            under ``policy``; the appends' own times (s); the process CPU time of the loop (s, every thread's)."""
             torch.manual_seed(r)
             model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1))
             opt = torch.optim.SGD(model.parameters(), lr=1e-3)
             x, y = torch.randn(256, 256), torch.randn(256, 1)
-            j = None if signer is None else Journal.create(tmp / f"loop-{time.time_ns()}.jsonl", signer=signer)
-            t0 = time.perf_counter()
+            j = None if signer is None else Journal.create(tmp / f"loop-{time.time_ns()}.jsonl", signer=signer,
+                                                           sign_in_background=bg, **policy)
+            appends = []
+            c0, t0 = time.process_time(), time.perf_counter()
             for step in range(args.steps):
                 loss = torch.nn.functional.mse_loss(model(x), y)
                 opt.zero_grad()
@@ -109,25 +133,44 @@ def main() -> int:
                 opt.step()
                 lv = float(loss.detach())  # the host sync every variant makes
                 if j is not None:
+                    a = time.perf_counter()
                     j.append(StepObserved(step=step, loss=lv))
+                    appends.append(time.perf_counter() - a)
             dt = (time.perf_counter() - t0) / args.steps * 1e3
+            cpu = time.process_time() - c0
             if j is not None:
                 j.close()
-            return dt
-        runs = {"no journal": [], **{k: [] for k in keys}}
-        loop(None, -1)  # warm-up: torch's first steps are slower
-        for r in range(args.repeats):
-            runs["no journal"].append(loop(None, r))
-            for k, s in keys.items():
-                runs[k].append(loop(s, r))
-        base = statistics.median(runs["no journal"])
-        lines += ["", f"a training loop, {args.steps:,} steps x {args.repeats} (an MLP 256-1024-1, batches of 256, CPU, one "
-                      "thread), each step "
-                      "appended, the default seal policy:", "| journal | mean step ms (median of runs) | over no "
-                      "journal |", "|---|---:|---:|"]
-        for k, v in runs.items():
-            m = statistics.median(v)
-            lines.append(f"| {k} | {m:.3f} | {'' if k == 'no journal' else f'{(m - base) / base:+.2%}'} |")
+            return dt, appends, cpu
+        policies = {"no seal (baseline)": dict(seal_every=10**9, seal_interval_s=10**6),
+                    "a seal a second": dict(seal_every=10**9, seal_interval_s=1.0),
+                    "the default (1,000 events or a second)": {}}
+        loop(None, -1, {}, None)  # warm-up: torch's first steps are slower
+        lines += ["", f"a training loop, {args.steps:,} steps x {args.repeats} (an MLP 256-1024-1, batches of 256, CPU, "
+                      "one thread), each step appended; the training thread's time in append() is the journal's cost "
+                      "to the step (the step-time differences between runs are noise of a few percent); CPU: the "
+                      "whole process's, every thread, per step:",
+                  "| seal policy | key | step ms (median of runs) | append mean µs | append p99 µs | append / step | "
+                  "seals / step (append time over the baseline's) | CPU ms a step |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+        base = [loop(None, r, {}, None) for r in range(args.repeats)]
+        lines.append(f"| - | no journal | {statistics.median(b[0] for b in base):.3f} | | | | | "
+                     f"{statistics.median(b[2] for b in base) / args.steps * 1e3:.3f} |")
+        results: dict[tuple[str, str], tuple[float, float, float, float]] = {}
+        for r in range(args.repeats):  # the variants interleaved, so that drift on a busy machine hits them alike
+            for pname, policy in policies.items():
+                for k, (s, bg) in variants.items():
+                    results.setdefault((pname, k), []).append(loop(s, r, policy, bg))
+        for (pname, k), got in results.items():
+            step = statistics.median(g[0] for g in got)
+            ap = [a for g in got for a in g[1]]
+            mean = statistics.fmean(ap)
+            b = statistics.fmean(a for g in results[("no seal (baseline)", k)] for a in g[1])
+            extra = "" if pname.startswith("no seal") else f"{(mean - b) * 1e3 / step:+.3%}"
+            lines.append(f"| {pname} | {k} | {step:.3f} | {mean * 1e6:.1f} | {_pct(ap, .99) * 1e6:.1f} | "
+                         f"{mean * 1e3 / step:.3%} | {extra} | {statistics.median(g[2] for g in got) / args.steps * 1e3:.3f} |")
+        import resource
+
+        lines.append(f"# peak RSS of the whole process {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} "
+                     "MiB")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     lines.append(f"# load {os.getloadavg()[0]:.2f} after")

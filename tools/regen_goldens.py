@@ -200,6 +200,39 @@ def resumed_rewound(path: Path) -> Path:
     return path
 
 
+def rank_keys(path: Path) -> Path:
+    """Format 1.7: rank 1 of a two-rank run signed by ephemeral rank keys certified by one key, across a restart
+    (round 0's key, then round 1's, which signs its seals in the background: seals signed late, seal_signed): the
+    .pub is the certifying key's."""
+    from trainledger.journal import Journal, Signer, StepObserved
+    from trainledger.journal.certify import RankRoster
+    from trainledger.journal.kinds import RankJoined
+
+    issuer = Signer.generate()
+    opts = dict(background=False, seal_every=8)
+    for rnd in (0, 1):
+        keys = [Signer.generate() for _ in range(2)]
+        roster = RankRoster.sign(issuer, run="golden-rank-keys", round=rnd, keys=[k.public for k in keys])
+        if rnd == 0:
+            j = Journal.create(path, signer=keys[1], run_id="golden-rank-keys.r00001", certificate=roster.certificate(1),
+                               meta={"run": "golden-rank-keys", "rank": 1, "world_size": 2}, **opts)
+        else:
+            j = Journal.open_append(path, signer=keys[1], certificate=roster.certificate(1), sign_in_background=True,
+                                    **opts)
+        j.append(RankJoined(run="golden-rank-keys", rank=1, world_size=2, local_rank=1, node="golden-host",
+                            restart_count=rnd, versions={}), durable=True)
+        for i in range(20):
+            j.append(StepObserved(step=20 * rnd + i, loss=3.0 - 0.01 * (20 * rnd + i)))
+            job = j._job
+            if job is not None:
+                job.done.wait(10)  # each signature back before the next append records it: a fixed shape
+        if rnd == 0:
+            j.suspend()
+    j.close()
+    path.with_suffix(".pub").write_text(issuer.public.line() + "\n")
+    return path
+
+
 def ladder_halt(path: Path) -> Path:
     """The pilot ladder's halt preset: a rung that passes, then one with an impossible bar, and the halt."""
     from trainledger.journal import Journal, Signer
@@ -275,7 +308,7 @@ def expectations(path: Path) -> dict:
 # are frozen: this code writes the current format.
 GOLDENS = {"every_kind_v1_6.jsonl": every_kind, "resumed_rewound_v1_1.jsonl": resumed_rewound,
            "ladder_halt_v1_1.jsonl": ladder_halt, "experiment_v1_1.jsonl": experiment,
-           "scaling_ladder_v1_2.jsonl": scaling_ladder}
+           "scaling_ladder_v1_2.jsonl": scaling_ladder, "rank_keys_v1_7.jsonl": rank_keys}
 
 
 #: the reference model's loss curve (torchtitan keeps its loss curves the same way): a change that moves every

@@ -117,7 +117,8 @@ class Recorder:
                  signer: Signer | None = None, scheduler: Any = None, scaler: Any = None, data: Any = None,
                  flop_config: Any = None, peak_flops_per_sec: float | None = None, keep_last: int | None = None,
                  meta: dict[str, Any] | None = None, continue_from: str | os.PathLike | None = None,
-                 release_key: str | os.PathLike | None = None):
+                 release_key: str | os.PathLike | None = None, rank_keys: str | None = None,
+                 fail_closed_after_s: float | None = None):
         if (key is None) == (signer is None):
             raise UsageError("Recorder needs the run's signing key: key='path/to/trainledger.key' (or a pkcs11: URI, or "
                              "signer=)")
@@ -130,6 +131,13 @@ class Recorder:
         self.keep_last = keep_last
         #: an ECDSA P-256 release key (trainledger keygen --release): close() releases the last recorded export
         self.release_key = release_key
+        #: under torchrun: "key" (every rank signs with the run's key) or "ephemeral" (each rank a key in memory
+        #: certified by it, once a round; training.distributed.ranks.open_rank_journal). None: ephemeral for a
+        #: pkcs11: or KMS key, the key itself for a key file
+        self.rank_keys = rank_keys
+        #: with a key that signs in the background (a token, a KMS): once a seal has waited this long for its
+        #: signature, step() and the other records raise instead of going on unsigned (the run fails closed)
+        self._journal_options = {} if fail_closed_after_s is None else {"fail_closed_after_s": fail_closed_after_s}
         self._exported: Path | None = None
         #: the step to run next: 0 for a new run, the restored checkpoint's step + 1 after a resume
         self.start = 0
@@ -145,12 +153,14 @@ class Recorder:
         path = self.run / journal_name()
         meta = {"recorder": True, **(meta or {})}
         if path.exists():  # continued (a finished one is refused, naming continue_from=)
-            self.journal, _ = open_run_journal(self.run, self.signer, meta, info=info)
+            self.journal, _ = open_run_journal(self.run, self.signer, meta, info=info, rank_keys=rank_keys,
+                                               **self._journal_options)
             self._resume(flop_config, peak_flops_per_sec)
         elif continue_from is not None:
             self._continue(Path(continue_from), path, meta, flop_config, peak_flops_per_sec)
         else:
-            self.journal, _ = open_run_journal(self.run, self.signer, meta, info=info)
+            self.journal, _ = open_run_journal(self.run, self.signer, meta, info=info, rank_keys=rank_keys,
+                                               **self._journal_options)
             self.monitor = TrainingHealthMonitor(journal=self.journal, flop_config=flop_config,
                                                  peak_flops_per_sec=peak_flops_per_sec)
         self._t = time.perf_counter()
@@ -191,7 +201,7 @@ class Recorder:
         link = {"run_id": rep.run_id, "head": rep.head, "checkpoint": ck.path, "sha256": ck.sha256,
                 "step": ck.step, "folder": prev.name}
         self.journal, _ = open_run_journal(self.run, self.signer, {**(meta or {}), "continues": link},
-                                           info=self.rank_info)
+                                           info=self.rank_info, rank_keys=self.rank_keys, **self._journal_options)
         self.journal.append(RunResumed(reason="continued", from_step=ck.step, checkpoint=ck.path,
                                        detail={"continues": link}), durable=True)
         self.monitor = TrainingHealthMonitor(journal=self.journal, flop_config=flop_config, peak_flops_per_sec=peak)

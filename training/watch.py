@@ -24,12 +24,12 @@ from trainledger.journal.scan import Appended, RangeResult, ScanContext, Scanner
 from trainledger.journal.text import safe
 from trainledger.journal.chain import genesis
 from trainledger.journal.errors import IntegrityError, JournalError
-from trainledger.journal.events import RunClosed, Seal, StepObserved
+from trainledger.journal.events import RunClosed, Seal, SealSigned, StepObserved
 from trainledger.training.health.detectors import AnomalyDetected, HealthProjection, RunConfigured
 from trainledger.journal.keys import PublicKey
 from trainledger.journal.trust import TrustPolicy
 from trainledger.journal.kinds import CheckpointSaved, RankJoined, ShardsSaved, StragglerDetected
-from trainledger.journal.verify import open_checked, read_opening, resolve_key
+from trainledger.journal.verify import open_checked, read_opening, resolve_signing
 
 __all__ = ["watch"]
 
@@ -62,7 +62,10 @@ class _View:
         elif isinstance(ev, CheckpointSaved):
             self.checkpoint = ev
         elif isinstance(ev, Seal):
-            self.last_seal_seq = ev.seq
+            if ev.sig is not None or ev.key_id is None:  # a seal signed late signs when its seal_signed comes
+                self.last_seal_seq = ev.seq
+        elif isinstance(ev, SealSigned):
+            self.last_seal_seq = ev.seal_seq
         elif isinstance(ev, RunClosed):
             self.closed = True
         elif isinstance(ev, RankJoined):
@@ -110,17 +113,21 @@ class _View:
 def _context(p: Path, keys: Sequence[PublicKey], trust_embedded: bool,
              allow_unsigned: bool) -> tuple[ScanContext, str] | str:
     """The scan context and trust label for following ``p``, or the FAIL line when it may not be followed."""
-    opened, _ = read_opening(p, open_checked(p))
+    size = open_checked(p)
+    opened, opened_len = read_opening(p, size)
     if keys or trust_embedded or opened.key_id is None:
-        raw, trust, _ = resolve_key(opened, keys=keys, trust_embedded=trust_embedded)
+        signing = resolve_signing(p, size, opened, opened_len, keys=keys, trust_embedded=trust_embedded)
+        raw, trust = signing.raw, signing.trust
         if trust == "unsigned" and not allow_unsigned:
             return f"FAIL  {p}: the journal is unsigned (pass --allow-unsigned to follow it anyway)"
-        label = {"pinned": f"signatures checked: key {opened.key_id}, pinned",
-                 "embedded": f"signatures checked against the embedded key {opened.key_id}: authenticity not "
+        label = {"pinned": f"signatures checked: key {signing.key_id}, pinned",
+                 "embedded": f"signatures checked against the embedded key {signing.key_id}: authenticity not "
                              "established", "unsigned": "unsigned journal: chain only"}[trust]
         return ScanContext(opened.run_id, opened.key_id, raw, trust != "unsigned", None,
-                           tree=tree_mode(opened.format_version)), label
-    return (ScanContext(opened.run_id, opened.key_id, None, False, None, tree=tree_mode(opened.format_version)),
+                           tree=tree_mode(opened.format_version), certified=signing.certified), label
+    unchecked = resolve_signing(p, size, opened, opened_len, check_signatures=False)
+    return (ScanContext(opened.run_id, opened.key_id, None, False, None, tree=tree_mode(opened.format_version),
+                        certified=unchecked.certified),
             "chain checked, signatures NOT checked: pass --pubkey")
 
 

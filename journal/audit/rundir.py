@@ -25,6 +25,7 @@ from typing import Any
 from trainledger.journal.audit.roster import RosterMismatch, key_words, split_run_id
 from trainledger.journal.codec import decode_line
 from trainledger.journal.errors import IntegrityError, JournalIOError, UsageError
+from trainledger.journal.events import KeyCertified
 from trainledger.journal.kinds import AnchorRecorded, RankJoined, RanksAnchored
 from trainledger.journal.trust import TrustPolicy
 from trainledger.journal.verify import SharedWorkers, VerifyReport, verify
@@ -76,7 +77,8 @@ class RunDirReport:
                 "ranks": {str(r): rep.to_dict() for r, rep in sorted(self.ranks.items())}}
 
 
-_BINDING = {"recorded": "rank 0's signed record of the ranks' keys (pin --roster to bind them yourself)",
+_BINDING = {"certified": "certificates of the rank keys, each round's roster signed by the pinned key",
+            "recorded": "rank 0's signed record of the ranks' keys (pin --roster to bind them yourself)",
             "one key": "one key signs every rank", "unsigned": "unsigned"}
 
 
@@ -135,7 +137,7 @@ def is_run_dir(path: str | os.PathLike) -> bool:
     return p.is_dir() and bool(rank_files(p))
 
 
-_ANCHOR_KINDS = frozenset({"rank_joined", "ranks_anchored", "anchor_recorded"})
+_ANCHOR_KINDS = frozenset({"rank_joined", "ranks_anchored", "anchor_recorded", "key_certified"})
 
 
 def _verify_rank(rank: int, f: Path, trust: TrustPolicy, want: frozenset[int] = frozenset(), *,
@@ -209,17 +211,19 @@ def _hold_to_keys(reports: dict[int, VerifyReport], recorded: dict[int, tuple[st
     Returns what bound them; raises :class:`RosterMismatch` for a rank signed by another key, or left unbound in a
     folder several keys sign."""
     for r, (key, seq) in sorted(recorded.items()):
-        if r in reports and reports[r].key_id != key:
+        if r in reports and key not in _keys_of(reports[r]):
             raise RosterMismatch(f"rank {r}: signed by {key_words(reports[r].key_id)}, but rank 0 recorded at its seq "
                                  f"{seq} that rank {r} signs with key {key}", seq=seq)
     for rank, seq, of, key in said:
-        if of in reports and reports[of].key_id != key:
+        if of in reports and key not in _keys_of(reports[of]):
             raise RosterMismatch(f"rank {of}: signed by {key_words(reports[of].key_id)}, but rank {rank} recorded at its "
                                  f"seq {seq} that rank {of} signs with key {key}", seq=seq)
     if trust.roster is not None:
         return "roster"
     keys = {rep.key_id for rep in reports.values()}
     if len(keys) <= 1:
+        if keys != {None} and all(_certified(rep) for rep in reports.values()):
+            return "certified"
         return "unsigned" if keys == {None} else "one key"
     named_of = {of for _, _, of, _ in said}
     for r in sorted(reports):
@@ -230,6 +234,76 @@ def _hold_to_keys(reports: dict[int, VerifyReport], recorded: dict[int, tuple[st
                              "journals predate format 1.5); pin which key signs which rank with --roster FILE",
                              seq=0)
     return "recorded"
+
+
+def _keys_of(rep: VerifyReport) -> list[str | None]:
+    """The keys a rank journal's seals were checked under (its own key, or the rank keys its certificates certify)."""
+    return rep.signing_keys or [rep.key_id]
+
+
+def _certified(rep: VerifyReport) -> bool:
+    return bool(rep.signing_keys) and rep.key_id not in rep.signing_keys
+
+
+def _hold_to_rosters(certs: list[tuple[int, int, KeyCertified]], joined: list[tuple[int, int, str, int, int]],
+                     reports: dict[int, VerifyReport]) -> None:
+    """A folder whose rank keys are certified: in each round every rank's certificate comes from one signed roster
+    (the same statement), every rank that joined a round did so under that round's certificate, and no rank of the
+    folder is signed otherwise. ``certs``: (rank, seq, key_certified) in each rank's order."""
+    certified = {r for r, rep in reports.items() if _certified(rep)}
+    if not certified:
+        return
+    plain = sorted(set(reports) - certified)
+    if plain:
+        raise RosterMismatch(f"rank {plain[0]}: signed by {key_words(reports[plain[0]].key_id)} with no certificate, in "
+                             "a folder whose rank keys are certified", seq=0)
+    rounds: dict[int, tuple[tuple, int]] = {}
+    last: dict[int, list[tuple[int, int]]] = {}  # rank -> [(seq, round)] of its certificates
+    for rank, seq, c in certs:
+        said = (c.keys_root, c.world_size, c.issued_ns, c.not_after_ns, c.issuer, c.sig)
+        first = rounds.setdefault(c.round, (said, rank))
+        if first[0] != said:
+            raise RosterMismatch(f"rank {rank}: its certificate for round {c.round} (seq {seq}) is not the roster rank "
+                                 f"{first[1]} recorded for that round: another roster", seq=seq)
+        last.setdefault(rank, []).append((seq, c.round))
+    for rank, seq, _, rnd, world in joined:
+        before = [r for s, r in last.get(rank, []) if s < seq]
+        if not before or before[-1] != rnd:
+            got = f"round {before[-1]}'s key" if before else "no certified key"
+            raise RosterMismatch(f"rank {rank}: joined restart round {rnd} at seq {seq} under {got}: a rank from "
+                                 "another round", seq=seq)
+        if rounds[rnd][0][1] != world:
+            raise RosterMismatch(f"rank {rank}: joined round {rnd} in a world of {world}, but that round's roster "
+                                 f"certifies {rounds[rnd][0][1]} ranks", seq=seq)
+
+
+def _hold_cosigned(cosigned: list[tuple[int, RanksAnchored]], certs: list[tuple[int, int, KeyCertified]],
+                   reports: dict[int, VerifyReport]) -> None:
+    """In a folder whose rank keys are certified, rank 0's anchors are countersigned by the key that certified
+    them (the certificate's issuer, already held to the pinned key): each ``cosig`` checks out over the anchor's
+    heads and keys, and none is missing."""
+    import base64
+    import binascii
+
+    from trainledger.journal.certify import anchor_statement, issuer_of
+
+    for rank, ev in cosigned:
+        if rank != 0 or not _certified(reports[rank]):
+            raise RosterMismatch(f"rank {rank}: an anchor countersigned at its seq {ev.seq}, in a journal whose key is "
+                                 "not certified (only rank 0 of such a run countersigns)", seq=ev.seq)
+        mine = [c for r, s, c in certs if r == 0 and s < ev.seq]
+        if ev.cosig is None or not mine:
+            raise RosterMismatch(f"rank 0: the anchor at its seq {ev.seq} is not countersigned by the key that "
+                                 "certified the rank keys", seq=ev.seq)
+        split = split_run_id(reports[0].run_id)
+        body = anchor_statement(split[0] if split else "", ev.step, ev.heads, ev.keys)
+        try:
+            ok = issuer_of(mine[-1]).verify(base64.b64decode(ev.cosig, validate=True), body)
+        except (binascii.Error, ValueError):
+            ok = False
+        if not ok:
+            raise RosterMismatch(f"rank 0: the countersignature of the anchor at its seq {ev.seq} does not verify "
+                                 "under the key that certified the rank keys", seq=ev.seq)
 
 
 def verify_run_dir(path: str | os.PathLike, *, trust: TrustPolicy | None = None, workers: int | None = None,
@@ -303,6 +377,8 @@ def hold_ranks(where: str, checked: dict[int, VerifyReport], *, trust: TrustPoli
     joined: list[tuple[int, int, str, int, int]] = []  # (rank, seq, run, restart round, world size) of rank_joined
     recorded: dict[int, tuple[str, int]] = {}  # rank -> (its key id, rank 0's seq): ranks_anchored.keys
     said: list[tuple[int, int, int, str]] = []  # (rank, its seq, the rank it names, key id): anchor_recorded.key
+    certs: list[tuple[int, int, KeyCertified]] = []  # (rank, seq, certificate): certified rank keys
+    cosigned: list[tuple[int, RanksAnchored]] = []  # anchors the run key countersigned (or must have)
     for rank in files:
         rep = checked[rank]
         reports[rank] = rep
@@ -318,16 +394,23 @@ def hold_ranks(where: str, checked: dict[int, VerifyReport], *, trust: TrustPoli
                                          seq=ev.seq)
                 joined.append((rank, ev.seq, ev.run, ev.restart_count, ev.world_size))
             elif isinstance(ev, RanksAnchored):
+                if ev.cosig is not None or (rank == 0 and _certified(rep)):
+                    cosigned.append((rank, ev))
                 for r, head in ev.heads.items():
-                    if int(r) != rank:
+                    if int(r) != rank or ev.cosig is not None:  # a countersigned anchor holds its own rank too
                         s, _, h = head.partition(":")
                         wanted.append((rank, ev.seq, int(r), int(s), h))
                 if rank == 0:
                     for r, key in ev.keys.items():
-                        if recorded.setdefault(int(r), (key, ev.seq))[0] != key:
+                        first = recorded.setdefault(int(r), (key, ev.seq))
+                        if first[0] != key and _certified(rep):  # a new key each round: each held on its own
+                            said.append((0, ev.seq, int(r), key))
+                        elif first[0] != key:
                             raise RosterMismatch(f"rank 0: recorded key {recorded[int(r)][0]} for rank {r} at its "
                                                  f"seq {recorded[int(r)][1]} and key {key} at its seq {ev.seq}",
                                                  seq=ev.seq)
+            elif isinstance(ev, KeyCertified):
+                certs.append((rank, ev.seq, ev))
             elif isinstance(ev, AnchorRecorded):
                 s, _, h = ev.head.partition(":")
                 wanted.append((rank, ev.seq, ev.rank, int(s), h))
@@ -335,6 +418,8 @@ def hold_ranks(where: str, checked: dict[int, VerifyReport], *, trust: TrustPoli
                     said.append((rank, ev.seq, ev.rank, ev.key))
         rep.collected = []
     _hold_to_one_run(reports, joined)
+    _hold_to_rosters(certs, joined, reports)
+    _hold_cosigned(cosigned, certs, reports)
     bound_by = _hold_to_keys(reports, recorded, said, trust)
     missing = [r for r in range(world) if r not in files]
     if missing and not partial:

@@ -66,12 +66,18 @@ class ProveResult:
 
 def _open_for_proof(journal: Path, keys: Sequence[PublicKey], trust_embedded: bool) -> tuple[Any, int, bytes]:
     size = open_checked(journal)
-    opened, _ = read_opening(journal, size)
+    opened, opened_len = read_opening(journal, size)
     if not has_tree(opened.format_version):
         raise UsageError(f"{journal}: format {opened.format_version} journals have no tree heads in their seals; "
                          "proofs need format 1.3 or later")
     if opened.key_id is None:
         raise UsageError(f"{journal}: the journal is unsigned: there is no signed checkpoint to prove against")
+    from trainledger.journal.certify import opens_certified
+
+    if opens_certified(journal, opened_len):
+        raise UsageError(f"{journal}: its rank keys are certified (key_certified): proof bundles carry one key's "
+                         "checkpoint and cannot name the certificate yet; verify the journal under the certifying "
+                         "key instead")
     public_raw, trust, _ = resolve_key(opened, keys=keys, trust_embedded=trust_embedded)
     return opened, size, public_raw
 

@@ -152,14 +152,16 @@ def register(sub) -> None:
                                    "refused and named (exit 1).")
     wsub = p.add_subparsers(dest="witness_command", metavar="ACTION", help="vkey or cosign")
     q = wsub.add_parser("vkey", help="print the witness's verifier key (what verifiers pin with --witness-key)")
-    q.add_argument("--key", required=True, metavar="FILE", help="the witness's private key (trainledger keygen)")
+    q.add_argument("--key", required=True, metavar="KEY", help="the witness's private key (trainledger keygen), or a "
+                                                             "pkcs11: or awskms:// URI (docs/keys.md)")
     q.add_argument("--name", required=True, help="the witness's name (no spaces or '+')")
     add_json_option(q)
     q.set_defaults(func=_cmd_witness_vkey)
     q = wsub.add_parser("cosign", help="check a bundle's checkpoint and print it with this witness's cosignature")
     q.add_argument("bundle", metavar="BUNDLE", help="from 'trainledger consistency --from <last cosigned size>' "
                                                    "(any bundle for an origin's first checkpoint)")
-    q.add_argument("--key", required=True, metavar="FILE", help="the witness's private key")
+    q.add_argument("--key", required=True, metavar="KEY", help="the witness's private key: a key file, or a pkcs11: or "
+                                                             "awskms:// URI (docs/keys.md)")
     q.add_argument("--name", required=True, help="the witness's name")
     q.add_argument("--state", required=True, metavar="FILE", help="the witness's state (created if absent)")
     q.add_argument("--log-key", action="append", default=[], metavar="FILE", required=True,
@@ -472,7 +474,7 @@ def _cmd_witness_cosign(args: argparse.Namespace) -> int:
     from trainledger.journal.proofs.witness import Witness
 
     s = load_signer(args.key)
-    w = Witness(args.state, args.name, s._key)
+    w = Witness(args.state, args.name, s)
     data = read_small_file(Path(args.bundle), "proof bundle", limit=MAX_BUNDLE_BYTES)
     try:
         line, note = w.add(data, [load_public_key(k) for k in args.log_key])

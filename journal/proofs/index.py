@@ -447,9 +447,10 @@ class IndexMismatch(TrainledgerError):
 
 def read_seal(journal: Path, size: int, *, tree_size: int | None = None,
               view: TreeView | None = None) -> tuple[Any, bytes]:
-    """The latest seal line (searched back from the end) or, with ``tree_size``, the seal at seq ``tree_size``
+    """The latest signed seal (searched back from the end) or, with ``tree_size``, the seal at seq ``tree_size``
     (the seal whose tree has that size, read through ``view``): its record and its bytes. Checked for form only:
-    the caller checks its signature."""
+    the caller checks its signature. A seal signed late (format 1.7) stands as the seal it signs, with the
+    signature of its ``seal_signed`` line."""
     if tree_size is not None:
         assert view is not None
         line = view.line(tree_size)
@@ -457,6 +458,13 @@ def read_seal(journal: Path, size: int, *, tree_size: int | None = None,
         if type(rec).__struct_config__.tag != "seal" or rec.seq != tree_size:
             raise UsageError(f"line {tree_size} is not a seal: no checkpoint of a tree of {tree_size} lines "
                              "(give the seq of a seal)")
+        if rec.sig is None and rec.key_id is not None:
+            late = find_lines(journal, size, lambda ln: f'"seal_seq":{tree_size},'.encode() in ln,
+                              [b'{"kind":"seal_signed",'])
+            if not late:
+                raise UsageError(f"the seal at seq {tree_size} was never signed (no seal_signed names it): give "
+                                 "the seq of a signed seal")
+            return _as_seal(codec.decode_line(late[0])), line
         return rec, line
     with open(journal, "rb") as f:
         back = 0
@@ -470,8 +478,22 @@ def read_seal(journal: Path, size: int, *, tree_size: int | None = None,
             lines.pop()  # after the last newline: nothing, or a torn line
             for line in reversed(lines[1:] if back < size else lines):
                 if line.startswith(b'{"kind":"seal",'):
-                    return codec.decode_line(line), line
+                    rec = codec.decode_line(line)
+                    if rec.sig is not None or rec.key_id is None:
+                        return rec, line
+                elif line.startswith(b'{"kind":"seal_signed",'):
+                    return _as_seal(codec.decode_line(line)), line
     raise SealInvalid("no seal in the last 64 MiB of the journal: pass --tree-size to name one", seq=None)
+
+
+def _as_seal(rec: Any) -> Any:
+    """A ``seal_signed`` line as the seal it signs (its seq, head, tree, key and signature)."""
+    from trainledger.journal.events import Seal
+
+    seal = Seal(sealed_seq=rec.sealed_seq, sealed_hash=rec.sealed_hash, key_id=rec.key_id, sig=rec.sig,
+                tree_size=rec.tree_size, tree_root=rec.tree_root)
+    return codec.record_type(Seal)(**{f: getattr(seal, f) for f in seal.__struct_fields__}, seq=rec.seal_seq,
+                                   ts=rec.ts, h="")
 
 
 def find_lines(journal: Path, end: int, pred: Callable[[bytes], bool], prefixes: Sequence[bytes]) -> list[bytes]:

@@ -19,6 +19,7 @@ import binascii
 import dataclasses
 import hashlib
 import struct
+from typing import Any
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
@@ -209,10 +210,14 @@ def _cosigned_message(text: str, timestamp: int) -> bytes:
     return f"cosignature/v1\ntime {timestamp}\n".encode() + text.encode()
 
 
-def cosign(checkpoint: str, name: str, private: Ed25519PrivateKey, timestamp: int) -> str:
-    """A witness's cosignature line (tlog-cosignature/v1) on a checkpoint's text."""
+def cosign(checkpoint: str, name: str, private: Any, timestamp: int) -> str:
+    """A witness's cosignature line (tlog-cosignature/v1) on a checkpoint's text. ``private``: an
+    ``Ed25519PrivateKey``, or a :class:`~trainledger.journal.keys.Signer` (a key file, a token, a KMS key)."""
     _check_text(checkpoint)
-    pub = private.public_key().public_bytes_raw()
+    if isinstance(private, Ed25519PrivateKey):
+        pub = private.public_key().public_bytes_raw()
+    else:
+        pub = private.public.raw
     sig = private.sign(_cosigned_message(checkpoint, timestamp))
     raw = struct.pack(">IQ", key_hash(name, pub, SIG_COSIGNATURE), timestamp) + sig
     return f"{_DASH}{name} {base64.b64encode(raw).decode()}\n"

@@ -61,7 +61,7 @@ class Witness:
         _valid_name(name)
         self.state = Path(state)
         self.name = name
-        self._priv = private  # an Ed25519PrivateKey
+        self._priv = private  # an Ed25519PrivateKey, or a Signer (a key file, a token, a KMS key)
 
     def _load(self) -> dict[str, Any]:
         """The state: the witness's memory of what it cosigned, so only a regular file of this user's own that no

@@ -29,8 +29,10 @@ def register(sub, *, replay: Any = None) -> None:
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model_dir", metavar="MODEL_DIR", help="the model folder the run wrote and recorded")
     p.add_argument("run", metavar="RUN", help="the run's journal, or its run folder")
-    p.add_argument("--key", required=True, metavar="FILE", help="the release key (PEM, ECDSA P-256; trainledger "
-                                                                "keygen --release DIR writes DIR/release.key)")
+    p.add_argument("--key", required=True, metavar="KEY", help="the release key (PEM, ECDSA P-256; trainledger "
+                                                               "keygen --release DIR writes DIR/release.key), or a "
+                                                               "pkcs11: URI of one in a token (keygen --release "
+                                                               "--pkcs11 URI)")
     p.add_argument("--pubkey", action="append", default=[], metavar="FILE",
                    help="the run's pinned public key (trainledger.pub; repeatable; also $TRAINLEDGER_TRUSTED_KEYS)")
     p.add_argument("--out", metavar="DIR", help="write model.sig and model.provenance.json here (default: into "
@@ -91,6 +93,32 @@ def cmd_keygen_release(args: argparse.Namespace) -> int:
     say(f"release key: {priv} (ECDSA P-256, mode 0600; keep it off training nodes)")
     say(f"public key:  {pub} (give it to whoever verifies your models: verify-model --release-key, "
         "model_signing verify key --public_key)")
+    return 0
+
+
+def cmd_keygen_release_pkcs11(args: argparse.Namespace) -> int:
+    """``keygen --release --pkcs11 URI DIR``: an ECDSA P-256 release key made inside a token; only DIR/NAME.pub."""
+    from pathlib import Path
+
+    from trainledger.journal.errors import UsageError
+    from trainledger.journal.options import say
+    from trainledger.journal.release.keys import generate_pkcs11_release_key
+
+    d = Path(args.directory)
+    name = args.name if args.name != "trainledger" else "release"
+    out = d / f"{name}.pub"
+    if out.exists() and not args.force:
+        raise UsageError(f"{out}: exists (--force replaces it)")
+    pub = generate_pkcs11_release_key(args.pkcs11)
+    d.mkdir(parents=True, exist_ok=True)
+    out.write_bytes(pub.pem)
+    shown = args.pkcs11.split("?", 1)[0]
+    if args.json:
+        say(json.dumps({"ok": True, "private_key": shown, "public_key": str(out), "key_id": pub.key_id,
+                        "kind": "ecdsa-p256"}))
+        return 0
+    say(f"release key: in the token ({shown}; ECDSA P-256); it never leaves it")
+    say(f"public key:  {out} (verify-model --release-key, model_signing verify key --public_key)")
     return 0
 
 

@@ -18,8 +18,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from trainledger.journal.errors import KeyFileError
 from trainledger.journal.keys import read_small_file
 
-__all__ = ["ReleaseKey", "ReleasePublicKey", "load_release_key", "load_release_public_key", "generate_release_key",
-           "public_path"]
+__all__ = ["ReleaseKey", "ReleasePublicKey", "Pkcs11ReleaseKey", "load_release_key", "load_release_public_key",
+           "generate_release_key", "generate_pkcs11_release_key", "public_path"]
 
 _CURVES = {"secp256r1": hashes.SHA256, "secp384r1": hashes.SHA384, "secp521r1": hashes.SHA512}
 _MAX_KEY_FILE = 64 << 10
@@ -107,7 +107,93 @@ def generate_release_key(path: str | os.PathLike, *, exist_ok: bool = False) -> 
     return k
 
 
+class Pkcs11ReleaseKey(ReleaseKey):
+    """A P-256 release key inside a PKCS#11 token (``pkcs11:token=...;object=...``, as a run key's URI): it signs
+    there (CKM_ECDSA over the SHA-256 of the data; the raw r||s made DER, as model signing expects), each signature
+    checked against the public key; nothing to save or export."""
+
+    def __init__(self, uri: str):  # noqa: D107 - no ReleaseKey.__init__: the private key is the token's
+        import threading
+
+        from pkcs11 import Attribute, KeyType, ObjectClass
+
+        from trainledger.journal.keys import _open, _shown
+
+        self.uri = _shown(uri)
+        pkcs11, attrs, self._session = _open(uri)
+        label = attrs["object"]
+        try:
+            self._key = self._session.get_key(object_class=ObjectClass.PRIVATE_KEY, key_type=KeyType.EC, label=label)
+            pub = self._session.get_key(object_class=ObjectClass.PUBLIC_KEY, key_type=KeyType.EC, label=label)
+            point = bytes(pub[Attribute.EC_POINT])
+        except (pkcs11.exceptions.PKCS11Error, pkcs11.exceptions.NoSuchKey,
+                pkcs11.exceptions.MultipleObjectsReturned) as e:
+            self._session.close()
+            raise KeyFileError(f"{self.uri}: no single ECDSA key pair labelled {label!r} in the token "
+                               f"({type(e).__name__}; trainledger keygen --release --pkcs11 makes one)") from None
+        if len(point) == 67 and point[:2] == b"\x04\x41":  # a DER OCTET STRING around the uncompressed point
+            point = point[2:]
+        try:
+            self.public = ReleasePublicKey(ec.EllipticCurvePublicKey.from_encoded_point(ec.SECP256R1(), point))
+        except ValueError:
+            self._session.close()
+            raise KeyFileError(f"{self.uri}: the token's key {label!r} is not an ECDSA P-256 key") from None
+        self._lock = threading.Lock()
+
+    def sign(self, data: bytes) -> bytes:
+        from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
+        from pkcs11 import Mechanism
+        from pkcs11.exceptions import PKCS11Error
+
+        with self._lock:
+            try:
+                # CKM_ECDSA over the SHA-256 digest made here (tokens such as SoftHSM have no CKM_ECDSA_SHA256)
+                raw = bytes(self._key.sign(hashlib.sha256(data).digest(), mechanism=Mechanism.ECDSA))
+            except PKCS11Error as e:
+                raise KeyFileError(f"{self.uri}: signing failed ({type(e).__name__})") from None
+        sig = encode_dss_signature(int.from_bytes(raw[:32], "big"), int.from_bytes(raw[32:], "big"))
+        if len(raw) != 64 or not self.public.verify(sig, data):
+            raise KeyFileError(f"{self.uri}: the token's signature does not verify under its public key")
+        return sig
+
+    def save(self, path: str | os.PathLike, *, exist_ok: bool = False) -> tuple[Path, Path]:
+        raise KeyFileError(f"{self.uri}: the release key lives in the token and cannot be written to a file")
+
+    def __repr__(self) -> str:
+        return f"Pkcs11ReleaseKey(key_id={self.public.key_id!r}, uri={self.uri!r})"
+
+
+def generate_pkcs11_release_key(uri: str) -> ReleasePublicKey:
+    """Make an ECDSA P-256 key pair inside the token, labelled by the URI's ``object`` (private: sensitive, never
+    extractable); refuses a label already used."""
+    from pkcs11 import Attribute, KeyType, ObjectClass
+    from pkcs11.util.ec import encode_named_curve_parameters
+
+    from trainledger.journal.keys import _open, _shown
+
+    pkcs11, attrs, session = _open(uri, rw=True)
+    try:
+        label = attrs["object"]
+        if list(session.get_objects({Attribute.LABEL: label, Attribute.CLASS: ObjectClass.PRIVATE_KEY})):
+            raise KeyFileError(f"{_shown(uri)}: the token already holds a key labelled {label!r}; a key is never "
+                               "replaced (choose another object=)")
+        try:
+            session.generate_keypair(KeyType.EC, store=True, label=label,
+                                     public_template={Attribute.EC_PARAMS:
+                                                      encode_named_curve_parameters("1.2.840.10045.3.1.7")},
+                                     private_template={Attribute.SENSITIVE: True, Attribute.EXTRACTABLE: False})
+        except pkcs11.exceptions.PKCS11Error as e:
+            raise KeyFileError(f"{_shown(uri)}: the token cannot make an ECDSA P-256 key ({type(e).__name__})") \
+                from None
+    finally:
+        session.close()
+    return Pkcs11ReleaseKey(uri).public
+
+
 def load_release_key(path: str | os.PathLike, password: bytes | None = None) -> ReleaseKey:
+    """The release key at ``path``: a PEM file, or a ``pkcs11:`` URI naming a P-256 key in a token."""
+    if str(path).startswith("pkcs11:"):
+        return Pkcs11ReleaseKey(str(path))
     p = Path(path)
     data = read_small_file(p, "release key", limit=_MAX_KEY_FILE)  # a FIFO or a device is refused, not read
     if os.name == "posix" and os.stat(p).st_mode & 0o077:

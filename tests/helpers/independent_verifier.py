@@ -4,7 +4,8 @@ It imports nothing from trainledger: only hashlib, json, base64 and
 cryptography. It checks what establishes integrity and authenticity: line
 structure, seq, the hash chain, run binding and every seal under a pinned
 key; from format 1.3 also the Merkle tree each seal names (RFC 6962, kept
-here as the stack of its perfect subtrees) and the checkpoint text it signs. (Canonical form is the reference reader's extra guarantee; this one
+here as the stack of its perfect subtrees) and the checkpoint text it signs; from format 1.7 keys certified by the
+pinned key (section 4.2) and seals signed late (section 4.3). (Canonical form is the reference reader's extra guarantee; this one
 only refuses duplicate keys, which would make the JSON ambiguous.)
 """
 
@@ -59,6 +60,49 @@ def _tree_add(stack: list[tuple[int, bytes]], line: bytes) -> None:
     stack.append((size, h))
 
 
+def _inclusion_root(leaf: bytes, index: int, size: int, proof: list[bytes]) -> bytes:
+    """RFC 9162 section 2.1.3.2: the root ``proof`` leads to from ``leaf`` (a leaf hash) at ``index`` of ``size``."""
+    fn, sn, r = index, size - 1, leaf
+    for p in proof:
+        if sn == 0:
+            raise Bad("inclusion proof too long")
+        if fn % 2 == 1 or fn == sn:
+            r = hashlib.sha256(b"\x01" + p + r).digest()
+            while fn % 2 == 0 and fn != 0:
+                fn //= 2
+                sn //= 2
+        else:
+            r = hashlib.sha256(b"\x01" + r + p).digest()
+        fn //= 2
+        sn //= 2
+    if sn != 0:
+        raise Bad("inclusion proof too short")
+    return r
+
+
+def _certified_key(obj: dict, run_id: str, issuer: Ed25519PublicKey, issuer_raw: bytes) -> tuple[str, bytes, int]:
+    """A key_certified line's key (id, raw, not-after ns), checked as section 4.2 says."""
+    run, rank = run_id, 0
+    if len(run_id) > 7 and run_id[-7:-5] == ".r" and run_id[-5:].isdigit():
+        run, rank = run_id[:-7], int(run_id[-5:])
+    if obj["run"] != run or obj["rank"] != rank:
+        raise Bad("a certificate for another run or rank")
+    if base64.b64decode(obj["issuer"], validate=True) != issuer_raw:
+        raise Bad("a certificate signed by another key than the pinned one")
+    key = base64.b64decode(obj["key"], validate=True)
+    leaf = hashlib.sha256(b"\x00" + f"{rank} {obj['key']}".encode()).digest()
+    root = _inclusion_root(leaf, rank, obj["world_size"], [bytes.fromhex(h) for h in obj["proof"]])
+    if root.hex() != obj["keys_root"]:
+        raise Bad("the rank's key is not in the certified roster")
+    statement = (f"trainledger/v1/rank-keys\nrun {obj['run']}\nround {obj['round']}\nworld {obj['world_size']}\n"
+                 f"keys {obj['keys_root']}\nissued {obj['issued_ns']}\nnot-after {obj['not_after_ns']}\n").encode()
+    try:
+        issuer.verify(base64.b64decode(obj["sig"], validate=True), statement)
+    except (InvalidSignature, ValueError):
+        raise Bad("the roster's signature does not verify") from None
+    return hashlib.sha256(key).hexdigest()[:16], key, obj["not_after_ns"]
+
+
 def verify(data: bytes, pinned_public: bytes) -> dict:
     """Return {'events', 'last_sealed_seq', 'tail'} or raise Bad naming the problem."""
     try:
@@ -82,6 +126,10 @@ def _verify(data: bytes, pinned_public: bytes) -> dict:
     kind = None
     tree = False
     stack: list[tuple[int, bytes]] = []
+    certified = False
+    seal_key, seal_id, not_after = key, pinned_id, None  # what signs the seals now
+    rounds: list[int] = []
+    pending = None  # a seal signed late (section 4.3): its fields and checkpoint text
     for n, line in enumerate(lines):
         suffix = line[-72:]
         if len(line) < 80 or not (suffix.startswith(b',"h":"') and suffix.endswith(b'"}')):
@@ -106,7 +154,8 @@ def _verify(data: bytes, pinned_public: bytes) -> dict:
                 raise Bad("unsupported format version")
             run_id = obj["run_id"]
             tree = tuple(int(x) for x in obj["format_version"].split(".")[:2]) >= (1, 3)
-            if obj["key_id"] != pinned_id:
+            certified = lines[1].startswith(b'{"kind":"key_certified",') if len(lines) > 1 else False
+            if obj["key_id"] != pinned_id and not certified:
                 raise Bad("journal is not signed by the pinned key")
             if hashlib.sha256(base64.b64decode(obj["public_key"])).hexdigest()[:16] != obj["key_id"]:
                 raise Bad("embedded key does not match its id")
@@ -118,8 +167,28 @@ def _verify(data: bytes, pinned_public: bytes) -> dict:
         h = hashlib.sha256(b"trainledger/v1/line\x00" + prev + line[:-72]).digest()
         if h.hex() != stored:
             raise Bad(f"line {n}: chain hash mismatch")
+        if kind == "key_certified":
+            if not certified:
+                raise Bad(f"line {n}: a certificate in a journal its pinned key signs")
+            kid, raw, not_after = _certified_key(obj, run_id, key, pinned_public)
+            if (n == 1 and kid != json.loads(lines[0])["key_id"]) or (rounds and obj["round"] <= rounds[-1]):
+                raise Bad(f"line {n}: a certificate of another key or an earlier round")
+            rounds.append(obj["round"])
+            seal_key, seal_id = Ed25519PublicKey.from_public_bytes(raw), kid
+        if kind in ("seal", "seal_signed") and (obj["key_id"] != seal_id or
+                                               (not_after is not None and obj["ts"] > not_after)):
+            raise Bad(f"line {n}: a seal by another key than the one signing here, or past its validity")
+        if kind == "seal_signed":
+            if pending is None or [obj[k] for k in ("seal_seq", "sealed_seq", "sealed_hash", "tree_size",
+                                                     "tree_root", "key_id")] != pending[0]:
+                raise Bad(f"line {n}: a late signature of a seal that is not waiting for one")
+            try:
+                seal_key.verify(base64.b64decode(obj["sig"], validate=True), pending[1])
+            except (InvalidSignature, ValueError):
+                raise Bad(f"line {n}: bad late signature") from None
+            last_sealed, pending = obj["seal_seq"] - 1, None
         if kind == "seal":
-            if obj["sealed_seq"] != n - 1 or obj["sealed_hash"] != prev.hex() or obj["key_id"] != pinned_id:
+            if obj["sealed_seq"] != n - 1 or obj["sealed_hash"] != prev.hex():
                 raise Bad(f"line {n}: seal names the wrong head or key")
             if tree:
                 root = _tree_root(stack)
@@ -133,11 +202,14 @@ def _verify(data: bytes, pinned_public: bytes) -> dict:
                 rid = run_id.encode()
                 msg = (b"trainledger/v1/seal\x00" + len(rid).to_bytes(2, "big") + rid
                        + (n - 1).to_bytes(8, "big") + prev)
-            try:
-                key.verify(base64.b64decode(obj["sig"], validate=True), msg)
-            except (InvalidSignature, ValueError):
-                raise Bad(f"line {n}: bad signature") from None
-            last_sealed = n - 1
+            if obj.get("sig") is None and tree:  # pending: its signature comes in a seal_signed line, if at all
+                pending = ([n, n - 1, prev.hex(), n, obj["tree_root"], obj["key_id"]], msg)
+            else:
+                try:
+                    seal_key.verify(base64.b64decode(obj["sig"], validate=True), msg)
+                except (InvalidSignature, ValueError):
+                    raise Bad(f"line {n}: bad signature") from None
+                last_sealed, pending = n - 1, None
         elif kind == "run_closed":
             closed_at = n
         prev = h

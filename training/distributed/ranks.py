@@ -29,7 +29,7 @@ from trainledger.journal.errors import UsageError
 from trainledger.journal.kinds import AnchorRecorded, RankJoined, RanksAnchored
 from trainledger.training.distributed.stragglers import DEFAULT_THRESHOLD
 
-__all__ = ["RankInfo", "rank_info", "open_rank_journal", "anchor_ranks", "anchor_record", "rank_journal_name", "in_torchrun",
+__all__ = ["RankInfo", "rank_info", "open_rank_journal", "certify_rank_key", "RANK_KEYS", "anchor_ranks", "anchor_record", "rank_journal_name", "in_torchrun",
            "journal_name", "init_process_group",
            "StragglerDetector", "save_sharded", "restore_sharded", "ShardedCheckpointer", "ShardedRestore", "rank_key"]
 
@@ -169,21 +169,84 @@ def journal_name(env: dict[str, str] | None = None) -> str:
     return rank_journal_name(int(env["RANK"])) if in_torchrun(env) else "journal.jsonl"
 
 
+#: how a rank signs its journal (``open_rank_journal(rank_keys=)``): with the run's key itself, or with an
+#: ephemeral key made in memory and certified by the run's key (journal.certify); None: ephemeral when the run's
+#: key is held by a token or a service (a pkcs11: URI, a KMS), the key itself for a key file
+RANK_KEYS = ("key", "ephemeral")
+
+
+def _rank_keys(signer: Signer, rank_keys: str | None) -> str:
+    if rank_keys is None:
+        return "key" if type(signer) is Signer else "ephemeral"
+    if rank_keys not in RANK_KEYS:
+        raise UsageError(f"rank_keys={rank_keys!r}: use 'key' (every rank signs with the run's key) or 'ephemeral' "
+                         "(each rank a key in memory, certified by the run's key)")
+    return rank_keys
+
+
+def certify_rank_key(issuer: Signer, info: RankInfo, *, group: Any = None,
+                     validity_s: float | None = None) -> tuple[Signer, Any]:
+    """This rank's signing key for this round, made in memory (never written anywhere), and its certificate
+    (a ``key_certified``): every rank calls it (one ``all_gather_object`` of the public keys, one broadcast of the
+    roster); rank 0 alone has ``issuer`` sign the round's roster (one signature a round, whatever the world size).
+    Without a process group (one process) the roster is of this rank alone."""
+    from trainledger.journal.certify import DEFAULT_VALIDITY_S, RankRoster
+
+    key = Signer.generate()
+    validity = DEFAULT_VALIDITY_S if validity_s is None else validity_s
+    try:
+        import torch.distributed as dist
+
+        grouped = dist.is_available() and dist.is_initialized()
+    except ImportError:  # pragma: no cover - the torch extra is installed wherever torchrun runs
+        grouped = False
+    if not grouped:
+        roster = RankRoster.sign(issuer, run=info.run, round=info.restart_count, keys=[key.public], validity_s=validity)
+        return key, roster.certificate(0)
+    world = dist.get_world_size(group)
+    got: list[Any] = [None] * world
+    dist.all_gather_object(got, key.public.b64, group=group)
+    box: list[Any] = [None]
+    if dist.get_rank(group) == 0:
+        try:  # a failing token must not leave the other ranks waiting in the broadcast: they get the error
+            box = [RankRoster.sign(issuer, run=info.run, round=info.restart_count, keys=got, validity_s=validity)]
+        except Exception as e:  # noqa: BLE001 - handed to every rank, raised there in one line
+            box = [f"{type(e).__name__}: {e}"]
+    dist.broadcast_object_list(box, src=0, group=group)
+    roster = box[0]
+    if isinstance(roster, str):
+        raise UsageError(f"rank 0 could not have the run's key {issuer.key_id} certify the rank keys: {roster}")
+    rank = dist.get_rank(group)
+    if roster.keys[rank] != key.public.b64:
+        raise UsageError(f"rank {rank}: the roster rank 0 had signed holds another key than this rank's")
+    return key, roster.certificate(rank)
+
+
 def open_rank_journal(run_dir: str | os.PathLike, signer: Signer, *, info: RankInfo | None = None,
-                      meta: dict[str, Any] | None = None, **journal_options: Any) -> Journal:
+                      meta: dict[str, Any] | None = None, rank_keys: str | None = None,
+                      **journal_options: Any) -> Journal:
     """This rank's journal in ``run_dir``: created, or continued after a torchrun restart; ``rank_joined`` first.
 
     Each rank's journal has its own run id (the shared run identity and the rank: ``RUN.r00003``), so a line or
     a file of one rank can never pass as another's; ``rank_joined`` and ``run_opened.meta`` name the shared run.
+
+    ``rank_keys``: ``"key"`` signs with ``signer`` itself; ``"ephemeral"`` has every rank make a key in memory
+    for this round, certified by ``signer`` (:func:`certify_rank_key`: a collective every rank joins), so that
+    the run's key signs once a round and no rank's key is ever on disk; the journals then verify under
+    ``signer``'s public key. Default: ephemeral for a key a token or service holds, the key itself for a file.
     """
     info = info or rank_info(run_dir=run_dir)
     path = Path(run_dir) / rank_journal_name(info.rank)
+    certificate = issuer = None
+    if _rank_keys(signer, rank_keys) == "ephemeral":
+        issuer = signer
+        signer, certificate = certify_rank_key(signer, info)
     if path.exists():
-        j = Journal.open_append(path, signer=signer, **journal_options)
+        j = Journal.open_append(path, signer=signer, certificate=certificate, **journal_options)
     else:
         j = Journal.create(path, signer=signer, run_id=f"{info.run}.r{info.rank:05d}",
                            meta={"run": info.run, "rank": info.rank, "world_size": info.world_size,
-                                 **(meta or {})}, **journal_options)
+                                 **(meta or {})}, certificate=certificate, **journal_options)
     versions = {"python": platform.python_version()}
     try:
         import torch
@@ -199,6 +262,8 @@ def open_rank_journal(run_dir: str | os.PathLike, signer: Signer, *, info: RankI
                 pass
     except ImportError:  # pragma: no cover - the torch extra is installed wherever this runs
         pass
+    if issuer is not None and info.rank == 0:
+        j.certifier = issuer  # rank 0 countersigns every anchor with the run key
     j.append(RankJoined(run=info.run, rank=info.rank, world_size=info.world_size, local_rank=info.local_rank,
                         node=info.node, restart_count=info.restart_count, versions=versions), durable=True)
     return j
@@ -207,15 +272,28 @@ def open_rank_journal(run_dir: str | os.PathLike, signer: Signer, *, info: RankI
 def anchor_ranks(journal: Journal, *, step: int | None = None, group: Any = None) -> dict[int, str]:
     """At a point every rank reaches together: seal, gather every rank's sealed head and the id of its key (one
     ``all_gather_object``), record them (rank 0: all of them, its record of which key signs which rank; the others:
-    rank 0's head and key). Returns ``{rank: "SEQ:HASH"}``."""
+    rank 0's head and key). With rank keys certified by the run key, rank 0 has that key countersign the anchor
+    (``ranks_anchored.cosig``: one signature of the run key an anchor). Returns ``{rank: "SEQ:HASH"}``."""
     import torch.distributed as dist
 
-    journal.seal(durable=True)
+    journal.seal(durable=True, signed=True)  # a head the others record: signed before they do
     seq, h = journal.head
     mine = (f"{seq}:{h}", journal.key_id)
     got: list[Any] = [None] * dist.get_world_size(group)
     dist.all_gather_object(got, mine, group=group)
-    journal.append(anchor_record(dist.get_rank(group), got, step=step), durable=True)
+    record = anchor_record(dist.get_rank(group), got, step=step)
+    if isinstance(record, RanksAnchored) and journal.certifier is not None:
+        import base64
+
+        import msgspec
+
+        from trainledger.journal.audit.roster import split_run_id
+        from trainledger.journal.certify import anchor_statement
+
+        run = (split_run_id(journal.run_id) or (journal.run_id, 0))[0]
+        sig = journal.certifier.sign(anchor_statement(run, step, record.heads, record.keys))
+        record = msgspec.structs.replace(record, cosig=base64.b64encode(sig).decode())
+    journal.append(record, durable=True)
     return {r: head for r, (head, _) in enumerate(got)}
 
 

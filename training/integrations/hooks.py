@@ -25,11 +25,13 @@ def signer_from(key: str | os.PathLike | None, signer: Signer | None) -> Signer:
 
 
 def open_run_journal(run_dir: Path, signer: Signer, meta: dict[str, Any], *,
-                     info: Any = None) -> tuple[Journal, int | None]:
+                     info: Any = None, rank_keys: str | None = None,
+                     **journal_options: Any) -> tuple[Journal, int | None]:
     """``run_dir/journal.jsonl`` in one process; in a multi-process run this rank's ``run_dir/rank-NNNNN.jsonl``
     (training.distributed): the rank is ``info`` (a ``RankInfo`` a framework built), else torchrun's environment
     (``RANK`` and ``WORLD_SIZE`` set, world > 1). Continued when it exists and is open. Returns the journal and
-    the rank (None for a single process)."""
+    the rank (None for a single process). ``rank_keys``: how the ranks sign (``open_rank_journal``'s);
+    ``journal_options``: ``Journal.create``'s (``fail_closed_after_s``, ``sign_in_background``, ...)."""
     from trainledger.training.distributed.ranks import in_torchrun, open_rank_journal, rank_info, rank_journal_name
 
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -39,9 +41,10 @@ def open_run_journal(run_dir: Path, signer: Signer, meta: dict[str, Any], *,
     path = run_dir / (rank_journal_name(info.rank) if ranked else "journal.jsonl")
     try:
         if ranked:
-            return open_rank_journal(run_dir, signer, info=info, meta=meta), info.rank
-        j = Journal.open_append(path, signer=signer) if path.exists() else \
-            Journal.create(path, signer=signer, meta=meta)
+            return open_rank_journal(run_dir, signer, info=info, meta=meta, rank_keys=rank_keys,
+                                     **journal_options), info.rank
+        j = Journal.open_append(path, signer=signer, **journal_options) if path.exists() else \
+            Journal.create(path, signer=signer, meta=meta, **journal_options)
     except JournalClosed:
         raise UsageError(f"{path}: this run is finished (closed); to go on from it, give the new run its own folder "
                          f"and name this one: continue_from={str(run_dir)!r} (Hugging Face: with "

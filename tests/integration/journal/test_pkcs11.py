@@ -112,8 +112,8 @@ def test_bad_uris_and_keys_are_one_line_errors(token, tmp_path):
         load_signer("pkcs11:token=tl")
     with pytest.raises(KeyFileError, match="no single Ed25519 private key labelled '.*-nope'"):
         load_signer(token("nope"))
-    with pytest.raises(UsageError, match="no signing back end for awskms"):
-        load_signer("awskms:///alias/run")
+    with pytest.raises(UsageError, match="no signing back end for hashivault"):
+        load_signer("hashivault://run-key")
     from trainledger.journal.hsm import generate_pkcs11_key
 
     generate_pkcs11_key(token("k"))
@@ -145,5 +145,152 @@ def test_the_demo_command_signs_in_the_token(token, tmp_path, capsys, monkeypatc
                  "--require-closed"]) == 0
     assert list(home.iterdir()) == []
     for f in tmp_path.rglob("*"):
+        if f.is_file():
+            assert b"PRIVATE KEY" not in f.read_bytes(), f
+
+
+def test_a_torchrun_recorder_run_signed_by_rank_keys_the_token_certifies(token, tmp_path, capsys):
+    """A real 2-rank torchrun DDP job with the Recorder, its key in the token: each rank signs with a key made in
+    memory, certified once a round by the token's key (rank 0 alone signs with it); rank 1 is SIGKILLed and the
+    restarted round makes new keys and a new certified roster. The folder verifies with only the token's public
+    key pinned, and no file the run touched (the run folder, its checkpoints, the home folder) holds a private key."""
+    import socket
+    import sys
+
+    from trainledger.cli import main
+    from trainledger.journal import read_events
+
+    assert main(["keygen", str(tmp_path / "keys"), "--pkcs11", token()]) == 0
+    capsys.readouterr()
+    run, home = tmp_path / "run", tmp_path / "home"
+    home.mkdir()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, OMP_NUM_THREADS="1", HOME=str(home))
+    env.pop("TORCHELASTIC_RUN_ID", None)
+    env.pop("TRAINLEDGER_RUN", None)
+    worker = Path(__file__).resolve().parents[2] / "helpers" / "recorder_ddp_worker.py"
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--max-restarts=1",
+                           "--monitor-interval=0.1", "--master-addr=127.0.0.1", f"--master-port={port}",
+                           str(worker), str(run), token(), "20", "14"],
+                          capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    pub = tmp_path / "keys" / "trainledger.pub"
+    token_key = pub.read_text().split()[2]
+    for r in (0, 1):
+        evs = list(read_events(run / f"rank-{r:05d}.jsonl"))
+        certs = [e for e in evs if type(e).__struct_config__.tag == "key_certified"]
+        assert [c.round for c in certs] == [0, 1] and len({c.key for c in certs}) == 2
+        assert [e.restart_count for e in evs if type(e).__struct_config__.tag == "rank_joined"] == [0, 1]
+        assert evs[0].key_id != token_key  # the rank's own key, not the token's
+    assert main(["verify", "--pubkey", str(pub), "--require-closed", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "2 of 2 ranks verified" in out and "certificates of the rank keys" in out, out
+    assert main(["replay", "--pubkey", str(pub), str(run)]) == 0
+    assert capsys.readouterr().out.count("resumed 1") == 2
+    for f in [*run.rglob("*"), *home.rglob("*"), *(tmp_path / "keys").rglob("*")]:
+        if f.is_file():
+            data = f.read_bytes()
+            assert b"PRIVATE KEY" not in data and b"BEGIN OPENSSH" not in data, f
+    assert not (tmp_path / "keys" / "trainledger.key").exists()
+
+
+@pytest.mark.parametrize("mode", ["delay", "strict"])
+def test_the_token_pulled_out_mid_run_delays_seals_without_losing_a_step_or_fails_closed(tmp_path, mode):
+    """A real SoftHSM token taken away mid-run (its folder moved: the library then refuses every call), in a process
+    of its own: appends never wait for it and every step reaches the disk, the seals wait for a signature that never
+    comes, and the journal verifies up to the last seal the token signed. Under fail_closed_after_s the run stops
+    within about that long, in one line."""
+    import json
+    import sys
+
+    from trainledger.journal import load_public_key
+
+    helper = Path(__file__).resolve().parents[2] / "helpers" / "pulled_token.py"
+    proc = subprocess.run([sys.executable, str(helper), str(tmp_path / "w"), mode], capture_output=True, text=True,
+                          timeout=180)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert "gave no signature in 1 s" in got["close"]  # a run cannot end signed without its key
+    rep = verify(tmp_path / "w" / "journal.jsonl", keys=[load_public_key(tmp_path / "w" / "run.pub")],
+                 allow_unsealed=True)
+    assert rep.ok and rep.kinds["step_observed"] == got["steps_on_disk"]
+    assert rep.last_sealed_seq >= 1000 and rep.unsealed_events >= got["appended"]  # signed before, unsigned after
+    if mode == "delay":
+        assert got["appended"] == 5000 and got["steps_on_disk"] == 6000 and got["failed"] is None
+        assert got["slowest_append_ms"] < 50  # no append waited for the token (a signature attempt alone is ~0.2 ms)
+    else:
+        assert 0.5 <= got["failed"]["after_s"] < 5 and "fails closed" in got["failed"]["error"]
+        assert "signing failed" in got["failed"]["error"] and got["steps_on_disk"] == 1000 + got["appended"]
+
+
+def test_a_witness_cosigns_with_its_key_in_the_token(token, tmp_path, capsys):
+    """The witness's key in a token too: `witness vkey` and `witness cosign` take the pkcs11: URI, and a verifier
+    pinning the printed verifier key counts the cosignature."""
+    from trainledger.cli import main
+    from trainledger.journal import Signer
+
+    run_key = Signer.generate()
+    (tmp_path / "run.pub").write_text(run_key.public.line() + "\n")
+    j = Journal.create(tmp_path / "j.jsonl", signer=run_key)
+    for i in range(300):
+        j.append(StepObserved(step=i, loss=1.0))
+    j.close()
+    assert main(["keygen", str(tmp_path / "w"), "--pkcs11", token("witness")]) == 0
+    capsys.readouterr()
+    assert main(["witness", "vkey", "--key", token("witness"), "--name", "w1"]) == 0
+    vkey = capsys.readouterr().out.strip()
+    assert vkey.startswith("w1+")
+    b, cos = tmp_path / "b.json", tmp_path / "cos.json"
+    assert main(["prove", str(tmp_path / "j.jsonl"), "--seq", "3", "-o", str(b), "--pubkey",
+                 str(tmp_path / "run.pub")]) == 0
+    assert main(["witness", "cosign", str(b), "--key", token("witness"), "--name", "w1", "--state",
+                 str(tmp_path / "state.json"), "--log-key", str(tmp_path / "run.pub"), "-o", str(cos)]) == 0
+    capsys.readouterr()
+    assert main(["verify-proof", str(cos), "--pubkey", str(tmp_path / "run.pub"), "--witness-key", vkey]) == 0
+    assert "cosigned by w1" in capsys.readouterr().out
+
+
+def test_a_release_signed_in_the_token_is_accepted_by_model_signing(token, tmp_path, capsys):
+    """The release key in a token too (ECDSA P-256, made there by keygen --release --pkcs11): a run signed in the
+    token, its model released with the token's release key, and OpenSSF model signing's own verifier (the library)
+    and verify-model accept it; no private key in any file."""
+    pytest.importorskip("model_signing")
+    torch = pytest.importorskip("torch")
+    import json
+
+    import model_signing
+
+    from trainledger.cli import main
+    from trainledger.training.recorder import Recorder
+
+    assert main(["keygen", str(tmp_path / "keys"), "--pkcs11", token("run")]) == 0
+    assert main(["keygen", str(tmp_path / "keys"), "--release", "--pkcs11", token("release")]) == 0
+    out = capsys.readouterr().out
+    assert "in the token" in out and not list((tmp_path / "keys").glob("*.key"))
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    run = tmp_path / "run"
+    with Recorder(run, key=token("run"), model=model, optimizer=opt, release_key=token("release")) as rec:
+        for step in range(5):
+            loss = ((model(torch.randn(8, 4)) - 1) ** 2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            rec.step(step, loss.item())
+        rec.checkpoint(4)
+        folder = run / "export"
+        folder.mkdir()
+        torch.save(model.state_dict(), folder / "weights.pt")
+        (folder / "config.json").write_text(json.dumps({"d": 4}))
+        rec.record_export(folder)
+    assert (folder / "model.sig").is_file()  # released at close with the token's release key
+    model_signing.verifying.Config().use_elliptic_key_verifier(public_key=tmp_path / "keys" / "release.pub").verify(
+        folder, folder / "model.sig")
+    assert main(["verify-model", str(folder), "--release-key", str(tmp_path / "keys" / "release.pub"), "--pubkey",
+                 str(tmp_path / "keys" / "trainledger.pub"), "--journal", str(run)]) == 0
+    for f in [*run.rglob("*"), *(tmp_path / "keys").rglob("*")]:
         if f.is_file():
             assert b"PRIVATE KEY" not in f.read_bytes(), f

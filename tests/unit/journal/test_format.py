@@ -3,6 +3,7 @@ from it accepts what the writer produces and rejects tampering."""
 
 from __future__ import annotations
 
+import json
 import math
 import subprocess
 import sys
@@ -78,3 +79,40 @@ def test_independent_verifier_rejects_tampering(tmp_path, signer, rng):
             out = iv.verify(bytes(mutated), signer.public.raw)
             if out["tail"] != "closed":
                 raise iv.Bad("not closed any more")
+
+
+def test_independent_verifier_follows_certified_keys_and_late_signatures(tmp_path):
+    """Format 1.7 from docs/FORMAT.md alone: the golden rank journal (keys certified by the pinned key, two rounds)
+    and a journal whose seals were signed in the background agree with the reference verifier; a late signature
+    moved to another seal, and a certificate of another issuer, are refused."""
+    from slow_token import Token, journal_signed_late
+
+    from trainledger.journal import load_public_key
+
+    g = ROOT / "tests" / "assets" / "golden" / "rank_keys_v1_7.jsonl"
+    pub = load_public_key(g.with_suffix(".pub"))
+    ref = verify(g, keys=[pub], require_closed=True)
+    assert iv.verify(g.read_bytes(), pub.raw) == {"events": ref.events, "last_sealed_seq": ref.last_sealed_seq,
+                                                  "tail": "closed"}
+    with pytest.raises(iv.Bad, match="another key than the pinned one"):
+        iv.verify(g.read_bytes(), Token().public.raw)
+    key = Token()
+    p = tmp_path / "late.jsonl"
+    journal_signed_late(p, key, 60, 7).close()
+    ref = verify(p, keys=[key.public], require_closed=True)
+    assert ref.kinds["seal_signed"] >= 5
+    assert iv.verify(p.read_bytes(), key.public.raw) == {"events": ref.events,
+                                                         "last_sealed_seq": ref.last_sealed_seq, "tail": "closed"}
+    cut = p.read_bytes().splitlines(keepends=True)
+    last_late = max(i for i, ln in enumerate(cut) if b'"seal_signed"' in ln)
+    part = b"".join(cut[:last_late + 1])
+    rep_part = verify_tail(tmp_path, part, key)
+    assert rep_part == "open"
+    assert iv.verify(part, key.public.raw)["last_sealed_seq"] == json.loads(cut[last_late])["seal_seq"] - 1
+    lines = p.read_bytes().splitlines()
+    late = [i for i, ln in enumerate(lines) if b'"seal_signed"' in ln]
+    swapped = lines[:late[1]] + [lines[late[0]]] + lines[late[1] + 1:]
+    from journal_tools import rechain
+
+    with pytest.raises(iv.Bad, match="not waiting for one"):
+        iv.verify(b"\n".join(rechain(swapped)) + b"\n", key.public.raw)

@@ -9,7 +9,7 @@ import random
 import pytest
 
 from trainledger.audit import replay
-from trainledger.journal import Journal, StepObserved
+from trainledger.journal import FORMAT_VERSION, Journal, StepObserved
 from trainledger.journal.kinds import RunConfigured
 from trainledger.training.health.detectors import RANGE_DEFAULTS, RANGE_IMMEDIATE_FACTOR, HealthProjection
 from trainledger.training.health.monitor import TrainingHealthMonitor
@@ -94,7 +94,7 @@ def test_the_monitor_records_the_rule_and_replay_recomputes_it(tmp_path, signer,
                                                         ("grad_norm_spike", 420, "excursion")]
     assert m.config.spike_rule == "range" and m.config.immediate_factor == RANGE_IMMEDIATE_FACTOR
     rec = replay(p, keys=[pubkey])
-    assert rec.ok and rec.verify.format_version == "1.6"
+    assert rec.ok and rec.verify.format_version == FORMAT_VERSION  # written by this version, 1.6 or later
     assert rec.anomalies_by_kind == {"grad_norm_spike": [420], "loss_spike": [300, 420]}
 
 
