@@ -194,11 +194,20 @@ def find_certificates(path: Path, size: int) -> list[Any]:
     """Every ``key_certified`` line of the first ``size`` bytes of ``path``, decoded (a search for its canonical
     opening, at the speed of a byte search; the full scan checks the same lines in order afterwards). Bounded:
     :data:`MAX_CERTIFICATES` lines of at most 64 KiB each."""
-    from trainledger.journal import codec
-
     out: list[Any] = []
     if size == 0:
         return out
+    try:
+        return _find_certificates(path, size, out)
+    except (OSError, ValueError) as e:  # gone, cut to nothing, unreadable since it was opened
+        from trainledger.journal.errors import JournalIOError
+
+        raise JournalIOError(f"{path}: cannot read its certificates ({e})") from None
+
+
+def _find_certificates(path: Path, size: int, out: list[Any]) -> list[Any]:
+    from trainledger.journal import codec
+
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
         end = min(size, len(mm))
         at = mm.find(_PATTERN, 0, end)

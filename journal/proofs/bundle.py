@@ -64,7 +64,10 @@ class ProveResult:
     notes: list[str] = dataclasses.field(default_factory=list)
 
 
-def _open_for_proof(journal: Path, keys: Sequence[PublicKey], trust_embedded: bool) -> tuple[Any, int, bytes]:
+def _open_for_proof(journal: Path, keys: Sequence[PublicKey],
+                    trust_embedded: bool) -> tuple[Any, int, dict[str, bytes], dict[str, Any]]:
+    """The journal's opening, size, the keys its seals may be signed by (key id -> raw), and for a journal whose
+    rank keys are certified each key's certificate (key id -> its key_certified record), every one checked."""
     size = open_checked(journal)
     opened, opened_len = read_opening(journal, size)
     if not has_tree(opened.format_version):
@@ -72,17 +75,19 @@ def _open_for_proof(journal: Path, keys: Sequence[PublicKey], trust_embedded: bo
                          "proofs need format 1.3 or later")
     if opened.key_id is None:
         raise UsageError(f"{journal}: the journal is unsigned: there is no signed checkpoint to prove against")
-    from trainledger.journal.certify import opens_certified
+    from trainledger.journal.certify import find_certificates, opens_certified
+    from trainledger.journal.keys import key_id_of
+    from trainledger.journal.verify import resolve_signing
 
     if opens_certified(journal, opened_len):
-        raise UsageError(f"{journal}: its rank keys are certified (key_certified): proof bundles carry one key's "
-                         "checkpoint and cannot name the certificate yet; verify the journal under the certifying "
-                         "key instead")
+        signing = resolve_signing(journal, size, opened, opened_len, keys=keys, trust_embedded=trust_embedded)
+        certs = {key_id_of(base64.b64decode(c.key)): c for c in find_certificates(journal, size)}
+        return opened, size, {k: raw for k, (raw, _) in signing.certified.items()}, certs
     public_raw, trust, _ = resolve_key(opened, keys=keys, trust_embedded=trust_embedded)
-    return opened, size, public_raw
+    return opened, size, {opened.key_id: public_raw}, {}
 
 
-def _check_seal_signature(opened: Any, seal: Any, public_raw: bytes) -> bytes:
+def _check_seal_signature(opened: Any, seal: Any, signing: dict[str, bytes]) -> bytes:
     root_hex = seal.tree_root
     if seal.tree_size != seal.seq or not is_hash_hex(root_hex) or not is_hash_hex(seal.sealed_hash):
         raise SealInvalid(f"seal at seq {seal.seq} names no tree of the lines before it, or no chain head",
@@ -93,8 +98,9 @@ def _check_seal_signature(opened: Any, seal: Any, public_raw: bytes) -> bytes:
     except (binascii.Error, ValueError):
         sig = b""
     text = seal_checkpoint(opened.run_id, seal.seq, root, seal.seq - 1, bytes.fromhex(seal.sealed_hash))
-    if seal.key_id != opened.key_id or not PublicKey(public_raw).verify(sig, text.encode()):
-        raise SealInvalid(f"seal at seq {seal.seq}: its signature does not verify under key {opened.key_id}",
+    raw = signing.get(seal.key_id)
+    if raw is None or not PublicKey(raw).verify(sig, text.encode()):
+        raise SealInvalid(f"seal at seq {seal.seq}: its signature does not verify under key {seal.key_id}",
                           seq=seal.seq)
     return sig
 
@@ -122,7 +128,7 @@ def _against_seal(journal: str | os.PathLike, keys: Sequence[PublicKey], trust_e
     index that disagrees with the journal is rebuilt once; a journal that disagrees with its own seal raises
     :class:`IntegrityError`."""
     p = Path(journal)
-    opened, size, public_raw = _open_for_proof(p, keys, trust_embedded)
+    opened, size, signing, certs = _open_for_proof(p, keys, trust_embedded)
     ip = Path(index) if index is not None else None
     notes: list[str] = []
     for rebuild in (False, True):
@@ -133,14 +139,16 @@ def _against_seal(journal: str | os.PathLike, keys: Sequence[PublicKey], trust_e
             else:
                 seal, _ = read_seal(p, size)
                 view, built, saved, idx = _view(p, seal.seq, ip, rebuild, progress, notes)
-            sig = _check_seal_signature(opened, seal, public_raw)
+            sig = _check_seal_signature(opened, seal, signing)
             if view.size != seal.seq:  # the seal's own line was read through a view one line longer
                 view = TreeView(p, idx, seal.seq, fresh=built)
             root = bytes.fromhex(seal.tree_root)
-            bundle = {"format": BUNDLE_FORMAT, "run_id": opened.run_id, "key_id": opened.key_id,
+            bundle = {"format": BUNDLE_FORMAT, "run_id": opened.run_id, "key_id": seal.key_id,
                       "checkpoint": checkpoint_note(opened.run_id, seal.seq, root, bytes.fromhex(seal.sealed_hash),
-                                                    sig, public_raw),
+                                                    sig, signing[seal.key_id]),
                       **body(view, root)}
+            if certs:  # the seal's key is a rank key: its certificate, proven against the same root
+                bundle["certificate"] = _proven_line(view, certs[seal.key_id].seq, root)
             notes += _past_the_seal(p, idx, seal.seq, size)
             return ProveResult(bundle, built, saved, view.reads, notes)
         except IndexMismatch:
@@ -148,6 +156,17 @@ def _against_seal(journal: str | os.PathLike, keys: Sequence[PublicKey], trust_e
                 raise IntegrityError(f"{p}: the journal's lines do not hash to the tree its seal signed "
                                      "(changed after it was sealed)", seq=None) from None
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _proven_line(view: TreeView, s: int, root: bytes) -> dict[str, Any]:
+    """Line ``s`` of the tree ``view`` and its inclusion proof, checked against ``root``."""
+    line = view.line(s)
+    proof = view.inclusion(s)
+    try:
+        verify_inclusion(leaf_hash(line), s, view.size, proof, root)
+    except ProofError:
+        raise IndexMismatch(f"the proof of line {s} does not reach the signed root") from None
+    return {"seq": s, "line": line.decode(), "proof": [base64.b64encode(h).decode() for h in proof]}
 
 
 def _past_the_seal(p: Path, idx: Any, sealed: int, size: int) -> list[str]:
@@ -259,6 +278,8 @@ class _Bundle(msgspec.Struct, forbid_unknown_fields=True):
     checkpoint: str
     entries: list[_Entry]
     consistency: _Consistency | None = None
+    #: a journal whose rank keys are certified (format 1.7): the key_certified line of the checkpoint's key
+    certificate: _Entry | None = None
 
 
 @dataclasses.dataclass
@@ -311,6 +332,41 @@ def parse_bundle(data: bytes) -> Any:
     return b
 
 
+def _certified_key(b: Any, keys: Sequence[PublicKey]) -> PublicKey:
+    """The checkpoint's key of a bundle whose key is a certified rank key (format 1.7): its certificate's line
+    checked against the pinned keys (issuer, signature, the key in the roster, this run and rank), and the key it
+    certifies must be the bundle's. The line's inclusion in the signed tree is checked once the checkpoint is
+    open (:func:`_holds_certificate`)."""
+    from trainledger.journal.audit.roster import split_run_id
+    from trainledger.journal.certify import check_certificate
+    from trainledger.journal.events import KeyCertified
+
+    c = b.certificate
+    try:
+        rec = codec.decode_line(c.line.encode(), seq_hint=c.seq)
+    except IntegrityError as err:
+        raise ProofError(f"the certificate (seq {c.seq}) is not a journal event: {err}") from None
+    if not isinstance(rec, KeyCertified) or rec.seq != c.seq:
+        raise ProofError(f"the certificate (seq {c.seq}) is not a key_certified line of that seq")
+    split = split_run_id(b.run_id)
+    run, rank = split if split is not None else (b.run_id, 0)
+    got = check_certificate(rec, run=run, rank=rank, issuers=list(keys))
+    if got.key_id != b.key_id:
+        raise ProofError(f"the certificate certifies key {got.key_id}, not the bundle's key {b.key_id[:16]}")
+    return PublicKey(got.raw, source=f"certified by key {got.issuer_id}")
+
+
+def _holds_certificate(c: Any, cp: Any) -> None:
+    """The certificate's line is a line of the signed tree (before the checkpoint)."""
+    line = c.line.encode()
+    if not 0 <= c.seq < cp.size:
+        raise ProofError(f"the certificate's seq {c.seq} is outside the checkpoint's tree of {cp.size} lines")
+    try:
+        verify_inclusion(leaf_hash(line), c.seq, cp.size, _b64_hashes(c.proof, "the certificate"), cp.root)
+    except ProofError as err:
+        raise ProofError(f"the certificate (seq {c.seq}): {err}") from None
+
+
 def verify_bundle(data: bytes, keys: Sequence[PublicKey], *, witnesses: Sequence[Verifier] = (),
                   quorum: int = 0, expect_checkpoint: str | None = None) -> BundleResult:
     """Check a proof bundle offline. Raises :class:`IntegrityError` (:class:`ProofError`, :class:`NoteError`,
@@ -319,10 +375,15 @@ def verify_bundle(data: bytes, keys: Sequence[PublicKey], *, witnesses: Sequence
     if not keys:
         raise UsageError("no key pinned: pass --pubkey FILE (or set TRAINLEDGER_TRUSTED_KEYS)")
     pinned = [k for k in keys if k.key_id == b.key_id]
+    certified = not pinned and b.certificate is not None
+    if certified:
+        pinned = [_certified_key(b, keys)]
     if not pinned:
         raise UntrustedKey(f"the bundle is signed by key {b.key_id[:16]}, which is not pinned "
                            f"(pinned: {', '.join(k.key_id for k in keys)})", seq=None)
     cp, _ = open_checkpoint(b.checkpoint, b.run_id, pinned)
+    if certified:
+        _holds_certificate(b.certificate, cp)
     seq, head = head_extension(cp)
     if quorum > 0:
         if not witnesses:

@@ -212,6 +212,9 @@ def _cmd_checkpoint(args: argparse.Namespace) -> int:
     if r.last_tree_root is None or r.last_seal_sig is None:
         raise UsageError(f"{args.path}: format {r.format_version}: its seals are not checkpoints (signed format "
                          "1.3 journals only)")
+    if r.signing_keys and r.key_id not in r.signing_keys:
+        raise UsageError(f"{args.path}: its seals are signed by rank keys that key {r.key_id} certified: a bare "
+                         "checkpoint note cannot carry the certificate; 'trainledger prove' makes a bundle that does")
     pinned = [k for k in trusted_keys(args.pubkey) if k.key_id == r.key_id]
     if pinned:
         pub = pinned[0]

@@ -286,3 +286,37 @@ def test_rank_0s_anchors_are_countersigned_by_the_certifying_key(tmp_path):
     with pytest.raises(IntegrityError, match="rank 0: the countersignature of the anchor at its seq [0-9]+ does not "
                                              "verify"):
         verify_run_dir(tmp_path / "run", keys=[issuer.public])
+
+
+def test_a_bundle_of_a_certified_journal_carries_the_certificate(tmp_path):
+    """prove on a rank journal signed by certified keys: the bundle names the seal's rank key and carries its
+    certificate line, proven in the same tree; verify-proof accepts it with only the run key pinned, and refuses it
+    under another key, with the certificate dropped, or with another rank's certificate."""
+    import json
+
+    from trainledger.journal import proofs as T
+    from trainledger.journal.errors import IntegrityError
+
+    issuer = Signer.generate()
+    (roster, keys), _ = write_folder(tmp_path / "run", issuer, rounds=2)
+    p = tmp_path / "run" / "rank-00001.jsonl"
+    res = T.prove(p, [5], keys=[issuer.public])
+    b = res.bundle
+    assert b["key_id"] != issuer.key_id and b["certificate"]["line"].startswith('{"kind":"key_certified",')
+    r = T.verify_bundle(json.dumps(b).encode(), [issuer.public])
+    assert [e.seq for e in r.events] == [5]
+    with pytest.raises(UntrustedKey, match="certified by key .* which is not pinned"):
+        T.verify_bundle(json.dumps(b).encode(), [Signer.generate().public])
+    bare = {k: v for k, v in b.items() if k != "certificate"}
+    with pytest.raises(UntrustedKey, match="not pinned"):
+        T.verify_bundle(json.dumps(bare).encode(), [issuer.public])
+    other = T.prove(tmp_path / "run" / "rank-00000.jsonl", [5], keys=[issuer.public]).bundle
+    swapped = {**b, "certificate": other["certificate"]}
+    with pytest.raises(IntegrityError, match="certifies a key for rank 0 .* not rank 1"):
+        T.verify_bundle(json.dumps(swapped).encode(), [issuer.public])
+    forged = json.loads(json.dumps(b))
+    forged["certificate"]["proof"] = forged["certificate"]["proof"][::-1]
+    from trainledger.journal.proofs.merkle import ProofError
+
+    with pytest.raises(ProofError, match=r"the certificate \(seq [0-9]+\): the proof leads to another root"):
+        T.verify_bundle(json.dumps(forged).encode(), [issuer.public])
