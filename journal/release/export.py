@@ -56,7 +56,7 @@ def record_export(journal: Any, path: str | os.PathLike, *, step: int | None, ch
                        base_release=base_release, lineage=lineage or None,
                        files=[{"file": f.path, "bytes": f.size, "sha256": f.sha256} for f in m.files])
     journal.append(ev, durable=True)
-    journal.seal(durable=True)
+    journal.seal(durable=True, signed=True)  # what is read back (or proven) next must be signed already
     return ev
 
 

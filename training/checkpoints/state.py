@@ -437,7 +437,13 @@ def live_checkpoints(run_dir: str | os.PathLike, events: Iterable[Any]) -> list[
 
 def enforce_retention(run_dir: str | os.PathLike, journal: Journal, kept: list[CheckpointSaved], keep_last: int,
                       *, note: str = "") -> None:
-    """Delete the oldest of ``kept`` (in place) beyond ``keep_last``, each recorded as ``checkpoint_deleted``."""
+    """Delete the oldest of ``kept`` (in place) beyond ``keep_last``, each recorded as ``checkpoint_deleted``.
+
+    Nothing is deleted before the record of the checkpoint that replaces it is signed: with a key that signs in the
+    background (a token), the seal is waited for here, so that a crash can never leave only deleted checkpoints
+    signed and the newest one unsigned."""
+    if len(kept) > keep_last:
+        journal.seal(durable=True, signed=True)
     while len(kept) > keep_last:
         old = kept.pop(0)
         confined(run_dir, old.path, what="checkpoint path").unlink(missing_ok=True)

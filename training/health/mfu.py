@@ -117,7 +117,7 @@ def record_compute(journal: Any) -> Any:
     totals them all. Call it just before ``close()``; it reads the whole journal (what replay reads)."""
     from trainledger.journal.reader import read_event_batches, read_signed_events
 
-    journal.seal(durable=True)
+    journal.seal(durable=True, signed=True)  # what is read back (or proven) next must be signed already
     totals = ComputeTotals()
     pub = journal.public_key
     if pub is not None:

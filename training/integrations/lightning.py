@@ -293,7 +293,7 @@ class TrainledgerCallback(Callback):
             return
         if self.monitor is not None:
             self._drain(trainer)
-        seq, h = self.journal.seal(durable=True) or self.journal.head
+        seq, h = self.journal.seal(durable=True, signed=True) or self.journal.head  # a signed head
         checkpoint["trainledger"] = {"head": f"{seq}:{h}",
                                      "monitor": self.monitor.state() if self.monitor is not None else None}
 

@@ -251,3 +251,42 @@ def test_the_recorder_fails_closed_when_asked(tmp_path):
     rec.step(step + 1, 0.5, tokens=8)  # the key answered: the run goes on
     rec.close()
     assert verify(tmp_path / "run" / "journal.jsonl", keys=[key.public], require_closed=True).ok
+
+
+def test_the_compute_total_counts_every_step_when_the_key_signs_late(tmp_path):
+    """record_compute reads the journal back as signed: it waits for the signature of the seal it asks for, so a
+    key that signs in the background (a token) costs the total no step, and replay agrees with it."""
+    from trainledger.audit import replay
+    from trainledger.training.health.mfu import record_compute
+
+    key = Token(delay=0.02)  # each signature comes back after some appends
+    p = tmp_path / "j.jsonl"
+    j = Journal.create(p, signer=key, seal_every=50)
+    for i in range(777):
+        j.append(StepObserved(step=i, loss=1.0, tokens=8))
+    ev = record_compute(j)
+    j.close()
+    assert ev.steps == 777 and ev.tokens == 777 * 8
+    rec = replay(p, keys=[key.public])
+    assert rec.ok and rec.differences == []
+
+
+def test_no_checkpoint_is_deleted_before_its_replacement_is_signed(tmp_path):
+    """keep_last with a key that signs late: when an old checkpoint is deleted, the record of the new one is signed
+    already, so a crash right then can never leave only deleted checkpoints signed."""
+    torch = pytest.importorskip("torch")
+    from trainledger.journal import read_signed_events
+    from trainledger.training import Recorder
+    from trainledger.training.checkpoints.state import CheckpointSaved
+
+    key = Token(delay=0.05)
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    rec = Recorder(tmp_path / "run", signer=key, model=model, optimizer=opt, keep_last=1)
+    for step in range(10):
+        rec.step(step, 1.0 / (step + 1))
+        if step in (4, 9):
+            rec.checkpoint(step)
+    signed = [e.step for e in read_signed_events(rec.journal.path, [key.public]) if isinstance(e, CheckpointSaved)]
+    assert signed[-1] == 9 and not (tmp_path / "run" / "checkpoints" / "step-000000004.pt").exists()
+    rec.close()
