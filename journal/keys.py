@@ -577,21 +577,34 @@ def _pkcs11():
     return pkcs11
 
 
+#: Opening a token is tried this many times, 0.1 s apart and doubling: several processes opening one token at once
+#: (the ranks of a job starting together) can find it busy or, with SoftHSM's file store, briefly not listed
+_OPEN_TRIES = 5
+
+
 def _open(uri: str, *, rw: bool = False):
+    import time
+
     pkcs11 = _pkcs11()
     attrs = parse_pkcs11_uri(uri)
-    try:
-        lib = pkcs11.lib(_module(attrs))
-        kw = {"token_label": attrs["token"]} if "token" in attrs else {"token_serial": attrs["serial"].encode()}
-        token = lib.get_token(**kw)
+    module = _module(attrs)
+    pin = _pin(attrs)
+    kw = {"token_label": attrs["token"]} if "token" in attrs else {"token_serial": attrs["serial"].encode()}
+    for attempt in range(_OPEN_TRIES):
         try:
-            session = token.open(user_pin=_pin(attrs), rw=rw)
-        except pkcs11.exceptions.UserAlreadyLoggedIn:  # the login is the token's, shared by this process's sessions
-            session = token.open(rw=rw)
-    except (pkcs11.exceptions.PKCS11Error, RuntimeError) as e:
-        raise KeyFileError(f"{_shown(uri)}: cannot open the token ({type(e).__name__}{': ' + str(e) if str(e) else ''})") \
-            from None
-    return pkcs11, attrs, session
+            token = pkcs11.lib(module).get_token(**kw)
+            try:
+                session = token.open(user_pin=pin, rw=rw)
+            except pkcs11.exceptions.UserAlreadyLoggedIn:  # the login is the token's, shared by this process's sessions
+                session = token.open(rw=rw)
+            return pkcs11, attrs, session
+        except (pkcs11.exceptions.NoSuchToken, pkcs11.exceptions.PKCS11Error, RuntimeError) as e:
+            if attempt + 1 < _OPEN_TRIES and not isinstance(e, (pkcs11.exceptions.PinIncorrect,
+                                                                pkcs11.exceptions.PinLocked)):
+                time.sleep(0.1 * 2 ** attempt)
+                continue
+            raise KeyFileError(f"{_shown(uri)}: cannot open the token ({type(e).__name__}"
+                               f"{': ' + str(e) if str(e) else ''})") from None
 
 
 def _shown(uri: str) -> str:

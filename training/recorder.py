@@ -92,6 +92,35 @@ def _rank_info(run: Path) -> Any:
     return rank_info(run_dir=run) if in_torchrun() else None
 
 
+def _key_stays_on_rank_0(key: Any, info: Any, rank_keys: str | None, continue_from: Any) -> bool:
+    """Whether this rank can do without the run key itself: a key in a token or a service, rank keys certified by
+    it (the default for such a key), and a rank other than 0 (rank 0 alone signs the roster and the anchors)."""
+    from trainledger.journal.keys import is_key_uri
+
+    return (is_key_uri(key) and info is not None and info.world_size > 1 and info.rank != 0
+            and rank_keys in (None, "ephemeral") and continue_from is None)
+
+
+class _KeyOnRankZero(Signer):
+    """The run key on a rank that never signs with it (its rank key is certified by it on rank 0): its public key
+    comes from the rank's certificate once the journal is open."""
+
+    __slots__ = ("uri",)
+
+    def __init__(self, uri: str):  # noqa: D107 - nothing to load: the key stays in the token, used by rank 0
+        self.uri = uri.split("?", 1)[0]
+        self.public = None
+
+    def sign(self, message: bytes) -> bytes:
+        raise UsageError(f"{self.uri}: the run key signs on rank 0 only (this rank signs with its certified key)")
+
+    def private_pem(self) -> bytes:
+        raise UsageError(f"{self.uri}: the run key is not held by this rank")
+
+    def __repr__(self) -> str:
+        return f"_KeyOnRankZero(uri={self.uri!r})"
+
+
 def _agreed(kept: list[CheckpointSaved]) -> CheckpointSaved | None:
     """The newest of this rank's live checkpoints whose step every rank has (one collective, when the process
     group is up): ranks that died at different points resume from the same step. Without a process group, this
@@ -126,7 +155,14 @@ class Recorder:
             raise UsageError(f"keep_last must be at least 1, got {keep_last}")
         self.run = Path(run_dir)
         self.run.mkdir(parents=True, exist_ok=True)
-        self.signer = signer if signer is not None else load_signer(key)
+        #: under torchrun, this process's place (rank, world size, the run identity every rank shares); else None
+        self.rank_info = _rank_info(self.run)
+        if signer is not None:
+            self.signer = signer
+        elif _key_stays_on_rank_0(key, self.rank_info, rank_keys, continue_from):
+            self.signer = _KeyOnRankZero(str(key))  # this rank never signs with it: no token session here
+        else:
+            self.signer = load_signer(key)
         self.model, self.optimizer, self.scheduler, self.scaler, self.data = model, optimizer, scheduler, scaler, data
         self.keep_last = keep_last
         #: an ECDSA P-256 release key (trainledger keygen --release): close() releases the last recorded export
@@ -145,8 +181,6 @@ class Recorder:
         self.data_state: Any = None
         self.resumed_from: CheckpointSaved | None = None
         self._kept: list[CheckpointSaved] = []
-        #: under torchrun, this process's place (rank, world size, the run identity every rank shares); else None
-        self.rank_info = _rank_info(self.run)
         info = self.rank_info
         #: where this process's own checkpoints go, relative to the run folder (one folder per rank under torchrun)
         self.checkpoint_dir = "checkpoints" if info is None else f"checkpoints/rank-{info.rank:05d}"
@@ -155,15 +189,23 @@ class Recorder:
         if path.exists():  # continued (a finished one is refused, naming continue_from=)
             self.journal, _ = open_run_journal(self.run, self.signer, meta, info=info, rank_keys=rank_keys,
                                                **self._journal_options)
+            self._learn_run_key()
             self._resume(flop_config, peak_flops_per_sec)
         elif continue_from is not None:
             self._continue(Path(continue_from), path, meta, flop_config, peak_flops_per_sec)
         else:
             self.journal, _ = open_run_journal(self.run, self.signer, meta, info=info, rank_keys=rank_keys,
                                                **self._journal_options)
+            self._learn_run_key()
             self.monitor = TrainingHealthMonitor(journal=self.journal, flop_config=flop_config,
                                                  peak_flops_per_sec=peak_flops_per_sec)
         self._t = time.perf_counter()
+
+    def _learn_run_key(self) -> None:
+        """A rank that does not hold the run key learns its public key from its certificate (rank 0 signed the
+        round's roster with it)."""
+        if isinstance(self.signer, _KeyOnRankZero):
+            self.signer.public = self.journal.public_key
 
     def _continue(self, prev: Path, path: Path, meta: dict[str, Any] | None, flop_config: Any,
                   peak: float | None) -> None:

@@ -212,11 +212,11 @@ def _hold_to_keys(reports: dict[int, VerifyReport], recorded: dict[int, tuple[st
     folder several keys sign."""
     for r, (key, seq) in sorted(recorded.items()):
         if r in reports and key not in _keys_of(reports[r]):
-            raise RosterMismatch(f"rank {r}: signed by {key_words(reports[r].key_id)}, but rank 0 recorded at its seq "
+            raise RosterMismatch(f"rank {r}: signed by {_signed_by(reports[r])}, but rank 0 recorded at its seq "
                                  f"{seq} that rank {r} signs with key {key}", seq=seq)
     for rank, seq, of, key in said:
         if of in reports and key not in _keys_of(reports[of]):
-            raise RosterMismatch(f"rank {of}: signed by {key_words(reports[of].key_id)}, but rank {rank} recorded at its "
+            raise RosterMismatch(f"rank {of}: signed by {_signed_by(reports[of])}, but rank {rank} recorded at its "
                                  f"seq {seq} that rank {of} signs with key {key}", seq=seq)
     if trust.roster is not None:
         return "roster"
@@ -239,6 +239,14 @@ def _hold_to_keys(reports: dict[int, VerifyReport], recorded: dict[int, tuple[st
 def _keys_of(rep: VerifyReport) -> list[str | None]:
     """The keys a rank journal's seals were checked under (its own key, or the rank keys its certificates certify)."""
     return rep.signing_keys or [rep.key_id]
+
+
+def _signed_by(rep: VerifyReport) -> str:
+    """What signs a rank journal, in words: its key, or the rank keys a key certified."""
+    if _certified(rep):
+        return f"rank key{'s' if len(rep.signing_keys) > 1 else ''} {', '.join(rep.signing_keys)} (certified by key " \
+               f"{rep.key_id})"
+    return key_words(rep.key_id)
 
 
 def _certified(rep: VerifyReport) -> bool:

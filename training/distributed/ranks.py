@@ -215,7 +215,7 @@ def certify_rank_key(issuer: Signer, info: RankInfo, *, group: Any = None,
     dist.broadcast_object_list(box, src=0, group=group)
     roster = box[0]
     if isinstance(roster, str):
-        raise UsageError(f"rank 0 could not have the run's key {issuer.key_id} certify the rank keys: {roster}")
+        raise UsageError(f"rank 0 could not have the run's key certify the rank keys: {roster}")
     rank = dist.get_rank(group)
     if roster.keys[rank] != key.public.b64:
         raise UsageError(f"rank {rank}: the roster rank 0 had signed holds another key than this rank's")

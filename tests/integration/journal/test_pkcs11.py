@@ -181,7 +181,7 @@ def test_a_torchrun_recorder_run_signed_by_rank_keys_the_token_certifies(token, 
     for r in (0, 1):
         evs = list(read_events(run / f"rank-{r:05d}.jsonl"))
         certs = [e for e in evs if type(e).__struct_config__.tag == "key_certified"]
-        assert [c.round for c in certs] == [0, 1] and len({c.key for c in certs}) == 2
+        assert [c.round for c in certs] == [0, 1] and len({c.key for c in certs}) == 2, proc.stderr[-4000:]
         assert [e.restart_count for e in evs if type(e).__struct_config__.tag == "rank_joined"] == [0, 1]
         assert evs[0].key_id != token_key  # the rank's own key, not the token's
     assert main(["verify", "--pubkey", str(pub), "--require-closed", str(run)]) == 0
@@ -194,6 +194,41 @@ def test_a_torchrun_recorder_run_signed_by_rank_keys_the_token_certifies(token, 
             data = f.read_bytes()
             assert b"PRIVATE KEY" not in data and b"BEGIN OPENSSH" not in data, f
     assert not (tmp_path / "keys" / "trainledger.key").exists()
+    # the same folder tampered with, rank 1 each time: every failure names the rank
+    import shutil
+
+    from journal_tools import read_lines, rechain, write_lines
+
+    from trainledger.journal import Signer
+    from trainledger.journal.certify import RankRoster
+
+    def tampered(name, change):
+        d = tmp_path / name
+        shutil.copytree(run, d)
+        change(d / "rank-00001.jsonl")
+        assert main(["verify", "--pubkey", str(pub), str(d)]) == 1
+        return capsys.readouterr()
+
+    def uncertified(p):  # every seal re-signed by a key no certificate names
+        write_lines(p, rechain(read_lines(p), resign=Signer.generate()))
+    assert "rank 1: seal at seq" in tampered("uncertified", uncertified).out
+
+    def other_roster(p):  # a rank journal of the same run certified by another key
+        other, k = Signer.generate(), Signer.generate()
+        run_id = read_events(run / "rank-00000.jsonl").__next__().run_id.rsplit(".", 1)[0]
+        roster = RankRoster.sign(other, run=run_id, round=0, keys=[Signer.generate().public, k.public])
+        p.unlink()
+        with Journal.create(p, signer=k, run_id=f"{run_id}.r00001", certificate=roster.certificate(1)) as j:
+            j.append(StepObserved(step=0, loss=1.0))
+    out = tampered("other-roster", other_roster).out
+    assert "rank 1: " in out and "which is not pinned" in out, out
+
+    def round_zero_only(p):  # rank 1 rolled back to its first round: rank 0 anchored it with round 1's key
+        lines = read_lines(p)
+        cut = next(i for i, ln in enumerate(lines) if b'"kind":"key_certified"' in ln and b'"round":1' in ln)
+        write_lines(p, lines[:cut])
+    out = tampered("round-zero", round_zero_only).out
+    assert "rank 1: signed by rank key " in out and "but rank 0 recorded at its seq" in out, out
 
 
 @pytest.mark.parametrize("mode", ["delay", "strict"])
