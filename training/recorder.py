@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from trainledger.training.health.mfu import record_compute
-from trainledger.journal import Journal, Signer, load_signer
+from trainledger.journal import Journal, Signer
 from trainledger.training.distributed.ranks import in_torchrun, journal_name, rank_info
 from trainledger.journal.errors import JournalClosed, UsageError
 
@@ -52,7 +52,8 @@ from trainledger.training.checkpoints.state import (
     signed_history,
 )
 from trainledger.training.health.monitor import TrainingHealthMonitor
-from trainledger.training.integrations.hooks import check_folder, open_run_journal, record_checkpoint, signer_from
+from trainledger.training.integrations.hooks import check_folder, learn_run_key, open_run_journal, record_checkpoint, \
+    run_key_for_rank, signer_from
 
 __all__ = ["Recorder", "check_checkpoint"]
 
@@ -92,35 +93,6 @@ def _rank_info(run: Path) -> Any:
     return rank_info(run_dir=run) if in_torchrun() else None
 
 
-def _key_stays_on_rank_0(key: Any, info: Any, rank_keys: str | None, continue_from: Any) -> bool:
-    """Whether this rank can do without the run key itself: a key in a token or a service, rank keys certified by
-    it (the default for such a key), and a rank other than 0 (rank 0 alone signs the roster and the anchors)."""
-    from trainledger.journal.keys import is_key_uri
-
-    return (is_key_uri(key) and info is not None and info.world_size > 1 and info.rank != 0
-            and rank_keys in (None, "ephemeral") and continue_from is None)
-
-
-class _KeyOnRankZero(Signer):
-    """The run key on a rank that never signs with it (its rank key is certified by it on rank 0): its public key
-    comes from the rank's certificate once the journal is open."""
-
-    __slots__ = ("uri",)
-
-    def __init__(self, uri: str):  # noqa: D107 - nothing to load: the key stays in the token, used by rank 0
-        self.uri = uri.split("?", 1)[0]
-        self.public = None
-
-    def sign(self, message: bytes) -> bytes:
-        raise UsageError(f"{self.uri}: the run key signs on rank 0 only (this rank signs with its certified key)")
-
-    def private_pem(self) -> bytes:
-        raise UsageError(f"{self.uri}: the run key is not held by this rank")
-
-    def __repr__(self) -> str:
-        return f"_KeyOnRankZero(uri={self.uri!r})"
-
-
 def _agreed(kept: list[CheckpointSaved]) -> CheckpointSaved | None:
     """The newest of this rank's live checkpoints whose step every rank has (one collective, when the process
     group is up): ranks that died at different points resume from the same step. Without a process group, this
@@ -157,12 +129,8 @@ class Recorder:
         self.run.mkdir(parents=True, exist_ok=True)
         #: under torchrun, this process's place (rank, world size, the run identity every rank shares); else None
         self.rank_info = _rank_info(self.run)
-        if signer is not None:
-            self.signer = signer
-        elif _key_stays_on_rank_0(key, self.rank_info, rank_keys, continue_from):
-            self.signer = _KeyOnRankZero(str(key))  # this rank never signs with it: no token session here
-        else:
-            self.signer = load_signer(key)
+        self.signer = run_key_for_rank(key, signer, info=self.rank_info, rank_keys=rank_keys,
+                                       continue_from=continue_from)
         self.model, self.optimizer, self.scheduler, self.scaler, self.data = model, optimizer, scheduler, scaler, data
         self.keep_last = keep_last
         #: an ECDSA P-256 release key (trainledger keygen --release): close() releases the last recorded export
@@ -202,10 +170,7 @@ class Recorder:
         self._t = time.perf_counter()
 
     def _learn_run_key(self) -> None:
-        """A rank that does not hold the run key learns its public key from its certificate (rank 0 signed the
-        round's roster with it)."""
-        if isinstance(self.signer, _KeyOnRankZero):
-            self.signer.public = self.journal.public_key
+        learn_run_key(self.signer, self.journal)
 
     def _continue(self, prev: Path, path: Path, meta: dict[str, Any] | None, flop_config: Any,
                   peak: float | None) -> None:

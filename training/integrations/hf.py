@@ -55,8 +55,8 @@ from trainledger.journal.kinds import CheckpointDeleted, CheckpointSaved
 from trainledger.training.checkpoints.state import ResumeRejected, signed_history
 from trainledger.training.health.flops import flop_config_from_hf
 from trainledger.training.health.monitor import TrainingHealthMonitor
-from trainledger.training.integrations.hooks import (StepBuffer, check_folder, fingerprint_batch, open_run_journal, previous_run,
-                      record_checkpoint, signer_from, step_loss,
+from trainledger.training.integrations.hooks import (StepBuffer, check_folder, fingerprint_batch, learn_run_key,
+                      open_run_journal, previous_run, record_checkpoint, run_key_for_rank, signer_from, step_loss,
                       tap_clip, total_norm, untap_clip)
 
 __all__ = ["TrainledgerCallback", "check_resume", "ResumeRejected"]
@@ -100,7 +100,7 @@ class TrainledgerCallback(TrainerCallback):
                  stop_on: tuple[str, ...] = _STOP_ON, continue_from: str | os.PathLike | None = None,
                  batch_fingerprint: bool = False, export_dir: str | os.PathLike | None = None,
                  release_key: str | os.PathLike | None = None, base_model: str | os.PathLike | None = None):
-        self.signer = signer_from(key, signer)
+        self.signer = run_key_for_rank(key, signer, continue_from=continue_from)
         #: at the end of training the model (and its tokenizer) is saved here with ``save_pretrained`` and recorded
         #: as ``model_exported``; with ``release_key`` (an ECDSA P-256 PEM, trainledger keygen --release) it is then
         #: released: model.sig and model.provenance.json beside it (docs/provenance.md)
@@ -163,6 +163,7 @@ class TrainledgerCallback(TrainerCallback):
             prev = _previous_run(self.continue_from, self.signer, state.global_step)
             meta["continues"] = prev[0]
         self.journal, self.rank = open_run_journal(run, self.signer, meta)
+        learn_run_key(self.signer, self.journal)
         self._model = model
         self._hooks = [model.register_forward_hook(self._forward, with_kwargs=True)]
         self._params = [p for p in model.parameters() if p.requires_grad]

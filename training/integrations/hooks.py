@@ -24,6 +24,65 @@ def signer_from(key: str | os.PathLike | None, signer: Signer | None) -> Signer:
     return signer if signer is not None else load_signer(key)
 
 
+def _key_stays_on_rank_0(key: Any, info: Any, rank_keys: str | None, continue_from: Any) -> bool:
+    """Whether this rank can do without the run key itself: a key in a token or a service, rank keys certified by
+    it (the default for such a key), and a rank other than 0 (rank 0 alone signs the roster and the anchors)."""
+    from trainledger.journal.keys import is_key_uri
+
+    return (is_key_uri(key) and info is not None and info.world_size > 1 and info.rank != 0
+            and rank_keys in (None, "ephemeral") and continue_from is None)
+
+
+class _KeyOnRankZero(Signer):
+    """The run key on a rank that never signs with it (its rank key is certified by it on rank 0): its public key
+    comes from the rank's certificate once the journal is open."""
+
+    __slots__ = ("uri",)
+
+    def __init__(self, uri: str):  # noqa: D107 - nothing to load: the key stays in the token, used by rank 0
+        self.uri = uri.split("?", 1)[0]
+        self.public = None
+
+    def sign(self, message: bytes) -> bytes:
+        raise UsageError(f"{self.uri}: the run key signs on rank 0 only (this rank signs with its certified key)")
+
+    def private_pem(self) -> bytes:
+        raise UsageError(f"{self.uri}: the run key is not held by this rank")
+
+    def __repr__(self) -> str:
+        return f"_KeyOnRankZero(uri={self.uri!r})"
+
+
+def run_key_for_rank(key: str | os.PathLike | None, signer: Signer | None, *, info: Any = None,
+                     rank_keys: str | None = None, continue_from: Any = None) -> Signer:
+    """:func:`signer_from`, except on a rank that never signs with the run key (a key in a token or a service, rank
+    keys certified by it, a rank other than 0 of a torchrun job: ``info``, else torchrun's environment): a stand-in
+    that opens no token session and learns the public key from the rank's certificate (:func:`learn_run_key`)."""
+    if signer is None and key is not None:
+        if info is None:
+            from trainledger.training.distributed.ranks import in_torchrun
+
+            if in_torchrun():
+                info = _EnvRank(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]))
+        if _key_stays_on_rank_0(key, info, rank_keys, continue_from):
+            return _KeyOnRankZero(str(key))
+    return signer_from(key, signer)
+
+
+class _EnvRank:
+    __slots__ = ("rank", "world_size")
+
+    def __init__(self, rank: int, world_size: int):
+        self.rank, self.world_size = rank, world_size
+
+
+def learn_run_key(signer: Signer, journal: Journal) -> None:
+    """A rank that does not hold the run key learns its public key from its certificate (rank 0 signed the
+    round's roster with it), once its journal is open."""
+    if isinstance(signer, _KeyOnRankZero):
+        signer.public = journal.public_key
+
+
 def open_run_journal(run_dir: Path, signer: Signer, meta: dict[str, Any], *,
                      info: Any = None, rank_keys: str | None = None,
                      **journal_options: Any) -> tuple[Journal, int | None]:

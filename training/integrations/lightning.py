@@ -44,8 +44,9 @@ from trainledger.journal.kinds import CheckpointSaved, MetricsLogged, ResumeReje
 from trainledger.training.checkpoints.state import ResumeRejected, file_sha256
 from trainledger.training.health.monitor import TrainingHealthMonitor
 from trainledger.journal.errors import UsageError
-from trainledger.training.integrations.hooks import (StepBuffer, fingerprint_batch, open_run_journal, previous_run,
-                      record_checkpoint, signer_from, step_loss, tap_clip, total_norm, untap_clip)
+from trainledger.training.integrations.hooks import (StepBuffer, fingerprint_batch, learn_run_key, open_run_journal,
+                      previous_run, record_checkpoint, run_key_for_rank, step_loss, tap_clip,
+                      total_norm, untap_clip)
 
 __all__ = ["TrainledgerCallback", "TrainledgerLogger", "ResumeRejected"]
 
@@ -83,7 +84,7 @@ class TrainledgerCallback(Callback):
                  continue_from: str | os.PathLike | None = None, batch_fingerprint: bool = False,
                  export_dir: str | os.PathLike | None = None, release_key: str | os.PathLike | None = None,
                  base_model: str | os.PathLike | None = None):
-        self.signer = signer_from(key, signer)
+        self.signer = run_key_for_rank(key, signer, continue_from=continue_from)
         #: at the end of fit the module's weights are saved here (its ``model.save_pretrained`` when it wraps a
         #: Hugging Face model, else its state dict as ``model.safetensors``) and recorded as ``model_exported``;
         #: ``release_key``: then released (docs/provenance.md); ``base_model``: the released model it fine-tunes
@@ -135,6 +136,7 @@ class TrainledgerCallback(Callback):
             self._prev = ({"run_id": rep.run_id, "head": rep.head, "folder": self.continue_from.name}, history)
             meta["continues"] = self._prev[0]
         self.journal = _open(self.run_dir, self.signer, trainer, meta)
+        learn_run_key(self.signer, self.journal)
         self.monitor = None
         self._params = None
 

@@ -12,7 +12,7 @@ import pytest
 from trainledger.journal import Journal, Signer, StepObserved, verify
 from trainledger.journal.audit.rundir import verify_run_dir
 from trainledger.journal.certify import RankRoster, anchor_statement, statement
-from trainledger.journal.errors import IntegrityError, RunMismatch, SealInvalid, UntrustedKey, UsageError
+from trainledger.journal.errors import IntegrityError, KeyFileError, RunMismatch, SealInvalid, UntrustedKey, UsageError
 from trainledger.journal.kinds import RankJoined, RanksAnchored, AnchorRecorded
 
 RUN = "certrun"
@@ -320,3 +320,30 @@ def test_a_bundle_of_a_certified_journal_carries_the_certificate(tmp_path):
 
     with pytest.raises(ProofError, match=r"the certificate \(seq [0-9]+\): the proof leads to another root"):
         T.verify_bundle(json.dumps(forged).encode(), [issuer.public])
+
+
+def test_only_rank_0_holds_the_run_key_under_torchrun(monkeypatch, tmp_path):
+    """The Recorder and the callbacks on a rank other than 0, with the run key in a token or a service and rank keys
+    certified by it, open no token session: a stand-in learns the public key from the rank's certificate. Rank 0, a
+    key file, rank_keys='key' and continue_from load the key itself."""
+    from trainledger.training.integrations.hooks import learn_run_key, run_key_for_rank
+
+    uri = "pkcs11:token=t;object=run?module-path=/nonexistent.so"  # never opened on rank 1
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    stand_in = run_key_for_rank(uri, None)
+    with pytest.raises(UsageError, match="signs on rank 0 only"):
+        stand_in.sign(b"x")
+    issuer = Signer.generate()
+    k = Signer.generate()
+    roster = RankRoster.sign(issuer, run=RUN, round=0, keys=[Signer.generate().public, k.public])
+    j = Journal.create(tmp_path / "rank-00001.jsonl", signer=k, run_id=f"{RUN}.r00001", certificate=roster.certificate(1))
+    learn_run_key(stand_in, j)
+    assert stand_in.public.key_id == issuer.key_id
+    j.close()
+    for kw in ({"rank_keys": "key"}, {"continue_from": "prev"}):
+        with pytest.raises((UsageError, KeyFileError), match="module is not there|python-pkcs11"):
+            run_key_for_rank(uri, None, **kw)  # loads (and here fails: no such module)
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises((UsageError, KeyFileError), match="module is not there|python-pkcs11"):
+        run_key_for_rank(uri, None)
