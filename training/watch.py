@@ -189,7 +189,7 @@ def watch(path: str | Path, *, interval: float = 0.5, out: TextIO | None = None,
         tty = out.isatty()
         if not tty:
             out.write(safe(f"watching {p} ({label})") + "\n")
-        follower = _Follower(p, ctx, label)
+        follower = _Follower(p, ctx, label, keys, trust_embedded)
         drawn = 0
         while True:
             note = follower.read_new()
@@ -248,7 +248,7 @@ def _watch_run_dir(d: Path, nap, out: TextIO, policy: TrustPolicy, reading: list
                 run = run or split[0]
                 if policy.roster is not None:
                     policy.roster.hold(r, got[0].key_id)
-                followers[r] = _Follower(f, *got)
+                followers[r] = _Follower(f, *got, policy.keys, policy.trust_embedded)
                 if not tty:
                     out.write(safe(f"watching rank {r}: {f} ({got[1]})") + "\n")
         for r, fo in sorted(followers.items()):
@@ -287,8 +287,10 @@ def _has_first_line(p: Path) -> bool:
 class _Follower:
     """Reads what was appended since the last call, a block at a time (memory stays flat in journal size)."""
 
-    def __init__(self, p: Path, ctx: ScanContext, label: str) -> None:
+    def __init__(self, p: Path, ctx: ScanContext, label: str, keys: Sequence[PublicKey] = (),
+                 trust_embedded: bool = False) -> None:
         self.p, self.ctx, self.label = p, ctx, label
+        self._keys, self._trust_embedded = list(keys), trust_embedded
         self._restart()
 
     def _restart(self) -> None:
@@ -307,6 +309,20 @@ class _Follower:
                 note = f"{self.p}: the journal was cut back and rewritten (a crash repaired?): reading it again"
                 self._restart()
             for block, start in self.appended.blocks(f):
+                if b'{"kind":"key_certified",' in block:
+                    self._learn_certificates()
                 for ev in self.scanner.feed(lines_of(block), start):
                     self.view.apply(ev)
         return note
+
+    def _learn_certificates(self) -> None:
+        """A certified journal restarted under a new rank key while it was followed: the certificates are read
+        and checked again (under the same pinned keys), so that the new key's seals are held to its certificate."""
+        table = self.ctx.certified
+        if not table or type(table) is not dict:  # none (the journal's own key), or any key (signatures unchecked)
+            return
+        size = open_checked(self.p)
+        opened, opened_len = read_opening(self.p, size)
+        signing = resolve_signing(self.p, size, opened, opened_len, keys=self._keys,
+                                  trust_embedded=self._trust_embedded)
+        table.update(signing.certified or {})

@@ -347,3 +347,27 @@ def test_only_rank_0_holds_the_run_key_under_torchrun(monkeypatch, tmp_path):
     monkeypatch.setenv("RANK", "0")
     with pytest.raises((UsageError, KeyFileError), match="module is not there|python-pkcs11"):
         run_key_for_rank(uri, None)
+
+
+def test_watch_follows_a_certified_journal_across_a_restart(tmp_path):
+    """`trainledger watch` reads a rank journal's certificates when it starts; a restart while it follows adds a
+    round's certificate, which it reads and checks then (under the same pinned key), holding the new key's seals to
+    it: not a false FAIL."""
+    from trainledger.training.watch import _Follower, _context
+
+    issuer = Signer.generate()
+    k0, k1 = Signer.generate(), Signer.generate()
+    p = tmp_path / "rank-00000.jsonl"
+    j = Journal.create(p, signer=k0, run_id=f"{RUN}.r00000",
+                       certificate=RankRoster.sign(issuer, run=RUN, round=0, keys=[k0.public]).certificate(0), **OPTS)
+    _rank_segment(j, 0, 0, 1, range(20))
+    j.suspend()
+    ctx, label = _context(p, [issuer.public], False, False)
+    follower = _Follower(p, ctx, label, [issuer.public], False)
+    follower.read_new()
+    j = Journal.open_append(p, signer=k1, **OPTS,
+                            certificate=RankRoster.sign(issuer, run=RUN, round=1, keys=[k1.public]).certificate(0))
+    _rank_segment(j, 0, 1, 1, range(20, 40))
+    j.close()
+    follower.read_new()
+    assert follower.view.closed
