@@ -506,6 +506,8 @@ class Signing:
     notes: list[str]
     certified: dict[str, tuple[bytes | None, int]] | None = None
     signing_keys: list[str] = dataclasses.field(default_factory=list)
+    #: certified keys only: key id -> the seq of the key_certified line that certifies it
+    certificates: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
 def resolve_signing(p: Path, size: int, opened: Any, opened_len: int, *, keys: Sequence[PublicKey] = (),
@@ -539,7 +541,8 @@ def resolve_signing(p: Path, size: int, opened: Any, opened_len: int, *, keys: S
                                                        " (embedded: authenticity not established)")
              + f"; {len(cert.keys)} key{'s' if len(cert.keys) > 1 else ''} (round{'s' if len(cert.rounds) > 1 else ''}"
              f" {', '.join(map(str, cert.rounds))})"]
-    return Signing(None, trust, issuer, notes, cert.table(), list(cert.keys))
+    return Signing(None, trust, issuer, notes, cert.table(), list(cert.keys),
+                   {k: c.seq for k, c in cert.keys.items()})
 
 
 def resolve_key(opened: Any, *, keys: Sequence[PublicKey] = (), trust_embedded: bool = False,

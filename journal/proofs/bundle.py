@@ -36,7 +36,7 @@ from trainledger.journal.proofs.note import (
 from trainledger.journal.proofs.checkpoint import checkpoint_note, head_extension, open_checkpoint
 from trainledger.journal.proofs.index import IndexMismatch, TreeIndex, TreeView, build_index, index_path_for, load_index, read_seal, save_index
 from trainledger.journal.trust import TrustPolicy
-from trainledger.journal.verify import open_checked, read_opening, resolve_key
+from trainledger.journal.verify import open_checked, read_opening, resolve_signing
 
 __all__ = ["BUNDLE_FORMAT", "MAX_BUNDLE_BYTES", "MAX_ENTRIES", "ProveResult", "BundleResult", "prove", "consistency",
            "parse_bundle", "verify_bundle"]
@@ -65,9 +65,9 @@ class ProveResult:
 
 
 def _open_for_proof(journal: Path, keys: Sequence[PublicKey],
-                    trust_embedded: bool) -> tuple[Any, int, dict[str, bytes], dict[str, Any]]:
+                    trust_embedded: bool) -> tuple[Any, int, dict[str, bytes], dict[str, int]]:
     """The journal's opening, size, the keys its seals may be signed by (key id -> raw), and for a journal whose
-    rank keys are certified each key's certificate (key id -> its key_certified record), every one checked."""
+    rank keys are certified the seq of each key's certificate (key id -> seq), every one checked."""
     size = open_checked(journal)
     opened, opened_len = read_opening(journal, size)
     if not has_tree(opened.format_version):
@@ -75,16 +75,10 @@ def _open_for_proof(journal: Path, keys: Sequence[PublicKey],
                          "proofs need format 1.3 or later")
     if opened.key_id is None:
         raise UsageError(f"{journal}: the journal is unsigned: there is no signed checkpoint to prove against")
-    from trainledger.journal.certify import find_certificates, opens_certified
-    from trainledger.journal.keys import key_id_of
-    from trainledger.journal.verify import resolve_signing
-
-    if opens_certified(journal, opened_len):
-        signing = resolve_signing(journal, size, opened, opened_len, keys=keys, trust_embedded=trust_embedded)
-        certs = {key_id_of(base64.b64decode(c.key)): c for c in find_certificates(journal, size)}
-        return opened, size, {k: raw for k, (raw, _) in signing.certified.items()}, certs
-    public_raw, trust, _ = resolve_key(opened, keys=keys, trust_embedded=trust_embedded)
-    return opened, size, {opened.key_id: public_raw}, {}
+    signing = resolve_signing(journal, size, opened, opened_len, keys=keys, trust_embedded=trust_embedded)
+    if signing.certified is not None:
+        return opened, size, {k: raw for k, (raw, _) in signing.certified.items()}, signing.certificates
+    return opened, size, {opened.key_id: signing.raw}, {}
 
 
 def _check_seal_signature(opened: Any, seal: Any, signing: dict[str, bytes]) -> bytes:
@@ -148,7 +142,7 @@ def _against_seal(journal: str | os.PathLike, keys: Sequence[PublicKey], trust_e
                                                     sig, signing[seal.key_id]),
                       **body(view, root)}
             if certs:  # the seal's key is a rank key: its certificate, proven against the same root
-                bundle["certificate"] = _proven_line(view, certs[seal.key_id].seq, root)
+                bundle["certificate"] = _proven_line(view, certs[seal.key_id], root)
             notes += _past_the_seal(p, idx, seal.seq, size)
             return ProveResult(bundle, built, saved, view.reads, notes)
         except IndexMismatch:
