@@ -123,6 +123,16 @@ def _pending_fields(rec: Any) -> tuple:
     return (rec.seq, rec.sealed_seq, rec.sealed_hash, rec.tree_size, rec.tree_root, rec.key_id)
 
 
+def _check_signature(pub: PublicKey, rec: Any, msg: bytes, what: str, which: str) -> None:
+    """``rec.sig`` (base64) must be ``pub``'s signature of ``msg``; :class:`SealInvalid` naming ``what`` otherwise."""
+    try:
+        sig = base64.b64decode(rec.sig, validate=True)
+    except (binascii.Error, ValueError):
+        raise SealInvalid(f"{what}: signature is not base64", seq=rec.seq) from None
+    if not pub.verify(sig, msg):
+        raise SealInvalid(f"{what}: {which} does not verify under key {rec.key_id}", seq=rec.seq)
+
+
 class _AnyKey(dict):
     """``ScanContext.certified`` for a certified journal read without checking signatures: any key, any time (the
     order of keys and certificates is still held)."""
@@ -584,12 +594,7 @@ class Scanner:
             if rec.sig is not None or rec.key_id is not None:
                 raise SealInvalid(f"seal at seq {seq} is signed but the journal declared no key", seq=seq)
         else:
-            pub = self._pub if ctx.certified is None else self._certified_key(rec)
-            if ctx.certified is None and rec.key_id != ctx.key_id:
-                raise SealInvalid(
-                    f"seal at seq {seq} is by key {rec.key_id}, not the journal's key {ctx.key_id} (foreign-key seal)",
-                    seq=seq,
-                )
+            pub = self._seal_key(rec, f"seal at seq {seq}")
             if rec.sig is None:
                 if not ctx.tree:
                     raise SealInvalid(f"seal at seq {seq} carries no signature", seq=seq)
@@ -601,14 +606,9 @@ class Scanner:
                     self.res.hashes[seq] = rec.h
                 return False
             if ctx.check_signatures and pub is not None:
-                try:
-                    sig = base64.b64decode(rec.sig, validate=True)
-                except (binascii.Error, ValueError):
-                    raise SealInvalid(f"seal at seq {seq}: signature is not base64", seq=seq) from None
                 msg = (seal_checkpoint(ctx.run_id, seq, _fromhex(rec.tree_root), seq - 1, prev).encode() if ctx.tree
                        else seal_message(ctx.run_id, seq - 1, prev))
-                if not pub.verify(sig, msg):
-                    raise SealInvalid(f"seal at seq {seq}: signature does not verify under key {rec.key_id}", seq=seq)
+                _check_signature(pub, rec, msg, f"seal at seq {seq}", "signature")
         self.res.seals += 1
         if ctx.collect:
             self.res.hashes[seq] = rec.h
@@ -640,20 +640,11 @@ class Scanner:
         elif res.touched:
             raise SealInvalid(f"seal_signed at seq {seq}: no seal is waiting for a signature (seal {rec.seal_seq} "
                               "was signed already, or never pending)", seq=seq)
-        pub = self._pub if ctx.certified is None else self._certified_key(rec)
-        if ctx.certified is None and rec.key_id != ctx.key_id:
-            raise SealInvalid(f"seal_signed at seq {seq} is by key {rec.key_id}, not the journal's key {ctx.key_id} "
-                              "(foreign-key seal)", seq=seq)
+        pub = self._seal_key(rec, f"seal_signed at seq {seq}")
         if ctx.check_signatures and pub is not None:
-            try:
-                sig = base64.b64decode(rec.sig, validate=True)
-            except (binascii.Error, ValueError):
-                raise SealInvalid(f"seal_signed at seq {seq}: signature is not base64", seq=seq) from None
             msg = seal_checkpoint(ctx.run_id, rec.tree_size, _fromhex(rec.tree_root), rec.sealed_seq,
                                   _fromhex(rec.sealed_hash)).encode()
-            if not pub.verify(sig, msg):
-                raise SealInvalid(f"seal_signed at seq {seq}: the signature of seal {rec.seal_seq} does not verify "
-                                  f"under key {rec.key_id}", seq=seq)
+            _check_signature(pub, rec, msg, f"seal_signed at seq {seq}", f"the signature of seal {rec.seal_seq}")
         res.seals += 1
         res.last_seal_seq = rec.seal_seq
         res.last_sealed_hash = rec.sealed_hash
@@ -669,6 +660,17 @@ class Scanner:
         res.pending_open = None
         res.touched = True
         self._pending = None
+
+    def _seal_key(self, rec: Any, what: str) -> PublicKey | None:
+        """The key a seal's (or a late signature's) signature is checked under: the journal's own, or in a
+        certified journal the key certified last before it (None: signatures are not checked)."""
+        ctx = self.ctx
+        if ctx.certified is not None:
+            return self._certified_key(rec)
+        if rec.key_id != ctx.key_id:
+            raise SealInvalid(f"{what} is by key {rec.key_id}, not the journal's key {ctx.key_id} (foreign-key seal)",
+                              seq=rec.seq)
+        return self._pub
 
     def _certified_key(self, rec: Any) -> PublicKey | None:
         """A certified journal's seal: its key must be certified, the one certified last before it (in this range;

@@ -24,13 +24,13 @@ def signer_from(key: str | os.PathLike | None, signer: Signer | None) -> Signer:
     return signer if signer is not None else load_signer(key)
 
 
-def _key_stays_on_rank_0(key: Any, info: Any, rank_keys: str | None, continue_from: Any) -> bool:
+def _key_stays_on_rank_0(key: Any, rank: int, world: int, rank_keys: str | None, continue_from: Any) -> bool:
     """Whether this rank can do without the run key itself: a key in a token or a service, rank keys certified by
     it (the default for such a key), and a rank other than 0 (rank 0 alone signs the roster and the anchors)."""
     from trainledger.journal.keys import is_key_uri
 
-    return (is_key_uri(key) and info is not None and info.world_size > 1 and info.rank != 0
-            and rank_keys in (None, "ephemeral") and continue_from is None)
+    return (is_key_uri(key) and world > 1 and rank != 0 and rank_keys in (None, "ephemeral")
+            and continue_from is None)
 
 
 class _KeyOnRankZero(Signer):
@@ -59,21 +59,15 @@ def run_key_for_rank(key: str | os.PathLike | None, signer: Signer | None, *, in
     keys certified by it, a rank other than 0 of a torchrun job: ``info``, else torchrun's environment): a stand-in
     that opens no token session and learns the public key from the rank's certificate (:func:`learn_run_key`)."""
     if signer is None and key is not None:
-        if info is None:
+        if info is not None:
+            rank, world = info.rank, info.world_size
+        else:
             from trainledger.training.distributed.ranks import in_torchrun
 
-            if in_torchrun():
-                info = _EnvRank(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]))
-        if _key_stays_on_rank_0(key, info, rank_keys, continue_from):
+            rank, world = (int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])) if in_torchrun() else (0, 1)
+        if _key_stays_on_rank_0(key, rank, world, rank_keys, continue_from):
             return _KeyOnRankZero(str(key))
     return signer_from(key, signer)
-
-
-class _EnvRank:
-    __slots__ = ("rank", "world_size")
-
-    def __init__(self, rank: int, world_size: int):
-        self.rank, self.world_size = rank, world_size
 
 
 def learn_run_key(signer: Signer, journal: Journal) -> None:
