@@ -55,8 +55,8 @@ from trainledger.journal.kinds import CheckpointDeleted, CheckpointSaved
 from trainledger.training.checkpoints.state import ResumeRejected, signed_history
 from trainledger.training.health.flops import flop_config_from_hf
 from trainledger.training.health.monitor import TrainingHealthMonitor
-from trainledger.training.integrations.hooks import (StepBuffer, check_folder, fingerprint_batch, learn_run_key,
-                      open_run_journal, previous_run, record_checkpoint, run_key_for_rank, signer_from, step_loss,
+from trainledger.training.integrations.hooks import (StepBuffer, check_folder, export_settings, fingerprint_batch,
+                      learn_run_key, open_run_journal, previous_run, record_checkpoint, run_key_for_rank, signer_from, step_loss,
                       tap_clip, total_norm, untap_clip)
 
 __all__ = ["TrainledgerCallback", "check_resume", "ResumeRejected"]
@@ -103,14 +103,10 @@ class TrainledgerCallback(TrainerCallback):
         self.signer = run_key_for_rank(key, signer, continue_from=continue_from)
         #: at the end of training the model (and its tokenizer) is saved here with ``save_pretrained`` and recorded
         #: as ``model_exported``; with ``release_key`` (an ECDSA P-256 PEM, trainledger keygen --release) it is then
-        #: released: model.sig and model.provenance.json beside it (docs/provenance.md)
-        self.export_dir = None if export_dir is None else Path(export_dir)
-        self.release_key = release_key
-        if release_key is not None and export_dir is None:
-            raise UsageError("release_key= releases the model saved to export_dir=: give both")
-        #: a released model this run fine-tunes: its folder, whose digest (and the run its provenance names) the
-        #: export records as its base
-        self.base_model = None if base_model is None else Path(base_model)
+        #: released: model.sig and model.provenance.json beside it (docs/provenance.md);
+        #: ``base_model``: a released model this run fine-tunes: its folder, whose digest (and the run its
+        #: provenance names) the export records as its base
+        self.export_dir, self.release_key, self.base_model = export_settings(export_dir, release_key, base_model)
         #: fingerprint every step's batch (the tensors the Trainer hands the model: ``input_ids``, ``labels``,
         #: ``attention_mask``; summed over the step's micro-batches): a step run again after a resume on another
         #: batch than the first time is a ``data_divergence`` anomaly, which replay recomputes

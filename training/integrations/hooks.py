@@ -70,6 +70,15 @@ def run_key_for_rank(key: str | os.PathLike | None, signer: Signer | None, *, in
     return signer_from(key, signer)
 
 
+def export_settings(export_dir: Any, release_key: Any, base_model: Any) -> tuple[Path | None, Any, Path | None]:
+    """A callback's ``export_dir``, ``release_key`` and ``base_model``, checked: a release key releases the model
+    saved to the export folder, so it needs one."""
+    if release_key is not None and export_dir is None:
+        raise UsageError("release_key= releases the model saved to export_dir=: give both")
+    return (None if export_dir is None else Path(export_dir)), release_key, \
+        (None if base_model is None else Path(base_model))
+
+
 def learn_run_key(signer: Signer, journal: Journal) -> None:
     """A rank that does not hold the run key learns its public key from its certificate (rank 0 signed the
     round's roster with it), once its journal is open."""

@@ -44,8 +44,8 @@ from trainledger.journal.kinds import CheckpointSaved, MetricsLogged, ResumeReje
 from trainledger.training.checkpoints.state import ResumeRejected, file_sha256
 from trainledger.training.health.monitor import TrainingHealthMonitor
 from trainledger.journal.errors import UsageError
-from trainledger.training.integrations.hooks import (StepBuffer, fingerprint_batch, learn_run_key, open_run_journal,
-                      previous_run, record_checkpoint, run_key_for_rank, step_loss, tap_clip,
+from trainledger.training.integrations.hooks import (StepBuffer, export_settings, fingerprint_batch, learn_run_key,
+                      open_run_journal, previous_run, record_checkpoint, run_key_for_rank, step_loss, tap_clip,
                       total_norm, untap_clip)
 
 __all__ = ["TrainledgerCallback", "TrainledgerLogger", "ResumeRejected"]
@@ -88,11 +88,7 @@ class TrainledgerCallback(Callback):
         #: at the end of fit the module's weights are saved here (its ``model.save_pretrained`` when it wraps a
         #: Hugging Face model, else its state dict as ``model.safetensors``) and recorded as ``model_exported``;
         #: ``release_key``: then released (docs/provenance.md); ``base_model``: the released model it fine-tunes
-        self.export_dir = None if export_dir is None else Path(export_dir)
-        self.release_key = release_key
-        if release_key is not None and export_dir is None:
-            raise UsageError("release_key= releases the model saved to export_dir=: give both")
-        self.base_model = None if base_model is None else Path(base_model)
+        self.export_dir, self.release_key, self.base_model = export_settings(export_dir, release_key, base_model)
         self._checkpoints: list[CheckpointSaved] = []
         #: a finished run's folder this run goes on from (``trainer.fit(model, ckpt_path="OLD/.../last.ckpt")``
         #: with this callback on a new folder): the checkpoint is checked against that run's journal
