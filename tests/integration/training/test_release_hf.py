@@ -64,3 +64,16 @@ def test_a_trainer_run_released_at_its_end_and_a_fine_tune_that_names_its_base(t
                    model=GPT2LMHeadModel.from_pretrained(base), base_model=base, steps=4)
     t = verify_model(tuned, release_keys=[key.public], run_keys=[signer.public])
     assert t.base == {"digest": v.digest, "run_id": v.run_id, "lineage": []}
+
+
+def test_a_release_key_without_an_export_folder_is_refused_by_both_callbacks(tmp_path):
+    from trainledger.journal import Signer
+    from trainledger.journal.errors import UsageError
+
+    with pytest.raises(UsageError, match="release_key= releases the model saved to export_dir=: give both"):
+        TrainledgerCallback(signer=Signer.generate(), release_key=tmp_path / "release.key")
+    lightning_cb = pytest.importorskip("trainledger.training.integrations.lightning").TrainledgerCallback
+    with pytest.raises(UsageError, match="give both"):
+        lightning_cb(tmp_path / "run", signer=Signer.generate(), release_key=tmp_path / "release.key")
+    cb = TrainledgerCallback(signer=Signer.generate(), export_dir=tmp_path / "out", base_model=str(tmp_path / "b"))
+    assert cb.export_dir == tmp_path / "out" and cb.base_model == tmp_path / "b" and cb.release_key is None
