@@ -1366,7 +1366,7 @@ static PyObject *field(PyObject *ev, PyObject *name, Py_ssize_t off)
 /*
  * health_run(events, lo, hi, step_type, loss, grad, loss_log, fpt, peak, token_time_s, mfu_sum, mfu_min, mfu_max)
  *   -> (stop, last_step, tokens, token_time_s, mfu_sum, mfu_count, mfu_min, mfu_max, mfu_over, all_tokens,
- *       without_tokens)
+ *       without_tokens, busy_ns, without_time)
  *
  * HealthProjection._step (training/health/detectors.py) for a run of events[lo:hi], as long as each is the common
  * case: a step_observed record (exactly step_type) with a finite float loss, a finite float grad norm or none, no
@@ -1378,7 +1378,9 @@ static PyObject *field(PyObject *ev, PyObject *name, Py_ssize_t off)
  *
  * The sums come back for the caller to store: the last step folded (None when none), the tokens of steps with a
  * step time (the MFU's), the running float sums continued in the same order as the Python code adds them, the MFU
- * count and count above 1, and for the compute totals every step's tokens and the steps without any. A step's MFU
+ * count and count above 1, and for the compute totals every step's tokens and the steps without any, the sum of
+ * every positive finite step time truncated to whole nanoseconds (ComputeTotals.add's int(s * 1e9): an integer sum,
+ * the same in any grouping) and the steps without one. A step's MFU
  * is fpt * tokens / step_time_s / peak as Python computes it: the integer product rounded once to a double.
  */
 static PyObject *health_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
@@ -1410,15 +1412,15 @@ static PyObject *health_run(PyObject *self, PyObject *const *args, Py_ssize_t na
         if (PyErr_Occurred())
             return NULL;
         if (over || !PyFloat_Check(args[8]) || fpt < 0)
-            return Py_BuildValue("(nOLdddnddnLn)", lo, Py_None, 0LL, PyFloat_AS_DOUBLE(args[9]),
+            return Py_BuildValue("(nOLdddnddnLnLn)", lo, Py_None, 0LL, PyFloat_AS_DOUBLE(args[9]),
                                  PyFloat_AS_DOUBLE(args[10]), (Py_ssize_t)0, PyFloat_AS_DOUBLE(args[11]),
-                                 PyFloat_AS_DOUBLE(args[12]), (Py_ssize_t)0, 0LL, (Py_ssize_t)0);
+                                 PyFloat_AS_DOUBLE(args[12]), (Py_ssize_t)0, 0LL, (Py_ssize_t)0, 0LL, (Py_ssize_t)0);
         peak = PyFloat_AS_DOUBLE(args[8]);
     }
     double token_time = PyFloat_AS_DOUBLE(args[9]), mfu_sum = PyFloat_AS_DOUBLE(args[10]);
     double mfu_min = PyFloat_AS_DOUBLE(args[11]), mfu_max = PyFloat_AS_DOUBLE(args[12]);
-    long long tokens = 0, all_tokens = 0;
-    Py_ssize_t mfu_count = 0, mfu_over = 0, without = 0, i;
+    long long tokens = 0, all_tokens = 0, busy = 0;
+    Py_ssize_t mfu_count = 0, mfu_over = 0, without = 0, without_time = 0, i;
     PyObject *last = NULL;  /* borrowed from the last event folded, which the list holds */
     Py_ssize_t o_step = slot_of(step_type, S_step), o_loss = slot_of(step_type, S_loss);
     Py_ssize_t o_grad = slot_of(step_type, S_grad_norm), o_st = slot_of(step_type, S_step_time_s);
@@ -1444,6 +1446,18 @@ static PyObject *health_run(PyObject *self, PyObject *const *args, Py_ssize_t na
         double loss = PyFloat_AS_DOUBLE(lo_);
         if (!isfinite(loss))
             goto next;
+        /* the step's busy nanoseconds (0: no positive finite time); a time too long for 64 bits is Python's */
+        long long ns = 0;
+        if (st != Py_None) {
+            double s = PyFloat_AS_DOUBLE(st);
+            if (s > 0 && isfinite(s)) {
+                if (!(s * 1e9 < 9.0e18))
+                    goto next;
+                ns = (long long)(s * 1e9);
+                if (busy > LLONG_MAX - ns)
+                    goto next;
+            }
+        }
         long long t = 0;
         if (tk != Py_None) {
             int over = 0;
@@ -1511,6 +1525,10 @@ static PyObject *health_run(PyObject *self, PyObject *const *args, Py_ssize_t na
             all_tokens += t;
         else
             without++;
+        if (ns > 0)
+            busy += ns;
+        else
+            without_time++;
         last = ev;
         done = 1;
     next:
@@ -1524,8 +1542,8 @@ static PyObject *health_run(PyObject *self, PyObject *const *args, Py_ssize_t na
     PyObject *last_step = last ? PyObject_GetAttr(last, S_step) : (Py_INCREF(Py_None), Py_None);
     if (!last_step)
         return NULL;
-    return Py_BuildValue("(nNLddnddnLn)", i, last_step, tokens, token_time, mfu_sum, mfu_count, mfu_min, mfu_max,
-                         mfu_over, all_tokens, without);
+    return Py_BuildValue("(nNLddnddnLnLn)", i, last_step, tokens, token_time, mfu_sum, mfu_count, mfu_min, mfu_max,
+                         mfu_over, all_tokens, without, busy, without_time);
 }
 
 /* type_run(items, i, type) -> j: the end of the run of items of exactly that type from i (replay's runs of steps). */

@@ -18,7 +18,7 @@ from typing import Any
 from trainledger.journal.events import Event, KeyCertified, RunClosed, RunOpened, RunResumed, Seal, SealSigned, \
     StepObserved, TailRepaired
 
-__all__ = ["BUILTIN_KINDS", "ComputeTotaled", "MetricsLogged", "ScalingFitted", "DeviceSampled", "DeviceChanged", "DEVICE_ANOMALIES", "device_anomaly", "TelemetryUnavailable", "ShardsSaved", "StragglerScores", "StragglerDetected", "RankJoined", "RanksAnchored", "AnchorRecorded", "RunConfigured", "AnomalyDetected", "SpikeSuspected", "AnomalyEnded", "ModelExported", "DetectorParams", "MAX_WINDOW", "CheckpointSaved", "ResumeRejectedEvent", "WeightsRestored", "CheckpointFailed", "CheckpointDeleted",
+__all__ = ["BUILTIN_KINDS", "ComputeTotaled", "ComputeThresholdCrossed", "MetricsLogged", "ScalingFitted", "DeviceSampled", "DeviceChanged", "DEVICE_ANOMALIES", "device_anomaly", "TelemetryUnavailable", "ShardsSaved", "StragglerScores", "StragglerDetected", "RankJoined", "RanksAnchored", "AnchorRecorded", "RunConfigured", "AnomalyDetected", "SpikeSuspected", "AnomalyEnded", "ModelExported", "DetectorParams", "MAX_WINDOW", "CheckpointSaved", "ResumeRejectedEvent", "WeightsRestored", "CheckpointFailed", "CheckpointDeleted",
            "RewindDecided", "DataWindowSkipped", "RunStopped", "RungStarted", "GateVerdict", "DecisionRecorded",
            "PreflightGate", "PreflightCompleted", "EvaluationRecorded", "CheckpointSelected", "ResourceRecorded",
            "CHECKPOINT_CONTRACT"]
@@ -81,6 +81,15 @@ class RunConfigured(Event, tag="run_configured", frozen=True, kw_only=True):
     #: window's maximum by this multiple of the maximum's distance from the median (log units); else it waits for
     #: the next step like a smaller one (heavy-tailed noise makes lone values at z 10-15; the monitor records 1.5)
     immediate_margin: float = 0.0
+    #: 1.7: what the devices are ("NVIDIA H100 80GB HBM3", "cpu"): the compute statement's kind of device
+    device_kind: str | None = None
+    #: 1.7: the cumulative training compute (model FLOPs) the monitor watches, name -> FLOPs (training.compute,
+    #: docs/compute.md): it records ``compute_threshold_crossed`` at the step the journal's running total plus
+    #: ``carried_flops`` first reaches each; replay recomputes that step
+    compute_thresholds: dict[str, float] = {}
+    #: 1.7: model FLOPs of this model's earlier runs (a base model's, a pre-training run's), declared, counted toward
+    #: the thresholds
+    carried_flops: float = 0.0
 
     def __post_init__(self) -> None:
         # Runs on decode too (msgspec): a signed journal with impossible settings fails verification as a schema
@@ -113,6 +122,15 @@ class RunConfigured(Event, tag="run_configured", frozen=True, kw_only=True):
         shape = (self.n_params, self.n_layer, self.n_head, self.head_dim, self.seq_len)
         if self.n_params is not None and any(x is None or x < 0 for x in shape):
             raise ValueError("n_params, n_layer, n_head, head_dim and seq_len must all be given and >= 0")
+        if len(self.compute_thresholds) > 64:
+            raise ValueError(f"at most 64 compute thresholds, got {len(self.compute_thresholds)}")
+        for name, v in self.compute_thresholds.items():
+            if not (0 < len(name) <= 64 and isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+                raise ValueError(f"compute threshold {name[:64]!r}: a name of 1 to 64 characters and a positive "
+                                 f"finite number of FLOPs, got {v!r}")
+        if not (isinstance(self.carried_flops, (int, float)) and math.isfinite(self.carried_flops)
+                and self.carried_flops >= 0):
+            raise ValueError(f"carried_flops must be a finite number >= 0, got {self.carried_flops!r}")
 
 
 class AnomalyDetected(Event, tag="anomaly_detected", frozen=True, kw_only=True):
@@ -500,6 +518,9 @@ class DeviceSampled(Event, tag="device_sampled", frozen=True, kw_only=True):
     sm_clock_mhz: int | None = None
     clock_event_reasons: int | None = None
     ecc: dict[str, int] = {}
+    #: 1.7: NVML's total energy counter (``nvmlDeviceGetTotalEnergyConsumption``, millijoules since the driver
+    #: loaded; Volta or newer): the compute statement's measured energy is the rise between samples
+    energy_mj: int | None = None
 
 
 class DeviceChanged(Event, tag="device_changed", frozen=True, kw_only=True):
@@ -608,6 +629,37 @@ class ComputeTotaled(Event, tag="compute_totaled", frozen=True, kw_only=True):
     last_step: int | None = None
     steps_without_tokens: int = 0  # steps with neither tokens nor examples and a seq_len
     tokens_without_shape: int = 0  # tokens of segments whose run_configured gave no FLOP shape (not in flops)
+    #: 1.7 (the compute statement, training.compute): seconds in steps (the sum of every positive finite
+    #: ``step_time_s``, each truncated to whole nanoseconds), and the steps without one
+    busy_s: float | None = None
+    steps_without_time: int = 0
+    #: 1.7: the steps by the hardware they ran on, one entry per distinct (devices, peak, peak_source, device_kind)
+    #: of the run_configured in force, in order of first use: those fields, ``steps`` and ``busy_s``
+    hardware: list[dict[str, Any]] = []
+    #: 1.7: the journal's first line's and its last step's timestamps (ns since the epoch)
+    started_ns: int | None = None
+    ended_ns: int | None = None
+    #: 1.7: energy from NVML's counter (``device_sampled.energy_mj`` rising between consecutive samples of a device),
+    #: the device-seconds those samples span, and the counter's resets (a fall: not counted); where a pair of
+    #: samples has no counter, the trapezoid of their ``power_w`` (``power_j``, ``power_s``), labelled an estimate
+    energy_j: float | None = None
+    energy_s: float = 0.0
+    energy_resets: int = 0
+    power_j: float | None = None
+    power_s: float = 0.0
+
+
+class ComputeThresholdCrossed(Event, tag="compute_threshold_crossed", frozen=True, kw_only=True):
+    """Format 1.7: the journal's running training compute (model FLOPs of every step so far, plus the
+    ``carried_flops`` declared) reached a threshold the ``run_configured`` in force watches (``compute_thresholds``)
+    at ``step``: the receipt that starts a notification clock (EU AI Act Article 52: two weeks). A derived event:
+    replay recomputes the step. ``flops`` is the running total after that step, carried included."""
+
+    name: str
+    threshold: float
+    step: int
+    flops: float
+    carried_flops: float = 0.0
 
 
 BUILTIN_KINDS: dict[str, type[Event]] = {c.__struct_config__.tag: c for c in (
@@ -619,4 +671,5 @@ BUILTIN_KINDS: dict[str, type[Event]] = {c.__struct_config__.tag: c for c in (
     PreflightGate, PreflightCompleted, EvaluationRecorded, CheckpointSelected, ResourceRecorded,
     RankJoined, RanksAnchored, AnchorRecorded, StragglerScores, StragglerDetected, ShardsSaved,
     DeviceSampled, DeviceChanged, TelemetryUnavailable, MetricsLogged, ScalingFitted, ComputeTotaled,
+    ComputeThresholdCrossed,
 )}

@@ -29,7 +29,7 @@ from trainledger.training.health.mfu import MfuAccounting, record_compute
 from trainledger.ladder.outcome import LadderProjection, LadderResult, RungOutcome, decide, gate
 from trainledger.training.checkpoints.state import restore_checkpoint, save_checkpoint
 from trainledger.training.reference.corpus import BatchSampler, MarkovSource
-from trainledger.training.health.flops import flop_config_from_causal_lm
+from trainledger.training.health.flops import device_kind, flop_config_from_causal_lm
 from trainledger.training.reference.loop import train_step
 from trainledger.training.reference.model import build_causal_lm
 from trainledger.training.health.monitor import TrainingHealthMonitor
@@ -63,7 +63,8 @@ def _train_rung(rung: Rung, j: Journal, work: Path, peak: float | None, peak_inf
 
     model, opt, sampler = build()
     flops = flop_config_from_causal_lm(model, seq_len=rung.block)
-    monitor = TrainingHealthMonitor(journal=j, flop_config=flops, peak_flops_per_sec=peak, **peak_info)
+    monitor = TrainingHealthMonitor(journal=j, flop_config=flops, peak_flops_per_sec=peak, device_kind=device_kind(model),
+                                     **peak_info)
     mfu_of = MfuAccounting(monitor.config)  # the MFU the monitor records, step by step
     # The first data the rung sees (a second sampler with the same seed draws the same batch),
     # re-measured after every step for the forgetting curve.

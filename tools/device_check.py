@@ -95,6 +95,7 @@ def _nvml_probe(smoke: bool) -> None:
         "ecc_corrected_aggregate": lambda: n.nvmlDeviceGetTotalEccErrors(h, 0, 1),
         "ecc_uncorrected_aggregate": lambda: n.nvmlDeviceGetTotalEccErrors(h, 1, 1),
         "ecc_mode": lambda: n.nvmlDeviceGetEccMode(h),
+        "total_energy_mj": lambda: n.nvmlDeviceGetTotalEnergyConsumption(h),  # the compute statement's energy
     }
     answers = {}
     for name, fn in calls.items():
@@ -178,7 +179,7 @@ def _model_run(out: Path, signer, steps: int, smoke: bool, measured_peak: float 
     key = next((k for k in PEAK_FLOPS if k[0].split("-")[0] in name and k[1] == "bf16"), None)
     peak = PEAK_FLOPS[key][0] if key else None
     j = Journal.create(out / "model.jsonl", signer=signer)
-    mon = TrainingHealthMonitor(journal=j, flop_config=fc, peak_flops_per_sec=peak)
+    mon = TrainingHealthMonitor(journal=j, flop_config=fc, peak_flops_per_sec=peak, device_kind=name)
     tel = DeviceTelemetry(j, interval_s=1.0, log_every_s=2.0, monitor=mon).start()
     plain, ledger, pending, observe = [], [], [], []
     n = 0
@@ -206,7 +207,18 @@ def _model_run(out: Path, signer, steps: int, smoke: bool, measured_peak: float 
             mon.observe_step(s, v, step_time_s=dt, tokens=batch * block)
     tel.stop()
     samples, xid = tel.samples, tel.xid_events
+    from trainledger.training.health.mfu import record_compute
+
+    record_compute(j)
     j.close()
+    from trainledger.audit import compute_statement
+
+    st = compute_statement([out / "model.jsonl"], [signer.public])  # the energy the NVML counter measured
+    energy = st["runs"][0]["figures"]["energy"] if st["runs"] else None
+    _say(f"energy-{attn}", f"3b. compute statement of that run: model FLOPs {st['figures']['model_flops']:.3g}, "
+         f"energy measured {energy and energy['measured_j']} J over {energy and energy['coverage']} of the device "
+         f"time, counter resets {energy and energy['counter_resets']}; findings {st['findings']}",
+         energy=energy, findings=st["findings"])
     p_med, l_med = statistics.median(plain), statistics.median(ledger)
     mfu = fc.flops_per_iter(batch) / p_med / peak if peak else None
     mfu_m = fc.flops_per_iter(batch) / p_med / measured_peak if measured_peak else None

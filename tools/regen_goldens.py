@@ -233,6 +233,32 @@ def rank_keys(path: Path) -> Path:
     return path
 
 
+def compute(path: Path) -> Path:
+    """Format 1.7: what the compute statement rests on: a run_configured naming its device kind and the compute
+    thresholds it watches (one small enough to cross), steps, device samples with NVML's energy counter (one fall: a
+    reset), the threshold crossed at its step, and the compute_totaled with time, hardware and energy."""
+    from trainledger.journal import Journal, Signer
+    from trainledger.journal.kinds import DeviceSampled
+    from trainledger.training.health.flops import FlopConfig
+    from trainledger.training.health.mfu import record_compute
+    from trainledger.training.health.monitor import TrainingHealthMonitor
+
+    signer = Signer.generate()
+    shape = FlopConfig(n_params=1_000_000, n_layer=2, n_head=4, head_dim=16, seq_len=64)
+    fpt = 6 * 1_000_000 + 12 * 2 * 4 * 16 * 64
+    with Journal.create(path, signer=signer, run_id="golden-compute", background=False, seal_every=32) as j:
+        m = TrainingHealthMonitor(journal=j, flop_config=shape, peak_flops_per_sec=1e12, peak_source="given",
+                                  device_kind="Golden GPU", compute_thresholds={"small": 25 * 512 * fpt})
+        energy = [0, 1000, 2000, 500, 1500, 2500]
+        for s in range(60):
+            m.observe_step(s, 3.0 - 0.01 * s, grad_norm=1.0, step_time_s=0.002, tokens=512)
+            if s % 10 == 0:
+                j.append(DeviceSampled(device=0, power_w=300.0, energy_mj=energy[s // 10]))
+        record_compute(j)
+    path.with_suffix(".pub").write_text(signer.public.line() + "\n")
+    return path
+
+
 def ladder_halt(path: Path) -> Path:
     """The pilot ladder's halt preset: a rung that passes, then one with an impossible bar, and the halt."""
     from trainledger.journal import Journal, Signer
@@ -242,6 +268,23 @@ def ladder_halt(path: Path) -> Path:
     signer = Signer.generate()
     with Journal.create(path, signer=signer, meta={"preset": "halt"}) as j:
         run_pilot_ladder(PRESETS["halt"](), peak_flops_per_sec=1e9, journal=j, work_dir=path.parent / "rungs")
+    path.with_suffix(".pub").write_text(signer.public.line() + "\n")
+    return path
+
+
+def ladder_closed(path: Path) -> Path:
+    """Format 1.7: the halt preset closed as ``trainledger ladder`` closes its own journal, with its compute_totaled
+    (time in steps, the hardware with the peak, the span): the main job's kind of journal, for its compute
+    statement."""
+    from trainledger.journal import Journal, Signer
+    from trainledger.ladder.presets import PRESETS
+    from trainledger.ladder.runner import run_pilot_ladder
+    from trainledger.training.health.mfu import record_compute
+
+    signer = Signer.generate()
+    with Journal.create(path, signer=signer, meta={"preset": "halt"}) as j:
+        run_pilot_ladder(PRESETS["halt"](), peak_flops_per_sec=1e9, journal=j, work_dir=path.parent / "rungs")
+        record_compute(j)
     path.with_suffix(".pub").write_text(signer.public.line() + "\n")
     return path
 
@@ -308,7 +351,8 @@ def expectations(path: Path) -> dict:
 # are frozen: this code writes the current format.
 GOLDENS = {"every_kind_v1_6.jsonl": every_kind, "resumed_rewound_v1_1.jsonl": resumed_rewound,
            "ladder_halt_v1_1.jsonl": ladder_halt, "experiment_v1_1.jsonl": experiment,
-           "scaling_ladder_v1_2.jsonl": scaling_ladder, "rank_keys_v1_7.jsonl": rank_keys}
+           "scaling_ladder_v1_2.jsonl": scaling_ladder, "rank_keys_v1_7.jsonl": rank_keys,
+           "compute_v1_7.jsonl": compute, "ladder_closed_v1_7.jsonl": ladder_closed}
 
 
 #: the reference model's loss curve (torchtitan keeps its loss curves the same way): a change that moves every

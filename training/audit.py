@@ -19,9 +19,11 @@ import msgspec
 
 from trainledger.journal.audit.projection import Projection, ProjectionRegistry, difference as _diff
 from trainledger.journal.chain import format_at_least
-from trainledger.journal.events import RunResumed, StepObserved
+from trainledger.journal.events import RunOpened, RunResumed, StepObserved
 from trainledger.journal.kinds import (
     AnomalyDetected,
+    ComputeThresholdCrossed,
+    DeviceSampled,
     CheckpointSaved,
     CheckpointSelected,
     ModelExported,
@@ -45,7 +47,7 @@ from trainledger.training.experiment.approval import ApprovalInvalid, SignedAppr
 from trainledger.training.health.detectors import HealthProjection, state_digest
 from trainledger.training.health.mfu import ComputeTotals
 
-__all__ = ["HealthAudit", "ExportAudit", "CheckpointLog", "RewindAudit", "StopLog", "SelectionAudit", "PreflightAudit",
+__all__ = ["HealthAudit", "ExportAudit", "compare_crossings", "CheckpointLog", "RewindAudit", "StopLog", "SelectionAudit", "PreflightAudit",
            "compare_derived", "rewind_allowed", "select_checkpoint", "approval_problem", "register"]
 
 
@@ -88,13 +90,43 @@ def compare_derived(recomputed: list[tuple[int, Any]], recorded: list[tuple[int,
     return out
 
 
+def compare_crossings(recomputed: list[tuple[int, Any]], recorded: list[tuple[int, Any]]) -> list[dict[str, Any]]:
+    """The thresholds the running compute crossed (format 1.7) against the ``compute_threshold_crossed`` recorded:
+    each recorded one must be the step the steps give, and each crossing the steps give must be on record."""
+    want = {c.name: (seq, c) for seq, c in recomputed}
+    out = []
+    seen = set()
+    for seq, rd in recorded:
+        got = want.get(rd.name)
+        if rd.name in seen:
+            out.append(_diff(seq, "compute_threshold_crossed", f"recorded the {rd.name} threshold crossed again"))
+        elif got is None:
+            out.append(_diff(seq, "compute_threshold_crossed",
+                             f"recorded the {rd.name} threshold ({rd.threshold:.3g} FLOPs) crossed at step {rd.step}, "
+                             "but the steps before it do not reach it under the thresholds configured"))
+        elif _key(got[1]) != _key(rd):
+            c = got[1]
+            out.append(_diff(seq, "compute_threshold_crossed",
+                             f"recorded the {rd.name} threshold ({rd.threshold:.3g} FLOPs) crossed at step {rd.step} "
+                             f"with {rd.flops:.6g} FLOPs, but the steps cross {c.threshold:.3g} at step {c.step} "
+                             f"with {c.flops:.6g}"))
+        seen.add(rd.name)
+    for name, (seq, c) in want.items():
+        if name not in seen:
+            out.append(_diff(seq, "compute_threshold_crossed",
+                             f"the steps cross the {name} threshold ({c.threshold:.3g} FLOPs) at step {c.step}, which "
+                             "was not recorded"))
+    return out
+
+
 class HealthAudit(Projection):
     """The health fold. Each ``run_configured`` starts a segment with its own detectors and MFU accounting (a
     ladder writes one per rung); ``summary`` is the last segment's report, anomalies are counted across all."""
 
     name = "health"
     kinds = (RunConfigured, StepObserved, RunResumed, DeviceChanged, AnomalyDetected, SpikeSuspected,
-             AnomalyEnded, ComputeTotaled, CheckpointSaved)  # the events it folds (journal.audit.projection)
+             AnomalyEnded, ComputeTotaled, CheckpointSaved, RunOpened, DeviceSampled,
+             ComputeThresholdCrossed)  # the events it folds (journal.audit.projection)
 
     def __init__(self, format_version: str | None = None) -> None:
         self.proj: HealthProjection | None = None
@@ -110,6 +142,7 @@ class HealthAudit(Projection):
         # device anomalies derived from device_changed came with format 1.2
         self.check_device = format_version is None or format_at_least(format_version, (1, 2))
         self.compute = ComputeTotals()  # compute_totaled (1.3): every step of every segment
+        self.crossed_recorded: list[tuple[int, ComputeThresholdCrossed]] = []  # 1.7
 
     def apply_step(self, ev: Any) -> None:
         """The fold's hot path: :meth:`apply` for a ``step_observed``, without the dispatch."""
@@ -169,6 +202,12 @@ class HealthAudit(Projection):
             self.suspected_recorded.append((ev.seq, ev))
         elif isinstance(ev, AnomalyEnded):
             self.ended_recorded.append((ev.seq, ev))
+        elif isinstance(ev, DeviceSampled):
+            self.compute.sample(ev)
+        elif isinstance(ev, ComputeThresholdCrossed):
+            self.crossed_recorded.append((ev.seq, ev))
+        elif isinstance(ev, RunOpened):
+            self.compute.open(ev)
         elif isinstance(ev, ComputeTotaled):
             want = self.compute.event()
             got = {f: getattr(ev, f) for f in ComputeTotaled.__struct_fields__ if f not in _RECORD_ONLY}
@@ -191,7 +230,7 @@ class HealthAudit(Projection):
             out += compare_derived(self.suspected, self.suspected_recorded, "spike_suspected")
         # anomaly_ended (1.6) only follows from a run_configured that names the range rule, which 1.6 brought
         out += compare_derived(self.ended, self.ended_recorded, "anomaly_ended")
-        return out
+        return out + compare_crossings(self.compute.crossed, self.crossed_recorded)
 
     def summary(self) -> dict[str, Any] | None:
         return self.proj.report() if self.proj is not None else None

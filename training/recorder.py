@@ -37,7 +37,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trainledger.training.health.mfu import record_compute
+from trainledger.training.health.flops import device_kind as _device_kind_of
+from trainledger.training.health.mfu import ComputeTotals, record_compute
 from trainledger.journal import Journal, Signer
 from trainledger.training.distributed.ranks import in_torchrun, journal_name, rank_info
 from trainledger.journal.errors import JournalClosed, UsageError
@@ -119,7 +120,8 @@ class Recorder:
                  flop_config: Any = None, peak_flops_per_sec: float | None = None, keep_last: int | None = None,
                  meta: dict[str, Any] | None = None, continue_from: str | os.PathLike | None = None,
                  release_key: str | os.PathLike | None = None, rank_keys: str | None = None,
-                 fail_closed_after_s: float | None = None):
+                 fail_closed_after_s: float | None = None, compute_thresholds: dict[str, float] | None = None,
+                 carried_flops: float | None = None, device_kind: str | None = None):
         if (key is None) == (signer is None):
             raise UsageError("Recorder needs the run's signing key: key='path/to/trainledger.key' (or a pkcs11: URI, or "
                              "signer=)")
@@ -143,6 +145,13 @@ class Recorder:
         #: signature, step() and the other records raise instead of going on unsigned (the run fails closed)
         self._journal_options = {} if fail_closed_after_s is None else {"fail_closed_after_s": fail_closed_after_s}
         self._exported: Path | None = None
+        #: what every monitor this Recorder makes records in its run_configured (format 1.7, docs/compute.md): the
+        #: device kind (default: the model's device's name), the compute thresholds watched beside the defaults, and
+        #: the model FLOPs of earlier runs counted toward them (default: a continued run's predecessor's total)
+        self._monitor_options: dict[str, Any] = {"device_kind": device_kind or _device_kind_of(model),
+                                                 "compute_thresholds": compute_thresholds}
+        if carried_flops is not None:
+            self._monitor_options["carried_flops"] = carried_flops
         #: the step to run next: 0 for a new run, the restored checkpoint's step + 1 after a resume
         self.start = 0
         #: the restored checkpoint's ``data_state`` (what you passed to checkpoint()), or None
@@ -166,7 +175,7 @@ class Recorder:
                                                **self._journal_options)
             self._learn_run_key()
             self.monitor = TrainingHealthMonitor(journal=self.journal, flop_config=flop_config,
-                                                 peak_flops_per_sec=peak_flops_per_sec)
+                                                 peak_flops_per_sec=peak_flops_per_sec, **self._monitor_options)
         self._t = time.perf_counter()
 
     def _learn_run_key(self) -> None:
@@ -185,7 +194,11 @@ class Recorder:
 
         pj = prev / path.name  # under torchrun: this rank's journal of the previous run
         rep = verify(pj, keys=[self.signer.public], allow_unsealed=True)
-        kept = live_checkpoints(prev, read_signed_events(pj, [self.signer.public]))
+        history = list(read_signed_events(pj, [self.signer.public]))
+        kept = live_checkpoints(prev, history)
+        # the model FLOPs the previous run spent (and what it carried itself) count toward this run's thresholds
+        done = ComputeTotals().fold(history)
+        carried = float(done.flops) + done.carried
         if not kept:
             raise UsageError(f"{pj}: no checkpoint on record to continue from")
         ck = kept[-1]
@@ -211,7 +224,8 @@ class Recorder:
                                            info=self.rank_info, rank_keys=self.rank_keys, **self._journal_options)
         self.journal.append(RunResumed(reason="continued", from_step=ck.step, checkpoint=ck.path,
                                        detail={"continues": link}), durable=True)
-        self.monitor = TrainingHealthMonitor(journal=self.journal, flop_config=flop_config, peak_flops_per_sec=peak)
+        self.monitor = TrainingHealthMonitor(journal=self.journal, flop_config=flop_config, peak_flops_per_sec=peak,
+                                             **{"carried_flops": carried, **self._monitor_options})
         self.monitor.observe_resume(ck.step, reason="continued", checkpoint=ck.path, append=False)
         self.start = ck.step + 1
         self.resumed_from = ck
@@ -233,7 +247,8 @@ class Recorder:
             self._resume_theirs(newest, history)
             return
         if ckpt is None:  # nothing to restore: the steps start over in the same journal
-            self.monitor = TrainingHealthMonitor(journal=j, flop_config=flop_config, peak_flops_per_sec=peak)
+            self.monitor = TrainingHealthMonitor(journal=j, flop_config=flop_config, peak_flops_per_sec=peak,
+                                                 **self._monitor_options)
             return
         try:
             info = restore_checkpoint(self.run, j, ckpt.path, model=self.model, optimizer=self.optimizer,
@@ -250,7 +265,8 @@ class Recorder:
         if isinstance(snap, dict):
             self.monitor = TrainingHealthMonitor.resumed(snap, journal=j, checkpoint=ckpt, later=history)
         else:
-            self.monitor = TrainingHealthMonitor(journal=j, flop_config=flop_config, peak_flops_per_sec=peak)
+            self.monitor = TrainingHealthMonitor(journal=j, flop_config=flop_config, peak_flops_per_sec=peak,
+                                                 **self._monitor_options)
             self.monitor.observe_resume(ckpt.step, checkpoint=ckpt.path, append=False)
 
     def _resume_theirs(self, ck: CheckpointSaved, history: list[Any]) -> None:

@@ -33,7 +33,8 @@ from trainledger.ladder import audit as _ladder_audit
 from trainledger.training import audit as _training_audit
 from trainledger.training.distributed.stragglers import audit_stragglers
 
-__all__ = ["PROJECTIONS", "default_projections", "Reconstruction", "replay", "RunDirReconstruction", "replay_run_dir"]
+__all__ = ["PROJECTIONS", "default_projections", "Reconstruction", "replay", "RunDirReconstruction", "replay_run_dir",
+           "compute_statement"]
 
 #: every projection replay folds, in order
 PROJECTIONS = ProjectionRegistry()
@@ -206,3 +207,13 @@ def replay_run_dir(path: str | os.PathLike, *, trust: TrustPolicy | None = None,
                 "node": e.node, "threshold": _threshold_of(events.get(0, []), e)}
                for e in events.get(0, []) if isinstance(e, StragglerDetected)]
     return RunDirReconstruction(verify=report, ranks=recs, stragglers=flagged, differences=differences)
+
+
+def compute_statement(paths: Any, keys: Any, **options: Any) -> dict[str, Any]:
+    """The compute statement of a model's runs (run folders or journals), every run verified under ``keys`` and
+    replayed here (docs/compute.md): :func:`trainledger.training.compute.statement.build_statement` with this
+    module's replays. ``options``: ``thresholds``, ``mfu_range``, ``board_power_w``, ``progress``."""
+    from trainledger.training.compute.statement import build_statement
+
+    return build_statement(paths, keys, replay=replay, replay_run_dir=replay_run_dir, **options)
+

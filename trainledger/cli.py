@@ -30,6 +30,7 @@ from trainledger.journal import cli as _journal_cli  # noqa: E402
 from trainledger.journal.release import cli as _release_cli  # noqa: E402
 from trainledger.ladder import cli as _ladder_cli  # noqa: E402
 from trainledger.training import cli as _training_cli  # noqa: E402
+from trainledger.training.compute import cli as _compute_cli  # noqa: E402
 from trainledger.journal.audit.rundir import is_run_dir  # noqa: E402
 from trainledger.journal.errors import IntegrityError, UsageError  # noqa: E402
 from trainledger.journal.options import (EPILOG, PATH_HELP, add_json_option, add_partial_option,  # noqa: E402
@@ -44,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     _journal_cli.register(sub)
     register(sub)
     _release_cli.register(sub, replay=_replay)
+    _compute_cli.register(sub, statement=_statement)
     _training_cli.register(sub)
     _ladder_cli.register(sub, write_report=_write_report)
     return parser
@@ -54,6 +56,13 @@ def _replay(path, keys):
     from trainledger.audit import replay
 
     return replay(path, keys=list(keys), allow_unsealed=True)
+
+
+def _statement(paths, keys, **options):
+    """``compute``: the statement, replayed with every package's projections."""
+    from trainledger.audit import compute_statement
+
+    return compute_statement(paths, keys, **options)
 
 
 def _write_report(*args, **kwargs):

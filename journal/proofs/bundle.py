@@ -101,14 +101,14 @@ def _check_seal_signature(opened: Any, seal: Any, signing: dict[str, bytes]) -> 
 
 def _view(journal: Path, need: int, index: Path | None, rebuild: bool,
           progress: Callable[[int, int], None] | None,
-          notes: list[str] | None = None) -> tuple[TreeView, bool, bool, TreeIndex]:
+          notes: list[str] | None = None, keep: bool = True) -> tuple[TreeView, bool, bool, TreeIndex]:
     ip = index or index_path_for(journal)
     idx = None if rebuild else load_index(journal, ip, notes=notes)
     built = saved = False
     if idx is None or idx.leaves < need:
         idx = build_index(journal, reuse=idx, progress=progress)
         built = True
-        saved = save_index(idx, ip)
+        saved = save_index(idx, ip) if keep else False
     if idx.leaves < need:
         raise UsageError(f"{journal}: {idx.leaves} complete lines, fewer than the {need} the checkpoint needs")
     return TreeView(journal, idx, need, fresh=built), built, saved, idx
@@ -116,7 +116,7 @@ def _view(journal: Path, need: int, index: Path | None, rebuild: bool,
 
 def _against_seal(journal: str | os.PathLike, keys: Sequence[PublicKey], trust_embedded: bool, tree_size: int | None,
                   index: str | os.PathLike | None, progress: Callable[[int, int], None] | None,
-                  body: Callable[[TreeView, bytes], dict[str, Any]]) -> ProveResult:
+                  body: Callable[[TreeView, bytes], dict[str, Any]], keep_index: bool = True) -> ProveResult:
     """A bundle against the latest seal (or the seal at seq ``tree_size``): its signature checked, ``body(view,
     root)`` adding the proofs (each verified against the signed root, raising :class:`IndexMismatch` otherwise). An
     index that disagrees with the journal is rebuilt once; a journal that disagrees with its own seal raises
@@ -128,11 +128,11 @@ def _against_seal(journal: str | os.PathLike, keys: Sequence[PublicKey], trust_e
     for rebuild in (False, True):
         try:
             if tree_size is not None:
-                view, built, saved, idx = _view(p, tree_size + 1, ip, rebuild, progress, notes)
+                view, built, saved, idx = _view(p, tree_size + 1, ip, rebuild, progress, notes, keep_index)
                 seal, _ = read_seal(p, size, tree_size=tree_size, view=view)
             else:
                 seal, _ = read_seal(p, size)
-                view, built, saved, idx = _view(p, seal.seq, ip, rebuild, progress, notes)
+                view, built, saved, idx = _view(p, seal.seq, ip, rebuild, progress, notes, keep_index)
             sig = _check_seal_signature(opened, seal, signing)
             if view.size != seal.seq:  # the seal's own line was read through a view one line longer
                 view = TreeView(p, idx, seal.seq, fresh=built)
@@ -184,9 +184,11 @@ def _past_the_seal(p: Path, idx: Any, sealed: int, size: int) -> list[str]:
 def prove(journal: str | os.PathLike, seqs: Sequence[int], *, trust: TrustPolicy | None = None,
           tree_size: int | None = None, index: str | os.PathLike | None = None,
           progress: Callable[[int, int], None] | None = None,
-          select: Callable[[Path, int], list[int]] | None = None, **trust_options: Any) -> ProveResult:
+          select: Callable[[Path, int], list[int]] | None = None, keep_index: bool = True,
+          **trust_options: Any) -> ProveResult:
     """A proof bundle for the lines ``seqs`` (and those ``select(journal, tree_size)`` names) against the latest seal
-    (or the seal at seq ``tree_size``). Every proof is verified against the seal's signed root before it is
+    (or the seal at seq ``tree_size``). ``keep_index=False``: a tree index built here is not written beside the
+    journal (a reader that must leave the run folder as it found it). Every proof is verified against the seal's signed root before it is
     returned; an index that disagrees with the journal is rebuilt once, and a journal that disagrees with its own
     seal raises :class:`IntegrityError`. ``trust``: whose seal counts (a :class:`TrustPolicy`, or its fields as
     keywords: ``keys=``, ``trust_embedded=``)."""
@@ -222,7 +224,7 @@ def prove(journal: str | os.PathLike, seqs: Sequence[int], *, trust: TrustPolicy
             out.append({"seq": s, "line": line.decode(), "proof": [base64.b64encode(h).decode() for h in proof]})
         return {"entries": out}
 
-    return _against_seal(p, t.keys, t.trust_embedded, tree_size, index, progress, entries)
+    return _against_seal(p, t.keys, t.trust_embedded, tree_size, index, progress, entries, keep_index)
 
 
 def consistency(journal: str | os.PathLike, from_size: int, *, trust: TrustPolicy | None = None,

@@ -393,14 +393,24 @@ def _cmd_consistency(args: argparse.Namespace) -> int:
     return 0
 
 
+#: Documents made of proof bundles that ``verify-proof`` also checks, registered by the package that defines them
+#: (training/compute/cli.py: the compute statement): (recognise(data), the most bytes it may have, check(args,
+#: data, keys, fails) -> exit code)
+DOCUMENT_CHECKERS: list[tuple[Any, int, Any]] = []
+
+
 def _cmd_verify_proof(args: argparse.Namespace) -> int:
     from trainledger.journal.options import say
     from trainledger.journal.keys import trusted_keys
     from trainledger.journal.proofs.bundle import MAX_BUNDLE_BYTES, verify_bundle
 
     keys = trusted_keys(args.pubkey)
+    data = read_small_file(Path(args.bundle), "proof bundle", limit=max([MAX_BUNDLE_BYTES] + [
+        limit for _, limit, _ in DOCUMENT_CHECKERS]))
+    for recognise, limit, check in DOCUMENT_CHECKERS:  # a document of proofs another package defines
+        if recognise(data):
+            return check(args, data, keys, FAILS)
     witnesses, k = _quorum(args)
-    data = read_small_file(Path(args.bundle), "proof bundle", limit=MAX_BUNDLE_BYTES)
     if _looks_like_journal(data):
         from trainledger.journal.errors import UsageError
 
@@ -413,11 +423,7 @@ def _cmd_verify_proof(args: argparse.Namespace) -> int:
     try:
         r = verify_bundle(data, keys, witnesses=witnesses, quorum=k, expect_checkpoint=note)
     except FAILS as e:
-        if args.json:
-            say(json.dumps({"ok": False, "path": args.bundle, "error": str(e)}))
-        else:
-            say(f"FAIL  {args.bundle}: {e}")
-        return 1
+        return say_proof_failed(args, e)
     if args.json:
         say(json.dumps(r.to_dict()))
         return 0
@@ -432,6 +438,17 @@ def _cmd_verify_proof(args: argparse.Namespace) -> int:
     if k:
         say(f"  published: {len(r.witnesses)} of the quorum of {k} witness cosignature(s)")
     return 0
+
+
+def say_proof_failed(args: argparse.Namespace, e: Exception) -> int:
+    """``verify-proof``'s failure: one JSON object with ``--json``, else one ``FAIL`` line; exit code 1."""
+    from trainledger.journal.options import say
+
+    if args.json:
+        say(json.dumps({"ok": False, "path": args.bundle, "error": str(e)}))
+    else:
+        say(f"FAIL  {args.bundle}: {e}")
+    return 1
 
 
 def _looks_like_journal(data: bytes) -> bool:

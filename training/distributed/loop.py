@@ -50,7 +50,7 @@ from trainledger.training.distributed.ranks import (
     rank_key,
     restore_sharded,
 )
-from trainledger.training.health.flops import flop_config_from_causal_lm
+from trainledger.training.health.flops import device_kind, flop_config_from_causal_lm
 from trainledger.training.integrations.hooks import StepBuffer
 from trainledger.training.reference.loop import LoopConfig, warmup_cosine
 from trainledger.training.reference.model import build_causal_lm
@@ -157,7 +157,8 @@ def run_distributed_training(run_dir: str | os.PathLike, *, signer: Signer, conf
                                                     later=history,
                                                     after_seq=own["monitor_seq"])
         else:
-            monitor = TrainingHealthMonitor(journal=j, flop_config=flops, peak_flops_per_sec=peak_flops_per_sec)
+            monitor = TrainingHealthMonitor(journal=j, flop_config=flops, peak_flops_per_sec=peak_flops_per_sec,
+                                             device_kind=device_kind(model))
         # NVML telemetry for this rank's own GPU; on a machine without one it says so once, in the journal.
         telemetry = DeviceTelemetry(j, monitor=monitor, devices=[rank_info().local_rank]).start() \
             if device_telemetry else None

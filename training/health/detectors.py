@@ -734,7 +734,7 @@ class HealthProjection:
                     self.mfu_min, self.mfu_max = out[6], out[7]
                     self.mfu_over += out[8]
                     if compute is not None:
-                        compute.add_run(k, out[1], out[9], out[10])
+                        compute.add_run(k, out[1], out[9], out[10], out[11], out[12], events, i)
                     i = stop
                     if i >= hi:
                         break

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+from typing import Any
 
 from trainledger.journal.errors import TrainledgerError
 from trainledger.training.health.mfu import model_flops_per_token
 
 __all__ = [
     "FlopConfig",
+    "device_kind",
     "flop_config_from_causal_lm",
     "PEAK_FLOPS",
     "peak_flops_per_sec",
@@ -300,3 +302,18 @@ def count_training_flops(model_factory, batch: int, seq_len: int) -> int:
     if not any("bmm" in op or "matmul" in op for op in ops):
         raise FlopCrossCheckRefused(f"the counter saw no attention matmuls (ops: {sorted(ops)})")
     return int(counter.get_total_flops())
+
+
+def device_kind(model: Any) -> str | None:
+    """What the model's first parameter is on, as the compute statement names it (``run_configured.device_kind``):
+    the CUDA device's name ("NVIDIA H100 80GB HBM3"), else the device type ("cpu"); None without a parameter."""
+    try:
+        p = next(iter(model.parameters()))
+    except (AttributeError, StopIteration, TypeError):
+        return None
+    dev = p.device
+    if dev.type == "cuda":
+        import torch
+
+        return torch.cuda.get_device_name(dev)
+    return dev.type

@@ -23,9 +23,11 @@ from trainledger.journal.reader import fold_events
 from trainledger.training.health.detectors import (RANGE_DEFAULTS, RESUME_HORIZON, AnomalyDetected, DetectorParams,
                                                    HealthProjection, RunConfigured)
 
+from trainledger.training.compute.figures import DEFAULT_COMPUTE_THRESHOLDS
 from trainledger.training.health.flops import FlopConfig
 
-__all__ = ["TrainingHealthMonitor", "AnomalyDetected"]
+__all__ = ["TrainingHealthMonitor", "AnomalyDetected", "DEFAULT_COMPUTE_THRESHOLDS"]
+
 
 
 def _opt_float(name: str, v: Any) -> float | None:
@@ -76,6 +78,9 @@ class TrainingHealthMonitor:
         grad_norm_z_thresh: float = 8.0,
         resume_horizon: int | None = RESUME_HORIZON,
         spike_rule: str | None = "default",
+        device_kind: str | None = None,
+        compute_thresholds: dict[str, float] | None = None,
+        carried_flops: float = 0.0,
     ):
         DetectorParams(loss_window, loss_min_periods, loss_z_thresh, "loss")
         DetectorParams(grad_norm_window, grad_norm_min_periods, grad_norm_z_thresh, "grad_norm")
@@ -103,11 +108,15 @@ class TrainingHealthMonitor:
             resume_horizon=resume_horizon,
             # format 1.6's "range" rule, with the immediate factor tools/bench_detection.py chose for it
             **(dict(RANGE_DEFAULTS, spike_rule=spike_rule) if spike_rule is not None else {}),
+            device_kind=device_kind, compute_thresholds={**DEFAULT_COMPUTE_THRESHOLDS, **(compute_thresholds or {})},
+            carried_flops=float(carried_flops),
         )
         self.journal = journal
         self._proj = HealthProjection(self.config)
+        self._compute = None
         if journal is not None:
             journal.append(self.config)
+            self._watch_compute()
 
     def observe_step(self, step: int, loss: float, grad_norm: float | None = None, step_time_s: float | None = None,
                      batch_size: int | None = None, tokens: int | None = None,
@@ -143,6 +152,13 @@ class TrainingHealthMonitor:
             j.append_deferred(ev)
         proj = self._proj
         found = proj.apply(ev)
+        c = self._compute
+        if c is not None:
+            c.watch(ev)
+            if len(c.crossed) > self._crossed:  # a compute threshold reached: its receipt at once, on disk
+                for _, x in c.crossed[self._crossed:]:
+                    j.append(x, durable=True)
+                self._crossed = len(c.crossed)
         if j is not None:
             for a in found:
                 j.append_deferred(a)
@@ -248,7 +264,25 @@ class TrainingHealthMonitor:
         self._proj = proj
         self.config = proj.config
         self.journal = journal
+        self._compute = None
+        if journal is not None:
+            self._watch_compute()
         return self
+
+    def _watch_compute(self) -> None:
+        """The journal's running compute (every step on record, every segment, re-done steps too: what replay
+        totals), from which this monitor records each compute threshold the ``run_configured`` in force watches
+        when a step reaches it (format 1.7). Read from the journal as written, so that a resumed process, whose
+        own steps are only the latest, still counts them all."""
+        from trainledger.journal.reader import read_event_batches
+        from trainledger.training.health.mfu import ComputeTotals
+
+        j = self.journal
+        j.flush()
+        c = ComputeTotals()
+        for batch in read_event_batches(j.path):
+            c.fold(batch)
+        self._compute, self._crossed = c, len(c.crossed)
 
     @staticmethod
     def replay(path: str | os.PathLike) -> HealthProjection:

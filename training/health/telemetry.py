@@ -3,7 +3,8 @@
 ``DeviceTelemetry(journal).start()`` reads, at most once per ``interval_s``, every visible GPU's temperature, HBM
 temperature, ECC error counts (corrected and uncorrected, volatile and aggregate), power, SM clock and
 clock-event (throttle) reasons through ``nvidia-ml-py`` (the ``telemetry`` extra). It journals one
-``device_sampled`` per device every ``log_every_s`` and a ``device_changed`` at once when something that matters
+``device_sampled`` per device every ``log_every_s`` (with, from format 1.7, NVML's cumulative energy counter, which
+the compute statement's energy figure rests on) and a ``device_changed`` at once when something that matters
 changes: an ECC count rising, throttling starting or stopping, an XID critical error (NVML's event API, polled
 without waiting). Each change that is a fault (uncorrected ECC errors rising, an XID) or throttling starting is
 followed by the ``anomaly_detected`` it implies (``device_fault``, ``thermal_throttle``), which replay derives from
@@ -63,7 +64,9 @@ def read_device(nvml: Any, handle: Any) -> dict[str, Any]:
     power = _try(nvml.nvmlDeviceGetPowerUsage, handle)
     temp = _try(nvml.nvmlDeviceGetTemperature, handle, _TEMPERATURE_GPU)
     sm = _try(nvml.nvmlDeviceGetClockInfo, handle, _CLOCK_SM)
-    return {"temp_c": None if temp is None else float(temp), "temp_hbm_c": temp_hbm,
+    # millijoules since the driver loaded (Volta or newer; NotSupported before): the compute statement's energy
+    energy = _try(getattr(nvml, "nvmlDeviceGetTotalEnergyConsumption", None), handle)
+    return {"energy_mj": None if energy is None else int(energy), "temp_c": None if temp is None else float(temp), "temp_hbm_c": temp_hbm,
             "power_w": None if power is None else power / 1000.0, "sm_clock_mhz": None if sm is None else int(sm),
             "clock_event_reasons": None if reasons is None else int(reasons), "ecc": ecc}
 

@@ -35,7 +35,7 @@ from trainledger.training.checkpoints.state import (
     save_checkpoint,
 )
 from trainledger.training.reference.corpus import BatchSampler, MarkovSource
-from trainledger.training.health.flops import flop_config_from_causal_lm
+from trainledger.training.health.flops import device_kind, flop_config_from_causal_lm
 from trainledger.training.reference.model import build_causal_lm
 from trainledger.training.health.monitor import TrainingHealthMonitor
 from trainledger.training.checkpoints.rewind import TRIGGERS, DataWindowSkipped, RewindDecided, RewindPolicy, RunStopped
@@ -164,10 +164,12 @@ def run_training(run_dir: str | Path, *, signer: Signer, config: LoopConfig = Lo
             monitor = TrainingHealthMonitor.resumed(info["extra"]["monitor"], journal=j, checkpoint=ckpt,
                                                     later=history)
         if monitor is None:  # no checkpoint yet: start over in the same journal
-            monitor = TrainingHealthMonitor(journal=j, flop_config=flops, peak_flops_per_sec=peak_flops_per_sec)
+            monitor = TrainingHealthMonitor(journal=j, flop_config=flops, peak_flops_per_sec=peak_flops_per_sec,
+                                              device_kind=device_kind(model))
     else:
         j = Journal.create(jpath, signer=signer, meta={"loop": dataclasses.asdict(cfg)})
-        monitor = TrainingHealthMonitor(journal=j, flop_config=flops, peak_flops_per_sec=peak_flops_per_sec)
+        monitor = TrainingHealthMonitor(journal=j, flop_config=flops, peak_flops_per_sec=peak_flops_per_sec,
+                                              device_kind=device_kind(model))
     losses = []
     try:
         step = start

@@ -11,9 +11,11 @@ import pytest
 
 from trainledger.journal import Journal, Signer, StepObserved, verify
 from trainledger.journal.audit.rundir import verify_run_dir
-from trainledger.journal.certify import RankRoster, anchor_statement, statement
+from trainledger.journal.certify import RankRoster, statement
 from trainledger.journal.errors import IntegrityError, KeyFileError, RunMismatch, SealInvalid, UntrustedKey, UsageError
-from trainledger.journal.kinds import RankJoined, RanksAnchored, AnchorRecorded
+from trainledger.journal.kinds import RankJoined
+
+from tests.helpers.compute_runs import anchor_ranks
 
 RUN = "certrun"
 OPTS = dict(background=False, seal_every=16)
@@ -47,16 +49,7 @@ def write_folder(d, issuer: Signer, *, rounds: int = 2, world: int = 2, steps: i
                 j = Journal.open_append(p, signer=key, certificate=roster.certificate(r), **OPTS)
             _rank_segment(j, r, rnd, world, range(rnd * steps, (rnd + 1) * steps))
             journals.append(j)
-        heads = []
-        for j in journals:
-            j.seal(durable=True)
-            heads.append((f"{j.head[0]}:{j.head[1]}", j.key_id))
-        anchored = {"heads": {str(r): h for r, (h, _) in enumerate(heads)},
-                    "keys": {str(r): k for r, (_, k) in enumerate(heads)}}
-        cosig = base64.b64encode(issuer.sign(anchor_statement(RUN, steps, **anchored))).decode()  # as anchor_ranks
-        journals[0].append(RanksAnchored(**anchored, step=steps, cosig=cosig if cosign else None), durable=True)
-        for r in range(1, world):
-            journals[r].append(AnchorRecorded(rank=0, head=heads[0][0], key=heads[0][1], step=steps), durable=True)
+        anchor_ranks(journals, issuer, RUN, steps, cosign=cosign)  # as the ranks' anchor_ranks records it
         for j in journals:
             j.close() if close and rnd == rounds - 1 else j.suspend()
     return made

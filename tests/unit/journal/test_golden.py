@@ -15,8 +15,8 @@ JOURNALS = sorted(GOLDEN.glob("*.jsonl"))
 
 
 def test_goldens_exist():
-    assert [p.name for p in JOURNALS] == ["every_kind_v1.jsonl", "every_kind_v1_1.jsonl", "every_kind_v1_2.jsonl",
-                                          "every_kind_v1_3.jsonl", "every_kind_v1_6.jsonl", "experiment_v1_1.jsonl", "ladder_halt_v1_1.jsonl",
+    assert [p.name for p in JOURNALS] == ["compute_v1_7.jsonl", "every_kind_v1.jsonl", "every_kind_v1_1.jsonl", "every_kind_v1_2.jsonl",
+                                          "every_kind_v1_3.jsonl", "every_kind_v1_6.jsonl", "experiment_v1_1.jsonl", "ladder_closed_v1_7.jsonl", "ladder_halt_v1_1.jsonl",
                                           "rank_keys_v1_7.jsonl", "resumed_rewound_v1_1.jsonl", "scaling_ladder_v1_2.jsonl"]
 
 
@@ -69,3 +69,44 @@ def test_a_format_1_0_journal_is_not_asked_for_kinds_that_came_later(tmp_path, s
     opened["format_version"] = "1.0"
     write_lines(p, rechain([dump(opened)] + lines[1:], resign=signer))
     assert replay(p, keys=[pubkey]).differences == []
+
+
+def test_the_compute_golden_holds_its_statement_figures():
+    """compute_v1_7: the threshold crossed at the step its running total reaches it, the energy counter's fall
+    counted as a reset and left out of the measured energy, and the statement of it checked offline."""
+    from trainledger.audit import compute_statement
+    from trainledger.training.compute.statement import check_statement
+
+    p = GOLDEN / "compute_v1_7.jsonl"
+    key = load_public_key(p.with_suffix(".pub"))
+    st = compute_statement([p], [key])
+    j = st["runs"][0]["journals"][0]
+    fpt = 6 * 1_000_000 + 12 * 2 * 4 * 16 * 64
+    assert [(c["name"], c["step"]) for c in j["crossings"]] == [("small", 24)]
+    assert j["compute"]["flops"] == 60 * 512 * fpt and j["compute"]["energy_resets"] == 1
+    assert j["compute"]["energy_j"] == 4.0 and j["compute"]["hardware"][0]["device_kind"] == "Golden GPU"
+    import json
+
+    assert st["findings"] == [] and check_statement(json.dumps(st).encode(), [key]).journals == 1
+
+
+def test_the_main_jobs_statement_is_what_replay_recomputes():
+    """ladder_closed_v1_7, a ladder journal closed as trainledger ladder closes it: every figure of its compute
+    statement is replay's own fold of its steps, and verify-proof holds the statement to its proven events."""
+    import json
+
+    from trainledger.audit import compute_statement, replay
+    from trainledger.training.compute.statement import check_statement
+
+    p = GOLDEN / "ladder_closed_v1_7.jsonl"
+    key = load_public_key(p.with_suffix(".pub"))
+    st = compute_statement([p], [key])
+    rec = replay(p, keys=[key])
+    stated = st["runs"][0]["journals"][0]["compute"]
+    assert st["findings"] == [] and rec.ok and rec.compute == stated
+    f = st["figures"]
+    assert f["model_flops"] == rec.compute["flops"] and f["tokens"] == rec.compute["tokens"]
+    assert f["hardware_flops"] == 1e9 * rec.compute["busy_s"] and f["devices"] == 1
+    assert not f["thresholds"]["gpai"]["reached"] and f["energy_j"] is None  # no counter on a CPU: not invented
+    assert check_statement(json.dumps(st).encode(), [key]).figures == f
+

@@ -208,3 +208,44 @@ def test_a_finished_run_is_continued_in_a_new_journal_linked_to_its_head(tmp_pat
     opened = next(iter(read_events(tmp_path / "b" / "journal.jsonl")))
     assert opened.meta["continues"]["head"] == head and opened.meta["continues"]["step"] == 7
     assert verify(tmp_path / "b" / "journal.jsonl", keys=[pubkey], require_closed=True).ok
+
+
+def test_a_continued_run_carries_its_predecessors_compute_and_the_statement_links_them(tmp_path, signer, pubkey):
+    """A Recorder continued from a finished run counts that run's model FLOPs toward its compute thresholds
+    (run_configured.carried_flops), names the device it trains on, and the two runs make one statement with no gap."""
+    from trainledger.audit import compute_statement
+    from trainledger.journal import read_events
+    from trainledger.training.health.flops import FlopConfig
+
+    shape = FlopConfig(n_params=161, n_layer=1, n_head=1, head_dim=1, seq_len=1)
+    fpt = 6 * 161 + 12  # 6N + 12LHQT
+    model, opt, data = _setup()
+    loader = torch.utils.data.DataLoader(data, batch_size=4)
+    with Recorder(tmp_path / "a", signer=signer, model=model, optimizer=opt, data=loader, flop_config=shape) as rec:
+        for step in range(8):
+            rec.step(step, 1.0, tokens=4)
+            if step % 4 == 3:
+                rec.checkpoint(step)
+    fresh, opt2, _ = _setup(seed=9)
+    with Recorder(tmp_path / "b", signer=signer, model=fresh, optimizer=opt2, data=loader, flop_config=shape,
+                  continue_from=tmp_path / "a", compute_thresholds={"tiny": 8 * 4 * fpt + 1}) as rec:
+        for step in range(rec.start, 12):
+            rec.step(step, 1.0, tokens=4)
+    cfg = [e for e in read_events(tmp_path / "b" / "journal.jsonl") if type(e).__struct_config__.tag == "run_configured"]
+    assert cfg[-1].carried_flops == 8 * 4 * fpt and cfg[-1].device_kind == "cpu"
+    crossed = [e for e in read_events(tmp_path / "b" / "journal.jsonl")
+               if type(e).__struct_config__.tag == "compute_threshold_crossed"]
+    assert [(c.name, c.step) for c in crossed] == [("tiny", 8)]  # the first step of the continued run
+    st = compute_statement([tmp_path / "a", tmp_path / "b"], [pubkey])
+    assert st["findings"] == [] and st["runs"][1]["continues"] == st["runs"][0]["run"]
+    assert st["figures"]["model_flops"] == 12 * 4 * fpt
+    import json
+
+    from trainledger.journal.errors import IntegrityError
+    from trainledger.training.compute.statement import check_statement
+
+    assert check_statement(json.dumps(st).encode(), [pubkey]).runs == 2
+    st["runs"][1]["continues"] = None  # the link dropped: the continued run's proven run_resumed says otherwise
+    with pytest.raises(IntegrityError, match="the run it continues"):
+        check_statement(json.dumps(st).encode(), [pubkey])
+    assert compute_statement([tmp_path / "b"], [pubkey])["findings"][0].endswith("a gap (its compute is missing)")
