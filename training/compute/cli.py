@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -102,8 +103,13 @@ def _cmd_compute(args: argparse.Namespace) -> int:
     from trainledger.training.compute.render import as_html, as_markdown, as_text
 
     keys = trusted_keys(args.pubkey)
-    def progress(path: str) -> None:
-        print(f"trainledger compute: verifying and replaying {path}", file=sys.stderr, flush=True)
+    last = [0.0]
+
+    def progress(what: str) -> None:  # at most a line a second: a 16,384-rank folder takes minutes
+        now = time.monotonic()
+        if now - last[0] >= 1.0:
+            last[0] = now
+            print(f"trainledger compute: {what}", file=sys.stderr, flush=True)
     st = args.statement(args.paths, keys, thresholds={**DEFAULT_COMPUTE_THRESHOLDS, **dict(args.threshold)},
                          mfu_range=args.mfu_range or DEFAULT_MFU_RANGE, board_power_w=args.board_power_w,
                          progress=progress if sys.stderr.isatty() else None)

@@ -109,8 +109,9 @@ def as_text(st: dict[str, Any]) -> str:
     lines = [f"{'OK  ' if ok else 'FAIL'}  compute statement: {len(st['runs'])} run(s), "
              f"{sum(len(r['journals']) for r in st['runs'])} journal(s)" + ("" if ok else
                                                                              f", {len(st['findings'])} finding(s)")]
-    w = max(len(r[0]) for r in rows(st))
-    for name, two, exact, method in rows(st):
+    table = rows(st) if st["runs"] else []  # no run verified: no figure to show, only why
+    w = max((len(r[0]) for r in table), default=0)
+    for name, two, exact, method in table:
         lines.append(f"  {name:<{w}}  {two:<12} exact {exact}")
         lines.append(f"  {'':<{w}}  {method}")
     lines += ["  run " + x for x in _run_lines(st)]

@@ -107,14 +107,21 @@ def _journals_of(path: Path) -> tuple[bool, dict[int, Path]]:
 
 
 def _replayed(path: Path, keys: Sequence[PublicKey], findings: list[str], replay: Callable[..., Any],
-              replay_run_dir: Callable[..., Any]) -> dict[int, tuple[Path, _Seen]] | None:
-    """Every journal of ``path`` verified and replayed; each one's events seen. None (and the finding) when it does
-    not verify."""
+              replay_run_dir: Callable[..., Any],
+              progress: Callable[[str], None] | None = None) -> dict[int, tuple[Path, _Seen]] | None:
+    """Every journal of ``path`` verified and replayed; each one's events seen (``progress`` told of each rank as its
+    replay starts). None (and the finding) when it does not verify."""
     folder, files = _journals_of(path)
     seen = {r: _Seen() for r in files}
+
+    def observe(r: int, ev: Any) -> None:
+        if progress is not None and ev.seq == 0:
+            progress(f"{path}: replaying rank {r + 1:,} of {len(files):,}")
+        seen[r](ev)
+
     try:
         if folder:
-            rec = replay_run_dir(path, keys=list(keys), observe=lambda r, ev: seen[r](ev))
+            rec = replay_run_dir(path, keys=list(keys), observe=observe)
             diffs = rec.differences
         else:
             rec = replay(files[0], keys=list(keys), observe=seen[0])
@@ -162,8 +169,8 @@ def build_statement(paths: Sequence[str | os.PathLike], keys: Sequence[PublicKey
     where: dict[str, str] = {}
     for p in map(Path, paths):
         if progress is not None:
-            progress(str(p))
-        got = _replayed(p, keys, findings, replay, replay_run_dir)
+            progress(f"{p}: verifying")
+        got = _replayed(p, keys, findings, replay, replay_run_dir, progress)
         if not got:
             continue
         rank0 = got[min(got)][1]
