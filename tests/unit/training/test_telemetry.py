@@ -156,3 +156,34 @@ def _event_class(rec):
     from trainledger.journal import codec
 
     return codec.known_kinds()[type(rec).__struct_config__.tag]
+
+
+def test_the_energy_counter_is_sampled_and_totalled_and_a_reset_is_counted(tmp_path, signer):
+    """NVML's total energy counter (format 1.7) goes into every sample; the compute totals count its rises and name
+    its fall (a driver reload) without counting it."""
+    from trainledger.journal import read_events
+    from trainledger.training.health.mfu import record_compute
+
+    class EnergyNVML(FakeNVML):
+        def __init__(self):
+            super().__init__()
+            self.mj = None  # set once the sampler's own thread has stopped: the readings below are the test's
+
+        def nvmlDeviceGetTotalEnergyConsumption(self, h):
+            return next(self.mj)
+
+    p = tmp_path / "j.jsonl"
+    with Journal.create(p, signer=signer, background=False) as j:
+        nvml = EnergyNVML()
+        t = DeviceTelemetry(j, nvml=nvml, log_every_s=0.0)
+        t.start()
+        t.stop()
+        nvml.mj = iter([10_000, 12_500, 15_000, 1_000, 4_000])  # rises, then a reset, then a rise
+        for _ in range(5):
+            t.sample_once()
+        record_compute(j)
+    samples = [e for e in read_events(p) if type(e).__struct_config__.tag == "device_sampled"]
+    assert [s.energy_mj for s in samples if s.energy_mj is not None] == [10_000, 12_500, 15_000, 1_000, 4_000]
+    total = [e for e in read_events(p) if type(e).__struct_config__.tag == "compute_totaled"][0]
+    assert total.energy_j == 8.0 and total.energy_resets == 1  # 2.5 + 2.5 + 3 J; the fall not counted
+    assert total.power_j is not None  # the reset's interval: its power readings' trapezoid, an estimate
