@@ -80,7 +80,7 @@ class Page:
     """A page of the dashboard, its console errors and every URL it asked for."""
 
     def __init__(self, browser, url: str, **ctx):
-        self.context = browser.new_context(viewport={"width": 1300, "height": 1000}, **ctx)
+        self.context = browser.new_context(**{"viewport": {"width": 1300, "height": 1000}, **ctx})
         self.page = self.context.new_page()
         self.errors: list[str] = []
         self.requests: list[str] = []
@@ -566,3 +566,53 @@ def test_serve_names_a_missing_key_before_a_taken_port(tmp_path):
     q = subprocess.run([sys.executable, "-m", "trainledger", "serve", str(tmp_path / "no" / "such")],
                        capture_output=True, text=True, timeout=60)
     assert q.returncode == 2 and "no folder" in q.stderr
+
+
+def test_readable_axes_smoothing_that_keeps_a_spike_and_no_horizontal_scroll(browser, tmp_path):
+    """Every curve has an axis title with its unit and MFU is in percent; a smoothing slider draws the moving average
+    over the raw curve, whose 50x spike stays in the data drawn; a log axis has 1-2-5 ticks labelled; the ladder's
+    page (a scaling fit's long parameters folded into one line) fits 1,280 px without scrolling sideways."""
+    signer = Signer.generate()
+    path = tmp_path / "spike.jsonl"
+    with Journal.create(path, signer=signer, seal_every=100) as j:
+        for i in range(400):
+            loss = 100.0 if i == 300 else 2.0 + 0.001 * (i % 7)  # one step 50x the rest
+            j.append(StepObserved(step=i, loss=loss, grad_norm=0.5 + 0.01 * (i % 5), step_time_s=0.1, tokens=256))
+    with serving(path, [signer.public]) as url:
+        p = Page(browser, url)
+        p.until("window.__trainledger.drawn > 0")
+        titles = p.js("['loss', 'grad_norm', 'mfu', 'tokens_per_s'].map(m => window.__trainledger.charts[m])"
+                      ".filter(u => u).map(u => [u.axes[0].label, u.axes[1].label])")  # drawn on the canvas
+        assert titles == [["step", "loss (nats)"], ["step", "gradient norm (L2)"], ["step", "tokens / s"]]
+        p.js("(() => { const s = document.getElementById('smoothing'); s.value = '0.9'; "
+             "s.dispatchEvent(new Event('input')); })()")
+        p.until("window.__trainledger.data.loss.smoothing === 0.9")
+        loss = p.js("window.__trainledger.data.loss")
+        assert loss["rawMax"] == 100.0  # the spike, drawn in the raw band under the average
+        chart = p.js("(() => { const u = window.__trainledger.charts.loss; "
+                     "return [u.series.length, Math.max(...u.data[1].filter(v => v !== null)), "
+                     "Math.max(...u.data[2].filter(v => v !== null))]; })()")
+        assert chart[0] == 3 and chart[1] == 100.0 and chart[2] < 50  # raw keeps it; the average alone would not
+        p.js("(() => { const c = document.getElementById('log-grad_norm'); c.checked = true; "
+             "c.dispatchEvent(new Event('change')); })()")
+        p.until("window.__trainledger.data.grad_norm.log === true")
+        labels = p.js("window.__trainledger.charts.grad_norm.axes[1]._values")
+        assert len([v for v in labels if v]) >= 2, labels
+        assert p.errors == []
+        p.close()
+    ladder = GOLDEN / "scaling_ladder_v1_2.jsonl"
+    with serving(ladder, [_pub(ladder)]) as url:
+        p = Page(browser, url, viewport={"width": 1280, "height": 900})
+        p.until("window.__trainledger.drawn > 0")
+        assert p.js("document.documentElement.scrollWidth") <= 1280
+        assert p.js("document.querySelectorAll('#listed details').length") >= 1  # the fit's parameters, folded
+        mfu = p.js("window.__trainledger.data.mfu")
+        assert mfu["title"] == "MFU (%)" and 1 < mfu["rawMax"] <= 100  # percent, not a bare 0-1
+        assert p.errors == []
+        p.close()
+
+
+def _pub(journal: Path):
+    from trainledger.journal import load_public_key
+
+    return load_public_key(journal.with_suffix(".pub"))

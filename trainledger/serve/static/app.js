@@ -4,8 +4,15 @@
 (function () {
   const token = new URLSearchParams(location.search).get("token");
   const METRICS = ["loss", "grad_norm", "mfu", "tokens_per_s"];
-  const COLORS = ["#0969da", "#cf222e", "#1a7f37", "#8250df", "#bf8700", "#0550ae", "#a40e26", "#116329",
-                  "#6639ba", "#953800"];
+  // Okabe and Ito's colour-blind-safe eight (the yellow darkened to read on white), then Paul Tol's muted set:
+  // sixteen colours that stay apart for every common colour-vision deficiency
+  const COLORS = ["#0072b2", "#d55e00", "#009e73", "#cc79a7", "#e69f00", "#56b4e9", "#000000", "#b8a800",
+                  "#332288", "#88ccee", "#44aa99", "#117733", "#999933", "#cc6677", "#882255", "#aa4499"];
+  // each curve's axis title with its unit, how its values are shown, and whether a log axis is offered
+  const AXES = {loss: {title: "loss (nats)", scale: 1}, grad_norm: {title: "gradient norm (L2)", scale: 1},
+                mfu: {title: "MFU (%)", scale: 100}, tokens_per_s: {title: "tokens / s", scale: 1}};
+  const VIEW = {smoothing: 0, log: {loss: false, grad_norm: false, mfu: false, tokens_per_s: false}};
+  const BODIES = {};
   const MARK_COLORS = {anomaly_detected: "#cf222e", spike_suspected: "#fb8500", rewind_decided: "#8250df",
                        run_resumed: "#0969da", checkpoint_saved: "#1a7f37", shards_saved: "#1a7f37",
                        device_changed: "#953800", run_stopped: "#1b1f24", straggler_detected: "#bf8700",
@@ -53,6 +60,35 @@
     if (a >= 1e6) return (v / 1e6).toPrecision(3) + "M";
     if (a >= 1e4) return (v / 1e3).toPrecision(3) + "k";
     return String(+v.toPrecision(4));
+  }
+  function logSplits(u, axisIdx, min, max) {
+    // 1, 2 and 5 times each power of ten in range: enough labelled ticks on a log axis
+    const out = [];
+    if (!(min > 0) || !(max > 0)) return out;
+    for (let e = Math.floor(Math.log10(min)); e <= Math.ceil(Math.log10(max)); e++) {
+      for (const m of [1, 2, 5]) { const v = m * Math.pow(10, e); if (v >= min && v <= max) out.push(v); }
+    }
+    return out;
+  }
+  function ema(ys, w) {
+    // TensorBoard's smoothing: an exponential moving average, debiased at the start; gaps stay gaps
+    const out = new Array(ys.length).fill(null);
+    let last = 0, n = 0;
+    for (let i = 0; i < ys.length; i++) {
+      const v = ys[i];
+      if (v === null || v === undefined || !isFinite(v)) continue;
+      last = last * w + (1 - w) * v; n += 1;
+      out[i] = last / (1 - Math.pow(w, n));
+    }
+    return out;
+  }
+  function collapsible(text, limit) {
+    // a long value (a fit's parameters, a verdict's JSON) folds into one line the reader opens
+    if (text.length <= (limit || 90)) return text;
+    const d = document.createElement("details");
+    d.appendChild(el("summary", text.slice(0, (limit || 90) - 3) + "..."));
+    d.appendChild(el("div", text, "folded"));
+    return d;
   }
   function openButton(rank, seq, label) {
     const b = el("button", label || ("seq " + seq), "open");
@@ -115,7 +151,8 @@
       (s.server_error ? "; " + s.server_error : "");
     const ms = document.getElementById("marks");
     ms.replaceChildren();
-    row(ms, ["step", "rank", "what", ""], true);
+    if (!s.marks.length) row(ms, ["nothing marked: no anomaly, checkpoint, resume or rewind"]);
+    else row(ms, ["step", "rank", "what", ""], true);
     for (const m of s.marks.slice(-300)) row(ms, [m.step, m.rank === null ? "-" : m.rank, m.label, openButton(m.rank, m.seq)]);
     const ls = document.getElementById("listed");
     ls.replaceChildren();
@@ -130,7 +167,7 @@
       else if (x.kind === "straggler_detected") what = "rank " + fmt(f.rank) + " score " + fmt(f.score) +
         " steps " + fmt(f.window_start) + "-" + fmt(f.window_end);
       else what = fmt(f.reason || f.rung || "");
-      row(ls, [x.kind, x.rank === null ? "-" : x.rank, fmt(f.rung), what, openButton(x.rank, x.seq)]);
+      row(ls, [x.kind, x.rank === null ? "-" : x.rank, fmt(f.rung), collapsible(what), openButton(x.rank, x.seq)]);
     }
     const rp = s.replay || {state: "waiting", detail: ""};
     const rd = document.getElementById("replay");
@@ -165,27 +202,47 @@
   }
 
   function drawChart(metric, body, marks) {
+    BODIES[metric] = [body, marks];
     const box = document.getElementById("chart-" + metric);
-    const parts = body.series.map(s => Object.assign({}, s, {unsigned: false}))
-      .concat(body.unsigned.map(s => Object.assign({}, s, {unsigned: true})));
+    const axis = AXES[metric], log = VIEW.log[metric], w = VIEW.smoothing;
+    const shown = s => Object.assign({}, s, {y: s.y.map(v => v === null ? null : (log && !(v > 0) ? null : v * axis.scale))});
+    const parts = body.series.map(s => Object.assign(shown(s), {unsigned: false}))
+      .concat(body.unsigned.map(s => Object.assign(shown(s), {unsigned: true})));
+    let rawMax = null;
+    for (const s of parts) for (const v of s.y) if (v !== null && (rawMax === null || v > rawMax)) rawMax = v;
     T.data[metric] = {points: parts.reduce((n, s) => n + s.x.length, 0), series: parts.length,
-                      unsigned: body.unsigned.reduce((n, s) => n + s.x.length, 0)};
+                      unsigned: body.unsigned.reduce((n, s) => n + s.x.length, 0), smoothing: w, log: log,
+                      rawMax: rawMax, title: axis.title};
     const {data, seqs} = chartData(parts);
     const ranks = [...new Set(parts.map(s => s.rank))];
     // colour by rank in a run folder, else by rung (a ladder), else by segment
     const keyOf = s => ranks.length > 1 ? "r" + s.rank : (s.rung ? "g" + s.rung : "s" + s.segment);
     const keys = [...new Set(parts.filter(s => !s.unsigned).map(keyOf))];
+    const colour = s => s.unsigned ? "#9a6700" : COLORS[keys.indexOf(keyOf(s)) % COLORS.length];
+    const name = s => ((s.unsigned ? "not signed yet " : "") + (s.rank !== null && s.rank !== undefined ? "rank " + s.rank + " " : "") +
+                       (s.rung ? s.rung : (!s.unsigned && s.segment ? "segment " + s.segment : ""))).trim() || metric;
+    // smoothing draws the moving average over the raw curve, which stays drawn (thin, lighter): a spike is never
+    // smoothed away, it stays in the raw band under the average
+    const series = [{label: "step"}];
+    for (const s of parts) series.push({label: name(s), stroke: colour(s),
+      alpha: w > 0 ? 0.35 : 1, dash: s.unsigned ? [4, 4] : undefined, spanGaps: true, width: w > 0 ? 1 : 1.25,
+      points: {show: false}});
+    if (w > 0) {
+      parts.forEach((s, i) => {
+        data.push(ema(data[i + 1], w));
+        seqs.push(seqs[i + 1]);
+        series.push({label: name(s) + " (smoothed)", stroke: colour(s), width: 2, spanGaps: true, points: {show: false}});
+      });
+    }
+    const yScale = log ? {distr: 3, log: 10} : {};
     const opts = {
       width: Math.max(300, box.clientWidth || 900), height: 220,
-      scales: {x: {time: false}},
-      axes: [{}, {size: 64, values: (u, vals) => vals.map(axisLabel)}],
-      series: [{label: "step"}].concat(parts.map(s => ({
-        label: (s.unsigned ? "not signed yet" : "") + (s.rank !== null && s.rank !== undefined ? " rank " + s.rank : "") +
-               (s.rung ? " " + s.rung : "") + (!s.unsigned && s.segment ? " seg " + s.segment : ""),
-        stroke: s.unsigned ? "#9a6700" : COLORS[keys.indexOf(keyOf(s)) % COLORS.length],
-        dash: s.unsigned ? [4, 4] : undefined, spanGaps: true, width: 1.25, points: {show: false},
-      }))),
-      legend: {show: parts.length <= 12},
+      scales: {x: {time: false}, y: yScale},
+      axes: [{label: "step", size: 44}, Object.assign({label: axis.title, size: 72, values: (u, vals) => vals.map(axisLabel)},
+                                                     log ? {splits: logSplits, filter: (u, splits) => splits} : {})],
+      series: series,
+      // one entry per curve and no per-point values once there are many: the legend stays a few lines
+      legend: {show: series.length <= 32, live: series.length <= 8},
       hooks: {draw: [u => drawMarks(u, marks)]},
     };
     if (T.charts[metric]) { T.charts[metric].destroy(); delete T.charts[metric]; }
@@ -196,6 +253,9 @@
       return;
     }
     const u = new uPlot(opts, data, box);
+    // the averages share their curve's colour: the legend lists each curve once
+    const rows = u.root.querySelectorAll(".u-legend .u-series"), averages = w > 0 ? parts.length : 0;
+    rows.forEach((tr, k) => { if (k >= rows.length - averages) tr.style.display = "none"; });
     u.__seqs = seqs; u.__parts = parts;
     u.over.addEventListener("click", (e) => {
       // a mark within 4 px of the click opens its event; else the nearest point's
@@ -208,7 +268,7 @@
       if (i === null || i === undefined) return;
       let best = null;
       for (let k = 1; k < u.data.length; k++) if (u.data[k][i] !== null && seqs[k][i] !== null) { best = k; break; }
-      if (best !== null) openEvent(parts[best - 1].rank, seqs[best][i]);
+      if (best !== null) openEvent(parts[(best - 1) % parts.length].rank, seqs[best][i]);
     });
     T.charts[metric] = u;
   }
@@ -254,8 +314,11 @@
     el0.replaceChildren();
     const dots = {show: true, size: 7};
     T.charts.fit = new uPlot({
-      width: Math.max(300, Math.min(900, el0.clientWidth || 700)), height: 220, scales: {x: {time: false}},
-      axes: [{label: "log10 training FLOPs (6ND)"}, {size: 64, values: (u, vals) => vals.map(axisLabel)}],
+      width: Math.max(300, Math.min(900, el0.clientWidth || 700)), height: 220,
+      // a margin around the points, so that the chosen size (the rightmost, usually) is drawn whole
+      scales: {x: {time: false, range: (u, lo, hi) => [lo - 0.05 * (hi - lo || 1), hi + 0.05 * (hi - lo || 1)]},
+               y: {range: (u, lo, hi) => [lo - 0.08 * (hi - lo || 1), hi + 0.08 * (hi - lo || 1)]}},
+      axes: [{label: "log10 training FLOPs (6ND)"}, {label: "loss (nats)", size: 64, values: (u, vals) => vals.map(axisLabel)}],
       series: [{label: "log10 6ND"},
                {label: "observed (held-out loss)", stroke: "#0969da", paths: () => null, points: dots},
                {label: "fitted", stroke: "#1a7f37", spanGaps: true, points: {show: false}},
@@ -374,6 +437,21 @@
     } finally {
       busy = false;
     }
+  }
+
+  function redraw() {
+    // the view changed (smoothing, a log axis): the curves drawn again from what was fetched
+    for (const m of METRICS) if (BODIES[m]) drawChart(m, BODIES[m][0], BODIES[m][1]);
+  }
+  const slider = document.getElementById("smoothing");
+  slider.addEventListener("input", () => {
+    VIEW.smoothing = Math.min(0.999, Math.max(0, Number(slider.value) || 0));
+    document.getElementById("smoothing-value").textContent = VIEW.smoothing.toFixed(2);
+    redraw();
+  });
+  for (const m of METRICS) {
+    const box = document.getElementById("log-" + m);
+    if (box) box.addEventListener("change", () => { VIEW.log[m] = box.checked; redraw(); });
   }
 
   refresh();
