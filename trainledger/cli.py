@@ -112,7 +112,9 @@ def register(sub) -> None:
                                    "nothing else. Every point opens its event and its inclusion proof. Binds "
                                    "127.0.0.1; any other --host needs the token printed with the URL. Read-only.",
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("path", metavar="PATH", help=PATH_HELP + " (waits for the first journal when there is none yet)")
+    p.add_argument("path", metavar="PATH", nargs="+",
+                   help=PATH_HELP + " (waits for the first journal when there is none yet); or a folder of runs, or "
+                        "several: every run under them on one page, side by side")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
     p.add_argument("--port", type=int, default=8765, help="port (default: 8765; 0: any free one)")
     add_trust_options(p)
@@ -256,14 +258,16 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port {args.port}: a port is 0 to 65535")
 
+    shown = " ".join(args.path)
+
     def ready(url: str, board) -> None:
         state = board.state()
         if state.get("fail"):
             say(state["fail"])
-        say(f"serving {args.path} at {url}  (Ctrl-C stops)", flush=True)
+        say(f"serving {shown} at {url}  (Ctrl-C stops)", flush=True)
 
-    return serve(args.path, trust=trust_policy(args), host=args.host, port=args.port, ready=ready,
-                 progress=progress_for(args, "verifying"))
+    return serve(args.path if len(args.path) > 1 else args.path[0], trust=trust_policy(args), host=args.host,
+                 port=args.port, ready=ready, progress=progress_for(args, "verifying"))
 
 
 def _cmd_report(args: argparse.Namespace) -> int:

@@ -28,6 +28,7 @@ from typing import Any
 
 from trainledger.journal.errors import IntegrityError, TrainledgerError, UsageError
 from trainledger.serve.board import METRICS, Board
+from trainledger.serve.fleet import Fleet
 
 __all__ = ["make_app", "POLL_S", "CSP", "LOOPBACK"]
 
@@ -44,9 +45,9 @@ def _static(name: str) -> bytes:
 
 
 class Follower(threading.Thread):
-    """Polls the board until stopped; the server's one writer of the board."""
+    """Polls the boards until stopped; the server's one writer of them."""
 
-    def __init__(self, board: Board, interval: float = POLL_S) -> None:
+    def __init__(self, board: Any, interval: float = POLL_S) -> None:
         super().__init__(name="trainledger-serve-follow", daemon=True)
         self.board, self.interval = board, interval
         self.stopped = threading.Event()
@@ -64,15 +65,20 @@ class Follower(threading.Thread):
                 self.error = f"{type(e).__name__}: {e}"
 
 
-def make_app(board: Board, *, token: str | None, follow: bool = True) -> Any:
-    """The Starlette application over ``board``. ``token``: every request must carry it (``?token=``); None on a
-    loopback bind, where the ``Host`` header must name the loopback address instead."""
+def make_app(board: Board | Fleet, *, token: str | None, follow: bool = True) -> Any:
+    """The Starlette application over ``board`` (one run's :class:`Board`, or a :class:`Fleet` of runs: every API
+    call then takes ``run=NAME``, the first run by default). ``token``: every request must carry it (``?token=``);
+    None on a loopback bind, where the ``Host`` header must name the loopback address instead."""
     from starlette.applications import Starlette
     from starlette.requests import Request
     from starlette.responses import JSONResponse, Response, StreamingResponse
     from starlette.routing import Route
 
-    follower = Follower(board) if follow else None
+    fleet = board if isinstance(board, Fleet) else Fleet([board.path], board.trust, boards={str(board.path): board})
+    follower = Follower(fleet) if follow else None
+
+    def run_of(request: Request) -> Board:
+        return fleet.board(request.query_params.get("run"))
 
     def guard(request: Request) -> Response | None:
         if token is not None:
@@ -124,30 +130,35 @@ def make_app(board: Board, *, token: str | None, follow: bool = True) -> Any:
         return _int(request, "rank")
 
     def state(request: Request) -> dict[str, Any]:
-        s = board.state()
+        s = run_of(request).state()
+        s["runs"] = fleet.runs()
         s["server_error"] = follower.error if follower is not None else None
         s["metrics"] = list(METRICS)
         return s
 
     def series(request: Request) -> dict[str, Any]:
-        return board.series(request.query_params.get("metric", "loss"), _int(request, "width", 1200),
+        return run_of(request).series(request.query_params.get("metric", "loss"), _int(request, "width", 1200),
                             _int(request, "lo"), _int(request, "hi"))
 
     def heatmap(request: Request) -> dict[str, Any]:
-        return board.heatmap(_int(request, "width", 600))
+        return run_of(request).heatmap(_int(request, "width", 600))
 
     def telemetry(request: Request) -> dict[str, Any]:
-        return board.telemetry()
+        return run_of(request).telemetry()
 
     def devices(request: Request) -> dict[str, Any]:
-        return board.device_series(request.query_params.get("metric", "temp_c"), _int(request, "width", 900))
+        return run_of(request).device_series(request.query_params.get("metric", "temp_c"),
+                                             _int(request, "width", 900))
+
+    def runs(request: Request) -> dict[str, Any]:
+        return {"version": fleet.version, "runs": fleet.runs()}
 
     def event(request: Request) -> dict[str, Any]:
-        return board.event(_rank(request), _int(request, "seq", -1))
+        return run_of(request).event(_rank(request), _int(request, "seq", -1))
 
     def proof(request: Request) -> Response:
         rank, seq = _rank(request), _int(request, "seq", -1)
-        bundle = board.proof(rank, seq)
+        bundle = run_of(request).proof(rank, seq)
         name = f"proof-{'' if rank is None else f'rank{rank}-'}seq{seq}.json"
         return Response(json.dumps(bundle, indent=1) + "\n", media_type="application/json",
                         headers=headers({"Content-Disposition": f'attachment; filename="{name}"'}))
@@ -178,7 +189,7 @@ def make_app(board: Board, *, token: str | None, follow: bool = True) -> Any:
             while True:
                 if await request.is_disconnected():
                     break
-                v = board.version
+                v = fleet.version
                 if v != seen:
                     seen = v
                     last = time.monotonic()
@@ -206,7 +217,7 @@ def make_app(board: Board, *, token: str | None, follow: bool = True) -> Any:
     routes = [Route("/", page), Route("/favicon.ico", favicon), Route("/static/{name}", static), Route("/api/state", api(state)),
               Route("/api/series", api(series)), Route("/api/heatmap", api(heatmap)),
               Route("/api/telemetry", api(telemetry)), Route("/api/devices", api(devices)), Route("/api/event", api(event)),
-              Route("/api/proof", api(proof)), Route("/api/stream", stream)]
+              Route("/api/proof", api(proof)), Route("/api/runs", api(runs)), Route("/api/stream", stream)]
     return Starlette(routes=routes, lifespan=lifespan)
 
 
@@ -247,21 +258,30 @@ def is_loopback(host: str) -> bool:
     return host in LOOPBACK
 
 
-def serve(path: str | Path, *, trust: Any, host: str = "127.0.0.1", port: int = 8765,
+def serve(path: str | Path | list[str | Path], *, trust: Any, host: str = "127.0.0.1", port: int = 8765,
           ready: Any = None, progress: Any = None) -> int:
-    """Verify what ``path`` holds now, then serve it until Ctrl-C. ``ready(url)`` is told the URL once the server
-    listens (the CLI prints it)."""
+    """Verify what ``path`` holds now, then serve it until Ctrl-C. ``path``: a journal or a run folder (one run), or
+    several paths, or a folder of runs (every run under them, on one page: :class:`Fleet`). ``ready(url)`` is told
+    the URL once the server listens (the CLI prints it)."""
     try:
         import uvicorn
     except ImportError:
         raise UsageError("serve needs its extra: pip install 'trainledger[serve]'") from None
     from trainledger.serve.board import open_board
+    from trainledger.serve.fleet import _is_run, find_runs
 
-    _wait_for_journal(Path(path))
-    _precheck_trust(Path(path), trust)   # a missing key is named before a taken port is
+    paths = [Path(p) for p in (path if isinstance(path, (list, tuple)) else [path])]
+    # one run (or a folder that holds no run yet: waited for), else every run under the paths
+    one = len(paths) == 1 and (_is_run(paths[0]) or not paths[0].exists() or not find_runs(paths))
+    if one:
+        _wait_for_journal(paths[0])
+    elif not find_runs(paths):
+        raise UsageError(f"{', '.join(map(str, paths))}: no journal or run folder here")
+    first = paths[0] if one else next(iter(find_runs(paths).values()))
+    _precheck_trust(first, trust)   # a missing key is named before a taken port is
     sock = _listen(host, port)
     try:
-        board = open_board(path, trust, progress=progress)
+        board = open_board(paths[0], trust, progress=progress) if one else Fleet(paths, trust, progress=progress)
     except BaseException:
         sock.close()
         raise
@@ -277,7 +297,7 @@ def serve(path: str | Path, *, trust: Any, host: str = "127.0.0.1", port: int = 
         while not server.started and not task.done():
             await asyncio.sleep(0.05)
         if server.started and ready is not None:
-            ready(url_of(host, port, token), board)
+            ready(url_of(host, port, token), board if one else board.board(None))
         await task
 
     def terminated(signum: int, frame: Any) -> None:

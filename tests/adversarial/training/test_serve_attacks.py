@@ -201,8 +201,11 @@ def test_serve_stopped_with_ctrl_c_during_replay_leaves_no_process_behind(tmp_pa
             assert time.monotonic() < deadline, "replay never started"
             kids |= set(_children(proc.pid))
             if _get(f"{url}api/state")[1].get("replay", {}).get("state") == "running":
+                # the state says running a moment before the worker process exists: wait for it to be there
+                kids |= set(_children(proc.pid))
                 kids |= {k for c in list(kids) for k in _children(c)}
-                break
+                if kids:
+                    break
             time.sleep(0.05)
         assert kids
         proc.send_signal(signal.SIGINT)
@@ -216,3 +219,25 @@ def test_serve_stopped_with_ctrl_c_during_replay_leaves_no_process_behind(tmp_pa
                                                                           .rsplit(")", 1)[1].split()[0])]
     assert not alive, alive
     assert not [x for x in tmp.iterdir() if x.name.startswith("trainledger-serve-")]
+
+
+def test_a_folder_of_runs_finds_run_folders_only_and_follows_no_link(tmp_path):
+    """find_runs: run folders below a root (a one-journal folder, a rank folder) by their relative names; a loose
+    journal beside them, a link to a run elsewhere and anything deeper than four levels are not runs."""
+    from trainledger.serve.fleet import find_runs
+
+    root = tmp_path / "runs"
+    (root / "a").mkdir(parents=True)
+    (root / "a" / "journal.jsonl").write_text("{}\n")
+    (root / "group" / "b").mkdir(parents=True)
+    (root / "group" / "b" / "rank-00000.jsonl").write_text("{}\n")
+    (root / "loose.jsonl").write_text("{}\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "journal.jsonl").write_text("{}\n")
+    (root / "link").symlink_to(elsewhere)
+    deep = root / "1" / "2" / "3" / "4" / "5"
+    deep.mkdir(parents=True)
+    (deep / "journal.jsonl").write_text("{}\n")
+    assert find_runs([root]) == {"a": root / "a", "group/b": root / "group" / "b"}
+    assert find_runs([root / "a"]) == {str(root / "a"): root / "a"}  # a root that is a run keeps its name

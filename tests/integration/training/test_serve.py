@@ -39,16 +39,15 @@ ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--
 
 
 @contextlib.contextmanager
-def serving(path: Path, keys, *, token: str | None = None):
-    """A real uvicorn serving the board of ``path`` on a free loopback port, in a thread; yields the page's URL."""
+def _uvicorn(board, token: str | None = None):
+    """A real uvicorn serving ``board`` (a Board or a Fleet) on a free loopback port, in a thread; yields the page's
+    URL, and closes the board after."""
     import uvicorn
 
     from trainledger.serve.app import make_app
-    from trainledger.serve.board import open_board
 
-    board = open_board(path, TrustPolicy(keys=list(keys)))
-    app = make_app(board, token=token)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="error", lifespan="on"))
+    server = uvicorn.Server(uvicorn.Config(make_app(board, token=token), host="127.0.0.1", port=0, log_level="error",
+                                           lifespan="on"))
     t = threading.Thread(target=server.run, daemon=True)
     t.start()
     deadline = time.monotonic() + 20
@@ -62,6 +61,15 @@ def serving(path: Path, keys, *, token: str | None = None):
         server.should_exit = True
         t.join(10)
         board.close()
+
+
+@contextlib.contextmanager
+def serving(path: Path, keys, *, token: str | None = None):
+    """The board of ``path``, served (:func:`_uvicorn`)."""
+    from trainledger.serve.board import open_board
+
+    with _uvicorn(open_board(path, TrustPolicy(keys=list(keys))), token) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
@@ -616,3 +624,48 @@ def _pub(journal: Path):
     from trainledger.journal import load_public_key
 
     return load_public_key(journal.with_suffix(".pub"))
+
+
+@contextlib.contextmanager
+def serving_fleet(paths, keys):
+    """Every run under ``paths`` (a :class:`Fleet`), served (:func:`_uvicorn`)."""
+    from trainledger.serve.fleet import Fleet
+
+    with _uvicorn(Fleet(list(paths), TrustPolicy(keys=list(keys)))) as url:
+        yield url
+
+
+def test_a_folder_of_runs_overlays_them_lists_a_fail_and_shows_a_new_run(browser, tmp_path):
+    """serve DIR: a run table (a run that fails verification is a FAIL row and never a curve), the charts overlay
+    the runs ticked, each run its own colour family named by run and rung, and a run copied in while it serves
+    appears in the table."""
+    runs = tmp_path / "runs"
+    for name, golden in (("ladder", "scaling_ladder_v1_2"), ("halt", "ladder_halt_v1_1")):
+        (runs / name).mkdir(parents=True)
+        shutil.copy(GOLDEN / f"{golden}.jsonl", runs / name / "ladder.jsonl")
+    bad = runs / "tampered"
+    bad.mkdir()
+    text = (GOLDEN / "ladder_halt_v1_1.jsonl").read_text()
+    (bad / "ladder.jsonl").write_text(text.replace('"loss":', '"loss":1', 1))  # one changed byte in a step
+    keys = [_pub(GOLDEN / "scaling_ladder_v1_2.jsonl"), _pub(GOLDEN / "ladder_halt_v1_1.jsonl"),
+            _pub(GOLDEN / "resumed_rewound_v1_1.jsonl")]
+    with serving_fleet([runs], keys) as url:
+        p = Page(browser, url, viewport={"width": 1280, "height": 1000})
+        p.until("window.__trainledger.drawn > 0 && window.__trainledger.data.loss && "
+                "window.__trainledger.data.loss.runs === 2")
+        rows = p.js("Array.from(document.querySelectorAll('#runs tr')).slice(1).map(r => r.textContent)")
+        assert len(rows) == 3 and any(r.startswith("tampered") and "FAIL" in r for r in rows), rows
+        names = p.js("window.__trainledger.charts.loss.series.slice(1).map(s => s.label)")
+        assert "ladder rung_iv_headline" in names and any(n.startswith("halt ") for n in names)
+        assert not any(n.startswith("tampered") for n in names)  # a FAIL run is never drawn
+        assert p.js("document.documentElement.scrollWidth") <= 1280
+        # untick one run: its curves leave the charts
+        p.js("(() => { const t = document.querySelectorAll('#runs input[type=checkbox]')[0]; t.checked = false; "
+             "t.dispatchEvent(new Event('change')); })()")
+        p.until("window.__trainledger.data.loss.runs === 1")
+        # a run copied into the folder while it serves: a new row, within the rescan
+        (runs / "late").mkdir()
+        shutil.copy(GOLDEN / "resumed_rewound_v1_1.jsonl", runs / "late" / "journal.jsonl")
+        p.until("document.querySelectorAll('#runs tr').length === 5", timeout=15)
+        assert p.errors == []
+        p.close()

@@ -13,6 +13,8 @@
                 mfu: {title: "MFU (%)", scale: 100}, tokens_per_s: {title: "tokens / s", scale: 1}};
   const VIEW = {smoothing: 0, log: {loss: false, grad_norm: false, mfu: false, tokens_per_s: false}};
   const BODIES = {};
+  // a folder of runs: the run the panels show (RUN), and the runs the charts overlay (SELECTED), by name
+  const RUNS = {list: [], focus: null, selected: new Set(), chosen: false};
   const MARK_COLORS = {anomaly_detected: "#cf222e", spike_suspected: "#fb8500", rewind_decided: "#8250df",
                        run_resumed: "#0969da", checkpoint_saved: "#1a7f37", shards_saved: "#1a7f37",
                        device_changed: "#953800", run_stopped: "#1b1f24", straggler_detected: "#bf8700",
@@ -21,6 +23,7 @@
 
   function url(path, params) {
     const q = new URLSearchParams(params || {});
+    if (RUNS.focus !== null && !q.has("run") && path !== "api/runs" && path !== "api/stream") q.set("run", RUNS.focus);
     if (token) q.set("token", token);
     const s = q.toString();
     return path + (s ? "?" + s : "");
@@ -97,8 +100,50 @@
     return b;
   }
 
-  async function openEvent(rank, seq) {
+  function shade(hex, k) {
+    // the k-th shade of a run's colour (its ranks or rungs): lighter towards white, in four steps
+    const t = (k % 4) * 0.22, n = parseInt(hex.slice(1), 16);
+    const c = [n >> 16, (n >> 8) & 255, n & 255].map(v => Math.round(v + (255 - v) * t));
+    return "#" + c.map(v => v.toString(16).padStart(2, "0")).join("");
+  }
+
+  function drawRuns(runs) {
+    // the run table of a folder of runs: a FAIL row is listed and never drawn
+    RUNS.list = runs;
+    const box = document.getElementById("runs-box");
+    box.hidden = runs.length <= 1;
+    if (runs.length <= 1) return;
+    const ok = runs.filter(r => !r.fail).map(r => r.name);
+    if (!RUNS.chosen) { RUNS.selected = new Set(ok.slice(0, 8)); }
+    for (const n of Array.from(RUNS.selected)) if (!ok.includes(n)) RUNS.selected.delete(n);
+    if (RUNS.focus === null || !ok.includes(RUNS.focus)) RUNS.focus = ok.length ? ok[0] : null;
+    const t = document.getElementById("runs");
+    t.replaceChildren();
+    const differ = [...new Set(runs.flatMap(r => Object.keys(r.differs || {})))];
+    row(t, ["", "run", "run id", "key", "status", "steps", "last seal", "final loss", "best loss"].concat(differ), true);
+    for (const r of runs) {
+      let tick = "";
+      if (!r.fail) {
+        tick = document.createElement("input");
+        tick.type = "checkbox"; tick.checked = RUNS.selected.has(r.name);
+        tick.addEventListener("change", () => {
+          RUNS.chosen = true;
+          if (tick.checked) RUNS.selected.add(r.name); else RUNS.selected.delete(r.name);
+          refresh();
+        });
+      }
+      const name = el("button", r.name, "open run-name" + (r.name === RUNS.focus ? " focus" : ""));
+      name.type = "button";
+      name.addEventListener("click", () => { if (!r.fail) { RUNS.focus = r.name; refresh(); } });
+      const tr = row(t, [tick, name, r.run_id, r.key_id, r.fail ? "FAIL: " + r.fail : r.status, r.steps, r.last_seal,
+                         fmt(r.final_loss), fmt(r.best_loss)].concat(differ.map(k => fmt((r.differs || {})[k]))));
+      if (r.fail) tr.className = "fail-row";
+    }
+  }
+
+  async function openEvent(rank, seq, run) {
     const params = {seq: seq};
+    if (run !== null && run !== undefined) params.run = run;
     if (rank !== null && rank !== undefined) params.rank = rank;
     const box = document.getElementById("event");
     try {
@@ -212,14 +257,22 @@
     for (const s of parts) for (const v of s.y) if (v !== null && (rawMax === null || v > rawMax)) rawMax = v;
     T.data[metric] = {points: parts.reduce((n, s) => n + s.x.length, 0), series: parts.length,
                       unsigned: body.unsigned.reduce((n, s) => n + s.x.length, 0), smoothing: w, log: log,
-                      rawMax: rawMax, title: axis.title};
+                      rawMax: rawMax, title: axis.title, runs: [...new Set(parts.map(s => s.run || ""))].length};
     const {data, seqs} = chartData(parts);
     const ranks = [...new Set(parts.map(s => s.rank))];
-    // colour by rank in a run folder, else by rung (a ladder), else by segment
-    const keyOf = s => ranks.length > 1 ? "r" + s.rank : (s.rung ? "g" + s.rung : "s" + s.segment);
+    const runs = [...new Set(parts.map(s => s.run || ""))];
+    // colour by rank in a run folder, else by rung (a ladder), else by segment; several runs: a colour family per
+    // run, its ranks or rungs as shades
+    const subOf = s => ranks.length > 1 ? "r" + s.rank : (s.rung ? "g" + s.rung : "s" + s.segment);
+    const keyOf = s => (s.run || "") + "|" + subOf(s);
     const keys = [...new Set(parts.filter(s => !s.unsigned).map(keyOf))];
-    const colour = s => s.unsigned ? "#9a6700" : COLORS[keys.indexOf(keyOf(s)) % COLORS.length];
-    const name = s => ((s.unsigned ? "not signed yet " : "") + (s.rank !== null && s.rank !== undefined ? "rank " + s.rank + " " : "") +
+    const subs = {};
+    for (const k of keys) { const r = k.split("|")[0]; (subs[r] = subs[r] || []).push(k); }
+    const colour = s => s.unsigned ? "#9a6700" : runs.length > 1
+      ? shade(COLORS[runs.indexOf(s.run || "") % COLORS.length], (subs[s.run || ""] || []).indexOf(keyOf(s)))
+      : COLORS[keys.indexOf(keyOf(s)) % COLORS.length];
+    const name = s => ((runs.length > 1 ? s.run + " " : "") + (s.unsigned ? "not signed yet " : "") +
+                       (s.rank !== null && s.rank !== undefined ? "rank " + s.rank + " " : "") +
                        (s.rung ? s.rung : (!s.unsigned && s.segment ? "segment " + s.segment : ""))).trim() || metric;
     // smoothing draws the moving average over the raw curve, which stays drawn (thin, lighter): a spike is never
     // smoothed away, it stays in the raw band under the average
@@ -262,13 +315,13 @@
       const left = e.clientX - u.over.getBoundingClientRect().left;
       for (const m of marks) {
         if (m.step === null || m.step === undefined || m.seq === undefined) continue;
-        if (Math.abs(u.valToPos(m.step, "x") - left) <= 4) { openEvent(m.rank, m.seq); return; }
+        if (Math.abs(u.valToPos(m.step, "x") - left) <= 4) { openEvent(m.rank, m.seq, m.run); return; }
       }
       const i = u.cursor.idx;
       if (i === null || i === undefined) return;
       let best = null;
       for (let k = 1; k < u.data.length; k++) if (u.data[k][i] !== null && seqs[k][i] !== null) { best = k; break; }
-      if (best !== null) openEvent(parts[(best - 1) % parts.length].rank, seqs[best][i]);
+      if (best !== null) { const s = parts[(best - 1) % parts.length]; openEvent(s.rank, seqs[best][i], s.run); }
     });
     T.charts[metric] = u;
   }
@@ -410,12 +463,23 @@
     try {
       do {
         again = false;
-        const s = await get("api/state");
+        let s = await get("api/state");
+        const focus = RUNS.focus;
+        drawRuns(s.runs || []);
+        if (RUNS.focus !== focus) s = await get("api/state");  // the first look at a folder: its first run's panels
         T.state = s;
         drawState(s);
         if (!s.fail) {
           const width = Math.max(300, Math.min(2000, document.getElementById("chart-loss").clientWidth || 1200));
-          const bodies = await Promise.all(METRICS.map(m => get("api/series", {metric: m, width: width})));
+          const many = RUNS.list.length > 1;
+          const names = many ? Array.from(RUNS.selected) : [null];
+          const bodies = await Promise.all(METRICS.map(async m => {
+            const got = await Promise.all(names.map(n => get("api/series", n === null ? {metric: m, width: width}
+                                                                             : {metric: m, width: width, run: n})));
+            const tag = (arr, n) => arr.map(x => Object.assign(x, {run: n === null ? undefined : n}));
+            return {series: got.flatMap((b, i) => tag(b.series, names[i])),
+                    unsigned: got.flatMap((b, i) => tag(b.unsigned, names[i]))};
+          }));
           const diffs = ((s.replay || {}).differences || []).map(d => ({step: d.step, kind: "replay_difference",
                                                                          rank: d.rank, seq: d.seq}));
           METRICS.forEach((m, i) => drawChart(m, bodies[i], s.marks.concat(diffs)));
