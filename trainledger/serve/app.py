@@ -54,15 +54,27 @@ class Follower(threading.Thread):
         self.error: str | None = None
 
     def run(self) -> None:
+        replaying: threading.Thread | None = None
         while not self.stopped.wait(self.interval):
             try:
                 self.board.poll()
-                if self.board.replay_due():
-                    self.board.run_replay()
+                # a replay takes seconds (a child process): it runs beside the polling, one at a time, so that the
+                # runs go on being followed (and new ones found) while it works
+                if (replaying is None or not replaying.is_alive()) and self.board.replay_due():
+                    replaying = threading.Thread(target=self._replay, name="trainledger-serve-replay", daemon=True)
+                    replaying.start()
             except TrainledgerError as e:  # a journal gone or unreadable: said on the page, the server stays up
                 self.error = str(e)
             except Exception as e:  # noqa: BLE001 - the follower must never die silently
                 self.error = f"{type(e).__name__}: {e}"
+
+    def _replay(self) -> None:
+        try:
+            self.board.run_replay()
+        except TrainledgerError as e:
+            self.error = str(e)
+        except Exception as e:  # noqa: BLE001 - said on the page, never a dead thread
+            self.error = f"{type(e).__name__}: {e}"
 
 
 def make_app(board: Board | Fleet, *, token: str | None, follow: bool = True) -> Any:
@@ -126,6 +138,15 @@ def make_app(board: Board | Fleet, *, token: str | None, follow: bool = True) ->
             raise UsageError(f"{name}={v[:40]}: past a 64-bit integer")
         return n
 
+    def _float(request: Request, name: str) -> float | None:
+        v = request.query_params.get(name)
+        if v is None or v == "":
+            return None
+        f = float(v)
+        if not math.isfinite(f):
+            raise UsageError(f"{name}={v[:40]}: not a finite number")
+        return f
+
     def _rank(request: Request) -> int | None:
         return _int(request, "rank")
 
@@ -137,8 +158,12 @@ def make_app(board: Board | Fleet, *, token: str | None, follow: bool = True) ->
         return s
 
     def series(request: Request) -> dict[str, Any]:
+        x = request.query_params.get("x", "step")
+        if x == "step":
+            return run_of(request).series(request.query_params.get("metric", "loss"), _int(request, "width", 1200),
+                                          _int(request, "lo"), _int(request, "hi"))
         return run_of(request).series(request.query_params.get("metric", "loss"), _int(request, "width", 1200),
-                            _int(request, "lo"), _int(request, "hi"))
+                                      _float(request, "lo"), _float(request, "hi"), x=x)
 
     def heatmap(request: Request) -> dict[str, Any]:
         return run_of(request).heatmap(_int(request, "width", 600))

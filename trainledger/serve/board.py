@@ -46,6 +46,10 @@ METRICS = {"loss": "loss", "grad_norm": "grad_norm", "step_time_s": "step_time_s
            # PaLM appendix B, against the run_configured in force in the step's segment (segs)
            "mfu": f"CASE WHEN step_time_s > 0 AND peak > 0 THEN {_TOKENS} * fpt / step_time_s / peak END",
            "tokens_per_s": f"CASE WHEN step_time_s > 0 THEN {_TOKENS} / step_time_s END"}
+#: the x axes a curve can be drawn against besides the step: the tokens each rank (each rung of a ladder) has processed
+#: so far (steps done again after a resume count again: they were processed), or seconds since the first step
+X_AXES = {"tokens": f"sum({_TOKENS}) OVER (PARTITION BY rank, rung ORDER BY seq)",
+          "time": "(ts - min(ts) OVER ()) / 1e9"}
 #: the device readings drawn over time (columns of ``telemetry``)
 DEVICE_METRICS = ("temp_c", "temp_hbm_c", "power_w", "sm_clock_mhz")
 #: the widest downsampling a request may ask for (pixels)
@@ -263,12 +267,15 @@ class Board:
                          "ecc_uncorrected DOUBLE)")
 
 
-    def close(self) -> None:
+    def close(self, *, helpers: bool = True) -> None:
+        """Close the tables, end a replay in flight, remove the private folder. ``helpers=False``: leave the
+        forkserver and resource tracker multiprocessing shares between boards running (a :class:`Fleet` stops them
+        once, after its last board)."""
         import shutil
 
         with self.lock:
             self.con.close()
-        _stop_pool(self._pool)
+        _stop_pool(self._pool, helpers=helpers)
         shutil.rmtree(self.private, ignore_errors=True)
 
     # -- following ----------------------------------------------------------------------------------------------
@@ -529,11 +536,16 @@ class Board:
             out["steps"] = self.con.execute("SELECT count(*), min(step), max(step) FROM steps").fetchall()[0]
             return out
 
-    def series(self, metric: str, width: int, lo: int | None = None, hi: int | None = None) -> dict[str, Any]:
+    def series(self, metric: str, width: int, lo: int | float | None = None, hi: int | float | None = None,
+               x: str = "step") -> dict[str, Any]:
         """``metric`` by step, per rank, segment and rung, at most two points (the lowest and the highest, in step
-        order) per pixel of ``width``; the events past each journal's last seal apart, as they are."""
+        order) per pixel of ``width``; the events past each journal's last seal apart, as they are. ``x``: ``step``,
+        ``tokens`` (each rank's tokens so far) or ``time`` (seconds since the run's first step); ``lo`` and ``hi``
+        are in its units."""
         if metric not in METRICS:
             raise UsageError(f"no such curve {metric!r}: one of {', '.join(METRICS)}")
+        if x != "step":
+            return self._series_by(metric, max(1, min(int(width), MAX_WIDTH)), lo, hi, x)
         width = max(1, min(int(width), MAX_WIDTH))
         with self.lock:
             if self.fail is not None:
@@ -575,6 +587,44 @@ class Board:
                     unsigned.append({"rank": rank, "x": [p[0] for p in pts], "y": [p[1] for p in pts],
                                      "seq": [p[2] for p in pts]})
             return {"metric": metric, "lo": lo, "hi": hi, "width": width, "series": series, "unsigned": unsigned}
+
+    def _series_by(self, metric: str, width: int, lo: float | None, hi: float | None, x: str) -> dict[str, Any]:
+        """:meth:`series` against tokens or wall time: the same per-pixel lowest and highest points, of signed steps
+        only (the events past the last seal are drawn on the step axis)."""
+        if x not in X_AXES:
+            raise UsageError(f"no such x axis {x!r}: one of step, {', '.join(X_AXES)}")
+        with self.lock:
+            if self.fail is not None:
+                return {"metric": metric, "x_axis": x, "series": [], "unsigned": []}
+            base = (f"WITH s AS (SELECT rank, segment, rung, seq, {X_AXES[x]} AS xv, {METRICS[metric]} AS v FROM steps "
+                    "LEFT JOIN segs USING (rank, segment))")
+            lo_, hi_ = self.con.execute(f"{base} SELECT min(xv), max(xv) FROM s").fetchall()[0]
+            lo = lo_ if lo is None or (lo_ is not None and lo < lo_) else float(lo)
+            hi = hi_ if hi is None or (hi_ is not None and hi > hi_) else float(hi)
+            series: list[dict[str, Any]] = []
+            if lo is not None and hi is not None and lo <= hi:
+                span = max(hi - lo, 1e-12)
+                rows = self.con.execute(
+                    f"{base}, b AS (SELECT *, least(CAST(floor((xv - ?) * ? / ?) AS BIGINT), ? - 1) AS px FROM s "
+                    "WHERE xv BETWEEN ? AND ? AND v IS NOT NULL AND isfinite(v)) "
+                    "SELECT rank, segment, rung, px, arg_min(xv, v), min(v), arg_min(seq, v), arg_max(xv, v), max(v), "
+                    "arg_max(seq, v) FROM b GROUP BY rank, segment, rung, px ORDER BY rank, segment, px",
+                    [float(lo), width, span, width, float(lo), float(hi)]).fetchall()
+                cur: dict[str, Any] | None = None
+                for rank, segment, rung, _px, s0, v0, q0, s1, v1, q1 in rows:
+                    key = (rank, segment, rung)
+                    if cur is None or cur["key"] != key:
+                        cur = {"key": key, "rank": None if rank < 0 else rank, "segment": segment, "rung": rung,
+                               "x": [], "y": [], "seq": []}
+                        series.append(cur)
+                    for s_, v, q in sorted({(s0, v0, q0), (s1, v1, q1)}):
+                        cur["x"].append(s_)
+                        cur["y"].append(v)
+                        cur["seq"].append(q)
+                for s_ in series:
+                    del s_["key"]
+            return {"metric": metric, "x_axis": x, "lo": lo, "hi": hi, "width": width, "series": series,
+                    "unsigned": []}
 
     def device_series(self, metric: str, width: int) -> dict[str, Any]:
         """A device reading over time (seconds since the first reading), per rank and device, at most two points a
@@ -717,9 +767,10 @@ def _floats(recs: list[Any], name: str) -> Any:
         return pa.array([_num(getattr(x, name)) for x in recs], pa.float64())
 
 
-def _stop_pool(pool: Any) -> None:
-    """Replay's worker (mid-replay when the server stops: Ctrl-C, SIGTERM) ended, with the forkserver and the
-    resource tracker multiprocessing started for it: nothing is left running after serve."""
+def _stop_pool(pool: Any, *, helpers: bool = True) -> None:
+    """Replay's worker (mid-replay when the server stops: Ctrl-C, SIGTERM) ended, with (``helpers``) the forkserver
+    and the resource tracker multiprocessing started for it: nothing is left running after serve."""
+    import gc
     import multiprocessing.forkserver
     import multiprocessing.resource_tracker
 
@@ -731,6 +782,9 @@ def _stop_pool(pool: Any) -> None:
             except (OSError, ValueError, AttributeError):
                 pass
         pool.shutdown(wait=False, cancel_futures=True)
+    if not helpers:
+        return
+    gc.collect()  # the pools' semaphores finalized (unlinked) while the resource tracker still knows them
     for owner in (getattr(multiprocessing.forkserver, "_forkserver", None),
                   getattr(multiprocessing.resource_tracker, "_resource_tracker", None)):
         stop = getattr(owner, "_stop", None)

@@ -110,7 +110,7 @@ class Fleet:
             try:
                 b.poll()
             except TrainledgerError as e:
-                b.close()
+                b.close(helpers=False)  # the other boards' replays share them
                 with self.lock:
                     self.unopened[name] = str(e)
                     self._bumps += 1
@@ -173,8 +173,12 @@ class Fleet:
         return rows
 
     def close(self) -> None:
+        """Close every board, then stop the multiprocessing helpers their replays share, once."""
+        from trainledger.serve.board import _stop_pool
+
         for b in list(self.boards.values()):
-            b.close()
+            b.close(helpers=False)
+        _stop_pool(None)
 
 
 def _row(name: str, b: Board) -> dict[str, Any]:

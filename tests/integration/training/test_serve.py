@@ -500,7 +500,9 @@ def test_a_point_and_a_mark_on_the_curve_open_their_events(browser, tmp_path):
                                          duration_s=0.1))
     with serving(path, [s.public]) as url:
         p = Page(browser, url)
-        p.until("window.__trainledger.drawn > 0")
+        # replay's end redraws the charts: clicked after it, the positions read are the ones clicked
+        p.until("window.__trainledger.state && window.__trainledger.state.replay.state === 'consistent' && "
+                "window.__trainledger.version === window.__trainledger.state.version")
         u = "window.__trainledger.charts.loss"
         box = p.js(f"(() => {{ const r = {u}.over.getBoundingClientRect(); return [r.width, r.height]; }})()")
         x_mark = p.js(f"{u}.valToPos(50, 'x')")
@@ -667,5 +669,25 @@ def test_a_folder_of_runs_overlays_them_lists_a_fail_and_shows_a_new_run(browser
         (runs / "late").mkdir()
         shutil.copy(GOLDEN / "resumed_rewound_v1_1.jsonl", runs / "late" / "journal.jsonl")
         p.until("document.querySelectorAll('#runs tr').length === 5", timeout=15)
+        assert p.errors == []
+        p.close()
+
+
+def test_the_x_axis_by_tokens_or_wall_time(browser, tmp_path):
+    """The curves against each rung's tokens processed and against seconds since the first step, fetched again."""
+    ladder = GOLDEN / "scaling_ladder_v1_2.jsonl"
+    with serving(ladder, [_pub(ladder)]) as url:
+        p = Page(browser, url)
+        p.until("window.__trainledger.drawn > 0")
+        steps_max = p.js("Math.max(...window.__trainledger.charts.loss.data[0])")
+        for x, title in (("tokens", "tokens processed"), ("time", "wall time (s)")):
+            p.js(f"(() => {{ const s = document.getElementById('x-axis'); s.value = '{x}'; "
+                 "s.dispatchEvent(new Event('change')); })()")
+            p.until(f"window.__trainledger.data.loss && window.__trainledger.data.loss.x === '{x}'")
+            u = p.js("(() => { const u = window.__trainledger.charts.loss; "
+                     "return [u.axes[0].label, Math.max(...u.data[0]), u.series.length]; })()")
+            assert u[0] == title and u[2] == 8, u  # seven rungs, each its own line
+            if x == "tokens":
+                assert u[1] > 100 * steps_max  # hundreds of tokens a step
         assert p.errors == []
         p.close()

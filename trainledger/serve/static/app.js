@@ -11,7 +11,8 @@
   // each curve's axis title with its unit, how its values are shown, and whether a log axis is offered
   const AXES = {loss: {title: "loss (nats)", scale: 1}, grad_norm: {title: "gradient norm (L2)", scale: 1},
                 mfu: {title: "MFU (%)", scale: 100}, tokens_per_s: {title: "tokens / s", scale: 1}};
-  const VIEW = {smoothing: 0, log: {loss: false, grad_norm: false, mfu: false, tokens_per_s: false}};
+  const VIEW = {smoothing: 0, x: "step", log: {loss: false, grad_norm: false, mfu: false, tokens_per_s: false}};
+  const X_TITLES = {step: "step", tokens: "tokens processed", time: "wall time (s)"};
   const BODIES = {};
   // a folder of runs: the run the panels show (RUN), and the runs the charts overlay (SELECTED), by name
   const RUNS = {list: [], focus: null, selected: new Set(), chosen: false};
@@ -257,7 +258,7 @@
     for (const s of parts) for (const v of s.y) if (v !== null && (rawMax === null || v > rawMax)) rawMax = v;
     T.data[metric] = {points: parts.reduce((n, s) => n + s.x.length, 0), series: parts.length,
                       unsigned: body.unsigned.reduce((n, s) => n + s.x.length, 0), smoothing: w, log: log,
-                      rawMax: rawMax, title: axis.title, runs: [...new Set(parts.map(s => s.run || ""))].length};
+                      rawMax: rawMax, title: axis.title, x: body.x_axis || "step", runs: [...new Set(parts.map(s => s.run || ""))].length};
     const {data, seqs} = chartData(parts);
     const ranks = [...new Set(parts.map(s => s.rank))];
     const runs = [...new Set(parts.map(s => s.run || ""))];
@@ -291,12 +292,12 @@
     const opts = {
       width: Math.max(300, box.clientWidth || 900), height: 220,
       scales: {x: {time: false}, y: yScale},
-      axes: [{label: "step", size: 44}, Object.assign({label: axis.title, size: 72, values: (u, vals) => vals.map(axisLabel)},
+      axes: [{label: X_TITLES[body.x_axis || "step"], size: 44}, Object.assign({label: axis.title, size: 72, values: (u, vals) => vals.map(axisLabel)},
                                                      log ? {splits: logSplits, filter: (u, splits) => splits} : {})],
       series: series,
       // one entry per curve and no per-point values once there are many: the legend stays a few lines
       legend: {show: series.length <= 32, live: series.length <= 8},
-      hooks: {draw: [u => drawMarks(u, marks)]},
+      hooks: {draw: [u => drawMarks(u, marks, body.x_axis || "step")]},
     };
     if (T.charts[metric]) { T.charts[metric].destroy(); delete T.charts[metric]; }
     box.replaceChildren();
@@ -309,11 +310,11 @@
     // the averages share their curve's colour: the legend lists each curve once
     const rows = u.root.querySelectorAll(".u-legend .u-series"), averages = w > 0 ? parts.length : 0;
     rows.forEach((tr, k) => { if (k >= rows.length - averages) tr.style.display = "none"; });
-    u.__seqs = seqs; u.__parts = parts;
+    u.__seqs = seqs; u.__parts = parts; u.__x = body.x_axis || "step";
     u.over.addEventListener("click", (e) => {
       // a mark within 4 px of the click opens its event; else the nearest point's
       const left = e.clientX - u.over.getBoundingClientRect().left;
-      for (const m of marks) {
+      for (const m of u.__x === "step" ? marks : []) {
         if (m.step === null || m.step === undefined || m.seq === undefined) continue;
         if (Math.abs(u.valToPos(m.step, "x") - left) <= 4) { openEvent(m.rank, m.seq, m.run); return; }
       }
@@ -326,7 +327,8 @@
     T.charts[metric] = u;
   }
 
-  function drawMarks(u, marks) {
+  function drawMarks(u, marks, xa) {
+    if (xa !== "step") return;  // marks are at their step: drawn on the step axis
     const ctx = u.ctx;
     ctx.save();
     for (const m of marks) {
@@ -474,11 +476,12 @@
           const many = RUNS.list.length > 1;
           const names = many ? Array.from(RUNS.selected) : [null];
           const bodies = await Promise.all(METRICS.map(async m => {
-            const got = await Promise.all(names.map(n => get("api/series", n === null ? {metric: m, width: width}
-                                                                             : {metric: m, width: width, run: n})));
+            const ask = {metric: m, width: width, x: VIEW.x};
+            const got = await Promise.all(names.map(n => get("api/series", n === null ? ask
+                                                                             : Object.assign({run: n}, ask))));
             const tag = (arr, n) => arr.map(x => Object.assign(x, {run: n === null ? undefined : n}));
             return {series: got.flatMap((b, i) => tag(b.series, names[i])),
-                    unsigned: got.flatMap((b, i) => tag(b.unsigned, names[i]))};
+                    unsigned: got.flatMap((b, i) => tag(b.unsigned, names[i])), x_axis: ask.x};
           }));
           const diffs = ((s.replay || {}).differences || []).map(d => ({step: d.step, kind: "replay_difference",
                                                                          rank: d.rank, seq: d.seq}));
@@ -513,6 +516,8 @@
     document.getElementById("smoothing-value").textContent = VIEW.smoothing.toFixed(2);
     redraw();
   });
+  const xsel = document.getElementById("x-axis");
+  xsel.addEventListener("change", () => { VIEW.x = xsel.value; refresh(); });  // another axis: fetched again
   for (const m of METRICS) {
     const box = document.getElementById("log-" + m);
     if (box) box.addEventListener("change", () => { VIEW.log[m] = box.checked; redraw(); });
