@@ -131,6 +131,9 @@ def _train_rung(rung: Rung, j: Journal, work: Path, peak: float | None, peak_inf
             ev = [torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten()).item()
                   for x, y in (held.next() for _ in range(rung.eval_batches))]
         measured["eval_loss"] = sum(ev) / len(ev)
+        if len(ev) > 1:  # the standard error of that mean: the point's interval on the dashboard's fit
+            mean = measured["eval_loss"]
+            measured["eval_loss_se"] = math.sqrt(sum((x - mean) ** 2 for x in ev) / (len(ev) - 1) / len(ev))
         measured["n_params"] = flops.n_params
         measured["tokens"] = rung.steps * rung.batch_size * rung.block
         artifacts["entropy_rate"] = MarkovSource(rung.vocab, seed=rung.seed).entropy_rate

@@ -4,6 +4,7 @@
 before it draws one).
 
     .venv/bin/python tools/bench_serve.py [--sizes 1e5,1e6] [--rounds 3] [--out docs/bench/serve.txt]
+    .venv/bin/python tools/bench_serve.py --fleet 50x1e5,1e6 [--out docs/bench/serve_fleet.txt]
 
 For each size, a signed journal is written through the health monitor (seals every 1,000 events); then, round by
 round, each in a fresh process: ``trainledger verify`` under ``/usr/bin/time`` (CPU, wall, peak RSS), and
@@ -11,6 +12,13 @@ round, each in a fresh process: ``trainledger verify`` under ``/usr/bin/time`` (
 and peak RSS of the server process then, headless Chromium's first paint of the page (from ``goto`` until every
 curve is drawn, read from the page's own counter), and the server's peak RSS and CPU after the paint. Medians are
 printed with the load average before and after; the machine is shared, so read CPU time first.
+
+``--fleet 50x1e5,1e6``: one folder of runs (50 of 1e5 steps and one of 1e6, each written through the monitor, each
+its own loss curve) served as one page: the library's ``verify`` of every journal in one process (the floor), then
+``trainledger serve DIR``: the time until it serves (every journal verified), the first paint (the page's default
+eight runs overlaid, then all 51), a zoom's server time (the per-pixel query of the 1e6-step run for a range, timed
+by HTTP round trips on the loopback, medians of 5) and a zoom's redraw in the page (every chart of the ticked runs
+fetched again), and the server's peak RSS against DuckDB's limit (one database for every run's tables, 256 MB).
 """
 
 from __future__ import annotations
@@ -30,21 +38,173 @@ PY = str(Path(sys.executable))
 TL = str(Path(sys.executable).with_name("trainledger"))
 
 
-def write_journal(path: Path, steps: int) -> Path:
+def write_journal(path: Path, steps: int, signer=None, seed: int = 0) -> Path:
     from trainledger.journal import Journal, Signer
     from trainledger.training.health.monitor import TrainingHealthMonitor
 
-    s = Signer.generate()
-    rng = random.Random(0)
+    s = signer or Signer.generate()
+    rng = random.Random(seed)
     j = Journal.create(path, signer=s)
     m = TrainingHealthMonitor(journal=j, peak_flops_per_sec=1e12)
+    floor, scale = 2.0 + 0.01 * seed, 3.0 * (1 + 0.02 * seed)  # each run its own curve
     for i in range(steps):
-        m.observe_step(i, 2.0 + 3.0 * (1 + i / 50) ** -0.5 + rng.gauss(0, 0.02),
+        m.observe_step(i, floor + scale * (1 + i / 50) ** -0.5 + rng.gauss(0, 0.02),
                        grad_norm=0.8 + abs(rng.gauss(0, 0.05)), step_time_s=0.25, tokens=4096)
     j.close()
     k = path.with_suffix(".pub")
     k.write_text(s.public.line() + "\n")
     return k
+
+
+def _write_run(args: tuple) -> None:
+    from trainledger.journal import load_signer
+
+    folder, steps, key, seed = args
+    folder.mkdir(parents=True, exist_ok=True)
+    write_journal(folder / "journal.jsonl", steps, load_signer(key), seed)
+
+
+def write_fleet(root: Path, spec: str) -> tuple[Path, list[tuple[str, int]]]:
+    """The folder of runs ``spec`` asks for (``50x1e5,1e6``), all under one key, written two at a time; the public
+    key's path and (run name, steps) of each."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    from trainledger.journal import keygen
+
+    runs: list[tuple[str, int]] = []
+    for part in spec.split(","):
+        n, _, size = part.rpartition("x")
+        for _ in range(int(n or 1)):
+            runs.append((f"run-{len(runs):03d}-{int(float(size)):.0e}".replace("+", ""), int(float(size))))
+    priv, pub = keygen(root.parent / "keys")
+    jobs = [(root / name, steps, priv, k) for k, (name, steps) in enumerate(runs)]
+    jobs.sort(key=lambda x: -x[1])  # the longest first: the two workers end together
+    with ProcessPoolExecutor(2) as pool:
+        list(pool.map(_write_run, jobs))
+    return pub, runs
+
+
+def _get_json(url: str) -> dict:
+    import json
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=60) as r:
+        return json.loads(r.read())
+
+
+def fleet(a, say) -> None:
+    """The --fleet measurement (see the module doc)."""
+    import urllib.parse
+
+    from playwright.sync_api import sync_playwright
+
+    from trainledger.serve.fleet import MEMORY_LIMIT
+
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        raise SystemExit("chromium is not installed: bash tools/setup.sh --browser")
+    load0 = os.getloadavg()
+    t_start = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp) / "runs"
+        t = time.perf_counter()
+        pub, runs = write_fleet(root, a.fleet)
+        wrote = time.perf_counter() - t
+        steps = sum(n for _, n in runs)
+        nbytes = sum(p.stat().st_size for p in root.rglob("*.jsonl"))
+        # the floor: every journal verified by the library, one process, one core
+        code = ("import sys, pathlib; from trainledger.journal import verify, TrustPolicy, load_public_key; "
+                "t = TrustPolicy(keys=[load_public_key(sys.argv[1])]); "
+                "[verify(p, trust=t, workers=1) for p in sorted(pathlib.Path(sys.argv[2]).rglob('journal.jsonl'))]")
+        out = subprocess.run(["/usr/bin/time", "-f", "TIME %U %S %e %M", PY, "-c", code, str(pub), str(root)],
+                             capture_output=True, text=True)
+        if out.returncode != 0:
+            raise SystemExit(f"verify: {out.stderr[-1000:]}")
+        u, s_, e, m = out.stderr.strip().splitlines()[-1].split()[1:]
+        ver = {"cpu": float(u) + float(s_), "wall": float(e), "rss": int(m) / 1024}
+        t0 = time.perf_counter()
+        proc = subprocess.Popen([TL, "serve", str(root), "--pubkey", str(pub), "--port", "0"],
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        try:
+            line = proc.stdout.readline()
+            while line and " at http" not in line:
+                line = proc.stdout.readline()
+            ready = time.perf_counter() - t0
+            if " at http" not in line:
+                raise SystemExit(f"serve: {line}")
+            url = line.split(" at ", 1)[1].split()[0]
+            base, _, query = url.partition("?")
+            token = urllib.parse.parse_qs(query).get("token", [None])[0]
+            cpu_ready, rss_ready = proc_figures(proc.pid)
+            big = max(runs, key=lambda r: r[1])
+
+            def api(path: str, **params) -> dict:
+                if token:
+                    params["token"] = token
+                return _get_json(base.rstrip("/") + "/" + path + "?" + urllib.parse.urlencode(params))
+
+            zooms = []
+            for lo, hi in ((0, big[1] - 5), (big[1] // 2, big[1] // 2 + big[1] // 10),
+                           (big[1] // 2, big[1] // 2 + 999)):
+                times, points = [], 0
+                for k in range(5):  # each a range not asked before: the board keeps a curve asked again
+                    t = time.perf_counter()
+                    body = api("api/series", run=big[0], metric="loss", width=1200, lo=lo + k, hi=hi + k)
+                    times.append(time.perf_counter() - t)
+                    points = sum(len(x["x"]) for x in body["series"])
+                zooms.append((lo, hi, statistics.median(times), points))
+            with sync_playwright() as pw:
+                browser = pw.chromium.launch(executable_path=chromium, headless=True,
+                                             args=["--no-sandbox", "--disable-gpu"])
+                page = browser.new_page(viewport={"width": 1280, "height": 1000})
+                t = time.perf_counter()
+                page.goto(url)
+                page.wait_for_function("() => window.__trainledger && window.__trainledger.drawn > 0",
+                                       timeout=120_000, polling=10)
+                paint8 = time.perf_counter() - t
+                drawn8 = page.evaluate("() => window.__trainledger.data.loss.runs")
+                t = time.perf_counter()
+                page.evaluate("() => { const n = window.__trainledger.drawn; "
+                              "const a = document.getElementById('runs-all'); a.checked = true; window.__n = n; "
+                              "a.dispatchEvent(new Event('change')); }")
+                page.wait_for_function(f"() => window.__trainledger.data.loss.runs === {len(runs)}",
+                                       timeout=120_000, polling=10)
+                paint_all = time.perf_counter() - t
+                drawn_all = page.evaluate("() => window.__trainledger.data.loss.runs")
+                redraws = []
+                for lo, hi in ((40_000, 60_000), (50_000, 50_999)):
+                    t = time.perf_counter()
+                    page.evaluate(f"() => {{ window.__n = window.__trainledger.drawn; "
+                                  f"window.__trainledger.zoom({lo}, {hi}); }}")
+                    page.wait_for_function(f"() => JSON.stringify(window.__trainledger.data.loss.zoom) === "
+                                           f"'[{lo},{hi}]'", timeout=120_000, polling=10)
+                    redraws.append((lo, hi, time.perf_counter() - t,
+                                    page.evaluate("() => window.__trainledger.data.loss.points")))
+                browser.close()
+            cpu_after, rss_after = proc_figures(proc.pid)
+        finally:
+            proc.terminate()
+            proc.wait(30)
+            proc.stdout.close()
+    say(f"tools/bench_serve.py --fleet {a.fleet}: {time.perf_counter() - t_start:.0f} s; {os.cpu_count()} CPUs; "
+        f"load average {' '.join(f'{x:.2f}' for x in load0)} before, "
+        f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} after")
+    say(f"  a folder of {len(runs)} runs, {steps:,d} steps, {nbytes / 2**20:,.0f} MiB of journals (written in "
+        f"{wrote:.0f} s, two processes, through the health monitor)")
+    say(f"  floor: verify every journal, one process, one worker: {ver['cpu']:.2f} s CPU, {ver['wall']:.2f} s wall, "
+        f"{ver['rss']:.0f} MiB peak RSS")
+    say(f"  trainledger serve DIR: serving after {ready:.2f} s (every journal verified and in its tables), "
+        f"{cpu_ready:.2f} s CPU, {rss_ready:.0f} MiB peak RSS then")
+    say(f"  first paint (the page's default {drawn8} runs overlaid, 4 charts): {paint8:.2f} s from goto")
+    say(f"  every run ticked ({drawn_all} runs overlaid, 4 charts): drawn again in {paint_all:.2f} s")
+    for lo, hi, med, pts in zooms:
+        say(f"  zoom, server: the {big[1]:,d}-step run's loss for steps {lo:,d}-{hi:,d} at 1,200 px: "
+            f"{med * 1000:.0f} ms a request (HTTP round trip, median of 5 ranges each new), {pts:,d} points")
+    for lo, hi, sec, pts in redraws:
+        say(f"  zoom, page: steps {lo:,d}-{hi:,d} with every run ticked, every chart fetched again and drawn: "
+            f"{sec:.2f} s, {pts:,d} loss points")
+    say(f"  server after all that: {cpu_after:.2f} s CPU, {rss_after:.0f} MiB peak RSS "
+        f"(DuckDB's limit {MEMORY_LIMIT} for the {len(runs)} runs' tables together, on disk past it)")
 
 
 def proc_figures(pid: int) -> tuple[float, float]:
@@ -102,6 +262,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", default="1e5,1e6")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--fleet", metavar="SPEC", help="a folder of runs instead: 50x1e5,1e6 (runs x steps, ...)")
     ap.add_argument("--out", metavar="FILE")
     a = ap.parse_args()
     from playwright.sync_api import sync_playwright
@@ -111,6 +272,12 @@ def main() -> int:
     def say(t: str = "") -> None:
         print(t, flush=True)
         lines.append(t)
+
+    if a.fleet:
+        fleet(a, say)
+        if a.out:
+            Path(a.out).write_text("\n".join(lines) + "\n")
+        return 0
 
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:

@@ -224,6 +224,11 @@ def _fit_figure(plt, s: _Series) -> str:
         law = lambda n, d: p["E"] + p["A"] / n ** p["alpha"] + p["B"] / d ** p["beta"]  # noqa: E731
         xs = [6 * n * d for n, d, _ in f.points]
         ax.scatter(xs, [ls for _, _, ls in f.points], color="tab:blue", label="rung held-out loss" if k == 0 else None)
+        for x, (n, d, ls) in zip(xs, f.points):  # two standard errors, where the rung's verdict recorded one
+            se = next((g.measured.get("eval_loss_se") for g in s.verdicts if g.measured.get("n_params") == n
+                       and g.measured.get("tokens") == d), None)
+            if isinstance(se, (int, float)) and math.isfinite(se):
+                ax.errorbar([x], [ls], yerr=[[2 * se], [2 * se]], fmt="none", color="tab:blue", capsize=3)
         ax.scatter(xs, [law(n, d) for n, d, _ in f.points], marker="x", color="tab:gray",
                    label="the fitted law" if k == 0 else None)
         cand = f.choice.get("candidate") or {}

@@ -28,7 +28,7 @@ from typing import Any
 
 from trainledger.journal.errors import IntegrityError, TrainledgerError, UsageError
 from trainledger.serve.board import METRICS, Board
-from trainledger.serve.fleet import Fleet
+from trainledger.serve.fleet import MAX_RUNS, Fleet
 
 __all__ = ["make_app", "POLL_S", "CSP", "LOOPBACK"]
 
@@ -125,8 +125,11 @@ def make_app(board: Board | Fleet, *, token: str | None, follow: bool = True) ->
                 return JSONResponse({"error": f"bad request: {e}"}, status_code=400, headers=headers())
             if isinstance(body, Response):
                 return body
-            return Response(json.dumps(_finite(body), allow_nan=False, default=str), media_type="application/json",
-                            headers=headers())
+            try:  # the curves are finite (most bodies are): checked by the encoder, not walked in Python
+                text = json.dumps(body, allow_nan=False, default=str)
+            except ValueError:
+                text = json.dumps(_finite(body), allow_nan=False, default=str)
+            return Response(text, media_type="application/json", headers=headers())
         return handler
 
     def _int(request: Request, name: str, default: int | None = None) -> int | None:
@@ -164,6 +167,22 @@ def make_app(board: Board | Fleet, *, token: str | None, follow: bool = True) ->
                                           _int(request, "lo"), _int(request, "hi"))
         return run_of(request).series(request.query_params.get("metric", "loss"), _int(request, "width", 1200),
                                       _float(request, "lo"), _float(request, "hi"), x=x)
+
+    def curves(request: Request) -> dict[str, Any]:
+        """One curve of several runs at once (``run=A&run=B...``; none: the first run): what the page overlays."""
+        x = request.query_params.get("x", "step")
+        names = request.query_params.getlist("run") or [None]
+        if len(names) > MAX_RUNS:
+            raise UsageError(f"{len(names)} runs asked for: at most {MAX_RUNS}")
+        bounds = (_int(request, "lo"), _int(request, "hi")) if x == "step" else (_float(request, "lo"),
+                                                                                 _float(request, "hi"))
+        metric, width = request.query_params.get("metric", "loss"), _int(request, "width", 1200)
+        out = []
+        for name in names:
+            body = dict(fleet.board(name).series(metric, width, *bounds, x=x))
+            body["run"] = name
+            out.append(body)
+        return {"metric": metric, "x_axis": x, "runs": out}
 
     def heatmap(request: Request) -> dict[str, Any]:
         return run_of(request).heatmap(_int(request, "width", 600))
@@ -240,7 +259,7 @@ def make_app(board: Board | Fleet, *, token: str | None, follow: bool = True) ->
         return Response(status_code=204)
 
     routes = [Route("/", page), Route("/favicon.ico", favicon), Route("/static/{name}", static), Route("/api/state", api(state)),
-              Route("/api/series", api(series)), Route("/api/heatmap", api(heatmap)),
+              Route("/api/series", api(series)), Route("/api/curves", api(curves)), Route("/api/heatmap", api(heatmap)),
               Route("/api/telemetry", api(telemetry)), Route("/api/devices", api(devices)), Route("/api/event", api(event)),
               Route("/api/proof", api(proof)), Route("/api/runs", api(runs)), Route("/api/stream", stream)]
     return Starlette(routes=routes, lifespan=lifespan)

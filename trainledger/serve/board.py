@@ -222,9 +222,10 @@ class Board:
     server's follower thread, the queries in its request handlers."""
 
     def __init__(self, path: str | os.PathLike, *, trust: TrustPolicy | None = None, memory_limit: str = "128MB",
-                 **trust_options: Any) -> None:
-        import duckdb
-
+                 database: Any = None, **trust_options: Any) -> None:
+        """``database``: a DuckDB connection to keep the tables in, in a schema of this board's own (a
+        :class:`~.fleet.Fleet` shares one between its runs, so that one memory limit bounds them all); None: a
+        database of the board's own, in its private folder, under ``memory_limit``."""
         self.path = Path(path)
         self.trust = TrustPolicy.of(trust, **trust_options)
         if not self.path.exists():
@@ -234,15 +235,21 @@ class Board:
         self.is_run_dir = self.path.is_dir()
         self.private = Path(tempfile.mkdtemp(prefix="trainledger-serve-"))
         self.lock = threading.RLock()
-        # on disk in the private folder, so that a long run's tables cost DuckDB's buffer, not the run's length
-        self.con = duckdb.connect(str(self.private / "board.duckdb"),
-                                  config={"autoinstall_known_extensions": False, "autoload_known_extensions": False})
-        self.con.execute("SET enable_progress_bar = false")
-        self.con.execute("SET threads = 1")
-        self.con.execute(f"SET memory_limit = '{memory_limit}'")
-        self.con.execute(f"SET temp_directory = '{self.private}'")
+        self.schema: str | None = None
+        if database is not None:
+            self.con = database.cursor()
+            self.schema = f"run{next(_SCHEMAS)}"
+            self.con.execute(f"CREATE SCHEMA {self.schema}")
+            self.con.execute(f"USE {self.schema}")
+            self.con.execute("SET enable_progress_bar = false")
+        else:
+            # on disk in the private folder, so that a long run's tables cost DuckDB's buffer, not the run's length
+            self.con = open_database(self.private, memory_limit)
         self._create()
         self.version = 0
+        #: grows when what the curves draw may have changed (new lines read): the curves asked for are kept until then
+        self.data_version = 0
+        self._curves: dict[tuple, dict[str, Any]] = {}
         #: told (bytes read, bytes there) as a journal is read: the first read of a long run takes a while
         self.progress: Any = None
         self.fail: str | None = None
@@ -273,7 +280,14 @@ class Board:
         once, after its last board)."""
         import shutil
 
+        import duckdb
+
         with self.lock:
+            if self.schema is not None:  # the shared database keeps no table of a run that is gone
+                try:
+                    self.con.execute(f"DROP SCHEMA {self.schema} CASCADE")
+                except duckdb.Error:
+                    pass
             self.con.close()
         _stop_pool(self._pool, helpers=helpers)
         shutil.rmtree(self.private, ignore_errors=True)
@@ -306,6 +320,8 @@ class Board:
                 changed |= self._hold_anchors()
             if changed:
                 self.version += 1
+                self.data_version += 1
+                self._curves.clear()
             return changed
 
     def _files(self) -> dict[int | None, Path]:
@@ -351,6 +367,8 @@ class Board:
     def _failed(self, line: str) -> None:
         """From now on the board holds this one line and nothing from any journal."""
         self.fail = line
+        self._curves.clear()
+        self.data_version += 1
         for t in ("steps", "segs", "marks", "telemetry"):
             self.con.execute(f"DELETE FROM {t}")
         self.listed.clear()
@@ -458,9 +476,15 @@ class Board:
             self.listed.append(item)
 
     def _insert(self, table: str, rows: Any) -> None:
+        import duckdb
+
         self.con.register("_rows", rows)
         try:
             self.con.execute(f"INSERT INTO {table} SELECT * FROM _rows")
+        except duckdb.Error as e:  # out of memory or disk for the tables: the server's limit, not the journal's fault
+            why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise UsageError(f"{self.path}: the dashboard's tables cannot take more ({why}); serve fewer runs at once, "
+                             "or free disk space in the temporary folder") from None
         finally:
             self.con.unregister("_rows")
 
@@ -519,7 +543,8 @@ class Board:
     def state(self) -> dict[str, Any]:
         """Everything but the curves: verification, the journals, the listed events, the marks."""
         with self.lock:
-            out: dict[str, Any] = {"version": self.version, "path": str(self.path), "fail": self.fail,
+            out: dict[str, Any] = {"version": self.version, "data_version": self.data_version,
+                                   "path": str(self.path), "fail": self.fail,
                                    "notes": list(self.notes[-5:]), "run_dir": self.is_run_dir}
             if self.fail is not None:
                 return out
@@ -544,9 +569,26 @@ class Board:
         are in its units."""
         if metric not in METRICS:
             raise UsageError(f"no such curve {metric!r}: one of {', '.join(METRICS)}")
+        if x != "step" and x not in X_AXES:
+            raise UsageError(f"no such x axis {x!r}: one of step, {', '.join(X_AXES)}")
+        key = (metric, max(1, min(int(width), MAX_WIDTH)), lo, hi, x)
+        with self.lock:
+            # a whole run's curve asked for again (another page, a refresh) is the one computed, until new lines are
+            # read; a failure empties every curve at once. Only whole runs, at most four a board: a zoom is asked for
+            # once, and a fleet's boards together keep a few megabytes
+            got = self._curves.get(key) if self.fail is None else None
+            if got is None:
+                got = self._series(*key)
+                if self.fail is None and lo is None and hi is None:
+                    if len(self._curves) >= 4:
+                        self._curves.pop(next(iter(self._curves)))
+                    self._curves[key] = got
+            return got
+
+    def _series(self, metric: str, width: int, lo: int | float | None, hi: int | float | None,
+                x: str) -> dict[str, Any]:
         if x != "step":
-            return self._series_by(metric, max(1, min(int(width), MAX_WIDTH)), lo, hi, x)
-        width = max(1, min(int(width), MAX_WIDTH))
+            return self._series_by(metric, width, lo, hi, x)
         with self.lock:
             if self.fail is not None:
                 return {"metric": metric, "series": [], "unsigned": []}
@@ -741,6 +783,21 @@ class Board:
 
 
 _H = operator.attrgetter("h")
+_SCHEMAS = itertools.count()
+
+
+def open_database(folder: Path, memory_limit: str) -> Any:
+    """A DuckDB database on disk in ``folder`` (tables cost its buffer, not a run's length), one thread, at most
+    ``memory_limit`` of memory, spilling to ``folder``; no extension is loaded or installed."""
+    import duckdb
+
+    con = duckdb.connect(str(folder / "board.duckdb"),
+                         config={"autoinstall_known_extensions": False, "autoload_known_extensions": False})
+    con.execute("SET enable_progress_bar = false")
+    con.execute("SET threads = 1")
+    con.execute(f"SET memory_limit = '{memory_limit}'")
+    con.execute(f"SET temp_directory = '{folder}'")
+    return con
 
 
 def _ints(recs: list[Any], name: str) -> Any:

@@ -7,6 +7,8 @@ that differ between runs.
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -15,14 +17,16 @@ from typing import Any
 from trainledger.journal.audit.rundir import JOURNAL_NAMES, is_run_dir
 from trainledger.journal.errors import JournalError, TrainledgerError, UsageError
 from trainledger.journal.trust import TrustPolicy
-from trainledger.serve.board import Board
+from trainledger.serve.board import Board, open_database
 
-__all__ = ["Fleet", "find_runs", "RESCAN_S", "MAX_RUNS"]
+__all__ = ["Fleet", "find_runs", "RESCAN_S", "MAX_RUNS", "MEMORY_LIMIT"]
 
 #: how often the folders are looked through again for runs that appeared
 RESCAN_S = 2.0
-#: the most runs one page follows (each is a DuckDB of its own)
+#: the most runs one page follows
 MAX_RUNS = 256
+#: DuckDB's memory for every run's tables together (one database, a schema a run; spilling to disk past it)
+MEMORY_LIMIT = "256MB"
 _DEPTH = 4
 
 
@@ -75,10 +79,15 @@ class Fleet:
         self.boards: dict[str, Board] = dict(boards or {})
         #: runs that could not be opened at all (not a journal, unreadable): name -> why
         self.unopened: dict[str, str] = {}
-        self.memory_limit = memory_limit
+        self.memory_limit = memory_limit or MEMORY_LIMIT
         self.progress = progress
+        #: one database for every run found here (boards given are kept as they are): one memory limit for all
+        self._private: Path | None = None
+        self._db: Any = None
         self._bumps = 0
         self._scanned = 0.0
+        #: each run's row as of its board's version: the table is asked for at every change of any run
+        self._rows: dict[str, tuple[int, dict[str, Any]]] = {}
         if boards is None:
             self.scan()
             if not self.boards and not self.unopened:
@@ -97,9 +106,11 @@ class Fleet:
             with self.lock:
                 if name in self.boards or name in self.unopened or len(self.boards) >= MAX_RUNS:
                     continue
-            limit = self.memory_limit or ("128MB" if len(found) <= 1 else "48MB")
+            if self._db is None:
+                self._private = Path(tempfile.mkdtemp(prefix="trainledger-serve-runs-"))
+                self._db = open_database(self._private, self.memory_limit)
             try:
-                b = Board(path, trust=self.trust, memory_limit=limit)
+                b = Board(path, trust=self.trust, database=self._db)
             except (JournalError, UsageError) as e:
                 with self.lock:
                     self.unopened[name] = str(e)
@@ -118,6 +129,7 @@ class Fleet:
                 continue
             finally:
                 b.progress = None
+            self._row(name, b)
             with self.lock:
                 self.boards[name] = b
                 self._bumps += 1
@@ -125,10 +137,21 @@ class Fleet:
         self._scanned = time.monotonic()
         return new
 
+    def _row(self, name: str, b: Board) -> dict[str, Any]:
+        """``name``'s row of the run table as of its board's version (made again once that has changed)."""
+        v = b.version
+        got = self._rows.get(name)
+        if got is None or got[0] != v:
+            got = (v, _row(name, b))
+            self._rows[name] = got
+        return got[1]
+
     def poll(self) -> bool:
         changed = False
-        for b in list(self.boards.values()):
-            changed |= b.poll()
+        for name, b in list(self.boards.items()):
+            if b.poll():
+                changed = True
+                self._row(name, b)  # here, in the follower: the page's requests find the table made
         if time.monotonic() - self._scanned >= RESCAN_S:
             changed |= self.scan()
         return changed
@@ -162,7 +185,7 @@ class Fleet:
             boards = list(self.boards.items())
             unopened = list(self.unopened.items())
         for name, b in boards:
-            rows.append(_row(name, b))
+            rows.append(dict(self._row(name, b)))
         for name, why in unopened:
             rows.append({"name": name, "fail": why, "status": "FAIL"})
         settings = [r.get("settings", {}) for r in rows if "settings" in r]
@@ -178,6 +201,11 @@ class Fleet:
 
         for b in list(self.boards.values()):
             b.close(helpers=False)
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+        if self._private is not None:
+            shutil.rmtree(self._private, ignore_errors=True)
         _stop_pool(None)
 
 
@@ -187,16 +215,17 @@ def _row(name: str, b: Board) -> dict[str, Any]:
         if b.fail is not None:
             return {"name": name, "fail": b.fail, "status": "FAIL", "path": str(b.path)}
         js = list(b.journals.values())
-        steps, last = b.con.execute("SELECT count(*), max(step) FROM steps").fetchall()[0]
-        final = b.con.execute("SELECT loss FROM steps WHERE isfinite(loss) ORDER BY seq DESC LIMIT 1").fetchall()
-        best = b.con.execute("SELECT min(loss) FROM steps WHERE isfinite(loss)").fetchall()[0][0]
+        steps, last, final, best = b.con.execute(
+            "SELECT count(*), max(step), arg_max(loss, seq) FILTER (WHERE isfinite(loss)), "
+            "min(loss) FILTER (WHERE isfinite(loss)) FROM steps").fetchall()[0]
         seg = b.con.execute("SELECT fpt, peak, seq_len FROM segs ORDER BY segment DESC LIMIT 1").fetchall()
     closed = bool(js) and all(j.closed for j in js)
     fpt, peak, seq_len = seg[0] if seg else (None, None, None)
-    return {"name": name, "path": str(b.path), "fail": None, "run_id": b.run or (js[0].run_id if js else None),
+    return {"name": name, "path": str(b.path), "fail": None, "data_version": b.data_version,
+            "run_id": b.run or (js[0].run_id if js else None),
             "key_id": js[0].key_id if js else None, "journals": len(js), "steps": steps, "last_step": last,
             "last_seal": max((j.res.last_seal_seq for j in js if j.res.last_seal_seq is not None), default=None),
-            "status": "closed" if closed else "live", "final_loss": final[0][0] if final else None,
+            "status": "closed" if closed else "live", "final_loss": final,
             "best_loss": best, "unsigned": sum(len(j.pending) for j in js),
             "settings": {"ranks": len(js) if b.is_run_dir else None, "flops_per_token": fpt, "peak_flops": peak,
                          "seq_len": seq_len}}

@@ -58,6 +58,13 @@ def test_series_asked_for_past_any_step_with_64_bit_extremes_is_answered(tmp_pat
         assert code == 400 and "64-bit" in body["error"]
         code, body = _get(f"{url}api/series?metric=loss&lo=100&hi=50")
         assert code == 200 and body["series"] == []
+        # the overlay route: bad runs, axes, bounds and too many runs are one-line 400s, never a traceback
+        code, body = _get(f"{url}api/curves?metric=loss&lo={-(1 << 63)}&hi={(1 << 63) - 1}")
+        assert code == 200 and sum(len(x["x"]) for x in body["runs"][0]["series"]) == 30
+        for q, said in (("run=nope", "no such run"), ("x=bogus", "no such x axis"), ("x=time&lo=nan", "finite"),
+                        ("metric=__import__", "no such curve"), ("&".join(["run=x"] * 300), "at most")):
+            code, body = _get(f"{url}api/curves?{q}")
+            assert code == 400 and said in body["error"] and "\n" not in body["error"], (q, body)
 
 
 def test_a_line_edited_in_place_after_it_was_shown_turns_the_page_to_fail(tmp_path):

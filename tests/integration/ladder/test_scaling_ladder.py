@@ -49,6 +49,8 @@ def test_the_default_ladder_climbs_and_checks_its_prediction(ladder):
     headline = [v for v in verdicts.values() if v.rung == "rung_iv_headline"][0]
     lo, hi = headline.bars["loss_interval"]
     assert headline.passed and lo <= headline.measured["eval_loss"] <= hi
+    # each held-out loss with the standard error of its mean over the eval batches (the dashboard's error bars)
+    assert all(0 < v.measured["eval_loss_se"] < 0.1 for v in verdicts.values() if "eval_loss" in v.measured)
     assert "F5" not in headline.artifacts["skipped_pieces"]
     flops = [v.measured["flops"] for v in verdicts.values()]
     assert headline.measured["flops"] <= 4 * max(flops[:-1]) * 1.01  # inside the box

@@ -129,7 +129,8 @@ def test_the_page_draws_a_ladder_journal_from_the_command(browser, tmp_path):
         assert p.js("document.querySelectorAll('#listed tr').length") > 20  # verdicts, decisions, the fit
         assert "GO: final loss" in p.js("document.getElementById('listed').textContent")
         # the scaling fit: six rungs, the size it chose, and the warning its E of 0 earns
-        assert data["fit"] == {"points": 6, "chosen": True, "warnings": 1}
+        assert {k: data["fit"][k] for k in ("points", "chosen", "warnings")} == {"points": 6, "chosen": True,
+                                                                                  "warnings": 1}
         assert "chosen d16" in p.js("document.getElementById('fit-legend').textContent")
         warned = p.js("document.getElementById('fit-warnings').textContent")
         assert warned.startswith("FIT WARNING: E = 0 is under 5% of the lowest loss measured (2.701)"), warned
@@ -511,7 +512,9 @@ def test_a_point_and_a_mark_on_the_curve_open_their_events(browser, tmp_path):
         over.click(position={"x": x_mark, "y": box[1] / 2})
         p.until("!document.getElementById('event').hidden")
         assert p.js("document.getElementById('event-title').textContent").startswith("checkpoint_saved at seq ")
-        p.page.click("#event-close")
+        before = p.js("window.__trainledger.drawn")
+        p.page.click("#event-close")  # the page widens again: the charts are drawn again at its width
+        p.until(f"window.__trainledger.drawn > {before} && !window.__trainledger.busy")
         x_point = p.js(f"{u}.valToPos(20, 'x')")
         over.click(position={"x": x_point, "y": box[1] / 2})
         p.until("!document.getElementById('event').hidden")
@@ -662,9 +665,12 @@ def test_a_folder_of_runs_overlays_them_lists_a_fail_and_shows_a_new_run(browser
         assert not any(n.startswith("tampered") for n in names)  # a FAIL run is never drawn
         assert p.js("document.documentElement.scrollWidth") <= 1280
         # untick one run: its curves leave the charts
-        p.js("(() => { const t = document.querySelectorAll('#runs input[type=checkbox]')[0]; t.checked = false; "
+        p.js("(() => { const t = document.querySelectorAll('#runs td input[type=checkbox]')[0]; t.checked = false; "
              "t.dispatchEvent(new Event('change')); })()")
         p.until("window.__trainledger.data.loss.runs === 1")
+        assert not p.js("document.getElementById('runs-all').checked")
+        p.page.click("#runs-all")  # tick every run that verifies (never the FAIL row)
+        p.until("window.__trainledger.data.loss.runs === 2 && document.getElementById('runs-all').checked")
         # a run copied into the folder while it serves: a new row, within the rescan
         (runs / "late").mkdir()
         shutil.copy(GOLDEN / "resumed_rewound_v1_1.jsonl", runs / "late" / "journal.jsonl")
@@ -691,3 +697,149 @@ def test_the_x_axis_by_tokens_or_wall_time(browser, tmp_path):
                 assert u[1] > 100 * steps_max  # hundreds of tokens a step
         assert p.errors == []
         p.close()
+
+
+def test_a_dragged_range_is_fetched_again_at_full_resolution(browser, tmp_path):
+    """20,000 steps drawn at most two points a pixel; a drag across 600 of them fetches every one of them again
+    (the 50x spike at its exact value), every chart shows that range, and a double-click shows the whole run."""
+    signer = Signer.generate()
+    path = tmp_path / "long.jsonl"
+    with Journal.create(path, signer=signer, seal_every=1000) as j:
+        for i in range(20_000):
+            loss = 100.0 if i == 12_345 else 2.0 + 0.001 * (i % 13)
+            j.append(StepObserved(step=i, loss=loss, grad_norm=0.5, step_time_s=0.1, tokens=256))
+    with serving(path, [signer.public]) as url:
+        p = Page(browser, url, viewport={"width": 1280, "height": 900})
+        # replay's redraw over (it marks the spike: no monitor recorded an anomaly for it), so that the positions
+        # read are the ones dragged across
+        p.until("window.__trainledger.state && window.__trainledger.state.replay.state === 'differences' && "
+                "window.__trainledger.version === window.__trainledger.state.version && !window.__trainledger.busy",
+                timeout=60)
+        whole = p.js("window.__trainledger.data.loss.points")
+        assert whole < 2 * 2000 and whole < 20_000  # the overview: at most two points a pixel
+        u = "window.__trainledger.charts.loss"
+        x0, x1 = p.js(f"[{u}.valToPos(12000, 'x'), {u}.valToPos(12600, 'x')]")
+        r = p.js(f"(() => {{ const r = {u}.over.getBoundingClientRect(); return [r.left, r.top, r.height]; }})()")
+        p.page.mouse.move(r[0] + x0, r[1] + r[2] / 2)
+        p.page.mouse.down()
+        p.page.mouse.move(r[0] + (x0 + x1) / 2, r[1] + r[2] / 2, steps=4)
+        p.page.mouse.move(r[0] + x1, r[1] + r[2] / 2, steps=4)
+        p.page.mouse.up()
+        p.until("window.__trainledger.data.loss.zoom !== null && !window.__trainledger.busy")
+        lo, hi = p.js("window.__trainledger.data.loss.zoom")
+        assert 11_950 <= lo <= 12_050 and 12_550 <= hi <= 12_650, (lo, hi)
+        xs = p.js(f"{u}.data[0]")
+        assert xs == list(range(lo, hi + 1))  # every step in the range, none left out
+        assert 100.0 in p.js(f"{u}.data[1]")  # the spike at its value
+        scale = p.js(f"[{u}.scales.x.min, {u}.scales.x.max]")
+        assert scale == [lo, hi]
+        assert p.js("window.__trainledger.data.grad_norm.zoom") == [lo, hi]  # every chart, one range
+        assert not p.js("document.getElementById('zoom-reset').hidden")
+        assert p.js("document.getElementById('event').hidden")  # a drag opens no event
+        p.page.locator("#chart-loss .u-over").dblclick()
+        p.until("window.__trainledger.data.loss.zoom === null && !window.__trainledger.busy")
+        assert p.js("window.__trainledger.data.loss.points") == whole
+        assert p.errors == []
+        p.close()
+
+
+def test_the_event_panel_leaves_the_seq_buttons_in_view(browser):
+    """The open event panel has its own column: the tables' seq buttons stay clickable beside it, at 1,280 px."""
+    ladder = GOLDEN / "scaling_ladder_v1_2.jsonl"
+    with serving(ladder, [_pub(ladder)]) as url:
+        p = Page(browser, url, viewport={"width": 1280, "height": 900})
+        p.until("window.__trainledger.drawn > 0")
+        p.page.click("#listed tr:nth-child(2) button")
+        p.until("!document.getElementById('event').hidden && !window.__trainledger.busy")
+        panel = p.js("document.getElementById('event').getBoundingClientRect().left")
+        rights = p.js("Array.from(document.querySelectorAll('#listed button, #marks button'))"
+                      ".map(b => b.getBoundingClientRect().right)")
+        assert rights and max(rights) <= panel, (max(rights), panel)
+        assert p.js("document.documentElement.scrollWidth") <= 1280
+        first = p.js("document.getElementById('event-title').textContent")
+        p.page.click("#listed tr:nth-child(3) button")  # another event, opened with the panel open
+        p.until(f"document.getElementById('event-title').textContent !== {json.dumps(first)}")
+        p.page.keyboard.press("Escape")
+        p.until("document.getElementById('event').hidden")
+        assert p.errors == []
+        p.close()
+
+
+def test_the_fit_is_drawn_as_a_fit(browser):
+    """The scaling fit: the law's curve (smooth, falling with compute, below the law's value at every rung: it is the
+    lowest loss the law gives at each compute), every rung's measured loss, the chosen size at its predicted loss
+    with its interval, and that run's measured loss said inside or outside it."""
+    ladder = GOLDEN / "scaling_ladder_v1_2.jsonl"
+    with serving(ladder, [_pub(ladder)]) as url:
+        p = Page(browser, url, viewport={"width": 1280, "height": 900})
+        p.until("window.__trainledger.drawn > 0 && window.__trainledger.charts.fit")
+        fit = p.js("window.__trainledger.data.fit")
+        data = p.js("window.__trainledger.charts.fit.data")
+        legend = p.js("document.getElementById('fit-legend').textContent")
+        xs, curve, rungs, at_rungs, predicted, measured = data
+        drawn = [(x, y) for x, y in zip(xs, curve) if y is not None]
+        assert fit["curve"] == len(drawn) >= 50
+        assert all(b[1] < a[1] for a, b in zip(drawn, drawn[1:]))  # falls as compute grows
+        for x, law in zip(xs, at_rungs):
+            if law is None:
+                continue
+            above = min((d for d in drawn if d[0] >= x), default=None)  # the curve a little further on: lower still
+            assert above is not None and law >= above[1] - 1e-9  # the curve is the law's least loss at that compute
+        assert fit["points"] == sum(v is not None for v in rungs) >= 4
+        assert fit["chosen"] and sum(v is not None for v in predicted) == 1
+        assert fit["intervals"] >= 1  # at least the prediction's
+        if fit["measured"] is not None:
+            assert sum(v is not None for v in measured) == 1
+            assert ("inside the interval" in legend) == fit["inside"]
+        assert p.errors == []
+        p.close()
+
+
+def test_dozens_of_curves_get_a_compact_legend(browser, tmp_path):
+    """Four ladders of seven rungs overlaid (28 curves): a compact legend of each run's colour and name, not 28
+    entries under every chart."""
+    runs = tmp_path / "runs"
+    for k in range(4):
+        (runs / f"ladder-{k}").mkdir(parents=True)
+        shutil.copy(GOLDEN / "scaling_ladder_v1_2.jsonl", runs / f"ladder-{k}" / "ladder.jsonl")
+    with serving_fleet([runs], [_pub(GOLDEN / "scaling_ladder_v1_2.jsonl")]) as url:
+        p = Page(browser, url, viewport={"width": 1280, "height": 1000})
+        p.until("window.__trainledger.drawn > 0 && window.__trainledger.data.loss && "
+                "window.__trainledger.data.loss.runs === 4 && !window.__trainledger.busy")
+        assert p.js("window.__trainledger.data.loss.legend") == "compact"
+        entries = p.js("Array.from(document.querySelectorAll('#chart-loss .compact-legend .entry'))"
+                       ".map(e => e.textContent)")
+        assert entries == [f"ladder-{k} (7 lines)" for k in range(4)]
+        assert p.js("document.querySelectorAll('#chart-loss .u-legend').length") == 0
+        assert p.js("document.documentElement.scrollWidth") <= 1280
+        assert p.errors == []
+        p.close()
+
+
+def test_a_curve_asked_again_is_the_one_computed_until_new_lines_are_read(tmp_path):
+    """The board keeps each curve asked for (a refresh after another run's replay costs nothing) and drops them all
+    when it reads new lines: a curve is never older than the lines read."""
+    from trainledger.serve.board import Board
+
+    s = Signer.generate()
+    path = tmp_path / "c.jsonl"
+    j = Journal.create(path, signer=s, seal_every=10, background=False)
+    for i in range(30):
+        j.append(StepObserved(step=i, loss=1.0 + i, grad_norm=0.1))
+    j.seal(durable=True)
+    b = Board(path, trust=TrustPolicy(keys=[s.public]))
+    try:
+        b.poll()
+        first = b.series("loss", 300)
+        assert b.series("loss", 300) is first and b.series("loss", 301) is not first
+        assert max(first["series"][0]["x"]) == 29
+        for i in range(30, 40):
+            j.append(StepObserved(step=i, loss=1.0 + i, grad_norm=0.1))
+        j.seal(durable=True)
+        v = b.data_version
+        assert b.poll() and b.data_version > v
+        again = b.series("loss", 300)
+        assert again is not first and max(again["series"][0]["x"]) == 39
+    finally:
+        j.close()
+        b.close()

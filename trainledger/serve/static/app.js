@@ -11,9 +11,12 @@
   // each curve's axis title with its unit, how its values are shown, and whether a log axis is offered
   const AXES = {loss: {title: "loss (nats)", scale: 1}, grad_norm: {title: "gradient norm (L2)", scale: 1},
                 mfu: {title: "MFU (%)", scale: 100}, tokens_per_s: {title: "tokens / s", scale: 1}};
-  const VIEW = {smoothing: 0, x: "step", log: {loss: false, grad_norm: false, mfu: false, tokens_per_s: false}};
+  // zoom: null, or the visible x range [lo, hi] in the x axis's units, fetched again at full resolution
+  const VIEW = {smoothing: 0, x: "step", zoom: null,
+                log: {loss: false, grad_norm: false, mfu: false, tokens_per_s: false}};
   const X_TITLES = {step: "step", tokens: "tokens processed", time: "wall time (s)"};
   const BODIES = {};
+  const LAST = {curves: null, marks: null};  // what the curves drawn were fetched for
   // a folder of runs: the run the panels show (RUN), and the runs the charts overlay (SELECTED), by name
   const RUNS = {list: [], focus: null, selected: new Set(), chosen: false};
   const MARK_COLORS = {anomaly_detected: "#cf222e", spike_suspected: "#fb8500", rewind_decided: "#8250df",
@@ -23,7 +26,10 @@
   const T = window.__trainledger = {charts: {}, data: {}, state: null, version: -1, drawn: 0, errors: []};
 
   function url(path, params) {
-    const q = new URLSearchParams(params || {});
+    const q = new URLSearchParams();
+    for (const [k, v] of Object.entries(params || {})) {  // a list is the parameter repeated (run=A&run=B)
+      if (Array.isArray(v)) for (const x of v) q.append(k, x); else q.set(k, v);
+    }
     if (RUNS.focus !== null && !q.has("run") && path !== "api/runs" && path !== "api/stream") q.set("run", RUNS.focus);
     if (token) q.set("token", token);
     const s = q.toString();
@@ -101,9 +107,11 @@
     return b;
   }
 
-  function shade(hex, k) {
-    // the k-th shade of a run's colour (its ranks or rungs): lighter towards white, in four steps
-    const t = (k % 4) * 0.22, n = parseInt(hex.slice(1), 16);
+  function shade(hex, k, count) {
+    // the k-th of count shades of a run's colour (its ranks or rungs): from the colour itself to a little over half
+    // way to white, evenly, so that each member of the family has its own (past 12, they repeat)
+    const m = Math.min(Math.max(count || 1, 1), 12);
+    const t = m > 1 ? 0.55 * (k % m) / (m - 1) : 0, n = parseInt(hex.slice(1), 16);
     const c = [n >> 16, (n >> 8) & 255, n & 255].map(v => Math.round(v + (255 - v) * t));
     return "#" + c.map(v => v.toString(16).padStart(2, "0")).join("");
   }
@@ -121,7 +129,15 @@
     const t = document.getElementById("runs");
     t.replaceChildren();
     const differ = [...new Set(runs.flatMap(r => Object.keys(r.differs || {})))];
-    row(t, ["", "run", "run id", "key", "status", "steps", "last seal", "final loss", "best loss"].concat(differ), true);
+    const all = document.createElement("input");
+    all.type = "checkbox"; all.title = "tick every run"; all.id = "runs-all";
+    all.checked = ok.length > 0 && ok.every(n => RUNS.selected.has(n));
+    all.addEventListener("change", () => {
+      RUNS.chosen = true;
+      RUNS.selected = new Set(all.checked ? ok : []);
+      refresh();
+    });
+    row(t, [all, "run", "run id", "key", "status", "steps", "last seal", "final loss", "best loss"].concat(differ), true);
     for (const r of runs) {
       let tick = "";
       if (!r.fail) {
@@ -160,12 +176,22 @@
         "no inclusion proof (format 1.3 and later have them)";
       a.href = url("api/proof", params);
       a.setAttribute("download", "proof-" + (ev.rank !== null ? "rank" + ev.rank + "-" : "") + "seq" + ev.seq + ".json");
-      box.hidden = false;
+      showPanel(true);
     } catch (e) {
       T.errors.push(String(e));
     }
   }
-  document.getElementById("event-close").addEventListener("click", () => { document.getElementById("event").hidden = true; });
+  function showPanel(open) {
+    // the event panel takes its own column: the page narrows beside it (its seq buttons stay in view) and the
+    // charts are drawn again at the narrower width
+    const box = document.getElementById("event");
+    if (box.hidden === !open) return;
+    box.hidden = !open;
+    document.body.classList.toggle("event-open", open);
+    if (T.state && !T.state.fail) refresh();
+  }
+  document.getElementById("event-close").addEventListener("click", () => showPanel(false));
+  document.addEventListener("keydown", (e) => { if (e.key === "Escape") showPanel(false); });
 
   function showFail(line) {
     const f = document.getElementById("fail");
@@ -258,7 +284,8 @@
     for (const s of parts) for (const v of s.y) if (v !== null && (rawMax === null || v > rawMax)) rawMax = v;
     T.data[metric] = {points: parts.reduce((n, s) => n + s.x.length, 0), series: parts.length,
                       unsigned: body.unsigned.reduce((n, s) => n + s.x.length, 0), smoothing: w, log: log,
-                      rawMax: rawMax, title: axis.title, x: body.x_axis || "step", runs: [...new Set(parts.map(s => s.run || ""))].length};
+                      rawMax: rawMax, title: axis.title, x: body.x_axis || "step", runs: [...new Set(parts.map(s => s.run || ""))].length,
+                      zoom: VIEW.zoom ? VIEW.zoom.slice() : null};
     const {data, seqs} = chartData(parts);
     const ranks = [...new Set(parts.map(s => s.rank))];
     const runs = [...new Set(parts.map(s => s.run || ""))];
@@ -270,7 +297,8 @@
     const subs = {};
     for (const k of keys) { const r = k.split("|")[0]; (subs[r] = subs[r] || []).push(k); }
     const colour = s => s.unsigned ? "#9a6700" : runs.length > 1
-      ? shade(COLORS[runs.indexOf(s.run || "") % COLORS.length], (subs[s.run || ""] || []).indexOf(keyOf(s)))
+      ? shade(COLORS[runs.indexOf(s.run || "") % COLORS.length], (subs[s.run || ""] || []).indexOf(keyOf(s)),
+              (subs[s.run || ""] || []).length)
       : COLORS[keys.indexOf(keyOf(s)) % COLORS.length];
     const name = s => ((runs.length > 1 ? s.run + " " : "") + (s.unsigned ? "not signed yet " : "") +
                        (s.rank !== null && s.rank !== undefined ? "rank " + s.rank + " " : "") +
@@ -291,13 +319,23 @@
     const yScale = log ? {distr: 3, log: 10} : {};
     const opts = {
       width: Math.max(300, box.clientWidth || 900), height: 220,
-      scales: {x: {time: false}, y: yScale},
+      // zoomed: the axis shows the range asked for (the server sent every point in it, at most two a pixel)
+      scales: {x: VIEW.zoom ? {time: false, range: () => VIEW.zoom.slice()} : {time: false}, y: yScale},
+      // a drag selects a range of x: the curves are fetched again for it (no zoom into the coarse overview)
+      cursor: {drag: {x: true, y: false, setScale: false}},
       axes: [{label: X_TITLES[body.x_axis || "step"], size: 44}, Object.assign({label: axis.title, size: 72, values: (u, vals) => vals.map(axisLabel)},
                                                      log ? {splits: logSplits, filter: (u, splits) => splits} : {})],
       series: series,
-      // one entry per curve and no per-point values once there are many: the legend stays a few lines
-      legend: {show: series.length <= 32, live: series.length <= 8},
-      hooks: {draw: [u => drawMarks(u, marks, body.x_axis || "step")]},
+      // one entry per curve and no per-point values once there are many; past 24 curves, a compact legend instead
+      // (below): a run's colour and name, or each curve's colour and name in small type
+      legend: {show: parts.length <= 24, live: series.length <= 8},
+      hooks: {draw: [u => drawMarks(u, marks, body.x_axis || "step")], setSelect: [u => {
+        if (u.select.width < 3) return;
+        const a = u.posToVal(u.select.left, "x"), b = u.posToVal(u.select.left + u.select.width, "x");
+        u.__dragged = true;
+        u.setSelect({left: 0, top: 0, width: 0, height: 0}, false);
+        zoomTo(a, b);
+      }]},
     };
     if (T.charts[metric]) { T.charts[metric].destroy(); delete T.charts[metric]; }
     box.replaceChildren();
@@ -307,23 +345,47 @@
       return;
     }
     const u = new uPlot(opts, data, box);
+    if (parts.length > 24) {
+      const lg = el("div", null, "compact-legend");
+      const entries = runs.length > 1
+        ? runs.map(r => [COLORS[runs.indexOf(r) % COLORS.length], r + " (" + parts.filter(s => (s.run || "") === r).length + " lines)"])
+        : parts.map(s => [colour(s), name(s)]);
+      for (const [c, label] of entries) {
+        const e = el("span", null, "entry"), sw = el("span", null, "swatch");
+        sw.style.background = c;
+        e.appendChild(sw); e.appendChild(document.createTextNode(label));
+        lg.appendChild(e);
+      }
+      box.appendChild(lg);
+    }
+    T.data[metric].legend = parts.length > 24 ? "compact" : "full";
     // the averages share their curve's colour: the legend lists each curve once
     const rows = u.root.querySelectorAll(".u-legend .u-series"), averages = w > 0 ? parts.length : 0;
     rows.forEach((tr, k) => { if (k >= rows.length - averages) tr.style.display = "none"; });
     u.__seqs = seqs; u.__parts = parts; u.__x = body.x_axis || "step";
+    // a double-click shows the whole run; a click waits out a double-click's time before it opens an event
+    let pending = null;
+    u.over.addEventListener("dblclick", () => { clearTimeout(pending); pending = null; zoomTo(null); });
     u.over.addEventListener("click", (e) => {
+      if (u.__dragged) { u.__dragged = false; return; }  // the end of a drag is not a click on a point
+      if (e.detail > 1) return;
+      const at = {left: e.clientX - u.over.getBoundingClientRect().left, idx: u.cursor.idx};
+      clearTimeout(pending);
+      pending = setTimeout(() => { pending = null; clicked(at); }, 250);
+    });
+    const clicked = (e) => {
       // a mark within 4 px of the click opens its event; else the nearest point's
-      const left = e.clientX - u.over.getBoundingClientRect().left;
+      const left = e.left;
       for (const m of u.__x === "step" ? marks : []) {
         if (m.step === null || m.step === undefined || m.seq === undefined) continue;
         if (Math.abs(u.valToPos(m.step, "x") - left) <= 4) { openEvent(m.rank, m.seq, m.run); return; }
       }
-      const i = u.cursor.idx;
+      const i = e.idx;
       if (i === null || i === undefined) return;
       let best = null;
       for (let k = 1; k < u.data.length; k++) if (u.data[k][i] !== null && seqs[k][i] !== null) { best = k; break; }
       if (best !== null) { const s = parts[(best - 1) % parts.length]; openEvent(s.rank, seqs[best][i], s.run); }
-    });
+    };
     T.charts[metric] = u;
   }
 
@@ -343,8 +405,10 @@
   }
 
   function drawFit(s) {
-    // the latest scaling_fitted: its points' observed losses against the fitted L = E + A/N^alpha + B/D^beta, by
-    // training compute 6ND; and the size it chose, at its predicted loss
+    // the latest scaling_fitted as a fit: the law's curve (its lowest loss at each training compute C = 6ND, N and D
+    // split as the law says is best), each rung's measured held-out loss with its interval (two standard errors of
+    // the mean over the eval batches, where the verdict recorded them), the law's value at each rung, the size it
+    // chose at its predicted loss and interval, and that run's measured loss once its verdict is in
     const fits = s.listed.filter(x => x.kind === "scaling_fitted");
     const box = document.getElementById("fit-box");
     if (T.charts.fit) { T.charts.fit.destroy(); delete T.charts.fit; }
@@ -354,38 +418,96 @@
     const wbox = document.getElementById("fit-warnings");
     wbox.hidden = !warned.length;
     wbox.textContent = warned.length ? "FIT WARNING: " + warned.join("; ") : "";
-    const pts = (f.points || []).filter(q => Array.isArray(q) && q.length >= 3 && q[0] > 0 && q[1] > 0);
-    const model = (n, d) => p.E + p.A / Math.pow(n, p.alpha) + p.B / Math.pow(d, p.beta);
-    const rowsOf = pts.map(q => [Math.log10(6 * q[0] * q[1]), q[2], model(q[0], q[1]), null]);
-    const c = f.choice || {};
-    const cand = c.candidate || {};
-    if (c.predicted_loss !== undefined && cand.n_params && c.tokens) {
-      rowsOf.push([Math.log10(6 * cand.n_params * c.tokens), null, null, c.predicted_loss]);
+    const num = v => typeof v === "number" && isFinite(v);
+    const pts = (f.points || []).filter(q => Array.isArray(q) && q.length >= 3 && q[0] > 0 && q[1] > 0 && num(q[2]));
+    const lawOk = ["E", "A", "B", "alpha", "beta"].every(k => num(p[k])) && p.A > 0 && p.B > 0 && p.alpha > 0 && p.beta > 0;
+    const law = (n, d) => p.E + p.A / Math.pow(n, p.alpha) + p.B / Math.pow(d, p.beta);
+    const verdicts = s.listed.filter(x => x.kind === "gate_verdict").map(x => x.fields || {});
+    const verdictAt = q => verdicts.find(g => g.measured && g.measured.n_params === q[0] && g.measured.tokens === q[1]);
+    const c = f.choice || {}, cand = c.candidate || {};
+    const headline = num(c.predicted_loss) && cand.n_params > 0 && c.tokens > 0 ? {
+      x: 6 * cand.n_params * c.tokens, y: c.predicted_loss,
+      lo: Array.isArray(c.interval) && num(c.interval[0]) ? c.interval[0] : null,
+      hi: Array.isArray(c.interval) && num(c.interval[1]) ? c.interval[1] : null} : null;
+    const done = verdicts.filter(g => g.rung === f.rung && g.measured && num(g.measured.eval_loss)).pop();
+    const measured = done ? {y: done.measured.eval_loss, se: num(done.measured.eval_loss_se) ? done.measured.eval_loss_se : null} : null;
+    const rungs = pts.map(q => { const v = verdictAt(q), se = v && num(v.measured.eval_loss_se) ? v.measured.eval_loss_se : null;
+                                 return {x: 6 * q[0] * q[1], y: q[2], lo: se === null ? null : q[2] - 2 * se,
+                                         hi: se === null ? null : q[2] + 2 * se, fitted: lawOk ? law(q[0], q[1]) : null}; });
+    // the curve: N* = G (C/6)^(beta/(alpha+beta)) with G = (alpha A / (beta B))^(1/(alpha+beta)), D* = C / (6 N*)
+    const xsAll = rungs.map(r => r.x).concat(headline ? [headline.x] : []);
+    const curve = [];
+    if (lawOk && xsAll.length) {
+      const c0 = Math.log10(Math.min(...xsAll)) - 0.3, c1 = Math.log10(Math.max(...xsAll)) + 0.3;
+      const g = Math.pow(p.alpha * p.A / (p.beta * p.B), 1 / (p.alpha + p.beta));
+      for (let k = 0; k <= 96; k++) {
+        const C = Math.pow(10, c0 + (c1 - c0) * k / 96);
+        const n = g * Math.pow(C / 6, p.beta / (p.alpha + p.beta)), d = C / (6 * n);
+        const y = law(n, d);
+        if (num(y)) curve.push({x: C, y: y});
+      }
     }
-    rowsOf.sort((a, b) => a[0] - b[0]);
-    const data = [0, 1, 2, 3].map(k => rowsOf.map(r => r[k]));
+    // one x array, the union; each series null where it has no point
+    const cols = [curve, rungs, rungs.map(r => ({x: r.x, y: r.fitted})), headline ? [headline] : [],
+                  headline && measured ? [{x: headline.x, y: measured.y}] : []];
+    const xs = [...new Set(cols.flat().map(r => r.x))].sort((a, b) => a - b);
+    const at = new Map(xs.map((v, k) => [v, k]));
+    const data = [xs].concat(cols.map(col => { const y = new Array(xs.length).fill(null);
+                                                for (const r of col) if (num(r.y)) y[at.get(r.x)] = r.y; return y; }));
+    const bars = rungs.filter(r => r.lo !== null).map(r => [r.x, r.lo, r.hi, "#0072b2"])
+      .concat(headline && headline.lo !== null ? [[headline.x, headline.lo, headline.hi, "#d55e00"]] : [])
+      .concat(measured && measured.se !== null ? [[headline.x, measured.y - 2 * measured.se, measured.y + 2 * measured.se, "#000000"]] : []);
+    const ys = data.slice(1).flat().filter(num).concat(bars.flatMap(b => [b[1], b[2]]));
+    const ylo = Math.min(...ys), yhi = Math.max(...ys), pad = 0.08 * (yhi - ylo || 1);
     box.hidden = false;
     const el0 = document.getElementById("chart-fit");
     el0.replaceChildren();
-    const dots = {show: true, size: 7};
+    const dots = (size, fill) => ({show: true, size: size, fill: fill});
     T.charts.fit = new uPlot({
-      width: Math.max(300, Math.min(900, el0.clientWidth || 700)), height: 220,
-      // a margin around the points, so that the chosen size (the rightmost, usually) is drawn whole
-      scales: {x: {time: false, range: (u, lo, hi) => [lo - 0.05 * (hi - lo || 1), hi + 0.05 * (hi - lo || 1)]},
-               y: {range: (u, lo, hi) => [lo - 0.08 * (hi - lo || 1), hi + 0.08 * (hi - lo || 1)]}},
-      axes: [{label: "log10 training FLOPs (6ND)"}, {label: "loss (nats)", size: 64, values: (u, vals) => vals.map(axisLabel)}],
-      series: [{label: "log10 6ND"},
-               {label: "observed (held-out loss)", stroke: "#0969da", paths: () => null, points: dots},
-               {label: "fitted", stroke: "#1a7f37", spanGaps: true, points: {show: false}},
-               {label: "chosen size, predicted", stroke: "#cf222e", paths: () => null, points: dots}],
+      width: Math.max(300, Math.min(900, el0.clientWidth || 700)), height: 260,
+      // x: the points and the curve with a margin (not rounded out to the next powers of ten)
+      scales: {x: {time: false, distr: 3, log: 10, range: () => [Math.min(...xs) / 1.2, Math.max(...xs) * 1.2]},
+               y: {range: () => [ylo - pad, yhi + pad]}},
+      legend: {live: false},
+      axes: [{label: "training compute 6ND (FLOPs)", splits: logSplits, filter: (u, splits) => splits,
+              values: (u, vals) => vals.map(v => v === null ? "" : v.toExponential(0))},
+             {label: "held-out loss (nats)", size: 64, values: (u, vals) => vals.map(axisLabel)}],
+      series: [{label: "6ND"},
+               {label: "the law: lowest loss at each compute", stroke: "#009e73", width: 2, spanGaps: true, points: {show: false}},
+               {label: "rungs, measured (2 SE)", stroke: "#0072b2", paths: () => null, points: dots(7, "#0072b2")},
+               {label: "the law at each rung", stroke: "#999999", paths: () => null, points: dots(5, "#ffffff")},
+               {label: "chosen size, predicted (interval)", stroke: "#d55e00", paths: () => null, points: dots(9, "#d55e00")},
+               {label: "chosen size, measured", stroke: "#000000", paths: () => null, points: dots(9, "#000000")}],
+      hooks: {draw: [u => {
+        // the intervals: a vertical bar with caps at each end
+        const ctx = u.ctx;
+        ctx.save();
+        ctx.lineWidth = 1.5 * devicePixelRatio;
+        for (const [x, lo, hi, colour] of bars) {
+          const px = u.valToPos(x, "x", true), a = u.valToPos(lo, "y", true), b = u.valToPos(hi, "y", true);
+          const cap = 5 * devicePixelRatio;
+          ctx.strokeStyle = colour;
+          ctx.beginPath();
+          ctx.moveTo(px, a); ctx.lineTo(px, b);
+          ctx.moveTo(px - cap, a); ctx.lineTo(px + cap, a);
+          ctx.moveTo(px - cap, b); ctx.lineTo(px + cap, b);
+          ctx.stroke();
+        }
+        ctx.restore();
+      }]},
     }, data, el0);
-    T.data.fit = {points: pts.length, chosen: c.predicted_loss !== undefined, warnings: warned.length};
+    const inside = measured && headline && headline.lo !== null ? measured.y >= headline.lo && measured.y <= headline.hi : null;
+    T.data.fit = {points: pts.length, chosen: !!headline, warnings: warned.length, curve: curve.length,
+                  intervals: bars.length, measured: measured ? measured.y : null, inside: inside};
     document.getElementById("fit-legend").textContent = "L(N, D) = E + A/N^alpha + B/D^beta with E " + fmt(p.E) +
       ", A " + fmt(p.A) + ", B " + fmt(p.B) + ", alpha " + fmt(p.alpha) + ", beta " + fmt(p.beta) +
       (cand.name ? "; chosen " + cand.name + " (" + fmt(cand.n_params) + " params, " + fmt(c.tokens) +
                    " tokens), predicted loss " + fmt(c.predicted_loss) +
-                   (Array.isArray(c.interval) ? " in [" + fmt(c.interval[0]) + ", " + fmt(c.interval[1]) + "]" : "") : "") +
-      "; fitted by " + fmt(f.fitter || "lbfgs") + " over " + pts.length + " rung(s)";
+                   (headline && headline.lo !== null ? " in [" + fmt(headline.lo) + ", " + fmt(headline.hi) + "]" : "") : "") +
+      (measured ? "; measured " + fmt(measured.y) + (inside === null ? "" : inside ? " (inside the interval)" : " (OUTSIDE the interval)")
+                : cand.name ? "; not measured yet" : "") +
+      "; fitted by " + fmt(f.fitter || "lbfgs") + " over " + pts.length + " rung(s)" +
+      (rungs.some(r => r.lo !== null) ? "" : "; the rungs' verdicts record no standard error: no interval on the measured points");
   }
 
   function drawHeatmap(h) {
@@ -461,31 +583,47 @@
   let busy = false, again = false;
   async function refresh() {
     if (busy) { again = true; return; }
-    busy = true;
+    busy = T.busy = true;
     try {
       do {
         again = false;
         let s = await get("api/state");
         const focus = RUNS.focus;
         drawRuns(s.runs || []);
-        if (RUNS.focus !== focus) s = await get("api/state");  // the first look at a folder: its first run's panels
+        // the first look at a folder: the state read is the first run's, the one shown, unless that one failed
+        const first = focus === null && (s.runs || []).length > 0 && s.runs[0].name === RUNS.focus && !s.runs[0].fail;
+        if (RUNS.focus !== focus && !first) s = await get("api/state");
         T.state = s;
         drawState(s);
         if (!s.fail) {
           const width = Math.max(300, Math.min(2000, document.getElementById("chart-loss").clientWidth || 1200));
           const many = RUNS.list.length > 1;
           const names = many ? Array.from(RUNS.selected) : [null];
-          const bodies = await Promise.all(METRICS.map(async m => {
-            const ask = {metric: m, width: width, x: VIEW.x};
-            const got = await Promise.all(names.map(n => get("api/series", n === null ? ask
-                                                                             : Object.assign({run: n}, ask))));
-            const tag = (arr, n) => arr.map(x => Object.assign(x, {run: n === null ? undefined : n}));
-            return {series: got.flatMap((b, i) => tag(b.series, names[i])),
-                    unsigned: got.flatMap((b, i) => tag(b.unsigned, names[i])), x_axis: ask.x};
-          }));
           const diffs = ((s.replay || {}).differences || []).map(d => ({step: d.step, kind: "replay_difference",
                                                                          rank: d.rank, seq: d.seq}));
-          METRICS.forEach((m, i) => drawChart(m, bodies[i], s.marks.concat(diffs)));
+          const marks = s.marks.concat(diffs);
+          // the curves are fetched again only when what they show may have changed: the runs ticked, the view, the
+          // width, or new lines read in one of those runs (a replay ending elsewhere changes none of them)
+          const dv = many ? names.map(n => (RUNS.list.find(r => r.name === n) || {}).data_version)
+                          : [s.data_version];
+          const key = JSON.stringify([names, VIEW.x, VIEW.zoom, width, dv]), mkey = JSON.stringify(marks);
+          if (key !== LAST.curves || !BODIES.loss) {
+            const bodies = await Promise.all(METRICS.map(async m => {
+              // one request a curve, every run ticked in it
+              const ask = {metric: m, width: width, x: VIEW.x};
+              if (VIEW.zoom) { ask.lo = VIEW.zoom[0]; ask.hi = VIEW.zoom[1]; }
+              if (many) ask.run = names;
+              const got = many && !names.length ? [] : (await get("api/curves", ask)).runs;
+              const tag = (arr, n) => arr.map(x => Object.assign(x, {run: n === null ? undefined : n}));
+              return {series: got.flatMap((b, i) => tag(b.series, names[i])),
+                      unsigned: got.flatMap((b, i) => tag(b.unsigned, names[i])), x_axis: ask.x};
+            }));
+            METRICS.forEach((m, i) => drawChart(m, bodies[i], marks));
+            LAST.curves = key; LAST.marks = mkey;
+          } else if (mkey !== LAST.marks) {
+            METRICS.forEach(m => drawChart(m, BODIES[m][0], marks));
+            LAST.marks = mkey;
+          }
           drawFit(s);
           drawHeatmap(await get("api/heatmap", {width: 600}));
           const tele = await get("api/telemetry");
@@ -502,7 +640,7 @@
       T.errors.push(String(e));
       document.getElementById("status").textContent = "cannot reach the server: " + e;
     } finally {
-      busy = false;
+      busy = T.busy = false;
     }
   }
 
@@ -516,8 +654,26 @@
     document.getElementById("smoothing-value").textContent = VIEW.smoothing.toFixed(2);
     redraw();
   });
+  function zoomTo(a, b) {
+    // a range of x (null: the whole run): every chart fetched again for it, at full resolution
+    if (a === null || !isFinite(a) || !isFinite(b) || a === b) VIEW.zoom = null;
+    else {
+      let lo = Math.min(a, b), hi = Math.max(a, b);
+      if (VIEW.x === "step") { lo = Math.floor(lo); hi = Math.ceil(hi); }
+      VIEW.zoom = [lo, hi];
+    }
+    const z = document.getElementById("zoom-reset"), zt = document.getElementById("zoom-range");
+    z.hidden = !VIEW.zoom;
+    zt.textContent = VIEW.zoom ? X_TITLES[VIEW.x] + " " + axisLabel(VIEW.zoom[0]) + " to " + axisLabel(VIEW.zoom[1]) +
+                                 ", every point fetched again (double-click a chart for the whole run)"
+                               : "drag across a chart to zoom";
+    refresh();
+  }
+  document.getElementById("zoom-reset").addEventListener("click", () => zoomTo(null));
+  T.zoom = zoomTo;  // what a drag does, for tests and tools/bench_serve.py
   const xsel = document.getElementById("x-axis");
-  xsel.addEventListener("change", () => { VIEW.x = xsel.value; refresh(); });  // another axis: fetched again
+  // another axis: fetched again, the whole run (a zoom's range was in the other axis's units)
+  xsel.addEventListener("change", () => { VIEW.x = xsel.value; zoomTo(null); });
   for (const m of METRICS) {
     const box = document.getElementById("log-" + m);
     if (box) box.addEventListener("change", () => { VIEW.log[m] = box.checked; redraw(); });
