@@ -354,7 +354,7 @@ def _cmd_query(args: argparse.Namespace) -> int:
 
     import duckdb
 
-    from trainledger.journal.query import CACHE_MIN_BYTES, open_views, refresh_cache_in_background
+    from trainledger.journal.query import CACHE_MIN_BYTES, keep_cold_load, open_views, refresh_cache_in_background
 
     paths = list(args.paths)
     if args.sql_file:
@@ -392,18 +392,22 @@ def _cmd_query(args: argparse.Namespace) -> int:
         try:
             con, source = (opener(paths, verify_first=True, trust=trust, partial=args.partial) if opener else
                            open_views(paths, use_cache=not args.no_cache, trust=trust, partial=args.partial,
-                                      cold=_cold_load(paths)))
+                                      cold=_cold_load(paths, keep=not args.no_cache)))
         except IntegrityError as e:
             say(e.fail_line(getattr(e, "path", None) or (str(e.report.path) if e.report else "journal")),
                 file=sys.stderr)
             return 1
         for folder, missing in source.missing.items():
             say(f"trainledger query: {partial_line(folder, missing)}", file=sys.stderr)
-        # Large journals read cold: keep a verified columnar copy for next time, built off this process.
-        if (not args.no_cache and source.origin == "journals"
+        # Large journals read cold into memory (no pyarrow): a verified columnar copy for next time, built off this
+        # process. Through the Parquet form, what the load wrote is kept instead, once the SQL has run.
+        if (not args.no_cache and source.origin == "journals" and source.tables is None
                 and sum(r["size"] for r in source.files) >= CACHE_MIN_BYTES):
             refresh_cache_in_background(paths, trust=trust)
     cols, rows = _run_sql(con, sql, args.param or None, args.timeout)
+    if not args.no_verify and not args.no_cache and source.tables is not None:
+        con.close()
+        keep_cold_load(paths, source)
     if args.format == "parquet":
         try:
             _write_parquet(cols, rows, args.out)
@@ -436,11 +440,14 @@ def _cmd_query(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cold_load(paths: list[str]) -> Any:
+def _cold_load(paths: list[str], *, keep: bool = False) -> Any:
     """The Parquet form's load for journals of CACHE_MIN_BYTES or more when pyarrow is here (memory bounded by
-    DuckDB's own: journal/parquet/journals.py), else None (read into memory)."""
+    DuckDB's own: journal/parquet/journals.py), else None (read into memory). ``keep``: written in the cache folder
+    (when it is this user's alone), so that keeping it for the next query is a rename."""
+    import functools
+
     from trainledger.journal.parquet.journals import available, load_journals
-    from trainledger.journal.query import CACHE_MIN_BYTES, journal_files
+    from trainledger.journal.query import CACHE_MIN_BYTES, _safe_cache_dir, journal_files
 
     if not available():
         return None
@@ -448,7 +455,10 @@ def _cold_load(paths: list[str]) -> Any:
         size = sum(f.stat().st_size for f in journal_files(paths))
     except (OSError, JournalError):
         return None  # the load names what is wrong
-    return load_journals if size >= CACHE_MIN_BYTES else None
+    if size < CACHE_MIN_BYTES:
+        return None
+    where = _safe_cache_dir(create=True) if keep else None
+    return load_journals if where is None else functools.partial(load_journals, where=where)
 
 
 def _run_sql(con, sql: str, params, timeout: float) -> tuple[list[str], list[tuple]]:

@@ -24,15 +24,16 @@ __all__ = ["PrivateCopies", "remove_if_owner_gone"]
 class PrivateCopies:
     """A 0700 temporary folder of journal copies, removed on exit."""
 
-    def __init__(self, owned: str | None = None) -> None:
+    def __init__(self, owned: str | None = None, *, where: str | os.PathLike | None = None) -> None:
         """``owned``: a folder that may outlive a killed process (one ``query OUT`` keeps for the process's life):
-        named after the process, and the ones of this kind whose process is gone are removed first."""
+        named after the process, and the ones of this kind whose process is gone are removed first. ``where``:
+        the folder to make it in (the temporary folder by default)."""
         if owned is not None:
-            base = Path(tempfile.gettempdir())
+            base = Path(where) if where is not None else Path(tempfile.gettempdir())
             for p in base.glob(f"trainledger-{owned}-*-*"):
                 remove_if_owner_gone(p, p.name[len(f"trainledger-{owned}-"):].split("-", 1)[0])
         prefix = "trainledger-" if owned is None else f"trainledger-{owned}-{os.getpid()}-"
-        self.dir = Path(tempfile.mkdtemp(prefix=prefix))
+        self.dir = Path(tempfile.mkdtemp(prefix=prefix, dir=None if where is None else str(where)))
         self._n = 0
         #: copy path -> (inode, mtime_ns, ctime_ns) of the original when it was opened (what was copied)
         self.identity: dict[str, tuple[int, int, int]] = {}

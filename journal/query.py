@@ -38,6 +38,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import stat
 import subprocess
 import sys
@@ -56,8 +57,8 @@ from trainledger.journal.kinds import BUILTIN_KINDS
 from trainledger.journal.trust import TrustPolicy
 from trainledger.journal.verify import VerifyReport, open_checked, read_opening, verify
 
-__all__ = ["connect", "open_views", "build_cache", "refresh_cache_in_background", "cache_dir", "journal_files",
-           "VIEWS", "Source", "CACHE_MIN_BYTES"]
+__all__ = ["connect", "open_views", "build_cache", "refresh_cache_in_background", "keep_cold_load", "cache_dir",
+           "journal_files", "VIEWS", "Source", "CACHE_MIN_BYTES"]
 
 CACHE_VERSION = 7  # bumped whenever a view's columns change (timeline, runs.imported, the 1.2 kinds, events.rank,
 #                   the 1.6 fields and anomaly_ended)
@@ -167,6 +168,9 @@ class Source:
     missing: dict[str, list[int]] = dataclasses.field(default_factory=dict)
     #: the private folder the views read (a cold load through the Parquet form); the lockdown allows only it
     readable: Path | None = None
+    #: a cold load through the Parquet form: the files of each table (under ``readable``), which
+    #: :func:`keep_cold_load` keeps as the next query's copy
+    tables: dict[str, list[str]] | None = None
 
 
 def journal_files(paths: Sequence[str | os.PathLike]) -> list[Path]:
@@ -192,9 +196,56 @@ def cache_dir() -> Path:
     return Path(base) / "trainledger"
 
 
+def _digest(files: list[Path]) -> str:
+    return hashlib.sha256("\0".join(sorted(str(f.resolve()) for f in files)).encode()).hexdigest()[:24]
+
+
 def _cache_path(files: list[Path]) -> Path:
-    digest = hashlib.sha256("\0".join(sorted(str(f.resolve()) for f in files)).encode()).hexdigest()[:24]
-    return cache_dir() / f"q-{digest}.duckdb"
+    return cache_dir() / f"q-{_digest(files)}.duckdb"
+
+
+def _kept_path(files: list[Path]) -> Path:
+    """Where a cold load's Parquet files are kept for the next query over the same files (:func:`keep_cold_load`)."""
+    return cache_dir() / f"p-{_digest(files)}"
+
+
+def keep_cold_load(paths: Sequence[str | os.PathLike], source: Source) -> Path | None:
+    """Keep what a cold load through the Parquet form wrote (the verified events and every typed table, as Parquet
+    files, with what verification established for each journal) as the copy the next query over the same files
+    answers from: its folder renamed into the cache folder, a ``meta.json`` beside the files. Call it once the
+    connection over them is closed. The first query leaves the copy at no cost but the rename; the next one reads
+    Parquet as DuckDB would. None (and nothing kept) when there is nothing to keep, the cache folder is not this
+    user's alone, or the load was not written there (a rename across file systems would copy)."""
+    if source.origin != "journals" or source.tables is None or source.readable is None:
+        return None
+    d = _safe_cache_dir(create=True)
+    folder = Path(source.readable)
+    if d is None or folder.parent.resolve() != d.resolve():
+        return None
+    try:
+        rel = {t: [str(Path(f).relative_to(folder)) for f in fs] for t, fs in source.tables.items()}
+    except ValueError:
+        return None
+    target = _kept_path(journal_files(paths))
+    shutil.rmtree(folder / "spill", ignore_errors=True)  # the query's own
+    fd = os.open(folder / "meta.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump({"version": CACHE_VERSION, "files": source.files, "tables": rel}, f)
+    old = target.with_name(f"{target.name}.old-{os.getpid()}")
+    try:
+        os.rename(target, old)
+    except FileNotFoundError:
+        old = None
+    except OSError:
+        return None
+    try:
+        os.rename(folder, target)
+    except OSError:  # another query kept its copy meantime: this one is removed at exit
+        return None
+    finally:
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    return target
 
 
 def _safe_cache_dir(create: bool) -> Path | None:
@@ -480,11 +531,12 @@ def _define_views(con: duckdb.DuckDBPyConnection) -> None:
         con.execute(f"CREATE VIEW {name} AS {sql}")
 
 
-def _lock(con: duckdb.DuckDBPyConnection, private: Path | None = None) -> None:
+def _lock(con: duckdb.DuckDBPyConnection, private: Path | None = None, *, readable: Path | None = None) -> None:
     """From here on, no file access and no configuration changes: user SQL runs sandboxed. DuckDB's temporary
     folder is always in ``allowed_directories``, and its default is ``./.tmp`` of the working folder (readable,
     writable, and a planted link there leads anywhere): it is set to ``private``/spill (a private folder the
-    caller owns, where spilling may go), or spilling is switched off."""
+    caller owns, where spilling may go), or spilling is switched off. ``readable``: a folder the views read (a
+    kept copy), allowed too, with spilling off."""
     if private is not None:
         spill = Path(private) / "spill"
         spill.mkdir(mode=0o700, exist_ok=True)
@@ -492,6 +544,8 @@ def _lock(con: duckdb.DuckDBPyConnection, private: Path | None = None) -> None:
         con.execute(f"SET allowed_directories = [{_lit(str(private) + os.sep)}]")
     else:
         con.execute("SET temp_directory = ''")
+        if readable is not None:
+            con.execute(f"SET allowed_directories = [{_lit(str(readable) + os.sep)}]")
     con.execute("SET enable_external_access = false")
     con.execute("SET lock_configuration = true")
 
@@ -533,7 +587,12 @@ def _still_current(con: duckdb.DuckDBPyConnection, files: list[Path], trust: Tru
                    ) -> list[dict[str, Any]] | None:
     """The attached copy's file rows, if it is of these files, they have not changed, and the trust fits."""
     version, meta = con.execute("SELECT version, files FROM cache.meta").fetchone()
-    rows = json.loads(meta)
+    return _rows_current(version, json.loads(meta), files, trust)
+
+
+def _rows_current(version: Any, rows: list[dict[str, Any]], files: list[Path], trust: TrustPolicy
+                  ) -> list[dict[str, Any]] | None:
+    """A copy's file rows, if it is of these files, they have not changed, and the trust fits."""
     if version != CACHE_VERSION or sorted(r["resolved"] for r in rows) != sorted(str(f.resolve()) for f in files):
         return None
     for r in rows:
@@ -548,9 +607,45 @@ def _still_current(con: duckdb.DuckDBPyConnection, files: list[Path], trust: Tru
     return rows
 
 
+def _warm_kept(files: list[Path], trust: TrustPolicy) -> tuple[duckdb.DuckDBPyConnection, Source] | None:
+    """A cold load's Parquet files kept by :func:`keep_cold_load`, if they are of these files, unchanged, and the
+    trust fits: views over them (DuckDB reading Parquet), locked, reading that folder only."""
+    folder = _kept_path(files)
+    try:
+        st = os.lstat(folder)
+    except OSError:
+        return None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022 \
+            or not _safe_cache_file(folder / "meta.json"):
+        return None
+    try:
+        from trainledger.journal.keys import read_small_file
+        from trainledger.journal.parquet.read import views_over
+
+        meta = json.loads(read_small_file(folder / "meta.json", "cache", limit=64 << 20))
+        rows = _rows_current(meta["version"], meta["files"], files, trust)
+        if rows is None:
+            return None
+        tables = {}
+        for t, rels in meta["tables"].items():
+            paths = [folder / r for r in rels]
+            if any(Path(r).is_absolute() or ".." in Path(r).parts or not _safe_cache_file(p)
+                   for r, p in zip(rels, paths)):
+                return None  # only regular files of our own, inside the folder
+            tables[str(t)] = [str(p) for p in paths]
+        con = views_over(tables)
+    except (ImportError, TrainledgerError, duckdb.Error, OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None  # an unreadable or foreign copy is ignored, never trusted
+    _lock(con, readable=folder)
+    return con, Source("cache", rows, cache_path=folder)
+
+
 def _warm(files: list[Path], trust: TrustPolicy) -> tuple[duckdb.DuckDBPyConnection, Source] | None:
     if _safe_cache_dir(create=False) is None:
         return None
+    kept = _warm_kept(files, trust)
+    if kept is not None:
+        return kept
     path = _cache_path(files)
     if not _safe_cache_file(path):
         return None

@@ -32,17 +32,21 @@ def available() -> bool:
     return _has_pyarrow()
 
 
-def load_journals(files: list[Path], paths: Sequence[str | os.PathLike], trust: TrustPolicy, partial: bool
-                  ) -> tuple[Any, Any]:
+def load_journals(files: list[Path], paths: Sequence[str | os.PathLike], trust: TrustPolicy, partial: bool,
+                  where: str | os.PathLike | None = None) -> tuple[Any, Any]:
     """The query layer's cold load (see the module doc): a connection with every view over the verified events,
     not locked yet (the caller locks it, reads limited to ``source.readable``), and its
-    :class:`~trainledger.journal.query.Source`. Raises what verification raises, naming the user's file."""
+    :class:`~trainledger.journal.query.Source` (``tables``: the Parquet files of each table, which
+    :func:`~trainledger.journal.query.keep_cold_load` may keep as the next query's copy). ``where``: the folder
+    to write them in (the temporary folder by default; the cache folder when they are to be kept, so that keeping
+    them is a rename). Raises what verification raises, naming the user's file."""
     from trainledger.journal.copies import PrivateCopies
     from trainledger.journal.parquet.export import _check_runs, _ranks_of, export_journal
     from trainledger.journal.parquet.read import views_over
     from trainledger.journal.query import Source, _file_row, new_connection
 
-    copies = PrivateCopies()
+    # in the cache folder: named after this process, so that one a killed query left is removed by the next
+    copies = PrivateCopies(owned=None if where is None else "load", where=where)
     atexit.register(copies.close)
     rows: list[dict[str, Any]] = []
     by_table: dict[str, list[str]] = {}
@@ -68,7 +72,7 @@ def load_journals(files: list[Path], paths: Sequence[str | os.PathLike], trust: 
     except BaseException:
         copies.close()
         raise
-    return con, Source("journals", rows, missing=missing, readable=copies.dir)
+    return con, Source("journals", rows, missing=missing, readable=copies.dir, tables=by_table)
 
 
 def _main(argv: list[str]) -> int:

@@ -465,3 +465,59 @@ def test_the_streamed_chain_check_stops_at_the_first_line_that_does_not_continue
     bad[50] = bad[50].replace(b'"step":', b'"step": ', 1)
     assert _chained(g, bad, 0) is None
     assert _chained(g, lines[1:], 1) is None and _chained(g, lines[:10], 3) is None
+
+
+@pytest.mark.parametrize("accel", [True, False], ids=["C", "hashlib"])
+def test_the_streamed_block_check_agrees_with_the_line_check(monkeypatch, accel):
+    """The Arrow path's block (a batch's lines joined with newlines) is chain-checked by the block scanner, or line
+    by line without the accelerator: the same end hash, and None at the same first break."""
+    from trainledger.journal import scan
+    from trainledger.journal.chain import genesis
+    from trainledger.journal.parquet.check import _chained, _chained_block
+    from trainledger.journal.verify import read_opening
+
+    if accel and scan._scan_block is None:
+        pytest.skip("the C accelerator is not built here")
+    if not accel:
+        monkeypatch.setattr(scan, "_scan_block", None)
+    path = GOLDEN / "every_kind_v1_3.jsonl"
+    lines = path.read_bytes().split(b"\n")[:-1]
+    g = genesis(read_opening(path, path.stat().st_size)[0].run_id)
+    block = b"".join(x + b"\n" for x in lines)
+    assert _chained_block(g, block, 0) == _chained(g, lines, 0) is not None
+    head = b"".join(x + b"\n" for x in lines[:40])
+    assert _chained_block(_chained_block(g, head, 0), block[len(head):], 40) == _chained(g, lines, 0)
+    bad = list(lines)
+    bad[50] = bad[50].replace(b'"step":', b'"step": ', 1)
+    assert _chained_block(g, b"".join(x + b"\n" for x in bad), 0) is None
+    assert _chained_block(g, block, 3) is None
+
+
+@pytest.mark.parametrize("how", ["shuffled", "no line"])
+def test_events_rows_out_of_seq_order_or_without_a_line_are_refused_at_that_seq(run4, tmp_path, how):
+    """Every seq once, 0 to n - 1, so the whole-file counts hold; but the rows are not in seq order (or one has no
+    line): refused naming the first row that is not the next one, before its lines reach the verifier."""
+    import pyarrow as pa
+
+    d, out, s, _, pub = run4
+    bad = _copy(out, tmp_path)
+    rel = "events/run-runX.r00000/rank-00000.parquet"
+    rc = json.loads(pq.read_metadata(bad / rel).metadata[b"trainledger_receipt"])
+    t = pq.read_table(bad / rel)
+    if how == "shuffled":
+        order = list(range(t.num_rows))
+        order[7], order[8] = order[8], order[7]
+        t = t.take(pa.array(order))
+    else:
+        i = t.schema.get_field_index("line")
+        lines = t.column("line").to_pylist()
+        lines[7] = None
+        t = t.set_column(i, t.schema.field("line"), pa.array(lines, t.schema.field("line").type))
+    (bad / rel).unlink()
+    w = pq.ParquetWriter(bad / rel, t.schema, use_dictionary=False)  # as the exporter writes: no dictionary
+    w.write_table(t)
+    w.add_key_value_metadata({"trainledger_receipt": json.dumps(rc, sort_keys=True, separators=(",", ":"))})
+    w.close()
+    _relist(bad)
+    with pytest.raises(ExportMismatch, match=f"{rel}: the row at seq 7 is out of order or has no line"):
+        verify_export(bad, keys=[s.public])

@@ -102,3 +102,60 @@ def test_the_cache_is_built_from_the_parquet_form_and_answers_warm(tmp_path, mon
                  "SELECT count(*) AS n FROM events"]) == 0
     n = mem.execute("SELECT count(*) FROM events").fetchone()[0]
     assert capsys.readouterr().out.splitlines() == ["n", str(n)]
+
+
+def test_a_cold_query_leaves_its_parquet_files_for_the_next_one(tmp_path, monkeypatch, capsys):
+    """The first query over a large journal keeps what its load wrote (renamed into the cache folder, a meta.json
+    beside it): the next query answers from those files at once, every view as the in-memory load answers it; a
+    journal touched since, a meta naming a file outside the folder, a file swapped for a link or a cache folder
+    others may write are never used."""
+    import json
+    import os
+    import shutil
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("TRAINLEDGER_CACHE_DIR", str(cache))
+    monkeypatch.setattr("trainledger.journal.query.CACHE_MIN_BYTES", 0)  # "large": any size here
+    j = tmp_path / "ladder.jsonl"
+    shutil.copy(GOLDEN / "scaling_ladder_v1_2.jsonl", j)
+    pub = str(GOLDEN / "scaling_ladder_v1_2.pub")
+    keys = [load_public_key(pub)]
+
+    def ask() -> str:
+        assert main(["query", str(j), "--pubkey", pub, "--format", "csv", "SELECT count(*) AS n FROM steps"]) == 0
+        return capsys.readouterr().out
+
+    first = ask()
+    kept = list(cache.glob("p-*"))
+    assert len(kept) == 1 and (kept[0] / "meta.json").is_file() and not list(cache.glob("trainledger-*"))
+    assert not (kept[0] / "spill").exists()
+    con, src = open_views([str(j)], keys=keys)
+    assert src.origin == "cache" and src.cache_path == kept[0]
+    mem, _ = open_views([str(j)], use_cache=False, keys=keys)
+    for view in ("events", "steps", "runs", "verdicts", "mfu", "timeline"):
+        assert _all(con, view) == _all(mem, view), view
+    con.close()
+    assert ask() == first  # answered from the kept files
+    # the lockdown holds over them: nothing outside the kept folder is read
+    con, _ = open_views([str(j)], keys=keys)
+    with pytest.raises(duckdb.Error):
+        con.execute(f"SELECT * FROM read_csv('{j}')")
+    con.close()
+    os.utime(j)  # touched: its identity changed, so it is read and verified afresh
+    assert open_views([str(j)], keys=keys)[1].origin == "journals"
+    ask()  # and kept again
+    meta = json.loads((kept[0] / "meta.json").read_text())
+    meta["tables"]["steps"] = ["../../ladder.jsonl"]
+    (kept[0] / "meta.json").write_text(json.dumps(meta))
+    assert open_views([str(j)], keys=keys)[1].origin == "journals"
+    ask()
+    steps = next(kept[0].rglob("steps/*/*.parquet"))
+    other = next(kept[0].rglob("events/*/*.parquet"))
+    steps.unlink()
+    steps.symlink_to(other)
+    assert open_views([str(j)], keys=keys)[1].origin == "journals"
+    shutil.rmtree(cache)
+    cache.mkdir(mode=0o777)
+    cache.chmod(0o777)  # others may write it: nothing is kept there, nothing read from it
+    ask()
+    assert not list(cache.glob("p-*"))
