@@ -230,7 +230,7 @@ def keep_cold_load(paths: Sequence[str | os.PathLike], source: Source) -> Path |
     shutil.rmtree(folder / "spill", ignore_errors=True)  # the query's own
     fd = os.open(folder / "meta.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
     with os.fdopen(fd, "w") as f:
-        json.dump({"version": CACHE_VERSION, "files": source.files, "tables": rel}, f)
+        json.dump({"version": CACHE_VERSION, "files": source.files, "tables": rel, "order": list(rel)}, f)
     old = target.with_name(f"{target.name}.old-{os.getpid()}")
     try:
         os.rename(target, old)
@@ -607,6 +607,33 @@ def _rows_current(version: Any, rows: list[dict[str, Any]], files: list[Path], t
     return rows
 
 
+def views_over_parquet(by_table: dict[str, list[str]], *, order: Sequence[str] | None = None
+                       ) -> duckdb.DuckDBPyConnection:
+    """A new connection with every view over Parquet files of the export's layout (``{table: [file, ...]}``;
+    ``events`` with or without ``line`` and ``file``; the tables in ``order``, else events first), not locked
+    yet: every view defined over no rows, then each table with files replacing its own (and its kind's other name:
+    steps is step_observed too)."""
+    con = new_connection()
+    con.execute(_COMMON_TABLE)
+    _define_views(con)
+    aliases = {tag: name for name, tag in VIEW_NAMES.items()}
+    names = [t for t in (order if order is not None else sorted(by_table, key=lambda t: (t != "events", t)))
+             if by_table.get(t)]
+    for table in names:
+        src = f"read_parquet([{', '.join(_lit(f) for f in by_table[table])}], union_by_name = true)"
+        if table == "events":
+            have = {c for c, *_ in con.execute(f"DESCRIBE SELECT * FROM {src}").fetchall()}
+            sql = (f"SELECT run_id, rank, {'file' if 'file' in have else 'NULL::VARCHAR AS file'}, seq, kind, ts, "
+                   f"h, {'line' if 'line' in have else 'NULL::VARCHAR AS line'} FROM {src}")
+        else:
+            sql = f"SELECT * FROM {src}"
+        con.execute(f"CREATE OR REPLACE VIEW {table} AS {sql}")
+        other = aliases.get(table) or VIEW_NAMES.get(table)
+        if other:
+            con.execute(f"CREATE OR REPLACE VIEW {other} AS SELECT * FROM {table}")
+    return con
+
+
 def _warm_kept(files: list[Path], trust: TrustPolicy) -> tuple[duckdb.DuckDBPyConnection, Source] | None:
     """A cold load's Parquet files kept by :func:`keep_cold_load`, if they are of these files, unchanged, and the
     trust fits: views over them (DuckDB reading Parquet), locked, reading that folder only."""
@@ -620,7 +647,6 @@ def _warm_kept(files: list[Path], trust: TrustPolicy) -> tuple[duckdb.DuckDBPyCo
         return None
     try:
         from trainledger.journal.keys import read_small_file
-        from trainledger.journal.parquet.read import views_over
 
         meta = json.loads(read_small_file(folder / "meta.json", "cache", limit=64 << 20))
         rows = _rows_current(meta["version"], meta["files"], files, trust)
@@ -633,7 +659,7 @@ def _warm_kept(files: list[Path], trust: TrustPolicy) -> tuple[duckdb.DuckDBPyCo
                    for r, p in zip(rels, paths)):
                 return None  # only regular files of our own, inside the folder
             tables[str(t)] = [str(p) for p in paths]
-        con = views_over(tables)
+        con = views_over_parquet(tables, order=meta.get("order"))
     except (ImportError, TrainledgerError, duckdb.Error, OSError, ValueError, KeyError, TypeError, AttributeError):
         return None  # an unreadable or foreign copy is ignored, never trusted
     _lock(con, readable=folder)

@@ -65,6 +65,30 @@ elif mode == "verify":
 elif mode == "sha256sum":
     import subprocess
     subprocess.run(["sha256sum", p], check=True, capture_output=True)
+elif mode == "openssl":
+    import subprocess
+    subprocess.run(["openssl", "dgst", "-sha256", p], check=True, capture_output=True)
+elif mode == "query_warm":
+    # the command, right after a cold one over the same journal (run() ran that one first, unmeasured)
+    import contextlib, io
+    from trainledger.cli import main
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["query", p, "--pubkey", k, "--format", "csv",
+                     "SELECT count(*), avg(loss), max(grad_norm) FROM steps"]) == 0
+    extra["rows"] = int(out.getvalue().splitlines()[1].split(",")[0])
+elif mode == "duckdb_parquet":
+    # the peer of a repeat query: DuckDB over a Parquet copy of the same steps (run() made it, unmeasured)
+    import duckdb
+    con = duckdb.connect()
+    con.execute("SET threads = 1")
+    extra["rows"] = con.execute("SELECT count(*), avg(loss), max(grad_norm) FROM read_parquet(?)",
+                                [p[:-len(".jsonl")] + ".steps.parquet"]).fetchall()[0][0]
+elif mode == "verify_out":
+    # verify of the journal's export parquet --lines (run() made it, unmeasured)
+    from trainledger.journal import load_public_key
+    from trainledger.journal.parquet.check import verify_export
+    extra["rows"] = verify_export(p[:-len(".jsonl")] + ".export", keys=[load_public_key(k)]).events
 elif mode == "monitor":
     import gc
     from trainledger.journal import Journal, Signer
@@ -110,7 +134,29 @@ def write_journal(path: Path, n: int) -> tuple[Path, object]:
     return k, m
 
 
+def prepare(mode: str, p: Path, k: Path) -> None:
+    """What a measure reads that is not the journal, made once, unmeasured: the cold query a warm one follows, the
+    Parquet copy of the steps DuckDB reads, the export verify OUT checks."""
+    env = dict(os.environ, TRAINLEDGER_CACHE_DIR=str(p.parent / "cache"))
+    tl = str(Path(sys.executable).with_name("trainledger"))
+    if mode == "query_warm":
+        subprocess.run([tl, "query", str(p), "--pubkey", str(k), "SELECT 1"], check=True, capture_output=True,
+                       env=env)
+    elif mode == "duckdb_parquet" and not p.with_suffix(".steps.parquet").exists():
+        import duckdb
+
+        con = duckdb.connect()
+        con.execute(f"COPY (SELECT * FROM read_ndjson('{p}', columns={{'kind': 'VARCHAR', 'step': 'BIGINT', "
+                    "'loss': 'DOUBLE', 'grad_norm': 'DOUBLE', 'step_time_s': 'DOUBLE', 'tokens': 'BIGINT'}) "
+                    f"WHERE kind = 'step_observed') TO '{p.with_suffix('.steps.parquet')}' (FORMAT parquet)")
+        con.close()
+    elif mode == "verify_out" and not p.with_suffix(".export").exists():
+        subprocess.run([tl, "export", "parquet", str(p), str(p.with_suffix(".export")), "--lines", "--pubkey",
+                        str(k), "--no-progress"], check=True, capture_output=True)
+
+
 def run(mode: str, p: Path, k: Path, n: int) -> dict:
+    prepare(mode, p, k)
     env = dict(os.environ, TRAINLEDGER_CACHE_DIR=str(p.parent / "cache"), OPENBLAS_NUM_THREADS="1")
     out = subprocess.run([sys.executable, "-c", RUNNER, mode, str(p), str(k), str(n)], capture_output=True, text=True,
                          env=env)
@@ -127,7 +173,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", default="1e5,1e6,1e7")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--only", default="duckdb,replay,query,verify,sha256sum,monitor",
+    ap.add_argument("--only", default="duckdb,replay,query,verify,sha256sum,openssl,query_warm,duckdb_parquet,"
+                                     "verify_out,monitor",
                     help="the measures to run (comma-separated)")
     ap.add_argument("--out", metavar="FILE", help="also write the table here")
     a = ap.parse_args()
@@ -178,7 +225,17 @@ def main() -> int:
         if "verify" in r and "sha256sum" in r:
             lines_n = r["verify"][0]["rows"]  # every line of the file is an event
             v, s = med(r["verify"], "cpu") / lines_n * 1e6, med(r["sha256sum"], "cpu") / lines_n * 1e6
-            say(f"  verify: {v:.2f} us CPU a line vs sha256sum's {s:.2f} us ({v / s:.2f}x), one core")
+            say(f"  verify: {v:.2f} us CPU a line vs sha256sum's {s:.2f} us ({v / s:.2f}x), one core"
+                + (f"; openssl dgst -sha256 {med(r['openssl'], 'cpu') / lines_n * 1e6:.2f} us"
+                   if "openssl" in r else ""))
+        if "query_warm" in r and "duckdb_parquet" in r:
+            w, d = med(r["query_warm"], "cpu"), med(r["duckdb_parquet"], "cpu")
+            say(f"  query right after a cold one: {w:.2f} s CPU vs DuckDB over a Parquet copy of the steps {d:.2f} s "
+                f"({w / d:.1f}x; target 1.5x)")
+        if "verify_out" in r and "verify" in r:
+            o, v = med(r["verify_out"], "cpu"), med(r["verify"], "cpu")
+            say(f"  verify OUT (export parquet --lines): {o:.2f} s CPU vs verify of the journal {v:.2f} s "
+                f"({o / v:.1f}x; target 1.2x), peak RSS {max(x['rss_mb'] for x in r['verify_out']):.0f} MiB")
         if "monitor" in r:
             held = med(r["monitor"], "held_bytes")
             say(f"  monitor: resident memory grew {held / 2**20:.1f} MiB from step 1 to step {n:,} "

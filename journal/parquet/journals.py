@@ -41,7 +41,7 @@ def load_journals(files: list[Path], paths: Sequence[str | os.PathLike], trust: 
     to write them in (the temporary folder by default; the cache folder when they are to be kept, so that keeping
     them is a rename). Raises what verification raises, naming the user's file."""
     from trainledger.journal.copies import PrivateCopies
-    from trainledger.journal.parquet.export import _check_runs, _ranks_of, export_journal
+    from trainledger.journal.parquet.export import _check_runs, _ranks_of, export_journal, tables
     from trainledger.journal.parquet.read import views_over
     from trainledger.journal.query import Source, _file_row, new_connection
 
@@ -68,6 +68,7 @@ def load_journals(files: list[Path], paths: Sequence[str | os.PathLike], trust: 
         finally:
             con.close()
         missing = _check_runs(files, ranks, done, trust, partial)
+        by_table = {t: by_table[t] for t in tables() if t in by_table}  # the export's order (a kept copy's too)
         con = views_over(by_table)
     except BaseException:
         copies.close()

@@ -22,7 +22,7 @@ from typing import Any
 
 from trainledger.journal.errors import TrainledgerError
 from trainledger.journal.parquet.check import check_tree, open_regular, read_listing, verify_export
-from trainledger.journal.parquet.export import LISTING, _lit, tables
+from trainledger.journal.parquet.export import LISTING, tables
 from trainledger.journal.trust import TrustPolicy
 
 __all__ = ["open_exports", "connect_exports", "views_over"]
@@ -97,29 +97,9 @@ def _remembered(memo: Path) -> tuple[dict[str, list[int]], str | None]:
 def views_over(by_table: dict[str, list[str]]) -> Any:
     """A new connection with the query layer's views over Parquet files of the export's layout (``{table: [file,
     ...]}``; ``events`` with or without ``line`` and ``file``), not locked yet."""
-    from trainledger.journal.query import _COMMON_TABLE, VIEW_NAMES, _define_views, new_connection
+    from trainledger.journal.query import views_over_parquet
 
-    con = new_connection()
-    con.execute(_COMMON_TABLE)
-    _define_views(con)  # every view, over no rows; the Parquet tables then replace theirs
-    aliases = {tag: name for name, tag in VIEW_NAMES.items()}
-    for table in tables():
-        files = by_table.get(table)
-        if not files:
-            continue
-        src = f"read_parquet([{', '.join(_lit(f) for f in files)}], union_by_name = true)"
-        if table == "events":
-            have = {c for c, *_ in con.execute(f"DESCRIBE SELECT * FROM {src}").fetchall()}
-            sql = (f"SELECT run_id, rank, {'file' if 'file' in have else 'NULL::VARCHAR AS file'}, seq, kind, ts, "
-                   f"h, {'line' if 'line' in have else 'NULL::VARCHAR AS line'} FROM {src}")
-        else:
-            sql = f"SELECT * FROM {src}"
-        con.execute(f"CREATE OR REPLACE VIEW {table} AS {sql}")
-        # the kind's other name (steps is step_observed too)
-        other = aliases.get(table) or VIEW_NAMES.get(table)
-        if other:
-            con.execute(f"CREATE OR REPLACE VIEW {other} AS SELECT * FROM {table}")
-    return con
+    return views_over_parquet(by_table, order=tables())
 
 
 def connect_exports(paths: Sequence[str | os.PathLike], *, verify_first: bool = True, trust: TrustPolicy | None = None,
