@@ -606,20 +606,7 @@ class Board:
                     "SELECT rank, segment, rung, px, arg_min(step, v), min(v), arg_min(seq, v), arg_max(step, v), "
                     "max(v), arg_max(seq, v) FROM b GROUP BY rank, segment, rung, px "
                     "ORDER BY rank, segment, px", [lo, hi, float(lo), width, span]).fetchall()
-                cur: dict[str, Any] | None = None
-                for rank, segment, rung, _px, s0, v0, q0, s1, v1, q1 in rows:
-                    key = (rank, segment, rung)
-                    if cur is None or cur["key"] != key:
-                        cur = {"key": key, "rank": None if rank < 0 else rank, "segment": segment, "rung": rung,
-                               "x": [], "y": [], "seq": []}
-                        series.append(cur)
-                    pts = sorted({(s0, v0, q0), (s1, v1, q1)})
-                    for s, v, q in pts:
-                        cur["x"].append(s)
-                        cur["y"].append(v)
-                        cur["seq"].append(q)
-                for s in series:
-                    del s["key"]
+                series = _grouped(rows)
             unsigned = []
             for rank, j in sorted(self.journals.items(), key=lambda x: -1 if x[0] is None else x[0]):
                 pts = [(ev.step, _value(ev, metric, j.segment), ev.seq) for ev in j.pending[-MAX_UNSIGNED:]
@@ -652,19 +639,7 @@ class Board:
                     "SELECT rank, segment, rung, px, arg_min(xv, v), min(v), arg_min(seq, v), arg_max(xv, v), max(v), "
                     "arg_max(seq, v) FROM b GROUP BY rank, segment, rung, px ORDER BY rank, segment, px",
                     [float(lo), width, span, width, float(lo), float(hi)]).fetchall()
-                cur: dict[str, Any] | None = None
-                for rank, segment, rung, _px, s0, v0, q0, s1, v1, q1 in rows:
-                    key = (rank, segment, rung)
-                    if cur is None or cur["key"] != key:
-                        cur = {"key": key, "rank": None if rank < 0 else rank, "segment": segment, "rung": rung,
-                               "x": [], "y": [], "seq": []}
-                        series.append(cur)
-                    for s_, v, q in sorted({(s0, v0, q0), (s1, v1, q1)}):
-                        cur["x"].append(s_)
-                        cur["y"].append(v)
-                        cur["seq"].append(q)
-                for s_ in series:
-                    del s_["key"]
+                series = _grouped(rows)
             return {"metric": metric, "x_axis": x, "lo": lo, "hi": hi, "width": width, "series": series,
                     "unsigned": []}
 
@@ -783,6 +758,25 @@ class Board:
 
 
 _H = operator.attrgetter("h")
+
+
+def _grouped(rows: list[tuple]) -> list[dict[str, Any]]:
+    """The per-pixel rows (rank, segment, rung, px, x at the lowest, lowest, its seq, x at the highest, highest, its
+    seq), in (rank, segment, px) order, as one series per rank, segment and rung: each pixel's lowest and highest
+    points in x order (one point when they are the same)."""
+    series: list[dict[str, Any]] = []
+    cur: dict[str, Any] | None = None
+    key = None
+    for rank, segment, rung, _px, x0, v0, q0, x1, v1, q1 in rows:
+        if cur is None or key != (rank, segment, rung):
+            key = (rank, segment, rung)
+            cur = {"rank": None if rank < 0 else rank, "segment": segment, "rung": rung, "x": [], "y": [], "seq": []}
+            series.append(cur)
+        for x, v, q in sorted({(x0, v0, q0), (x1, v1, q1)}):
+            cur["x"].append(x)
+            cur["y"].append(v)
+            cur["seq"].append(q)
+    return series
 _SCHEMAS = itertools.count()
 
 

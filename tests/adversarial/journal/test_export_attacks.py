@@ -444,20 +444,26 @@ def test_verify_out_holds_a_runs_journal_to_its_published_checkpoint_and_head(ru
     assert "names one journal's head" in capsys.readouterr().err
 
 
+def _golden_chain(monkeypatch, module, name: str, accel: bool) -> tuple[list[bytes], bytes]:
+    """A golden journal's lines and its chain's genesis, ``module.name`` (the C path) switched off unless
+    ``accel`` (skipped where it is not built)."""
+    from trainledger.journal.chain import genesis
+    from trainledger.journal.verify import read_opening
+
+    if accel and getattr(module, name) is None:
+        pytest.skip("the C accelerator is not built here")
+    if not accel:
+        monkeypatch.setattr(module, name, None)
+    path = GOLDEN / "every_kind_v1_3.jsonl"
+    return path.read_bytes().split(b"\n")[:-1], genesis(read_opening(path, path.stat().st_size)[0].run_id)
+
+
 @pytest.mark.parametrize("accel", [True, False], ids=["C", "hashlib"])
 def test_the_streamed_chain_check_stops_at_the_first_line_that_does_not_continue(monkeypatch, accel):
     from trainledger.journal import accel as accel_mod
-    from trainledger.journal.chain import genesis
     from trainledger.journal.parquet.check import _chained
-    from trainledger.journal.verify import read_opening
 
-    if accel and accel_mod.fast is None:
-        pytest.skip("the C accelerator is not built here")
-    if not accel:
-        monkeypatch.setattr(accel_mod, "fast", None)
-    path = GOLDEN / "every_kind_v1_3.jsonl"
-    lines = path.read_bytes().split(b"\n")[:-1]
-    g = genesis(read_opening(path, path.stat().st_size)[0].run_id)
+    lines, g = _golden_chain(monkeypatch, accel_mod, "fast", accel)
     end = _chained(g, lines, 0)
     assert end == bytes.fromhex(lines[-1][-66:-2].decode())
     assert _chained(_chained(g, lines[:40], 0), lines[40:], 40) == end
@@ -472,17 +478,9 @@ def test_the_streamed_block_check_agrees_with_the_line_check(monkeypatch, accel)
     """The Arrow path's block (a batch's lines joined with newlines) is chain-checked by the block scanner, or line
     by line without the accelerator: the same end hash, and None at the same first break."""
     from trainledger.journal import scan
-    from trainledger.journal.chain import genesis
     from trainledger.journal.parquet.check import _chained, _chained_block
-    from trainledger.journal.verify import read_opening
 
-    if accel and scan._scan_block is None:
-        pytest.skip("the C accelerator is not built here")
-    if not accel:
-        monkeypatch.setattr(scan, "_scan_block", None)
-    path = GOLDEN / "every_kind_v1_3.jsonl"
-    lines = path.read_bytes().split(b"\n")[:-1]
-    g = genesis(read_opening(path, path.stat().st_size)[0].run_id)
+    lines, g = _golden_chain(monkeypatch, scan, "_scan_block", accel)
     block = b"".join(x + b"\n" for x in lines)
     assert _chained_block(g, block, 0) == _chained(g, lines, 0) is not None
     head = b"".join(x + b"\n" for x in lines[:40])
