@@ -110,9 +110,24 @@ def _qid(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
+_TYPE_INFOS: dict[type, Any] = {}
+
+
+def _type_info(cls: type) -> Any:
+    """msgspec's description of an event class: the built-in kinds' described in one call the first time (one
+    call for all of them costs what one costs alone: the shared types are resolved once), any other on its own."""
+    if not _TYPE_INFOS:
+        classes = list(codec.known_kinds().values())
+        _TYPE_INFOS.update(zip(classes, msgspec.inspect.multi_type_info(classes)))
+    got = _TYPE_INFOS.get(cls)
+    if got is None:
+        got = _TYPE_INFOS[cls] = msgspec.inspect.type_info(cls)
+    return got
+
+
 def typed_view(kind: str) -> str:
     """The SELECT of one kind's typed view: run_id, seq, ts, then every field of its class, in order."""
-    fields = [f for f in msgspec.inspect.type_info(codec.known_kinds()[kind]).fields
+    fields = [f for f in _type_info(codec.known_kinds()[kind]).fields
               if f.name not in ("run_id", "seq", "ts")]  # run_opened's run_id is the column every view has
     shape = json.dumps({f.encode_name: _duck_type(f.type) for f in fields}, separators=(",", ":"))
     cols = []

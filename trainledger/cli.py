@@ -24,6 +24,7 @@ if os.path.basename(sys.argv[0]) in ("trainledger", "__main__.py"):  # the conso
 import argparse  # noqa: E402
 import json  # noqa: E402
 from collections.abc import Sequence  # noqa: E402
+from typing import Any  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 from trainledger.journal import cli as _journal_cli  # noqa: E402
@@ -40,15 +41,46 @@ from trainledger.journal.options import (EPILOG, PATH_HELP, add_json_option, add
 __all__ = ["build_parser", "main", "entry"]
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The ``trainledger`` parser. ``only``: the command about to run; the other commands' parsers are then not
+    built (most of a short command's start went into building forty of them), and the whole parser is built after
+    all when no command has that name (its error lists them)."""
     parser, sub = _journal_cli.new_parser()
-    _journal_cli.register(sub)
-    register(sub)
-    _release_cli.register(sub, replay=_replay)
-    _compute_cli.register(sub, statement=_statement)
-    _training_cli.register(sub)
-    _ladder_cli.register(sub, write_report=_write_report)
+    slot = _Only(sub, only) if only is not None else sub
+    _journal_cli.register(slot)
+    register(slot)
+    _release_cli.register(slot, replay=_replay)
+    _compute_cli.register(slot, statement=_statement)
+    _training_cli.register(slot)
+    _ladder_cli.register(slot, write_report=_write_report)
+    if only is not None and not slot.found:
+        return build_parser()
     return parser
+
+
+class _Only:
+    """The subcommand slot with one command's parser built: every other command gets a stand-in that takes what
+    its registration gives it and keeps nothing."""
+
+    def __init__(self, sub: Any, name: str) -> None:
+        self._sub, self._name, self.found = sub, name, False
+
+    def add_parser(self, name: str, **kw: Any) -> Any:
+        if name == self._name or self._name in kw.get("aliases", ()):
+            self.found = True
+            return self._sub.add_parser(name, **kw)
+        return _Ignored()
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self._sub, attr)
+
+
+class _Ignored:
+    """A command parser not built: every call on it (add_argument, set_defaults, groups, nested commands) is taken
+    and dropped."""
+
+    def __getattr__(self, attr: str) -> Any:
+        return lambda *args, **kwargs: self
 
 
 def _replay(path, keys):
@@ -125,7 +157,9 @@ def register(sub) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one ``trainledger`` command; return its exit code (0 ok, 1 integrity, 2 usage or I/O, 130 Ctrl-C)."""
-    return _journal_cli.main(argv, parser=build_parser())
+    args = list(sys.argv[1:] if argv is None else argv)
+    only = args[0] if args and not args[0].startswith("-") else None
+    return _journal_cli.main(argv, parser=build_parser(only))
 
 
 def entry() -> None:
