@@ -138,6 +138,7 @@ def prepare(mode: str, p: Path, k: Path) -> None:
     """What a measure reads that is not the journal, made once, unmeasured: the cold query a warm one follows, the
     Parquet copy of the steps DuckDB reads, the export verify OUT checks."""
     env = dict(os.environ, TRAINLEDGER_CACHE_DIR=str(p.parent / "cache"))
+    env.pop("PYTHONDONTWRITEBYTECODE", None)  # as run() measures: bytecode cached
     tl = str(Path(sys.executable).with_name("trainledger"))
     if mode == "query_warm":
         subprocess.run([tl, "query", str(p), "--pubkey", str(k), "SELECT 1"], check=True, capture_output=True,
@@ -158,6 +159,9 @@ def prepare(mode: str, p: Path, k: Path) -> None:
 def run(mode: str, p: Path, k: Path, n: int) -> dict:
     prepare(mode, p, k)
     env = dict(os.environ, TRAINLEDGER_CACHE_DIR=str(p.parent / "cache"), OPENBLAS_NUM_THREADS="1")
+    # as on a user's machine: the modules' bytecode cached (a shell that sets PYTHONDONTWRITEBYTECODE would make
+    # every measured process compile trainledger's sources again, tens of milliseconds the peers never pay)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     out = subprocess.run([sys.executable, "-c", RUNNER, mode, str(p), str(k), str(n)], capture_output=True, text=True,
                          env=env)
     if out.returncode != 0:
