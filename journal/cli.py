@@ -407,7 +407,7 @@ def _cmd_query(args: argparse.Namespace) -> int:
     cols, rows = _run_sql(con, sql, args.param or None, args.timeout)
     if not args.no_verify and not args.no_cache and source.tables is not None:
         con.close()
-        keep_cold_load(paths, source)
+        keep_cold_load(source)
     if args.format == "parquet":
         try:
             _write_parquet(cols, rows, args.out)

@@ -224,7 +224,7 @@ def _kept_path(files: list[Path]) -> Path:
     return cache_dir() / f"p-{_digest(files)}"
 
 
-def keep_cold_load(paths: Sequence[str | os.PathLike], source: Source) -> Path | None:
+def keep_cold_load(source: Source) -> Path | None:
     """Keep what a cold load through the Parquet form wrote (the verified events and every typed table, as Parquet
     files, with what verification established for each journal) as the copy the next query over the same files
     answers from: its folder renamed into the cache folder, a ``meta.json`` beside the files. Call it once the
@@ -241,11 +241,11 @@ def keep_cold_load(paths: Sequence[str | os.PathLike], source: Source) -> Path |
         rel = {t: [str(Path(f).relative_to(folder)) for f in fs] for t, fs in source.tables.items()}
     except ValueError:
         return None
-    target = _kept_path(journal_files(paths))
+    target = _kept_path([Path(r["resolved"]) for r in source.files])  # the files the load read, as listed then
     shutil.rmtree(folder / "spill", ignore_errors=True)  # the query's own
     fd = os.open(folder / "meta.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
     with os.fdopen(fd, "w") as f:
-        json.dump({"version": CACHE_VERSION, "files": source.files, "tables": rel, "order": list(rel)}, f)
+        json.dump({"version": CACHE_VERSION, "files": source.files, "tables": rel}, f)  # tables in the load's order
     old = target.with_name(f"{target.name}.old-{os.getpid()}")
     try:
         os.rename(target, old)
@@ -674,7 +674,7 @@ def _warm_kept(files: list[Path], trust: TrustPolicy) -> tuple[duckdb.DuckDBPyCo
                    for r, p in zip(rels, paths)):
                 return None  # only regular files of our own, inside the folder
             tables[str(t)] = [str(p) for p in paths]
-        con = views_over_parquet(tables, order=meta.get("order"))
+        con = views_over_parquet(tables, order=list(tables))
     except (ImportError, TrainledgerError, duckdb.Error, OSError, ValueError, KeyError, TypeError, AttributeError):
         return None  # an unreadable or foreign copy is ignored, never trusted
     _lock(con, readable=folder)

@@ -401,10 +401,8 @@ def _block_of(batch: Any, first: int, d: Path, ev_rel: str) -> bytes:
     seq, line = batch.column(0), batch.column(1)
     k = batch.num_rows
     want = np.arange(first, first + k, dtype=np.int64)
-    wrong = line.is_null().to_numpy(zero_copy_only=False)
-    if seq.null_count:
-        wrong = wrong | seq.is_null().to_numpy(zero_copy_only=False)
-    wrong = wrong | (seq.fill_null(-1).to_numpy(zero_copy_only=False) != want)
+    # a row without a seq reads as seq -1: never the one wanted
+    wrong = line.is_null().to_numpy(zero_copy_only=False) | (seq.fill_null(-1).to_numpy(zero_copy_only=False) != want)
     if wrong.any():
         bad = first + int(np.argmax(wrong))
         raise ExportMismatch(f"{d}: {ev_rel}: the row at seq {bad} is out of order or has no line", seq=bad)

@@ -160,26 +160,27 @@ def make_app(board: Board | Fleet, *, token: str | None, follow: bool = True) ->
         s["metrics"] = list(METRICS)
         return s
 
-    def series(request: Request) -> dict[str, Any]:
+    def _curve(request: Request) -> tuple[str, int | None, Any, Any, str]:
+        """A curve request's (metric, width, lo, hi, x): the bounds are steps (64-bit integers) on the step axis,
+        finite numbers in the units of another."""
         x = request.query_params.get("x", "step")
-        if x == "step":
-            return run_of(request).series(request.query_params.get("metric", "loss"), _int(request, "width", 1200),
-                                          _int(request, "lo"), _int(request, "hi"))
-        return run_of(request).series(request.query_params.get("metric", "loss"), _int(request, "width", 1200),
-                                      _float(request, "lo"), _float(request, "hi"), x=x)
+        num = _int if x == "step" else _float
+        return (request.query_params.get("metric", "loss"), _int(request, "width", 1200), num(request, "lo"),
+                num(request, "hi"), x)
+
+    def series(request: Request) -> dict[str, Any]:
+        metric, width, lo, hi, x = _curve(request)
+        return run_of(request).series(metric, width, lo, hi, x=x)
 
     def curves(request: Request) -> dict[str, Any]:
         """One curve of several runs at once (``run=A&run=B...``; none: the first run): what the page overlays."""
-        x = request.query_params.get("x", "step")
         names = request.query_params.getlist("run") or [None]
         if len(names) > MAX_RUNS:
             raise UsageError(f"{len(names)} runs asked for: at most {MAX_RUNS}")
-        bounds = (_int(request, "lo"), _int(request, "hi")) if x == "step" else (_float(request, "lo"),
-                                                                                 _float(request, "hi"))
-        metric, width = request.query_params.get("metric", "loss"), _int(request, "width", 1200)
+        metric, width, lo, hi, x = _curve(request)
         out = []
         for name in names:
-            body = dict(fleet.board(name).series(metric, width, *bounds, x=x))
+            body = dict(fleet.board(name).series(metric, width, lo, hi, x=x))
             body["run"] = name
             out.append(body)
         return {"metric": metric, "x_axis": x, "runs": out}
