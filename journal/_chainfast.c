@@ -20,6 +20,7 @@
 #include <structmember.h> /* T_OBJECT_EX: the step record's fields read from their slots */
 #define OPENSSL_SUPPRESS_DEPRECATED
 #include <openssl/sha.h>
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -577,6 +578,102 @@ static Py_ssize_t json_number(const char *p, const char *end)
     return q - p > 40 ? 0 : q - p;
 }
 
+/* Whether the JSON number p[0:k] (json_number's length) is spelled exactly as msgspec writes the value it decodes
+ * to, proven here without decoding it; 0 leaves it to msgspec's own decode and re-encode (never wrong, only slower).
+ *
+ * msgspec writes an int's digits (no leading zero, no "-0") and a float as the shortest decimal that reads back as
+ * the same double, the nearest such to it, in fixed notation ("0.00001", "4096.0") when its decimal exponent is
+ * within -5..15. A fixed-notation token of at most 15 significant digits is that decimal: two different decimals of
+ * at most 15 digits never round to the same double (DBL_DIG). One of 16 or 17 digits D = M * 10^-k is that decimal
+ * when the double x it rounds to is nearer to D than half a unit of D's last digit (no other decimal of its length
+ * is as near) and neither multiple of ten units around D lies in x's rounding interval (no shorter decimal reads
+ * back as x). Those are decided in 64-bit extended precision, where M and 10^k (k <= 21) are exact and each
+ * product is off by at most 2^-7 units, with a margin of a quarter unit: a case within it is msgspec's. */
+#if defined(__x86_64__) && LDBL_MANT_DIG == 64
+#define NUMBER_PROOF 1
+#define MARGIN 0.03125L /* 2^-5 units: four times the products' error */
+static const long double POW10L[22] = {1e0L,  1e1L,  1e2L,  1e3L,  1e4L,  1e5L,  1e6L,  1e7L,  1e8L,  1e9L,  1e10L,
+                                       1e11L, 1e12L, 1e13L, 1e14L, 1e15L, 1e16L, 1e17L, 1e18L, 1e19L, 1e20L, 1e21L};
+
+static int long_digits_proven(uint64_t m, int k)
+{
+    long double q = (long double)m / POW10L[k]; /* M / 10^k rounded once, to 64 bits */
+    double x = (double)q;                          /* and to 53: right unless q fell on a midpoint of doubles */
+    uint64_t bits, hb;
+    memcpy(&bits, &x, 8);
+    uint64_t e = bits >> 52 & 0x7ff;               /* x is positive: M >= 10^15 */
+    if (e <= 54)
+        return 0;                                  /* far below msgspec's fixed notation */
+    hb = (e - 53) << 52;                           /* half the spacing of doubles at x: 2^(e - 1023 - 53) */
+    double hd;
+    memcpy(&hd, &hb, 8);
+    long double half = hd;
+    long double below = (bits & 0xfffffffffffffULL) == 0 ? half / 2 : half; /* a power of two: closer below */
+    if (fabsl(q - (long double)x) == half)
+        return 0;
+    long double y = (long double)x * POW10L[k];    /* x in units of D's last digit */
+    if (fabsl(y - (long double)m) > 0.5L - MARGIN)
+        return 0;
+    long double lo = ((long double)x - below) * POW10L[k], hi = ((long double)x + half) * POW10L[k];
+    uint64_t l = m / 10 * 10;
+    return (long double)l < lo - MARGIN && (long double)(l + 10) > hi + MARGIN;
+}
+#endif
+
+static int number_proven(const char *p, Py_ssize_t k)
+{
+    const char *q = p, *end = p + k;
+    if (*q == '-')
+        q++;
+    const char *ip = q;
+    while (q < end && *q >= '0' && *q <= '9')
+        q++;
+    Py_ssize_t ni = q - ip;
+    if (ni == 0 || (*ip == '0' && ni > 1))
+        return 0;
+    if (q == end) /* an int: msgspec keeps it one; "-0" reads back as 0 */
+        return ni <= 18 && !(*ip == '0' && p != ip);
+    if (*q != '.')
+        return 0; /* an exponent: msgspec's below 1e-5 or from 1e16 on, left to it */
+    const char *fp = ++q;
+    while (q < end && *q >= '0' && *q <= '9')
+        q++;
+    Py_ssize_t nf = q - fp;
+    if (q != end || nf == 0 || ni > 16 || (fp[nf - 1] == '0' && nf > 1))
+        return 0; /* trailing zeros: "1.50"; ".0" only for an integral value */
+    uint64_t m = 0;
+    int digits = 0, scale = (int)nf; /* D = m * 10^-scale */
+    const char *d = ip, *last = end;
+    if (nf == 1 && *fp == '0') { /* an integral value: "0.0", "-0.0", "4096.0"; its trailing zeros are not digits */
+        if (*ip == '0')
+            return 1;
+        last = fp - 1;
+        while (last[-1] == '0')
+            last--;
+        scale = 0; /* 16 digits need every one of the 16 places, so none was dropped (fewer are proven below) */
+    } else if (*ip == '0') { /* 0.000ddd: at most four zeros (1e-5 and up) */
+        d = fp;
+        while (*d == '0')
+            d++;
+        if (d - fp > 4)
+            return 0;
+    }
+    for (; d < last; d++) {
+        if (*d == '.')
+            continue;
+        if (++digits > 17)
+            return 0;
+        m = m * 10 + (uint64_t)(*d - '0');
+    }
+    if (digits <= 15)
+        return 1;
+#ifdef NUMBER_PROOF
+    return long_digits_proven(m, scale);
+#else
+    return 0;
+#endif
+}
+
 /* The fields of a step_observed record after "step", in the order msgspec writes them (StepObservedRecord;
  * journal/_scan.py checks this order against the record type at import). 'f': a number (int or float), 'i': an int.
  * Each is written only when not None (omit_defaults), "loss" always. */
@@ -595,10 +692,11 @@ static const struct {
 };
 
 /* Whether line [p, end) (no newline) of a block scan_block passed is a step_observed record in canonical form
- * except for the spelling of its numbers, which go to out (comma-separated). scan_block has held the line's end
+ * except for the spelling of its numbers, which go to out (comma-separated; with all 0, only those number_proven
+ * leaves to msgspec). scan_block has held the line's end
  * to ,"seq":<digits>,"ts":<digits>,"h":"<64 hex>"} (no leading zeros, the seq expected, the hash the chain's);
  * what comes before it is checked here. 1 when it is; out is left as it was when it is not. */
-static int step_line(const char *p, const char *end, char *out, Py_ssize_t *outlen, Py_ssize_t *count)
+static int step_line(const char *p, const char *end, char *out, Py_ssize_t *outlen, Py_ssize_t *count, int all)
 {
     static const char head[] = "{\"kind\":\"step_observed\",\"step\":";
     Py_ssize_t o = *outlen, c = *count, k;
@@ -623,11 +721,13 @@ static int step_line(const char *p, const char *end, char *out, Py_ssize_t *outl
         } else {
             if (!(k = json_number(p, end)))
                 return 0;
-            if (c)
-                out[o++] = ',';
-            memcpy(out + o, p, (size_t)k);
-            o += k;
-            c++;
+            if (all || !number_proven(p, k)) {
+                if (c)
+                    out[o++] = ',';
+                memcpy(out + o, p, (size_t)k);
+                o += k;
+                c++;
+            }
         }
         p += k;
     }
@@ -650,19 +750,23 @@ static int step_line(const char *p, const char *end, char *out, Py_ssize_t *outl
 }
 
 /*
- * step_lines(block: buffer, ends: bytes) -> (mask: bytes, numbers: bytes)
+ * step_lines(block: buffer, ends: bytes, all: bool = True) -> (mask: bytes, numbers: bytes)
  *
  * For a block of complete lines (ends: scan_block's newline offsets, uint32 each): mask[i] is 1 where line i is a
  * step_observed record in canonical form but for the spelling of its float fields' numbers, which are handed back
  * as one JSON array ("[n1,n2,...]", the lines' numbers in order) for the caller to check in one decode and one
- * re-encode with msgspec. Every other line is 0 (the caller checks it the ordinary way).
+ * re-encode with msgspec (and to build the records from: step_records). Every other line is 0 (the caller checks it
+ * the ordinary way). all false: only the numbers number_proven cannot settle are handed back (a check alone).
  */
 static PyObject *step_lines(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 2 || !PyBytes_Check(args[1])) {
-        PyErr_SetString(PyExc_TypeError, "step_lines(block: bytes, ends: bytes)");
+    if (nargs < 2 || nargs > 3 || !PyBytes_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "step_lines(block: bytes, ends: bytes, all: bool = True)");
         return NULL;
     }
+    int all = nargs < 3 ? 1 : PyObject_IsTrue(args[2]);
+    if (all < 0)
+        return NULL;
     Py_buffer view;
     if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
         return NULL;
@@ -689,7 +793,7 @@ static PyObject *step_lines(PyObject *self, PyObject *const *args, Py_ssize_t na
             PyErr_SetString(PyExc_ValueError, "step_lines: ends do not fit the block");
             return NULL;
         }
-        m[i] = (char)step_line(s + start, s + stop, out, &o, &count);
+        m[i] = (char)step_line(s + start, s + stop, out, &o, &count, all);
         start = stop + 1;
     }
     PyBuffer_Release(&view);

@@ -392,7 +392,7 @@ def _cmd_query(args: argparse.Namespace) -> int:
         try:
             con, source = (opener(paths, verify_first=True, trust=trust, partial=args.partial) if opener else
                            open_views(paths, use_cache=not args.no_cache, trust=trust, partial=args.partial,
-                                      cold=_cold_load(paths, keep=not args.no_cache)))
+                                      cold=_cold_load(paths, keep=not args.no_cache), sql=sql))
         except IntegrityError as e:
             say(e.fail_line(getattr(e, "path", None) or (str(e.report.path) if e.report else "journal")),
                 file=sys.stderr)

@@ -93,20 +93,27 @@ class UnknownEvent(msgspec.Struct, frozen=True):
 
 
 class _KindInfo:
-    """Per-class facts the hot paths need, computed once."""
+    """Per-class facts the hot paths need, computed once (the encoder when first asked for: a reader never is)."""
 
-    __slots__ = ("cls", "kind", "record", "flat", "check", "encode")
+    __slots__ = ("cls", "kind", "record", "_encode")
 
-    def __init__(self, cls: type, kind: str, record: type, flat: bool):
+    def __init__(self, cls: type, kind: str, record: type):
         self.cls = cls
         self.kind = kind
         self.record = record
-        # Scalar-only classes are fully validated by a strict typed decode; a class
-        # with containers also needs the decode to re-encode identically (an int
-        # inside a list[float] passes the decode but would not read back as written).
-        self.flat = flat
-        self.check = msgspec.json.Decoder(cls)
-        self.encode = _make_encoder(self.check, flat)
+        self._encode: Callable[[Any], bytes] | None = None
+
+    @property
+    def encode(self) -> Callable[[Any], bytes]:
+        """The class's canonical encoder. Scalar-only classes are fully validated by a strict typed decode; a
+        class with containers also needs the decode to re-encode identically (an int inside a list[float] passes
+        the decode but would not read back as written)."""
+        if self._encode is None:
+            import msgspec.inspect
+
+            flat = all(_is_flat_type(f.type) for f in msgspec.inspect.type_info(self.cls).fields)
+            self._encode = _make_encoder(msgspec.json.Decoder(self.cls), flat)
+        return self._encode
 
 
 _by_event: dict[type, _KindInfo] = {}  # event class -> info
@@ -176,9 +183,7 @@ def _register(cls: type) -> _KindInfo:
         frozen=True,
         module=cls.__module__,
     )
-    fields = msgspec.inspect.type_info(cls).fields
-    flat = all(_is_flat_type(f.type) for f in fields)
-    info = _KindInfo(cls, kind, record, flat)
+    info = _KindInfo(cls, kind, record)
     _by_event[cls] = info
     _by_record[record] = info
     _by_kind[kind] = cls
@@ -325,7 +330,7 @@ def encode_event(event: Event) -> bytes:
     info = _by_event.get(type(event))
     if info is None:
         info = _register(type(event))
-    return info.encode(event)
+    return (info._encode or info.encode)(event)
 
 
 def encode_document(obj: Any) -> bytes:

@@ -114,14 +114,17 @@ _TYPE_INFOS: dict[type, Any] = {}
 
 
 def _type_info(cls: type) -> Any:
-    """msgspec's description of an event class: the built-in kinds' described in one call the first time (one
-    call for all of them costs what one costs alone: the shared types are resolved once), any other on its own."""
-    if not _TYPE_INFOS:
-        classes = list(codec.known_kinds().values())
-        _TYPE_INFOS.update(zip(classes, msgspec.inspect.multi_type_info(classes)))
+    """msgspec's description of an event class. The built-in kinds' are described in one call once a few are
+    asked for (one call for all of them costs what a few alone do: the shared types are resolved once); the first
+    few, each on its own (a query of one view needs one, in a fiftieth of the time)."""
     got = _TYPE_INFOS.get(cls)
     if got is None:
-        got = _TYPE_INFOS[cls] = msgspec.inspect.type_info(cls)
+        if len(_TYPE_INFOS) >= 4:
+            classes = [c for c in codec.known_kinds().values() if c not in _TYPE_INFOS]
+            _TYPE_INFOS.update(zip(classes, msgspec.inspect.multi_type_info(classes)))
+        got = _TYPE_INFOS.get(cls)
+        if got is None:
+            got = _TYPE_INFOS[cls] = msgspec.inspect.type_info(cls)
     return got
 
 
@@ -142,13 +145,12 @@ def typed_view(kind: str) -> str:
             f"json_transform(line, '{shape}') AS x FROM events WHERE kind = '{kind}')")
 
 
-VIEWS: dict[str, str] = {
+#: The views that are not one kind's typed view: SQL over the others (``runs`` over ``events``).
+_DERIVED: dict[str, str] = {
     # imported: a journal `trainledger import` wrote from another tool's files (it attests what they said)
     "runs": f"SELECT run_id, {RANK_SQL} AS rank, file, min(ts) AS created_ns, count(*) AS events, "
             "max(seq) AS last_seq, bool_or(kind = 'run_opened' AND json_extract(line, '$.meta.imported') IS NOT NULL) "
             "AS imported FROM events GROUP BY run_id, file",
-    **{name: typed_view(kind) for name, kind in VIEW_NAMES.items()},
-    **{kind: typed_view(kind) for kind in BUILTIN_KINDS},
     # The final timeline: each step's observations that no later resume or rewind went back before (a resumed
     # stretch's steps appear twice in steps; here once, as the run finally took them).
     "timeline": "SELECT s.* FROM steps s WHERE NOT EXISTS (SELECT 1 FROM resumes r WHERE r.run_id = s.run_id "
@@ -161,6 +163,86 @@ VIEWS: dict[str, str] = {
            "FROM steps s ASOF JOIN configs c ON s.run_id = c.run_id AND s.seq >= c.seq "
            "WHERE s.step_time_s > 0 AND c.peak_flops_per_sec IS NOT NULL AND c.n_params IS NOT NULL",
 }
+
+
+#: The views each derived view reads besides ``events`` (a test holds it to DuckDB's parse of the SQL).
+_DERIVED_READS: dict[str, tuple[str, ...]] = {"runs": (), "timeline": ("steps", "resumes", "configs"),
+                                              "mfu": ("steps", "configs")}
+
+
+def view_names() -> list[str]:
+    """Every view's name (``events`` aside), in the order they are defined: a view after those it reads."""
+    return ["runs", *VIEW_NAMES, *BUILTIN_KINDS, "timeline", "mfu"]
+
+
+_VIEW_SQL: dict[str, str] = {}
+
+
+def view_sql(name: str) -> str:
+    """One view's SELECT (what :data:`VIEWS` holds for it), made when first asked for."""
+    got = _VIEW_SQL.get(name)
+    if got is None:
+        got = _VIEW_SQL[name] = _DERIVED[name] if name in _DERIVED else typed_view(VIEW_NAMES.get(name, name))
+    return got
+
+
+def __getattr__(name: str) -> Any:
+    # VIEWS (name -> SELECT of every view) is made on first use: most commands define only the views their SQL
+    # reads, and describing every kind's fields costs a short query more than the rest of its start
+    if name == "VIEWS":
+        views = globals()["VIEWS"] = {v: view_sql(v) for v in view_names()}
+        return views
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _views_read(con: duckdb.DuckDBPyConnection, sql: str | None) -> list[str] | None:
+    """The views ``sql`` reads, with those they read in turn, in definition order; None (define them all) when it
+    is not only SELECTs of the views by name: a statement DuckDB cannot serialize, a table function, SHOW or
+    DESCRIBE (the catalog: it would miss the rest), a name that is not a view (its error then suggests the right
+    one), another schema or catalog. DuckDB's own parser decides (``json_serialize_sql``: parsed, never bound, so
+    nothing is read)."""
+    if sql is None:
+        return None
+    try:
+        tree = json.loads(con.execute("SELECT json_serialize_sql(?::VARCHAR)", [sql]).fetchone()[0])
+    except (duckdb.Error, ValueError, TypeError):
+        return None
+    if not isinstance(tree, dict) or tree.get("error") is not False:
+        return None
+    names: set[str] = set()
+    ctes: set[str] = set()
+    todo: list[Any] = [tree]
+    while todo:
+        x = todo.pop()
+        if isinstance(x, list):
+            todo.extend(x)
+            continue
+        if not isinstance(x, dict):
+            continue
+        kind = x.get("type")
+        if kind in ("SHOW_REF", "TABLE_FUNCTION"):
+            return None
+        if kind == "BASE_TABLE":
+            if x.get("catalog_name") not in ("", None) or x.get("schema_name") not in ("", "main", None):
+                return None
+            names.add(str(x.get("table_name", "")).lower())
+        cte = x.get("cte_map")
+        if isinstance(cte, dict):
+            ctes.update(str(m.get("key", "")).lower() for m in cte.get("map", ()) if isinstance(m, dict))
+        todo.extend(x.values())
+    names -= ctes
+    known = view_names()
+    if not names or not names <= {*known, "events"}:
+        return None
+    need: set[str] = set()
+    todo = sorted(names - {"events"})
+    while todo:
+        n = todo.pop()
+        if n not in need:
+            need.add(n)
+            todo.extend(_DERIVED_READS.get(n, ()))
+    return [n for n in known if n in need]
+
 
 _COMMON = '{"kind":"VARCHAR","seq":"BIGINT","ts":"BIGINT","h":"VARCHAR"}'
 #: the table every view reads: one row a line
@@ -311,14 +393,16 @@ def connect(paths: Sequence[str | os.PathLike], *, verify_first: bool = True, us
 
 def open_views(paths: Sequence[str | os.PathLike], *, verify_first: bool = True, use_cache: bool = True,
                trust: TrustPolicy | None = None, partial: bool = False, cold: ColdLoad | None = None,
-               **trust_options: Any) -> tuple[duckdb.DuckDBPyConnection, Source]:
+               sql: str | None = None, **trust_options: Any) -> tuple[duckdb.DuckDBPyConnection, Source]:
     """:func:`connect`, also saying where the tables came from. ``cold``: the load to use instead of reading every
     line into memory when the journals are not cached (``trainledger query`` passes the Parquet form's,
-    :func:`trainledger.journal.parquet.journals.load_journals`, for large journals); it verifies as this does."""
+    :func:`trainledger.journal.parquet.journals.load_journals`, for large journals); it verifies as this does.
+    ``sql``: the one statement the connection is opened for (``trainledger query``'s): answered from a verified
+    copy, only the views it reads are defined (every view when DuckDB's parse of it cannot tell which)."""
     trust = TrustPolicy.of(trust, **trust_options)
     files = journal_files(paths)
     if verify_first and use_cache:
-        hit = _warm(files, trust)  # a copy is only ever built of whole run folders (build_cache checks them)
+        hit = _warm(files, trust, sql)  # a copy is only ever built of whole run folders (build_cache checks them)
         if hit is not None:
             return hit
     try:
@@ -382,7 +466,7 @@ def build_cache(paths: Sequence[str | os.PathLike], *, trust: TrustPolicy | None
         con.execute("ATTACH ? AS c", [str(tmp)])
         con.execute("CREATE TABLE c.meta AS SELECT ? AS version, ? AS files", [CACHE_VERSION, json.dumps(source.files)])
         con.execute("CREATE TABLE c.events AS SELECT * FROM events")
-        for name in VIEWS:
+        for name in view_names():
             con.execute(f"CREATE TABLE c.{name} AS SELECT * FROM {name}")
         con.execute("DETACH c")
         os.replace(tmp, target)
@@ -540,10 +624,11 @@ def _file_row(f: Path, rep: VerifyReport) -> dict[str, Any]:
             "sealed_hash": rep.last_sealed_hash, "tree_root": rep.last_tree_root, "seal_sig": rep.last_seal_sig}
 
 
-def _define_views(con: duckdb.DuckDBPyConnection) -> None:
+def _define_views(con: duckdb.DuckDBPyConnection, names: Sequence[str] | None = None) -> None:
+    """``events`` and the views ``names`` (each after those it reads: :func:`_views_read`), else every view."""
     con.execute("CREATE VIEW events AS SELECT * FROM events_t")
-    for name, sql in VIEWS.items():
-        con.execute(f"CREATE VIEW {name} AS {sql}")
+    for name in view_names() if names is None else names:
+        con.execute(f"CREATE VIEW {name} AS {view_sql(name)}")
 
 
 def _lock(con: duckdb.DuckDBPyConnection, private: Path | None = None, *, readable: Path | None = None) -> None:
@@ -622,18 +707,23 @@ def _rows_current(version: Any, rows: list[dict[str, Any]], files: list[Path], t
     return rows
 
 
-def views_over_parquet(by_table: dict[str, list[str]], *, order: Sequence[str] | None = None
-                       ) -> duckdb.DuckDBPyConnection:
+def views_over_parquet(by_table: dict[str, list[str]], *, order: Sequence[str] | None = None,
+                       sql: str | None = None) -> duckdb.DuckDBPyConnection:
     """A new connection with every view over Parquet files of the export's layout (``{table: [file, ...]}``;
     ``events`` with or without ``line`` and ``file``; the tables in ``order``, else events first), not locked
     yet: every view defined over no rows, then each table with files replacing its own (and its kind's other name:
-    steps is step_observed too)."""
+    steps is step_observed too). ``sql``: the one statement the connection is for; only the views it reads are
+    defined then (all when that cannot be told: :func:`_views_read`)."""
     con = new_connection()
     con.execute(_COMMON_TABLE)
-    _define_views(con)
     aliases = {tag: name for name, tag in VIEW_NAMES.items()}
+    wanted = _views_read(con, sql)
+    if wanted is not None:  # a kind's two names read the same files: a view of either needs the other's table
+        both = set(wanted) | {aliases.get(v) or VIEW_NAMES.get(v) for v in wanted} - {None}
+        wanted = [v for v in view_names() if v in both]
+    _define_views(con, wanted)
     names = [t for t in (order if order is not None else sorted(by_table, key=lambda t: (t != "events", t)))
-             if by_table.get(t)]
+             if by_table.get(t) and (wanted is None or t == "events" or t in wanted)]
     for table in names:
         src = f"read_parquet([{', '.join(_lit(f) for f in by_table[table])}], union_by_name = true)"
         if table == "events":
@@ -649,7 +739,8 @@ def views_over_parquet(by_table: dict[str, list[str]], *, order: Sequence[str] |
     return con
 
 
-def _warm_kept(files: list[Path], trust: TrustPolicy) -> tuple[duckdb.DuckDBPyConnection, Source] | None:
+def _warm_kept(files: list[Path], trust: TrustPolicy, sql: str | None = None
+               ) -> tuple[duckdb.DuckDBPyConnection, Source] | None:
     """A cold load's Parquet files kept by :func:`keep_cold_load`, if they are of these files, unchanged, and the
     trust fits: views over them (DuckDB reading Parquet), locked, reading that folder only."""
     folder = _kept_path(files)
@@ -674,17 +765,18 @@ def _warm_kept(files: list[Path], trust: TrustPolicy) -> tuple[duckdb.DuckDBPyCo
                    for r, p in zip(rels, paths)):
                 return None  # only regular files of our own, inside the folder
             tables[str(t)] = [str(p) for p in paths]
-        con = views_over_parquet(tables, order=list(tables))
+        con = views_over_parquet(tables, order=list(tables), sql=sql)
     except (ImportError, TrainledgerError, duckdb.Error, OSError, ValueError, KeyError, TypeError, AttributeError):
         return None  # an unreadable or foreign copy is ignored, never trusted
     _lock(con, readable=folder)
     return con, Source("cache", rows, cache_path=folder)
 
 
-def _warm(files: list[Path], trust: TrustPolicy) -> tuple[duckdb.DuckDBPyConnection, Source] | None:
+def _warm(files: list[Path], trust: TrustPolicy, sql: str | None = None
+          ) -> tuple[duckdb.DuckDBPyConnection, Source] | None:
     if _safe_cache_dir(create=False) is None:
         return None
-    kept = _warm_kept(files, trust)
+    kept = _warm_kept(files, trust, sql)
     if kept is not None:
         return kept
     path = _cache_path(files)
@@ -701,7 +793,8 @@ def _warm(files: list[Path], trust: TrustPolicy) -> tuple[duckdb.DuckDBPyConnect
         return None
     try:
         con.execute("CREATE VIEW events AS SELECT * FROM cache.events")
-        for name in VIEWS:
+        wanted = _views_read(con, sql)
+        for name in view_names() if wanted is None else wanted:
             con.execute(f"CREATE VIEW {name} AS SELECT * FROM cache.{name}")
     except duckdb.Error:  # a copy made by a version with fewer views: read the journals instead
         con.close()

@@ -222,6 +222,10 @@ class Scanner:
         #: verify's scanner: the records it checks are not handed on, so step_observed lines need not be decoded
         #: (:meth:`_step_block`). Readers keep it False.
         self.steps_unread = False
+        #: with ``steps_unread``: whether a block's step records may still be asked for (``records()``), so the
+        #: numbers of its step lines are decoded once for them; False (verify alone) leaves every number the C check
+        #: proves spelled as msgspec writes it undecoded
+        self.numbers_kept = True
         self._pub = PublicKey(ctx.public_raw) if ctx.public_raw is not None else None
         self._type_counts: dict[type, int] = {}
         self._seal_t = codec.record_type(Seal)
@@ -293,7 +297,7 @@ class Scanner:
             if got is not None:
                 # a block _settle turns away here (a rare kind, a seal to name, a head to find) it would turn away
                 # decoded too: the same lines, the same types
-                done = self._settle(block, offset, got[0], got[1], ends_b, last, leaves)
+                done = self._settle(block, offset, got[0], got[1], ends_b, last, leaves, got[2], got[3])
                 return done if done is not None else self.feed(lines_of(block), offset)
         recs = codec.decode_block(block) if bad < 0 else None
         if not recs:
@@ -303,13 +307,17 @@ class Scanner:
 
     def _step_block(self, block: bytes, ends_b: bytes) -> tuple[Any, list[type]] | None:
         """verify's way through a block (``steps_unread``: its records are not handed on): its step_observed lines
-        held to their canonical form in C without decoding them, their numbers' spelling by one msgspec decode and
-        re-encode of them all; its other lines decoded and re-encoded as :func:`codec.decode_block` does. ``None``
-        sends the block the ordinary way."""
-        mask, numbers = _step_lines(block, ends_b)
+        held to their canonical form in C without decoding them, their numbers' spelling proven there too where it
+        can be (``number_proven``: fixed notation, up to 17 digits), the rest by one msgspec decode and re-encode of
+        them all (of every number, when the records may be asked for: ``numbers_kept``); its other lines decoded and
+        re-encoded as :func:`codec.decode_block` does. ``None`` sends the block the ordinary way."""
+        kept = self.numbers_kept
+        mask, numbers = _step_lines(block, ends_b, kept)
         values = _numbers_canonical(numbers) if len(numbers) > 2 else []
         if values is None:
             return None
+        if not kept:
+            values = None  # only the numbers the C check left unsettled: records() decodes them all again
         others: dict[int, Any] = {}
         i = mask.find(0)
         if i >= 0:
@@ -322,27 +330,37 @@ class Scanner:
             if recs is None or len(recs) != len(where):
                 return None
             others = dict(zip(where, recs))
-        types = [_STEP_T] * len(mask)
+        n = len(mask)
+        types = [_STEP_T] * n
+        counts = {_STEP_T: n - len(others)} if n > len(others) else {}
         for i, r in others.items():
-            types[i] = type(r)
-        return _StepLines(self.expect, block, ends_b, others, len(mask), mask, values), types
+            t = types[i] = type(r)
+            counts[t] = counts.get(t, 0) + 1
+        return _StepLines(self.expect, block, ends_b, others, n, mask, values), types, counts, \
+            [i for i, t in zip(others, map(type, others.values())) if t is self._seal_t or t is self._signed_t]
 
     def _settle(self, block: bytes, offset: int, recs: Any, types: list[type], ends_b: bytes, last: bytes,
-                leaves: Any) -> Any:
+                leaves: Any, counts: dict[type, int] | None = None, marks: list[int] | None = None) -> Any:
         """The rest of :meth:`feed_block` for a block whose lines all hold their structure, chain and canonical form:
-        seals, counts, collected lines, the tree. ``None`` when the block must go line by line instead."""
+        seals, counts, collected lines, the tree. ``None`` when the block must go line by line instead. ``counts``
+        (lines of each type) and ``marks`` (where the seals and late signatures are, in order) when the caller
+        knows them."""
         tree = self._tree
         n = len(recs)
         ends = memoryview(ends_b).cast("I")
-        kinds = set(types)
+        if counts is None:
+            counts = {t: types.count(t) for t in set(types)}
+        kinds = counts.keys()
+        if marks is None:
+            marks = self._marks(types, kinds)
         expect = self.expect
         eh = self.ctx.expect_head
         if (eh is not None and expect <= eh[0] < expect + n) or \
-                not self._rare_ok(kinds, types, recs, lambda i: ends[i] + 1, offset):
+                not self._rare_ok(kinds, types, recs, lambda i: ends[i] + 1, offset, marks):
             return None  # the same checks again, line by line: they name what fails
-        counts = self._type_counts
-        for t in kinds:
-            counts[t] = counts.get(t, 0) + types.count(t)
+        total = self._type_counts
+        for t, c in counts.items():
+            total[t] = total.get(t, 0) + c
         if self._collect and not kinds.isdisjoint(self._collect):
             collected = self.res.collected
             for i, t in enumerate(types):
@@ -355,7 +373,7 @@ class Scanner:
         if tree is not None:
             view = memoryview(leaves)
             self._grow(recs, types, offset, lambda a, b, begin: range_of_hashes(begin, view[32 * a:32 * b]),
-                       lambda i: ends[i - 1] + 1 if i else 0)
+                       lambda i: ends[i - 1] + 1 if i else 0, marks)
         return recs
 
     def _add(self, part, a: int, b: int) -> None:
@@ -372,22 +390,29 @@ class Scanner:
         if b > a:
             tree.merge(part(a, b, tree.end))
 
-    def _grow(self, recs: list[Any], types: list[type], offset: int, part, line_start) -> None:
+    def _marks(self, types: list[type], kinds) -> list[int]:
+        """Where the seals and late signatures (rare) are among lines of these ``types``, in order (``kinds``: the
+        types there are)."""
+        seal_t, signed_t = self._seal_t, self._signed_t
+        at: list[int] = []
+        i = -1
+        if seal_t in kinds:
+            for _ in range(types.count(seal_t)):
+                i = types.index(seal_t, i + 1)
+                at.append(i)
+        if signed_t in kinds:
+            at = sorted(at + [j for j, t in enumerate(types) if t is signed_t])
+        return at
+
+    def _grow(self, recs: list[Any], types: list[type], offset: int, part, line_start,
+              marks: list[int] | None = None) -> None:
         """Add a checked batch's lines to the tree, checking the root each of its seals names against the tree of
         the lines before it (``types``: the records' types; ``line_start(i)``: line i's offset in the batch, to name
-        a seal that fails)."""
+        a seal that fails; ``marks``: :meth:`_marks` of them, when known)."""
         tree = self._tree
-        seal_t = self._seal_t
         start = 0
-        i = -1
         signed_t = self._signed_t
-        at = []
-        for _ in range(types.count(seal_t)):
-            i = types.index(seal_t, i + 1)
-            at.append(i)
-        if signed_t in types:  # a late signature (rare): in order among the seals
-            at = sorted(at + [j for j, t in enumerate(types) if t is signed_t])
-        for i in at:
+        for i in self._marks(types, set(types)) if marks is None else marks:
             rec = recs[i]
             if types[i] is signed_t:  # a late signature: the signed point is its pending seal's line
                 if self._pending_tree is not None and self._pending_tree.end == rec.seal_seq + 1:
@@ -475,20 +500,19 @@ class Scanner:
         self._commit(recs)
         return recs
 
-    def _rare_ok(self, kinds: set[type], types: list[type], recs: list[Any], end_of, offset: int) -> bool:
+    def _rare_ok(self, kinds, types: list[type], recs: list[Any], end_of, offset: int,
+                 marks: list[int] | None = None) -> bool:
         """Check the seals in a batch that is otherwise clean (``end_of(i)``: the offset just past line i's newline
-        in the batch); False sends it to the slow path."""
+        in the batch; ``marks``: :meth:`_marks` of its types, when known); False sends it to the slow path."""
         if kinds <= self._plain:
             return True
         if not kinds <= self._plain_or_seal:
             return False  # run_opened, run_closed, unknown kinds: the slow path handles them
-        seal_t = self._seal_t
         res = self.res
         saved = (res.seals, res.last_seal_seq, res.last_sealed_hash, res.last_seal_end, res.last_seal_h, res.lead_key)
         i = -1
         try:
-            for _ in range(types.count(seal_t)):
-                i = types.index(seal_t, i + 1)
+            for i in self._marks(types, kinds) if marks is None else marks:  # seals only: no late signature here
                 if recs[i].sig is None and recs[i].key_id is not None:
                     # a seal signed late: the line-by-line path keeps its bookkeeping
                     res.seals, res.last_seal_seq, res.last_sealed_hash, res.last_seal_end, res.last_seal_h, \
@@ -777,15 +801,18 @@ class _StepLines:
     __slots__ = ("first", "block", "ends", "others", "n", "ends_b", "mask", "numbers")
 
     def __init__(self, first: int, block: bytes, ends_b: bytes, others: dict[int, Any], n: int, mask: bytes,
-                 numbers: list[Any]):
+                 numbers: list[Any] | None):
         self.first, self.block, self.ends, self.others, self.n = first, block, memoryview(ends_b).cast("I"), others, n
         self.ends_b, self.mask, self.numbers = ends_b, mask, numbers  # the step lines', for records()
 
     def records(self) -> list[Any]:
         """Every line's record: the step lines' built in C from the lines and the numbers msgspec decoded for
         their check (``step_records``), else the block decoded once, unchecked (its lines are checked)."""
-        recs = _step_records(self.block, self.ends_b, self.mask, self.numbers, _STEP_T) \
-            if _step_records is not None else None
+        numbers = self.numbers
+        if numbers is None and _step_records is not None:  # checked without them (verify's scan): decode them now
+            numbers = _numbers_canonical(_step_lines(self.block, self.ends_b)[1])
+        recs = _step_records(self.block, self.ends_b, self.mask, numbers, _STEP_T) \
+            if _step_records is not None and numbers is not None else None
         if recs is None:
             return codec.decode_unchecked_block(self.block, self.n) or [codec.decode_line(x)
                                                                          for x in lines_of(self.block)]
@@ -921,6 +948,7 @@ def scan_range(path: str, start: int, end: int, prev_seq: int, prev_hash: bytes,
     res = RangeResult(start, end)
     scanner = Scanner(ctx, prev_seq, prev_hash, res)
     scanner.steps_unread = _STEP_LINES_OK
+    scanner.numbers_kept = each is not None
     try:
         with open(path, "rb", buffering=0) as f:
             for block, off in iter_blocks(f, start, end, res, is_last=is_last):

@@ -13,7 +13,6 @@ from __future__ import annotations
 import base64
 import binascii
 import dataclasses
-import multiprocessing
 import os
 import stat
 import threading
@@ -627,6 +626,8 @@ class SharedWorkers:
         kernel's OOM killer, a stray ``kill -9``): a pool replaces a dead worker, but the range it held never
         comes back, and waiting for it would hang for ever.
         """
+        from multiprocessing import TimeoutError as WaitedOut  # loaded with the pool
+
         pending = [self.pool.apply_async(_scan_range_star, (t,)) for t in tasks]
         out = []
         done = 0
@@ -637,7 +638,7 @@ class SharedWorkers:
                 try:
                     res = r.get(timeout=0.05)
                     break
-                except multiprocessing.TimeoutError:
+                except WaitedOut:
                     if self._lost_worker():
                         raise JournalIOError(f"{task[0]}: a process checking it died (killed, or out of memory?) "
                                              "before it finished: nothing was concluded") from None
@@ -683,6 +684,8 @@ def _worker_context() -> Any:
     forking could copy a lock another thread holds, so ``forkserver``: workers forked from a clean server process
     (started once per process, with the scanner imported) that never had those threads. None where neither
     exists (then the file is checked in this process)."""
+    import multiprocessing  # here: a verify on one core (most) never starts a worker
+
     methods = multiprocessing.get_all_start_methods()
     if threading.active_count() == 1 and "fork" in methods:
         return multiprocessing.get_context("fork")

@@ -65,10 +65,10 @@ _SAFE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 def tables() -> list[str]:
     """``events`` and one typed table per kind: the query layer's friendly name where a kind has one (``steps``),
     else its tag (each kind once: query has both names for the same rows)."""
-    from trainledger.journal.query import VIEW_NAMES, VIEWS
+    from trainledger.journal.query import VIEW_NAMES, view_names
 
     aliased = set(VIEW_NAMES.values())
-    return ["events"] + [v for v in VIEWS if v not in _DERIVED and v not in aliased]
+    return ["events"] + [v for v in view_names() if v not in _DERIVED and v not in aliased]
 
 
 def is_export(path: str | os.PathLike) -> bool:

@@ -4,6 +4,7 @@ named; the lockdown still holds; the cache refresher builds its copy from this f
 
 from __future__ import annotations
 
+import json
 import math
 from decimal import Decimal
 from pathlib import Path
@@ -109,7 +110,6 @@ def test_a_cold_query_leaves_its_parquet_files_for_the_next_one(tmp_path, monkey
     beside it): the next query answers from those files at once, every view as the in-memory load answers it; a
     journal touched since, a meta naming a file outside the folder, a file swapped for a link or a cache folder
     others may write are never used."""
-    import json
     import os
     import shutil
 
@@ -159,3 +159,67 @@ def test_a_cold_query_leaves_its_parquet_files_for_the_next_one(tmp_path, monkey
     cache.chmod(0o777)  # others may write it: nothing is kept there, nothing read from it
     ask()
     assert not list(cache.glob("p-*"))
+
+
+def _defined(con) -> set[str]:
+    return {r[0] for r in con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()}
+
+
+@pytest.mark.parametrize("cached", ["kept", "duckdb"])
+def test_a_warm_query_defines_only_the_views_its_sql_reads(tmp_path, monkeypatch, cached):
+    """Answered from a verified copy (the kept Parquet files, or the DuckDB cache file), a connection opened for
+    one statement has the views that statement reads, with those they read in turn, and gives what the whole
+    set gives; a statement that reads the catalog, a table function, a name that is no view or something DuckDB
+    cannot parse gets every view (the error then names what is wrong as before)."""
+    import shutil
+
+    from trainledger.journal.query import _DERIVED, _DERIVED_READS, view_names
+
+    monkeypatch.setenv("TRAINLEDGER_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr("trainledger.journal.query.CACHE_MIN_BYTES", 0)
+    j = tmp_path / "ladder.jsonl"
+    shutil.copy(GOLDEN / "scaling_ladder_v1_2.jsonl", j)
+    keys = [load_public_key(GOLDEN / "scaling_ladder_v1_2.pub")]
+    if cached == "kept":
+        assert main(["query", str(j), "--pubkey", str(GOLDEN / "scaling_ladder_v1_2.pub"), "SELECT 1"]) == 0
+    else:
+        build_cache([str(j)], keys=keys)
+    everything = {"events", *view_names()}
+    full, src = open_views([str(j)], keys=keys)
+    assert src.origin == "cache" and _defined(full) == everything
+    # (the kept Parquet files hold a kind once, under one of its two names: a view of either needs both)
+    pair = {"steps": "step_observed", "seals": "seal", "resumes": "run_resumed", "configs": "run_configured"}
+    for sql, want in [
+        ("SELECT count(*), avg(loss) FROM steps", {"steps"}),
+        ("SELECT * FROM step_observed", {"step_observed"}),
+        ('SELECT s.step FROM main."Steps" s WHERE s.seq IN (SELECT seq FROM seals)', {"steps", "seals"}),
+        ("WITH t AS (SELECT * FROM timeline) SELECT count(*) FROM t", {"timeline", "steps", "resumes", "configs"}),
+        ("SELECT count(*) FROM mfu", {"mfu", "steps", "configs"}),
+        ("SELECT count(*) FROM events", set()),
+        ("SHOW TABLES", everything), ("DESCRIBE steps", everything), ("SELECT 1", everything),
+        ("SELECT * FROM duckdb_views()", everything), ("SELECT * FROM stepz", everything),
+        ("SELECT * FROM information_schema.tables", everything), ("SELECT * FROM read_csv('x')", everything),
+        ("SELECT 1; SELECT 2", everything), ("not sql at all", everything),
+    ]:
+        if want != everything:
+            both = want | {pair.get(v) for v in want} | {k for k, v in pair.items() if v in want}
+            want = {"events"} | (both - {None} if cached == "kept" else want)
+        con, src = open_views([str(j)], keys=keys, sql=sql)
+        assert src.origin == "cache" and _defined(con) == want, sql
+        if want != everything and sql.startswith("SELECT"):
+            assert con.execute(sql).fetchall() == full.execute(sql).fetchall(), sql
+        con.close()
+    parse = duckdb.connect()
+    for name, reads in _DERIVED_READS.items():  # what each derived view reads, as DuckDB's parser has it
+        tree = json.loads(parse.execute("SELECT json_serialize_sql(?)", [_DERIVED[name]]).fetchone()[0])
+        assert set(reads) == set(_base_tables(tree)) - {"events"}, name
+
+
+def _base_tables(x):
+    if isinstance(x, dict):
+        if x.get("type") == "BASE_TABLE":
+            yield x["table_name"]
+        x = list(x.values())
+    if isinstance(x, list):
+        for v in x:
+            yield from _base_tables(v)

@@ -9,8 +9,11 @@ from __future__ import annotations
 import array
 import importlib
 import math
+import random
+import typing
 from pathlib import Path
 
+import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -58,6 +61,10 @@ def fast_takes(line: bytes) -> bool:
     mask, numbers = scan._step_lines(block, ends)
     values = scan._numbers_canonical(numbers) if numbers != b"[]" else []
     taken = mask == b"\x01" and values is not None
+    # verify alone hands msgspec only the numbers the C check cannot prove: the same conclusion
+    mask_alone, left = scan._step_lines(block, ends, False)
+    assert mask_alone == mask
+    assert (mask == b"\x01" and (left == b"[]" or scan._numbers_canonical(left) is not None)) == taken
     if taken and scan._step_records is not None:
         built = scan._step_records(block, ends, mask, values, scan._STEP_T)
         if built is not None:  # None: the block is decoded instead (not an error)
@@ -288,3 +295,89 @@ def test_a_signed_non_canonical_line_of_another_kind_among_steps_fails_verify(tm
         verify(p, keys=[pubkey])
     assert ei.value.seq == i
     assert any(fast_blocks) == fast
+
+
+def proven(tokens: list[bytes]) -> list[bool]:
+    """Which of these numbers, each the loss of a step line, the C check proves spelled as msgspec writes them
+    (``step_lines(..., all=False)`` hands back only the ones it leaves to msgspec, in order; a line that is not
+    a step line in canonical form but for its numbers, nothing)."""
+    lines = [b'{"kind":"step_observed","step":1,"loss":' + t + b',"seq":5,"ts":1,"h":"' + b"0" * 64 + b'"}'
+             for t in tokens]
+    block = b"\n".join(lines) + b"\n"
+    mask, left = scan._step_lines(block, _ends(block), False)
+    rest = left[1:-1].split(b",") if left != b"[]" else []
+    out = []
+    for t, m in zip(tokens, mask):  # a line not taken (not a JSON number) hands back nothing
+        out.append(m == 1 and not (rest and rest[0] == t))
+        if m == 1 and not out[-1]:
+            rest.pop(0)
+    assert not rest
+    return out
+
+
+def _spellings(x: float) -> list[bytes]:
+    """msgspec's spelling of x and its near misses: a last digit one off, a digit more or less, printf's."""
+    c = msgspec.json.encode(x)
+    out = [c]
+    s = c.decode()
+    if "e" not in s:
+        d = int(s[-1])
+        out += [(s[:-1] + str(n)).encode() for n in (d - 1, d + 1) if 0 <= n <= 9]
+        out += [(s + "1").encode(), (s + "5").encode()]
+        if len(s.split(".")[1]) > 1:
+            out.append(s[:-1].encode())
+    for f in ("%.15f", "%.16f", "%.17f", "%.20f", "%.15g", "%.16g", "%.17g"):
+        t = (f % x).encode()
+        if b"e" not in t and b"n" not in t and len(t) < 40:
+            t = t.rstrip(b"0") if b"." in t else t
+            out.append(t + b"0" if t.endswith(b".") else t)
+    return out
+
+
+_MSGSPEC_NUMBER = msgspec.json.Decoder(typing.Union[int, float])  # noqa: UP007
+
+
+def _canonical(token: bytes) -> bool:
+    try:
+        return msgspec.json.encode(_MSGSPEC_NUMBER.decode(token)) == token
+    except msgspec.DecodeError:
+        return False
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.one_of(st.floats(allow_nan=False, allow_infinity=False),
+                          st.floats(1e-6, 1e17), st.floats(0.5, 12.0),
+                          st.builds(lambda m, k: m / 10 ** k, st.integers(1, 10 ** 17), st.integers(0, 21))),
+                min_size=1, max_size=20))
+def test_a_number_is_proven_only_if_msgspec_writes_it_so(xs):
+    """Safety of the C proof of a number's spelling (fixed notation, up to 17 significant digits, decided in
+    extended precision with a margin): whatever it proves, msgspec's decode and re-encode gives back byte for
+    byte. Near misses (a last digit one off, one digit too many or too few, printf's roundings) are where it would
+    go wrong."""
+    tokens = [t for x in xs for t in _spellings(x)]
+    for t, p in zip(tokens, proven(tokens)):
+        if p:
+            assert _canonical(t), t
+
+
+@pytest.mark.parametrize("token", [
+    b"9999999999999999.0", b"9999999999999998.0", b"0.00001", b"0.000009999999999999999", b"-0", b"-0.0", b"0.0",
+    b"1234567890123456789", b"9007199254740993.0", b"9007199254740992.0", b"0.30000000000000004",
+    b"0.30000000000000005", b"0.10000000000000001", b"1e16", b"1e-05", b"0.000010000000000000001", b"4096.0",
+    b"1.50", b"01.5", b"2.2250738585072014", b"1.7976931348623157", b"1000000000000000.0", b"999999999999999.94",
+])
+def test_edge_numbers_are_proven_only_if_canonical(token):
+    assert not proven([token])[0] or _canonical(token)
+
+
+def test_the_proof_settles_most_of_a_real_runs_numbers():
+    """Not vacuous: of msgspec's own spellings of losses, gradient norms, learning rates and step times, the C
+    check proves nearly all (the rest, within its margin or in exponent notation, go to msgspec)."""
+    rng = random.Random(0)
+    xs = [2.0 + 3.0 * (1 + i / 50) ** -0.5 + rng.gauss(0, 0.02) for i in range(2000)]
+    xs += [0.8 + abs(rng.gauss(0, 0.05)) for _ in range(2000)] + [3e-4 * rng.random() for _ in range(2000)]
+    xs += [0.25, 0.125, 4096.0, 1.0, 0.0]
+    tokens = [msgspec.json.encode(x) for x in xs]
+    got = proven(tokens)
+    assert all(map(_canonical, tokens)) and len(got) == len(tokens)
+    assert sum(got) >= 0.9 * len(tokens), sum(got)
