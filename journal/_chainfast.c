@@ -595,7 +595,7 @@ static Py_ssize_t json_number(const char *p, const char *end)
 static const long double POW10L[22] = {1e0L,  1e1L,  1e2L,  1e3L,  1e4L,  1e5L,  1e6L,  1e7L,  1e8L,  1e9L,  1e10L,
                                        1e11L, 1e12L, 1e13L, 1e14L, 1e15L, 1e16L, 1e17L, 1e18L, 1e19L, 1e20L, 1e21L};
 
-static int long_digits_proven(uint64_t m, int k)
+static int long_digits_proven(uint64_t m, int k, double *out)
 {
     long double q = (long double)m / POW10L[k]; /* M / 10^k rounded once, to 64 bits */
     double x = (double)q;                          /* and to 53: right unless q fell on a midpoint of doubles */
@@ -616,23 +616,38 @@ static int long_digits_proven(uint64_t m, int k)
         return 0;
     long double lo = ((long double)x - below) * POW10L[k], hi = ((long double)x + half) * POW10L[k];
     uint64_t l = m / 10 * 10;
+    *out = x;
     return (long double)l < lo - MARGIN && (long double)(l + 10) > hi + MARGIN;
 }
 #endif
 
-static int number_proven(const char *p, Py_ssize_t k)
+static const double POW10D[22] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,  1e8,  1e9,  1e10,
+                                  1e11, 1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21};
+
+/* number_proven, and the value the number reads as when it is proven: *iv for an int (*is_int 1), else *x (the
+ * double msgspec decodes: m / 10^k with m < 2^53 and 10^k exact is one correctly rounded division; a 16- or
+ * 17-digit one as the proof found it; an integral one its int part, converted once). */
+static int number_read(const char *p, Py_ssize_t k, int *is_int, long long *iv, double *x)
 {
     const char *q = p, *end = p + k;
-    if (*q == '-')
-        q++;
+    int neg = *q == '-';
+    q += neg;
     const char *ip = q;
     while (q < end && *q >= '0' && *q <= '9')
         q++;
     Py_ssize_t ni = q - ip;
     if (ni == 0 || (*ip == '0' && ni > 1))
         return 0;
-    if (q == end) /* an int: msgspec keeps it one; "-0" reads back as 0 */
-        return ni <= 18 && !(*ip == '0' && p != ip);
+    if (q == end) { /* an int: msgspec keeps it one; "-0" reads back as 0 */
+        if (ni > 18 || (*ip == '0' && neg))
+            return 0;
+        long long v = 0;
+        for (const char *d = ip; d < end; d++)
+            v = v * 10 + (*d - '0');
+        *is_int = 1;
+        *iv = neg ? -v : v;
+        return 1;
+    }
     if (*q != '.')
         return 0; /* an exponent: msgspec's below 1e-5 or from 1e16 on, left to it */
     const char *fp = ++q;
@@ -644,14 +659,29 @@ static int number_proven(const char *p, Py_ssize_t k)
     uint64_t m = 0;
     int digits = 0, scale = (int)nf; /* D = m * 10^-scale */
     const char *d = ip, *last = end;
+    double v;
+    *is_int = 0;
     if (nf == 1 && *fp == '0') { /* an integral value: "0.0", "-0.0", "4096.0"; its trailing zeros are not digits */
+        uint64_t whole = 0;
+        for (const char *w = ip; w < fp - 1; w++)
+            whole = whole * 10 + (uint64_t)(*w - '0');
+        *x = neg ? -(double)whole : (double)whole;
         if (*ip == '0')
             return 1;
         last = fp - 1;
         while (last[-1] == '0')
             last--;
-        scale = 0; /* 16 digits need every one of the 16 places, so none was dropped (fewer are proven below) */
-    } else if (*ip == '0') { /* 0.000ddd: at most four zeros (1e-5 and up) */
+        for (; d < last; d++)
+            if (++digits > 16)
+                return 0;
+        /* 16 digits need every one of the 16 places (none was dropped): D is the whole int part */
+#ifdef NUMBER_PROOF
+        return digits <= 15 || long_digits_proven(whole, 0, &v);
+#else
+        return digits <= 15;
+#endif
+    }
+    if (*ip == '0') { /* 0.000ddd: at most four zeros (1e-5 and up) */
         d = fp;
         while (*d == '0')
             d++;
@@ -665,13 +695,26 @@ static int number_proven(const char *p, Py_ssize_t k)
             return 0;
         m = m * 10 + (uint64_t)(*d - '0');
     }
-    if (digits <= 15)
-        return 1;
+    if (digits <= 15) {
+        v = (double)m / POW10D[scale];
+    } else {
 #ifdef NUMBER_PROOF
-    return long_digits_proven(m, scale);
+        if (!long_digits_proven(m, scale, &v))
+            return 0;
 #else
-    return 0;
+        return 0;
 #endif
+    }
+    *x = neg ? -v : v;
+    return 1;
+}
+
+static int number_proven(const char *p, Py_ssize_t k)
+{
+    int is_int;
+    long long iv;
+    double x;
+    return number_read(p, k, &is_int, &iv, &x);
 }
 
 /* The fields of a step_observed record after "step", in the order msgspec writes them (StepObservedRecord;
@@ -696,10 +739,23 @@ static const struct {
  * leaves to msgspec). scan_block has held the line's end
  * to ,"seq":<digits>,"ts":<digits>,"h":"<64 hex>"} (no leading zeros, the seq expected, the hash the chain's);
  * what comes before it is checked here. 1 when it is; out is left as it was when it is not. */
-static int step_line(const char *p, const char *end, char *out, Py_ssize_t *outlen, Py_ssize_t *count, int all)
+/* A step line's numbers as step_line read them (mode 2): proven ones with their values, the rest to msgspec. */
+typedef struct {
+    int n;
+    struct {
+        int proven, is_int;
+        long long iv;
+        double x;
+    } v[10];
+} line_numbers;
+
+static int step_line(const char *p, const char *end, char *out, Py_ssize_t *outlen, Py_ssize_t *count, int all,
+                     line_numbers *got)
 {
     static const char head[] = "{\"kind\":\"step_observed\",\"step\":";
     Py_ssize_t o = *outlen, c = *count, k;
+    if (got != NULL)
+        got->n = 0;
     if (end - p < (Py_ssize_t)sizeof head - 1 + SUFFIX || memcmp(p, head, sizeof head - 1) != 0)
         return 0;
     p += sizeof head - 1;
@@ -721,7 +777,14 @@ static int step_line(const char *p, const char *end, char *out, Py_ssize_t *outl
         } else {
             if (!(k = json_number(p, end)))
                 return 0;
-            if (all || !number_proven(p, k)) {
+            int proven;
+            if (got != NULL) {
+                int g = got->n++;
+                proven = got->v[g].proven = number_read(p, k, &got->v[g].is_int, &got->v[g].iv, &got->v[g].x);
+            } else {
+                proven = !all && number_proven(p, k);
+            }
+            if (!proven) {
                 if (c)
                     out[o++] = ',';
                 memcpy(out + o, p, (size_t)k);
@@ -750,23 +813,29 @@ static int step_line(const char *p, const char *end, char *out, Py_ssize_t *outl
 }
 
 /*
- * step_lines(block: buffer, ends: bytes, all: bool = True) -> (mask: bytes, numbers: bytes)
+ * step_lines(block: buffer, ends: bytes, mode: int = 1) -> (mask: bytes, numbers: bytes[, values: list, at: bytes])
  *
  * For a block of complete lines (ends: scan_block's newline offsets, uint32 each): mask[i] is 1 where line i is a
  * step_observed record in canonical form but for the spelling of its float fields' numbers, which are handed back
  * as one JSON array ("[n1,n2,...]", the lines' numbers in order) for the caller to check in one decode and one
  * re-encode with msgspec (and to build the records from: step_records). Every other line is 0 (the caller checks it
- * the ordinary way). all false: only the numbers number_proven cannot settle are handed back (a check alone).
+ * the ordinary way). mode 0: only the numbers number_proven cannot settle are handed back (a check alone). Mode 2:
+ * those too, and the values of every number in order (what msgspec decodes them as), None where one is left to
+ * msgspec, with where those are (at: uint32 indexes into values) for the caller to fill in from its decode.
  */
 static PyObject *step_lines(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs < 2 || nargs > 3 || !PyBytes_Check(args[1])) {
-        PyErr_SetString(PyExc_TypeError, "step_lines(block: bytes, ends: bytes, all: bool = True)");
+        PyErr_SetString(PyExc_TypeError, "step_lines(block: bytes, ends: bytes, mode: int = 1)");
         return NULL;
     }
-    int all = nargs < 3 ? 1 : PyObject_IsTrue(args[2]);
-    if (all < 0)
+    long mode = nargs < 3 ? 1 : PyLong_AsLong(args[2]);
+    if (mode == -1 && PyErr_Occurred())
         return NULL;
+    if (mode < 0 || mode > 2) {
+        PyErr_SetString(PyExc_ValueError, "step_lines: mode is 0, 1 or 2");
+        return NULL;
+    }
     Py_buffer view;
     if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
         return NULL;
@@ -783,26 +852,70 @@ static PyObject *step_lines(PyObject *self, PyObject *const *args, Py_ssize_t na
     }
     char *m = PyBytes_AS_STRING(mask), *out = PyBytes_AS_STRING(nums);
     Py_ssize_t o = 1, count = 0, start = 0;
+    PyObject *vals = NULL, *at = NULL;
+    uint32_t *where = NULL;
+    Py_ssize_t nat = 0;
+    line_numbers got;
+    if (mode == 2) {
+        vals = PyList_New(0);
+        at = PyBytes_FromStringAndSize(NULL, len + 16); /* 4 bytes a number, which takes 7 or more of a line */
+        if (vals == NULL || at == NULL)
+            goto fail;
+        where = (uint32_t *)PyBytes_AS_STRING(at);
+    }
     out[0] = '[';
     for (Py_ssize_t i = 0; i < n; i++) {
         Py_ssize_t stop = (Py_ssize_t)e[i];
         if (stop >= len || stop < start) { /* not scan_block's offsets for this block */
-            Py_DECREF(mask);
-            Py_DECREF(nums);
-            PyBuffer_Release(&view);
             PyErr_SetString(PyExc_ValueError, "step_lines: ends do not fit the block");
-            return NULL;
+            goto fail;
         }
-        m[i] = (char)step_line(s + start, s + stop, out, &o, &count, all);
+        m[i] = (char)step_line(s + start, s + stop, out, &o, &count, mode == 1, vals != NULL ? &got : NULL);
         start = stop + 1;
+        if (vals != NULL && m[i]) {
+            for (int g = 0; g < got.n; g++) {
+                PyObject *v;
+                if (!got.v[g].proven) {
+                    where[nat++] = (uint32_t)PyList_GET_SIZE(vals);
+                    v = Py_None;
+                    Py_INCREF(v);
+                } else if (got.v[g].is_int) {
+                    v = PyLong_FromLongLong(got.v[g].iv);
+                } else {
+                    v = PyFloat_FromDouble(got.v[g].x);
+                }
+                if (v == NULL || PyList_Append(vals, v) < 0) {
+                    Py_XDECREF(v);
+                    goto fail;
+                }
+                Py_DECREF(v);
+            }
+        }
     }
     PyBuffer_Release(&view);
     out[o++] = ']';
     if (_PyBytes_Resize(&nums, o) < 0) {
         Py_DECREF(mask);
+        Py_XDECREF(vals);
+        Py_XDECREF(at);
         return NULL;
     }
-    return Py_BuildValue("(NN)", mask, nums);
+    if (vals == NULL)
+        return Py_BuildValue("(NN)", mask, nums);
+    if (_PyBytes_Resize(&at, 4 * nat) < 0) {
+        Py_DECREF(mask);
+        Py_DECREF(nums);
+        Py_DECREF(vals);
+        return NULL;
+    }
+    return Py_BuildValue("(NNNN)", mask, nums, vals, at);
+fail:
+    Py_DECREF(mask);
+    Py_DECREF(nums);
+    Py_XDECREF(vals);
+    Py_XDECREF(at);
+    PyBuffer_Release(&view);
+    return NULL;
 }
 
 static Py_ssize_t slot_of(PyTypeObject *t, PyObject *name);

@@ -308,16 +308,19 @@ class Scanner:
     def _step_block(self, block: bytes, ends_b: bytes) -> tuple[Any, list[type]] | None:
         """verify's way through a block (``steps_unread``: its records are not handed on): its step_observed lines
         held to their canonical form in C without decoding them, their numbers' spelling proven there too where it
-        can be (``number_proven``: fixed notation, up to 17 digits), the rest by one msgspec decode and re-encode of
-        them all (of every number, when the records may be asked for: ``numbers_kept``); its other lines decoded and
-        re-encoded as :func:`codec.decode_block` does. ``None`` sends the block the ordinary way."""
-        kept = self.numbers_kept
-        mask, numbers = _step_lines(block, ends_b, kept)
-        values = _numbers_canonical(numbers) if len(numbers) > 2 else []
-        if values is None:
-            return None
-        if not kept:
-            values = None  # only the numbers the C check left unsettled: records() decodes them all again
+        can be (``number_proven``: fixed notation, up to 17 digits; their values read there when the records may
+        be asked for: ``numbers_kept``), the rest by one msgspec decode and re-encode of them; its other lines
+        decoded and re-encoded as :func:`codec.decode_block` does. ``None`` sends the block the ordinary way."""
+        if self.numbers_kept:
+            got = _step_numbers(block, ends_b)
+            if got is None:
+                return None
+            mask, values = got
+        else:
+            mask, numbers = _step_lines(block, ends_b, 0)  # a check alone: the numbers it proves are not read
+            if len(numbers) > 2 and _numbers_canonical(numbers) is None:
+                return None
+            values = None  # records(), if ever asked for, reads them
         others: dict[int, Any] = {}
         i = mask.find(0)
         if i >= 0:
@@ -784,6 +787,20 @@ _STEP_LINES_OK = _step_lines is not None and _step_record_as_assumed()
 _numbers_decoder = msgspec.json.Decoder(list[typing.Union[int, float]])  # noqa: UP007
 
 
+def _step_numbers(block: bytes, ends_b: bytes) -> tuple[bytes, list[Any]] | None:
+    """``step_lines``' mask of a block and the values of its step lines' numbers in order: those the C check proves
+    spelled as msgspec writes them, read there; the rest decoded by msgspec (and held to its spelling). None when
+    one of those is not spelled so."""
+    mask, left, values, at = _step_lines(block, ends_b, 2)
+    if len(left) > 2:
+        rest = _numbers_canonical(left)
+        if rest is None:
+            return None
+        for i, v in zip(memoryview(at).cast("I"), rest):
+            values[i] = v
+    return mask, values
+
+
 def _numbers_canonical(numbers: bytes) -> list[Any] | None:
     """The numbers of ``[n1,n2,...]`` if it is spelled as msgspec writes them (as the line's re-encode would),
     else None."""
@@ -809,8 +826,9 @@ class _StepLines:
         """Every line's record: the step lines' built in C from the lines and the numbers msgspec decoded for
         their check (``step_records``), else the block decoded once, unchecked (its lines are checked)."""
         numbers = self.numbers
-        if numbers is None and _step_records is not None:  # checked without them (verify's scan): decode them now
-            numbers = _numbers_canonical(_step_lines(self.block, self.ends_b)[1])
+        if numbers is None and _step_records is not None:  # checked without them (verify's scan): read them now
+            got = _step_numbers(self.block, self.ends_b)
+            numbers = got[1] if got is not None else None
         recs = _step_records(self.block, self.ends_b, self.mask, numbers, _STEP_T) \
             if _step_records is not None and numbers is not None else None
         if recs is None:

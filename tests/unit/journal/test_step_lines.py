@@ -65,6 +65,11 @@ def fast_takes(line: bytes) -> bool:
     mask_alone, left = scan._step_lines(block, ends, False)
     assert mask_alone == mask
     assert (mask == b"\x01" and (left == b"[]" or scan._numbers_canonical(left) is not None)) == taken
+    # readers take the values the C check read, msgspec's for the rest: exactly msgspec's, type and sign included
+    read = scan._step_numbers(block, ends)
+    assert (read is not None and read[0] == b"\x01") == taken
+    if taken:
+        assert list(map(repr, read[1])) == list(map(repr, values))
     if taken and scan._step_records is not None:
         built = scan._step_records(block, ends, mask, values, scan._STEP_T)
         if built is not None:  # None: the block is decoded instead (not an error)
@@ -358,6 +363,11 @@ def test_a_number_is_proven_only_if_msgspec_writes_it_so(xs):
     for t, p in zip(tokens, proven(tokens)):
         if p:
             assert _canonical(t), t
+    canonical = [t for t in tokens if _canonical(t)]
+    line = b'{"kind":"step_observed","step":1,"loss":%b,"seq":5,"ts":1,"h":"' + b"0" * 64 + b'"}'
+    block = b"\n".join(line % t for t in canonical) + b"\n"
+    got = scan._step_numbers(block, _ends(block))
+    assert got is not None and list(map(repr, got[1])) == [repr(_MSGSPEC_NUMBER.decode(t)) for t in canonical]
 
 
 @pytest.mark.parametrize("token", [
