@@ -1866,10 +1866,183 @@ fail:
     return NULL;
 }
 
+/* ---- the writer's append ---- */
+
+static char *put_u64(char *o, unsigned long long v)
+{
+    char tmp[20];
+    int n = 0;
+    do {
+        tmp[n++] = (char)('0' + v % 10);
+        v /= 10;
+    } while (v);
+    while (n)
+        *o++ = tmp[--n];
+    return o;
+}
+
+/*
+ * chain_append(buf: bytearray, body: bytes, prev: bytes, seq: int, ts: int) -> (h: bytes, hex: bytes)
+ *
+ * One line of the chain onto the end of buf: body (an event's canonical encoding, "{...}") without its '}', then
+ * ,"seq":SEQ,"ts":TS, then ,"h":"HEX"} and a newline, where h = SHA-256(tag 0x00 || prev || the line before
+ * ,"h"). What the writer's append did in five Python steps, in one: the line is written into buf where it stays.
+ */
+static PyObject *chain_append(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5 || !PyByteArray_Check(args[0]) || !PyBytes_Check(args[1]) || !PyBytes_Check(args[2]) ||
+        PyBytes_GET_SIZE(args[2]) != 32) {
+        PyErr_SetString(PyExc_TypeError, "chain_append(buf: bytearray, body: bytes, prev: 32 bytes, seq, ts)");
+        return NULL;
+    }
+    Py_ssize_t blen = PyBytes_GET_SIZE(args[1]);
+    const char *body = PyBytes_AS_STRING(args[1]);
+    if (blen < 2 || body[blen - 1] != '}') {
+        PyErr_SetString(PyExc_ValueError, "chain_append: body is not an encoded event");
+        return NULL;
+    }
+    unsigned long long seq = PyLong_AsUnsignedLongLong(args[3]), ts;
+    if (seq == (unsigned long long)-1 && PyErr_Occurred())
+        return NULL;
+    ts = PyLong_AsUnsignedLongLong(args[4]);
+    if (ts == (unsigned long long)-1 && PyErr_Occurred())
+        return NULL;
+    PyObject *buf = args[0];
+    Py_ssize_t at = PyByteArray_GET_SIZE(buf);
+    /* the body less '}', ,"seq": and 20 digits, ,"ts": and 20 digits, ,"h":" + 64 hex + "} and the newline */
+    if (PyByteArray_Resize(buf, at + blen - 1 + 7 + 20 + 6 + 20 + 6 + 64 + 3) < 0)
+        return NULL;
+    char *start = PyByteArray_AS_STRING(buf) + at, *o = start;
+    memcpy(o, body, (size_t)(blen - 1));
+    o += blen - 1;
+    memcpy(o, ",\"seq\":", 7);
+    o = put_u64(o + 7, seq);
+    memcpy(o, ",\"ts\":", 6);
+    o = put_u64(o + 6, ts);
+    unsigned char d[32];
+    link_hash((const unsigned char *)PyBytes_AS_STRING(args[2]), start, o - start, d);
+    memcpy(o, ",\"h\":\"", 6);
+    o += 6;
+    to_hex(d, o);
+    o += 64;
+    memcpy(o, "\"}\n", 3);
+    o += 3;
+    if (PyByteArray_Resize(buf, (o - start) + at) < 0)
+        return NULL;
+    PyObject *h = PyBytes_FromStringAndSize((const char *)d, 32);
+    PyObject *hx = PyBytes_FromStringAndSize(PyByteArray_AS_STRING(buf) + at + (o - start) - 67, 64);
+    if (h == NULL || hx == NULL) {
+        Py_XDECREF(h);
+        Py_XDECREF(hx);
+        return NULL;
+    }
+    return Py_BuildValue("(NN)", h, hx);
+}
+
+/*
+ * scalars_ok(obj, offsets: bytes, kinds: bytes) -> bool
+ *
+ * Whether every field of a struct whose fields are all ints and floats (offsets: their slots, Py_ssize_t each;
+ * kinds: 'i' an int, 'I' an int or None, 'f' an int or float, 'F' an int, float or None) holds exactly such a value:
+ * an int (not a bool, not a subclass) within int64, or a finite float (exactly float). True means msgspec's
+ * strict decode of its encoding would accept it as it is (the writer's check, without the decode); False only
+ * sends the event the longer way, which decides.
+ */
+static int plain_scalars(PyObject *o, PyObject *offsets, PyObject *kinds_b)
+{
+    const Py_ssize_t *offs = (const Py_ssize_t *)PyBytes_AS_STRING(offsets);
+    const char *kinds = PyBytes_AS_STRING(kinds_b);
+    Py_ssize_t n = PyBytes_GET_SIZE(kinds_b);
+    const char *obj = (const char *)o;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *v = *(PyObject *const *)(obj + offs[i]);
+        char k = kinds[i];
+        if (v == NULL)
+            return 0;
+        if (v == Py_None) {
+            if (k == 'I' || k == 'F')
+                continue;
+            return 0;
+        }
+        if (PyLong_CheckExact(v)) {
+            int over;
+            PyLong_AsLongLongAndOverflow(v, &over);
+            if (over)
+                return 0;
+            continue;
+        }
+        if ((k == 'f' || k == 'F') && PyFloat_CheckExact(v) && isfinite(PyFloat_AS_DOUBLE(v)))
+            continue;
+        return 0;
+    }
+    return 1;
+}
+
+static int scalar_args_ok(PyObject *offsets, PyObject *kinds)
+{
+    if (!PyBytes_Check(offsets) || !PyBytes_Check(kinds) ||
+        PyBytes_GET_SIZE(offsets) != (Py_ssize_t)sizeof(Py_ssize_t) * PyBytes_GET_SIZE(kinds)) {
+        PyErr_SetString(PyExc_TypeError, "offsets: bytes of Py_ssize_t, one a kind");
+        return 0;
+    }
+    return 1;
+}
+
+static PyObject *scalars_ok(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3 || !scalar_args_ok(args[1], args[2]))
+        return NULL;
+    return PyBool_FromLong(plain_scalars(args[0], args[1], args[2]));
+}
+
+/*
+ * encode_scalars(encode, slow, offsets: bytes, kinds: bytes, obj) -> bytes
+ *
+ * encode(obj) when scalars_ok(obj, offsets, kinds), else slow(obj): the writer's encoder of a class of ints and
+ * floats (a partial of the first four), one C call where a Python closure cost a frame.
+ */
+static PyObject *encode_scalars(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5 || !scalar_args_ok(args[2], args[3]))
+        return NULL;
+    return PyObject_CallOneArg(plain_scalars(args[4], args[2], args[3]) ? args[0] : args[1], args[4]);
+}
+
+/* slot_offsets(cls, names: tuple[str, ...]) -> bytes | None: where each named field of cls lives (scalars_ok's
+ * offsets), or None when one is not a plain slot. */
+static PyObject *slot_offsets(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyType_Check(args[0]) || !PyTuple_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "slot_offsets(cls, names: tuple)");
+        return NULL;
+    }
+    Py_ssize_t n = PyTuple_GET_SIZE(args[1]);
+    PyObject *out = PyBytes_FromStringAndSize(NULL, n * (Py_ssize_t)sizeof(Py_ssize_t));
+    if (out == NULL)
+        return NULL;
+    Py_ssize_t *offs = (Py_ssize_t *)PyBytes_AS_STRING(out);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        offs[i] = slot_of((PyTypeObject *)args[0], PyTuple_GET_ITEM(args[1], i));
+        if (offs[i] < 0) {
+            Py_DECREF(out);
+            Py_RETURN_NONE;
+        }
+    }
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"step_lines", (PyCFunction)(void (*)(void))step_lines, METH_FASTCALL,
      "Which lines of a block are canonical step_observed records but for their numbers' spelling, and the numbers."},
     {"line_hash", (PyCFunction)(void (*)(void))line_hash, METH_FASTCALL, "h[n] from h[n-1] (32 bytes) and P[n]."},
+    {"chain_append", (PyCFunction)(void (*)(void))chain_append, METH_FASTCALL,
+     "Chain an encoded event onto the end of a bytearray: (h, hex)."},
+    {"scalars_ok", (PyCFunction)(void (*)(void))scalars_ok, METH_FASTCALL,
+     "Whether a struct of ints and floats holds only int64 ints and finite floats (None where allowed)."},
+    {"encode_scalars", (PyCFunction)(void (*)(void))encode_scalars, METH_FASTCALL,
+     "encode(obj) if scalars_ok(obj, offsets, kinds) else slow(obj)."},
+    {"slot_offsets", (PyCFunction)(void (*)(void))slot_offsets, METH_FASTCALL,
+     "The slots of a class's named fields, or None."},
     {"check_lines", (PyCFunction)(void (*)(void))check_lines, METH_FASTCALL,
      "Index of the first line whose seq, hash suffix or chain hash is wrong, or -1."},
     {"sha_ni", (PyCFunction)(void (*)(void))sha_ni, METH_FASTCALL,

@@ -111,8 +111,9 @@ class _KindInfo:
         if self._encode is None:
             import msgspec.inspect
 
-            flat = all(_is_flat_type(f.type) for f in msgspec.inspect.type_info(self.cls).fields)
-            self._encode = _make_encoder(msgspec.json.Decoder(self.cls), flat)
+            fields = msgspec.inspect.type_info(self.cls).fields
+            flat = all(_is_flat_type(f.type) for f in fields)
+            self._encode = _make_encoder(msgspec.json.Decoder(self.cls), flat, _scalar_spec(self.cls, fields))
         return self._encode
 
 
@@ -282,11 +283,49 @@ def nonfinite_to_str(obj: Any) -> Any:
     return obj
 
 
-def _make_encoder(check: msgspec.json.Decoder, flat: bool) -> Callable[[Any], bytes]:
-    """The canonical encoder of one event class: a closure, one call on the hot path."""
+def _scalar_spec(cls: type, fields: Any) -> tuple[Any, bytes, bytes] | None:
+    """For a class whose fields are all ints and floats without constraints (None allowed only where it is the
+    default, so it is left out of the line): the accelerator's ``encode_scalars`` and the offsets and kinds its
+    check reads, which settle what the strict decode of the writer's check would (``step_observed``'s fields are
+    all such). None for any other class, or without the accelerator."""
+    try:
+        from trainledger.journal import _chainfast as fast
+    except ImportError:
+        return None
+    import os
+
+    if os.environ.get("TRAINLEDGER_NO_ACCEL") or not hasattr(fast, "encode_scalars"):
+        return None
+    ti = msgspec.inspect
+    kinds = []
+    for f in fields:
+        t, optional = f.type, False
+        if isinstance(t, ti.UnionType):
+            rest = [x for x in t.types if not isinstance(x, ti.NoneType)]
+            if len(rest) != 1 or f.default is not None:
+                return None
+            t, optional = rest[0], True
+        if type(t) not in (ti.IntType, ti.FloatType) or any(
+                getattr(t, c, None) is not None for c in ("gt", "ge", "lt", "le", "multiple_of")):
+            return None
+        kinds.append(("I" if optional else "i") if type(t) is ti.IntType else ("F" if optional else "f"))
+    offsets = fast.slot_offsets(cls, tuple(f.name for f in fields))
+    return None if offsets is None else (fast.encode_scalars, offsets, "".join(kinds).encode())
+
+
+def _make_encoder(check: msgspec.json.Decoder, flat: bool,
+                  scalars: tuple[Any, bytes, bytes] | None = None) -> Callable[[Any], bytes]:
+    """The canonical encoder of one event class: a closure, one call on the hot path. ``scalars``
+    (:func:`_scalar_spec`): a class of ints and floats, whose values are checked in C instead of by a decode when
+    they are plainly right (exact ints and finite floats; anything else takes the path below, which decides)."""
     encode = _encoder.encode
     decode = check.decode
     invalid = msgspec.ValidationError
+    if scalars is not None:  # encode(obj) if its values are plainly right, else the closure below
+        import functools
+
+        encode_scalars, offsets, kinds = scalars
+        return functools.partial(encode_scalars, encode, _make_encoder(check, flat), offsets, kinds)
 
     def encode_event(obj: Any) -> bytes:
         out = encode(obj)

@@ -61,6 +61,8 @@ DEFAULT_FLUSH_INTERVAL_S = 1.0
 _FLUSH_BYTES = 1 << 20
 
 _link = _accel.link
+#: the accelerator's whole append of one line (format, chain hash, hex, into the buffer), or None
+_chain_append = getattr(_accel.fast, "chain_append", None)
 _encode_event = codec.encode_event
 _encoders: dict[type, Any] = {}  # event class -> its canonical encoder
 
@@ -404,10 +406,13 @@ class Journal:
             # The hot path: _write_locked inlined (a method call is a tenth of the budget).
             seq = self._seq
             ts = _now()
-            prefix = b'%b,"seq":%d,"ts":%d' % (body[:-1], seq, ts)
-            d = _link(self._prev, prefix)
-            hx = _hexlify(d)
-            self._buf += b'%b,"h":"%b"}\n' % (prefix, hx)
+            if _chain_append is not None:
+                d, hx = _chain_append(self._buf, body, self._prev, seq, ts)
+            else:
+                prefix = b'%b,"seq":%d,"ts":%d' % (body[:-1], seq, ts)
+                d = _link(self._prev, prefix)
+                hx = _hexlify(d)
+                self._buf += b'%b,"h":"%b"}\n' % (prefix, hx)
             self._seq = seq + 1
             self._prev = d
             self._last_hash_hex = hx
@@ -496,10 +501,13 @@ class Journal:
         seq = self._seq
         if ts is None:
             ts = _now()
-        prefix = b'%b,"seq":%d,"ts":%d' % (body[:-1], seq, ts)
-        d = _link(self._prev, prefix)
-        hx = _hexlify(d)
-        self._buf += b'%b,"h":"%b"}\n' % (prefix, hx)
+        if _chain_append is not None:
+            d, hx = _chain_append(self._buf, body, self._prev, seq, ts)
+        else:
+            prefix = b'%b,"seq":%d,"ts":%d' % (body[:-1], seq, ts)
+            d = _link(self._prev, prefix)
+            hx = _hexlify(d)
+            self._buf += b'%b,"h":"%b"}\n' % (prefix, hx)
         self._seq = seq + 1
         self._prev = d
         self._last_hash_hex = hx

@@ -223,3 +223,59 @@ def test_baseline_step_leaves_what_it_cannot_read_to_the_caller():
     assert (s, values, steps) == ([0.5], [1.0, 0.5], [0, 1])
     with pytest.raises(TypeError):
         fast.baseline_step((1.0,), [], [], 1.0, 0, 0, 0.1, 1)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(min_size=32, max_size=32), st.binary(max_size=600).filter(lambda b: b"}" not in b),
+       st.integers(0, 2 ** 64 - 1), st.integers(0, 2 ** 64 - 1), st.binary(max_size=40))
+def test_chain_append_writes_the_line_the_python_lines_write(prev, payload, seq, ts, before):
+    """The writer's one-call append: the same line (body less its brace, seq, ts, hash) and the same hash as the
+    formatting and link() it stands in for, added to what the buffer held."""
+    body = b'{"kind":"x","v":"' + payload + b'"}'
+    buf = bytearray(before)
+    h, hx = fast.chain_append(buf, body, prev, seq, ts)
+    prefix = b'%b,"seq":%d,"ts":%d' % (body[:-1], seq, ts)
+    assert h == link(prev, prefix) and hx == h.hex().encode()
+    assert bytes(buf) == before + prefix + b',"h":"' + hx + b'"}\n'
+
+
+def test_chain_append_refuses_what_is_not_an_event():
+    buf = bytearray(b"kept")
+    for body, prev, seq in [(b"", b"\0" * 32, 0), (b"{", b"\0" * 32, 0), (b'{"a":1', b"\0" * 32, 0),
+                            (b'{"a":1}', b"\0" * 31, 0), (b'{"a":1}', b"\0" * 32, -1)]:
+        with pytest.raises((ValueError, TypeError, OverflowError)):
+            fast.chain_append(buf, body, prev, seq, 0)
+        assert buf == b"kept"
+
+
+def test_the_writer_s_scalar_check_takes_only_plainly_right_values():
+    """A step_observed whose values are exact ints within int64 and finite floats (None where the field may be) is
+    encoded without the decode check; anything else (a bool, a NaN, a float subclass, an int past int64, a string)
+    goes the checked way, which normalizes or refuses it as before."""
+    import math
+
+    import numpy as np
+
+    from trainledger.journal import StepObserved, codec
+
+    encode = codec.encoder_for(StepObserved)
+    offsets, kinds = encode.args[2], encode.args[3]
+    assert set(kinds) <= set(b"iIfF") and len(kinds) == len(StepObserved.__struct_fields__)
+
+    def plain(**kw):
+        return fast.scalars_ok(StepObserved(**kw), offsets, kinds)
+
+    assert plain(step=3, loss=2.5, grad_norm=None, tokens=4096)
+    assert plain(step=3, loss=2, lr=1e-4)
+    for kw in [dict(step=True, loss=2.5), dict(step=3, loss=math.nan), dict(step=3, loss=math.inf),
+               dict(step=3, loss=np.float64(2.5)), dict(step=2 ** 63, loss=1.0), dict(step=3, loss="2.5"),
+               dict(step=3.0, loss=2.5), dict(step=3, loss=2.5, tokens=4096.0)]:
+        assert not plain(**kw), kw
+    # the checked way decides those, as it always did
+    with pytest.raises(TypeError):  # msgspec does not encode numpy's scalars: the caller passes float(x)
+        encode(StepObserved(step=3, loss=np.float64(2.5)))
+    with pytest.raises(TypeError):
+        encode(StepObserved(step=True, loss=2.5))
+    assert encode(StepObserved(step=3, loss=math.nan)) == b'{"kind":"step_observed","step":3,"loss":"NaN"}'
+    assert encode(StepObserved(step=3, loss="2.5")) == b'{"kind":"step_observed","step":3,"loss":2.5}'  # normalized
+    assert encode(StepObserved(step=3, loss=2.5, lr=None)) == b'{"kind":"step_observed","step":3,"loss":2.5}'
