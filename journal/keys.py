@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from trainledger.journal.paths import open_new
@@ -117,6 +116,14 @@ class PublicKey:
         return f"PublicKey(key_id={self.key_id!r})"
 
 
+def _serialization() -> Any:
+    """cryptography's key serialization, for PEM files: loaded when one is read or written (its import, with the
+    SSH formats it pulls in, is a sixth of a verify's start)."""
+    from cryptography.hazmat.primitives import serialization
+
+    return serialization
+
+
 class Signer:
     """Signs seals with an Ed25519 private key."""
 
@@ -126,7 +133,7 @@ class Signer:
         if not isinstance(private_key, Ed25519PrivateKey):
             raise TypeError("Signer needs an Ed25519PrivateKey")
         self._key = private_key
-        raw = private_key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+        raw = private_key.public_key().public_bytes_raw()
         self.public = PublicKey(raw)
 
     @classmethod
@@ -146,6 +153,7 @@ class Signer:
         return self._key.sign(message)
 
     def private_pem(self) -> bytes:
+        serialization = _serialization()
         return self._key.private_bytes(
             serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
         )
@@ -210,7 +218,7 @@ def load_signer(path: str | os.PathLike) -> Signer:
     if b"ENCRYPTED" in data:
         raise KeyFileError(f"{p}: encrypted private keys are not supported")
     try:
-        key = serialization.load_pem_private_key(data, password=None)
+        key = _serialization().load_pem_private_key(data, password=None)
     except (ValueError, TypeError) as e:
         raise KeyFileError(f"{p}: not a PEM private key ({e})") from None
     if not isinstance(key, Ed25519PrivateKey):
@@ -225,12 +233,12 @@ def parse_public_key(text: str, source: str = "<text>") -> PublicKey:
         if "PRIVATE KEY" in stripped:
             raise KeyFileError(f"{source}: this is a private key; give the public key (trainledger.pub)")
         try:
-            key = serialization.load_pem_public_key(stripped.encode())
+            key = _serialization().load_pem_public_key(stripped.encode())
         except ValueError as e:
             raise KeyFileError(f"{source}: not a PEM public key ({e})") from None
         if not isinstance(key, Ed25519PublicKey):
             raise KeyFileError(f"{source}: not an Ed25519 public key")
-        return PublicKey(key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw), source)
+        return PublicKey(key.public_bytes_raw(), source)
     parts = stripped.split()
     if len(parts) < 2 or parts[0] != PUBKEY_PREFIX:
         raise KeyFileError(f"{source}: not a public key (expected '{PUBKEY_PREFIX} <base64>')")

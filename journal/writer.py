@@ -24,9 +24,7 @@ import binascii
 import fcntl
 import hashlib
 import os
-import platform
 import secrets
-import socket
 import threading
 import time
 import weakref
@@ -108,9 +106,11 @@ _hexlify = binascii.hexlify
 
 
 def _software() -> dict[str, str]:
-    from trainledger.journal import __version__
+    import platform
 
     import cryptography
+
+    from trainledger.journal import __version__
 
     return {
         "trainledger": __version__,
@@ -268,6 +268,8 @@ class Journal:
             raise
         self = cls._new(p, fd, signer, rid, 0, genesis(rid), seal_every, seal_interval_s, flush_interval_s, background,
                         CompactRange(0), sign_in_background, fail_closed_after_s)
+        import socket  # here: a reader never loads it
+
         opened = RunOpened(
             format_version=FORMAT_VERSION,
             run_id=rid,
