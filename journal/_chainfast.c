@@ -1501,12 +1501,17 @@ static PyObject *baseline_step(PyObject *self, PyObject *const *args, Py_ssize_t
 }
 
 /* One detector as health_run takes it: (sorted, values, steps, min_periods, inv_scale, window, trim_at, log[, cap]).
- * cap (format 1.6's "range" rule): a value above the warm window's maximum is not common (the caller scores it). */
+ * cap (format 1.6's "range" rule): true when the rule is on; (log_ratio, power, z_thresh, raw, joint_z) to score
+ * a value above the warm window's maximum here (range_plain), else such a value is not common (the caller scores
+ * it). */
 typedef struct {
     PyObject *sorted, *values, *steps;
     Py_ssize_t min_periods, window, trim_at;
     double inv_scale;
     int log, cap;
+    int rule; /* the range rule's parameters below were given */
+    double log_ratio, power, z_thresh, joint_z;
+    int raw;
 } detector;
 
 static int detector_of(PyObject *t, detector *d)
@@ -1528,6 +1533,17 @@ static int detector_of(PyObject *t, detector *d)
     d->trim_at = PyLong_AsSsize_t(PyTuple_GET_ITEM(t, 6));
     d->log = PyObject_IsTrue(PyTuple_GET_ITEM(t, 7));
     d->cap = PyTuple_GET_SIZE(t) == 9 ? PyObject_IsTrue(PyTuple_GET_ITEM(t, 8)) : 0;
+    d->rule = 0;
+    if (PyTuple_GET_SIZE(t) == 9 && PyTuple_CheckExact(PyTuple_GET_ITEM(t, 8))
+            && PyTuple_GET_SIZE(PyTuple_GET_ITEM(t, 8)) == 5) {
+        PyObject *r = PyTuple_GET_ITEM(t, 8);
+        d->log_ratio = PyFloat_AsDouble(PyTuple_GET_ITEM(r, 0));
+        d->power = PyFloat_AsDouble(PyTuple_GET_ITEM(r, 1));
+        d->z_thresh = PyFloat_AsDouble(PyTuple_GET_ITEM(r, 2));
+        d->raw = PyObject_IsTrue(PyTuple_GET_ITEM(r, 3));
+        d->joint_z = PyFloat_AsDouble(PyTuple_GET_ITEM(r, 4));
+        d->rule = 1;
+    }
     return !PyErr_Occurred() && d->log >= 0 && d->cap >= 0;
 }
 
@@ -1563,6 +1579,74 @@ static int above_cap(const detector *d, double x)
     if (!float_at(d->sorted, n - 1, &top))
         return -1;
     return x > top;
+}
+
+/* training/health/detectors.py's _kth_deviation: the k-th smallest (0-based) of |s_i - m| over sorted s whose
+ * median is m, the same comparisons in the same order; 0 (not read) when an item is not a float. */
+static int kth_deviation(PyObject *s, double m, Py_ssize_t k, double *out)
+{
+    Py_ssize_t n = PyList_GET_SIZE(s), split = n / 2, a = split, b = n - split;
+    Py_ssize_t lo = k + 1 - b > 0 ? k + 1 - b : 0, hi = k + 1 < a ? k + 1 : a;
+    double x, y;
+    while (lo < hi) {
+        Py_ssize_t i = (lo + hi) / 2;
+        if (!float_at(s, split - 1 - i, &x) || !float_at(s, split + (k - i), &y))
+            return 0;
+        if (m - x < y - m)
+            lo = i + 1;
+        else
+            hi = i;
+    }
+    Py_ssize_t i = lo, j = k + 1 - lo;
+    double da = -INFINITY, db = -INFINITY;
+    if (i > 0) {
+        if (!float_at(s, split - 1 - (i - 1), &x))
+            return 0;
+        da = m - x;
+    }
+    if (j > 0) {
+        if (!float_at(s, split + (j - 1), &y))
+            return 0;
+        db = y - m;
+    }
+    *out = db > da ? db : da; /* Python's max(da, db): the first unless the second is greater */
+    return 1;
+}
+
+/* Format 1.6's "range" rule (_Detector._score_range, no candidate pending) for a value x above the warm window's
+ * maximum, when it ends as a plain step: not an excursion, its robust z not above the threshold, and (the loss's
+ * raw statistics) not a joint candidate. 1: x joins the baseline as any value (the caller adds it); 0: the caller
+ * scores it the long way. The median, the MAD and z as the Python lines compute them. */
+static int range_plain(const detector *d, double x)
+{
+    PyObject *s = d->sorted;
+    Py_ssize_t n = PyList_GET_SIZE(s), h = n >> 1;
+    double med, top, mad, a, b, z;
+    if (!d->rule || n == 0)
+        return 0;
+    if (n & 1) {
+        if (!float_at(s, h, &med))
+            return 0;
+    } else {
+        if (!float_at(s, h - 1, &a) || !float_at(s, h, &b))
+            return 0;
+        med = 0.5 * (a + b);
+    }
+    if (!float_at(s, n - 1, &top))
+        return 0;
+    if (n % 2) {
+        if (!kth_deviation(s, med, n / 2, &mad))
+            return 0;
+    } else {
+        if (!kth_deviation(s, med, n / 2 - 1, &a) || !kth_deviation(s, med, n / 2, &b))
+            return 0;
+        mad = 0.5 * (a + b);
+    }
+    z = mad > 0 ? (x - med) / (1.4826 * mad) : 0.0; /* MAD_SCALE */
+    double e = d->power * (top - med), over = e > d->log_ratio ? e : d->log_ratio;
+    if (x > top + over || z > d->z_thresh || (d->raw && z > d->joint_z))
+        return 0;
+    return 1;
 }
 
 /* A field of a step record as a new reference: read from its slot (NULL, with AttributeError, when unset), or
@@ -1686,10 +1770,15 @@ static PyObject *health_run(PyObject *self, PyObject *const *args, Py_ssize_t na
         Py_ssize_t at_l = 0, out_l = 0, at_g = 0, out_g = 0;
         int score_l = loss > 0 || !loss_log, score_g = 0;
         double vl = 0.0, vg = 0.0;
+        /* a value above its window's maximum, scored here by the range rule when it ends as a plain step; both
+         * detectors' values above theirs on one step is the joint rule's: the caller's */
+        int up_l = 0, up_g = 0;
         if (score_l) {
             vl = dl.log ? log(loss) : loss;
-            if (above_cap(&dl, vl) != 0 || PyList_GET_SIZE(dl.values) + 1 >= dl.trim_at
-                    || !baseline_plan(dl.sorted, dl.values, vl, dl.min_periods, dl.inv_scale, dl.window, &at_l, &out_l))
+            up_l = above_cap(&dl, vl);
+            if (up_l < 0 || (up_l && !range_plain(&dl, vl)) || PyList_GET_SIZE(dl.values) + 1 >= dl.trim_at
+                    || !baseline_plan(dl.sorted, dl.values, vl, up_l ? PY_SSIZE_T_MAX : dl.min_periods, dl.inv_scale,
+                                      dl.window, &at_l, &out_l))
                 goto next;
         }
         if (g != Py_None) {
@@ -1699,8 +1788,10 @@ static PyObject *health_run(PyObject *self, PyObject *const *args, Py_ssize_t na
             score_g = gv > 0;
             if (score_g) {
                 vg = dg.log ? log(gv) : gv;
-                if (above_cap(&dg, vg) != 0 || PyList_GET_SIZE(dg.values) + 1 >= dg.trim_at
-                        || !baseline_plan(dg.sorted, dg.values, vg, dg.min_periods, dg.inv_scale, dg.window, &at_g, &out_g))
+                up_g = above_cap(&dg, vg);
+                if (up_g < 0 || (up_g && (up_l || !range_plain(&dg, vg))) || PyList_GET_SIZE(dg.values) + 1 >= dg.trim_at
+                        || !baseline_plan(dg.sorted, dg.values, vg, up_g ? PY_SSIZE_T_MAX : dg.min_periods,
+                                          dg.inv_scale, dg.window, &at_g, &out_g))
                     goto next;
             }
         }

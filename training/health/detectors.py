@@ -404,6 +404,13 @@ class _Detector:
         return None
 
 
+    def range_params(self) -> tuple[float, float, float, bool, float]:
+        """What the accelerator's fold (``health_run``) needs to score a value above the window's maximum as
+        :meth:`_score_range` does when that value ends as a plain step (no excursion, no z over the threshold, no
+        joint candidate of the loss's raw statistics); every other ending is left to :meth:`_score_range`."""
+        log_ratio, power = self.excursion
+        return (float(log_ratio), float(power), float(self.p.z_thresh), bool(self.raw), float(self.joint_z))
+
     def _score_range(self, step: int, raw: float, x: float, after_resume: bool) -> AnomalyDetected | None:
         """Format 1.6's "range" rule for one value (see RunConfigured.spike_rule): a pending candidate confirmed or
         released; then an excursion over the window's maximum, flagged at once; then the robust z (at once above
@@ -719,9 +726,9 @@ class HealthProjection:
                 lb, gb, acc = loss.base, grad.base, self.mfu_accounting
                 out = run(events, i, hi, type(events[i]),
                           (lb._sorted, lb._values, lb._steps, loss.min_periods, loss.inv_scale, loss.window, lb.trim_at,
-                           loss.log, self._range),
+                           loss.log, self._range and loss.range_params()),
                           (gb._sorted, gb._values, gb._steps, grad.min_periods, grad.inv_scale, grad.window, gb.trim_at,
-                           grad.log, self._range),
+                           grad.log, self._range and grad.range_params()),
                           self._loss_log, acc.fpt, acc.peak, self.token_time_s, self.mfu_sum, self.mfu_min, self.mfu_max)
                 stop = out[0]
                 if stop > i:
