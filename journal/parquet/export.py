@@ -316,8 +316,9 @@ class _JournalWriter:
         finally:
             self.con.unregister("events")
 
-    def close(self, receipt: dict[str, Any]) -> list[dict[str, Any]]:
-        """Write the footers (each holding ``receipt``) and return the files' listing entries."""
+    def close(self, receipt: dict[str, Any], *, digests: bool = True) -> list[dict[str, Any]]:
+        """Write the footers (each holding ``receipt``) and return the files' listing entries (``digests``: with
+        each file's SHA-256, which an export's listing holds; None for files no listing will name)."""
         self.flush()
         meta = {RECEIPT_KEY: json.dumps(receipt, sort_keys=True, separators=(",", ":"))}
         listed = []
@@ -326,7 +327,7 @@ class _JournalWriter:
             w.close()
             listed.append({"path": path.relative_to(self.root).as_posix(), "table": table, "run_id": self.run_id,
                            "rank": receipt["rank"], "rows": self.rows[table], "bytes": path.stat().st_size,
-                           "sha256": file_sha256(path)[0]})
+                           "sha256": file_sha256(path)[0] if digests else None})
         self.writers.clear()
         return listed
 
@@ -383,13 +384,14 @@ class JournalExport:
 
 def export_journal(path: str | os.PathLike, root: str | os.PathLike, *, lines: bool, trust: TrustPolicy,
                    rank: int | None = None, con: Any = None, file_column: str | None = None,
-                   compression: str = "zstd") -> JournalExport:
+                   compression: str = "zstd", digests: bool = True) -> JournalExport:
     """Verify one journal under ``trust`` and write its signed events under ``root`` (``TABLE/run-<run>/FILE``), in
     one pass: engine-neutral (a Ray, Dask or Spark task may run it; the result pickles). ``rank``: the journal is
     that rank of a run folder: its verification also gathers what :func:`~trainledger.journal.audit.rundir.check_run`
     needs, and an integrity failure's message names the rank. ``con``: a DuckDB connection to type container
-    kinds with (one is opened otherwise). Raises what verification raises; the files it wrote are then closed and
-    left for the caller to remove with ``root``."""
+    kinds with (one is opened otherwise). ``digests=False``: the files' entries without their SHA-256 (files that
+    no listing names: the query layer's private load). Raises what verification raises; the files it wrote are
+    then closed and left for the caller to remove with ``root``."""
     from trainledger.journal.audit.rundir import _ANCHOR_KINDS
     from trainledger.journal.errors import IntegrityError
     from trainledger.journal.query import _file_row, _rank_of, new_connection
@@ -418,7 +420,7 @@ def export_journal(path: str | os.PathLike, root: str | os.PathLike, *, lines: b
             raise SchemaError(f"{f}: {w.count} events exported where verification checked "
                               f"{row['trusted_last_seq'] + 1}", seq=None)
         receipt = receipt_of(row, lines=lines, exported=w.count)
-        files = w.close(receipt)
+        files = w.close(receipt, digests=digests)
     except BaseException:
         w.abandon()
         raise
