@@ -16,6 +16,8 @@ bytes it wrote (``/proc/self/io`` ``wchar``, the process itself; the workers wri
 - ``query cold``: ``trainledger.journal.query.connect`` (verify + load + views, no cache) and one aggregate, against
   the same DuckDB aggregate.
 - ``verify``: ``verify(workers=1)`` (one core), CPU per line, against ``sha256sum`` of the file per line.
+- ``export``: ``trainledger export parquet --lines``, against ``duckdb_copy``: DuckDB's ``COPY (SELECT ... FROM
+  read_ndjson(...)) TO ... (FORMAT parquet)`` of the same file.
 - ``monitor``: a process that drives ``TrainingHealthMonitor.observe_step`` for the size's steps into a journal;
   how much its resident memory grew from the first step to the last (after a collection), per step.
 
@@ -28,6 +30,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -98,6 +101,23 @@ elif mode == "verify_out":
     from trainledger.journal import load_public_key
     from trainledger.journal.parquet.check import verify_export
     extra["rows"] = verify_export(p[:-len(".jsonl")] + ".export", keys=[load_public_key(k)]).events
+elif mode == "export":
+    # export parquet --lines of the journal (a new folder each round, removed by run())
+    from trainledger.cli import main
+    out = p[:-len(".jsonl")] + ".export-bench"
+    assert main(["export", "parquet", p, out, "--lines", "--pubkey", k, "--no-progress"]) == 0
+    extra["rows"] = n
+elif mode == "duckdb_copy":
+    # the peer of export: DuckDB writing the step lines' columns to Parquet from read_ndjson
+    import duckdb
+    con = duckdb.connect()
+    con.execute("SET threads = 1")
+    con.execute("SET enable_progress_bar = false")
+    con.execute(f"COPY (SELECT * FROM read_ndjson('{p}', columns={{'kind': 'VARCHAR', 'step': 'BIGINT', "
+                "'loss': 'DOUBLE', 'grad_norm': 'DOUBLE', 'step_time_s': 'DOUBLE', 'tokens': 'BIGINT', "
+                "'seq': 'BIGINT', 'ts': 'BIGINT', 'h': 'VARCHAR'})) TO "
+                f"'{p[:-len('.jsonl')]}.copy-bench.parquet' (FORMAT parquet)")
+    extra["rows"] = n
 elif mode == "monitor":
     import gc
     from trainledger.journal import Journal, Signer
@@ -173,6 +193,8 @@ def run(mode: str, p: Path, k: Path, n: int) -> dict:
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     out = subprocess.run([sys.executable, "-c", RUNNER, mode, str(p), str(k), str(n)], capture_output=True, text=True,
                          env=env)
+    shutil.rmtree(p.with_suffix(".export-bench"), ignore_errors=True)  # export's and the peer's output, each round
+    p.with_suffix(".copy-bench.parquet").unlink(missing_ok=True)
     if out.returncode != 0:
         raise SystemExit(f"{mode} on {p.name}: exit {out.returncode}: {out.stderr[-1500:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -187,7 +209,7 @@ def main() -> int:
     ap.add_argument("--sizes", default="1e5,1e6,1e7")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--only", default="duckdb,replay,query,verify,sha256sum,openssl,query_cold,query_warm,"
-                                     "duckdb_parquet,verify_out,monitor",
+                                     "duckdb_parquet,verify_out,export,duckdb_copy,monitor",
                     help="the measures to run (comma-separated)")
     ap.add_argument("--out", metavar="FILE", help="also write the table here")
     a = ap.parse_args()
@@ -235,6 +257,17 @@ def main() -> int:
                 if m in r:
                     say(f"  {m}: {med(r[m], 'cpu') / duck:.1f}x DuckDB's CPU, peak RSS "
                         f"{max(x['rss_mb'] for x in r[m]):.0f} MiB vs DuckDB's {max(x['rss_mb'] for x in r['duckdb']):.0f}")
+            if "verify" in r:  # the targets: verification's cost plus the peer's own
+                v = med(r["verify"], "cpu")
+                for m, times in (("replay", 2.0), ("query_cold", 1.0)):
+                    if m in r:
+                        c = med(r[m], "cpu")
+                        say(f"  {m}: {c:.2f} s CPU vs verify {v:.2f} s + {times:g}x DuckDB's read {duck:.2f} s = "
+                            f"{v + times * duck:.2f} s ({c / (v + times * duck):.2f}x that)")
+        if "export" in r and "duckdb_copy" in r and "verify" in r:
+            e, c, v = med(r["export"], "cpu"), med(r["duckdb_copy"], "cpu"), med(r["verify"], "cpu")
+            say(f"  export parquet --lines: {e:.2f} s CPU vs verify {v:.2f} s + 1.5x DuckDB's COPY to Parquet {c:.2f} s"
+                f" = {v + 1.5 * c:.2f} s ({e / (v + 1.5 * c):.2f}x that)")
         if "verify" in r and "sha256sum" in r:
             lines_n = r["verify"][0]["rows"]  # every line of the file is an event
             v, s = med(r["verify"], "cpu") / lines_n * 1e6, med(r["sha256sum"], "cpu") / lines_n * 1e6

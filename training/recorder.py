@@ -53,8 +53,8 @@ from trainledger.training.checkpoints.state import (
     signed_history,
 )
 from trainledger.training.health.monitor import TrainingHealthMonitor
-from trainledger.training.integrations.hooks import check_folder, learn_run_key, open_run_journal, record_checkpoint, \
-    run_key_for_rank, signer_from
+from trainledger.training.integrations.hooks import StepBuffer, check_folder, learn_run_key, open_run_journal, \
+    record_checkpoint, run_key_for_rank, signer_from
 
 __all__ = ["Recorder", "check_checkpoint"]
 
@@ -121,12 +121,18 @@ class Recorder:
                  meta: dict[str, Any] | None = None, continue_from: str | os.PathLike | None = None,
                  release_key: str | os.PathLike | None = None, rank_keys: str | None = None,
                  fail_closed_after_s: float | None = None, compute_thresholds: dict[str, float] | None = None,
-                 carried_flops: float | None = None, device_kind: str | None = None):
+                 carried_flops: float | None = None, device_kind: str | None = None, batch: int | None = None):
         if (key is None) == (signer is None):
             raise UsageError("Recorder needs the run's signing key: key='path/to/trainledger.key' (or a pkcs11: URI, or "
                              "signer=)")
         if keep_last is not None and keep_last < 1:
             raise UsageError(f"keep_last must be at least 1, got {keep_last}")
+        if batch is not None and (isinstance(batch, bool) or not isinstance(batch, int) or batch < 1):
+            raise UsageError(f"batch must be a whole number of steps, at least 1, got {batch!r}")
+        #: batch > 1: step() queues its step and the monitor takes the queue every ``batch`` steps or 0.2 s
+        #: (:meth:`hand_over`), with warm caches, instead of one step at a time after each training step has cooled
+        #: them; every other method hands the queue over first, so the journal's order is the steps' own
+        self._queue = StepBuffer(batch, max_wait_s=0.2) if batch is not None and batch > 1 else None
         self.run = Path(run_dir)
         self.run.mkdir(parents=True, exist_ok=True)
         #: under torchrun, this process's place (rank, world size, the run identity every rank shares); else None
@@ -292,14 +298,33 @@ class Recorder:
         now = time.perf_counter()
         dt = now - self._t if step_time_s is None else step_time_s
         self._t = now
-        return self.monitor.observe_step(step, loss, grad_norm=grad_norm, step_time_s=dt, batch_size=batch_size,
-                                         tokens=tokens, lr=lr, batch_fingerprint=batch_fingerprint)
+        q = self._queue
+        if q is None:
+            return self.monitor.observe_step(step, loss, grad_norm=grad_norm, step_time_s=dt, batch_size=batch_size,
+                                             tokens=tokens, lr=lr, batch_fingerprint=batch_fingerprint)
+        if q.add(step, loss, grad_norm, {"step_time_s": dt, "batch_size": batch_size, "tokens": tokens, "lr": lr,
+                                         "batch_fingerprint": batch_fingerprint}):
+            return self.hand_over()
+        return []
+
+    def hand_over(self) -> list[Any]:
+        """With ``batch``: hand the queued steps to the monitor now, in order; returns their anomalies (each names
+        its step). Every other method of the Recorder does this first; call it before appending events of your own
+        to ``rec.journal``, so that they follow the steps before them. Without ``batch``: nothing queued, []."""
+        q = self._queue
+        if q is None or not q.pending:
+            return []
+        found: list[Any] = []
+        for step, loss, gn, fields in q.drain():
+            found += self.monitor.observe_step(step, loss, grad_norm=gn, **fields)
+        return found
 
     def checkpoint(self, step: int, *, data_state: Any = None, tokens: int = 0) -> CheckpointSaved:
         """Save the full training state after step ``step`` (the last step completed) and record it, durably.
 
         A checkpoint path the journal already recorded, whose file is still there (a run that re-saves right
         after resuming), is written beside it (``step-000000099-1.pt``), never over bytes a record names."""
+        self.hand_over()
         ev = save_checkpoint(self.run, self.journal, step=step, model=self.model, optimizer=self.optimizer,
                              scheduler=self.scheduler, scaler=self.scaler, sampler=self.data, tokens=tokens,
                              data_state=data_state, extra={"monitor": self.monitor.state()},
@@ -316,6 +341,7 @@ class Recorder:
         """Under torchrun, with the process group initialized: anchor every rank's journal to the others (one small
         collective: call it on every rank at the same point; :meth:`checkpoint` and :meth:`close` do). Returns
         ``{rank: "SEQ:HASH"}``; None in a single process, or before ``init_process_group``."""
+        self.hand_over()
         if self.rank_info is None or not _grouped():
             return None
         from trainledger.training.distributed.ranks import anchor_ranks
@@ -331,6 +357,7 @@ class Recorder:
         over at the resume."""
         from trainledger.journal.kinds import CheckpointDeleted
 
+        self.hand_over()
         p = Path(path)
         if not p.resolve().is_relative_to(self.run.resolve()):
             raise UsageError(f"{p}: a checkpoint outside the run folder {self.run}: save it inside")
@@ -354,6 +381,7 @@ class Recorder:
         (its digest, and the run its provenance names)."""
         from trainledger.journal.release.export import base_of, checkpoint_of, record_export
 
+        self.hand_over()
         step = self.monitor.last_step if step is None else step
         lineage = None
         if base_model is not None:
@@ -366,15 +394,18 @@ class Recorder:
     def check_checkpoint(self, path: str | os.PathLike) -> CheckpointSaved:
         """Before loading a checkpoint your own code wrote: check it against its signed record and record the
         verdict (``run_resumed``; or ``resume_rejected`` and :class:`ResumeRejected`). Returns the record."""
+        self.hand_over()
         rec = check_folder(self.journal, self.run, Path(path))
         self.monitor.observe_resume(rec.step, checkpoint=rec.path, append=False)
         return rec
 
     def report(self) -> dict[str, Any]:
+        self.hand_over()
         return self.monitor.report()
 
     def close(self, status: str = "completed", reason: str | None = None) -> dict[str, Any]:
         """Close the journal (sealed, durable); returns the monitor's report."""
+        self.hand_over()
         report = self.monitor.report()
         record_compute(self.journal)
         if self.rank_info is not None and status == "completed":
@@ -400,6 +431,10 @@ class Recorder:
         # stays open for the resume.
         from trainledger.journal.kinds import RunStopped
 
+        try:
+            self.hand_over()  # the steps queued before the crash (batch) happened before it
+        except Exception:  # noqa: BLE001 - a journal that refuses them refuses the record below too, and says why
+            pass
         try:
             self.journal.append(RunStopped(rule="exception", reason=f"{exc_type.__name__}: {exc}"[:500]),
                                 durable=True)

@@ -249,3 +249,44 @@ def test_a_continued_run_carries_its_predecessors_compute_and_the_statement_link
     with pytest.raises(IntegrityError, match="the run it continues"):
         check_statement(json.dumps(st).encode(), [pubkey])
     assert compute_statement([tmp_path / "b"], [pubkey])["findings"][0].endswith("a gap (its compute is missing)")
+
+
+def test_batched_steps_record_what_one_at_a_time_records_in_the_steps_order(tmp_path, signer, pubkey):
+    """``batch``: the steps are queued and handed to the monitor in batches; the journal holds the same steps, in
+    the same order among the checkpoints, the monitor reports the same, every anomaly is returned (by the call that
+    handed its step over), and a crash hands the queue over before it is recorded."""
+    from trainledger.audit import replay
+
+    def run(folder, batch, crash_at=None):
+        model, opt, data = _setup()
+        found = []
+        with Recorder(folder, signer=signer, model=model, optimizer=opt, batch=batch) as rec:
+            for step in range(40):
+                loss = 1.0 / (step + 1) + (50.0 if step == 25 else 0.0)  # a spike at step 25
+                found += rec.step(step, loss, step_time_s=0.01, tokens=64)
+                if (step + 1) % 16 == 0:
+                    rec.checkpoint(step)
+                if step == crash_at:
+                    raise KeyboardInterrupt
+            report = rec.report()
+        return found, report
+
+    one, r1 = run(tmp_path / "one", None)
+    many, r8 = run(tmp_path / "many", 8)
+    assert [(a.kind, a.step) for a in many] == [(a.kind, a.step) for a in one] and one
+    assert {k: v for k, v in r8.items() if "time" not in k} == {k: v for k, v in r1.items() if "time" not in k}
+    def order(p):
+        return [(t, getattr(e, "step", None)) for e, t in zip(read_events(p), _tags(p))
+                if t in ("step_observed", "checkpoint_saved", "anomaly_detected")]
+    assert order(tmp_path / "many" / "journal.jsonl") == order(tmp_path / "one" / "journal.jsonl")
+    for d in ("one", "many"):
+        assert replay(tmp_path / d / "journal.jsonl", keys=[pubkey]).ok
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path / "crash", 8, crash_at=20)
+    steps = [e.step for e, t in zip(read_events(tmp_path / "crash" / "journal.jsonl"),
+                                    _tags(tmp_path / "crash" / "journal.jsonl")) if t == "step_observed"]
+    assert steps == list(range(21))  # the queue (steps 16-20) handed over before the crash was recorded
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(Exception, match="batch must be"):
+            Recorder(tmp_path / "bad", signer=signer, model=torch.nn.Linear(1, 1),
+                     optimizer=torch.optim.SGD(torch.nn.Linear(1, 1).parameters(), lr=0.1), batch=bad)
