@@ -907,6 +907,88 @@ def lines_of(block: bytes) -> list[bytes]:
     return lines
 
 
+class Lines:
+    """Lines of read blocks, each where it was read (no bytes object a line): segments ``(block, ends, i, j)``,
+    lines ``i`` to ``j - 1`` of a block whose newlines are at ``ends`` (uint32 offsets, as the block scanner found
+    them), or ``(None, lines, 0, n)`` for lines already split. What :func:`scan_consuming` hands on with its
+    events (``with_lines``): ``len()``, ``[i:j]`` (a list of bytes), :meth:`take` of the first ones, and
+    :meth:`binary` (one Arrow column of them all, built from the blocks)."""
+
+    __slots__ = ("segs", "n")
+
+    def __init__(self, segs: list[tuple[Any, Any, int, int]] | None = None):
+        self.segs = segs if segs is not None else []
+        self.n = sum(j - i for _, _, i, j in self.segs)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def extend(self, other: Lines | list[bytes]) -> None:
+        if isinstance(other, Lines):
+            self.segs += other.segs
+            self.n += other.n
+        elif other:
+            self.segs.append((None, list(other), 0, len(other)))
+            self.n += len(other)
+
+    def take(self, k: int) -> Lines:
+        """The first ``k`` lines, taken out of these."""
+        out, segs = [], self.segs
+        while k > 0 and segs:
+            block, ends, i, j = segs[0]
+            if j - i <= k:
+                out.append(segs.pop(0))
+                k -= j - i
+                self.n -= j - i
+            else:
+                out.append((block, ends, i, i + k))
+                segs[0] = (block, ends, i + k, j)
+                self.n -= k
+                k = 0
+        return Lines(out)
+
+    def __getitem__(self, sl: slice) -> list[bytes]:
+        start, stop, _ = sl.indices(self.n)
+        got: list[bytes] = []
+        at = 0
+        for block, ends, i, j in self.segs:
+            a, b = max(start - at, 0) + i, min(stop - at, j - i) + i
+            if a < b:
+                if block is None:
+                    got += ends[a:b]
+                else:
+                    got += [block[(ends[x - 1] + 1 if x else 0):ends[x]] for x in range(a, b)]
+            at += j - i
+            if at >= stop:
+                break
+        return got
+
+    def binary(self, pa: Any) -> tuple[Any, bool]:
+        """Every line as one Arrow binary column (its bytes copied once, its newlines left out), and whether they
+        are all ASCII."""
+        import numpy as np
+
+        datas, lens = [], []
+        for block, ends, i, j in self.segs:
+            if block is None:
+                datas.append(b"".join(ends[i:j]))
+                lens.append(np.fromiter(map(len, ends[i:j]), dtype=np.int64, count=j - i))
+                continue
+            e = np.frombuffer(ends, dtype=np.uint32).astype(np.int64)
+            starts = np.concatenate(([0], e[:-1] + 1))[i:j]
+            stops = e[i:j]
+            lo, hi = int(starts[0]), int(stops[-1])
+            buf = np.frombuffer(block, dtype=np.uint8, count=hi - lo, offset=lo)
+            datas.append(np.delete(buf, stops[:-1] - lo).tobytes())  # the newlines between them
+            lens.append(stops - starts)
+        data = b"".join(datas)
+        offsets = np.zeros(self.n + 1, dtype=np.int64)
+        if self.n:
+            np.cumsum(np.concatenate(lens), out=offsets[1:])
+        arr = pa.Array.from_buffers(pa.large_binary(), self.n, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+        return arr, data.isascii()
+
+
 class Appended:
     """What a file gained since the last read, as blocks of complete lines (a torn last line waits for its newline):
     for a reader that follows a journal as it is written (``watch``, ``serve``). It remembers where it stopped and
@@ -999,17 +1081,23 @@ def scan_consuming(path: str, size: int, ctx: ScanContext, consume: Callable[...
     ``consume`` (a list at a time, in order) from the same bytes: nothing is read twice and nothing unchecked is
     used, so a file changed under the reader is caught as it would be by verify. ``signed``: an event is handed on
     only once a seal that covers it has checked out (events after the last seal never are); otherwise as soon as
-    its line has. ``with_lines``: ``consume(events, lines)``, each event's line beside it (its exact bytes, no
+    its line has. ``with_lines``: ``consume(events, lines)`` (a :class:`Lines`), each event's line beside it (its exact bytes, no
     newline). Errors are returned in ``result.error``; what ``consume`` raises propagates (the caller throws
     away what it folded, as it does when the result carries an error)."""
     pending: list[Any] = []
-    pending_lines: list[bytes] = []
+    pending_lines = Lines()
 
     def each(block: bytes, recs: Any, off: int, res: RangeResult) -> None:
+        ends = None
         if type(recs) is _StepLines:  # verify's fast path checked the step lines in C: decode the block once
+            ends = recs.ends_b  # where the block scanner found its newlines
             recs = recs.records()
         if with_lines:
-            lines = lines_of(block)
+            if ends is not None:
+                lines = Lines([(block, memoryview(ends).cast("I"), 0, len(ends) // 4)])
+            else:
+                split = lines_of(block)
+                lines = Lines([(None, split, 0, len(split))])
             if len(lines) != len(recs):  # pragma: no cover - a block is whole lines, one event each
                 raise AssertionError(f"{path}: {len(lines)} lines, {len(recs)} events in one block")
             if not signed:
@@ -1019,9 +1107,7 @@ def scan_consuming(path: str, size: int, ctx: ScanContext, consume: Callable[...
                 pending_lines.extend(lines)
                 ready = signed_prefix(pending, res)
                 if ready:
-                    taken = pending_lines[:len(ready)]
-                    del pending_lines[:len(ready)]
-                    consume(ready, taken)
+                    consume(ready, pending_lines.take(len(ready)))
         elif not signed:
             consume(recs)
         else:

@@ -47,6 +47,7 @@ from typing import Any
 from trainledger.journal.accel import fast as _fast
 from trainledger.journal.errors import JournalIOError, SchemaError, UsageError
 from trainledger.journal.paths import file_sha256
+from trainledger.journal.scan import Lines
 from trainledger.journal.trust import TrustPolicy
 
 __all__ = ["EXPORT_FORMAT", "LISTING", "RECEIPT_KEY", "ExportReport", "JournalExport", "arrow_column", "export_journal",
@@ -204,7 +205,7 @@ class _JournalWriter:
         self.root, self.sub, self.run_id, self.rank, self.lines = root, sub, run_id, rank, lines
         self.specs, self.con = specs, con
         self.recs: list[Any] = []
-        self.raw: list[bytes] = []
+        self.raw: Any = Lines()
         self.writers: dict[str, tuple[Any, Path]] = {}
         self.rows: dict[str, int] = {}
         self.count = 0
@@ -216,7 +217,7 @@ class _JournalWriter:
                                        + [("seq", pa.int64()), ("kind", pa.string()), ("ts", pa.int64()),
                                           ("h", pa.string())] + ([("line", pa.string())] if lines else []))
 
-    def __call__(self, recs: list[Any], raw: list[bytes]) -> None:
+    def __call__(self, recs: list[Any], raw: Any) -> None:
         self.recs.extend(recs)
         self.raw.extend(raw)
         if len(self.recs) >= ROW_GROUP:
@@ -252,7 +253,7 @@ class _JournalWriter:
         from trainledger.journal.audit.replay import type_run
 
         recs, raw = self.recs, self.raw
-        self.recs, self.raw = [], []
+        self.recs, self.raw = [], Lines()
         n = len(recs)
         if not n and "events" in self.writers:
             return
@@ -298,10 +299,16 @@ class _JournalWriter:
             names.append(name)
         return pa.Table.from_arrays(arrays, names=names)
 
-    def _text(self, raw: list[bytes]) -> Any:
-        """Lines as a string column: ASCII ones (nearly all) as they are, others checked as UTF-8 by the cast."""
-        arr = self.pa.array(raw, self.pa.binary())
-        return arr.view(self.pa.string()) if all(map(bytes.isascii, raw)) else arr.cast(self.pa.string())
+    def _text(self, raw: Any) -> Any:
+        """Lines (a list of bytes, or :class:`~trainledger.journal.scan.Lines` where they were read) as a string
+        column: ASCII ones (nearly all) as they are, others checked as UTF-8 by the cast."""
+        pa = self.pa
+        if isinstance(raw, Lines):
+            arr, ascii_only = raw.binary(pa)
+            return arr.view(pa.large_string()).cast(pa.string()) if ascii_only else \
+                arr.cast(pa.large_string()).cast(pa.string())
+        arr = pa.array(raw, pa.binary())
+        return arr.view(pa.string()) if all(map(bytes.isascii, raw)) else arr.cast(pa.string())
 
     def _by_sql(self, spec: _Typed, group: list[Any], raw: list[bytes]) -> Any:
         pa = self.pa
