@@ -3,6 +3,7 @@
 steps, each beside its peer in the same run.
 
     .venv/bin/python tools/bench_scale.py [--sizes 1e5,1e6,1e7] [--rounds 3] [--out docs/bench/scale.txt]
+    .venv/bin/python tools/bench_scale.py --compare ../before --only verify,replay   # an A/B against another commit
 
 For each size one signed journal is written through the health monitor (the training loop's own calls: a step's
 loss, grad norm, step time and tokens, seals every 1,000 events), then every measure runs as a whole fresh process,
@@ -138,6 +139,7 @@ elif mode == "monitor":
     extra["rows"] = n
 wall = time.perf_counter() - t0
 me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+extra["code"] = getattr(sys.modules.get("trainledger.journal"), "__file__", None)  # which checkout ran (no import)
 hwm = int(re.search(r"VmHWM:\s+(\d+)", open("/proc/self/status").read()).group(1))
 wchar = int(re.search(r"wchar:\s+(\d+)", open("/proc/self/io").read()).group(1))
 print(json.dumps({"wall": wall, "cpu": me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime,
@@ -163,10 +165,12 @@ def write_journal(path: Path, n: int) -> tuple[Path, object]:
     return k, m
 
 
-def prepare(mode: str, p: Path, k: Path) -> None:
+def prepare(mode: str, p: Path, k: Path, path: Path | None = None) -> None:
     """What a measure reads that is not the journal, made once, unmeasured: the cold query a warm one follows, the
     Parquet copy of the steps DuckDB reads, the export verify OUT checks."""
     env = dict(os.environ, TRAINLEDGER_CACHE_DIR=str(p.parent / "cache"))
+    if path is not None:  # the cold query a warm one follows, made by the code measured (--compare)
+        env.update(PYTHONPATH=str(path), TRAINLEDGER_CACHE_DIR=str(p.parent / "cache-compare"))
     env.pop("PYTHONDONTWRITEBYTECODE", None)  # as run() measures: bytecode cached
     tl = str(Path(sys.executable).with_name("trainledger"))
     if mode == "query_warm":
@@ -185,19 +189,41 @@ def prepare(mode: str, p: Path, k: Path) -> None:
                         str(k), "--no-progress"], check=True, capture_output=True)
 
 
-def run(mode: str, p: Path, k: Path, n: int) -> dict:
-    prepare(mode, p, k)
+def package_view(tree: Path, where: Path) -> Path:
+    """A folder to put first on PYTHONPATH so that ``import trainledger`` is the checkout ``tree``'s code (its
+    accelerator built there, as ``setup.py build_ext --inplace`` builds it): ``trainledger/`` with the project's
+    folders linked in as the installed layout has them."""
+    pkg = where / "trainledger"
+    pkg.mkdir(parents=True)
+    for item in (tree / "trainledger").iterdir():
+        if item.name != "__pycache__":
+            (pkg / item.name).symlink_to(item)
+    for name in ("journal", "training", "ladder"):
+        (pkg / name).symlink_to(tree / name)
+    return where
+
+
+def run(mode: str, p: Path, k: Path, n: int, path: Path | None = None) -> dict:
+    prepare(mode, p, k, path)
     env = dict(os.environ, TRAINLEDGER_CACHE_DIR=str(p.parent / "cache"), OPENBLAS_NUM_THREADS="1")
+    if path is not None:  # another checkout's code (--compare): its cache kept apart
+        env.update(PYTHONPATH=str(path), TRAINLEDGER_CACHE_DIR=str(p.parent / "cache-compare"))
     # as on a user's machine: the modules' bytecode cached (a shell that sets PYTHONDONTWRITEBYTECODE would make
     # every measured process compile trainledger's sources again, tens of milliseconds the peers never pay)
     env.pop("PYTHONDONTWRITEBYTECODE", None)
+    # run from the journal's folder: ``python -c`` puts its working folder first on sys.path, and this checkout's
+    # trainledger/ there would shadow the code --compare measures
     out = subprocess.run([sys.executable, "-c", RUNNER, mode, str(p), str(k), str(n)], capture_output=True, text=True,
-                         env=env)
+                         env=env, cwd=p.parent)
     shutil.rmtree(p.with_suffix(".export-bench"), ignore_errors=True)  # export's and the peer's output, each round
     p.with_suffix(".copy-bench.parquet").unlink(missing_ok=True)
     if out.returncode != 0:
         raise SystemExit(f"{mode} on {p.name}: exit {out.returncode}: {out.stderr[-1500:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    code = got.get("code")
+    if code is not None and (path is not None) != code.startswith(str(path)):
+        raise SystemExit(f"{mode}: measured {code}, not the code asked for")
+    return got
 
 
 def med(rs: list[dict], key: str) -> float:
@@ -212,6 +238,9 @@ def main() -> int:
                                      "duckdb_parquet,verify_out,export,duckdb_copy,monitor",
                     help="the measures to run (comma-separated)")
     ap.add_argument("--out", metavar="FILE", help="also write the table here")
+    ap.add_argument("--compare", metavar="DIR", help="also measure a checkout's code (another commit: git worktree "
+                    "add DIR REV, then its accelerator built there with setup.py build_ext --inplace), each measure "
+                    "alternated with this checkout's in every round: rows named MODE@DIR")
     a = ap.parse_args()
     sizes = [int(float(x)) for x in a.sizes.split(",")]
     modes = [m for m in a.only.split(",") if m]
@@ -226,18 +255,30 @@ def main() -> int:
     results: dict[int, dict[str, list[dict]]] = {}
     meta: dict[int, dict] = {}
     with tempfile.TemporaryDirectory(prefix="tl-scale-") as tmp:
+        other = package_view(Path(a.compare).resolve(), Path(tmp) / "compare") if a.compare else None
+        tag = f"@{Path(a.compare).name}" if a.compare else ""
         for n in sizes:
             p = Path(tmp) / f"j{n}.jsonl"
             t = time.perf_counter()
             k, _ = write_journal(p, n)
             meta[n] = {"bytes": p.stat().st_size, "write_s": time.perf_counter() - t}
             results[n] = {m: [] for m in modes}
-            for _ in range(a.rounds):
+            if other is not None:
+                results[n].update({m + tag: [] for m in modes})
+            for rnd in range(a.rounds):
                 for m in modes:
                     target = Path(tmp) / "monitor.jsonl" if m == "monitor" else p
-                    results[n][m].append(run(m, target, k, n))
-                    if m == "monitor":
-                        target.unlink(missing_ok=True)
+                    pair = [(m, None), (m + tag, other)] if other is not None else [(m, None)]
+                    # which goes first alternates round by round: the first after a measure that wrote hundreds of
+                    # MiB reads the journal with colder caches
+                    for key, path in pair if rnd % 2 == 0 else pair[::-1]:
+                        if path is not None and m in ("duckdb", "duckdb_parquet", "duckdb_copy", "sha256sum",
+                                                      "openssl"):
+                            continue  # the peers are the same either way
+                        results[n][key].append(run(m, target, k, n, path))
+                        if m == "monitor":
+                            target.unlink(missing_ok=True)
+            results[n] = {m: r for m, r in results[n].items() if r}
             p.unlink()
     load1 = os.getloadavg()
     say(f"tools/bench_scale.py --sizes {a.sizes} --rounds {a.rounds}: {time.perf_counter() - t_start:.0f} s; "
@@ -247,8 +288,7 @@ def main() -> int:
         r = results[n]
         say(f"\n{n:,} steps: {meta[n]['bytes'] / 2**20:,.0f} MiB journal (written in {meta[n]['write_s']:.1f} s)")
         say(f"  {'measure':<26} {'CPU s':>9} {'wall s':>9} {'peak RSS MiB':>13} {'MiB written':>12}")
-        for m in modes:
-            rs = r[m]
+        for m, rs in r.items():
             say(f"  {m:<26} {med(rs, 'cpu'):>9.2f} {med(rs, 'wall'):>9.2f} {max(x['rss_mb'] for x in rs):>13.0f} "
                 f"{med(rs, 'wchar') / 2**20:>12.1f}")
         if "duckdb" in r:
