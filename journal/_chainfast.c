@@ -1408,6 +1408,20 @@ static Py_ssize_t bisect_floats(PyObject *s, double v, int right)
     return lo;
 }
 
+/* The median of sorted list s of n > 0 floats (as training/health/detectors.py's _sorted_median computes it); 0 when
+ * an item read is not a float. */
+static int sorted_median(PyObject *s, Py_ssize_t n, double *med)
+{
+    Py_ssize_t h = n >> 1;
+    double a, b;
+    if (n & 1)
+        return float_at(s, h, med);
+    if (!float_at(s, h - 1, &a) || !float_at(s, h, &b))
+        return 0;
+    *med = 0.5 * (a + b);
+    return 1;
+}
+
 /* The common step, in two halves: baseline_plan reads (and changes nothing): 1 with where x goes in sorted (*at)
  * and where the value leaving the window comes out (*out, -1 when none), or 0 for "the caller scores x the long
  * way" (warm, above the median, and the MAD possibly below (x - median) * inv_scale: the count of values within
@@ -1418,18 +1432,10 @@ static int baseline_plan(PyObject *s, PyObject *values, double x, Py_ssize_t min
 {
     Py_ssize_t n = PyList_GET_SIZE(s);
     if (n >= min_periods) {
-        if (n == 0)
-            return 0;
         Py_ssize_t h = n >> 1;
-        double a, b, med;
-        if (n & 1) {
-            if (!float_at(s, h, &med))
-                return 0;
-        } else {
-            if (!float_at(s, h - 1, &a) || !float_at(s, h, &b))
-                return 0;
-            med = 0.5 * (a + b);
-        }
+        double med;
+        if (n == 0 || !sorted_median(s, n, &med))
+            return 0;
         if (x > med) {
             double d = (x - med) * inv_scale;
             Py_ssize_t hi = bisect_floats(s, nextafter(med + d, INFINITY), 0);
@@ -1620,19 +1626,9 @@ static int kth_deviation(PyObject *s, double m, Py_ssize_t k, double *out)
 static int range_plain(const detector *d, double x)
 {
     PyObject *s = d->sorted;
-    Py_ssize_t n = PyList_GET_SIZE(s), h = n >> 1;
+    Py_ssize_t n = PyList_GET_SIZE(s);
     double med, top, mad, a, b, z;
-    if (!d->rule || n == 0)
-        return 0;
-    if (n & 1) {
-        if (!float_at(s, h, &med))
-            return 0;
-    } else {
-        if (!float_at(s, h - 1, &a) || !float_at(s, h, &b))
-            return 0;
-        med = 0.5 * (a + b);
-    }
-    if (!float_at(s, n - 1, &top))
+    if (!d->rule || n == 0 || !sorted_median(s, n, &med) || !float_at(s, n - 1, &top))
         return 0;
     if (n % 2) {
         if (!kth_deviation(s, med, n / 2, &mad))

@@ -59,8 +59,19 @@ DEFAULT_FLUSH_INTERVAL_S = 1.0
 _FLUSH_BYTES = 1 << 20
 
 _link = _accel.link
-#: the accelerator's whole append of one line (format, chain hash, hex, into the buffer), or None
-_chain_append = getattr(_accel.fast, "chain_append", None)
+
+
+def _chain_lines(buf: bytearray, body: bytes, prev: bytes, seq: int, ts: int) -> tuple[bytes, bytes]:
+    """One line of the chain onto the end of ``buf``: ``body`` (an encoded event) with its seq, ts and hash; returns
+    the hash and its hex (the accelerator's ``chain_append`` where it is built: the same bytes in one call)."""
+    prefix = b'%b,"seq":%d,"ts":%d' % (body[:-1], seq, ts)
+    d = _link(prev, prefix)
+    hx = _hexlify(d)
+    buf += b'%b,"h":"%b"}\n' % (prefix, hx)
+    return d, hx
+
+
+_chain = getattr(_accel.fast, "chain_append", None) or _chain_lines
 _encode_event = codec.encode_event
 _encoders: dict[type, Any] = {}  # event class -> its canonical encoder
 
@@ -408,13 +419,7 @@ class Journal:
             # The hot path: _write_locked inlined (a method call is a tenth of the budget).
             seq = self._seq
             ts = _now()
-            if _chain_append is not None:
-                d, hx = _chain_append(self._buf, body, self._prev, seq, ts)
-            else:
-                prefix = b'%b,"seq":%d,"ts":%d' % (body[:-1], seq, ts)
-                d = _link(self._prev, prefix)
-                hx = _hexlify(d)
-                self._buf += b'%b,"h":"%b"}\n' % (prefix, hx)
+            d, hx = _chain(self._buf, body, self._prev, seq, ts)
             self._seq = seq + 1
             self._prev = d
             self._last_hash_hex = hx
@@ -503,13 +508,7 @@ class Journal:
         seq = self._seq
         if ts is None:
             ts = _now()
-        if _chain_append is not None:
-            d, hx = _chain_append(self._buf, body, self._prev, seq, ts)
-        else:
-            prefix = b'%b,"seq":%d,"ts":%d' % (body[:-1], seq, ts)
-            d = _link(self._prev, prefix)
-            hx = _hexlify(d)
-            self._buf += b'%b,"h":"%b"}\n' % (prefix, hx)
+        d, hx = _chain(self._buf, body, self._prev, seq, ts)
         self._seq = seq + 1
         self._prev = d
         self._last_hash_hex = hx
