@@ -595,8 +595,18 @@ static Py_ssize_t json_number(const char *p, const char *end)
 static const long double POW10L[22] = {1e0L,  1e1L,  1e2L,  1e3L,  1e4L,  1e5L,  1e6L,  1e7L,  1e8L,  1e9L,  1e10L,
                                        1e11L, 1e12L, 1e13L, 1e14L, 1e15L, 1e16L, 1e17L, 1e18L, 1e19L, 1e20L, 1e21L};
 
+/* Whether long double arithmetic runs at its full 64 bits now: the x87 unit's precision can be lowered at run time
+ * (fesetprec, a library's control word), and the proof below holds only at 64. */
+static int x87_extended(void)
+{
+    volatile long double one = 1.0L, tiny = 0x1p-60L;
+    return one + tiny != one;
+}
+
 static int long_digits_proven(uint64_t m, int k, double *out)
 {
+    if (!x87_extended())
+        return 0; /* left to msgspec */
     long double q = (long double)m / POW10L[k]; /* M / 10^k rounded once, to 64 bits */
     double x = (double)q;                          /* and to 53: right unless q fell on a midpoint of doubles */
     uint64_t bits, hb;
