@@ -9,7 +9,9 @@ from __future__ import annotations
 import array
 import importlib
 import math
+import platform
 import random
+import sys
 import typing
 from pathlib import Path
 
@@ -391,3 +393,30 @@ def test_the_proof_settles_most_of_a_real_runs_numbers():
     got = proven(tokens)
     assert all(map(_canonical, tokens)) and len(got) == len(tokens)
     assert sum(got) >= 0.9 * len(tokens), sum(got)
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64") or sys.platform != "linux",
+                    reason="the x87 control word of Linux on x86-64")
+def test_a_lowered_x87_precision_leaves_long_numbers_to_msgspec():
+    """The proof of 16- and 17-digit numbers needs long double at its 64 bits; a process whose x87 precision was
+    lowered (a library's control word) gets them decided by msgspec instead, and the same verdicts."""
+    import ctypes
+    import ctypes.util
+    import struct
+
+    libm = ctypes.CDLL(ctypes.util.find_library("m"))
+    env = ctypes.create_string_buffer(64)
+    assert libm.fegetenv(env) == 0
+    low = bytearray(env.raw)
+    struct.pack_into("<H", low, 0, (struct.unpack_from("<H", env.raw, 0)[0] & ~0x300) | 0x200)  # 53-bit precision
+    tokens = [b"2.6397488227399335", b"0.8522593720794641", b"0.25", b"1.5", b"2.63974882273993"]
+    assert proven(tokens) == [True] * 5
+    assert libm.fesetenv(ctypes.create_string_buffer(bytes(low), 64)) == 0
+    try:
+        assert proven(tokens) == [False, False, True, True, True]
+        block = b"".join(_FULL.replace(b'"loss":2.5', b'"loss":' + t, 1) + b"\n" for t in tokens)
+        got = scan._step_numbers(block, _ends(block))
+        assert got is not None and got[0] == b"\x01" * 5
+    finally:
+        assert libm.fesetenv(env) == 0
+    assert proven(tokens) == [True] * 5
