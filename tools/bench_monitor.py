@@ -79,6 +79,23 @@ def python_detector_step(on: bool) -> None:
     health._baseline_step = None if on else getattr(_accel.fast, "baseline_step", None)
 
 
+def train_step(model, opt) -> tuple[float, float, float]:
+    """One step of the tiny LM on a random batch: its loss, grad norm and time (the loop every in-loop figure times
+    its call inside)."""
+    import torch
+
+    x = torch.randint(0, 64, (8, 32))
+    y = torch.roll(x, -1, 1)
+    t0 = time.perf_counter()
+    loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
+    opt.zero_grad()
+    loss.backward()
+    gn = torch.nn.utils.clip_grad_norm_(model.parameters(), 1e9)
+    opt.step()
+    lf, gf = loss.item(), float(gn)  # host syncs (free on the CPU)
+    return lf, gf, time.perf_counter() - t0
+
+
 def bench_in_loop(tmp: Path, steps: int, with_journal: bool, seed: int, python_step: bool = False,
                   batch: int = 0, spike_rule: str | None = "default") -> dict:
     """Median, p90 and mean of observe_step alone inside a real training loop (µs), the first 50 steps left out.
@@ -100,16 +117,7 @@ def bench_in_loop(tmp: Path, steps: int, with_journal: bool, seed: int, python_s
     python_detector_step(python_step)
     buf = StepBuffer(batch, max_wait_s=3600) if batch else None  # batches by count alone: the same every run
     for step in range(steps):
-        x = torch.randint(0, 64, (8, 32))
-        y = torch.roll(x, -1, 1)
-        t0 = time.perf_counter()
-        loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
-        opt.zero_grad()
-        loss.backward()
-        gn = torch.nn.utils.clip_grad_norm_(model.parameters(), 1e9)
-        opt.step()
-        lf, gf = loss.item(), float(gn)  # host syncs (free on the CPU)
-        dt = time.perf_counter() - t0
+        lf, gf, dt = train_step(model, opt)
         t = pc()
         if buf is None:
             mon.observe_step(step, lf, grad_norm=gf, step_time_s=dt, batch_size=8, tokens=256, lr=1e-3)
@@ -138,16 +146,7 @@ def bench_recorder_in_loop(tmp: Path, steps: int, seed: int, batch: int | None =
     with Recorder(tmp / f"rec-{time.time_ns()}", signer=Signer.generate(), model=model, optimizer=opt,
                   batch=batch) as rec:
         for step in range(steps):
-            x = torch.randint(0, 64, (8, 32))
-            y = torch.roll(x, -1, 1)
-            t0 = time.perf_counter()
-            loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
-            opt.zero_grad()
-            loss.backward()
-            gn = torch.nn.utils.clip_grad_norm_(model.parameters(), 1e9)
-            opt.step()
-            lf, gf = loss.item(), float(gn)
-            dt = time.perf_counter() - t0
+            lf, gf, dt = train_step(model, opt)
             t = pc()
             rec.step(step, lf, grad_norm=gf, step_time_s=dt, tokens=256, lr=1e-3)
             samples.append(pc() - t)
