@@ -288,13 +288,9 @@ def _scalar_spec(cls: type, fields: Any) -> tuple[Any, bytes, bytes] | None:
     default, so it is left out of the line): the accelerator's ``encode_scalars`` and the offsets and kinds its
     check reads, which settle what the strict decode of the writer's check would (``step_observed``'s fields are
     all such). None for any other class, or without the accelerator."""
-    try:
-        from trainledger.journal import _chainfast as fast
-    except ImportError:
-        return None
-    import os
+    from trainledger.journal.accel import fast  # None without it, or with TRAINLEDGER_NO_ACCEL
 
-    if os.environ.get("TRAINLEDGER_NO_ACCEL") or not hasattr(fast, "encode_scalars"):
+    if fast is None or not hasattr(fast, "encode_scalars"):
         return None
     ti = msgspec.inspect
     kinds = []

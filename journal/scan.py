@@ -305,12 +305,15 @@ class Scanner:
         done = self._settle(block, offset, recs, list(map(type, recs)), ends_b, last, leaves)
         return done if done is not None else self.feed(lines_of(block), offset)
 
-    def _step_block(self, block: bytes, ends_b: bytes) -> tuple[Any, list[type]] | None:
+    def _step_block(self, block: bytes, ends_b: bytes
+                    ) -> tuple[_StepLines, list[type], dict[type, int], list[int]] | None:
         """verify's way through a block (``steps_unread``: its records are not handed on): its step_observed lines
         held to their canonical form in C without decoding them, their numbers' spelling proven there too where it
         can be (``number_proven``: fixed notation, up to 17 digits; their values read there when the records may
         be asked for: ``numbers_kept``), the rest by one msgspec decode and re-encode of them; its other lines
-        decoded and re-encoded as :func:`codec.decode_block` does. ``None`` sends the block the ordinary way."""
+        decoded and re-encoded as :func:`codec.decode_block` does. Returns the block's records, their types, how
+        many of each (:meth:`_settle`'s ``counts``) and where its seals and late signatures are (``marks``);
+        ``None`` sends the block the ordinary way."""
         if self.numbers_kept:
             got = _step_numbers(block, ends_b)
             if got is None:

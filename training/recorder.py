@@ -312,12 +312,7 @@ class Recorder:
         its step). Every other method of the Recorder does this first; call it before appending events of your own
         to ``rec.journal``, so that they follow the steps before them. Without ``batch``: nothing queued, []."""
         q = self._queue
-        if q is None or not q.pending:
-            return []
-        found: list[Any] = []
-        for step, loss, gn, fields in q.drain():
-            found += self.monitor.observe_step(step, loss, grad_norm=gn, **fields)
-        return found
+        return q.hand_over(self.monitor) if q is not None and q.pending else []
 
     def checkpoint(self, step: int, *, data_state: Any = None, tokens: int = 0) -> CheckpointSaved:
         """Save the full training state after step ``step`` (the last step completed) and record it, durably.

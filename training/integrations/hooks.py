@@ -388,12 +388,15 @@ class StepBuffer:
                 journal.append(stop, durable=True)
         return stop
 
-    def hand_over(self, monitor: Any) -> None:
+    def hand_over(self, monitor: Any) -> list[Any]:
         """Hand every queued step to the monitor, in order, each with the fields it was queued with (``observe_step``
-        keyword arguments) and its grad norm as it came (a NaN is the monitor's to flag). For a loop with no stop
-        rules (the distributed reference loop); the callbacks use :meth:`observe`."""
+        keyword arguments) and its grad norm as it came (a NaN is the monitor's to flag); returns what the monitor
+        found (each anomaly names its step). For a loop with no stop rules (the distributed reference loop,
+        ``Recorder(batch=)``); the callbacks use :meth:`observe`."""
+        found: list[Any] = []
         for step, loss, gn, fields in self.drain():
-            monitor.observe_step(step, loss, grad_norm=gn, **fields)
+            found += monitor.observe_step(step, loss, grad_norm=gn, **fields)
+        return found
 
     def drain(self) -> list[tuple[int, float, float | None, dict[str, Any]]]:
         import torch
