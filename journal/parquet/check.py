@@ -565,19 +565,19 @@ class _Holder(_JournalWriter):
         import duckdb
 
         path = self.d / rel
-        self._entry_and_footer(rel)
         want = self._types(schema)
-        have = [(c[0], c[1]) for c in self.con.execute(f"DESCRIBE SELECT * FROM read_parquet({_lit(str(path))})"
-                                                       ).fetchall()]
-        if rel.startswith("events/"):
-            have = [c for c in have if c[0] != "line"]
-        if want != have:
-            diff = next(((a, b) for a, b in zip(want, have) if a != b), None)
-            what = (f"column {diff[1][0]} is {diff[1][1]}, the lines give {diff[0][0]} {diff[0][1]}"
-                    if diff is not None else f"{len(have)} columns, the lines give {len(want)}")
-            raise _held(ExportMismatch(f"{self.d}: {rel}: {what}", seq=None))
-        cols = ", ".join('"' + c.replace('"', '""') + '"' for c, _ in want)
-        try:
+        try:  # the file's footer, columns and rows, as DuckDB reads them: a file that is no Parquet is named
+            self._entry_and_footer(rel)
+            have = [(c[0], c[1]) for c in self.con.execute(
+                f"DESCRIBE SELECT * FROM read_parquet({_lit(str(path))})").fetchall()]
+            if rel.startswith("events/"):
+                have = [c for c in have if c[0] != "line"]
+            if want != have:
+                diff = next(((a, b) for a, b in zip(want, have) if a != b), None)
+                what = (f"column {diff[1][0]} is {diff[1][1]}, the lines give {diff[0][0]} {diff[0][1]}"
+                        if diff is not None else f"{len(have)} columns, the lines give {len(want)}")
+                raise _held(ExportMismatch(f"{self.d}: {rel}: {what}", seq=None))
+            cols = ", ".join('"' + c.replace('"', '""') + '"' for c, _ in want)
             return self.con.cursor().sql(f"SELECT {cols} FROM read_parquet({_lit(str(path))})").to_arrow_reader(
                 ROW_BATCH)
         except duckdb.Error as e:

@@ -123,6 +123,23 @@ def test_a_changed_typed_cell_is_named(export, tmp_path):
         verify_export(d, keys=[_key("every_kind_v1_3")])
 
 
+@pytest.mark.parametrize("table", ["steps", "seals"])
+def test_a_typed_file_that_is_no_parquet_is_named_in_one_line(export, tmp_path, capsys, table):
+    """Someone who can write the folder swaps a typed file for bytes DuckDB cannot read and relists it: verify OUT
+    names that file (its kind's rows are rebuilt from the lines, and the file is read to be held to them), exit 1,
+    one line, no traceback."""
+    d = _copy(export, tmp_path)
+    f = next((d / table).rglob("*.parquet"))
+    f.write_bytes(b"not parquet at all" * 10)
+    _relist(d)
+    with pytest.raises(ExportMismatch, match=rf"{table}/.*: not the table it should be"):
+        verify_export(d, keys=[_key("every_kind_v1_3")])
+    capsys.readouterr()
+    assert main(["verify", str(d), *_pub("every_kind_v1_3")]) == 1
+    out = capsys.readouterr()
+    assert "Traceback" not in out.err + out.out and len((out.out + out.err).strip().splitlines()) == 1
+
+
 def test_a_file_changed_after_the_export_a_planted_file_and_a_missing_one_are_named(export, tmp_path, capsys):
     d = _copy(export, tmp_path)
     steps = next((d / "steps").rglob("*.parquet"))
