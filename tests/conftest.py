@@ -9,6 +9,12 @@ from pathlib import Path
 
 import pytest
 
+# As the console script does (trainledger/cli.py's entry): the numerical work the tests drive (the scaling fits' small
+# matrices, replay's refits) gains nothing from BLAS threads, whose helpers spin on a shared machine; one thread halved
+# the fast tier's scaling tests' CPU time. Read when numpy loads, which is after this; a value the caller set is kept.
+for _var in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
 # Tests run with --import-mode=importlib (no folder of theirs lands on sys.path by itself, so a folder named
 # journal/ or training/ can never shadow the package); the shared helpers (journal_tools, manifest_fixtures, the
 # torchrun workers, ...) live in tests/helpers/; a test may import another's helpers by module name (test

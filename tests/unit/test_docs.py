@@ -11,18 +11,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from readme_blocks import README, ROOT, example
 from tool_modules import load_tool
 
 from trainledger.cli import main
-
-ROOT = Path(__file__).resolve().parents[2]
-README = ROOT / "README.md"
-
-
-def _block(text: str, name: str) -> str:
-    m = re.search(r"<!-- example:" + re.escape(name) + r" -->\s*```(?:python)?\n(.*?)```", text, re.S)
-    assert m, f"no example {name!r}"
-    return m.group(1)
 
 
 def test_the_readme_is_a_front_page():
@@ -43,7 +35,7 @@ def test_the_readme_is_a_front_page():
 def test_the_readme_recorder_example_runs(tmp_path, monkeypatch):
     """Key generation, the Recorder, grad_norm, lr and tokens, checkpoints: the page's code as written."""
     monkeypatch.chdir(tmp_path)
-    exec(compile(_block(README.read_text(), "readme-recorder"), "README.md (recorder)", "exec"), {})  # noqa: S102
+    exec(compile(example("readme-recorder"), "README.md (recorder)", "exec"), {})  # noqa: S102
     from trainledger.journal import load_public_key, read_events, verify
 
     j = tmp_path / "runs" / "mine" / "journal.jsonl"
@@ -53,55 +45,10 @@ def test_the_readme_recorder_example_runs(tmp_path, monkeypatch):
     assert all(s.grad_norm is not None and s.lr == 1e-2 and s.tokens == 128 for s in steps)
 
 
-def test_the_readme_recorder_example_runs_again_after_a_crash(tmp_path, monkeypatch):
-    """The case the page describes: the script dies at step 14 (after the step-9 checkpoint) and is run again as
-    written: the key is kept (not refused, not replaced), the run continues from the checkpoint and closes."""
-    monkeypatch.chdir(tmp_path)
-    code = _block(README.read_text(), "readme-recorder")
-    crashing = code.replace("    rec.step(step,", "    if step == 14: os.kill(os.getpid(), 9)\n    rec.step(step,", 1)
-    assert crashing != code
-    (tmp_path / "killed.py").write_text("import os\n" + crashing)
-    (tmp_path / "again.py").write_text(code)
-    died = subprocess.run([sys.executable, "killed.py"], cwd=tmp_path, capture_output=True, timeout=120)
-    assert died.returncode == -9
-    key = (tmp_path / "keys" / "trainledger.key").read_bytes()
-    again = subprocess.run([sys.executable, "again.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
-    assert again.returncode == 0, again.stderr
-    assert (tmp_path / "keys" / "trainledger.key").read_bytes() == key
-    from trainledger.journal import load_public_key, read_events, verify
-
-    j = tmp_path / "runs" / "mine" / "journal.jsonl"
-    assert verify(j, keys=[load_public_key(tmp_path / "keys" / "trainledger.pub")], require_closed=True).ok
-    resumed = [e for e in read_events(j) if type(e).__struct_config__.tag == "run_resumed"]
-    assert [r.from_step for r in resumed] == [9]
-
-
-def test_the_readme_callback_lines_construct_their_callbacks(tmp_path):
-    """The two lines each: the import and the callback with the arguments the page gives (the Trainers themselves
-    are tested in tests/integration/training/)."""
-    from trainledger import keygen
-
-    keygen(tmp_path / "keys")
-    key = str(tmp_path / "keys" / "trainledger.key")
-    lines = [ln for ln in _block(README.read_text(), "readme-callbacks").splitlines() if ln.startswith("from ")]
-    assert len(lines) == 1  # the first of the two blocks is marked; the Lightning one follows it
-    text = README.read_text()
-    imports = re.findall(r"^from trainledger\.training\.integrations\.(\w+) import TrainledgerCallback", text, re.M)
-    assert imports == ["hf", "lightning"]
-    pytest.importorskip("transformers")
-    from trainledger.training.integrations.hf import TrainledgerCallback as HF
-
-    assert HF(key=key) is not None
-    pytest.importorskip("lightning")
-    from trainledger.training.integrations.lightning import TrainledgerCallback as PL
-
-    assert PL(str(tmp_path / "runs" / "mine"), key=key) is not None
-
-
 def test_the_readme_audit_commands_run(tmp_path, monkeypatch, capsys):
     """'Check a journal someone sent you': each command, as written, exits 0."""
     monkeypatch.chdir(tmp_path)
-    commands = [ln.split("#")[0].strip() for ln in _block(README.read_text(), "readme-audit").splitlines()]
+    commands = [ln.split("#")[0].strip() for ln in example("readme-audit").splitlines()]
     commands = [c for c in commands if c]
     assert [c.split()[1] for c in commands] == ["demo", "verify", "replay", "query"]
     for c in commands:

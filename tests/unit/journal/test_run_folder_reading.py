@@ -17,9 +17,9 @@ GOLDEN = Path(__file__).resolve().parents[2] / "assets" / "golden"
 def ladder_folder(tmp_path):
     out = tmp_path / "ladder-run"
     out.mkdir()
-    shutil.copy(GOLDEN / "scaling_ladder_v1_2.jsonl", out / "ladder.jsonl")
+    shutil.copy(GOLDEN / "ladder_closed_v1_7.jsonl", out / "ladder.jsonl")  # a ladder that needs no refit
     (out / "report.html").write_text("<html></html>")          # what the main job leaves beside it
-    return out, str(GOLDEN / "scaling_ladder_v1_2.pub")
+    return out, str(GOLDEN / "ladder_closed_v1_7.pub")
 
 
 @pytest.mark.parametrize("command", [["verify"], ["replay"], ["show"], ["head"],

@@ -132,7 +132,7 @@ def test_the_starting_lines_are_canonical_and_taken(line):
     assert full_check_takes(line) and fast_takes(line)
 
 
-@settings(max_examples=3000, deadline=None)
+@settings(max_examples=1200, deadline=None)
 @given(st.sampled_from([_FULL, _BARE, _SOME]),
        st.lists(st.tuples(st.sampled_from(["insert", "delete", "replace", "duplicate", "swap"]),
                           st.integers(0, 10 ** 6), st.integers(0, len(_ALPHABET) - 1), st.integers(1, 12)),
