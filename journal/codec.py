@@ -95,13 +95,14 @@ class UnknownEvent(msgspec.Struct, frozen=True):
 class _KindInfo:
     """Per-class facts the hot paths need, computed once (the encoder when first asked for: a reader never is)."""
 
-    __slots__ = ("cls", "kind", "record", "_encode")
+    __slots__ = ("cls", "kind", "record", "_encode", "scalars")
 
     def __init__(self, cls: type, kind: str, record: type):
         self.cls = cls
         self.kind = kind
         self.record = record
         self._encode: Callable[[Any], bytes] | None = None
+        self.scalars: tuple[bytes, bytes] | None = None  # (offsets, kinds) of a class of plain ints and floats
 
     @property
     def encode(self) -> Callable[[Any], bytes]:
@@ -113,7 +114,9 @@ class _KindInfo:
 
             fields = msgspec.inspect.type_info(self.cls).fields
             flat = all(_is_flat_type(f.type) for f in fields)
-            self._encode = _make_encoder(msgspec.json.Decoder(self.cls), flat, _scalar_spec(self.cls, fields))
+            spec = _scalar_spec(self.cls, fields)
+            self.scalars = None if spec is None else spec[1:]
+            self._encode = _make_encoder(msgspec.json.Decoder(self.cls), flat, spec)
         return self._encode
 
 
@@ -379,6 +382,20 @@ def encode_trusted(event: Event) -> bytes:
     what the writer's deferred path uses for events the training loop built itself."""
     out = _encoder.encode(event)
     return _encode_exact(event) if out.find(b"null") >= 0 else out
+
+
+def scalar_spec(cls: type) -> tuple[bytes, bytes] | None:
+    """For an event class of plain ints and floats (:func:`_scalar_spec`), the slot offsets and kinds the
+    accelerator's check reads: an event of it whose values pass that check encodes as :func:`encode_into` writes it.
+    None for any other class, or without the accelerator."""
+    info = _register(cls)
+    info.encode  # noqa: B018 (computes the spec with the encoder)
+    return info.scalars
+
+
+#: ``encode_into(event, buf, offset)``: msgspec's encoding of an event written into a bytearray from ``offset`` (the
+#: writer's C append calls it for a class :func:`scalar_spec` names, once it has checked the values)
+encode_into = _encoder.encode_into
 
 
 def encoder_for(cls: type) -> Callable[[Any], bytes]:

@@ -57,6 +57,8 @@ DEFAULT_SEAL_INTERVAL_S = 1.0
 #: (tools/bench_distributed.py reports that thread's time under DDP; docs/bench/distributed.txt, the figures).
 DEFAULT_FLUSH_INTERVAL_S = 1.0
 _FLUSH_BYTES = 1 << 20
+#: an interval longer than this (146 years) is never reached: held here, so the clocks fit in 64 bits
+_NEVER_NS = 1 << 62
 
 _link = _accel.link
 
@@ -110,10 +112,21 @@ def _encode_new(event: Event) -> bytes:
         raise UsageError(f"{cls.__struct_config__.tag} events are written by the journal itself "
                          "(Journal.create, seal(), close()), not appended")
     _encoders[cls] = codec.encoder_for(cls)  # TypeError for anything that is not an event class
+    spec = codec.scalar_spec(cls)
+    if spec is not None:
+        _fast_specs[cls] = spec
     return _encoders[cls](event)
 
 _now = time.time_ns
 _hexlify = binascii.hexlify
+
+#: The accelerator's WriterCore: the writer's state in C slots and append's common case in C (an event of plain
+#: ints and finite floats, a step's; _append_py does the rest). Without it, a plain base.
+_Base: Any = getattr(_accel.fast, "WriterCore", None) or object
+#: the classes WriterCore.append encodes itself: class -> (slot offsets, kinds), as codec.scalar_spec gives them
+_fast_specs: dict[type, tuple[bytes, bytes]] = {}
+if _Base is not object:
+    _accel.fast.writer_config(codec.encode_into, _fast_specs, _FLUSH_BYTES, _MAX_BUFFER, _MAX_EVENT)
 
 
 def _software() -> dict[str, str]:
@@ -136,7 +149,7 @@ def _default_run_id() -> str:
     return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + secrets.token_hex(4)
 
 
-class Journal:
+class Journal(_Base):
     """An open journal file. Create with :meth:`create` or :meth:`open_append`.
 
     Thread-safe: appends from several threads are serialized. Use as a context
@@ -159,7 +172,7 @@ class Journal:
             raise UsageError(f"seal_every must be a positive integer, got {seal_every!r}")
         if not seal_interval_s > 0 or not flush_interval_s > 0:
             raise UsageError("seal_interval_s and flush_interval_s must be positive")
-        self = object.__new__(cls)
+        self = _Base.__new__(cls)
         self.path = path
         self._fd = fd
         self._signer = signer
@@ -186,8 +199,8 @@ class Journal:
         self._close_head: tuple[int, str] | None = None  # the closing seal's head, once chained
         self._io_error: str | None = None  # a write or fsync failure not yet reported to the caller
         self._seal_every = seal_every
-        self._seal_interval_ns = int(seal_interval_s * 1e9)
-        self._flush_interval_ns = int(flush_interval_s * 1e9)
+        self._seal_interval_ns = min(int(seal_interval_s * 1e9), _NEVER_NS)
+        self._flush_interval_ns = min(int(flush_interval_s * 1e9), _NEVER_NS)
         now = _now()
         self._last_seal_ns = now
         self._last_flush_ns = now
@@ -427,17 +440,26 @@ class Journal:
             if durable:
                 self._seal_locked(durable=True)  # a durable promise that fails raises here
             else:
-                try:
-                    if self._since_seal >= self._seal_every or ts - self._last_seal_ns >= self._seal_interval_ns:
-                        self._seal_locked(durable=False)
-                    elif ts - self._last_flush_ns >= self._flush_interval_ns or len(self._buf) >= _FLUSH_BYTES:
-                        self._flush_locked(ts)
-                    elif self._sig_ready:
-                        self._resolve_locked()
-                except JournalIOError:
-                    pass  # this event is chained and kept in memory; the failure is raised by the next call
+                self._due_locked(ts)
             self._last = (self._seq, event)
             return seq, hx.decode()
+
+    if _Base is not object:  # the accelerator's append: the common case in C, anything else the method above
+        _append_py = append
+        append = _Base.append
+
+    def _due_locked(self, ts: int) -> None:
+        """After an append: seal, flush or take a signature in when one is due (WriterCore.append calls it only
+        then). A write failure is kept for the next call: this event is chained and held in memory."""
+        try:
+            if self._since_seal >= self._seal_every or ts - self._last_seal_ns >= self._seal_interval_ns:
+                self._seal_locked(durable=False)
+            elif ts - self._last_flush_ns >= self._flush_interval_ns or len(self._buf) >= _FLUSH_BYTES:
+                self._flush_locked(ts)
+            elif self._sig_ready:
+                self._resolve_locked()
+        except JournalIOError:
+            pass  # this event is chained and kept in memory; the failure is raised by the next call
 
     def append_deferred(self, event: Event) -> None:
         """Append an event whose fields already have their declared types, without encoding it now.
