@@ -174,9 +174,9 @@ def _lightning(kind: str, tmp: Path, steps: int, signer, model: str = "mlp") -> 
     out = tmp / f"pl-{kind}-{time.monotonic_ns()}"
     clock = Clock()
     cbs: list = [clock]
-    logger = {"none": False, "trainledger": False, "csv": CSVLogger(str(out)),
-              "tensorboard": TensorBoardLogger(str(out)),
-              "mlflow": MLFlowLogger(tracking_uri=(tmp / "mlruns").as_uri())}[kind]
+    logger = {"none": lambda: False, "trainledger": lambda: False, "csv": lambda: CSVLogger(str(out)),  # only the one
+              "tensorboard": lambda: TensorBoardLogger(str(out)),  # measured is made (MLflow's needs mlflow)
+              "mlflow": lambda: MLFlowLogger(tracking_uri=(tmp / "mlruns").as_uri())}[kind]()
     if kind == "trainledger":
         from trainledger.training.integrations.lightning import TrainledgerCallback
 
@@ -325,13 +325,15 @@ def _timed(cls, names: tuple[str, ...], acc: dict[str, float]):
             for name in names:
                 f = getattr(self, name)
 
-                def wrap(f=f):
+                def wrap(f=f, name=name):
                     def timed(*a, **k):
                         t = time.perf_counter()
                         try:
                             return f(*a, **k)
                         finally:
-                            acc["t"] += time.perf_counter() - t
+                            dt = time.perf_counter() - t
+                            acc["t"] += dt
+                            acc[name] = acc.get(name, 0.0) + dt
                     return timed
                 setattr(self, name, wrap())
 
@@ -351,7 +353,7 @@ def _self_time(tmp: Path, steps: int, reps: int, signer) -> None:
             ("Lightning LM", lightning, ("on_train_batch_start", "on_before_optimizer_step", "on_train_batch_end"),
              _lightning_lm)):
         real = mod.TrainledgerCallback
-        per, step = [], []
+        per, step, hooks = [], [], {}
         for _ in range(reps):
             acc = {"t": 0.0}
             mod.TrainledgerCallback = _timed(real, names, acc)
@@ -360,9 +362,13 @@ def _self_time(tmp: Path, steps: int, reps: int, signer) -> None:
             finally:
                 mod.TrainledgerCallback = real
             per.append(acc["t"] / steps)
+            for name in names:
+                hooks.setdefault(name, []).append(acc.get(name, 0.0) / steps)
         p, s = statistics.median(per), statistics.median(step)
         print(f"  {title:<11} callback's own time {p * 1e6:6.1f} us per step, {p / s:.2%} of its {s * 1e3:.3f} ms step "
               f"(median of {reps})", flush=True)
+        print("              by hook: " + ", ".join(f"{n} {statistics.median(v) * 1e6:.1f} us" for n, v in hooks.items()
+                                                   if max(v) > 0), flush=True)
 
 
 def _table(title: str, kinds: list[str], fn, tmp: Path, steps: int, reps: int, signer) -> None:
@@ -418,6 +424,8 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--skip-imports", action="store_true")
+    ap.add_argument("--only-self-time", action="store_true",
+                    help="section 3's per-hook times alone (no peers, no on/off blocks, no imports)")
     ap.add_argument("--block-steps", type=int, default=20, help="steps per on/off block of the within-run comparison")
     ap.add_argument("--block-pairs", type=int, default=40, help="on/off pairs of blocks in it")
     args = ap.parse_args()
@@ -426,6 +434,10 @@ def main() -> int:
     signer = Signer.generate()
     with tempfile.TemporaryDirectory(prefix="tl-bench-int-") as d:
         tmp = Path(d)
+        if args.only_self_time:
+            print(f"3. trainledger's callbacks, their own time inside the run ({args.steps} steps):", flush=True)
+            _self_time(tmp, args.steps, args.reps, signer)
+            return 0
         _table(f"1. HF Trainer, tiny GPT-2 (2 layers, d64), CPU, {args.steps} steps, every step logged, median of "
                f"{args.reps}:", ["none", "trainledger", "tensorboard", "mlflow", "wandb"], _hf, tmp, args.steps,
                args.reps, signer)
