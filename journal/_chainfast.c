@@ -1254,6 +1254,62 @@ static int node_at(PyObject *nodes, Py_ssize_t i, long *height, const unsigned c
     return 0;
 }
 
+/*
+ * block_range(begin: int, buf: bytes-like, start: int) -> list[tuple[int, bytes]]: leaf_range of the whole lines of
+ * buf[start:] (each ends in a newline, which is not part of its leaf), without a list of lines: the writer's batch of
+ * buffered lines joins its tree as it lies in the buffer, the leaves hashed four at a time where the CPU has the SHA
+ * extensions, then the nodes as hash_range makes them.
+ */
+static PyObject *block_range(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    long long begin;
+    Py_ssize_t start;
+    Py_buffer b;
+    if (nargs != 3 || (begin = PyLong_AsLongLong(args[0])) < 0 || (start = PyLong_AsSsize_t(args[2])) < 0) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "block_range(begin: int >= 0, buf, start: int >= 0)");
+        return NULL;
+    }
+    if (PyObject_GetBuffer(args[1], &b, PyBUF_SIMPLE) < 0)
+        return NULL;
+    const char *p = (const char *)b.buf + (start < b.len ? start : b.len), *end = (const char *)b.buf + b.len;
+    if (start > b.len || (p < end && end[-1] != '\n')) {
+        PyBuffer_Release(&b);
+        PyErr_SetString(PyExc_ValueError, "block_range: buf[start:] is not whole lines");
+        return NULL;
+    }
+    Py_ssize_t n = 0;
+    for (const char *q = p; q < end && (q = memchr(q, '\n', (size_t)(end - q))) != NULL; q++)
+        n++;
+    PyObject *leaves = PyBytes_FromStringAndSize(NULL, n * 32);
+    shamsg *msgs = n ? PyMem_Malloc((size_t)n * sizeof(shamsg)) : NULL;
+    if (leaves == NULL || (n && msgs == NULL)) {
+        Py_XDECREF(leaves);
+        PyBuffer_Release(&b);
+        return PyErr_NoMemory();
+    }
+    static const unsigned char zero = 0;
+    unsigned char *o = (unsigned char *)PyBytes_AS_STRING(leaves);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const char *nl = memchr(p, '\n', (size_t)(end - p));
+        msgs[i].head = &zero;
+        msgs[i].hlen = 1;
+        msgs[i].body = (const unsigned char *)p;
+        msgs[i].blen = (size_t)(nl - p);
+        msgs[i].out = o + 32 * i;
+        p = nl + 1;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    hash_messages(msgs, (size_t)n);
+    Py_END_ALLOW_THREADS
+    PyMem_Free(msgs);
+    PyBuffer_Release(&b);
+    PyObject *hargs[2] = {args[0], leaves};
+    PyObject *out = hash_range(self, hargs, 2);
+    Py_DECREF(leaves);
+    return out;
+}
+
 /* range_merge(nodes: list, end: int, other: list) -> int: journal.merkle.CompactRange.merge of the range whose
  * nodes are other (beginning at end) into nodes, in place; returns the new end. */
 static PyObject *range_merge(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
@@ -2446,6 +2502,8 @@ static PyMethodDef methods[] = {
      "check_lines over a block of complete lines, unsplit: (bad index or -1, newline offsets, last hash, leaves)."},
     {"leaf_range", (PyCFunction)(void (*)(void))leaf_range, METH_FASTCALL,
      "The compact range (height, hash) of the leaves of these lines, starting at leaf index begin."},
+    {"block_range", (PyCFunction)(void (*)(void))block_range, METH_FASTCALL,
+     "leaf_range of the whole lines of buf[start:], as they lie in the buffer."},
     {"hash_range", (PyCFunction)(void (*)(void))hash_range, METH_FASTCALL,
      "leaf_range for leaves given as their hashes (32 bytes each, concatenated)."},
     {"range_merge", (PyCFunction)(void (*)(void))range_merge, METH_FASTCALL,

@@ -38,7 +38,7 @@ from trainledger.journal import codec
 
 from trainledger.journal import accel as _accel
 from trainledger.journal.chain import check_run_id, genesis, has_tree, seal_checkpoint, seal_message
-from trainledger.journal.proofs.merkle import CompactRange, range_of_lines
+from trainledger.journal.proofs.merkle import CompactRange, range_of_block
 from trainledger.journal.errors import IntegrityError, JournalClosed, JournalError, JournalIOError, JournalLocked, UsageError
 from trainledger.journal.events import FORMAT_VERSION, Event, KeyCertified, RunClosed, RunOpened, Seal, SealSigned, \
     TailRepaired
@@ -646,10 +646,8 @@ class Journal(_Base):
     def _hash_locked(self) -> None:
         """Add the buffered lines not yet in the tree to it (a batch: in C where the accelerator is built)."""
         buf = self._buf
-        if self._tree is not None and len(buf) > self._unhashed:
-            lines = bytes(buf[self._unhashed:]).split(b"\n")
-            lines.pop()  # the buffer holds whole lines: after the last newline there is nothing
-            self._tree.merge(range_of_lines(self._tree.end, lines))
+        if self._tree is not None and len(buf) > self._unhashed:  # the buffer holds whole lines
+            self._tree.merge(range_of_block(self._tree.end, buf, self._unhashed))
             self._unhashed = len(buf)
 
     def _seal_locked(self, *, durable: bool, signed: bool = False) -> tuple[int, str]:

@@ -100,6 +100,34 @@ def bench_trainledger_prebuilt(tmp: Path, n: int, overhead: float) -> dict:
     return out
 
 
+def bench_sustained(tmp: Path, n: int) -> dict:
+    """A run's worth of appends timed as a whole, not call by call: ``n`` built events appended one after another
+    and the journal closed (every seal, signature, flush, tree hash and write included), beside msgspec's encode and
+    a buffered file's write of the same events, closed. CPU time of this process (user + sys) a step."""
+    import msgspec
+
+    events = [StepObserved(step=i, loss=v[0], grad_norm=v[1], lr=v[2], step_time_s=v[3], tokens=v[4])
+              for i, v in enumerate(VALUES[:n])]
+    out = {}
+    for name in ("trainledger", "msgspec"):
+        gc.collect()
+        c0 = time.process_time()
+        if name == "trainledger":
+            j = Journal.create(tmp / f"sus-{time.time_ns()}.jsonl", signer=Signer.generate())
+            append = j.append
+            for e in events:
+                append(e)
+            j.close()
+        else:
+            enc = msgspec.json.Encoder().encode
+            with open(tmp / f"sus-ms-{time.time_ns()}.jsonl", "wb") as f:
+                write = f.write
+                for e in events:
+                    write(enc(e) + b"\n")
+        out[name] = (time.process_time() - c0) / n * 1e6
+    return out
+
+
 def bench_plain_json(tmp: Path, n: int, overhead: float) -> dict:
     V = VALUES
     f = open(tmp / f"plain-{time.time_ns()}.jsonl", "w")
@@ -242,11 +270,13 @@ def main() -> int:
     ap.add_argument("--verify-events", type=int, default=1_000_000)
     ap.add_argument("--big", action="store_true", help="also measure verify RSS at 10,000,000 events")
     ap.add_argument("--skip-verify", action="store_true")
+    ap.add_argument("--sustained", type=int, default=1_000_000,
+                    help="appends timed as a whole (seals, flushes and close included), beside msgspec's")
     ap.add_argument("--only-verify", action="store_true", help="the verify measurements alone (no appends)")
     ap.add_argument("--out", default=str(ROOT / "bench-out" / "journal.json"))
     args = ap.parse_args()
 
-    VALUES[:] = [_values(i) for i in range(max(args.steps, args.peer_steps, args.mlflow_steps, 50_000))]
+    VALUES[:] = [_values(i) for i in range(max(args.steps, args.peer_steps, args.mlflow_steps, args.sustained, 50_000))]
     tmp = Path(tempfile.mkdtemp(prefix="tl-bench-"))
     from trainledger.journal import accel as _accel
 
@@ -289,6 +319,9 @@ def main() -> int:
             sweep[every] = {"median_us": statistics.median(x["median_us"] for x in r),
                             "mean_us": statistics.median(x["mean_us"] for x in r)}
         results["seal_every_sweep"] = sweep
+        if not args.only_verify:
+            runs = [bench_sustained(tmp, args.sustained) for _ in range(args.repeats)]
+            results["sustained"] = {"n": args.sustained, **{k: statistics.median(r[k] for r in runs) for k in runs[0]}}
 
         if not args.skip_verify:
             signer = Signer.generate()
@@ -322,6 +355,11 @@ def print_table(r: dict) -> None:
     print("|---:|---:|---:|")
     for k, v in r["seal_every_sweep"].items():
         print(f"| {k} | {v['median_us']:.2f} | {v['mean_us']:.2f} |")
+    if "sustained" in r:
+        s = r["sustained"]
+        print(f"\nsustained: {s['n']:,} built events appended and the journal closed, CPU a step (median of the "
+              f"repeats): trainledger {s['trainledger']:.2f} us, msgspec encode + buffered write {s['msgspec']:.2f} us "
+              f"({s['trainledger'] / s['msgspec']:.2f}x)")
     _print_verify(r)
 
 

@@ -290,13 +290,14 @@ def _pick():
 
     f = _accel.fast
     if f is not None and hasattr(f, "range_root"):
-        return f.leaf_range, f.hash_range, f.leaf_hashes, f.node_level, f.range_merge, f.range_root
-    return _py_leaf_range, _py_hash_range, _py_leaf_hashes, _py_node_level, None, None
+        return (f.leaf_range, f.hash_range, f.leaf_hashes, f.node_level, f.range_merge, f.range_root,
+                getattr(f, "block_range", None))
+    return _py_leaf_range, _py_hash_range, _py_leaf_hashes, _py_node_level, None, None, None
 
 
 #: _range_merge and _range_root: CompactRange's merge and root in C, or None for its Python lines (the same nodes;
-#: tests/unit/journal/test_accel.py holds each C function to its Python lines)
-_leaf_range, _hash_range, leaf_hashes, node_level, _range_merge, _range_root = _pick()
+#: tests/unit/journal/test_accel.py holds each C function to its Python lines); _block_range: range_of_block's, or None
+_leaf_range, _hash_range, leaf_hashes, node_level, _range_merge, _range_root, _block_range = _pick()
 
 
 def range_of_lines(begin: int, lines: list[bytes]) -> CompactRange:
@@ -305,6 +306,21 @@ def range_of_lines(begin: int, lines: list[bytes]) -> CompactRange:
     r = CompactRange(begin)
     r._nodes = _leaf_range(begin, lines)
     r.end = begin + len(lines)
+    return r
+
+
+def range_of_block(begin: int, buf, start: int = 0) -> CompactRange:
+    """:func:`range_of_lines` for the whole lines of ``buf[start:]`` (any bytes-like; each line ends in a newline,
+    which is not part of its leaf), hashed where they lie (the writer's buffer) instead of copied and split first."""
+    fast = _block_range
+    if fast is None:
+        data = bytes(buf[start:])
+        if data and not data.endswith(b"\n"):
+            raise ValueError("buf[start:] is not whole lines")
+        return range_of_lines(begin, data.split(b"\n")[:-1] if data else [])
+    r = CompactRange(begin)
+    r._nodes = fast(begin, buf, start)
+    r.end = begin + sum(1 << h for h, _ in r._nodes)
     return r
 
 

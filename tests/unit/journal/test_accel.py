@@ -182,6 +182,26 @@ def test_hash_range_and_range_merge_agree_with_the_python_lines(sha_path, begin,
         fast.range_merge([], 0, [(0, b"short")])
 
 
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.integers(0, 2**40), st.lists(st.binary(max_size=300).map(lambda b: b.replace(b"\n", b"")), max_size=40),
+       st.binary(max_size=40).map(lambda b: b.replace(b"\n", b"")))
+def test_block_range_is_leaf_range_of_the_lines_as_they_lie(sha_path, begin, lines, before):
+    """The writer's buffer joins its tree unsplit: a block's whole lines, after whatever precedes start (a part
+    already hashed), give leaf_range's nodes, in a bytearray or bytes, on both hashing paths."""
+    from trainledger.journal.proofs import merkle
+
+    head = before + b"\n" if before else b""
+    block = bytearray(head + b"".join(x + b"\n" for x in lines))
+    want = merkle._py_leaf_range(begin, lines)
+    assert fast.block_range(begin, block, len(head)) == want == fast.block_range(begin, bytes(block), len(head))
+    r = merkle.range_of_block(begin, block, len(head))
+    assert r._nodes == want and r.end == begin + len(lines)
+    with pytest.raises(ValueError):
+        fast.block_range(begin, block + b"x", len(head))  # a last line not whole
+    with pytest.raises(ValueError):
+        fast.block_range(begin, block, len(block) + 1)
+
+
 # The health detector's common step (baseline_step) against the Python lines it stands for.
 tie_prone = st.sampled_from([1.0, 1.5, 2.0, 2.0000000000000004, 3.0, 50.0]) | st.floats(-10, 100)
 
