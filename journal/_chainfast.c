@@ -1687,9 +1687,12 @@ static int kth_deviation(PyObject *s, double m, Py_ssize_t k, double *out)
 }
 
 /* Format 1.6's "range" rule (_Detector._score_range, no candidate pending) for a value x above the warm window's
- * maximum, when it ends as a plain step: not an excursion, its robust z not above the threshold, and (the loss's
- * raw statistics) not a joint candidate. 1: x joins the baseline as any value (the caller adds it); 0: the caller
- * scores it the long way. The median, the MAD and z as the Python lines compute them. */
+ * maximum, when it ends as a plain step: not an excursion, its robust z not above the threshold. 1: x joins the
+ * baseline as any value (the caller adds it); 0: the caller scores it the long way. The median, the MAD and z as the
+ * Python lines compute them. A loss above joint_z is a joint candidate, which the projection's joint rule reads only
+ * when the grad norm on the same step is above its own window's maximum too: health_run leaves that step to the
+ * caller (both values up), so here, alone, it is a plain step (its raw statistics, which only that rule reads on that
+ * same step, are not kept). */
 static int range_plain(const detector *d, double x)
 {
     PyObject *s = d->sorted;
@@ -1707,7 +1710,7 @@ static int range_plain(const detector *d, double x)
     }
     z = mad > 0 ? (x - med) / (1.4826 * mad) : 0.0; /* MAD_SCALE */
     double e = d->power * (top - med), over = e > d->log_ratio ? e : d->log_ratio;
-    if (x > top + over || z > d->z_thresh || (d->raw && z > d->joint_z))
+    if (x > top + over || z > d->z_thresh)
         return 0;
     return 1;
 }
