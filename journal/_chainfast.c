@@ -1536,10 +1536,24 @@ static int baseline_plan(PyObject *s, PyObject *values, double x, Py_ssize_t min
 static int baseline_commit(PyObject *s, PyObject *values, PyObject *steps, PyObject *xo, PyObject *step,
                            Py_ssize_t at, Py_ssize_t out)
 {
-    if (PyList_Append(steps, step) < 0 || PyList_Append(values, xo) < 0 || PyList_Insert(s, at, xo) < 0)
+    if (PyList_Append(steps, step) < 0 || PyList_Append(values, xo) < 0)
         return -1;  /* out of memory: the lists are no longer consistent, and the error propagates */
-    if (out >= 0 && PyList_SetSlice(s, out, out + 1, NULL) < 0)
-        return -1;
+    if (out < 0)
+        return PyList_Insert(s, at, xo);
+    /* insort then the delete, as one move of the items between them (out != at: the value leaving is in the list,
+     * so it sits before x when it is not above it, after x when it is) */
+    PyObject **items = ((PyListObject *)s)->ob_item, *gone;
+    if (out > at) {  /* out is in the list with x in it: the leaving value is items[out - 1] now */
+        gone = items[out - 1];
+        memmove(items + at + 1, items + at, (size_t)(out - 1 - at) * sizeof(PyObject *));
+        items[at] = xo;
+    } else {
+        gone = items[out];
+        memmove(items + out, items + out + 1, (size_t)(at - 1 - out) * sizeof(PyObject *));
+        items[at - 1] = xo;
+    }
+    Py_INCREF(xo);
+    Py_DECREF(gone);
     return 0;
 }
 
