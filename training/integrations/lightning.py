@@ -259,13 +259,14 @@ class TrainledgerCallback(Callback):
         ids = batch.get("input_ids") if isinstance(batch, dict) else None
         if isinstance(ids, torch.Tensor):
             self._tokens += ids.numel()
-        if trainer.global_step == self._step:
+        done = trainer.global_step  # read once: Lightning's property walks its loops each time
+        if done == self._step:
             return  # a micro-batch of an accumulation: the optimizer has not stepped yet
         if self.monitor is None:
             self.monitor = TrainingHealthMonitor(journal=self.journal, flop_config=self.flop_config,
                                                  peak_flops_per_sec=self.peak)
-        step = trainer.global_step - 1
-        self._step = trainer.global_step
+        step = done - 1
+        self._step = done
         if self._clip_norm is not None:  # Lightning clipped through torch: its own pre-clip norm
             self._grad_norm = self._clip_norm
             self._tapped = True
