@@ -1588,7 +1588,7 @@ static PyObject *baseline_step(PyObject *self, PyObject *const *args, Py_ssize_t
 }
 
 /* One detector as health_run takes it: (sorted, values, steps, min_periods, inv_scale, window, trim_at, log[, cap]).
- * cap (format 1.6's "range" rule): true when the rule is on; (log_ratio, power, z_thresh, raw, joint_z) to score
+ * cap (format 1.6's "range" rule): true when the rule is on; (log_ratio, power, z_thresh) to score
  * a value above the warm window's maximum here (range_plain), else such a value is not common (the caller scores
  * it). */
 typedef struct {
@@ -1597,8 +1597,7 @@ typedef struct {
     double inv_scale;
     int log, cap;
     int rule; /* the range rule's parameters below were given */
-    double log_ratio, power, z_thresh, joint_z;
-    int raw;
+    double log_ratio, power, z_thresh;
 } detector;
 
 static int detector_of(PyObject *t, detector *d)
@@ -1622,13 +1621,11 @@ static int detector_of(PyObject *t, detector *d)
     d->cap = PyTuple_GET_SIZE(t) == 9 ? PyObject_IsTrue(PyTuple_GET_ITEM(t, 8)) : 0;
     d->rule = 0;
     if (PyTuple_GET_SIZE(t) == 9 && PyTuple_CheckExact(PyTuple_GET_ITEM(t, 8))
-            && PyTuple_GET_SIZE(PyTuple_GET_ITEM(t, 8)) == 5) {
+            && PyTuple_GET_SIZE(PyTuple_GET_ITEM(t, 8)) == 3) {
         PyObject *r = PyTuple_GET_ITEM(t, 8);
         d->log_ratio = PyFloat_AsDouble(PyTuple_GET_ITEM(r, 0));
         d->power = PyFloat_AsDouble(PyTuple_GET_ITEM(r, 1));
         d->z_thresh = PyFloat_AsDouble(PyTuple_GET_ITEM(r, 2));
-        d->raw = PyObject_IsTrue(PyTuple_GET_ITEM(r, 3));
-        d->joint_z = PyFloat_AsDouble(PyTuple_GET_ITEM(r, 4));
         d->rule = 1;
     }
     return !PyErr_Occurred() && d->log >= 0 && d->cap >= 0;
@@ -2052,6 +2049,31 @@ static char *put_u64(char *o, unsigned long long v)
     return o;
 }
 
+/* The most a line's chain suffix adds to its body less '}': ,"seq": and 20 digits, ,"ts": and 20 digits, ,"h":" +
+ * 64 hex + "} and the newline. */
+#define CHAIN_ROOM (7 + 20 + 6 + 20 + 6 + 64 + 3)
+
+/* A line of the chain finished in place: start holds the event's body, its '}' at start[blen - 1]; that brace and
+ * what follows become ,"seq":SEQ,"ts":TS,"h":"HEX"} and a newline (CHAIN_ROOM bytes at most past it), where the hash
+ * d = SHA-256(tag || prev || the line before ,"h"). Returns the line's length with its newline; the hex sits 67
+ * bytes before its end. */
+static Py_ssize_t chain_line(char *start, Py_ssize_t blen, const unsigned char *prev, unsigned long long seq,
+                             unsigned long long ts, unsigned char *d)
+{
+    char *o = start + blen - 1;
+    memcpy(o, ",\"seq\":", 7);
+    o = put_u64(o + 7, seq);
+    memcpy(o, ",\"ts\":", 6);
+    o = put_u64(o + 6, ts);
+    link_hash(prev, start, o - start, d);
+    memcpy(o, ",\"h\":\"", 6);
+    o += 6;
+    to_hex(d, o);
+    o += 64;
+    memcpy(o, "\"}\n", 3);
+    return (o + 3) - start;
+}
+
 /*
  * chain_append(buf: bytearray, body: bytes, prev: bytes, seq: int, ts: int) -> (h: bytes, hex: bytes)
  *
@@ -2080,28 +2102,16 @@ static PyObject *chain_append(PyObject *self, PyObject *const *args, Py_ssize_t 
         return NULL;
     PyObject *buf = args[0];
     Py_ssize_t at = PyByteArray_GET_SIZE(buf);
-    /* the body less '}', ,"seq": and 20 digits, ,"ts": and 20 digits, ,"h":" + 64 hex + "} and the newline */
-    if (PyByteArray_Resize(buf, at + blen - 1 + 7 + 20 + 6 + 20 + 6 + 64 + 3) < 0)
+    if (PyByteArray_Resize(buf, at + blen - 1 + CHAIN_ROOM) < 0)
         return NULL;
-    char *start = PyByteArray_AS_STRING(buf) + at, *o = start;
-    memcpy(o, body, (size_t)(blen - 1));
-    o += blen - 1;
-    memcpy(o, ",\"seq\":", 7);
-    o = put_u64(o + 7, seq);
-    memcpy(o, ",\"ts\":", 6);
-    o = put_u64(o + 6, ts);
+    char *start = PyByteArray_AS_STRING(buf) + at;
+    memcpy(start, body, (size_t)(blen - 1));
     unsigned char d[32];
-    link_hash((const unsigned char *)PyBytes_AS_STRING(args[2]), start, o - start, d);
-    memcpy(o, ",\"h\":\"", 6);
-    o += 6;
-    to_hex(d, o);
-    o += 64;
-    memcpy(o, "\"}\n", 3);
-    o += 3;
-    if (PyByteArray_Resize(buf, (o - start) + at) < 0)
+    Py_ssize_t n = chain_line(start, blen, (const unsigned char *)PyBytes_AS_STRING(args[2]), seq, ts, d);
+    if (PyByteArray_Resize(buf, at + n) < 0)
         return NULL;
     PyObject *h = PyBytes_FromStringAndSize((const char *)d, 32);
-    PyObject *hx = PyBytes_FromStringAndSize(PyByteArray_AS_STRING(buf) + at + (o - start) - 67, 64);
+    PyObject *hx = PyBytes_FromStringAndSize(PyByteArray_AS_STRING(buf) + at + n - 67, 64);
     if (h == NULL || hx == NULL) {
         Py_XDECREF(h);
         Py_XDECREF(hx);
@@ -2287,6 +2297,7 @@ static PyObject *core_append(WriterCore *self, PyObject *const *args, size_t nar
         return NULL;
     }
     PyObject *buf = self->buf, *prev = self->prev, *result = NULL;
+    int chained = 0; /* the line is in the chain (seq and prev moved on): from here it stays in the buffer */
     if (buf == NULL || !PyByteArray_CheckExact(buf) || prev == NULL || !PyBytes_CheckExact(prev) ||
             PyBytes_GET_SIZE(prev) != 32 || self->stopped != Py_False || self->io_error != Py_None ||
             self->sig_ready == NULL || self->pending == NULL || !PyList_CheckExact(self->pending) ||
@@ -2326,25 +2337,16 @@ static PyObject *core_append(WriterCore *self, PyObject *const *args, size_t nar
         Py_DECREF(lock);
         return core_slow((PyObject *)self, args, nargsf, kwnames);
     }
-    /* the body less '}', then ,"seq":SEQ,"ts":TS,"h":"HEX"} and a newline, in place */
-    if (PyByteArray_Resize(buf, at + blen - 1 + 7 + 20 + 6 + 20 + 6 + 64 + 3) < 0)
+    /* the body's '}' and what follows it become the chain's suffix, in place */
+    if (PyByteArray_Resize(buf, at + blen - 1 + CHAIN_ROOM) < 0)
         goto fail;
     {
-        char *start = PyByteArray_AS_STRING(buf) + at, *o = start + blen - 1;
+        char *start = PyByteArray_AS_STRING(buf) + at;
         long long seq = self->seq;
-        memcpy(o, ",\"seq\":", 7);
-        o = put_u64(o + 7, (unsigned long long)seq);
-        memcpy(o, ",\"ts\":", 6);
-        o = put_u64(o + 6, (unsigned long long)(ts < 0 ? 0 : ts));
         unsigned char d[32];
-        link_hash((const unsigned char *)PyBytes_AS_STRING(prev), start, o - start, d);
-        memcpy(o, ",\"h\":\"", 6);
-        o += 6;
-        char *hexat = o;
-        to_hex(d, o);
-        o += 64;
-        memcpy(o, "\"}\n", 3);
-        o += 3;
+        Py_ssize_t n = chain_line(start, blen, (const unsigned char *)PyBytes_AS_STRING(prev), (unsigned long long)seq,
+                                  (unsigned long long)(ts < 0 ? 0 : ts), d);
+        const char *hexat = start + n - 67;
         PyObject *h = PyBytes_FromStringAndSize((const char *)d, 32);
         PyObject *hx = PyBytes_FromStringAndSize(hexat, 64);
         PyObject *hs = PyUnicode_New(64, 127);
@@ -2354,11 +2356,10 @@ static PyObject *core_append(WriterCore *self, PyObject *const *args, size_t nar
             Py_XDECREF(hx);
             Py_XDECREF(hs);
             Py_XDECREF(seqo);
-            PyByteArray_Resize(buf, at);
             goto fail;
         }
         memcpy(PyUnicode_DATA(hs), hexat, 64);
-        if (PyByteArray_Resize(buf, (o - start) + at) < 0) {
+        if (PyByteArray_Resize(buf, at + n) < 0) {
             Py_DECREF(h);
             Py_DECREF(hx);
             Py_DECREF(hs);
@@ -2369,6 +2370,7 @@ static PyObject *core_append(WriterCore *self, PyObject *const *args, size_t nar
         Py_XSETREF(self->last_hash_hex, hx);
         self->seq = seq + 1;
         self->since_seal += 1;
+        chained = 1;
         result = PyTuple_Pack(2, seqo, hs);
         Py_DECREF(seqo);
         Py_DECREF(hs);
@@ -2409,6 +2411,13 @@ static PyObject *core_append(WriterCore *self, PyObject *const *args, size_t nar
     return result;
 fail:
     Py_XDECREF(result);
+    if (!chained && PyByteArray_GET_SIZE(buf) > at) {  /* nothing half-written stays: the buffer as it was */
+        PyObject *et, *evv, *tb;
+        PyErr_Fetch(&et, &evv, &tb);
+        if (PyByteArray_Resize(buf, at) < 0)
+            PyErr_Clear();
+        PyErr_Restore(et, evv, tb);
+    }
     Py_DECREF(buf);
     {
         PyObject *et, *evv, *tb;

@@ -404,13 +404,13 @@ class _Detector:
         return None
 
 
-    def range_params(self) -> tuple[float, float, float, bool, float]:
+    def range_params(self) -> tuple[float, float, float]:
         """What the accelerator's fold (``health_run``) needs to score a value above the window's maximum as
         :meth:`_score_range` does when that value ends as a plain step (no excursion, no z over the threshold; a
         loss that is a joint candidate ends as one unless the grad norm rose above its window's maximum on the same
         step, which health_run leaves to :meth:`_step`); every other ending is left to :meth:`_score_range`."""
         log_ratio, power = self.excursion
-        return (float(log_ratio), float(power), float(self.p.z_thresh), bool(self.raw), float(self.joint_z))
+        return (float(log_ratio), float(power), float(self.p.z_thresh))
 
     def _score_range(self, step: int, raw: float, x: float, after_resume: bool) -> AnomalyDetected | None:
         """Format 1.6's "range" rule for one value (see RunConfigured.spike_rule): a pending candidate confirmed or
