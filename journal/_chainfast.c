@@ -1458,14 +1458,56 @@ static int float_at(PyObject *list, Py_ssize_t i, double *v)
     return 1;
 }
 
-/* bisect: the first index whose item is >= v (left) or > v (right); -1 when an item is not a float. */
-static Py_ssize_t bisect_floats(PyObject *s, double v, int right)
+/* A detector's sorted window as the common step reads it: the list itself, or (health_run) its values mirrored in a
+ * C array for the run (v non-NULL: n values, room for cap), which every change to the list also makes. */
+typedef struct {
+    PyObject *list;
+    double *v;
+    Py_ssize_t n, cap;
+} sorted_win;
+
+/* The i-th value of the window (0 when a list item is not a float). */
+static inline int win_at(const sorted_win *w, Py_ssize_t i, double *x)
 {
-    Py_ssize_t lo = 0, hi = PyList_GET_SIZE(s);
+    if (w->v != NULL) {
+        *x = w->v[i];
+        return 1;
+    }
+    return float_at(w->list, i, x);
+}
+
+static inline Py_ssize_t win_len(const sorted_win *w)
+{
+    return w->v != NULL ? w->n : PyList_GET_SIZE(w->list);
+}
+
+/* bisect: the first index whose item is >= v (left) or > v (right); -1 when an item is not a float. */
+static Py_ssize_t bisect_floats(const sorted_win *s, double v, int right)
+{
+    if (s->v != NULL && s->n > 0) {
+        /* Without branches: the mirror holds no NaN, so every probe order finds the same place as the list's. */
+        const double *base = s->v;
+        Py_ssize_t len = s->n;
+        if (right) {
+            while (len > 1) {
+                Py_ssize_t half = len >> 1;
+                base = v < base[half] ? base : base + half;
+                len -= half;
+            }
+            return (base - s->v) + !(v < base[0]);
+        }
+        while (len > 1) {
+            Py_ssize_t half = len >> 1;
+            base = base[half] < v ? base + half : base;
+            len -= half;
+        }
+        return (base - s->v) + (base[0] < v);
+    }
+    Py_ssize_t lo = 0, hi = win_len(s);
     while (lo < hi) {
         Py_ssize_t mid = (lo + hi) / 2;
         double m;
-        if (!float_at(s, mid, &m))
+        if (!win_at(s, mid, &m))
             return -1;
         if (right ? v < m : !(m < v))
             hi = mid;
@@ -1475,15 +1517,15 @@ static Py_ssize_t bisect_floats(PyObject *s, double v, int right)
     return lo;
 }
 
-/* The median of sorted list s of n > 0 floats (as training/health/detectors.py's _sorted_median computes it); 0 when
- * an item read is not a float. */
-static int sorted_median(PyObject *s, Py_ssize_t n, double *med)
+/* The median of sorted window s of n > 0 floats (as training/health/detectors.py's _sorted_median computes it); 0
+ * when an item read is not a float. */
+static int sorted_median(const sorted_win *s, Py_ssize_t n, double *med)
 {
     Py_ssize_t h = n >> 1;
     double a, b;
     if (n & 1)
-        return float_at(s, h, med);
-    if (!float_at(s, h - 1, &a) || !float_at(s, h, &b))
+        return win_at(s, h, med);
+    if (!win_at(s, h - 1, &a) || !win_at(s, h, &b))
         return 0;
     *med = 0.5 * (a + b);
     return 1;
@@ -1494,10 +1536,10 @@ static int sorted_median(PyObject *s, Py_ssize_t n, double *med)
  * way" (warm, above the median, and the MAD possibly below (x - median) * inv_scale: the count of values within
  * that distance of the median, widened by one ulp each way, reaching half the window) and for any list item that is
  * not a float. baseline_commit then adds x (and step) and drops the value that left; -1 only when out of memory. */
-static int baseline_plan(PyObject *s, PyObject *values, double x, Py_ssize_t min_periods, double inv_scale,
+static int baseline_plan(const sorted_win *s, PyObject *values, double x, Py_ssize_t min_periods, double inv_scale,
                          Py_ssize_t window, Py_ssize_t *at, Py_ssize_t *out)
 {
-    Py_ssize_t n = PyList_GET_SIZE(s);
+    Py_ssize_t n = win_len(s);
     if (n >= min_periods) {
         Py_ssize_t h = n >> 1;
         double med;
@@ -1521,25 +1563,40 @@ static int baseline_plan(PyObject *s, PyObject *values, double x, Py_ssize_t min
         return 0;
     Py_ssize_t nv = PyList_GET_SIZE(values);
     *out = -1;
+    if (nv + 1 <= window && s->v != NULL && s->n >= s->cap)
+        return 0;  /* no room left in the mirror (never, as health_run sizes it): the caller's */
     if (nv + 1 > window) {
         double old;  /* values[nv - window]: an index in [0, nv) since 1 <= window <= nv */
         if (!float_at(values, nv - window, &old))
             return 0;
         *out = bisect_floats(s, old, 0);
-        if (*out < 0)
+        /* the value leaving is where it would be: a window whose list and history disagree (nothing this code or
+         * the Python detector makes) goes to the caller, which deletes what Python's bisect finds there */
+        double there;
+        if (*out < 0 || *out >= win_len(s) || !win_at(s, *out, &there) || there != old)
             return 0;
         *out += x < old;
     }
     return 1;
 }
 
-static int baseline_commit(PyObject *s, PyObject *values, PyObject *steps, PyObject *xo, PyObject *step,
+static int baseline_commit(sorted_win *w, PyObject *values, PyObject *steps, PyObject *xo, PyObject *step,
                            Py_ssize_t at, Py_ssize_t out)
 {
+    PyObject *s = w->list;
+    double *v = w->v;
     if (PyList_Append(steps, step) < 0 || PyList_Append(values, xo) < 0)
         return -1;  /* out of memory: the lists are no longer consistent, and the error propagates */
-    if (out < 0)
-        return PyList_Insert(s, at, xo);
+    if (out < 0) {
+        if (PyList_Insert(s, at, xo) < 0)
+            return -1;
+        if (v != NULL) {
+            memmove(v + at + 1, v + at, (size_t)(w->n - at) * sizeof(double));
+            v[at] = PyFloat_AS_DOUBLE(xo);
+            w->n++;
+        }
+        return 0;
+    }
     /* insort then the delete, as one move of the items between them (out != at: the value leaving is in the list,
      * so it sits before x when it is not above it, after x when it is) */
     PyObject **items = ((PyListObject *)s)->ob_item, *gone;
@@ -1547,10 +1604,18 @@ static int baseline_commit(PyObject *s, PyObject *values, PyObject *steps, PyObj
         gone = items[out - 1];
         memmove(items + at + 1, items + at, (size_t)(out - 1 - at) * sizeof(PyObject *));
         items[at] = xo;
+        if (v != NULL) {
+            memmove(v + at + 1, v + at, (size_t)(out - 1 - at) * sizeof(double));
+            v[at] = PyFloat_AS_DOUBLE(xo);
+        }
     } else {
         gone = items[out];
         memmove(items + out, items + out + 1, (size_t)(at - 1 - out) * sizeof(PyObject *));
         items[at - 1] = xo;
+        if (v != NULL) {
+            memmove(v + out, v + out + 1, (size_t)(at - 1 - out) * sizeof(double));
+            v[at - 1] = PyFloat_AS_DOUBLE(xo);
+        }
     }
     Py_INCREF(xo);
     Py_DECREF(gone);
@@ -1579,10 +1644,11 @@ static PyObject *baseline_step(PyObject *self, PyObject *const *args, Py_ssize_t
     Py_ssize_t min_periods = PyLong_AsSsize_t(args[5]), window = PyLong_AsSsize_t(args[7]), at, out;
     if ((min_periods == -1 || window == -1) && PyErr_Occurred())
         return NULL;
-    if (!baseline_plan(args[0], args[1], PyFloat_AS_DOUBLE(args[3]), min_periods, PyFloat_AS_DOUBLE(args[6]), window,
+    sorted_win w = {args[0], NULL, 0, 0};
+    if (!baseline_plan(&w, args[1], PyFloat_AS_DOUBLE(args[3]), min_periods, PyFloat_AS_DOUBLE(args[6]), window,
                        &at, &out))
         Py_RETURN_FALSE;
-    if (baseline_commit(args[0], args[1], args[2], args[3], args[4], at, out) < 0)
+    if (baseline_commit(&w, args[1], args[2], args[3], args[4], at, out) < 0)
         return NULL;
     Py_RETURN_TRUE;
 }
@@ -1592,7 +1658,8 @@ static PyObject *baseline_step(PyObject *self, PyObject *const *args, Py_ssize_t
  * a value above the warm window's maximum here (range_plain), else such a value is not common (the caller scores
  * it). */
 typedef struct {
-    PyObject *sorted, *values, *steps;
+    sorted_win sorted;  /* mirrored in a C array by mirror_window for the run */
+    PyObject *values, *steps;
     Py_ssize_t min_periods, window, trim_at;
     double inv_scale;
     int log, cap;
@@ -1610,7 +1677,7 @@ static int detector_of(PyObject *t, detector *d)
                                          "trim_at, log[, cap])");
         return 0;
     }
-    d->sorted = PyTuple_GET_ITEM(t, 0);
+    d->sorted = (sorted_win){PyTuple_GET_ITEM(t, 0), NULL, 0, 0};
     d->values = PyTuple_GET_ITEM(t, 1);
     d->steps = PyTuple_GET_ITEM(t, 2);
     d->min_periods = PyLong_AsSsize_t(PyTuple_GET_ITEM(t, 3));
@@ -1629,6 +1696,32 @@ static int detector_of(PyObject *t, detector *d)
         d->rule = 1;
     }
     return !PyErr_Occurred() && d->log >= 0 && d->cap >= 0;
+}
+
+/* The detector's sorted window copied into a C array with room for what the run may add (at most up to the window,
+ * at most one value a step): its bisects then read doubles in a row instead of a float object an item. 1 when
+ * mirrored; 0 when an item is not a float, or is NaN (the window stays the list, read as before, the same probes as
+ * Python's bisect: with a NaN in it, another order of probes could find another place); -1 when out of memory. */
+static int mirror_window(detector *d, Py_ssize_t steps)
+{
+    sorted_win *w = &d->sorted;
+    Py_ssize_t n = PyList_GET_SIZE(w->list), room = d->window > n ? d->window - n : 0;
+    if (room > steps)
+        room = steps;
+    double *v = PyMem_Malloc((size_t)(n + room + 1) * sizeof(double));
+    if (v == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (!float_at(w->list, i, &v[i]) || isnan(v[i])) {
+            PyMem_Free(v);
+            return 0;
+        }
+    w->v = v;
+    w->n = n;
+    w->cap = n + room + 1;
+    return 1;
 }
 
 static PyObject *S_step, *S_loss, *S_grad_norm, *S_step_time_s, *S_tokens, *S_examples, *S_batch_fingerprint;
@@ -1656,25 +1749,25 @@ static Py_ssize_t slot_of(PyTypeObject *t, PyObject *name)
  * the window's last item is not a float. */
 static int above_cap(const detector *d, double x)
 {
-    Py_ssize_t n = PyList_GET_SIZE(d->sorted);
+    Py_ssize_t n = win_len(&d->sorted);
     double top;
     if (!d->cap || n < d->min_periods || n == 0)
         return 0;
-    if (!float_at(d->sorted, n - 1, &top))
+    if (!win_at(&d->sorted, n - 1, &top))
         return -1;
     return x > top;
 }
 
 /* training/health/detectors.py's _kth_deviation: the k-th smallest (0-based) of |s_i - m| over sorted s whose
  * median is m, the same comparisons in the same order; 0 (not read) when an item is not a float. */
-static int kth_deviation(PyObject *s, double m, Py_ssize_t k, double *out)
+static int kth_deviation(const sorted_win *s, double m, Py_ssize_t k, double *out)
 {
-    Py_ssize_t n = PyList_GET_SIZE(s), split = n / 2, a = split, b = n - split;
+    Py_ssize_t n = win_len(s), split = n / 2, a = split, b = n - split;
     Py_ssize_t lo = k + 1 - b > 0 ? k + 1 - b : 0, hi = k + 1 < a ? k + 1 : a;
     double x, y;
     while (lo < hi) {
         Py_ssize_t i = (lo + hi) / 2;
-        if (!float_at(s, split - 1 - i, &x) || !float_at(s, split + (k - i), &y))
+        if (!win_at(s, split - 1 - i, &x) || !win_at(s, split + (k - i), &y))
             return 0;
         if (m - x < y - m)
             lo = i + 1;
@@ -1684,12 +1777,12 @@ static int kth_deviation(PyObject *s, double m, Py_ssize_t k, double *out)
     Py_ssize_t i = lo, j = k + 1 - lo;
     double da = -INFINITY, db = -INFINITY;
     if (i > 0) {
-        if (!float_at(s, split - 1 - (i - 1), &x))
+        if (!win_at(s, split - 1 - (i - 1), &x))
             return 0;
         da = m - x;
     }
     if (j > 0) {
-        if (!float_at(s, split + (j - 1), &y))
+        if (!win_at(s, split + (j - 1), &y))
             return 0;
         db = y - m;
     }
@@ -1706,10 +1799,10 @@ static int kth_deviation(PyObject *s, double m, Py_ssize_t k, double *out)
  * same step, are not kept). */
 static int range_plain(const detector *d, double x)
 {
-    PyObject *s = d->sorted;
-    Py_ssize_t n = PyList_GET_SIZE(s);
+    const sorted_win *s = &d->sorted;
+    Py_ssize_t n = win_len(s);
     double med, top, mad, a, b, z;
-    if (!d->rule || n == 0 || !sorted_median(s, n, &med) || !float_at(s, n - 1, &top))
+    if (!d->rule || n == 0 || !sorted_median(s, n, &med) || !win_at(s, n - 1, &top))
         return 0;
     if (n % 2) {
         if (!kth_deviation(s, med, n / 2, &mad))
@@ -1761,6 +1854,9 @@ static PyObject *field(PyObject *ev, PyObject *name, Py_ssize_t off)
  * the same in any grouping) and the steps without one. A step's MFU
  * is fpt * tokens / step_time_s / peak as Python computes it: the integer product rounded once to a double.
  */
+static PyObject *health_fold(PyObject *const *args, PyObject *events, PyTypeObject *step_type, Py_ssize_t lo,
+                             Py_ssize_t hi, int loss_log, detector dl, detector dg);
+
 static PyObject *health_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 13 || !PyList_CheckExact(args[0]) || !PyType_Check(args[3]) || !PyFloat_Check(args[9])
@@ -1780,6 +1876,18 @@ static PyObject *health_run(PyObject *self, PyObject *const *args, Py_ssize_t na
         PyErr_SetString(PyExc_IndexError, "health_run: lo, hi out of range");
         return NULL;
     }
+    PyObject *res = NULL;
+    if (mirror_window(&dl, hi - lo) >= 0 && mirror_window(&dg, hi - lo) >= 0)
+        res = health_fold(args, events, step_type, lo, hi, loss_log, dl, dg);
+    PyMem_Free(dl.sorted.v);
+    PyMem_Free(dg.sorted.v);
+    return res;
+}
+
+/* health_run's fold, its arguments read and the windows mirrored. */
+static PyObject *health_fold(PyObject *const *args, PyObject *events, PyTypeObject *step_type, Py_ssize_t lo,
+                             Py_ssize_t hi, int loss_log, detector dl, detector dg)
+{
     /* the MFU: both fpt (an int) and peak (a float) known, else no step has one */
     int mfu = args[7] != Py_None && args[8] != Py_None;
     long long fpt = 0;
@@ -1854,7 +1962,7 @@ static PyObject *health_run(PyObject *self, PyObject *const *args, Py_ssize_t na
             vl = dl.log ? log(loss) : loss;
             up_l = above_cap(&dl, vl);
             if (up_l < 0 || (up_l && !range_plain(&dl, vl)) || PyList_GET_SIZE(dl.values) + 1 >= dl.trim_at
-                    || !baseline_plan(dl.sorted, dl.values, vl, up_l ? PY_SSIZE_T_MAX : dl.min_periods, dl.inv_scale,
+                    || !baseline_plan(&dl.sorted, dl.values, vl, up_l ? PY_SSIZE_T_MAX : dl.min_periods, dl.inv_scale,
                                       dl.window, &at_l, &out_l))
                 goto next;
         }
@@ -1867,21 +1975,21 @@ static PyObject *health_run(PyObject *self, PyObject *const *args, Py_ssize_t na
                 vg = dg.log ? log(gv) : gv;
                 up_g = above_cap(&dg, vg);
                 if (up_g < 0 || (up_g && (up_l || !range_plain(&dg, vg))) || PyList_GET_SIZE(dg.values) + 1 >= dg.trim_at
-                        || !baseline_plan(dg.sorted, dg.values, vg, up_g ? PY_SSIZE_T_MAX : dg.min_periods,
+                        || !baseline_plan(&dg.sorted, dg.values, vg, up_g ? PY_SSIZE_T_MAX : dg.min_periods,
                                           dg.inv_scale, dg.window, &at_g, &out_g))
                     goto next;
             }
         }
         if (score_l) {
             xl = dl.log ? PyFloat_FromDouble(vl) : (Py_INCREF(lo_), lo_);
-            if (!xl || baseline_commit(dl.sorted, dl.values, dl.steps, xl, step, at_l, out_l) < 0) {
+            if (!xl || baseline_commit(&dl.sorted, dl.values, dl.steps, xl, step, at_l, out_l) < 0) {
                 done = -1;
                 goto next;
             }
         }
         if (score_g) {
             xg = dg.log ? PyFloat_FromDouble(vg) : (Py_INCREF(g), g);
-            if (!xg || baseline_commit(dg.sorted, dg.values, dg.steps, xg, step, at_g, out_g) < 0) {
+            if (!xg || baseline_commit(&dg.sorted, dg.values, dg.steps, xg, step, at_g, out_g) < 0) {
                 done = -1;
                 goto next;
             }

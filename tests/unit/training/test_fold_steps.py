@@ -142,3 +142,77 @@ def test_a_quiet_range_rule_run_folds_in_c_values_above_the_window_included(seed
     assert same(c.proj.state(), py.proj.state()) and same(c.proj.report(), py.proj.report())
     assert same([(q, msgspec.to_builtins(x)) for q, x in c.recomputed + c.suspected + c.ended],
                 [(q, msgspec.to_builtins(x)) for q, x in py.recomputed + py.suspected + py.ended])
+
+
+def _project(config, evs, in_c: bool, poke=None):
+    """The events folded by ``fold_steps`` (runs through the C fold) or one ``_step`` at a time (the Python
+    reference), ``poke(projection)`` after the first 200 steps: the state reached, or "IndexError"."""
+    from trainledger.training.health.detectors import HealthProjection
+
+    p = HealthProjection(config)
+
+    def feed(a, b):
+        if in_c:
+            p.fold_steps(evs, a, b)
+        else:
+            for ev in evs[a:b]:
+                p._step(ev)
+
+    feed(0, 200)
+    if poke is not None:
+        poke(p)
+    try:
+        feed(200, len(evs))
+    except IndexError:
+        return "IndexError"
+    return encode_document(p.state())
+
+
+@pytest.mark.parametrize("window", [16, 100, 1000])
+def test_ties_and_a_window_still_filling_fold_in_c_as_in_python(window):
+    """Equal values in the window (the C fold's sorted window is a copy in a C array for each run, searched
+    without branches: equal values must go in after their equals and leave from the first of them, as Python's
+    bisect puts them) and a window larger than the run's start (the copy grows as it fills)."""
+    rng = random.Random(window)
+    config = RunConfigured(loss_window=window, loss_min_periods=8, grad_norm_window=window // 2,
+                           grad_norm_min_periods=8, loss_scale="linear")
+    evs = [StepObserved(step=i, loss=rng.choice([2.0, 2.01, 2.02, 2.03]), grad_norm=rng.choice([0.5, 0.8, 0.8, 0.9]),
+                        step_time_s=0.25, tokens=4096) for i in range(3000)]
+    assert _project(config, evs, True) == _project(config, evs, False)
+
+
+@pytest.mark.parametrize("item", [math.nan, 2])
+def test_a_window_holding_a_nan_or_an_int_folds_in_c_as_in_python(item):
+    """A window item that is not a plain number of a C array (an int the Python path kept, a NaN put there) keeps
+    the C fold reading the list itself, as Python's bisect does, probe for probe (a NaN leaves the list unsorted:
+    another order of probes could find other places)."""
+    rng = random.Random(7)
+    config = RunConfigured(loss_window=64, loss_min_periods=8, grad_norm_window=32, grad_norm_min_periods=8,
+                           loss_scale="linear")
+    evs = [StepObserved(step=i, loss=2.0 + rng.gauss(0, 0.01), grad_norm=0.8 + abs(rng.gauss(0, 0.02)),
+                        step_time_s=0.25, tokens=4096) for i in range(1500)]
+
+    def poke(p):  # the window's middle value, in its sorted list and in its history, made ``item``
+        base = p._loss.base
+        k = len(base._sorted) // 2
+        j = len(base._values) - 1 - base._values[::-1].index(base._sorted[k])
+        base._sorted[k] = base._values[j] = item
+
+    assert _project(config, evs, True, poke) == _project(config, evs, False, poke) != "IndexError"
+
+
+@pytest.mark.parametrize("leaving", [1.9, 2.0, 2.5])
+def test_a_window_whose_history_disagrees_with_its_sorted_list_folds_as_python_does(leaving):
+    """State no detector makes (a value in the history that its sorted list lacks: a hand-edited projection) is
+    never moved in C on the assumption that the leaving value is where it should be: the Python detector deletes
+    what its bisect finds (or raises), and the C fold ends the same way, never reading past the list."""
+    rng = random.Random(3)
+    config = RunConfigured(loss_window=32, loss_min_periods=8, grad_norm_window=32, grad_norm_min_periods=8,
+                           loss_scale="linear")
+    evs = [StepObserved(step=i, loss=2.0 + abs(rng.gauss(0, 0.01)), grad_norm=0.8, step_time_s=0.25, tokens=4096)
+           for i in range(600)]
+
+    def poke(p):
+        p._loss.base._values[-5] = leaving
+
+    assert _project(config, evs, True, poke) == _project(config, evs, False, poke)
