@@ -2060,86 +2060,177 @@ static PyObject *type_run(PyObject *self, PyObject *const *args, Py_ssize_t narg
  * type) as an Arrow column's buffers. code 'd': float or None (float64); 'q': int within int64 or None (int64);
  * 'b': bool or None (bit-packed). None when a value is anything else (an int in a float field, an int beyond
  * int64): the caller builds that column the ordinary way. */
+/* One column of record_columns: where its field lives, its buffers as they fill, and whether a value did not fit
+ * (the column then comes back None). */
+typedef struct {
+    PyObject *name, *data, *valid;
+    Py_ssize_t off, nulls;
+    Py_UCS4 code;
+    char *d;
+    unsigned char *vb;
+    int other;
+} column_fill;
+
+/* Value v (a new reference, consumed) of record i into column c: 1, or 0 when it is not of the column's type. */
+static int column_put(column_fill *c, Py_ssize_t i, PyObject *v)
+{
+    int ok = 1;
+    if (v == Py_None) {
+        c->nulls++;
+        if (c->code != 'b')
+            memset(c->d + i * 8, 0, 8);
+    } else {
+        c->vb[i >> 3] |= (unsigned char)(1u << (i & 7));
+        if (c->code == 'd') {
+            if (PyFloat_CheckExact(v)) {
+                double x = PyFloat_AS_DOUBLE(v);
+                memcpy(c->d + i * 8, &x, 8);
+            } else
+                ok = 0;
+        } else if (c->code == 'q') {
+            int overflow = 0;
+            long long x = PyLong_CheckExact(v) ? PyLong_AsLongLongAndOverflow(v, &overflow) : 0;
+            if (PyLong_CheckExact(v) && !overflow)
+                memcpy(c->d + i * 8, &x, 8);
+            else
+                ok = 0;
+        } else if (v == Py_True || v == Py_False) {
+            if (v == Py_True)
+                ((unsigned char *)c->d)[i >> 3] |= (unsigned char)(1u << (i & 7));
+        } else
+            ok = 0;
+    }
+    Py_DECREF(v);
+    return ok;
+}
+
+/* The columns' buffers filled from records, one pass over them (each record visited once for all its fields): a
+ * list of (data, validity or None, nulls), None for a column a value did not fit; NULL on error. */
+static PyObject *fill_columns(PyObject *recs, column_fill *cols, Py_ssize_t k)
+{
+    Py_ssize_t n = PyList_GET_SIZE(recs), c, i;
+    PyTypeObject *t = n ? Py_TYPE(PyList_GET_ITEM(recs, 0)) : NULL;
+    PyObject *out = NULL;
+    Py_ssize_t vbytes = (n + 7) / 8;
+    for (c = 0; c < k; c++) {
+        column_fill *f = &cols[c];
+        f->off = t ? slot_of(t, f->name) : -1;
+        if (f->off >= 0 && (f->off < (Py_ssize_t)sizeof(PyObject)
+                            || f->off > t->tp_basicsize - (Py_ssize_t)sizeof(PyObject *)))
+            f->off = -1;
+        Py_ssize_t width = f->code == 'b' ? vbytes : n * 8;
+        f->data = PyBytes_FromStringAndSize(NULL, width);
+        f->valid = PyBytes_FromStringAndSize(NULL, vbytes);
+        if (f->data == NULL || f->valid == NULL)
+            goto done;
+        f->d = PyBytes_AS_STRING(f->data);
+        f->vb = (unsigned char *)PyBytes_AS_STRING(f->valid);
+        memset(f->vb, 0, (size_t)vbytes);
+        if (f->code == 'b')
+            memset(f->d, 0, (size_t)width);
+    }
+    for (i = 0; i < n; i++) {
+        PyObject *ev = PyList_GET_ITEM(recs, i);
+        for (c = 0; c < k; c++) {
+            column_fill *f = &cols[c];
+            PyObject *v;
+            if (f->other)
+                continue;
+            if (f->off >= 0 && Py_TYPE(ev) == t) {
+                v = *(PyObject **)((char *)ev + f->off);
+                if (v == NULL) {
+                    f->other = 1;
+                    continue;
+                }
+                Py_INCREF(v);
+            } else if ((v = PyObject_GetAttr(ev, f->name)) == NULL)
+                goto done;
+            if (!column_put(f, i, v))
+                f->other = 1;
+        }
+    }
+    out = PyList_New(k);
+    if (out == NULL)
+        goto done;
+    for (c = 0; c < k; c++) {
+        column_fill *f = &cols[c];
+        PyObject *item;
+        if (f->other)
+            item = Py_NewRef(Py_None);
+        else {
+            if (f->nulls == 0)
+                Py_SETREF(f->valid, Py_NewRef(Py_None));
+            item = Py_BuildValue("(OOn)", f->data, f->valid, f->nulls);
+            if (item == NULL) {
+                Py_CLEAR(out);
+                goto done;
+            }
+        }
+        PyList_SET_ITEM(out, c, item);
+    }
+done:
+    for (c = 0; c < k; c++) {
+        Py_CLEAR(cols[c].data);
+        Py_CLEAR(cols[c].valid);
+    }
+    return out;
+}
+
+/* A column's code ('d', 'q' or 'b', one character) as column_fill takes it; 0 with ValueError else. */
+static Py_UCS4 column_code(PyObject *code)
+{
+    Py_UCS4 c = PyUnicode_Check(code) && PyUnicode_GetLength(code) == 1 ? PyUnicode_READ_CHAR(code, 0) : 0;
+    if (c != 'd' && c != 'q' && c != 'b') {
+        PyErr_SetString(PyExc_ValueError, "a column's code is 'd', 'q' or 'b'");
+        return 0;
+    }
+    return c;
+}
+
 static PyObject *record_column(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 3 || !PyList_CheckExact(args[0]) || !PyUnicode_Check(args[1]) || !PyUnicode_Check(args[2])) {
         PyErr_SetString(PyExc_TypeError, "record_column(records: list, name: str, code: str)");
         return NULL;
     }
-    PyObject *recs = args[0], *name = args[1];
-    Py_ssize_t n = PyList_GET_SIZE(recs), nulls = 0;
-    Py_UCS4 code = PyUnicode_GetLength(args[2]) == 1 ? PyUnicode_READ_CHAR(args[2], 0) : 0;
-    if (code != 'd' && code != 'q' && code != 'b') {
-        PyErr_SetString(PyExc_ValueError, "record_column: code is 'd', 'q' or 'b'");
+    column_fill col = {args[1], NULL, NULL, -1, 0, column_code(args[2]), NULL, NULL, 0};
+    if (col.code == 0)
+        return NULL;
+    PyObject *got = fill_columns(args[0], &col, 1);
+    if (got == NULL)
+        return NULL;
+    PyObject *one = Py_NewRef(PyList_GET_ITEM(got, 0));
+    Py_DECREF(got);
+    return one;
+}
+
+/* record_columns(records, names: tuple[str, ...], codes: tuple[str, ...]) -> list: record_column of each name
+ * and code, in one pass over the records (each visited once for all its fields, not once a column). */
+static PyObject *record_columns(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3 || !PyList_CheckExact(args[0]) || !PyTuple_CheckExact(args[1]) || !PyTuple_CheckExact(args[2])
+            || PyTuple_GET_SIZE(args[1]) != PyTuple_GET_SIZE(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "record_columns(records: list, names: tuple, codes: tuple of one length)");
         return NULL;
     }
-    PyTypeObject *t = n ? Py_TYPE(PyList_GET_ITEM(recs, 0)) : NULL;
-    Py_ssize_t off = t ? slot_of(t, name) : -1;
-    if (off >= 0 && (off < (Py_ssize_t)sizeof(PyObject) || off > t->tp_basicsize - (Py_ssize_t)sizeof(PyObject *)))
-        off = -1;
-    Py_ssize_t width = code == 'b' ? (n + 7) / 8 : n * 8, vbytes = (n + 7) / 8;
-    PyObject *data = PyBytes_FromStringAndSize(NULL, width), *valid = PyBytes_FromStringAndSize(NULL, vbytes);
-    if (data == NULL || valid == NULL)
-        goto fail;
-    char *d = PyBytes_AS_STRING(data);
-    unsigned char *vb = (unsigned char *)PyBytes_AS_STRING(valid);
-    memset(vb, 0, (size_t)vbytes);
-    if (code == 'b')
-        memset(d, 0, (size_t)width);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *ev = PyList_GET_ITEM(recs, i), *v;
-        if (off >= 0 && Py_TYPE(ev) == t) {
-            v = *(PyObject **)((char *)ev + off);
-            if (v == NULL)
-                goto other;
-            Py_INCREF(v);
-        } else if ((v = PyObject_GetAttr(ev, name)) == NULL)
-            goto fail;
-        if (v == Py_None) {
-            nulls++;
-            if (code != 'b')
-                memset(d + i * 8, 0, 8);
-        } else {
-            vb[i >> 3] |= (unsigned char)(1u << (i & 7));
-            if (code == 'd') {
-                if (!PyFloat_CheckExact(v)) {
-                    Py_DECREF(v);
-                    goto other;
-                }
-                double x = PyFloat_AS_DOUBLE(v);
-                memcpy(d + i * 8, &x, 8);
-            } else if (code == 'q') {
-                int overflow = 0;
-                long long x = PyLong_CheckExact(v) ? PyLong_AsLongLongAndOverflow(v, &overflow) : 0;
-                if (!PyLong_CheckExact(v) || overflow) {
-                    Py_DECREF(v);
-                    goto other;
-                }
-                memcpy(d + i * 8, &x, 8);
-            } else {
-                if (v != Py_True && v != Py_False) {
-                    Py_DECREF(v);
-                    goto other;
-                }
-                if (v == Py_True)
-                    ((unsigned char *)d)[i >> 3] |= (unsigned char)(1u << (i & 7));
-            }
+    Py_ssize_t k = PyTuple_GET_SIZE(args[1]);
+    column_fill *cols = PyMem_Calloc((size_t)(k ? k : 1), sizeof(column_fill));
+    if (cols == NULL)
+        return PyErr_NoMemory();
+    PyObject *out = NULL;
+    for (Py_ssize_t c = 0; c < k; c++) {
+        cols[c].name = PyTuple_GET_ITEM(args[1], c);
+        if (!PyUnicode_Check(cols[c].name)) {
+            PyErr_SetString(PyExc_TypeError, "record_columns: a name is a str");
+            goto done;
         }
-        Py_DECREF(v);
+        if ((cols[c].code = column_code(PyTuple_GET_ITEM(args[2], c))) == 0)
+            goto done;
     }
-    if (nulls == 0) {
-        Py_DECREF(valid);
-        valid = Py_NewRef(Py_None);
-    }
-    return Py_BuildValue("(NNn)", data, valid, nulls);
-other:
-    Py_XDECREF(data);
-    Py_XDECREF(valid);
-    Py_RETURN_NONE;
-fail:
-    Py_XDECREF(data);
-    Py_XDECREF(valid);
-    return NULL;
+    out = fill_columns(args[0], cols, k);
+done:
+    PyMem_Free(cols);
+    return out;
 }
 
 /* ---- the writer's append ---- */
@@ -2649,6 +2740,8 @@ static PyMethodDef methods[] = {
      "The health detector's common step: add x to the baseline (True), or leave it to the caller (False)."},
     {"step_records", (PyCFunction)(void (*)(void))step_records, METH_FASTCALL,
      "The records of a block's step lines, built from the lines and their numbers without decoding them again."},
+    {"record_columns", (PyCFunction)(void (*)(void))record_columns, METH_FASTCALL,
+     "record_columns(records, names, codes) -> list: record_column of each, in one pass over the records"},
     {"record_column", (PyCFunction)(void (*)(void))record_column, METH_FASTCALL,
      "One float, int64 or bool field of records of one type as an Arrow column's buffers, or None."},
     {"type_run", (PyCFunction)(void (*)(void))type_run, METH_FASTCALL,

@@ -201,10 +201,16 @@ def _views_read(con: duckdb.DuckDBPyConnection, sql: str | None) -> list[str] | 
     DESCRIBE (the catalog: it would miss the rest), a name that is not a view (its error then suggests the right
     one), another schema or catalog. DuckDB's own parser decides (``json_serialize_sql``: parsed, never bound, so
     nothing is read)."""
+    got = _names_read(con, sql)
+    return None if got is None else got[0]
+
+
+def _names_read(con: duckdb.DuckDBPyConnection, sql: str | None) -> tuple[list[str], bool] | None:
+    """:func:`_views_read`'s views, and whether ``sql`` names ``events`` itself; None as there."""
     if sql is None:
         return None
     try:
-        tree = json.loads(con.execute("SELECT json_serialize_sql(?::VARCHAR)", [sql]).fetchone()[0])
+        tree = json.loads(con.execute("SELECT json_serialize_sql(?::VARCHAR)", [sql]).fetchall()[0][0])
     except (duckdb.Error, ValueError, TypeError):
         return None
     if not isinstance(tree, dict) or tree.get("error") is not False:
@@ -241,7 +247,7 @@ def _views_read(con: duckdb.DuckDBPyConnection, sql: str | None) -> list[str] | 
         if n not in need:
             need.add(n)
             todo.extend(_DERIVED_READS.get(n, ()))
-    return [n for n in known if n in need]
+    return [n for n in known if n in need], "events" in names
 
 
 _COMMON = '{"kind":"VARCHAR","seq":"BIGINT","ts":"BIGINT","h":"VARCHAR"}'
@@ -249,8 +255,8 @@ _COMMON = '{"kind":"VARCHAR","seq":"BIGINT","ts":"BIGINT","h":"VARCHAR"}'
 _COMMON_TABLE = ("CREATE TABLE events_t (run_id VARCHAR, rank INTEGER, file VARCHAR, seq BIGINT, kind VARCHAR, "
                  "ts BIGINT, h VARCHAR, line VARCHAR)")
 
-#: a cold load instead of the in-memory one: ``(files, paths, trust, partial) -> (unlocked connection with every
-#: view, Source with readable set)``
+#: a cold load instead of the in-memory one: ``(files, paths, trust, partial[, sql=]) -> (unlocked connection with
+#: every view, or those ``sql`` reads, when given; Source with readable set)``
 ColdLoad = Callable[[list[Path], Sequence[Any], TrustPolicy, bool], tuple[duckdb.DuckDBPyConnection, "Source"]]
 
 
@@ -268,6 +274,8 @@ class Source:
     #: a cold load through the Parquet form: the files of each table (under ``readable``), which
     #: :func:`keep_cold_load` keeps as the next query's copy
     tables: dict[str, list[str]] | None = None
+    #: the tables such a load wrote when it was for one statement (those it reads); None: every one
+    loaded: list[str] | None = None
 
 
 def journal_files(paths: Sequence[str | os.PathLike]) -> list[Path]:
@@ -327,7 +335,8 @@ def keep_cold_load(source: Source) -> Path | None:
     shutil.rmtree(folder / "spill", ignore_errors=True)  # the query's own
     fd = os.open(folder / "meta.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
     with os.fdopen(fd, "w") as f:
-        json.dump({"version": CACHE_VERSION, "files": source.files, "tables": rel}, f)  # tables in the load's order
+        json.dump({"version": CACHE_VERSION, "files": source.files, "tables": rel,  # tables in the load's order
+                   "loaded": source.loaded}, f)
     old = target.with_name(f"{target.name}.old-{os.getpid()}")
     try:
         os.rename(target, old)
@@ -407,7 +416,7 @@ def open_views(paths: Sequence[str | os.PathLike], *, verify_first: bool = True,
             return hit
     try:
         if cold is not None and verify_first:
-            con, source = cold(files, paths, trust, partial)
+            con, source = cold(files, paths, trust, partial, **({} if sql is None else {"sql": sql}))
         else:
             missing = _whole_run_dirs(paths, trust, partial=partial) if verify_first else {}
             con, source = _load(files, verify_first, trust)
@@ -758,6 +767,14 @@ def _warm_kept(files: list[Path], trust: TrustPolicy, sql: str | None = None
         rows = _rows_current(meta["version"], meta["files"], files, trust)
         if rows is None:
             return None
+        loaded = meta.get("loaded")
+        if loaded is not None:  # a load for one statement: this one must read no other table
+            from trainledger.journal.parquet.journals import tables_read
+
+            with new_connection() as c:
+                need = tables_read(c, sql)
+            if need is None or not need <= set(map(str, loaded)):
+                return None
         tables = {}
         for t, rels in meta["tables"].items():
             paths = [folder / r for r in rels]

@@ -200,7 +200,7 @@ class _JournalWriter:
 
     def __init__(self, root: Path, sub: Path, run_id: str, rank: int | None, *, lines: bool,
                  specs: dict[str, _Typed], con: Any, file_column: str | None = None,
-                 compression: str = "zstd") -> None:
+                 compression: str = "zstd", only: frozenset[str] | None = None) -> None:
         self.pa = _pyarrow()
         self.root, self.sub, self.run_id, self.rank, self.lines = root, sub, run_id, rank, lines
         self.specs, self.con = specs, con
@@ -212,6 +212,10 @@ class _JournalWriter:
         self._tags: dict[type, str | None] = {}
         pa = self.pa
         self.file_column, self.compression = file_column, compression
+        #: the tables written (None: every one); the others' columns are never built
+        self.events = only is None or "events" in only
+        if only is not None:
+            self.specs = {k: v for k, v in specs.items() if v.table in only}
         self.events_schema = pa.schema([("run_id", pa.string()), ("rank", pa.int32())]
                                        + ([("file", pa.string())] if file_column is not None else [])
                                        + [("seq", pa.int64()), ("kind", pa.string()), ("ts", pa.int64()),
@@ -255,7 +259,7 @@ class _JournalWriter:
         recs, raw = self.recs, self.raw
         self.recs, self.raw = [], Lines()
         n = len(recs)
-        if not n and "events" in self.writers:
+        if not n and ("events" in self.writers or not self.events):
             return
         pa = self.pa
         self.count += n
@@ -268,36 +272,39 @@ class _JournalWriter:
             j = type_run(recs, i, t)
             tag = self._tag(t)
             if tag is None:
-                kinds.extend(r.kind for r in recs[i:j])
+                if self.events:
+                    kinds.extend(r.kind for r in recs[i:j])
             else:
-                kinds.extend([tag] * (j - i))
+                if self.events:
+                    kinds.extend([tag] * (j - i))
                 spec = self.specs.get(tag)
                 if spec is not None:
                     groups.setdefault(tag, []).extend(recs[i:j])
                     if spec.by_sql:
                         lines_of.setdefault(tag, []).extend(raw[i:j])
             i = j
-        run, rank = self._const(n)
-        cols = [run, rank, *([pa.repeat(self.file_column, n)] if self.file_column is not None else []),
-                arrow_column(recs, "seq", "BIGINT"), pa.array(kinds, pa.string()),
-                arrow_column(recs, "ts", "BIGINT"), pa.array(list(map(_H, recs)), pa.string())]
-        if self.lines:
-            cols.append(self._text(raw))
-        self._write("events", pa.Table.from_arrays(cols, schema=self.events_schema))
+        if self.events:
+            self._events(n, recs, raw, kinds)
         for tag, group in groups.items():
             spec = self.specs[tag]
             self._write(spec.table, self._by_sql(spec, group, lines_of[tag]) if spec.by_sql
                         else self._scalar(spec, group))
 
+    def _events(self, n: int, recs: list[Any], raw: Any, kinds: list[str]) -> None:
+        pa = self.pa
+        run, rank = self._const(n)
+        seq, ts = arrow_columns(recs, ["seq", "ts"], ["BIGINT", "BIGINT"])
+        cols = [run, rank, *([pa.repeat(self.file_column, n)] if self.file_column is not None else []),
+                seq, pa.array(kinds, pa.string()), ts, pa.array(list(map(_H, recs)), pa.string())]
+        if self.lines:
+            cols.append(self._text(raw))
+        self._write("events", pa.Table.from_arrays(cols, schema=self.events_schema))
+
     def _scalar(self, spec: _Typed, group: list[Any]) -> Any:
         pa = self.pa
         run, rank = self._const(len(group))
-        arrays, names = [run, rank, arrow_column(group, "seq", "BIGINT"), arrow_column(group, "ts", "BIGINT")], \
-            ["run_id", spec.rank_col, "seq", "ts"]
-        for name, duck in zip(spec.names, spec.duck):
-            arrays.append(arrow_column(group, name, duck))
-            names.append(name)
-        return pa.Table.from_arrays(arrays, names=names)
+        arrays = [run, rank, *arrow_columns(group, ["seq", "ts", *spec.names], ["BIGINT", "BIGINT", *spec.duck])]
+        return pa.Table.from_arrays(arrays, names=["run_id", spec.rank_col, "seq", "ts", *spec.names])
 
     def _text(self, raw: Any) -> Any:
         """Lines (a list of bytes, or :class:`~trainledger.journal.scan.Lines` where they were read) as a string
@@ -349,6 +356,7 @@ class _JournalWriter:
 
 _H = operator.attrgetter("h")
 _record_column = getattr(_fast, "record_column", None)
+_record_columns = getattr(_fast, "record_columns", None)
 #: record_column's code for a view's column type, and the Arrow type it builds
 _CODES = {"HUGEINT": "q", "BIGINT": "q", "DOUBLE": "d", "BOOLEAN": "b"}
 _ARROW: dict[str, Callable[[Any], Any]] = {"HUGEINT": lambda pa: pa.int64(), "BIGINT": lambda pa: pa.int64(),
@@ -368,10 +376,7 @@ def arrow_column(recs: list[Any], name: str, duck: str) -> Any:
     code = _CODES.get(duck)
     got = _record_column(recs, name, code) if code is not None and _record_column is not None else None
     if got is not None:
-        data, valid, nulls = got
-        arr = pa.Array.from_buffers(_ARROW[duck](pa), len(recs), [pa.py_buffer(valid) if valid is not None else None,
-                                                                 pa.py_buffer(data)], null_count=nulls)
-        return arr.cast(pa.decimal128(38, 0)) if duck == "HUGEINT" else arr
+        return _from_buffers(pa, got, duck, len(recs))
     col = list(map(operator.attrgetter(name), recs))
     if duck == "HUGEINT":
         try:
@@ -379,6 +384,27 @@ def arrow_column(recs: list[Any], name: str, duck: str) -> Any:
         except (OverflowError, pa.ArrowInvalid):
             return pa.array(col, pa.decimal128(38, 0))
     return pa.array(col, _ARROW[duck](pa))
+
+
+def arrow_columns(recs: list[Any], names: Sequence[str], ducks: Sequence[str]) -> list[Any]:
+    """:func:`arrow_column` of each field (``names``, of the query layer's types ``ducks``), the numeric ones in one
+    pass over the records (each visited once for all of them, not once a column)."""
+    pa = _pyarrow()
+    coded = [i for i, duck in enumerate(ducks) if duck in _CODES]
+    got = (_record_columns(recs, tuple(names[i] for i in coded), tuple(_CODES[ducks[i]] for i in coded))
+           if _record_columns is not None and len(coded) > 1 else None)
+    out = []
+    for i, (name, duck) in enumerate(zip(names, ducks)):
+        bufs = got[coded.index(i)] if got is not None and i in coded else None
+        out.append(arrow_column(recs, name, duck) if bufs is None else _from_buffers(pa, bufs, duck, len(recs)))
+    return out
+
+
+def _from_buffers(pa: Any, bufs: tuple[bytes, bytes | None, int], duck: str, n: int) -> Any:
+    data, valid, nulls = bufs
+    arr = pa.Array.from_buffers(_ARROW[duck](pa), n, [pa.py_buffer(valid) if valid is not None else None,
+                                                     pa.py_buffer(data)], null_count=nulls)
+    return arr.cast(pa.decimal128(38, 0)) if duck == "HUGEINT" else arr
 
 
 @dataclasses.dataclass
@@ -391,14 +417,16 @@ class JournalExport:
 
 def export_journal(path: str | os.PathLike, root: str | os.PathLike, *, lines: bool, trust: TrustPolicy,
                    rank: int | None = None, con: Any = None, file_column: str | None = None,
-                   compression: str = "zstd", digests: bool = True) -> JournalExport:
+                   compression: str = "zstd", digests: bool = True,
+                   only: frozenset[str] | None = None) -> JournalExport:
     """Verify one journal under ``trust`` and write its signed events under ``root`` (``TABLE/run-<run>/FILE``), in
     one pass: engine-neutral (a Ray, Dask or Spark task may run it; the result pickles). ``rank``: the journal is
     that rank of a run folder: its verification also gathers what :func:`~trainledger.journal.audit.rundir.check_run`
     needs, and an integrity failure's message names the rank. ``con``: a DuckDB connection to type container
     kinds with (one is opened otherwise). ``digests=False``: the files' entries without their SHA-256 (files that
-    no listing names: the query layer's private load). Raises what verification raises; the files it wrote are
-    then closed and left for the caller to remove with ``root``."""
+    no listing names: the query layer's private load). ``only``: write these tables alone (the query layer's load
+    for one statement; never an export, which holds every table). Raises what verification raises; the files it
+    wrote are then closed and left for the caller to remove with ``root``."""
     from trainledger.journal.audit.rundir import _ANCHOR_KINDS
     from trainledger.journal.errors import IntegrityError
     from trainledger.journal.query import _file_row, _rank_of, new_connection
@@ -412,7 +440,7 @@ def export_journal(path: str | os.PathLike, root: str | os.PathLike, *, lines: b
         con.execute("SET threads = 1")
     w = _JournalWriter(root, Path(f"run-{folder_name(run_id)}") / file_name(_rank_of(run_id)), run_id,
                        _rank_of(run_id), lines=lines, specs=_specs(), con=con, file_column=file_column,
-                       compression=compression)
+                       compression=compression, only=only)
     try:
         try:
             rep = verify(f, trust=trust, _consume=w, _with_lines=True,

@@ -22,7 +22,7 @@ from typing import Any
 
 from trainledger.journal.trust import TrustPolicy
 
-__all__ = ["load_journals", "available"]
+__all__ = ["load_journals", "available", "tables_read"]
 
 
 def available() -> bool:
@@ -32,14 +32,31 @@ def available() -> bool:
     return _has_pyarrow()
 
 
+def tables_read(con: Any, sql: str | None) -> frozenset[str] | None:
+    """The tables of the Parquet form (:func:`~trainledger.journal.parquet.export.tables`) that ``sql`` reads: those
+    of the views it reads (DuckDB's parse: :func:`~trainledger.journal.query._views_read`), ``events`` when it names
+    it or reads ``runs``; None (every table) when that cannot be told or ``sql`` is None."""
+    from trainledger.journal.query import _DERIVED, VIEW_NAMES, _names_read
+
+    got = _names_read(con, sql)
+    if got is None:
+        return None
+    views, events = got
+    aliases = {tag: name for name, tag in VIEW_NAMES.items()}
+    return frozenset({"events"} if events or "runs" in views else set()) | {
+        aliases.get(v, v) for v in views if v not in _DERIVED}
+
+
 def load_journals(files: list[Path], paths: Sequence[str | os.PathLike], trust: TrustPolicy, partial: bool,
-                  where: str | os.PathLike | None = None) -> tuple[Any, Any]:
+                  where: str | os.PathLike | None = None, sql: str | None = None) -> tuple[Any, Any]:
     """The query layer's cold load (see the module doc): a connection with every view over the verified events,
     not locked yet (the caller locks it, reads limited to ``source.readable``), and its
     :class:`~trainledger.journal.query.Source` (``tables``: the Parquet files of each table, which
     :func:`~trainledger.journal.query.keep_cold_load` may keep as the next query's copy). ``where``: the folder
     to write them in (the temporary folder by default; the cache folder when they are to be kept, so that keeping
-    them is a rename). Raises what verification raises, naming the user's file."""
+    them is a rename). ``sql``: the one statement the load is for: only the tables it reads are written, and only
+    its views defined (``Source.loaded`` names those tables; every one when the statement's reads cannot be told).
+    Raises what verification raises, naming the user's file."""
     from trainledger.journal.copies import PrivateCopies
     from trainledger.journal.parquet.export import _check_runs, _ranks_of, export_journal, tables
     from trainledger.journal.parquet.read import views_over
@@ -54,13 +71,14 @@ def load_journals(files: list[Path], paths: Sequence[str | os.PathLike], trust: 
         ranks = _ranks_of(paths)
         con = new_connection()
         con.execute("SET threads = 1")
+        only = tables_read(con, sql)
         done = []
         try:
             for i, f in enumerate(files):
                 st = os.stat(f)
                 root = copies.dir / f"j{i}"  # a folder each: two journals may share a run id here
                 x = export_journal(f, root, lines=True, trust=trust, rank=ranks.get(f.resolve(), (None, None))[1],
-                                   con=con, file_column=str(f), compression="none", digests=False)
+                                   con=con, file_column=str(f), compression="none", digests=False, only=only)
                 done.append(x)
                 rows.append({**_file_row(f, x.report), "identity": [st.st_ino, st.st_mtime_ns, st.st_ctime_ns]})
                 for item in x.files:
@@ -69,11 +87,12 @@ def load_journals(files: list[Path], paths: Sequence[str | os.PathLike], trust: 
             con.close()
         missing = _check_runs(files, ranks, done, trust, partial)
         by_table = {t: by_table[t] for t in tables() if t in by_table}  # the export's order (a kept copy's too)
-        con = views_over(by_table)
+        con = views_over(by_table, sql=None if only is None else sql)
     except BaseException:
         copies.close()
         raise
-    return con, Source("journals", rows, missing=missing, readable=copies.dir, tables=by_table)
+    return con, Source("journals", rows, missing=missing, readable=copies.dir, tables=by_table,
+                       loaded=None if only is None else sorted(only))
 
 
 def _main(argv: list[str]) -> int:

@@ -49,6 +49,32 @@ def test_every_view_answers_what_the_in_memory_load_answers(name):
             [d[0] for d in pq.execute(f"SELECT * FROM {view}").description], view
 
 
+@pytest.mark.parametrize("name", ["every_kind_v1_3", "scaling_ladder_v1_2"])
+def test_a_load_for_one_statement_writes_the_tables_it_reads_and_answers_as_every_table_does(name):
+    """A cold load for one statement (``trainledger query``'s) writes only the tables the statement reads (the
+    typed ones its views read, events when it names it or reads runs) and defines only its views: its answer is the
+    in-memory load's, row for row; a view it does not read is not there to answer wrongly (empty)."""
+    p, keys = [str(GOLDEN / f"{name}.jsonl")], [load_public_key(GOLDEN / f"{name}.pub")]
+    mem, _ = open_views(p, use_cache=False, keys=keys)
+    for sql, loaded in [("SELECT * FROM steps", ["steps"]), ("SELECT * FROM step_observed", ["steps"]),
+                        ("SELECT * FROM mfu", ["configs", "steps"]),
+                        ("SELECT * FROM timeline", ["configs", "resumes", "steps"]),
+                        ("SELECT run_id, events, imported FROM runs", ["events"]),
+                        ("SELECT kind, count(*) FROM events GROUP BY kind", ["events"]),
+                        ("SELECT * FROM run_opened", ["run_opened"]),
+                        ("WITH v AS (SELECT * FROM verdicts) SELECT * FROM v, seals", ["seals", "verdicts"])]:
+        con, src = open_views(p, use_cache=False, keys=keys, cold=load_journals, sql=sql)
+        assert src.loaded == loaded, sql
+        got = sorted((tuple(map(_plain, r)) for r in con.execute(sql).fetchall()), key=repr)
+        assert got == sorted((tuple(map(_plain, r)) for r in mem.execute(sql).fetchall()), key=repr), sql
+        with pytest.raises(duckdb.CatalogException):
+            con.execute("SELECT * FROM anomalies")
+        con.close()
+    con, src = open_views(p, use_cache=False, keys=keys, cold=load_journals, sql="SELECT * FROM steps, range(1)")
+    assert src.loaded is None  # a table function: its reads cannot be told, so every table
+    assert _all(con, "anomalies") == _all(mem, "anomalies")
+
+
 def test_a_run_folder_its_partial_view_and_a_changed_byte(tmp_path):
     s = Signer.generate()
     run = tmp_path / "run"
@@ -121,14 +147,27 @@ def test_a_cold_query_leaves_its_parquet_files_for_the_next_one(tmp_path, monkey
     pub = str(GOLDEN / "scaling_ladder_v1_2.pub")
     keys = [load_public_key(pub)]
 
-    def ask() -> str:
-        assert main(["query", str(j), "--pubkey", pub, "--format", "csv", "SELECT count(*) AS n FROM steps"]) == 0
+    def ask(sql: str = "SELECT count(*) AS n FROM steps") -> str:
+        assert main(["query", str(j), "--pubkey", pub, "--format", "csv", sql]) == 0
         return capsys.readouterr().out
 
     first = ask()
     kept = list(cache.glob("p-*"))
     assert len(kept) == 1 and (kept[0] / "meta.json").is_file() and not list(cache.glob("trainledger-*"))
     assert not (kept[0] / "spill").exists()
+    # a load for one statement wrote the tables it reads and no other: it answers statements that read only those
+    con, src = open_views([str(j)], keys=keys, sql="SELECT max(step) FROM step_observed")
+    assert src.origin == "cache" and src.cache_path == kept[0]
+    con.close()
+    assert {p.parts[len(kept[0].parts) + 1] for p in kept[0].rglob("*.parquet")} == {"steps"}  # j0/TABLE/...
+    for sql in ("SELECT count(*) FROM events", "SELECT * FROM runs", "SELECT * FROM steps, verdicts", None):
+        con, src = open_views([str(j)], keys=keys, sql=sql)
+        assert src.origin == "journals", sql
+        con.close()
+    # a statement whose reads cannot be told (a table function) loads every table, and that copy answers any
+    assert ask("SELECT count(*) AS n FROM steps, range(1)") == first
+    kept = list(cache.glob("p-*"))
+    assert len(kept) == 1 and json.loads((kept[0] / "meta.json").read_text())["loaded"] is None
     con, src = open_views([str(j)], keys=keys)
     assert src.origin == "cache" and src.cache_path == kept[0]
     mem, _ = open_views([str(j)], use_cache=False, keys=keys)
@@ -148,7 +187,7 @@ def test_a_cold_query_leaves_its_parquet_files_for_the_next_one(tmp_path, monkey
     meta["tables"]["steps"] = ["../../ladder.jsonl"]
     (kept[0] / "meta.json").write_text(json.dumps(meta))
     assert open_views([str(j)], keys=keys)[1].origin == "journals"
-    ask()
+    ask("SELECT count(*) AS n FROM steps, range(1)")  # every table kept
     steps = next(kept[0].rglob("steps/*/*.parquet"))
     other = next(kept[0].rglob("events/*/*.parquet"))
     steps.unlink()
