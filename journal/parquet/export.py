@@ -153,8 +153,11 @@ def _lit(s: str) -> str:
     return "'" + s.replace("'", "''") + "'"
 
 
-#: events per row group: what one journal's export holds in memory at most (besides the verifier's own block)
+#: events per row group: what one journal's export holds in memory at most, as columns (besides the verifier's block)
 ROW_GROUP = 65_536
+#: events whose records are made columns at a time (then freed: the same memory is used again while it is still in
+#: the caches; 65,536 records at once took pages from the system and gave them back every row group)
+BATCH = 8_192
 
 
 def _pyarrow() -> Any:
@@ -208,6 +211,9 @@ class _JournalWriter:
         self.raw: Any = Lines()
         self.writers: dict[str, tuple[Any, Path]] = {}
         self.rows: dict[str, int] = {}
+        #: each table's columns built and not written yet, and the events they hold
+        self.staged: dict[str, list[Any]] = {}
+        self.staged_events = 0
         self.count = 0
         self._tags: dict[type, str | None] = {}
         pa = self.pa
@@ -224,8 +230,10 @@ class _JournalWriter:
     def __call__(self, recs: list[Any], raw: Any) -> None:
         self.recs.extend(recs)
         self.raw.extend(raw)
-        if len(self.recs) >= ROW_GROUP:
-            self.flush()
+        if len(self.recs) >= BATCH:
+            self._build()
+            if self.staged_events >= ROW_GROUP:
+                self._write_staged()
 
     def _tag(self, t: type) -> str | None:
         """A record type's kind (None: an unknown kind, whose records carry their own)."""
@@ -253,16 +261,35 @@ class _JournalWriter:
         got[0].write_table(data, row_group_size=ROW_GROUP)
         self.rows[table] += data.num_rows
 
+    def _write_staged(self) -> None:
+        """Every table's staged columns written, one row group of them a table (each batch its own where two
+        batches' columns do not join)."""
+        staged, self.staged, self.staged_events = self.staged, {}, 0
+        for table, parts in staged.items():
+            try:
+                parts = [parts[0] if len(parts) == 1 else self.pa.concat_tables(parts)]
+            except self.pa.ArrowInvalid:
+                pass
+            for data in parts:
+                self._write(table, data)
+
     def flush(self) -> None:
+        """Everything received written out."""
+        self._build()
+        self._write_staged()
+
+    def _build(self) -> None:
+        """The records received made each table's columns (staged), and let go."""
         from trainledger.journal.audit.replay import type_run
 
         recs, raw = self.recs, self.raw
         self.recs, self.raw = [], Lines()
         n = len(recs)
-        if not n and ("events" in self.writers or not self.events):
+        if not n and ("events" in self.writers or "events" in self.staged or not self.events):
             return
         pa = self.pa
         self.count += n
+        self.staged_events += n
         kinds: list[str] = []
         groups: dict[str, list[Any]] = {}
         lines_of: dict[str, list[bytes]] = {}
@@ -287,8 +314,8 @@ class _JournalWriter:
             self._events(n, recs, raw, kinds)
         for tag, group in groups.items():
             spec = self.specs[tag]
-            self._write(spec.table, self._by_sql(spec, group, lines_of[tag]) if spec.by_sql
-                        else self._scalar(spec, group))
+            self.staged.setdefault(spec.table, []).append(
+                self._by_sql(spec, group, lines_of[tag]) if spec.by_sql else self._scalar(spec, group))
 
     def _events(self, n: int, recs: list[Any], raw: Any, kinds: list[str]) -> None:
         pa = self.pa
@@ -298,7 +325,7 @@ class _JournalWriter:
                 seq, pa.array(kinds, pa.string()), ts, pa.array(list(map(_H, recs)), pa.string())]
         if self.lines:
             cols.append(self._text(raw))
-        self._write("events", pa.Table.from_arrays(cols, schema=self.events_schema))
+        self.staged.setdefault("events", []).append(pa.Table.from_arrays(cols, schema=self.events_schema))
 
     def _scalar(self, spec: _Typed, group: list[Any]) -> Any:
         pa = self.pa
@@ -346,6 +373,7 @@ class _JournalWriter:
         return listed
 
     def abandon(self) -> None:
+        self.staged.clear()
         for w, _ in self.writers.values():
             try:
                 w.close()

@@ -320,13 +320,15 @@ def test_a_receipt_that_is_not_what_the_lines_give_is_named(export, tmp_path):
 
 def test_the_streaming_pass_keeps_every_value_across_row_groups_and_leaves_the_unsigned_tail_out(tmp_path,
                                                                                                  monkeypatch):
-    """Row groups of 7 events (the seals fall between them), values the fast column path does not take (an int
+    """Row groups of 7 events (the seals fall between them; the columns built a few events at a time and joined),
+    values the fast column path does not take (an int
     past int64, NaN and infinities, an int where a float is expected, None), and a live run's tail that no seal
     covers: the export holds exactly the signed prefix, cell for cell what the lines say."""
     import trainledger.journal.parquet.export as ex
     from trainledger.journal import Journal
 
     monkeypatch.setattr(ex, "ROW_GROUP", 7)
+    monkeypatch.setattr(ex, "BATCH", 3)  # columns built 3 events or so at a time, joined into row groups of 7
     s = Signer.generate()
     p = tmp_path / "live.jsonl"
     with Journal.create(p, signer=s, seal_every=10, background=False) as j:
