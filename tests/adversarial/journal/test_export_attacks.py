@@ -519,3 +519,33 @@ def test_events_rows_out_of_seq_order_or_without_a_line_are_refused_at_that_seq(
     _relist(bad)
     with pytest.raises(ExportMismatch, match=f"{rel}: the row at seq 7 is out of order or has no line"):
         verify_export(bad, keys=[s.public])
+
+
+def test_an_events_line_longer_than_a_journals_line_is_refused_at_its_seq(run4, tmp_path, monkeypatch):
+    """A line longer than a journal's line may be (the limit lowered here to just above the export's longest) is
+    refused before any line is written out, naming its seq; the seqs' own check and the length's are one pass
+    over the file, the longest line's seq looked up only then."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from trainledger.journal import scan
+
+    d, out, s, _, pub = run4
+    bad = _copy(out, tmp_path)
+    rel = "events/run-runX.r00000/rank-00000.parquet"
+    t = pq.read_table(bad / rel)
+    lines = t.column("line").to_pylist()
+    longest = max(map(len, lines))
+    monkeypatch.setattr(scan, "MAX_LINE", longest + 10)
+    assert verify_export(out, keys=[s.public]).events  # within the lowered limit
+    lines[5] = "x" * (longest + 20)
+    t = t.set_column(t.schema.get_field_index("line"), t.schema.field("line"), pa.array(lines, pa.string()))
+    rc = pq.read_metadata(bad / rel).metadata[b"trainledger_receipt"]
+    (bad / rel).unlink()
+    w = pq.ParquetWriter(bad / rel, t.schema, use_dictionary=False)
+    w.write_table(t)
+    w.add_key_value_metadata({"trainledger_receipt": rc})
+    w.close()
+    _relist(bad)
+    with pytest.raises(ExportMismatch, match=f"{rel}: the line at seq 5 is {longest + 20:,} bytes, longer than"):
+        verify_export(bad, keys=[s.public])
