@@ -250,6 +250,19 @@ def _names_read(con: duckdb.DuckDBPyConnection, sql: str | None) -> tuple[list[s
     return [n for n in known if n in need], "events" in names
 
 
+def tables_read(con: Any, sql: str | None) -> frozenset[str] | None:
+    """The tables of the Parquet form (``trainledger.journal.parquet.export.tables()``) that ``sql`` reads: those
+    of the views it reads (DuckDB's parse: :func:`~trainledger.journal.query._views_read`), ``events`` when it names
+    it or reads ``runs``; None (every table) when that cannot be told or ``sql`` is None."""
+    got = _names_read(con, sql)
+    if got is None:
+        return None
+    views, events = got
+    aliases = {tag: name for name, tag in VIEW_NAMES.items()}
+    return frozenset({"events"} if events or "runs" in views else set()) | {
+        aliases.get(v, v) for v in views if v not in _DERIVED}
+
+
 _COMMON = '{"kind":"VARCHAR","seq":"BIGINT","ts":"BIGINT","h":"VARCHAR"}'
 #: the table every view reads: one row a line
 _COMMON_TABLE = ("CREATE TABLE events_t (run_id VARCHAR, rank INTEGER, file VARCHAR, seq BIGINT, kind VARCHAR, "
@@ -769,8 +782,6 @@ def _warm_kept(files: list[Path], trust: TrustPolicy, sql: str | None = None
             return None
         loaded = meta.get("loaded")
         if loaded is not None:  # a load for one statement: this one must read no other table
-            from trainledger.journal.parquet.journals import tables_read
-
             with new_connection() as c:
                 need = tables_read(c, sql)
             if need is None or not need <= set(map(str, loaded)):

@@ -22,7 +22,7 @@ from typing import Any
 
 from trainledger.journal.trust import TrustPolicy
 
-__all__ = ["load_journals", "available", "tables_read"]
+__all__ = ["load_journals", "available"]
 
 
 def available() -> bool:
@@ -30,21 +30,6 @@ def available() -> bool:
     from trainledger.journal.query import _has_pyarrow
 
     return _has_pyarrow()
-
-
-def tables_read(con: Any, sql: str | None) -> frozenset[str] | None:
-    """The tables of the Parquet form (:func:`~trainledger.journal.parquet.export.tables`) that ``sql`` reads: those
-    of the views it reads (DuckDB's parse: :func:`~trainledger.journal.query._views_read`), ``events`` when it names
-    it or reads ``runs``; None (every table) when that cannot be told or ``sql`` is None."""
-    from trainledger.journal.query import _DERIVED, VIEW_NAMES, _names_read
-
-    got = _names_read(con, sql)
-    if got is None:
-        return None
-    views, events = got
-    aliases = {tag: name for name, tag in VIEW_NAMES.items()}
-    return frozenset({"events"} if events or "runs" in views else set()) | {
-        aliases.get(v, v) for v in views if v not in _DERIVED}
 
 
 def load_journals(files: list[Path], paths: Sequence[str | os.PathLike], trust: TrustPolicy, partial: bool,
@@ -60,7 +45,7 @@ def load_journals(files: list[Path], paths: Sequence[str | os.PathLike], trust: 
     from trainledger.journal.copies import PrivateCopies
     from trainledger.journal.parquet.export import _check_runs, _ranks_of, export_journal, tables
     from trainledger.journal.parquet.read import views_over
-    from trainledger.journal.query import Source, _file_row, new_connection
+    from trainledger.journal.query import Source, _file_row, new_connection, tables_read
 
     # in the cache folder: named after this process, so that one a killed query left is removed by the next
     copies = PrivateCopies(owned=None if where is None else "load", where=where)
