@@ -200,9 +200,12 @@ def _roster_signed(issuer: PublicKey, sig: bytes, body: bytes) -> bool:
     return True
 
 
-def opens_certified(path: Path, opened_len: int) -> bool:
+def opens_certified(path: Path, opened_len: int, *, _source: Any = None) -> bool:
     """Whether the journal at ``path`` is one whose keys are certified: its second line (after ``run_opened``,
-    ``opened_len`` bytes) is a ``key_certified``, as the writer puts it. A bounded read of a few bytes."""
+    ``opened_len`` bytes) is a ``key_certified``, as the writer puts it. A bounded read of a few bytes (``_source``:
+    of a stream of lines, see :func:`~trainledger.journal.verify.verify`)."""
+    if _source is not None:
+        return _source.prefix(opened_len + len(_PATTERN))[opened_len:opened_len + len(_PATTERN)] == _PATTERN
     with open(path, "rb") as f:
         f.seek(opened_len)
         return f.read(len(_PATTERN)) == _PATTERN
@@ -224,8 +227,6 @@ def find_certificates(path: Path, size: int) -> list[Any]:
 
 
 def _find_certificates(path: Path, size: int, out: list[Any]) -> list[Any]:
-    from trainledger.journal import codec
-
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
         end = min(size, len(mm))
         at = mm.find(_PATTERN, 0, end)
@@ -237,18 +238,32 @@ def _find_certificates(path: Path, size: int, out: list[Any]) -> list[Any]:
                     raise SchemaError(f"a key_certified line at byte {start} is over {_MAX_CERT_LINE:,} bytes",
                                       offset=start)
                 break  # a torn last line: the scan reports it
-            if len(out) >= MAX_CERTIFICATES:
-                raise SchemaError(f"more than {MAX_CERTIFICATES:,} key_certified lines: not a journal this "
-                                  "project wrote", offset=start)
-            try:
-                rec = codec.decode_line(mm[start:nl])
-            except IntegrityError as e:
-                e.offset = start
-                raise
-            if isinstance(rec, KeyCertified):
-                out.append(rec)
+            take_certificate(mm[start:nl], out, offset=start)
             at = mm.find(_PATTERN, nl, end)
     return out
+
+
+def take_certificate(line: bytes, out: list[Any], *, offset: int | None = None, seq: int | None = None) -> None:
+    """A line found opening as a ``key_certified`` does (by :func:`find_certificates`' byte search, or a query of a
+    stream's lines), decoded onto ``out`` when it is one; ``offset``/``seq``: where it is, for the errors. Bounded
+    as the search is: lines of at most 64 KiB, :data:`MAX_CERTIFICATES` of them."""
+    from trainledger.journal import codec
+
+    where = f"at byte {offset}" if offset is not None else f"at seq {seq}"
+    if len(line) >= _MAX_CERT_LINE:
+        raise SchemaError(f"a key_certified line {where} is over {_MAX_CERT_LINE:,} bytes", offset=offset, seq=seq)
+    if len(out) >= MAX_CERTIFICATES:
+        raise SchemaError(f"more than {MAX_CERTIFICATES:,} key_certified lines: not a journal this project wrote",
+                          offset=offset, seq=seq)
+    try:
+        rec = codec.decode_line(line)
+    except IntegrityError as e:
+        e.offset = offset
+        if seq is not None and e.seq is None:
+            e.seq = seq
+        raise
+    if isinstance(rec, KeyCertified):
+        out.append(rec)
 
 
 @dataclasses.dataclass
@@ -265,13 +280,13 @@ class Certified:
 
 
 def certified_keys(path: Path, size: int, opened: Any, *, keys: Sequence[PublicKey], trust_embedded: bool,
-                   check_signatures: bool = True) -> Certified | None:
+                   check_signatures: bool = True, _source: Any = None) -> Certified | None:
     """The certified keys of the journal at ``path`` whose ``run_opened`` is ``opened``; None when it holds no
     certificate. Every certificate must check out under a pinned key (or, with ``trust_embedded`` and no key
     pinned, its own issuer); rounds must rise."""
     from trainledger.journal.audit.roster import split_run_id
 
-    found = find_certificates(path, size)
+    found = find_certificates(path, size) if _source is None else _source.certificates()
     if not found:
         return None
     split = split_run_id(opened.run_id)

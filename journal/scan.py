@@ -20,7 +20,7 @@ import itertools
 import operator
 import os
 import typing
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import msgspec
@@ -1045,19 +1045,28 @@ def new_scanner(ctx: ScanContext, prev_seq: int, prev_hash: bytes, res: RangeRes
 
 def scan_range(path: str, start: int, end: int, prev_seq: int, prev_hash: bytes,
                ctx: ScanContext, is_last: bool, *,
-               each: Callable[[bytes, Any, int, RangeResult], None] | None = None) -> RangeResult:
+               each: Callable[[bytes, Any, int, RangeResult], None] | None = None,
+               blocks: Iterable[tuple[bytes, int]] | None = None) -> RangeResult:
     """Check ``[start, end)`` of the file; errors are returned in ``result.error``, not raised. ``each(block,
-    records, offset, result)`` is called after each block has checked out (what it raises propagates)."""
+    records, offset, result)`` is called after each block has checked out (what it raises propagates).
+    ``blocks``: ``(block, offset)`` of whole lines, each ending with its newline, instead of the file's (a stream's;
+    what its iterator raises propagates)."""
     res = RangeResult(start, end)
     scanner = Scanner(ctx, prev_seq, prev_hash, res)
     scanner.steps_unread = _STEP_LINES_OK
     scanner.numbers_kept = each is not None
     try:
-        with open(path, "rb", buffering=0) as f:
-            for block, off in iter_blocks(f, start, end, res, is_last=is_last):
+        if blocks is not None:
+            for block, off in blocks:
                 recs = scanner.feed_block(block, off)
                 if each is not None:
                     each(block, recs, off, res)
+        else:
+            with open(path, "rb", buffering=0) as f:
+                for block, off in iter_blocks(f, start, end, res, is_last=is_last):
+                    recs = scanner.feed_block(block, off)
+                    if each is not None:
+                        each(block, recs, off, res)
     except IntegrityError as e:
         res.error = (type(e).__name__, str(e), e.seq if e.seq is not None else scanner.expect, e.offset)
     except OSError as e:
@@ -1079,7 +1088,8 @@ def signed_prefix(pending: list[Any], res: RangeResult) -> list[Any]:
 
 
 def scan_consuming(path: str, size: int, ctx: ScanContext, consume: Callable[..., None], *, signed: bool,
-                   progress: Callable[[int, int], None] | None = None, with_lines: bool = False) -> RangeResult:
+                   progress: Callable[[int, int], None] | None = None, with_lines: bool = False,
+                   blocks: Iterable[tuple[bytes, int]] | None = None) -> RangeResult:
     """Check the whole file in one pass, as :func:`scan_range` does, and hand every checked event on to
     ``consume`` (a list at a time, in order) from the same bytes: nothing is read twice and nothing unchecked is
     used, so a file changed under the reader is caught as it would be by verify. ``signed``: an event is handed on
@@ -1121,7 +1131,7 @@ def scan_consuming(path: str, size: int, ctx: ScanContext, consume: Callable[...
         if progress is not None:
             progress(off + len(block), size)
 
-    return scan_range(path, 0, size, -1, genesis(ctx.run_id), ctx, True, each=each)
+    return scan_range(path, 0, size, -1, genesis(ctx.run_id), ctx, True, each=each, blocks=blocks)
 
 
 def _scan_range_star(args) -> RangeResult:

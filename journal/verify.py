@@ -157,13 +157,18 @@ def open_checked(path: Path) -> int:
     return st.st_size
 
 
-def _first_line(path: Path, size: int) -> bytes:
-    with open(path, "rb") as f:
-        data = f.read(min(size, 1 << 20))
+def _first_line(path: Path, size: int, source: Any = None) -> bytes:
+    if source is not None:  # a stream of whole lines (see verify's _source): its first block holds the first
+        data = source.prefix(1)
+        size = len(data)
         cut = data.find(b"\n")
-        if cut < 0 and len(data) < size:
-            data += f.read(MAX_LINE + 1 - len(data))
+    else:
+        with open(path, "rb") as f:
+            data = f.read(min(size, 1 << 20))
             cut = data.find(b"\n")
+            if cut < 0 and len(data) < size:
+                data += f.read(MAX_LINE + 1 - len(data))
+                cut = data.find(b"\n")
     if cut < 0:
         if size == 0:
             raise SchemaError("empty file: not a journal (no run_opened)", seq=0, offset=0)
@@ -173,8 +178,8 @@ def _first_line(path: Path, size: int) -> bytes:
     return data[:cut]
 
 
-def read_opening(path: Path, size: int) -> tuple[Any, int]:
-    line = _first_line(path, size)
+def read_opening(path: Path, size: int, *, _source: Any = None) -> tuple[Any, int]:
+    line = _first_line(path, size, _source)
     try:
         rec = codec.decode_line(line, seq_hint=0)
     except IntegrityError as e:
@@ -268,6 +273,7 @@ def verify(
     _pool: SharedWorkers | None = None,
     _consume: Callable[..., None] | None = None,
     _with_lines: bool = False,
+    _source: Any = None,
     **trust_options: Any,
 ) -> VerifyReport:
     """Verify a journal file and return what was established.
@@ -300,10 +306,14 @@ def verify(
     allow_unsigned, allow_unsealed, require_closed = policy.allow_unsigned, policy.allow_unsealed, policy.require_closed
     head_req, expect_checkpoint = policy.expect_head, policy.expect_checkpoint
     p = Path(path)
-    size = open_checked(p)
+    # _source: the journal's bytes as a stream of blocks of whole lines instead of the file ``path`` names (which
+    # names it in messages): ``prefix(n)`` (the first blocks, at least n bytes of them where there are, kept for
+    # ``blocks()``), ``blocks()`` ((block, offset) from the first byte on), ``offset`` (bytes handed on so far, the
+    # size once they are all read), ``certificates()`` (the key_certified lines, :func:`certify.find_certificates`'s)
+    size = open_checked(p) if _source is None else 0
     report = VerifyReport(ok=False, path=str(p), bytes=size)
     try:
-        opened, opened_len = read_opening(p, size)
+        opened, opened_len = read_opening(p, size, _source=_source)
     except IntegrityError as e:
         _fail(report, e)
         raise
@@ -316,7 +326,7 @@ def verify(
     report.created_ns = opened.ts
     try:
         signing = resolve_signing(p, size, opened, opened_len, keys=keys, trust_embedded=trust_embedded,
-                                  check_signatures=check_signatures)
+                                  check_signatures=check_signatures, _source=_source)
         report.trust, report.key_id, report.signing_keys = signing.trust, signing.key_id, signing.signing_keys
         report.notes += signing.notes
         if policy.roster is not None:
@@ -335,7 +345,12 @@ def verify(
         raise err
     if _consume is not None:  # replay's fold: one pass in this process, each checked event handed on
         results = [scan_consuming(str(p), size, ctx, _consume, progress=progress, with_lines=_with_lines,
-                                  signed=report.trust in ("pinned", "embedded"))]
+                                  signed=report.trust in ("pinned", "embedded"),
+                                  blocks=_source.blocks() if _source is not None else None)]
+        if _source is not None:  # its size known now, every line read
+            report.bytes = results[0].end = _source.offset
+    elif _source is not None:  # pragma: no cover - a private argument, for the export's check alone
+        raise UsageError("verify: a stream of lines is checked in one pass, with _consume")
     else:
         results = _scan(p, size, opened_len + 1, ctx, workers, progress, _alongside, _pool)
     if _collect is not None:  # verify_run_dir: lines and hashes gathered by the same pass that checked them
@@ -510,14 +525,14 @@ class Signing:
 
 
 def resolve_signing(p: Path, size: int, opened: Any, opened_len: int, *, keys: Sequence[PublicKey] = (),
-                    trust_embedded: bool = False, check_signatures: bool = True) -> Signing:
+                    trust_embedded: bool = False, check_signatures: bool = True, _source: Any = None) -> Signing:
     """:func:`resolve_key`, and for a journal whose keys are certified (format 1.7, journal.certify) the keys
     its certificates certify under a pinned key: every certificate checked here, before the scan, which then
     holds each seal to the key certified last before it."""
     from trainledger.journal.certify import certified_keys, opens_certified
     from trainledger.journal.scan import ANY_KEY
 
-    if opened.key_id is None or not opens_certified(p, opened_len):
+    if opened.key_id is None or not opens_certified(p, opened_len, _source=_source):
         raw, trust, notes = resolve_key(opened, keys=keys, trust_embedded=trust_embedded,
                                         check_signatures=check_signatures)
         return Signing(raw, trust, opened.key_id, notes, signing_keys=[opened.key_id] if opened.key_id else [])
@@ -527,7 +542,7 @@ def resolve_signing(p: Path, size: int, opened: Any, opened_len: int, *, keys: S
     if not keys and not trust_embedded:
         raise UsageError("no key pinned: pass --pubkey FILE (the key that certifies the rank keys) or set "
                          "TRAINLEDGER_TRUSTED_KEYS; --trust-embedded checks integrity only")
-    cert = certified_keys(p, size, opened, keys=keys, trust_embedded=trust_embedded)
+    cert = certified_keys(p, size, opened, keys=keys, trust_embedded=trust_embedded, _source=_source)
     if cert is None:  # pragma: no cover - opens_certified saw one at line 1
         raise SealInvalid("the journal's certificate could not be read", seq=1)
     first = cert.keys.get(opened.key_id)

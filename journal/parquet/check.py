@@ -7,9 +7,9 @@ once it passes as the journals and run folders it came from (docs/fleet.md, "Ver
    link, FIFO, socket, unlisted file or extra folder); each file hashes to its listed SHA-256.
 2. An export written without ``--lines`` stops there: its rows cannot be checked against anything signed, so it is
    not verified (exit 1, saying so); its receipts are what the exporter says.
-3. Otherwise each journal's lines are streamed, in seq order, into a private file, bounded before a line is read
-   (seqs, row count, no dictionary, the bytes claimed, the line cap), chain-checked batch by batch and then
-   verified under the caller's trust as any journal is; the receipt rebuilt from them must be the listed one and
+3. Otherwise each journal's lines are streamed, in seq order, straight into the verification (nothing written),
+   bounded before a line is read (seqs, row count, no dictionary, the bytes claimed) and as they come (every batch
+   at most ``BATCH_BYTES`` of lines, the line cap), and verified under the caller's trust as any journal is; the receipt rebuilt from them must be the listed one and
    every file's footer receipt; as the verification reads them, every table is rebuilt from the verified events by
    the exporter's own code (the query layer's types) and must equal the exported file in its columns' names and
    types and row for row in seq order, both ways, a chunk at a time; a table the lines give rows for must have its
@@ -25,7 +25,6 @@ import dataclasses
 import json
 import os
 import stat
-import tempfile
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -264,10 +263,8 @@ def _hold_runs(d: Path, ranks: dict[str, dict[int, Any]], policy: TrustPolicy, p
     for run, reports in sorted(ranks.items()):
         def rescan(r: int, seqs: frozenset[int]) -> Any:
             # an anchor at a line that is not a seal: that rank's lines verified again, handing back those hashes
-            rep, lines_path, _ = _verified_lines(d, f"events/run-{folder_name(reports[r].run_id)}/{file_name(r)}",
-                                                 policy, work, seqs=seqs)
-            lines_path.unlink()
-            return rep
+            return _verified_lines(d, f"events/run-{folder_name(reports[r].run_id)}/{file_name(r)}", policy, work,
+                                   seqs=seqs)[0]
 
         where = f"{d} (run {run})"
         try:
@@ -300,27 +297,24 @@ def _connection(work: Path) -> Any:
 
 
 def _verified_lines(d: Path, ev_rel: str, policy: TrustPolicy, work: Path, *, seqs: frozenset[int] = frozenset(),
-                    events: int | None = None, con: Any = None, consume: Any = None) -> tuple[Any, Path, int]:
-    """The events file's lines written back, in seq order, into a private file, chain-checked batch by batch as
-    they come (a line that is not the next one stops it at once, having written no more than one batch past it),
-    then verified whole under ``policy`` as any journal is. Returns (the verification report, with the anchor
-    kinds and ``seqs``' hashes collected; the lines file; the number of lines). Refuses before reading a line: an
-    events file whose seqs are not 0 to n - 1 each once, n other than the receipt's ``events``, a ``line`` column
-    stored with a dictionary (the exporter never writes one: a dictionary is how a small file decodes to a huge
-    one) or that claims more bytes than its rows' lines may hold, and a line longer than a journal's line may be.
-    ``consume(records, lines)``: handed the verified events as the verification reads them (:class:`_Holder`);
-    what it raises propagates as it is."""
+                    events: int | None = None, con: Any = None, consume: Any = None) -> tuple[Any, int, Any]:
+    """The events file's lines verified under ``policy`` as any journal is, streamed from the file in seq order
+    straight into the verification (:class:`_LineStream`: nothing is written; each batch's seqs held to be the next
+    ones and each line to a journal's line cap before a block of it is checked). Returns (the verification report,
+    with the anchor kinds and ``seqs``' hashes collected; the number of lines; the ``run_opened`` record). Refuses
+    before reading a line: an events file whose seqs are not 0 to n - 1 each once, n other than the receipt's
+    ``events``, a ``line`` column stored with a dictionary (the exporter never writes one: a dictionary is how a small
+    file decodes to a huge one) or that claims more bytes than its rows' lines may hold. ``consume(records,
+    lines)``: handed the verified events as the verification reads them (:class:`_Holder`); what it raises
+    propagates as it is."""
     import duckdb
 
     from trainledger.journal.audit.rundir import _ANCHOR_KINDS
-    from trainledger.journal.chain import genesis
     from trainledger.journal.scan import MAX_LINE
     from trainledger.journal.verify import read_opening, verify
 
     path = d / ev_rel
     src = f"read_parquet({_lit(str(path))})"
-    fd, name = tempfile.mkstemp(dir=work, prefix="lines-", suffix=".jsonl")  # 0600, a name of its own
-    lines_path = Path(name)
     own = con is None
     con = _connection(work) if own else con
     try:
@@ -342,124 +336,232 @@ def _verified_lines(d: Path, ev_rel: str, policy: TrustPolicy, work: Path, *, se
             if meta[1] > rows * (MAX_LINE + 8):
                 raise ExportMismatch(f"{d}: {ev_rel}: its line column claims {meta[1]:,} bytes, more than "
                                      f"{rows:,} lines may hold", seq=None)
-            # (arg_max beside count(DISTINCT) made DuckDB's aggregate 5x slower: where, only when one is too long)
-            n, lo, hi, distinct, longest = con.execute(
-                f"SELECT count(*), min(seq), max(seq), count(DISTINCT seq), max(strlen(line)) FROM {src}"
-            ).fetchall()[0]  # all: the result done with
+            n, lo, hi, distinct = con.execute(
+                f"SELECT count(*), min(seq), max(seq), count(DISTINCT seq) FROM {src}").fetchall()[0]
             if n and (lo != 0 or hi != n - 1 or distinct != n):
                 raise ExportMismatch(f"{d}: {ev_rel}: its seqs are not 0 to {n - 1}, each once", seq=None)
-            if longest is not None and longest > MAX_LINE:
-                at = con.execute(f"SELECT arg_max(seq, strlen(line)) FROM {src}").fetchall()[0][0]
-                raise ExportMismatch(f"{d}: {ev_rel}: the line at seq {at} is {longest:,} bytes, longer than a "
-                                     f"journal's line may be ({MAX_LINE:,})", seq=at)
-            per = max(1, min(ROW_BATCH, BATCH_BYTES // max(1, longest or 1)))
-            # Arrow batches (no Python object a row): each batch's seqs held to the next ones, its lines joined with
-            # newlines as one block and chain-checked in C, then written
-            reader = con.sql(f"SELECT seq, line FROM {src}").to_arrow_reader(per)
-            prev = None
-            want = 0
-            with os.fdopen(fd, "wb") as out:
-                fd = -1
-                for batch in reader:
-                    k = batch.num_rows
-                    if not k:
-                        continue
-                    block = _block_of(batch, want, d, ev_rel)
-                    out.write(block)
-                    if prev is None:  # the opening line binds the chain to its run
-                        out.flush()
-                        prev = genesis(read_opening(lines_path, lines_path.stat().st_size)[0].run_id)
-                    prev = _chained_block(prev, block, want)
-                    want += k
-                    if prev is None:  # stop here: the verification below names the line and what is wrong
-                        break
-        except duckdb.OutOfMemoryException:
-            raise ExportMismatch(f"{d}: {ev_rel}: decoding its lines needs more memory than a check may use "
-                                 f"({MEMORY_LIMIT}): no journal's lines need that", seq=None) from None
         except duckdb.Error as e:
             raise ExportMismatch(f"{d}: {ev_rel}: not an events table: {str(e).splitlines()[0]}", seq=None) from None
+        stream = _LineStream(con, src, d, ev_rel, rows=rows, claimed=int(meta[1]))
+        try:
+            opened = read_opening(path, 0, _source=stream)[0]
+            rep = verify(path, trust=policy, _collect=(_ANCHOR_KINDS, seqs), _source=stream,
+                         **({"_consume": consume, "_with_lines": True} if consume is not None else
+                            {"_consume": _ignore}))
+        except _StreamFailed as e:  # the stream's own finding: named by the exported file already
+            raise e.error from None
+        if stream.want != n:  # pragma: no cover - the seqs were counted, and each batch held to them
+            raise ExportMismatch(f"{d}: {ev_rel}: {stream.want} lines read of its {n} rows", seq=None)
+        return rep, n, opened
     except TrainledgerError as e:  # named by the exported file its lines came from
-        _rename(e, lines_path, d, ev_rel)
+        if not getattr(e, "held", False):  # the holder's own finding names its file already
+            _rename(e, d, ev_rel)
         raise
     finally:
         if own:
             con.close()
-        if fd >= 0:  # failed before the lines were written
-            os.close(fd)
-    try:
-        rep = verify(lines_path, trust=policy, _collect=(_ANCHOR_KINDS, seqs),
-                     **({"_consume": consume, "_with_lines": True} if consume is not None else {}))
-    except TrainledgerError as e:
-        if not getattr(e, "held", False):  # the holder's own finding names its file already
-            _rename(e, lines_path, d, ev_rel)
-        raise
-    return rep, lines_path, n
+
+
+def _ignore(*_: Any) -> None:
+    pass
+
+
+class _StreamFailed(Exception):
+    """What the stream of lines found wrong (an :class:`ExportMismatch`), carried through the verification, which
+    would take an integrity error for the journal's own."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class _LineStream:
+    """An events file's lines, in seq order, as a journal file's reader has them: blocks of whole lines, each line
+    with its newline, about a read block's size (``verify``'s ``_source``). DuckDB hands over the lines a batch of
+    rows at a time, each batch at most ``BATCH_BYTES`` of lines whatever the file's cells: a line longer than a
+    batch's share comes back as its length alone, and is read again with the few others of its batch (a batch of
+    them at a time, sized by their lengths), or refused past a journal's line cap, naming its seq. Each row's seq
+    is held to be the next one and every row to have a line before its batch is handed on. ``prefix(n)``: the first
+    blocks, kept for :meth:`blocks`; ``certificates()``: the lines opening as ``key_certified`` does, decoded (what
+    :func:`~trainledger.journal.certify.find_certificates` finds in a file), read by a query of their own."""
+
+    def __init__(self, con: Any, src: str, d: Path, ev_rel: str, *, rows: int, claimed: int) -> None:
+        self.con, self.src, self.d, self.ev_rel = con, src, d, ev_rel
+        # rows a batch: about eight times the claimed mean line each in BATCH_BYTES (a claim that lies costs reads
+        # again, never memory: a line past its share is never in a batch)
+        mean = max(1, claimed // max(1, rows))
+        self.per = max(1, min(ROW_BATCH, BATCH_BYTES // (8 * mean)))
+        self.share = max(1, BATCH_BYTES // self.per)
+        self.want = 0  # the next seq
+        self.offset = 0  # bytes handed on
+        self._held: list[tuple[bytes, int]] = []
+        self._it = self._all()
+
+    def _fail(self, msg: str, seq: int | None) -> _StreamFailed:
+        return _StreamFailed(ExportMismatch(f"{self.d}: {self.ev_rel}: {msg}", seq=seq))
+
+    def _all(self) -> Any:
+        import duckdb
+        import pyarrow as pa
+
+        from trainledger.journal.scan import MAX_LINE
+
+        reader = None
+        try:
+            # arrays, no Python object a row; strlen(NULL) is NULL: a row without a line is refused below
+            reader = self.con.cursor().sql(f"SELECT seq, CASE WHEN strlen(line) <= {self.share} THEN line END, "
+                                           f"strlen(line) FROM {self.src}").to_arrow_reader(self.per)
+            while True:
+                try:
+                    batch = reader.read_next_batch()
+                except StopIteration:
+                    return
+                if not batch.num_rows:
+                    continue
+                seq, line, length = batch.column(0), batch.column(1), batch.column(2)
+                lens = self._held_to(seq, length, MAX_LINE)
+                long = lens > self.share
+                for a, b in _pieces(lens, BATCH_BYTES):  # a batch's rows, a piece at most BATCH_BYTES of lines
+                    part = line.slice(a, b - a)
+                    if long[a:b].any():
+                        part = self._read_again(part, long[a:b], lens[a:b], self.want + a)
+                    yield from self._blocks(part)
+                self.want += batch.num_rows
+        except duckdb.OutOfMemoryException:
+            raise self._fail(f"decoding its lines needs more memory than a check may use ({MEMORY_LIMIT}): no "
+                             "journal's lines need that", None) from None
+        except (duckdb.Error, pa.ArrowException) as e:
+            raise self._fail(f"not an events table: {str(e).splitlines()[0]}", None) from None
+        finally:
+            if reader is not None:
+                reader.close()
+
+    def _held_to(self, seq: Any, length: Any, cap: int) -> Any:
+        """The batch's line lengths, each row's seq held to be the next and its line to be there and at most
+        ``cap`` bytes."""
+        import numpy as np
+
+        k = len(seq)
+        want = np.arange(self.want, self.want + k, dtype=np.int64)
+        lens = length.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+        # a row without a seq reads as seq -1: never the one wanted
+        wrong = (lens < 0) | (seq.fill_null(-1).to_numpy(zero_copy_only=False) != want)
+        if wrong.any():
+            bad = self.want + int(np.argmax(wrong))
+            raise self._fail(f"the row at seq {bad} is out of order or has no line", bad)
+        if k and int(lens.max()) > cap:
+            at = self.want + int(np.argmax(lens))
+            raise self._fail(f"the line at seq {at} is {int(lens.max()):,} bytes, longer than a journal's line may "
+                             f"be ({cap:,})", at)
+        return lens
+
+    def _read_again(self, part: Any, long: Any, lens: Any, first: int) -> Any:
+        """``part`` (rows from seq ``first``) with its lines past a batch's share read again, in batches sized by
+        their lengths; every one must come back, in order (else the file changed while it was read)."""
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        at = first + np.flatnonzero(long)
+        per = max(1, BATCH_BYTES // int(lens[long].max()))
+        reader = self.con.cursor().sql(
+            f"SELECT seq, line FROM {self.src} WHERE seq >= {int(at[0])} AND seq <= {int(at[-1])} "
+            f"AND strlen(line) > {self.share}").to_arrow_reader(per)
+        got_seq, got = [], []
+        for batch in reader:
+            got_seq.append(batch.column(0).to_numpy(zero_copy_only=False))
+            got.append(batch.column(1))
+        reader.close()
+        seqs = np.concatenate(got_seq) if got_seq else np.empty(0, np.int64)
+        if len(seqs) != len(at) or (seqs != at).any():
+            raise self._fail(f"its lines from seq {int(at[0])} did not read the same twice (changed while it was "
+                             "read)", int(at[0]))
+        return pc.replace_with_mask(part, pa.array(long), pa.chunked_array(got, part.type).combine_chunks())
+
+    def _blocks(self, line: Any) -> Any:
+        """``line``'s lines as blocks of whole lines, each with its newline, about BLOCK bytes each."""
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        from trainledger.journal.scan import BLOCK
+
+        k = len(line)
+        if not k:
+            return
+        if not pa.types.is_large_string(line.type):
+            line = line.cast(pa.large_string())
+        # a newline after each line, in one pass in Arrow: the joined column's data is the lines, one after another
+        joined = pc.binary_join_element_wise(line, pa.scalar("\n", line.type), pa.scalar("", line.type))
+        ends = np.frombuffer(joined.buffers()[1], dtype=np.int64, count=k + 1, offset=8 * joined.offset)
+        data = memoryview(joined.buffers()[2])
+        i = 0
+        while i < k:
+            j = max(i + 1, int(np.searchsorted(ends, ends[i] + BLOCK, "right")) - 1)
+            block = bytes(data[ends[i]:ends[j]])
+            yield block, self.offset
+            self.offset += len(block)
+            i = j
+
+    def prefix(self, n: int) -> bytes:
+        have = sum(len(b) for b, _ in self._held)
+        while have < n:
+            nxt = next(self._it, None)
+            if nxt is None:
+                break
+            self._held.append(nxt)
+            have += len(nxt[0])
+        return b"".join(b for b, _ in self._held)
+
+    def blocks(self) -> Any:
+        held, self._held = self._held, []
+        yield from held
+        yield from self._it
+
+    def certificates(self) -> list[Any]:
+        import duckdb
+
+        from trainledger.journal.certify import _MAX_CERT_LINE, _PATTERN, take_certificate
+
+        out: list[Any] = []
+        opening = _PATTERN[1:].decode()
+        try:
+            reader = self.con.cursor().sql(
+                f"SELECT seq, CASE WHEN strlen(line) < {_MAX_CERT_LINE} THEN line END, strlen(line) "
+                f"FROM {self.src} WHERE starts_with(line, {_lit(opening)}) AND seq > 0 ORDER BY seq"
+            ).to_arrow_reader(max(1, BATCH_BYTES // _MAX_CERT_LINE))
+            for batch in reader:
+                for seq, line, n in zip(*(c.to_pylist() for c in batch.columns)):
+                    take_certificate(line.encode() if line is not None else b"\0" * n, out, seq=seq)
+        except duckdb.Error as e:
+            raise self._fail(f"not an events table: {str(e).splitlines()[0]}", None) from None
+        return out
+
+
+def _pieces(lens: Any, cap: int) -> list[tuple[int, int]]:
+    """Rows ``[a, b)`` covering ``lens`` in order, each piece's lengths summing to at most ``cap`` (a row alone when
+    it is longer)."""
+    import numpy as np
+
+    total = int(lens.sum())
+    if total <= cap:
+        return [(0, len(lens))]
+    ends = np.cumsum(lens)
+    out, a = [], 0
+    while a < len(lens):
+        base = int(ends[a - 1]) if a else 0
+        b = max(a + 1, int(np.searchsorted(ends, base + cap, "right")))
+        out.append((a, b))
+        a = b
+    return out
 
 
 #: rows handed on at a time at most
 ROW_BATCH = 65_536
 
 
-def _block_of(batch: Any, first: int, d: Path, ev_rel: str) -> bytes:
-    """A batch's lines as one newline-terminated block, its seqs held to be ``first``, ``first + 1``, ... (every
-    row with a line)."""
-    import numpy as np
-    import pyarrow as pa
-
-    seq, line = batch.column(0), batch.column(1)
-    k = batch.num_rows
-    want = np.arange(first, first + k, dtype=np.int64)
-    # a row without a seq reads as seq -1: never the one wanted
-    wrong = line.is_null().to_numpy(zero_copy_only=False) | (seq.fill_null(-1).to_numpy(zero_copy_only=False) != want)
-    if wrong.any():
-        bad = first + int(np.argmax(wrong))
-        raise ExportMismatch(f"{d}: {ev_rel}: the row at seq {bad} is out of order or has no line", seq=bad)
-    import pyarrow.compute as pc
-
-    if not (pa.types.is_large_string(line.type) or pa.types.is_large_binary(line.type)):
-        line = line.cast(pa.large_binary() if pa.types.is_binary(line.type) else pa.large_string())
-    # a newline after each line, in one pass in Arrow: the joined column's data is the block
-    joined = pc.binary_join_element_wise(line, pa.scalar(b"\n" if pa.types.is_large_binary(line.type) else "\n",
-                                                         line.type), pa.scalar(b"" if pa.types.is_large_binary(
-                                                             line.type) else "", line.type))
-    offsets = np.frombuffer(joined.buffers()[1], dtype=np.int64, count=k + 1, offset=8 * joined.offset)
-    return bytes(memoryview(joined.buffers()[2])[offsets[0]:offsets[-1]])
-
-
-def _chained_block(prev: bytes, block: bytes, first: int) -> bytes | None:
-    """The chain hash after ``block``'s lines (seqs from ``first``), each line's seq and hash holding, or None at
-    the first that does not (the block scanner where the accelerator is built; :func:`_chained` otherwise)."""
-    from trainledger.journal.scan import _scan_block
-
-    if _scan_block is None:
-        return _chained(prev, block.split(b"\n")[:-1], first)
-    bad, _ends, last, _leaves = _scan_block(prev, block, first, False)
-    return last if bad < 0 else None
-
-
-def _chained(prev: bytes, lines: list[bytes], first: int) -> bytes | None:
-    """The chain hash after ``lines`` (seqs from ``first``), each line's seq and hash holding, or None at the first
-    that does not (in C where the accelerator is built; hashlib otherwise)."""
-    from trainledger.journal.accel import fast
-    from trainledger.journal.chain import link
-
-    if not lines:
-        return prev
-    if fast is not None:
-        return bytes.fromhex(lines[-1][-66:-2].decode("ascii", "replace")) if \
-            fast.check_lines(prev, lines, first) < 0 else None
-    for i, line in enumerate(lines):
-        cut = line.rfind(b',"h":"')
-        if cut < 0 or not line[:cut].endswith(b'"seq":%d,"ts":' % (first + i) + line[:cut].rsplit(b":", 1)[-1]):
-            return None
-        prev = link(prev, line[:cut])
-        if prev.hex().encode() != line[cut + 6:cut + 70]:
-            return None
-    return prev
-
-
-def _rename(e: Exception, lines_path: Path, d: Path, ev_rel: str) -> None:
-    msg = str(e.args[0]).replace(str(lines_path), ev_rel) if e.args else ""
+def _rename(e: Exception, d: Path, ev_rel: str) -> None:
+    msg = str(e.args[0]).replace(str(d / ev_rel), ev_rel) if e.args else ""
     e.args = (msg if msg.startswith(ev_rel) or msg.startswith(str(d)) else f"{ev_rel}: {msg}",) + tuple(e.args[1:])
     e.path = f"{d / ev_rel}"
     if getattr(e, "report", None) is not None:
@@ -492,27 +594,24 @@ def _check_journal(d: Path, rc: dict[str, Any], files: dict[str, dict[str, Any]]
     con = _connection(work)  # one for the journal: its lines streamed out, then its tables held to them
     holder = _Holder(con, d, rc, files, sub)
     try:
-        rep, lines_path, n = _verified_lines(d, ev_rel, policy, work, events=events, con=con, consume=holder)
-        _hold_receipt(d, rc, ev_rel, rep, lines_path, n)
+        rep, n, opened = _verified_lines(d, ev_rel, policy, work, events=events, con=con, consume=holder)
+        _hold_receipt(d, rc, ev_rel, rep, opened, n)
         holder.finish(n)
     finally:
         holder.abandon()
         con.close()
-    try:
-        os.unlink(lines_path)
-    except OSError:
-        pass
     return n, {f"{table}/{sub}" for table in tables() if f"{table}/{sub}" in files}, rep
 
 
-def _hold_receipt(d: Path, rc: dict[str, Any], ev_rel: str, rep: Any, lines_path: Path, n: int) -> None:
+def _hold_receipt(d: Path, rc: dict[str, Any], ev_rel: str, rep: Any, opened: Any, n: int) -> None:
     """A journal's verified lines held to its receipt: the receipt rebuilt from them, as the exporter built it, must
     be the listed one (but for what only the export knew: its source file's name, its version, the trust it ran
     under), every line of them trusted."""
     from trainledger.journal.query import _file_row
 
     run = rc["run_id"]
-    row = {**_file_row(lines_path, rep), "file": str(lines_path), "copy": str(lines_path)}
+    path = d / ev_rel
+    row = {**_file_row(path, rep), "file": str(path), "copy": str(path), "opened": opened}
     if row["run_id"] != run:
         raise ExportMismatch(f"{d}: {ev_rel}: the lines are run {row['run_id']!r}, the receipt says {run!r}",
                              seq=None)

@@ -130,7 +130,7 @@ def _note(row: dict[str, Any]) -> str | None:
     from trainledger.journal.proofs.checkpoint import checkpoint_note
     from trainledger.journal.verify import open_checked, read_opening
 
-    opened, _ = read_opening(Path(row["file"]), open_checked(Path(row["file"])))
+    opened = row.get("opened") or read_opening(Path(row["file"]), open_checked(Path(row["file"])))[0]
     pub = PublicKey(base64.b64decode(opened.public_key), source="embedded")
     if pub.key_id != row["key_id"]:
         return None

@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import pytest
@@ -444,51 +445,89 @@ def test_verify_out_holds_a_runs_journal_to_its_published_checkpoint_and_head(ru
     assert "names one journal's head" in capsys.readouterr().err
 
 
-def _golden_chain(monkeypatch, module, name: str, accel: bool) -> tuple[list[bytes], bytes]:
-    """A golden journal's lines and its chain's genesis, ``module.name`` (the C path) switched off unless
-    ``accel`` (skipped where it is not built)."""
-    from trainledger.journal.chain import genesis
-    from trainledger.journal.verify import read_opening
+def _stream_of(export: Path, tmp_path: Path, **knobs: int) -> Any:
+    """The export's (one journal's) events file as the check streams it, ``per``/``share`` set as given."""
+    from trainledger.journal.parquet.check import _LineStream, _connection
 
-    if accel and getattr(module, name) is None:
+    (ev,) = sorted((export / "events").rglob("*.parquet"))
+    rows = pq.read_metadata(ev).num_rows
+    con = _connection(tmp_path)
+    stream = _LineStream(con, f"read_parquet('{ev}')", export, str(ev.relative_to(export)), rows=rows,
+                         claimed=rows * 300)
+    for k, v in knobs.items():
+        setattr(stream, k, v)
+    return stream, con
+
+
+@pytest.mark.parametrize("knobs", [{}, {"per": 7, "share": 200}], ids=["as built", "long lines read again"])
+def test_the_stream_hands_on_the_journals_own_bytes_in_whole_lines(tmp_path, monkeypatch, knobs):
+    """What the check verifies is the journal's bytes exactly, whatever the batches: blocks of whole lines, each
+    at the offset the bytes before it end, a line longer than a batch's share read again in its place (rows of at
+    most 200 bytes a batch of 7 here, pieces of at most 1,000 bytes, blocks of about 512)."""
+    from trainledger.journal import scan
+    from trainledger.journal.parquet import check
+
+    src = GOLDEN / "every_kind_v1_3.jsonl"
+    ex = tmp_path / "ex"
+    assert main(["export", "parquet", str(src), str(ex), "--lines", "--pubkey",
+                 str(GOLDEN / "every_kind_v1_3.pub")]) == 0
+    monkeypatch.setattr(scan, "BLOCK", 512)
+    if knobs:
+        monkeypatch.setattr(check, "BATCH_BYTES", 1000)
+    stream, con = _stream_of(ex, tmp_path, **knobs)
+    try:
+        head = stream.prefix(1)
+        got, at = [], 0
+        for block, off in stream.blocks():
+            assert off == at and block.endswith(b"\n")
+            got.append(block)
+            at += len(block)
+    finally:
+        con.close()
+    data = src.read_bytes()
+    assert b"".join(got) == data and data.startswith(head) and stream.offset == len(data)
+    assert len(got) > 10 and stream.want == data.count(b"\n")
+    if knobs:
+        assert max(map(len, data.split(b"\n"))) > 200  # some were read again
+
+
+@pytest.mark.parametrize("accel", [True, False], ids=["C", "hashlib"])
+def test_a_streamed_export_verifies_with_and_without_the_block_scanner(tmp_path, monkeypatch, accel):
+    from trainledger.journal import scan
+
+    if accel and scan._scan_block is None:
         pytest.skip("the C accelerator is not built here")
     if not accel:
-        monkeypatch.setattr(module, name, None)
-    path = GOLDEN / "every_kind_v1_3.jsonl"
-    return path.read_bytes().split(b"\n")[:-1], genesis(read_opening(path, path.stat().st_size)[0].run_id)
+        monkeypatch.setattr(scan, "_scan_block", None)
+    ex = tmp_path / "ex"
+    pub = GOLDEN / "every_kind_v1_3.pub"
+    assert main(["export", "parquet", str(GOLDEN / "every_kind_v1_3.jsonl"), str(ex), "--lines", "--pubkey",
+                 str(pub)]) == 0
+    from trainledger.journal.keys import load_public_key
+    from trainledger.journal.verify import verify
+
+    rep = verify(GOLDEN / "every_kind_v1_3.jsonl", keys=[load_public_key(pub)])
+    got = verify_export(ex, keys=[load_public_key(pub)])
+    assert got.events == rep.events and got.receipts[0]["head"] == f"{rep.last_seq}:{rep.last_hash}"
 
 
-@pytest.mark.parametrize("accel", [True, False], ids=["C", "hashlib"])
-def test_the_streamed_chain_check_stops_at_the_first_line_that_does_not_continue(monkeypatch, accel):
-    from trainledger.journal import accel as accel_mod
-    from trainledger.journal.parquet.check import _chained
+def test_a_certified_journals_certificates_come_from_its_exported_lines(tmp_path):
+    """A journal whose keys a run key certifies: the stream finds the certificates a byte search of the journal
+    finds, and the export verifies under the run key."""
+    from trainledger.journal.certify import find_certificates
+    from trainledger.journal.keys import load_public_key
 
-    lines, g = _golden_chain(monkeypatch, accel_mod, "fast", accel)
-    end = _chained(g, lines, 0)
-    assert end == bytes.fromhex(lines[-1][-66:-2].decode())
-    assert _chained(_chained(g, lines[:40], 0), lines[40:], 40) == end
-    bad = list(lines)
-    bad[50] = bad[50].replace(b'"step":', b'"step": ', 1)
-    assert _chained(g, bad, 0) is None
-    assert _chained(g, lines[1:], 1) is None and _chained(g, lines[:10], 3) is None
-
-
-@pytest.mark.parametrize("accel", [True, False], ids=["C", "hashlib"])
-def test_the_streamed_block_check_agrees_with_the_line_check(monkeypatch, accel):
-    """The Arrow path's block (a batch's lines joined with newlines) is chain-checked by the block scanner, or line
-    by line without the accelerator: the same end hash, and None at the same first break."""
-    from trainledger.journal import scan
-    from trainledger.journal.parquet.check import _chained, _chained_block
-
-    lines, g = _golden_chain(monkeypatch, scan, "_scan_block", accel)
-    block = b"".join(x + b"\n" for x in lines)
-    assert _chained_block(g, block, 0) == _chained(g, lines, 0) is not None
-    head = b"".join(x + b"\n" for x in lines[:40])
-    assert _chained_block(_chained_block(g, head, 0), block[len(head):], 40) == _chained(g, lines, 0)
-    bad = list(lines)
-    bad[50] = bad[50].replace(b'"step":', b'"step": ', 1)
-    assert _chained_block(g, b"".join(x + b"\n" for x in bad), 0) is None
-    assert _chained_block(g, block, 3) is None
+    src, pub = GOLDEN / "rank_keys_v1_7.jsonl", GOLDEN / "rank_keys_v1_7.pub"
+    ex = tmp_path / "ex"
+    assert main(["export", "parquet", str(src), str(ex), "--lines", "--pubkey", str(pub)]) == 0
+    stream, con = _stream_of(ex, tmp_path)
+    try:
+        mine = stream.certificates()
+    finally:
+        con.close()
+    theirs = find_certificates(src, src.stat().st_size)
+    assert len(theirs) == 2 and [c.seq for c in mine] == [c.seq for c in theirs] and mine == theirs
+    assert verify_export(ex, keys=[load_public_key(pub)], partial=True).events == 59
 
 
 @pytest.mark.parametrize("how", ["shuffled", "no line"])
