@@ -297,7 +297,8 @@ def _connection(work: Path) -> Any:
 
 
 def _verified_lines(d: Path, ev_rel: str, policy: TrustPolicy, work: Path, *, seqs: frozenset[int] = frozenset(),
-                    events: int | None = None, con: Any = None, consume: Any = None) -> tuple[Any, int, Any]:
+                    events: int | None = None, con: Any = None, consume: Any = None,
+                    held: str = "true") -> tuple[Any, int, Any]:
     """The events file's lines verified under ``policy`` as any journal is, streamed from the file in seq order
     straight into the verification (:class:`_LineStream`: nothing is written; each batch's seqs held to be the next
     ones and each line to a journal's line cap before a block of it is checked). Returns (the verification report,
@@ -306,7 +307,8 @@ def _verified_lines(d: Path, ev_rel: str, policy: TrustPolicy, work: Path, *, se
     ``events``, a ``line`` column stored with a dictionary (the exporter never writes one: a dictionary is how a small
     file decodes to a huge one) or that claims more bytes than its rows' lines may hold. ``consume(records,
     lines)``: handed the verified events as the verification reads them (:class:`_Holder`); what it raises
-    propagates as it is."""
+    propagates as it is. ``held``: what every row must hold of its line, an SQL condition over the file's columns
+    (:func:`_events_held`), checked as it is read."""
     import duckdb
 
     from trainledger.journal.audit.rundir import _ANCHOR_KINDS
@@ -342,7 +344,7 @@ def _verified_lines(d: Path, ev_rel: str, policy: TrustPolicy, work: Path, *, se
                 raise ExportMismatch(f"{d}: {ev_rel}: its seqs are not 0 to {n - 1}, each once", seq=None)
         except duckdb.Error as e:
             raise ExportMismatch(f"{d}: {ev_rel}: not an events table: {str(e).splitlines()[0]}", seq=None) from None
-        stream = _LineStream(con, src, d, ev_rel, rows=rows, claimed=int(meta[1]))
+        stream = _LineStream(con, src, d, ev_rel, rows=rows, claimed=int(meta[1]), held=held)
         try:
             opened = read_opening(path, 0, _source=stream)[0]
             rep = verify(path, trust=policy, _collect=(_ANCHOR_KINDS, seqs), _source=stream,
@@ -385,8 +387,9 @@ class _LineStream:
     blocks, kept for :meth:`blocks`; ``certificates()``: the lines opening as ``key_certified`` does, decoded (what
     :func:`~trainledger.journal.certify.find_certificates` finds in a file), read by a query of their own."""
 
-    def __init__(self, con: Any, src: str, d: Path, ev_rel: str, *, rows: int, claimed: int) -> None:
-        self.con, self.src, self.d, self.ev_rel = con, src, d, ev_rel
+    def __init__(self, con: Any, src: str, d: Path, ev_rel: str, *, rows: int, claimed: int,
+                 held: str = "true") -> None:
+        self.con, self.src, self.d, self.ev_rel, self.held = con, src, d, ev_rel, held
         # rows a batch: about eight times the claimed mean line each in BATCH_BYTES (a claim that lies costs reads
         # again, never memory: a line past its share is never in a batch)
         mean = max(1, claimed // max(1, rows))
@@ -410,7 +413,8 @@ class _LineStream:
         try:
             # arrays, no Python object a row; strlen(NULL) is NULL: a row without a line is refused below
             reader = self.con.cursor().sql(f"SELECT seq, CASE WHEN strlen(line) <= {self.share} THEN line END, "
-                                           f"strlen(line) FROM {self.src}").to_arrow_reader(self.per)
+                                           f"strlen(line), coalesce({self.held}, false) FROM {self.src}"
+                                           ).to_arrow_reader(self.per)
             while True:
                 try:
                     batch = reader.read_next_batch()
@@ -419,7 +423,7 @@ class _LineStream:
                 if not batch.num_rows:
                     continue
                 seq, line, length = batch.column(0), batch.column(1), batch.column(2)
-                lens = self._held_to(seq, length, MAX_LINE)
+                lens = self._held_to(seq, length, MAX_LINE, batch.column(3))
                 long = lens > self.share
                 for a, b in _pieces(lens, BATCH_BYTES):  # a batch's rows, a piece at most BATCH_BYTES of lines
                     part = line.slice(a, b - a)
@@ -436,9 +440,9 @@ class _LineStream:
             if reader is not None:
                 reader.close()
 
-    def _held_to(self, seq: Any, length: Any, cap: int) -> Any:
-        """The batch's line lengths, each row's seq held to be the next and its line to be there and at most
-        ``cap`` bytes."""
+    def _held_to(self, seq: Any, length: Any, cap: int, held: Any) -> Any:
+        """The batch's line lengths, each row's seq held to be the next, its line to be there and at most ``cap``
+        bytes, and the row to be what its line gives (``held``)."""
         import numpy as np
 
         k = len(seq)
@@ -453,6 +457,10 @@ class _LineStream:
             at = self.want + int(np.argmax(lens))
             raise self._fail(f"the line at seq {at} is {int(lens.max()):,} bytes, longer than a journal's line may "
                              f"be ({cap:,})", at)
+        bad = ~held.to_numpy(zero_copy_only=False)
+        if bad.any():
+            at = self.want + int(np.argmax(bad))
+            raise self._fail(f"{int(bad.sum())} row(s) are not what the lines give (first at seq {at})", at)
         return lens
 
     def _read_again(self, part: Any, long: Any, lens: Any, first: int) -> Any:
@@ -594,13 +602,25 @@ def _check_journal(d: Path, rc: dict[str, Any], files: dict[str, dict[str, Any]]
     con = _connection(work)  # one for the journal: its lines streamed out, then its tables held to them
     holder = _Holder(con, d, rc, files, sub)
     try:
-        rep, n, opened = _verified_lines(d, ev_rel, policy, work, events=events, con=con, consume=holder)
+        rep, n, opened = _verified_lines(d, ev_rel, policy, work, events=events, con=con, consume=holder,
+                                         held=_events_held(run, rank))
         _hold_receipt(d, rc, ev_rel, rep, opened, n)
         holder.finish(n)
     finally:
         holder.abandon()
         con.close()
     return n, {f"{table}/{sub}" for table in tables() if f"{table}/{sub}" in files}, rep
+
+
+def _events_held(run: str, rank: int | None) -> str:
+    """What an events row must hold of its line, as SQL over the events file's columns (their types held first):
+    the journal's run and rank, and the kind, seq, ts and h its verified line has. A verified line opens with
+    ``{"kind":"KIND",`` (a kind has no quote) and ends with ``,"seq":SEQ,"ts":TS,"h":"H"}``, H 64 hex digits: a
+    cell that differs from its line fails to match (an h of exactly 64 characters, and a kind without a quote, cannot
+    reach past their own place in the line)."""
+    return (f"run_id = {_lit(run)} AND rank IS NOT DISTINCT FROM {int(rank) if rank is not None else 'NULL'} "
+            """AND NOT contains(kind, '"') AND strlen(h) = 64 AND starts_with(line, '{"kind":"' || kind || '",') """
+            """AND ends_with(line, ',"seq":' || seq || ',"ts":' || ts || ',"h":"' || h || '"}')""")
 
 
 def _hold_receipt(d: Path, rc: dict[str, Any], ev_rel: str, rep: Any, opened: Any, n: int) -> None:
@@ -637,7 +657,9 @@ class _Holder(_JournalWriter):
 
     def __init__(self, con: Any, d: Path, rc: dict[str, Any], files: dict[str, dict[str, Any]], sub: str) -> None:
         rank = rc.get("rank")
-        super().__init__(d, Path(sub), rc["run_id"], rank, lines=False, specs=_specs(), con=con)
+        # the events rows are held to their lines by the stream that reads them (_events_held), not rebuilt
+        super().__init__(d, Path(sub), rc["run_id"], rank, lines=False, specs=_specs(), con=con,
+                         only=frozenset(tables()) - {"events"})
         self.d, self.rc, self.files, self.sub = d, rc, files, sub
         #: table -> [its file's rows as DuckDB reads them, the rows read but not yet held, rows held]
         self.open: dict[str, list[Any]] = {}
@@ -661,13 +683,27 @@ class _Holder(_JournalWriter):
         st[2] += data.num_rows
 
     def _reader(self, rel: str, schema: Any) -> Any:
-        """The exported file's columns (the events file's but its lines), after its listing entry, footer and
-        column types are held to what the lines give."""
+        """The exported file's columns, after its listing entry, footer and column types are held to what the lines
+        give (:meth:`shape`)."""
+        import duckdb
+
+        want = self.shape(rel, schema)
+        try:
+            cols = ", ".join('"' + c.replace('"', '""') + '"' for c, _ in want)
+            return self.con.cursor().sql(f"SELECT {cols} FROM read_parquet({_lit(str(self.d / rel))})"
+                                         ).to_arrow_reader(ROW_BATCH)
+        except duckdb.Error as e:
+            raise _held(ExportMismatch(f"{self.d}: {rel}: not the table it should be: {str(e).splitlines()[0]}",
+                                       seq=None)) from None
+
+    def shape(self, rel: str, schema: Any) -> list[tuple[str, str]]:
+        """The exported file's listing entry, footer and columns' names and types (the events file's but its
+        lines) held to what the lines give; its columns."""
         import duckdb
 
         path = self.d / rel
         want = self._types(schema)
-        try:  # the file's footer, columns and rows, as DuckDB reads them: a file that is no Parquet is named
+        try:  # the file's footer and columns, as DuckDB reads them: a file that is no Parquet is named
             self._entry_and_footer(rel)
             have = [(c[0], c[1]) for c in self.con.execute(
                 f"DESCRIBE SELECT * FROM read_parquet({_lit(str(path))})").fetchall()]
@@ -678,9 +714,7 @@ class _Holder(_JournalWriter):
                 what = (f"column {diff[1][0]} is {diff[1][1]}, the lines give {diff[0][0]} {diff[0][1]}"
                         if diff is not None else f"{len(have)} columns, the lines give {len(want)}")
                 raise _held(ExportMismatch(f"{self.d}: {rel}: {what}", seq=None))
-            cols = ", ".join('"' + c.replace('"', '""') + '"' for c, _ in want)
-            return self.con.cursor().sql(f"SELECT {cols} FROM read_parquet({_lit(str(path))})").to_arrow_reader(
-                ROW_BATCH)
+            return want
         except duckdb.Error as e:
             raise _held(ExportMismatch(f"{self.d}: {rel}: not the table it should be: {str(e).splitlines()[0]}",
                                        seq=None)) from None
@@ -744,6 +778,12 @@ class _Holder(_JournalWriter):
         for table in tables():
             rel = f"{table}/{self.sub}"
             if rel not in self.files:
+                continue
+            if table == "events":  # its rows were held to their lines as they were read: every seq, each once
+                self.shape(rel, self.events_schema)  # and to the types they were held in
+                if "rows" in self.files[rel] and self.files[rel]["rows"] != n:
+                    raise ExportMismatch(f"{self.d}: {rel}: listed with {str(self.files[rel]['rows'])[:20]} rows; "
+                                         f"it has {n}", seq=None)
                 continue
             st = self.open.get(table)
             if st is None:  # no rows from the lines: the file's columns held, then its rows (none owed)

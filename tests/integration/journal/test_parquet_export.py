@@ -123,6 +123,39 @@ def test_a_changed_typed_cell_is_named(export, tmp_path):
         verify_export(d, keys=[_key("every_kind_v1_3")])
 
 
+_AT = "seq = 7"
+
+
+@pytest.mark.parametrize("change", [
+    "run_id || 'x' AS run_id", "coalesce(rank, -1) + 1 AS rank", "'seal' AS kind",
+    """kind || '","step":1' AS kind""", "ts + 1 AS ts", "ts - 1 AS ts",
+    "substr(h, 1, 63) || CASE WHEN right(h, 1) = '0' THEN '1' ELSE '0' END AS h", "upper(h) AS h",
+    """'x' || h AS h""", "NULL AS ts", "NULL AS kind"],
+    ids=["run", "rank", "kind", "kind reaching past its place", "ts+1", "ts-1", "h", "h upper", "h longer",
+         "ts null", "kind null"])
+def test_a_changed_events_cell_is_named_at_its_seq(export, tmp_path, change):
+    """The events rows' own cells (run, rank, kind, seq, ts, h) are held to the verified line as they stream: a
+    change to one row's cell, of the same type, is named at that seq."""
+    d = _copy(export, tmp_path)
+    ev = next((d / "events").rglob("*.parquet"))
+    col = change.rsplit(" AS ", 1)[1]
+    _rewrite(ev, f"SELECT * REPLACE (CASE WHEN {_AT} THEN CAST({change.rsplit(' AS ', 1)[0]} AS "
+                 f"{dict(run_id='VARCHAR', rank='INTEGER', kind='VARCHAR', ts='BIGINT', h='VARCHAR')[col]}) "
+                 f"ELSE {col} END AS {col}) FROM t ORDER BY seq")
+    _relist(d)
+    with pytest.raises(ExportMismatch, match=r"events/.*1 row\(s\) are not what the lines give \(first at seq 7\)"):
+        verify_export(d, keys=[_key("every_kind_v1_3")])
+
+
+def test_an_events_column_of_another_type_is_named(export, tmp_path):
+    d = _copy(export, tmp_path)
+    ev = next((d / "events").rglob("*.parquet"))
+    _rewrite(ev, "SELECT * REPLACE (CAST(rank AS BIGINT) AS rank) FROM t ORDER BY seq")
+    _relist(d)
+    with pytest.raises(ExportMismatch, match=r"events/.*column rank is BIGINT, the lines give rank INTEGER"):
+        verify_export(d, keys=[_key("every_kind_v1_3")])
+
+
 @pytest.mark.parametrize("table", ["steps", "seals"])
 def test_a_typed_file_that_is_no_parquet_is_named_in_one_line(export, tmp_path, capsys, table):
     """Someone who can write the folder swaps a typed file for bytes DuckDB cannot read and relists it: verify OUT
