@@ -17,6 +17,9 @@ bytes it wrote (``/proc/self/io`` ``wchar``, the process itself; the workers wri
 - ``query cold``: ``trainledger.journal.query.connect`` (verify + load + views, no cache) and one aggregate, against
   the same DuckDB aggregate.
 - ``verify``: ``verify(workers=1)`` (one core), CPU per line, against ``sha256sum`` of the file per line.
+- ``verify_out``: ``verify OUT`` of the journal's ``export parquet --lines``, against ``verify`` of the journal (the
+  target) and ``duckdb_read_export``: DuckDB reading every cell of every file of that export (verify + that: the
+  floor, since the check must verify the lines and read every cell it holds to them).
 - ``export``: ``trainledger export parquet --lines``, against ``duckdb_copy``: DuckDB's ``COPY (SELECT ... FROM
   read_ndjson(...)) TO ... (FORMAT parquet)`` of the same file.
 - ``monitor``: a process that drives ``TrainingHealthMonitor.observe_step`` for the size's steps into a journal;
@@ -102,6 +105,17 @@ elif mode == "verify_out":
     from trainledger.journal import load_public_key
     from trainledger.journal.parquet.check import verify_export
     extra["rows"] = verify_export(p[:-len(".jsonl")] + ".export", keys=[load_public_key(k)]).events
+elif mode == "duckdb_read_export":
+    # the floor beside verify OUT: DuckDB (one thread) reading every cell of every file of the same export, as Arrow
+    # batches (what verify OUT must read of it besides verifying the lines)
+    import duckdb, glob
+    con = duckdb.connect()
+    con.execute("SET threads = 1")
+    rows = 0
+    for f in sorted(glob.glob(p[:-len(".jsonl")] + ".export/*/*/*.parquet")):
+        for b in con.sql(f"SELECT * FROM read_parquet('{f}')").to_arrow_reader(65536):
+            rows += b.num_rows
+    extra["rows"] = rows
 elif mode == "export":
     # export parquet --lines of the journal (a new folder each round, removed by run())
     from trainledger.cli import main
@@ -184,7 +198,7 @@ def prepare(mode: str, p: Path, k: Path, path: Path | None = None) -> None:
                     "'loss': 'DOUBLE', 'grad_norm': 'DOUBLE', 'step_time_s': 'DOUBLE', 'tokens': 'BIGINT'}) "
                     f"WHERE kind = 'step_observed') TO '{p.with_suffix('.steps.parquet')}' (FORMAT parquet)")
         con.close()
-    elif mode == "verify_out" and not p.with_suffix(".export").exists():
+    elif mode in ("verify_out", "duckdb_read_export") and not p.with_suffix(".export").exists():
         subprocess.run([tl, "export", "parquet", str(p), str(p.with_suffix(".export")), "--lines", "--pubkey",
                         str(k), "--no-progress"], check=True, capture_output=True)
 
@@ -235,7 +249,7 @@ def main() -> int:
     ap.add_argument("--sizes", default="1e5,1e6,1e7")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--only", default="duckdb,replay,query,verify,sha256sum,openssl,query_cold,query_warm,"
-                                     "duckdb_parquet,verify_out,export,duckdb_copy,monitor",
+                                     "duckdb_parquet,verify_out,duckdb_read_export,export,duckdb_copy,monitor",
                     help="the measures to run (comma-separated)")
     ap.add_argument("--out", metavar="FILE", help="also write the table here")
     ap.add_argument("--compare", metavar="DIR", help="also measure a checkout's code (another commit: git worktree "
@@ -273,7 +287,7 @@ def main() -> int:
                     # MiB reads the journal with colder caches
                     for key, path in pair if rnd % 2 == 0 else pair[::-1]:
                         if path is not None and m in ("duckdb", "duckdb_parquet", "duckdb_copy", "sha256sum",
-                                                      "openssl"):
+                                                      "openssl", "duckdb_read_export"):
                             continue  # the peers are the same either way
                         results[n][key].append(run(m, target, k, n, path))
                         if m == "monitor":
@@ -323,6 +337,10 @@ def main() -> int:
             o, v = med(r["verify_out"], "cpu"), med(r["verify"], "cpu")
             say(f"  verify OUT (export parquet --lines): {o:.2f} s CPU vs verify of the journal {v:.2f} s "
                 f"({o / v:.1f}x; target 1.2x), peak RSS {max(x['rss_mb'] for x in r['verify_out']):.0f} MiB")
+            if "duckdb_read_export" in r:
+                x = med(r["duckdb_read_export"], "cpu")
+                say(f"  verify OUT's floor: verify {v:.2f} s + DuckDB reading every cell of the export {x:.2f} s = "
+                    f"{v + x:.2f} s ({o / (v + x):.2f}x that)")
         if "monitor" in r:
             held = med(r["monitor"], "held_bytes")
             say(f"  monitor: resident memory grew {held / 2**20:.1f} MiB from step 1 to step {n:,} "
