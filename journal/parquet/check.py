@@ -368,9 +368,12 @@ def _ignore(*_: Any) -> None:
     pass
 
 
-class _StreamFailed(Exception):
+class _StreamFailed(TrainledgerError):
     """What the stream of lines found wrong (an :class:`ExportMismatch`), carried through the verification, which
-    would take an integrity error for the journal's own."""
+    would take an integrity error for the journal's own (it is none: the scan passes it on); raised as that error
+    once out of it."""
+
+    exit_code = 1
 
     def __init__(self, error: Exception) -> None:
         super().__init__(str(error))
