@@ -530,10 +530,11 @@ def test_a_certified_journals_certificates_come_from_its_exported_lines(tmp_path
     assert verify_export(ex, keys=[load_public_key(pub)], partial=True).events == 59
 
 
-@pytest.mark.parametrize("how", ["shuffled", "no line"])
+@pytest.mark.parametrize("how", ["shuffled", "no line", "a seq twice"])
 def test_events_rows_out_of_seq_order_or_without_a_line_are_refused_at_that_seq(run4, tmp_path, how):
-    """Every seq once, 0 to n - 1, so the whole-file counts hold; but the rows are not in seq order (or one has no
-    line): refused naming the first row that is not the next one, before its lines reach the verifier."""
+    """Seqs from 0 to n - 1 and n rows, so the whole-file counts hold; but the rows are not in seq order (or one has
+    no line, or one seq comes twice, another never): refused naming the first row that is not the next one, before
+    its lines reach the verifier."""
     import pyarrow as pa
 
     d, out, s, _, pub = run4
@@ -544,6 +545,10 @@ def test_events_rows_out_of_seq_order_or_without_a_line_are_refused_at_that_seq(
     if how == "shuffled":
         order = list(range(t.num_rows))
         order[7], order[8] = order[8], order[7]
+        t = t.take(pa.array(order))
+    elif how == "a seq twice":
+        order = list(range(t.num_rows))
+        order[7] = 6  # row 6 again where row 7 was: the count, min and max of the seqs unchanged
         t = t.take(pa.array(order))
     else:
         i = t.schema.get_field_index("line")
