@@ -243,14 +243,16 @@ def _find_certificates(path: Path, size: int, out: list[Any]) -> list[Any]:
     return out
 
 
-def take_certificate(line: bytes, out: list[Any], *, offset: int | None = None, seq: int | None = None) -> None:
+def take_certificate(line: bytes, out: list[Any], *, offset: int | None = None, seq: int | None = None,
+                     length: int | None = None) -> None:
     """A line found opening as a ``key_certified`` does (by :func:`find_certificates`' byte search, or a query of a
-    stream's lines), decoded onto ``out`` when it is one; ``offset``/``seq``: where it is, for the errors. Bounded
-    as the search is: lines of at most 64 KiB, :data:`MAX_CERTIFICATES` of them."""
+    stream's lines), decoded onto ``out`` when it is one; ``offset``/``seq``: where it is, for the errors;
+    ``length``: the line's length where the line itself was not read (too long to be one). Bounded as the search
+    is: lines of at most 64 KiB, :data:`MAX_CERTIFICATES` of them."""
     from trainledger.journal import codec
 
     where = f"at byte {offset}" if offset is not None else f"at seq {seq}"
-    if len(line) >= _MAX_CERT_LINE:
+    if (len(line) if length is None else length) >= _MAX_CERT_LINE:
         raise SchemaError(f"a key_certified line {where} is over {_MAX_CERT_LINE:,} bytes", offset=offset, seq=seq)
     if len(out) >= MAX_CERTIFICATES:
         raise SchemaError(f"more than {MAX_CERTIFICATES:,} key_certified lines: not a journal this project wrote",

@@ -1055,22 +1055,22 @@ def scan_range(path: str, start: int, end: int, prev_seq: int, prev_hash: bytes,
     scanner = Scanner(ctx, prev_seq, prev_hash, res)
     scanner.steps_unread = _STEP_LINES_OK
     scanner.numbers_kept = each is not None
+    f = None
     try:
-        if blocks is not None:
-            for block, off in blocks:
-                recs = scanner.feed_block(block, off)
-                if each is not None:
-                    each(block, recs, off, res)
-        else:
-            with open(path, "rb", buffering=0) as f:
-                for block, off in iter_blocks(f, start, end, res, is_last=is_last):
-                    recs = scanner.feed_block(block, off)
-                    if each is not None:
-                        each(block, recs, off, res)
+        if blocks is None:
+            f = open(path, "rb", buffering=0)
+            blocks = iter_blocks(f, start, end, res, is_last=is_last)
+        for block, off in blocks:
+            recs = scanner.feed_block(block, off)
+            if each is not None:
+                each(block, recs, off, res)
     except IntegrityError as e:
         res.error = (type(e).__name__, str(e), e.seq if e.seq is not None else scanner.expect, e.offset)
     except OSError as e:
         res.error = ("JournalIOError", f"{path}: {e.strerror}", None, None)
+    finally:
+        if f is not None:
+            f.close()
     scanner.finish()
     return res
 

@@ -9,11 +9,12 @@ once it passes as the journals and run folders it came from (docs/fleet.md, "Ver
    not verified (exit 1, saying so); its receipts are what the exporter says.
 3. Otherwise each journal's lines are streamed, in seq order, straight into the verification (nothing written),
    bounded before a line is read (seqs, row count, no dictionary, the bytes claimed) and as they come (every batch
-   at most ``BATCH_BYTES`` of lines, the line cap), and verified under the caller's trust as any journal is; the receipt rebuilt from them must be the listed one and
-   every file's footer receipt; as the verification reads them, every table is rebuilt from the verified events by
-   the exporter's own code (the query layer's types) and must equal the exported file in its columns' names and
-   types and row for row in seq order, both ways, a chunk at a time; a table the lines give rows for must have its
-   file. DuckDB reads the files under a memory limit, spilling only into the private folder.
+   at most ``BATCH_BYTES`` of lines, the line cap), and verified under the caller's trust as any journal is; the
+   receipt rebuilt from them must be the listed one and every file's footer receipt. The events file's own cells
+   are held to each line by the query that streams them; as the verification reads the lines, every other table
+   is rebuilt from the verified events by the exporter's own code (the query layer's types) and must equal the
+   exported file in its columns' names and types and row for row in seq order, both ways, a chunk at a time; a
+   table the lines give rows for must have its file. DuckDB reads the files under a memory limit, spilling only into the private folder.
 4. The ranks of one run are held together as ``verify RUN_DIR`` holds a run folder
    (:func:`~trainledger.journal.audit.rundir.hold_ranks`), on the reports of the lines just verified; ranks missing
    are recomputed from them (an error unless ``partial``).
@@ -544,7 +545,7 @@ class _LineStream:
             ).to_arrow_reader(max(1, BATCH_BYTES // _MAX_CERT_LINE))
             for batch in reader:
                 for seq, line, n in zip(*(c.to_pylist() for c in batch.columns)):
-                    take_certificate(line.encode() if line is not None else b"\0" * n, out, seq=seq)
+                    take_certificate(line.encode() if line is not None else b"", out, seq=seq, length=n)
         except duckdb.Error as e:
             raise self._fail(f"not an events table: {str(e).splitlines()[0]}", None) from None
         return out
@@ -785,23 +786,20 @@ class _Holder(_JournalWriter):
                 continue
             if table == "events":  # its rows were held to their lines as they were read: every seq, each once
                 self.shape(rel, self.events_schema)  # and to the types they were held in
-                if "rows" in self.files[rel] and self.files[rel]["rows"] != n:
-                    raise ExportMismatch(f"{self.d}: {rel}: listed with {str(self.files[rel]['rows'])[:20]} rows; "
-                                         f"it has {n}", seq=None)
-                continue
-            st = self.open.get(table)
-            if st is None:  # no rows from the lines: the file's columns held, then its rows (none owed)
-                spec = self.specs.get(VIEW_NAMES.get(table, table)) if table != "events" else None
-                empty = (self._by_sql(spec, [], []) if spec.by_sql else self._scalar(spec, [])) if spec is not None \
-                    else self.pa.Table.from_batches([], schema=self.events_schema)
-                st = self.open[table] = [self._reader(rel, empty.schema), None, 0]
-            extra = self._take(st, rel, 1).num_rows
-            if extra:
-                raise ExportMismatch(f"{self.d}: {rel}: row(s) are not what the lines give (rows past the "
-                                     f"{st[2]:,} its lines give)", seq=None)
+                rows = n
+            else:
+                st = self.open.get(table)
+                if st is None:  # no rows from the lines: the file's columns held, then its rows (none owed)
+                    spec = self.specs[VIEW_NAMES.get(table, table)]
+                    empty = self._by_sql(spec, [], []) if spec.by_sql else self._scalar(spec, [])
+                    st = self.open[table] = [self._reader(rel, empty.schema), None, 0]
+                if self._take(st, rel, 1).num_rows:
+                    raise ExportMismatch(f"{self.d}: {rel}: row(s) are not what the lines give (rows past the "
+                                         f"{st[2]:,} its lines give)", seq=None)
+                rows = st[2]
             entry = self.files[rel]
-            if "rows" in entry and entry["rows"] != st[2]:
-                raise ExportMismatch(f"{self.d}: {rel}: listed with {str(entry['rows'])[:20]} rows; it has {st[2]}",
+            if "rows" in entry and entry["rows"] != rows:
+                raise ExportMismatch(f"{self.d}: {rel}: listed with {str(entry['rows'])[:20]} rows; it has {rows}",
                                      seq=None)
 
     def abandon(self) -> None:

@@ -272,10 +272,11 @@ def test_anything_planted_in_out_but_a_listed_file_is_refused_by_verify_and_quer
     assert ("link" in first or "not a regular file" in first or "planted" in first or "not in the listing" in first)
 
 
-def _rewrite(path: Path, table, receipt: dict) -> None:
-    """A file written anew as the exporter writes one, its footer holding ``receipt``."""
+def _rewrite(path: Path, table, receipt: dict, *, dictionary: bool = True) -> None:
+    """A file written anew as the exporter writes one, its footer holding ``receipt`` (``dictionary=False``: no
+    column stored with a dictionary, as the exporter writes an events file's lines)."""
     path.unlink()
-    w = pq.ParquetWriter(path, table.schema)
+    w = pq.ParquetWriter(path, table.schema, use_dictionary=dictionary)
     w.write_table(table)
     w.add_key_value_metadata({"trainledger_receipt": json.dumps(receipt, sort_keys=True, separators=(",", ":"))})
     w.close()
@@ -530,6 +531,30 @@ def test_a_certified_journals_certificates_come_from_its_exported_lines(tmp_path
     assert verify_export(ex, keys=[load_public_key(pub)], partial=True).events == 59
 
 
+def test_a_certificate_line_too_long_is_refused_without_reading_it(tmp_path):
+    """A line that opens as a key_certified does but runs past a certificate's 64 KiB: refused at its seq, as the
+    byte search refuses it in a file, from its length (the line itself never handed over)."""
+    src, pub = GOLDEN / "rank_keys_v1_7.jsonl", GOLDEN / "rank_keys_v1_7.pub"
+    ex = tmp_path / "ex"
+    assert main(["export", "parquet", str(src), str(ex), "--lines", "--pubkey", str(pub)]) == 0
+    (rel,) = [p.relative_to(ex) for p in (ex / "events").rglob("*.parquet")]
+    t = pq.read_table(ex / rel)
+    lines = t.column("line").to_pylist()
+    # its cells and its ending kept, as a forger would, so that only its length is wrong
+    lines[5] = '{"kind":"key_certified",' + "a" * 70_000 + lines[5][lines[5].rfind(',"seq":'):]
+    kinds = t.column("kind").to_pylist()
+    kinds[5] = "key_certified"
+    for name, col in (("line", lines), ("kind", kinds)):
+        t = t.set_column(t.schema.get_field_index(name), t.schema.field(name), pa.array(col, t.schema.field(name).type))
+    _rewrite(ex / rel, t, json.loads(pq.read_metadata(ex / rel).metadata[b"trainledger_receipt"]), dictionary=False)
+    _relist(ex)
+    from trainledger.journal.keys import load_public_key
+
+    with pytest.raises(IntegrityError, match="key_certified line at seq 5 is over 65,536 bytes") as e:
+        verify_export(ex, keys=[load_public_key(pub)], partial=True)
+    assert e.value.seq == 5
+
+
 @pytest.mark.parametrize("how", ["shuffled", "no line", "a seq twice"])
 def test_events_rows_out_of_seq_order_or_without_a_line_are_refused_at_that_seq(run4, tmp_path, how):
     """Seqs from 0 to n - 1 and n rows, so the whole-file counts hold; but the rows are not in seq order (or one has
@@ -555,11 +580,7 @@ def test_events_rows_out_of_seq_order_or_without_a_line_are_refused_at_that_seq(
         lines = t.column("line").to_pylist()
         lines[7] = None
         t = t.set_column(i, t.schema.field("line"), pa.array(lines, t.schema.field("line").type))
-    (bad / rel).unlink()
-    w = pq.ParquetWriter(bad / rel, t.schema, use_dictionary=False)  # as the exporter writes: no dictionary
-    w.write_table(t)
-    w.add_key_value_metadata({"trainledger_receipt": json.dumps(rc, sort_keys=True, separators=(",", ":"))})
-    w.close()
+    _rewrite(bad / rel, t, rc, dictionary=False)
     _relist(bad)
     with pytest.raises(ExportMismatch, match=f"{rel}: the row at seq 7 is out of order or has no line"):
         verify_export(bad, keys=[s.public])
@@ -584,12 +605,7 @@ def test_an_events_line_longer_than_a_journals_line_is_refused_at_its_seq(run4, 
     assert verify_export(out, keys=[s.public]).events  # within the lowered limit
     lines[5] = "x" * (longest + 20)
     t = t.set_column(t.schema.get_field_index("line"), t.schema.field("line"), pa.array(lines, pa.string()))
-    rc = pq.read_metadata(bad / rel).metadata[b"trainledger_receipt"]
-    (bad / rel).unlink()
-    w = pq.ParquetWriter(bad / rel, t.schema, use_dictionary=False)
-    w.write_table(t)
-    w.add_key_value_metadata({"trainledger_receipt": rc})
-    w.close()
+    _rewrite(bad / rel, t, json.loads(pq.read_metadata(bad / rel).metadata[b"trainledger_receipt"]), dictionary=False)
     _relist(bad)
     with pytest.raises(ExportMismatch, match=f"{rel}: the line at seq 5 is {longest + 20:,} bytes, longer than"):
         verify_export(bad, keys=[s.public])
