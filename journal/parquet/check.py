@@ -14,7 +14,8 @@ once it passes as the journals and run folders it came from (docs/fleet.md, "Ver
    are held to each line by the query that streams them; as the verification reads the lines, every other table
    is rebuilt from the verified events by the exporter's own code (the query layer's types) and must equal the
    exported file in its columns' names and types and row for row in seq order, both ways, a chunk at a time; a
-   table the lines give rows for must have its file. DuckDB reads the files under a memory limit, spilling only into the private folder.
+   table the lines give rows for must have its file. DuckDB reads the files under a memory limit, spilling only
+   into the private folder.
 4. The ranks of one run are held together as ``verify RUN_DIR`` holds a run folder
    (:func:`~trainledger.journal.audit.rundir.hold_ranks`), on the reports of the lines just verified; ranks missing
    are recomputed from them (an error unless ``partial``).
