@@ -403,6 +403,8 @@ class _LineStream:
         self.share = max(1, BATCH_BYTES // self.per)
         self.want = 0  # the next seq
         self.offset = 0  # bytes handed on
+        self.again = 0  # pieces whose long lines were read again
+        self.sized = False  # the batches sized by the file's longest line (no line is long after that)
         self._held: list[tuple[bytes, int]] = []
         self._it = self._all()
 
@@ -417,10 +419,7 @@ class _LineStream:
 
         reader = None
         try:
-            # arrays, no Python object a row; strlen(NULL) is NULL: a row without a line is refused below
-            reader = self.con.cursor().sql(f"SELECT seq, CASE WHEN strlen(line) <= {self.share} THEN line END, "
-                                           f"strlen(line), coalesce({self.held}, false) FROM {self.src}"
-                                           ).to_arrow_reader(self.per)
+            reader = self._reader()
             while True:
                 try:
                     batch = reader.read_next_batch()
@@ -434,9 +433,16 @@ class _LineStream:
                 for a, b in _pieces(lens, BATCH_BYTES):  # a batch's rows, a piece at most BATCH_BYTES of lines
                     part = line.slice(a, b - a)
                     if long[a:b].any():
+                        if self.again >= AGAIN:  # long lines are not rare: the rest read in batches sized for them
+                            self.want += a
+                            reader.close()
+                            reader = self._sized_reader()
+                            break
+                        self.again += 1
                         part = self._read_again(part, long[a:b], lens[a:b], self.want + a)
                     yield from self._blocks(part)
-                self.want += batch.num_rows
+                else:
+                    self.want += batch.num_rows
         except duckdb.OutOfMemoryException:
             raise self._fail(f"decoding its lines needs more memory than a check may use ({MEMORY_LIMIT}): no "
                              "journal's lines need that", None) from None
@@ -445,6 +451,28 @@ class _LineStream:
         finally:
             if reader is not None:
                 reader.close()
+
+    def _reader(self) -> Any:
+        """The file's rows from seq ``want`` on, in file order, a batch of ``per`` rows at a time: arrays, no Python
+        object a row (strlen(NULL) is NULL: a row without a line is refused by :meth:`_held_to`)."""
+        return self.con.cursor().sql(
+            f"SELECT seq, CASE WHEN strlen(line) <= {self.share} THEN line END, strlen(line), "
+            f"coalesce({self.held}, false) FROM {self.src}" + (f" WHERE seq >= {self.want}" if self.want else "")
+        ).to_arrow_reader(self.per)
+
+    def _sized_reader(self) -> Any:
+        """:meth:`_reader` with its batches sized by the file's longest line (one pass for it), so that no line is
+        read again: a file whose claimed mean hides many long lines costs one more pass, never a query a few lines
+        (each may read the whole file where its statistics do not narrow it). The rows before ``want`` were each
+        the next seq, so those from it on are the rest of the file; a line still long means the file changed."""
+        if self.sized:
+            raise self._fail(f"its lines from seq {self.want} did not read the same twice (changed while it was "
+                             "read)", self.want)
+        longest = self.con.cursor().execute(f"SELECT max(strlen(line)) FROM {self.src}").fetchall()[0][0] or 1
+        self.per = max(1, min(ROW_BATCH, BATCH_BYTES // max(1, longest)))
+        self.share = max(1, BATCH_BYTES // self.per)
+        self.sized = True
+        return self._reader()
 
     def _held_to(self, seq: Any, length: Any, cap: int, held: Any) -> Any:
         """The batch's line lengths, each row's seq held to be the next, its line to be there and at most ``cap``
@@ -572,6 +600,9 @@ def _pieces(lens: Any, cap: int) -> list[tuple[int, int]]:
 
 #: rows handed on at a time at most
 ROW_BATCH = 65_536
+#: pieces of a stream whose long lines are read again by a query of their own, at most (then one pass sizes the
+#: batches by the longest line instead)
+AGAIN = 4
 
 
 def _rename(e: Exception, d: Path, ev_rel: str) -> None:

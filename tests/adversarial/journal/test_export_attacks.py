@@ -460,11 +460,13 @@ def _stream_of(export: Path, tmp_path: Path, **knobs: int) -> Any:
     return stream, con
 
 
-@pytest.mark.parametrize("knobs", [{}, {"per": 7, "share": 200}], ids=["as built", "long lines read again"])
-def test_the_stream_hands_on_the_journals_own_bytes_in_whole_lines(tmp_path, monkeypatch, knobs):
+@pytest.mark.parametrize("knobs, again", [({}, 4), ({"per": 7, "share": 200}, 10**9), ({"per": 7, "share": 200}, 2)],
+                         ids=["as built", "long lines read again", "many long lines: sized by the longest"])
+def test_the_stream_hands_on_the_journals_own_bytes_in_whole_lines(tmp_path, monkeypatch, knobs, again):
     """What the check verifies is the journal's bytes exactly, whatever the batches: blocks of whole lines, each
     at the offset the bytes before it end, a line longer than a batch's share read again in its place (rows of at
-    most 200 bytes a batch of 7 here, pieces of at most 1,000 bytes, blocks of about 512)."""
+    most 200 bytes a batch of 7 here, pieces of at most 1,000 bytes, blocks of about 512), or, past ``again``
+    pieces read again, the rest read in batches sized by the longest line, from the row where it stopped."""
     from trainledger.journal import scan
     from trainledger.journal.parquet import check
 
@@ -473,6 +475,7 @@ def test_the_stream_hands_on_the_journals_own_bytes_in_whole_lines(tmp_path, mon
     assert main(["export", "parquet", str(src), str(ex), "--lines", "--pubkey",
                  str(GOLDEN / "every_kind_v1_3.pub")]) == 0
     monkeypatch.setattr(scan, "BLOCK", 512)
+    monkeypatch.setattr(check, "AGAIN", again)
     if knobs:
         monkeypatch.setattr(check, "BATCH_BYTES", 1000)
     stream, con = _stream_of(ex, tmp_path, **knobs)
@@ -489,7 +492,8 @@ def test_the_stream_hands_on_the_journals_own_bytes_in_whole_lines(tmp_path, mon
     assert b"".join(got) == data and data.startswith(head) and stream.offset == len(data)
     assert len(got) > 10 and stream.want == data.count(b"\n")
     if knobs:
-        assert max(map(len, data.split(b"\n"))) > 200  # some were read again
+        assert max(map(len, data.split(b"\n"))) > 200  # some were long
+        assert stream.sized == (again == 2) and stream.again == min(again, stream.again) > 0
 
 
 @pytest.mark.parametrize("accel", [True, False], ids=["C", "hashlib"])
