@@ -754,11 +754,23 @@ static const struct {
 typedef struct {
     int n;
     struct {
-        int proven, is_int;
+        int proven, is_int, f; /* f: its field, an index of STEP_FIELDS */
         long long iv;
         double x;
     } v[10];
+    long long step, ints[10]; /* the int fields' values (ints[f] where present has bit f) */
+    unsigned present;         /* bit f: field f of STEP_FIELDS is on the line */
 } line_numbers;
+
+/* The value of an int canon_int passed (within int64). */
+static long long canon_value(const char *p, Py_ssize_t k)
+{
+    int neg = *p == '-';
+    unsigned long long v = 0;
+    for (Py_ssize_t i = neg; i < k; i++)
+        v = v * 10 + (unsigned long long)(p[i] - '0');
+    return neg ? (long long)(0ULL - v) : (long long)v;
+}
 
 static int step_line(const char *p, const char *end, char *out, Py_ssize_t *outlen, Py_ssize_t *count, int all,
                      line_numbers *got)
@@ -766,13 +778,15 @@ static int step_line(const char *p, const char *end, char *out, Py_ssize_t *outl
     static const char head[] = "{\"kind\":\"step_observed\",\"step\":";
     Py_ssize_t o = *outlen, c = *count, k;
     if (got != NULL)
-        got->n = 0;
+        got->n = 0, got->present = 0;
     if (end - p < (Py_ssize_t)sizeof head - 1 + SUFFIX || memcmp(p, head, sizeof head - 1) != 0)
         return 0;
     p += sizeof head - 1;
     end -= SUFFIX; /* the hash's part, checked by scan_block */
     if (!(k = canon_int(p, end)))
         return 0;
+    if (got != NULL)
+        got->step = canon_value(p, k);
     p += k;
     for (size_t f = 0; f < sizeof STEP_FIELDS / sizeof STEP_FIELDS[0]; f++) {
         Py_ssize_t kl = STEP_FIELDS[f].len;
@@ -782,15 +796,20 @@ static int step_line(const char *p, const char *end, char *out, Py_ssize_t *outl
             continue;
         }
         p += kl;
+        if (got != NULL)
+            got->present |= 1u << f;
         if (STEP_FIELDS[f].type == 'i') {
             if (!(k = canon_int(p, end)))
                 return 0;
+            if (got != NULL)
+                got->ints[f] = canon_value(p, k);
         } else {
             if (!(k = json_number(p, end)))
                 return 0;
             int proven;
             if (got != NULL) {
                 int g = got->n++;
+                got->v[g].f = (int)f;
                 proven = got->v[g].proven = number_read(p, k, &got->v[g].is_int, &got->v[g].iv, &got->v[g].x);
             } else {
                 proven = !all && number_proven(p, k);
@@ -927,6 +946,119 @@ fail:
     Py_XDECREF(at);
     PyBuffer_Release(&view);
     return NULL;
+}
+
+/* A line's ts (the digits scan_block held before ,"h":"), within int64; 0 when it is past int64 (where the records'
+ * way decodes it instead). */
+static int line_ts(const char *line, Py_ssize_t m, long long *ts)
+{
+    Py_ssize_t i = m - SUFFIX, a = i;
+    while (a > 0 && line[a - 1] >= '0' && line[a - 1] <= '9')
+        a--;
+    if (a == i || i - a > 19 || (i - a == 19 && memcmp(line + a, "9223372036854775807", 19) > 0))
+        return 0;
+    *ts = canon_value(line + a, i - a);
+    return 1;
+}
+
+#define STEP_COLUMNS 11 /* step and the ten fields of STEP_FIELDS */
+
+/*
+ * step_columns(block, ends: bytes) -> (mask, numbers, at, data, valid, ts, h, k) | None
+ *
+ * step_lines' check of a block's lines (mask and numbers as mode 0 gives them: numbers holds the ones number_read
+ * cannot settle, "[n1,...]", for the caller's msgspec decode and re-encode), and instead of values for records, the
+ * step lines' fields as columns: k step lines; data (a bytearray) holds column c of step line r at slot c * n + r
+ * (n: the block's lines), an int64 for step, examples, tokens and supervised_tokens, a double for the other
+ * fields (an int there as the double it is); valid (a bytearray) 1 at the same index where the line has the
+ * field; at (uint32 each) the slots of the numbers in numbers, in order, for the caller to write their values
+ * in. ts (int64) and h (64 characters) of every line of the block, from the tail scan_block held. None where a
+ * line does not fit this (an int past 2^53 in a float field, a ts past int64): the caller takes the records' way.
+ */
+static PyObject *step_columns(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyBytes_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "step_columns(block, ends: bytes)");
+        return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    const char *s = (const char *)view.buf;
+    Py_ssize_t len = view.len, n = PyBytes_GET_SIZE(args[1]) / 4, o = 1, count = 0, start = 0, k = 0, nat = 0;
+    const uint32_t *e = (const uint32_t *)PyBytes_AS_STRING(args[1]);
+    PyObject *mask = PyBytes_FromStringAndSize(NULL, n), *nums = PyBytes_FromStringAndSize(NULL, len + 2),
+             *at = PyBytes_FromStringAndSize(NULL, 4 * 10 * n),
+             *data = PyByteArray_FromStringAndSize(NULL, 8 * STEP_COLUMNS * n),
+             *valid = PyByteArray_FromStringAndSize(NULL, STEP_COLUMNS * n),
+             *ts = PyBytes_FromStringAndSize(NULL, 8 * n), *h = PyBytes_FromStringAndSize(NULL, 64 * n), *out = NULL;
+    if (mask == NULL || nums == NULL || at == NULL || data == NULL || valid == NULL || ts == NULL || h == NULL)
+        goto done;
+    char *m = PyBytes_AS_STRING(mask), *numbers = PyBytes_AS_STRING(nums), *hex = PyBytes_AS_STRING(h);
+    unsigned char *ok = (unsigned char *)PyByteArray_AS_STRING(valid);
+    uint32_t *where = (uint32_t *)PyBytes_AS_STRING(at);
+    long long *iv = (long long *)PyByteArray_AS_STRING(data), *tv = (long long *)PyBytes_AS_STRING(ts);
+    double *dv = (double *)PyByteArray_AS_STRING(data);
+    int fits = 1;
+    line_numbers got;
+    memset(ok, 0, (size_t)(STEP_COLUMNS * n));
+    memset(dv, 0, (size_t)(8 * STEP_COLUMNS * n)); /* a cell a line lacks reads as 0 */
+    numbers[0] = '[';
+    for (Py_ssize_t i = 0; i < n && fits; i++) {
+        Py_ssize_t stop = (Py_ssize_t)e[i], r;
+        if (stop >= len || stop < start || stop - start < SUFFIX + 16) {
+            PyErr_SetString(PyExc_ValueError, "step_columns: ends do not fit the block");
+            goto done;
+        }
+        const char *line = s + start;
+        if (!line_ts(line, stop - start, &tv[i])) {
+            fits = 0;
+            break;
+        }
+        memcpy(hex + 64 * i, s + stop - 66, 64);
+        m[i] = (char)step_line(line, s + stop, numbers, &o, &count, 0, &got);
+        start = stop + 1;
+        if (!m[i])
+            continue;
+        r = k++;
+        iv[r] = got.step;
+        ok[r] = 1;
+        for (int g = 0; g < got.n; g++) {
+            Py_ssize_t slot = (got.v[g].f + 1) * n + r;
+            ok[slot] = 1;
+            if (!got.v[g].proven)
+                where[nat++] = (uint32_t)slot;
+            else if (!got.v[g].is_int)
+                dv[slot] = got.v[g].x;
+            else if (got.v[g].iv >= -(1LL << 53) && got.v[g].iv <= (1LL << 53))
+                dv[slot] = (double)got.v[g].iv;
+            else
+                fits = 0;
+        }
+        for (int f = 0; f < STEP_COLUMNS - 1; f++)
+            if (STEP_FIELDS[f].type == 'i' && (got.present >> f & 1)) {
+                iv[(f + 1) * n + r] = got.ints[f];
+                ok[(f + 1) * n + r] = 1;
+            }
+    }
+    numbers[o++] = ']';
+    if (!fits) {
+        out = Py_NewRef(Py_None);
+        goto done;
+    }
+    if (_PyBytes_Resize(&nums, o) < 0 || _PyBytes_Resize(&at, 4 * nat) < 0)
+        goto done;
+    out = Py_BuildValue("(OOOOOOOn)", mask, nums, at, data, valid, ts, h, k);
+done:
+    PyBuffer_Release(&view);
+    Py_XDECREF(mask);
+    Py_XDECREF(nums);
+    Py_XDECREF(at);
+    Py_XDECREF(data);
+    Py_XDECREF(valid);
+    Py_XDECREF(ts);
+    Py_XDECREF(h);
+    return out;
 }
 
 static Py_ssize_t slot_of(PyTypeObject *t, PyObject *name);
@@ -2738,6 +2870,8 @@ static PyMethodDef methods[] = {
     {"node_level", (PyCFunction)(void (*)(void))node_level, METH_FASTCALL, "Node hashes of consecutive pairs."},
     {"baseline_step", (PyCFunction)(void (*)(void))baseline_step, METH_FASTCALL,
      "The health detector's common step: add x to the baseline (True), or leave it to the caller (False)."},
+    {"step_columns", (PyCFunction)(void (*)(void))step_columns, METH_FASTCALL,
+     "step_lines' check of a block, and its step lines' fields as columns (the ts and h of every line)."},
     {"step_records", (PyCFunction)(void (*)(void))step_records, METH_FASTCALL,
      "The records of a block's step lines, built from the lines and their numbers without decoding them again."},
     {"record_columns", (PyCFunction)(void (*)(void))record_columns, METH_FASTCALL,

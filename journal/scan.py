@@ -54,6 +54,7 @@ _fast = _accel.fast
 _scan_block = getattr(_fast, "scan_block", None)
 _step_lines = getattr(_fast, "step_lines", None)
 _step_records = getattr(_fast, "step_records", None)
+_step_columns = getattr(_fast, "step_columns", None)
 _link = _accel.link
 _get_seq = operator.attrgetter("seq")
 _get_h = operator.attrgetter("h")
@@ -226,6 +227,8 @@ class Scanner:
         #: numbers of its step lines are decoded once for them; False (verify alone) leaves every number the C check
         #: proves spelled as msgspec writes it undecoded
         self.numbers_kept = True
+        #: with ``steps_unread``: a block's step lines handed on as columns (:class:`StepBlock`), not records
+        self.columns_kept = False
         self._pub = PublicKey(ctx.public_raw) if ctx.public_raw is not None else None
         self._type_counts: dict[type, int] = {}
         self._seal_t = codec.record_type(Seal)
@@ -314,7 +317,12 @@ class Scanner:
         decoded and re-encoded as :func:`codec.decode_block` does. Returns the block's records, their types, how
         many of each (:meth:`_settle`'s ``counts``) and where its seals and late signatures are (``marks``);
         ``None`` sends the block the ordinary way."""
-        if self.numbers_kept:
+        cols = _step_cols(block, ends_b) if self.columns_kept else False
+        if cols is None:  # a number not spelled as msgspec writes it: the ordinary way names it
+            return None
+        if cols:
+            mask, values = cols.mask, None
+        elif self.numbers_kept:
             got = _step_numbers(block, ends_b)
             if got is None:
                 return None
@@ -342,7 +350,10 @@ class Scanner:
         for i, r in others.items():
             t = types[i] = type(r)
             counts[t] = counts.get(t, 0) + 1
-        return _StepLines(self.expect, block, ends_b, others, n, mask, values), types, counts, \
+        lines = _StepLines(self.expect, block, ends_b, others, n, mask, values)
+        if cols:
+            lines.cols = cols
+        return lines, types, counts, \
             [i for i, t in zip(others, map(type, others.values())) if t is self._seal_t or t is self._signed_t]
 
     def _settle(self, block: bytes, offset: int, recs: Any, types: list[type], ends_b: bytes, last: bytes,
@@ -814,16 +825,83 @@ def _numbers_canonical(numbers: bytes) -> list[Any] | None:
     return got if codec._encoder.encode(got) == numbers else None  # the records' encoder
 
 
+def _step_cols(block: bytes, ends_b: bytes) -> _Columns | None | bool:
+    """``step_columns``' check of a block and its step lines' fields as columns, the numbers it left to msgspec
+    decoded (and held to its spelling) and written in (an int in a float field as the nearest double). None when
+    one of those is not spelled so; False when a line does not fit columns (a ts past int64, an int past any
+    double): its records are built instead."""
+    got = _step_columns(block, ends_b)
+    if got is None:
+        return False
+    mask, left, at, data, valid, ts, h, k = got
+    if len(left) > 2:
+        rest = _numbers_canonical(left)
+        if rest is None:
+            return None
+        cells = memoryview(data).cast("d")
+        for slot, v in zip(memoryview(at).cast("I"), rest):
+            try:
+                cells[slot] = v  # an int in a float field: the nearest double, as the C side converts one
+            except (OverflowError, ValueError):
+                return False
+    return _Columns(mask, data, valid, ts, h, k)
+
+
+class _Columns:
+    """``step_columns``' output for one block (see its comment in journal/_chainfast.c): the step lines' fields
+    (``data``, ``valid``: 11 columns of ``len(mask)`` slots, the first ``k`` used), every line's ``ts`` and ``h``."""
+
+    __slots__ = ("mask", "data", "valid", "ts", "h", "k")
+
+    def __init__(self, mask: bytes, data: bytearray, valid: bytearray, ts: bytes, h: bytes, k: int):
+        self.mask, self.data, self.valid, self.ts, self.h, self.k = mask, data, valid, ts, h, k
+
+
+class StepBlock:
+    """Checked events of one block, as :func:`scan_consuming` hands them to a reader that takes columns
+    (``columns=True``): lines ``lo`` to ``hi - 1`` of the block, the first of which is event ``first + lo``; its
+    step lines' fields as columns (``cols``, a :class:`_Columns`: step lines ``slo`` to ``shi - 1`` of it), every
+    other line's record in ``others`` (by its index in the block). ``len()`` is its events; :meth:`take` cuts the
+    first ones off (where a seal ends what may be handed on)."""
+
+    __slots__ = ("first", "lo", "hi", "slo", "shi", "cols", "others")
+
+    def __init__(self, first: int, lo: int, hi: int, slo: int, shi: int, cols: _Columns, others: dict[int, Any]):
+        self.first, self.lo, self.hi, self.slo, self.shi, self.cols, self.others = first, lo, hi, slo, shi, cols, others
+
+    def __len__(self) -> int:
+        return self.hi - self.lo
+
+    @property
+    def seq(self) -> int:
+        """The first event's seq."""
+        return self.first + self.lo
+
+    def take(self, k: int) -> StepBlock:
+        """The first ``k`` events, cut off these."""
+        cut = self.lo + k
+        s = self.slo + self.cols.mask.count(1, self.lo, cut)
+        head = StepBlock(self.first, self.lo, cut, self.slo, s, self.cols, self.others)
+        self.lo, self.slo = cut, s
+        return head
+
+    def other_records(self) -> list[tuple[int, Any]]:
+        """``(index in the block, record)`` of the lines here that are not step lines, in order."""
+        lo, hi = self.lo, self.hi
+        return [(i, r) for i, r in self.others.items() if lo <= i < hi]
+
+
 class _StepLines:
     """A block's records for verify's fast path: the decoded records of its other lines, and for a step line only
     what the scanner asks of it (``seq``, ``h``, its kind), read off the line when asked."""
 
-    __slots__ = ("first", "block", "ends", "others", "n", "ends_b", "mask", "numbers")
+    __slots__ = ("first", "block", "ends", "others", "n", "ends_b", "mask", "numbers", "cols")
 
     def __init__(self, first: int, block: bytes, ends_b: bytes, others: dict[int, Any], n: int, mask: bytes,
                  numbers: list[Any] | None):
         self.first, self.block, self.ends, self.others, self.n = first, block, memoryview(ends_b).cast("I"), others, n
         self.ends_b, self.mask, self.numbers = ends_b, mask, numbers  # the step lines', for records()
+        self.cols: _Columns | None = None  # the step lines as columns (Scanner.columns_kept)
 
     def records(self) -> list[Any]:
         """Every line's record: the step lines' built in C from the lines and the numbers msgspec decoded for
@@ -1046,15 +1124,17 @@ def new_scanner(ctx: ScanContext, prev_seq: int, prev_hash: bytes, res: RangeRes
 def scan_range(path: str, start: int, end: int, prev_seq: int, prev_hash: bytes,
                ctx: ScanContext, is_last: bool, *,
                each: Callable[[bytes, Any, int, RangeResult], None] | None = None,
-               blocks: Iterable[tuple[bytes, int]] | None = None) -> RangeResult:
+               blocks: Iterable[tuple[bytes, int]] | None = None, columns: bool = False) -> RangeResult:
     """Check ``[start, end)`` of the file; errors are returned in ``result.error``, not raised. ``each(block,
     records, offset, result)`` is called after each block has checked out (what it raises propagates).
     ``blocks``: ``(block, offset)`` of whole lines, each ending with its newline, instead of the file's (a stream's;
-    what its iterator raises propagates)."""
+    what its iterator raises propagates). ``columns``: a block's step lines are read as columns where they can be
+    (what ``each`` gets then has ``cols``)."""
     res = RangeResult(start, end)
     scanner = Scanner(ctx, prev_seq, prev_hash, res)
     scanner.steps_unread = _STEP_LINES_OK
     scanner.numbers_kept = each is not None
+    scanner.columns_kept = columns and each is not None and _step_columns is not None
     f = None
     try:
         if blocks is None:
@@ -1087,24 +1167,60 @@ def signed_prefix(pending: list[Any], res: RangeResult) -> list[Any]:
     return out
 
 
+def _signed_pieces(pending: list[Any], res: RangeResult) -> list[Any]:
+    """:func:`signed_prefix` for pending pieces (lists of records and StepBlock objects, in seq order): the
+    pieces, the last one cut where the seal ends, that a seal checked so far covers, taken out of ``pending``."""
+    sealed = res.last_seal_seq
+    out: list[Any] = []
+    while sealed is not None and pending:
+        piece = pending[0]
+        first = piece.seq if type(piece) is StepBlock else piece[0].seq
+        if first > sealed:
+            break
+        k = sealed - first + 1
+        if k >= len(piece):
+            out.append(pending.pop(0))
+            continue
+        if type(piece) is StepBlock:
+            out.append(piece.take(k))
+        else:
+            out.append(piece[:k])
+            del piece[:k]
+        break
+    return out
+
+
 def scan_consuming(path: str, size: int, ctx: ScanContext, consume: Callable[..., None], *, signed: bool,
                    progress: Callable[[int, int], None] | None = None, with_lines: bool = False,
-                   blocks: Iterable[tuple[bytes, int]] | None = None) -> RangeResult:
+                   blocks: Iterable[tuple[bytes, int]] | None = None, columns: bool = False) -> RangeResult:
     """Check the whole file in one pass, as :func:`scan_range` does, and hand every checked event on to
     ``consume`` (a list at a time, in order) from the same bytes: nothing is read twice and nothing unchecked is
     used, so a file changed under the reader is caught as it would be by verify. ``signed``: an event is handed on
     only once a seal that covers it has checked out (events after the last seal never are); otherwise as soon as
     its line has. ``with_lines``: ``consume(events, lines)`` (a :class:`Lines`), each event's line beside it (its exact bytes, no
-    newline). Errors are returned in ``result.error``; what ``consume`` raises propagates (the caller throws
-    away what it folded, as it does when the result carries an error)."""
+    newline). ``columns`` (with ``with_lines``): a block whose step lines were read as columns is handed on as a
+    :class:`StepBlock` instead of a list (its records never built), one ``consume`` call each. Errors are returned
+    in ``result.error``; what ``consume`` raises propagates (the caller throws away what it folded, as it does
+    when the result carries an error)."""
     pending: list[Any] = []
     pending_lines = Lines()
+    columns = columns and with_lines
+
+    def hand_on(piece: Any, lines: Lines, res: RangeResult) -> None:  # a piece at a time, as its seal allows
+        if not signed:
+            consume(piece, lines)
+            return
+        pending.append(piece)
+        pending_lines.extend(lines)
+        for ready in _signed_pieces(pending, res):
+            consume(ready, pending_lines.take(len(ready)))
 
     def each(block: bytes, recs: Any, off: int, res: RangeResult) -> None:
         ends = None
         if type(recs) is _StepLines:  # verify's fast path checked the step lines in C: decode the block once
             ends = recs.ends_b  # where the block scanner found its newlines
-            recs = recs.records()
+            recs = StepBlock(recs.first, 0, recs.n, 0, recs.cols.k, recs.cols, recs.others) \
+                if recs.cols is not None else recs.records()
         if with_lines:
             if ends is not None:
                 lines = Lines([(block, memoryview(ends).cast("I"), 0, len(ends) // 4)])
@@ -1113,6 +1229,9 @@ def scan_consuming(path: str, size: int, ctx: ScanContext, consume: Callable[...
                 lines = Lines([(None, split, 0, len(split))])
             if len(lines) != len(recs):  # pragma: no cover - a block is whole lines, one event each
                 raise AssertionError(f"{path}: {len(lines)} lines, {len(recs)} events in one block")
+        if columns:
+            hand_on(recs if type(recs) is StepBlock else list(recs), lines, res)
+        elif with_lines:
             if not signed:
                 consume(recs, lines)
             else:
@@ -1131,7 +1250,7 @@ def scan_consuming(path: str, size: int, ctx: ScanContext, consume: Callable[...
         if progress is not None:
             progress(off + len(block), size)
 
-    return scan_range(path, 0, size, -1, genesis(ctx.run_id), ctx, True, each=each, blocks=blocks)
+    return scan_range(path, 0, size, -1, genesis(ctx.run_id), ctx, True, each=each, blocks=blocks, columns=columns)
 
 
 def _scan_range_star(args) -> RangeResult:

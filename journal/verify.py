@@ -346,7 +346,8 @@ def verify(
     if _consume is not None:  # replay's fold: one pass in this process, each checked event handed on
         results = [scan_consuming(str(p), size, ctx, _consume, progress=progress, with_lines=_with_lines,
                                   signed=report.trust in ("pinned", "embedded"),
-                                  blocks=_source.blocks() if _source is not None else None)]
+                                  blocks=_source.blocks() if _source is not None else None,
+                                  columns=getattr(_consume, "takes_columns", False))]
         if _source is not None:  # its size known now, every line read
             report.bytes = results[0].end = _source.offset
     elif _source is not None:  # pragma: no cover - a private argument, for the export's check alone

@@ -47,7 +47,7 @@ from typing import Any
 from trainledger.journal.accel import fast as _fast
 from trainledger.journal.errors import JournalIOError, SchemaError, UsageError
 from trainledger.journal.paths import file_sha256
-from trainledger.journal.scan import Lines
+from trainledger.journal.scan import Lines, StepBlock
 from trainledger.journal.trust import TrustPolicy
 
 __all__ = ["EXPORT_FORMAT", "LISTING", "RECEIPT_KEY", "ExportReport", "JournalExport", "arrow_column", "export_journal",
@@ -207,8 +207,13 @@ class _JournalWriter:
         self.pa = _pyarrow()
         self.root, self.sub, self.run_id, self.rank, self.lines = root, sub, run_id, rank, lines
         self.specs, self.con = specs, con
-        self.recs: list[Any] = []
+        #: what verification handed on and is not built yet: lists of records and StepBlocks, in seq order
+        self.parts: list[Any] = []
+        self.pending = 0
         self.raw: Any = Lines()
+        #: a block's step lines may come as columns (a StepBlock) where the steps table's columns are theirs
+        step = specs.get("step_observed")
+        self.takes_columns = step is not None and not step.by_sql and tuple(zip(step.names, step.duck)) == _STEP_COLUMNS
         self.writers: dict[str, tuple[Any, Path]] = {}
         self.rows: dict[str, int] = {}
         #: each table's columns built and not written yet, and the events they hold
@@ -227,10 +232,13 @@ class _JournalWriter:
                                        + [("seq", pa.int64()), ("kind", pa.string()), ("ts", pa.int64()),
                                           ("h", pa.string())] + ([("line", pa.string())] if lines else []))
 
-    def __call__(self, recs: list[Any], raw: Any) -> None:
-        self.recs.extend(recs)
+    def __call__(self, recs: Any, raw: Any) -> None:
+        if not len(recs):
+            return
+        self.parts.append(recs)
+        self.pending += len(recs)
         self.raw.extend(raw)
-        if len(self.recs) >= BATCH:
+        if self.pending >= BATCH:
             self._build()
             if self.staged_events >= ROW_GROUP:
                 self._write_staged()
@@ -279,53 +287,141 @@ class _JournalWriter:
         self._write_staged()
 
     def _build(self) -> None:
-        """The records received made each table's columns (staged), and let go."""
+        """What was received made each table's columns (staged), and let go."""
         from trainledger.journal.audit.replay import type_run
 
-        recs, raw = self.recs, self.raw
-        self.recs, self.raw = [], Lines()
-        n = len(recs)
+        parts, raw, n = self.parts, self.raw, self.pending
+        self.parts, self.raw, self.pending = [], Lines(), 0
         if not n and ("events" in self.writers or "events" in self.staged or not self.events):
             return
-        pa = self.pa
         self.count += n
         self.staged_events += n
-        kinds: list[str] = []
+        #: each table's events, in order: lists of records and StepBlocks (a steps table's alone)
         groups: dict[str, list[Any]] = {}
         lines_of: dict[str, list[bytes]] = {}
-        i = 0
-        while i < n:
-            t = type(recs[i])
-            j = type_run(recs, i, t)
-            tag = self._tag(t)
-            if tag is None:
-                if self.events:
-                    kinds.extend(r.kind for r in recs[i:j])
-            else:
-                if self.events:
-                    kinds.extend([tag] * (j - i))
-                spec = self.specs.get(tag)
-                if spec is not None:
-                    groups.setdefault(tag, []).extend(recs[i:j])
-                    if spec.by_sql:
-                        lines_of.setdefault(tag, []).extend(raw[i:j])
-            i = j
-        if self.events:
-            self._events(n, recs, raw, kinds)
-        for tag, group in groups.items():
-            spec = self.specs[tag]
-            self.staged.setdefault(spec.table, []).append(
-                self._by_sql(spec, group, lines_of[tag]) if spec.by_sql else self._scalar(spec, group))
 
-    def _events(self, n: int, recs: list[Any], raw: Any, kinds: list[str]) -> None:
+        def add(tag: str, recs: Any, at: int) -> None:
+            spec = self.specs.get(tag)
+            if spec is None:
+                return
+            chunks = groups.setdefault(tag, [])
+            if type(recs) is StepBlock or not chunks or type(chunks[-1]) is StepBlock:
+                chunks.append(recs if type(recs) is StepBlock else list(recs))
+            else:
+                chunks[-1].extend(recs)
+            if spec.by_sql:
+                lines_of.setdefault(tag, []).extend(raw[at:at + len(recs)])
+
+        at = 0
+        for part in parts:
+            if type(part) is StepBlock:
+                if part.shi > part.slo:
+                    add("step_observed", part, -1)
+                for i, rec in part.other_records():
+                    tag = self._tag(type(rec))
+                    if tag is not None:
+                        add(tag, [rec], at + i - part.lo)
+            else:
+                i, m = 0, len(part)
+                while i < m:
+                    t = type(part[i])
+                    j = type_run(part, i, t)
+                    tag = self._tag(t)
+                    if tag is not None:
+                        add(tag, part[i:j], at + i)
+                    i = j
+            at += len(part)
+        if self.events:
+            self._events(n, parts, raw)
+        for tag, chunks in groups.items():
+            spec = self.specs[tag]
+            staged = self.staged.setdefault(spec.table, [])
+            if spec.by_sql:
+                staged.append(self._by_sql(spec, chunks[0], lines_of[tag]))
+                continue
+            i = 0
+            while i < len(chunks):
+                if type(chunks[i]) is StepBlock:
+                    j = i
+                    while j < len(chunks) and type(chunks[j]) is StepBlock:
+                        j += 1
+                    staged.append(self._step_table(spec, chunks[i:j]))
+                else:
+                    j = i + 1
+                    staged.append(self._scalar(spec, chunks[i]))
+                i = j
+
+    def _events(self, n: int, parts: list[Any], raw: Any) -> None:
+        """The events table's rows of these parts (``n`` events): seq, kind, ts and h from the columns of a
+        StepBlock (every line's ts and h read off its tail) and from the records of the others."""
+        import numpy as np
+
         pa = self.pa
         run, rank = self._const(n)
-        seq, ts = arrow_columns(recs, ["seq", "ts"], ["BIGINT", "BIGINT"])
+        first = 0 if not n else parts[0].seq if type(parts[0]) is StepBlock else parts[0][0].seq
+        if n and (parts[-1].seq + len(parts[-1]) if type(parts[-1]) is StepBlock else parts[-1][-1].seq + 1) != \
+                first + n:  # pragma: no cover - verification hands every event on, in order
+            raise AssertionError(f"events {first} to {first + n - 1} were not handed on in order")
+        names: dict[str, int] = {"step_observed": 0}
+        ts, hs, codes = [np.zeros(0, dtype=np.int64)], [b""], [np.zeros(0, dtype=np.int32)]
+        for part in parts:
+            if type(part) is StepBlock:
+                c = part.cols
+                ts.append(np.frombuffer(c.ts, dtype=np.int64)[part.lo:part.hi])
+                hs.append(memoryview(c.h)[64 * part.lo:64 * part.hi])
+                code = np.zeros(len(part), dtype=np.int32)  # its step lines
+                for i, rec in part.other_records():
+                    code[i - part.lo] = names.setdefault(self._kind(rec), len(names))
+                codes.append(code)
+            else:
+                ts.append(np.fromiter(map(_TS, part), dtype=np.int64, count=len(part)))
+                h = "".join(map(_H, part)).encode("ascii")
+                if len(h) != 64 * len(part):  # pragma: no cover - verification held every h to 64 hex digits
+                    raise AssertionError("an event's h is not 64 characters")
+                hs.append(h)
+                codes.append(np.fromiter((names.setdefault(self._kind(r), len(names)) for r in part), dtype=np.int32,
+                                         count=len(part)))
+        kinds = pa.array(list(names), pa.string()).take(pa.array(np.concatenate(codes)))
+        hex_ = pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(np.arange(0, 64 * n + 1, 64, dtype=np.int32)),
+                                                      pa.py_buffer(b"".join(hs))])
         cols = [run, rank, *([pa.repeat(self.file_column, n)] if self.file_column is not None else []),
-                seq, pa.array(kinds, pa.string()), ts, pa.array(list(map(_H, recs)), pa.string())]
+                pa.array(np.arange(first, first + n, dtype=np.int64)), kinds, pa.array(np.concatenate(ts)), hex_]
         if self.lines:
             cols.append(self._text(raw))
         self.staged.setdefault("events", []).append(pa.Table.from_arrays(cols, schema=self.events_schema))
+
+    def _kind(self, rec: Any) -> str:
+        tag = self._tag(type(rec))
+        return rec.kind if tag is None else tag
+
+    def _step_table(self, spec: _Typed, blocks: list[StepBlock]) -> Any:
+        """The steps table's rows of these StepBlocks' step lines, from their columns: what :meth:`_scalar` makes
+        of their records."""
+        import numpy as np
+
+        pa = self.pa
+        seqs, ts, datas, valids = [], [], [], []
+        for b in blocks:
+            c = b.cols
+            width = len(c.mask)
+            at = np.flatnonzero(np.frombuffer(c.mask, dtype=np.uint8)[b.lo:b.hi]) + b.lo
+            seqs.append(at + b.first)
+            ts.append(np.frombuffer(c.ts, dtype=np.int64)[at])
+            datas.append(np.frombuffer(c.data, dtype=np.int64).reshape(len(_STEP_COLUMNS), width)[:, b.slo:b.shi])
+            valids.append(np.frombuffer(c.valid, dtype=np.uint8).reshape(len(_STEP_COLUMNS), width)[:, b.slo:b.shi])
+        data, valid = np.concatenate(datas, axis=1), np.concatenate(valids, axis=1)
+        m = data.shape[1]
+        run, rank = self._const(m)
+        arrays = [run, rank, pa.array(np.concatenate(seqs)), pa.array(np.concatenate(ts))]
+        for k, (_, duck) in enumerate(_STEP_COLUMNS):
+            have = valid[k]
+            nulls = m - int(np.count_nonzero(have))
+            bits = pa.py_buffer(np.packbits(have, bitorder="little")) if nulls else None
+            col = data[k] if duck == "HUGEINT" else data[k].view(np.float64)
+            arr = pa.Array.from_buffers(pa.int64() if duck == "HUGEINT" else pa.float64(), m,
+                                        [bits, pa.py_buffer(np.ascontiguousarray(col))], null_count=nulls)
+            arrays.append(arr.cast(pa.decimal128(38, 0)) if duck == "HUGEINT" else arr)
+        return pa.Table.from_arrays(arrays, names=["run_id", spec.rank_col, "seq", "ts", *spec.names])
 
     def _scalar(self, spec: _Typed, group: list[Any]) -> Any:
         pa = self.pa
@@ -383,6 +479,12 @@ class _JournalWriter:
 
 
 _H = operator.attrgetter("h")
+_TS = operator.attrgetter("ts")
+#: the steps table's columns in the order step_columns (journal/_chainfast.c) builds them, and their types
+_STEP_COLUMNS = (("step", "HUGEINT"), ("loss", "DOUBLE"), ("grad_norm", "DOUBLE"), ("lr", "DOUBLE"),
+                 ("step_time_s", "DOUBLE"), ("examples", "HUGEINT"), ("tokens", "HUGEINT"),
+                 ("supervised_tokens", "HUGEINT"), ("data_time_s", "DOUBLE"), ("compute_time_s", "DOUBLE"),
+                 ("batch_fingerprint", "DOUBLE"))
 _record_column = getattr(_fast, "record_column", None)
 _record_columns = getattr(_fast, "record_columns", None)
 #: record_column's code for a view's column type, and the Arrow type it builds
@@ -411,6 +513,11 @@ def arrow_column(recs: list[Any], name: str, duck: str) -> Any:
             return pa.array(col, pa.int64()).cast(pa.decimal128(38, 0))
         except (OverflowError, pa.ArrowInvalid):
             return pa.array(col, pa.decimal128(38, 0))
+    if duck == "DOUBLE":
+        try:
+            return pa.array(col, pa.float64())
+        except pa.ArrowInvalid:  # an int past 2^53 in a float field: the nearest double, as DuckDB casts it
+            return pa.array([float(v) if type(v) is int else v for v in col], pa.float64())
     return pa.array(col, _ARROW[duck](pa))
 
 

@@ -81,7 +81,45 @@ def fast_takes(line: bytes) -> bool:
             fields = type(want).__struct_fields__
             assert [type(getattr(rec, f)) for f in fields] == [type(getattr(want, f)) for f in fields]
             assert rec == want
+    if scan._step_columns is not None:
+        _columns_agree(block, ends, mask, taken)
     return taken
+
+
+def _columns_agree(block: bytes, ends: bytes, mask: bytes, taken: bool) -> None:
+    """The fast path's columns (``step_columns``, what an export and a cold query build the steps table from) of a
+    one-line block: its mask is the check's; a line the check takes has the cells msgspec's decode of it holds (an
+    int in a float field as the double it is, None where the field is absent), or falls back to records (False)
+    only for an int past 2^53 in a float field or a ts past int64; a line the check refuses (its numbers spelled
+    otherwise) gives None, which sends the block the ordinary way."""
+    cols = scan._step_cols(block, ends)
+    if mask == b"\x01" and not taken:
+        assert cols is None
+        return
+    (want,) = codec.decode_unchecked_block(block) if taken else (None,)
+    if cols is False:
+        assert taken and (want.ts >= 2**63 or any(
+            type(getattr(want, f)) is int and abs(getattr(want, f)) > 2**53 for f in scan._STEP_NUMBERS))
+        return
+    assert cols.mask == mask and cols.k == (1 if taken else 0)
+    (ts,) = array.array("q", cols.ts)
+    assert cols.h == block[-67:-3]
+    if not taken:
+        return
+    assert ts == want.ts
+    ints = array.array("q", bytes(cols.data))
+    floats = array.array("d", bytes(cols.data))
+    names = ("step", "loss", "grad_norm", "lr", "step_time_s", "examples", "tokens", "supervised_tokens",
+             "data_time_s", "compute_time_s", "batch_fingerprint")
+    for c, name in enumerate(names):
+        v = getattr(want, name)
+        assert cols.valid[c] == (v is not None), name
+        if v is None:
+            continue
+        if name in ("step", "examples", "tokens", "supervised_tokens"):
+            assert ints[c] == v, name
+        else:
+            assert repr(floats[c]) == repr(float(v)), name
 
 
 def full_check_takes(line: bytes) -> bool:
