@@ -1228,6 +1228,122 @@ error:
     return NULL;
 }
 
+/*
+ * join_lines(segs: list) -> (data: bytes, offsets: bytes, wide: bool)
+ *
+ * The lines of segments as one Arrow binary column's buffers, each line's bytes copied once and its newline left
+ * out (scan.Lines.binary). A segment is (block, ends, i, j): lines i to j - 1 of a block of whole lines whose
+ * newlines are at ends (uint32 each, a buffer), or (None, lines: list of bytes, i, j). offsets: int32 each, or
+ * int64 where the lines hold 2 GiB or more (wide).
+ */
+static PyObject *join_lines(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 1 || !PyList_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "join_lines(segs: list)");
+        return NULL;
+    }
+    PyObject *segs = args[0], *data = NULL, *offs = NULL, *out = NULL;
+    Py_ssize_t nseg = PyList_GET_SIZE(segs), total = 0, count = 0;
+    Py_buffer *views = PyMem_Calloc((size_t)(2 * nseg + 1), sizeof(Py_buffer));
+    if (views == NULL)
+        return PyErr_NoMemory();
+    for (int pass = 0; pass < 2; pass++) {
+        char *d = pass ? PyBytes_AS_STRING(data) : NULL;
+        int wide = total > 0x7fffffffLL;
+        Py_ssize_t at = 0, k = 0;
+        if (pass) {
+            if (wide)
+                ((int64_t *)PyBytes_AS_STRING(offs))[0] = 0;
+            else
+                ((int32_t *)PyBytes_AS_STRING(offs))[0] = 0;
+        }
+        for (Py_ssize_t g = 0; g < nseg; g++) {
+            PyObject *seg = PyList_GET_ITEM(segs, g);
+            Py_ssize_t i, j;
+            if (!PyTuple_Check(seg) || PyTuple_GET_SIZE(seg) != 4) {
+                PyErr_SetString(PyExc_TypeError, "join_lines: a segment is (block, ends, i, j)");
+                goto done;
+            }
+            i = PyLong_AsSsize_t(PyTuple_GET_ITEM(seg, 2));
+            j = PyLong_AsSsize_t(PyTuple_GET_ITEM(seg, 3));
+            if ((i == -1 || j == -1) && PyErr_Occurred())
+                goto done;
+            PyObject *block = PyTuple_GET_ITEM(seg, 0), *ends = PyTuple_GET_ITEM(seg, 1);
+            const char *b = NULL;
+            const uint32_t *e = NULL;
+            Py_ssize_t blen = 0, n;
+            if (block == Py_None) {
+                if (!PyList_Check(ends) || i < 0 || j < i || j > PyList_GET_SIZE(ends)) {
+                    PyErr_SetString(PyExc_ValueError, "join_lines: a segment's lines do not fit it");
+                    goto done;
+                }
+            } else {
+                Py_buffer *bv = &views[2 * g], *ev = &views[2 * g + 1];
+                if (!pass) {
+                    if (PyObject_GetBuffer(block, bv, PyBUF_SIMPLE) < 0 || PyObject_GetBuffer(ends, ev, PyBUF_SIMPLE) < 0)
+                        goto done;
+                }
+                b = (const char *)bv->buf;
+                blen = bv->len;
+                e = (const uint32_t *)ev->buf;
+                n = ev->len / 4;
+                if (i < 0 || j < i || j > n) {
+                    PyErr_SetString(PyExc_ValueError, "join_lines: a segment's lines do not fit it");
+                    goto done;
+                }
+            }
+            for (Py_ssize_t x = i; x < j; x++) {
+                const char *p;
+                Py_ssize_t len;
+                if (b == NULL) {
+                    PyObject *line = PyList_GET_ITEM(ends, x);
+                    if (!PyBytes_Check(line)) {
+                        PyErr_SetString(PyExc_TypeError, "join_lines: a line is bytes");
+                        goto done;
+                    }
+                    p = PyBytes_AS_STRING(line);
+                    len = PyBytes_GET_SIZE(line);
+                } else {
+                    Py_ssize_t start = x ? (Py_ssize_t)e[x - 1] + 1 : 0, stop = (Py_ssize_t)e[x];
+                    if (stop < start || stop >= blen) {
+                        PyErr_SetString(PyExc_ValueError, "join_lines: ends do not fit the block");
+                        goto done;
+                    }
+                    p = b + start;
+                    len = stop - start;
+                }
+                if (!pass) {
+                    total += len;
+                    count++;
+                    continue;
+                }
+                memcpy(d + at, p, (size_t)len);
+                at += len;
+                k++;
+                if (wide)
+                    ((int64_t *)PyBytes_AS_STRING(offs))[k] = at;
+                else
+                    ((int32_t *)PyBytes_AS_STRING(offs))[k] = (int32_t)at;
+            }
+        }
+        if (!pass) {
+            data = PyBytes_FromStringAndSize(NULL, total);
+            offs = PyBytes_FromStringAndSize(NULL, (count + 1) * (total > 0x7fffffffLL ? 8 : 4));
+            if (data == NULL || offs == NULL)
+                goto done;
+        } else
+            out = Py_BuildValue("(OOO)", data, offs, wide ? Py_True : Py_False);
+    }
+done:
+    for (Py_ssize_t v = 0; v < 2 * nseg; v++)
+        if (views[v].obj != NULL)
+            PyBuffer_Release(&views[v]);
+    PyMem_Free(views);
+    Py_XDECREF(data);
+    Py_XDECREF(offs);
+    return out;
+}
+
 /* ---- RFC 6962 Merkle tree over the journal's lines (format 1.3, docs/FORMAT.md) ---- */
 
 static void leaf_of(const char *p, Py_ssize_t n, unsigned char *out)
@@ -2872,6 +2988,8 @@ static PyMethodDef methods[] = {
      "The health detector's common step: add x to the baseline (True), or leave it to the caller (False)."},
     {"step_columns", (PyCFunction)(void (*)(void))step_columns, METH_FASTCALL,
      "step_lines' check of a block, and its step lines' fields as columns (the ts and h of every line)."},
+    {"join_lines", (PyCFunction)(void (*)(void))join_lines, METH_FASTCALL,
+     "The lines of segments of blocks as one Arrow binary column's buffers: (data, offsets, wide)."},
     {"step_records", (PyCFunction)(void (*)(void))step_records, METH_FASTCALL,
      "The records of a block's step lines, built from the lines and their numbers without decoding them again."},
     {"record_columns", (PyCFunction)(void (*)(void))record_columns, METH_FASTCALL,

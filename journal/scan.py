@@ -55,6 +55,7 @@ _scan_block = getattr(_fast, "scan_block", None)
 _step_lines = getattr(_fast, "step_lines", None)
 _step_records = getattr(_fast, "step_records", None)
 _step_columns = getattr(_fast, "step_columns", None)
+_join_lines = getattr(_fast, "join_lines", None)
 _link = _accel.link
 _get_seq = operator.attrgetter("seq")
 _get_h = operator.attrgetter("h")
@@ -1045,8 +1046,12 @@ class Lines:
         return got
 
     def binary(self, pa: Any) -> tuple[Any, bool]:
-        """Every line as one Arrow binary column (its bytes copied once, its newlines left out), and whether they
-        are all ASCII."""
+        """Every line as one Arrow binary column (its bytes copied once, its newlines left out; binary, or
+        large_binary past 2 GiB), and whether they are all ASCII."""
+        if _join_lines is not None:
+            data, offsets, wide = _join_lines(self.segs)
+            return pa.Array.from_buffers(pa.large_binary() if wide else pa.binary(), self.n,
+                                         [None, pa.py_buffer(offsets), pa.py_buffer(data)]), data.isascii()
         import numpy as np
 
         datas, lens = [], []

@@ -222,6 +222,7 @@ class _JournalWriter:
         self.count = 0
         self._tags: dict[type, str | None] = {}
         pa = self.pa
+        self._consts: tuple[Any, Any] = (pa.array([], pa.string()), pa.array([], pa.int32()))
         self.file_column, self.compression = file_column, compression
         #: the tables written (None: every one); the others' columns are never built
         self.events = only is None or "events" in only
@@ -251,9 +252,14 @@ class _JournalWriter:
         return self._tags[t]
 
     def _const(self, n: int) -> tuple[Any, Any]:
+        """The run id and rank columns of ``n`` rows: slices of ones made once (every table's rows share them)."""
         pa = self.pa
-        return pa.repeat(self.run_id, n), (pa.nulls(n, pa.int32()) if self.rank is None
-                                           else pa.repeat(pa.scalar(self.rank, pa.int32()), n))
+        run, rank = self._consts
+        if len(run) < n:
+            k = max(n, 2 * len(run), 16384)
+            run, rank = self._consts = (pa.repeat(self.run_id, k), pa.nulls(k, pa.int32()) if self.rank is None
+                                        else pa.repeat(pa.scalar(self.rank, pa.int32()), k))
+        return run.slice(0, n), rank.slice(0, n)
 
     def _write(self, table: str, data: Any) -> None:
         got = self.writers.get(table)
@@ -435,6 +441,8 @@ class _JournalWriter:
         pa = self.pa
         if isinstance(raw, Lines):
             arr, ascii_only = raw.binary(pa)
+            if arr.type == pa.binary():  # its offsets 32-bit already
+                return arr.view(pa.string()) if ascii_only else arr.cast(pa.string())
             return arr.view(pa.large_string()).cast(pa.string()) if ascii_only else \
                 arr.cast(pa.large_string()).cast(pa.string())
         arr = pa.array(raw, pa.binary())
