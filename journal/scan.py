@@ -1212,6 +1212,8 @@ def scan_consuming(path: str, size: int, ctx: ScanContext, consume: Callable[...
     columns = columns and with_lines
 
     def hand_on(piece: Any, lines: Lines, res: RangeResult) -> None:  # a piece at a time, as its seal allows
+        if not len(piece):
+            return
         if not signed:
             consume(piece, lines)
             return

@@ -39,6 +39,7 @@ import operator
 import os
 import re
 import shutil
+import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -423,10 +424,18 @@ class _JournalWriter:
             have = valid[k]
             nulls = m - int(np.count_nonzero(have))
             bits = pa.py_buffer(np.packbits(have, bitorder="little")) if nulls else None
-            col = data[k] if duck == "HUGEINT" else data[k].view(np.float64)
-            arr = pa.Array.from_buffers(pa.int64() if duck == "HUGEINT" else pa.float64(), m,
-                                        [bits, pa.py_buffer(np.ascontiguousarray(col))], null_count=nulls)
-            arrays.append(arr.cast(pa.decimal128(38, 0)) if duck == "HUGEINT" else arr)
+            if duck == "HUGEINT" and sys.byteorder != "little":
+                arrays.append(pa.Array.from_buffers(pa.int64(), m, [bits, pa.py_buffer(data[k])], null_count=nulls
+                                                    ).cast(pa.decimal128(38, 0)))
+            elif duck == "HUGEINT":  # DECIMAL(38,0) as Arrow lays it out here: each int64, then its sign, 128 bits
+                wide = np.empty((m, 2), dtype=np.int64)
+                wide[:, 0] = data[k]
+                np.right_shift(data[k], 63, out=wide[:, 1])
+                arrays.append(pa.Array.from_buffers(pa.decimal128(38, 0), m, [bits, pa.py_buffer(wide)],
+                                                    null_count=nulls))
+            else:
+                arrays.append(pa.Array.from_buffers(pa.float64(), m, [bits, pa.py_buffer(data[k].view(np.float64))],
+                                                    null_count=nulls))
         return pa.Table.from_arrays(arrays, names=["run_id", spec.rank_col, "seq", "ts", *spec.names])
 
     def _scalar(self, spec: _Typed, group: list[Any]) -> Any:

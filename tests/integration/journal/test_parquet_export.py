@@ -397,6 +397,16 @@ _STEPS_SQL = ("SELECT seq, ts, step, loss, grad_norm, lr, step_time_s, examples,
               "data_time_s, compute_time_s, batch_fingerprint FROM steps ORDER BY seq")
 
 
+def _parquet_query(p: Path, s: Signer) -> list[tuple]:
+    """The steps as ``trainledger query`` reads a large journal: through its Parquet load."""
+    from trainledger.journal.parquet.journals import load_journals
+    from trainledger.journal.query import open_views
+
+    con, _ = open_views([p], keys=[s.public], allow_unsealed=True, use_cache=False, cold=load_journals,
+                        sql=_STEPS_SQL)
+    return con.execute(_STEPS_SQL).fetchall()
+
+
 def test_the_steps_read_as_columns_give_the_tables_their_records_give(tmp_path, monkeypatch):
     """A block's step lines go into the tables as columns read off the lines (``step_columns``), their records
     never built; where a block does not fit that its records are built as before (here every third block, and
@@ -435,15 +445,15 @@ def test_the_steps_read_as_columns_give_the_tables_their_records_give(tmp_path, 
     ex_cols = tmp_path / "cols"
     export_parquet([p], ex_cols, lines=True, keys=[s.public], allow_unsealed=True)
     assert built and len(calls) > 3  # not vacuous: both ways were taken
-    q_cols = connect([p], keys=[s.public], allow_unsealed=True, use_cache=False).execute(
-        _STEPS_SQL).fetchall()
+    q_cols = _parquet_query(p, s)
     monkeypatch.setattr(scan, "_step_columns", None)  # the records' way
     ex_recs = tmp_path / "recs"
     export_parquet([p], ex_recs, lines=True, keys=[s.public], allow_unsealed=True)
-    q_recs = connect([p], keys=[s.public], allow_unsealed=True, use_cache=False).execute(
-        _STEPS_SQL).fetchall()
-    assert len(q_cols) == len(q_recs) > 2900 and [tuple(map(_plain, r)) for r in q_cols] == \
-        [tuple(map(_plain, r)) for r in q_recs]
+    q_recs = _parquet_query(p, s)
+    q_mem = connect([p], keys=[s.public], allow_unsealed=True, use_cache=False).execute(_STEPS_SQL).fetchall()
+    assert len(q_cols) == len(q_recs) == len(q_mem) > 2900
+    assert [tuple(map(_plain, r)) for r in q_cols] == [tuple(map(_plain, r)) for r in q_recs] == \
+        [tuple(map(_plain, r)) for r in q_mem]  # and as DuckDB types the lines in memory
     assert q_cols[1700][:4] == (q_cols[1700][0], q_cols[1700][1], 1700, float(2**60))
     files = sorted(x.relative_to(ex_cols) for x in ex_cols.rglob("*.parquet"))
     assert files == sorted(x.relative_to(ex_recs) for x in ex_recs.rglob("*.parquet")) and len(files) >= 4
