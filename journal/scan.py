@@ -837,7 +837,7 @@ def _step_cols(block: bytes, ends_b: bytes) -> _Columns | None | bool:
     mask, left, at, data, valid, ts, h, k = got
     if len(left) > 2:
         rest = _numbers_canonical(left)
-        if rest is None:
+        if rest is None or len(rest) != len(at) // 4:
             return None
         cells = memoryview(data).cast("d")
         for slot, v in zip(memoryview(at).cast("I"), rest):
