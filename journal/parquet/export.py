@@ -217,9 +217,8 @@ class _JournalWriter:
         self.takes_columns = step is not None and not step.by_sql and tuple(zip(step.names, step.duck)) == _STEP_COLUMNS
         self.writers: dict[str, tuple[Any, Path]] = {}
         self.rows: dict[str, int] = {}
-        #: each table's columns built and not written yet, and the events they hold
+        #: each table's columns built and not written yet
         self.staged: dict[str, list[Any]] = {}
-        self.staged_events = 0
         self.count = 0
         self._tags: dict[type, str | None] = {}
         pa = self.pa
@@ -242,8 +241,7 @@ class _JournalWriter:
         self.raw.extend(raw)
         if self.pending >= BATCH:
             self._build()
-            if self.staged_events >= ROW_GROUP:
-                self._write_staged()
+            self._write_staged()
 
     def _tag(self, t: type) -> str | None:
         """A record type's kind (None: an unknown kind, whose records carry their own)."""
@@ -276,22 +274,33 @@ class _JournalWriter:
         got[0].write_table(data, row_group_size=ROW_GROUP)
         self.rows[table] += data.num_rows
 
-    def _write_staged(self) -> None:
-        """Every table's staged columns written, one row group of them a table (each batch its own where two
-        batches' columns do not join)."""
-        staged, self.staged, self.staged_events = self.staged, {}, 0
-        for table, parts in staged.items():
+    def _write_staged(self, final: bool = False) -> None:
+        """Each table's staged columns written in whole row groups (ROW_GROUP rows) once it has one, the rows short
+        of another kept for the next (every row when ``final``); batches whose columns do not join are written
+        each on its own."""
+        for table in list(self.staged):
+            parts = self.staged[table]
+            if not final and sum(p.num_rows for p in parts) < ROW_GROUP:
+                continue
             try:
                 parts = [parts[0] if len(parts) == 1 else self.pa.concat_tables(parts)]
             except self.pa.ArrowInvalid:
                 pass
+            last = parts.pop()
+            keep = 0 if final else last.num_rows % ROW_GROUP
             for data in parts:
                 self._write(table, data)
+            if last.num_rows > keep:
+                self._write(table, last.slice(0, last.num_rows - keep))
+            if keep:
+                self.staged[table] = [last.slice(last.num_rows - keep)]
+            else:
+                del self.staged[table]
 
     def flush(self) -> None:
         """Everything received written out."""
         self._build()
-        self._write_staged()
+        self._write_staged(final=True)
 
     def _build(self) -> None:
         """What was received made each table's columns (staged), and let go."""
@@ -302,7 +311,6 @@ class _JournalWriter:
         if not n and ("events" in self.writers or "events" in self.staged or not self.events):
             return
         self.count += n
-        self.staged_events += n
         #: each table's events, in order: lists of records and StepBlocks (a steps table's alone)
         groups: dict[str, list[Any]] = {}
         lines_of: dict[str, list[bytes]] = {}
