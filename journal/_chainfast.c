@@ -970,10 +970,10 @@ static int line_ts(const char *line, Py_ssize_t m, long long *ts)
  * cannot settle, "[n1,...]", for the caller's msgspec decode and re-encode), and instead of values for records, the
  * step lines' fields as columns: k step lines; data (a bytearray) holds column c of step line r at slot c * n + r
  * (n: the block's lines), an int64 for step, examples, tokens and supervised_tokens, a double for the other
- * fields (an int there as the double it is); valid (a bytearray) 1 at the same index where the line has the
- * field; at (uint32 each) the slots of the numbers in numbers, in order, for the caller to write their values
- * in. ts (int64) and h (64 characters) of every line of the block, from the tail scan_block held. None where a
- * line does not fit this (an int past 2^53 in a float field, a ts past int64): the caller takes the records' way.
+ * fields (an int there as the nearest double, as a cast to DOUBLE makes it); valid (a bytearray) 1 at the same
+ * index where the line has the field; at (uint32 each) the slots of the numbers in numbers, in order, for the
+ * caller to write their values in. ts (int64) and h (64 characters) of every line of the block, from the tail
+ * scan_block held. None where a line's ts is past int64: the caller takes the records' way.
  */
 static PyObject *step_columns(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -999,12 +999,11 @@ static PyObject *step_columns(PyObject *self, PyObject *const *args, Py_ssize_t 
     uint32_t *where = (uint32_t *)PyBytes_AS_STRING(at);
     long long *iv = (long long *)PyByteArray_AS_STRING(data), *tv = (long long *)PyBytes_AS_STRING(ts);
     double *dv = (double *)PyByteArray_AS_STRING(data);
-    int fits = 1;
     line_numbers got;
     memset(ok, 0, (size_t)(STEP_COLUMNS * n));
     memset(dv, 0, (size_t)(8 * STEP_COLUMNS * n)); /* a cell a line lacks reads as 0 */
     numbers[0] = '[';
-    for (Py_ssize_t i = 0; i < n && fits; i++) {
+    for (Py_ssize_t i = 0; i < n; i++) {
         Py_ssize_t stop = (Py_ssize_t)e[i], r;
         if (stop >= len || stop < start || stop - start < SUFFIX + 16) {
             PyErr_SetString(PyExc_ValueError, "step_columns: ends do not fit the block");
@@ -1012,8 +1011,8 @@ static PyObject *step_columns(PyObject *self, PyObject *const *args, Py_ssize_t 
         }
         const char *line = s + start;
         if (!line_ts(line, stop - start, &tv[i])) {
-            fits = 0;
-            break;
+            out = Py_NewRef(Py_None);
+            goto done;
         }
         memcpy(hex + 64 * i, s + stop - 66, 64);
         m[i] = (char)step_line(line, s + stop, numbers, &o, &count, 0, &got);
@@ -1028,12 +1027,8 @@ static PyObject *step_columns(PyObject *self, PyObject *const *args, Py_ssize_t 
             ok[slot] = 1;
             if (!got.v[g].proven)
                 where[nat++] = (uint32_t)slot;
-            else if (!got.v[g].is_int)
-                dv[slot] = got.v[g].x;
-            else if (got.v[g].iv >= -(1LL << 53) && got.v[g].iv <= (1LL << 53))
-                dv[slot] = (double)got.v[g].iv;
             else
-                fits = 0;
+                dv[slot] = got.v[g].is_int ? (double)got.v[g].iv : got.v[g].x; /* an int: the nearest double */
         }
         for (int f = 0; f < STEP_COLUMNS - 1; f++)
             if (STEP_FIELDS[f].type == 'i' && (got.present >> f & 1)) {
@@ -1042,10 +1037,6 @@ static PyObject *step_columns(PyObject *self, PyObject *const *args, Py_ssize_t 
             }
     }
     numbers[o++] = ']';
-    if (!fits) {
-        out = Py_NewRef(Py_None);
-        goto done;
-    }
     if (_PyBytes_Resize(&nums, o) < 0 || _PyBytes_Resize(&at, 4 * nat) < 0)
         goto done;
     out = Py_BuildValue("(OOOOOOOn)", mask, nums, at, data, valid, ts, h, k);

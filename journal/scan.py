@@ -1172,6 +1172,11 @@ def signed_prefix(pending: list[Any], res: RangeResult) -> list[Any]:
     return out
 
 
+def piece_seq(piece: Any) -> int:
+    """The first event's seq of a piece :func:`scan_consuming` hands on (a StepBlock, or a list of records)."""
+    return piece.seq if type(piece) is StepBlock else piece[0].seq
+
+
 def _signed_pieces(pending: list[Any], res: RangeResult) -> list[Any]:
     """:func:`signed_prefix` for pending pieces (lists of records and StepBlock objects, in seq order): the
     pieces, the last one cut where the seal ends, that a seal checked so far covers, taken out of ``pending``."""
@@ -1179,7 +1184,7 @@ def _signed_pieces(pending: list[Any], res: RangeResult) -> list[Any]:
     out: list[Any] = []
     while sealed is not None and pending:
         piece = pending[0]
-        first = piece.seq if type(piece) is StepBlock else piece[0].seq
+        first = piece_seq(piece)
         if first > sealed:
             break
         k = sealed - first + 1

@@ -48,7 +48,7 @@ from typing import Any
 from trainledger.journal.accel import fast as _fast
 from trainledger.journal.errors import JournalIOError, SchemaError, UsageError
 from trainledger.journal.paths import file_sha256
-from trainledger.journal.scan import Lines, StepBlock
+from trainledger.journal.scan import Lines, StepBlock, piece_seq
 from trainledger.journal.trust import TrustPolicy
 
 __all__ = ["EXPORT_FORMAT", "LISTING", "RECEIPT_KEY", "ExportReport", "JournalExport", "arrow_column", "export_journal",
@@ -373,9 +373,9 @@ class _JournalWriter:
 
         pa = self.pa
         run, rank = self._const(n)
-        first = 0 if not n else parts[0].seq if type(parts[0]) is StepBlock else parts[0][0].seq
-        if n and (parts[-1].seq + len(parts[-1]) if type(parts[-1]) is StepBlock else parts[-1][-1].seq + 1) != \
-                first + n:  # pragma: no cover - verification hands every event on, in order
+        first = piece_seq(parts[0]) if n else 0
+        # verification hands every event on, in order
+        if n and piece_seq(parts[-1]) + len(parts[-1]) != first + n:  # pragma: no cover
             raise AssertionError(f"events {first} to {first + n - 1} were not handed on in order")
         names: dict[str, int] = {"step_observed": 0}
         ts, hs, codes = [np.zeros(0, dtype=np.int64)], [b""], [np.zeros(0, dtype=np.int32)]
@@ -431,19 +431,18 @@ class _JournalWriter:
         for k, (_, duck) in enumerate(_STEP_COLUMNS):
             have = valid[k]
             nulls = m - int(np.count_nonzero(have))
-            bits = pa.py_buffer(np.packbits(have, bitorder="little")) if nulls else None
-            if duck == "HUGEINT" and sys.byteorder != "little":
-                arrays.append(pa.Array.from_buffers(pa.int64(), m, [bits, pa.py_buffer(data[k])], null_count=nulls
-                                                    ).cast(pa.decimal128(38, 0)))
-            elif duck == "HUGEINT":  # DECIMAL(38,0) as Arrow lays it out here: each int64, then its sign, 128 bits
+            bits = np.packbits(have, bitorder="little") if nulls else None
+            if duck == "HUGEINT" and sys.byteorder == "little":
+                # DECIMAL(38,0) as Arrow lays it out here (each int64, then its sign: 128 bits), not a cast of it
                 wide = np.empty((m, 2), dtype=np.int64)
                 wide[:, 0] = data[k]
                 np.right_shift(data[k], 63, out=wide[:, 1])
-                arrays.append(pa.Array.from_buffers(pa.decimal128(38, 0), m, [bits, pa.py_buffer(wide)],
+                arrays.append(pa.Array.from_buffers(pa.decimal128(38, 0), m, [None if bits is None else
+                                                                              pa.py_buffer(bits), pa.py_buffer(wide)],
                                                     null_count=nulls))
             else:
-                arrays.append(pa.Array.from_buffers(pa.float64(), m, [bits, pa.py_buffer(data[k].view(np.float64))],
-                                                    null_count=nulls))
+                arrays.append(_from_buffers(pa, (data[k] if duck == "HUGEINT" else data[k].view(np.float64), bits,
+                                                 nulls), duck, m))
         return pa.Table.from_arrays(arrays, names=["run_id", spec.rank_col, "seq", "ts", *spec.names])
 
     def _scalar(self, spec: _Typed, group: list[Any]) -> Any:
