@@ -754,7 +754,17 @@ def views_over_parquet(by_table: dict[str, list[str]], *, order: Sequence[str] |
                    f"h, {'line' if 'line' in have else 'NULL::VARCHAR AS line'} FROM {src}")
         else:
             sql = f"SELECT * FROM {src}"
-        con.execute(f"CREATE OR REPLACE VIEW {table} AS {sql}")
+            # integers as the query layer types them (HUGEINT): an export's DECIMAL(38,0), a private load's int64
+            wide = [c for c, t, *_ in con.execute(f"DESCRIBE {table}").fetchall() if t == "HUGEINT"]
+            if wide:
+                try:
+                    con.execute(f"CREATE OR REPLACE VIEW {table} AS SELECT * REPLACE ("
+                                f"{', '.join(f'CAST({_qid(c)} AS HUGEINT) AS {_qid(c)}' for c in wide)}) FROM {src}")
+                    sql = None
+                except duckdb.BinderException:  # a file without one of them (an older export's): as it is
+                    pass
+        if sql is not None:
+            con.execute(f"CREATE OR REPLACE VIEW {table} AS {sql}")
         other = aliases.get(table) or VIEW_NAMES.get(table)
         if other:
             con.execute(f"CREATE OR REPLACE VIEW {other} AS SELECT * FROM {table}")

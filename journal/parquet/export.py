@@ -204,8 +204,11 @@ class _JournalWriter:
 
     def __init__(self, root: Path, sub: Path, run_id: str, rank: int | None, *, lines: bool,
                  specs: dict[str, _Typed], con: Any, file_column: str | None = None,
-                 compression: str = "zstd", only: frozenset[str] | None = None) -> None:
+                 compression: str = "zstd", only: frozenset[str] | None = None, narrow: bool = False) -> None:
         self.pa = _pyarrow()
+        #: integer columns written as int64 (the query layer's private load; its views cast them back), where an
+        #: export's are DECIMAL(38,0); a value past int64 raises _Wide
+        self.narrow = narrow
         self.root, self.sub, self.run_id, self.rank, self.lines = root, sub, run_id, rank, lines
         self.specs, self.con = specs, con
         #: what verification handed on and is not built yet: lists of records and StepBlocks, in seq order
@@ -432,7 +435,9 @@ class _JournalWriter:
             have = valid[k]
             nulls = m - int(np.count_nonzero(have))
             bits = np.packbits(have, bitorder="little") if nulls else None
-            if duck == "HUGEINT" and sys.byteorder == "little":
+            if duck == "HUGEINT" and self.narrow:  # int64 already (step_columns takes no int past it)
+                arrays.append(_from_buffers(pa, (data[k], bits, nulls), "BIGINT", m))
+            elif duck == "HUGEINT" and sys.byteorder == "little":
                 # DECIMAL(38,0) as Arrow lays it out here (each int64, then its sign: 128 bits), not a cast of it
                 wide = np.empty((m, 2), dtype=np.int64)
                 wide[:, 0] = data[k]
@@ -448,7 +453,13 @@ class _JournalWriter:
     def _scalar(self, spec: _Typed, group: list[Any]) -> Any:
         pa = self.pa
         run, rank = self._const(len(group))
-        arrays = [run, rank, *arrow_columns(group, ["seq", "ts", *spec.names], ["BIGINT", "BIGINT", *spec.duck])]
+        ducks = ["BIGINT" if d == "HUGEINT" else d for d in spec.duck] if self.narrow else spec.duck
+        try:
+            arrays = [run, rank, *arrow_columns(group, ["seq", "ts", *spec.names], ["BIGINT", "BIGINT", *ducks])]
+        except (OverflowError, pa.ArrowInvalid):
+            if not self.narrow:
+                raise
+            raise _Wide(spec.table) from None
         return pa.Table.from_arrays(arrays, names=["run_id", spec.rank_col, "seq", "ts", *spec.names])
 
     def _text(self, raw: Any) -> Any:
@@ -566,6 +577,10 @@ def _from_buffers(pa: Any, bufs: tuple[bytes, bytes | None, int], duck: str, n: 
     return arr.cast(pa.decimal128(38, 0)) if duck == "HUGEINT" else arr
 
 
+class _Wide(Exception):
+    """A narrow writer (integers as int64) met an integer past int64: the journal is written again, wide."""
+
+
 @dataclasses.dataclass
 class JournalExport:
     """What :func:`export_journal` hands back: the verification report, the receipt, the files written."""
@@ -577,19 +592,19 @@ class JournalExport:
 def export_journal(path: str | os.PathLike, root: str | os.PathLike, *, lines: bool, trust: TrustPolicy,
                    rank: int | None = None, con: Any = None, file_column: str | None = None,
                    compression: str = "zstd", digests: bool = True,
-                   only: frozenset[str] | None = None) -> JournalExport:
+                   only: frozenset[str] | None = None, narrow: bool = False) -> JournalExport:
     """Verify one journal under ``trust`` and write its signed events under ``root`` (``TABLE/run-<run>/FILE``), in
     one pass: engine-neutral (a Ray, Dask or Spark task may run it; the result pickles). ``rank``: the journal is
     that rank of a run folder: its verification also gathers what :func:`~trainledger.journal.audit.rundir.check_run`
     needs, and an integrity failure's message names the rank. ``con``: a DuckDB connection to type container
     kinds with (one is opened otherwise). ``digests=False``: the files' entries without their SHA-256 (files that
     no listing names: the query layer's private load). ``only``: write these tables alone (the query layer's load
-    for one statement; never an export, which holds every table). Raises what verification raises; the files it
+    for one statement; never an export, which holds every table). ``narrow``: integer columns as int64 where every
+    value fits (the query layer's private load, whose views cast them to HUGEINT; a journal with an integer past
+    int64 is written again, as an export is: DECIMAL(38,0)). Raises what verification raises; the files it
     wrote are then closed and left for the caller to remove with ``root``."""
-    from trainledger.journal.audit.rundir import _ANCHOR_KINDS
-    from trainledger.journal.errors import IntegrityError
-    from trainledger.journal.query import _file_row, _rank_of, new_connection
-    from trainledger.journal.verify import open_checked, read_opening, verify
+    from trainledger.journal.query import new_connection
+    from trainledger.journal.verify import open_checked, read_opening
 
     f, root = Path(path), Path(root)
     run_id = read_opening(f, open_checked(f))[0].run_id
@@ -597,9 +612,30 @@ def export_journal(path: str | os.PathLike, root: str | os.PathLike, *, lines: b
     if own:
         con = new_connection()
         con.execute("SET threads = 1")
+    try:
+        args = (f, root, run_id, lines, trust, rank, con, file_column, compression, digests, only)
+        try:
+            return _export_once(*args, narrow=narrow)
+        except _Wide:
+            return _export_once(*args, narrow=False)
+    finally:
+        if own:
+            con.close()
+
+
+def _export_once(f: Path, root: Path, run_id: str, lines: bool, trust: TrustPolicy, rank: int | None, con: Any,
+                 file_column: str | None, compression: str, digests: bool, only: frozenset[str] | None, *,
+                 narrow: bool) -> JournalExport:
+    """:func:`export_journal`'s pass. A narrow pass that meets an integer past int64 removes what it wrote and
+    raises _Wide."""
+    from trainledger.journal.audit.rundir import _ANCHOR_KINDS
+    from trainledger.journal.errors import IntegrityError
+    from trainledger.journal.query import _file_row, _rank_of
+    from trainledger.journal.verify import verify
+
     w = _JournalWriter(root, Path(f"run-{folder_name(run_id)}") / file_name(_rank_of(run_id)), run_id,
                        _rank_of(run_id), lines=lines, specs=_specs(), con=con, file_column=file_column,
-                       compression=compression, only=only)
+                       compression=compression, only=only, narrow=narrow)
     try:
         try:
             rep = verify(f, trust=trust, _consume=w, _with_lines=True,
@@ -614,14 +650,16 @@ def export_journal(path: str | os.PathLike, root: str | os.PathLike, *, lines: b
             raise SchemaError(f"{f}: {w.count} events exported where verification checked "
                               f"{row['trusted_last_seq'] + 1}", seq=None)
         receipt = receipt_of(row, lines=lines, exported=w.count)
-        files = w.close(receipt, digests=digests)
+        return JournalExport(rep, receipt, w.close(receipt, digests=digests))
+    except _Wide:
+        written = [path for _, path in w.writers.values()]
+        w.abandon()
+        for path in written:
+            path.unlink(missing_ok=True)
+        raise
     except BaseException:
         w.abandon()
         raise
-    finally:
-        if own:
-            con.close()
-    return JournalExport(rep, receipt, files)
 
 
 def export_parquet(paths: Sequence[str | os.PathLike], out: str | os.PathLike, *, lines: bool = False,

@@ -63,7 +63,8 @@ def load_journals(files: list[Path], paths: Sequence[str | os.PathLike], trust: 
                 st = os.stat(f)
                 root = copies.dir / f"j{i}"  # a folder each: two journals may share a run id here
                 x = export_journal(f, root, lines=True, trust=trust, rank=ranks.get(f.resolve(), (None, None))[1],
-                                   con=con, file_column=str(f), compression="none", digests=False, only=only)
+                                   con=con, file_column=str(f), compression="none", digests=False, only=only,
+                                   narrow=True)
                 done.append(x)
                 rows.append({**_file_row(f, x.report), "identity": [st.st_ino, st.st_mtime_ns, st.st_ctime_ns]})
                 for item in x.files:

@@ -466,3 +466,51 @@ def test_the_steps_read_as_columns_give_the_tables_their_records_give(tmp_path, 
         json.loads((ex_cols / LISTING).read_text())["journals"][0]["events"]
     monkeypatch.undo()
     assert verify_export(ex_recs, keys=[s.public], allow_unsealed=True).events > 3000
+
+
+def test_integers_are_typed_alike_however_the_journal_is_read(tmp_path, monkeypatch):
+    """Query types an event's integers HUGEINT (up to 2**64 - 1) whether it loads the journal in memory, reads it
+    through its private Parquet load (int64 there, where every value fits) or reads an export of it (DECIMAL(38,0)
+    there): the same types and values every way. A journal with an integer past int64 is loaded wide instead,
+    nothing of the narrow attempt left beside it."""
+    import pyarrow.parquet as pq
+
+    import trainledger.journal.parquet.export as ex
+    from trainledger.journal.parquet.journals import load_journals
+    from trainledger.journal.query import open_views
+
+    passes = []
+    real = ex._export_once
+    monkeypatch.setattr(ex, "_export_once", lambda *a, narrow: (passes.append(narrow), real(*a, narrow=narrow))[1])
+    s = Signer.generate()
+    sql = "SELECT step, examples, tokens, supervised_tokens FROM steps ORDER BY seq"
+    kinds = "SELECT column_name, column_type FROM (DESCRIBE " + sql + ")"
+    for name, big in (("small", None), ("big", 2**64 - 1)):
+        p = tmp_path / f"{name}.jsonl"
+        with _journal(p, s) as j:
+            for i in range(50):
+                j.append(StepObserved(step=i, loss=1.0, examples=-2**63 if i == 3 else i,
+                                      tokens=big if i == 7 and big else 2**63 - 1 if i == 8 else None,
+                                      supervised_tokens=2**63 if i == 9 and big else i))
+        mem = connect([p], keys=[s.public], use_cache=False)
+        passes.clear()
+        con, source = open_views([p], keys=[s.public], use_cache=False, cold=load_journals, sql=sql)
+        assert passes == ([True, False] if big else [True])  # the narrow pass, then the wide one
+        export_parquet([p], tmp_path / f"{name}.export", lines=True, keys=[s.public])
+        out = connect_exports([tmp_path / f"{name}.export"], keys=[s.public])
+        want = mem.execute(sql).fetchall()
+        assert want[3][1] == -2**63 and want[8][2] == 2**63 - 1 and (want[7][2] == big if big else True)
+        for c in (con, out):
+            assert c.execute(sql).fetchall() == want, name
+            assert c.execute(kinds).fetchall() == mem.execute(kinds).fetchall() == \
+                [("step", "HUGEINT"), ("examples", "HUGEINT"), ("tokens", "HUGEINT"), ("supervised_tokens", "HUGEINT")]
+        loaded = source.tables["steps"]
+        assert len(loaded) == 1 and [f.name for f in Path(loaded[0]).parent.iterdir()] == [Path(loaded[0]).name]
+        stored = str(pq.read_schema(loaded[0]).field("tokens").type)
+        assert stored == ("decimal128(38, 0)" if big else "int64"), name
+
+
+def _journal(p: Path, s: Signer):
+    from trainledger.journal import Journal
+
+    return Journal.create(p, signer=s, seal_every=10, background=False)
