@@ -21,7 +21,8 @@ bytes it wrote (``/proc/self/io`` ``wchar``, the process itself; the workers wri
   target) and ``duckdb_read_export``: DuckDB reading every cell of every file of that export (verify + that: the
   floor, since the check must verify the lines and read every cell it holds to them).
 - ``export``: ``trainledger export parquet --lines``, against ``duckdb_copy``: DuckDB's ``COPY (SELECT ... FROM
-  read_ndjson(...)) TO ... (FORMAT parquet)`` of the same file.
+  read_ndjson(...)) TO ... (FORMAT parquet)`` of the same file (the issue's peer: no lines, snappy), and
+  ``duckdb_copy_lines``: the same with each line's text beside its fields and zstd, as the export writes them.
 - ``monitor``: a process that drives ``TrainingHealthMonitor.observe_step`` for the size's steps into a journal;
   how much its resident memory grew from the first step to the last (after a collection), per step.
 
@@ -132,6 +133,19 @@ elif mode == "duckdb_copy":
                 "'loss': 'DOUBLE', 'grad_norm': 'DOUBLE', 'step_time_s': 'DOUBLE', 'tokens': 'BIGINT', "
                 "'seq': 'BIGINT', 'ts': 'BIGINT', 'h': 'VARCHAR'})) TO "
                 f"'{p[:-len('.jsonl')]}.copy-bench.parquet' (FORMAT parquet)")
+    extra["rows"] = n
+elif mode == "duckdb_copy_lines":
+    # the peer doing what the export does: the same columns plus each line's exact text, zstd, as the export writes
+    # them (DuckDB reads the lines a second time as one-column CSV, joined by position)
+    import duckdb
+    con = duckdb.connect()
+    con.execute("SET threads = 1")
+    con.execute("SET enable_progress_bar = false")
+    con.execute(f"COPY (SELECT * FROM read_ndjson('{p}', columns={{'kind': 'VARCHAR', 'step': 'BIGINT', "
+                "'loss': 'DOUBLE', 'grad_norm': 'DOUBLE', 'step_time_s': 'DOUBLE', 'tokens': 'BIGINT', "
+                "'seq': 'BIGINT', 'ts': 'BIGINT', 'h': 'VARCHAR'}) POSITIONAL JOIN "
+                f"read_csv('{p}', columns={{'line': 'VARCHAR'}}, delim='\\x01', quote='', escape='', header=false, "
+                f"auto_detect=false)) TO '{p[:-len('.jsonl')]}.copy-bench.parquet' (FORMAT parquet, COMPRESSION zstd)")
     extra["rows"] = n
 elif mode == "monitor":
     import gc
@@ -249,7 +263,7 @@ def main() -> int:
     ap.add_argument("--sizes", default="1e5,1e6,1e7")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--only", default="duckdb,replay,query,verify,sha256sum,openssl,query_cold,query_warm,"
-                                     "duckdb_parquet,verify_out,duckdb_read_export,export,duckdb_copy,monitor",
+                                     "duckdb_parquet,verify_out,duckdb_read_export,export,duckdb_copy,duckdb_copy_lines,monitor",
                     help="the measures to run (comma-separated)")
     ap.add_argument("--out", metavar="FILE", help="also write the table here")
     ap.add_argument("--compare", metavar="DIR", help="also measure a checkout's code (another commit: git worktree "
@@ -286,7 +300,8 @@ def main() -> int:
                     # which goes first alternates round by round: the first after a measure that wrote hundreds of
                     # MiB reads the journal with colder caches
                     for key, path in pair if rnd % 2 == 0 else pair[::-1]:
-                        if path is not None and m in ("duckdb", "duckdb_parquet", "duckdb_copy", "sha256sum",
+                        if path is not None and m in ("duckdb", "duckdb_parquet", "duckdb_copy", "duckdb_copy_lines",
+                                                      "sha256sum",
                                                       "openssl", "duckdb_read_export"):
                             continue  # the peers are the same either way
                         results[n][key].append(run(m, target, k, n, path))
@@ -322,6 +337,10 @@ def main() -> int:
             e, c, v = med(r["export"], "cpu"), med(r["duckdb_copy"], "cpu"), med(r["verify"], "cpu")
             say(f"  export parquet --lines: {e:.2f} s CPU vs verify {v:.2f} s + 1.5x DuckDB's COPY to Parquet {c:.2f} s"
                 f" = {v + 1.5 * c:.2f} s ({e / (v + 1.5 * c):.2f}x that)")
+            if "duckdb_copy_lines" in r:
+                c = med(r["duckdb_copy_lines"], "cpu")
+                say(f"  export parquet --lines vs a peer writing the lines too (zstd): verify {v:.2f} s + 1.5x "
+                    f"{c:.2f} s = {v + 1.5 * c:.2f} s ({e / (v + 1.5 * c):.2f}x that; the peer alone {e / c:.2f}x)")
         if "verify" in r and "sha256sum" in r:
             lines_n = r["verify"][0]["rows"]  # every line of the file is an event
             v, s = med(r["verify"], "cpu") / lines_n * 1e6, med(r["sha256sum"], "cpu") / lines_n * 1e6
