@@ -730,13 +730,16 @@ def _rows_current(version: Any, rows: list[dict[str, Any]], files: list[Path], t
 
 
 def views_over_parquet(by_table: dict[str, list[str]], *, order: Sequence[str] | None = None,
-                       sql: str | None = None) -> duckdb.DuckDBPyConnection:
+                       sql: str | None = None, con: duckdb.DuckDBPyConnection | None = None
+                       ) -> duckdb.DuckDBPyConnection:
     """A new connection with every view over Parquet files of the export's layout (``{table: [file, ...]}``;
     ``events`` with or without ``line`` and ``file``; the tables in ``order``, else events first), not locked
     yet: every view defined over no rows, then each table with files replacing its own (and its kind's other name:
     steps is step_observed too). ``sql``: the one statement the connection is for; only the views it reads are
-    defined then (all when that cannot be told: :func:`_views_read`)."""
-    con = new_connection()
+    defined then (all when that cannot be told: :func:`_views_read`). ``con``: a connection of
+    :func:`new_connection`'s with nothing defined in it yet, to define them in (each new one costs a database)."""
+    if con is None:
+        con = new_connection()
     con.execute(_COMMON_TABLE)
     aliases = {tag: name for name, tag in VIEW_NAMES.items()}
     wanted = _views_read(con, sql)
@@ -783,6 +786,7 @@ def _warm_kept(files: list[Path], trust: TrustPolicy, sql: str | None = None
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022 \
             or not _safe_cache_file(folder / "meta.json"):
         return None
+    con = None
     try:
         from trainledger.journal.keys import read_small_file
 
@@ -791,20 +795,24 @@ def _warm_kept(files: list[Path], trust: TrustPolicy, sql: str | None = None
         if rows is None:
             return None
         loaded = meta.get("loaded")
+        con = new_connection()
         if loaded is not None:  # a load for one statement: this one must read no other table
-            with new_connection() as c:
-                need = tables_read(c, sql)
+            need = tables_read(con, sql)
             if need is None or not need <= set(map(str, loaded)):
+                con.close()
                 return None
         tables = {}
         for t, rels in meta["tables"].items():
             paths = [folder / r for r in rels]
             if any(Path(r).is_absolute() or ".." in Path(r).parts or not _safe_cache_file(p)
                    for r, p in zip(rels, paths)):
+                con.close()
                 return None  # only regular files of our own, inside the folder
             tables[str(t)] = [str(p) for p in paths]
-        con = views_over_parquet(tables, order=list(tables), sql=sql)
+        con = views_over_parquet(tables, order=list(tables), sql=sql, con=con)
     except (ImportError, TrainledgerError, duckdb.Error, OSError, ValueError, KeyError, TypeError, AttributeError):
+        if con is not None:
+            con.close()
         return None  # an unreadable or foreign copy is ignored, never trusted
     _lock(con, readable=folder)
     return con, Source("cache", rows, cache_path=folder)

@@ -52,29 +52,32 @@ def load_journals(files: list[Path], paths: Sequence[str | os.PathLike], trust: 
     atexit.register(copies.close)
     rows: list[dict[str, Any]] = []
     by_table: dict[str, list[str]] = {}
+    con = None
     try:
         ranks = _ranks_of(paths)
+        # one connection: the statement's reads, the container kinds' typing, then the views (each new one costs a
+        # database); the load's typing on one thread, the user's statement on DuckDB's default
         con = new_connection()
         con.execute("SET threads = 1")
         only = tables_read(con, sql)
         done = []
-        try:
-            for i, f in enumerate(files):
-                st = os.stat(f)
-                root = copies.dir / f"j{i}"  # a folder each: two journals may share a run id here
-                x = export_journal(f, root, lines=True, trust=trust, rank=ranks.get(f.resolve(), (None, None))[1],
-                                   con=con, file_column=str(f), compression="none", digests=False, only=only,
-                                   narrow=True)
-                done.append(x)
-                rows.append({**_file_row(f, x.report), "identity": [st.st_ino, st.st_mtime_ns, st.st_ctime_ns]})
-                for item in x.files:
-                    by_table.setdefault(item["table"], []).append(str(root / item["path"]))
-        finally:
-            con.close()
+        for i, f in enumerate(files):
+            st = os.stat(f)
+            root = copies.dir / f"j{i}"  # a folder each: two journals may share a run id here
+            x = export_journal(f, root, lines=True, trust=trust, rank=ranks.get(f.resolve(), (None, None))[1],
+                               con=con, file_column=str(f), compression="none", digests=False, only=only,
+                               narrow=True)
+            done.append(x)
+            rows.append({**_file_row(f, x.report), "identity": [st.st_ino, st.st_mtime_ns, st.st_ctime_ns]})
+            for item in x.files:
+                by_table.setdefault(item["table"], []).append(str(root / item["path"]))
         missing = _check_runs(files, ranks, done, trust, partial)
         by_table = {t: by_table[t] for t in tables() if t in by_table}  # the export's order (a kept copy's too)
-        con = views_over(by_table, sql=None if only is None else sql)
+        con.execute("RESET threads")
+        con = views_over(by_table, sql=None if only is None else sql, con=con)
     except BaseException:
+        if con is not None:
+            con.close()
         copies.close()
         raise
     return con, Source("journals", rows, missing=missing, readable=copies.dir, tables=by_table,

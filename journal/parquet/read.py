@@ -94,12 +94,13 @@ def _remembered(memo: Path) -> tuple[dict[str, list[int]], str | None]:
         return {}, "pinned"
 
 
-def views_over(by_table: dict[str, list[str]], sql: str | None = None) -> Any:
-    """A new connection with the query layer's views over Parquet files of the export's layout (``{table: [file,
-    ...]}``; ``events`` with or without ``line`` and ``file``), not locked yet; ``sql``: only the views it reads."""
+def views_over(by_table: dict[str, list[str]], sql: str | None = None, con: Any = None) -> Any:
+    """A new connection (or ``con``, with nothing defined in it) with the query layer's views over Parquet files of
+    the export's layout (``{table: [file, ...]}``; ``events`` with or without ``line`` and ``file``), not locked yet;
+    ``sql``: only the views it reads."""
     from trainledger.journal.query import views_over_parquet
 
-    return views_over_parquet(by_table, order=tables(), sql=sql)
+    return views_over_parquet(by_table, order=tables(), sql=sql, con=con)
 
 
 def connect_exports(paths: Sequence[str | os.PathLike], *, verify_first: bool = True, trust: TrustPolicy | None = None,

@@ -496,6 +496,8 @@ def test_integers_are_typed_alike_however_the_journal_is_read(tmp_path, monkeypa
         passes.clear()
         con, source = open_views([p], keys=[s.public], use_cache=False, cold=load_journals, sql=sql)
         assert passes == ([True, False] if big else [True])  # the narrow pass, then the wide one
+        threads = "SELECT current_setting('threads')"  # the load's one thread is not the statement's
+        assert con.execute(threads).fetchone() == duckdb.connect().execute(threads).fetchone()
         export_parquet([p], tmp_path / f"{name}.export", lines=True, keys=[s.public])
         out = connect_exports([tmp_path / f"{name}.export"], keys=[s.public])
         want = mem.execute(sql).fetchall()
