@@ -385,12 +385,13 @@ def _cmd_query(args: argparse.Namespace) -> int:
         opener = None
     if args.no_verify:
         say("trainledger query: --no-verify: signatures NOT checked", file=sys.stderr)
-        con, source = (opener(paths, verify_first=False, trust=trust_policy(args), partial=args.partial) if opener else
+        con, source = (opener(paths, verify_first=False, trust=trust_policy(args), partial=args.partial, sql=sql)
+                       if opener else
                        open_views(paths, verify_first=False))
     else:
         trust = trust_policy(args)
         try:
-            con, source = (opener(paths, verify_first=True, trust=trust, partial=args.partial) if opener else
+            con, source = (opener(paths, verify_first=True, trust=trust, partial=args.partial, sql=sql) if opener else
                            open_views(paths, use_cache=not args.no_cache, trust=trust, partial=args.partial,
                                       cold=_cold_load(paths, keep=not args.no_cache), sql=sql))
         except IntegrityError as e:

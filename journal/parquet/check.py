@@ -181,7 +181,7 @@ def hash_regular(d: Path, rel: str) -> str:
 
 def verify_export(out: str | os.PathLike, *, trust: TrustPolicy | None = None, partial: bool = False,
                   expect: dict[str, Any] | None = None, _files_only: bool = False,
-                  **trust_options: Any) -> ExportCheck:
+                  _digests: dict[str, str] | None = None, **trust_options: Any) -> ExportCheck:
     """Re-verify the export folder ``out`` (see the module doc). Raises :class:`ExportMismatch` naming the file,
     table or journal that is not what its lines say, :class:`NotVerifiable` for an export without its lines, what
     verification raises for lines that do not verify, and what ``verify RUN_DIR`` raises for a run's ranks that do
@@ -191,13 +191,15 @@ def verify_export(out: str | os.PathLike, *, trust: TrustPolicy | None = None, p
     contain, as ``verify --expect-head`` and ``--expect-checkpoint`` hold a journal to it: ``{"head": (seq, hash)}``
     for an export of one journal, ``{"checkpoint": an opened checkpoint, "run": the run id its origin names}`` (and
     a head with it) for that run's journal, which the export must hold. ``_files_only``: step 1 alone
-    (``query OUT`` of a listing verified whole before, :mod:`.read`)."""
+    (``query OUT`` of a listing verified whole before, :mod:`.read`). ``_digests``: ``{path: SHA-256}`` of files
+    hashed as they were written into ``out`` (:mod:`.read`'s private copy), held to the listing instead of read
+    again."""
     d = Path(out)
     policy = TrustPolicy.of(trust, **trust_options)
     listing, _ = read_listing(d)
     files = check_tree(d, listing)
     for rel, x in files.items():
-        if hash_regular(d, rel) != x["sha256"]:
+        if (_digests[rel] if _digests is not None and rel in _digests else hash_regular(d, rel)) != x["sha256"]:
             raise ExportMismatch(f"{d}: {rel}: its SHA-256 is not the listed one (changed after the export)",
                                  seq=None)
     if _files_only:

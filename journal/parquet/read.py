@@ -15,7 +15,6 @@ from __future__ import annotations
 import atexit
 import json
 import os
-import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -28,22 +27,33 @@ from trainledger.journal.trust import TrustPolicy
 __all__ = ["open_exports", "connect_exports", "views_over"]
 
 
-def _copy_export(src: Path, dest: Path) -> dict[str, Any]:
+def _copy_export(src: Path, dest: Path) -> tuple[dict[str, Any], dict[str, str]]:
     """Every file the listing names, and the listing, copied to ``dest``, once ``src`` has been held to its listing
     as ``verify OUT`` holds it (:func:`~.check.check_tree`: no link, FIFO or unlisted entry anywhere in it); each
-    file opened without following a link or blocking. Returns the listing as copied."""
+    file opened without following a link or blocking. Returns the listing as copied, and each copied file's
+    SHA-256, of the bytes as they were written (the copy is private: they are the bytes read later)."""
+    import hashlib
+
     dest.mkdir(mode=0o700)
     listing, data = read_listing(src)
     files = check_tree(src, listing)
     with open(dest / LISTING, "xb") as f:
         f.write(data)
+    digests = {}
+    made: set[Path] = set()
     for rel in files:
         fd = open_regular(src, rel)
         out = dest / rel
-        out.parent.mkdir(parents=True, exist_ok=True)
+        if out.parent not in made:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            made.add(out.parent)
+        h = hashlib.sha256()
         with os.fdopen(fd, "rb") as f, open(out, "xb") as g:
-            shutil.copyfileobj(f, g, 1 << 20)
-    return listing
+            while chunk := f.read(1 << 20):
+                h.update(chunk)
+                g.write(chunk)
+        digests[rel] = h.hexdigest()
+    return listing, digests
 
 
 def table_of(path: str) -> str:
@@ -111,11 +121,13 @@ def connect_exports(paths: Sequence[str | os.PathLike], *, verify_first: bool = 
 
 
 def open_exports(paths: Sequence[str | os.PathLike], *, verify_first: bool, trust: TrustPolicy,
-                 partial: bool = False) -> tuple[Any, Any]:
+                 partial: bool = False, sql: str | None = None) -> tuple[Any, Any]:
     """The query layer's connection, locked, and :class:`~trainledger.journal.query.Source` over exports (see the
     module doc). ``verify_first=False`` (``--no-verify``) reads a copy unchecked, typed-only exports included.
     ``partial``: an export of a run with ranks missing is read as far as its ranks present go (the Source's
-    ``missing`` names them); without it such an export fails, as ``verify OUT`` fails it."""
+    ``missing`` names them); without it such an export fails, as ``verify OUT`` fails it. ``sql``: the one
+    statement the connection is for (``trainledger query``'s): only the views it reads are defined (every one when
+    DuckDB's parse of it cannot tell)."""
     from trainledger.journal.audit.rundir import AnchorMismatch
     from trainledger.journal.copies import PrivateCopies
     from trainledger.journal.query import Source, _lock, _safe_cache_file
@@ -129,15 +141,15 @@ def open_exports(paths: Sequence[str | os.PathLike], *, verify_first: bool, trus
     try:
         for i, p in enumerate(map(Path, paths)):
             local = copies.dir / f"export-{i}"
-            listing = _copy_export(p, local)
+            listing, digests = _copy_export(p, local)
             trust_word = "unchecked"
             if verify_first:
                 memo = _memo(local, trust)
                 if memo is not None and _safe_cache_file(memo):
-                    verify_export(local, trust=trust, _files_only=True)  # the files are the listing's
+                    verify_export(local, trust=trust, _files_only=True, _digests=digests)  # the listing's files
                     missing, trust_word = _remembered(memo)
                 else:
-                    check = verify_export(local, trust=trust, partial=partial)
+                    check = verify_export(local, trust=trust, partial=partial, _digests=digests)
                     missing, trust_word = check.missing, check.trust
                     _remember(memo, missing, trust_word)
                 mine = {where.replace(str(local), str(p), 1): ranks for where, ranks in missing.items()}
@@ -158,7 +170,7 @@ def open_exports(paths: Sequence[str | os.PathLike], *, verify_first: bool, trus
             e.args = tuple(a.replace(str(local), str(p)) if isinstance(a, str) else a for a in e.args)
             e.path = str(p)
         raise
-    con = views_over(by_table)
+    con = views_over(by_table, sql=sql)
     # the lockdown (query._lock) turns file access off for the user's SQL; the private copy alone stays readable,
     # and DuckDB spills into it (its default, ./.tmp of the working folder, would be readable and writable)
     _lock(con, copies.dir)

@@ -516,3 +516,19 @@ def _journal(p: Path, s: Signer):
     from trainledger.journal import Journal
 
     return Journal.create(p, signer=s, seal_every=10, background=False)
+
+
+def test_query_of_an_export_defines_the_views_its_statement_reads(export):
+    """``query OUT SQL`` defines only the views the statement reads (and those they read), as a query over
+    journals does; a statement whose reads DuckDB's parse cannot tell gets every view."""
+    from trainledger.journal.parquet.read import open_exports
+    from trainledger.journal.trust import TrustPolicy
+
+    trust = TrustPolicy.of(None, keys=[_key("every_kind_v1_3")])
+    views = "SELECT view_name FROM duckdb_views() WHERE NOT internal ORDER BY view_name"
+    con, _ = open_exports([export], verify_first=True, trust=trust, sql="SELECT count(*) FROM mfu")
+    assert [v for v, in con.execute(views).fetchall()] == ["configs", "events", "mfu", "run_configured",
+                                                            "step_observed", "steps"]
+    assert con.execute("SELECT count(*) FROM mfu").fetchone()[0] > 0
+    con, _ = open_exports([export], verify_first=True, trust=trust, sql="SELECT * FROM read_parquet('x')")
+    assert len(con.execute(views).fetchall()) > 10
