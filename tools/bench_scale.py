@@ -123,29 +123,22 @@ elif mode == "export":
     out = p[:-len(".jsonl")] + ".export-bench"
     assert main(["export", "parquet", p, out, "--lines", "--pubkey", k, "--no-progress"]) == 0
     extra["rows"] = n
-elif mode == "duckdb_copy":
-    # the peer of export: DuckDB writing the step lines' columns to Parquet from read_ndjson
+elif mode in ("duckdb_copy", "duckdb_copy_lines"):
+    # the peer of export: DuckDB writing the step lines' columns to Parquet from read_ndjson (the issue's peer: no
+    # lines, snappy); _lines: the peer doing what the export does, each line's exact text beside them, zstd (DuckDB
+    # reads the lines a second time as one-column CSV, joined by position)
     import duckdb
     con = duckdb.connect()
     con.execute("SET threads = 1")
     con.execute("SET enable_progress_bar = false")
-    con.execute(f"COPY (SELECT * FROM read_ndjson('{p}', columns={{'kind': 'VARCHAR', 'step': 'BIGINT', "
-                "'loss': 'DOUBLE', 'grad_norm': 'DOUBLE', 'step_time_s': 'DOUBLE', 'tokens': 'BIGINT', "
-                "'seq': 'BIGINT', 'ts': 'BIGINT', 'h': 'VARCHAR'})) TO "
-                f"'{p[:-len('.jsonl')]}.copy-bench.parquet' (FORMAT parquet)")
-    extra["rows"] = n
-elif mode == "duckdb_copy_lines":
-    # the peer doing what the export does: the same columns plus each line's exact text, zstd, as the export writes
-    # them (DuckDB reads the lines a second time as one-column CSV, joined by position)
-    import duckdb
-    con = duckdb.connect()
-    con.execute("SET threads = 1")
-    con.execute("SET enable_progress_bar = false")
-    con.execute(f"COPY (SELECT * FROM read_ndjson('{p}', columns={{'kind': 'VARCHAR', 'step': 'BIGINT', "
-                "'loss': 'DOUBLE', 'grad_norm': 'DOUBLE', 'step_time_s': 'DOUBLE', 'tokens': 'BIGINT', "
-                "'seq': 'BIGINT', 'ts': 'BIGINT', 'h': 'VARCHAR'}) POSITIONAL JOIN "
-                f"read_csv('{p}', columns={{'line': 'VARCHAR'}}, delim='\\x01', quote='', escape='', header=false, "
-                f"auto_detect=false)) TO '{p[:-len('.jsonl')]}.copy-bench.parquet' (FORMAT parquet, COMPRESSION zstd)")
+    src = (f"read_ndjson('{p}', columns={{'kind': 'VARCHAR', 'step': 'BIGINT', 'loss': 'DOUBLE', 'grad_norm': "
+           "'DOUBLE', 'step_time_s': 'DOUBLE', 'tokens': 'BIGINT', 'seq': 'BIGINT', 'ts': 'BIGINT', 'h': 'VARCHAR'})")
+    opts = "FORMAT parquet"
+    if mode == "duckdb_copy_lines":
+        src += (f" POSITIONAL JOIN read_csv('{p}', columns={{'line': 'VARCHAR'}}, delim='\\x01', quote='', escape='', "
+                "header=false, auto_detect=false)")
+        opts += ", COMPRESSION zstd"
+    con.execute(f"COPY (SELECT * FROM {src}) TO '{p[:-len('.jsonl')]}.copy-bench.parquet' ({opts})")
     extra["rows"] = n
 elif mode == "monitor":
     import gc
