@@ -20,6 +20,9 @@ bytes it wrote (``/proc/self/io`` ``wchar``, the process itself; the workers wri
 - ``verify_out``: ``verify OUT`` of the journal's ``export parquet --lines``, against ``verify`` of the journal (the
   target) and ``duckdb_read_export``: DuckDB reading every cell of every file of that export (verify + that: the
   floor, since the check must verify the lines and read every cell it holds to them).
+- ``query_out``: ``trainledger query OUT`` of that export once a first one has verified it whole (the listing
+  remembered: the export copied, its files held to the listing, then read), against ``duckdb_export``: DuckDB's
+  same aggregate over the export's steps files in place.
 - ``export``: ``trainledger export parquet --lines``, against ``duckdb_copy``: DuckDB's ``COPY (SELECT ... FROM
   read_ndjson(...)) TO ... (FORMAT parquet)`` of the same file (the issue's peer: no lines, snappy), and
   ``duckdb_copy_lines``: the same with each line's text beside its fields and zstd, as the export writes them.
@@ -101,6 +104,23 @@ elif mode == "duckdb_parquet":
     con.execute("SET threads = 1")
     extra["rows"] = con.execute("SELECT count(*), avg(loss), max(grad_norm) FROM read_parquet(?)",
                                 [p[:-len(".jsonl")] + ".steps.parquet"]).fetchall()[0][0]
+elif mode == "query_out":
+    # query OUT of the journal's export parquet --lines, its listing remembered as verified (run() made the export and
+    # ran one query OUT over it first, unmeasured): copied, its files checked against the listing, then read
+    import contextlib, io
+    from trainledger.cli import main
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["query", p[:-len(".jsonl")] + ".export", "--pubkey", k, "--format", "csv",
+                     "SELECT count(*), avg(loss), max(grad_norm) FROM steps"]) == 0
+    extra["rows"] = int(out.getvalue().splitlines()[1].split(",")[0])
+elif mode == "duckdb_export":
+    # the peer of query_out: DuckDB over the same export's steps files, in place
+    import duckdb
+    con = duckdb.connect()
+    con.execute("SET threads = 1")
+    extra["rows"] = con.execute("SELECT count(*), avg(loss), max(grad_norm) FROM read_parquet(?)",
+                                [p[:-len(".jsonl")] + ".export/steps/*/*.parquet"]).fetchall()[0][0]
 elif mode == "verify_out":
     # verify of the journal's export parquet --lines (run() made it, unmeasured)
     from trainledger.journal import load_public_key
@@ -188,7 +208,7 @@ def write_journal(path: Path, n: int) -> tuple[Path, object]:
 
 def prepare(mode: str, p: Path, k: Path, path: Path | None = None) -> None:
     """What a measure reads that is not the journal, made once, unmeasured: the cold query a warm one follows, the
-    Parquet copy of the steps DuckDB reads, the export verify OUT checks."""
+    Parquet copy of the steps DuckDB reads, the export verify OUT checks, the first query OUT of it."""
     env = dict(os.environ, TRAINLEDGER_CACHE_DIR=str(p.parent / "cache"))
     if path is not None:  # the cold query a warm one follows, made by the code measured (--compare)
         env.update(PYTHONPATH=str(path), TRAINLEDGER_CACHE_DIR=str(p.parent / "cache-compare"))
@@ -205,9 +225,13 @@ def prepare(mode: str, p: Path, k: Path, path: Path | None = None) -> None:
                     "'loss': 'DOUBLE', 'grad_norm': 'DOUBLE', 'step_time_s': 'DOUBLE', 'tokens': 'BIGINT'}) "
                     f"WHERE kind = 'step_observed') TO '{p.with_suffix('.steps.parquet')}' (FORMAT parquet)")
         con.close()
-    elif mode in ("verify_out", "duckdb_read_export") and not p.with_suffix(".export").exists():
+    if mode in ("verify_out", "duckdb_read_export", "query_out", "duckdb_export") \
+            and not p.with_suffix(".export").exists():
         subprocess.run([tl, "export", "parquet", str(p), str(p.with_suffix(".export")), "--lines", "--pubkey",
                         str(k), "--no-progress"], check=True, capture_output=True)
+    if mode == "query_out":  # verified whole once: the user's cache remembers the listing
+        subprocess.run([tl, "query", str(p.with_suffix(".export")), "--pubkey", str(k), "SELECT 1"], check=True,
+                       capture_output=True, env=env)
 
 
 def package_view(tree: Path, where: Path) -> Path:
@@ -256,7 +280,8 @@ def main() -> int:
     ap.add_argument("--sizes", default="1e5,1e6,1e7")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--only", default="duckdb,replay,query,verify,sha256sum,openssl,query_cold,query_warm,"
-                                     "duckdb_parquet,verify_out,duckdb_read_export,export,duckdb_copy,duckdb_copy_lines,monitor",
+                                     "duckdb_parquet,verify_out,duckdb_read_export,query_out,duckdb_export,export,duckdb_copy,"
+                                     "duckdb_copy_lines,monitor",
                     help="the measures to run (comma-separated)")
     ap.add_argument("--out", metavar="FILE", help="also write the table here")
     ap.add_argument("--compare", metavar="DIR", help="also measure a checkout's code (another commit: git worktree "
@@ -294,7 +319,7 @@ def main() -> int:
                     # MiB reads the journal with colder caches
                     for key, path in pair if rnd % 2 == 0 else pair[::-1]:
                         if path is not None and m in ("duckdb", "duckdb_parquet", "duckdb_copy", "duckdb_copy_lines",
-                                                      "sha256sum",
+                                                      "duckdb_export", "sha256sum",
                                                       "openssl", "duckdb_read_export"):
                             continue  # the peers are the same either way
                         results[n][key].append(run(m, target, k, n, path))
@@ -353,6 +378,10 @@ def main() -> int:
                 x = med(r["duckdb_read_export"], "cpu")
                 say(f"  verify OUT's floor: verify {v:.2f} s + DuckDB reading every cell of the export {x:.2f} s = "
                     f"{v + x:.2f} s ({o / (v + x):.2f}x that)")
+        if "query_out" in r and "duckdb_export" in r:
+            q, d = med(r["query_out"], "cpu"), med(r["duckdb_export"], "cpu")
+            say(f"  query OUT, its listing remembered as verified: {q:.2f} s CPU vs DuckDB over the export's steps "
+                f"{d:.2f} s ({q / d:.1f}x; target 1.5x)")
         if "monitor" in r:
             held = med(r["monitor"], "held_bytes")
             say(f"  monitor: resident memory grew {held / 2**20:.1f} MiB from step 1 to step {n:,} "

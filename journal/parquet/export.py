@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from trainledger.journal.accel import fast as _fast
-from trainledger.journal.errors import JournalIOError, SchemaError, UsageError
+from trainledger.journal.errors import JournalError, JournalIOError, SchemaError, UsageError
 from trainledger.journal.paths import file_sha256
 from trainledger.journal.scan import Lines, StepBlock, piece_seq
 from trainledger.journal.trust import TrustPolicy
@@ -577,8 +577,9 @@ def _from_buffers(pa: Any, bufs: tuple[bytes, bytes | None, int], duck: str, n: 
     return arr.cast(pa.decimal128(38, 0)) if duck == "HUGEINT" else arr
 
 
-class _Wide(Exception):
-    """A narrow writer (integers as int64) met an integer past int64: the journal is written again, wide."""
+class _Wide(JournalError):
+    """A narrow writer (integers as int64) met an integer past int64: the journal is written again, wide (never
+    leaves :func:`export_journal`)."""
 
 
 @dataclasses.dataclass
