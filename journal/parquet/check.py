@@ -179,6 +179,13 @@ def hash_regular(d: Path, rel: str) -> str:
         return paths.stream_sha256(f)[0]
 
 
+def held_to_listing(d: Path, rel: str, digest: str, entry: dict[str, Any]) -> None:
+    """Raise :class:`ExportMismatch` unless ``digest`` (the SHA-256 of ``d``'s file ``rel``) is its listing
+    ``entry``'s."""
+    if digest != entry["sha256"]:
+        raise ExportMismatch(f"{d}: {rel}: its SHA-256 is not the listed one (changed after the export)", seq=None)
+
+
 def verify_export(out: str | os.PathLike, *, trust: TrustPolicy | None = None, partial: bool = False,
                   expect: dict[str, Any] | None = None, _files_only: bool = False,
                   _digests: dict[str, str] | None = None, **trust_options: Any) -> ExportCheck:
@@ -199,9 +206,7 @@ def verify_export(out: str | os.PathLike, *, trust: TrustPolicy | None = None, p
     listing, _ = read_listing(d)
     files = check_tree(d, listing)
     for rel, x in files.items():
-        if (_digests[rel] if _digests is not None and rel in _digests else hash_regular(d, rel)) != x["sha256"]:
-            raise ExportMismatch(f"{d}: {rel}: its SHA-256 is not the listed one (changed after the export)",
-                                 seq=None)
+        held_to_listing(d, rel, _digests[rel] if _digests is not None and rel in _digests else hash_regular(d, rel), x)
     if _files_only:
         rcs = [rc for rc in listing["journals"] if isinstance(rc, dict)]
         return ExportCheck(out=str(d), journals=len(rcs), events=sum(int(rc.get("events") or 0) for rc in rcs),

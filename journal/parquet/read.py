@@ -1,12 +1,12 @@
 """``trainledger query OUT SQL``: an export (:mod:`.export`) queried as journals are, without loading it into memory.
 
-Each export is copied first, every listed file and the listing, into a private folder (the bytes read are the
+Each export is copied first, its listing and the files listed, into a private folder (the bytes read are the
 bytes checked: a file swapped in after the check is never read), the copy is verified as ``verify OUT`` verifies
 (without ``--no-verify``: from its lines, so only an export written with ``--lines``; a listing verified whole
-under the same trust before, as the user's cache remembers, has its files checked against it only), and the query
-layer's views
-are then views over the copy's Parquet files, which DuckDB reads as the query needs them (memory bounded by DuckDB's
-own, not by the export's size). The derived views (``runs``, ``timeline``, ``mfu``) are the query layer's SQL over
+under the same trust before, as the user's cache remembers, has the files it copies checked against it only, and
+then, as with ``--no-verify``, only the files of the tables the statement reads are copied), and the query layer's
+views are then views over the copy's Parquet files, which DuckDB reads as the query needs them (memory bounded by
+DuckDB's own, not by the export's size). The derived views (``runs``, ``timeline``, ``mfu``) are the query layer's SQL over
 them. The private copy lives as long as the process (removed at exit).
 """
 
@@ -20,28 +20,34 @@ from pathlib import Path
 from typing import Any
 
 from trainledger.journal.errors import TrainledgerError
-from trainledger.journal.parquet.check import check_tree, open_regular, read_listing, verify_export
+from trainledger.journal.parquet.check import check_tree, held_to_listing, open_regular, read_listing, verify_export
 from trainledger.journal.parquet.export import LISTING, tables
 from trainledger.journal.trust import TrustPolicy
 
 __all__ = ["open_exports", "connect_exports", "views_over"]
 
 
-def _copy_export(src: Path, dest: Path) -> tuple[dict[str, Any], dict[str, str]]:
-    """Every file the listing names, and the listing, copied to ``dest``, once ``src`` has been held to its listing
-    as ``verify OUT`` holds it (:func:`~.check.check_tree`: no link, FIFO or unlisted entry anywhere in it); each
-    file opened without following a link or blocking. Returns the listing as copied, and each copied file's
-    SHA-256, of the bytes as they were written (the copy is private: they are the bytes read later)."""
-    import hashlib
-
+def _copy_listing(src: Path, dest: Path) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """The listing copied to ``dest`` once ``src`` has been held to it as ``verify OUT`` holds it
+    (:func:`~.check.check_tree`: no link, FIFO or unlisted entry anywhere in it). Returns the listing as copied and
+    its files' entries (``{path: entry}``)."""
     dest.mkdir(mode=0o700)
     listing, data = read_listing(src)
     files = check_tree(src, listing)
     with open(dest / LISTING, "xb") as f:
         f.write(data)
+    return listing, files
+
+
+def _copy_files(src: Path, dest: Path, rels: list[str]) -> dict[str, str]:
+    """The listed files ``rels`` copied from ``src`` to ``dest``, each opened without following a link or
+    blocking; returns each one's SHA-256, of the bytes as they were written (the copy is private: they are the
+    bytes read later)."""
+    import hashlib
+
     digests = {}
     made: set[Path] = set()
-    for rel in files:
+    for rel in rels:
         fd = open_regular(src, rel)
         out = dest / rel
         if out.parent not in made:
@@ -53,7 +59,7 @@ def _copy_export(src: Path, dest: Path) -> tuple[dict[str, Any], dict[str, str]]
                 h.update(chunk)
                 g.write(chunk)
         digests[rel] = h.hexdigest()
-    return listing, digests
+    return digests
 
 
 def table_of(path: str) -> str:
@@ -130,7 +136,7 @@ def open_exports(paths: Sequence[str | os.PathLike], *, verify_first: bool, trus
     DuckDB's parse of it cannot tell)."""
     from trainledger.journal.audit.rundir import AnchorMismatch
     from trainledger.journal.copies import PrivateCopies
-    from trainledger.journal.query import Source, _lock, _safe_cache_file
+    from trainledger.journal.query import Source, _lock, _safe_cache_file, new_connection, tables_read
 
     copies = PrivateCopies(owned="query-out")  # a killed query's copy is swept by the next one
     atexit.register(copies.close)
@@ -138,15 +144,24 @@ def open_exports(paths: Sequence[str | os.PathLike], *, verify_first: bool, trus
     by_table: dict[str, list[str]] = {}
     found: dict[str, list[int]] = {}
     p = local = None
+    con = new_connection()
+    #: the tables the statement reads (None: every one, or it cannot be told): an export not verified whole here
+    #: has only their files copied, checked and read
+    only = tables_read(con, sql)
     try:
         for i, p in enumerate(map(Path, paths)):
             local = copies.dir / f"export-{i}"
-            listing, digests = _copy_export(p, local)
+            listing, files = _copy_listing(p, local)
+            memo = _memo(local, trust) if verify_first else None
+            remembered = memo is not None and _safe_cache_file(memo)
+            whole = verify_first and not remembered  # verify OUT's check reads every file
+            rels = [rel for rel in files if whole or only is None or table_of(rel) in only]
+            digests = _copy_files(p, local, rels)
             trust_word = "unchecked"
             if verify_first:
-                memo = _memo(local, trust)
-                if memo is not None and _safe_cache_file(memo):
-                    verify_export(local, trust=trust, _files_only=True, _digests=digests)  # the listing's files
+                if remembered:  # the listing was verified whole: the files read are held to it
+                    for rel in rels:
+                        held_to_listing(local, rel, digests[rel], files[rel])
                     missing, trust_word = _remembered(memo)
                 else:
                     check = verify_export(local, trust=trust, partial=partial, _digests=digests)
@@ -158,19 +173,20 @@ def open_exports(paths: Sequence[str | os.PathLike], *, verify_first: bool, trus
                     raise AnchorMismatch(f"rank {ranks[0]}: no journal in {where} (--partial reads the ranks "
                                          "present, labelled as partial)", seq=None)
                 found.update(mine)
-            for x in listing["files"]:
-                by_table.setdefault(table_of(x["path"]), []).append(str(local / x["path"]))
+            for rel in rels:
+                by_table.setdefault(table_of(rel), []).append(str(local / rel))
             for rc in listing["journals"]:
                 rows.append({"file": str(p), "export": str(p), "run_id": rc.get("run_id"), "rank": rc.get("rank"),
                              "last_seq": rc.get("last_seq"), "head": rc.get("head"), "key_id": rc.get("key_id"),
                              "trust": trust_word})
     except BaseException as e:
+        con.close()
         copies.close()
         if isinstance(e, TrainledgerError) and local is not None:  # named by the user's folder, not our copy
             e.args = tuple(a.replace(str(local), str(p)) if isinstance(a, str) else a for a in e.args)
             e.path = str(p)
         raise
-    con = views_over(by_table, sql=sql)
+    con = views_over(by_table, sql=sql, con=con)
     # the lockdown (query._lock) turns file access off for the user's SQL; the private copy alone stays readable,
     # and DuckDB spills into it (its default, ./.tmp of the working folder, would be readable and writable)
     _lock(con, copies.dir)

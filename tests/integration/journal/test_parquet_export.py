@@ -314,10 +314,12 @@ def test_query_of_a_changed_or_typed_only_export_fails_unless_told_not_to_check(
 
 
 def test_a_listing_verified_before_is_remembered_and_a_change_still_caught(export, tmp_path, monkeypatch):
-    """The user's cache remembers a listing verified whole under the same keys: a later query checks the copy's
-    files against it only. A file changed under the same listing fails that check; a re-listed change is a new
-    listing, verified whole again."""
+    """The user's cache remembers a listing verified whole under the same keys: a later query checks the files it
+    copies against it only, and copies only the tables its statement reads. A file it reads changed under the same
+    listing fails that check (one it does not read is not copied: verify OUT checks it); a re-listed change is a
+    new listing, verified whole again."""
     import trainledger.journal.parquet.read as read
+    from trainledger.journal.trust import TrustPolicy
 
     monkeypatch.setenv("TRAINLEDGER_CACHE_DIR", str(tmp_path / "cache"))
     calls = []
@@ -327,12 +329,17 @@ def test_a_listing_verified_before_is_remembered_and_a_change_still_caught(expor
     key = [_key("every_kind_v1_3")]
     n = connect_exports([d], keys=key).execute("SELECT count(*) FROM steps").fetchone()[0]
     assert connect_exports([d], keys=key).execute("SELECT count(*) FROM steps").fetchone()[0] == n
-    assert calls == [False, True]
+    assert calls == [False]  # the second: its files held to the remembered listing, nothing re-verified
     steps = next((d / "steps").rglob("*.parquet"))
     good = steps.read_bytes()
     steps.write_bytes(good[:-1] + b"\1")
     with pytest.raises(ExportMismatch, match="its SHA-256 is not the listed one"):
         connect_exports([d], keys=key)
+    trust = TrustPolicy.of(None, keys=key)
+    with pytest.raises(ExportMismatch, match="steps/.*its SHA-256 is not the listed one"):
+        read.open_exports([d], verify_first=True, trust=trust, sql="SELECT count(*) FROM mfu")  # reads steps
+    con, _ = read.open_exports([d], verify_first=True, trust=trust, sql="SELECT count(*) FROM anomalies")
+    assert con.execute("SELECT count(*) FROM anomalies").fetchone()[0] > 0  # the steps file neither copied nor read
     steps.write_bytes(good)
     _rewrite(steps, "SELECT * REPLACE (loss * 2 AS loss) FROM t")
     _relist(d)
