@@ -22,12 +22,15 @@ def file_sha256(path: str | os.PathLike) -> tuple[str, int]:
         return stream_sha256(f)
 
 
-def stream_sha256(f) -> tuple[str, int]:
-    """(SHA-256 hex, size) of what the open binary file ``f`` holds from where it is, read in 1 MiB blocks."""
+def stream_sha256(f, out=None) -> tuple[str, int]:
+    """(SHA-256 hex, size) of what the open binary file ``f`` holds from where it is, read in 1 MiB blocks; each
+    block also written to the binary file ``out`` when given (a copy hashed as it is made)."""
     h = hashlib.sha256()
     size = 0
     while chunk := f.read(1 << 20):
         h.update(chunk)
+        if out is not None:
+            out.write(chunk)
         size += len(chunk)
     return h.hexdigest(), size
 

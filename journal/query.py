@@ -794,21 +794,20 @@ def _warm_kept(files: list[Path], trust: TrustPolicy, sql: str | None = None
         rows = _rows_current(meta["version"], meta["files"], files, trust)
         if rows is None:
             return None
-        loaded = meta.get("loaded")
-        con = new_connection()
-        if loaded is not None:  # a load for one statement: this one must read no other table
-            need = tables_read(con, sql)
-            if need is None or not need <= set(map(str, loaded)):
-                con.close()
-                return None
         tables = {}
         for t, rels in meta["tables"].items():
             paths = [folder / r for r in rels]
             if any(Path(r).is_absolute() or ".." in Path(r).parts or not _safe_cache_file(p)
                    for r, p in zip(rels, paths)):
-                con.close()
                 return None  # only regular files of our own, inside the folder
             tables[str(t)] = [str(p) for p in paths]
+        loaded = meta.get("loaded")
+        con = new_connection()  # the statement's reads told on the connection the views are then defined in
+        if loaded is not None:  # a load for one statement: this one must read no other table
+            need = tables_read(con, sql)
+            if need is None or not need <= set(map(str, loaded)):
+                con.close()
+                return None
         con = views_over_parquet(tables, order=list(tables), sql=sql, con=con)
     except (ImportError, TrainledgerError, duckdb.Error, OSError, ValueError, KeyError, TypeError, AttributeError):
         if con is not None:

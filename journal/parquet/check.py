@@ -187,8 +187,8 @@ def held_to_listing(d: Path, rel: str, digest: str, entry: dict[str, Any]) -> No
 
 
 def verify_export(out: str | os.PathLike, *, trust: TrustPolicy | None = None, partial: bool = False,
-                  expect: dict[str, Any] | None = None, _files_only: bool = False,
-                  _digests: dict[str, str] | None = None, **trust_options: Any) -> ExportCheck:
+                  expect: dict[str, Any] | None = None, _digests: dict[str, str] | None = None,
+                  **trust_options: Any) -> ExportCheck:
     """Re-verify the export folder ``out`` (see the module doc). Raises :class:`ExportMismatch` naming the file,
     table or journal that is not what its lines say, :class:`NotVerifiable` for an export without its lines, what
     verification raises for lines that do not verify, and what ``verify RUN_DIR`` raises for a run's ranks that do
@@ -197,8 +197,7 @@ def verify_export(out: str | os.PathLike, *, trust: TrustPolicy | None = None, p
     names them (recomputed from the verified lines, never read from the listing). ``expect``: what one journal must
     contain, as ``verify --expect-head`` and ``--expect-checkpoint`` hold a journal to it: ``{"head": (seq, hash)}``
     for an export of one journal, ``{"checkpoint": an opened checkpoint, "run": the run id its origin names}`` (and
-    a head with it) for that run's journal, which the export must hold. ``_files_only``: step 1 alone
-    (``query OUT`` of a listing verified whole before, :mod:`.read`). ``_digests``: ``{path: SHA-256}`` of files
+    a head with it) for that run's journal, which the export must hold. ``_digests``: ``{path: SHA-256}`` of files
     hashed as they were written into ``out`` (:mod:`.read`'s private copy), held to the listing instead of read
     again."""
     d = Path(out)
@@ -207,10 +206,6 @@ def verify_export(out: str | os.PathLike, *, trust: TrustPolicy | None = None, p
     files = check_tree(d, listing)
     for rel, x in files.items():
         held_to_listing(d, rel, _digests[rel] if _digests is not None and rel in _digests else hash_regular(d, rel), x)
-    if _files_only:
-        rcs = [rc for rc in listing["journals"] if isinstance(rc, dict)]
-        return ExportCheck(out=str(d), journals=len(rcs), events=sum(int(rc.get("events") or 0) for rc in rcs),
-                           files=len(files), lines=listing["lines"], trust=None, receipts=rcs)
     if not listing["lines"]:
         raise NotVerifiable(f"{d}: exported without --lines: its files match the listing, but nothing signed holds "
                             "its rows; it is as trustworthy as whoever exported it", seq=None)

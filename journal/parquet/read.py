@@ -22,6 +22,7 @@ from typing import Any
 from trainledger.journal.errors import TrainledgerError
 from trainledger.journal.parquet.check import check_tree, held_to_listing, open_regular, read_listing, verify_export
 from trainledger.journal.parquet.export import LISTING, tables
+from trainledger.journal.paths import stream_sha256
 from trainledger.journal.trust import TrustPolicy
 
 __all__ = ["open_exports", "connect_exports", "views_over"]
@@ -43,8 +44,6 @@ def _copy_files(src: Path, dest: Path, rels: list[str]) -> dict[str, str]:
     """The listed files ``rels`` copied from ``src`` to ``dest``, each opened without following a link or
     blocking; returns each one's SHA-256, of the bytes as they were written (the copy is private: they are the
     bytes read later)."""
-    import hashlib
-
     digests = {}
     made: set[Path] = set()
     for rel in rels:
@@ -53,12 +52,8 @@ def _copy_files(src: Path, dest: Path, rels: list[str]) -> dict[str, str]:
         if out.parent not in made:
             out.parent.mkdir(parents=True, exist_ok=True)
             made.add(out.parent)
-        h = hashlib.sha256()
         with os.fdopen(fd, "rb") as f, open(out, "xb") as g:
-            while chunk := f.read(1 << 20):
-                h.update(chunk)
-                g.write(chunk)
-        digests[rel] = h.hexdigest()
+            digests[rel] = stream_sha256(f, out=g)[0]
     return digests
 
 

@@ -324,12 +324,12 @@ def test_a_listing_verified_before_is_remembered_and_a_change_still_caught(expor
     monkeypatch.setenv("TRAINLEDGER_CACHE_DIR", str(tmp_path / "cache"))
     calls = []
     real = read.verify_export
-    monkeypatch.setattr(read, "verify_export", lambda *a, **k: calls.append(k.get("_files_only", False)) or real(*a, **k))
+    monkeypatch.setattr(read, "verify_export", lambda *a, **k: calls.append("whole") or real(*a, **k))
     d = _copy(export, tmp_path)
     key = [_key("every_kind_v1_3")]
     n = connect_exports([d], keys=key).execute("SELECT count(*) FROM steps").fetchone()[0]
     assert connect_exports([d], keys=key).execute("SELECT count(*) FROM steps").fetchone()[0] == n
-    assert calls == [False]  # the second: its files held to the remembered listing, nothing re-verified
+    assert calls == ["whole"]  # the second: its files held to the remembered listing, nothing re-verified
     steps = next((d / "steps").rglob("*.parquet"))
     good = steps.read_bytes()
     steps.write_bytes(good[:-1] + b"\1")
@@ -345,7 +345,7 @@ def test_a_listing_verified_before_is_remembered_and_a_change_still_caught(expor
     _relist(d)
     with pytest.raises(ExportMismatch, match="are not what the lines give"):
         connect_exports([d], keys=key)
-    assert calls[-1] is False
+    assert calls == ["whole", "whole"]  # the remembered queries between re-verified nothing; the re-listed one did
 
 
 def test_a_receipt_that_is_not_what_the_lines_give_is_named(export, tmp_path):
