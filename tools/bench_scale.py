@@ -49,6 +49,17 @@ from pathlib import Path
 RUNNER = r"""
 import json, os, re, resource, sys, time
 mode, p, k, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+
+def query_command(target, *flags):
+    # `trainledger query TARGET` (in this process) of the steps aggregate every query measure runs: its row count
+    import contextlib, io
+    from trainledger.cli import main
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["query", target, "--pubkey", k, *flags, "--format", "csv",
+                     "SELECT count(*), avg(loss), max(grad_norm) FROM steps"]) == 0
+    return int(out.getvalue().splitlines()[1].split(",")[0])
+
 t0 = time.perf_counter()
 extra = {}
 if mode == "duckdb":
@@ -81,22 +92,10 @@ elif mode == "openssl":
     subprocess.run(["openssl", "dgst", "-sha256", p], check=True, capture_output=True)
 elif mode == "query_cold":
     # the command over the journal read cold (verified, through the Parquet form), its load not kept
-    import contextlib, io
-    from trainledger.cli import main
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        assert main(["query", p, "--pubkey", k, "--no-cache", "--format", "csv",
-                     "SELECT count(*), avg(loss), max(grad_norm) FROM steps"]) == 0
-    extra["rows"] = int(out.getvalue().splitlines()[1].split(",")[0])
+    extra["rows"] = query_command(p, "--no-cache")
 elif mode == "query_warm":
     # the command, right after a cold one over the same journal (run() ran that one first, unmeasured)
-    import contextlib, io
-    from trainledger.cli import main
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        assert main(["query", p, "--pubkey", k, "--format", "csv",
-                     "SELECT count(*), avg(loss), max(grad_norm) FROM steps"]) == 0
-    extra["rows"] = int(out.getvalue().splitlines()[1].split(",")[0])
+    extra["rows"] = query_command(p)
 elif mode == "duckdb_parquet":
     # the peer of a repeat query: DuckDB over a Parquet copy of the same steps (run() made it, unmeasured)
     import duckdb
@@ -107,13 +106,7 @@ elif mode == "duckdb_parquet":
 elif mode == "query_out":
     # query OUT of the journal's export parquet --lines, its listing remembered as verified (run() made the export and
     # ran one query OUT over it first, unmeasured): copied, its files checked against the listing, then read
-    import contextlib, io
-    from trainledger.cli import main
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        assert main(["query", p[:-len(".jsonl")] + ".export", "--pubkey", k, "--format", "csv",
-                     "SELECT count(*), avg(loss), max(grad_norm) FROM steps"]) == 0
-    extra["rows"] = int(out.getvalue().splitlines()[1].split(",")[0])
+    extra["rows"] = query_command(p[:-len(".jsonl")] + ".export")
 elif mode == "duckdb_export":
     # the peer of query_out: DuckDB over the same export's steps files, in place
     import duckdb
