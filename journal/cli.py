@@ -21,7 +21,7 @@ from trainledger.journal import __version__
 from trainledger.journal.text import csv_cell, safe
 from trainledger.journal.errors import IntegrityError, JournalError, JournalIOError, TrainledgerError, UsageError
 from trainledger.journal.keys import keygen, warn_private_keys
-from trainledger.journal.options import (EPILOG, PATH_HELP, add_json_option, add_partial_option,
+from trainledger.journal.options import (EPILOG, PATH_HELP, add_json_option, add_partial_option, write_out,
                                          add_progress_option, add_trust_options, partial_line, print_report, say,
                                          say_failed, trust_policy, verify_from_args)
 from trainledger.journal.verify import parse_head
@@ -158,9 +158,7 @@ def _cmd_pubkey(args: argparse.Namespace) -> int:
     else:
         pub = load_signer(args.key).public
     if args.out:
-        tmp = Path(args.out).with_name(Path(args.out).name + ".tmp")
-        tmp.write_text(pub.line() + "\n")
-        os.replace(tmp, args.out)
+        write_out(Path(args.out), (pub.line() + "\n").encode())
     if args.json:
         say(json.dumps({"ok": True, "key_id": pub.key_id, "public_key_line": pub.line(), "out": args.out}))
     else:
@@ -182,7 +180,7 @@ def _cmd_keygen(args: argparse.Namespace) -> int:
         out = d / f"{args.name}.pub"
         if out.exists() and not args.force:
             raise UsageError(f"{out}: exists (--force replaces it)")
-        out.write_text(pub.line() + "\n")
+        write_out(out, (pub.line() + "\n").encode())
         shown = args.pkcs11.split("?", 1)[0]
         if args.json:
             say(json.dumps({"ok": True, "private_key": shown, "public_key": str(out), "key_id": pub.key_id,
@@ -435,7 +433,7 @@ def _cmd_query(args: argparse.Namespace) -> int:
             buf.write("  ".join(_cell(v).ljust(w) for v, w in zip(r, widths)) + "\n")
         buf.write(f"({len(rows)} rows)\n")
     if args.out:
-        Path(args.out).write_text(buf.getvalue())
+        write_out(Path(args.out), buf.getvalue().encode())
     else:
         sys.stdout.write(buf.getvalue())
     return 0

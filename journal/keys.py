@@ -25,7 +25,7 @@ from typing import Any
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from trainledger.journal.paths import open_new
+from trainledger.journal.paths import open_new, write_atomically
 from trainledger.journal.errors import JournalIOError, KeyFileError, UsageError
 
 __all__ = [
@@ -432,7 +432,10 @@ def run_key(run_dir: str | os.PathLike, key: str | os.PathLike | None = None) ->
     except OSError as e:
         raise JournalIOError(f"{run}: cannot create the run folder: {e.strerror}") from None
     pub = run / "trainledger.pub"
-    pub.write_text(signer.public.line() + "\n")
+    try:
+        write_atomically(pub, (signer.public.line() + "\n").encode())
+    except OSError as e:
+        raise JournalIOError(f"{pub}: cannot write the public key: {e.strerror}") from None
     return priv, pub
 
 

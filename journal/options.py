@@ -18,7 +18,26 @@ from trainledger.journal.verify import VerifyReport, verify
 __all__ = ["EPILOG", "PATH_HELP", "say", "say_failed", "Progress", "progress_for", "add_json_option",
            "add_progress_option", "add_trust_options", "add_partial_option",
            "refuse_partial", "partial_line", "trust_policy", "verify_from_args", "print_report", "fmt_int",
-           "imported_line"]
+           "imported_line", "write_out"]
+
+
+def write_out(path: Any, data: bytes) -> None:
+    """A command's ``--out`` file, whole or not at all, never written through a link planted at its name
+    (:func:`trainledger.journal.paths.write_atomically`); a folder, a missing parent or a failed write is a
+    :class:`UsageError` naming the file."""
+    from pathlib import Path
+
+    from trainledger.journal.paths import write_atomically
+
+    out = Path(path)
+    if out.is_dir():
+        raise UsageError(f"{out}: is a folder; give a file name")
+    if not out.parent.is_dir():
+        raise UsageError(f"{out.parent}: no such folder")
+    try:
+        write_atomically(out, data)
+    except OSError as e:
+        raise UsageError(f"{out}: cannot write: {e.strerror or e}") from None
 
 EPILOG = """exit codes: 0 ok, 1 integrity failure (the journal does not verify, or
 what it or a checkpoint says cannot hold), 2 usage or I/O error, 130 Ctrl-C;

@@ -13,7 +13,7 @@ from pathlib import Path, PurePosixPath
 
 from trainledger.journal.errors import UnsafePath
 
-__all__ = ["confined", "open_new", "file_sha256", "stream_sha256", "open_regular", "read_regular"]
+__all__ = ["confined", "open_new", "write_atomically", "file_sha256", "stream_sha256", "open_regular", "read_regular"]
 
 
 def file_sha256(path: str | os.PathLike) -> tuple[str, int]:
@@ -60,6 +60,29 @@ def open_new(path: str | os.PathLike, mode: int = 0o644):
     fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0),
                  mode)
     return os.fdopen(fd, "wb")
+
+
+def write_atomically(path: str | os.PathLike, data: bytes, mode: int = 0o644) -> None:
+    """``data`` at ``path`` whole or not at all, never through a link: written to a new temporary file beside it
+    (created with ``O_EXCL|O_NOFOLLOW`` under a name of its own, so a link or file planted at any name is neither
+    followed nor overwritten), flushed, then renamed over ``path`` (a link at ``path`` itself is replaced, not
+    followed). The temporary file is removed when the write fails. For every file a command writes into a folder
+    it did not make."""
+    import secrets
+
+    p = Path(path)
+    tmp = p.with_name(f".{p.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+                 | getattr(os, "O_CLOEXEC", 0), mode)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, p)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def open_regular(path: str | os.PathLike, *, what: str = "file", follow: bool = False) -> int:

@@ -19,6 +19,7 @@ from typing import Any
 from trainledger.journal.audit.rundir import AnchorMismatch, is_run_dir
 from trainledger.journal.errors import IntegrityError
 from trainledger.journal.keys import load_signer, trusted_keys
+from trainledger.journal.paths import write_atomically
 from trainledger.journal.options import (add_json_option, add_partial_option, add_progress_option, add_trust_options,
                                          partial_line, print_report, refuse_partial, say, say_failed, trust_policy)
 from trainledger.journal.verify import verify
@@ -297,7 +298,7 @@ def _preflight_key(folder: Path) -> tuple[Path, Path]:
     name = f"preflight-{stem}-{hashlib.sha256(str(where).encode()).hexdigest()[:8]}"
     priv, home_pub = keygen(key_home(), name=name, exist_ok=True)
     pub = folder / "preflight.pub"
-    pub.write_text(home_pub.read_text())
+    write_atomically(pub, home_pub.read_bytes())
     return priv, pub
 
 
@@ -317,7 +318,7 @@ def _cmd_approve(args: argparse.Namespace) -> int:
                       decision="reject" if args.reject else "approve", note=args.note)
     out = Path(args.out) if args.out else Path(args.manifest).with_name(f"approval-{args.authority}.json")
     try:
-        out.write_bytes(a.to_json())
+        write_atomically(out, a.to_json())
     except OSError as e:
         raise UsageError(f"{out}: cannot write: {e.strerror}") from None
     if args.json:

@@ -39,7 +39,7 @@ from trainledger.journal.trust import TrustPolicy
 from trainledger.journal.verify import open_checked, read_opening, resolve_signing
 
 __all__ = ["BUNDLE_FORMAT", "MAX_BUNDLE_BYTES", "MAX_ENTRIES", "ProveResult", "BundleResult", "prove", "consistency",
-           "parse_bundle", "verify_bundle"]
+           "parse_bundle", "verify_bundle", "MAX_CLOSING_LINES", "closing_seqs", "proven_to_close"]
 
 
 BUNDLE_FORMAT = "trainledger-proof/v1"
@@ -49,6 +49,32 @@ BUNDLE_FORMAT = "trainledger-proof/v1"
 MAX_BUNDLE_BYTES = 64 << 20
 MAX_ENTRIES = 100_000
 _MAX_PROOF = 64  # hashes: a tree of 2**64 lines
+#: the most lines a bundle proves between a figure and the ``run_closed`` after it (what a close writes between
+#: them: seals, a distributed run's anchors); past it the figure is proven without being shown the last
+MAX_CLOSING_LINES = 4096
+
+
+def closing_seqs(seq: int, closed: int | None) -> list[int]:
+    """The seqs a bundle proves to show the line at ``seq`` is the last of its kind before the run's close: every
+    line from it to the ``run_closed`` at ``closed`` (a closed journal takes no line after it but its closing seal,
+    so nothing outside these lines can follow it). Empty when the journal is not closed or the gap is past
+    :data:`MAX_CLOSING_LINES`."""
+    if closed is None or closed < seq or closed - seq > MAX_CLOSING_LINES:
+        return []
+    return list(range(seq, closed + 1))
+
+
+def proven_to_close(events: Any, seq: int) -> bool:
+    """Whether a bundle's proven ``events`` hold every line from ``seq`` to a ``run_closed``, adjacent seqs: the
+    line at ``seq`` is then shown to be followed by nothing but what those lines are (whoever holds no key cannot
+    make a bundle of an earlier figure that reaches the close)."""
+    by_seq = {e.seq: e for e in events}
+    s = seq
+    while s in by_seq:
+        if type(by_seq[s]).__struct_config__.tag == "run_closed":
+            return True
+        s += 1
+    return False
 
 
 # ------------------------------------------------------------------ prove

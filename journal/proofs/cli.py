@@ -173,24 +173,15 @@ def register(sub) -> None:
     p.set_defaults(func=lambda args: _usage(p))
 
 
+def _write_out(path: str, data: bytes) -> None:
+    from trainledger.journal.options import write_out
+
+    write_out(path, data)
+
+
 def _usage(p: argparse.ArgumentParser) -> int:
     p.print_help(sys.stderr)
     return 2
-
-
-def _write_out(path: str, data: bytes) -> None:
-    from trainledger.journal.paths import open_new
-    import os
-
-    out = Path(path)
-    if out.is_dir():
-        raise UsageError(f"{out}: is a folder; give a file name")
-    if not out.parent.is_dir():
-        raise UsageError(f"{out.parent}: no such folder")
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    with open_new(tmp) as f:
-        f.write(data)
-    os.replace(tmp, out)
 
 
 def _cmd_checkpoint(args: argparse.Namespace) -> int:

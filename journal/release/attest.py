@@ -104,7 +104,7 @@ def _tag(ev: Any) -> str | None:
 
 def find_export(events: Iterable[Any], digest: str) -> dict[str, Any]:
     """The lines a release rests on: the last ``model_exported`` of ``digest``, the ``checkpoint_saved`` it names,
-    the ``run_configured`` in force, the first ``compute_totaled`` after it, and the run's opening."""
+    the ``run_configured`` in force, the first ``compute_totaled`` after it, the run's opening and its close."""
     found: dict[str, Any] = {}
     config = None
     checkpoints: dict[str, Any] = {}
@@ -123,6 +123,8 @@ def find_export(events: Iterable[Any], digest: str) -> dict[str, Any]:
             found.pop("compute", None)
         elif tag == "compute_totaled" and "export" in found and "compute" not in found:
             found["compute"] = ev
+        elif tag == "run_closed":
+            found["closed"] = ev
     return found
 
 
@@ -145,9 +147,14 @@ class ReleaseResult:
 
 
 def _write(path: Path, doc: dict[str, Any]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=1) + "\n")
-    os.replace(tmp, path)
+    """``doc`` at ``path``, whole, never through a link planted in the folder (``--out`` may name one the release
+    did not make)."""
+    from trainledger.journal.paths import write_atomically
+
+    try:
+        write_atomically(path, (json.dumps(doc, indent=1) + "\n").encode())
+    except OSError as e:
+        raise UsageError(f"{path}: cannot write: {e.strerror or e}") from None
 
 
 def release(model_dir: str | os.PathLike, journal: str | os.PathLike, key: ReleaseKey, *,
@@ -160,7 +167,7 @@ def release(model_dir: str | os.PathLike, journal: str | os.PathLike, key: Relea
     checkpoint witnesses cosigned (``trainledger witness cosign``): the release's proof is made against that
     checkpoint and carries its cosignatures, so ``verify-model --witness-key`` holds it to them. Raises
     :class:`UsageError` naming what is missing."""
-    from trainledger.journal.proofs.bundle import prove
+    from trainledger.journal.proofs.bundle import closing_seqs, prove
     from trainledger.journal.reader import read_signed_events
 
     t = TrustPolicy.of(trust, **trust_options)
@@ -198,6 +205,9 @@ def release(model_dir: str | os.PathLike, journal: str | os.PathLike, key: Relea
         if max(seqs) >= size:
             raise UsageError(f"the cosigned checkpoint covers {size:,} lines, not the export and compute total (up to "
                              f"seq {max(seqs)}): have a checkpoint of the closed run cosigned")
+    closed = found.get("closed")
+    if closed is not None and (size is None or closed.seq < size):  # the total shown to be the run's last
+        seqs += closing_seqs(comp.seq, closed.seq)
     proof = prove(journal, sorted(set(seqs)), trust=t, tree_size=size).bundle
     if cosigned is not None:
         if not note.startswith(proof["checkpoint"]):

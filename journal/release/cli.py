@@ -111,7 +111,9 @@ def cmd_keygen_release_pkcs11(args: argparse.Namespace) -> int:
         raise UsageError(f"{out}: exists (--force replaces it)")
     pub = generate_pkcs11_release_key(args.pkcs11)
     d.mkdir(parents=True, exist_ok=True)
-    out.write_bytes(pub.pem)
+    from trainledger.journal.paths import write_atomically
+
+    write_atomically(out, pub.pem)
     shown = args.pkcs11.split("?", 1)[0]
     if args.json:
         say(json.dumps({"ok": True, "private_key": shown, "public_key": str(out), "key_id": pub.key_id,
@@ -218,12 +220,12 @@ def _cmd_verify_model(args: argparse.Namespace, replay: Any = None) -> int:
         return 0
     say(f"OK    {args.model_dir}  {res.files} files, {res.bytes:,} bytes, sha256:{res.digest}")
     say(f"  signed by release key {res.release_key}; made by run {res.run_id} (run key {res.run_key})")
-    ck = res.checkpoint
     say(f"  step {res.step}{'' if res.final else ' (an intermediate model: the run went on to step ' + str(res.compute['last_step']) + ')'}"
-        + (f", from checkpoint {ck['path']} (sha256 {ck['sha256'][:16]}...; "
-           f"{len(ck['same_files'])} of its files byte for byte)" if ck else ", not from a recorded checkpoint"))
+        f"; the weights: {res.weights['says']}")
     c = res.compute
-    say(f"  compute: {c['steps']:,} steps, {c['tokens']:,} tokens, {c['flops']:.4g} model FLOPs")
+    say(f"  compute: {c['steps']:,} steps, {c['tokens']:,} tokens, {c['flops']:.4g} model FLOPs"
+        + (" (the run's last total: every line from it to the run's close is proven)" if res.closed else
+           " (not shown to be the run's last total: the proof does not reach the run's close)"))
     say(f"  journal head {res.head} (signed tree of {res.tree_size:,} lines)"
         + (f"; cosigned by {', '.join(n for n, _ in res.witnesses)}" if res.witnesses else ""))
     if res.base is not None:

@@ -17,6 +17,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from trainledger.journal.errors import KeyFileError
 from trainledger.journal.keys import read_small_file
+from trainledger.journal.paths import write_atomically
 
 __all__ = ["ReleaseKey", "ReleasePublicKey", "Pkcs11ReleaseKey", "load_release_key", "load_release_public_key",
            "generate_release_key", "generate_pkcs11_release_key", "public_path"]
@@ -85,9 +86,7 @@ class ReleaseKey:
             raise KeyFileError(f"{priv}: cannot be written ({e.strerror or e})") from None
         with os.fdopen(fd, "wb") as f:
             f.write(pem)
-        tmp = pub.with_name(pub.name + ".tmp")
-        tmp.write_bytes(self.public.pem)
-        os.replace(tmp, pub)
+        write_atomically(pub, self.public.pem)
         return priv, pub
 
 

@@ -19,8 +19,8 @@ from typing import Any
 
 from trainledger.journal.errors import UsageError
 
-__all__ = ["SIGNATURE", "PROVENANCE", "IGNORED", "ModelManifest", "FileDigest", "model_manifest", "root_digest",
-           "ManifestError"]
+__all__ = ["SIGNATURE", "PROVENANCE", "IGNORED", "ModelManifest", "FileDigest", "model_manifest", "model_listing",
+           "root_digest", "ManifestError"]
 
 #: The signature model signing writes and reads by default, and the provenance trainledger writes beside it.
 SIGNATURE = "model.sig"
@@ -116,6 +116,22 @@ def _walk(root: Path, ignored: frozenset[str]) -> list[tuple[PurePosixPath, Path
             else:
                 raise ManifestError(f"{Path(e.path)}: neither a file nor a folder")
     out.sort(key=lambda t: t[0])  # by path components, as model signing sorts its items
+    return out
+
+
+def model_listing(folder: str | os.PathLike, *, ignored: Iterable[str] = IGNORED) -> dict[str, int]:
+    """The folder's files (model signing's relative paths) and their sizes, nothing read: what a verifier compares
+    with the signed names and the recorded sizes before it hashes a byte. Refuses what :func:`model_manifest`
+    refuses (a link, a FIFO, a device, too many files)."""
+    root = Path(folder)
+    if root.is_symlink() or not root.is_dir():
+        raise ManifestError(f"{root}: not a folder" + (" (a symbolic link)" if root.is_symlink() else ""))
+    out = {}
+    for rel, path in _walk(root, frozenset(ignored)):
+        try:
+            out[str(rel)] = os.lstat(path).st_size
+        except OSError as e:
+            raise ManifestError(f"{path}: cannot be read ({e.strerror or e})") from None
     return out
 
 

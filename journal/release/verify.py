@@ -15,12 +15,15 @@ from typing import Any
 
 from trainledger.journal.errors import IntegrityError, UsageError
 from trainledger.journal.keys import PublicKey
-from trainledger.journal.release.attest import PROOF_MEDIA_TYPE, SIGNATURE_PREDICATE, SLSA_PREDICATE
+from trainledger.journal.release.attest import (PROOF_MEDIA_TYPE, SIGNATURE_PREDICATE, SLSA_PREDICATE,
+                                                provenance_statement)
 from trainledger.journal.paths import open_regular
 from trainledger.journal.release.dsse import MAX_BUNDLE_BYTES, ReleaseSignatureError, open_bundle
 from trainledger.journal.release.export import same_as_checkpoint
 from trainledger.journal.release.keys import ReleasePublicKey
-from trainledger.journal.release.manifest import IGNORED, PROVENANCE, SIGNATURE, model_manifest, root_digest, FileDigest
+from trainledger.journal.proofs.bundle import proven_to_close
+from trainledger.journal.release.manifest import (IGNORED, PROVENANCE, SIGNATURE, FileDigest, ManifestError,
+                                                  model_listing, model_manifest, root_digest)
 
 __all__ = ["ModelVerified", "ModelRefused", "verify_model"]
 
@@ -52,6 +55,10 @@ class ModelVerified:
     final: bool
     witnesses: list[tuple[str, int]]
     base: dict[str, Any] | None
+    #: how the released files relate to the checkpoint the run recorded (:func:`weights_relation`)
+    weights: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: whether the proof shows the compute total is the run's last (every line from it to ``run_closed`` proven)
+    closed: bool = False
     journal: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -86,6 +93,37 @@ def _fail(msg: str, reason: str) -> ModelRefused:
     return ModelRefused(msg, reason)
 
 
+def _compare_names(expected: list[FileDigest], listing: dict[str, int]) -> None:
+    """The folder's names against the signed ones, before any file is read: an extra or a missing file is named at
+    once (a rename, the same bytes under another name, waits for the digests: :func:`_compare`)."""
+    want = {f.path for f in expected}
+    missing = sorted(want - set(listing))
+    extra = sorted(set(listing) - want)
+    if missing and not extra:
+        raise _fail(f"missing: {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''} (signed, not in the "
+                    "folder)", "missing-file")
+    if extra and not missing:
+        raise _fail(f"extra: {', '.join(extra[:5])}{' ...' if len(extra) > 5 else ''} (in the folder, not signed)",
+                    "extra-file")
+
+
+def _compare_sizes(recorded: list[dict[str, Any]], listing: dict[str, int]) -> None:
+    """Each file's size against the one the run recorded (``model_exported.files``), before it is read; a file
+    not signed whose size is no missing file's is named at once (only a file that may be a signed one renamed
+    is left for the digests to tell)."""
+    sizes = {f["file"]: f["bytes"] for f in recorded}
+    for name, want in sizes.items():
+        got = listing.get(name)
+        if got is not None and got != want:
+            raise _fail(f"changed: {name} ({got:,} bytes, the run recorded {want:,}; its bytes are not the signed "
+                        "ones)", "changed-file")
+    missing = {want for name, want in sizes.items() if name not in listing}
+    extra = sorted(p for p in listing if p not in sizes and listing[p] not in missing)
+    if extra:
+        raise _fail(f"extra: {', '.join(extra[:5])}{' ...' if len(extra) > 5 else ''} (in the folder, not signed)",
+                    "extra-file")
+
+
 def _compare(expected: list[FileDigest], actual: list[FileDigest]) -> None:
     want = {f.path: f.sha256 for f in expected}
     got = {f.path: f.sha256 for f in actual}
@@ -105,6 +143,29 @@ def _compare(expected: list[FileDigest], actual: list[FileDigest]) -> None:
     if extra:
         raise _fail(f"extra: {', '.join(extra[:5])}{' ...' if len(extra) > 5 else ''} (in the folder, not signed)",
                     "extra-file")
+
+
+def weights_relation(exp: Any, ck: dict[str, Any] | None) -> dict[str, Any]:
+    """Whether the released files are byte for byte a recorded checkpoint's (``identical``), converted from one the
+    export names (``converted``: some or none of its files are that checkpoint's bytes: a format conversion, a
+    merge, a quantisation), named but not proven (``unproven``), or from no recorded checkpoint (``none``), with the
+    sentence ``verify-model`` prints. Said plainly in the text and ``--json`` alike."""
+    n = len(exp.files)
+    if exp.checkpoint is None:
+        return {"relation": "none", "checkpoint": None, "same_files": [],
+                "says": "not a recorded checkpoint's weights: neither byte-identical to nor converted from a "
+                        "checkpoint the run recorded"}
+    if ck is None:
+        return {"relation": "unproven", "checkpoint": exp.checkpoint, "same_files": [],
+                "says": f"named as from checkpoint {exp.checkpoint}, whose record the release does not prove"}
+    same = ck["same_files"]
+    if len(same) == n:
+        return {"relation": "identical", "checkpoint": ck["path"], "same_files": same,
+                "says": f"byte-identical to checkpoint {ck['path']} (all {n} files are its bytes)"}
+    part = (f"{len(same)} of its {n} files are that checkpoint's bytes ({', '.join(same[:3])}"
+            f"{' ...' if len(same) > 3 else ''})") if same else "none of its files are that checkpoint's bytes"
+    return {"relation": "converted", "checkpoint": ck["path"], "same_files": same,
+            "says": f"converted or merged from checkpoint {ck['path']}, as the run recorded: {part}"}
 
 
 def _signed_files(st: dict[str, Any], where: str) -> tuple[list[FileDigest], str, list[str]]:
@@ -133,6 +194,58 @@ def _signed_files(st: dict[str, Any], where: str) -> tuple[list[FileDigest], str
     return files, digest, ignore
 
 
+def _first_difference(got: Any, want: Any, where: str = "") -> str | None:
+    """The path of the first place ``got`` differs from ``want`` (JSON values), or None when they are equal."""
+    if isinstance(want, dict) and isinstance(got, dict):
+        for k in sorted(set(want) | set(got), key=str):
+            if k not in got or k not in want:
+                return f"{where}.{k}".lstrip(".")
+            d = _first_difference(got[k], want[k], f"{where}.{k}")
+            if d is not None:
+                return d
+        return None
+    if isinstance(want, list) and isinstance(got, list):
+        if len(got) != len(want):
+            return where.lstrip(".") or "."
+        for i, (a, b) in enumerate(zip(got, want)):
+            d = _first_difference(a, b, f"{where}[{i}]")
+            if d is not None:
+                return d
+        return None
+    same = type(got) is type(want) and got == want or (isinstance(got, (int, float)) and isinstance(want, (int, float))
+                                                       and not isinstance(got, bool) and not isinstance(want, bool)
+                                                       and got == want)
+    return None if same else (where.lstrip(".") or ".")
+
+
+def _held_to_proof(pst: dict[str, Any], prov_path: Path, actual: Any, by_kind: dict[str, list[Any]], exp: Any,
+                   comp: Any, raw: bytes) -> None:
+    """Every field of the provenance that ``release`` writes must be the one the proven lines give (SLSA tooling
+    reads these fields, not trainledger's printout): the provenance is rebuilt from the proof's ``run_opened``, the
+    ``run_configured`` before the export, the export and the compute total, and compared whole. A field edited and
+    re-signed with the release key is refused by name."""
+    import json
+
+    opened = by_kind.get("run_opened", [])
+    if not opened:
+        raise _fail(f"{prov_path}: the run's proof holds no run_opened: the provenance's run, key, software and start "
+                    "are not proven", "provenance-unproven")
+    configs = [c for c in by_kind.get("run_configured", []) if c.seq < exp.seq]
+    try:
+        proof = json.loads(raw)
+    except ValueError:
+        raise ReleaseSignatureError(f"{prov_path}: the proof byproduct is not JSON") from None
+    o = opened[0]
+    want = provenance_statement(actual, run_id=o.run_id, key_id=o.key_id, software=o.software, opened_ts=o.ts,
+                                finished_ts=comp.ts, config=configs[-1] if configs else None,
+                                manifest_id=getattr(o, "manifest_id", None), export=exp, proof=proof)
+    for part in ("predicateType", "predicate"):
+        diff = _first_difference(pst.get(part), want[part], part)
+        if diff is not None:
+            raise _fail(f"{prov_path}: the provenance's {diff[:120]} is not what the run's proven lines say (a field "
+                        "edited and signed again): refused", "provenance-mismatch")
+
+
 def verify_model(model_dir: str | os.PathLike, *, release_keys: Sequence[ReleasePublicKey],
                  run_keys: Sequence[PublicKey], witnesses: Sequence[Any] = (), quorum: int = 0,
                  signature: str | os.PathLike | None = None, provenance: str | os.PathLike | None = None,
@@ -157,8 +270,12 @@ def verify_model(model_dir: str | os.PathLike, *, release_keys: Sequence[Release
     prov_path = Path(provenance) if provenance is not None else root / PROVENANCE
     st, rkey = open_bundle(_read(sig_path, "model signature"), list(release_keys), str(sig_path))
     signed, digest, ignore = _signed_files(st, str(sig_path))
-    actual = model_manifest(root, ignored=set(IGNORED) | set(ignore), progress=progress)
-    _compare(signed, list(actual.files))  # the same files and digests: the folder's digest is the signed one
+    ignored = set(IGNORED) | set(ignore)
+    try:  # names and sizes first, nothing read: a file planted in the folder is named before any byte is hashed
+        listing = model_listing(root, ignored=ignored)
+    except ManifestError as e:
+        raise _fail(f"{e} (not the released folder)", "not-a-file") from None
+    _compare_names(signed, listing)
     pst, _ = open_bundle(_read(prov_path, "provenance"), [rkey], str(prov_path))
     if pst.get("predicateType") != SLSA_PREDICATE:
         raise ReleaseSignatureError(f"{prov_path}: predicate {str(pst.get('predicateType'))[:60]!r}, not SLSA "
@@ -173,9 +290,9 @@ def verify_model(model_dir: str | os.PathLike, *, release_keys: Sequence[Release
     except (KeyError, TypeError, ValueError, binascii.Error):
         raise ReleaseSignatureError(f"{prov_path}: not a trainledger provenance (subject, runDetails.metadata, one "
                                     "proof byproduct)") from None
-    if prov_digest != actual.digest:
-        raise _fail(f"{prov_path}: the provenance is of another model (digest {str(prov_digest)[:16]}..., this "
-                    f"folder {actual.digest[:16]}...)", "another-model")
+    if prov_digest != digest:
+        raise _fail(f"{prov_path}: the provenance is of another model (digest {str(prov_digest)[:16]}..., the "
+                    f"signature's {digest[:16]}...)", "another-model")
     if hashlib.sha256(raw).hexdigest() != proof_rd.get("digest", {}).get("sha256"):
         raise ReleaseSignatureError(f"{prov_path}: the proof byproduct does not match its digest")
     res = verify_bundle(raw, list(run_keys), witnesses=list(witnesses), quorum=quorum)
@@ -185,16 +302,23 @@ def verify_model(model_dir: str | os.PathLike, *, release_keys: Sequence[Release
     by_kind: dict[str, list[Any]] = {}
     for ev in res.events:
         by_kind.setdefault(type(ev).__struct_config__.tag, []).append(ev)
-    exports = [e for e in by_kind.get("model_exported", []) if e.digest == actual.digest]
+    exports = [e for e in by_kind.get("model_exported", []) if e.digest == digest]
     if not exports:
         raise _fail(f"{prov_path}: the run's proof holds no model_exported of this folder (the journal never "
                     "recorded these files)", "another-model")
     exp = exports[-1]
+    _compare_sizes(exp.files, listing)  # a file of another size is named before it is read
+    try:
+        actual = model_manifest(root, ignored=ignored, progress=progress)
+    except ManifestError as e:  # a file that changed, or became a link, while the folder was read
+        raise _fail(f"{e} (not the released folder)", "not-a-file") from None
+    _compare(signed, list(actual.files))  # the same files and digests: the folder's digest is the signed one
     computes = [c for c in by_kind.get("compute_totaled", []) if c.seq > exp.seq]
     if not computes:
         raise _fail(f"{prov_path}: no compute_totaled after the export at seq {exp.seq} in the run's proof: nothing "
                     "shows this is the run's last model", "no-compute")
     comp = computes[0]
+    _held_to_proof(pst, prov_path, actual, by_kind, exp, comp, raw)
     final = exp.step is None or comp.last_step is None or exp.step >= comp.last_step
     if not final and not allow_intermediate:
         raise _fail(f"the export of step {exp.step} is passed off as the run's model, but the run went on to step "
@@ -205,6 +329,7 @@ def verify_model(model_dir: str | os.PathLike, *, release_keys: Sequence[Release
         if cks:
             c = cks[-1]
             ck = {"path": c.path, "step": c.step, "sha256": c.sha256, "same_files": same_as_checkpoint(exp.files, c)}
+    weights = weights_relation(exp, ck)
     base = None
     if exp.base is not None:
         base = {"digest": exp.base, "run_id": exp.base_release, "lineage": list(exp.lineage or [])}
@@ -213,16 +338,19 @@ def verify_model(model_dir: str | os.PathLike, *, release_keys: Sequence[Release
                         checkpoint=ck, head=res.head, tree_size=res.tree_size,
                         compute={"steps": comp.steps, "tokens": comp.tokens, "flops": comp.flops,
                                  "last_step": comp.last_step},
-                        final=final, witnesses=list(res.witnesses), base=base)
+                        final=final, witnesses=list(res.witnesses), base=base, weights=weights,
+                        closed=proven_to_close(res.events, comp.seq))
     if journal is not None:
-        out.journal = _against_journal(journal, run_keys, res, exp, replay)
+        out.journal = _against_journal(journal, run_keys, res, exp, replay, by_kind)
     return out
 
 
 def _against_journal(journal: str | os.PathLike, run_keys: Sequence[PublicKey], res: Any, exp: Any,
-                     replay: Any) -> dict[str, Any]:
+                     replay: Any, by_kind: dict[str, list[Any]]) -> dict[str, Any]:
     """The run's journal verified (and replayed, given ``replay``), holding the proof's tree: the journal reaches the
-    export, and its tree at the proof's size has the proof's root (else a fork, or a journal cut short)."""
+    export, its tree at the proof's size has the proof's root (else a fork, or a journal cut short), and the
+    ``run_configured`` the provenance names is the one in force at the export (a proof can hold any line; only
+    the journal shows none came between)."""
     from trainledger.journal.proofs.bundle import consistency
     from trainledger.journal.verify import verify
 
@@ -241,5 +369,18 @@ def _against_journal(journal: str | os.PathLike, run_keys: Sequence[PublicKey], 
     if from_root != res.root:
         raise _fail(f"{journal}: a fork: the journal's tree of {res.tree_size:,} lines has another root than the "
                     "one the release's proof was signed against", "fork")
+    from trainledger.journal.reader import read_signed_events
+
+    in_force = None
+    for ev in read_signed_events(journal, list(run_keys)):
+        if ev.seq >= exp.seq:
+            break
+        if type(ev).__struct_config__.tag == "run_configured":
+            in_force = ev.seq
+    proven = [c.seq for c in by_kind.get("run_configured", []) if c.seq < exp.seq]
+    if in_force != (proven[-1] if proven else None):
+        raise _fail(f"{journal}: the configuration in force at the export is the run_configured at seq {in_force}, "
+                    f"the provenance names {'the one at seq ' + str(proven[-1]) if proven else 'none'}",
+                    "config-not-in-force")
     return {"path": str(journal), "replayed": rec is not None, "ok": rec.ok if rec is not None else True,
             "differences": len(rec.differences) if rec is not None else 0, "events": v.events, "head": v.head}

@@ -7,7 +7,6 @@ import json
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from trainledger.journal.errors import UsageError
@@ -15,24 +14,10 @@ from trainledger.journal.errors import UsageError
 __all__ = ["register", "say_statement_check"]
 
 
-def _write_atomically(out: Path, data: bytes) -> None:
-    """``data`` at ``out`` whole or not at all (a temporary file renamed into place)."""
-    import os
+def _write_out(path: str, data: bytes) -> None:
+    from trainledger.journal.options import write_out
 
-    from trainledger.journal.paths import open_new
-
-    if out.is_dir():
-        raise UsageError(f"{out}: is a folder; give a file name")
-    if not out.parent.is_dir():
-        raise UsageError(f"{out.parent}: no such folder")
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    try:
-        with open_new(tmp) as f:
-            f.write(data)
-        os.replace(tmp, out)
-    except OSError as e:
-        tmp.unlink(missing_ok=True)
-        raise UsageError(f"{out}: cannot write: {e.strerror or e}") from None
+    write_out(path, data)
 
 
 def _threshold(text: str) -> tuple[str, float]:
@@ -123,7 +108,7 @@ def _cmd_compute(args: argparse.Namespace) -> int:
     else:
         text = None
     if args.out:
-        _write_atomically(Path(args.out), (text or data).encode())
+        _write_out(args.out, (text or data).encode())
     if text is None:
         for line in as_text(st).split("\n"):
             say(line)

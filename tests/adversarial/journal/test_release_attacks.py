@@ -53,7 +53,8 @@ def _verify(capsys, r, *extra):
 
 def test_the_torch_free_release_verifies(released, capsys):
     code, out, _ = _verify(capsys, released)
-    assert code == 0 and "step 2, not from a recorded checkpoint" in out
+    assert code == 0 and "step 2; the weights: not a recorded checkpoint's weights" in out
+    assert "the run's last total: every line from it to the run's close is proven" in out
 
 
 @pytest.mark.parametrize("content, says", [
@@ -82,11 +83,11 @@ def test_a_symbolic_link_or_a_fifo_in_the_folder_is_refused_without_reading_it(r
     secret.write_text("not the model's")
     (released["model"] / "link").symlink_to(secret)
     code, _, err = _verify(capsys, released)
-    assert code == 2 and "a symbolic link" in err
+    assert code == 1 and "a symbolic link" in err  # a tampered folder: integrity (1), not usage (2)
     (released["model"] / "link").unlink()
     os.mkfifo(released["model"] / "pipe")  # reading it would hang
     code, _, err = _verify(capsys, released)
-    assert code == 2 and "neither a file nor a folder" in err
+    assert code == 1 and "neither a file nor a folder" in err
 
 
 def test_a_signed_statement_cannot_steer_the_hash_outside_the_folder(released, capsys):

@@ -193,7 +193,8 @@ def test_the_commands_end_to_end(tmp_path, signer, capsys):
     assert main(["verify-model", str(model), "--release-key", str(tmp_path / "keys" / "release.pub"),
                  "--pubkey", str(pub), "--journal", str(run)]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("OK ") and "step 4, from checkpoint checkpoints/step-000000004.pt" in out
+    assert out.startswith("OK ") and ("step 4; the weights: converted or merged from checkpoint "
+                                      "checkpoints/step-000000004.pt, as the run recorded: none of its files") in out
     assert "verified and replayed" in out
     (model / "weights.pt").write_bytes(b"not the weights")
     assert main(["verify-model", str(model), "--release-key", str(tmp_path / "keys" / "release.pub"),
