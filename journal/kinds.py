@@ -647,6 +647,14 @@ class ComputeTotaled(Event, tag="compute_totaled", frozen=True, kw_only=True):
     energy_resets: int = 0
     power_j: float | None = None
     power_s: float = 0.0
+    #: 1.8: what a compute statement needs to show its crossings whole: the thresholds the ``run_configured`` in
+    #: force watches (name: model FLOPs), the FLOPs of earlier runs it declares (``carried_flops``), and the name of
+    #: every threshold the journal's steps crossed before this total, in order (one ``compute_threshold_crossed``
+    #: each). A proof can hold any line, but no proof shows that no ``run_configured`` or crossing came between two
+    #: lines: the total, which replay recomputes, says it.
+    thresholds: dict[str, float] | None = None
+    carried_flops: float | None = None
+    crossed: list[str] | None = None
 
 
 class ComputeThresholdCrossed(Event, tag="compute_threshold_crossed", frozen=True, kw_only=True):

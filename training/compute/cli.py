@@ -134,10 +134,12 @@ def say_statement_check(args: argparse.Namespace, data: bytes, keys: Any, fails:
         r = check_statement(data, keys)
     except fails as e:
         return say_proof_failed(args, e)
-    ok = not r.findings
+    ok = not r.findings and not r.found
     if args.json:
         say(json.dumps({"ok": ok, "path": args.bundle, "runs": r.runs, "journals": r.journals,
-                        "findings": r.findings, "figures": r.figures, "seconds": round(r.seconds, 3)}))
+                        "findings": r.findings, "found": r.found, "figures": r.figures,
+                        "regulation": r.regulation, "caveats": r.caveats, "not_proven": r.not_proven,
+                        "seconds": round(r.seconds, 3)}))
         return 0 if ok else 1
     f = r.figures
     say(f"{'OK  ' if ok else 'FAIL'}  {args.bundle}: compute statement of {r.runs} run(s), {r.journals:,} journal(s): "
@@ -146,6 +148,14 @@ def say_statement_check(args: argparse.Namespace, data: bytes, keys: Any, fails:
     say(f"  model FLOPs {two_figures(f['model_flops'])}; hardware-based {two_figures(f['hardware_flops'])}; "
         f"energy {two_figures(None if f['energy_kwh'] is None else f['energy_kwh'] / 1000)} MWh; " + ", ".join(
             f"{n} {'reached' if t['reached'] else 'not reached'}" for n, t in f["thresholds"].items()))
+    say("  the regulation's thresholds (evaluated by this check, whatever the statement lists): " + "; ".join(
+        f"{n} ({t['flops']:.0e} model FLOPs) {'REACHED by run ' + str(t['by_run']) if t['reached'] else 'not reached'}"
+        for n, t in r.regulation.items()))
+    for x in r.found:
+        say(f"  FINDING (this check finds it) {x}")
     for x in r.findings:
         say(f"  FINDING (the statement names it) {x}")
+    for x in r.caveats:
+        say(f"  NOT SHOWN {x}")
+    say(f"  what it does not prove: {r.not_proven}")
     return 0 if ok else 1

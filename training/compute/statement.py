@@ -26,6 +26,7 @@ import msgspec
 
 from trainledger.journal.errors import IntegrityError, SchemaError, TrainledgerError, UsageError
 from trainledger.journal.keys import PublicKey
+from trainledger.journal.proofs.bundle import closing_seqs, proven_to_close
 from trainledger.training.compute.figures import (DEFAULT_COMPUTE_THRESHOLDS, DEFAULT_MFU_RANGE, model_figures,
                                                   run_figures)
 
@@ -63,6 +64,7 @@ class _Seen:
     export: Any = None
     continues: Any = None
     run_id: str | None = None
+    closed: Any = None
 
     def __call__(self, ev: Any) -> None:
         tag = type(ev).__struct_config__.tag
@@ -80,6 +82,8 @@ class _Seen:
             self.continues = ev
         elif tag == "run_opened":
             self.run_id = ev.run_id
+        elif tag == "run_closed":
+            self.closed = ev
 
 
 def _continued_run(ev: Any) -> str | None:
@@ -140,7 +144,9 @@ def _prove(journal: Path, seen: _Seen, keys: Sequence[PublicKey]) -> dict[str, A
 
     seqs = [e.seq for e in (seen.compute, *seen.crossings, seen.joined, seen.export, seen.continues)
             if e is not None]
-    return prove(journal, seqs, keys=list(keys), keep_index=False).bundle  # the run folder left as it was
+    # every line from the total to run_closed: the total shown to be the journal's last (an earlier one cannot be)
+    seqs += closing_seqs(seen.compute.seq, seen.closed.seq if seen.closed is not None else None)
+    return prove(journal, sorted(set(seqs)), keys=list(keys), keep_index=False).bundle  # the run folder left as it was
 
 
 def build_statement(paths: Sequence[str | os.PathLike], keys: Sequence[PublicKey], *, replay: Callable[..., Any],
@@ -188,6 +194,8 @@ def build_statement(paths: Sequence[str | os.PathLike], keys: Sequence[PublicKey
             if seen.steps_after:
                 findings.append(f"{f}: {seen.steps_after:,} steps after its last compute_totaled (seq "
                                 f"{seen.compute.seq}) are not in the statement")
+            if not closing_seqs(seen.compute.seq, seen.closed.seq if seen.closed is not None else None):
+                findings.append(f"{f}: {_not_last(seen.compute.seq)}")
             if seen.compute.busy_s is None:
                 notes.append(f"{f}: a compute_totaled before format 1.7: model FLOPs only (no time, hardware or "
                              "energy)")
@@ -219,6 +227,11 @@ def build_statement(paths: Sequence[str | os.PathLike], keys: Sequence[PublicKey
             "mfu_range": [lo, hi], "board_power_w": board_power_w, "runs": runs,
             "figures": model_figures(runs, th, (lo, hi)), "findings": findings, "notes": notes,
             "not_proven": NOT_PROVEN}
+
+
+def _not_last(seq: int) -> str:
+    return (f"its compute_totaled (seq {seq}) is not shown to be its last: the journal was not closed after it "
+            "(or closed too many lines later), so the proof cannot reach its run_closed")
 
 
 def _link(runs: list[dict[str, Any]], findings: list[str], notes: list[str]) -> None:
@@ -291,12 +304,36 @@ class StatementCheck:
     runs: int
     journals: int
     figures: dict[str, Any]
+    #: the statement's own findings (what its builder found), as it states them
     findings: list[str]
     seconds: float
+    #: what this check found itself: a total not shown to be its journal's last, the text of what the statement
+    #: does not prove changed (each fails the check, as a statement's finding does)
+    found: list[str] = dataclasses.field(default_factory=list)
+    #: the regulation's own thresholds (DEFAULT_COMPUTE_THRESHOLDS) against the proven model FLOPs, evaluated here
+    #: whatever thresholds the statement lists
+    regulation: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: what no statement proves, as this check says it (never the statement's own text)
+    not_proven: str = NOT_PROVEN
+    #: what this check could not establish, said beside the verdict (a total written before format 1.8)
+    caveats: list[str] = dataclasses.field(default_factory=list)
 
 
 def _same(a: Any, b: Any) -> bool:
     return msgspec.json.encode(a) == msgspec.json.encode(b)
+
+
+def _first_difference(stated: Any, want: Any, where: str = "") -> str:
+    """The name of the first figure in which ``stated`` is not ``want`` (``energy.total_j``), for the refusal."""
+    if isinstance(want, dict) and isinstance(stated, dict):
+        for k in sorted(set(want) | set(stated), key=str):
+            if k not in want or k not in stated or not _same(stated[k], want[k]):
+                return _first_difference(stated.get(k), want.get(k), f"{where}.{k}")
+    elif isinstance(want, list) and isinstance(stated, list) and len(want) == len(stated):
+        for i, (a, b) in enumerate(zip(stated, want)):
+            if not _same(a, b):
+                return _first_difference(a, b, f"{where}[{i}]")
+    return where.lstrip(".") or "the figures"
 
 
 def check_statement(data: bytes, keys: Sequence[PublicKey]) -> StatementCheck:
@@ -324,6 +361,11 @@ def check_statement(data: bytes, keys: Sequence[PublicKey]) -> StatementCheck:
     seen_runs: set[str] = set()
     runs_out = []
     n = 0
+    found: list[str] = []
+    caveats: list[str] = []
+    if st.not_proven != NOT_PROVEN:
+        found.append("the statement's text of what it does not prove is not the one trainledger writes (changed "
+                     "after it was written): what it does not prove is printed by this check instead")
     for r in st.runs:
         if r.run in seen_runs:
             raise IntegrityError(f"run {r.run} is stated twice: its compute would be counted twice", seq=None)
@@ -357,9 +399,24 @@ def check_statement(data: bytes, keys: Sequence[PublicKey]) -> StatementCheck:
                 raise IntegrityError(f"{where}: the bundle is of run {ident} rank {rank}", seq=None)
             totals = by_kind.get("compute_totaled", [])
             if len(totals) != 1 or not _same(_fields(totals[0]), j.compute):
-                raise IntegrityError(f"{where}: the compute stated is not the compute_totaled the bundle proves",
-                                     seq=None)
-            proven = [dict(_fields(c), date=_date(c.ts)) for c in by_kind.get("compute_threshold_crossed", [])]
+                raise IntegrityError(f"{where}: the compute stated is not the compute_totaled the bundle proves"
+                                     + (f" ({len(totals)} totals proven: one was left for an earlier one)"
+                                        if len(totals) > 1 else ""), seq=None)
+            total = totals[0]
+            if not proven_to_close(res.events, total.seq):
+                found.append(f"{where}: {_not_last(total.seq)}")
+            crossed = sorted(by_kind.get("compute_threshold_crossed", []), key=lambda c: c.seq)
+            if total.crossed is not None:
+                names = [c.name for c in crossed if c.seq < total.seq]
+                if names != list(total.crossed) or len(names) != len(crossed):
+                    raise IntegrityError(f"{where}: its compute_totaled says the steps crossed "
+                                         f"{', '.join(total.crossed) or 'no threshold'}; the statement proves "
+                                         f"{', '.join(names) or 'no crossing'}: a crossing left out or added",
+                                         seq=None)
+            else:
+                caveats.append(f"{where}: a total written before format 1.8 does not list the thresholds crossed: "
+                               "whether every compute_threshold_crossed is in the statement cannot be shown")
+            proven = [dict(_fields(c), date=_date(c.ts)) for c in crossed]
             if not _same(proven, j.crossings):
                 raise IntegrityError(f"{where}: the thresholds stated crossed are not the ones the bundle proves",
                                      seq=None)
@@ -375,7 +432,8 @@ def check_statement(data: bytes, keys: Sequence[PublicKey]) -> StatementCheck:
             journals.append({"compute": j.compute})
         want = run_figures(journals, board_power_w=st.board_power_w)
         if not _same(want, r.figures):
-            raise IntegrityError(f"run {r.run}: the figures stated are not the ones its proven compute gives",
+            name = _first_difference(r.figures, want)
+            raise IntegrityError(f"run {r.run}: the figure {name} stated is not the one its proven compute gives",
                                  seq=None)
         runs_out.append({"run": r.run, "figures": r.figures, "base_run": r.base_run})
     by_export = {r.export: r.run for r in st.runs if r.export is not None}
@@ -386,5 +444,9 @@ def check_statement(data: bytes, keys: Sequence[PublicKey]) -> StatementCheck:
     lo, hi = (st.mfu_range + [0.0, 0.0])[:2]
     want = model_figures(runs_out, st.thresholds, (lo, hi))
     if not _same(want, st.figures):
-        raise IntegrityError("the model's figures stated are not the sums of its runs' proven figures", seq=None)
-    return StatementCheck(len(st.runs), n, st.figures, list(st.findings), time.perf_counter() - t0)
+        name = _first_difference(st.figures, want)
+        raise IntegrityError(f"the model's figure {name} stated is not the one its runs' proven figures give",
+                             seq=None)
+    regulation = model_figures(runs_out, dict(DEFAULT_COMPUTE_THRESHOLDS), (lo, hi))["thresholds"]
+    return StatementCheck(len(st.runs), n, st.figures, list(st.findings), time.perf_counter() - t0, found=found,
+                          regulation=regulation, caveats=caveats)

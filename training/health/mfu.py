@@ -56,13 +56,14 @@ class ComputeTotals:
     steps by hardware (devices, peak and its source, device kind), the journal's first and last timestamps, energy
     from NVML's counter and from power samples, and the thresholds the ``run_configured`` in force watches: after
     every step with tokens, each threshold not yet crossed that the running total (plus ``carried_flops``) has
-    reached is crossed at that step (:attr:`crossed`). A journal before 1.7 (its ``run_opened`` says so) is totalled
-    as before."""
+    reached is crossed at that step (:attr:`crossed`). Format 1.8 adds to the total the thresholds watched, the
+    carry and the names crossed, so that a statement's crossings can be shown whole. A journal of an earlier format
+    (its ``run_opened`` says so) is totalled as it was written."""
 
     __slots__ = ("steps", "tokens", "flops", "last_step", "steps_without_tokens", "tokens_without_shape", "_fpt",
                  "_seq_len", "full", "busy_ns", "steps_without_time", "_groups", "_group", "started_ns", "ended_ns",
                  "energy_mj", "energy_ns", "energy_pairs", "energy_resets", "power_j", "power_ns", "power_pairs",
-                 "_samples", "_thresholds", "_carried", "_next", "crossed_names", "crossed")
+                 "_samples", "_thresholds", "_carried", "_next", "crossed_names", "crossed", "watched")
 
     def __init__(self) -> None:
         self.steps = self.tokens = self.flops = self.steps_without_tokens = self.tokens_without_shape = 0
@@ -71,6 +72,8 @@ class ComputeTotals:
         self._seq_len: int | None = None
         #: whether the event carries format 1.7's fields (a run_opened of an earlier format turns it off)
         self.full = True
+        #: whether it carries 1.8's (the thresholds watched, the carry and the crossings)
+        self.watched = True
         self.busy_ns = self.steps_without_time = 0
         self._groups: dict[tuple, list[int]] = {}  # (devices, peak, source, kind) -> [steps, busy ns]
         self._group: list[int] | None = None
@@ -94,6 +97,7 @@ class ComputeTotals:
         if self.started_ns is None:
             self.started_ns = opened.ts
         self.full = format_at_least(opened.format_version, (1, 7))
+        self.watched = format_at_least(opened.format_version, (1, 8))
 
     def configure(self, config: Any) -> None:
         """A ``run_configured``: the steps after it are counted under its FLOP shape, hardware and thresholds."""
@@ -237,6 +241,9 @@ class ComputeTotals:
                     steps_without_tokens=self.steps_without_tokens, tokens_without_shape=self.tokens_without_shape)
         if not self.full:
             return ComputeTotaled(**base)
+        if self.watched:
+            base.update(thresholds={k: v for v, k in sorted(self._thresholds, key=lambda t: t[1])},
+                        carried_flops=self._carried, crossed=[c.name for _, c in self.crossed])
         return ComputeTotaled(**base, busy_s=self.busy_ns / 1e9, steps_without_time=self.steps_without_time,
                               hardware=self.hardware(), started_ns=self.started_ns, ended_ns=self.ended_ns,
                               energy_j=self.energy_mj / 1000 if self.energy_pairs else None,

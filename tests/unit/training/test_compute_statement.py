@@ -183,9 +183,11 @@ def test_a_statement_changed_in_any_figure_or_proof_fails_verify_proof(two_rank_
 
     def line(s):
         b = s["runs"][0]["journals"][0]["bundle"]
-        b["entries"][0]["line"] = b["entries"][0]["line"].replace('"tokens":', '"tokens":1')
+        [e] = [e for e in b["entries"] if '"compute_totaled"' in e["line"]]
+        e["line"] = e["line"].replace('"tokens":', '"tokens":1')
 
-    for change, said in ((figure, "model's figures"), (run_figure, "figures stated"), (compute, "compute stated"),
+    for change, said in ((figure, "model's figure model_flops stated"), (run_figure, "figure energy.total_j stated"),
+                         (compute, "compute stated"),
                          (dropped, "journal(s) for a world of 2"), (line, "rank 0")):
         bad = _tampered(tmp_path, st, change)
         with pytest.raises(IntegrityError, match=said.replace("(", r"\(").replace(")", r"\)")):
