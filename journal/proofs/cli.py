@@ -104,7 +104,9 @@ def register(sub) -> None:
     p.add_argument("--gate", metavar="RUNG", help="prove the rung's gate_verdict, its decision_recorded and the "
                                                   "events the decision cites as evidence")
     p.add_argument("--compute", action="store_true", help="prove the run's training compute: the last "
-                                                          "compute_totaled and the run_configured before it")
+                                                          "compute_totaled, the run_configured before it and "
+                                                          "every line from the total to run_closed (the total "
+                                                          "shown to be the last)")
     p.add_argument("--tree-size", type=int, default=None, metavar="N",
                    help="prove against the seal at seq N (its tree of N lines) instead of the latest")
     p.add_argument("--index", metavar="FILE", default=None, help="the tree index (default: JOURNAL.tlindex)")
@@ -229,7 +231,7 @@ def _helpers(args: argparse.Namespace):
     """The ``select`` callable for prove's helpers: which seqs the --checkpoint/--gate/--compute questions name."""
     kinds = ((["checkpoint_saved"] if args.checkpoint is not None else [])
              + (["gate_verdict", "decision_recorded"] if args.gate is not None else [])
-             + (["compute_totaled", "run_configured"] if args.compute else []))
+             + (["compute_totaled", "run_configured", "run_closed"] if args.compute else []))
     if not kinds:
         return None
     from trainledger.journal import codec
@@ -289,6 +291,10 @@ def _helpers(args: argparse.Namespace):
             if configs:
                 seqs.append(configs[-1].seq)
             seqs.append(t.seq)
+            from trainledger.journal.proofs.bundle import closing_seqs
+
+            closed = by_kind["run_closed"]
+            seqs += [s for s in closing_seqs(t.seq, closed[-1].seq if closed else None) if s != t.seq]
         return seqs
 
     return select
