@@ -63,6 +63,8 @@ class JournalIOError(JournalError, OSError):
 class KeyFileError(JournalError):
     """A key file is missing, malformed, of the wrong kind, or too open."""
 
+    reason = "key-file"
+
 
 class JournalLocked(JournalError):
     """Another writer (this process or another) holds the journal's lock."""

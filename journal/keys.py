@@ -564,6 +564,9 @@ def _module(attrs: dict[str, str]) -> str:
     m = attrs.get("module-path") or os.environ.get(MODULE_ENV)
     if not m:
         raise UsageError(f"pkcs11 URI: no module: add module-path=/path/to/lib.so or set ${MODULE_ENV}")
+    if not os.path.isabs(m):  # a relative path would load a library from whatever folder the command runs in
+        raise UsageError(f"pkcs11 URI: module-path {m[:80]!r} is not an absolute path; name the library by its full "
+                         "path (/usr/lib/softhsm/libsofthsm2.so)")
     if not Path(m).is_file():
         raise KeyFileError(f"{m}: the PKCS#11 module is not there")
     return m

@@ -33,7 +33,7 @@ def write_out(path: Any, data: bytes) -> None:
     if out.is_dir():
         raise UsageError(f"{out}: is a folder; give a file name")
     if not out.parent.is_dir():
-        raise UsageError(f"{out.parent}: no such folder")
+        raise UsageError(f"{out}: cannot write: {out.parent} is not a folder")
     try:
         write_atomically(out, data)
     except OSError as e:

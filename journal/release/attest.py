@@ -15,13 +15,13 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from trainledger.journal.errors import UsageError
+from trainledger.journal.errors import IntegrityError, UsageError
 from trainledger.journal.release.dsse import STATEMENT_TYPE, sign_statement
 from trainledger.journal.release.keys import ReleaseKey
 from trainledger.journal.release.manifest import PROVENANCE, SIGNATURE, ModelManifest, model_manifest
 from trainledger.journal.trust import TrustPolicy
 
-__all__ = ["SIGNATURE_PREDICATE", "SLSA_PREDICATE", "BUILD_TYPE", "PROOF_MEDIA_TYPE", "ReleaseResult",
+__all__ = ["ModelRefused", "SIGNATURE_PREDICATE", "SLSA_PREDICATE", "BUILD_TYPE", "PROOF_MEDIA_TYPE", "ReleaseResult",
            "signature_statement", "provenance_statement", "release", "find_export"]
 
 SIGNATURE_PREDICATE = "https://model_signing/signature/v1.0"
@@ -29,6 +29,15 @@ SLSA_PREDICATE = "https://slsa.dev/provenance/v1"
 #: what built the model: a training run recorded by trainledger (its journal is the record of the build)
 BUILD_TYPE = "urn:trainledger:build-type:training-run:v1"
 PROOF_MEDIA_TYPE = "application/vnd.trainledger.proof+json"
+
+
+class ModelRefused(IntegrityError):
+    """The folder is not the model its release says, or not one the run recorded (exit 1); ``reason`` names the
+    check that failed."""
+
+    def __init__(self, message: str, reason: str):
+        super().__init__(message)
+        self.reason = reason
 
 
 def _subject(m: ModelManifest) -> list[dict[str, Any]]:
@@ -180,9 +189,9 @@ def release(model_dir: str | os.PathLike, journal: str | os.PathLike, key: Relea
     found = find_export(read_signed_events(journal, t.keys), m.digest)
     exp = found.get("export")
     if exp is None:
-        raise UsageError(f"{journal}: no model_exported of this folder (digest {m.digest[:16]}...): the run did not "
-                         "record these files; record the folder as the run writes it (Recorder.record_export, "
-                         "the callbacks' export) and release that folder unchanged")
+        raise ModelRefused(f"{journal}: no model_exported of this folder (digest {m.digest[:16]}...): the run did not "
+                           "record these files; record the folder as the run writes it (Recorder.record_export, "
+                           "the callbacks' export) and release that folder unchanged", "not-recorded")
     comp = found.get("compute")
     if comp is None:
         raise UsageError(f"{journal}: no compute_totaled after the export at seq {exp.seq}: close the run "

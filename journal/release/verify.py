@@ -16,7 +16,7 @@ from typing import Any
 from trainledger.journal.errors import IntegrityError, UsageError
 from trainledger.journal.keys import PublicKey
 from trainledger.journal.release.attest import (PROOF_MEDIA_TYPE, SIGNATURE_PREDICATE, SLSA_PREDICATE,
-                                                provenance_statement)
+                                                ModelRefused, provenance_statement)
 from trainledger.journal.paths import open_regular
 from trainledger.journal.release.dsse import MAX_BUNDLE_BYTES, ReleaseSignatureError, open_bundle
 from trainledger.journal.release.export import same_as_checkpoint
@@ -26,14 +26,6 @@ from trainledger.journal.release.manifest import (IGNORED, PROVENANCE, SIGNATURE
                                                   model_listing, model_manifest, root_digest)
 
 __all__ = ["ModelVerified", "ModelRefused", "verify_model"]
-
-
-class ModelRefused(IntegrityError):
-    """The folder is not the model its release says (exit 1); ``reason`` names the check that failed."""
-
-    def __init__(self, message: str, reason: str):
-        super().__init__(message)
-        self.reason = reason
 
 
 @dataclasses.dataclass
@@ -365,6 +357,9 @@ def _against_journal(journal: str | os.PathLike, run_keys: Sequence[PublicKey], 
         c = consistency(journal, res.tree_size, keys=list(run_keys)).bundle
     except IntegrityError as e:
         raise _fail(f"{journal}: its signed tree does not extend the release's ({e})", "fork") from None
+    except UsageError:  # its last signed tree is smaller than the release's: lines after it are not signed
+        raise _fail(f"{journal}: its signed lines end before the {res.tree_size:,} the release's proof covers (cut "
+                    "short, or padded with lines no seal signs)", "truncated") from None
     from_root = c.get("consistency", {}).get("from_root")
     if from_root != res.root:
         raise _fail(f"{journal}: a fork: the journal's tree of {res.tree_size:,} lines has another root than the "

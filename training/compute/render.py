@@ -98,7 +98,8 @@ def _run_lines(st: dict[str, Any]) -> list[str]:
     for r in st["runs"]:
         f = r["figures"]
         link = (f", continues {r['continues']}" if r["continues"] else "") + \
-               (f", fine-tuned from {r['base_run'] or r['base'][:16] + '...'}" if r["base"] else "")
+               (f", fine-tuned from {r['base_run'] or r['base'][:16] + '...'}" if r["base"] else "") + \
+               (f", model sha256:{r['export']} (its last model_exported)" if r["export"] else ", no model exported")
         out.append(f"{r['run']} ({r['path']}): {len(r['journals'])} journal(s) of {r['world_size']}, "
                    f"{two_figures(f['model_flops'])} FLOP, {f['steps']:,} steps, {f['devices']} device(s){link}")
     return out

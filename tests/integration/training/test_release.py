@@ -173,8 +173,11 @@ def test_a_folder_the_run_did_not_record_is_not_released(tmp_path, signer):
     run = tmp_path / "run"
     [model] = _train(run, signer).values()
     (model / "config.json").write_text("{}")
-    with pytest.raises(UsageError, match="no model_exported of this folder"):
+    from trainledger.journal.release.attest import ModelRefused
+
+    with pytest.raises(ModelRefused, match="no model_exported of this folder") as e:  # a refusal: exit 1, not usage
         release(model, run / "journal.jsonl", ReleaseKey.generate(), keys=[signer.public])
+    assert e.value.reason == "not-recorded" and e.value.exit_code == 1
 
 
 def test_the_commands_end_to_end(tmp_path, signer, capsys):

@@ -456,7 +456,7 @@ def test_hostile_inputs_to_the_proof_commands(tmp_path, signer, keypair, capsys)
     code, text, _ = run(capsys, "verify-proof", tmp_path / "deep.json", "--pubkey", pub)
     assert code == 1 and "not a proof bundle" in text
     code, _, err = run(capsys, "prove", p, "--seq", 1, "-o", tmp_path / "no" / "such" / "b.json", "--pubkey", pub)
-    assert code == 2 and "no such folder" in err
+    assert code == 2 and "is not a folder" in err
     # Someone without the key appends a seal line whose tree root and head are not hashes: prove, which reads the
     # latest seal without verifying the whole journal, names it in one line (exit 1), no traceback.
     lines = read_lines(p)

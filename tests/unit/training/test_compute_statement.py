@@ -281,6 +281,7 @@ def test_a_fine_tune_past_a_third_of_its_base_models_compute(tmp_path, capsys):
     assert check_statement(out.read_bytes(), [s.public]).runs == 2
     md, page = as_markdown(st), as_html(st)
     assert "exceeds a third of its base model's compute" in md and "third-of-base" in page
+    assert f"model sha256:{digest} (its last model_exported)" in md  # the statement names the model it is of
     # the fine-tune alone: its base is named as not in the statement (a note, not a finding)
     st = build_statement([tmp_path / "tune.jsonl"], [s.public])
     assert st["findings"] == [] and any("not trained by a run in this statement" in n for n in st["notes"])
