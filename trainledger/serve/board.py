@@ -36,7 +36,7 @@ from trainledger.journal.errors import (IntegrityError, JournalError, JournalIOE
                                        UsageError)
 from trainledger.journal.scan import Appended, RangeResult, ScanContext, new_scanner, tree_mode
 from trainledger.journal.trust import TrustPolicy
-from trainledger.journal.verify import open_checked, read_opening, resolve_key
+from trainledger.journal.verify import open_checked, read_opening, resolve_signing
 
 __all__ = ["Board", "METRICS", "DEVICE_METRICS", "MAX_WIDTH"]
 
@@ -148,10 +148,15 @@ class _Journal:
         self.restart()
 
     def restart(self) -> None:
-        opened, _ = read_opening(self.path, open_checked(self.path))
+        size = open_checked(self.path)
+        opened, opened_len = read_opening(self.path, size)
         policy = self.board.trust
         if policy.keys or policy.trust_embedded or opened.key_id is None:
-            raw, trust, _ = resolve_key(opened, keys=policy.keys, trust_embedded=policy.trust_embedded)
+            # as verify and read_signed_events resolve it: a journal whose seals are signed by certified rank keys
+            # (format 1.7) is held to the keys its certificates certify under the pinned one
+            signing = resolve_signing(self.path, size, opened, opened_len, keys=policy.keys,
+                                      trust_embedded=policy.trust_embedded)
+            raw, trust, certified = signing.raw, signing.trust, signing.certified
             if trust == "unsigned" and not policy.allow_unsigned:
                 raise UsageError(f"{self.path}: the journal is unsigned (pass --allow-unsigned to show it anyway)")
         else:
@@ -162,7 +167,7 @@ class _Journal:
         self.provable = tree_mode(opened.format_version)
         self.run_id = opened.run_id
         self.ctx = ScanContext(opened.run_id, opened.key_id, raw, trust != "unsigned", None,
-                               tree=tree_mode(opened.format_version))
+                               tree=tree_mode(opened.format_version), certified=certified)
         self.res = RangeResult(0, 0)
         self.scanner = new_scanner(self.ctx, -1, genesis(opened.run_id), self.res)
         self.appended = Appended()
@@ -259,9 +264,11 @@ class Board:
         self.run: str | None = None
         #: replay's verdict on what was concluded: run once every journal has closed (the whole run is then signed)
         self.replayed: dict[str, Any] = {"state": "waiting", "detail": "replay runs once the run has closed"}
-        #: the heads ranks anchored of each other, (anchored rank, its seq, chain hash, anchoring rank, its seq),
-        #: each held once the anchored rank has been read past it (or has closed short of it)
-        self.anchors: list[tuple[int, int, str, int, int]] = []
+        #: the heads ranks anchored of each other, (anchored rank, its seq, chain hash, anchoring rank, its seq, the
+        #: poll that found it), each held once the anchored rank has been read past it, or failed once a later poll
+        #: read the anchored rank whole short of it (or it closed short of it)
+        self.anchors: list[tuple[int, int, str, int, int, int]] = []
+        self.polls = 0
         self._pool: Any = None
 
     def _create(self) -> None:
@@ -300,6 +307,7 @@ class Board:
             if self.fail is not None:
                 return False
             changed = False
+            self.polls += 1
             try:
                 for rank, f in self._files().items():
                     if rank not in self.journals:
@@ -348,19 +356,21 @@ class Board:
         anchor, or swapped for another run's, fails the page while it is still open, as ``verify RUN_DIR`` fails
         it. Whether the board failed."""
         left = []
-        for r, s, h, by, at in self.anchors:
+        for r, s, h, by, at, found in self.anchors:
             j = self.journals.get(r)
             if j is not None and s < j.signed:
                 if j.index.get(s)[0] != h:
                     self._failed(f"FAIL  {j.path}: rank {r}: seq {s} is not the line rank {by} anchored at its seq "
                                  f"{at} (rewritten, or another run's journal)")
                     return True
-            elif j is not None and j.closed and not j.pending:
-                self._failed(f"FAIL  {j.path}: rank {r}: its signed journal ends at seq {j.signed - 1}, but rank "
-                             f"{by} anchored its seq {s} (rank {by}'s seq {at}): truncated or rolled back")
+            elif j is not None and (j.closed and not j.pending or found < self.polls and s >= j.signed + len(j.pending)):
+                # an anchored head was sealed durably before the anchor was written: a poll after the one that found
+                # the anchor reads every line up to it, so a rank still short of it, open or closed, was rolled back
+                self._failed(f"FAIL  {j.path}: rank {r}: its journal ends at seq {j.signed + len(j.pending) - 1}, "
+                             f"but rank {by} anchored its seq {s} (rank {by}'s seq {at}): truncated or rolled back")
                 return True
             else:
-                left.append((r, s, h, by, at))
+                left.append((r, s, h, by, at, found))
         self.anchors = left
         return False
 
@@ -462,11 +472,11 @@ class Board:
             for other, head in ev.heads.items():
                 s_, _, h_ = str(head).partition(":")
                 if _seq_text(str(other)) and int(other) != j.rank and _seq_text(s_):
-                    self.anchors.append((int(other), int(s_), h_, j.rank, ev.seq))
+                    self.anchors.append((int(other), int(s_), h_, j.rank, ev.seq, self.polls))
         elif kind == "anchor_recorded" and j.rank is not None:
             s_, _, h_ = str(ev.head).partition(":")
             if isinstance(ev.rank, int) and ev.rank != j.rank and _seq_text(s_):
-                self.anchors.append((ev.rank, int(s_), h_, j.rank, ev.seq))
+                self.anchors.append((ev.rank, int(s_), h_, j.rank, ev.seq, self.polls))
         if kind in _LISTED:
             item = {"rank": j.rank, "seq": ev.seq, "kind": kind, "fields": _fields(ev)}
             if kind == "scaling_fitted":  # what makes the fit doubtful: computed here as replay computes it

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from trainledger.journal.audit.rundir import JOURNAL_NAMES, is_run_dir
-from trainledger.journal.errors import JournalError, TrainledgerError, UsageError
+from trainledger.journal.errors import JournalError, TrainledgerError, UnsafePath, UsageError
 from trainledger.journal.trust import TrustPolicy
 from trainledger.serve.board import Board, open_database
 
@@ -36,7 +36,12 @@ def _is_run(p: Path) -> bool:
         return p.suffix == ".jsonl" and not p.is_symlink()
     if not p.is_dir():
         return False
-    return is_run_dir(p) or any((p / n).is_file() and not (p / n).is_symlink() for n in JOURNAL_NAMES)
+    try:
+        if is_run_dir(p):
+            return True
+    except UnsafePath:  # a rank file linked out of the folder: a run, shown as a FAIL row, never read
+        return True
+    return any((p / n).is_file() and not (p / n).is_symlink() for n in JOURNAL_NAMES)
 
 
 def find_runs(roots: list[Path]) -> dict[str, Path]:

@@ -125,18 +125,23 @@ def test_a_rank_rolled_back_before_rank_0s_anchor_fails_the_page_while_it_is_sti
     # rank 1 put back as it was after the first round: open, short of rank 0's second anchor
     shutil.copy(early, d / "rank-00001.jsonl")
     b = open_board(d, TrustPolicy(keys=[signer.public]))
-    try:
-        assert b.fail is None and not b.journals[1].closed  # not read past the anchor yet: nothing to hold
-        # and grown again from there (an older attempt of that rank, its own lines sound): read past the anchor
-        j1 = Journal.open_append(d / "rank-00001.jsonl", signer=signer, background=False)
-        for i in range(20):
-            j1.append(StepObserved(step=100 + i, loss=1.0))
-        j1.seal()
+    try:  # the anchored line was on disk before rank 0's anchor: once rank 1 is read whole again, it is short
         b.poll()
-        assert b.fail is not None and "not the line rank 0 anchored" in b.fail, b.fail
-        j1.suspend()
+        assert b.fail is not None and not b.journals[1].closed and "truncated or rolled back" in b.fail, b.fail
     finally:
         b.close()
+    # and grown again from there (an older attempt of that rank, its own lines sound): read past the anchor
+    j1 = Journal.open_append(d / "rank-00001.jsonl", signer=signer, background=False)
+    for i in range(20):
+        j1.append(StepObserved(step=100 + i, loss=1.0))
+    j1.seal()
+    b = open_board(d, TrustPolicy(keys=[signer.public]))
+    try:
+        b.poll()
+        assert b.fail is not None and "not the line rank 0 anchored" in b.fail, b.fail
+    finally:
+        b.close()
+        j1.suspend()
 
 
 def _serve(path: Path, pub: Path, tmp: Path) -> subprocess.Popen:
