@@ -683,7 +683,15 @@ def entry(main=main) -> None:
     Ctrl-C can arrive while DuckDB or a verifier still runs native threads (a query's load, its SQL); letting
     the interpreter finalise around them can abort the process. Journals still open are sealed first.
     """
-    code = main()
+    import signal
+
+    try:
+        if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # armed inside the block that catches it
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+        code = main()
+    except KeyboardInterrupt:  # before a command's own handling (its arguments still being parsed)
+        say("trainledger: interrupted", file=sys.stderr)
+        code = 130
     if code == 130:
         from trainledger.journal.writer import suspend_all
 
@@ -691,7 +699,14 @@ def entry(main=main) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(130)
+    signal.signal(signal.SIGINT, _exit_interrupted)  # a Ctrl-C while the interpreter shuts down: exit 130, no trace
     sys.exit(code)
+
+
+def _exit_interrupted(*_: object) -> None:
+    sys.stderr.write("trainledger: interrupted\n")
+    sys.stderr.flush()
+    os._exit(130)
 
 
 if __name__ == "__main__":  # pragma: no cover - `python -m trainledger.journal.cli`: the journal's commands

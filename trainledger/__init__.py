@@ -11,7 +11,48 @@ re-exported here; the torch-side ones resolve on first use, so ``import trainled
 
 from __future__ import annotations
 
-from trainledger import _moved
+import sys as _sys
+
+
+def _interrupted_at_startup(*_: object) -> None:
+    """Ctrl-C before a command has started: nothing to clean up, one line, exit 130 (never a traceback)."""
+    import os
+
+    _sys.stderr.write("trainledger: interrupted\n")
+    _sys.stderr.flush()
+    os._exit(130)
+
+
+def _is_command() -> bool:
+    """Whether this process is the ``trainledger`` command (the console script, or ``python -m trainledger``)."""
+    import os
+
+    a0 = _sys.argv[0] if _sys.argv else ""
+    if os.path.basename(a0) == "trainledger" or a0.endswith(os.path.join("trainledger", "__main__.py")):
+        return True
+    argv = list(getattr(_sys, "orig_argv", ()))  # the interpreter's own options, then -m MODULE or a script
+    i = 1
+    while i < len(argv):
+        a = argv[i]
+        if a == "-m":
+            return argv[i + 1:i + 2] == ["trainledger"]
+        if a.startswith("-m"):
+            return a == "-mtrainledger"
+        if a in ("-X", "-W", "--check-hash-based-pycs"):  # an option whose value is the next argument
+            i += 2
+            continue
+        if not a.startswith("-") or a == "-" or a.startswith("-c"):
+            return False  # a script, standard input or -c: its arguments are not the interpreter's
+        i += 1
+    return False
+
+
+if _is_command():  # the first thing the command runs: from here Ctrl-C is one line and exit 130, never a traceback
+    import signal as _signal
+
+    _signal.signal(_signal.SIGINT, _interrupted_at_startup)
+
+from trainledger import _moved  # noqa: E402
 
 _moved.install()   # 0.1.0's module names (trainledger.training.checkpoint, ...) still import, with a warning
 

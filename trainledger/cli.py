@@ -11,14 +11,9 @@ import signal
 import sys
 
 
-def _interrupted_at_startup(*_: object) -> None:
-    """Ctrl-C before a command has started: nothing to clean up, one line, exit 130 (never a traceback)."""
-    sys.stderr.write("trainledger: interrupted\n")
-    sys.stderr.flush()
-    os._exit(130)
+from trainledger import _interrupted_at_startup, _is_command
 
-
-if os.path.basename(sys.argv[0]) in ("trainledger", "__main__.py"):  # the console script, python -m trainledger
+if _is_command():  # installed already by trainledger/__init__, the first module the command imports
     signal.signal(signal.SIGINT, _interrupted_at_startup)
 
 import argparse  # noqa: E402
@@ -163,8 +158,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def entry() -> None:
-    """The console script: from here on Ctrl-C is a KeyboardInterrupt that each command handles."""
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    """The console script: from here on Ctrl-C is a KeyboardInterrupt that each command handles (journal.cli's
+    entry arms it inside the block that catches it)."""
     # The commands' numerical work (the scaling fit's small matrices, the tiny rungs) gains nothing from BLAS
     # threads, whose helpers spin on a shared machine (measured: twice the fit's CPU time). Read when numpy loads,
     # which is later; a value the user set is kept.

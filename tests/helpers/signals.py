@@ -1,0 +1,42 @@
+"""Sending Ctrl-C to a ``python -m trainledger`` child at a moment the command owns, never during the interpreter's
+own start (which no Python code can handle): a handshake, not a sleep. The child runs with ``-X importtime``, which
+writes a line to stderr as each module finishes importing; once ``trainledger`` (the package, whose first lines
+install the command's Ctrl-C handling) has finished, the command owns SIGINT. The rest of stderr is drained in a
+thread and returned without those lines."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+
+def interrupted(argv: list[str], delay: float, timeout: float = 60.0) -> tuple[int, str, str]:
+    """Run ``python -X importtime -m trainledger ARGV``, send SIGINT ``delay`` seconds after the package's import
+    finished, and return (exit code, stdout, stderr without the import-time lines)."""
+    proc = subprocess.Popen([sys.executable, "-X", "importtime", "-m", "trainledger", *argv], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    ready = threading.Event()
+    err: list[str] = []
+
+    def drain() -> None:
+        for line in proc.stderr:
+            if line.startswith("import time:"):
+                if line.rstrip().endswith("| trainledger"):
+                    ready.set()
+                continue
+            err.append(line)
+        ready.set()  # it exited first: the caller's assertions say why
+    t = threading.Thread(target=drain, daemon=True)
+    t.start()
+    assert ready.wait(timeout), "the command never finished importing trainledger"
+    time.sleep(delay)
+    proc.send_signal(signal.SIGINT)
+    out = proc.stdout.read()
+    proc.wait(timeout)
+    t.join(timeout)
+    proc.stdout.close()
+    proc.stderr.close()
+    return proc.returncode, out, "".join(err)
