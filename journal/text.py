@@ -12,7 +12,20 @@ from __future__ import annotations
 import re
 from typing import Any
 
-__all__ = ["safe", "csv_cell"]
+__all__ = ["safe", "csv_cell", "trainer_step_note"]
+
+
+def trainer_step_note(path: str | None, step: int | None) -> str:
+    """Where a checkpoint a Trainer named ``checkpoint-N`` (Hugging Face's ``global_step`` N: N optimizer steps done)
+    is recorded at trainledger's step N - 1 (steps are numbered from 0: the last step done), the sentence that says
+    so; else ``""``."""
+    import re
+
+    m = re.search(r"(?:^|/)checkpoint-(\d+)/?$", path or "")
+    if m is None or step is None or int(m.group(1)) != step + 1:
+        return ""
+    return (f" (the Trainer's checkpoint-{step + 1}: trainledger numbers steps from 0, so its step {step} is the "
+            f"Trainer's global_step {step + 1})")
 
 # C0 controls (newline and tab included: a value never spans lines), DEL, C1 controls, and the Unicode
 # format characters that reorder or hide text (bidi embeddings, overrides and isolates, zero-width marks).

@@ -220,8 +220,10 @@ def _cmd_verify_model(args: argparse.Namespace, replay: Any = None) -> int:
         return 0
     say(f"OK    {args.model_dir}  {res.files} files, {res.bytes:,} bytes, sha256:{res.digest}")
     say(f"  signed by release key {res.release_key}; made by run {res.run_id} (run key {res.run_key})")
+    from trainledger.journal.text import trainer_step_note
+
     say(f"  step {res.step}{'' if res.final else ' (an intermediate model: the run went on to step ' + str(res.compute['last_step']) + ')'}"
-        f"; the weights: {res.weights['says']}")
+        f"{trainer_step_note(res.weights.get('checkpoint'), res.step)}; the weights: {res.weights['says']}")
     c = res.compute
     say(f"  compute: {c['steps']:,} steps, {c['tokens']:,} tokens, {c['flops']:.4g} model FLOPs"
         + (" (the run's last total: every line from it to the run's close is proven)" if res.closed else

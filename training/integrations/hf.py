@@ -56,7 +56,7 @@ from trainledger.training.checkpoints.state import ResumeRejected, signed_histor
 from trainledger.training.health.flops import flop_config_from_hf
 from trainledger.training.health.monitor import TrainingHealthMonitor
 from trainledger.training.integrations.hooks import (StepBuffer, check_folder, export_settings, fingerprint_batch,
-                      learn_run_key, open_run_journal, previous_run, record_checkpoint, run_key_for_rank, signer_from, step_loss,
+                      monitor_options, learn_run_key, open_run_journal, previous_run, record_checkpoint, run_key_for_rank, signer_from, step_loss,
                       tap_clip, total_norm, untap_clip)
 
 __all__ = ["TrainledgerCallback", "check_resume", "ResumeRejected"]
@@ -99,8 +99,16 @@ class TrainledgerCallback(TrainerCallback):
                  signer: Signer | None = None, peak_flops_per_sec: float | None = None, sync_every: int = 16,
                  stop_on: tuple[str, ...] = _STOP_ON, continue_from: str | os.PathLike | None = None,
                  batch_fingerprint: bool = False, export_dir: str | os.PathLike | None = None,
-                 release_key: str | os.PathLike | None = None, base_model: str | os.PathLike | None = None):
+                 release_key: str | os.PathLike | None = None, base_model: str | os.PathLike | None = None,
+                 compute_thresholds: dict[str, float] | None = None, carried_flops: float | None = None,
+                 device_kind: str | None = None):
         self.signer = run_key_for_rank(key, signer, continue_from=continue_from)
+        #: what the Recorder takes for the compute statement (docs/compute.md): the thresholds watched beside the
+        #: defaults, the model FLOPs of earlier runs counted toward them (default: a continued run's predecessor's
+        #: total) and the device kind (default: the model's device's name); recorded in run_configured
+        self._compute = {"compute_thresholds": compute_thresholds, "carried_flops": carried_flops,
+                         "device_kind": device_kind}
+        self._monitor_options: dict[str, Any] = {}
         #: at the end of training the model (and its tokenizer) is saved here with ``save_pretrained`` and recorded
         #: as ``model_exported``; with ``release_key`` (an ECDSA P-256 PEM, trainledger keygen --release) it is then
         #: released: model.sig and model.provenance.json beside it (docs/provenance.md);
@@ -161,6 +169,8 @@ class TrainledgerCallback(TrainerCallback):
         self.journal, self.rank = open_run_journal(run, self.signer, meta)
         learn_run_key(self.signer, self.journal)
         self._model = model
+        self._monitor_options = monitor_options(model, previous=prev[1] if prev is not None else None,
+                                                **self._compute)
         self._hooks = [model.register_forward_hook(self._forward, with_kwargs=True)]
         self._params = [p for p in model.parameters() if p.requires_grad]
         self._expected = len(self._params)
@@ -252,7 +262,8 @@ class TrainledgerCallback(TrainerCallback):
             return
         if self.monitor is None:
             fc = flop_config_from_hf(self._model, self._seq_len) if self._seq_len and _has_shape(self._model) else None
-            self.monitor = TrainingHealthMonitor(journal=self.journal, flop_config=fc, peak_flops_per_sec=self.peak)
+            self.monitor = TrainingHealthMonitor(journal=self.journal, flop_config=fc, peak_flops_per_sec=self.peak,
+                                                 **self._monitor_options)
         due = self.buffer.add(state.global_step - 1, step_loss(self._losses), self._grad_norm,
                               {"lr": self._lr, "tokens": self._tokens or None,
                                "step_time_s": time.perf_counter() - self._t0, "batch_fingerprint": self._fp})

@@ -15,7 +15,7 @@ from trainledger.journal.errors import JournalClosed, UnsafePath, UsageError
 from trainledger.journal.kinds import CheckpointSaved, ResumeRejectedEvent, RunStopped, folder_digest
 
 __all__ = ["open_run_journal", "record_checkpoint", "check_folder", "StepBuffer", "signer_from", "step_loss",
-           "batch_tensors", "fingerprint_batch", "previous_run"]
+           "batch_tensors", "fingerprint_batch", "previous_run", "monitor_options"]
 
 
 def signer_from(key: str | os.PathLike | None, signer: Signer | None) -> Signer:
@@ -77,6 +77,26 @@ def export_settings(export_dir: Any, release_key: Any, base_model: Any) -> tuple
         raise UsageError("release_key= releases the model saved to export_dir=: give both")
     return (None if export_dir is None else Path(export_dir)), release_key, \
         (None if base_model is None else Path(base_model))
+
+
+def monitor_options(model: Any, *, device_kind: str | None, compute_thresholds: dict[str, float] | None,
+                    carried_flops: float | None, previous: list[Any] | None = None) -> dict[str, Any]:
+    """What the callbacks' monitors record in ``run_configured``, as the Recorder's do (format 1.7,
+    docs/compute.md): the device kind (default: the model's device's name), the compute thresholds watched beside
+    the defaults, and the model FLOPs of earlier runs counted toward them (default: a continued run's predecessor's
+    total, its own carry included; ``previous``: that run's signed events)."""
+    from trainledger.training.health.flops import device_kind as device_kind_of
+    from trainledger.training.health.mfu import ComputeTotals
+
+    out: dict[str, Any] = {"device_kind": device_kind or device_kind_of(model), "compute_thresholds": compute_thresholds}
+    if carried_flops is not None:
+        if not (isinstance(carried_flops, (int, float)) and carried_flops >= 0 and carried_flops != float("inf")):
+            raise UsageError(f"carried_flops must be a non-negative number of model FLOPs, got {carried_flops!r}")
+        out["carried_flops"] = float(carried_flops)
+    elif previous is not None:
+        done = ComputeTotals().fold(previous)
+        out["carried_flops"] = float(done.flops) + done.carried
+    return out
 
 
 def learn_run_key(signer: Signer, journal: Journal) -> None:

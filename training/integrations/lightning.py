@@ -45,7 +45,7 @@ from trainledger.training.checkpoints.state import ResumeRejected, file_sha256
 from trainledger.training.health.monitor import TrainingHealthMonitor
 from trainledger.journal.errors import UsageError
 from trainledger.training.integrations.hooks import (StepBuffer, export_settings, fingerprint_batch, learn_run_key,
-                      open_run_journal, previous_run, record_checkpoint, run_key_for_rank, step_loss, tap_clip,
+                      monitor_options, open_run_journal, previous_run, record_checkpoint, run_key_for_rank, step_loss, tap_clip,
                       total_norm, untap_clip)
 
 __all__ = ["TrainledgerCallback", "TrainledgerLogger", "ResumeRejected"]
@@ -83,8 +83,15 @@ class TrainledgerCallback(Callback):
                  sync_every: int = 16, stop_on: tuple[str, ...] = _STOP_ON,
                  continue_from: str | os.PathLike | None = None, batch_fingerprint: bool = False,
                  export_dir: str | os.PathLike | None = None, release_key: str | os.PathLike | None = None,
-                 base_model: str | os.PathLike | None = None):
+                 base_model: str | os.PathLike | None = None, compute_thresholds: dict[str, float] | None = None,
+                 carried_flops: float | None = None, device_kind: str | None = None):
         self.signer = run_key_for_rank(key, signer, continue_from=continue_from)
+        #: what the Recorder takes for the compute statement (docs/compute.md): the thresholds watched beside the
+        #: defaults, the model FLOPs of earlier runs counted toward them (default: a continued run's predecessor's
+        #: total) and the device kind (default: the module's device's name); recorded in run_configured
+        self._compute = {"compute_thresholds": compute_thresholds, "carried_flops": carried_flops,
+                         "device_kind": device_kind}
+        self._monitor_options: dict[str, Any] = {}
         #: at the end of fit the module's weights are saved here (its ``model.save_pretrained`` when it wraps a
         #: Hugging Face model, else its state dict as ``model.safetensors``) and recorded as ``model_exported``;
         #: ``release_key``: then released (docs/provenance.md); ``base_model``: the released model it fine-tunes
@@ -133,6 +140,8 @@ class TrainledgerCallback(Callback):
             meta["continues"] = self._prev[0]
         self.journal = _open(self.run_dir, self.signer, trainer, meta)
         learn_run_key(self.signer, self.journal)
+        self._monitor_options = monitor_options(pl_module, previous=self._prev[1] if self._prev is not None else None,
+                                                **self._compute)
         self.monitor = None
         self._params = None
 
@@ -225,7 +234,8 @@ class TrainledgerCallback(Callback):
         link = {**link, "checkpoint": rel, "sha256": record.sha256, "step": record.step}
         j.append(RunResumed(reason="continued", from_step=record.step, checkpoint=rel,
                             detail={"continues": link}), durable=True)
-        self.monitor = TrainingHealthMonitor(journal=j, flop_config=self.flop_config, peak_flops_per_sec=self.peak)
+        self.monitor = TrainingHealthMonitor(journal=j, flop_config=self.flop_config, peak_flops_per_sec=self.peak,
+                                             **self._monitor_options)
         self.monitor.observe_resume(record.step, reason="continued", checkpoint=rel, append=False)
         self._continued = True
 
@@ -264,7 +274,7 @@ class TrainledgerCallback(Callback):
             return  # a micro-batch of an accumulation: the optimizer has not stepped yet
         if self.monitor is None:
             self.monitor = TrainingHealthMonitor(journal=self.journal, flop_config=self.flop_config,
-                                                 peak_flops_per_sec=self.peak)
+                                                 peak_flops_per_sec=self.peak, **self._monitor_options)
         step = done - 1
         self._step = done
         if self._clip_norm is not None:  # Lightning clipped through torch: its own pre-clip norm

@@ -913,6 +913,10 @@ def _mark_label(ev: Any, kind: str) -> str:
         return f"stop: {ev.rule}"
     if kind == "straggler_detected":
         return f"straggler rank {ev.rank}"
+    if kind == "checkpoint_saved":
+        from trainledger.journal.text import trainer_step_note
+
+        return f"checkpoint {ev.path}{trainer_step_note(ev.path, ev.step)}"
     return kind.replace("_", " ")
 
 

@@ -329,3 +329,28 @@ def test_a_release_signed_in_the_token_is_accepted_by_model_signing(token, tmp_p
     for f in [*run.rglob("*"), *(tmp_path / "keys").rglob("*")]:
         if f.is_file():
             assert b"PRIVATE KEY" not in f.read_bytes(), f
+
+
+def test_a_copy_of_a_software_tokens_folder_and_pin_signs_as_the_run(token, softhsm, tmp_path, capsys):
+    """What docs/keys.md says a software token does not protect against: SoftHSM's key is a file of its token folder
+    encrypted under the PIN, so a copy of the folder and the PIN file, used with SoftHSM's library elsewhere, signs
+    journals that verify under the run's key (a token in hardware cannot be copied so)."""
+    import sys
+
+    from trainledger.cli import main
+
+    uri = token("copied")
+    assert main(["keygen", str(tmp_path / "keys"), "--pkcs11", uri]) == 0
+    capsys.readouterr()
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(softhsm.parent / "tokens", elsewhere / "tokens")
+    conf = elsewhere / "softhsm2.conf"
+    conf.write_text(f"directories.tokendir = {elsewhere / 'tokens'}\nobjectstore.backend = file\nlog.level = ERROR\n")
+    code = ("import sys; from trainledger.journal import Journal, StepObserved; from trainledger.journal.keys import "
+            "load_signer\nwith Journal.create(sys.argv[2], signer=load_signer(sys.argv[1])) as j:\n"
+            "    j.append(StepObserved(step=0, loss=1.0))\n")
+    subprocess.run([sys.executable, "-c", code, uri, str(tmp_path / "forged.jsonl")], check=True, timeout=120,
+                   env=dict(os.environ, SOFTHSM2_CONF=str(conf)), capture_output=True)
+    from trainledger.journal import load_public_key
+
+    assert verify(tmp_path / "forged.jsonl", keys=[load_public_key(tmp_path / "keys" / "trainledger.pub")]).ok

@@ -33,7 +33,8 @@ class Tokens(torch.utils.data.Dataset):
         return {"input_ids": self.x[i], "labels": self.x[i]}
 
 
-def _trainer(out, signer, *, steps=12, callbacks=(), continue_from=None, batch_fingerprint=False, **kw):
+def _trainer(out, signer, *, steps=12, callbacks=(), continue_from=None, batch_fingerprint=False, callback=None,
+             **kw):
     from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 
     transformers.logging.set_verbosity_error()
@@ -43,7 +44,8 @@ def _trainer(out, signer, *, steps=12, callbacks=(), continue_from=None, batch_f
     args = TrainingArguments(output_dir=str(out), max_steps=steps, per_device_train_batch_size=4, save_steps=5,
                              logging_steps=5, report_to="none", use_cpu=True, seed=0, disable_tqdm=True,
                              learning_rate=1e-3, **kw)
-    cb = TrainledgerCallback(signer=signer, continue_from=continue_from, batch_fingerprint=batch_fingerprint)
+    cb = TrainledgerCallback(signer=signer, continue_from=continue_from, batch_fingerprint=batch_fingerprint,
+                             **(callback or {}))
     return Trainer(model=model, args=args, train_dataset=Tokens(), callbacks=[cb, *callbacks]), cb
 
 
@@ -158,6 +160,24 @@ def test_a_finished_run_is_continued_in_a_new_folder_linked_to_its_journal(tmp_p
     assert (resumed.reason, resumed.from_step, resumed.detail["continues"]["folder"]) == ("continued", 9, "old")
     assert [s.step for s in _events(new, "step_observed")] == list(range(10, 15))
     assert replay(new / "journal.jsonl", keys=[pubkey]).ok
+    # the previous run's compute counts toward this run's thresholds, as a Recorder's continued run counts it
+    [old_total] = _events(old, "compute_totaled")
+    assert _events(new, "run_configured")[0].carried_flops == old_total.flops > 0
+
+
+def test_the_callback_takes_what_the_recorder_takes_for_the_compute_statement(tmp_path, signer, pubkey):
+    """The device kind, the thresholds watched and the carried FLOPs of a fine-tune's base: in run_configured, a
+    threshold crossed on record, the total's crossings (format 1.8), and replay agreeing."""
+    trainer, _ = _trainer(tmp_path, signer, steps=4, callback=dict(compute_thresholds={"tiny": 1.0}, carried_flops=5.0,
+                                                                   peak_flops_per_sec=1e12))
+    trainer.train()
+    cfg = _events(tmp_path, "run_configured")[0]
+    assert (cfg.device_kind, cfg.compute_thresholds["tiny"], cfg.carried_flops) == ("cpu", 1.0, 5.0)
+    assert cfg.peak_flops_per_sec == 1e12
+    assert [c.name for c in _events(tmp_path, "compute_threshold_crossed")] == ["tiny"]
+    [total] = _events(tmp_path, "compute_totaled")
+    assert total.crossed == ["tiny"] and total.carried_flops == 5.0 and total.hardware[0]["device_kind"] == "cpu"
+    assert replay(tmp_path / "journal.jsonl", keys=[pubkey]).ok
 
 
 class Poison(transformers.TrainerCallback):

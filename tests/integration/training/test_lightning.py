@@ -176,6 +176,19 @@ def test_a_finished_run_is_continued_in_a_new_folder_linked_to_its_journal(tmp_p
         _fit(tmp_path / "fourth", signer, continue_from=old)
 
 
+def test_the_callback_takes_what_the_recorder_takes_for_the_compute_statement(tmp_path, signer, pubkey):
+    """The device kind, the thresholds watched and the carried FLOPs, as the Recorder takes them: in run_configured
+    and in the total (format 1.8), and replay agreeing."""
+    _fit(tmp_path, signer, steps=4, compute_thresholds={"tiny": 1e30}, carried_flops=5.0)
+    cfg = _events(tmp_path, "run_configured")[0]
+    assert (cfg.device_kind, cfg.compute_thresholds["tiny"], cfg.carried_flops) == ("cpu", 1e30, 5.0)
+    [total] = _events(tmp_path, "compute_totaled")
+    assert total.carried_flops == 5.0 and total.thresholds["tiny"] == 1e30 and total.crossed == []
+    assert replay(tmp_path / "journal.jsonl", keys=[pubkey]).ok
+    with pytest.raises(Exception, match="carried_flops must be a non-negative number"):
+        _fit(tmp_path / "bad", signer, steps=2, carried_flops=-1.0)
+
+
 def test_batch_fingerprint_records_each_steps_batch_and_a_resume_on_other_batches_is_flagged(tmp_path, signer, pubkey):
     """batch_fingerprint=True fingerprints the batch Lightning hands the hook: two runs on the same batches record
     the same numbers. Resumed mid-epoch from a plain DataLoader, Lightning starts the epoch again from its first

@@ -43,7 +43,7 @@ def _train(out: Path, signer, key: Path, *, model=None, base_model=None, steps: 
     return out / "export"
 
 
-def test_a_trainer_run_released_at_its_end_and_a_fine_tune_that_names_its_base(tmp_path, signer):
+def test_a_trainer_run_released_at_its_end_and_a_fine_tune_that_names_its_base(tmp_path, signer, capsys):
     from transformers import GPT2LMHeadModel
 
     key = ReleaseKey.generate()
@@ -56,6 +56,15 @@ def test_a_trainer_run_released_at_its_end_and_a_fine_tune_that_names_its_base(t
     # the Trainer's checkpoint-6 holds the same weights file, byte for byte
     assert "model.safetensors" in v.checkpoint["same_files"]
     assert v.base is None and v.compute["steps"] == 6 and v.compute["tokens"] > 0
+    assert v.weights["relation"] == "identical" and "byte-identical to checkpoint checkpoint-6" in v.weights["says"]
+    # where a user reads step 5 beside checkpoint-6, it is explained
+    from trainledger.cli import main
+
+    (tmp_path / "run.pub").write_text(signer.public.line() + "\n")
+    assert main(["verify-model", str(base), "--release-key", str(tmp_path / "release.pub"), "--pubkey",
+                 str(tmp_path / "run.pub")]) == 0
+    assert "step 5 (the Trainer's checkpoint-6: trainledger numbers steps from 0, so its step 5 is the Trainer's " \
+           "global_step 6)" in capsys.readouterr().out
     import model_signing
 
     model_signing.verifying.Config().use_elliptic_key_verifier(public_key=tmp_path / "release.pub").verify(
