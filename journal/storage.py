@@ -169,9 +169,15 @@ def must_be_new(url: str) -> tuple[Any, str]:
 
 def publish(local: str | os.PathLike, url: str, *, last: str | None = None) -> int:
     """Upload the folder ``local`` to the prefix ``url``, which must hold no objects yet; ``last`` (a file name in
-    ``local``) is uploaded after every other file. Returns the bytes uploaded. On a failure, what was uploaded is
-    deleted (best effort) and :class:`JournalIOError` raised."""
+    ``local``: the export's listing) is uploaded after every other file, in one write, so that a prefix holding it
+    holds every file whole. On any failure (a refused part, a lost connection, Ctrl-C) every object uploaded is
+    deleted, the listing first, and :class:`JournalIOError` raised; an object that could not be deleted is named
+    (none of them is the listing, so ``verify`` never takes what is left for an export). Returns the bytes
+    uploaded."""
+    import pyarrow.fs as pafs
+
     fs, path = must_be_new(url)
+    local_fs = isinstance(fs, pafs.LocalFileSystem)  # file://: folders are made; S3 has none (no marker objects)
     root = Path(local)
     files = sorted((p for p in root.rglob("*") if p.is_file()), key=lambda p: (p.name == last, str(p)))
     sent: list[str] = []
@@ -179,18 +185,60 @@ def publish(local: str | os.PathLike, url: str, *, last: str | None = None) -> i
     try:
         for p in files:
             key = f"{path}/{p.relative_to(root).as_posix()}"
-            fs.create_dir(str(PurePosixPath(key).parent), recursive=True)
-            with open(p, "rb") as src, fs.open_output_stream(key) as out:
-                sent.append(key)
-                for chunk in iter(lambda: src.read(_CHUNK), b""):
-                    out.write(chunk)
-                    total += len(chunk)
-    except OSError as e:
-        for key in reversed(sent):
-            with contextlib.suppress(OSError):
-                fs.delete_file(key)
-        raise JournalIOError(f"{url}: cannot be written: {_why(e)}") from None
+            if local_fs:
+                fs.create_dir(str(PurePosixPath(key).parent), recursive=True)
+            with open(p, "rb") as src:
+                data = src.read() if p.name == last else None  # the listing: read whole before its object opens
+                with fs.open_output_stream(key) as out:
+                    sent.append(key)
+                    if data is not None:
+                        out.write(data)
+                        total += len(data)
+                        continue
+                    for chunk in iter(lambda: src.read(_CHUNK), b""):
+                        out.write(chunk)
+                        total += len(chunk)
+    except BaseException as e:  # an object closed on the way out of a failed write may hold part of its file
+        left = _remove(fs, [k for k in sent if PurePosixPath(k).name == last] +
+                       [k for k in reversed(sent) if PurePosixPath(k).name != last])
+        if not left and local_fs:
+            _remove_folders(fs, path)
+        if not isinstance(e, OSError):
+            raise
+        if any(PurePosixPath(k).name == last for k in left):  # written after every file was whole: a whole export
+            more = (f"; its listing could not be removed, nor {len(left) - 1} other object(s): every file was "
+                    "uploaded whole before it, so what is there verifies as the export or not at all")
+        elif left:
+            more = (f"; {len(left)} object(s) could not be removed ({', '.join(left[:3])}): the prefix holds no "
+                    "listing, so it is not taken for an export; remove them")
+        else:
+            more = "; nothing uploaded was left"
+        raise JournalIOError(f"{url}: cannot be written: {_why(e)}{more}") from None
     return total
+
+
+def _remove_folders(fs: Any, path: str) -> None:
+    """The folder markers this upload made below ``path`` (which held nothing before it), once no object is left
+    under it: removed, so a failed upload leaves the prefix as it found it."""
+    import pyarrow.fs as pafs
+
+    with contextlib.suppress(OSError):
+        below = fs.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True))
+        if all(x.type == pafs.FileType.Directory for x in below):
+            fs.delete_dir(path)
+
+
+def _remove(fs: Any, keys: list[str]) -> list[str]:
+    """Delete ``keys`` (best effort, in order); the ones still there."""
+    left = []
+    for key in keys:
+        try:
+            fs.delete_file(key)
+        except FileNotFoundError:
+            pass
+        except OSError:
+            left.append(key)
+    return left
 
 
 def _remove_stale() -> None:

@@ -522,9 +522,12 @@ def write_example(directory: str | Path) -> Path:
     d = Path(directory)
     if (d / "manifest.yaml").exists():
         raise UsageError(f"{d}/manifest.yaml already exists")
+    from trainledger.journal.paths import write_atomically
+
     files = example_files()
-    for name, data in files.items():
+    for name, data in files.items():  # never through a link planted in a folder the command did not make
         (d / name).parent.mkdir(parents=True, exist_ok=True)
-        (d / name).write_bytes(data)
-    (d / "manifest.yaml").write_text(yaml.safe_dump(example_manifest_dict(files), sort_keys=False, width=110))
+        write_atomically(d / name, data)
+    write_atomically(d / "manifest.yaml",
+                     yaml.safe_dump(example_manifest_dict(files), sort_keys=False, width=110).encode())
     return d / "manifest.yaml"

@@ -287,8 +287,11 @@ class TrainledgerCallback(TrainerCallback):
         folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
         if not folder.is_dir():
             return
-        if self.monitor is not None:
-            torch.save(self.monitor.state(), folder / _MONITOR_FILE)
+        if self.monitor is not None:  # a new file, never written through a link planted at its name
+            from trainledger.journal.paths import open_new
+
+            with open_new(folder / _MONITOR_FILE) as f:
+                torch.save(self.monitor.state(), f)
         names = [p.name for p in folder.iterdir()]
         contents = [part for part, files in _PARTS.items() if any(n.startswith(files) for n in names)]
         contents += ["accumulation", "manifest_id"]  # the Trainer's step is always a whole update; no manifest

@@ -125,3 +125,43 @@ def test_copies_left_by_a_killed_command_are_removed_by_the_next(run, capsys):
     (stale / "rank-00000.jsonl").write_bytes(b"left behind")
     assert main(["verify", folder.as_uri(), "--pubkey", pub]) == 0
     assert not stale.exists()
+
+
+def test_an_upload_that_fails_midway_leaves_nothing_behind(s3, tmp_path, run, capsys):
+    """publish() over a real server, failing after some objects are up: a local file whose read fails with EIO (a
+    link to /proc/self/mem, read from its start) between the data files and the listing. Every object uploaded is
+    removed, the error names the URL, and verify finds nothing at the prefix (nothing to take for an export)."""
+    from trainledger.journal.errors import JournalIOError
+    from trainledger.journal.storage import publish
+
+    folder, pub = run
+    assert main(["export", "parquet", str(folder), str(tmp_path / "ex"), "--lines", "--pubkey", pub]) == 0
+    capsys.readouterr()
+    (tmp_path / "ex" / "zz-unreadable.parquet").symlink_to("/proc/self/mem")
+    with pytest.raises(JournalIOError, match=r"s3://runs/failed/ex: cannot be written: .*nothing uploaded was left"):
+        publish(tmp_path / "ex", "s3://runs/failed/ex", last="receipts.json")
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket="runs", Prefix="failed/").get("Contents", [])]
+    assert all(k.endswith("/") for k in keys), keys  # no object left; pyarrow's empty folder markers are no files
+    assert main(["verify", "s3://runs/failed/ex", "--pubkey", pub]) == 2
+    assert "no such object, and no objects below it" in capsys.readouterr().err
+
+
+def test_errors_name_the_url_never_the_private_copy(s3, run, capsys):
+    """Each way an object read from s3:// fails is named by its URL: the private folder it was copied into is the
+    command's own business (and gone when it ends)."""
+    folder, pub = run
+    _upload(s3, folder, "e/run")
+    assert main(["export", "parquet", "s3://runs/e/run", "s3://runs/e/ex", "--lines", "--pubkey", pub]) == 0
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket="runs", Prefix="e/ex/")["Contents"]]
+    steps = next(k for k in keys if k.endswith(".parquet") and "/steps/" in k)
+    body = s3.get_object(Bucket="runs", Key=steps)["Body"].read()
+    s3.put_object(Bucket="runs", Key=steps, Body=body[:-8] + b"01234567")
+    one = s3.get_object(Bucket="runs", Key="e/run/rank-00001.jsonl")["Body"].read()
+    s3.put_object(Bucket="runs", Key="e/one/journal.jsonl", Body=one[: len(one) // 2])
+    capsys.readouterr()
+    for argv in (["verify", "s3://runs/e/ex"], ["query", "s3://runs/e/ex", "SELECT count(*) FROM steps"],
+                 ["verify", "s3://runs/e/one/journal.jsonl"], ["replay", "s3://runs/e/one/journal.jsonl"]):
+        code = main([*argv, "--pubkey", pub])
+        out, err = capsys.readouterr()
+        assert code in (1, 2) and argv[1] in out + err, (argv, out, err)
+        assert tempfile.gettempdir() + "/" not in out + err and "Traceback" not in out + err, (argv, out, err)
