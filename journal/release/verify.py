@@ -331,7 +331,7 @@ def verify_model(model_dir: str | os.PathLike, *, release_keys: Sequence[Release
                         compute={"steps": comp.steps, "tokens": comp.tokens, "flops": comp.flops,
                                  "last_step": comp.last_step},
                         final=final, witnesses=list(res.witnesses), base=base, weights=weights,
-                        closed=proven_to_close(res.events, comp.seq))
+                        closed=proven_to_close(res.events, comp.seq) and comp is computes[-1])
     if journal is not None:
         out.journal = _against_journal(journal, run_keys, res, exp, replay, by_kind)
     return out

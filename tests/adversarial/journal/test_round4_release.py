@@ -224,3 +224,22 @@ def test_a_renamed_file_is_still_named_a_rename(run, capsys):
     os.rename(run["model"] / "weights.bin", run["model"] / "weights2.bin")
     code, _, err = _verify(run, capsys)
     assert code == 1 and "renamed: weights.bin is now weights2.bin" in err
+
+
+def test_a_total_followed_by_another_is_not_called_the_runs_last(run, capsys, signer, tmp_path):
+    """Two totals after the export (record_compute is public): the release rests on the first, and verify-model
+    does not call it the run's last, though every line to the close is proven."""
+    r = tmp_path / "r4"
+    (r / "model").mkdir(parents=True)
+    (r / "model" / "w.bin").write_bytes(b"y" * 64)
+    j = Journal.create(r / "journal.jsonl", signer=signer)
+    j.append(StepObserved(step=0, loss=1.0))
+    record_export(j, r / "model", step=0)
+    record_compute(j)
+    record_compute(j)
+    j.close()
+    assert main(["release", str(r / "model"), str(r / "journal.jsonl"), "--key", str(run["key"]),
+                 "--pubkey", str(run["pub"])]) == 0
+    capsys.readouterr()
+    code, out, _ = _verify(run, capsys, "--json", folder=r / "model")
+    assert code == 0 and json.loads(out)["closed"] is False
