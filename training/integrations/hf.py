@@ -56,7 +56,7 @@ from trainledger.training.checkpoints.state import ResumeRejected, signed_histor
 from trainledger.training.health.flops import flop_config_from_hf
 from trainledger.training.health.monitor import TrainingHealthMonitor
 from trainledger.training.integrations.hooks import (StepBuffer, check_folder, export_settings, fingerprint_batch,
-                      monitor_options, learn_run_key, open_run_journal, previous_run, record_checkpoint, run_key_for_rank, signer_from, step_loss,
+                      monitor_options, training_dtype, learn_run_key, open_run_journal, previous_run, record_checkpoint, run_key_for_rank, signer_from, step_loss,
                       tap_clip, total_norm, untap_clip)
 
 __all__ = ["TrainledgerCallback", "check_resume", "ResumeRejected"]
@@ -170,6 +170,8 @@ class TrainledgerCallback(TrainerCallback):
         learn_run_key(self.signer, self.journal)
         self._model = model
         self._monitor_options = monitor_options(model, previous=prev[1] if prev is not None else None,
+                                                peak=self.peak, dtype=training_dtype(model, bf16=bool(args.bf16),
+                                                                                     fp16=bool(args.fp16)),
                                                 **self._compute)
         self._hooks = [model.register_forward_hook(self._forward, with_kwargs=True)]
         self._params = [p for p in model.parameters() if p.requires_grad]
@@ -262,8 +264,7 @@ class TrainledgerCallback(TrainerCallback):
             return
         if self.monitor is None:
             fc = flop_config_from_hf(self._model, self._seq_len) if self._seq_len and _has_shape(self._model) else None
-            self.monitor = TrainingHealthMonitor(journal=self.journal, flop_config=fc, peak_flops_per_sec=self.peak,
-                                                 **self._monitor_options)
+            self.monitor = TrainingHealthMonitor(journal=self.journal, flop_config=fc, **self._monitor_options)
         due = self.buffer.add(state.global_step - 1, step_loss(self._losses), self._grad_norm,
                               {"lr": self._lr, "tokens": self._tokens or None,
                                "step_time_s": time.perf_counter() - self._t0, "batch_fingerprint": self._fp})

@@ -15,7 +15,7 @@ from trainledger.journal.errors import JournalClosed, UnsafePath, UsageError
 from trainledger.journal.kinds import CheckpointSaved, ResumeRejectedEvent, RunStopped, folder_digest
 
 __all__ = ["open_run_journal", "record_checkpoint", "check_folder", "StepBuffer", "signer_from", "step_loss",
-           "batch_tensors", "fingerprint_batch", "previous_run", "monitor_options"]
+           "batch_tensors", "fingerprint_batch", "previous_run", "monitor_options", "training_dtype"]
 
 
 def signer_from(key: str | os.PathLike | None, signer: Signer | None) -> Signer:
@@ -80,15 +80,25 @@ def export_settings(export_dir: Any, release_key: Any, base_model: Any) -> tuple
 
 
 def monitor_options(model: Any, *, device_kind: str | None, compute_thresholds: dict[str, float] | None,
-                    carried_flops: float | None, previous: list[Any] | None = None) -> dict[str, Any]:
+                    carried_flops: float | None, previous: list[Any] | None = None, peak: float | None = None,
+                    dtype: str | None = None) -> dict[str, Any]:
     """What the callbacks' monitors record in ``run_configured``, as the Recorder's do (format 1.7,
-    docs/compute.md): the device kind (default: the model's device's name), the compute thresholds watched beside
+    docs/compute.md): the device kind (default: the model's device's name), the peak (``peak``, given; else the
+    datasheet's dense peak of that device at ``dtype``, the training precision, when the device is one
+    :data:`~trainledger.training.health.flops.PEAK_FLOPS` knows; else none), the compute thresholds watched beside
     the defaults, and the model FLOPs of earlier runs counted toward them (default: a continued run's predecessor's
     total, its own carry included; ``previous``: that run's signed events)."""
     from trainledger.training.health.flops import device_kind as device_kind_of
+    from trainledger.training.health.flops import peak_flops_per_sec
     from trainledger.training.health.mfu import ComputeTotals
 
-    out: dict[str, Any] = {"device_kind": device_kind or device_kind_of(model), "compute_thresholds": compute_thresholds}
+    kind = device_kind or device_kind_of(model)
+    out: dict[str, Any] = {"device_kind": kind, "compute_thresholds": compute_thresholds,
+                           "peak_flops_per_sec": peak, "peak_source": None if peak is None else "given"}
+    if peak is None and kind is not None and dtype is not None:
+        sheet = peak_flops_per_sec(kind, dtype)
+        if sheet is not None:
+            out["peak_flops_per_sec"], out["peak_source"] = sheet, "datasheet"
     if carried_flops is not None:
         if not (isinstance(carried_flops, (int, float)) and carried_flops >= 0 and carried_flops != float("inf")):
             raise UsageError(f"carried_flops must be a non-negative number of model FLOPs, got {carried_flops!r}")
@@ -97,6 +107,29 @@ def monitor_options(model: Any, *, device_kind: str | None, compute_thresholds: 
         done = ComputeTotals().fold(previous)
         out["carried_flops"] = float(done.flops) + done.carried
     return out
+
+
+def training_dtype(model: Any, *, bf16: bool = False, fp16: bool = False) -> str | None:
+    """The precision the matmuls of a step run at, as the datasheet peaks are keyed: ``bf16``/``fp16`` where mixed
+    precision is on, else the model's parameters' own (``float32`` is ``tf32`` where torch lets CUDA matmuls use
+    TF32)."""
+    if bf16:
+        return "bf16"
+    if fp16:
+        return "fp16"
+    try:
+        p = next(iter(model.parameters()))
+    except (AttributeError, StopIteration, TypeError):
+        return None
+    import torch
+
+    if p.dtype == torch.bfloat16:
+        return "bf16"
+    if p.dtype == torch.float16:
+        return "fp16"
+    if p.dtype == torch.float32:
+        return "tf32" if p.device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32 else "fp32"
+    return None
 
 
 def learn_run_key(signer: Signer, journal: Journal) -> None:

@@ -45,7 +45,7 @@ from trainledger.training.checkpoints.state import ResumeRejected, file_sha256
 from trainledger.training.health.monitor import TrainingHealthMonitor
 from trainledger.journal.errors import UsageError
 from trainledger.training.integrations.hooks import (StepBuffer, export_settings, fingerprint_batch, learn_run_key,
-                      monitor_options, open_run_journal, previous_run, record_checkpoint, run_key_for_rank, step_loss, tap_clip,
+                      monitor_options, training_dtype, open_run_journal, previous_run, record_checkpoint, run_key_for_rank, step_loss, tap_clip,
                       total_norm, untap_clip)
 
 __all__ = ["TrainledgerCallback", "TrainledgerLogger", "ResumeRejected"]
@@ -140,8 +140,11 @@ class TrainledgerCallback(Callback):
             meta["continues"] = self._prev[0]
         self.journal = _open(self.run_dir, self.signer, trainer, meta)
         learn_run_key(self.signer, self.journal)
+        precision = str(getattr(trainer, "precision", ""))
         self._monitor_options = monitor_options(pl_module, previous=self._prev[1] if self._prev is not None else None,
-                                                **self._compute)
+                                                peak=self.peak, dtype=training_dtype(
+                                                    pl_module, bf16=precision.startswith("bf16"),
+                                                    fp16=precision.startswith("16")), **self._compute)
         self.monitor = None
         self._params = None
 
@@ -234,8 +237,7 @@ class TrainledgerCallback(Callback):
         link = {**link, "checkpoint": rel, "sha256": record.sha256, "step": record.step}
         j.append(RunResumed(reason="continued", from_step=record.step, checkpoint=rel,
                             detail={"continues": link}), durable=True)
-        self.monitor = TrainingHealthMonitor(journal=j, flop_config=self.flop_config, peak_flops_per_sec=self.peak,
-                                             **self._monitor_options)
+        self.monitor = TrainingHealthMonitor(journal=j, flop_config=self.flop_config, **self._monitor_options)
         self.monitor.observe_resume(record.step, reason="continued", checkpoint=rel, append=False)
         self._continued = True
 
@@ -274,7 +276,7 @@ class TrainledgerCallback(Callback):
             return  # a micro-batch of an accumulation: the optimizer has not stepped yet
         if self.monitor is None:
             self.monitor = TrainingHealthMonitor(journal=self.journal, flop_config=self.flop_config,
-                                                 peak_flops_per_sec=self.peak, **self._monitor_options)
+                                                 **self._monitor_options)
         step = done - 1
         self._step = done
         if self._clip_norm is not None:  # Lightning clipped through torch: its own pre-clip norm

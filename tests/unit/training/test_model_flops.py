@@ -130,3 +130,23 @@ def test_text_file_tokens(tmp_path):
     assert toks.tolist()[:5] == list(b"hello")
     x, y = next(random_batches(toks, 2, 4, seed=0))
     assert x.shape == y.shape == (2, 4) and torch.equal(x[:, 1:], y[:, :-1])
+
+
+def test_the_callbacks_take_the_datasheet_peak_of_a_known_device_at_the_training_precision():
+    """monitor_options (the HF and Lightning callbacks): a given peak is 'given'; none given, a device the table
+    knows at the precision the steps run at gives its dense datasheet peak ('datasheet'); a CPU gives none. (No GPU
+    here: the device's name is given as torch.cuda.get_device_name reports it.)"""
+    import torch
+
+    from trainledger.training.integrations.hooks import monitor_options, training_dtype
+
+    model = torch.nn.Linear(2, 2)
+    o = monitor_options(model, device_kind=None, compute_thresholds=None, carried_flops=None, peak=5e12, dtype="bf16")
+    assert (o["device_kind"], o["peak_flops_per_sec"], o["peak_source"]) == ("cpu", 5e12, "given")
+    o = monitor_options(model, device_kind=None, compute_thresholds=None, carried_flops=None, dtype="fp32")
+    assert (o["peak_flops_per_sec"], o["peak_source"]) == (None, None)
+    o = monitor_options(model, device_kind="NVIDIA H100 80GB HBM3", compute_thresholds=None, carried_flops=None,
+                        dtype=training_dtype(model, bf16=True))
+    assert (o["peak_flops_per_sec"], o["peak_source"]) == (989.4e12, "datasheet")
+    assert training_dtype(model) == "fp32" and training_dtype(model.to(torch.bfloat16)) == "bf16"
+    assert training_dtype(model, fp16=True) == "fp16"
