@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-# As the console script does (trainledger/cli.py's entry): the numerical work the tests drive (the scaling fits' small
+# As the console script does (src/trainledger/cli.py's entry): the numerical work the tests drive (the scaling fits' small
 # matrices, replay's refits) gains nothing from BLAS threads, whose helpers spin on a shared machine; one thread halved
 # the fast tier's scaling tests' CPU time. Read when numpy loads, which is after this; a value the caller set is kept.
 for _var in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):

@@ -229,11 +229,12 @@ def prepare(mode: str, p: Path, k: Path, path: Path | None = None) -> None:
 
 def package_view(tree: Path, where: Path) -> Path:
     """A folder to put first on PYTHONPATH so that ``import trainledger`` is the checkout ``tree``'s code (its
-    accelerator built there, as ``setup.py build_ext --inplace`` builds it): ``trainledger/`` with the project's
+    accelerator built there, as ``setup.py build_ext --inplace`` builds it): ``trainledger/`` (the face, ``src/trainledger/``) with the project's
     folders linked in as the installed layout has them."""
     pkg = where / "trainledger"
     pkg.mkdir(parents=True)
-    for item in (tree / "trainledger").iterdir():
+    face = tree / "src" / "trainledger"  # the installed face: src/trainledger/ (trainledger/ in trees before 0.2)
+    for item in (face if face.is_dir() else tree / "trainledger").iterdir():
         if item.name != "__pycache__":
             (pkg / item.name).symlink_to(item)
     for name in ("journal", "training", "ladder"):

@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = {"trainledger": "trainledger", "journal": "journal", "training": "training", "ladder": "ladder"}
+PACKAGES = {"trainledger": "src/trainledger", "journal": "journal", "training": "training", "ladder": "ladder"}
 #: which package may import which (the face may import everything)
 ALLOWED = {"journal": {"journal"}, "training": {"journal", "training"}, "ladder": {"journal", "training", "ladder"},
            "trainledger": {"journal", "training", "ladder", "trainledger"}}

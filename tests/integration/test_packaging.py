@@ -18,7 +18,7 @@ BARE = re.compile(r"^\s*(from|import)\s+(journal|training|ladder)\b|-m\s*\"?,?\s
 def test_no_bare_imports_of_the_project_folders():
     """The lint rule: every import names trainledger.journal / .training / .ladder (or is relative)."""
     offenders = []
-    for folder in ("trainledger", "journal", "training", "ladder", "tests", "tools"):
+    for folder in ("src", "journal", "training", "ladder", "tests", "tools"):
         for p in (ROOT / folder).rglob("*.py"):
             for m in BARE.finditer(p.read_text()):
                 offenders.append(f"{p.relative_to(ROOT)}:{p.read_text()[:m.start()].count(chr(10)) + 1}")
@@ -84,6 +84,15 @@ def test_wheel_works_beside_folders_named_journal_and_training(tmp_path):
     cli = subprocess.run([str(venv / "bin" / "trainledger"), "demo", "--out", str(work / "run"), "--steps", "50"],
                          cwd=work, env=env, capture_output=True, text=True, timeout=300)
     assert cli.returncode == 0 and "OK" in cli.stdout, cli.stderr[-3000:]
+    # From the repository root, nothing shadows the installed package (the face lives in src/): the wheel's
+    # trainledger imports there, and the tests run there against a plain (not editable) install.
+    here = subprocess.run([str(py), "-c", "import trainledger, trainledger.journal.writer; print(trainledger.__file__)"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert here.returncode == 0 and str(venv) in here.stdout, here.stderr[-3000:]
+    tests = subprocess.run([str(py), "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                            "tests/unit/journal/test_codec.py"], cwd=ROOT, env=env, capture_output=True, text=True,
+                           timeout=300)
+    assert tests.returncode == 0 and " passed" in tests.stdout, tests.stdout[-2000:] + tests.stderr[-2000:]
 
 
 def test_every_error_trainledger_raises_has_one_root():
