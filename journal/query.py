@@ -58,7 +58,7 @@ from trainledger.journal.trust import TrustPolicy
 from trainledger.journal.verify import VerifyReport, open_checked, read_opening, verify
 
 __all__ = ["connect", "open_views", "build_cache", "refresh_cache_in_background", "keep_cold_load", "cache_dir",
-           "journal_files", "VIEWS", "Source", "CACHE_MIN_BYTES"]
+           "journal_files", "VIEWS", "Source", "CACHE_MIN_BYTES"]  # noqa: F822 - VIEWS: __getattr__
 
 CACHE_VERSION = 7  # bumped whenever a view's columns change (timeline, runs.imported, the 1.2 kinds, events.rank,
 #                   the 1.6 fields and anomaly_ended)

@@ -14,7 +14,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import duckdb
 import pytest
 
 from test_parquet_export import _relist  # noqa: E402  (the listing re-hashed, as an attacker would)

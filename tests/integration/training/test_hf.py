@@ -206,7 +206,6 @@ def test_every_rank_journals_its_steps_under_torchrun(tmp_path):
     import os
     import subprocess
     import sys
-    from pathlib import Path
 
     from trainledger.cli import main
     from trainledger.journal import keygen
