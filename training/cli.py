@@ -71,9 +71,12 @@ def register(sub) -> None:
     add_json_option(q)
     q.set_defaults(func=_cmd_import)
 
-    p = sub.add_parser("export", help="write a verified journal's steps into another tool's format (TensorBoard)",
-                       description="Export a journal's steps and anomalies as TensorBoard scalars, so dashboards keep "
-                                   "working while the journal stays the record. The journal is verified first.")
+    p = sub.add_parser("export", help="write verified journals into another format: TensorBoard scalars, or a "
+                                      "Parquet dataset with receipts",
+                       description="Export verified journals: 'tensorboard' writes a journal's steps and anomalies as "
+                                   "TensorBoard scalars, so dashboards keep working while the journal stays the "
+                                   "record; 'parquet' writes their signed events as a Parquet dataset with its "
+                                   "receipts, which query and verify read. The journals are verified first.")
     esub = p.add_subparsers(dest="target", required=True, metavar="TARGET", help="tensorboard or parquet")
     q = esub.add_parser("tensorboard", help="TensorBoard event files",
                         description="A journal's steps and anomalies as TensorBoard scalars in LOGDIR. A run folder "
