@@ -13,7 +13,7 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from trainledger.journal.scan import RangeResult, ScanContext, Scanner, iter_blocks, lines_of, signed_prefix, tree_mode
+from trainledger.journal.scan import RangeResult, Scanner, iter_blocks, lines_of, signed_prefix
 from trainledger.journal.chain import genesis
 from trainledger.journal.verify import open_checked, read_opening
 
@@ -34,13 +34,10 @@ def read_event_batches(path: str | os.PathLike) -> Iterator[list[Any]]:
     """Like :func:`read_events`, a list of consecutive events at a time (for fast folds)."""
     from pathlib import Path
 
-    p = Path(path)
-    from trainledger.journal.verify import resolve_signing
+    from trainledger.journal.follow import open_journal
 
-    size = open_checked(p)
-    opened, opened_len = read_opening(p, size)
-    ctx = ScanContext(opened.run_id, opened.key_id, None, False, None, tree=tree_mode(opened.format_version, False),
-                      certified=resolve_signing(p, size, opened, opened_len, check_signatures=False).certified)
+    o = open_journal(Path(path), check_signatures=False, tree_checked=False)  # the chain only: signatures unchecked
+    p, size, opened, ctx = o.path, o.size, o.opened, o.ctx
     res = RangeResult(0, size)
     scanner = Scanner(ctx, -1, genesis(opened.run_id), res)
     with open(p, "rb", buffering=0) as f:
@@ -61,19 +58,15 @@ def read_signed_events(path: str | os.PathLike, keys) -> Iterator[Any]:
     from pathlib import Path
 
     from trainledger.journal.errors import UnsignedJournal, UsageError
-    from trainledger.journal.verify import resolve_signing
+    from trainledger.journal.follow import open_journal
 
     keys = list(keys)
     if not keys:
         raise UsageError("read_signed_events needs the public key the journal must be signed with")
-    p = Path(path)
-    size = open_checked(p)
-    opened, opened_len = read_opening(p, size)
-    signing = resolve_signing(p, size, opened, opened_len, keys=keys)
+    o = open_journal(Path(path), keys=keys)
+    p, size, opened, signing, ctx = o.path, o.size, o.opened, o.signing, o.ctx
     if signing.trust != "pinned" or (signing.raw is None and signing.certified is None):
         raise UnsignedJournal(f"{p}: the journal is unsigned: nothing in it may drive a resume or a deletion", seq=0)
-    ctx = ScanContext(opened.run_id, opened.key_id, signing.raw, True, None, tree=tree_mode(opened.format_version),
-                      certified=signing.certified)
     res = RangeResult(0, size)
     scanner = Scanner(ctx, -1, genesis(opened.run_id), res)
     pending: list[Any] = []

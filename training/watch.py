@@ -13,23 +13,21 @@ one line per refresh.
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from trainledger.journal.scan import Appended, RangeResult, ScanContext, Scanner, lines_of, tree_mode
+from trainledger.journal.follow import Follower
 from trainledger.journal.text import safe
-from trainledger.journal.chain import genesis
 from trainledger.journal.errors import IntegrityError, JournalError
 from trainledger.journal.events import RunClosed, Seal, SealSigned, StepObserved
 from trainledger.training.health.detectors import AnomalyDetected, HealthProjection, RunConfigured
 from trainledger.journal.keys import PublicKey
 from trainledger.journal.trust import TrustPolicy
 from trainledger.journal.kinds import CheckpointSaved, RankJoined, ShardsSaved, StragglerDetected
-from trainledger.journal.verify import open_checked, read_opening, resolve_signing
+from trainledger.journal.verify import open_checked, read_opening
 
 __all__ = ["watch"]
 
@@ -111,24 +109,21 @@ class _View:
 
 
 def _context(p: Path, keys: Sequence[PublicKey], trust_embedded: bool,
-             allow_unsigned: bool) -> tuple[ScanContext, str] | str:
-    """The scan context and trust label for following ``p``, or the FAIL line when it may not be followed."""
-    size = open_checked(p)
-    opened, opened_len = read_opening(p, size)
-    if keys or trust_embedded or opened.key_id is None:
-        signing = resolve_signing(p, size, opened, opened_len, keys=keys, trust_embedded=trust_embedded)
-        raw, trust = signing.raw, signing.trust
-        if trust == "unsigned" and not allow_unsigned:
-            return f"FAIL  {p}: the journal is unsigned (pass --allow-unsigned to follow it anyway)"
-        label = {"pinned": f"signatures checked: key {signing.key_id}, pinned",
-                 "embedded": f"signatures checked against the embedded key {signing.key_id}: authenticity not "
-                             "established", "unsigned": "unsigned journal: chain only"}[trust]
-        return ScanContext(opened.run_id, opened.key_id, raw, trust != "unsigned", None,
-                           tree=tree_mode(opened.format_version), certified=signing.certified), label
-    unchecked = resolve_signing(p, size, opened, opened_len, check_signatures=False)
-    return (ScanContext(opened.run_id, opened.key_id, None, False, None, tree=tree_mode(opened.format_version),
-                        certified=unchecked.certified),
-            "chain checked, signatures NOT checked: pass --pubkey")
+             allow_unsigned: bool) -> tuple[Follower, str] | str:
+    """The follower (journal.follow: keys resolved as verify resolves them) and trust label for ``p``, or the FAIL
+    line when it may not be followed."""
+    opened, _ = read_opening(p, open_checked(p))
+    check = bool(keys or trust_embedded or opened.key_id is None)
+    follower = Follower(p, keys=keys, trust_embedded=trust_embedded, check_signatures=check)
+    if not check:
+        return follower, "chain checked, signatures NOT checked: pass --pubkey"
+    signing = follower.signing
+    if signing.trust == "unsigned" and not allow_unsigned:
+        return f"FAIL  {p}: the journal is unsigned (pass --allow-unsigned to follow it anyway)"
+    label = {"pinned": f"signatures checked: key {signing.key_id}, pinned",
+             "embedded": f"signatures checked against the embedded key {signing.key_id}: authenticity not "
+                         "established", "unsigned": "unsigned journal: chain only"}[signing.trust]
+    return follower, label
 
 
 def watch(path: str | Path, *, interval: float = 0.5, out: TextIO | None = None, timeout: float | None = None,
@@ -185,11 +180,11 @@ def watch(path: str | Path, *, interval: float = 0.5, out: TextIO | None = None,
         if isinstance(got, str):
             out.write(safe(got) + "\n")
             return 1
-        ctx, label = got
+        followed, label = got
         tty = out.isatty()
         if not tty:
             out.write(safe(f"watching {p} ({label})") + "\n")
-        follower = _Follower(p, ctx, label, keys, trust_embedded)
+        follower = _Watched(followed, label)
         drawn = 0
         while True:
             note = follower.read_new()
@@ -228,7 +223,7 @@ def _watch_run_dir(d: Path, nap, out: TextIO, policy: TrustPolicy, reading: list
     closed, the folder is checked whole (``verify RUN_DIR``'s check) before the watch says so."""
     from trainledger.journal.audit.rundir import rank_files, split_run_id, verify_run_dir
 
-    followers: dict[int, _Follower] = {}
+    followers: dict[int, _Watched] = {}
     tty = out.isatty()
     drawn = 0
     run: str | None = None
@@ -240,15 +235,16 @@ def _watch_run_dir(d: Path, nap, out: TextIO, policy: TrustPolicy, reading: list
                 if isinstance(got, str):
                     out.write(safe(got) + "\n")
                     return 1
-                split = split_run_id(got[0].run_id)
+                opened = got[0].opened
+                split = split_run_id(opened.run_id)
                 if split is None or split[1] != r or (run is not None and split[0] != run):
-                    out.write(safe(f"FAIL  {f}: its run id {got[0].run_id!r} is not this folder's rank {r} "
+                    out.write(safe(f"FAIL  {f}: its run id {opened.run_id!r} is not this folder's rank {r} "
                                    f"({run or 'RUN'}.r{r:05d}): a journal of another run (or rank)") + "\n")
                     return 1
                 run = run or split[0]
                 if policy.roster is not None:
-                    policy.roster.hold(r, got[0].key_id)
-                followers[r] = _Follower(f, *got, policy.keys, policy.trust_embedded)
+                    policy.roster.hold(r, opened.key_id)
+                followers[r] = _Watched(*got)
                 if not tty:
                     out.write(safe(f"watching rank {r}: {f} ({got[1]})") + "\n")
         for r, fo in sorted(followers.items()):
@@ -284,45 +280,26 @@ def _has_first_line(p: Path) -> bool:
         return False
 
 
-class _Follower:
-    """Reads what was appended since the last call, a block at a time (memory stays flat in journal size)."""
+class _Watched:
+    """A journal followed (:class:`~trainledger.journal.follow.Follower`: a block at a time, so memory stays flat
+    in journal size) and folded into its view."""
 
-    def __init__(self, p: Path, ctx: ScanContext, label: str, keys: Sequence[PublicKey] = (),
-                 trust_embedded: bool = False) -> None:
-        self.p, self.ctx, self.label = p, ctx, label
-        self._keys, self._trust_embedded = list(keys), trust_embedded
-        self._restart()
-
-    def _restart(self) -> None:
-        self.view = _View(self.label)
-        self.scanner = Scanner(self.ctx, -1, genesis(self.ctx.run_id), RangeResult(0, 0))
-        self.appended = Appended()
+    def __init__(self, follower: Follower, label: str) -> None:
+        self.follower, self.label, self.p = follower, label, follower.path
+        self.view = _View(label)
 
     def read_new(self) -> str | None:
         """Fold every complete line appended since the last call; a note when the file was cut meanwhile."""
         note = None
-        with open(self.p, "rb", buffering=0) as f:
-            size = os.fstat(f.fileno()).st_size
-            if self.appended.cut_back(f, size):
-                # open_append cut a torn line, or unsigned events, off the end (an honest crash and repair), or
-                # someone rewrote the file: either way what was read no longer stands. Read it again.
-                note = f"{self.p}: the journal was cut back and rewritten (a crash repaired?): reading it again"
-                self._restart()
-            for block, start in self.appended.blocks(f):
-                if b'{"kind":"key_certified",' in block:
-                    self._learn_certificates()
-                for ev in self.scanner.feed(lines_of(block), start):
-                    self.view.apply(ev)
+        if self.follower.read_new(self._apply):
+            # open_append cut a torn line, or unsigned events, off the end (an honest crash and repair), or someone
+            # rewrote the file: either way what was read no longer stands. Read it again.
+            note = f"{self.p}: the journal was cut back and rewritten (a crash repaired?): reading it again"
+            self.follower.restart()
+            self.view = _View(self.label)
+            self.follower.read_new(self._apply)
         return note
 
-    def _learn_certificates(self) -> None:
-        """A certified journal restarted under a new rank key while it was followed: the certificates are read
-        and checked again (under the same pinned keys), so that the new key's seals are held to its certificate."""
-        table = self.ctx.certified
-        if not table or type(table) is not dict:  # none (the journal's own key), or any key (signatures unchecked)
-            return
-        size = open_checked(self.p)
-        opened, opened_len = read_opening(self.p, size)
-        signing = resolve_signing(self.p, size, opened, opened_len, keys=self._keys,
-                                  trust_embedded=self._trust_embedded)
-        table.update(signing.certified or {})
+    def _apply(self, recs: list[Any], at: list[tuple[int, int]]) -> None:
+        for ev in recs:
+            self.view.apply(ev)

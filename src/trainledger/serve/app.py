@@ -1,7 +1,7 @@
 """``trainledger serve JOURNAL|RUN_DIR``: a live dashboard of what verifies (the ``serve`` extra: Starlette, uvicorn).
 
 One page (``static/index.html``, its script and uPlot, all shipped in the package: nothing is fetched from outside)
-and a read-only JSON API over a :class:`~.board.Board`. A follower thread reads the journals every
+and a read-only JSON API over a :class:`~.board.Board`. A poller thread reads the journals every
 :data:`POLL_S` seconds; the page hears of each change through server-sent events (``/api/stream``) and fetches what
 changed. Every journal string reaches the page as JSON and is put into it as text, never as markup; the page runs
 under a Content-Security-Policy that allows only its own script and styles.
@@ -44,7 +44,7 @@ def _static(name: str) -> bytes:
     return resources.files("trainledger.serve").joinpath("static", name).read_bytes()
 
 
-class Follower(threading.Thread):
+class Poller(threading.Thread):
     """Polls the boards until stopped; the server's one writer of them."""
 
     def __init__(self, board: Any, interval: float = POLL_S) -> None:
@@ -87,7 +87,7 @@ def make_app(board: Board | Fleet, *, token: str | None, follow: bool = True) ->
     from starlette.routing import Route
 
     fleet = board if isinstance(board, Fleet) else Fleet([board.path], board.trust, boards={str(board.path): board})
-    follower = Follower(fleet) if follow else None
+    follower = Poller(fleet) if follow else None
 
     def run_of(request: Request) -> Board:
         return fleet.board(request.query_params.get("run"))

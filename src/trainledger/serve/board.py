@@ -32,11 +32,12 @@ from typing import Any
 
 from trainledger.journal.audit.rundir import is_run_dir, rank_files, run_journal, split_run_id
 from trainledger.journal.chain import genesis, link
-from trainledger.journal.errors import (IntegrityError, JournalError, JournalIOError, SchemaError, TrainledgerError,
+from trainledger.journal.errors import (IntegrityError, JournalError, SchemaError, TrainledgerError,
                                        UsageError)
-from trainledger.journal.scan import Appended, RangeResult, ScanContext, new_scanner, tree_mode
+from trainledger.journal.follow import Follower, open_journal_file
+from trainledger.journal.scan import tree_mode
 from trainledger.journal.trust import TrustPolicy
-from trainledger.journal.verify import open_checked, read_opening, resolve_signing
+from trainledger.journal.verify import open_checked, read_opening
 
 __all__ = ["Board", "METRICS", "DEVICE_METRICS", "MAX_WIDTH"]
 
@@ -125,21 +126,6 @@ def _seq_text(s: str) -> bool:
     return s.isascii() and s.isdigit() and len(s) < 20
 
 
-def _open_regular(path: Path) -> Any:
-    """``path`` opened for reading (:func:`~trainledger.journal.paths.open_regular`, a link followed: the journal
-    the user named may be one): without blocking, since a journal swapped for a FIFO would hang every route, and
-    held to be a regular file; else :class:`JournalIOError`."""
-    from trainledger.journal.errors import UnsafePath
-    from trainledger.journal.paths import open_regular
-
-    try:
-        return os.fdopen(open_regular(path, what="journal", follow=True), "rb", buffering=0)
-    except FileNotFoundError:
-        raise JournalIOError(f"{path}: no such file") from None
-    except UnsafePath as e:
-        raise JournalIOError(str(e)) from None
-
-
 class _Journal:
     """One journal followed: complete lines checked as they arrive, signed events handed to the board."""
 
@@ -148,29 +134,21 @@ class _Journal:
         self.restart()
 
     def restart(self) -> None:
-        size = open_checked(self.path)
-        opened, opened_len = read_opening(self.path, size)
         policy = self.board.trust
-        if policy.keys or policy.trust_embedded or opened.key_id is None:
-            # as verify and read_signed_events resolve it: a journal whose seals are signed by certified rank keys
-            # (format 1.7) is held to the keys its certificates certify under the pinned one
-            signing = resolve_signing(self.path, size, opened, opened_len, keys=policy.keys,
-                                      trust_embedded=policy.trust_embedded)
-            raw, trust, certified = signing.raw, signing.trust, signing.certified
-            if trust == "unsigned" and not policy.allow_unsigned:
-                raise UsageError(f"{self.path}: the journal is unsigned (pass --allow-unsigned to show it anyway)")
-        else:
-            raise UsageError("serve shows only what verifies: pass --pubkey FILE (or --trust-embedded)")
-        self.trust = trust
+        if not (policy.keys or policy.trust_embedded):
+            opened, _ = read_opening(self.path, open_checked(self.path))
+            if opened.key_id is not None:
+                raise UsageError("serve shows only what verifies: pass --pubkey FILE (or --trust-embedded)")
+        # the one follower (journal.follow): keys resolved as verify resolves them, certified rank keys included
+        self.follower = Follower(self.path, keys=policy.keys, trust_embedded=policy.trust_embedded)
+        opened = self.follower.opened
+        if self.follower.trust == "unsigned" and not policy.allow_unsigned:
+            raise UsageError(f"{self.path}: the journal is unsigned (pass --allow-unsigned to show it anyway)")
+        self.trust = self.follower.trust
         self.key_id = opened.key_id
         self.format_version = opened.format_version
         self.provable = tree_mode(opened.format_version)
         self.run_id = opened.run_id
-        self.ctx = ScanContext(opened.run_id, opened.key_id, raw, trust != "unsigned", None,
-                               tree=tree_mode(opened.format_version), certified=certified)
-        self.res = RangeResult(0, 0)
-        self.scanner = new_scanner(self.ctx, -1, genesis(opened.run_id), self.res)
-        self.appended = Appended()
         # the events past the last seal, with where their lines are; and the signed ones not handed on yet
         self.pending: list[Any] = []
         self.pending_at: list[tuple[int, int]] = []
@@ -183,29 +161,24 @@ class _Journal:
 
     def read_new(self) -> bool:
         """Check and hand on everything appended since the last call; whether anything new was signed or seen."""
-        changed = False
-        with _open_regular(self.path) as f:
-            size = os.fstat(f.fileno()).st_size
-            if self.appended.cut_back(f, size):
-                self.board._rewritten(self)
-                return True
-            for whole, start in self.appended.blocks(f, size, self.board.progress):
-                recs = self.scanner.feed_block(whole, start)
-                recs = recs.records() if hasattr(recs, "records") else list(recs)
-                lens = list(map(len, whole.split(b"\n")))[:-1]
-                offs = list(itertools.accumulate((n + 1 for n in lens), initial=start))[:-1]
-                self.pending.extend(recs)
-                self.pending_at.extend(zip(offs, lens))
-                changed = True
-                self._release()
-                if len(self.ready) >= BATCH:
-                    self._hand_on()
+        changed = [False]
+
+        def block(recs: list[Any], at: list[tuple[int, int]]) -> None:
+            self.pending.extend(recs)
+            self.pending_at.extend(at)
+            changed[0] = True
+            self._release()
+            if len(self.ready) >= BATCH:
+                self._hand_on()
+        if self.follower.read_new(block, progress=self.board.progress):
+            self.board._rewritten(self)
+            return True
         self._hand_on()
-        return changed
+        return changed[0]
 
     def _release(self) -> None:
         """Move the events a checked seal covers (in order) to those to hand on; keep the rest pending."""
-        sealed = self.res.last_seal_seq if self.trust != "unsigned" else (
+        sealed = self.follower.last_seal_seq if self.trust != "unsigned" else (
             self.pending[-1].seq if self.pending else None)
         if sealed is None or not self.pending or self.pending[0].seq > sealed:
             return
@@ -561,7 +534,7 @@ class Board:
             out["journals"] = [{"rank": j.rank, "file": str(j.path), "run_id": j.run_id, "key_id": j.key_id,
                                 "format_version": j.format_version,
                                 "trust": j.trust, "signed": j.signed, "unsigned": len(j.pending),
-                                "last_seal_seq": j.res.last_seal_seq, "closed": j.closed}
+                                "last_seal_seq": j.follower.last_seal_seq, "closed": j.closed}
                                for _, j in sorted(self.journals.items(), key=lambda x: -1 if x[0] is None else x[0])]
             out["listed"] = list(self.listed[-500:])
             out["marks"] = [dict(zip(("rank", "seq", "step", "kind", "label"), m)) for m in self.con.execute(
@@ -728,7 +701,7 @@ class Board:
             h, off, ln = j.index.get(seq)
             prev = j.index.get(seq - 1)[0] if seq > 0 else None
             try:
-                with _open_regular(j.path) as f:
+                with open_journal_file(j.path) as f:
                     f.seek(off)
                     line = f.read(ln)
             except JournalError as e:

@@ -343,10 +343,13 @@ def test_only_rank_0_holds_the_run_key_under_torchrun(monkeypatch, tmp_path):
 
 
 def test_watch_follows_a_certified_journal_across_a_restart(tmp_path):
-    """`trainledger watch` reads a rank journal's certificates when it starts; a restart while it follows adds a
-    round's certificate, which it reads and checks then (under the same pinned key), holding the new key's seals to
-    it: not a false FAIL."""
-    from trainledger.training.watch import _Follower, _context
+    """The one follower (journal.follow, which watch and serve use) reads a rank journal's certificates when it
+    starts; a restart while it follows adds a round's certificate, which it reads and checks then (under the same
+    pinned key), holding the new key's seals to it: not a false FAIL. watch then sees the run closed."""
+    import io
+
+    from trainledger.journal.follow import Follower
+    from trainledger.training.watch import watch
 
     issuer = Signer.generate()
     k0, k1 = Signer.generate(), Signer.generate()
@@ -355,12 +358,14 @@ def test_watch_follows_a_certified_journal_across_a_restart(tmp_path):
                        certificate=RankRoster.sign(issuer, run=RUN, round=0, keys=[k0.public]).certificate(0), **OPTS)
     _rank_segment(j, 0, 0, 1, range(20))
     j.suspend()
-    ctx, label = _context(p, [issuer.public], False, False)
-    follower = _Follower(p, ctx, label, [issuer.public], False)
-    follower.read_new()
+    follower = Follower(p, keys=[issuer.public])
+    seen: list = []
+    assert not follower.read_new(lambda recs, at: seen.extend(recs))
     j = Journal.open_append(p, signer=k1, **OPTS,
                             certificate=RankRoster.sign(issuer, run=RUN, round=1, keys=[k1.public]).certificate(0))
     _rank_segment(j, 0, 1, 1, range(20, 40))
     j.close()
-    follower.read_new()
-    assert follower.view.closed
+    assert not follower.read_new(lambda recs, at: seen.extend(recs))
+    assert type(seen[-1]).__struct_config__.tag == "seal" and type(seen[-2]).__struct_config__.tag == "run_closed"
+    assert follower.last_seal_seq == seen[-1].seq and follower.trust == "pinned"
+    assert watch(p, keys=[issuer.public], out=io.StringIO(), timeout=60) == 0
