@@ -654,17 +654,40 @@ def main(argv: Sequence[str] | None = None, *, parser: argparse.ArgumentParser |
             return _run_on_copies(args)
         return args.func(args)
     except TrainledgerError as e:  # the journal's, the training side's and the ladder's errors alike
+        if _INTERRUPTED:  # Ctrl-C reached a library that turned it into an error of its own (DuckDB does)
+            return _interrupted(args)
         return _failed(args, str(e), e.exit_code, getattr(e, "reason", None))
     except KeyboardInterrupt:
-        say(f"trainledger {args.command}: interrupted", file=sys.stderr)
-        return 130
+        return _interrupted(args)
     except BrokenPipeError:
         # `trainledger show ... | head`: not an error.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except OSError as e:  # a file or folder that cannot be read or written: an I/O error, one line, exit 2
+        if _INTERRUPTED:
+            return _interrupted(args)
         where = f"{e.filename}: " if e.filename else ""
         return _failed(args, f"{where}{e.strerror or e}", 2)
+    except Exception:
+        if _INTERRUPTED:  # any error after a Ctrl-C is the interrupt's: a library's wrapping of it, or its aftermath
+            return _interrupted(args)
+        raise
+
+
+#: set once Ctrl-C reached the command (entry's handler): from then on any error a command ends with is the
+#: interrupt's, told as one line and exit 130 (a library may catch the KeyboardInterrupt and raise its own error:
+#: DuckDB reports "reading the schema of the object registered as 'events' failed: KeyboardInterrupt")
+_INTERRUPTED: list[bool] = []
+
+
+def _on_sigint(signum: int, frame: Any) -> None:
+    _INTERRUPTED.append(True)
+    raise KeyboardInterrupt
+
+
+def _interrupted(args: argparse.Namespace) -> int:
+    say(f"trainledger {args.command}: interrupted", file=sys.stderr)
+    return 130
 
 
 def _failed(args: argparse.Namespace, message: str, code: int, reason: str | None = None) -> int:
@@ -687,9 +710,11 @@ def entry(main=main) -> None:
 
     try:
         if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # armed inside the block that catches it
-            signal.signal(signal.SIGINT, signal.default_int_handler)
+            signal.signal(signal.SIGINT, _on_sigint)
         code = main()
-    except KeyboardInterrupt:  # before a command's own handling (its arguments still being parsed)
+    except BaseException as e:  # before a command's own handling (its arguments still being parsed), or after
+        if not (isinstance(e, KeyboardInterrupt) or _INTERRUPTED):
+            raise
         say("trainledger: interrupted", file=sys.stderr)
         code = 130
     if code == 130:

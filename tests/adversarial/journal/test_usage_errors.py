@@ -72,7 +72,7 @@ def big_journal(tmp_path_factory):
     return p
 
 
-@pytest.mark.parametrize("delay", [0.0, 0.002, 0.02, 0.1, 0.4, 1.5])
+@pytest.mark.parametrize("delay", [0.0, 0.002, 0.02, 0.1, 0.25, 0.4, 0.55, 0.7, 1.5])
 def test_ctrl_c_interrupts_a_query_at_any_moment(big_journal, delay):
     """From the moment the command owns Ctrl-C (the handshake: its package imported) through its start-up, the
     journal's verification and load, and the SQL: exit 130, one line, no abort, however loaded the machine (the
