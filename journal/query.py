@@ -55,7 +55,7 @@ from trainledger.journal.copies import PrivateCopies
 from trainledger.journal.errors import JournalIOError, SchemaError, TrainledgerError
 from trainledger.journal.kinds import BUILTIN_KINDS
 from trainledger.journal.trust import TrustPolicy
-from trainledger.journal.verify import VerifyReport, open_checked, read_opening, verify
+from trainledger.journal.verify import Verification, VerifyReport, open_checked, read_opening, verify_with
 
 __all__ = ["connect", "open_views", "build_cache", "refresh_cache_in_background", "keep_cold_load", "cache_dir",
            "journal_files", "VIEWS", "Source", "CACHE_MIN_BYTES"]  # noqa: F822 - VIEWS: __getattr__
@@ -566,7 +566,7 @@ def _load(files: list[Path], verify_first: bool, trust: TrustPolicy) -> tuple[du
         rows = []
         for i, (f, c) in enumerate(staged):
             with _named(f, c):
-                rep = verify(c, trust=trust, _alongside=read_all if i == len(staged) - 1 else None)
+                rep = verify_with(c, Verification(alongside=read_all if i == len(staged) - 1 else None), trust=trust)
             rep.path = str(f)
             rows.append({**_file_row(f, rep), "copy": str(c), "identity": list(copies.identity[str(c)])})
         trimmed = False

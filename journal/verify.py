@@ -45,7 +45,7 @@ from trainledger.journal.events import FORMAT_VERSION, RunOpened
 from trainledger.journal.keys import PublicKey, key_id_of
 from trainledger.journal.trust import TrustPolicy, parse_head
 
-__all__ = ["VerifyReport", "verify", "verify_copy", "resolve_key", "resolve_signing", "Signing", "parse_head",
+__all__ = ["VerifyReport", "verify", "verify_with", "Verification", "verify_copy", "resolve_key", "resolve_signing", "Signing", "parse_head",
            "PARALLEL_MIN_BYTES"]
 
 #: Files smaller than this are checked in-process; process start-up would cost more than it saves.
@@ -261,6 +261,29 @@ def _boundaries(path: Path, size: int, first_end: int, parts: int) -> list[tuple
     return cuts
 
 
+@dataclasses.dataclass
+class Verification:
+    """What the project's own readers ask of a verification beyond its report (:func:`verify_with`): internal API,
+    named hooks instead of private keywords of :func:`verify`.
+
+    ``consume``: each checked event handed on in the same pass (replay's fold, an export's writer), in this
+    process; ``with_lines``: with each event's line; ``collect``: (kinds, seqs) whose lines and chain hashes the
+    pass gathers (run folders' anchors); ``alongside``: started once the workers exist (a query's load beside the
+    check); ``pool``: workers shared across journals (a run folder's ranks); ``source``: the journal's bytes as a
+    stream of blocks of whole lines instead of the file the path names (which names it in messages): ``prefix(n)``
+    (the first blocks, at least n bytes of them where there are, kept for ``blocks()``), ``blocks()`` ((block,
+    offset) from the first byte on), ``offset`` (bytes handed on so far, the size once they are all read),
+    ``certificates()`` (the key_certified lines, :func:`certify.find_certificates`'s); a stream is checked in one
+    pass, with ``consume``."""
+
+    consume: Callable[..., None] | None = None
+    with_lines: bool = False
+    collect: tuple[frozenset[str], frozenset[int]] | None = None
+    alongside: Callable[[], None] | None = None
+    pool: SharedWorkers | None = None
+    source: Any = None
+
+
 def verify(
     path: str | os.PathLike,
     *,
@@ -268,12 +291,6 @@ def verify(
     check_signatures: bool = True,
     workers: int | None = None,
     progress: Callable[[int, int], None] | None = None,
-    _alongside: Callable[[], None] | None = None,
-    _collect: tuple[frozenset[str], frozenset[int]] | None = None,
-    _pool: SharedWorkers | None = None,
-    _consume: Callable[..., None] | None = None,
-    _with_lines: bool = False,
-    _source: Any = None,
     **trust_options: Any,
 ) -> VerifyReport:
     """Verify a journal file and return what was established.
@@ -301,15 +318,21 @@ def verify(
     is pinned, :class:`JournalIOError` when the file cannot be read and
     :class:`UnsupportedFormat` for a newer major format version.
     """
+    return verify_with(path, Verification(), trust=trust, check_signatures=check_signatures, workers=workers,
+                       progress=progress, **trust_options)
+
+
+def verify_with(path: str | os.PathLike, hooks: Verification, *, trust: TrustPolicy | None = None,
+                check_signatures: bool = True, workers: int | None = None,
+                progress: Callable[[int, int], None] | None = None, **trust_options: Any) -> VerifyReport:
+    """:func:`verify`, with the project's own readers' ``hooks`` (:class:`Verification`): internal API."""
+    _alongside, _collect, _pool = hooks.alongside, hooks.collect, hooks.pool
+    _consume, _with_lines, _source = hooks.consume, hooks.with_lines, hooks.source
     policy = TrustPolicy.of(trust, **trust_options)
     keys, trust_embedded = policy.keys, policy.trust_embedded
     allow_unsigned, allow_unsealed, require_closed = policy.allow_unsigned, policy.allow_unsealed, policy.require_closed
     head_req, expect_checkpoint = policy.expect_head, policy.expect_checkpoint
     p = Path(path)
-    # _source: the journal's bytes as a stream of blocks of whole lines instead of the file ``path`` names (which
-    # names it in messages): ``prefix(n)`` (the first blocks, at least n bytes of them where there are, kept for
-    # ``blocks()``), ``blocks()`` ((block, offset) from the first byte on), ``offset`` (bytes handed on so far, the
-    # size once they are all read), ``certificates()`` (the key_certified lines, :func:`certify.find_certificates`'s)
     size = open_checked(p) if _source is None else 0
     report = VerifyReport(ok=False, path=str(p), bytes=size)
     try:
@@ -350,8 +373,8 @@ def verify(
                                   columns=getattr(_consume, "takes_columns", False))]
         if _source is not None:  # its size known now, every line read
             report.bytes = results[0].end = _source.offset
-    elif _source is not None:  # pragma: no cover - a private argument, for the export's check alone
-        raise UsageError("verify: a stream of lines is checked in one pass, with _consume")
+    elif _source is not None:  # pragma: no cover - a hook for the export's check alone
+        raise UsageError("verify: a stream of lines is checked in one pass, with Verification.consume")
     else:
         results = _scan(p, size, opened_len + 1, ctx, workers, progress, _alongside, _pool)
     if _collect is not None:  # verify_run_dir: lines and hashes gathered by the same pass that checked them

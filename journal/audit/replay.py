@@ -16,7 +16,7 @@ from trainledger.journal.audit.projection import Projection
 from trainledger.journal.errors import SemanticError, TrainledgerError
 from trainledger.journal.events import StepObserved
 from trainledger.journal.trust import TrustPolicy
-from trainledger.journal.verify import VerifyReport, verify
+from trainledger.journal.verify import Verification, VerifyReport, verify_with
 
 __all__ = ["fold"]
 
@@ -93,7 +93,7 @@ def fold(path: str | os.PathLike, projections: Callable[[str | None], list[Proje
                                             seq=getattr(ev, "seq", None))) from None
 
     try:
-        report = verify(path, trust=policy, _consume=consume, progress=progress)
+        report = verify_with(path, Verification(consume=consume), trust=policy, progress=progress)
     except _FoldFailed as f:
         raise f.error from None
     if not folded:  # nothing signed to fold (no seal yet, with allow_unsealed)

@@ -28,7 +28,7 @@ from trainledger.journal.errors import IntegrityError, JournalIOError, UsageErro
 from trainledger.journal.events import KeyCertified
 from trainledger.journal.kinds import AnchorRecorded, RankJoined, RanksAnchored
 from trainledger.journal.trust import TrustPolicy
-from trainledger.journal.verify import SharedWorkers, VerifyReport, verify
+from trainledger.journal.verify import SharedWorkers, Verification, VerifyReport, verify_with
 
 __all__ = ["AnchorMismatch", "RunDirReport", "verify_run_dir", "verify_rank", "check_run", "hold_ranks", "is_run_dir",
            "rank_files", "run_journal", "JOURNAL_NAMES",
@@ -143,7 +143,7 @@ _ANCHOR_KINDS = frozenset({"rank_joined", "ranks_anchored", "anchor_recorded", "
 def _verify_rank(rank: int, f: Path, trust: TrustPolicy, want: frozenset[int] = frozenset(), *,
                  workers: int | None = None, _pool: SharedWorkers | None = None) -> VerifyReport:
     try:
-        return verify(f, trust=trust, workers=workers, _collect=(_ANCHOR_KINDS, want), _pool=_pool)
+        return verify_with(f, Verification(collect=(_ANCHOR_KINDS, want), pool=_pool), trust=trust, workers=workers)
     except IntegrityError as e:
         raise type(e)(f"rank {rank}: {e}", seq=e.seq, offset=e.offset) from None
 

@@ -317,7 +317,7 @@ def _verified_lines(d: Path, ev_rel: str, policy: TrustPolicy, work: Path, *, se
 
     from trainledger.journal.audit.rundir import _ANCHOR_KINDS
     from trainledger.journal.scan import MAX_LINE
-    from trainledger.journal.verify import read_opening, verify
+    from trainledger.journal.verify import Verification, read_opening, verify_with
 
     path = d / ev_rel
     src = f"read_parquet({_lit(str(path))})"
@@ -352,9 +352,9 @@ def _verified_lines(d: Path, ev_rel: str, policy: TrustPolicy, work: Path, *, se
         stream = _LineStream(con, src, d, ev_rel, rows=rows, claimed=int(meta[1]), held=held)
         try:
             opened = read_opening(path, 0, _source=stream)[0]
-            rep = verify(path, trust=policy, _collect=(_ANCHOR_KINDS, seqs), _source=stream,
-                         **({"_consume": consume, "_with_lines": True} if consume is not None else
-                            {"_consume": _ignore}))
+            rep = verify_with(path, Verification(collect=(_ANCHOR_KINDS, seqs), source=stream,
+                                                 consume=consume if consume is not None else _ignore,
+                                                 with_lines=consume is not None), trust=policy)
         except _StreamFailed as e:  # the stream's own finding: named by the exported file already
             raise e.error from None
         if stream.want != n:  # pragma: no cover - the seqs were counted, and each batch held to them

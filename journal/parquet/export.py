@@ -632,15 +632,16 @@ def _export_once(f: Path, root: Path, run_id: str, lines: bool, trust: TrustPoli
     from trainledger.journal.audit.rundir import _ANCHOR_KINDS
     from trainledger.journal.errors import IntegrityError
     from trainledger.journal.query import _file_row, _rank_of
-    from trainledger.journal.verify import verify
+    from trainledger.journal.verify import Verification, verify_with
 
     w = _JournalWriter(root, Path(f"run-{folder_name(run_id)}") / file_name(_rank_of(run_id)), run_id,
                        _rank_of(run_id), lines=lines, specs=_specs(), con=con, file_column=file_column,
                        compression=compression, only=only, narrow=narrow)
     try:
         try:
-            rep = verify(f, trust=trust, _consume=w, _with_lines=True,
-                         _collect=(_ANCHOR_KINDS, frozenset()) if rank is not None else None)
+            rep = verify_with(f, Verification(consume=w, with_lines=True,
+                                              collect=(_ANCHOR_KINDS, frozenset()) if rank is not None else None),
+                              trust=trust)
         except IntegrityError as e:
             if rank is None:
                 raise

@@ -99,3 +99,14 @@ def test_an_unknown_name_of_a_moved_module_is_an_attribute_error():
         assert "trainledger.training.checkpoints.state" in str(exc)
     else:
         raise AssertionError("no AttributeError")
+
+
+def test_verify_takes_only_public_parameters():
+    """Internal callers' hooks (a fold's consumer, a stream of lines, shared workers) are a Verification passed to
+    verify_with, not private keywords of the public verify()."""
+    import inspect
+
+    from trainledger.journal import verify
+
+    params = inspect.signature(verify).parameters
+    assert not [p for p in params if p.startswith("_")], list(params)

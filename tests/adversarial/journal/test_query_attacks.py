@@ -30,14 +30,14 @@ def test_file_swapped_after_verification_is_not_what_gets_loaded(tmp_path, signe
     other = _journal(tmp_path / "other.jsonl", signer, 30)  # same size, another run
     assert a.stat().st_size == other.stat().st_size
     verified_run = _run_id(a)
-    real_verify = q.verify
+    real_verify = q.verify_with
 
-    def verify_then_swap(path, **kw):  # the attacker acts between verification and DuckDB's read
-        rep = real_verify(path, **kw)
+    def verify_then_swap(path, hooks, **kw):  # the attacker acts between verification and DuckDB's read
+        rep = real_verify(path, hooks, **kw)
         a.write_bytes(other.read_bytes())
         return rep
 
-    monkeypatch.setattr(q, "verify", verify_then_swap)
+    monkeypatch.setattr(q, "verify_with", verify_then_swap)
     con = q.connect([a], keys=[pubkey], use_cache=False)
     assert con.execute("SELECT DISTINCT run_id FROM events").fetchall() == [(verified_run,)]
     assert _run_id(a) != verified_run  # the file was swapped; the rows are still what was verified

@@ -23,6 +23,7 @@ from journal_tools import read_lines, rechain, write_lines
 
 from trainledger.journal import Journal, NonCanonicalRecord, StepObserved, load_public_key, verify
 from trainledger.journal import codec
+from trainledger.journal.verify import Verification, verify_with
 
 scan = importlib.import_module("trainledger.journal.scan")
 pytestmark = pytest.mark.skipif(not scan._STEP_LINES_OK, reason="the C accelerator is not built")
@@ -311,7 +312,7 @@ def test_nan_losses_and_anchored_heads_read_the_same_either_way(tmp_path, signer
     reps = []
     for on in (False, True):
         monkeypatch.setattr(scan, "_STEP_LINES_OK", on)
-        reps.append(verify(p, keys=[pubkey], _collect=(frozenset(), want)))
+        reps.append(verify_with(p, Verification(collect=(frozenset(), want)), keys=[pubkey]))
     a, b = reps
     assert _facts(a) == _facts(b) and a.ok
     assert a.hashes == b.hashes and set(a.hashes) == want
