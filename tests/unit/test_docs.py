@@ -102,7 +102,7 @@ def test_no_tracker_labels_in_code_or_what_users_read():
     module docstrings, help text or the manual."""
     offenders = []
     paths = [*ROOT.glob("journal/**/*.py"), *ROOT.glob("training/**/*.py"), *ROOT.glob("ladder/**/*.py"),
-             *ROOT.glob("trainledger/**/*.py"), *ROOT.glob("tools/*.py"), *ROOT.glob("tests/**/*.py"),
+             *ROOT.glob("src/trainledger/**/*.py"), *ROOT.glob("tools/*.py"), *ROOT.glob("tests/**/*.py"),
              *ROOT.glob("docs/*.md"), README]
     for p in paths:
         for i, line in enumerate(p.read_text().splitlines(), 1):
