@@ -199,8 +199,7 @@ def publish(local: str | os.PathLike, url: str, *, last: str | None = None) -> i
                         out.write(chunk)
                         total += len(chunk)
     except BaseException as e:  # an object closed on the way out of a failed write may hold part of its file
-        left = _remove(fs, [k for k in sent if PurePosixPath(k).name == last] +
-                       [k for k in reversed(sent) if PurePosixPath(k).name != last])
+        left = _remove(fs, sent[::-1])  # the listing, sent last, removed first
         if not left and local_fs:
             _remove_folders(fs, path)
         if not isinstance(e, OSError):

@@ -4,15 +4,41 @@ A journal is data its writer chose, and so is a manifest: a run id, a rung name,
 id can hold a newline (a fake line below it), a carriage return, an ANSI escape (rewrite the screen: turn
 a FAIL into an OK) or a bidirectional override (reorder what is shown). Every human-readable output passes
 such values through :func:`safe`; CSV cells pass through :func:`csv_cell`, which also keeps a spreadsheet
-from reading a cell as a formula.
+from reading a cell as a formula. A refusal names what it refuses: :func:`first_difference` says where two JSON
+documents part.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
-__all__ = ["safe", "csv_cell", "trainer_step_note"]
+__all__ = ["safe", "csv_cell", "trainer_step_note", "first_difference"]
+
+
+def first_difference(got: Any, want: Any, same: Callable[[Any, Any], bool], where: str = "") -> str | None:
+    """Where ``got`` first differs from ``want`` (JSON values: objects by sorted key, arrays item by item), as a path
+    for a refusal to name (``predicate.buildDefinition.internalParameters.step``, ``energy.total_j``,
+    ``runs[0]``); None when they are the same. ``same(a, b)`` compares two values that are not both objects or
+    both arrays of one length; an object key on one side only, or arrays of other lengths, differ there."""
+    if isinstance(want, dict) and isinstance(got, dict):
+        for k in sorted(set(want) | set(got), key=str):
+            if k not in got or k not in want:
+                return f"{where}.{k}".lstrip(".")
+            d = first_difference(got[k], want[k], same, f"{where}.{k}")
+            if d is not None:
+                return d
+        return None
+    if isinstance(want, list) and isinstance(got, list) and len(got) == len(want):
+        for i, (a, b) in enumerate(zip(got, want)):
+            d = first_difference(a, b, same, f"{where}[{i}]")
+            if d is not None:
+                return d
+        return None
+    if isinstance(want, list) and isinstance(got, list):  # of other lengths
+        return where.lstrip(".") or "."
+    return None if same(got, want) else (where.lstrip(".") or ".")
 
 
 def trainer_step_note(path: str | None, step: int | None) -> str:

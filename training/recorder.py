@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from trainledger.training.health.flops import device_kind as _device_kind_of
-from trainledger.training.health.mfu import ComputeTotals, record_compute
+from trainledger.training.health.mfu import carried_by, record_compute
 from trainledger.journal import Journal, Signer
 from trainledger.training.distributed.ranks import in_torchrun, journal_name, rank_info
 from trainledger.journal.errors import JournalClosed, UsageError
@@ -202,9 +202,7 @@ class Recorder:
         rep = verify(pj, keys=[self.signer.public], allow_unsealed=True)
         history = list(read_signed_events(pj, [self.signer.public]))
         kept = live_checkpoints(prev, history)
-        # the model FLOPs the previous run spent (and what it carried itself) count toward this run's thresholds
-        done = ComputeTotals().fold(history)
-        carried = float(done.flops) + done.carried
+        carried = carried_by(history)  # what the previous run spent and carried counts toward this run's thresholds
         if not kept:
             raise UsageError(f"{pj}: no checkpoint on record to continue from")
         ck = kept[-1]

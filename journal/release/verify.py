@@ -22,6 +22,7 @@ from trainledger.journal.release.dsse import MAX_BUNDLE_BYTES, ReleaseSignatureE
 from trainledger.journal.release.export import same_as_checkpoint
 from trainledger.journal.release.keys import ReleasePublicKey
 from trainledger.journal.proofs.bundle import proven_to_close
+from trainledger.journal.text import first_difference
 from trainledger.journal.release.manifest import (IGNORED, PROVENANCE, SIGNATURE, FileDigest, ManifestError,
                                                   model_listing, model_manifest, root_digest)
 
@@ -85,6 +86,18 @@ def _fail(msg: str, reason: str) -> ModelRefused:
     return ModelRefused(msg, reason)
 
 
+def _some(paths: list[str]) -> str:
+    return ", ".join(paths[:5]) + (" ..." if len(paths) > 5 else "")
+
+
+def _missing(paths: list[str]) -> ModelRefused:
+    return _fail(f"missing: {_some(paths)} (signed, not in the folder)", "missing-file")
+
+
+def _extra(paths: list[str]) -> ModelRefused:
+    return _fail(f"extra: {_some(paths)} (in the folder, not signed)", "extra-file")
+
+
 def _compare_names(expected: list[FileDigest], listing: dict[str, int]) -> None:
     """The folder's names against the signed ones, before any file is read: an extra or a missing file is named at
     once (a rename, the same bytes under another name, waits for the digests: :func:`_compare`)."""
@@ -92,11 +105,9 @@ def _compare_names(expected: list[FileDigest], listing: dict[str, int]) -> None:
     missing = sorted(want - set(listing))
     extra = sorted(set(listing) - want)
     if missing and not extra:
-        raise _fail(f"missing: {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''} (signed, not in the "
-                    "folder)", "missing-file")
+        raise _missing(missing)
     if extra and not missing:
-        raise _fail(f"extra: {', '.join(extra[:5])}{' ...' if len(extra) > 5 else ''} (in the folder, not signed)",
-                    "extra-file")
+        raise _extra(extra)
 
 
 def _compare_sizes(recorded: list[dict[str, Any]], listing: dict[str, int]) -> None:
@@ -112,8 +123,7 @@ def _compare_sizes(recorded: list[dict[str, Any]], listing: dict[str, int]) -> N
     missing = {want for name, want in sizes.items() if name not in listing}
     extra = sorted(p for p in listing if p not in sizes and listing[p] not in missing)
     if extra:
-        raise _fail(f"extra: {', '.join(extra[:5])}{' ...' if len(extra) > 5 else ''} (in the folder, not signed)",
-                    "extra-file")
+        raise _extra(extra)
 
 
 def _compare(expected: list[FileDigest], actual: list[FileDigest]) -> None:
@@ -127,14 +137,11 @@ def _compare(expected: list[FileDigest], actual: list[FileDigest]) -> None:
         raise _fail(f"renamed: {moved[0][0]} is now {moved[0][1]} (the signature names every file by its path)",
                     "renamed-file")
     if changed:
-        raise _fail(f"changed: {', '.join(changed[:5])}{' ...' if len(changed) > 5 else ''} (its bytes are not the "
-                    "signed ones)", "changed-file")
+        raise _fail(f"changed: {_some(changed)} (its bytes are not the signed ones)", "changed-file")
     if missing:
-        raise _fail(f"missing: {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''} (signed, not in the "
-                    "folder)", "missing-file")
+        raise _missing(missing)
     if extra:
-        raise _fail(f"extra: {', '.join(extra[:5])}{' ...' if len(extra) > 5 else ''} (in the folder, not signed)",
-                    "extra-file")
+        raise _extra(extra)
 
 
 def weights_relation(exp: Any, ck: dict[str, Any] | None) -> dict[str, Any]:
@@ -186,28 +193,13 @@ def _signed_files(st: dict[str, Any], where: str) -> tuple[list[FileDigest], str
     return files, digest, ignore
 
 
-def _first_difference(got: Any, want: Any, where: str = "") -> str | None:
-    """The path of the first place ``got`` differs from ``want`` (JSON values), or None when they are equal."""
-    if isinstance(want, dict) and isinstance(got, dict):
-        for k in sorted(set(want) | set(got), key=str):
-            if k not in got or k not in want:
-                return f"{where}.{k}".lstrip(".")
-            d = _first_difference(got[k], want[k], f"{where}.{k}")
-            if d is not None:
-                return d
-        return None
-    if isinstance(want, list) and isinstance(got, list):
-        if len(got) != len(want):
-            return where.lstrip(".") or "."
-        for i, (a, b) in enumerate(zip(got, want)):
-            d = _first_difference(a, b, f"{where}[{i}]")
-            if d is not None:
-                return d
-        return None
-    same = type(got) is type(want) and got == want or (isinstance(got, (int, float)) and isinstance(want, (int, float))
-                                                       and not isinstance(got, bool) and not isinstance(want, bool)
-                                                       and got == want)
-    return None if same else (where.lstrip(".") or ".")
+def _same_json(a: Any, b: Any) -> bool:
+    """Two JSON leaves alike: equal and of one type, or equal numbers (an int and a float of one value)."""
+    if type(a) is type(b):
+        return a == b
+    numbers = (int, float)
+    return isinstance(a, numbers) and isinstance(b, numbers) and not isinstance(a, bool) \
+        and not isinstance(b, bool) and a == b
 
 
 def _held_to_proof(pst: dict[str, Any], prov_path: Path, actual: Any, by_kind: dict[str, list[Any]], exp: Any,
@@ -232,7 +224,7 @@ def _held_to_proof(pst: dict[str, Any], prov_path: Path, actual: Any, by_kind: d
                                 finished_ts=comp.ts, config=configs[-1] if configs else None,
                                 manifest_id=getattr(o, "manifest_id", None), export=exp, proof=proof)
     for part in ("predicateType", "predicate"):
-        diff = _first_difference(pst.get(part), want[part], part)
+        diff = first_difference(pst.get(part), want[part], _same_json, part)
         if diff is not None:
             raise _fail(f"{prov_path}: the provenance's {diff[:120]} is not what the run's proven lines say (a field "
                         "edited and signed again): refused", "provenance-mismatch")

@@ -6,30 +6,24 @@ torch-side commands import it when they run.
 
 from __future__ import annotations
 
+# Ctrl-C during start-up is handled already: trainledger/__init__, the first module the command imports, installs
+# the one-line exit-130 handler when the process is the command.
+import argparse
+import json
 import os
-import signal
 import sys
+from collections.abc import Sequence
+from typing import Any
+from pathlib import Path
 
-
-from trainledger import _interrupted_at_startup, _is_command
-
-if _is_command():  # installed already by trainledger/__init__, the first module the command imports
-    signal.signal(signal.SIGINT, _interrupted_at_startup)
-
-import argparse  # noqa: E402
-import json  # noqa: E402
-from collections.abc import Sequence  # noqa: E402
-from typing import Any  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-from trainledger.journal import cli as _journal_cli  # noqa: E402
-from trainledger.journal.release import cli as _release_cli  # noqa: E402
-from trainledger.ladder import cli as _ladder_cli  # noqa: E402
-from trainledger.training import cli as _training_cli  # noqa: E402
-from trainledger.training.compute import cli as _compute_cli  # noqa: E402
-from trainledger.journal.audit.rundir import is_run_dir  # noqa: E402
-from trainledger.journal.errors import IntegrityError, UsageError  # noqa: E402
-from trainledger.journal.options import (EPILOG, PATH_HELP, add_json_option, add_partial_option,  # noqa: E402
+from trainledger.journal import cli as _journal_cli
+from trainledger.journal.release import cli as _release_cli
+from trainledger.ladder import cli as _ladder_cli
+from trainledger.training import cli as _training_cli
+from trainledger.training.compute import cli as _compute_cli
+from trainledger.journal.audit.rundir import is_run_dir
+from trainledger.journal.errors import IntegrityError, UsageError
+from trainledger.journal.options import (EPILOG, PATH_HELP, add_json_option, add_partial_option,
                                          add_progress_option, add_trust_options, imported_line, partial_line,
                                          progress_for, refuse_partial, say, say_failed, trust_policy)
 

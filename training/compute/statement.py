@@ -27,6 +27,7 @@ import msgspec
 from trainledger.journal.errors import IntegrityError, SchemaError, TrainledgerError, UsageError
 from trainledger.journal.keys import PublicKey
 from trainledger.journal.proofs.bundle import closing_seqs, proven_to_close
+from trainledger.journal.text import first_difference
 from trainledger.training.compute.figures import (DEFAULT_COMPUTE_THRESHOLDS, DEFAULT_MFU_RANGE, model_figures,
                                                   run_figures)
 
@@ -84,6 +85,11 @@ class _Seen:
             self.run_id = ev.run_id
         elif tag == "run_closed":
             self.closed = ev
+
+    def closing(self) -> list[int]:
+        """Every line from the last total to ``run_closed``: proven, they show the total is the journal's last (an
+        earlier one cannot reach the close); empty when the journal did not close, or closed too far after it."""
+        return closing_seqs(self.compute.seq, self.closed.seq if self.closed is not None else None)
 
 
 def _continued_run(ev: Any) -> str | None:
@@ -144,8 +150,7 @@ def _prove(journal: Path, seen: _Seen, keys: Sequence[PublicKey]) -> dict[str, A
 
     seqs = [e.seq for e in (seen.compute, *seen.crossings, seen.joined, seen.export, seen.continues)
             if e is not None]
-    # every line from the total to run_closed: the total shown to be the journal's last (an earlier one cannot be)
-    seqs += closing_seqs(seen.compute.seq, seen.closed.seq if seen.closed is not None else None)
+    seqs += seen.closing()
     return prove(journal, sorted(set(seqs)), keys=list(keys), keep_index=False).bundle  # the run folder left as it was
 
 
@@ -194,7 +199,7 @@ def build_statement(paths: Sequence[str | os.PathLike], keys: Sequence[PublicKey
             if seen.steps_after:
                 findings.append(f"{f}: {seen.steps_after:,} steps after its last compute_totaled (seq "
                                 f"{seen.compute.seq}) are not in the statement")
-            if not closing_seqs(seen.compute.seq, seen.closed.seq if seen.closed is not None else None):
+            if not seen.closing():
                 findings.append(f"{f}: {_not_last(seen.compute.seq)}")
             if seen.compute.busy_s is None:
                 notes.append(f"{f}: a compute_totaled before format 1.7: model FLOPs only (no time, hardware or "
@@ -323,19 +328,6 @@ def _same(a: Any, b: Any) -> bool:
     return msgspec.json.encode(a) == msgspec.json.encode(b)
 
 
-def _first_difference(stated: Any, want: Any, where: str = "") -> str:
-    """The name of the first figure in which ``stated`` is not ``want`` (``energy.total_j``), for the refusal."""
-    if isinstance(want, dict) and isinstance(stated, dict):
-        for k in sorted(set(want) | set(stated), key=str):
-            if k not in want or k not in stated or not _same(stated[k], want[k]):
-                return _first_difference(stated.get(k), want.get(k), f"{where}.{k}")
-    elif isinstance(want, list) and isinstance(stated, list) and len(want) == len(stated):
-        for i, (a, b) in enumerate(zip(stated, want)):
-            if not _same(a, b):
-                return _first_difference(a, b, f"{where}[{i}]")
-    return where.lstrip(".") or "the figures"
-
-
 def check_statement(data: bytes, keys: Sequence[PublicKey]) -> StatementCheck:
     """Check a statement with no journal: every bundle's signature under ``keys`` (a rank key through its
     certificate) and proofs, every proven event the one the statement states, every rank of every run present, no
@@ -432,7 +424,7 @@ def check_statement(data: bytes, keys: Sequence[PublicKey]) -> StatementCheck:
             journals.append({"compute": j.compute})
         want = run_figures(journals, board_power_w=st.board_power_w)
         if not _same(want, r.figures):
-            name = _first_difference(r.figures, want)
+            name = first_difference(r.figures, want, _same) or "the figures"
             raise IntegrityError(f"run {r.run}: the figure {name} stated is not the one its proven compute gives",
                                  seq=None)
         runs_out.append({"run": r.run, "figures": r.figures, "base_run": r.base_run})
@@ -444,7 +436,7 @@ def check_statement(data: bytes, keys: Sequence[PublicKey]) -> StatementCheck:
     lo, hi = (st.mfu_range + [0.0, 0.0])[:2]
     want = model_figures(runs_out, st.thresholds, (lo, hi))
     if not _same(want, st.figures):
-        name = _first_difference(st.figures, want)
+        name = first_difference(st.figures, want, _same) or "the figures"
         raise IntegrityError(f"the model's figure {name} stated is not the one its runs' proven figures give",
                              seq=None)
     regulation = model_figures(runs_out, dict(DEFAULT_COMPUTE_THRESHOLDS), (lo, hi))["thresholds"]

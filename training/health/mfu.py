@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["model_flops_per_token", "MfuAccounting", "ComputeTotals", "record_compute"]
+__all__ = ["model_flops_per_token", "MfuAccounting", "ComputeTotals", "record_compute", "carried_by"]
 
 
 def model_flops_per_token(n_params: int, n_layer: int, n_head: int, head_dim: int, seq_len: int) -> int:
@@ -264,6 +264,13 @@ class ComputeTotals:
             elif isinstance(ev, RunOpened):
                 self.open(ev)
         return self
+
+
+def carried_by(history: Any) -> float:
+    """The model FLOPs a run continued from a finished one counts toward its thresholds (``carried_flops``): what
+    the finished run's signed events ``history`` spent, plus what that run carried itself."""
+    done = ComputeTotals().fold(history)
+    return float(done.flops) + done.carried
 
 
 def record_compute(journal: Any) -> Any:

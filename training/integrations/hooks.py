@@ -90,7 +90,7 @@ def monitor_options(model: Any, *, device_kind: str | None, compute_thresholds: 
     total, its own carry included; ``previous``: that run's signed events)."""
     from trainledger.training.health.flops import device_kind as device_kind_of
     from trainledger.training.health.flops import peak_flops_per_sec
-    from trainledger.training.health.mfu import ComputeTotals
+    from trainledger.training.health.mfu import carried_by
 
     kind = device_kind or device_kind_of(model)
     out: dict[str, Any] = {"device_kind": kind, "compute_thresholds": compute_thresholds,
@@ -104,8 +104,7 @@ def monitor_options(model: Any, *, device_kind: str | None, compute_thresholds: 
             raise UsageError(f"carried_flops must be a non-negative number of model FLOPs, got {carried_flops!r}")
         out["carried_flops"] = float(carried_flops)
     elif previous is not None:
-        done = ComputeTotals().fold(previous)
-        out["carried_flops"] = float(done.flops) + done.carried
+        out["carried_flops"] = carried_by(previous)
     return out
 
 
