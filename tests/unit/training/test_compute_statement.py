@@ -312,3 +312,31 @@ def test_the_figures_are_one_function_of_the_events(tmp_path):
 def test_compute_needs_a_pinned_key_and_names_a_bad_path(tmp_path, capsys):
     assert main(["compute", str(tmp_path / "nothing")]) == 2
     assert "no key pinned" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("field, lie", [("crossed", []), ("thresholds", {"small": 1e30}), ("carried_flops", 9e30)])
+def test_a_total_whose_18_fields_lie_is_named_by_replay(tmp_path, field, lie):
+    """Format 1.8's thresholds, carry and crossings are derived: a total signed by the run's key that drops the
+    crossing (the statement would then need none), moves a threshold or inflates the carry is a difference."""
+    import msgspec
+
+    from trainledger.journal import read_signed_events
+    from trainledger.training.health.mfu import ComputeTotals
+
+    s = Signer.generate()
+    p = tmp_path / "lie.jsonl"
+    cfg = RunConfigured(n_params=1_000_000, n_layer=2, n_head=4, head_dim=16, seq_len=64,
+                        compute_thresholds={"small": 5 * FPT * TOKENS})
+    with Journal.create(p, signer=s, run_id="lie", **OPTS) as j:
+        m = TrainingHealthMonitor(journal=j, flop_config=FlopConfig(n_params=1_000_000, n_layer=2, n_head=4,
+                                                                    head_dim=16, seq_len=64),
+                                  compute_thresholds=cfg.compute_thresholds)
+        for step in range(10):
+            m.observe_step(step, 2.0, grad_norm=1.0, step_time_s=0.01, tokens=TOKENS)
+        j.seal(durable=True, signed=True)
+        honest = ComputeTotals().fold(read_signed_events(p, [s.public])).event()
+        assert honest.crossed == ["small"]
+        fields = {k: v for k, v in msgspec.to_builtins(honest).items() if k not in ("kind", "seq", "ts", "h")}
+        j.append(ComputeTotaled(**{**fields, field: lie}), durable=True)
+    diffs = replay(p, keys=[s.public]).differences
+    assert [d["kind"] for d in diffs] == ["compute_totaled"] and f"recorded {field} " in diffs[0]["detail"]
