@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import os
 import resource
-import shlex
 import subprocess
 import sys
 import time
@@ -31,8 +30,10 @@ def main() -> int:
     ap.add_argument("--show", default=None, metavar="TEXT",
                     help="also print the command's output lines that contain TEXT (e.g. the ladder's own timing)")
     args, pytest_args = ap.parse_known_args()
-    cmd = shlex.split(args.command) if args.command else [sys.executable, "-m", "pytest", "-q", "-p",
-                                                           "no:cacheprovider", *pytest_args]
+    # a shell command as the README writes it (`bash tools/setup.sh && .venv/bin/trainledger ladder ...`): run by bash,
+    # so && and $(...) mean what they mean there
+    cmd = ["bash", "-c", args.command] if args.command else [sys.executable, "-m", "pytest", "-q", "-p",
+                                                             "no:cacheprovider", *pytest_args]
     burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.busy)]
     try:
         load0 = os.getloadavg()
@@ -46,7 +47,7 @@ def main() -> int:
             b.kill()
             b.wait()
     tail = [ln for ln in proc.stdout.splitlines() if ln.strip()][-1:] or ["(no output)"]
-    print(f"command: {' '.join(cmd)}")
+    print(f"command: {args.command or ' '.join(cmd)}")
     print(f"cores: {os.cpu_count()}; busy processes beside it: {args.busy}; load average before "
           f"{load0[0]:.2f}, after {load1[0]:.2f}")
     print(f"result: {tail[0]} (exit {proc.returncode})")
