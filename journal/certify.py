@@ -37,7 +37,7 @@ from typing import Any
 from trainledger.journal.errors import IntegrityError, KeyFileError, RunMismatch, SchemaError, SealInvalid, UntrustedKey
 from trainledger.journal.events import KeyCertified
 from trainledger.journal.keys import PublicKey, Signer
-from trainledger.journal.proofs.merkle import ProofError, inclusion_proof, leaf_hash, root, verify_inclusion
+from trainledger.journal.merkle import ProofError, inclusion_proof, leaf_hash, root, verify_inclusion
 
 __all__ = ["RankRoster", "CertifiedKey", "Certified", "statement", "check_certificate", "find_certificates",
            "opens_certified", "issuer_of", "anchor_statement",
@@ -286,7 +286,7 @@ def certified_keys(path: Path, size: int, opened: Any, *, keys: Sequence[PublicK
     """The certified keys of the journal at ``path`` whose ``run_opened`` is ``opened``; None when it holds no
     certificate. Every certificate must check out under a pinned key (or, with ``trust_embedded`` and no key
     pinned, its own issuer); rounds must rise."""
-    from trainledger.journal.audit.roster import split_run_id
+    from trainledger.journal.roster import split_run_id
 
     found = find_certificates(path, size) if _source is None else _source.certificates()
     if not found:

@@ -62,7 +62,7 @@ def origin(run_id: str) -> str:
 def seal_checkpoint(run_id: str, tree_size: int, tree_root: bytes, sealed_seq: int, sealed_hash: bytes) -> str:
     """The text a format 1.3 seal signs: a C2SP tlog-checkpoint (origin, tree size, base64 root) with one
     extension line, ``trainledger-head <seq>:<hash hex>``, the chain head the seal also covers."""
-    from trainledger.journal.proofs.note import checkpoint_text
+    from trainledger.journal.note import checkpoint_text
 
     return checkpoint_text(origin(run_id), tree_size, tree_root, (f"{HEAD_EXTENSION} {sealed_seq}:{sealed_hash.hex()}",))
 

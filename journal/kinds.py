@@ -252,7 +252,7 @@ class CheckpointSaved(Event, tag="checkpoint_saved", frozen=True, kw_only=True):
 
 class ModelExported(Event, tag="model_exported", frozen=True, kw_only=True):
     """Format 1.6: the weights a run wrote to ship (a ``save_pretrained`` folder, a safetensors file's folder), as
-    OpenSSF model signing digests them (``trainledger.journal.release.manifest``): every file, {file, bytes,
+    OpenSSF model signing digests them (``trainledger.journal.statements.release.manifest``): every file, {file, bytes,
     sha256} in model signing's order, and ``digest`` the SHA-256 over those digests: the subject digest of the
     folder's model-signing signature. ``step`` the step the weights are of, ``checkpoint`` the ``checkpoint_saved`` path
     they came from (None: not a recorded checkpoint); ``base`` the digest of the released model it was fine-tuned

@@ -29,7 +29,7 @@ from trainledger.journal import codec
 
 from trainledger.journal import accel as _accel
 from trainledger.journal.chain import LINE_TAG, genesis, is_hash_hex, seal_checkpoint, seal_message
-from trainledger.journal.proofs.merkle import CompactRange, range_of_hashes, range_of_lines
+from trainledger.journal.merkle import CompactRange, range_of_hashes, range_of_lines
 from trainledger.journal.codec import HASH_SUFFIX_LEN, UnknownEvent
 from trainledger.journal.errors import (
     ChainBroken,

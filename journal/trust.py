@@ -5,7 +5,7 @@ may stand in for a pinned one (integrity only), whether an unsigned journal or u
 seal are acceptable, a head or a signed checkpoint published earlier that the journal must contain, and whether
 the run must be closed. ``verify``, ``replay``, ``query``, ``report``, run folders and the proof commands take
 the policy as ``trust=`` (or its fields as keywords, for one-off calls), and pass the one value on; the CLI
-builds it once from the shared trust options (:func:`trainledger.journal.options.trust_policy`).
+builds it once from the shared trust options (:func:`trainledger.cli.options.trust_policy`).
 
     from trainledger.journal import TrustPolicy, trusted_keys, verify
     policy = TrustPolicy(keys=trusted_keys(["keys/trainledger.pub"]), require_closed=True)
@@ -18,7 +18,7 @@ import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
-from trainledger.journal.audit.roster import Roster
+from trainledger.journal.roster import Roster
 from trainledger.journal.errors import UsageError
 from trainledger.journal.keys import PublicKey
 
@@ -44,7 +44,7 @@ class TrustPolicy:
     only its signed prefix is then verified and used. ``expect_head``: ``(seq, hash)`` or ``"SEQ:HASH"`` that the
     journal must contain. ``expect_checkpoint``: an opened signed checkpoint the journal must extend.
     ``require_closed``: the run must have been closed and sealed. ``roster``: which key signs which rank of a run
-    folder (:class:`trainledger.journal.audit.roster.Roster`, ``load_roster(FILE)``); the public keys it spells out
+    folder (:class:`trainledger.journal.roster.Roster`, ``load_roster(FILE)``); the public keys it spells out
     are pinned with it.
 
     Raises :class:`UsageError` for a value of the wrong type (at construction, not later).

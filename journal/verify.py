@@ -23,7 +23,7 @@ from typing import Any
 from trainledger.journal import codec
 from trainledger.journal.scan import MAX_LINE, RangeResult, ScanContext, _scan_range_star, cpu_count, scan_consuming, \
     scan_range, tree_mode, worker_ignores_ctrl_c
-from trainledger.journal.audit.roster import Roster, split_run_id
+from trainledger.journal.roster import Roster, split_run_id
 from trainledger.journal.chain import RUN_ID_RE, genesis
 from trainledger.journal.errors import (
     CheckpointMismatch,
@@ -309,7 +309,7 @@ def verify(
     ``unsealed_events``; without it such a journal raises :class:`UnsealedEvents`. A signed journal with no
     valid seal at all never verifies.
 
-    ``expect_checkpoint``: a checkpoint published earlier (a :class:`trainledger.journal.proofs.note.Checkpoint`, already opened under
+    ``expect_checkpoint``: a checkpoint published earlier (a :class:`trainledger.journal.note.Checkpoint`, already opened under
     a pinned key; see :func:`trainledger.journal.proofs.checkpoint.open_checkpoint`): the journal must extend it, the root of its
     first ``size`` lines being the checkpoint's (recomputed in the same pass), else :class:`CheckpointMismatch`.
 
@@ -444,7 +444,7 @@ def _merge_trees(report: VerifyReport, results: list[RangeResult], tree_at: int 
     """Join the ranges' trees in file order, checking the root each seal names against every line before it (a
     range that begins past leaf 0 could not: it lacked the lines before it). Returns the root of the first
     ``tree_at`` lines when asked and the journal holds that many."""
-    from trainledger.journal.proofs.merkle import CompactRange
+    from trainledger.journal.merkle import CompactRange
 
     whole = CompactRange(0)
     sealed = None

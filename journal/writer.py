@@ -38,7 +38,7 @@ from trainledger.journal import codec
 
 from trainledger.journal import accel as _accel
 from trainledger.journal.chain import check_run_id, genesis, has_tree, seal_checkpoint, seal_message
-from trainledger.journal.proofs.merkle import CompactRange, range_of_block
+from trainledger.journal.merkle import CompactRange, range_of_block
 from trainledger.journal.errors import IntegrityError, JournalClosed, JournalError, JournalIOError, JournalLocked, UsageError
 from trainledger.journal.events import FORMAT_VERSION, Event, KeyCertified, RunClosed, RunOpened, Seal, SealSigned, \
     TailRepaired
@@ -945,7 +945,7 @@ def _check_certificate_use(certificate: KeyCertified | None, signer: Signer | No
     """A certificate given to create/open_append certifies the signer's key, for this journal's run and rank."""
     if certificate is None:
         return
-    from trainledger.journal.audit.roster import split_run_id
+    from trainledger.journal.roster import split_run_id
 
     if not isinstance(certificate, KeyCertified):
         raise UsageError("certificate must be a KeyCertified (journal.certify.RankRoster.certificate)")

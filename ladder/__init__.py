@@ -1,6 +1,6 @@
 """The pilot ladder: rungs gated on their own receipts, signed decisions, the outcome as a projection.
 
-Names resolve on first use (PEP 562), so that ``trainledger.ladder.cli`` imports without torch; the rungs,
+Names resolve on first use (PEP 562), so that ``trainledger.cli.ladder`` imports without torch; the rungs,
 pieces and runner import torch when touched.
 """
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-# As the console script does (src/trainledger/cli.py's entry): the numerical work the tests drive (the scaling fits' small
+# As the console script does (src/trainledger/cli/__init__.py's entry): the numerical work the tests drive (the scaling fits' small
 # matrices, replay's refits) gains nothing from BLAS threads, whose helpers spin on a shared machine; one thread halved
 # the fast tier's scaling tests' CPU time. Read when numpy loads, which is after this; a value the caller set is kept.
 for _var in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
@@ -66,7 +66,7 @@ def _own_cache_dir(tmp_path_factory, monkeypatch):
     # nor the user's key folder (the ladder and demo keep a run's new key there)
     monkeypatch.setenv("TRAINLEDGER_KEY_DIR", str(tmp_path_factory.mktemp("keyhome")))
     yield
-    from trainledger.journal import query
+    from trainledger.journal.views import query
 
     while query._REFRESHERS:  # a background cache refresher a test started ends before the next test
         query._REFRESHERS.pop().wait(timeout=120)

@@ -29,7 +29,7 @@ def main() -> int:
     from trainledger.report import write_report
     from trainledger.training.experiment.loop import run_experiment, write_example
     from trainledger.training.experiment.manifest import load_findings
-    from trainledger.training.experiment.approval import sign_approval
+    from trainledger.training.audit.approval import sign_approval
     from trainledger.training.experiment.preflight import run_preflight
 
     times: dict[str, list[float]] = {"manifest validate": [], "full preflight (10 gates)": [],

@@ -60,7 +60,7 @@ def main() -> int:
     import torch
 
     from trainledger.journal import Journal, Signer, StepObserved
-    from trainledger.journal.hsm import generate_pkcs11_key
+    from trainledger.journal.backends.hsm import generate_pkcs11_key
     from trainledger.journal.keys import load_signer
 
     torch.set_num_threads(1)

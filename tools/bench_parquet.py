@@ -46,12 +46,12 @@ AUDIT = ("SELECT rank, count(*) AS steps, avg(loss) AS loss, max(grad_norm) AS g
          "FROM steps GROUP BY rank ORDER BY rank")
 PY = str(Path(sys.executable))
 #: the in-memory load (query.connect, no cold load): argv key, SQL
-MEM = ("import sys; from trainledger.journal import load_public_key; from trainledger.journal.query import connect; "
+MEM = ("import sys; from trainledger.journal import load_public_key; from trainledger.journal.views.query import connect; "
        "print(connect([sys.argv[1]], use_cache=False, keys=[load_public_key(sys.argv[2])]).execute(sys.argv[3])"
        ".fetchall())")
 #: the cache refresher's copy, from the Parquet form (what a cold query starts in the background)
-BUILD = ("import sys; from trainledger.journal import load_public_key; from trainledger.journal.query import "
-         "build_cache; from trainledger.journal.parquet.journals import load_journals; "
+BUILD = ("import sys; from trainledger.journal import load_public_key; from trainledger.journal.views.query import "
+         "build_cache; from trainledger.journal.views.parquet.journals import load_journals; "
          "build_cache([sys.argv[1]], cold=load_journals, keys=[load_public_key(sys.argv[2])])")
 TL = str(Path(sys.executable).with_name("trainledger"))
 

@@ -36,18 +36,18 @@ CHILD = {
         "import subprocess, time; t = time.perf_counter(); "
         "subprocess.run(['sha256sum', '{p}'], check=True, capture_output=True); print(time.perf_counter() - t)"),
     "trainledger query cold (verify + load + views)": (
-        "import time; from trainledger.journal import load_public_key; from trainledger.journal.query import connect; "
+        "import time; from trainledger.journal import load_public_key; from trainledger.journal.views.query import connect; "
         "t = time.perf_counter(); con = connect(['{p}'], keys=[load_public_key('{k}')], use_cache=False); "
         "r = con.execute('SELECT avg(loss), max(grad_norm) FROM steps').fetchall(); print(time.perf_counter() - t)"),
     "trainledger query cold --no-verify (load + views)": (
-        "import time; from trainledger.journal.query import connect; "
+        "import time; from trainledger.journal.views.query import connect; "
         "t = time.perf_counter(); con = connect(['{p}'], verify_first=False); "
         "r = con.execute('SELECT avg(loss), max(grad_norm) FROM steps').fetchall(); print(time.perf_counter() - t)"),
     "build_cache (background, after a cold query)": (
-        "import time; from trainledger.journal import load_public_key; from trainledger.journal.query import build_cache; "
+        "import time; from trainledger.journal import load_public_key; from trainledger.journal.views.query import build_cache; "
         "t = time.perf_counter(); build_cache(['{p}'], keys=[load_public_key('{k}')]); print(time.perf_counter() - t)"),
     "trainledger query warm (cached columnar copy)": (
-        "import time; from trainledger.journal import load_public_key; from trainledger.journal.query import open_views; "
+        "import time; from trainledger.journal import load_public_key; from trainledger.journal.views.query import open_views; "
         "t = time.perf_counter(); con, src = open_views(['{p}'], keys=[load_public_key('{k}')]); assert src.origin == 'cache'; "
         "r = con.execute('SELECT avg(loss), max(grad_norm) FROM steps').fetchall(); print(time.perf_counter() - t)"),
     "trainledger replay (end to end)": (

@@ -49,7 +49,7 @@ else:
     ray.init(num_cpus=int(mode.split()[-2]), include_dashboard=False, log_to_driver=False, configure_logging=False)
     start = time.perf_counter() - t0
     c0 = tree_cpu()  # Ray's start is not the verification's
-    from trainledger.journal.engines.ray import verify_run_dir_ray
+    from trainledger.journal.backends.ray import verify_run_dir_ray
     t1 = time.perf_counter()
     rep = verify_run_dir_ray(d, keys=[key])
     wall_verify = time.perf_counter() - t1

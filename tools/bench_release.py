@@ -33,8 +33,8 @@ BIN = Path(sys.executable).parent
 
 def _make(tmp: Path, gib: float) -> dict[str, Path]:
     from trainledger.journal import Journal, Signer, StepObserved
-    from trainledger.journal.release.export import record_export
-    from trainledger.journal.release.keys import ReleaseKey
+    from trainledger.journal.statements.release.export import record_export
+    from trainledger.journal.statements.release.keys import ReleaseKey
     from trainledger.training.health.mfu import record_compute
 
     model = tmp / "model"

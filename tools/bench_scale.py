@@ -14,7 +14,7 @@ bytes it wrote (``/proc/self/io`` ``wchar``, the process itself; the workers wri
 
 - ``replay``: ``trainledger.audit.replay`` end to end, against DuckDB ``read_ndjson`` of the same file (an
   aggregate over the step lines: DuckDB parses every line, as replay must).
-- ``query cold``: ``trainledger.journal.query.connect`` (verify + load + views, no cache) and one aggregate, against
+- ``query cold``: ``trainledger.journal.views.query.connect`` (verify + load + views, no cache) and one aggregate, against
   the same DuckDB aggregate.
 - ``verify``: ``verify(workers=1)`` (one core), CPU per line, against ``sha256sum`` of the file per line.
 - ``verify_out``: ``verify OUT`` of the journal's ``export parquet --lines``, against ``verify`` of the journal (the
@@ -78,7 +78,7 @@ elif mode == "replay":
     extra["rows"] = rec.health["steps"]
 elif mode == "query":
     from trainledger.journal import load_public_key
-    from trainledger.journal.query import connect
+    from trainledger.journal.views.query import connect
     con = connect([p], keys=[load_public_key(k)], use_cache=False)
     extra["rows"] = con.execute("SELECT count(*), avg(loss), max(grad_norm) FROM steps").fetchall()[0][0]
 elif mode == "verify":
@@ -117,7 +117,7 @@ elif mode == "duckdb_export":
 elif mode == "verify_out":
     # verify of the journal's export parquet --lines (run() made it, unmeasured)
     from trainledger.journal import load_public_key
-    from trainledger.journal.parquet.check import verify_export
+    from trainledger.journal.views.parquet.check import verify_export
     extra["rows"] = verify_export(p[:-len(".jsonl")] + ".export", keys=[load_public_key(k)]).events
 elif mode == "duckdb_read_export":
     # the floor beside verify OUT: DuckDB (one thread) reading every cell of every file of the same export, as Arrow

@@ -2,7 +2,7 @@
 run was measured here (this machine has no GPU). Each rank's ``compute_totaled`` is made from stated assumptions (the
 model's shape, tokens a step, a step's time at an assumed MFU against the datasheet peak, NVML energy at an assumed
 mean power over an assumed share of the device time), and the statement's figures come from the same functions
-``trainledger compute`` and ``verify-proof`` use (training/compute/figures.py).
+``trainledger compute`` and ``verify-proof`` use (journal/statements/compute/figures.py).
 
     .venv/bin/python tools/compute_example.py [--out docs/bench/compute_example.txt]
 """
@@ -30,8 +30,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    from trainledger.training.compute.figures import DEFAULT_COMPUTE_THRESHOLDS, model_figures, run_figures
-    from trainledger.training.compute.render import as_markdown
+    from trainledger.journal.statements.compute.figures import DEFAULT_COMPUTE_THRESHOLDS, model_figures, run_figures
+    from trainledger.journal.statements.compute.render import as_markdown
     from trainledger.training.health.mfu import model_flops_per_token
 
     fpt = model_flops_per_token(N_PARAMS, N_LAYER, N_HEAD, HEAD_DIM, SEQ)

@@ -23,8 +23,8 @@ from pathlib import Path
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from trainledger.journal.chain import GENESIS_TAG, LINE_TAG, genesis, origin, seal_checkpoint
-from trainledger.journal.proofs.merkle import leaf_hash, node_hash
-from trainledger.journal.proofs.note import key_hash
+from trainledger.journal.merkle import leaf_hash, node_hash
+from trainledger.journal.note import key_hash
 from trainledger.journal.codec import encode_event
 from trainledger.journal.events import FORMAT_VERSION, RunOpened, Seal, StepObserved
 from trainledger.journal.keys import Signer

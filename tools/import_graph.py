@@ -2,7 +2,7 @@
 
 Every ``import`` and ``from ... import`` in the source is an edge, at module level or inside a function alike (a
 lazy import is still a dependency: it only moves the failure to run time). Modules are named as installed
-(``trainledger.journal.proofs.merkle`` is ``journal/proofs/merkle.py``); the four packages are ``trainledger``
+(``trainledger.journal.merkle`` is ``journal/merkle.py``); the four packages are ``trainledger``
 (the installed face), ``journal``, ``training`` and ``ladder``.
 
 Rules it checks (exit 1 when one is broken, with each offence on a line):
@@ -11,7 +11,10 @@ Rules it checks (exit 1 when one is broken, with each offence on a line):
 - the packages' arrows point one way: ``journal`` imports neither ``training``, ``ladder`` nor the face,
   ``training`` does not import ``ladder`` or the face, ``ladder`` does not import the face;
 - no module imports another package's private module (``trainledger.journal.scan`` from ``training/``) or a
-  private name from it (``from trainledger.journal.codec import _decoder``).
+  private name from it (``from trainledger.journal.codec import _decoder``);
+- inside a package, folders are layers (:data:`LAYERS`, lowest first; ``.`` is the package's own files): a module
+  imports only from its own layer's folder or from layers below it, never from a layer above nor from a folder
+  beside it in the same layer. A package's ``__init__`` and ``__main__`` are its face and may import any layer.
 
     .venv/bin/python tools/import_graph.py            # summary; exit 1 on a broken rule
     .venv/bin/python tools/import_graph.py --json     # the graph and the findings, for tests
@@ -30,6 +33,63 @@ PACKAGES = {"trainledger": "src/trainledger", "journal": "journal", "training": 
 #: which package may import which (the face may import everything)
 ALLOWED = {"journal": {"journal"}, "training": {"journal", "training"}, "ladder": {"journal", "training", "ladder"},
            "trainledger": {"journal", "training", "ladder", "trainledger"}}
+
+
+#: each package's layers, lowest first; a tuple holds folders beside each other (neither imports the other).
+#: ``.`` is the package's own files: the format core in ``journal``, the entry points (Recorder, watch) in
+#: ``training``, the shared audit and report in the face. docs/DEVELOPERS.md draws them.
+LAYERS: dict[str, list[tuple[str, ...]]] = {
+    "journal": [(".",), ("proofs",), ("audit",), ("backends",), ("statements",), ("views",)],
+    "training": [("health",), ("audit",), ("checkpoints",), ("reference",), ("distributed",), ("experiment",),
+                 ("integrations",), (".",)],
+    "ladder": [(".",)],
+    "trainledger": [(".",), ("serve",), ("cli",)],
+}
+
+
+def layer_of(mod: str, mods: dict[str, Path]) -> tuple[str, str] | None:
+    """(package, folder) of a module: its first folder below the package, or ``.`` for the package's own files;
+    None for the package's face (``__init__``, ``__main__``)."""
+    pkg = package_of(mod)
+    rel = mods[mod].relative_to(ROOT / PACKAGES[pkg]).parts
+    if len(rel) == 1:
+        return None if rel[0] in ("__init__.py", "__main__.py") else (pkg, ".")
+    return pkg, rel[0]
+
+
+def rank_of(pkg: str, folder: str) -> int | None:
+    for i, layer in enumerate(LAYERS[pkg]):
+        if folder in layer:
+            return i
+    return None
+
+
+def layer_findings(mods: dict[str, Path], es: list[tuple[str, str, str, int]]) -> list[str]:
+    """One line per import that goes up a layer or sideways between folders of one layer, and per folder that
+    :data:`LAYERS` does not place."""
+    out = []
+    for mod in mods:
+        where = layer_of(mod, mods)
+        if where is not None and rank_of(*where) is None:
+            out.append(f"{mods[mod].relative_to(ROOT)}: the folder {where[1]!r} of {where[0]} is in no layer "
+                       "(tools/import_graph.py LAYERS)")
+    for a, b, _, line in es:
+        la, lb = layer_of(a, mods), layer_of(b, mods)
+        if la is None or lb is None or la[0] != lb[0] or la[1] == lb[1]:
+            continue
+        ra, rb = rank_of(*la), rank_of(*lb)
+        if ra is None or rb is None or ra > rb:
+            continue
+        how = "a layer above it" if rb > ra else "a folder beside it in its layer"
+        out.append(f"{mods[a].relative_to(ROOT)}:{line}: {a} imports {b}: {la[0]}/{lb[1]} is {how} "
+                   f"({la[0]}/{la[1]} stands only on the layers below it)")
+    return out
+
+
+def layer_picture() -> list[str]:
+    """Each package's layers, lowest first, as one line each."""
+    return [f"  {pkg}: " + " <- ".join(" | ".join(f if f != "." else "(own files)" for f in layer)
+                                        for layer in layers) for pkg, layers in LAYERS.items()]
 
 
 def modules() -> dict[str, Path]:
@@ -167,6 +227,7 @@ def analyse() -> dict:
     cyc = cycles(acyclic)
     for c in cyc:
         findings.append("cycle: " + " -> ".join(c))
+    findings += layer_findings(mods, es)
     findings = list(dict.fromkeys(findings))
     private_inside = sorted({f"{mods[a].relative_to(ROOT)}:{line}: {name} from {b}" for a, b, name, line in es
                              if name.startswith("_") and not name.startswith("__") and package_of(a) == package_of(b)})
@@ -195,10 +256,13 @@ def main(argv: list[str] | None = None) -> int:
         if res["depth"] is not None:
             print(f"deepest import chain: {res['depth']} modules ({' -> '.join(res['deepest'])})")
         print(f"private names imported inside their own package: {len(res['private_names_inside'])}")
+        print("layers, lowest first (each imports only from itself and the layers to its left):")
+        for line in layer_picture():
+            print(line)
         for f in res["findings"]:
             print(f)
         print(f"{len(res['findings'])} rule(s) broken" if res["findings"] else "no cycle, no arrow the wrong way, "
-              "no private import across packages")
+              "no private import across packages, no import up or across a layer")
     return 1 if res["findings"] else 0
 
 

@@ -27,7 +27,7 @@ GOLDEN = ROOT / "tests" / "assets" / "golden"
 
 def every_kind(path: Path) -> Path:
     from trainledger.journal import Journal, RunResumed, Signer, StepObserved
-    from trainledger.training.experiment.approval import sign_approval
+    from trainledger.training.audit.approval import sign_approval
     from trainledger.journal.events import TailRepaired
     from trainledger.training.health.detectors import HealthProjection
     from trainledger.journal.kinds import (
@@ -96,7 +96,7 @@ def every_kind(path: Path) -> Path:
                              contents=["model", "optimizer"], duration_s=0.5, tokens=640), durable=True)
     # 1.6: the weights the run shipped, from that checkpoint (one file, its bytes: the checkpoint's own)
     from trainledger.journal.kinds import ModelExported
-    from trainledger.journal.release.manifest import FileDigest, root_digest
+    from trainledger.journal.statements.release.manifest import FileDigest, root_digest
 
     shipped = [FileDigest("config.json", 17, "ef" * 32), FileDigest("model.safetensors", 1234, sha)]
     j.append(ModelExported(path="export", digest=root_digest(shipped), step=19, checkpoint="checkpoints/step-000000019.pt",

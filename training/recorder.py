@@ -372,7 +372,7 @@ class Recorder:
         ``trainledger release FOLDER RUN --key release.key`` signs it for release (docs/provenance.md), or
         ``release_key=`` does at :meth:`close`. ``base_model``: the released model's folder instead of ``base``
         (its digest, and the run its provenance names)."""
-        from trainledger.journal.release.export import base_of, checkpoint_of, record_export
+        from trainledger.journal.statements.release.export import base_of, checkpoint_of, record_export
 
         self.hand_over()
         step = self.monitor.last_step if step is None else step
@@ -405,8 +405,8 @@ class Recorder:
             self.anchor(report["last_step"])  # every rank reaches the end together
         self.journal.close(status=status, reason=reason)
         if self.release_key is not None and self._exported is not None and status == "completed":
-            from trainledger.journal.release.attest import release
-            from trainledger.journal.release.keys import load_release_key
+            from trainledger.journal.statements.release.attest import release
+            from trainledger.journal.statements.release.keys import load_release_key
 
             release(self._exported, self.journal.path, load_release_key(self.release_key), keys=[self.signer.public])
         return report

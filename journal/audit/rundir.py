@@ -9,7 +9,7 @@ some journal says exists and that has no file (never a silent "7 of 8 verified")
 
 Every rank journal belongs to one run (its run id, its ``rank_joined``, one world size per restart round) and is
 signed by its own key: the operator's roster, or rank 0's signed record of the keys the ranks anchored with
-(:mod:`trainledger.journal.audit.roster`).
+(:mod:`trainledger.journal.roster`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from trainledger.journal.audit.roster import RosterMismatch, key_words, split_run_id
+from trainledger.journal.roster import RosterMismatch, key_words, split_run_id
 from trainledger.journal.codec import decode_line
 from trainledger.journal.errors import IntegrityError, JournalIOError, UsageError
 from trainledger.journal.events import KeyCertified

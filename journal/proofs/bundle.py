@@ -27,8 +27,8 @@ from trainledger.journal.errors import (
 )
 from trainledger.journal.keys import PublicKey
 from trainledger.journal.scan import MAX_LINE
-from trainledger.journal.proofs.merkle import ProofError, leaf_hash, verify_consistency, verify_inclusion
-from trainledger.journal.proofs.note import (
+from trainledger.journal.merkle import ProofError, leaf_hash, verify_consistency, verify_inclusion
+from trainledger.journal.note import (
     NoteError,
     Verifier,
     check_cosignatures,
@@ -359,7 +359,7 @@ def _certified_key(b: Any, keys: Sequence[PublicKey]) -> PublicKey:
     checked against the pinned keys (issuer, signature, the key in the roster, this run and rank), and the key it
     certifies must be the bundle's. The line's inclusion in the signed tree is checked once the checkpoint is
     open (:func:`_holds_certificate`)."""
-    from trainledger.journal.audit.roster import split_run_id
+    from trainledger.journal.roster import split_run_id
     from trainledger.journal.certify import check_certificate
     from trainledger.journal.events import KeyCertified
 

@@ -11,7 +11,7 @@ from trainledger.journal.errors import (
     UsageError,
 )
 from trainledger.journal.keys import PublicKey
-from trainledger.journal.proofs.note import (
+from trainledger.journal.note import (
     Checkpoint,
     NoteError,
     Verifier,

@@ -25,7 +25,7 @@ from trainledger.journal.errors import (
     UnsafePath,
     UsageError,
 )
-from trainledger.journal.proofs.merkle import EMPTY_ROOT, leaf_hashes, node_hash, node_level
+from trainledger.journal.merkle import EMPTY_ROOT, leaf_hashes, node_hash, node_level
 from trainledger.journal.verify import open_checked, read_opening
 
 __all__ = ["TILE_HEIGHT", "TreeIndex", "TreeView", "IndexMismatch", "build_index", "load_index", "save_index",

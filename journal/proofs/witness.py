@@ -22,8 +22,8 @@ from trainledger.journal.errors import (
     UsageError,
 )
 from trainledger.journal.keys import PublicKey
-from trainledger.journal.proofs.merkle import ProofError, verify_consistency
-from trainledger.journal.proofs.note import (
+from trainledger.journal.merkle import ProofError, verify_consistency
+from trainledger.journal.note import (
     Verifier,
     cosign,
     parse_verifier_key,
@@ -56,7 +56,7 @@ class Witness:
     under a lock and replaced atomically."""
 
     def __init__(self, state: str | os.PathLike, name: str, private: Any):
-        from trainledger.journal.proofs.note import _valid_name
+        from trainledger.journal.note import _valid_name
 
         _valid_name(name)
         self.state = Path(state)

@@ -5,7 +5,7 @@ alias module whose names resolve on first use (PEP 562) from where they live now
 ``DeprecationWarning`` that names the new place. The old names go away in 0.3.
 
 The table maps an old module to the module that holds most of its names now, with the names that went elsewhere;
-``tests/unit/api/public_api.json`` holds every one of 0.1.0's names (and their signatures) to it.
+``tests/unit/public_api.json`` holds every one of 0.1.0's names (and their signatures) to it.
 """
 
 from __future__ import annotations
@@ -19,13 +19,11 @@ import warnings
 REMOVED_IN = "0.3"
 
 MOVED: dict[str, tuple[str, dict[str, str]]] = {
-    "trainledger.journal.approval": ("trainledger.training.experiment.approval", {}),
+    "trainledger.journal.approval": ("trainledger.training.audit.approval", {}),
     "trainledger.journal.health": ("trainledger.training.health.detectors", {}),
     "trainledger.journal.imports": ("trainledger.training.interop", {}),
     "trainledger.journal.ladder_outcome": ("trainledger.ladder.outcome", {}),
-    "trainledger.journal.merkle": ("trainledger.journal.proofs.merkle", {}),
     "trainledger.journal.mfu": ("trainledger.training.health.mfu", {}),
-    "trainledger.journal.note": ("trainledger.journal.proofs.note", {}),
     "trainledger.journal.projections": ("trainledger.training.audit", {
         "LadderAudit": "trainledger.ladder.audit", "default_projections": "trainledger.audit",
         "values_agree": "trainledger.journal.audit.projection"}),
@@ -43,7 +41,7 @@ MOVED: dict[str, tuple[str, dict[str, str]]] = {
         "checkpoint_note": "trainledger.journal.proofs.checkpoint",
         "log_verifier": "trainledger.journal.proofs.checkpoint"}),
     "trainledger.journal.watch": ("trainledger.training.watch", {}),
-    "trainledger.journal.cli_proofs": ("trainledger.journal.proofs.cli", {}),
+    "trainledger.journal.cli_proofs": ("trainledger.cli.proofs", {}),
     "trainledger.training.checkpoint": ("trainledger.training.checkpoints.state", {}),
     "trainledger.training.corpus": ("trainledger.training.reference.corpus", {}),
     "trainledger.training.distributed_loop": ("trainledger.training.distributed.loop", {}),
@@ -55,6 +53,40 @@ MOVED: dict[str, tuple[str, dict[str, str]]] = {
     "trainledger.training.preflight": ("trainledger.training.experiment.preflight", {}),
     "trainledger.training.rewind": ("trainledger.training.checkpoints.rewind", {}),
     "trainledger.training.telemetry": ("trainledger.training.health.telemetry", {}),
+    # 0.2.0: journal/ in layers (core, proofs, audit, backends, statements, views) and one cli/ package
+    "trainledger.journal.proofs.merkle": ("trainledger.journal.merkle", {}),
+    "trainledger.journal.proofs.note": ("trainledger.journal.note", {}),
+    "trainledger.journal.audit.roster": ("trainledger.journal.roster", {}),
+    "trainledger.journal.engines.ray": ("trainledger.journal.backends.ray", {}),
+    "trainledger.journal.storage": ("trainledger.journal.backends.storage", {}),
+    "trainledger.journal.kms": ("trainledger.journal.backends.kms", {}),
+    "trainledger.journal.hsm": ("trainledger.journal.backends.hsm", {}),
+    "trainledger.journal.query": ("trainledger.journal.views.query", {}),
+    "trainledger.journal.parquet.check": ("trainledger.journal.views.parquet.check", {}),
+    "trainledger.journal.parquet.export": ("trainledger.journal.views.parquet.export", {}),
+    "trainledger.journal.parquet.journals": ("trainledger.journal.views.parquet.journals", {}),
+    "trainledger.journal.parquet.read": ("trainledger.journal.views.parquet.read", {}),
+    "trainledger.journal.parquet": ("trainledger.journal.views.parquet", {}),
+    "trainledger.journal.release.attest": ("trainledger.journal.statements.release.attest", {}),
+    "trainledger.journal.release.dsse": ("trainledger.journal.statements.release.dsse", {}),
+    "trainledger.journal.release.export": ("trainledger.journal.statements.release.export", {}),
+    "trainledger.journal.release.keys": ("trainledger.journal.statements.release.keys", {}),
+    "trainledger.journal.release.manifest": ("trainledger.journal.statements.release.manifest", {}),
+    "trainledger.journal.release.verify": ("trainledger.journal.statements.release.verify", {}),
+    "trainledger.journal.release.cli": ("trainledger.cli.release", {}),
+    "trainledger.journal.release": ("trainledger.journal.statements.release", {}),
+    "trainledger.training.compute.statement": ("trainledger.journal.statements.compute.statement", {}),
+    "trainledger.training.compute.figures": ("trainledger.journal.statements.compute.figures", {}),
+    "trainledger.training.compute.render": ("trainledger.journal.statements.compute.render", {}),
+    "trainledger.training.compute.cli": ("trainledger.cli.compute", {}),
+    "trainledger.training.compute": ("trainledger.journal.statements.compute", {}),
+    "trainledger.journal.proofs.cli": ("trainledger.cli.proofs", {}),
+    "trainledger.journal.cli": ("trainledger.cli.journal", {}),
+    "trainledger.journal.options": ("trainledger.cli.options", {}),
+    "trainledger.training.cli": ("trainledger.cli.training", {}),
+    "trainledger.ladder.cli": ("trainledger.cli.ladder", {}),
+    "trainledger.training.experiment.approval": ("trainledger.training.audit.approval", {}),
+    "trainledger.journal.engines": ("trainledger.journal.backends", {}),
 }
 
 
@@ -101,6 +133,8 @@ class _Finder:
     def create_module(self, spec):
         module = _Moved(spec.name, f"Deprecated: moved to {MOVED[spec.name][0]} (goes away in {REMOVED_IN}).")
         module.__spec__ = spec
+        if any(old.startswith(spec.name + ".") for old in MOVED):  # an old package: its old submodules import too
+            module.__path__ = []
         return module
 
     def exec_module(self, module):

@@ -1,4 +1,4 @@
-"""A stand-in for the AWS KMS service on 127.0.0.1, for the awskms:// back end's tests (journal/kms.py): no KMS is
+"""A stand-in for the AWS KMS service on 127.0.0.1, for the awskms:// back end's tests (journal/backends/kms.py): no KMS is
 reachable here and moto's KMS has no Ed25519 keys. It speaks the service's JSON 1.1 protocol for the two calls a
 signer makes (GetPublicKey, Sign), so that the test drives boto3's real client over real HTTP; it holds Ed25519
 keys in memory by alias, checks each Sign request is what KMS requires for such a key, and can throttle."""

@@ -30,7 +30,8 @@ uri = f"pkcs11:token=pull;object=run?module-path={module}&pin-source=file:{work 
 
 from trainledger.journal import Journal, StepObserved  # noqa: E402
 from trainledger.journal.errors import JournalIOError  # noqa: E402
-from trainledger.journal.keys import generate_pkcs11_key, load_signer  # noqa: E402
+from trainledger.journal.backends.hsm import generate_pkcs11_key  # noqa: E402
+from trainledger.journal.keys import load_signer  # noqa: E402
 
 generate_pkcs11_key(uri)
 (work / "run.pub").write_text(load_signer(uri).public.line() + "\n")

@@ -36,7 +36,9 @@ class Token(Signer):
 
 
 def kinds(p) -> list[dict]:
-    return [json.loads(line) for line in p.read_text().splitlines()]
+    """The journal's complete lines, parsed (a line the signing thread is writing now is left for the next read)."""
+    data = p.read_bytes()
+    return [json.loads(line) for line in data[: data.rfind(b"\n") + 1].splitlines()]
 
 
 def settled(j) -> bool:
@@ -45,7 +47,7 @@ def settled(j) -> bool:
     return job is None or job.done.is_set()
 
 
-def wait_for(cond, timeout=10.0):
+def wait_for(cond, timeout=120.0):  # generous: it returns as soon as cond holds
     end = time.monotonic() + timeout
     while not cond():
         assert time.monotonic() < end, "timed out"

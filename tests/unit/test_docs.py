@@ -97,6 +97,29 @@ def test_the_import_graph_has_no_cycle_and_no_private_import_across_packages():
     assert not any(k.startswith("journal -> ") for k in res["arrows"])  # the journal imports no other package
 
 
+def test_the_import_graph_refuses_an_import_up_or_across_a_layer(monkeypatch):
+    """The folder-level layers hold: the format core importing a proof module, the audit importing the views, a
+    back end importing a statement, the health folds importing an integration are each named, and so is an import
+    between two folders placed beside each other; the real graph has none."""
+    g = load_tool("import_graph")
+    mods = g.modules()
+    fake = [("trainledger.journal.writer", "trainledger.journal.proofs.bundle", "", 1),
+            ("trainledger.journal.audit.replay", "trainledger.journal.views.query", "", 2),
+            ("trainledger.journal.backends.storage", "trainledger.journal.statements.release.attest", "", 3),
+            ("trainledger.training.health.monitor", "trainledger.training.integrations.hooks", "", 4),
+            ("trainledger.journal.views.query", "trainledger.journal.audit.rundir", "", 5)]  # down: allowed
+    found = g.layer_findings(mods, fake)
+    assert len(found) == 4, found
+    assert "journal/writer.py:1:" in found[0] and "a layer above it" in found[0]
+    assert g.layer_findings(mods, g.edges(mods)) == []
+    beside = [(".",), ("proofs",), ("audit",), ("backends", "statements"), ("views",)]
+    monkeypatch.setattr(g, "LAYERS", {**g.LAYERS, "journal": beside})
+    found = g.layer_findings(mods, fake[2:3])
+    assert len(found) == 1 and "a folder beside it in its layer" in found[0], found
+    assert [line.split(":")[0].strip() for line in g.layer_picture()] == ["journal", "training", "ladder",
+                                                                          "trainledger"]
+
+
 def test_no_tracker_labels_in_code_or_what_users_read():
     """Roadmap and tracker labels (an issue number) belong to the history (CHANGELOG, commits, docs/bench), not to
     module docstrings, help text or the manual."""
@@ -137,7 +160,7 @@ def test_every_documented_import_works():
 
 
 def test_every_dotted_name_the_docs_give_resolves():
-    """`trainledger.audit.replay`, `trainledger.journal.query.connect`, ...: each names a module or an attribute."""
+    """`trainledger.audit.replay`, `trainledger.journal.views.query.connect`, ...: each names a module or an attribute."""
     import importlib
 
     names = set()

@@ -51,7 +51,7 @@ from trainledger.training.distributed.ranks import (
     restore_sharded,
 )
 from trainledger.training.health.flops import device_kind, flop_config_from_causal_lm
-from trainledger.training.integrations.hooks import StepBuffer
+from trainledger.training.health.batching import StepBuffer
 from trainledger.training.reference.loop import LoopConfig, warmup_cosine
 from trainledger.training.reference.model import build_causal_lm
 from trainledger.training.health.monitor import TrainingHealthMonitor

@@ -287,7 +287,7 @@ def anchor_ranks(journal: Journal, *, step: int | None = None, group: Any = None
 
         import msgspec
 
-        from trainledger.journal.audit.roster import split_run_id
+        from trainledger.journal.roster import split_run_id
         from trainledger.journal.certify import anchor_statement
 
         run = (split_run_id(journal.run_id) or (journal.run_id, 0))[0]

@@ -29,7 +29,7 @@ import msgspec
 import torch
 
 from trainledger.journal import Journal, PublicKey, Signer, UnsafePath
-from trainledger.training.experiment.approval import ApprovalInvalid, SignedApproval, check_approval
+from trainledger.training.audit.approval import ApprovalInvalid, SignedApproval, check_approval
 from trainledger.journal.paths import confined
 from trainledger.journal.kinds import PreflightCompleted, PreflightGate
 
@@ -52,7 +52,7 @@ GATES = ("schema", "data_lineage", "template_compat", "smoke", "overfit", "save_
          "resource_probe", "eval_dry_run", "authority")
 
 
-#: A decision by a named authority, signed with that authority's key (training/experiment/approval.py).
+#: A decision by a named authority, signed with that authority's key (training/audit/approval.py).
 Approval = SignedApproval
 
 

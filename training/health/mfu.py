@@ -52,7 +52,7 @@ class ComputeTotals:
     the figure and for replay that recomputes it. Integers throughout (tokens, FLOPs, nanoseconds, millijoules);
     floats only in the event.
 
-    Format 1.7 adds what the compute statement needs (:mod:`trainledger.training.compute`): the busy time, the
+    Format 1.7 adds what the compute statement needs (:mod:`trainledger.journal.statements.compute`): the busy time, the
     steps by hardware (devices, peak and its source, device kind), the journal's first and last timestamps, energy
     from NVML's counter and from power samples, and the thresholds the ``run_configured`` in force watches: after
     every step with tokens, each threshold not yet crossed that the running total (plus ``carried_flops``) has

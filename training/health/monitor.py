@@ -23,7 +23,7 @@ from trainledger.journal.reader import fold_events
 from trainledger.training.health.detectors import (RANGE_DEFAULTS, RESUME_HORIZON, AnomalyDetected, DetectorParams,
                                                    HealthProjection, RunConfigured)
 
-from trainledger.training.compute.figures import DEFAULT_COMPUTE_THRESHOLDS
+from trainledger.journal.statements.compute.figures import DEFAULT_COMPUTE_THRESHOLDS
 from trainledger.training.health.flops import FlopConfig
 
 __all__ = ["TrainingHealthMonitor", "AnomalyDetected", "DEFAULT_COMPUTE_THRESHOLDS"]

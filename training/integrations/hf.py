@@ -322,14 +322,14 @@ class TrainledgerCallback(TrainerCallback):
         else:
             self.journal.close()
         if exported and self.release_key is not None:
-            from trainledger.journal.release.attest import release
-            from trainledger.journal.release.keys import load_release_key
+            from trainledger.journal.statements.release.attest import release
+            from trainledger.journal.statements.release.keys import load_release_key
 
             release(self.export_dir, self.journal.path, load_release_key(self.release_key), keys=[self.signer.public])
 
     def _export(self, model: Any, tokenizer: Any) -> None:
         """Save the trained model (and tokenizer) to ``export_dir`` and record it (model_exported)."""
-        from trainledger.journal.release.export import base_of, checkpoint_of, record_export
+        from trainledger.journal.statements.release.export import base_of, checkpoint_of, record_export
 
         if model is None:
             raise UsageError("export_dir=: the Trainer did not hand the callback its model")

@@ -320,7 +320,7 @@ class TrainledgerCallback(Callback):
 
     def _export(self, pl_module) -> None:
         """Save the module's weights to ``export_dir`` and record them (model_exported)."""
-        from trainledger.journal.release.export import base_of, checkpoint_of, record_export
+        from trainledger.journal.statements.release.export import base_of, checkpoint_of, record_export
 
         self.export_dir.mkdir(parents=True, exist_ok=True)
         inner = getattr(pl_module, "model", None)
@@ -388,8 +388,8 @@ class TrainledgerCallback(Callback):
             self.journal.close()
         path, self.journal = self.journal.path, None
         if exported and self.release_key is not None:
-            from trainledger.journal.release.attest import release
-            from trainledger.journal.release.keys import load_release_key
+            from trainledger.journal.statements.release.attest import release
+            from trainledger.journal.statements.release.keys import load_release_key
 
             release(self.export_dir, path, load_release_key(self.release_key), keys=[self.signer.public])
 

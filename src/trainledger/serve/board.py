@@ -781,7 +781,7 @@ def _ints(recs: list[Any], name: str) -> Any:
     """An int field as int64 (a value past int64, which a signed event may hold, is left out of the curves)."""
     import pyarrow as pa
 
-    from trainledger.journal.parquet.export import arrow_column
+    from trainledger.journal.views.parquet.export import arrow_column
 
     try:
         return arrow_column(recs, name, "BIGINT")
@@ -793,7 +793,7 @@ def _ints(recs: list[Any], name: str) -> Any:
 def _floats(recs: list[Any], name: str) -> Any:
     import pyarrow as pa
 
-    from trainledger.journal.parquet.export import arrow_column
+    from trainledger.journal.views.parquet.export import arrow_column
 
     try:
         return arrow_column(recs, name, "DOUBLE")

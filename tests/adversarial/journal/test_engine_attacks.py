@@ -14,8 +14,8 @@ import pytest
 pytest.importorskip("ray")
 
 from trainledger.journal import Signer, StepObserved, TrustPolicy, verify  # noqa: E402
-from trainledger.journal.audit.roster import Roster, RosterMismatch  # noqa: E402
-from trainledger.journal.engines.ray import _hold_report  # noqa: E402
+from trainledger.journal.roster import Roster, RosterMismatch  # noqa: E402
+from trainledger.journal.backends.ray import _hold_report  # noqa: E402
 from trainledger.journal.errors import IntegrityError  # noqa: E402
 from trainledger.training.distributed.ranks import RankInfo, open_rank_journal  # noqa: E402
 

@@ -21,12 +21,12 @@ from test_run_folder_keys import _folder  # noqa: E402  (a run folder anchored a
 
 from trainledger.cli import main
 from trainledger.journal import Signer, StepObserved
-from trainledger.journal.audit.roster import RosterMismatch, load_roster
+from trainledger.journal.roster import RosterMismatch, load_roster
 from trainledger.journal.audit.rundir import AnchorMismatch, verify_run_dir
 from trainledger.journal.errors import IntegrityError
-from trainledger.journal.parquet import LISTING, export_parquet
-from trainledger.journal.parquet.check import ExportMismatch, verify_export
-from trainledger.journal.parquet.read import connect_exports
+from trainledger.journal.views.parquet import LISTING, export_parquet
+from trainledger.journal.views.parquet.check import ExportMismatch, verify_export
+from trainledger.journal.views.parquet.read import connect_exports
 from trainledger.journal.trust import TrustPolicy
 from trainledger.training.distributed.ranks import RankInfo, open_rank_journal
 
@@ -406,7 +406,7 @@ def test_a_killed_query_out_leaves_its_private_copy_for_the_next_to_sweep(run4, 
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     env = {**os.environ, "TMPDIR": str(tmp)}
-    code = ("import os, sys; from trainledger.journal.parquet.read import connect_exports; "
+    code = ("import os, sys; from trainledger.journal.views.parquet.read import connect_exports; "
             "from trainledger.journal import trusted_keys; "
             "connect_exports([sys.argv[1]], keys=trusted_keys([sys.argv[2]])); os._exit(9)")
     p = subprocess.run([sys.executable, "-c", code, str(out), str(pub)], env=env, timeout=120)
@@ -447,7 +447,7 @@ def test_verify_out_holds_a_runs_journal_to_its_published_checkpoint_and_head(ru
 
 def _stream_of(export: Path, tmp_path: Path, **knobs: int) -> Any:
     """The export's (one journal's) events file as the check streams it, ``per``/``share`` set as given."""
-    from trainledger.journal.parquet.check import _LineStream, _connection
+    from trainledger.journal.views.parquet.check import _LineStream, _connection
 
     (ev,) = sorted((export / "events").rglob("*.parquet"))
     rows = pq.read_metadata(ev).num_rows
@@ -467,7 +467,7 @@ def test_the_stream_hands_on_the_journals_own_bytes_in_whole_lines(tmp_path, mon
     most 200 bytes a batch of 7 here, pieces of at most 1,000 bytes, blocks of about 512), or, past ``again``
     pieces read again, the rest read in batches sized by the longest line, from the row where it stopped."""
     from trainledger.journal import scan
-    from trainledger.journal.parquet import check
+    from trainledger.journal.views.parquet import check
 
     src = GOLDEN / "every_kind_v1_3.jsonl"
     ex = tmp_path / "ex"

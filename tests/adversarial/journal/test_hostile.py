@@ -186,7 +186,7 @@ def test_known_kind_with_a_bad_schema_fails_verify_in_a_fresh_process(hostile):
 
     p, pub = hostile([{"kind": "gate_verdict", "rung": 7, "passed": "yes", "reason": "x", "measured": {},
                        "bars": {}, "artifacts": {}}])
-    proc = subprocess.run([sys.executable, "-c", "import sys; from trainledger.journal.cli import main; sys.exit(main(sys.argv[1:]))",
+    proc = subprocess.run([sys.executable, "-c", "import sys; from trainledger.cli.journal import main; sys.exit(main(sys.argv[1:]))",
                            "verify", "--pubkey", str(pub), str(p)], capture_output=True, text=True)
     assert proc.returncode == 1 and "gate_verdict" in proc.stdout and "Traceback" not in proc.stderr
 

@@ -143,7 +143,7 @@ def test_a_line_over_the_cap_is_not_written_and_gets_no_bundle(tmp_path, signer)
         T.prove(p, [3], keys=[signer.public])
     b = T.prove(p, [1], keys=[signer.public]).bundle  # a line under the cap: proven
     b["entries"][0]["line"] = "a" * (MAX_LINE + 1)
-    from trainledger.journal.proofs.merkle import ProofError
+    from trainledger.journal.merkle import ProofError
 
     with pytest.raises(ProofError, match="over the"):
         T.verify_bundle(json.dumps(b).encode(), [signer.public])

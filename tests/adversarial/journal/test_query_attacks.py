@@ -11,7 +11,7 @@ from conftest import step
 from test_cli import run
 
 from trainledger.journal import Journal, JournalIOError
-from trainledger.journal import query as q
+from trainledger.journal.views import query as q
 
 
 def _journal(path, signer, n, **meta):

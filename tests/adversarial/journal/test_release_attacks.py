@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from trainledger.journal import Journal, StepObserved
-from trainledger.journal.release.attest import release, signature_statement
-from trainledger.journal.release.dsse import MAX_BUNDLE_BYTES, sign_statement
-from trainledger.journal.release.export import record_export
-from trainledger.journal.release.keys import ReleaseKey
-from trainledger.journal.release.manifest import model_manifest
+from trainledger.journal.statements.release.attest import release, signature_statement
+from trainledger.journal.statements.release.dsse import MAX_BUNDLE_BYTES, sign_statement
+from trainledger.journal.statements.release.export import record_export
+from trainledger.journal.statements.release.keys import ReleaseKey
+from trainledger.journal.statements.release.manifest import model_manifest
 from trainledger.training.health.mfu import record_compute
 
 
@@ -136,7 +136,7 @@ def test_a_fifo_or_a_link_planted_as_the_signature_is_refused_without_a_hang(rel
 def test_a_base_models_planted_provenance_is_no_claim(tmp_path):
     """A fine-tune records what its base's provenance claims; a link, a nesting bomb or garbage there is no claim
     (the base's digest is still recorded), never read outside the folder or raised."""
-    from trainledger.journal.release.export import base_of
+    from trainledger.journal.statements.release.export import base_of
 
     base = tmp_path / "base"
     base.mkdir()

@@ -19,7 +19,7 @@ from trainledger.cli import main
 from trainledger.journal import Journal, StepObserved
 from trainledger.journal.kinds import CheckpointSaved, RunConfigured
 from trainledger.journal.paths import file_sha256
-from trainledger.journal.release.export import record_export
+from trainledger.journal.statements.release.export import record_export
 from trainledger.training.health.mfu import record_compute
 
 

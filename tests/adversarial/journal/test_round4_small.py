@@ -11,7 +11,7 @@ from journal_tools import dump, read_lines, rechain, write_lines
 
 from trainledger.cli import main
 from trainledger.journal import Journal, StepObserved
-from trainledger.journal.release.export import record_export
+from trainledger.journal.statements.release.export import record_export
 from trainledger.training.health.mfu import record_compute
 
 

@@ -64,7 +64,7 @@ def test_query_over_a_run_folder_with_a_rank_missing_fails_unless_asked_for_a_pa
 
 def test_no_columnar_copy_is_made_of_a_folder_with_a_rank_missing(tmp_path, signer):
     """A warm answer skips the whole-folder check, so build_cache holds a folder to it."""
-    from trainledger.journal.query import build_cache
+    from trainledger.journal.views.query import build_cache
 
     c = _run(tmp_path / "C", signer, "runC", world=3)
     (c / "rank-00001.jsonl").unlink()

@@ -10,7 +10,7 @@ import pytest
 
 from trainledger.cli import main
 from trainledger.journal import KeyFileError, Signer, StepObserved, TrustPolicy
-from trainledger.journal.audit.roster import Roster, RosterMismatch, load_roster
+from trainledger.journal.roster import Roster, RosterMismatch, load_roster
 from trainledger.journal.audit.rundir import verify_run_dir
 from trainledger.journal.kinds import AnchorRecorded, RanksAnchored
 from trainledger.training.distributed.ranks import RankInfo, anchor_record, open_rank_journal

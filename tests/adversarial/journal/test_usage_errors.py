@@ -9,7 +9,7 @@ from conftest import step
 from test_cli import run
 
 from trainledger.journal import Journal, StepObserved
-from trainledger.journal import query as q
+from trainledger.journal.views import query as q
 
 
 @pytest.fixture

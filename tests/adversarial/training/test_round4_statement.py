@@ -65,7 +65,7 @@ def _lines(journal):
 
 def _refigure(st):
     """The attacker recomputes every figure from what the statement now says (the module is public)."""
-    from trainledger.training.compute.figures import model_figures, run_figures
+    from trainledger.journal.statements.compute.figures import model_figures, run_figures
 
     for r in st["runs"]:
         r["figures"] = run_figures(r["journals"], board_power_w=st["board_power_w"])

@@ -67,7 +67,7 @@ def test_journal_and_cli_run_without_torch():
 
 
 def test_importing_journal_does_not_import_torch_even_when_installed():
-    code = "import sys, trainledger.journal, trainledger.journal.cli, trainledger.journal.verify; print(any(m.startswith('torch') for m in sys.modules))"
+    code = "import sys, trainledger.journal, trainledger.cli.journal, trainledger.journal.verify; print(any(m.startswith('torch') for m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr
 

@@ -16,7 +16,7 @@ moto_server = pytest.importorskip("moto.server")
 from trainledger.cli import main  # noqa: E402
 from trainledger.journal import Signer, StepObserved  # noqa: E402
 from trainledger.journal.errors import UnsafePath  # noqa: E402
-from trainledger.journal.storage import _safe_parts  # noqa: E402
+from trainledger.journal.backends.storage import _safe_parts  # noqa: E402
 from trainledger.training.distributed.ranks import RankInfo, open_rank_journal  # noqa: E402
 
 
@@ -132,7 +132,7 @@ def test_an_upload_that_fails_midway_leaves_nothing_behind(s3, tmp_path, run, ca
     link to /proc/self/mem, read from its start) between the data files and the listing. Every object uploaded is
     removed, the error names the URL, and verify finds nothing at the prefix (nothing to take for an export)."""
     from trainledger.journal.errors import JournalIOError
-    from trainledger.journal.storage import publish
+    from trainledger.journal.backends.storage import publish
 
     folder, pub = run
     assert main(["export", "parquet", str(folder), str(tmp_path / "ex"), "--lines", "--pubkey", pub]) == 0

@@ -14,10 +14,10 @@ import pytest
 
 from trainledger.cli import main
 from trainledger.journal import IntegrityError, SchemaError, Signer, StepObserved
-from trainledger.journal.parquet import LISTING, export_parquet
-from trainledger.journal.parquet.check import ExportMismatch, NotVerifiable, verify_export
-from trainledger.journal.parquet.read import connect_exports
-from trainledger.journal.query import connect
+from trainledger.journal.views.parquet import LISTING, export_parquet
+from trainledger.journal.views.parquet.check import ExportMismatch, NotVerifiable, verify_export
+from trainledger.journal.views.parquet.read import connect_exports
+from trainledger.journal.views.query import connect
 from trainledger.training.distributed.ranks import RankInfo, open_rank_journal
 
 GOLDEN = Path(__file__).resolve().parents[2] / "assets" / "golden"
@@ -318,7 +318,7 @@ def test_a_listing_verified_before_is_remembered_and_a_change_still_caught(expor
     copies against it only, and copies only the tables its statement reads. A file it reads changed under the same
     listing fails that check (one it does not read is not copied: verify OUT checks it); a re-listed change is a
     new listing, verified whole again."""
-    import trainledger.journal.parquet.read as read
+    import trainledger.journal.views.parquet.read as read
     from trainledger.journal.trust import TrustPolicy
 
     monkeypatch.setenv("TRAINLEDGER_CACHE_DIR", str(tmp_path / "cache"))
@@ -364,7 +364,7 @@ def test_the_streaming_pass_keeps_every_value_across_row_groups_and_leaves_the_u
     values the fast column path does not take (an int
     past int64, NaN and infinities, an int where a float is expected, None), and a live run's tail that no seal
     covers: the export holds exactly the signed prefix, cell for cell what the lines say."""
-    import trainledger.journal.parquet.export as ex
+    import trainledger.journal.views.parquet.export as ex
     from trainledger.journal import Journal
 
     monkeypatch.setattr(ex, "ROW_GROUP", 7)
@@ -408,8 +408,8 @@ _STEPS_SQL = ("SELECT seq, ts, step, loss, grad_norm, lr, step_time_s, examples,
 
 def _parquet_query(p: Path, s: Signer) -> list[tuple]:
     """The steps as ``trainledger query`` reads a large journal: through its Parquet load."""
-    from trainledger.journal.parquet.journals import load_journals
-    from trainledger.journal.query import open_views
+    from trainledger.journal.views.parquet.journals import load_journals
+    from trainledger.journal.views.query import open_views
 
     con, _ = open_views([p], keys=[s.public], allow_unsealed=True, use_cache=False, cold=load_journals,
                         sql=_STEPS_SQL)
@@ -424,7 +424,7 @@ def test_the_steps_read_as_columns_give_the_tables_their_records_give(tmp_path, 
     tail no seal covers; an export written either way verifies the other way; the query answers alike."""
     import pyarrow.parquet as pq
 
-    import trainledger.journal.parquet.export as ex
+    import trainledger.journal.views.parquet.export as ex
     import trainledger.journal.scan as scan
     from trainledger.journal import Journal
     from trainledger.journal.kinds import SpikeSuspected
@@ -482,9 +482,9 @@ def test_integers_are_typed_alike_however_the_journal_is_read(tmp_path, monkeypa
     nothing of the narrow attempt left beside it."""
     import pyarrow.parquet as pq
 
-    import trainledger.journal.parquet.export as ex
-    from trainledger.journal.parquet.journals import load_journals
-    from trainledger.journal.query import open_views
+    import trainledger.journal.views.parquet.export as ex
+    from trainledger.journal.views.parquet.journals import load_journals
+    from trainledger.journal.views.query import open_views
 
     passes = []
     real = ex._export_once
@@ -528,7 +528,7 @@ def _journal(p: Path, s: Signer):
 def test_query_of_an_export_defines_the_views_its_statement_reads(export):
     """``query OUT SQL`` defines only the views the statement reads (and those they read), as a query over
     journals does; a statement whose reads DuckDB's parse cannot tell gets every view."""
-    from trainledger.journal.parquet.read import open_exports
+    from trainledger.journal.views.parquet.read import open_exports
     from trainledger.journal.trust import TrustPolicy
 
     trust = TrustPolicy.of(None, keys=[_key("every_kind_v1_3")])

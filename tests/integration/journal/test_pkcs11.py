@@ -80,7 +80,7 @@ def test_a_journal_sealed_in_the_token_verifies_under_the_exported_key(token, tm
 
 def test_a_recorder_run_signed_in_the_token_resumes_and_verifies(token, tmp_path):
     torch = pytest.importorskip("torch")
-    from trainledger.journal.hsm import generate_pkcs11_key
+    from trainledger.journal.backends.hsm import generate_pkcs11_key
     from trainledger.training.recorder import Recorder
 
     pub = generate_pkcs11_key(token())
@@ -114,7 +114,7 @@ def test_bad_uris_and_keys_are_one_line_errors(token, tmp_path):
         load_signer(token("nope"))
     with pytest.raises(UsageError, match="no signing back end for hashivault"):
         load_signer("hashivault://run-key")
-    from trainledger.journal.hsm import generate_pkcs11_key
+    from trainledger.journal.backends.hsm import generate_pkcs11_key
 
     generate_pkcs11_key(token("k"))
     with pytest.raises(KeyFileError, match="already holds a key labelled '.*-k'"):
@@ -132,7 +132,8 @@ def test_bad_uris_and_keys_are_one_line_errors(token, tmp_path):
 
 def test_the_demo_command_signs_in_the_token(token, tmp_path, capsys, monkeypatch):
     from trainledger.cli import main
-    from trainledger.journal.keys import KEY_DIR_ENV, generate_pkcs11_key
+    from trainledger.journal.backends.hsm import generate_pkcs11_key
+    from trainledger.journal.keys import KEY_DIR_ENV
 
     home = tmp_path / "key-home"
     home.mkdir()

@@ -1,4 +1,4 @@
-"""The query layer's cold load through the Parquet form (journal/parquet/journals.py): every view answers what the
+"""The query layer's cold load through the Parquet form (journal/views/parquet/journals.py): every view answers what the
 in-memory load answers, row for row, over golden journals of every kind and over a run folder; a changed byte is
 named; the lockdown still holds; the cache refresher builds its copy from this form and a later query is warm."""
 
@@ -16,8 +16,8 @@ pytest.importorskip("pyarrow")
 
 from trainledger.cli import main  # noqa: E402
 from trainledger.journal import IntegrityError, Signer, StepObserved, load_public_key  # noqa: E402
-from trainledger.journal.parquet.journals import load_journals  # noqa: E402
-from trainledger.journal.query import VIEWS, build_cache, open_views  # noqa: E402
+from trainledger.journal.views.parquet.journals import load_journals  # noqa: E402
+from trainledger.journal.views.query import VIEWS, build_cache, open_views  # noqa: E402
 from trainledger.training.distributed.ranks import RankInfo, open_rank_journal  # noqa: E402
 
 GOLDEN = Path(__file__).resolve().parents[2] / "assets" / "golden"
@@ -124,7 +124,7 @@ def test_the_cache_is_built_from_the_parquet_form_and_answers_warm(tmp_path, mon
     for view in ("events", "steps", "runs", "verdicts"):
         assert _all(con, view) == _all(mem, view)
     # the command takes the Parquet form for large journals (here: any size)
-    monkeypatch.setattr("trainledger.journal.query.CACHE_MIN_BYTES", 0)
+    monkeypatch.setattr("trainledger.journal.views.query.CACHE_MIN_BYTES", 0)
     assert main(["query", p, "--pubkey", pub, "--no-cache", "--format", "csv",
                  "SELECT count(*) AS n FROM events"]) == 0
     n = mem.execute("SELECT count(*) FROM events").fetchone()[0]
@@ -141,7 +141,7 @@ def test_a_cold_query_leaves_its_parquet_files_for_the_next_one(tmp_path, monkey
 
     cache = tmp_path / "cache"
     monkeypatch.setenv("TRAINLEDGER_CACHE_DIR", str(cache))
-    monkeypatch.setattr("trainledger.journal.query.CACHE_MIN_BYTES", 0)  # "large": any size here
+    monkeypatch.setattr("trainledger.journal.views.query.CACHE_MIN_BYTES", 0)  # "large": any size here
     j = tmp_path / "ladder.jsonl"
     shutil.copy(GOLDEN / "scaling_ladder_v1_2.jsonl", j)
     pub = str(GOLDEN / "scaling_ladder_v1_2.pub")
@@ -212,10 +212,10 @@ def test_a_warm_query_defines_only_the_views_its_sql_reads(tmp_path, monkeypatch
     cannot parse gets every view (the error then names what is wrong as before)."""
     import shutil
 
-    from trainledger.journal.query import _DERIVED, _DERIVED_READS, view_names
+    from trainledger.journal.views.query import _DERIVED, _DERIVED_READS, view_names
 
     monkeypatch.setenv("TRAINLEDGER_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr("trainledger.journal.query.CACHE_MIN_BYTES", 0)
+    monkeypatch.setattr("trainledger.journal.views.query.CACHE_MIN_BYTES", 0)
     j = tmp_path / "ladder.jsonl"
     shutil.copy(GOLDEN / "scaling_ladder_v1_2.jsonl", j)
     keys = [load_public_key(GOLDEN / "scaling_ladder_v1_2.pub")]

@@ -20,8 +20,8 @@ from ray.cluster_utils import Cluster  # noqa: E402
 
 from trainledger.journal import Signer, StepObserved  # noqa: E402
 from trainledger.journal.audit.rundir import verify_run_dir  # noqa: E402
-from trainledger.journal.engines.ray import verify_run_dir_ray  # noqa: E402
-from trainledger.journal.parquet import LISTING, export_parquet  # noqa: E402
+from trainledger.journal.backends.ray import verify_run_dir_ray  # noqa: E402
+from trainledger.journal.views.parquet import LISTING, export_parquet  # noqa: E402
 from trainledger.training.distributed.ranks import RankInfo, open_rank_journal  # noqa: E402
 
 #: node death noticed within about a second (Ray's default health check takes some 30 s)

@@ -222,7 +222,7 @@ def test_block_scan_and_line_scan_hand_back_the_same_facts(tmp_path, signer, pub
     gather the same facts from a range: counts, seals, heads, the collected anchor lines and hashes, the trees."""
     from trainledger.journal import scan as _scan
     from trainledger.journal.chain import genesis
-    from trainledger.journal.proofs.merkle import CompactRange
+    from trainledger.journal.merkle import CompactRange
     from trainledger.journal.reader import read_opening
     from trainledger.journal.verify import _boundaries
 

@@ -14,7 +14,7 @@ ray = pytest.importorskip("ray")
 from trainledger.cli import main  # noqa: E402
 from trainledger.journal import Signer, StepObserved, TrustPolicy  # noqa: E402
 from trainledger.journal.audit.rundir import verify_run_dir  # noqa: E402
-from trainledger.journal.engines.ray import verify_run_dir_ray  # noqa: E402
+from trainledger.journal.backends.ray import verify_run_dir_ray  # noqa: E402
 from trainledger.journal.errors import UsageError  # noqa: E402
 from trainledger.training.distributed.ranks import RankInfo, anchor_record, open_rank_journal  # noqa: E402
 

@@ -119,7 +119,7 @@ def test_a_resume_is_checked_before_the_first_step_and_a_changed_byte_refused(tm
     assert steps == list(range(7)) + list(range(5, 12))  # steps 5 and 6 ran twice: before the crash, and after
     assert replay(tmp_path / "journal.jsonl", keys=[pubkey]).ok
     # query's timeline: each step once, as the run finally took it (5 and 6 from after the resume)
-    from trainledger.journal.query import open_views
+    from trainledger.journal.views.query import open_views
 
     con, _ = open_views([tmp_path / "journal.jsonl"], keys=[pubkey], use_cache=False)
     rows = con.execute("SELECT t.step, t.seq > r.seq FROM timeline t, resumes r ORDER BY t.step").fetchall()

@@ -213,8 +213,8 @@ def test_batch_fingerprint_records_each_steps_batch_and_a_resume_on_other_batche
 def test_the_fitted_module_is_exported_recorded_and_released_at_fit_end(tmp_path, signer):
     """export_dir= saves the module's weights (safetensors) at the end of fit and records them; with release_key=
     they are released, and verify-model ties them to the run and to the checkpoint of the last step."""
-    from trainledger.journal.release.keys import ReleaseKey
-    from trainledger.journal.release.verify import verify_model
+    from trainledger.journal.statements.release.keys import ReleaseKey
+    from trainledger.journal.statements.release.verify import verify_model
 
     key = ReleaseKey.generate()
     key.save(tmp_path / "release.key")

@@ -8,7 +8,7 @@ import msgspec
 from manifest_fixtures import base, write
 
 from trainledger.journal import Journal, Signer, read_events, verify
-from trainledger.training.experiment.approval import sign_approval
+from trainledger.training.audit.approval import sign_approval
 from trainledger.cli import main
 from trainledger.journal.kinds import PreflightCompleted, PreflightGate
 from trainledger.training.experiment.manifest import load_manifest

@@ -15,11 +15,11 @@ torch = pytest.importorskip("torch")
 import model_signing  # noqa: E402  (the dev extra: its own verifier is the reference for model.sig)
 
 from trainledger.journal.errors import UsageError  # noqa: E402
-from trainledger.journal.release.attest import provenance_statement, release  # noqa: E402
-from trainledger.journal.release.dsse import ReleaseSignatureError, sign_statement  # noqa: E402
-from trainledger.journal.release.keys import ReleaseKey  # noqa: E402
-from trainledger.journal.release.manifest import PROVENANCE, model_manifest  # noqa: E402
-from trainledger.journal.release.verify import ModelRefused, verify_model  # noqa: E402
+from trainledger.journal.statements.release.attest import provenance_statement, release  # noqa: E402
+from trainledger.journal.statements.release.dsse import ReleaseSignatureError, sign_statement  # noqa: E402
+from trainledger.journal.statements.release.keys import ReleaseKey  # noqa: E402
+from trainledger.journal.statements.release.manifest import PROVENANCE, model_manifest  # noqa: E402
+from trainledger.journal.statements.release.verify import ModelRefused, verify_model  # noqa: E402
 from trainledger.training.recorder import Recorder  # noqa: E402
 
 
@@ -173,7 +173,7 @@ def test_a_folder_the_run_did_not_record_is_not_released(tmp_path, signer):
     run = tmp_path / "run"
     [model] = _train(run, signer).values()
     (model / "config.json").write_text("{}")
-    from trainledger.journal.release.attest import ModelRefused
+    from trainledger.journal.statements.release.attest import ModelRefused
 
     with pytest.raises(ModelRefused, match="no model_exported of this folder") as e:  # a refusal: exit 1, not usage
         release(model, run / "journal.jsonl", ReleaseKey.generate(), keys=[signer.public])
@@ -299,7 +299,7 @@ def test_a_witness_cosigned_release_and_a_fork_that_cannot_carry_the_cosignature
 
     from trainledger.journal import Signer
     from trainledger.journal.proofs.bundle import prove
-    from trainledger.journal.proofs.note import NoteError, cosigner_key, parse_verifier_key
+    from trainledger.journal.note import NoteError, cosigner_key, parse_verifier_key
     from trainledger.journal.proofs.witness import Witness
 
     r = released

@@ -11,8 +11,8 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from trainledger.journal.release.keys import ReleaseKey  # noqa: E402
-from trainledger.journal.release.verify import verify_model  # noqa: E402
+from trainledger.journal.statements.release.keys import ReleaseKey  # noqa: E402
+from trainledger.journal.statements.release.verify import verify_model  # noqa: E402
 from trainledger.training.integrations.hf import TrainledgerCallback  # noqa: E402
 
 

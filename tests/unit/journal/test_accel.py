@@ -155,7 +155,7 @@ def test_scan_block_structure_rules(sha_path):
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.integers(0, 2**40), st.lists(st.binary(min_size=32, max_size=32), max_size=70), st.integers(0, 5))
 def test_hash_range_and_range_merge_agree_with_the_python_lines(sha_path, begin, leaves, cut):
-    from trainledger.journal.proofs import merkle
+    from trainledger.journal import merkle
 
     hashes = b"".join(leaves)
     assert fast.hash_range(begin, hashes) == merkle._py_hash_range(begin, hashes)
@@ -188,7 +188,7 @@ def test_hash_range_and_range_merge_agree_with_the_python_lines(sha_path, begin,
 def test_block_range_is_leaf_range_of_the_lines_as_they_lie(sha_path, begin, lines, before):
     """The writer's buffer joins its tree unsplit: a block's whole lines, after whatever precedes start (a part
     already hashed), give leaf_range's nodes, in a bytearray or bytes, on both hashing paths."""
-    from trainledger.journal.proofs import merkle
+    from trainledger.journal import merkle
 
     head = before + b"\n" if before else b""
     block = bytearray(head + b"".join(x + b"\n" for x in lines))

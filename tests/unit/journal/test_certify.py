@@ -309,7 +309,7 @@ def test_a_bundle_of_a_certified_journal_carries_the_certificate(tmp_path):
         T.verify_bundle(json.dumps(swapped).encode(), [issuer.public])
     forged = json.loads(json.dumps(b))
     forged["certificate"]["proof"] = forged["certificate"]["proof"][::-1]
-    from trainledger.journal.proofs.merkle import ProofError
+    from trainledger.journal.merkle import ProofError
 
     with pytest.raises(ProofError, match=r"the certificate \(seq [0-9]+\): the proof leads to another root"):
         T.verify_bundle(json.dumps(forged).encode(), [issuer.public])

@@ -11,7 +11,7 @@ import pytest
 
 pa = pytest.importorskip("pyarrow")
 
-from trainledger.journal.parquet import export  # noqa: E402
+from trainledger.journal.views.parquet import export  # noqa: E402
 
 
 class Rec(msgspec.Struct):

@@ -75,7 +75,7 @@ def test_the_compute_golden_holds_its_statement_figures():
     """compute_v1_7: the threshold crossed at the step its running total reaches it, the energy counter's fall
     counted as a reset and left out of the measured energy, and the statement of it checked offline."""
     from trainledger.audit import compute_statement
-    from trainledger.training.compute.statement import check_statement
+    from trainledger.journal.statements.compute.statement import check_statement
 
     p = GOLDEN / "compute_v1_7.jsonl"
     key = load_public_key(p.with_suffix(".pub"))
@@ -96,7 +96,7 @@ def test_the_main_jobs_statement_is_what_replay_recomputes():
     import json
 
     from trainledger.audit import compute_statement, replay
-    from trainledger.training.compute.statement import check_statement
+    from trainledger.journal.statements.compute.statement import check_statement
 
     p = GOLDEN / "ladder_closed_v1_7.jsonl"
     key = load_public_key(p.with_suffix(".pub"))

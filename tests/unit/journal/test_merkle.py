@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trainledger.journal.proofs.merkle import (
+from trainledger.journal.merkle import (
     CompactTree,
     ProofError,
     consistency_proof,
@@ -138,7 +138,7 @@ def test_random_sizes(n, data):
 def test_compact_ranges_checked_apart_merge_into_the_whole_tree(n, data):
     """A journal cut into ranges (as the verifier's workers cut it): each range's compact form, merged in order,
     gives every prefix's root, the whole tree's included, as the naive reference does."""
-    from trainledger.journal.proofs.merkle import CompactRange
+    from trainledger.journal.merkle import CompactRange
 
     ls = leaves(n)
     cuts = sorted(set(data.draw(st.lists(st.integers(1, n - 1), max_size=6)) if n > 1 else []))

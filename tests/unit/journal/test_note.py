@@ -8,8 +8,8 @@ import base64
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from trainledger.journal.proofs.merkle import leaf_hash, root
-from trainledger.journal.proofs.note import (
+from trainledger.journal.merkle import leaf_hash, root
+from trainledger.journal.note import (
     NoteError,
     checkpoint_text,
     cosign,
@@ -86,7 +86,7 @@ def test_a_cosignature_line_has_the_c2sp_layout():
 
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-    from trainledger.journal.proofs.note import cosign, cosigner_key, parse_verifier_key, verify_cosignature
+    from trainledger.journal.note import cosign, cosigner_key, parse_verifier_key, verify_cosignature
 
     spec = base64.b64decode("jWbPPwAAAABkGFDLEZMHwSRaJNiIDoe9DYn/zXcrtPHeolMI5OWXEhZCB9dlrDJsX3b2oyin1nPZqhf5nNo0xUe+"
                             "mbIUBkBIfZ+qnA==")

@@ -21,9 +21,9 @@ from trainledger.journal import proofs as T
 from trainledger.journal.proofs import index as tree_index
 from trainledger.journal.errors import CheckpointMismatch, IntegrityError, UntrustedKey, UsageError
 from trainledger.journal.kinds import ComputeTotaled, RunConfigured
-from trainledger.journal.proofs.merkle import ProofError, consistency_proof, inclusion_proof, leaf_hash
+from trainledger.journal.merkle import ProofError, consistency_proof, inclusion_proof, leaf_hash
 from trainledger.training.health.mfu import record_compute
-from trainledger.journal.proofs.note import NoteError, cosign, cosigner_key, parse_verifier_key
+from trainledger.journal.note import NoteError, cosign, cosigner_key, parse_verifier_key
 from trainledger.audit import replay
 
 GOLDEN = Path(__file__).resolve().parents[2] / "assets" / "golden"
@@ -84,7 +84,7 @@ def _mutations(b: dict, other_run: dict, other_key: Signer) -> dict:
         lines = text.split("\n")
         lines[2] = base64.b64encode(b"\x07" * 32).decode()
         text = "\n".join(lines)
-        from trainledger.journal.proofs.note import note_signature_line
+        from trainledger.journal.note import note_signature_line
 
         c["checkpoint"] = text + "\n" + note_signature_line("trainledger/proof-run", other_key.public.raw,
                                                             other_key.sign(text.encode()))

@@ -11,7 +11,7 @@ import pytest
 from trainledger.journal import Journal, StepObserved
 from trainledger.cli import main
 from trainledger.training.health.detectors import AnomalyDetected
-from trainledger.journal.query import connect
+from trainledger.journal.views.query import connect
 
 
 def _journal(path, signer, n=20, run_id=None):
@@ -105,7 +105,7 @@ def test_warm_copy_is_used_only_while_it_matches(tmp_path, signer):
     the journal again, and user SQL cannot write to the copy."""
     from trainledger.journal import Signer
     from trainledger.journal.errors import HeadMismatch
-    from trainledger.journal.query import build_cache, open_views
+    from trainledger.journal.views.query import build_cache, open_views
 
     p = tmp_path / "a.jsonl"
     with Journal.create(p, signer=signer, run_id="run-w", background=False) as j:
@@ -138,7 +138,7 @@ def test_warm_copy_is_used_only_while_it_matches(tmp_path, signer):
 def test_warm_copy_refuses_a_key_it_was_not_verified_under(tmp_path, signer):
     from trainledger.journal import Signer
     from trainledger.journal.errors import UntrustedKey
-    from trainledger.journal.query import build_cache, open_views
+    from trainledger.journal.views.query import build_cache, open_views
 
     p = _journal(tmp_path / "a.jsonl", signer)
     build_cache([p], keys=[signer.public])

@@ -35,7 +35,7 @@ def test_the_registry_holds_every_event_class_trainledger_defines():
 
 def test_query_views_have_every_field_of_every_kind(tmp_path, signer, pubkey):
     from trainledger.journal import Journal
-    from trainledger.journal.query import VIEW_NAMES, connect
+    from trainledger.journal.views.query import VIEW_NAMES, connect
 
     p = tmp_path / "j.jsonl"
     Journal.create(p, signer=signer, background=False).close()

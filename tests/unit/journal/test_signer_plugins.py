@@ -1,6 +1,6 @@
 """Keys held by a service (a cloud KMS) sign through a back end registered for their URI scheme. No KMS is reachable
 here and moto's KMS signs no Ed25519, so the plug-in protocol is tested with a stand-in back end
-(tests/helpers/fake_kms.py) holding the key in memory, and the awskms:// back end that ships (journal/kms.py) drives
+(tests/helpers/fake_kms.py) holding the key in memory, and the awskms:// back end that ships (journal/backends/kms.py) drives
 boto3's real client over HTTP against a stand-in for the service (tests/helpers/kms_server.py)."""
 
 from __future__ import annotations

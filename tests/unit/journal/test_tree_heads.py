@@ -12,8 +12,8 @@ from journal_tools import dump, kinds, parse, read_lines, rechain, tree_root, wr
 from trainledger.journal import Journal, verify
 from trainledger.journal.errors import SealInvalid
 from trainledger.journal.verify import PARALLEL_MIN_BYTES
-from trainledger.journal.proofs.merkle import CompactRange, leaf_hash, range_of_lines
-from trainledger.journal.proofs.merkle import _py_leaf_range
+from trainledger.journal.merkle import CompactRange, leaf_hash, range_of_lines
+from trainledger.journal.merkle import _py_leaf_range
 
 
 def test_every_seal_names_the_tree_of_the_lines_before_it(make_journal, pubkey):

@@ -1,4 +1,4 @@
-"""The compute statement (training/compute, docs/compute.md): thresholds crossed at the exact step, on the C fold and
+"""The compute statement (journal/statements/compute, docs/compute.md): thresholds crossed at the exact step, on the C fold and
 the Python one; every figure recomputed by replay and by verify-proof from the statement alone; a doctored
 compute_totaled, a doctored or missing threshold event, a dropped rank, a run counted twice, a continued run whose
 predecessor is missing and an energy counter reset each named; a fine-tune against a third of its base model."""
@@ -18,11 +18,11 @@ from trainledger.cli import main
 from trainledger.journal import Journal, Signer, StepObserved
 from trainledger.journal.errors import IntegrityError
 from trainledger.journal.kinds import ComputeThresholdCrossed, ComputeTotaled, ModelExported, RunConfigured
-from trainledger.journal.release.manifest import FileDigest, root_digest
-from trainledger.training.compute.figures import run_figures
-from trainledger.training.compute.render import as_html, as_markdown
+from trainledger.journal.statements.release.manifest import FileDigest, root_digest
+from trainledger.journal.statements.compute.figures import run_figures
+from trainledger.journal.statements.compute.render import as_html, as_markdown
 from trainledger.audit import compute_statement as build_statement
-from trainledger.training.compute.statement import check_statement
+from trainledger.journal.statements.compute.statement import check_statement
 from trainledger.training.health.mfu import record_compute
 from trainledger.training.health.monitor import TrainingHealthMonitor
 from trainledger.training.health.flops import FlopConfig

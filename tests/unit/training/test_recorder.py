@@ -242,7 +242,7 @@ def test_a_continued_run_carries_its_predecessors_compute_and_the_statement_link
     import json
 
     from trainledger.journal.errors import IntegrityError
-    from trainledger.training.compute.statement import check_statement
+    from trainledger.journal.statements.compute.statement import check_statement
 
     assert check_statement(json.dumps(st).encode(), [pubkey]).runs == 2
     st["runs"][1]["continues"] = None  # the link dropped: the continued run's proven run_resumed says otherwise
