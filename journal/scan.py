@@ -54,7 +54,6 @@ _fast = _accel.fast
 _scan_block = getattr(_fast, "scan_block", None)
 _step_lines = getattr(_fast, "step_lines", None)
 _step_records = getattr(_fast, "step_records", None)
-_step_columns = getattr(_fast, "step_columns", None)
 _join_lines = getattr(_fast, "join_lines", None)
 _link = _accel.link
 _get_seq = operator.attrgetter("seq")
@@ -228,8 +227,9 @@ class Scanner:
         #: numbers of its step lines are decoded once for them; False (verify alone) leaves every number the C check
         #: proves spelled as msgspec writes it undecoded
         self.numbers_kept = True
-        #: with ``steps_unread``: a block's step lines handed on as columns (:class:`StepBlock`), not records
-        self.columns_kept = False
+        #: with ``steps_unread``: the views' column builder (``step_columns``, journal/views/_fastcols.c), when a
+        #: block's step lines are handed on as columns (:class:`StepBlock`), not records; None: records
+        self.step_columns: Callable[[bytes, bytes], Any] | None = None
         self._pub = PublicKey(ctx.public_raw) if ctx.public_raw is not None else None
         self._type_counts: dict[type, int] = {}
         self._seal_t = codec.record_type(Seal)
@@ -318,7 +318,7 @@ class Scanner:
         decoded and re-encoded as :func:`codec.decode_block` does. Returns the block's records, their types, how
         many of each (:meth:`_settle`'s ``counts``) and where its seals and late signatures are (``marks``);
         ``None`` sends the block the ordinary way."""
-        cols = _step_cols(block, ends_b) if self.columns_kept else False
+        cols = _step_cols(self.step_columns, block, ends_b) if self.step_columns is not None else False
         if cols is None:  # a number not spelled as msgspec writes it: the ordinary way names it
             return None
         if cols:
@@ -775,7 +775,7 @@ def _kind_name(t: type) -> str:
 
 # ---------------------------------------------------------------- step lines, not decoded (verify)
 
-#: The record of step_observed, and what the C check of its lines (``step_lines`` in journal/_chainfast.c) assumes
+#: The record of step_observed, and what the C check of its lines (``step_lines`` in journal/_fast.c) assumes
 #: of it: its fields in this order, these ints and numbers, left out when None. If the record ever differs, the C
 #: check is not used (every line is decoded and re-encoded instead).
 _STEP_T = codec.record_type(StepObserved)
@@ -826,12 +826,13 @@ def _numbers_canonical(numbers: bytes) -> list[Any] | None:
     return got if codec._encoder.encode(got) == numbers else None  # the records' encoder
 
 
-def _step_cols(block: bytes, ends_b: bytes) -> _Columns | None | bool:
-    """``step_columns``' check of a block and its step lines' fields as columns, the numbers it left to msgspec
+def _step_cols(step_columns: Callable[[bytes, bytes], Any], block: bytes, ends_b: bytes) -> _Columns | None | bool:
+    """The views' column builder's (``step_columns``) check of a block and its step lines' fields as columns, the
+    numbers it left to msgspec
     decoded (and held to its spelling) and written in (an int in a float field as the nearest double). None when
     one of those is not spelled so; False when a line does not fit columns (a ts past int64, an int past any
     double): its records are built instead."""
-    got = _step_columns(block, ends_b)
+    got = step_columns(block, ends_b)
     if got is None:
         return False
     mask, left, at, data, valid, ts, h, k = got
@@ -849,7 +850,7 @@ def _step_cols(block: bytes, ends_b: bytes) -> _Columns | None | bool:
 
 
 class _Columns:
-    """``step_columns``' output for one block (see its comment in journal/_chainfast.c): the step lines' fields
+    """``step_columns``' output for one block (see its comment in journal/views/_fastcols.c): the step lines' fields
     (``data``, ``valid``: 11 columns of ``len(mask)`` slots, the first ``k`` used), every line's ``ts`` and ``h``."""
 
     __slots__ = ("mask", "data", "valid", "ts", "h", "k")
@@ -860,10 +861,10 @@ class _Columns:
 
 class StepBlock:
     """Checked events of one block, as :func:`scan_consuming` hands them to a reader that takes columns
-    (``columns=True``): lines ``lo`` to ``hi - 1`` of the block, the first of which is event ``first + lo``; its
-    step lines' fields as columns (``cols``, a :class:`_Columns`: step lines ``slo`` to ``shi - 1`` of it), every
-    other line's record in ``others`` (by its index in the block). ``len()`` is its events; :meth:`take` cuts the
-    first ones off (where a seal ends what may be handed on)."""
+    (``columns=``, the views' column builder): lines ``lo`` to ``hi - 1`` of the block, the first of which is
+    event ``first + lo``; its step lines' fields as columns (``cols``, a :class:`_Columns`: step lines ``slo`` to
+    ``shi - 1`` of it), every other line's record in ``others`` (by its index in the block). ``len()`` is its
+    events; :meth:`take` cuts the first ones off (where a seal ends what may be handed on)."""
 
     __slots__ = ("first", "lo", "hi", "slo", "shi", "cols", "others")
 
@@ -902,7 +903,7 @@ class _StepLines:
                  numbers: list[Any] | None):
         self.first, self.block, self.ends, self.others, self.n = first, block, memoryview(ends_b).cast("I"), others, n
         self.ends_b, self.mask, self.numbers = ends_b, mask, numbers  # the step lines', for records()
-        self.cols: _Columns | None = None  # the step lines as columns (Scanner.columns_kept)
+        self.cols: _Columns | None = None  # the step lines as columns (Scanner.step_columns)
 
     def records(self) -> list[Any]:
         """Every line's record: the step lines' built in C from the lines and the numbers msgspec decoded for
@@ -1129,17 +1130,18 @@ def new_scanner(ctx: ScanContext, prev_seq: int, prev_hash: bytes, res: RangeRes
 def scan_range(path: str, start: int, end: int, prev_seq: int, prev_hash: bytes,
                ctx: ScanContext, is_last: bool, *,
                each: Callable[[bytes, Any, int, RangeResult], None] | None = None,
-               blocks: Iterable[tuple[bytes, int]] | None = None, columns: bool = False) -> RangeResult:
+               blocks: Iterable[tuple[bytes, int]] | None = None,
+               columns: Callable[[bytes, bytes], Any] | None = None) -> RangeResult:
     """Check ``[start, end)`` of the file; errors are returned in ``result.error``, not raised. ``each(block,
     records, offset, result)`` is called after each block has checked out (what it raises propagates).
     ``blocks``: ``(block, offset)`` of whole lines, each ending with its newline, instead of the file's (a stream's;
-    what its iterator raises propagates). ``columns``: a block's step lines are read as columns where they can be
-    (what ``each`` gets then has ``cols``)."""
+    what its iterator raises propagates). ``columns``: the views' column builder (``step_columns``): a block's
+    step lines are read as columns where they can be (what ``each`` gets then has ``cols``)."""
     res = RangeResult(start, end)
     scanner = Scanner(ctx, prev_seq, prev_hash, res)
     scanner.steps_unread = _STEP_LINES_OK
     scanner.numbers_kept = each is not None
-    scanner.columns_kept = columns and each is not None and _step_columns is not None
+    scanner.step_columns = columns if each is not None else None
     f = None
     try:
         if blocks is None:
@@ -1202,19 +1204,20 @@ def _signed_pieces(pending: list[Any], res: RangeResult) -> list[Any]:
 
 def scan_consuming(path: str, size: int, ctx: ScanContext, consume: Callable[..., None], *, signed: bool,
                    progress: Callable[[int, int], None] | None = None, with_lines: bool = False,
-                   blocks: Iterable[tuple[bytes, int]] | None = None, columns: bool = False) -> RangeResult:
+                   blocks: Iterable[tuple[bytes, int]] | None = None,
+               columns: Callable[[bytes, bytes], Any] | None = None) -> RangeResult:
     """Check the whole file in one pass, as :func:`scan_range` does, and hand every checked event on to
     ``consume`` (a list at a time, in order) from the same bytes: nothing is read twice and nothing unchecked is
     used, so a file changed under the reader is caught as it would be by verify. ``signed``: an event is handed on
     only once a seal that covers it has checked out (events after the last seal never are); otherwise as soon as
     its line has. ``with_lines``: ``consume(events, lines)`` (a :class:`Lines`), each event's line beside it (its exact bytes, no
-    newline). ``columns`` (with ``with_lines``): a block whose step lines were read as columns is handed on as a
-    :class:`StepBlock` instead of a list (its records never built), one ``consume`` call each. Errors are returned
+    newline). ``columns`` (with ``with_lines``; the views' column builder): a block whose step lines were read as
+    columns is handed on as a :class:`StepBlock` instead of a list (its records never built), one ``consume`` call each. Errors are returned
     in ``result.error``; what ``consume`` raises propagates (the caller throws away what it folded, as it does
     when the result carries an error)."""
     pending: list[Any] = []
     pending_lines = Lines()
-    columns = columns and with_lines
+    columns = columns if with_lines else None
 
     def hand_on(piece: Any, lines: Lines, res: RangeResult) -> None:  # a piece at a time, as its seal allows
         if not len(piece):

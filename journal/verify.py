@@ -370,7 +370,7 @@ def verify_with(path: str | os.PathLike, hooks: Verification, *, trust: TrustPol
         results = [scan_consuming(str(p), size, ctx, _consume, progress=progress, with_lines=_with_lines,
                                   signed=report.trust in ("pinned", "embedded"),
                                   blocks=_source.blocks() if _source is not None else None,
-                                  columns=getattr(_consume, "takes_columns", False))]
+                                  columns=getattr(_consume, "step_columns", None))]
         if _source is not None:  # its size known now, every line read
             report.bytes = results[0].end = _source.offset
     elif _source is not None:  # pragma: no cover - a hook for the export's check alone

@@ -73,10 +73,9 @@ def bench_observe(tmp: Path, values, overhead: float, python_step: bool = False,
 
 def python_detector_step(on: bool) -> None:
     """Score with the detector's Python lines instead of their C form (``baseline_step``), or back."""
-    from trainledger.journal import accel as _accel
     from trainledger.training.health import detectors as health
 
-    health._baseline_step = None if on else getattr(_accel.fast, "baseline_step", None)
+    health._baseline_step = None if on else getattr(health._fast, "baseline_step", None)
 
 
 def train_step(model, opt) -> tuple[float, float, float]:

@@ -120,6 +120,27 @@ def test_the_import_graph_refuses_an_import_up_or_across_a_layer(monkeypatch):
                                                                           "trainledger"]
 
 
+def test_each_c_accelerator_lives_with_the_layer_it_serves():
+    """No training code in the journal's C: the format core's accelerator defines no detector, fold or MFU
+    function (those are training/health/_fastfolds.c's), and no Arrow column builder (journal/views/_fastcols.c's);
+    every C source is one that setup.py builds and the sanitizer test instruments."""
+    import re as _re
+
+    sources = sorted(str(p.relative_to(ROOT)) for d in ("journal", "training", "ladder", "src")
+                     for p in (ROOT / d).rglob("*.c"))
+    assert sources == ["journal/_fast.c", "journal/views/_fastcols.c", "training/health/_fastfolds.c"]
+    setup = (ROOT / "setup.py").read_text()
+    sanitized = (ROOT / "tests/integration/journal/test_sanitizers.py").read_text()
+    assert all(s in setup and s in sanitized for s in sources)
+    defined = {s: set(_re.findall(r"^static PyObject \*(\w+)\(", (ROOT / s).read_text(), _re.M)) for s in sources}
+    core = defined["journal/_fast.c"]
+    assert not core & {"baseline_step", "health_run", "step_columns", "record_column", "record_columns"}
+    assert not _re.search(r"health|detector|baseline|anomal|mfu", (ROOT / "journal/_fast.c").read_text().split("*/", 1)[1],
+                          _re.I)
+    assert {"baseline_step", "health_run"} <= defined["training/health/_fastfolds.c"]
+    assert {"step_columns", "record_columns"} <= defined["journal/views/_fastcols.c"]
+
+
 def test_no_tracker_labels_in_code_or_what_users_read():
     """Roadmap and tracker labels (an issue number) belong to the history (CHANGELOG, commits, docs/bench), not to
     module docstrings, help text or the manual."""

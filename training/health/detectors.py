@@ -22,7 +22,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from trainledger.journal.accel import fast as _fast
+from trainledger.journal import accel as _accel
 from trainledger.journal.codec import UnknownEvent, record_type
 from trainledger.journal.events import RunResumed, StepObserved
 from trainledger.training.health.mfu import MfuAccounting
@@ -344,7 +344,7 @@ class _Detector:
             self.last_z = None  # not computed: at or below the window's maximum, so no joint rise
         if self.pending is None:
             base = self.base
-            if _baseline_step is not None:  # the lines below, in C (journal/_chainfast.c)
+            if _baseline_step is not None:  # the lines below, in C (training/health/_fastfolds.c)
                 if _baseline_step(base._sorted, base._values, base._steps, x, step, self.min_periods, self.inv_scale,
                                   self.window):
                     if len(base._values) >= base.trim_at:
@@ -493,6 +493,8 @@ _bisect_left = bisect.bisect_left
 _bisect_right = bisect.bisect_right
 _insort = bisect.insort
 _log = math.log
+#: the health folds' accelerator (training/health/_fastfolds.c), or None: its common step, or the lines below
+_fast = _accel.load("trainledger.training.health._fastfolds")
 _baseline_step = getattr(_fast, "baseline_step", None)
 _health_run = getattr(_fast, "health_run", None)
 

@@ -45,7 +45,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from trainledger.journal.accel import fast as _fast
+from trainledger.journal import accel as _accel
 from trainledger.journal.errors import JournalError, JournalIOError, SchemaError, UsageError
 from trainledger.journal.paths import file_sha256
 from trainledger.journal.scan import Lines, StepBlock, piece_seq
@@ -217,7 +217,9 @@ class _JournalWriter:
         self.raw: Any = Lines()
         #: a block's step lines may come as columns (a StepBlock) where the steps table's columns are theirs
         step = specs.get("step_observed")
-        self.takes_columns = step is not None and not step.by_sql and tuple(zip(step.names, step.duck)) == _STEP_COLUMNS
+        takes = step is not None and not step.by_sql and tuple(zip(step.names, step.duck)) == _STEP_COLUMNS
+        #: the column builder verification hands a block's step lines to (None: they come as records)
+        self.step_columns = _step_columns if takes else None
         self.writers: dict[str, tuple[Any, Path]] = {}
         self.rows: dict[str, int] = {}
         #: each table's columns built and not written yet
@@ -515,11 +517,14 @@ class _JournalWriter:
 
 _H = operator.attrgetter("h")
 _TS = operator.attrgetter("ts")
-#: the steps table's columns in the order step_columns (journal/_chainfast.c) builds them, and their types
+#: the steps table's columns in the order step_columns (journal/views/_fastcols.c) builds them, and their types
 _STEP_COLUMNS = (("step", "HUGEINT"), ("loss", "DOUBLE"), ("grad_norm", "DOUBLE"), ("lr", "DOUBLE"),
                  ("step_time_s", "DOUBLE"), ("examples", "HUGEINT"), ("tokens", "HUGEINT"),
                  ("supervised_tokens", "HUGEINT"), ("data_time_s", "DOUBLE"), ("compute_time_s", "DOUBLE"),
                  ("batch_fingerprint", "DOUBLE"))
+#: the views' accelerator (journal/views/_fastcols.c), or None: its column builders, or the Python ones
+_fast = _accel.load("trainledger.journal.views._fastcols")
+_step_columns = getattr(_fast, "step_columns", None)
 _record_column = getattr(_fast, "record_column", None)
 _record_columns = getattr(_fast, "record_columns", None)
 #: record_column's code for a view's column type, and the Arrow type it builds

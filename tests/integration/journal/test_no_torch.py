@@ -87,7 +87,7 @@ EVERY_MODULE = BLOCK_TORCH + textwrap.dedent(r"""
     def walk(name):
         pkg = importlib.import_module(name)
         for info in pkgutil.iter_modules(pkg.__path__):
-            if not info.name.startswith("_chainfast"):
+            if not info.name.startswith("_fast"):  # the accelerators (C), each optional
                 mods.append(f"{name}.{info.name}")
                 if info.ispkg:
                     walk(f"{name}.{info.name}")

@@ -429,7 +429,7 @@ def test_the_steps_read_as_columns_give_the_tables_their_records_give(tmp_path, 
     from trainledger.journal import Journal
     from trainledger.journal.kinds import SpikeSuspected
 
-    if scan._step_columns is None or not scan._STEP_LINES_OK:
+    if ex._step_columns is None or not scan._STEP_LINES_OK:
         pytest.skip("the C accelerator is not built")
     s = Signer.generate()
     p = tmp_path / "j.jsonl"
@@ -446,8 +446,8 @@ def test_the_steps_read_as_columns_give_the_tables_their_records_give(tmp_path, 
     lines = p.read_bytes().splitlines(keepends=True)
     p.write_bytes(b"".join(lines[:-2]))  # a live run: its tail unsigned
     built, calls = [], []
-    real, real_cols = ex._JournalWriter._step_table, scan._step_columns
-    monkeypatch.setattr(scan, "_step_columns", lambda block, ends: (
+    real, real_cols = ex._JournalWriter._step_table, ex._step_columns
+    monkeypatch.setattr(ex, "_step_columns", lambda block, ends: (
         calls.append(1), None if len(calls) % 3 == 0 else real_cols(block, ends))[1])
     monkeypatch.setattr(ex._JournalWriter, "_step_table", lambda self, spec, blocks: (
         built.append(len(blocks)), real(self, spec, blocks))[1])
@@ -455,7 +455,7 @@ def test_the_steps_read_as_columns_give_the_tables_their_records_give(tmp_path, 
     export_parquet([p], ex_cols, lines=True, keys=[s.public], allow_unsealed=True)
     assert built and len(calls) > 3  # not vacuous: both ways were taken
     q_cols = _parquet_query(p, s)
-    monkeypatch.setattr(scan, "_step_columns", None)  # the records' way
+    monkeypatch.setattr(ex, "_step_columns", None)  # the records' way
     ex_recs = tmp_path / "recs"
     export_parquet([p], ex_recs, lines=True, keys=[s.public], allow_unsealed=True)
     q_recs = _parquet_query(p, s)

@@ -2,7 +2,9 @@
 
 STYLE: keep the obviously-correct version beside the optimised one and test
 that they agree. The hashlib path is journal.chain.link; the accelerator is
-journal._chainfast (built by setup.py where a compiler and OpenSSL headers exist).
+journal._fast, the format core's (built by setup.py where a compiler and OpenSSL headers exist). The health
+folds' accelerator is held to its Python lines in tests/unit/training/test_fold_steps.py, the views' column
+builders in tests/unit/journal/test_export_columns.py and test_step_lines.py.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from hypothesis import strategies as st
 
 from trainledger.journal.chain import LINE_TAG, link
 
-fast = pytest.importorskip("trainledger.journal._chainfast", reason="C accelerator not built here; hashlib path only")
+fast = pytest.importorskip("trainledger.journal._fast", reason="C accelerator not built here; hashlib path only")
 
 
 @settings(max_examples=300, deadline=None)
@@ -200,49 +202,6 @@ def test_block_range_is_leaf_range_of_the_lines_as_they_lie(sha_path, begin, lin
         fast.block_range(begin, block + b"x", len(head))  # a last line not whole
     with pytest.raises(ValueError):
         fast.block_range(begin, block, len(block) + 1)
-
-
-# The health detector's common step (baseline_step) against the Python lines it stands for.
-tie_prone = st.sampled_from([1.0, 1.5, 2.0, 2.0000000000000004, 3.0, 50.0]) | st.floats(-10, 100)
-
-
-@settings(max_examples=300, deadline=None)
-@given(st.lists(tie_prone, max_size=120), st.integers(3, 9), st.integers(0, 6), st.floats(1.0, 8.0))
-def test_detector_scores_the_same_with_and_without_the_accelerator(xs, window, m, z):
-    from trainledger.training.health import detectors as health
-    from trainledger.journal.kinds import DetectorParams
-
-    p = DetectorParams(window, 3 + m % (window - 2), z, "loss")
-    fast_det, slow_det = health._Detector(p, "loss_spike", False, "loss"), health._Detector(p, "loss_spike", False, "loss")
-    saved = health._baseline_step
-    for step, x in enumerate(xs):
-        got = fast_det.score(step, x, False)
-        health._baseline_step = None
-        try:
-            want = slow_det.score(step, x, False)
-        finally:
-            health._baseline_step = saved
-        assert got == want
-        assert fast_det.pending == slow_det.pending
-        b, c = fast_det.base, slow_det.base
-        assert (b._sorted, b._values, b._steps) == (c._sorted, c._values, c._steps)
-        assert b._sorted == sorted(b._values[-window:])
-
-
-def test_baseline_step_leaves_what_it_cannot_read_to_the_caller():
-    s, values, steps = [1.0, 2, 3.0], [1.0, 2, 3.0], [0, 1, 2]
-    before = (list(s), list(values), list(steps))
-    # an int in the window: the bisect meets it, nothing changes, the Python path decides
-    assert fast.baseline_step(s, values, steps, 2.5, 3, 1, 0.1, 10) is False
-    assert (s, values, steps) == before
-    assert fast.baseline_step([], [], [], 1.0, 0, 0, 0.1, 10) is False  # an empty window with no warm-up
-    assert fast.baseline_step([1.0], [1.0], [0], 1, 1, 5, 0.1, 10) is False  # x not a float
-    assert fast.baseline_step([1.0], [1.0], [0], 2.0, 1, 5, 0.1, 0) is False  # no window
-    s, values, steps = [1.0], [1.0], [0]
-    assert fast.baseline_step(s, values, steps, 0.5, 1, 5, 0.1, 1) is True  # warming up: added, the oldest out
-    assert (s, values, steps) == ([0.5], [1.0, 0.5], [0, 1])
-    with pytest.raises(TypeError):
-        fast.baseline_step((1.0,), [], [], 1.0, 0, 0, 0.1, 1)
 
 
 @settings(max_examples=300, deadline=None)

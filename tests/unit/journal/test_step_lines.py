@@ -1,5 +1,5 @@
 """verify's fast path for step_observed lines: a C check of each line against its canonical template
-(``step_lines`` in journal/_chainfast.c) and one msgspec decode and re-encode of all their numbers, instead of
+(``step_lines`` in journal/_fast.c) and one msgspec decode and re-encode of all their numbers, instead of
 decoding and re-encoding every record. It must never take a line that the full check (decode, re-encode, compare)
 would refuse: a refusal only sends the block the ordinary way. Tested as a property against msgspec itself, end to
 end on journals rewritten by a key holder, and by the facts verify hands back with the path on and off."""
@@ -26,6 +26,8 @@ from trainledger.journal import codec
 from trainledger.journal.verify import Verification, verify_with
 
 scan = importlib.import_module("trainledger.journal.scan")
+#: the views' column builder (journal/views/_fastcols.c), or None where it is not built
+step_columns = importlib.import_module("trainledger.journal.views.parquet.export")._step_columns
 pytestmark = pytest.mark.skipif(not scan._STEP_LINES_OK, reason="the C accelerator is not built")
 
 GOLDEN = Path(__file__).resolve().parents[2] / "assets" / "golden"
@@ -82,7 +84,7 @@ def fast_takes(line: bytes) -> bool:
             fields = type(want).__struct_fields__
             assert [type(getattr(rec, f)) for f in fields] == [type(getattr(want, f)) for f in fields]
             assert rec == want
-    if scan._step_columns is not None:
+    if step_columns is not None:
         _columns_agree(block, ends, mask, taken)
     return taken
 
@@ -93,7 +95,7 @@ def _columns_agree(block: bytes, ends: bytes, mask: bytes, taken: bool) -> None:
     int in a float field as the double it is, None where the field is absent), or falls back to records (False)
     only for an int past 2^53 in a float field or a ts past int64; a line the check refuses (its numbers spelled
     otherwise) gives None, which sends the block the ordinary way."""
-    cols = scan._step_cols(block, ends)
+    cols = scan._step_cols(step_columns, block, ends)
     if mask == b"\x01" and not taken:
         assert cols is None
         return

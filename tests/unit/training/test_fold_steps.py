@@ -11,6 +11,8 @@ import random
 
 import msgspec
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from trainledger.journal import Journal, Signer
 from trainledger.journal.audit.replay import fold as replay_fold
@@ -216,3 +218,47 @@ def test_a_window_whose_history_disagrees_with_its_sorted_list_folds_as_python_d
         p._loss.base._values[-5] = leaving
 
     assert _project(config, evs, True, poke) == _project(config, evs, False, poke)
+
+
+# The health detector's common step (baseline_step) against the Python lines it stands for.
+tie_prone = st.sampled_from([1.0, 1.5, 2.0, 2.0000000000000004, 3.0, 50.0]) | st.floats(-10, 100)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(tie_prone, max_size=120), st.integers(3, 9), st.integers(0, 6), st.floats(1.0, 8.0))
+def test_detector_scores_the_same_with_and_without_the_accelerator(xs, window, m, z):
+    from trainledger.training.health import detectors as health
+    from trainledger.journal.kinds import DetectorParams
+
+    p = DetectorParams(window, 3 + m % (window - 2), z, "loss")
+    fast_det, slow_det = health._Detector(p, "loss_spike", False, "loss"), health._Detector(p, "loss_spike", False, "loss")
+    saved = health._baseline_step
+    for step, x in enumerate(xs):
+        got = fast_det.score(step, x, False)
+        health._baseline_step = None
+        try:
+            want = slow_det.score(step, x, False)
+        finally:
+            health._baseline_step = saved
+        assert got == want
+        assert fast_det.pending == slow_det.pending
+        b, c = fast_det.base, slow_det.base
+        assert (b._sorted, b._values, b._steps) == (c._sorted, c._values, c._steps)
+        assert b._sorted == sorted(b._values[-window:])
+
+
+def test_baseline_step_leaves_what_it_cannot_read_to_the_caller():
+    folds = pytest.importorskip("trainledger.training.health._fastfolds")
+    s, values, steps = [1.0, 2, 3.0], [1.0, 2, 3.0], [0, 1, 2]
+    before = (list(s), list(values), list(steps))
+    # an int in the window: the bisect meets it, nothing changes, the Python path decides
+    assert folds.baseline_step(s, values, steps, 2.5, 3, 1, 0.1, 10) is False
+    assert (s, values, steps) == before
+    assert folds.baseline_step([], [], [], 1.0, 0, 0, 0.1, 10) is False  # an empty window with no warm-up
+    assert folds.baseline_step([1.0], [1.0], [0], 1, 1, 5, 0.1, 10) is False  # x not a float
+    assert folds.baseline_step([1.0], [1.0], [0], 2.0, 1, 5, 0.1, 0) is False  # no window
+    s, values, steps = [1.0], [1.0], [0]
+    assert folds.baseline_step(s, values, steps, 0.5, 1, 5, 0.1, 1) is True  # warming up: added, the oldest out
+    assert (s, values, steps) == ([0.5], [1.0, 0.5], [0, 1])
+    with pytest.raises(TypeError):
+        folds.baseline_step((1.0,), [], [], 1.0, 0, 0, 0.1, 1)
