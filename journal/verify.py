@@ -867,5 +867,5 @@ def _finish(report: VerifyReport, results: list[RangeResult], head_req, require_
     if ctx.key_id is None:
         report.notes.append("unsigned journal: the chain shows accidental corruption, not tampering")
     report.notes.append("truncation is only visible against a head or checkpoint recorded elsewhere (trainledger head, "
-                        "trainledger checkpoint)")
+                        "trainledger tree-head)")
     report.ok = True

@@ -22,11 +22,13 @@ WIDTH = "100"
 
 
 def _subcommands(parser: argparse.ArgumentParser) -> list[tuple[str, argparse.ArgumentParser]]:
+    """Each subcommand under its own name (an old name kept as an alias is said in its help, not listed again)."""
     out = []
     for action in parser._actions:  # argparse keeps its subparsers here; there is no public accessor
         if isinstance(action, argparse._SubParsersAction):
             for name, sub in action.choices.items():
-                out.append((name, sub))
+                if sub.prog.split()[-1] == name:
+                    out.append((name, sub))
     return out
 
 

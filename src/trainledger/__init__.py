@@ -71,6 +71,8 @@ _LAZY = {
     "Checkpointer": "trainledger.training.checkpoints.state",
     "Rung": "trainledger.ladder.rung",
     "run_pilot_ladder": "trainledger.ladder.runner",
+    "open_query": "trainledger.journal.views.session",
+    "verify_path": "trainledger.journal.views.verifying",
 }
 
 

@@ -124,7 +124,7 @@ def receipt_of(row: dict[str, Any], *, lines: bool, exported: int) -> dict[str, 
 
 
 def _note(row: dict[str, Any]) -> str | None:
-    """The last seal as a C2SP signed note (``trainledger checkpoint``'s), when its key is known here."""
+    """The last seal as a C2SP signed note (``trainledger tree-head``'s), when its key is known here."""
     import base64
 
     from trainledger.journal.keys import PublicKey

@@ -38,10 +38,10 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     slot = _Only(sub, only) if only is not None else sub
     _journal_cli.register(slot)
     register(slot)
-    _release_cli.register(slot, replay=_replay)
-    _compute_cli.register(slot, statement=_statement)
+    _release_cli.register(slot)
+    _compute_cli.register(slot)
     _training_cli.register(slot)
-    _ladder_cli.register(slot, write_report=_write_report)
+    _ladder_cli.register(slot)
     if only is not None and not slot.found:
         return build_parser()
     return parser
@@ -70,27 +70,6 @@ class _Ignored:
 
     def __getattr__(self, attr: str) -> Any:
         return lambda *args, **kwargs: self
-
-
-def _replay(path, keys):
-    """``verify-model --journal``: the run replayed (every package's projections)."""
-    from trainledger.audit import replay
-
-    return replay(path, keys=list(keys), allow_unsealed=True)
-
-
-def _statement(paths, keys, **options):
-    """``compute``: the statement, replayed with every package's projections."""
-    from trainledger.audit import compute_statement
-
-    return compute_statement(paths, keys, **options)
-
-
-def _write_report(*args, **kwargs):
-    """The report writer, imported when a command writes one (matplotlib is an extra)."""
-    from trainledger.report import write_report
-
-    return write_report(*args, **kwargs)
 
 
 def register(sub) -> None:

@@ -6,7 +6,6 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Callable
 from typing import Any
 
 from trainledger.journal.errors import UsageError
@@ -40,9 +39,9 @@ def _range(text: str) -> tuple[float, float]:
     return lo, hi
 
 
-def register(sub, *, statement: Callable[..., dict[str, Any]]) -> None:
-    """Add ``compute``; ``statement(paths, keys, **options)`` builds the statement (the face's
-    :func:`trainledger.audit.compute_statement`, which replays with every package's projections)."""
+def register(sub) -> None:
+    """Add ``compute`` (the statement built by :func:`trainledger.audit.compute_statement`, which replays with every
+    package's projections)."""
     from trainledger.cli.proofs import DOCUMENT_CHECKERS
     from trainledger.journal.statements.compute.statement import MAX_STATEMENT_BYTES, is_statement
 
@@ -70,7 +69,7 @@ def register(sub, *, statement: Callable[..., dict[str, Any]]) -> None:
     form.add_argument("--json", action="store_true", help="the statement itself (figures and proofs), as JSON")
     form.add_argument("--markdown", action="store_true", help="the figures as a Markdown table")
     form.add_argument("--html", action="store_true", help="the figures as one self-contained HTML page")
-    p.add_argument("--out", metavar="FILE", help="write there instead of stdout; without a form, the JSON statement "
+    p.add_argument("-o", "--out", metavar="FILE", help="write there instead of stdout; without a form, the JSON statement "
                                                  "goes there and the text is printed")
     p.add_argument("--threshold", action="append", type=_threshold, default=[], metavar="NAME=FLOPS",
                    help="a cumulative compute to report against besides gpai=1e23 and systemic-risk=1e25 (repeatable)")
@@ -78,7 +77,7 @@ def register(sub, *, statement: Callable[..., dict[str, Any]]) -> None:
                    help="the tolerance of model-based over hardware-based FLOPs (default 0.01,1)")
     p.add_argument("--board-power-w", type=float, default=None, metavar="WATTS",
                    help="a device's power, declared, for the energy estimate of device time nothing measured")
-    p.set_defaults(func=_cmd_compute, statement=statement)
+    p.set_defaults(func=_cmd_compute)
 
 
 def _cmd_compute(args: argparse.Namespace) -> int:
@@ -95,7 +94,9 @@ def _cmd_compute(args: argparse.Namespace) -> int:
         if now - last[0] >= 1.0:
             last[0] = now
             print(f"trainledger compute: {what}", file=sys.stderr, flush=True)
-    st = args.statement(args.paths, keys, thresholds={**DEFAULT_COMPUTE_THRESHOLDS, **dict(args.threshold)},
+    from trainledger.audit import compute_statement
+
+    st = compute_statement(args.paths, keys, thresholds={**DEFAULT_COMPUTE_THRESHOLDS, **dict(args.threshold)},
                          mfu_range=args.mfu_range or DEFAULT_MFU_RANGE, board_power_w=args.board_power_w,
                          progress=progress if sys.stderr.isatty() else None)
     data = json.dumps(st, separators=(",", ":")) + "\n"

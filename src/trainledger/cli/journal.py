@@ -8,7 +8,6 @@ unreadable or wrong key). A user mistake never prints a traceback.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import sys
@@ -21,9 +20,9 @@ from trainledger.journal import __version__
 from trainledger.journal.text import csv_cell, safe
 from trainledger.journal.errors import IntegrityError, JournalError, JournalIOError, TrainledgerError, UsageError
 from trainledger.journal.keys import keygen, warn_private_keys
-from trainledger.cli.options import (EPILOG, PATH_HELP, add_json_option, add_partial_option, write_out,
-                                         add_progress_option, add_trust_options, partial_line, print_report, say,
-                                         say_failed, trust_policy, verify_from_args)
+from trainledger.cli.options import (EPILOG, PATH_HELP, add_json_option, add_partial_option, add_progress_option,
+                                     add_trust_options, partial_line, print_report, progress_for, say, say_failed,
+                                     trust_policy, verify_from_args, write_out)
 from trainledger.journal.verify import parse_head
 
 __all__ = ["main", "entry", "build_parser", "new_parser", "register"]
@@ -73,7 +72,7 @@ def register(sub) -> None:
                                    "holds (awskms://...), to pin with --pubkey.")
     p.add_argument("key", metavar="KEY", help="a private key file (trainledger.key), a pkcs11: URI or a KMS URI "
                                               "(awskms:///alias/NAME)")
-    p.add_argument("--out", metavar="FILE", help="also write it to FILE (a .pub file)")
+    p.add_argument("-o", "--out", metavar="FILE", help="also write it to FILE (a .pub file)")
     add_json_option(p)
     p.set_defaults(func=_cmd_pubkey)
 
@@ -88,7 +87,7 @@ def register(sub) -> None:
     p.add_argument("--require-closed", action="store_true", help="fail unless the run was closed and sealed")
     p.add_argument("--expect-checkpoint", metavar="NOTE", default=None,
                    help="fail unless the journal extends this signed checkpoint, published earlier with "
-                        "'trainledger checkpoint' (format 1.3: the root of its first SIZE lines must be the note's)")
+                        "'trainledger tree-head' (format 1.3: the root of its first SIZE lines must be the note's)")
     from trainledger.cli.proofs import add_witness_options
 
     add_witness_options(p)
@@ -124,7 +123,7 @@ def register(sub) -> None:
                    help="a value bound to the next ? in the SQL (repeatable; never pasted into the SQL)")
     p.add_argument("--format", choices=("table", "csv", "json", "parquet"), default="table",
                    help="how to print the result (default: table; parquet needs --out)")
-    p.add_argument("--out", metavar="FILE", help="write the result here instead of stdout (required for parquet)")
+    p.add_argument("-o", "--out", metavar="FILE", help="write the result here instead of stdout (required for parquet)")
     p.add_argument("--no-verify", action="store_true", help="skip signature verification (says so on stderr)")
     add_partial_option(p)
     p.add_argument("--no-cache", action="store_true",
@@ -209,62 +208,49 @@ def _cmd_keygen(args: argparse.Namespace) -> int:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
-    from trainledger.journal.audit.rundir import is_run_dir
-
     from trainledger.cli.proofs import FAILS, expected_checkpoint
+    from trainledger.journal.views.verifying import path_kind, verify_path
 
-    extra = {"require_closed": args.require_closed, "workers": args.workers}
-    if args.expect_head:
-        extra["expect_head"] = parse_head(args.expect_head)
-    from trainledger.journal.views.parquet import is_export
-
-    if is_export(args.path):
-        return _verify_export(args, extra.get("expect_head"))
-    if args.partial and not is_run_dir(args.path):
-        raise UsageError(f"{args.path}: --partial reads a run folder (or its export) with ranks missing; this is "
-                         "one journal")
-    if args.ray is not None and not is_run_dir(args.path):
-        raise UsageError("--ray verifies a run folder's rank journals as tasks: give RUN_DIR")
-    if is_run_dir(args.path):
-        if args.expect_head or args.expect_checkpoint:
-            raise UsageError("--expect-head and --expect-checkpoint name one journal's head; give that rank's file, "
-                             "not the run folder")
-        return _verify_run_dir(args, require_closed=args.require_closed)
+    kind = path_kind(args.path)
+    trust = trust_policy(args)
+    cp = None
+    if kind != "run_dir":  # a run folder refuses --expect-checkpoint itself
+        try:  # an export is opened under the pinned keys (it has no journal of its own to embed one)
+            cp = expected_checkpoint(args, keys=trust.keys) if kind == "export" else expected_checkpoint(args)
+        except FAILS as e:
+            say(f"FAIL  {args.path}: the expected checkpoint {args.expect_checkpoint}: {e}")
+            return 1
+    progress = progress_for(args, "verifying") if kind == "journal" else None
     try:
-        cp = expected_checkpoint(args)
-    except FAILS as e:
-        say(f"FAIL  {args.path}: the expected checkpoint {args.expect_checkpoint}: {e}")
-        return 1
-    if cp is not None:
-        extra["expect_checkpoint"] = cp
-    return _verify_and_print(args, "OK  ", **extra)
-
-
-def _verify_export(args: argparse.Namespace, head: tuple[int, str] | None) -> int:
-    """A Parquet export (journal/parquet): its listing, then every journal's lines verified and its typed columns
-    held to them. ``--expect-checkpoint`` is held by the journal of the run its origin names, ``--expect-head`` by
-    the export's only journal."""
-    from trainledger.journal.views.parquet.check import verify_export
-    from trainledger.cli.proofs import FAILS, expected_checkpoint
-
-    policy = dataclasses.replace(trust_policy(args), require_closed=args.require_closed)
-    expect = None
-    try:  # opened under the pinned keys (an export has no journal of its own to embed one), witnesses as asked
-        cp = expected_checkpoint(args, keys=policy.keys)
-    except FAILS as e:
-        say(f"FAIL  {args.path}: the expected checkpoint {args.expect_checkpoint}: {e}")
-        return 1
-    if cp is not None:
-        expect = {"checkpoint": cp, "run": cp.origin[len("trainledger/"):]}
-    if head is not None:
-        expect = {**(expect or {}), "head": head}
-    try:
-        r = verify_export(args.path, trust=policy, partial=args.partial, expect=expect)
+        r = verify_path(args.path, trust, partial=args.partial, require_closed=args.require_closed,
+                        expect_head=parse_head(args.expect_head) if args.expect_head else None,
+                        expect_checkpoint=cp, workers=args.workers, ray=args.ray, progress=progress)
     except IntegrityError as e:
-        return say_failed(args, e, args.path)
+        if kind != "journal":
+            return say_failed(args, e, args.path)
+        if args.json:
+            say(json.dumps(e.report.to_dict() if e.report is not None else
+                           {"ok": False, "path": args.path, "first_bad_seq": e.seq, "error": str(e)}))
+        else:
+            say(e.fail_line(args.path))
+        return 1
+    finally:
+        if progress is not None:
+            progress.close()
     if args.json:
-        say(json.dumps({"ok": True, "partial": r.partial, **r.to_dict()}))
-        return 0
+        say(json.dumps({"ok": True, "partial": r.partial, **r.to_dict()} if kind == "export" else r.to_dict()))
+    elif kind == "export":
+        _print_export(r)
+    elif kind == "run_dir":
+        _print_run_dir(r, trust)
+    else:
+        print_report(r, title="OK  ")
+    return 0
+
+
+def _print_export(r: Any) -> None:
+    """A Parquet export's check (journal/views/parquet/check.py): its listing, then every journal's lines verified
+    and its typed columns held to them."""
     for run, missing in r.missing.items():
         say(partial_line(run, missing))
     say(f"OK    {r.out}: {r.journals} journal(s), {r.events:,} events re-verified from their lines ({r.trust}); "
@@ -274,26 +260,10 @@ def _verify_export(args: argparse.Namespace, head: tuple[int, str] | None) -> in
             "every anchor, each rank's key)")
     for rc in r.receipts:
         say(f"  {rc['run_id']}  head {rc['head']}  tree {rc['tree_size']} root {rc['tree_root']}  key {rc['key_id']}")
-    return 0
 
 
-def _verify_run_dir(args: argparse.Namespace, **extra) -> int:
+def _print_run_dir(r: Any, trust: Any) -> None:
     """A distributed run's folder: every rank journal and every cross-rank anchor (journal/audit/rundir.py)."""
-    from trainledger.journal.audit.rundir import verify_run_dir
-
-    trust = trust_policy(args)
-    try:
-        if args.ray is not None:
-            from trainledger.journal.backends.ray import verify_run_dir_ray
-
-            r = verify_run_dir_ray(args.path, trust=trust, address=args.ray or None, partial=args.partial, **extra)
-        else:
-            r = verify_run_dir(args.path, trust=trust, partial=args.partial, **extra)
-    except IntegrityError as e:
-        return say_failed(args, e, args.path)
-    if args.json:
-        say(json.dumps(r.to_dict()))
-        return 0
     say(f"OK    {r.path}: {len(r.ranks)} of {r.world_size} ranks verified, {r.anchors} cross-rank anchors hold")
     say(f"  keys bound to ranks by {r.keys_binding(trust.roster)}")
     if r.engine:
@@ -306,7 +276,6 @@ def _verify_run_dir(args: argparse.Namespace, **extra) -> int:
     for rank, rep in sorted(r.ranks.items()):
         unsigned = f", {rep.unsealed_events:,} NOT signed" if rep.unsealed_events else ""
         say(f"  rank {rank:<5} {rep.events:>10,} events  key {rep.key_id} ({rep.trust})  tail {rep.tail}{unsigned}")
-    return 0
 
 
 def _verify_and_print(args: argparse.Namespace, title: str, **extra) -> int:
@@ -352,7 +321,7 @@ def _cmd_query(args: argparse.Namespace) -> int:
 
     import duckdb
 
-    from trainledger.journal.views.query import CACHE_MIN_BYTES, keep_cold_load, open_views, refresh_cache_in_background
+    from trainledger.journal.views.session import open_query
 
     paths = list(args.paths)
     if args.sql_file:
@@ -372,41 +341,20 @@ def _cmd_query(args: argparse.Namespace) -> int:
         raise UsageError("the SQL is empty")
     if args.format == "parquet" and not args.out:
         raise UsageError("--format parquet needs --out FILE")
-    from trainledger.journal.views.parquet import is_export
-
-    exports = [p for p in paths if is_export(p)]
-    if exports and len(exports) != len(paths):
-        raise UsageError("give exports or journals, not both (query them apart)")
-    if exports:  # Parquet exports (docs/fleet.md): copied, verified, read in place
-        from trainledger.journal.views.parquet.read import open_exports as opener
-    else:
-        opener = None
     if args.no_verify:
         say("trainledger query: --no-verify: signatures NOT checked", file=sys.stderr)
-        con, source = (opener(paths, verify_first=False, trust=trust_policy(args), partial=args.partial, sql=sql)
-                       if opener else
-                       open_views(paths, verify_first=False))
-    else:
-        trust = trust_policy(args)
-        try:
-            con, source = (opener(paths, verify_first=True, trust=trust, partial=args.partial, sql=sql) if opener else
-                           open_views(paths, use_cache=not args.no_cache, trust=trust, partial=args.partial,
-                                      cold=_cold_load(paths, keep=not args.no_cache), sql=sql))
-        except IntegrityError as e:
-            say(e.fail_line(getattr(e, "path", None) or (str(e.report.path) if e.report else "journal")),
-                file=sys.stderr)
-            return 1
-        for folder, missing in source.missing.items():
-            say(f"trainledger query: {partial_line(folder, missing)}", file=sys.stderr)
-        # Large journals read cold into memory (no pyarrow): a verified columnar copy for next time, built off this
-        # process. Through the Parquet form, what the load wrote is kept instead, once the SQL has run.
-        if (not args.no_cache and source.origin == "journals" and source.tables is None
-                and sum(r["size"] for r in source.files) >= CACHE_MIN_BYTES):
-            refresh_cache_in_background(paths, trust=trust)
-    cols, rows = _run_sql(con, sql, args.param or None, args.timeout)
-    if not args.no_verify and not args.no_cache and source.tables is not None:
-        con.close()
-        keep_cold_load(source)
+    try:
+        session = open_query(paths, trust_policy(args), sql, verify=not args.no_verify, use_cache=not args.no_cache,
+                             partial=args.partial)
+    except IntegrityError as e:
+        say(e.fail_line(getattr(e, "path", None) or (str(e.report.path) if e.report else "journal")), file=sys.stderr)
+        return 1
+    for folder, missing in session.missing.items():
+        say(f"trainledger query: {partial_line(folder, missing)}", file=sys.stderr)
+    try:
+        cols, rows = _run_sql(session.con, sql, args.param or None, args.timeout)
+    finally:
+        session.close()
     if args.format == "parquet":
         try:
             _write_parquet(cols, rows, args.out)
@@ -437,27 +385,6 @@ def _cmd_query(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(buf.getvalue())
     return 0
-
-
-def _cold_load(paths: list[str], *, keep: bool = False) -> Any:
-    """The Parquet form's load for journals of CACHE_MIN_BYTES or more when pyarrow is here (memory bounded by
-    DuckDB's own: journal/views/parquet/journals.py), else None (read into memory). ``keep``: written in the cache folder
-    (when it is this user's alone), so that keeping it for the next query is a rename."""
-    import functools
-
-    from trainledger.journal.views.parquet.journals import available, load_journals
-    from trainledger.journal.views.query import CACHE_MIN_BYTES, safe_cache_dir, journal_files
-
-    if not available():
-        return None
-    try:
-        size = sum(f.stat().st_size for f in journal_files(paths))
-    except (OSError, JournalError):
-        return None  # the load names what is wrong
-    if size < CACHE_MIN_BYTES:
-        return None
-    where = safe_cache_dir(create=True) if keep else None
-    return load_journals if where is None else functools.partial(load_journals, where=where)
 
 
 def _run_sql(con, sql: str, params, timeout: float) -> tuple[list[str], list[tuple]]:
@@ -607,8 +534,8 @@ def _run_on_copies(args: argparse.Namespace) -> int:
 
 
 #: the commands that read one journal (or a run folder of rank journals) at ``args.path``
-_ONE_JOURNAL = frozenset({"verify", "replay", "report", "show", "head", "checkpoint", "prove", "consistency",
-                          "export"})
+_ONE_JOURNAL = frozenset({"verify", "replay", "report", "show", "head", "tree-head", "checkpoint", "prove",
+                          "consistency", "export"})
 
 
 def _one_journal_of_folder(args: argparse.Namespace) -> None:

@@ -16,10 +16,9 @@ from trainledger.journal.verify import verify
 __all__ = ["register"]
 
 
-def register(sub, *, write_report=None) -> None:
-    """Add ``ladder`` and ``fit`` to the ``trainledger`` command. ``write_report(journal, out, **trust)``, when
-    given, writes the ladder's page after the run (the installed face passes :func:`trainledger.report.write_report`;
-    the ladder package does not import the report, which draws every domain)."""
+def register(sub) -> None:
+    """Add ``ladder`` and ``fit`` to the ``trainledger`` command; ``ladder`` writes the run's page after it
+    (:func:`trainledger.report.write_report`, imported then: matplotlib is an extra)."""
     p = sub.add_parser("ladder", help="run the tiny pilot ladder on the CPU: signed journal, verify, outcome table",
                        description="Run a pilot ladder (each rung trained and gated on its own receipts, a "
                                    "signed decision after each), write its signed journal and public key under "
@@ -40,7 +39,7 @@ def register(sub, *, write_report=None) -> None:
     p.add_argument("--json", action="store_true",
                    help="print one JSON object on stdout at the end (the outcome, the fit, verification, the report) "
                         "instead of the table; progress stays on stderr")
-    p.set_defaults(func=_cmd_ladder, write_report=write_report)
+    p.set_defaults(func=_cmd_ladder)
 
     p = sub.add_parser("fit", help="fit a scaling law L(N, D) = E + A/N^alpha + B/D^beta to (n_params, tokens, loss)",
                        description="Fit the Chinchilla form to a CSV of n_params,tokens,loss rows (a header row is "
@@ -244,19 +243,18 @@ def _cmd_ladder(args: argparse.Namespace) -> int:
                             for o in result.outcomes],
                "verify": r.to_dict(), "report": None, "replay_consistent": None}
     code = 0
-    if args.write_report is None:
-        say("no report: this command was registered without a report writer")
+    try:  # the run's page, beside its journal
+        from trainledger.report import write_report
+
+        rec = write_report(out / "ladder.jsonl", out / "report.html", keys=trusted_keys([str(pub)]))
+    except UsageError as e:  # matplotlib missing: the run stands without its page
+        say(f"no report: {e}")
     else:
-        try:
-            rec = args.write_report(out / "ladder.jsonl", out / "report.html", keys=trusted_keys([str(pub)]))
-        except UsageError as e:  # matplotlib missing: the run stands without its page
-            say(f"no report: {e}")
-        else:
-            say(f"$ trainledger report {out / 'ladder.jsonl'} --pubkey {pub} -o {out / 'report.html'}")
-            say(f"wrote {out / 'report.html'}: replay " + ("consistent: every verdict and decision follows from its "
-                                                               "receipts" if rec.ok else "found DIFFERENCES"))
-            summary.update(report=str(out / "report.html"), replay_consistent=rec.ok, ok=rec.ok)
-            code = 0 if rec.ok else 1
+        say(f"$ trainledger report {out / 'ladder.jsonl'} --pubkey {pub} -o {out / 'report.html'}")
+        say(f"wrote {out / 'report.html'}: replay " + ("consistent: every verdict and decision follows from its "
+                                                           "receipts" if rec.ok else "found DIFFERENCES"))
+        summary.update(report=str(out / "report.html"), replay_consistent=rec.ok, ok=rec.ok)
+        code = 0 if rec.ok else 1
     if args.json:
         import json
 

@@ -217,7 +217,7 @@ def print_report(r: VerifyReport, *, title: str) -> None:
         import base64
 
         root = base64.b64encode(bytes.fromhex(r.last_tree_root)).decode()
-        say(f"  tree      {r.last_sealed_seq + 1:,} lines, root {root}  (the latest seal's; 'trainledger checkpoint' "
+        say(f"  tree      {r.last_sealed_seq + 1:,} lines, root {root}  (the latest seal's; 'trainledger tree-head' "
             "prints it signed)")
     if r.unsealed_events and r.trust in ("pinned", "embedded"):
         say(f"  UNSIGNED  {r.unsealed_events:,} events after seq {r.trusted_last_seq} are NOT signed: "

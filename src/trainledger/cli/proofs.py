@@ -79,11 +79,14 @@ def register(sub) -> None:
 
     journal_help = "the journal (or, with --rank, a distributed run's folder)"
 
-    p = sub.add_parser("checkpoint", help="print the latest seal as a signed checkpoint note (C2SP), to publish",
-                       description="Verify the journal (format 1.3), then print its latest seal as a C2SP signed "
-                                   "note: origin trainledger/<run id>, tree size, base64 root, the chain head, and "
-                                   "the signature line. Publish it, or have witnesses cosign it; 'verify "
-                                   "--expect-checkpoint' later shows the journal only grew.",
+    p = sub.add_parser("tree-head", aliases=["checkpoint"],
+                       help="print the latest seal as a signed tree head (a C2SP checkpoint note), to publish",
+                       description="Verify the journal (format 1.3), then print its latest seal as a signed tree "
+                                   "head, a C2SP checkpoint note: origin trainledger/<run id>, tree size, base64 "
+                                   "root, the chain head, and the signature line. Publish it, or have witnesses "
+                                   "cosign it; 'verify --expect-checkpoint' later shows the journal only grew. "
+                                   "(Its old name, 'checkpoint', still works, with a deprecation line: every other "
+                                   "checkpoint in trainledger is training state.)",
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("path", metavar="JOURNAL", help="the journal, or a run folder holding one")
     add_trust_options(p)
@@ -195,6 +198,9 @@ def _cmd_checkpoint(args: argparse.Namespace) -> int:
 
     from trainledger.cli.options import say_failed
 
+    if getattr(args, "command", None) == "checkpoint":
+        say("trainledger checkpoint is deprecated and goes away in 0.3: use trainledger tree-head (the same output)",
+            file=sys.stderr)
     args.allow_unsealed = True
     try:
         r = verify_from_args(args)

@@ -12,9 +12,9 @@ from trainledger.journal.errors import UsageError
 __all__ = ["register", "cmd_keygen_release"]
 
 
-def register(sub, *, replay: Any = None) -> None:
-    """Add ``release`` and ``verify-model``; ``replay(path, keys)``: how ``verify-model --journal`` replays a run
-    (the top-level CLI passes ``trainledger.audit.replay``, which folds every package's projections)."""
+def register(sub) -> None:
+    """Add ``release`` and ``verify-model`` (whose ``--journal`` replays the run with every package's projections:
+    :func:`trainledger.audit.replay`)."""
     from trainledger.cli.options import EPILOG, add_json_option, add_progress_option
     from trainledger.cli.proofs import add_witness_options
 
@@ -35,7 +35,7 @@ def register(sub, *, replay: Any = None) -> None:
                                                                "--pkcs11 URI)")
     p.add_argument("--pubkey", action="append", default=[], metavar="FILE",
                    help="the run's pinned public key (trainledger.pub; repeatable; also $TRAINLEDGER_TRUSTED_KEYS)")
-    p.add_argument("--out", metavar="DIR", help="write model.sig and model.provenance.json here (default: into "
+    p.add_argument("-o", "--out", metavar="DIR", help="write model.sig and model.provenance.json here (default: into "
                                                 "MODEL_DIR, where model signing looks for model.sig)")
     p.add_argument("--cosigned", metavar="FILE",
                    help="a proof bundle of the closed run whose checkpoint witnesses cosigned (trainledger witness "
@@ -67,7 +67,7 @@ def register(sub, *, replay: Any = None) -> None:
     add_witness_options(p)
     add_json_option(p)
     add_progress_option(p)
-    p.set_defaults(func=lambda a: _cmd_verify_model(a, replay))
+    p.set_defaults(func=_cmd_verify_model)
 
 
 def cmd_keygen_release(args: argparse.Namespace) -> int:
@@ -197,7 +197,14 @@ def _cmd_release(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_verify_model(args: argparse.Namespace, replay: Any = None) -> int:
+def _replay(path: Any, keys: Any) -> Any:
+    """``verify-model --journal``: the run replayed (every package's projections)."""
+    from trainledger.audit import replay
+
+    return replay(path, keys=list(keys), allow_unsealed=True)
+
+
+def _cmd_verify_model(args: argparse.Namespace) -> int:
     from trainledger.journal.keys import trusted_keys
     from trainledger.cli.options import say
     from trainledger.cli.proofs import _quorum
@@ -211,7 +218,7 @@ def _cmd_verify_model(args: argparse.Namespace, replay: Any = None) -> int:
         res = verify_model(args.model_dir, release_keys=rkeys, run_keys=trusted_keys(args.pubkey),
                            witnesses=witnesses, quorum=k, signature=args.signature, provenance=args.provenance,
                            journal=None if args.journal is None else _run_journal(args.journal),
-                           allow_intermediate=args.allow_intermediate, progress=tick, replay=replay)
+                           allow_intermediate=args.allow_intermediate, progress=tick, replay=_replay)
     finally:
         if bar is not None:
             bar.close()

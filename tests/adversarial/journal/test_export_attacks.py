@@ -421,7 +421,7 @@ def test_a_killed_query_out_leaves_its_private_copy_for_the_next_to_sweep(run4, 
 
 def test_verify_out_holds_a_runs_journal_to_its_published_checkpoint_and_head(run4, tmp_path, capsys):
     d, out, s, early, pub = run4
-    assert main(["checkpoint", str(d / "rank-00002.jsonl"), "--pubkey", str(pub)]) == 0
+    assert main(["tree-head", str(d / "rank-00002.jsonl"), "--pubkey", str(pub)]) == 0
     note = tmp_path / "rank2.note"
     note.write_text(capsys.readouterr().out)
     assert main(["verify", str(out), "--pubkey", str(pub), "--expect-checkpoint", str(note)]) == 0

@@ -24,13 +24,13 @@ def _commands(parser: argparse.ArgumentParser, prefix: str = ""):
 COMMANDS = dict(_commands(build_parser()))
 
 #: what a script would want a result of, as one JSON object
-JSON_COMMANDS = ["keygen", "verify", "head", "show", "checkpoint", "prove", "verify-proof", "consistency",
+JSON_COMMANDS = ["keygen", "verify", "head", "show", "tree-head", "prove", "verify-proof", "consistency",
                  "witness vkey", "witness cosign", "replay", "report", "demo", "ladder", "fit", "preflight", "approve",
                  "manifest validate", "manifest id", "manifest init", "import tensorboard", "import megatron",
                  "export tensorboard", "export parquet"]
 
 #: every command that can draw a progress bar while it reads
-PROGRESS_COMMANDS = ["verify", "head", "show", "checkpoint", "prove", "consistency", "replay", "report", "serve",
+PROGRESS_COMMANDS = ["verify", "head", "show", "tree-head", "prove", "consistency", "replay", "report", "serve",
                      "export parquet"]
 
 
@@ -172,6 +172,6 @@ def test_every_json_result_says_ok(tmp_path, capsys, signer, pubkey):
             j.append(StepObserved(step=s, loss=1.0))
     pub = tmp_path / "k.pub"
     pub.write_text(pubkey.line() + "\n")
-    for argv in (["verify", p], ["head", p], ["checkpoint", p], ["replay", p], ["show", p]):
+    for argv in (["verify", p], ["head", p], ["tree-head", p], ["replay", p], ["show", p]):
         code, out, _ = _run(capsys, *argv, "--json", *(["--pubkey", pub] if argv[0] != "show" else []))
         assert code == 0 and json.loads(out)["ok"] is True, argv

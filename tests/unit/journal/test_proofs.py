@@ -241,8 +241,11 @@ def test_verify_expect_checkpoint_passes_a_grown_journal_and_names_a_fork_or_tru
                                                                                         capsys):
     pub = keypair[2]
     p = _journal(tmp_path / "j.jsonl", signer, 800, close=False)
-    code, note, _ = run(capsys, "checkpoint", p, "--pubkey", pub)
+    code, note, _ = run(capsys, "tree-head", p, "--pubkey", pub)
     assert code == 0
+    code, again, err = run(capsys, "checkpoint", p, "--pubkey", pub)  # the old name: the same note, and a line
+    assert code == 0 and again == note and err.count("\n") == 1
+    assert "trainledger checkpoint is deprecated and goes away in 0.3: use trainledger tree-head" in err
     (tmp_path / "old.note").write_text(note)
     _grow(p, signer, 4000, 800)
     code, text, _ = run(capsys, "verify", p, "--pubkey", pub, "--expect-checkpoint", tmp_path / "old.note")
@@ -405,7 +408,7 @@ def test_older_formats_have_no_checkpoints_to_prove(tmp_path, capsys):
     code, _, err = run(capsys, "prove", p, "--seq", 1, "-o", tmp_path / "x.json", "--pubkey",
                        GOLDEN / "every_kind_v1_2.pub")
     assert code == 2 and "proofs need format 1.3" in err
-    code, _, err = run(capsys, "checkpoint", p, "--pubkey", GOLDEN / "every_kind_v1_2.pub")
+    code, _, err = run(capsys, "tree-head", p, "--pubkey", GOLDEN / "every_kind_v1_2.pub")
     assert code == 2 and "not checkpoints" in err
 
 
