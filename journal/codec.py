@@ -112,7 +112,7 @@ class _KindInfo:
         if self._encode is None:
             import msgspec.inspect
 
-            fields = msgspec.inspect.type_info(self.cls).fields
+            fields = typing.cast(Any, msgspec.inspect.type_info(self.cls)).fields  # a StructType's
             flat = all(_is_flat_type(f.type) for f in fields)
             spec = _scalar_spec(self.cls, fields)
             self.scalars = None if spec is None else spec[1:]
@@ -138,6 +138,10 @@ def _is_flat_type(t: Any) -> bool:
     return False
 
 
+#: ``typing.Union``, subscripted with a tuple built at run time (which a type checker cannot follow)
+_Union: Any = Union
+
+
 def _widened_floats(cls: type) -> list[tuple]:
     """Record-field overrides that read a top-level float field as ``int | float``.
 
@@ -145,12 +149,12 @@ def _widened_floats(cls: type) -> list[tuple]:
     append a conversion); it writes ``3``, and the record reads it back as the
     int 3, so the line stays canonical. Overridden fields keep their position.
     """
-    out = []
+    out: list[tuple] = []
     for f in msgspec.structs.fields(cls):
         t = f.type
         args = typing.get_args(t) if typing.get_origin(t) in (Union, types.UnionType) else (t,)
         if float in args and all(a in (float, type(None)) for a in args):
-            new_t = Union[(int, *args)]  # noqa: UP007
+            new_t = _Union[(int, *args)]
             if f.default is not msgspec.NODEFAULT:
                 out.append((f.name, new_t, f.default))
             elif f.default_factory is not msgspec.NODEFAULT:
@@ -245,7 +249,7 @@ def _decoders() -> tuple[msgspec.json.Decoder, msgspec.json.Decoder]:
         # strict=False lets "NaN"/"Infinity"/"-Infinity" decode into float fields; every
         # other leniency it allows is caught by the byte-exact re-encoding check.
         _decoder = msgspec.json.Decoder(union, strict=False)
-        _batch_decoder = msgspec.json.Decoder(list[union], strict=False)
+        _batch_decoder = msgspec.json.Decoder(types.GenericAlias(list, (union,)), strict=False)
         _flat.clear()
         _flat.update(r for r in records if _is_flat(r))
     return _decoder, _batch_decoder

@@ -8,6 +8,8 @@ checked at all).
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "TrainledgerError",
     "CheckpointMismatch",
@@ -44,6 +46,10 @@ class TrainledgerError(Exception):
     """
 
     exit_code = 2
+    #: set where an error is raised about one file of several (a run folder's rank, an export's journal), and the
+    #: partial report where verification had one: declared for the type checker, absent until then
+    path: Any
+    report: Any
 
 
 class JournalError(TrainledgerError):
@@ -101,7 +107,7 @@ class IntegrityError(JournalError):
         super().__init__(message)
         self.seq = seq
         self.offset = offset
-        self.report = None
+        self.report: Any = None  # the partial VerifyReport, when verify raised it
 
     def fail_line(self, path: str) -> str:
         """The one line every command prints for it: ``FAIL <path>: seq N (byte B): <why>``."""

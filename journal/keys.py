@@ -278,8 +278,7 @@ def trusted_keys(paths: list[str] | tuple[str, ...] = (), *, env: dict[str, str]
     keys = [load_public_key(p) for p in paths]
     if keys:
         return keys  # explicit keys replace the team's list, never silently widened by it
-    env = os.environ if env is None else env
-    listing = env.get(TRUSTED_KEYS_ENV)
+    listing = (os.environ if env is None else env).get(TRUSTED_KEYS_ENV)
     if listing:
         p = Path(listing)
         data = read_small_file(p, "trusted-keys file")
@@ -402,7 +401,7 @@ def key_home() -> Path:
     return Path(base) / "trainledger" / "keys"
 
 
-def run_key(run_dir: str | os.PathLike, key: str | os.PathLike | None = None) -> tuple[Path, Path]:
+def run_key(run_dir: str | os.PathLike, key: str | os.PathLike | None = None) -> tuple[Path | str, Path]:
     """The signing key of a run a command creates, kept outside the run folder, and its public key inside it.
 
     With ``key`` (a private key file, or a ``pkcs11:`` URI), that key; else a new one in :func:`key_home`, named after the run folder
@@ -413,7 +412,7 @@ def run_key(run_dir: str | os.PathLike, key: str | os.PathLike | None = None) ->
 
     run = Path(run_dir)
     if key is not None and (str(key).startswith("pkcs11:") or _SCHEME.match(str(key))):  # a token's, a service's
-        priv = str(key)  # the URI: load_signer opens it again
+        priv: str | Path = str(key)  # the URI: load_signer opens it again
         signer = load_signer(priv)
     elif key is not None:
         k = Path(key)

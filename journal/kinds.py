@@ -670,7 +670,7 @@ class ComputeThresholdCrossed(Event, tag="compute_threshold_crossed", frozen=Tru
     carried_flops: float = 0.0
 
 
-BUILTIN_KINDS: dict[str, type[Event]] = {c.__struct_config__.tag: c for c in (
+BUILTIN_KINDS: dict[str, type[Event]] = {str(c.__struct_config__.tag): c for c in (
     RunOpened, Seal, StepObserved, RunResumed, TailRepaired, RunClosed, KeyCertified, SealSigned,
     RunConfigured, AnomalyDetected, SpikeSuspected, AnomalyEnded,
     CheckpointSaved, ResumeRejectedEvent, WeightsRestored, CheckpointFailed, CheckpointDeleted, ModelExported,

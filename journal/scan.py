@@ -51,10 +51,10 @@ MAX_LINE = 16 * 1024 * 1024
 BLOCK = 256 * 1024
 
 _fast = _accel.fast
-_scan_block = getattr(_fast, "scan_block", None)
-_step_lines = getattr(_fast, "step_lines", None)
-_step_records = getattr(_fast, "step_records", None)
-_join_lines = getattr(_fast, "join_lines", None)
+_scan_block: Any = getattr(_fast, "scan_block", None)
+_step_lines: Any = getattr(_fast, "step_lines", None)
+_step_records: Any = getattr(_fast, "step_records", None)
+_join_lines: Any = getattr(_fast, "join_lines", None)
 _link = _accel.link
 _get_seq = operator.attrgetter("seq")
 _get_h = operator.attrgetter("h")
@@ -321,7 +321,7 @@ class Scanner:
         cols = _step_cols(self.step_columns, block, ends_b) if self.step_columns is not None else False
         if cols is None:  # a number not spelled as msgspec writes it: the ordinary way names it
             return None
-        if cols:
+        if isinstance(cols, _Columns):
             mask, values = cols.mask, None
         elif self.numbers_kept:
             got = _step_numbers(block, ends_b)
@@ -352,7 +352,7 @@ class Scanner:
             t = types[i] = type(r)
             counts[t] = counts.get(t, 0) + 1
         lines = _StepLines(self.expect, block, ends_b, others, n, mask, values)
-        if cols:
+        if isinstance(cols, _Columns):
             lines.cols = cols
         return lines, types, counts, \
             [i for i, t in zip(others, map(type, others.values())) if t is self._seal_t or t is self._signed_t]
@@ -398,6 +398,7 @@ class Scanner:
         """Add lines ``a..b`` of a batch to the tree (``part(a, b, begin)``: their range as leaves from ``begin``),
         keeping the tree at ``ctx.tree_at`` when that boundary falls among them."""
         tree = self._tree
+        assert tree is not None  # called only for a journal with tree heads
         m = self.ctx.tree_at
         if m is not None and self.res.tree_at is None and tree.end <= m <= tree.end + b - a:
             k = m - tree.end
@@ -428,6 +429,7 @@ class Scanner:
         the lines before it (``types``: the records' types; ``line_start(i)``: line i's offset in the batch, to name
         a seal that fails; ``marks``: :meth:`_marks` of them, when known)."""
         tree = self._tree
+        assert tree is not None  # called only for a journal with tree heads
         start = 0
         signed_t = self._signed_t
         for i in self._marks(types, set(types)) if marks is None else marks:
@@ -615,7 +617,7 @@ class Scanner:
             res.last_hash = last.h
             res.last_kind = last.kind if type(last) is UnknownEvent else type(last).__struct_config__.tag
 
-    def _check_seal(self, rec: Any, prev: bytes) -> None:
+    def _check_seal(self, rec: Any, prev: bytes) -> bool:
         seq = rec.seq
         ctx = self.ctx
         if rec.sealed_seq != seq - 1 or rec.sealed_hash != prev.hex():
@@ -693,6 +695,7 @@ class Scanner:
         res.last_seal_sig = rec.sig
         res.last_seal_root = rec.tree_root
         if p is not None:
+            assert res.pending_open is not None  # set with _pending, in this range
             res.last_seal_end, res.last_seal_h = res.pending_open[1], p.h
             res.carried = False
         else:  # the seal it signs is in an earlier range: the merge fills in where its line ends
@@ -718,6 +721,7 @@ class Scanner:
         """A certified journal's seal: its key must be certified, the one certified last before it (in this range;
         the merge checks a range's first seals against the ranges before it), and still valid at the seal's time."""
         seq, key = rec.seq, rec.key_id
+        assert self.ctx.certified is not None  # asked only of a journal whose keys are certified
         got = self.ctx.certified.get(key)
         if got is None:
             raise SealInvalid(f"seal at seq {seq} is by key {key}, which no certificate in the journal certifies for "
@@ -769,7 +773,7 @@ class Scanner:
             self.res.unknown += self._type_counts[UnknownEvent]
 
 
-def _kind_name(t: type) -> str:
+def _kind_name(t: Any) -> str:
     return "(unknown kinds)" if t is UnknownEvent else t.__struct_config__.tag
 
 
@@ -778,7 +782,7 @@ def _kind_name(t: type) -> str:
 #: The record of step_observed, and what the C check of its lines (``step_lines`` in journal/_fast.c) assumes
 #: of it: its fields in this order, these ints and numbers, left out when None. If the record ever differs, the C
 #: check is not used (every line is decoded and re-encoded instead).
-_STEP_T = codec.record_type(StepObserved)
+_STEP_T: Any = codec.record_type(StepObserved)
 _STEP_INTS = ("step", "examples", "tokens", "supervised_tokens", "seq", "ts")
 _STEP_NUMBERS = ("loss", "grad_norm", "lr", "step_time_s", "data_time_s", "compute_time_s", "batch_fingerprint")
 

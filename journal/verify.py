@@ -55,6 +55,10 @@ _ERRORS = {cls.__name__: cls for cls in IntegrityError.__subclasses__()}
 _ERRORS["IntegrityError"] = IntegrityError
 
 
+#: ``bytes``, as the report's annotations name it below its own field called ``bytes``
+_Bytes = bytes
+
+
 @dataclasses.dataclass
 class VerifyReport:
     """What verification established about one journal file."""
@@ -102,7 +106,7 @@ class VerifyReport:
     tree: Any = dataclasses.field(default=None, repr=False)
     sealed_tree: Any = dataclasses.field(default=None, repr=False)
     #: verify_run_dir's: (offset, line) of the anchor kinds, seq -> chain hash of seals and wanted seqs
-    collected: list[tuple[int, bytes]] = dataclasses.field(default_factory=list, repr=False)
+    collected: list[tuple[int, _Bytes]] = dataclasses.field(default_factory=list, repr=False)
     hashes: dict[int, str] = dataclasses.field(default_factory=dict, repr=False)
     #: the keys seals were checked under: the journal's own, or (format 1.7) the keys its certificates certify,
     #: ``key_id`` being then the certifying key
@@ -195,8 +199,9 @@ def read_opening(path: Path, size: int, *, _source: Any = None) -> tuple[Any, in
         raise SchemaError("run_opened: run id is not 1-128 characters of A-Z a-z 0-9 . _ : -", seq=0, offset=0)
     if rec.key_id is not None and (len(rec.key_id) != 16 or rec.key_id.strip("0123456789abcdef")):
         raise SchemaError("run_opened: key_id is not 16 lowercase hex digits", seq=0, offset=0)
-    if rec.seq != 0:
-        raise SchemaError(f"first event has seq {rec.seq}, not 0", seq=0, offset=0)
+    seq = getattr(rec, "seq", None)  # a decoded record's (the event class itself has no seq)
+    if seq != 0:
+        raise SchemaError(f"first event has seq {seq}, not 0", seq=0, offset=0)
     return rec, len(line)
 
 
@@ -405,10 +410,10 @@ def verify_with(path: str | os.PathLike, hooks: Verification, *, trust: TrustPol
         if res.error is not None:
             name, msg, seq, off = res.error
             err_cls = _ERRORS.get(name)
-            err = err_cls(msg, seq=seq, offset=off) if err_cls else JournalIOError(msg)
-            if isinstance(err, IntegrityError):
-                _fail(report, err)
-            raise err
+            failed = err_cls(msg, seq=seq, offset=off) if err_cls else JournalIOError(msg)
+            if isinstance(failed, IntegrityError):
+                _fail(report, failed)
+            raise failed
     if ctx.certified is not None:
         try:
             _hold_seal_keys(opened, results)
@@ -652,7 +657,7 @@ class SharedWorkers:
     def __init__(self, workers: int | None = None, total_bytes: int = 0):
         self.n = cpu_count() if workers is None else max(1, workers)
         self.total = total_bytes
-        self.pool = None
+        self.pool: Any = None  # a multiprocessing Pool, started when the work is worth one
         #: set by the thread that gives up (Ctrl-C, an error): every verification waiting on the workers stops
         #: rather than wait for results nobody will read (or that never come: see run)
         self.cancelled = threading.Event()
@@ -737,7 +742,9 @@ def _worker_context() -> Any:
 
 class _Alongside:
     def __init__(self, fn: Callable[[], None] | None):
-        self.fn, self.thread, self.error = fn, None, None
+        self.fn = fn
+        self.thread: threading.Thread | None = None
+        self.error: BaseException | None = None
 
     def __enter__(self) -> Callable[[], None]:
         return self.start
@@ -748,6 +755,7 @@ class _Alongside:
             self.thread.start()
 
     def _run(self) -> None:
+        assert self.fn is not None  # start() runs it only then
         try:
             self.fn()
         except BaseException as e:  # handed back to the caller's thread
@@ -853,6 +861,7 @@ def _finish(report: VerifyReport, results: list[RangeResult], head_req, require_
             raise UnsealedEvents(f"no seal in the journal: none of its {report.events:,} events is signed", seq=1)
         if report.unsealed_events:
             if signed and not allow_unsealed:
+                assert seal_line is not None  # a signed journal without a seal was refused above
                 raise UnsealedEvents(
                     f"{report.unsealed_events:,} events after seq {seal_line} are not signed (the last seal covers "
                     f"seq {report.last_sealed_seq}); --allow-unsealed accepts the signed prefix alone",

@@ -42,7 +42,7 @@ from trainledger.journal.merkle import CompactRange, range_of_block
 from trainledger.journal.errors import IntegrityError, JournalClosed, JournalError, JournalIOError, JournalLocked, UsageError
 from trainledger.journal.events import FORMAT_VERSION, Event, KeyCertified, RunClosed, RunOpened, Seal, SealSigned, \
     TailRepaired
-from trainledger.journal.keys import Signer
+from trainledger.journal.keys import PublicKey, Signer
 from trainledger.journal.scan import MAX_LINE
 
 __all__ = ["Journal", "DEFAULT_SEAL_EVERY", "DEFAULT_SEAL_INTERVAL_S", "DEFAULT_FLUSH_INTERVAL_S"]
@@ -125,7 +125,7 @@ _hexlify = binascii.hexlify
 _Base: Any = getattr(_accel.fast, "WriterCore", None) or object
 #: the classes WriterCore.append encodes itself: class -> (slot offsets, kinds), as codec.scalar_spec gives them
 _fast_specs: dict[type, tuple[bytes, bytes]] = {}
-if _Base is not object:
+if _Base is not object and _accel.fast is not None:
     _accel.fast.writer_config(codec.encode_into, _fast_specs, _FLUSH_BYTES, _MAX_BUFFER, _MAX_EVENT)
 
 
@@ -158,6 +158,47 @@ class Journal(_Base):
     resumed with :meth:`open_append`.
     """
 
+    # The journal's state, declared for the type checker (set in _new; several live in WriterCore's C slots where
+    # the accelerator is built, read and written as these attributes all the same).
+    path: Path
+    run_id: str
+    key_id: str | None
+    certifier: Signer | None
+    _fd: int
+    _signer: Signer | None
+    _certified_by: PublicKey | None
+    _seq: int
+    _prev: bytes
+    _last_hash_hex: bytes
+    _buf: bytearray
+    _last: tuple[int, Event] | None
+    _tree: CompactRange | None
+    _unhashed: int
+    _pending: list[tuple[Event, int]]
+    _lock: threading.Lock
+    _closed: bool
+    _stopped: bool
+    _close_head: tuple[int, str] | None
+    _io_error: str | None
+    _seal_every: int
+    _seal_interval_ns: int
+    _flush_interval_ns: int
+    _last_seal_ns: int
+    _last_flush_ns: int
+    _since_seal: int
+    _fsync_pending: bool
+    _stop: threading.Event
+    _kick: threading.Event
+    _bg_sign: bool
+    _fail_closed_ns: int | None
+    _sign_wait_s: float
+    _job: _SignJob | None
+    _reseal: bool
+    _sig_ready: bool
+    _signing: threading.Thread | None
+    _jobs: Any
+    _ticker: threading.Thread | None
+
     def __init__(self, *_: Any, **__: Any):
         raise TypeError("use Journal.create(...) or Journal.open_append(...)")
 
@@ -179,25 +220,25 @@ class Journal(_Base):
         self._certified_by = None  # the issuer's PublicKey of a journal whose keys are certified
         #: the key that certified this journal's key, where this process holds it (rank 0 of a run with certified
         #: rank keys): it countersigns the anchors (training.distributed.ranks.anchor_ranks)
-        self.certifier: Signer | None = None
+        self.certifier = None
         self.run_id = run_id
         self.key_id = signer.key_id if signer is not None else None
         self._seq = seq
         self._prev = prev
         self._last_hash_hex = _hexlify(prev)
         self._buf = bytearray()
-        self._last: tuple[int, Event] | None = None  # (seq after it, event) of the last append()
+        self._last = None  # (seq after it, event) of the last append()
         #: Format 1.3: the Merkle tree of every line written (None: an older journal continued, whose seals name
         #: no tree). Lines join it a batch at a time, when the buffer is flushed or sealed (off the append path);
         #: ``_unhashed`` is where the buffer's lines not yet in the tree begin.
         self._tree = tree
         self._unhashed = 0
-        self._pending: list[tuple[Event, int]] = []  # deferred appends, encoded and chained by the next drain
+        self._pending = []  # deferred appends, encoded and chained by the next drain
         self._lock = threading.Lock()
         self._closed = False  # released: lock dropped, file closed
         self._stopped = False  # no more appends: released, or run_closed already chained by a close() that failed
-        self._close_head: tuple[int, str] | None = None  # the closing seal's head, once chained
-        self._io_error: str | None = None  # a write or fsync failure not yet reported to the caller
+        self._close_head = None  # the closing seal's head, once chained
+        self._io_error = None  # a write or fsync failure not yet reported to the caller
         self._seal_every = seal_every
         self._seal_interval_ns = min(int(seal_interval_s * 1e9), _NEVER_NS)
         self._flush_interval_ns = min(int(flush_interval_s * 1e9), _NEVER_NS)
@@ -220,18 +261,18 @@ class Journal(_Base):
         self._bg_sign = bool(sign_in_background and signer is not None)
         self._fail_closed_ns = int(fail_closed_after_s * 1e9) if fail_closed_after_s is not None else None
         self._sign_wait_s = sign_wait_s
-        self._job: _SignJob | None = None  # the pending seal's signature, being made
+        self._job = None  # the pending seal's signature, being made
         self._reseal = False  # a seal came due while one was pending: request the next when its signature is in
         self._sig_ready = False  # the signing thread finished self._job
         self._signing = None
         if self._bg_sign:
             import queue
 
-            self._jobs: Any = queue.SimpleQueue()
+            self._jobs = queue.SimpleQueue()
             self._signing = threading.Thread(target=self._sign_loop, name=f"trainledger-signer-{path.name}",
                                              daemon=True)
             self._signing.start()
-        self._ticker: threading.Thread | None = None
+        self._ticker = None
         if background:
             self._ticker = threading.Thread(target=self._tick,
                                             name=f"trainledger-journal-{path.name}", daemon=True)
@@ -381,7 +422,8 @@ class Journal(_Base):
             if signer is not None and report.unsealed_events:
                 # Nothing signs the events after the last seal: sealing over them would sign whatever anyone
                 # appended. They go to the sidecar with any torn bytes, and the chain goes on from the seal.
-                if report.sealed_bytes is None or report.seal_line_hash is None:  # verify refuses that already
+                if report.sealed_bytes is None or report.seal_line_hash is None or report.last_sealed_seq is None:
+                    # verify refuses that already
                     raise IntegrityError(f"{p}: cannot append: no seal", seq=1)
                 repair = _move_tail(fd, p, report.sealed_bytes, report.bytes - report.sealed_bytes,
                                     unsealed=report.unsealed_events)
@@ -565,15 +607,16 @@ class Journal(_Base):
         sealed_seq = self._seq - 1
         sealed_hex = self._last_hash_hex.decode()
         tree = self._tree
+        size: int | None = None
+        root: str | None = None  # the seal carries the root in hex
         if tree is None:
             msg = seal_message(self.run_id, sealed_seq, self._prev)
-            size = root = None
         else:
             self._hash_locked()
-            root = tree.root()
+            raw_root = tree.root()
             size = tree.end
-            msg = seal_checkpoint(self.run_id, size, root, sealed_seq, self._prev).encode()
-            root = root.hex()
+            msg = seal_checkpoint(self.run_id, size, raw_root, sealed_seq, self._prev).encode()
+            root = raw_root.hex()
         if self._signer is None:
             sig = None
         elif not sign:
@@ -587,6 +630,7 @@ class Journal(_Base):
     def _sign_now(self, msg: bytes) -> bytes:
         """A signature the caller waits for: in place, or through the signing thread for at most
         ``sign_wait_s`` (a token that stopped answering cannot hang close() or an anchor for ever)."""
+        assert self._signer is not None  # a seal is signed only by a journal with a key
         if not self._bg_sign:
             return self._signer.sign(msg)
         job = _SignJob(msg, None, deadline=time.monotonic() + self._sign_wait_s)
@@ -600,6 +644,8 @@ class Journal(_Base):
         """The signing thread: one signature at a time, each retried with a growing pause (bounded: 2 s at
         most between tries) until it succeeds, its deadline passes or the journal is released. It never takes the
         journal's lock: the writer records the signature the next time it holds it."""
+        signer = self._signer
+        assert signer is not None  # the thread runs only for a journal with a key
         while True:
             job = self._jobs.get()
             if job is None:
@@ -608,7 +654,7 @@ class Journal(_Base):
             while True:
                 job.attempts += 1
                 try:
-                    job.sig = bytes(self._signer.sign(job.msg))
+                    job.sig = bytes(signer.sign(job.msg))
                     break
                 except Exception as e:  # noqa: BLE001 - any back end's failure: recorded in one line, retried
                     job.error = " ".join(f"{type(e).__name__}: {e}".split())[:300]
@@ -630,6 +676,7 @@ class Journal(_Base):
         self._job = None
         if job.sig is None:  # released while it was failing: nothing to record
             return
+        assert job.fields is not None  # a seal's job (a wait for a signature in place carries none)
         seal_seq, sealed_seq, sealed_hex, size, root, key_id = job.fields
         waited = max(0, (_now() - job.posted_ns) // 1_000_000)
         self._write_locked(_encode_event(SealSigned(
@@ -672,7 +719,8 @@ class Journal(_Base):
     def _drop_job_locked(self) -> None:
         """Forget the pending seal's signature (a signed seal covers what it named): the signing thread stops
         retrying it after its current try."""
-        self._job.deadline = time.monotonic()
+        if self._job is not None:
+            self._job.deadline = time.monotonic()
         self._job, self._reseal, self._sig_ready = None, False, False
 
     def _seal_pending_locked(self, durable: bool) -> tuple[int, str]:
@@ -700,8 +748,10 @@ class Journal(_Base):
         _, _, ts = self._write_locked(_encode_event(seal))
         self._since_seal = 0
         self._last_seal_ns = ts
-        self._job.posted_ns = ts
-        self._jobs.put(self._job)
+        job = self._job
+        assert job is not None  # _seal_event(sign=False) made it
+        job.posted_ns = ts
+        self._jobs.put(job)
         background_fsync = not durable and self._ticker is not None
         if background_fsync:
             self._fsync_pending = True

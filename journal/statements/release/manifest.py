@@ -100,21 +100,21 @@ def _walk(root: Path, ignored: frozenset[str]) -> list[tuple[PurePosixPath, Path
             entries = list(os.scandir(folder))
         except OSError as e:
             raise ManifestError(f"{folder}: cannot be read ({e.strerror or e})") from None
-        for e in entries:
-            r = rel / e.name
+        for entry in entries:
+            r = rel / entry.name
             if str(r) in ignored:
                 continue
-            if e.is_symlink():
-                raise ManifestError(f"{Path(e.path)}: a symbolic link (model signing's files serialization "
+            if entry.is_symlink():
+                raise ManifestError(f"{Path(entry.path)}: a symbolic link (model signing's files serialization "
                                     "refuses them: copy the file in)")
-            if e.is_dir(follow_symlinks=False):
-                stack.append((Path(e.path), r))
-            elif e.is_file(follow_symlinks=False):
-                out.append((r, Path(e.path)))
+            if entry.is_dir(follow_symlinks=False):
+                stack.append((Path(entry.path), r))
+            elif entry.is_file(follow_symlinks=False):
+                out.append((r, Path(entry.path)))
                 if len(out) > MAX_FILES:
                     raise ManifestError(f"{root}: more than {MAX_FILES:,} files")
             else:
-                raise ManifestError(f"{Path(e.path)}: neither a file nor a folder")
+                raise ManifestError(f"{Path(entry.path)}: neither a file nor a folder")
     out.sort(key=lambda t: t[0])  # by path components, as model signing sorts its items
     return out
 

@@ -150,10 +150,10 @@ def check_tree(d: Path, listing: dict[str, Any]) -> dict[str, dict[str, Any]]:
             entries = list(os.scandir(p))
         except OSError as e:
             raise JournalIOError(f"{p}: {e.strerror}") from None
-        for e in entries:
-            rel = f"{base}/{e.name}" if base else e.name
+        for entry in entries:
+            rel = f"{base}/{entry.name}" if base else entry.name
             try:
-                mode = e.stat(follow_symlinks=False).st_mode
+                mode = entry.stat(follow_symlinks=False).st_mode
             except OSError:
                 raise ExportMismatch(f"{d}: {rel}: gone while it was being looked at", seq=None) from None
             if stat.S_ISLNK(mode):
@@ -161,7 +161,7 @@ def check_tree(d: Path, listing: dict[str, Any]) -> dict[str, dict[str, Any]]:
             if stat.S_ISDIR(mode):
                 if rel not in folders:
                     raise ExportMismatch(f"{d}: {rel}: a folder no listed file is in (planted)", seq=None)
-                todo.append((rel, Path(e.path)))
+                todo.append((rel, Path(entry.path)))
             elif not stat.S_ISREG(mode):
                 raise ExportMismatch(f"{d}: {rel}: not a regular file (a FIFO, socket or device)", seq=None)
             elif rel != LISTING and rel not in files:
