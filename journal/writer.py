@@ -19,6 +19,7 @@ Crash model (docs/FORMAT.md states it for auditors):
 from __future__ import annotations
 
 import atexit
+import enum
 import base64
 import binascii
 import fcntl
@@ -129,6 +130,15 @@ if _Base is not object and _accel.fast is not None:
     _accel.fast.writer_config(codec.encode_into, _fast_specs, _FLUSH_BYTES, _MAX_BUFFER, _MAX_EVENT)
 
 
+class Fault(enum.Enum):
+    """Why a journal takes no append now (``Journal.fault``); its one-line message is kept beside it. A write or
+    fsync failure is reported once and retried; a missing signature holds until the signature comes."""
+
+    WRITE = "write failed"
+    FSYNC = "fsync failed"
+    NO_SIGNATURE = "no signature"
+
+
 def _software() -> dict[str, str]:
     import platform
 
@@ -179,7 +189,8 @@ class Journal(_Base):
     _closed: bool
     _stopped: bool
     _close_head: tuple[int, str] | None
-    _io_error: str | None
+    _io_error: str | None  # the fault's one-line message (WriterCore's append reads it: None, or refuse)
+    _fault: Fault | None
     _seal_every: int
     _seal_interval_ns: int
     _flush_interval_ns: int
@@ -239,6 +250,7 @@ class Journal(_Base):
         self._stopped = False  # no more appends: released, or run_closed already chained by a close() that failed
         self._close_head = None  # the closing seal's head, once chained
         self._io_error = None  # a write or fsync failure not yet reported to the caller
+        self._fault = None
         self._seal_every = seal_every
         self._seal_interval_ns = min(int(seal_interval_s * 1e9), _NEVER_NS)
         self._flush_interval_ns = min(int(flush_interval_s * 1e9), _NEVER_NS)
@@ -540,22 +552,35 @@ class Journal(_Base):
     def _refuse_locked(self) -> None:
         """Why ``append`` takes nothing now: closed, a write failure to report, or a full buffer (or a run failing
         closed for want of a signature: it goes on once the signature is in)."""
-        if self._sig_ready and not self._stopped and self._io_error is not None and \
-                self._io_error.startswith("no signature"):
+        if self._sig_ready and not self._stopped and self._fault is Fault.NO_SIGNATURE:
             self._resolve_locked()
             if self._io_error is None and len(self._buf) < _MAX_BUFFER:
                 return
         if self._stopped:
             raise JournalClosed(f"{self.path}: journal is closed")
-        if self._io_error is not None and self._io_error.startswith("no signature"):
+        if self._fault is Fault.NO_SIGNATURE:
             raise JournalIOError(f"{self.path}: {self._io_error}; this event was not appended (the run fails closed: "
                                  "fail_closed_after_s)")
         if self._io_error is not None:
-            err, self._io_error = self._io_error, None  # reported once; the writer keeps retrying
+            err = self._io_error
+            self._clear_fault()  # reported once; the writer keeps retrying
             raise JournalIOError(f"{self.path}: {err}; this event was not appended, {len(self._buf):,} bytes of "
                                  "earlier events are kept in memory and written as soon as the disk takes them")
         raise JournalIOError(f"{self.path}: {len(self._buf):,} bytes are waiting for the disk; this event was "
                              "not appended")
+
+    @property
+    def fault(self) -> Fault | None:
+        """Why appends are refused now (a failure not yet reported, or a run failing closed), or None."""
+        return self._fault
+
+    def _set_fault(self, fault: Fault, message: str) -> None:
+        self._fault, self._io_error = fault, message
+
+    def _clear_fault(self, fault: Fault | None = None) -> None:
+        """Forget the fault (only ``fault``, when given): reported, or what caused it is over."""
+        if fault is None or self._fault is fault:
+            self._fault = self._io_error = None
 
     def _append_owned(self, *events: Event) -> None:
         """Write events the journal owns (run_opened, key_certified) and seal them durably."""
@@ -684,8 +709,7 @@ class Journal(_Base):
             key_id=key_id, sig=base64.b64encode(job.sig).decode(), waited_ms=waited, attempts=job.attempts,
             error=job.error if job.attempts > 1 else None)))
         self._since_seal += 1
-        if self._io_error is not None and self._io_error.startswith("no signature"):
-            self._io_error = None  # the key answered: the run may go on
+        self._clear_fault(Fault.NO_SIGNATURE)  # the key answered: the run may go on
         if self._reseal:
             self._reseal = False
             self._seal_locked(durable=False)
@@ -736,9 +760,9 @@ class Journal(_Base):
             self._since_seal = 0
             self._last_seal_ns = now
             if self._fail_closed_ns is not None and now - self._job.posted_ns > self._fail_closed_ns:
-                self._io_error = (f"no signature from key {self.key_id} for "
-                                  f"{(now - self._job.posted_ns) / 1e9:.1f} s"
-                                  + (f" (last error: {self._job.error})" if self._job.error else ""))
+                self._set_fault(Fault.NO_SIGNATURE, f"no signature from key {self.key_id} for "
+                                f"{(now - self._job.posted_ns) / 1e9:.1f} s"
+                                + (f" (last error: {self._job.error})" if self._job.error else ""))
                 raise JournalIOError(f"{self.path}: {self._io_error}")
             self._flush_locked(now)
             if durable:
@@ -770,18 +794,17 @@ class Journal(_Base):
             try:
                 n = os.write(self._fd, buf)
             except OSError as e:
-                self._io_error = f"write failed: {e.strerror or e}"
+                self._set_fault(Fault.WRITE, f"write failed: {e.strerror or e}")
                 raise JournalIOError(f"{self.path}: {self._io_error} ({len(buf):,} bytes kept in memory)") from None
             del buf[:n]
             self._unhashed = len(buf)  # everything left was hashed above
-        if self._io_error is not None and self._io_error.startswith("write failed"):
-            self._io_error = None  # everything held back is written now: nothing is left to report or lose
+        self._clear_fault(Fault.WRITE)  # everything held back is written now: nothing is left to report or lose
     def _fsync(self) -> None:
         self._fsync_pending = False
         try:
             os.fsync(self._fd)
         except OSError as e:
-            self._io_error = f"fsync failed: {e.strerror or e}"
+            self._set_fault(Fault.FSYNC, f"fsync failed: {e.strerror or e}")
             raise JournalIOError(f"{self.path}: {self._io_error}") from None
 
     def flush(self) -> None:
@@ -829,7 +852,7 @@ class Journal(_Base):
                 except OSError as e:
                     with self._lock:
                         if not self._closed:
-                            self._io_error = f"fsync failed: {e.strerror or e}"
+                            self._set_fault(Fault.FSYNC, f"fsync failed: {e.strerror or e}")
                             self._fsync_pending = True
 
     def _next_wake_s_locked(self) -> float:
@@ -900,7 +923,7 @@ class Journal(_Base):
                 self._close_head = self._seal_locked_chain_only()
             self._flush_locked(_now())  # raises JournalIOError: close() can be called again once there is room
             self._fsync()
-            self._io_error = None
+            self._clear_fault()
             self._release()
         self._join_ticker()
         return self._close_head

@@ -305,20 +305,38 @@ def test_verify_out_prints_the_trust_it_ran_under_not_the_receipts(run4, capsys)
     assert verify_export(out, trust_embedded=True).trust == "embedded"
 
 
+#: Writes a bomb's events table (argv: path, run id, rows, "dictionary" or "plain") in a process of its own: the
+#: parquet writer holds a row group's column uncompressed, twice over, whatever the input, and this test process
+#: already holds torch; apart, the suite's peak stays that of its ordinary tests. The plain line column is 600
+#: views of one 1 MiB buffer (nothing of 600 MiB is built in Python), written as plain strings (no Arrow schema).
+_BOMB_WRITER = """
+import struct, sys
+import pyarrow as pa, pyarrow.parquet as pq
+path, run_id, n, kind = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+L = 1 << 20
+if kind == "dictionary":
+    line = pa.DictionaryArray.from_arrays(pa.array([0] * n, pa.int32()), pa.array(["a" * L]))
+else:
+    line = pa.Array.from_buffers(pa.string_view(), n, [None, pa.py_buffer(struct.pack("<i4sii", L, b"aaaa", 0, 0) * n),
+                                                         pa.py_buffer(b"a" * L)])
+pq.write_table(pa.table({"run_id": [run_id] * n, "rank": pa.nulls(n, pa.int32()), "seq": pa.array(range(n), pa.int64()),
+                         "kind": ["step_observed"] * n, "ts": pa.array([0] * n, pa.int64()), "h": ["0" * 64] * n,
+                         "line": line}),
+               path, compression="zstd", use_dictionary=kind == "dictionary", store_schema=False)
+"""
+
+
 def _bomb(export: Path, dest: Path, *, dictionary: bool, n: int = 600) -> Path:
     """The events file replaced by ``n`` rows of one 1 MiB line: a dictionary of one value (a 4 KiB file), or
-    plain (zstd makes it 33 KiB), the receipt's count made to match and the listing re-hashed."""
+    plain (zstd makes it about 30 KiB), the receipt's count made to match and the listing re-hashed."""
     shutil.copytree(export, dest)
     listing = json.loads((dest / LISTING).read_text())
     (rc,) = listing["journals"]
     p = dest / next(x["path"] for x in listing["files"] if x["path"].startswith("events/"))
-    big = "a" * (1 << 20)
-    line = (pa.DictionaryArray.from_arrays(pa.array([0] * n, pa.int32()), pa.array([big])) if dictionary
-            else pa.array([big] * n))  # one str object: the test process holds the arrow copy only
-    pq.write_table(pa.table({"run_id": [rc["run_id"]] * n, "rank": pa.nulls(n, pa.int32()),
-                             "seq": pa.array(range(n), pa.int64()), "kind": ["step_observed"] * n,
-                             "ts": pa.array([0] * n, pa.int64()), "h": ["0" * 64] * n, "line": line}),
-                   p, compression="zstd", use_dictionary=dictionary)
+    w = subprocess.run([sys.executable, "-c", _BOMB_WRITER, str(p), rc["run_id"], str(n),
+                        "dictionary" if dictionary else "plain"], capture_output=True, text=True, timeout=300)
+    assert w.returncode == 0, w.stderr[-3000:]
+    assert pq.read_metadata(p).num_rows == n and pq.read_schema(p).field("line").type == pa.string()
     rc["events"] = n
     (dest / LISTING).write_text(json.dumps(listing))
     _relist(dest)

@@ -206,9 +206,9 @@ def test_replay_is_linear_in_unsupported_anomalies(tmp_path, signer, pubkey):
             j.append(step(i))
         for i in range(4000):
             j.append(AnomalyDetected(step=i, anomaly="loss_spike", value=float(i), z_score=99.0, threshold=8.0))
-    t0 = time.perf_counter()
+    t0 = time.process_time()  # CPU: a busy machine does not make it fail
     rec = replay(p, keys=[pubkey])
-    assert len(rec.differences) == 4000 and time.perf_counter() - t0 < 5
+    assert len(rec.differences) == 4000 and time.process_time() - t0 < 5
 
 
 def test_hostile_distributed_fields_fail_verification_of_the_folder(hostile, capsys, tmp_path):

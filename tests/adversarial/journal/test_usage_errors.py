@@ -58,7 +58,7 @@ def test_query_timeout_interrupts_the_sql(journal_file, capsys):
     t0 = time.monotonic()
     code, _, err = run(capsys, "query", "--trust-embedded", "--timeout", "0.3", journal_file,
                        "SELECT count(*) FROM range(1000000000000) a, range(10) b")
-    assert code == 2 and "--timeout" in err and time.monotonic() - t0 < 15
+    assert code == 2 and "--timeout" in err and time.monotonic() - t0 < 60  # ended by the timeout, not the query
 
 
 @pytest.fixture(scope="module")

@@ -95,7 +95,7 @@ def test_a_journal_swapped_for_a_fifo_while_served_fails_and_never_hangs(tmp_pat
         t0 = time.monotonic()
         while True:
             code, st = _get(f"{url}api/state")
-            assert code == 200 and time.monotonic() - t0 < 10
+            assert code == 200 and time.monotonic() - t0 < 60  # a bound for a hang
             if st.get("fail"):
                 break
             time.sleep(0.1)

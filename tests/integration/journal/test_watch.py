@@ -138,8 +138,8 @@ def test_watch_timeout_holds_during_a_long_interval(tmp_path, signer):
     Journal.create(p, signer=signer, background=False).suspend()  # a run that never closes
     t0 = time.monotonic()
     t, buf, result = _watch_in_thread(p, interval=600, timeout=0.5)
-    t.join(10)
-    assert result.get("code") == 3 and time.monotonic() - t0 < 5
+    t.join(60)
+    assert result.get("code") == 3 and time.monotonic() - t0 < 60  # the timeout ended it, not the 600 s interval
 
 
 def test_watch_memory_stays_flat_in_journal_size(tmp_path, signer):

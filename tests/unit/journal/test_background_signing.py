@@ -14,6 +14,7 @@ from slow_token import Token, journal_signed_late, kinds, settled, wait_for
 
 from trainledger.journal import Journal, Signer, StepObserved, verify
 from trainledger.journal.errors import JournalIOError, SealInvalid, UnsealedEvents
+from trainledger.journal.writer import Fault
 
 
 def test_a_token_that_stops_answering_delays_seals_and_never_an_append(tmp_path):
@@ -58,10 +59,12 @@ def test_fail_closed_after_n_seconds_without_a_signature_and_go_on_when_it_comes
     assert 0.3 <= time.monotonic() - t0 < 60  # not before 0.3 s; the upper bound only catches a hang
     with pytest.raises(JournalIOError, match="fails closed"):  # it stays closed while there is no signature
         j.append(StepObserved(step=-1, loss=1.0))
+    assert j.fault is Fault.NO_SIGNATURE  # the state, not a message to parse
     key.fail = False
     wait_for(lambda: settled(j))
     time.sleep(0.1)
     j.append(StepObserved(step=-2, loss=1.0))  # the key answered: the run goes on
+    assert j.fault is None
     j.close()
     late = [x for x in kinds(p) if x["kind"] == "seal_signed"]
     assert late[0]["attempts"] > 1 and "CKR_DEVICE_REMOVED" in late[0]["error"]

@@ -166,12 +166,12 @@ def test_billion_laughs_yaml_is_refused_at_once(tmp_path, capsys):
     (tmp_path / "m.yaml").write_text("\n".join(lol) + "\n")
     import time
 
-    t0 = time.perf_counter()
+    t0 = time.process_time()  # CPU: the bomb is refused, not expanded
     for argv in (["manifest", "validate", tmp_path / "m.yaml"], ["manifest", "id", tmp_path / "m.yaml"]):
         code = main([str(a) for a in argv])
         out, err = capsys.readouterr()
         assert code == 2 and "aliases" in err and "Traceback" not in out + err  # unparsable: exit 2
-    assert time.perf_counter() - t0 < 5
+    assert time.process_time() - t0 < 5
 
 
 def test_oversized_and_over_deep_manifests_are_refused(tmp_path, capsys):
