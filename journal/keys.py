@@ -467,16 +467,13 @@ def _plugin_factory(scheme: str) -> Any:
     """The back end for ``scheme``: from ``$TRAINLEDGER_SIGNER_PLUGINS`` (``scheme=module:callable``, comma
     separated), else an installed package's entry point in the group ``trainledger_signers``, else for
     ``awskms`` the one that ships (:mod:`trainledger.journal.backends.kms`, boto3)."""
-    import importlib
-
     for item in filter(None, (x.strip() for x in os.environ.get(PLUGINS_ENV, "").split(","))):
         name, eq, target = item.partition("=")
         if eq and name.strip() == scheme:
-            mod, colon, attr = target.strip().partition(":")
-            if not colon:
+            if ":" not in target:
                 raise UsageError(f"${PLUGINS_ENV}: {item[:60]!r} is not scheme=module:callable")
             try:
-                return getattr(importlib.import_module(mod), attr)
+                return _load_target(target.strip())
             except (ImportError, AttributeError) as e:
                 raise UsageError(f"${PLUGINS_ENV}: the {scheme} back end {target[:60]} cannot be loaded ({e})") \
                     from None
