@@ -1,7 +1,7 @@
 /*
  * The format core's optional accelerator (journal/accel.py loads it): the hash chain (format v1, docs/FORMAT.md
  * section 3), the verifier's block scan and its check of step lines, the Merkle tree's leaves and nodes (section
- * 4.1), and the writer's append. The other layers have their own: the views' column builders
+ * 4.1), and the writer's chain step (chain_append). The other layers have their own: the views' column builders
  * (journal/views/_fastcols.c) and the health folds' common step (training/health/_fastfolds.c).
  *
  *   h[n] = SHA-256("trainledger/v1/line" 0x00 || h[n-1] || P[n])
@@ -26,7 +26,6 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
-#include <time.h>
 
 static const unsigned char LINE_TAG[20] = "trainledger/v1/line"; /* 19 chars + the 0x00 */
 #define SUFFIX 72  /* ,"h":" + 64 hex + "} */
@@ -1444,300 +1443,6 @@ static PyObject *slot_offsets(PyObject *self, PyObject *const *args, Py_ssize_t 
     return out;
 }
 
-/*
- * WriterCore: the base of the writer's Journal (journal/writer.py), holding the state an append touches (the buffer,
- * the previous hash, seq, the seal and flush clocks, ...) in C slots that Python reads and writes as the attributes
- * it always had, and append() itself for the common case: an event of a class of plain ints and floats (registered
- * by writer_config's specs, as scalars_ok checks them), not durable, on a journal with nothing else to do first
- * (not stopped, no write failure to report, no deferred events, the buffer under its cap). It takes the journal's
- * lock, encodes the event straight into the buffer with msgspec's encode_into, chains it there (chain_append's
- * bytes), updates the state, and calls _due_locked(ts) only when a seal, a flush or a signature is due. Anything
- * else goes to _append_py, the Python append, which decides as it always did.
- */
-typedef struct {
-    PyObject_HEAD
-    PyObject *buf, *prev, *last_hash_hex, *last, *pending, *io_error, *stopped, *sig_ready, *lock;
-    long long seq, since_seal, seal_every, seal_interval_ns, flush_interval_ns, last_seal_ns, last_flush_ns;
-} WriterCore;
-
-static PyObject *W_encode_into, *W_specs, *S_acquire, *S_release, *S_append_py, *S_due_locked;
-static Py_ssize_t W_flush_bytes = 1 << 20, W_max_buffer = (Py_ssize_t)64 << 20, W_max_event = 0;
-
-/* writer_config(encode_into, specs: dict[type, (offsets, kinds)], flush_bytes, max_buffer, max_event) */
-static PyObject *writer_config(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
-{
-    if (nargs != 5 || !PyCallable_Check(args[0]) || !PyDict_CheckExact(args[1])) {
-        PyErr_SetString(PyExc_TypeError, "writer_config(encode_into, specs: dict, flush_bytes, max_buffer, max_event)");
-        return NULL;
-    }
-    Py_ssize_t fb = PyLong_AsSsize_t(args[2]), mb = PyLong_AsSsize_t(args[3]), me = PyLong_AsSsize_t(args[4]);
-    if (PyErr_Occurred())
-        return NULL;
-    Py_INCREF(args[0]);
-    Py_INCREF(args[1]);
-    Py_XSETREF(W_encode_into, args[0]);
-    Py_XSETREF(W_specs, args[1]);
-    W_flush_bytes = fb;
-    W_max_buffer = mb;
-    W_max_event = me;
-    Py_RETURN_NONE;
-}
-
-static PyObject *core_slow(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
-{
-    Py_ssize_t n = PyVectorcall_NARGS(nargsf), nk = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
-    PyObject *stack[8];
-    if (n + nk + 1 > 8) {
-        PyErr_SetString(PyExc_TypeError, "append(event, *, durable=False)");
-        return NULL;
-    }
-    stack[0] = self;
-    for (Py_ssize_t i = 0; i < n + nk; i++)
-        stack[i + 1] = args[i];
-    return PyObject_VectorcallMethod(S_append_py, stack, (size_t)(n + 1) | PY_VECTORCALL_ARGUMENTS_OFFSET, kwnames);
-}
-
-static int core_call0(PyObject *obj, PyObject *name)
-{
-    PyObject *r = PyObject_VectorcallMethod(name, &obj, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
-    if (r == NULL)
-        return -1;
-    Py_DECREF(r);
-    return 0;
-}
-
-static PyObject *core_append(WriterCore *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
-{
-    PyObject *ev, *spec, *offsets, *kinds;
-    if (PyVectorcall_NARGS(nargsf) != 1 || kwnames != NULL || W_specs == NULL)
-        return core_slow((PyObject *)self, args, nargsf, kwnames);
-    ev = args[0];
-    spec = PyDict_GetItemWithError(W_specs, (PyObject *)Py_TYPE(ev));
-    if (spec == NULL) {
-        if (PyErr_Occurred())
-            return NULL;
-        return core_slow((PyObject *)self, args, nargsf, kwnames);
-    }
-    offsets = PyTuple_GET_ITEM(spec, 0);
-    kinds = PyTuple_GET_ITEM(spec, 1);
-    if (!plain_scalars(ev, offsets, kinds) || self->lock == NULL)
-        return core_slow((PyObject *)self, args, nargsf, kwnames);
-    PyObject *lock = self->lock;
-    Py_INCREF(lock);
-    if (core_call0(lock, S_acquire) < 0) {
-        Py_DECREF(lock);
-        return NULL;
-    }
-    PyObject *buf = self->buf, *prev = self->prev, *result = NULL;
-    int chained = 0; /* the line is in the chain (seq and prev moved on): from here it stays in the buffer */
-    if (buf == NULL || !PyByteArray_CheckExact(buf) || prev == NULL || !PyBytes_CheckExact(prev) ||
-            PyBytes_GET_SIZE(prev) != 32 || self->stopped != Py_False || self->io_error != Py_None ||
-            self->sig_ready == NULL || self->pending == NULL || !PyList_CheckExact(self->pending) ||
-            PyList_GET_SIZE(self->pending) != 0 || PyByteArray_GET_SIZE(buf) >= W_max_buffer || self->seq < 0) {
-        if (core_call0(lock, S_release) < 0) {
-            Py_DECREF(lock);
-            return NULL;
-        }
-        Py_DECREF(lock);
-        return core_slow((PyObject *)self, args, nargsf, kwnames);
-    }
-    Py_INCREF(buf);
-    Py_ssize_t at = PyByteArray_GET_SIZE(buf);
-    struct timespec tsp;
-    clock_gettime(CLOCK_REALTIME, &tsp);
-    long long ts = (long long)tsp.tv_sec * 1000000000LL + tsp.tv_nsec;
-    PyObject *eargs[3] = {ev, buf, NULL};
-    PyObject *off = PyLong_FromSsize_t(at), *r;
-    if (off == NULL)
-        goto fail;
-    eargs[2] = off;
-    r = PyObject_Vectorcall(W_encode_into, eargs, 3, NULL);
-    Py_DECREF(off);
-    if (r == NULL)
-        goto fail;
-    Py_DECREF(r);
-    Py_ssize_t blen = PyByteArray_GET_SIZE(buf) - at;
-    if (blen < 2 || blen > W_max_event || PyByteArray_AS_STRING(buf)[at + blen - 1] != '}') {
-        /* not what the checked encoder would have written: the Python path decides */
-        if (PyByteArray_Resize(buf, at) < 0)
-            goto fail;
-        Py_DECREF(buf);
-        if (core_call0(lock, S_release) < 0) {
-            Py_DECREF(lock);
-            return NULL;
-        }
-        Py_DECREF(lock);
-        return core_slow((PyObject *)self, args, nargsf, kwnames);
-    }
-    /* the body's '}' and what follows it become the chain's suffix, in place */
-    if (PyByteArray_Resize(buf, at + blen - 1 + CHAIN_ROOM) < 0)
-        goto fail;
-    {
-        char *start = PyByteArray_AS_STRING(buf) + at;
-        long long seq = self->seq;
-        unsigned char d[32];
-        Py_ssize_t n = chain_line(start, blen, (const unsigned char *)PyBytes_AS_STRING(prev), (unsigned long long)seq,
-                                  (unsigned long long)(ts < 0 ? 0 : ts), d);
-        const char *hexat = start + n - 67;
-        PyObject *h = PyBytes_FromStringAndSize((const char *)d, 32);
-        PyObject *hx = PyBytes_FromStringAndSize(hexat, 64);
-        PyObject *hs = PyUnicode_New(64, 127);
-        PyObject *seqo = PyLong_FromLongLong(seq);
-        if (h == NULL || hx == NULL || hs == NULL || seqo == NULL) {
-            Py_XDECREF(h);
-            Py_XDECREF(hx);
-            Py_XDECREF(hs);
-            Py_XDECREF(seqo);
-            goto fail;
-        }
-        memcpy(PyUnicode_DATA(hs), hexat, 64);
-        if (PyByteArray_Resize(buf, at + n) < 0) {
-            Py_DECREF(h);
-            Py_DECREF(hx);
-            Py_DECREF(hs);
-            Py_DECREF(seqo);
-            goto fail;
-        }
-        Py_SETREF(self->prev, h);
-        Py_XSETREF(self->last_hash_hex, hx);
-        self->seq = seq + 1;
-        self->since_seal += 1;
-        chained = 1;
-        result = PyTuple_Pack(2, seqo, hs);
-        Py_DECREF(seqo);
-        Py_DECREF(hs);
-        if (result == NULL)
-            goto fail;
-    }
-    /* a seal, a flush or a signature due: the Python path's own method (it keeps a write failure for the next
-     * call, as append always did) */
-    if (self->since_seal >= self->seal_every || ts - self->last_seal_ns >= self->seal_interval_ns ||
-            ts - self->last_flush_ns >= self->flush_interval_ns || PyByteArray_GET_SIZE(buf) >= W_flush_bytes ||
-            self->sig_ready != Py_False) {
-        PyObject *tso = PyLong_FromLongLong(ts);
-        PyObject *dargs[2] = {(PyObject *)self, tso};
-        r = tso == NULL ? NULL : PyObject_VectorcallMethod(S_due_locked, dargs, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET,
-                                                             NULL);
-        Py_XDECREF(tso);
-        if (r == NULL)
-            goto fail;
-        Py_DECREF(r);
-    }
-    {
-        PyObject *after = PyLong_FromLongLong(self->seq), *last;
-        if (after == NULL)
-            goto fail;
-        last = PyTuple_Pack(2, after, ev);
-        Py_DECREF(after);
-        if (last == NULL)
-            goto fail;
-        Py_XSETREF(self->last, last);
-    }
-    Py_DECREF(buf);
-    if (core_call0(lock, S_release) < 0) {
-        Py_DECREF(lock);
-        Py_DECREF(result);
-        return NULL;
-    }
-    Py_DECREF(lock);
-    return result;
-fail:
-    Py_XDECREF(result);
-    if (!chained && PyByteArray_GET_SIZE(buf) > at) {  /* nothing half-written stays: the buffer as it was */
-        PyObject *et, *evv, *tb;
-        PyErr_Fetch(&et, &evv, &tb);
-        if (PyByteArray_Resize(buf, at) < 0)
-            PyErr_Clear();
-        PyErr_Restore(et, evv, tb);
-    }
-    Py_DECREF(buf);
-    {
-        PyObject *et, *evv, *tb;
-        PyErr_Fetch(&et, &evv, &tb);
-        if (core_call0(lock, S_release) < 0)
-            PyErr_Clear();
-        PyErr_Restore(et, evv, tb);
-    }
-    Py_DECREF(lock);
-    return NULL;
-}
-
-static int core_traverse(WriterCore *self, visitproc visit, void *arg)
-{
-    Py_VISIT(self->buf);
-    Py_VISIT(self->prev);
-    Py_VISIT(self->last_hash_hex);
-    Py_VISIT(self->last);
-    Py_VISIT(self->pending);
-    Py_VISIT(self->io_error);
-    Py_VISIT(self->stopped);
-    Py_VISIT(self->sig_ready);
-    Py_VISIT(self->lock);
-    return 0;
-}
-
-static int core_clear(WriterCore *self)
-{
-    Py_CLEAR(self->buf);
-    Py_CLEAR(self->prev);
-    Py_CLEAR(self->last_hash_hex);
-    Py_CLEAR(self->last);
-    Py_CLEAR(self->pending);
-    Py_CLEAR(self->io_error);
-    Py_CLEAR(self->stopped);
-    Py_CLEAR(self->sig_ready);
-    Py_CLEAR(self->lock);
-    return 0;
-}
-
-static void core_dealloc(WriterCore *self)
-{
-    PyObject_GC_UnTrack(self);
-    core_clear(self);
-    Py_TYPE(self)->tp_free((PyObject *)self);
-}
-
-static PyMemberDef core_members[] = {
-    {"_buf", T_OBJECT_EX, offsetof(WriterCore, buf), 0, NULL},
-    {"_prev", T_OBJECT_EX, offsetof(WriterCore, prev), 0, NULL},
-    {"_last_hash_hex", T_OBJECT_EX, offsetof(WriterCore, last_hash_hex), 0, NULL},
-    {"_last", T_OBJECT, offsetof(WriterCore, last), 0, NULL},
-    {"_pending", T_OBJECT_EX, offsetof(WriterCore, pending), 0, NULL},
-    {"_io_error", T_OBJECT, offsetof(WriterCore, io_error), 0, NULL},
-    {"_stopped", T_OBJECT_EX, offsetof(WriterCore, stopped), 0, NULL},
-    {"_sig_ready", T_OBJECT_EX, offsetof(WriterCore, sig_ready), 0, NULL},
-    {"_lock", T_OBJECT_EX, offsetof(WriterCore, lock), 0, NULL},
-    {"_seq", T_LONGLONG, offsetof(WriterCore, seq), 0, NULL},
-    {"_since_seal", T_LONGLONG, offsetof(WriterCore, since_seal), 0, NULL},
-    {"_seal_every", T_LONGLONG, offsetof(WriterCore, seal_every), 0, NULL},
-    {"_seal_interval_ns", T_LONGLONG, offsetof(WriterCore, seal_interval_ns), 0, NULL},
-    {"_flush_interval_ns", T_LONGLONG, offsetof(WriterCore, flush_interval_ns), 0, NULL},
-    {"_last_seal_ns", T_LONGLONG, offsetof(WriterCore, last_seal_ns), 0, NULL},
-    {"_last_flush_ns", T_LONGLONG, offsetof(WriterCore, last_flush_ns), 0, NULL},
-    {NULL, 0, 0, 0, NULL},
-};
-
-static PyMethodDef core_methods[] = {
-    {"append", (PyCFunction)(void (*)(void))core_append, METH_FASTCALL | METH_KEYWORDS,
-     "append($self, /, event, *, durable=False)\n--\n\n"
-     "Append one event; return its (seq, hash_hex). The common case in C, the rest by _append_py."},
-    {NULL, NULL, 0, NULL},
-};
-
-static PyTypeObject WriterCoreType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "trainledger.journal._fast.WriterCore",
-    .tp_basicsize = sizeof(WriterCore),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "The writer's state in C slots, and its append's common case.",
-    .tp_new = PyType_GenericNew,
-    .tp_dealloc = (destructor)core_dealloc,
-    .tp_traverse = (traverseproc)core_traverse,
-    .tp_clear = (inquiry)core_clear,
-    .tp_members = core_members,
-    .tp_methods = core_methods,
-};
-
 static PyMethodDef methods[] = {
     {"step_lines", (PyCFunction)(void (*)(void))step_lines, METH_FASTCALL,
      "Which lines of a block are canonical step_observed records but for their numbers' spelling, and the numbers."},
@@ -1748,8 +1453,6 @@ static PyMethodDef methods[] = {
      "Whether a struct of ints and floats holds only int64 ints and finite floats (None where allowed)."},
     {"encode_scalars", (PyCFunction)(void (*)(void))encode_scalars, METH_FASTCALL,
      "encode(obj) if scalars_ok(obj, offsets, kinds) else slow(obj)."},
-    {"writer_config", (PyCFunction)(void (*)(void))writer_config, METH_FASTCALL,
-     "WriterCore's encoder, its classes of plain scalars and the writer's byte limits."},
     {"slot_offsets", (PyCFunction)(void (*)(void))slot_offsets, METH_FASTCALL,
      "The slots of a class's named fields, or None."},
     {"check_lines", (PyCFunction)(void (*)(void))check_lines, METH_FASTCALL,
@@ -1789,20 +1492,5 @@ PyMODINIT_FUNC PyInit__fast(void)
 #ifdef HAVE_SHANI_CODE
     use_shani = shani_usable();
 #endif
-    if (!(S_acquire = PyUnicode_InternFromString("acquire")) || !(S_release = PyUnicode_InternFromString("release"))
-            || !(S_append_py = PyUnicode_InternFromString("_append_py"))
-            || !(S_due_locked = PyUnicode_InternFromString("_due_locked")))
-        return NULL;
-    if (PyType_Ready(&WriterCoreType) < 0)
-        return NULL;
-    PyObject *m = PyModule_Create(&module);
-    if (m == NULL)
-        return NULL;
-    Py_INCREF(&WriterCoreType);
-    if (PyModule_AddObject(m, "WriterCore", (PyObject *)&WriterCoreType) < 0) {
-        Py_DECREF(&WriterCoreType);
-        Py_DECREF(m);
-        return NULL;
-    }
-    return m;
+    return PyModule_Create(&module);
 }

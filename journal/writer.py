@@ -20,10 +20,6 @@ from __future__ import annotations
 
 import atexit
 import enum
-import base64
-import binascii
-import fcntl
-import hashlib
 import os
 import secrets
 import threading
@@ -36,15 +32,15 @@ from typing import Any
 import msgspec
 
 from trainledger.journal import codec
-
-from trainledger.journal import accel as _accel
-from trainledger.journal.chain import check_run_id, genesis, has_tree, seal_checkpoint, seal_message
-from trainledger.journal.merkle import CompactRange, range_of_block
-from trainledger.journal.errors import IntegrityError, JournalClosed, JournalError, JournalIOError, JournalLocked, UsageError
-from trainledger.journal.events import FORMAT_VERSION, Event, KeyCertified, RunClosed, RunOpened, Seal, SealSigned, \
-    TailRepaired
+from trainledger.journal.chain import check_run_id, genesis, has_tree
+from trainledger.journal.chainbuffer import ChainBuffer, chain_step as _chain
+from trainledger.journal.errors import IntegrityError, JournalClosed, JournalError, JournalIOError, UsageError
+from trainledger.journal.events import FORMAT_VERSION, Event, KeyCertified, RunClosed, RunOpened, Seal, SealSigned
 from trainledger.journal.keys import PublicKey, Signer
+from trainledger.journal.merkle import CompactRange
 from trainledger.journal.scan import MAX_LINE
+from trainledger.journal.sealer import DEFAULT_SIGN_WAIT_S, Sealer
+from trainledger.journal.sink import Sink, Ticker
 
 __all__ = ["Journal", "DEFAULT_SEAL_EVERY", "DEFAULT_SEAL_INTERVAL_S", "DEFAULT_FLUSH_INTERVAL_S"]
 
@@ -61,20 +57,6 @@ _FLUSH_BYTES = 1 << 20
 #: an interval longer than this (146 years) is never reached: held here, so the clocks fit in 64 bits
 _NEVER_NS = 1 << 62
 
-_link = _accel.link
-
-
-def _chain_lines(buf: bytearray, body: bytes, prev: bytes, seq: int, ts: int) -> tuple[bytes, bytes]:
-    """One line of the chain onto the end of ``buf``: ``body`` (an encoded event) with its seq, ts and hash; returns
-    the hash and its hex (the accelerator's ``chain_append`` where it is built: the same bytes in one call)."""
-    prefix = b'%b,"seq":%d,"ts":%d' % (body[:-1], seq, ts)
-    d = _link(prev, prefix)
-    hx = _hexlify(d)
-    buf += b'%b,"h":"%b"}\n' % (prefix, hx)
-    return d, hx
-
-
-_chain = getattr(_accel.fast, "chain_append", None) or _chain_lines
 _encode_event = codec.encode_event
 _encoders: dict[type, Any] = {}  # event class -> its canonical encoder
 
@@ -84,11 +66,6 @@ _WRITER_OWNED = (RunOpened, Seal, RunClosed, KeyCertified, SealSigned)
 _MAX_BUFFER = 64 << 20
 #: The largest encoded event append() takes: the line cap verify holds every line to, less room for seq, ts and h
 _MAX_EVENT = MAX_LINE - 256
-#: How long close(), suspend() and the seals that must be signed before they return (a journal's first, an anchor's)
-#: wait for a key held in a token or a service to sign, by default
-DEFAULT_SIGN_WAIT_S = 60.0
-#: Retries of a failing signature: the first after this long, doubling up to the cap (never a busy loop)
-_RETRY_FIRST_S, _RETRY_CAP_S = 0.05, 2.0
 #: Journals open in this process: suspended (sealed, fsynced, left open for open_append) at interpreter exit.
 _OPEN: weakref.WeakSet = weakref.WeakSet()
 
@@ -113,21 +90,10 @@ def _encode_new(event: Event) -> bytes:
         raise UsageError(f"{cls.__struct_config__.tag} events are written by the journal itself "
                          "(Journal.create, seal(), close()), not appended")
     _encoders[cls] = codec.encoder_for(cls)  # TypeError for anything that is not an event class
-    spec = codec.scalar_spec(cls)
-    if spec is not None:
-        _fast_specs[cls] = spec
     return _encoders[cls](event)
 
-_now = time.time_ns
-_hexlify = binascii.hexlify
 
-#: The accelerator's WriterCore: the writer's state in C slots and append's common case in C (an event of plain
-#: ints and finite floats, a step's; _append_py does the rest). Without it, a plain base.
-_Base: Any = getattr(_accel.fast, "WriterCore", None) or object
-#: the classes WriterCore.append encodes itself: class -> (slot offsets, kinds), as codec.scalar_spec gives them
-_fast_specs: dict[type, tuple[bytes, bytes]] = {}
-if _Base is not object and _accel.fast is not None:
-    _accel.fast.writer_config(codec.encode_into, _fast_specs, _FLUSH_BYTES, _MAX_BUFFER, _MAX_EVENT)
+_now = time.time_ns
 
 
 class Fault(enum.Enum):
@@ -159,56 +125,43 @@ def _default_run_id() -> str:
     return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + secrets.token_hex(4)
 
 
-class Journal(_Base):
+class Journal:
     """An open journal file. Create with :meth:`create` or :meth:`open_append`.
 
     Thread-safe: appends from several threads are serialized. Use as a context
     manager: a clean exit closes the run (``run_closed`` plus a durable seal);
     an exception leaves the run open (sealed and durable), so that it can be
     resumed with :meth:`open_append`.
+
+    It is three parts under one lock: the chain and its buffer (:class:`~trainledger.journal.chainbuffer.ChainBuffer`:
+    the lines, pure), the sealer (:class:`~trainledger.journal.sealer.Sealer`: when to seal, and the signature) and the
+    sink (:class:`~trainledger.journal.sink.Sink`: the file, write and fsync, and the background thread). What it
+    holds itself is the order of things (deferred events, the flush clock) and its state: open, stopped (``run_closed``
+    chained), released, and a :class:`Fault` while appends are refused.
     """
 
-    # The journal's state, declared for the type checker (set in _new; several live in WriterCore's C slots where
-    # the accelerator is built, read and written as these attributes all the same).
     path: Path
     run_id: str
     key_id: str | None
     certifier: Signer | None
-    _fd: int
-    _signer: Signer | None
-    _certified_by: PublicKey | None
-    _seq: int
-    _prev: bytes
-    _last_hash_hex: bytes
-    _buf: bytearray
-    _last: tuple[int, Event] | None
-    _tree: CompactRange | None
-    _unhashed: int
-    _pending: list[tuple[Event, int]]
+    _sink: Sink
+    _chain: ChainBuffer
+    _sealer: Sealer
+    _ticker: Ticker | None
+    _kick: threading.Event
     _lock: threading.Lock
+    _pending: list[tuple[Event, int]]
+    _last: tuple[int, Event] | None
     _closed: bool
     _stopped: bool
     _close_head: tuple[int, str] | None
-    _io_error: str | None  # the fault's one-line message (WriterCore's append reads it: None, or refuse)
     _fault: Fault | None
-    _seal_every: int
-    _seal_interval_ns: int
+    _io_error: str | None
     _flush_interval_ns: int
-    _last_seal_ns: int
     _last_flush_ns: int
-    _since_seal: int
     _fsync_pending: bool
-    _stop: threading.Event
-    _kick: threading.Event
-    _bg_sign: bool
     _fail_closed_ns: int | None
-    _sign_wait_s: float
-    _job: _SignJob | None
-    _reseal: bool
-    _sig_ready: bool
-    _signing: threading.Thread | None
-    _jobs: Any
-    _ticker: threading.Thread | None
+    _certified_by: PublicKey | None
 
     def __init__(self, *_: Any, **__: Any):
         raise TypeError("use Journal.create(...) or Journal.open_append(...)")
@@ -216,7 +169,7 @@ class Journal(_Base):
     # ------------------------------------------------------------ construction
 
     @classmethod
-    def _new(cls, path: Path, fd: int, signer: Signer | None, run_id: str, seq: int, prev: bytes,
+    def _new(cls, path: Path, sink: Sink, signer: Signer | None, run_id: str, seq: int, prev: bytes,
              seal_every: int, seal_interval_s: float, flush_interval_s: float, background: bool,
              tree: CompactRange | None, sign_in_background: bool | None = None,
              fail_closed_after_s: float | None = None, sign_wait_s: float = DEFAULT_SIGN_WAIT_S) -> Journal:
@@ -224,42 +177,32 @@ class Journal(_Base):
             raise UsageError(f"seal_every must be a positive integer, got {seal_every!r}")
         if not seal_interval_s > 0 or not flush_interval_s > 0:
             raise UsageError("seal_interval_s and flush_interval_s must be positive")
-        self = _Base.__new__(cls)
+        if fail_closed_after_s is not None and not fail_closed_after_s > 0:
+            raise UsageError(f"fail_closed_after_s must be positive seconds, got {fail_closed_after_s!r}")
+        self = object.__new__(cls)
         self.path = path
-        self._fd = fd
-        self._signer = signer
+        self._sink = sink
         self._certified_by = None  # the issuer's PublicKey of a journal whose keys are certified
         #: the key that certified this journal's key, where this process holds it (rank 0 of a run with certified
         #: rank keys): it countersigns the anchors (training.distributed.ranks.anchor_ranks)
         self.certifier = None
         self.run_id = run_id
         self.key_id = signer.key_id if signer is not None else None
-        self._seq = seq
-        self._prev = prev
-        self._last_hash_hex = _hexlify(prev)
-        self._buf = bytearray()
-        self._last = None  # (seq after it, event) of the last append()
         #: Format 1.3: the Merkle tree of every line written (None: an older journal continued, whose seals name
-        #: no tree). Lines join it a batch at a time, when the buffer is flushed or sealed (off the append path);
-        #: ``_unhashed`` is where the buffer's lines not yet in the tree begin.
-        self._tree = tree
-        self._unhashed = 0
+        #: no tree). Lines join it a batch at a time, when the buffer is flushed or sealed (off the append path).
+        self._chain = ChainBuffer(seq, prev, tree)
+        self._last = None  # (seq after it, event) of the last append()
         self._pending = []  # deferred appends, encoded and chained by the next drain
         self._lock = threading.Lock()
         self._closed = False  # released: lock dropped, file closed
         self._stopped = False  # no more appends: released, or run_closed already chained by a close() that failed
         self._close_head = None  # the closing seal's head, once chained
-        self._io_error = None  # a write or fsync failure not yet reported to the caller
         self._fault = None
-        self._seal_every = seal_every
-        self._seal_interval_ns = min(int(seal_interval_s * 1e9), _NEVER_NS)
+        self._io_error = None  # the fault's one-line message
         self._flush_interval_ns = min(int(flush_interval_s * 1e9), _NEVER_NS)
         now = _now()
-        self._last_seal_ns = now
         self._last_flush_ns = now
-        self._since_seal = 0
         self._fsync_pending = False
-        self._stop = threading.Event()
         self._kick = threading.Event()  # wakes the background thread early (a signature came back)
         #: Seals signed off the appending path (format 1.7): a seal is written without its signature, the signing
         #: thread signs it, and the signature follows as seal_signed. By default for a key that is not a plain
@@ -268,26 +211,14 @@ class Journal(_Base):
             sign_in_background = signer is not None and type(signer) is not Signer
         if sign_in_background and tree is None:
             sign_in_background = False  # a journal of a format before tree heads: its seals are signed in place
-        if fail_closed_after_s is not None and not fail_closed_after_s > 0:
-            raise UsageError(f"fail_closed_after_s must be positive seconds, got {fail_closed_after_s!r}")
-        self._bg_sign = bool(sign_in_background and signer is not None)
         self._fail_closed_ns = int(fail_closed_after_s * 1e9) if fail_closed_after_s is not None else None
-        self._sign_wait_s = sign_wait_s
-        self._job = None  # the pending seal's signature, being made
-        self._reseal = False  # a seal came due while one was pending: request the next when its signature is in
-        self._sig_ready = False  # the signing thread finished self._job
-        self._signing = None
-        if self._bg_sign:
-            import queue
-
-            self._jobs = queue.SimpleQueue()
-            self._signing = threading.Thread(target=self._sign_loop, name=f"trainledger-signer-{path.name}",
-                                             daemon=True)
-            self._signing.start()
+        self._sealer = Sealer(signer, run_id, seal_every=seal_every,
+                              seal_interval_ns=min(int(seal_interval_s * 1e9), _NEVER_NS),
+                              in_background=sign_in_background, sign_wait_s=sign_wait_s, kick=self._kick,
+                              label=str(path), now=now)
         self._ticker = None
         if background:
-            self._ticker = threading.Thread(target=self._tick,
-                                            name=f"trainledger-journal-{path.name}", daemon=True)
+            self._ticker = Ticker(f"trainledger-journal-{path.name}", self._turn, self._wake_in, self._kick)
         _OPEN.add(self)
         return self
 
@@ -331,20 +262,9 @@ class Journal(_Base):
         meta_d = dict(meta or {})
         if p.exists():
             raise UsageError(f"{p}: already exists; use Journal.open_append to continue it")
-        try:
-            p.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | getattr(os, "O_CLOEXEC", 0), 0o644)
-        except FileExistsError:
-            raise UsageError(f"{p}: already exists; use Journal.open_append to continue it") from None
-        except OSError as e:
-            raise JournalIOError(f"{p}: cannot create journal: {e.strerror}") from None
-        try:
-            _lock_or_raise(fd, p)
-        except JournalLocked:
-            os.close(fd)
-            raise
-        self = cls._new(p, fd, signer, rid, 0, genesis(rid), seal_every, seal_interval_s, flush_interval_s, background,
-                        CompactRange(0), sign_in_background, fail_closed_after_s)
+        sink = Sink.create(p)
+        self = cls._new(p, sink, signer, rid, 0, genesis(rid), seal_every, seal_interval_s, flush_interval_s,
+                        background, CompactRange(0), sign_in_background, fail_closed_after_s)
         import socket  # here: a reader never loads it
 
         opened = RunOpened(
@@ -364,7 +284,7 @@ class Journal(_Base):
 
             self._certified_by = issuer_of(certificate)
         self._append_owned(opened, *([certificate] if certificate is not None else []))
-        _fsync_dir(p.parent)
+        sink.sync_dir()
         if self._ticker is not None:
             self._ticker.start()
         return self
@@ -405,16 +325,8 @@ class Journal(_Base):
             from trainledger.journal.certify import issuer_of
 
             pinned = [issuer_of(certificate)]
+        sink = Sink.reopen(p)
         try:
-            fd = os.open(p, os.O_RDWR | os.O_APPEND | getattr(os, "O_CLOEXEC", 0))
-        except FileNotFoundError:
-            raise JournalIOError(f"{p}: no such journal") from None
-        except IsADirectoryError:
-            raise JournalIOError(f"{p}: is a directory, not a journal file") from None
-        except OSError as e:
-            raise JournalIOError(f"{p}: cannot open journal: {e.strerror}") from None
-        try:
-            _lock_or_raise(fd, p)
             try:
                 report = verify(p, keys=pinned, allow_unsigned=True, allow_unsealed=True,
                                 check_signatures=signer is not None, workers=1)
@@ -437,23 +349,23 @@ class Journal(_Base):
                 if report.sealed_bytes is None or report.seal_line_hash is None or report.last_sealed_seq is None:
                     # verify refuses that already
                     raise IntegrityError(f"{p}: cannot append: no seal", seq=1)
-                repair = _move_tail(fd, p, report.sealed_bytes, report.bytes - report.sealed_bytes,
+                repair = sink.move_tail(report.sealed_bytes, report.bytes - report.sealed_bytes,
                                     unsealed=report.unsealed_events)
                 next_seq, prev = report.last_sealed_seq + 2, report.seal_line_hash
                 tree = report.sealed_tree
             elif report.tail == "torn":
-                repair = _move_tail(fd, p, report.torn_offset, report.torn_bytes)
+                repair = sink.move_tail(report.torn_offset, report.torn_bytes)
             if certificate is not None:
                 _check_certificate_use(certificate, signer, report.run_id)
             if has_tree(report.format_version) and (tree is None or tree.end != next_seq):
                 raise IntegrityError(f"{p}: cannot append: the tree of its lines does not end at seq {next_seq}",
                                      seq=next_seq)  # pragma: no cover - verify builds it over exactly those lines
-            self = cls._new(p, fd, signer, report.run_id, next_seq, bytes.fromhex(prev),
+            self = cls._new(p, sink, signer, report.run_id, next_seq, bytes.fromhex(prev),
                             seal_every, seal_interval_s, flush_interval_s, background,
                             tree if has_tree(report.format_version) else None, sign_in_background,
                             fail_closed_after_s)
         except BaseException:
-            os.close(fd)
+            sink.close()
             raise
         if certificate is not None:  # the new key's certificate before anything it seals
             self._certified_by = pinned[0]
@@ -479,38 +391,38 @@ class Journal(_Base):
             raise UsageError(f"{self.path}: a {type(event).__name__} of {len(body):,} bytes encoded is over the "
                              f"{_MAX_EVENT:,} an event may be (a journal line is at most {MAX_LINE:,} bytes)")
         with self._lock:
-            if self._stopped or self._io_error is not None or len(self._buf) >= _MAX_BUFFER:
+            chain = self._chain
+            if self._stopped or self._fault is not None or len(chain.buf) >= _MAX_BUFFER:
                 self._refuse_locked()
             if self._pending:
                 self._drain_locked()
-            # The hot path: _write_locked inlined (a method call is a tenth of the budget).
-            seq = self._seq
             ts = _now()
-            d, hx = _chain(self._buf, body, self._prev, seq, ts)
-            self._seq = seq + 1
-            self._prev = d
-            self._last_hash_hex = hx
-            self._since_seal += 1
+            # ChainBuffer.add inlined (a call is a tenth of the budget): the same chain step, the same state
+            seq = chain.seq
+            chain.prev, hx = _chain(chain.buf, body, chain.prev, seq, ts)
+            chain.seq = seq + 1
+            chain.head_hex = hx
+            sealer = self._sealer
+            sealer.since_seal += 1
             if durable:
                 self._seal_locked(durable=True)  # a durable promise that fails raises here
-            else:
+            # the policy's test inlined (a method call is a tenth of the budget)
+            elif sealer.since_seal >= sealer.seal_every or ts - sealer.last_seal_ns >= sealer.seal_interval_ns or \
+                    ts - self._last_flush_ns >= self._flush_interval_ns or len(chain.buf) >= _FLUSH_BYTES or \
+                    sealer.sig_ready:
                 self._due_locked(ts)
-            self._last = (self._seq, event)
+            self._last = (chain.seq, event)
             return seq, hx.decode()
 
-    if _Base is not object:  # the accelerator's append: the common case in C, anything else the method above
-        _append_py = append
-        append = _Base.append
-
     def _due_locked(self, ts: int) -> None:
-        """After an append: seal, flush or take a signature in when one is due (WriterCore.append calls it only
-        then). A write failure is kept for the next call: this event is chained and held in memory."""
+        """After an append: seal, flush or take a signature in when one is due. A write failure is kept for the next
+        call: this event is chained and held in memory."""
         try:
-            if self._since_seal >= self._seal_every or ts - self._last_seal_ns >= self._seal_interval_ns:
+            if self._sealer.due(ts):
                 self._seal_locked(durable=False)
-            elif ts - self._last_flush_ns >= self._flush_interval_ns or len(self._buf) >= _FLUSH_BYTES:
+            elif ts - self._last_flush_ns >= self._flush_interval_ns or len(self._chain.buf) >= _FLUSH_BYTES:
                 self._flush_locked(ts)
-            elif self._sig_ready:
+            elif self._sealer.sig_ready:
                 self._resolve_locked()
         except JournalIOError:
             pass  # this event is chained and kept in memory; the failure is raised by the next call
@@ -528,22 +440,23 @@ class Journal(_Base):
         """
         ts = _now()
         with self._lock:
-            if self._stopped or self._io_error is not None or len(self._buf) >= _MAX_BUFFER:
+            if self._stopped or self._fault is not None or len(self._chain.buf) >= _MAX_BUFFER:
                 self._refuse_locked()
             pending = self._pending
             pending.append((event, ts))
-            if len(pending) >= self._seal_every:
+            if len(pending) >= self._sealer.seal_every:
                 self._drain_locked()
 
     def _drain_locked(self) -> None:
         """Encode, chain and buffer every deferred event, in order, sealing every ``seal_every`` as append does."""
         pending, self._pending = self._pending, []
         encode = codec.encode_trusted
-        seal_every = self._seal_every
+        add = self._chain.add
+        sealer = self._sealer
         for ev, ts in pending:
-            self._write_locked(encode(ev), ts)  # with the time it was appended, not the time it is written
-            self._since_seal += 1
-            if self._since_seal >= seal_every:
+            add(encode(ev), ts)  # with the time it was appended, not the time it is written
+            sealer.since_seal += 1
+            if sealer.since_seal >= sealer.seal_every:
                 try:
                     self._seal_locked(durable=False)
                 except JournalIOError:
@@ -552,21 +465,21 @@ class Journal(_Base):
     def _refuse_locked(self) -> None:
         """Why ``append`` takes nothing now: closed, a write failure to report, or a full buffer (or a run failing
         closed for want of a signature: it goes on once the signature is in)."""
-        if self._sig_ready and not self._stopped and self._fault is Fault.NO_SIGNATURE:
+        if self._sealer.sig_ready and not self._stopped and self._fault is Fault.NO_SIGNATURE:
             self._resolve_locked()
-            if self._io_error is None and len(self._buf) < _MAX_BUFFER:
+            if self._fault is None and len(self._chain.buf) < _MAX_BUFFER:
                 return
         if self._stopped:
             raise JournalClosed(f"{self.path}: journal is closed")
         if self._fault is Fault.NO_SIGNATURE:
             raise JournalIOError(f"{self.path}: {self._io_error}; this event was not appended (the run fails closed: "
                                  "fail_closed_after_s)")
-        if self._io_error is not None:
+        if self._fault is not None:
             err = self._io_error
             self._clear_fault()  # reported once; the writer keeps retrying
-            raise JournalIOError(f"{self.path}: {err}; this event was not appended, {len(self._buf):,} bytes of "
-                                 "earlier events are kept in memory and written as soon as the disk takes them")
-        raise JournalIOError(f"{self.path}: {len(self._buf):,} bytes are waiting for the disk; this event was "
+            raise JournalIOError(f"{self.path}: {err}; this event was not appended, {len(self._chain.buf):,} bytes "
+                                 "of earlier events are kept in memory and written as soon as the disk takes them")
+        raise JournalIOError(f"{self.path}: {len(self._chain.buf):,} bytes are waiting for the disk; this event was "
                              "not appended")
 
     @property
@@ -582,26 +495,21 @@ class Journal(_Base):
         if fault is None or self._fault is fault:
             self._fault = self._io_error = None
 
+    def _chain_owned_locked(self, event: Event) -> int:
+        """Chain a line the journal writes itself (run_opened, a seal, seal_signed, run_closed, ...); its time."""
+        ts = _now()
+        self._chain.add(_encode_event(event), ts)
+        return ts
+
     def _append_owned(self, *events: Event) -> None:
         """Write events the journal owns (run_opened, key_certified) and seal them durably."""
         with self._lock:
             if self._pending:
                 self._drain_locked()
             for event in events:
-                self._write_locked(_encode_event(event))
-                self._since_seal += 1
+                self._chain_owned_locked(event)
+                self._sealer.since_seal += 1
             self._seal_locked(durable=True, signed=True)
-
-    def _write_locked(self, body: bytes, ts: int | None = None) -> tuple[int, bytes, int]:
-        """Chain and buffer one encoded event (the caller holds the lock); ``append`` inlines this."""
-        seq = self._seq
-        if ts is None:
-            ts = _now()
-        d, hx = _chain(self._buf, body, self._prev, seq, ts)
-        self._seq = seq + 1
-        self._prev = d
-        self._last_hash_hex = hx
-        return seq, hx, ts
 
     def seal(self, *, durable: bool = False, signed: bool = False) -> tuple[int, str] | None:
         """Seal the current head now; return the sealed ``(seq, hash_hex)``.
@@ -617,192 +525,97 @@ class Journal(_Base):
                 raise JournalClosed(f"{self.path}: journal is closed")
             if self._pending:
                 self._drain_locked()
-            if self._sig_ready:
+            sealer = self._sealer
+            if sealer.sig_ready:
                 self._resolve_locked()
-            if self._since_seal == 0 and not (signed and self._job is not None):
+            if sealer.since_seal == 0 and not (signed and sealer.job is not None):
                 if durable:
                     self._flush_locked(_now())
                     self._fsync()
                 return None
             return self._seal_locked(durable=durable, signed=signed)
 
-    def _seal_event(self, sign: bool = True) -> Seal:
-        """The seal of the current head: in format 1.3 signing the checkpoint of the tree of every line so far.
-        ``sign=False``: without its signature (a pending seal; ``self._job`` gets its message to sign)."""
-        sealed_seq = self._seq - 1
-        sealed_hex = self._last_hash_hex.decode()
-        tree = self._tree
-        size: int | None = None
-        root: str | None = None  # the seal carries the root in hex
-        if tree is None:
-            msg = seal_message(self.run_id, sealed_seq, self._prev)
-        else:
-            self._hash_locked()
-            raw_root = tree.root()
-            size = tree.end
-            msg = seal_checkpoint(self.run_id, size, raw_root, sealed_seq, self._prev).encode()
-            root = raw_root.hex()
-        if self._signer is None:
-            sig = None
-        elif not sign:
-            sig = None
-            self._job = _SignJob(msg, (self._seq, sealed_seq, sealed_hex, size, root, self.key_id))
-        else:
-            sig = base64.b64encode(self._sign_now(msg)).decode()
-        return Seal(sealed_seq=sealed_seq, sealed_hash=sealed_hex, key_id=self.key_id, sig=sig, tree_size=size,
-                    tree_root=root)
-
-    def _sign_now(self, msg: bytes) -> bytes:
-        """A signature the caller waits for: in place, or through the signing thread for at most
-        ``sign_wait_s`` (a token that stopped answering cannot hang close() or an anchor for ever)."""
-        assert self._signer is not None  # a seal is signed only by a journal with a key
-        if not self._bg_sign:
-            return self._signer.sign(msg)
-        job = _SignJob(msg, None, deadline=time.monotonic() + self._sign_wait_s)
-        self._jobs.put(job)
-        if not job.done.wait(self._sign_wait_s + 1.0) or job.sig is None:
-            raise JournalIOError(f"{self.path}: key {self.key_id} gave no signature in {self._sign_wait_s:g} s"
-                                 + (f" ({job.error})" if job.error else ""))
-        return job.sig
-
-    def _sign_loop(self) -> None:
-        """The signing thread: one signature at a time, each retried with a growing pause (bounded: 2 s at
-        most between tries) until it succeeds, its deadline passes or the journal is released. It never takes the
-        journal's lock: the writer records the signature the next time it holds it."""
-        signer = self._signer
-        assert signer is not None  # the thread runs only for a journal with a key
-        while True:
-            job = self._jobs.get()
-            if job is None:
-                return
-            pause = _RETRY_FIRST_S
-            while True:
-                job.attempts += 1
-                try:
-                    job.sig = bytes(signer.sign(job.msg))
-                    break
-                except Exception as e:  # noqa: BLE001 - any back end's failure: recorded in one line, retried
-                    job.error = " ".join(f"{type(e).__name__}: {e}".split())[:300]
-                if (job.deadline is not None and time.monotonic() + pause > job.deadline) or self._stop.wait(pause):
-                    break
-                pause = min(pause * 2, _RETRY_CAP_S)
-            job.done.set()
-            if job.fields is not None:
-                self._sig_ready = True
-                self._kick.set()
-
     def _resolve_locked(self) -> None:
         """Record the signature the signing thread made for the pending seal (``seal_signed``: the signed
         catch-up, how late and after how many tries), and request the next seal if one came due meanwhile."""
-        job = self._job
-        self._sig_ready = False
-        if job is None or not job.done.is_set():
+        sealer = self._sealer
+        signed = sealer.take_signed()
+        if signed is None:
             return
-        self._job = None
-        if job.sig is None:  # released while it was failing: nothing to record
-            return
-        assert job.fields is not None  # a seal's job (a wait for a signature in place carries none)
-        seal_seq, sealed_seq, sealed_hex, size, root, key_id = job.fields
-        waited = max(0, (_now() - job.posted_ns) // 1_000_000)
-        self._write_locked(_encode_event(SealSigned(
-            seal_seq=seal_seq, sealed_seq=sealed_seq, sealed_hash=sealed_hex, tree_size=size, tree_root=root,
-            key_id=key_id, sig=base64.b64encode(job.sig).decode(), waited_ms=waited, attempts=job.attempts,
-            error=job.error if job.attempts > 1 else None)))
-        self._since_seal += 1
+        self._chain_owned_locked(signed)
+        sealer.since_seal += 1
         self._clear_fault(Fault.NO_SIGNATURE)  # the key answered: the run may go on
-        if self._reseal:
-            self._reseal = False
+        if sealer.reseal:
+            sealer.reseal = False
             self._seal_locked(durable=False)
 
-    def _hash_locked(self) -> None:
-        """Add the buffered lines not yet in the tree to it (a batch: in C where the accelerator is built)."""
-        buf = self._buf
-        if self._tree is not None and len(buf) > self._unhashed:  # the buffer holds whole lines
-            self._tree.merge(range_of_block(self._tree.end, buf, self._unhashed))
-            self._unhashed = len(buf)
-
     def _seal_locked(self, *, durable: bool, signed: bool = False) -> tuple[int, str]:
-        if self._bg_sign and not signed:
+        sealer = self._sealer
+        if sealer.in_background and not signed:
             return self._seal_pending_locked(durable)
-        if signed and self._job is not None:  # this seal signs everything the pending one named, and more
-            self._drop_job_locked()
-        seal = self._seal_event()
-        sealed_seq, sealed_hex = seal.sealed_seq, seal.sealed_hash
-        # Written through the ordinary path so the seal is itself a chained line.
-        _, _, ts = self._write_locked(_encode_event(seal))
-        self._since_seal = 0
-        self._last_seal_ns = ts
+        if signed and sealer.job is not None:  # this seal signs everything the pending one named, and more
+            sealer.drop_job()
+        seal = sealer.seal(self._chain)
+        # Chained like any line, so the seal is itself part of the chain.
+        sealer.sealed(self._chain_owned_locked(seal))
+        self._write_out_locked(durable)
+        return seal.sealed_seq, seal.sealed_hash
+
+    def _write_out_locked(self, durable: bool) -> None:
+        """After a seal: everything to the OS, and fsynced now (durable, or no background thread) or by the
+        background thread next (even if this write fails: it fsyncs once it has written)."""
         background_fsync = not durable and self._ticker is not None
         if background_fsync:
-            self._fsync_pending = True  # even if this flush fails: the ticker fsyncs once it has written
-        self._flush_locked(ts)
+            self._fsync_pending = True
+        self._flush_locked(self._sealer.last_seal_ns)
         if not background_fsync:
             self._fsync()
-        return sealed_seq, sealed_hex
-
-    def _drop_job_locked(self) -> None:
-        """Forget the pending seal's signature (a signed seal covers what it named): the signing thread stops
-        retrying it after its current try."""
-        if self._job is not None:
-            self._job.deadline = time.monotonic()
-        self._job, self._reseal, self._sig_ready = None, False, False
 
     def _seal_pending_locked(self, durable: bool) -> tuple[int, str]:
         """A seal written now and signed by the signing thread (format 1.7). While one is pending, a seal that
         comes due is requested again once the signature is in (never two pending at once); a run that fails
         closed raises here once the pending one has waited ``fail_closed_after_s``."""
         now = _now()
-        if self._job is not None and self._job.done.is_set():
-            self._reseal = False  # sealing now anyway
+        sealer = self._sealer
+        if sealer.job is not None and sealer.job.done.is_set():
+            sealer.reseal = False  # sealing now anyway
             self._resolve_locked()
-        if self._job is not None:
-            self._reseal = True
-            self._since_seal = 0
-            self._last_seal_ns = now
-            if self._fail_closed_ns is not None and now - self._job.posted_ns > self._fail_closed_ns:
-                self._set_fault(Fault.NO_SIGNATURE, f"no signature from key {self.key_id} for "
-                                f"{(now - self._job.posted_ns) / 1e9:.1f} s"
-                                + (f" (last error: {self._job.error})" if self._job.error else ""))
+        job = sealer.job
+        if job is not None:
+            sealer.reseal = True
+            sealer.sealed(now)
+            waited = sealer.waited_ns(now)
+            if self._fail_closed_ns is not None and waited > self._fail_closed_ns:
+                self._set_fault(Fault.NO_SIGNATURE, f"no signature from key {sealer.key_id} for {waited / 1e9:.1f} s"
+                                + (f" (last error: {job.error})" if job.error else ""))
                 raise JournalIOError(f"{self.path}: {self._io_error}")
             self._flush_locked(now)
             if durable:
                 self._fsync()
-            return self._seq - 1, self._last_hash_hex.decode()
-        seal = self._seal_event(sign=False)
-        _, _, ts = self._write_locked(_encode_event(seal))
-        self._since_seal = 0
-        self._last_seal_ns = ts
-        job = self._job
-        assert job is not None  # _seal_event(sign=False) made it
-        job.posted_ns = ts
-        self._jobs.put(job)
-        background_fsync = not durable and self._ticker is not None
-        if background_fsync:
-            self._fsync_pending = True
-        self._flush_locked(ts)
-        if not background_fsync:
-            self._fsync()
+            return self._chain.head
+        seal = sealer.seal(self._chain, sign=False)
+        ts = self._chain_owned_locked(seal)
+        sealer.sealed(ts)
+        sealer.post(ts)
+        self._write_out_locked(durable)
         return seal.sealed_seq, seal.sealed_hash
 
     def _flush_locked(self, now: int) -> None:
         """Hand the buffer to the OS. On failure what was not written stays buffered (retried by the next
         flush), the failure is recorded for the caller, and :class:`JournalIOError` is raised."""
         self._last_flush_ns = now
-        buf = self._buf
-        self._hash_locked()
-        while buf:
-            try:
-                n = os.write(self._fd, buf)
-            except OSError as e:
-                self._set_fault(Fault.WRITE, f"write failed: {e.strerror or e}")
-                raise JournalIOError(f"{self.path}: {self._io_error} ({len(buf):,} bytes kept in memory)") from None
-            del buf[:n]
-            self._unhashed = len(buf)  # everything left was hashed above
+        try:
+            self._sink.write(self._chain)
+        except OSError as e:
+            self._set_fault(Fault.WRITE, f"write failed: {e.strerror or e}")
+            raise JournalIOError(f"{self.path}: {self._io_error} ({len(self._chain.buf):,} bytes kept in memory)") \
+                from None
         self._clear_fault(Fault.WRITE)  # everything held back is written now: nothing is left to report or lose
+
     def _fsync(self) -> None:
         self._fsync_pending = False
         try:
-            os.fsync(self._fd)
+            self._sink.fsync()
         except OSError as e:
             self._set_fault(Fault.FSYNC, f"fsync failed: {e.strerror or e}")
             raise JournalIOError(f"{self.path}: {self._io_error}") from None
@@ -815,58 +628,55 @@ class Journal(_Base):
                     self._drain_locked()
                 self._flush_locked(_now())
 
-    def _tick(self) -> None:
-        """The background thread: time-based seals and flushes, and the fsync of automatic seals. A failure
-        never stops it: it is recorded (the training thread's next call raises it) and retried next tick. It wakes
-        when the next flush or seal is due (a millisecond after), and with nothing waiting every flush or seal
-        interval, whichever is shorter (appends do not wake it)."""
-        while True:
-            with self._lock:
-                wait = self._next_wake_s_locked()
-            self._kick.wait(wait)
-            self._kick.clear()
-            if self._stop.is_set():
-                return
-            fsync = False
-            with self._lock:
-                if self._closed:
-                    return
-                now = _now()
-                try:
-                    if self._pending:
-                        self._drain_locked()
-                    if self._sig_ready:
-                        self._resolve_locked()
+    def _turn(self) -> bool:
+        """One turn of the background thread: time-based seals and flushes, and the fsync of automatic seals
+        (outside the lock). A failure never stops it: it is recorded (the training thread's next call raises it)
+        and retried next turn. False once the journal is released."""
+        fsync = False
+        with self._lock:
+            if self._closed:
+                return False
+            now = _now()
+            sealer = self._sealer
+            try:
+                if self._pending:
+                    self._drain_locked()
+                if sealer.sig_ready:
+                    self._resolve_locked()
+                    self._fsync_pending = True
+                if sealer.since_seal and not self._stopped and now - sealer.last_seal_ns >= sealer.seal_interval_ns:
+                    self._seal_locked(durable=False)
+                elif self._chain.buf:
+                    self._flush_locked(now)
+            except JournalIOError:
+                return True  # recorded; the buffer is retried next turn
+            fsync, self._fsync_pending = self._fsync_pending, False
+            sink = self._sink
+        if fsync:
+            try:
+                sink.fsync()
+            except OSError as e:
+                with self._lock:
+                    if not self._closed:
+                        self._set_fault(Fault.FSYNC, f"fsync failed: {e.strerror or e}")
                         self._fsync_pending = True
-                    if self._since_seal and not self._stopped and now - self._last_seal_ns >= self._seal_interval_ns:
-                        self._seal_locked(durable=False)
-                    elif self._buf:
-                        self._flush_locked(now)
-                except JournalIOError:
-                    continue  # recorded; the buffer is retried next tick
-                fsync, self._fsync_pending = self._fsync_pending, False
-                fd = self._fd
-            if fsync:
-                try:
-                    os.fsync(fd)
-                except OSError as e:
-                    with self._lock:
-                        if not self._closed:
-                            self._set_fault(Fault.FSYNC, f"fsync failed: {e.strerror or e}")
-                            self._fsync_pending = True
+        return True
 
-    def _next_wake_s_locked(self) -> float:
-        """Seconds until the writer thread has something to do: the next flush of lines waiting, or the next seal of
-        events appended since the last; with nothing waiting, a look every flush or seal interval."""
-        now = _now()
-        due = now + min(self._flush_interval_ns, self._seal_interval_ns)
-        if self._buf or self._pending:
-            due = min(due, self._last_flush_ns + self._flush_interval_ns)
-        if (self._since_seal or self._pending) and not self._stopped:
-            due = min(due, self._last_seal_ns + self._seal_interval_ns)
+    def _wake_in(self) -> float:
+        """Seconds until the background thread has something to do: the next flush of lines waiting, or the next
+        seal of events appended since the last; with nothing waiting, a look every flush or seal interval (appends
+        do not wake it)."""
+        with self._lock:
+            now = _now()
+            sealer = self._sealer
+            due = now + min(self._flush_interval_ns, sealer.seal_interval_ns)
+            if self._chain.buf or self._pending:
+                due = min(due, self._last_flush_ns + self._flush_interval_ns)
+            if (sealer.since_seal or self._pending) and not self._stopped:
+                due = min(due, sealer.last_seal_ns + sealer.seal_interval_ns)
         return max(0.001, (due - now) / 1e9 + 0.001)
 
-    # ------------------------------------------------------------ closing
+    # ------------------------------------------------------------ state
 
     @property
     def seq(self) -> int:
@@ -874,7 +684,7 @@ class Journal(_Base):
         with self._lock:
             if self._pending:
                 self._drain_locked()
-            return self._seq
+            return self._chain.seq
 
     def last_appended(self) -> Event | None:
         """The event the last :meth:`append` wrote, when nothing (no deferred step either) came after it; else
@@ -883,7 +693,7 @@ class Journal(_Base):
             if self._pending:
                 self._drain_locked()
             last = self._last
-            return last[1] if last is not None and last[0] == self._seq else None
+            return last[1] if last is not None and last[0] == self._chain.seq else None
 
     @property
     def head(self) -> tuple[int, str]:
@@ -891,7 +701,7 @@ class Journal(_Base):
         with self._lock:
             if self._pending:
                 self._drain_locked()
-            return self._seq - 1, self._last_hash_hex.decode()
+            return self._chain.head
 
     @property
     def public_key(self):
@@ -899,11 +709,14 @@ class Journal(_Base):
         journal whose keys are certified the certifying key (``None`` for an unsigned journal)."""
         if self._certified_by is not None:
             return self._certified_by
-        return self._signer.public if self._signer is not None else None
+        signer = self._sealer.signer
+        return signer.public if signer is not None else None
 
     @property
     def closed(self) -> bool:
         return self._closed
+
+    # ------------------------------------------------------------ closing
 
     def close(self, status: str = "completed", reason: str | None = None) -> tuple[int, str]:
         """End the run: append ``run_closed``, seal, fsync, release the lock.
@@ -917,8 +730,8 @@ class Journal(_Base):
                 if self._pending:
                     self._drain_locked()
                 self._stopped = True
-                self._write_locked(_encode_event(RunClosed(status=status, reason=reason)))
-                self._since_seal += 1
+                self._chain_owned_locked(RunClosed(status=status, reason=reason))
+                self._sealer.since_seal += 1
             if self._close_head is None:  # raises JournalIOError when the key gives no signature: close() again
                 self._close_head = self._seal_locked_chain_only()
             self._flush_locked(_now())  # raises JournalIOError: close() can be called again once there is room
@@ -930,18 +743,17 @@ class Journal(_Base):
 
     def _seal_locked_chain_only(self) -> tuple[int, str]:
         """Chain a seal of the current head without writing it (close writes and fsyncs it itself)."""
-        if self._job is not None:  # the closing seal signs everything the pending one named
-            self._drop_job_locked()
-        seal = self._seal_event()
-        self._write_locked(_encode_event(seal))
-        self._since_seal = 0
+        sealer = self._sealer
+        if sealer.job is not None:  # the closing seal signs everything the pending one named
+            sealer.drop_job()
+        seal = sealer.seal(self._chain)
+        sealer.sealed(self._chain_owned_locked(seal))
         return seal.sealed_seq, seal.sealed_hash
 
     def _join_ticker(self) -> None:
         """Wait for the background thread to see the close (outside the lock it takes)."""
-        t = self._ticker
-        if t is not None and t.is_alive() and t is not threading.current_thread():
-            t.join()
+        if self._ticker is not None:
+            self._ticker.join()
 
     def suspend(self) -> None:
         """Stop writing without ending the run: seal, fsync, release the lock.
@@ -952,18 +764,19 @@ class Journal(_Base):
         with self._lock:
             if self._closed:
                 return
+            sealer = self._sealer
             try:
                 if self._pending:
                     self._drain_locked()
-                if self._sig_ready:
+                if sealer.sig_ready:
                     self._resolve_locked()
-                if (self._since_seal or self._job is not None) and not self._stopped:
+                if (sealer.since_seal or sealer.job is not None) and not self._stopped:
                     self._seal_locked(durable=True, signed=True)
                 else:
                     self._flush_locked(_now())
                     self._fsync()
             except JournalIOError as e:
-                lost = len(self._buf)
+                lost = len(self._chain.buf)
                 self._release()  # the lock is never kept by a writer that is gone
                 raise JournalIOError(f"{e}; suspended anyway: {lost:,} buffered bytes could not be written "
                                      "(the journal reopens at its last complete line)") from None
@@ -973,15 +786,11 @@ class Journal(_Base):
     def _release(self) -> None:
         self._closed = True
         self._stopped = True
-        self._stop.set()
-        self._kick.set()
-        if self._signing is not None:
-            self._jobs.put(None)
+        if self._ticker is not None:
+            self._ticker.stop()
+        self._sealer.stop()
         _OPEN.discard(self)
-        try:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-        finally:
-            os.close(self._fd)
+        self._sink.close()
 
     def __enter__(self) -> Journal:
         return self
@@ -995,23 +804,8 @@ class Journal(_Base):
             self.suspend()
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else f"next seq {self._seq}"
+        state = "closed" if self._closed else f"next seq {self._chain.seq}"
         return f"Journal({str(self.path)!r}, run_id={self.run_id!r}, key_id={self.key_id!r}, {state})"
-
-
-class _SignJob:
-    """One message for the signing thread: ``fields`` those of the pending seal it signs (None: a caller waits for
-    it, ``deadline`` its time.monotonic() limit); the result in ``sig``, ``attempts``, ``error``, then ``done``."""
-
-    __slots__ = ("msg", "fields", "deadline", "posted_ns", "sig", "attempts", "error", "done")
-
-    def __init__(self, msg: bytes, fields: tuple | None, deadline: float | None = None):
-        self.msg, self.fields, self.deadline = msg, fields, deadline
-        self.posted_ns = _now()
-        self.sig: bytes | None = None
-        self.attempts = 0
-        self.error: str | None = None
-        self.done = threading.Event()
 
 
 def _check_certificate_use(certificate: KeyCertified | None, signer: Signer | None, run_id: str) -> None:
@@ -1029,61 +823,3 @@ def _check_certificate_use(certificate: KeyCertified | None, signer: Signer | No
     if (certificate.run, certificate.rank) != (run, rank):
         raise UsageError(f"the certificate is for rank {certificate.rank} of run {certificate.run!r}, not rank {rank} "
                          f"of {run!r}")
-
-
-def _lock_or_raise(fd: int, p: Path) -> None:
-    """Take the writer's lock (flock: per open file, so a second open in this process conflicts too)."""
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        raise JournalLocked(f"{p}: another writer holds this journal (one writer per file)") from None
-
-
-def _fsync_dir(d: Path) -> None:
-    try:
-        dfd = os.open(d, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(dfd)
-    except OSError:
-        pass
-    finally:
-        os.close(dfd)
-
-
-def _move_tail(fd: int, p: Path, offset: int | None, length: int, *, unsealed: int = 0) -> TailRepaired:
-    """Copy the bytes from ``offset`` to a sidecar (fsynced), then cut them off the journal.
-
-    Streamed in blocks (the tail may be large); the sidecar is created fresh beside the journal: a link or
-    anything else planted under its name is replaced, never followed.
-    """
-    if offset is None:
-        raise JournalIOError(f"{p}: no offset for the tail to move")
-    tmp = p.with_name(f"{p.name}.tail-{os.getpid()}.tmp")
-    try:
-        tmp.unlink()
-    except FileNotFoundError:
-        pass
-    h = hashlib.sha256()
-    moved = 0
-    out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
-    try:
-        os.lseek(fd, offset, os.SEEK_SET)
-        while moved < length:
-            chunk = os.read(fd, min(1 << 20, length - moved))
-            if not chunk:
-                break
-            h.update(chunk)
-            os.write(out, chunk)
-            moved += len(chunk)
-        os.fsync(out)
-    finally:
-        os.close(out)
-    digest = h.hexdigest()
-    side = p.with_name(f"{p.name}.{'unsealed' if unsealed else 'torn'}-{offset}-{digest[:12]}")
-    os.replace(tmp, side)
-    _fsync_dir(p.parent)
-    os.ftruncate(fd, offset)
-    os.fsync(fd)
-    return TailRepaired(offset=offset, length=moved, sha256=digest, sidecar=side.name, unsealed_events=unsealed)

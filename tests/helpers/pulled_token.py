@@ -56,7 +56,7 @@ for i in range(1000, 6000):
     if i % 250 == 0:
         time.sleep(0.05)  # seals come due, by count and by time, while the token is gone
 j.flush()
-j._sign_wait_s = 1.0  # close cannot get a signature: fail fast here (60 s by default)
+j._sealer.sign_wait_s = 1.0  # close cannot get a signature: fail fast here (60 s by default)
 try:
     j.close()
     closed = "closed"

@@ -43,7 +43,7 @@ def kinds(p) -> list[dict]:
 
 def settled(j) -> bool:
     """No signature is being made for the journal (none asked, or the last one is back)."""
-    job = j._job
+    job = j._sealer.job
     return job is None or job.done.is_set()
 
 

@@ -25,7 +25,7 @@ GCC = shutil.which("gcc")
 #: the tests that drive every C entry point against its Python twin
 PROPERTY_TESTS = ["tests/unit/journal/test_accel.py", "tests/unit/journal/test_step_lines.py",
                   "tests/unit/journal/test_lines.py", "tests/unit/journal/test_export_columns.py",
-                  "tests/unit/journal/test_tree_heads.py", "tests/unit/journal/test_writer_core.py",
+                  "tests/unit/journal/test_tree_heads.py", "tests/unit/journal/test_chainbuffer.py",
                   "tests/unit/training/test_fold_steps.py"]
 
 pytestmark = pytest.mark.skipif(GCC is None, reason="no C compiler")

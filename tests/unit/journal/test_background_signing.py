@@ -185,14 +185,14 @@ def test_close_with_a_key_that_never_answers_fails_in_one_line_and_can_be_retrie
     key = Token()
     p = tmp_path / "j.jsonl"
     j = Journal.create(p, signer=key, seal_every=10)
-    j._sign_wait_s = 0.3
+    j._sealer.sign_wait_s = 0.3
     for i in range(25):
         j.append(StepObserved(step=i, loss=1.0))
     key.up.clear()
     with pytest.raises(JournalIOError, match=r"key [0-9a-f]{16} gave no signature in 0.3 s"):
         j.close()
     key.up.set()
-    j._sign_wait_s = 30
+    j._sealer.sign_wait_s = 30
     j.close()  # the retry signs the closing seal
     assert verify(p, keys=[key.public], require_closed=True).ok
 
@@ -240,7 +240,7 @@ def test_the_recorder_fails_closed_when_asked(tmp_path):
     model = torch.nn.Linear(2, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     rec = Recorder(tmp_path / "run", signer=key, model=model, optimizer=opt, fail_closed_after_s=0.3)
-    assert rec.journal._bg_sign  # a key that is not a plain in-process one signs in the background
+    assert rec.journal._sealer.in_background  # a key that is not a plain in-process one signs in the background
     key.up.clear()
     t0 = time.monotonic()
     with pytest.raises(JournalIOError, match="no signature from key .*the run fails closed"):

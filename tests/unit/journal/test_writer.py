@@ -262,7 +262,7 @@ def test_an_idle_journal_wakes_its_thread_once_a_flush_interval(tmp_path, signer
     j = Journal.create(tmp_path / "j.jsonl", signer=signer, flush_interval_s=0.05)
     j.append(step(0))
     j.seal(durable=True)  # the step is written and sealed: nothing is due any more
-    j._kick = ev = _CountingEvent()  # the thread waits on it (a signature coming back wakes it early), every turn
+    j._ticker.kick = ev = _CountingEvent()  # the thread waits on it (a signature coming back wakes it early), every turn
     t0 = time.monotonic()
     while len(ev.timeouts) < 5 and time.monotonic() - t0 < 60:
         time.sleep(0.05)
