@@ -9,7 +9,8 @@ from typing import Any
 from trainledger.journal.audit.projection import Projection, ProjectionRegistry, difference as _diff, values_agree
 from trainledger.journal.errors import UsageError
 from trainledger.journal.events import RunResumed, StepObserved
-from trainledger.journal.kinds import DecisionRecorded, GateVerdict, RunConfigured, RungStarted, ScalingFitted
+from trainledger.ladder.kinds import DecisionRecorded, GateVerdict, RungStarted, ScalingFitted
+from trainledger.training.kinds import RunConfigured
 from trainledger.ladder.outcome import LadderProjection, decide, gate
 from trainledger.training.health.detectors import HealthProjection
 

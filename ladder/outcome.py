@@ -11,7 +11,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from trainledger.journal.kinds import DecisionRecorded, GateVerdict
+from trainledger.ladder.kinds import DecisionRecorded, GateVerdict
 from trainledger.journal.reader import read_events
 
 __all__ = ["RungOutcome", "LadderResult", "LadderProjection", "gate", "beta_update", "decide"]

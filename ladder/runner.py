@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from trainledger.journal import Journal, Signer
-from trainledger.journal.kinds import DecisionRecorded, GateVerdict, RungStarted
+from trainledger.ladder.kinds import DecisionRecorded, GateVerdict, RungStarted
 from trainledger.training.health.mfu import MfuAccounting, record_compute
 from trainledger.ladder.outcome import LadderProjection, LadderResult, RungOutcome, decide, gate
 from trainledger.training.checkpoints.state import restore_checkpoint, save_checkpoint
@@ -154,7 +154,7 @@ def _corpus(vocab: int, seed: int, n: int, sample_seed: int) -> torch.Tensor:
 def _size_headline(rung: Rung, verdicts: list[tuple[GateVerdict, str]], peak: float | None) -> tuple[Rung, Any]:
     """The scaling-law fit: fit the law to the earlier rungs' held-out losses, choose the headline inside the compute box, and
     return the sized rung and the ``scaling_fitted`` event that records it all."""
-    from trainledger.journal.kinds import ScalingFitted
+    from trainledger.ladder.kinds import ScalingFitted
 
     from trainledger.ladder.scaling import Candidate, ComputeBox, fit_scaling_law
 

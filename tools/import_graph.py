@@ -37,12 +37,13 @@ ALLOWED = {"journal": {"journal"}, "training": {"journal", "training"}, "ladder"
 
 #: each package's layers, lowest first; a tuple holds folders beside each other (neither imports the other).
 #: ``.`` is the package's own files: the format core in ``journal``, the entry points (Recorder, watch) in
-#: ``training``, the shared audit and report in the face. docs/DEVELOPERS.md draws them.
+#: ``training``, the shared audit and report in the face; a file named here (``kinds.py``: a package's event kinds)
+#: is a layer of its own. docs/DEVELOPERS.md draws them.
 LAYERS: dict[str, list[tuple[str, ...]]] = {
     "journal": [(".",), ("proofs",), ("audit",), ("backends",), ("statements",), ("views",)],
-    "training": [("health",), ("audit",), ("checkpoints",), ("reference",), ("distributed",), ("experiment",),
+    "training": [("kinds.py",), ("health",), ("audit",), ("checkpoints",), ("reference",), ("distributed",), ("experiment",),
                  ("integrations",), (".",)],
-    "ladder": [(".",)],
+    "ladder": [("kinds.py",), (".",)],
     "trainledger": [(".",), ("serve",), ("cli",)],
 }
 
@@ -53,7 +54,9 @@ def layer_of(mod: str, mods: dict[str, Path]) -> tuple[str, str] | None:
     pkg = package_of(mod)
     rel = mods[mod].relative_to(ROOT / PACKAGES[pkg]).parts
     if len(rel) == 1:
-        return None if rel[0] in ("__init__.py", "__main__.py") else (pkg, ".")
+        if rel[0] in ("__init__.py", "__main__.py"):
+            return None
+        return (pkg, rel[0]) if any(rel[0] in layer for layer in LAYERS[pkg]) else (pkg, ".")
     return pkg, rel[0]
 
 

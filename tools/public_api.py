@@ -180,6 +180,10 @@ def main(argv=None) -> int:
         for e in entries:
             if e["module"] in _moved.MOVED:
                 e["moved_to"] = _moved.new_home(e["module"], e["name"])
+            else:  # a name moved out of a module that stays: the module's own _MOVED table (name -> new module)
+                table = getattr(importlib.import_module(e["module"]), "_MOVED", None)
+                if isinstance(table, dict) and e["name"] in table:
+                    e["moved_to"] = table[e["name"]]
     entries.sort(key=lambda e: (e["module"], e["name"]))
     LIST.write_text("[\n" + ",\n".join(json.dumps(e, sort_keys=True) for e in entries) + "\n]\n")
     print(f"{len(new)} names added, {len(entries)} listed in {LIST.relative_to(ROOT)}")

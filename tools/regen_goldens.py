@@ -30,36 +30,12 @@ def every_kind(path: Path) -> Path:
     from trainledger.training.audit.approval import sign_approval
     from trainledger.journal.events import TailRepaired
     from trainledger.training.health.detectors import HealthProjection
-    from trainledger.journal.kinds import (
-        AnchorRecorded,
-        CheckpointDeleted,
-        CheckpointFailed,
-        CheckpointSaved,
-        CheckpointSelected,
-        DataWindowSkipped,
-        DecisionRecorded,
-        DeviceChanged,
-        DeviceSampled,
-        EvaluationRecorded,
-        GateVerdict,
-        PreflightCompleted,
-        PreflightGate,
-        RankJoined,
-        RanksAnchored,
-        ResourceRecorded,
-        ResumeRejectedEvent,
-        RewindDecided,
-        RunConfigured,
-        RungStarted,
-        RunStopped,
-        ShardsSaved,
-        StragglerDetected,
-        StragglerScores,
-        TelemetryUnavailable,
-        WeightsRestored,
-        device_anomaly,
-        MetricsLogged,
-    )
+    from trainledger.journal.kinds import AnchorRecorded, RankJoined, RanksAnchored
+    from trainledger.training.kinds import CheckpointDeleted, CheckpointFailed, CheckpointSaved, CheckpointSelected, \
+        DataWindowSkipped, DeviceChanged, DeviceSampled, EvaluationRecorded, PreflightCompleted, PreflightGate, \
+        ResourceRecorded, ResumeRejectedEvent, RewindDecided, RunConfigured, RunStopped, ShardsSaved, \
+        StragglerDetected, StragglerScores, TelemetryUnavailable, WeightsRestored, device_anomaly, MetricsLogged
+    from trainledger.ladder.kinds import DecisionRecorded, GateVerdict, RungStarted
     from trainledger.ladder.outcome import beta_update, gate
 
     signer = Signer.generate()
@@ -238,7 +214,7 @@ def compute(path: Path) -> Path:
     thresholds it watches (one small enough to cross), steps, device samples with NVML's energy counter (one fall: a
     reset), the threshold crossed at its step, and the compute_totaled with time, hardware and energy."""
     from trainledger.journal import Journal, Signer
-    from trainledger.journal.kinds import DeviceSampled
+    from trainledger.training.kinds import DeviceSampled
     from trainledger.training.health.flops import FlopConfig
     from trainledger.training.health.mfu import record_compute
     from trainledger.training.health.monitor import TrainingHealthMonitor

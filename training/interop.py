@@ -31,7 +31,7 @@ from trainledger.journal.errors import JournalIOError, UsageError
 from trainledger.journal.events import StepObserved
 from trainledger.training.health.detectors import HealthProjection
 from trainledger.journal.keys import Signer
-from trainledger.journal.kinds import MetricsLogged
+from trainledger.training.kinds import MetricsLogged
 from trainledger.journal.writer import Journal
 
 __all__ = ["import_tensorboard", "import_megatron", "export_tensorboard", "ImportResult",
@@ -309,7 +309,7 @@ def export_tensorboard(events: Iterable[Any], logdir: str | os.PathLike, *, run_
     except ImportError:
         raise UsageError("exporting to TensorBoard needs the tensorboard package: "
                          "pip install 'trainledger[tensorboard]'") from None
-    from trainledger.journal.kinds import AnomalyDetected
+    from trainledger.training.kinds import AnomalyDetected
 
     out = Path(logdir)
     out.mkdir(parents=True, exist_ok=True)

@@ -348,7 +348,7 @@ class Recorder:
         recorded leaves the older record marked ``checkpoint_deleted`` (overwritten), so no record names bytes
         that are gone. The monitor's snapshot is not in such a file: a resume from it starts the health baseline
         over at the resume."""
-        from trainledger.journal.kinds import CheckpointDeleted
+        from trainledger.training.kinds import CheckpointDeleted
 
         self.hand_over()
         p = Path(path)
@@ -422,7 +422,7 @@ class Recorder:
             return
         # A crash (an exception, Ctrl-C): on record, as the Lightning callback records it, durably; the journal
         # stays open for the resume.
-        from trainledger.journal.kinds import RunStopped
+        from trainledger.training.kinds import RunStopped
 
         try:
             self.hand_over()  # the steps queued before the crash (batch) happened before it

@@ -26,7 +26,8 @@ from trainledger.journal.events import RunClosed, Seal, SealSigned, StepObserved
 from trainledger.training.health.detectors import AnomalyDetected, HealthProjection, RunConfigured
 from trainledger.journal.keys import PublicKey
 from trainledger.journal.trust import TrustPolicy
-from trainledger.journal.kinds import CheckpointSaved, RankJoined, ShardsSaved, StragglerDetected
+from trainledger.training.kinds import CheckpointSaved, ShardsSaved, StragglerDetected
+from trainledger.journal.kinds import RankJoined
 from trainledger.journal.verify import open_checked, read_opening
 
 __all__ = ["watch"]

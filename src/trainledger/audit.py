@@ -26,7 +26,8 @@ from trainledger.journal.audit.replay import fold
 from trainledger.journal.audit.rundir import RunDirReport, rank_files, verify_run_dir
 from trainledger.journal.errors import SemanticError
 from trainledger.journal.events import StepObserved
-from trainledger.journal.kinds import RankJoined, StragglerDetected, StragglerScores
+from trainledger.journal.kinds import RankJoined
+from trainledger.training.kinds import StragglerDetected, StragglerScores
 from trainledger.journal.trust import TrustPolicy
 from trainledger.journal.verify import VerifyReport
 from trainledger.ladder import audit as _ladder_audit
@@ -151,7 +152,7 @@ def _reconstruction(report: VerifyReport, projections: list[Projection]) -> Reco
 
 def _threshold_of(events: list[Any], flagged: Any) -> float | None:
     """The threshold of the ``straggler_scores`` window a ``straggler_detected`` belongs to."""
-    from trainledger.journal.kinds import StragglerScores
+    from trainledger.training.kinds import StragglerScores
 
     for e in events:
         if isinstance(e, StragglerScores) and e.window_start == flagged.window_start and \

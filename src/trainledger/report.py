@@ -29,7 +29,8 @@ from trainledger.journal.trust import TrustPolicy
 from trainledger.journal.events import RunOpened, RunResumed, StepObserved
 from trainledger.training.health.detectors import AnomalyDetected, RunConfigured
 from trainledger.training.health.mfu import MfuAccounting
-from trainledger.journal.kinds import CheckpointSaved, DecisionRecorded, GateVerdict, RewindDecided, RungStarted, ScalingFitted
+from trainledger.training.kinds import CheckpointSaved, RewindDecided
+from trainledger.ladder.kinds import DecisionRecorded, GateVerdict, RungStarted, ScalingFitted
 from trainledger.audit import Reconstruction, replay
 
 __all__ = ["write_report", "write_run_dir_report", "MAX_POINTS"]
@@ -483,7 +484,8 @@ class _RankSeries:
         self.devices: set[int] = set()
 
     def apply(self, ev: Any) -> None:
-        from trainledger.journal.kinds import DeviceSampled, RankJoined, ShardsSaved, TelemetryUnavailable
+        from trainledger.training.kinds import DeviceSampled, ShardsSaved, TelemetryUnavailable
+        from trainledger.journal.kinds import RankJoined
         from trainledger.training.distributed.stragglers import step_time_for_stragglers
 
         if isinstance(ev, StepObserved):

@@ -10,7 +10,8 @@ from typing import Any
 
 from trainledger.journal import Journal, Signer
 from trainledger.journal.certify import RankRoster, anchor_statement
-from trainledger.journal.kinds import AnchorRecorded, DeviceSampled, RankJoined, RanksAnchored
+from trainledger.journal.kinds import AnchorRecorded, RankJoined, RanksAnchored
+from trainledger.training.kinds import DeviceSampled
 from trainledger.training.health.flops import FlopConfig
 from trainledger.training.health.mfu import record_compute
 from trainledger.training.health.monitor import TrainingHealthMonitor

@@ -11,7 +11,8 @@ import pytest
 pytest.importorskip("matplotlib")
 
 from trainledger.journal import Journal, StepObserved  # noqa: E402
-from trainledger.journal.kinds import RunConfigured, RungStarted  # noqa: E402
+from trainledger.training.kinds import RunConfigured
+from trainledger.ladder.kinds import RungStarted  # noqa: E402
 from trainledger.report import MAX_POINTS, _figure, _matplotlib, _Series, write_report  # noqa: E402
 
 

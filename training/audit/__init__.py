@@ -20,27 +20,11 @@ import msgspec
 from trainledger.journal.audit.projection import Projection, ProjectionRegistry, difference as _diff
 from trainledger.journal.chain import format_at_least
 from trainledger.journal.events import RunOpened, RunResumed, StepObserved
-from trainledger.journal.kinds import (
-    AnomalyDetected,
-    ComputeThresholdCrossed,
-    DeviceSampled,
-    CheckpointSaved,
-    CheckpointSelected,
-    ModelExported,
-    ComputeTotaled,
-    DataWindowSkipped,
-    DeviceChanged,
-    EvaluationRecorded,
-    PreflightCompleted,
-    PreflightGate,
-    ResumeRejectedEvent,
-    RewindDecided,
-    RunConfigured,
-    RunStopped,
-    SpikeSuspected,
-    AnomalyEnded,
-    device_anomaly,
-)
+from trainledger.training.kinds import AnomalyDetected, ComputeThresholdCrossed, DeviceSampled, CheckpointSaved, \
+    CheckpointSelected, ComputeTotaled, DataWindowSkipped, DeviceChanged, EvaluationRecorded, PreflightCompleted, \
+    PreflightGate, ResumeRejectedEvent, RewindDecided, RunConfigured, RunStopped, SpikeSuspected, AnomalyEnded, \
+    device_anomaly
+from trainledger.journal.kinds import ModelExported
 from trainledger.journal.statements.release.export import same_as_checkpoint
 from trainledger.journal.statements.release.manifest import FileDigest, root_digest
 from trainledger.training.audit.approval import ApprovalInvalid, SignedApproval, check_approval

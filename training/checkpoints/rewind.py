@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from trainledger.journal.kinds import DataWindowSkipped, RewindDecided, RunStopped
+from trainledger.training.kinds import DataWindowSkipped, RewindDecided, RunStopped
 
 __all__ = ["RewindPolicy", "RewindDecided", "DataWindowSkipped", "RunStopped", "TRIGGERS"]
 

@@ -27,14 +27,8 @@ import torch
 from trainledger.journal import Journal, RunResumed, TrainledgerError, UnsafePath, read_signed_events
 from trainledger.journal.paths import confined, file_sha256, open_new
 from trainledger.training.health.detectors import state_digest
-from trainledger.journal.kinds import (
-    CHECKPOINT_CONTRACT,
-    CheckpointDeleted,
-    CheckpointFailed,
-    CheckpointSaved,
-    ResumeRejectedEvent,
-    WeightsRestored,
-)
+from trainledger.training.kinds import CHECKPOINT_CONTRACT, CheckpointDeleted, CheckpointFailed, CheckpointSaved, \
+    ResumeRejectedEvent, WeightsRestored
 
 __all__ = [
     "CONTRACT",

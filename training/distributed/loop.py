@@ -36,7 +36,7 @@ import torch
 
 from trainledger.training.health.mfu import record_compute
 from trainledger.journal import Signer, read_signed_events
-from trainledger.journal.kinds import ShardsSaved
+from trainledger.training.kinds import ShardsSaved
 
 from trainledger.training.checkpoints.state import _rng_state, _set_rng_state
 from trainledger.training.reference.corpus import BatchSampler, MarkovSource

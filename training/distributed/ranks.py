@@ -360,7 +360,7 @@ class StragglerDetector:
 
         import torch.distributed as dist
 
-        from trainledger.journal.kinds import StragglerDetected, StragglerScores
+        from trainledger.training.kinds import StragglerDetected, StragglerScores
         from trainledger.training.distributed.stragglers import individual_scores, relative_scores, window_median
 
         t0 = time.perf_counter()
@@ -423,7 +423,7 @@ def _shard_folder(run_dir: str | os.PathLike, step: int) -> tuple[str, Path]:
 
 def _record_shards(journal: Journal, folder: Path, rel: str, step: int, rank: int, world: int,
                    save_id: str | None) -> Any:
-    from trainledger.journal.kinds import ShardsSaved
+    from trainledger.training.kinds import ShardsSaved
 
     mine = sorted(p for p in folder.iterdir() if re.fullmatch(rf"__{rank}_\d+\.distcp", p.name))
     files = []
@@ -636,7 +636,7 @@ class ShardedRestore:
 def _shard_records(path: Path, keys: list[Any]) -> dict[str, Any]:
     """``{folder: shards_saved}`` from one rank journal's signed events (the newest record per folder)."""
     from trainledger.journal import read_signed_events
-    from trainledger.journal.kinds import ShardsSaved
+    from trainledger.training.kinds import ShardsSaved
 
     return {e.path: e for e in read_signed_events(path, keys) if isinstance(e, ShardsSaved)}
 
@@ -704,7 +704,7 @@ def restore_sharded(run_dir: str | os.PathLike, journal: Journal, state_dict: di
     from trainledger.journal import RunResumed
     from trainledger.journal.paths import confined
     from trainledger.journal.errors import TrainledgerError as _TLError
-    from trainledger.journal.kinds import ResumeRejectedEvent
+    from trainledger.training.kinds import ResumeRejectedEvent
     from trainledger.training.checkpoints.state import ResumeRejected, file_sha256
 
     rank, world = dist.get_rank(group), dist.get_world_size(group)

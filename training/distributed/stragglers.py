@@ -54,7 +54,8 @@ def audit_stragglers(rank_events: dict[int, list[Any]]) -> list[dict[str, Any]]:
     """Every difference between the ``straggler_scores`` / ``straggler_detected`` rank 0 recorded and what every
     rank's own step times give (``rank_events``: each rank's signed events, in order)."""
     from trainledger.journal.events import StepObserved
-    from trainledger.journal.kinds import RankJoined, StragglerDetected, StragglerScores
+    from trainledger.journal.kinds import RankJoined
+    from trainledger.training.kinds import StragglerDetected, StragglerScores
     from trainledger.journal.audit.projection import values_agree
 
     out: list[dict[str, Any]] = []

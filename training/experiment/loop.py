@@ -42,13 +42,8 @@ from trainledger.journal import Journal, Signer, TrainledgerError, UnsafePath
 from trainledger.journal.paths import confined, open_new
 from trainledger.training.audit import select_checkpoint
 from trainledger.journal.events import RunOpened, StepObserved
-from trainledger.journal.kinds import (
-    CheckpointSaved,
-    CheckpointSelected,
-    EvaluationRecorded,
-    ResourceRecorded,
-    RunStopped,
-)
+from trainledger.training.kinds import CheckpointSaved, CheckpointSelected, EvaluationRecorded, ResourceRecorded, \
+    RunStopped
 
 from trainledger.training.checkpoints.state import (
     ResumeRejected,

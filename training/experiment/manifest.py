@@ -31,7 +31,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from trainledger.journal.errors import UsageError
-from trainledger.journal.kinds import CHECKPOINT_CONTRACT
+from trainledger.training.kinds import CHECKPOINT_CONTRACT
 
 __all__ = ["ExperimentManifest", "Finding", "ManifestError", "load_manifest", "parse_manifest", "validate",
            "manifest_identity", "config_digest", "file_digest", "DTYPES"]

@@ -31,7 +31,7 @@ import torch
 from trainledger.journal import Journal, PublicKey, Signer, UnsafePath
 from trainledger.training.audit.approval import ApprovalInvalid, SignedApproval, check_approval
 from trainledger.journal.paths import confined
-from trainledger.journal.kinds import PreflightCompleted, PreflightGate
+from trainledger.training.kinds import PreflightCompleted, PreflightGate
 
 from trainledger.training.checkpoints.state import CONTRACT, load_payload, restore_checkpoint, save_checkpoint
 from trainledger.training.reference.corpus import BatchSampler

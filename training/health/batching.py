@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from trainledger.journal import Journal
-from trainledger.journal.kinds import RunStopped
+from trainledger.training.kinds import RunStopped
 
 __all__ = ["StepBuffer"]
 

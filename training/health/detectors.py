@@ -26,8 +26,8 @@ from trainledger.journal import accel as _accel
 from trainledger.journal.codec import UnknownEvent, record_type
 from trainledger.journal.events import RunResumed, StepObserved
 from trainledger.training.health.mfu import MfuAccounting
-from trainledger.journal.kinds import (MAX_WINDOW, AnomalyDetected, AnomalyEnded, DataWindowSkipped,  # noqa: F401
-                                       DetectorParams, RewindDecided, RunConfigured, SpikeSuspected)
+from trainledger.training.kinds import (MAX_WINDOW, AnomalyDetected, AnomalyEnded, DataWindowSkipped,  # noqa: F401
+                                        DetectorParams, RewindDecided, RunConfigured, SpikeSuspected)
 
 __all__ = [
     "RANGE_IMMEDIATE_FACTOR",

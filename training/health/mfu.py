@@ -119,7 +119,7 @@ class ComputeTotals:
 
     def _cross(self, step: Any) -> None:
         """The thresholds the running total has reached after ``step``, crossed there."""
-        from trainledger.journal.kinds import ComputeThresholdCrossed
+        from trainledger.training.kinds import ComputeThresholdCrossed
 
         total = float(self.flops) + self._carried
         for v, k in self._thresholds:
@@ -235,7 +235,7 @@ class ComputeTotals:
                  "busy_s": ns / 1e9} for (d, p, s, k), (n, ns) in self._groups.items() if n]
 
     def event(self) -> Any:
-        from trainledger.journal.kinds import ComputeTotaled
+        from trainledger.training.kinds import ComputeTotaled
 
         base = dict(steps=self.steps, tokens=self.tokens, flops=float(self.flops), last_step=self.last_step,
                     steps_without_tokens=self.steps_without_tokens, tokens_without_shape=self.tokens_without_shape)
@@ -252,7 +252,7 @@ class ComputeTotals:
 
     def fold(self, events: Any) -> ComputeTotals:
         from trainledger.journal.events import RunOpened, StepObserved
-        from trainledger.journal.kinds import DeviceSampled, RunConfigured
+        from trainledger.training.kinds import DeviceSampled, RunConfigured
 
         for ev in events:
             if isinstance(ev, StepObserved):

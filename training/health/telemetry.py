@@ -22,7 +22,7 @@ import time
 from typing import Any
 
 from trainledger.journal import Journal
-from trainledger.journal.kinds import DeviceChanged, DeviceSampled, TelemetryUnavailable, device_anomaly
+from trainledger.training.kinds import DeviceChanged, DeviceSampled, TelemetryUnavailable, device_anomaly
 
 __all__ = ["DeviceTelemetry", "read_device"]
 

@@ -50,7 +50,7 @@ from transformers import TrainerCallback
 from trainledger.training.health.mfu import record_compute
 from trainledger.journal import Signer
 from trainledger.journal.errors import UsageError
-from trainledger.journal.kinds import CheckpointDeleted, CheckpointSaved
+from trainledger.training.kinds import CheckpointDeleted, CheckpointSaved
 
 from trainledger.training.checkpoints.state import ResumeRejected, signed_history
 from trainledger.training.health.flops import flop_config_from_hf

@@ -12,7 +12,7 @@ from typing import Any
 from trainledger.journal import Journal, RunResumed, Signer, load_signer
 from trainledger.journal.paths import confined
 from trainledger.journal.errors import JournalClosed, UnsafePath, UsageError
-from trainledger.journal.kinds import CheckpointSaved, ResumeRejectedEvent, folder_digest
+from trainledger.training.kinds import CheckpointSaved, ResumeRejectedEvent, folder_digest
 from trainledger.training.health.batching import StepBuffer  # noqa: F401 - here until 0.2.0: still importable
 
 __all__ = ["open_run_journal", "record_checkpoint", "check_folder", "StepBuffer", "signer_from", "step_loss",
@@ -284,7 +284,7 @@ def check_folder(journal: Journal, run_dir: Path, folder: Path, *, keys: list[An
 def _coverage(record: CheckpointSaved) -> dict[str, Any]:
     """What a checked checkpoint holds of the checkpoint contract, and what it does not (a file the user's code
     wrote often lacks the RNG states or the data cursor: the resume is recorded as covering only what it holds)."""
-    from trainledger.journal.kinds import CHECKPOINT_CONTRACT
+    from trainledger.training.kinds import CHECKPOINT_CONTRACT
 
     return {"contents": list(record.contents),
             "not_covered": [k for k in CHECKPOINT_CONTRACT if k not in record.contents]}

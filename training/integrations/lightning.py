@@ -39,7 +39,7 @@ from lightning.pytorch.loggers import Logger
 
 from trainledger.training.health.mfu import record_compute
 from trainledger.journal import Journal, Signer, read_signed_events
-from trainledger.journal.kinds import CheckpointSaved, MetricsLogged, ResumeRejectedEvent, RunStopped
+from trainledger.training.kinds import CheckpointSaved, MetricsLogged, ResumeRejectedEvent, RunStopped
 
 from trainledger.training.checkpoints.state import ResumeRejected, file_sha256
 from trainledger.training.health.monitor import TrainingHealthMonitor

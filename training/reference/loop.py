@@ -23,7 +23,7 @@ from trainledger.training.reference.threads import in_own_threads
 from trainledger.journal import Journal, Signer, verify
 from trainledger.journal.paths import confined
 from trainledger.training.audit import rewind_allowed
-from trainledger.journal.kinds import CheckpointDeleted
+from trainledger.training.kinds import CheckpointDeleted
 
 from trainledger.training.checkpoints.state import (
     CheckpointSaved,

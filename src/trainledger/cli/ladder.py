@@ -90,7 +90,7 @@ def _journal_points(args: argparse.Namespace) -> list[tuple[float, float, float]
     """(n_params, tokens, eval_loss) of every rung verdict in a ladder journal, after verifying it."""
     from trainledger.journal.copies import PrivateCopies
     from trainledger.cli.options import trust_policy
-    from trainledger.journal.kinds import GateVerdict
+    from trainledger.ladder.kinds import GateVerdict
     from trainledger.journal.reader import unchecked_batches
     from trainledger.journal.verify import verify_copy
 

@@ -124,7 +124,7 @@ def test_a_line_over_the_cap_is_not_written_and_gets_no_bundle(tmp_path, signer)
     from journal_tools import dump, parse, read_lines, rechain, write_lines
 
     from trainledger.journal.errors import IntegrityError, UsageError
-    from trainledger.journal.kinds import RunStopped
+    from trainledger.training.kinds import RunStopped
     from trainledger.journal.scan import MAX_LINE
 
     j = Journal.create(tmp_path / "w.jsonl", signer=signer, background=False)

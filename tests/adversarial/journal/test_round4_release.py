@@ -17,7 +17,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from trainledger.cli import main
 from trainledger.journal import Journal, StepObserved
-from trainledger.journal.kinds import CheckpointSaved, RunConfigured
+from trainledger.training.kinds import CheckpointSaved, RunConfigured
 from trainledger.journal.paths import file_sha256
 from trainledger.journal.statements.release.export import record_export
 from trainledger.training.health.mfu import record_compute

@@ -14,7 +14,7 @@ import torch
 from journal_tools import dump, read_lines, rechain, write_lines
 
 from trainledger.journal import Journal, UnsafePath, read_events, verify
-from trainledger.journal.kinds import CheckpointSaved
+from trainledger.training.kinds import CheckpointSaved
 from trainledger.training.checkpoints.state import ResumeRejected, enforce_retention, live_checkpoints, restore_checkpoint
 from trainledger.training.reference.loop import LoopConfig, run_training
 from trainledger.training.reference.model import build_causal_lm

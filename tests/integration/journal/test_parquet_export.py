@@ -427,7 +427,7 @@ def test_the_steps_read_as_columns_give_the_tables_their_records_give(tmp_path, 
     import trainledger.journal.views.parquet.export as ex
     import trainledger.journal.scan as scan
     from trainledger.journal import Journal
-    from trainledger.journal.kinds import SpikeSuspected
+    from trainledger.training.kinds import SpikeSuspected
 
     if ex._step_columns is None or not scan._STEP_LINES_OK:
         pytest.skip("the C accelerator is not built")

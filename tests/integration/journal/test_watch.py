@@ -13,7 +13,7 @@ def test_watch_follows_a_live_run_until_it_closes(tmp_path):
     """The watcher starts before the file exists (like tail -F), shows the run while it goes, and exits 0 when it
     closes. The run waits on what the watcher printed (a handshake), so a slow machine cannot outrun it."""
     from trainledger.journal import Journal, Signer, StepObserved
-    from trainledger.journal.kinds import AnomalyDetected
+    from trainledger.training.kinds import AnomalyDetected
 
     p = tmp_path / "live.jsonl"
     with subprocess.Popen([sys.executable, "-m", "trainledger", "watch", str(p), "--interval", "0.05",

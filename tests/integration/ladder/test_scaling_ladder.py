@@ -139,7 +139,7 @@ def test_f5_opt_in_without_pilots_raises_before_training():
 def test_a_fit_too_large_to_recompute_is_refused_not_run(tmp_path, signer, pubkey):
     """A signed journal may claim a million points: replay names it instead of spending hours on it."""
     from trainledger.journal import Journal
-    from trainledger.journal.kinds import ScalingFitted
+    from trainledger.ladder.kinds import ScalingFitted
     from trainledger.audit import replay
 
     p = tmp_path / "j.jsonl"

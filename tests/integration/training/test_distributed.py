@@ -122,7 +122,7 @@ def _replay_hand_run(tmp_path, signer, capsys, rank0_verdicts: list) -> str:
 
 def test_a_forged_straggler_verdict_is_named_by_replay(tmp_path, signer, capsys):
     """Rank 0 claims rank 1 straggled, rank 1's steps say otherwise."""
-    from trainledger.journal.kinds import StragglerDetected, StragglerScores
+    from trainledger.training.kinds import StragglerDetected, StragglerScores
 
     out = _replay_hand_run(tmp_path, signer, capsys, [
         StragglerScores(window_start=0, window_end=9, medians={"0": 0.1, "1": 0.4}, scores={"0": 1.0, "1": 0.25},
@@ -252,7 +252,7 @@ def test_one_key_per_node_pinned_together_in_a_trusted_keys_file(tmp_path, capsy
 
 def test_a_forged_individual_score_is_named_by_replay(tmp_path, signer, capsys):
     """Relative scores true to the step times, individual scores not: replay names the window."""
-    from trainledger.journal.kinds import StragglerScores
+    from trainledger.training.kinds import StragglerScores
 
     out = _replay_hand_run(tmp_path, signer, capsys, [
         StragglerScores(window_start=0, window_end=9, medians={"0": 0.1, "1": 0.1}, scores={"0": 1.0, "1": 1.0},

@@ -10,7 +10,7 @@ from manifest_fixtures import base, write
 from trainledger.journal import Journal, Signer, read_events, verify
 from trainledger.training.audit.approval import sign_approval
 from trainledger.cli import main
-from trainledger.journal.kinds import PreflightCompleted, PreflightGate
+from trainledger.training.kinds import PreflightCompleted, PreflightGate
 from trainledger.training.experiment.manifest import load_manifest
 from trainledger.training.experiment.preflight import GATES, authority_gate, run_preflight
 
@@ -89,7 +89,7 @@ def test_authority_is_never_implied(tmp_path, signer):
 
 def test_replay_rechecks_the_signed_approval(tmp_path, signer):
     """A journal whose authority gate passed without a valid signed approval is named by replay."""
-    from trainledger.journal.kinds import PreflightGate
+    from trainledger.training.kinds import PreflightGate
     from trainledger.audit import replay
 
     ident = "sha256:" + "1" * 64

@@ -29,7 +29,8 @@ pytest.importorskip("pyarrow")
 
 from trainledger.cli import main  # noqa: E402
 from trainledger.journal import Journal, Signer, StepObserved, TrustPolicy  # noqa: E402
-from trainledger.journal.kinds import DeviceChanged, DeviceSampled, GateVerdict, StragglerDetected  # noqa: E402
+from trainledger.training.kinds import DeviceChanged, DeviceSampled, StragglerDetected
+from trainledger.ladder.kinds import GateVerdict  # noqa: E402
 from trainledger.training.distributed.ranks import RankInfo, open_rank_journal  # noqa: E402
 
 GOLDEN = Path(__file__).resolve().parents[2] / "assets" / "golden"
@@ -353,7 +354,7 @@ def test_only_the_loopback_name_or_the_token_is_answered(tmp_path):
 def test_a_replay_difference_is_shown_where_it_is(browser, tmp_path):
     """A signed anomaly the observations do not support: once the run has closed, replay's difference is listed
     with its seq (opening its event) and marked at its step on the curves."""
-    from trainledger.journal.kinds import AnomalyDetected
+    from trainledger.training.kinds import AnomalyDetected
 
     s = Signer.generate()
     path = tmp_path / "claimed.jsonl"
@@ -487,7 +488,7 @@ def test_the_board_follows_a_live_run_folder_a_late_rank_and_a_rewritten_journal
 
 
 def test_a_point_and_a_mark_on_the_curve_open_their_events(browser, tmp_path):
-    from trainledger.journal.kinds import CheckpointSaved
+    from trainledger.training.kinds import CheckpointSaved
 
     s = Signer.generate()
     path = tmp_path / "marked.jsonl"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from manifest_fixtures import short, typed, write
 
 from trainledger.journal import read_events, verify
-from trainledger.journal.kinds import CheckpointSelected, EvaluationRecorded, ResourceRecorded, RunStopped
+from trainledger.training.kinds import CheckpointSelected, EvaluationRecorded, ResourceRecorded, RunStopped
 from trainledger.training.experiment.loop import Runtime, run_experiment
 
 

@@ -20,7 +20,7 @@ from trainledger.journal import proofs as T
 
 from trainledger.journal.proofs import index as tree_index
 from trainledger.journal.errors import CheckpointMismatch, IntegrityError, UntrustedKey, UsageError
-from trainledger.journal.kinds import ComputeTotaled, RunConfigured
+from trainledger.training.kinds import ComputeTotaled, RunConfigured
 from trainledger.journal.merkle import ProofError, consistency_proof, inclusion_proof, leaf_hash
 from trainledger.training.health.mfu import record_compute
 from trainledger.journal.note import NoteError, cosign, cosigner_key, parse_verifier_key

@@ -21,6 +21,34 @@ def test_every_builtin_kind_is_known_in_a_fresh_process_that_imports_only_the_co
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
 
+def test_the_domains_kinds_register_with_the_codec_whatever_the_caller_imported(tmp_path):
+    """The training and ladder kinds live with their domains; a process that imports only the journal package knows
+    them before it decodes anything, and verifies the signed journal of every kind as it was written."""
+    golden = Path(__file__).resolve().parents[2] / "assets" / "golden" / "every_kind_v1.jsonl"
+    code = ("import sys; from trainledger.journal import verify; from trainledger.journal import codec;"
+            "kinds = codec.known_kinds();"
+            "assert kinds['gate_verdict'].__module__ == 'trainledger.ladder.kinds', kinds['gate_verdict'].__module__;"
+            "assert kinds['run_configured'].__module__ == 'trainledger.training.kinds';"
+            f"r = verify({str(golden)!r}, trust_embedded=True); print(r.ok, r.kinds)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("True ") and "gate_verdict" in out.stdout and "run_configured" in out.stdout
+
+
+def test_an_old_import_of_a_moved_kind_warns_and_gives_the_same_class():
+    import warnings
+
+    from trainledger.ladder.kinds import GateVerdict
+    from trainledger.training.kinds import RunConfigured
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        from trainledger.journal.kinds import GateVerdict as old_gate, RunConfigured as old_rc
+    assert old_gate is GateVerdict and old_rc is RunConfigured
+    assert [str(w.message).split(" moved to ")[1].split(" in ")[0] for w in caught] == [
+        "trainledger.ladder.kinds.GateVerdict", "trainledger.training.kinds.RunConfigured"]
+
+
 def test_the_registry_holds_every_event_class_trainledger_defines():
     from trainledger.journal.events import Event
 

@@ -63,7 +63,7 @@ def test_ladder_journal_replays_clean_and_a_doctored_verdict_is_caught(tmp_path,
     from trainledger.ladder.presets import halt
     from trainledger.ladder.runner import run_pilot_ladder
 
-    from trainledger.journal.kinds import GateVerdict
+    from trainledger.ladder.kinds import GateVerdict
 
     p = tmp_path / "ladder.jsonl"
     j = Journal.create(p, signer=signer)

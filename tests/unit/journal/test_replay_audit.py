@@ -7,17 +7,9 @@ out, and replay must still name the conclusion that does not follow, with its se
 from __future__ import annotations
 
 from trainledger.journal import Journal, StepObserved
-from trainledger.journal.kinds import (
-    CheckpointSelected,
-    DecisionRecorded,
-    EvaluationRecorded,
-    GateVerdict,
-    PreflightCompleted,
-    PreflightGate,
-    RewindDecided,
-    RunConfigured,
-    RungStarted,
-)
+from trainledger.training.kinds import CheckpointSelected, EvaluationRecorded, PreflightCompleted, PreflightGate, \
+    RewindDecided, RunConfigured
+from trainledger.ladder.kinds import DecisionRecorded, GateVerdict, RungStarted
 from trainledger.ladder.outcome import gate
 from trainledger.audit import replay
 
@@ -103,7 +95,7 @@ def test_a_gate_that_cannot_have_run_and_a_false_completion(tmp_path, signer, pu
 
 
 def test_doctored_stops(tmp_path, signer, pubkey):
-    from trainledger.journal.kinds import RunStopped
+    from trainledger.training.kinds import RunStopped
 
     p = tmp_path / "j.jsonl"
     with Journal.create(p, signer=signer, background=False) as j:
@@ -115,7 +107,7 @@ def test_doctored_stops(tmp_path, signer, pubkey):
 
 
 def test_a_snapshot_that_disagrees_with_the_fold(tmp_path, signer, pubkey):
-    from trainledger.journal.kinds import CheckpointSaved
+    from trainledger.training.kinds import CheckpointSaved
 
     p = tmp_path / "j.jsonl"
     with Journal.create(p, signer=signer, background=False) as j:
@@ -129,7 +121,7 @@ def test_a_snapshot_that_disagrees_with_the_fold(tmp_path, signer, pubkey):
 
 def test_a_callback_stop_without_its_anomaly_is_named(tmp_path, signer, pubkey):
     """A framework callback's run_stopped (stop_on:KIND) must rest on a KIND anomaly at that step on record."""
-    from trainledger.journal.kinds import RunStopped
+    from trainledger.training.kinds import RunStopped
 
     p = tmp_path / "j.jsonl"
     with Journal.create(p, signer=signer, background=False) as j:

@@ -326,7 +326,7 @@ def test_a_signed_non_canonical_line_of_another_kind_among_steps_fails_verify(tm
                                                                                 monkeypatch, fast_blocks, fast):
     """The lines the fast path does not take are decoded and re-encoded as before: a key holder's anomaly spelled
     otherwise, in a block of step lines, is named."""
-    from trainledger.journal.kinds import AnomalyDetected
+    from trainledger.training.kinds import AnomalyDetected
 
     monkeypatch.setattr(scan, "_STEP_LINES_OK", fast)
     p = tmp_path / "j.jsonl"

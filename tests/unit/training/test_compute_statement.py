@@ -17,7 +17,8 @@ from trainledger.audit import replay
 from trainledger.cli import main
 from trainledger.journal import Journal, Signer, StepObserved
 from trainledger.journal.errors import IntegrityError
-from trainledger.journal.kinds import ComputeThresholdCrossed, ComputeTotaled, ModelExported, RunConfigured
+from trainledger.training.kinds import ComputeThresholdCrossed, ComputeTotaled, RunConfigured
+from trainledger.journal.kinds import ModelExported
 from trainledger.journal.statements.release.manifest import FileDigest, root_digest
 from trainledger.journal.statements.compute.figures import run_figures
 from trainledger.journal.statements.compute.render import as_html, as_markdown

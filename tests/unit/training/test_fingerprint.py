@@ -11,7 +11,7 @@ import torch
 from trainledger.cli import main
 from trainledger.journal import read_events
 from trainledger.journal.events import RunResumed, StepObserved
-from trainledger.journal.kinds import DataWindowSkipped
+from trainledger.training.kinds import DataWindowSkipped
 from trainledger.training import Recorder, batch_fingerprint
 from trainledger.training.health.detectors import HealthProjection, RunConfigured
 

@@ -18,7 +18,8 @@ from trainledger.journal import Journal, Signer
 from trainledger.journal.audit.replay import fold as replay_fold
 from trainledger.journal.codec import encode_document
 from trainledger.journal.events import StepObserved
-from trainledger.journal.kinds import RunConfigured, RunResumed
+from trainledger.training.kinds import RunConfigured
+from trainledger.journal.kinds import RunResumed
 from trainledger.training.audit import HealthAudit
 from trainledger.training.health import detectors
 
@@ -228,7 +229,7 @@ tie_prone = st.sampled_from([1.0, 1.5, 2.0, 2.0000000000000004, 3.0, 50.0]) | st
 @given(st.lists(tie_prone, max_size=120), st.integers(3, 9), st.integers(0, 6), st.floats(1.0, 8.0))
 def test_detector_scores_the_same_with_and_without_the_accelerator(xs, window, m, z):
     from trainledger.training.health import detectors as health
-    from trainledger.journal.kinds import DetectorParams
+    from trainledger.training.kinds import DetectorParams
 
     p = DetectorParams(window, 3 + m % (window - 2), z, "loss")
     fast_det, slow_det = health._Detector(p, "loss_spike", False, "loss"), health._Detector(p, "loss_spike", False, "loss")

@@ -10,7 +10,7 @@ import pytest
 
 from trainledger.audit import replay
 from trainledger.journal import FORMAT_VERSION, Journal, StepObserved
-from trainledger.journal.kinds import RunConfigured
+from trainledger.training.kinds import RunConfigured
 from trainledger.training.health.detectors import RANGE_DEFAULTS, RANGE_IMMEDIATE_FACTOR, HealthProjection
 from trainledger.training.health.monitor import TrainingHealthMonitor
 

@@ -55,7 +55,7 @@ def test_the_default_rule_flags_those_one_step_jumps_and_replay_agrees(tmp_path,
 
 
 def test_a_doctored_suspicion_is_named_by_replay(tmp_path, signer, pubkey):
-    from trainledger.journal.kinds import SpikeSuspected
+    from trainledger.training.kinds import SpikeSuspected
 
     p = tmp_path / "j.jsonl"
     with Journal.create(p, signer=signer) as j:

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from trainledger.journal import RunResumed, StepObserved
 from trainledger.training.health.detectors import HealthProjection
-from trainledger.journal.kinds import RunConfigured
+from trainledger.training.kinds import RunConfigured
 from trainledger.audit import replay
 from trainledger.training.reference.loop import LoopConfig, run_training
 from trainledger.training.health.monitor import TrainingHealthMonitor
