@@ -88,6 +88,20 @@ class _View:
                 + f"  not signed yet {max(0, self.last_seq - self.last_seal_seq)}"
                 + ("  closed" if self.closed else ""))
 
+    def state(self) -> dict[str, Any]:
+        """What the view shows, as data (``watch --json``): numbers as numbers, None where there is none yet."""
+        r = self.proj.report()
+        s, a, c = self.step, self.anomaly, self.shards or self.checkpoint
+        return {
+            "events": self.events, "closed": self.closed, "trust": self.trust,
+            "step": None if s is None else s.step, "loss": None if s is None else s.loss,
+            "grad_norm": None if s is None else s.grad_norm, "tokens_per_s": r["tokens_per_s"],
+            "mfu": r["mfu"]["mean"], "anomalies": len(self.proj.anomalies),
+            "last_anomaly": None if a is None else {"kind": a.kind, "step": a.step, "z": a.z_score},
+            "last_checkpoint": None if c is None else {"step": c.step, "path": getattr(c, "path", None)},
+            "not_signed_yet": max(0, self.last_seq - self.last_seal_seq),
+        }
+
     def lines(self, path: Path) -> list[str]:
         r = self.proj.report()
         s = self.step
@@ -128,17 +142,21 @@ def _context(p: Path, keys: Sequence[PublicKey], trust_embedded: bool,
 
 
 def watch(path: str | Path, *, interval: float = 0.5, out: TextIO | None = None, timeout: float | None = None,
-          trust: TrustPolicy | None = None, **trust_options: Any) -> int:
+          trust: TrustPolicy | None = None, json: bool = False, **trust_options: Any) -> int:
     """Follow ``path`` until the run closes (return 0), Ctrl-C (130), ``timeout`` seconds (3) or a line that
     does not check out (1). With the policy's ``keys`` (or ``trust_embedded``) every seal's signature is checked
     too; events after the last seal are shown as not signed yet (a live run always has some).
-    ``path`` may be a distributed run's folder: every rank journal is followed, one line per rank, until all close."""
+    ``path`` may be a distributed run's folder: every rank journal is followed, one line per rank, until all close.
+    ``json``: instead of the view, one JSON object on ``out`` each time what it shows changes (JSON lines: the
+    ``_View.state`` fields, ``path``, and for a folder ``ranks``), a failure as one object with ``"ok": false``
+    (as ``verify --json`` prints it), and every other line on stderr."""
     policy = TrustPolicy.of(trust, **trust_options)
     keys, trust_embedded, allow_unsigned = policy.keys, policy.trust_embedded, policy.allow_unsigned
     from trainledger.journal.audit.rundir import is_run_dir, run_journal
     from trainledger.journal.errors import UsageError
 
     out = sys.stdout if out is None else out  # looked up now: a caller may have redirected it
+    shown = _Shown(out, json)
     p = Path(path)
     deadline = None if timeout is None else time.monotonic() + timeout
 
@@ -154,8 +172,7 @@ def watch(path: str | Path, *, interval: float = 0.5, out: TextIO | None = None,
         return True
 
     if not p.exists() and not p.parent.is_dir():   # a misspelt path would otherwise be waited for forever
-        out.write(safe(f"FAIL  {p}: no such folder {p.parent} to wait in") + "\n")
-        return 2
+        return shown.fail(p, f"no such folder {p.parent} to wait in", 2)
     if not p.exists() or (p.is_dir() and not any(p.glob("*.jsonl"))):
         sys.stderr.write(safe(f"waiting for {p} to hold a journal (Ctrl-C to stop)") + "\n")
     reading = [p]  # the file being read when a line fails to check out (a run folder has one per rank)
@@ -165,35 +182,28 @@ def watch(path: str | Path, *, interval: float = 0.5, out: TextIO | None = None,
                 one = run_journal(p)
             except UsageError as e:
                 if "no journal in it" not in str(e):
-                    out.write(safe(f"FAIL  {e}") + "\n")
-                    return 2
+                    return shown.fail(p, str(e), 2, prefixed=True)
                 if not nap():                     # an empty folder: the run has not written yet
                     return 3
                 continue
             p = one
             reading[0] = p
         if p.is_dir():
-            return _watch_run_dir(p, nap, out, policy, reading)
+            return _watch_run_dir(p, nap, shown, policy, reading)
         while not _has_first_line(p):  # the writer may not have created the file yet
             if not nap():
                 return 3
         got = _context(p, keys, trust_embedded, allow_unsigned)
         if isinstance(got, str):
-            out.write(safe(got) + "\n")
-            return 1
+            return shown.fail(p, got, 1, prefixed=True)
         followed, label = got
-        tty = out.isatty()
-        if not tty:
-            out.write(safe(f"watching {p} ({label})") + "\n")
+        shown.info(f"watching {p} ({label})")
         follower = _Watched(followed, label)
-        drawn = 0
         while True:
             note = follower.read_new()
             if note:
-                out.write(safe(note) + "\n")
-                drawn = 0
-            text = [safe(x) for x in follower.view.lines(p)]  # journal strings never reach the terminal raw
-            drawn = _draw(out, tty, text, drawn)
+                shown.note(note)
+            shown.view(follower.view.lines(p), {"path": str(p), **follower.view.state()})
             if follower.view.closed:
                 return 0
             if not nap():
@@ -201,23 +211,100 @@ def watch(path: str | Path, *, interval: float = 0.5, out: TextIO | None = None,
     except KeyboardInterrupt:
         return 130
     except IntegrityError as e:
-        out.write(safe(e.fail_line(str(reading[0]))) + "\n")
+        return shown.failed(e, reading[0])
+
+
+class _Shown:
+    """Where the watch writes: the view (redrawn in place on a terminal, a line a refresh otherwise) and its
+    notes and failures on ``out``; with ``json``, one JSON object a change on ``out`` and the rest on stderr."""
+
+    def __init__(self, out: TextIO, json: bool) -> None:
+        self.out, self.json = out, json
+        self.tty = not json and out.isatty()
+        self.drawn = 0
+        self.last: str | None = None
+
+    def info(self, line: str) -> None:
+        """A line about what is watched (not on a terminal's view; on stderr with --json)."""
+        if self.json:
+            sys.stderr.write(safe(line) + "\n")
+        elif not self.tty:
+            self.out.write(safe(line) + "\n")
+
+    def note(self, line: str) -> None:
+        if self.json:
+            sys.stderr.write(safe(line) + "\n")
+        else:
+            self.out.write(safe(line) + "\n")
+            self.drawn = 0
+
+    def view(self, text: list[str], state: dict[str, Any]) -> None:
+        out = self.out
+        if self.json:
+            import json
+
+            line = json.dumps(_nan_to_str(state), allow_nan=False, default=str)
+            if line != self.last:  # one object a change, not a refresh
+                self.last = line
+                out.write(line + "\n")
+                out.flush()
+            return
+        text = [safe(x) for x in text]  # journal strings never reach the terminal raw
+        if self.tty:
+            out.write(("\x1b[F\x1b[2K" * self.drawn) + "\n".join(text) + "\n")
+            self.drawn = len(text)
+        else:
+            out.write(" | ".join(x.strip() for x in text[1:]) + "\n")
         out.flush()
+
+    def fail(self, p: Path, message: str, code: int, *, prefixed: bool = False) -> int:
+        """A failure that is not a line's (``message`` already a ``FAIL  ...`` line when ``prefixed``)."""
+        if self.json:
+            import json
+
+            text = message[len("FAIL  "):] if prefixed and message.startswith("FAIL  ") else message
+            self.out.write(json.dumps({"ok": False, "path": str(p), "error": text, "exit_code": code}) + "\n")
+        else:
+            self.out.write(safe(message if prefixed else f"FAIL  {p}: {message}") + "\n")
+        self.out.flush()
+        return code
+
+    def failed(self, e: IntegrityError, p: Path) -> int:
+        """A line that does not check out: the one FAIL line verify prints, or its JSON object."""
+        if self.json:
+            import json
+
+            self.out.write(json.dumps({"ok": False, "path": str(p), "first_bad_seq": e.seq,
+                                       "byte": getattr(e, "offset", None), "error": str(e), "exit_code": 1}) + "\n")
+        else:
+            self.out.write(safe(e.fail_line(str(p))) + "\n")
+        self.out.flush()
         return 1
 
 
-def _draw(out: TextIO, tty: bool, text: list[str], drawn: int) -> int:
-    """Redraw in place on a terminal (returns the lines drawn), one line per refresh otherwise."""
-    if tty:
-        out.write(("\x1b[F\x1b[2K" * drawn) + "\n".join(text) + "\n")
-        drawn = len(text)
-    else:
-        out.write(" | ".join(x.strip() for x in text[1:]) + "\n")
-    out.flush()
-    return drawn
+def _finite(state: Any) -> bool:
+    if isinstance(state, float):
+        return state == state and state not in (float("inf"), float("-inf"))
+    if isinstance(state, dict):
+        return all(_finite(v) for v in state.values())
+    if isinstance(state, list):
+        return all(_finite(v) for v in state)
+    return True
 
 
-def _watch_run_dir(d: Path, nap, out: TextIO, policy: TrustPolicy, reading: list[Path]) -> int:
+def _nan_to_str(state: Any) -> Any:
+    """NaN and the infinities as the journal spells them ("NaN", "Infinity", "-Infinity"): JSON has no number for
+    them."""
+    if isinstance(state, float) and not _finite(state):
+        return "NaN" if state != state else ("Infinity" if state > 0 else "-Infinity")
+    if isinstance(state, dict):
+        return {k: _nan_to_str(v) for k, v in state.items()}
+    if isinstance(state, list):
+        return [_nan_to_str(v) for v in state]
+    return state
+
+
+def _watch_run_dir(d: Path, nap, shown: _Shown, policy: TrustPolicy, reading: list[Path]) -> int:
     """Follow every ``rank-NNNNN.jsonl`` in ``d`` (ranks that appear later too) until every rank has closed;
     ``reading[0]`` names the file being read, for :func:`watch`'s one-line FAIL. Each rank is held to the folder's
     run (its run id ``RUN.rNNNNN``, rank 0's ``RUN``) and to the roster as soon as it appears; once every rank has
@@ -225,8 +312,6 @@ def _watch_run_dir(d: Path, nap, out: TextIO, policy: TrustPolicy, reading: list
     from trainledger.journal.audit.rundir import rank_files, split_run_id, verify_run_dir
 
     followers: dict[int, _Watched] = {}
-    tty = out.isatty()
-    drawn = 0
     run: str | None = None
     while True:
         for r, f in rank_files(d).items():
@@ -234,26 +319,22 @@ def _watch_run_dir(d: Path, nap, out: TextIO, policy: TrustPolicy, reading: list
                 reading[0] = f
                 got = _context(f, policy.keys, policy.trust_embedded, policy.allow_unsigned)
                 if isinstance(got, str):
-                    out.write(safe(got) + "\n")
-                    return 1
+                    return shown.fail(f, got, 1, prefixed=True)
                 opened = got[0].opened
                 split = split_run_id(opened.run_id)
                 if split is None or split[1] != r or (run is not None and split[0] != run):
-                    out.write(safe(f"FAIL  {f}: its run id {opened.run_id!r} is not this folder's rank {r} "
-                                   f"({run or 'RUN'}.r{r:05d}): a journal of another run (or rank)") + "\n")
-                    return 1
+                    return shown.fail(f, f"its run id {opened.run_id!r} is not this folder's rank {r} "
+                                         f"({run or 'RUN'}.r{r:05d}): a journal of another run (or rank)", 1)
                 run = run or split[0]
                 if policy.roster is not None:
                     policy.roster.hold(r, opened.key_id)
                 followers[r] = _Watched(*got)
-                if not tty:
-                    out.write(safe(f"watching rank {r}: {f} ({got[1]})") + "\n")
+                shown.info(f"watching rank {r}: {f} ({got[1]})")
         for r, fo in sorted(followers.items()):
             reading[0] = fo.p
             note = fo.read_new()
             if note:
-                out.write(safe(f"rank {r}: {note}") + "\n")
-                drawn = 0
+                shown.note(f"rank {r}: {note}")
         world = max((fo.view.world for fo in followers.values()), default=0)
         done = bool(followers) and all(fo.view.closed for fo in followers.values()) and len(followers) >= world
         text = [f"trainledger watch  {d}  ({len(followers)} of {max(world, len(followers))} ranks"
@@ -262,7 +343,10 @@ def _watch_run_dir(d: Path, nap, out: TextIO, policy: TrustPolicy, reading: list
         flagged = [x for fo in followers.values() for x in fo.view.stragglers]
         text.append("  stragglers: " + ("none flagged" if not flagged else "; ".join(
             f"rank {x.rank} score {x.score:.2f} steps {x.window_start}-{x.window_end}" for x in flagged[-3:])))
-        drawn = _draw(out, tty, [safe(x) for x in text], drawn)
+        shown.view(text, {"path": str(d), "world": max(world, len(followers)), "closed": done,
+                          "ranks": [{"rank": r, **fo.view.state()} for r, fo in sorted(followers.items())],
+                          "stragglers": [{"rank": x.rank, "score": x.score, "window_start": x.window_start,
+                                          "window_end": x.window_end} for x in flagged]})
         if done:
             reading[0] = d
             verify_run_dir(d, trust=policy)  # what verify RUN_DIR says, or its one-line FAIL

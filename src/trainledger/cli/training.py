@@ -43,6 +43,9 @@ def register(sub) -> None:
     add_trust_options(p)
     p.add_argument("--interval", type=float, default=0.5, help="seconds between refreshes (default 0.5)")
     p.add_argument("--timeout", type=float, default=None, help="give up after this many seconds (exit 3)")
+    p.add_argument("--json", action="store_true",
+                   help="instead of the view, one JSON object on stdout each time it changes (JSON lines); a "
+                        "failure as one object with \"ok\": false")
     p.set_defaults(func=_cmd_watch)
 
     p = sub.add_parser("import", help="write a signed journal from logs you already have (TensorBoard, Megatron)",
@@ -339,7 +342,7 @@ def _cmd_watch(args: argparse.Namespace) -> int:
         raise UsageError(f"--interval must be a number of seconds in (0, 3600], got {args.interval}")
     if args.timeout is not None and not 0 <= args.timeout < float("inf"):
         raise UsageError(f"--timeout must be a finite number of seconds, got {args.timeout}")
-    return watch(args.path, interval=args.interval, timeout=args.timeout, trust=trust_policy(args))
+    return watch(args.path, interval=args.interval, timeout=args.timeout, trust=trust_policy(args), json=args.json)
 
 
 def _cmd_import(args: argparse.Namespace) -> int:

@@ -172,3 +172,35 @@ def test_watch_interval_must_be_finite(tmp_path, signer, capsys):
     for bad in ("inf", "nan", "0", "-1"):
         assert main(["watch", str(p), "--interval", bad]) == 2
         assert "--interval" in capsys.readouterr().err
+
+
+def test_watch_json_prints_one_object_a_change_and_its_failure_as_json(tmp_path, signer, keypair, capsys):
+    """``watch --json``: stdout holds JSON lines only (the view's fields as numbers, NaN spelt as the journal spells
+    it), the last one the closed run's; a tampered journal ends with one object saying where it broke."""
+    import json
+
+    from journal_tools import read_lines, rechain, write_lines
+
+    from trainledger.cli import main
+    from trainledger.journal import Journal, StepObserved
+
+    p = tmp_path / "j.jsonl"
+    with Journal.create(p, signer=signer, background=False) as j:
+        for i in range(5):
+            j.append(StepObserved(step=i, loss=2.0 - i * 0.1, grad_norm=float("nan") if i == 4 else 1.0, tokens=64,
+                                  step_time_s=0.01))
+    assert main(["watch", str(p), "--pubkey", str(keypair[2]), "--json", "--timeout", "30", "--interval",
+                 "0.05"]) == 0
+    out, err = capsys.readouterr()
+    objs = [json.loads(x) for x in out.splitlines()]
+    assert objs and objs[-1]["closed"] is True and objs[-1]["step"] == 4 and objs[-1]["grad_norm"] == "NaN"
+    assert objs[-1]["not_signed_yet"] == 0 and objs[-1]["path"] == str(p) and objs[-1]["tokens_per_s"] > 0
+    assert "watching" in err and "signatures checked" in objs[-1]["trust"]
+    lines = read_lines(p)
+    lines[3] = lines[3].replace(b'"loss":1.9', b'"loss":0.5')
+    assert b'"loss":0.5' in lines[3]
+    bad = tmp_path / "bad.jsonl"
+    write_lines(bad, rechain(lines))
+    assert main(["watch", str(bad), "--pubkey", str(keypair[2]), "--json", "--timeout", "30"]) == 1
+    last = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert last["ok"] is False and last["exit_code"] == 1 and last["first_bad_seq"] > 3 and last["path"] == str(bad)
