@@ -451,16 +451,22 @@ class Journal:
         """Encode, chain and buffer every deferred event, in order, sealing every ``seal_every`` as append does."""
         pending, self._pending = self._pending, []
         encode = codec.encode_trusted
-        add = self._chain.add
-        sealer = self._sealer
+        chain, sealer = self._chain, self._sealer
+        buf, seal_every = chain.buf, sealer.seal_every
+        # ChainBuffer.add inlined over the batch, its state in locals (written back before a seal reads it)
+        seq, prev, hx, since = chain.seq, chain.prev, chain.head_hex, sealer.since_seal
         for ev, ts in pending:
-            add(encode(ev), ts)  # with the time it was appended, not the time it is written
-            sealer.since_seal += 1
-            if sealer.since_seal >= sealer.seal_every:
+            prev, hx = _chain(buf, encode(ev), prev, seq, ts)  # with the time it was appended, not written
+            seq += 1
+            since += 1
+            if since >= seal_every:
+                chain.seq, chain.prev, chain.head_hex, sealer.since_seal = seq, prev, hx, since
                 try:
                     self._seal_locked(durable=False)
                 except JournalIOError:
                     pass  # recorded; the buffer is retried and the next call raises it
+                seq, prev, hx, since = chain.seq, chain.prev, chain.head_hex, sealer.since_seal
+        chain.seq, chain.prev, chain.head_hex, sealer.since_seal = seq, prev, hx, since
 
     def _refuse_locked(self) -> None:
         """Why ``append`` takes nothing now: closed, a write failure to report, or a full buffer (or a run failing

@@ -120,3 +120,18 @@ def test_an_interval_past_64_bits_is_never_reached(tmp_path, signer):
                         flush_interval_s=1e12) as j:
         j.append(StepObserved(step=0, loss=1.0))
         assert j._sealer.seal_interval_ns == writer._NEVER_NS == j._flush_interval_ns
+
+
+def test_a_drain_seals_every_seal_every_events_inside_its_batch(tmp_path, signer, pubkey):
+    """The deferred path chains a batch with the chain's state in locals: every seal inside the batch sees the head
+    it seals, and the state written back after the batch is the chain's."""
+    with Journal.create(tmp_path / "j.jsonl", signer=signer, background=False, seal_every=7) as j:
+        for i in range(100):
+            j.append_deferred(StepObserved(step=i, loss=1.0))
+        j.append(StepObserved(step=100, loss=1.0))  # drains the last batch first, then chains after it
+        assert j.head[0] == j.seq - 1
+    recs = [msgspec.json.decode(x) for x in read_lines(tmp_path / "j.jsonl")]
+    steps = [r["step"] for r in recs if r["kind"] == "step_observed"]
+    assert steps == list(range(101))
+    assert sum(r["kind"] == "seal" for r in recs) >= 101 // 7
+    assert verify(tmp_path / "j.jsonl", keys=[pubkey], require_closed=True).ok
