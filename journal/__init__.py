@@ -4,7 +4,7 @@ Importing this package never imports torch; the ``trainledger`` CLI's
 ``keygen``, ``verify``, ``head``, ``show`` and ``demo`` run without it.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 from trainledger.journal.codec import UnknownEvent, decode_line, encode_event, encode_record
 from trainledger.journal.errors import (
