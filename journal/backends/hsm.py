@@ -20,7 +20,7 @@ from trainledger.journal.keys import (KMS_SCHEMES, PKCS11_SCHEME, PublicKey, Sig
                                       read_small_file)
 
 __all__ = ["PKCS11_SCHEME", "KMS_SCHEMES", "Pkcs11Signer", "parse_pkcs11_uri", "generate_pkcs11_key",
-           "public_key_of", "is_key_uri", "MODULE_ENV", "PIN_ENV"]
+           "public_key_of", "is_key_uri", "open_session", "shown_uri", "MODULE_ENV", "PIN_ENV"]
 
 MODULE_ENV = "TRAINLEDGER_PKCS11_MODULE"
 PIN_ENV = "TRAINLEDGER_PKCS11_PIN"
@@ -91,7 +91,9 @@ def _pkcs11():
 _OPEN_TRIES = 5
 
 
-def _open(uri: str, *, rw: bool = False):
+def open_session(uri: str, *, rw: bool = False):
+    """``(pkcs11, the URI's attributes, a session)`` on the token ``uri`` names (logged in with its PIN), retried a
+    few times while the token is not there yet; :class:`KeyFileError` naming the URI (never its PIN) otherwise."""
     import time
 
     pkcs11 = _pkcs11()
@@ -112,11 +114,11 @@ def _open(uri: str, *, rw: bool = False):
                                                                 pkcs11.exceptions.PinLocked)):
                 time.sleep(0.1 * 2 ** attempt)
                 continue
-            raise KeyFileError(f"{_shown(uri)}: cannot open the token ({type(e).__name__}"
+            raise KeyFileError(f"{shown_uri(uri)}: cannot open the token ({type(e).__name__}"
                                f"{': ' + str(e) if str(e) else ''})") from None
 
 
-def _shown(uri: str) -> str:
+def shown_uri(uri: str) -> str:
     """The URI as an error may show it: its path, without the query (no PIN source, no module)."""
     return uri.split("?", 1)[0]
 
@@ -129,12 +131,12 @@ def _public_of(pkcs11, session, label: str, uri: str) -> PublicKey:
         point = pub[Attribute.EC_POINT]
     except (pkcs11.exceptions.PKCS11Error, pkcs11.exceptions.NoSuchKey, pkcs11.exceptions.MultipleObjectsReturned) \
             as e:
-        raise KeyFileError(f"{_shown(uri)}: no single Ed25519 public key labelled {label!r} in the token "
+        raise KeyFileError(f"{shown_uri(uri)}: no single Ed25519 public key labelled {label!r} in the token "
                            f"({type(e).__name__})") from None
     raw = bytes(point)
     if len(raw) == 34 and raw[:2] == b"\x04\x20":  # a DER OCTET STRING around the 32 bytes
         raw = raw[2:]
-    return PublicKey(raw, source=_shown(uri))
+    return PublicKey(raw, source=shown_uri(uri))
 
 
 class Pkcs11Signer(Signer):
@@ -147,7 +149,7 @@ class Pkcs11Signer(Signer):
         from pkcs11 import Mechanism
 
         self._full = uri  # kept to open the session again after the token went away (never shown)
-        self.uri = _shown(uri)
+        self.uri = shown_uri(uri)
         self._session, self._key, self.public = self._connect()
         self._lock = threading.Lock()
         self._mech = Mechanism.EDDSA
@@ -156,7 +158,7 @@ class Pkcs11Signer(Signer):
         """A session on the token, its private key and its public key (a token plugged back in: the same key)."""
         from pkcs11 import KeyType, ObjectClass
 
-        pkcs11, attrs, session = _open(self._full)
+        pkcs11, attrs, session = open_session(self._full)
         uri = self._full
         try:
             key = session.get_key(object_class=ObjectClass.PRIVATE_KEY, key_type=KeyType.EC_EDWARDS,
@@ -213,21 +215,21 @@ class Pkcs11Signer(Signer):
 def generate_pkcs11_key(uri: str) -> PublicKey:
     """Make an Ed25519 key pair inside the token, labelled by the URI's ``object`` (private: sensitive, never
     extractable); refuses a label already used. Returns the public key."""
-    pkcs11, attrs, session = _open(uri, rw=True)
+    pkcs11, attrs, session = open_session(uri, rw=True)
     from pkcs11 import Attribute, KeyType, Mechanism, ObjectClass
 
     try:
         label = attrs["object"]
         found = list(session.get_objects({Attribute.LABEL: label, Attribute.CLASS: ObjectClass.PRIVATE_KEY}))
         if found:
-            raise KeyFileError(f"{_shown(uri)}: the token already holds a key labelled {label!r}; a key is never "
+            raise KeyFileError(f"{shown_uri(uri)}: the token already holds a key labelled {label!r}; a key is never "
                                "replaced (choose another object=)")
         try:
             session.generate_keypair(KeyType.EC_EDWARDS, mechanism=Mechanism.EC_EDWARDS_KEY_PAIR_GEN, store=True,
                                      label=label, public_template={Attribute.EC_PARAMS: _ED25519_PARAMS},
                                      private_template={Attribute.SENSITIVE: True, Attribute.EXTRACTABLE: False})
         except pkcs11.exceptions.PKCS11Error as e:
-            raise KeyFileError(f"{_shown(uri)}: the token cannot make an Ed25519 key ({type(e).__name__})") from None
+            raise KeyFileError(f"{shown_uri(uri)}: the token cannot make an Ed25519 key ({type(e).__name__})") from None
         return _public_of(pkcs11, session, label, uri)
     finally:
         session.close()
@@ -235,7 +237,7 @@ def generate_pkcs11_key(uri: str) -> PublicKey:
 
 def public_key_of(uri: str) -> PublicKey:
     """The public half of the key the URI names."""
-    pkcs11, attrs, session = _open(uri)
+    pkcs11, attrs, session = open_session(uri)
     try:
         return _public_of(pkcs11, session, attrs["object"], uri)
     finally:

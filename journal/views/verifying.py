@@ -34,9 +34,10 @@ def path_kind(path: str | os.PathLike) -> str:
 def verify_path(path: str | os.PathLike, trust: TrustPolicy | None = None, *, partial: bool = False,
                 require_closed: bool = False, expect_head: tuple[int, str] | None = None,
                 expect_checkpoint: Any = None, workers: int | None = None, ray: str | None = None,
-                progress: Callable[[int, int], None] | None = None) -> Any:
-    """Verify ``path`` as what it is (:func:`path_kind`) under ``trust``; returns the check's report (a
-    ``VerifyReport``, a ``RunDirReport`` or an ``ExportCheck``, each with ``to_dict()``) or raises
+                progress: Callable[[int, int], None] | None = None, kind: str | None = None) -> Any:
+    """Verify ``path`` as what it is (:func:`path_kind`; ``kind``: its answer, when the caller has asked already)
+    under ``trust``; returns the check's report (a ``VerifyReport``, a ``RunDirReport`` or an ``ExportCheck``, each
+    with ``to_dict()``) or raises
     :class:`~trainledger.journal.errors.IntegrityError` naming the first thing that does not hold.
 
     ``partial``: a run folder (or its export) with ranks missing is checked as far as its ranks go.
@@ -45,7 +46,10 @@ def verify_path(path: str | os.PathLike, trust: TrustPolicy | None = None, *, pa
     a Ray cluster (``""``: a local one). ``workers``: processes for one large journal. ``progress``: called as a
     journal's bytes are checked."""
     trust = trust if trust is not None else TrustPolicy()
-    kind = path_kind(path)
+    if kind is None:
+        kind = path_kind(path)
+    elif kind not in ("export", "run_dir", "journal"):
+        raise UsageError(f"kind must be what path_kind returns (export, run_dir, journal), got {kind!r}")
     if kind == "export":
         from trainledger.journal.views.parquet.check import verify_export
 

@@ -116,10 +116,10 @@ class Pkcs11ReleaseKey(ReleaseKey):
 
         from pkcs11 import Attribute, KeyType, ObjectClass
 
-        from trainledger.journal.backends.hsm import _open, _shown
+        from trainledger.journal.backends.hsm import open_session, shown_uri
 
-        self.uri = _shown(uri)
-        pkcs11, attrs, self._session = _open(uri)
+        self.uri = shown_uri(uri)
+        pkcs11, attrs, self._session = open_session(uri)
         label = attrs["object"]
         try:
             self._key = self._session.get_key(object_class=ObjectClass.PRIVATE_KEY, key_type=KeyType.EC, label=label)
@@ -168,13 +168,13 @@ def generate_pkcs11_release_key(uri: str) -> ReleasePublicKey:
     from pkcs11 import Attribute, KeyType, ObjectClass
     from pkcs11.util.ec import encode_named_curve_parameters
 
-    from trainledger.journal.backends.hsm import _open, _shown
+    from trainledger.journal.backends.hsm import open_session, shown_uri
 
-    pkcs11, attrs, session = _open(uri, rw=True)
+    pkcs11, attrs, session = open_session(uri, rw=True)
     try:
         label = attrs["object"]
         if list(session.get_objects({Attribute.LABEL: label, Attribute.CLASS: ObjectClass.PRIVATE_KEY})):
-            raise KeyFileError(f"{_shown(uri)}: the token already holds a key labelled {label!r}; a key is never "
+            raise KeyFileError(f"{shown_uri(uri)}: the token already holds a key labelled {label!r}; a key is never "
                                "replaced (choose another object=)")
         try:
             session.generate_keypair(KeyType.EC, store=True, label=label,
@@ -182,7 +182,7 @@ def generate_pkcs11_release_key(uri: str) -> ReleasePublicKey:
                                                       encode_named_curve_parameters("1.2.840.10045.3.1.7")},
                                      private_template={Attribute.SENSITIVE: True, Attribute.EXTRACTABLE: False})
         except pkcs11.exceptions.PKCS11Error as e:
-            raise KeyFileError(f"{_shown(uri)}: the token cannot make an ECDSA P-256 key ({type(e).__name__})") \
+            raise KeyFileError(f"{shown_uri(uri)}: the token cannot make an ECDSA P-256 key ({type(e).__name__})") \
                 from None
     finally:
         session.close()

@@ -224,7 +224,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     try:
         r = verify_path(args.path, trust, partial=args.partial, require_closed=args.require_closed,
                         expect_head=parse_head(args.expect_head) if args.expect_head else None,
-                        expect_checkpoint=cp, workers=args.workers, ray=args.ray, progress=progress)
+                        expect_checkpoint=cp, workers=args.workers, ray=args.ray, progress=progress, kind=kind)
     except IntegrityError as e:
         if kind != "journal":
             return say_failed(args, e, args.path)
