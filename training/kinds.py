@@ -21,7 +21,7 @@ __all__ = ["CHECKPOINT_CONTRACT", "LOSS_SCALES", "SPIKE_RULES", "RunConfigured",
            "RewindDecided", "DataWindowSkipped", "RunStopped", "PreflightGate", "PreflightCompleted",
            "EvaluationRecorded", "CheckpointSelected", "ResourceRecorded", "ShardsSaved", "DeviceSampled",
            "DeviceChanged", "DEVICE_ANOMALIES", "device_anomaly", "TelemetryUnavailable", "StragglerScores",
-           "StragglerDetected", "MetricsLogged", "ComputeTotaled", "ComputeThresholdCrossed"]
+           "StragglerDetected", "MetricsLogged", "metric_values", "MAX_METRIC_NAME", "ComputeTotaled", "ComputeThresholdCrossed"]
 
 #: What a checkpoint must hold for a resume to continue the run exactly (training/checkpoints/state.py enforces it;
 #: the manifest validator checks a manifest's checkpoint contents against it). Torch-free on purpose.
@@ -461,12 +461,56 @@ class StragglerDetected(Event, tag="straggler_detected", frozen=True, kw_only=Tr
 
 
 class MetricsLogged(Event, tag="metrics_logged", frozen=True, kw_only=True):
-    """Metrics a framework's own logging call reported (Lightning's ``self.log``), as it reported them: a record
-    of what was logged, not a conclusion trainledger derives (format 1.2)."""
+    """Metrics a logging call reported (``Recorder.log``, Lightning's ``self.log``, Hugging Face's logs), as it
+    reported them: a record of what was logged, not a conclusion trainledger derives (format 1.2). ``source`` names
+    the call (``log``, ``lightning``, ``hf``, ...)."""
 
     step: int
     metrics: dict[str, float]
     source: str = ""
+
+
+#: The longest metric name a ``metrics_logged`` records (a name is a label, not a payload)
+MAX_METRIC_NAME = 1024
+
+
+def metric_values(values: Any, *, what: str = "metrics") -> dict[str, float]:
+    """The scalars of a logging call as ``metrics_logged`` records them: every value a real number as a float
+    (ints, bools as 0/1, NaN and the infinities kept; a NumPy scalar or a one-element tensor by its ``item()``), a
+    nested mapping flattened with ``.`` as W&B does (``{"eval": {"acc": 0.9}}`` is ``eval.acc``). Raises
+    :class:`ValueError` naming the first name or value that is not one: an empty or over-long name, a string, a
+    list, an image."""
+    out: dict[str, float] = {}
+
+    def walk(prefix: str, d: Any) -> None:
+        if not hasattr(d, "items"):
+            raise ValueError(f"{what} must be a mapping of names to numbers, got {type(d).__name__}")
+        for k, v in d.items():
+            if not isinstance(k, str) or not k:
+                raise ValueError(f"{what}: a metric name must be a non-empty string, got {k!r}"[:200])
+            name = f"{prefix}.{k}" if prefix else k
+            if len(name) > MAX_METRIC_NAME:
+                raise ValueError(f"{what}: the name {name[:40]!r}... is longer than {MAX_METRIC_NAME} characters")
+            if isinstance(v, float):
+                out[name] = v
+            elif isinstance(v, int):  # bool included: True is 1.0
+                out[name] = float(v)
+            elif hasattr(v, "items"):
+                walk(name, v)
+            else:
+                item = getattr(v, "item", None)
+                size = getattr(v, "size", None)
+                numel = v.numel() if callable(getattr(v, "numel", None)) else size if isinstance(size, int) else None
+                if callable(item) and numel == 1:
+                    got = item()
+                    if isinstance(got, (int, float)):
+                        out[name] = float(got)
+                        continue
+                raise ValueError(f"{what}: {name!r} is a {type(v).__name__}, not a number (only scalars are "
+                                 "recorded)"[:300])
+
+    walk("", values)
+    return out
 
 
 class ComputeTotaled(Event, tag="compute_totaled", frozen=True, kw_only=True):

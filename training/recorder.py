@@ -35,6 +35,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
 from trainledger.training.health.flops import device_kind as _device_kind_of
@@ -164,6 +165,7 @@ class Recorder:
         self.data_state: Any = None
         self.resumed_from: CheckpointSaved | None = None
         self._kept: list[CheckpointSaved] = []
+        self._step = 0  # the last step given to step(): log()'s default
         info = self.rank_info
         #: where this process's own checkpoints go, relative to the run folder (one folder per rank under torchrun)
         self.checkpoint_dir = "checkpoints" if info is None else f"checkpoints/rank-{info.rank:05d}"
@@ -296,6 +298,7 @@ class Recorder:
         now = time.perf_counter()
         dt = now - self._t if step_time_s is None else step_time_s
         self._t = now
+        self._step = step
         q = self._queue
         if q is None:
             return self.monitor.observe_step(step, loss, grad_norm=grad_norm, step_time_s=dt, batch_size=batch_size,
@@ -311,6 +314,71 @@ class Recorder:
         to ``rec.journal``, so that they follow the steps before them. Without ``batch``: nothing queued, []."""
         q = self._queue
         return q.hand_over(self.monitor) if q is not None and q.pending else []
+
+    def log(self, metrics: Mapping[str, Any], *, step: int | None = None) -> None:
+        """Record any scalars, as ``wandb.log`` or ``add_scalar`` would log them: accuracy, an eval loss, the learning
+        rate, anything with a name. One ``metrics_logged`` event at ``step`` (default: the last step given to
+        :meth:`step`, 0 before any) with the names and values as given: NaN and the infinities kept, a nested dict
+        flattened with ``.`` as W&B does, a NumPy scalar or a one-element tensor taken by its value; a value that is
+        not a number (a string, a list, an image) raises :class:`UsageError` naming it. Queued like a step: it never
+        waits for the disk or a signature (the journal's flush interval bounds what a crash loses). With ``batch``,
+        a ``metrics_logged`` may come before the lines of steps still queued: each names its step."""
+        from trainledger.training.kinds import MetricsLogged, metric_values
+
+        try:
+            values = metric_values(metrics)
+        except ValueError as e:
+            raise UsageError(f"log: {e}") from None
+        at = self._step if step is None else step
+        if type(at) is not int or at < 0:
+            raise UsageError(f"log: step must be a non-negative integer, got {at!r}")
+        self.journal.append_deferred(MetricsLogged(step=at, metrics=values, source="log"))
+
+    def evaluate(self, name: str, results: Mapping[str, Any], *, step: int | None = None,
+                 checkpoint: CheckpointSaved | str | None = None, role: str = "target",
+                 cases: list[Any] | None = None) -> Any:
+        """Record an evaluation's results bound to the checkpoint it evaluated (``evaluation_recorded``, durable):
+        its path and its SHA-256 as the journal recorded it, so that no one can later say the numbers were of other
+        weights. ``checkpoint``: what :meth:`checkpoint` or :meth:`record_checkpoint` returned, or its path
+        (default: the newest checkpoint this run recorded; none is a :class:`UsageError`: save one first). ``step``:
+        default the checkpoint's. ``results``: name -> number, as :meth:`log` takes them. ``role``: ``target``,
+        ``retention`` or ``control`` (what the evaluation is for, as the experiment manifest names them).
+        ``cases``: per-case results (JSON-able), kept in ``evals/<digest>.json`` and recorded by digest."""
+        from trainledger.training.experiment.loop import write_eval_cases
+        from trainledger.training.kinds import EvaluationRecorded, metric_values
+
+        self.hand_over()
+        if not isinstance(name, str) or not name:
+            raise UsageError(f"evaluate: name must be a non-empty string, got {name!r}"[:200])
+        if role not in ("target", "retention", "control"):
+            raise UsageError(f"evaluate: role must be target, retention or control, got {role!r}"[:200])
+        try:
+            values = metric_values(results, what="results")
+        except ValueError as e:
+            raise UsageError(f"evaluate: {e}") from None
+        if checkpoint is None:
+            if not self._kept:
+                raise UsageError("evaluate: no checkpoint recorded yet to bind the results to: rec.checkpoint(step) "
+                                 "first, or pass checkpoint=")
+            ck = self._kept[-1]
+        elif isinstance(checkpoint, str):
+            found = [c for c in self._kept if c.path == checkpoint]
+            if not found:
+                raise UsageError(f"evaluate: {checkpoint!r} is not a live checkpoint this run recorded "
+                                 f"({', '.join(c.path for c in self._kept[-3:]) or 'none yet'})")
+            ck = found[-1]
+        elif isinstance(checkpoint, CheckpointSaved) and any(c.path == checkpoint.path and c.sha256 ==
+                                                             checkpoint.sha256 for c in self._kept):
+            ck = checkpoint
+        else:
+            raise UsageError("evaluate: checkpoint must be one this run recorded (what rec.checkpoint returned, or "
+                             "its path)")
+        digest, where = write_eval_cases(self.run, name, ck.sha256, cases or [])
+        ev = EvaluationRecorded(hook=name, role=role, step=ck.step if step is None else step, checkpoint=ck.path,
+                                checkpoint_sha256=ck.sha256, metrics=values, cases=len(cases or []),
+                                cases_sha256=digest, cases_path=where)
+        self.journal.append(ev, durable=True)
+        return ev
 
     def checkpoint(self, step: int, *, data_state: Any = None, tokens: int = 0) -> CheckpointSaved:
         """Save the full training state after step ``step`` (the last step completed) and record it, durably.

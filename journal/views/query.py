@@ -60,8 +60,8 @@ from trainledger.journal.verify import Verification, VerifyReport, open_checked,
 __all__ = ["connect", "open_views", "build_cache", "refresh_cache_in_background", "keep_cold_load", "cache_dir",
            "journal_files", "VIEWS", "Source", "CACHE_MIN_BYTES"]  # noqa: F822 - VIEWS: __getattr__
 
-CACHE_VERSION = 7  # bumped whenever a view's columns change (timeline, runs.imported, the 1.2 kinds, events.rank,
-#                   the 1.6 fields and anomaly_ended)
+CACHE_VERSION = 8  # bumped whenever a view's columns change (timeline, runs.imported, the 1.2 kinds, events.rank,
+#                   the 1.6 fields and anomaly_ended, metrics and evaluations)
 #: ``trainledger query`` keeps a columnar copy only of journals at least this large; smaller ones load in
 #: well under a tenth of a second anyway.
 CACHE_MIN_BYTES = 16 * 1024 * 1024
@@ -75,7 +75,7 @@ VIEW_NAMES = {"steps": "step_observed", "anomalies": "anomaly_detected", "episod
               "checkpoints": "checkpoint_saved",
               "resumes": "run_resumed", "rewinds": "rewind_decided", "verdicts": "gate_verdict",
               "decisions": "decision_recorded", "seals": "seal", "stops": "run_stopped", "configs": "run_configured",
-              "stragglers": "straggler_detected", "telemetry": "device_sampled"}
+              "stragglers": "straggler_detected", "telemetry": "device_sampled", "evaluations": "evaluation_recorded"}
 
 
 def _duck_type(t: Any) -> str:
@@ -162,17 +162,20 @@ _DERIVED: dict[str, str] = {
            "* COALESCE(s.tokens, s.examples * c.seq_len) / s.step_time_s / (c.peak_flops_per_sec * c.devices) AS mfu "
            "FROM steps s ASOF JOIN configs c ON s.run_id = c.run_id AND s.seq >= c.seq "
            "WHERE s.step_time_s > 0 AND c.peak_flops_per_sec IS NOT NULL AND c.n_params IS NOT NULL",
+    # Every logged scalar, one row each (metrics_logged's map unnested): NaN and the infinities as DOUBLE's own.
+    "metrics": "SELECT m.run_id, m.rank, m.seq, m.step, e.key AS name, TRY_CAST(e.value AS DOUBLE) AS value, "
+               "m.source FROM metrics_logged m, json_each(m.metrics) e",
 }
 
 
 #: The views each derived view reads besides ``events`` (a test holds it to DuckDB's parse of the SQL).
 _DERIVED_READS: dict[str, tuple[str, ...]] = {"runs": (), "timeline": ("steps", "resumes", "configs"),
-                                              "mfu": ("steps", "configs")}
+                                              "mfu": ("steps", "configs"), "metrics": ("metrics_logged",)}
 
 
 def view_names() -> list[str]:
     """Every view's name (``events`` aside), in the order they are defined: a view after those it reads."""
-    return ["runs", *VIEW_NAMES, *BUILTIN_KINDS, "timeline", "mfu"]
+    return ["runs", *VIEW_NAMES, *BUILTIN_KINDS, "timeline", "mfu", "metrics"]
 
 
 _VIEW_SQL: dict[str, str] = {}

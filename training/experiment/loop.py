@@ -60,7 +60,7 @@ from trainledger.training.experiment.manifest import ExperimentManifest, config_
 from trainledger.training.reference.model import build_causal_lm
 from trainledger.training.health.monitor import TrainingHealthMonitor
 
-__all__ = ["run_experiment", "write_example", "Runtime", "ProtectedDataAccess", "DataGuard", "build_from_manifest",
+__all__ = ["run_experiment", "write_example", "write_eval_cases", "Runtime", "ProtectedDataAccess", "DataGuard", "build_from_manifest",
            "evaluate_hook", "STOP_RULES"]
 
 STOP_RULES = ("identity-mismatch", "protected-data-access", "non-finite-loss", "effective-batch", "budget-breach",
@@ -384,6 +384,20 @@ def run_experiment(m: ExperimentManifest, root: str | Path, run_dir: str | Path,
         raise
 
 
+def write_eval_cases(run: Path, hook: str, checkpoint_sha256: str, cases: list[Any]) -> tuple[str, str]:
+    """Keep an evaluation's per-case results in ``RUN/evals/<digest>.json`` (the hook, the checkpoint's digest and
+    the cases, canonical JSON); returns the digest and the path relative to the run, as ``evaluation_recorded``
+    records them. Written to a new file and renamed into place: a link planted in ``evals/`` is not followed."""
+    blob = json.dumps({"hook": hook, "checkpoint_sha256": checkpoint_sha256, "cases": cases}, sort_keys=True).encode()
+    digest = hashlib.sha256(blob).hexdigest()
+    (run / "evals").mkdir(exist_ok=True)
+    dest = confined(run, f"evals/{digest}.json", what="evaluation cases path")  # evals/ may not lead out
+    with open_new(dest.with_name(dest.name + ".tmp")) as f:
+        f.write(blob)
+    os.replace(dest.with_name(dest.name + ".tmp"), dest)
+    return digest, f"evals/{digest}.json"
+
+
 def _evaluate(m, run: Path, j: Journal, step: int, ck: CheckpointSaved, model, guard: DataGuard,
               evals: list, baselines: dict[str, float], durations: dict[str, float]) -> tuple | None:
     for hook in m.evaluation.hooks:
@@ -391,17 +405,10 @@ def _evaluate(m, run: Path, j: Journal, step: int, ck: CheckpointSaved, model, g
             continue
         te = time.perf_counter()
         metrics, cases = evaluate_hook(m, hook, model, guard)
-        blob = json.dumps({"hook": hook.name, "checkpoint_sha256": ck.sha256, "cases": cases},
-                          sort_keys=True).encode()
-        digest = hashlib.sha256(blob).hexdigest()
-        (run / "evals").mkdir(exist_ok=True)
-        dest = confined(run, f"evals/{digest}.json", what="evaluation cases path")  # evals/ may not lead out
-        with open_new(dest.with_name(dest.name + ".tmp")) as f:  # a link planted at that name is not followed
-            f.write(blob)
-        os.replace(dest.with_name(dest.name + ".tmp"), dest)
+        digest, where = write_eval_cases(run, hook.name, ck.sha256, cases)
         ev = EvaluationRecorded(hook=hook.name, role=hook.role, step=step, checkpoint=ck.path,
                                 checkpoint_sha256=ck.sha256, metrics=metrics, cases=len(cases),
-                                cases_sha256=digest, cases_path=f"evals/{digest}.json")
+                                cases_sha256=digest, cases_path=where)
         j.append(ev, durable=True)
         evals.append(ev)
         durations["eval_s"] += time.perf_counter() - te

@@ -50,7 +50,7 @@ from transformers import TrainerCallback
 from trainledger.training.health.mfu import record_compute
 from trainledger.journal import Signer
 from trainledger.journal.errors import UsageError
-from trainledger.training.kinds import CheckpointDeleted, CheckpointSaved
+from trainledger.training.kinds import CheckpointDeleted, CheckpointSaved, MetricsLogged, metric_values
 
 from trainledger.training.checkpoints.state import ResumeRejected, signed_history
 from trainledger.training.health.flops import flop_config_from_hf
@@ -278,6 +278,17 @@ class TrainledgerCallback(TrainerCallback):
             control.should_training_stop = True
 
     # -------------------------------------------------------------- checkpoints
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        """Every number the Trainer logs (``loss``, ``learning_rate``, ``grad_norm``, ``eval_*``, ...), as
+        ``metrics_logged`` (source ``hf``) at the step it was logged after (``global_step - 1``, trainledger's step
+        convention); what is not a number (a string the Trainer adds) is left out."""
+        if self.journal is None or not logs:
+            return
+        numbers = {k: v for k, v in logs.items() if isinstance(k, str) and k and isinstance(v, (int, float))}
+        if numbers:
+            self.journal.append_deferred(MetricsLogged(step=max(0, state.global_step - 1),
+                                                       metrics=metric_values(numbers), source="hf"))
 
     def on_save(self, args, state, control, **kwargs):
         if self.monitor is not None:

@@ -86,6 +86,12 @@ def test_every_step_is_journaled_and_checkpoint_folders_are_digested(tmp_path, s
     # per step, not the logging window: the Trainer's logged mean over steps 0-4 is the mean of ours
     logged = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     assert logged[0] == pytest.approx(sum(s.loss for s in steps[:5]) / 5, rel=1e-4)
+    # every number the Trainer logged is in the journal too, at the step it was logged after
+    metrics = _events(tmp_path, "metrics_logged")
+    assert {m.source for m in metrics} == {"hf"} and len(metrics) == len(trainer.state.log_history)
+    for m, h in zip(metrics, trainer.state.log_history):
+        assert m.step == h["step"] - 1
+        assert m.metrics == {k: float(v) for k, v in h.items() if isinstance(v, (int, float)) and k != "step"}
     (cfg,) = _events(tmp_path, "run_configured")
     assert (cfg.n_params, cfg.n_layer, cfg.n_head, cfg.head_dim, cfg.seq_len) == (27520, 2, 2, 16, 16)
     opened = _events(tmp_path, "run_opened")[0]
