@@ -34,7 +34,8 @@ def every_kind(path: Path) -> Path:
     from trainledger.training.kinds import CheckpointDeleted, CheckpointFailed, CheckpointSaved, CheckpointSelected, \
         DataWindowSkipped, DeviceChanged, DeviceSampled, EvaluationRecorded, PreflightCompleted, PreflightGate, \
         ResourceRecorded, ResumeRejectedEvent, RewindDecided, RunConfigured, RunStopped, ShardsSaved, \
-        StragglerDetected, StragglerScores, TelemetryUnavailable, WeightsRestored, device_anomaly, MetricsLogged
+        StragglerDetected, StragglerScores, TelemetryUnavailable, WeightsRestored, device_anomaly, MetricsLogged, \
+        ConfigLogged
     from trainledger.ladder.kinds import DecisionRecorded, GateVerdict, RungStarted
     from trainledger.ladder.outcome import beta_update, gate
 
@@ -130,6 +131,8 @@ def every_kind(path: Path) -> Path:
     j.append(device_anomaly(throttled), durable=True)  # the anomaly it is (1.2), as the sampler records it
     j.append(TelemetryUnavailable(reason="ModuleNotFoundError: No module named 'pynvml'"), durable=True)
     j.append(MetricsLogged(step=25, metrics={"val_loss": 2.5}, source="lightning"), durable=True)
+    j.append(ConfigLogged(config={"lr": 3e-4, "layers": [2, 2], "optimizer": {"name": "adamw"}}, source="config",
+                          step=25), durable=True)
     j.append(StragglerScores(window_start=0, window_end=9, medians={"0": 0.01, "1": 0.04},
                              scores={"0": 1.0, "1": 0.25}, threshold=0.75, individual={"0": 1.0, "1": 1.0}),
              durable=True)
@@ -323,9 +326,9 @@ def expectations(path: Path) -> dict:
 
 #: The goldens this code can write. Older ones (every_kind_v1.jsonl: format 1.0, before spike_suspected and the
 #: peak's provenance) are frozen: no builder, never rewritten, and they must keep verifying and replaying.
-# every_kind_v1.jsonl (1.0), every_kind_v1_1.jsonl (1.1), every_kind_v1_2.jsonl (1.2) and every_kind_v1_3.jsonl (1.3)
-# are frozen: this code writes the current format.
-GOLDENS = {"every_kind_v1_6.jsonl": every_kind, "resumed_rewound_v1_1.jsonl": resumed_rewound,
+# every_kind_v1.jsonl (1.0), every_kind_v1_1.jsonl (1.1), every_kind_v1_2.jsonl (1.2), every_kind_v1_3.jsonl (1.3)
+# and every_kind_v1_6.jsonl (1.6) are frozen: this code writes the current format.
+GOLDENS = {"every_kind_v1_9.jsonl": every_kind, "resumed_rewound_v1_1.jsonl": resumed_rewound,
            "ladder_halt_v1_1.jsonl": ladder_halt, "experiment_v1_1.jsonl": experiment,
            "scaling_ladder_v1_2.jsonl": scaling_ladder, "rank_keys_v1_7.jsonl": rank_keys,
            "compute_v1_7.jsonl": compute, "ladder_closed_v1_7.jsonl": ladder_closed}

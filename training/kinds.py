@@ -21,7 +21,8 @@ __all__ = ["CHECKPOINT_CONTRACT", "LOSS_SCALES", "SPIKE_RULES", "RunConfigured",
            "RewindDecided", "DataWindowSkipped", "RunStopped", "PreflightGate", "PreflightCompleted",
            "EvaluationRecorded", "CheckpointSelected", "ResourceRecorded", "ShardsSaved", "DeviceSampled",
            "DeviceChanged", "DEVICE_ANOMALIES", "device_anomaly", "TelemetryUnavailable", "StragglerScores",
-           "StragglerDetected", "MetricsLogged", "metric_values", "MAX_METRIC_NAME", "ComputeTotaled", "ComputeThresholdCrossed"]
+           "StragglerDetected", "MetricsLogged", "metric_values", "MAX_METRIC_NAME", "ConfigLogged",
+           "config_values", "ComputeTotaled", "ComputeThresholdCrossed"]
 
 #: What a checkpoint must hold for a resume to continue the run exactly (training/checkpoints/state.py enforces it;
 #: the manifest validator checks a manifest's checkpoint contents against it). Torch-free on purpose.
@@ -470,6 +471,49 @@ class MetricsLogged(Event, tag="metrics_logged", frozen=True, kw_only=True):
     source: str = ""
 
 
+class ConfigLogged(Event, tag="config_logged", frozen=True, kw_only=True):
+    """Format 1.9: a run's configuration as a logging call set it (``wandb.config``, ``add_hparams``): the keys set
+    and their values, as JSON. Later records override earlier ones key by key; the run's configuration is their
+    fold. ``source`` names the call; ``step`` the last step logged when it was set (None: before any)."""
+
+    config: dict[str, Any]
+    source: str = ""
+    step: int | None = None
+
+
+def config_values(values: Any, *, what: str = "config") -> dict[str, Any]:
+    """A configuration as ``config_logged`` records it: a mapping (an ``argparse.Namespace`` or any object with
+    ``__dict__`` by its attributes) of string keys to JSON values; numbers, strings, booleans and None as they are,
+    tuples and sets as lists, nested mappings as objects, anything else by its ``str()`` (a dtype, a path, a
+    class). Raises :class:`ValueError` for a key that is not a non-empty string."""
+    if not hasattr(values, "items"):
+        if hasattr(values, "__dict__") and not isinstance(values, type):
+            values = vars(values)
+        else:
+            raise ValueError(f"{what} must be a mapping (or an argparse Namespace), got {type(values).__name__}")
+
+    def plain(v: Any, depth: int) -> Any:
+        if v is None or isinstance(v, (bool, int, float, str)):
+            return v
+        if depth > 16:
+            return str(v)
+        if hasattr(v, "items"):
+            return {str(k): plain(x, depth + 1) for k, x in v.items()}
+        if isinstance(v, (list, tuple, set, frozenset)):
+            return [plain(x, depth + 1) for x in (sorted(v, key=str) if isinstance(v, (set, frozenset)) else v)]
+        item = getattr(v, "item", None)
+        if callable(item) and getattr(v, "ndim", None) == 0:
+            return plain(item(), depth)
+        return str(v)
+
+    out: dict[str, Any] = {}
+    for k, v in values.items():
+        if not isinstance(k, str) or not k:
+            raise ValueError(f"{what}: a key must be a non-empty string, got {k!r}"[:200])
+        out[k] = plain(v, 0)
+    return out
+
+
 #: The longest metric name a ``metrics_logged`` records (a name is a label, not a payload)
 MAX_METRIC_NAME = 1024
 
@@ -574,5 +618,5 @@ KINDS: tuple[type[Event], ...] = (
     WeightsRestored, CheckpointFailed, CheckpointDeleted, RewindDecided, DataWindowSkipped, RunStopped,
     PreflightGate, PreflightCompleted, EvaluationRecorded, CheckpointSelected, ResourceRecorded, ShardsSaved,
     DeviceSampled, DeviceChanged, TelemetryUnavailable, StragglerScores, StragglerDetected, MetricsLogged,
-    ComputeTotaled, ComputeThresholdCrossed,
+    ComputeTotaled, ComputeThresholdCrossed, ConfigLogged,
 )

@@ -168,6 +168,9 @@ _DERIVED: dict[str, str] = {
 }
 
 
+#: The derived views' names: a reader recomputes them from the typed views (the Parquet export stores none of them)
+DERIVED_VIEWS = tuple(_DERIVED)
+
 #: The views each derived view reads besides ``events`` (a test holds it to DuckDB's parse of the SQL).
 _DERIVED_READS: dict[str, tuple[str, ...]] = {"runs": (), "timeline": ("steps", "resumes", "configs"),
                                               "mfu": ("steps", "configs"), "metrics": ("metrics_logged",)}

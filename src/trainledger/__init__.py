@@ -73,7 +73,13 @@ _LAZY = {
     "run_pilot_ladder": "trainledger.ladder.runner",
     "open_query": "trainledger.journal.views.session",
     "verify_path": "trainledger.journal.views.verifying",
+    # W&B's calls (``import trainledger as wandb``): trainledger.tracking
+    "init": "trainledger.tracking", "log": "trainledger.tracking", "finish": "trainledger.tracking",
+    "define_metric": "trainledger.tracking", "watch": "trainledger.tracking", "login": "trainledger.tracking",
+    "save": "trainledger.tracking", "Settings": "trainledger.tracking",
 }
+#: W&B's module attributes that follow the current run: ``run`` (None before ``init``), ``config``, ``summary``
+_CURRENT = ("run", "config", "summary")
 
 
 def __getattr__(name: str):
@@ -81,6 +87,14 @@ def __getattr__(name: str):
 
     if name in _JOURNAL_NAMES:
         return getattr(importlib.import_module("trainledger.journal"), name)
+    if name in _CURRENT:
+        tracking = importlib.import_module("trainledger.tracking")
+        run = tracking.current
+        if name == "run":
+            return run
+        if run is None:
+            raise AttributeError(f"trainledger.{name} is the current run's: call trainledger.init() first")
+        return getattr(run, name)
     if name not in _LAZY:
         raise AttributeError(f"module 'trainledger' has no attribute {name!r}")
     return getattr(importlib.import_module(_LAZY[name]), name)

@@ -58,19 +58,17 @@ __all__ = ["EXPORT_FORMAT", "LISTING", "RECEIPT_KEY", "ExportReport", "JournalEx
 EXPORT_FORMAT = "trainledger-parquet/1"
 LISTING = "receipts.json"
 RECEIPT_KEY = "trainledger_receipt"
-#: the query layer's views that hold rows of one kind; the derived ones (runs, timeline, mfu) are recomputed by a
-#: reader from these, as the query layer does
-_DERIVED = ("runs", "timeline", "mfu")
 _SAFE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 
 
 def tables() -> list[str]:
     """``events`` and one typed table per kind: the query layer's friendly name where a kind has one (``steps``),
     else its tag (each kind once: query has both names for the same rows)."""
-    from trainledger.journal.views.query import VIEW_NAMES, view_names
+    from trainledger.journal.views.query import DERIVED_VIEWS, VIEW_NAMES, view_names
 
+    # the derived views (runs, timeline, mfu, metrics) are recomputed by a reader from these, as the query layer does
     aliased = set(VIEW_NAMES.values())
-    return ["events"] + [v for v in view_names() if v not in _DERIVED and v not in aliased]
+    return ["events"] + [v for v in view_names() if v not in DERIVED_VIEWS and v not in aliased]
 
 
 def is_export(path: str | os.PathLike) -> bool:
