@@ -77,6 +77,8 @@ _LAZY = {
     "init": "trainledger.tracking", "log": "trainledger.tracking", "finish": "trainledger.tracking",
     "define_metric": "trainledger.tracking", "watch": "trainledger.tracking", "login": "trainledger.tracking",
     "save": "trainledger.tracking", "Settings": "trainledger.tracking",
+    # TensorBoard's SummaryWriter (add_scalar, add_scalars, add_hparams)
+    "SummaryWriter": "trainledger.tracking",
 }
 #: W&B's module attributes that follow the current run: ``run`` (None before ``init``), ``config``, ``summary``
 _CURRENT = ("run", "config", "summary")

@@ -33,7 +33,7 @@ from typing import Any
 from trainledger.journal import writer as _writer  # noqa: F401
 
 __all__ = ["init", "log", "finish", "define_metric", "watch", "login", "save", "Settings", "Run", "Config",
-           "Summary"]
+           "Summary", "SummaryWriter"]
 
 #: The folder runs go in when ``dir`` is not given: ``./trainledger-runs/<project>/<name>`` (a folder named
 #: ``trainledger`` in the working folder would be imported instead of the package by a script run from it, where the
@@ -185,7 +185,7 @@ class Run:
     """A W&B-style run over a signed journal (what :func:`init` returns)."""
 
     def __init__(self, path: Path, journal: Any, *, project: str, name: str, run_id: str, step: int,
-                 config: dict[str, Any], resumed: bool):
+                 config: dict[str, Any], resumed: bool, source: str = "wandb"):
         self.dir = str(path)
         self.path = path
         self.journal = journal
@@ -194,6 +194,7 @@ class Run:
         self.id = run_id
         self.resumed = resumed
         self._step = step  # the step the next committed row gets
+        self._source = source  # what metrics_logged names as the call
         self._row: dict[str, Any] = {}
         self._metric_rules: dict[str, dict[str, Any]] = {}
         self.config = Config(self, config)
@@ -250,7 +251,7 @@ class Run:
                 except ValueError as e:
                     _say_once(f"value-{k}", f"{e}: left out of the journal")
         if numbers:
-            self.journal.append_deferred(MetricsLogged(step=self._step, metrics=numbers, source="wandb"))
+            self.journal.append_deferred(MetricsLogged(step=self._step, metrics=numbers, source=self._source))
             self.summary._auto.update(self._summarised(numbers))
 
     def _summarised(self, numbers: dict[str, float]) -> dict[str, float]:
@@ -358,7 +359,7 @@ def init(project: str | None = None, name: str | None = None, config: Any = None
     the user's, made on first use). ``mode="disabled"`` records nothing (said once). ``tags``, ``notes``, ``group``
     and ``job_type`` go into the run's metadata; any other W&B keyword is accepted and named once on stderr."""
     global current
-    from trainledger.journal.errors import JournalClosed, UsageError
+    from trainledger.journal.errors import UsageError
 
     if current is not None and not current._finished:
         current.finish(quiet=True)  # W&B finishes the previous run of the process, too
@@ -387,21 +388,43 @@ def init(project: str | None = None, name: str | None = None, config: Any = None
         raise UsageError(f"init: {path} holds a run already: resume='allow' continues it, or give another name")
     if not journal_path.exists() and resume_mode == "must":
         raise UsageError(f"init: resume='must', but {path} holds no run to continue")
-    from trainledger.journal import Journal
-    from trainledger.journal.keys import key_home, keygen, load_signer
     from trainledger.training.kinds import ConfigLogged, config_values
 
-    if key is None:
-        priv, _ = keygen(key_home(), name=DEFAULT_KEY, exist_ok=True)
-        _say_once("key", f"signing with {priv} (the key of your runs; pass key= for another)")
-        key = priv
-    signer = load_signer(key)
     try:
         values = config_values(config) if config is not None else {}
     except ValueError as e:
         raise UsageError(f"init: {e}") from None
     meta = {"tracking": "wandb", "project": project, "name": run_name, "id": run_id,
             **{k: config_values({k: kwargs[k]})[k] for k in _KEPT if k in kwargs}}
+    journal, resumed = _open_journal(path, key, meta, "init")
+    step = 0
+    if resumed:
+        step, values = _resumed_state(journal, values)
+    run = Run(path, journal, project=project, name=run_name, run_id=run_id, step=step, config=values,
+              resumed=resumed)
+    if values and not resumed:
+        journal.append(ConfigLogged(config=values, source="init"))
+    elif resumed and config is not None:
+        journal.append(ConfigLogged(config=config_values(config), source="init"))
+    current = run
+    return run
+
+
+def _open_journal(path: Path, key: str | os.PathLike | None, meta: dict[str, Any], who: str) -> tuple[Any, bool]:
+    """``path/journal.jsonl``: continued when it exists and is open, else created (``meta`` in its ``run_opened``);
+    signed with ``key``, or the user's default key (made on first use, named once); the public key written beside
+    it. Returns the journal and whether it was continued. A finished run is never reopened (:class:`UsageError`)."""
+    from trainledger.journal import Journal
+    from trainledger.journal.errors import JournalClosed, UsageError
+    from trainledger.journal.keys import key_home, keygen, load_signer
+    from trainledger.journal.paths import write_atomically
+
+    if key is None:
+        priv, _ = keygen(key_home(), name=DEFAULT_KEY, exist_ok=True)
+        _say_once("key", f"signing with {priv} (the key of your runs; pass key= for another)")
+        key = priv
+    signer = load_signer(key)
+    journal_path = path / "journal.jsonl"
     resumed = journal_path.exists()
     try:
         if resumed:
@@ -410,21 +433,9 @@ def init(project: str | None = None, name: str | None = None, config: Any = None
             path.mkdir(parents=True, exist_ok=True)
             journal = Journal.create(journal_path, signer=signer, meta=meta)
     except JournalClosed:
-        raise UsageError(f"init: the run in {path} has finished; give the new run another name") from None
-    step = 0
-    if resumed:
-        step, values = _resumed_state(journal, values)
-    run = Run(path, journal, project=project, name=run_name, run_id=run_id, step=step, config=values,
-              resumed=resumed)
-    from trainledger.journal.paths import write_atomically
-
+        raise UsageError(f"{who}: the run in {path} has finished; give the new run another name") from None
     write_atomically(path / "trainledger.pub", (signer.public.line() + "\n").encode())
-    if values and not resumed:
-        journal.append(ConfigLogged(config=values, source="init"))
-    elif resumed and config is not None:
-        journal.append(ConfigLogged(config=config_values(config), source="init"))
-    current = run
-    return run
+    return journal, resumed
 
 
 def _resumed_state(journal: Any, values: dict[str, Any]) -> tuple[int, dict[str, Any]]:
@@ -435,7 +446,7 @@ def _resumed_state(journal: Any, values: dict[str, Any]) -> tuple[int, dict[str,
     step, config = 0, {}
     for ev in signed_history(journal):
         tag = type(ev).__struct_config__.tag
-        if tag == "metrics_logged" and ev.source == "wandb":
+        if tag == "metrics_logged" and ev.source in ("wandb", "tensorboard"):
             step = max(step, ev.step + 1)
         elif tag == "config_logged" and ev.source in ("init", "config"):
             config.update(ev.config)
@@ -520,3 +531,112 @@ def _at_exit() -> None:
             run.finish(quiet=True)
     except Exception as e:  # noqa: BLE001 - at exit: one line, never a traceback
         sys.stderr.write(f"trainledger: the run could not be closed at exit: {' '.join(str(e).split())[:200]}\n")
+
+
+class SummaryWriter:
+    """TensorBoard's ``SummaryWriter`` (``from trainledger import SummaryWriter`` instead of
+    ``from torch.utils.tensorboard import SummaryWriter``): ``add_scalar``, ``add_scalars``, ``add_hparams``,
+    ``flush`` and ``close`` into ``LOG_DIR/journal.jsonl``, signed (``key=``, or the user's default key).
+
+    The scalars of one ``global_step`` are recorded as one ``metrics_logged`` (source ``tensorboard``) when a call
+    names another step, or at ``flush``/``close``; ``global_step=None`` is the last step named (0 before any).
+    ``add_hparams`` records the hyperparameters (``config_logged``, source ``hparams``) and its metrics. A
+    ``LOG_DIR`` whose journal is open (a process killed mid-run) is continued; a finished one is refused. The other
+    ``add_*`` calls (histograms, images, text, graphs) record nothing and say so once."""
+
+    def __init__(self, log_dir: str | os.PathLike | None = None, comment: str = "", purge_step: int | None = None,
+                 max_queue: int = 10, flush_secs: int = 120, filename_suffix: str = "", *,
+                 key: str | os.PathLike | None = None):
+        if log_dir is None:  # TensorBoard's default: runs/MONTHDAY_HH-MM-SS_HOST+COMMENT
+            import socket
+            import time
+
+            log_dir = os.path.join("runs", time.strftime("%b%d_%H-%M-%S") + "_" + socket.gethostname() + comment)
+        path = Path(log_dir)
+        self.log_dir = str(path)
+        journal, resumed = _open_journal(path, key, {"tracking": "tensorboard", "log_dir": path.name},
+                                         "SummaryWriter")
+        step = _resumed_state(journal, {})[0] if resumed else 0
+        self._run = Run(path, journal, project=path.parent.name, name=path.name, run_id=path.name,
+                        step=max(0, step - 1), config={}, resumed=resumed, source="tensorboard")
+        self._closed = False
+
+    def _add(self, values: Mapping[str, Any], global_step: Any) -> None:
+        if self._closed:
+            raise RuntimeError(f"SummaryWriter({self.log_dir!r}) is closed")
+        run = self._run
+        with run._lock:
+            if global_step is not None:
+                step = int(global_step)
+                if step != run._step:
+                    run._commit()
+                    run._step = max(0, step)
+            run._row.update(values)
+
+    def add_scalar(self, tag: str, scalar_value: Any, global_step: Any = None, walltime: float | None = None,
+                   new_style: bool = False, double_precision: bool = False) -> None:
+        self._add({tag: scalar_value}, global_step)
+
+    def add_scalars(self, main_tag: str, tag_scalar_dict: Mapping[str, Any], global_step: Any = None,
+                    walltime: float | None = None) -> None:
+        """Each ``main_tag/tag`` as a scalar of its own (TensorBoard writes them to sub-runs of that name)."""
+        self._add({f"{main_tag}/{k}": v for k, v in tag_scalar_dict.items()}, global_step)
+
+    def add_hparams(self, hparam_dict: Mapping[str, Any], metric_dict: Mapping[str, Any],
+                    hparam_domain_discrete: Any = None, run_name: str | None = None,
+                    global_step: Any = None) -> None:
+        """The hyperparameters (``config_logged``, source ``hparams``) and the metrics they scored."""
+        from trainledger.training.kinds import config_values
+
+        self._run._record_config(config_values(dict(hparam_dict), what="hparam_dict"), "hparams")
+        self._add(dict(metric_dict), global_step)
+
+    def _unsupported(self, what: str) -> None:
+        _say_once(f"tb-{what}", f"SummaryWriter.{what}: not recorded (trainledger records scalars and "
+                                "hyperparameters)")
+
+    def add_histogram(self, *args: Any, **kwargs: Any) -> None:
+        self._unsupported("add_histogram")
+
+    def add_image(self, *args: Any, **kwargs: Any) -> None:
+        self._unsupported("add_image")
+
+    def add_images(self, *args: Any, **kwargs: Any) -> None:
+        self._unsupported("add_images")
+
+    def add_figure(self, *args: Any, **kwargs: Any) -> None:
+        self._unsupported("add_figure")
+
+    def add_text(self, *args: Any, **kwargs: Any) -> None:
+        self._unsupported("add_text")
+
+    def add_graph(self, *args: Any, **kwargs: Any) -> None:
+        self._unsupported("add_graph")
+
+    def add_embedding(self, *args: Any, **kwargs: Any) -> None:
+        self._unsupported("add_embedding")
+
+    def flush(self) -> None:
+        """Record the scalars of the current step now and hand the journal's lines to the OS."""
+        if self._closed:
+            return
+        with self._run._lock:
+            self._run._commit()
+        self._run.journal.flush()
+
+    def close(self) -> None:
+        """Record what is pending and close the journal (signed, durable)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._run.finish(quiet=True)
+
+    def __enter__(self) -> SummaryWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:  # left open, sealed: the same log_dir continues it
+            self._closed = True
+            self._run._suspend()

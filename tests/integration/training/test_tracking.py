@@ -128,3 +128,36 @@ def test_init_refuses_what_would_mix_two_runs(tmp_path, monkeypatch):
     assert off.journal is None and not (tmp_path / "trainledger-runs" / "p" / "off").exists()
     with pytest.raises(AttributeError, match="call trainledger.init"):
         wandb.config  # noqa: B018
+
+
+def test_a_tensorboard_summarywriter_script_runs_unchanged(tmp_path, monkeypatch, capsys):
+    """``from trainledger import SummaryWriter``: a step's scalars are one row, add_scalars names main/tag,
+    add_hparams records the hyperparameters; other add_* are named once; the same log_dir continues after a kill
+    (here: an exception inside the with block leaves the journal open)."""
+    from trainledger import SummaryWriter
+    from trainledger.journal import load_public_key, verify
+    from trainledger.journal.views.query import connect
+
+    monkeypatch.setenv("TRAINLEDGER_KEY_DIR", str(tmp_path / "keys"))
+    log_dir = tmp_path / "runs" / "exp1"
+    with pytest.raises(KeyboardInterrupt), SummaryWriter(log_dir) as w:
+        for step in range(3):
+            w.add_scalar("loss", 1.0 / (step + 1), step)
+            w.add_scalars("acc", {"train": step / 10, "val": step / 20}, global_step=step)
+            w.add_histogram("weights", [1.0, 2.0], step)
+        raise KeyboardInterrupt
+    with SummaryWriter(log_dir) as w:
+        for step in range(3, 5):
+            w.add_scalar("loss", 1.0 / (step + 1), step)
+        w.add_hparams({"lr": 0.1, "optimizer": "sgd"}, {"hparam/loss": 0.2})
+    assert capsys.readouterr().err.count("add_histogram: not recorded") == 1
+    key = load_public_key(log_dir / "trainledger.pub")
+    assert verify(log_dir / "journal.jsonl", keys=[key], require_closed=True).ok
+    con = connect([log_dir / "journal.jsonl"], keys=[key])
+    rows = con.execute("SELECT step, name, value FROM metrics WHERE source = 'tensorboard' ORDER BY step, name").fetchall()
+    assert rows[:3] == [(0, "acc/train", 0.0), (0, "acc/val", 0.0), (0, "loss", 1.0)]
+    assert [r for r in rows if r[1] == "loss"] == [(s, "loss", 1.0 / (s + 1)) for s in range(5)]
+    assert (4, "hparam/loss", 0.2) in rows
+    hp = con.execute("SELECT config FROM config_logged WHERE source = 'hparams'").fetchone()[0]
+    assert json.loads(hp) == {"lr": 0.1, "optimizer": "sgd"}
+    assert con.execute("SELECT count(*) FROM events WHERE kind = 'tail_repaired'").fetchone()[0] <= 1
