@@ -471,14 +471,20 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         say(f"trainledger demo: --out is deprecated; give the run folder as the argument: trainledger demo "
             f"{args.out_option}", file=sys.stderr)
         args.out = args.out_option
+    from trainledger.journal.keys import run_key
+
     out = Path(args.out) if args.out else Path("runs") / time.strftime("demo-%Y%m%dT%H%M%S")
-    journal_path, pub = run_demo(out, steps=args.steps, seed=args.seed,
-                                 key=Path(args.key) if args.key else None)
+    if (out / "journal.jsonl").exists():  # before a key is made for it
+        raise UsageError(f"{out}/journal.jsonl already exists; choose another OUT_DIR")
+    priv, _ = run_key(out, Path(args.key) if args.key else None)  # said below: where the private key went
+    journal_path, pub = run_demo(out, steps=args.steps, seed=args.seed, key=Path(priv) if isinstance(priv, Path)
+                                 else priv)
     r = verify(journal_path, keys=trusted_keys([str(pub)]), require_closed=True)
     if args.json:
-        say(json.dumps({"ok": True, "journal": str(journal_path), "pubkey": str(pub), "verify": r.to_dict()}))
+        say(json.dumps({"ok": True, "journal": str(journal_path), "pubkey": str(pub), "key": str(priv),
+                        "verify": r.to_dict()}))
         return 0
-    say(f"wrote {journal_path} (public key {pub}; the signing key stays outside the run folder)")
+    say(f"wrote {journal_path} (public key {pub}; signed with {priv}, kept outside the run folder)")
     say(f"$ trainledger verify {journal_path} --pubkey {pub} --require-closed")
     print_report(r, title="OK  ")
     return 0
