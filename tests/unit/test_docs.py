@@ -23,7 +23,7 @@ def test_the_readme_is_a_front_page():
     # the two commands, first: one sets up and runs the main job, one sets up and runs the tests
     blocks = re.findall(r"```\n(.*?)```", text, re.S)
     assert blocks[0].strip() == "bash tools/setup.sh && .venv/bin/trainledger ladder runs/ladder-$(date +%s)"
-    assert blocks[1].strip() == "bash tools/setup.sh --browser && .venv/bin/python -m pytest -q"
+    assert blocks[1].strip() == "bash tools/setup.sh --browser && .venv/bin/python -m pytest -q -n 2"
     ci = (ROOT / ".ci" / "run").read_text()
     assert blocks[1].strip() in ci  # CI runs the README's test command exactly
     for target in re.findall(r"\]\(([^)#]+)\)", text):  # every link on the page names a file that exists
