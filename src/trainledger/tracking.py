@@ -181,6 +181,22 @@ class Summary:
         return repr(self._merged())
 
 
+def _numbers(row: Mapping[str, Any], what: str) -> dict[str, float]:
+    """``metric_values`` of ``row``; a value that is not a number is left out, its name said once on stderr."""
+    from trainledger.training.kinds import metric_values
+
+    try:
+        return metric_values(row)
+    except ValueError:  # one value is not a number: the others are recorded
+        numbers: dict[str, float] = {}
+        for k, v in row.items():
+            try:
+                numbers.update(metric_values({k: v}))
+            except ValueError as e:
+                _say_once(f"{what}-{k}", f"{'' if what == 'value' else what + ' '}{e}: left out of the journal")
+        return numbers
+
+
 class Run:
     """A W&B-style run over a signed journal (what :func:`init` returns)."""
 
@@ -239,17 +255,9 @@ class Run:
         row, self._row = self._row, {}
         if not row:
             return
-        from trainledger.training.kinds import MetricsLogged, metric_values
+        from trainledger.training.kinds import MetricsLogged
 
-        try:
-            numbers = metric_values(row)
-        except ValueError:  # one value is not a number: the others are recorded, the name said once
-            numbers = {}
-            for k, v in row.items():
-                try:
-                    numbers.update(metric_values({k: v}))
-                except ValueError as e:
-                    _say_once(f"value-{k}", f"{e}: left out of the journal")
+        numbers = _numbers(row, "value")
         if numbers:
             self.journal.append_deferred(MetricsLogged(step=self._step, metrics=numbers, source=self._source))
             self.summary._auto.update(self._summarised(numbers))
@@ -303,14 +311,9 @@ class Run:
         with self._lock:
             self._commit()
             if self.summary._set:
-                from trainledger.training.kinds import MetricsLogged, metric_values
+                from trainledger.training.kinds import MetricsLogged
 
-                numbers = {}
-                for k, v in self.summary._set.items():
-                    try:
-                        numbers.update(metric_values({k: v}))
-                    except ValueError as e:
-                        _say_once(f"summary-{k}", f"summary {e}: left out of the journal")
+                numbers = _numbers(self.summary._set, "summary")
                 if numbers:
                     self.journal.append(MetricsLogged(step=max(0, self._step - 1), metrics=numbers,
                                                       source="summary"))
@@ -457,11 +460,10 @@ class _DisabledRun(Run):
     """``mode="disabled"``: the same calls, nothing recorded."""
 
     def __init__(self, project: str, name: str, config: Any):
-        self.dir, self.path, self.journal, self.project, self.name, self.id = "", Path(), None, project, name, name
-        self.resumed, self._step, self._row, self._metric_rules = False, 0, {}, {}
-        self.config, self.summary, self._finished, self._lock = Config(None, {}), Summary(), False, threading.Lock()
+        super().__init__(Path(), None, project=project, name=name, run_id=name, step=0, config={}, resumed=False)
+        self.dir = ""
         if config is not None:
-            self.config.update(config)
+            self.config.update(config)  # kept in memory: _record_config records nothing here
 
     def _commit(self) -> None:
         self._row = {}
