@@ -488,7 +488,11 @@ class Board:
         with self.lock:
             self.replayed = {"state": "running", "detail": "replaying"}
         methods = multiprocessing.get_all_start_methods()
-        ctx = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+        # the forkserver listens on a socket in the temporary folder, whose path must fit a socket address (107
+        # bytes on Linux): under a deep TMPDIR it cannot start, and a fresh interpreter (spawn) does the same work
+        sock = os.path.join(tempfile.gettempdir(), "pymp-xxxxxxxx", "listener-xxxxxxxx")
+        ctx = multiprocessing.get_context("forkserver" if "forkserver" in methods and len(os.fsencode(sock)) < 100
+                                          else "spawn")
         try:
             with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=ctx) as pool:
                 self._pool = pool
