@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["safe", "csv_cell", "trainer_step_note", "first_difference"]
+__all__ = ["safe", "csv_cell", "trainer_step_note", "first_difference", "did_you_mean", "missing_path_note"]
 
 
 def first_difference(got: Any, want: Any, same: Callable[[Any, Any], bool], where: str = "") -> str | None:
@@ -78,3 +78,30 @@ def csv_cell(value: Any) -> Any:
     if isinstance(value, str) and value.startswith(_FORMULA):
         return "'" + value
     return value
+
+
+def did_you_mean(path: Any) -> str:
+    """`` (did you mean A or B?)`` naming the names in ``path``'s folder nearest its own (a misspelt path), or ""."""
+    import difflib
+    from pathlib import Path
+
+    p = Path(path)
+    try:
+        # bounded: a folder of a million files is not read whole for a hint
+        names = [e.name for _, e in zip(range(10_000), p.parent.iterdir())]
+    except OSError:
+        names = []
+    near = difflib.get_close_matches(p.name, names, n=2, cutoff=0.6)
+    return f" (did you mean {' or '.join(safe(str(p.parent / n)) for n in near)}?)" if near else ""
+
+
+def missing_path_note(path: Any, *, asked: bool) -> str:
+    """The one line ``watch`` and ``serve`` print before they wait for a journal at ``path`` that does not exist
+    yet: that it does not exist, the nearest names in its folder (a misspelt path is seen at once), and, when the
+    wait was not asked for with ``--wait``, that waiting without it is deprecated."""
+    hint = did_you_mean(path)
+    if asked:
+        return f"waiting for {safe(str(path))} to hold a journal{hint} (Ctrl-C to stop)"
+    return (f"{safe(str(path))} does not exist{hint}: waiting for it to be written (Ctrl-C to stop). Pass --wait to "
+            "wait on purpose: without it, waiting for a missing path is deprecated and a later release will stop "
+            "here with exit 2")

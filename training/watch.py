@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from trainledger.journal.follow import Follower
-from trainledger.journal.text import safe
+from trainledger.journal.text import did_you_mean, missing_path_note, safe
 from trainledger.journal.errors import IntegrityError, JournalError
 from trainledger.journal.events import RunClosed, Seal, SealSigned, StepObserved
 from trainledger.training.health.detectors import AnomalyDetected, HealthProjection, RunConfigured
@@ -142,14 +142,17 @@ def _context(p: Path, keys: Sequence[PublicKey], trust_embedded: bool,
 
 
 def watch(path: str | Path, *, interval: float = 0.5, out: TextIO | None = None, timeout: float | None = None,
-          trust: TrustPolicy | None = None, json: bool = False, **trust_options: Any) -> int:
+          trust: TrustPolicy | None = None, json: bool = False, wait: bool | None = None,
+          **trust_options: Any) -> int:
     """Follow ``path`` until the run closes (return 0), Ctrl-C (130), ``timeout`` seconds (3) or a line that
     does not check out (1). With the policy's ``keys`` (or ``trust_embedded``) every seal's signature is checked
     too; events after the last seal are shown as not signed yet (a live run always has some).
     ``path`` may be a distributed run's folder: every rank journal is followed, one line per rank, until all close.
     ``json``: instead of the view, one JSON object on ``out`` each time what it shows changes (JSON lines: the
     ``_View.state`` fields, ``path``, and for a folder ``ranks``), a failure as one object with ``"ok": false``
-    (as ``verify --json`` prints it), and every other line on stderr."""
+    (as ``verify --json`` prints it), and every other line on stderr.
+    ``wait``: a ``path`` that does not exist yet is waited for (True), refused with exit 2 (False), or, by default,
+    waited for with a deprecation note that says it does not exist (a later release refuses it)."""
     policy = TrustPolicy.of(trust, **trust_options)
     keys, trust_embedded, allow_unsigned = policy.keys, policy.trust_embedded, policy.allow_unsigned
     from trainledger.journal.audit.rundir import is_run_dir, run_journal
@@ -173,7 +176,11 @@ def watch(path: str | Path, *, interval: float = 0.5, out: TextIO | None = None,
 
     if not p.exists() and not p.parent.is_dir():   # a misspelt path would otherwise be waited for forever
         return shown.fail(p, f"no such folder {p.parent} to wait in", 2)
-    if not p.exists() or (p.is_dir() and not any(p.glob("*.jsonl"))):
+    if not p.exists() and wait is False:
+        return shown.fail(p, "no such file or folder" + did_you_mean(p), 2)
+    if not p.exists():
+        sys.stderr.write(missing_path_note(p, asked=bool(wait)) + "\n")
+    elif p.is_dir() and not any(p.glob("*.jsonl")):
         sys.stderr.write(safe(f"waiting for {p} to hold a journal (Ctrl-C to stop)") + "\n")
     reading = [p]  # the file being read when a line fails to check out (a run folder has one per rank)
     try:

@@ -113,8 +113,12 @@ def register(sub) -> None:
                                    "127.0.0.1; any other --host needs the token printed with the URL. Read-only.",
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("path", metavar="PATH", nargs="+",
-                   help=PATH_HELP + " (waits for the first journal when there is none yet); or a folder of runs, or "
-                        "several: every run under them on one page, side by side")
+                   help=PATH_HELP + " (a folder waits for its first journal; a path that does not exist yet, with "
+                        "--wait); or a folder of runs, or several: every run under them on one page, side by side")
+    p.add_argument("--wait", action="store_true",
+                   help="PATH does not exist yet (the run is about to start): wait for it. Without --wait a missing "
+                        "PATH is still waited for, with a note that it does not exist (deprecated: a later release "
+                        "stops with exit 2)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
     p.add_argument("--port", type=int, default=8765, help="port (default: 8765; 0: any free one)")
     add_trust_options(p)
@@ -269,7 +273,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         say(f"serving {shown} at {url}  (Ctrl-C stops)", flush=True)
 
     return serve(args.path if len(args.path) > 1 else args.path[0], trust=trust_policy(args), host=args.host,
-                 port=args.port, ready=ready, progress=progress_for(args, "verifying"))
+                 port=args.port, ready=ready, progress=progress_for(args, "verifying"), wait=args.wait or None)
 
 
 def _cmd_report(args: argparse.Namespace) -> int:

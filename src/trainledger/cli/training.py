@@ -38,8 +38,12 @@ def register(sub) -> None:
                                    "1 at the first line that does not check out. Checks the chain as it reads, and "
                                    "every seal's signature when a key is pinned (or with --trust-embedded). PATH may be "
                                    "a distributed run's folder: one line per rank, until every rank has closed.")
-    p.add_argument("path", metavar="PATH", help="a journal or a run folder, existing or about to be written (its "
-                                                "folder must exist): watch waits for it")
+    p.add_argument("path", metavar="PATH", help="a journal or a run folder; one about to be written (its folder must "
+                                                "exist) with --wait")
+    p.add_argument("--wait", action="store_true",
+                   help="PATH does not exist yet (the run is about to start): wait for it. Without --wait a missing "
+                        "PATH is still waited for, with a note that it does not exist (deprecated: a later release "
+                        "stops with exit 2)")
     add_trust_options(p)
     p.add_argument("--interval", type=float, default=0.5, help="seconds between refreshes (default 0.5)")
     p.add_argument("--timeout", type=float, default=None, help="give up after this many seconds (exit 3)")
@@ -342,7 +346,8 @@ def _cmd_watch(args: argparse.Namespace) -> int:
         raise UsageError(f"--interval must be a number of seconds in (0, 3600], got {args.interval}")
     if args.timeout is not None and not 0 <= args.timeout < float("inf"):
         raise UsageError(f"--timeout must be a finite number of seconds, got {args.timeout}")
-    return watch(args.path, interval=args.interval, timeout=args.timeout, trust=trust_policy(args), json=args.json)
+    return watch(args.path, interval=args.interval, timeout=args.timeout, trust=trust_policy(args), json=args.json,
+                 wait=args.wait or None)
 
 
 def _cmd_import(args: argparse.Namespace) -> int:

@@ -304,10 +304,11 @@ def is_loopback(host: str) -> bool:
 
 
 def serve(path: str | Path | list[str | Path], *, trust: Any, host: str = "127.0.0.1", port: int = 8765,
-          ready: Any = None, progress: Any = None) -> int:
+          ready: Any = None, progress: Any = None, wait: bool | None = None) -> int:
     """Verify what ``path`` holds now, then serve it until Ctrl-C. ``path``: a journal or a run folder (one run), or
     several paths, or a folder of runs (every run under them, on one page: :class:`Fleet`). ``ready(url)`` is told
-    the URL once the server listens (the CLI prints it)."""
+    the URL once the server listens (the CLI prints it). ``wait``: a path that does not exist yet is waited for
+    (True), refused (False), or by default waited for with a deprecation note."""
     try:
         import uvicorn
     except ImportError:
@@ -319,7 +320,7 @@ def serve(path: str | Path | list[str | Path], *, trust: Any, host: str = "127.0
     # one run (or a folder that holds no run yet: waited for), else every run under the paths
     one = len(paths) == 1 and (_is_run(paths[0]) or not paths[0].exists() or not find_runs(paths))
     if one:
-        _wait_for_journal(paths[0])
+        _wait_for_journal(paths[0], wait=wait)
     elif not find_runs(paths):
         raise UsageError(f"{', '.join(map(str, paths))}: no journal or run folder here")
     first = paths[0] if one else next(iter(find_runs(paths).values()))
@@ -364,9 +365,11 @@ def serve(path: str | Path | list[str | Path], *, trust: Any, host: str = "127.0
     return 0
 
 
-def _wait_for_journal(path: Path, interval: float = 0.5) -> None:
+def _wait_for_journal(path: Path, interval: float = 0.5, *, wait: bool | None = None) -> None:
     """Started beside the training (as ``watch`` may be): wait until ``path`` holds a journal, saying so once on
-    stderr. A path whose folder does not exist is a usage error at once (a misspelt path is never waited for)."""
+    stderr. A path whose folder does not exist is a usage error at once (a misspelt path is never waited for); a
+    missing path in a folder that exists is waited for with ``wait`` (True), refused (False), or by default waited
+    for with a note that says it does not exist and that waiting without ``--wait`` is deprecated."""
     import sys
     import time
 
@@ -379,7 +382,12 @@ def _wait_for_journal(path: Path, interval: float = 0.5) -> None:
         return
     if not path.exists() and not path.parent.is_dir():
         raise UsageError(f"{path}: no such file or folder, and no folder {path.parent} to wait in")
-    sys.stderr.write(f"waiting for {path} to hold a journal (Ctrl-C to stop)\n")
+    from trainledger.journal.text import did_you_mean, missing_path_note, safe
+
+    if not path.exists() and wait is False:
+        raise UsageError(f"{path}: no such file or folder{did_you_mean(path)}")
+    sys.stderr.write((missing_path_note(path, asked=bool(wait)) if not path.exists() else
+                      f"waiting for {safe(str(path))} to hold a journal (Ctrl-C to stop)") + "\n")
     sys.stderr.flush()
     while not has_journal():
         time.sleep(interval)

@@ -8,6 +8,8 @@ import sys
 import threading
 import time
 
+import pytest
+
 
 def test_watch_follows_a_live_run_until_it_closes(tmp_path):
     """The watcher starts before the file exists (like tail -F), shows the run while it goes, and exits 0 when it
@@ -56,6 +58,29 @@ def test_watch_times_out_on_a_missing_file(tmp_path):
     r = subprocess.run([sys.executable, "-m", "trainledger", "watch", str(tmp_path / "nope.jsonl"), "--interval",
                         "0.05", "--timeout", "0.3"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 3
+
+
+def test_a_misspelt_path_is_named_with_what_is_there(tmp_path, capsys):
+    """A path that does not exist is said not to exist, with the nearest names in its folder; with --wait it is
+    waited for on purpose, without it waited for with a deprecation note, and refused where waiting is off."""
+    from trainledger.cli import main
+    from trainledger.serve.app import _wait_for_journal
+    from trainledger.journal.errors import UsageError
+    from trainledger.training.watch import watch
+
+    (tmp_path / "journal.jsonl").write_text("")
+    typo = tmp_path / "jounral.jsonl"
+    assert watch(typo, timeout=0.2, interval=0.05) == 3
+    err = capsys.readouterr().err
+    assert f"{typo} does not exist (did you mean {tmp_path / 'journal.jsonl'}?)" in err and "--wait" in err
+    assert "deprecated" in err
+    assert main(["watch", str(typo), "--wait", "--timeout", "0.2"]) == 3
+    err = capsys.readouterr().err
+    assert err.startswith(f"waiting for {typo} to hold a journal (did you mean") and "deprecated" not in err
+    assert watch(typo, wait=False) == 2
+    assert "no such file or folder (did you mean" in capsys.readouterr().out
+    with pytest.raises(UsageError, match="no such file or folder .did you mean"):
+        _wait_for_journal(typo, wait=False)
 
 
 def test_watch_checks_signatures_under_a_pinned_key(tmp_path, signer, keypair):
