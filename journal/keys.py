@@ -401,6 +401,17 @@ def key_home() -> Path:
     return Path(base) / "trainledger" / "keys"
 
 
+#: the name of the key signing runs that name none (``Recorder``, ``import trainledger as wandb``): in :func:`key_home`
+DEFAULT_KEY_NAME = "default"
+
+
+def default_key() -> Path:
+    """The private key of this user's runs that name none: ``key_home()/default.key``, made on first use (and its
+    ``.pub`` beside it). Never inside a run folder; never overwritten."""
+    priv, _ = keygen(key_home(), name=DEFAULT_KEY_NAME, exist_ok=True)
+    return Path(priv)
+
+
 def run_key(run_dir: str | os.PathLike, key: str | os.PathLike | None = None) -> tuple[Path | str, Path]:
     """The signing key of a run a command creates, kept outside the run folder, and its public key inside it.
 

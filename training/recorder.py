@@ -1,6 +1,6 @@
 """Receipts for a hand-written PyTorch loop in five added lines: :class:`Recorder`.
 
-    rec = Recorder("runs/mine", key="keys/trainledger.key", model=model, optimizer=opt, data=loader)
+    rec = Recorder("runs/mine", model=model, optimizer=opt, data=loader)   # key=: yours; else your default key
     for step in range(rec.start, steps):           # rec.start: 0, or the step after the restored checkpoint
         ...                                          # your step, as before
         rec.step(step, loss.item(), grad_norm=gn)
@@ -33,6 +33,7 @@ pass ``iter_num - 1``.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
 from collections.abc import Mapping
@@ -43,6 +44,7 @@ from trainledger.training.health.mfu import carried_by, record_compute
 from trainledger.journal import Journal, Signer
 from trainledger.training.distributed.ranks import in_torchrun, journal_name, rank_info
 from trainledger.journal.errors import JournalClosed, UsageError
+from trainledger.journal.keys import default_key
 
 from trainledger.training.checkpoints.state import (
     CheckpointSaved,
@@ -113,6 +115,16 @@ def _agreed(kept: list[CheckpointSaved]) -> CheckpointSaved | None:
     return [c for c in kept if c.step == step][-1]
 
 
+_SAID_KEY: set[str] = set()
+
+
+def _say_key(key: Path) -> None:
+    """Once a process: which key signs the runs that name none (the user's default key)."""
+    if str(key) not in _SAID_KEY:
+        _SAID_KEY.add(str(key))
+        sys.stderr.write(f"trainledger: signing with {key} (the key of your runs; pass key= for another)\n")
+
+
 class Recorder:
     """A journal, a health monitor and a checkpointer for your own training loop (see the module docstring)."""
 
@@ -123,9 +135,8 @@ class Recorder:
                  release_key: str | os.PathLike | None = None, rank_keys: str | None = None,
                  fail_closed_after_s: float | None = None, compute_thresholds: dict[str, float] | None = None,
                  carried_flops: float | None = None, device_kind: str | None = None, batch: int | None = None):
-        if (key is None) == (signer is None):
-            raise UsageError("Recorder needs the run's signing key: key='path/to/trainledger.key' (or a pkcs11: URI, or "
-                             "signer=)")
+        if key is not None and signer is not None:
+            raise UsageError("Recorder takes the run's signing key once: key= or signer=, not both")
         if keep_last is not None and keep_last < 1:
             raise UsageError(f"keep_last must be at least 1, got {keep_last}")
         if batch is not None and (isinstance(batch, bool) or not isinstance(batch, int) or batch < 1):
@@ -138,8 +149,22 @@ class Recorder:
         self.run.mkdir(parents=True, exist_ok=True)
         #: under torchrun, this process's place (rank, world size, the run identity every rank shares); else None
         self.rank_info = _rank_info(self.run)
-        self.signer = run_key_for_rank(key, signer, info=self.rank_info, rank_keys=rank_keys,
-                                       continue_from=continue_from)
+        if key is None and signer is None:
+            if self.rank_info is not None and self.rank_info.world_size > 1:
+                # each node would make its own: the ranks of one run would not share a key
+                raise UsageError("Recorder under torchrun needs the run's signing key: key='path/to/trainledger.key' "
+                                 "(or a pkcs11: URI, or signer=)")
+            key = default_key()
+            _say_key(key)
+            self.signer = run_key_for_rank(key, signer, info=self.rank_info, rank_keys=rank_keys,
+                                           continue_from=continue_from)
+            # the public key beside the journal, as the main job and the W&B calls leave it: what a reviewer needs
+            from trainledger.journal.paths import write_atomically
+
+            write_atomically(self.run / "trainledger.pub", (self.signer.public.line() + "\n").encode())
+        else:
+            self.signer = run_key_for_rank(key, signer, info=self.rank_info, rank_keys=rank_keys,
+                                           continue_from=continue_from)
         self.model, self.optimizer, self.scheduler, self.scaler, self.data = model, optimizer, scheduler, scaler, data
         self.keep_last = keep_last
         #: an ECDSA P-256 release key (trainledger keygen --release): close() releases the last recorded export

@@ -419,11 +419,11 @@ def _open_journal(path: Path, key: str | os.PathLike | None, meta: dict[str, Any
     it. Returns the journal and whether it was continued. A finished run is never reopened (:class:`UsageError`)."""
     from trainledger.journal import Journal
     from trainledger.journal.errors import JournalClosed, UsageError
-    from trainledger.journal.keys import key_home, keygen, load_signer
+    from trainledger.journal.keys import default_key, load_signer
     from trainledger.journal.paths import write_atomically
 
     if key is None:
-        priv, _ = keygen(key_home(), name=DEFAULT_KEY, exist_ok=True)
+        priv = default_key()
         _say_once("key", f"signing with {priv} (the key of your runs; pass key= for another)")
         key = priv
     signer = load_signer(key)

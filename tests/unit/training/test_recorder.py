@@ -57,14 +57,16 @@ def test_the_integrations_page_example_runs(tmp_path, monkeypatch):
     added = [ln for ln in block.splitlines() if "# +trainledger" in ln]
     assert len(added) <= 5, added
     monkeypatch.chdir(tmp_path)
-    from trainledger.journal import keygen
+    monkeypatch.setenv("TRAINLEDGER_KEY_DIR", str(tmp_path / "home-keys"))  # the user's default key, made here
+    from trainledger.journal import load_public_key
 
-    keygen(tmp_path / "keys")
+    # as a newcomer runs it: no key made beforehand (the Recorder makes the user's default key and names it)
     exec(compile(block, "docs/integrations.md (recorder example)", "exec"), {})  # noqa: S102 - our own docs
-    rep = verify(tmp_path / "runs" / "mine" / "journal.jsonl",
-                 keys=[__import__("trainledger.journal", fromlist=["load_public_key"]).load_public_key(
-                     tmp_path / "keys" / "trainledger.pub")], require_closed=True)
+    pub = tmp_path / "runs" / "mine" / "trainledger.pub"
+    assert pub.read_text() == (tmp_path / "home-keys" / "default.pub").read_text()
+    rep = verify(tmp_path / "runs" / "mine" / "journal.jsonl", keys=[load_public_key(pub)], require_closed=True)
     assert rep.kinds["step_observed"] == 20 and rep.kinds["checkpoint_saved"] == 2
+    assert not list((tmp_path / "runs").rglob("*.key"))  # the private key is never in the run folder
 
 
 def test_a_stateful_loader_resumes_exactly(tmp_path, signer):
