@@ -21,6 +21,7 @@ import math
 import os
 import re
 import time
+import struct
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,7 @@ from trainledger.journal.keys import Signer
 from trainledger.training.kinds import MetricsLogged
 from trainledger.journal.writer import Journal
 
-__all__ = ["import_tensorboard", "import_megatron", "export_tensorboard", "ImportResult",
+__all__ = ["import_tensorboard", "import_megatron", "import_wandb", "import_mlflow", "export_tensorboard", "ImportResult",
            "LOSS_TAGS", "GRAD_NORM_TAGS", "LR_TAGS"]
 
 LOSS_TAGS = ("loss", "train/loss", "train_loss", "Loss/train", "train/lm_loss", "lm loss", "lm-loss")
@@ -110,7 +111,6 @@ def _records(path: Path) -> Iterator[bytes]:
     """The records of a TFRecord file (an event file's framing: length, its masked CRC-32C, data, its masked
     CRC-32C), every CRC checked. Read here rather than with the tensorboard package's record reader, whose
     pure-Python CRC costs ~24 us a record (a million-scalar log: half a minute); google-crc32c checks in C."""
-    import struct
 
     try:
         import google_crc32c
@@ -154,7 +154,6 @@ def _scalars(path: Path) -> Iterator[tuple[int, str, float]]:
     except ImportError:
         raise UsageError("importing TensorBoard logs needs the tensorboard package: "
                          "pip install 'trainledger[tensorboard]'") from None
-    import struct
 
     parse = event_pb2.Event.FromString
     for body in _records(path):
@@ -212,6 +211,336 @@ def import_tensorboard(logdir: str | os.PathLike, out_dir: str | os.PathLike, si
         j.suspend()
         raise
     return ImportResult(j.path, em.steps, em.metrics, [], len(files))
+
+
+# ---------------------------------------------------------------- W&B
+
+def _wandb_file(run: Path) -> Path:
+    """The ``.wandb`` file of an offline run: ``run`` itself, or the one in its folder (``wandb/offline-run-*``)."""
+    if run.is_file():
+        return run
+    found = sorted(run.glob("*.wandb"))
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        inner = sorted(p.name for p in run.glob("*run-*") if p.is_dir())
+        raise UsageError(f"{run}: no .wandb file in it" + (f"; its runs: {', '.join(inner[:5])} (import one)" if inner
+                                                           else " (an offline run's folder: wandb/offline-run-*)"))
+    raise UsageError(f"{run}: {len(found)} .wandb files in it; name one")
+
+
+_WANDB_HEADER = b":W&B\xe1\xbe\x00"  # ident, magic 0xBEE1 (little-endian), version 0
+_WANDB_BLOCK = 32768
+_WANDB_MAX_RECORD = 64 << 20  # a record past this (chunks joined) is not a scalar log's; refused, not read on
+
+
+def _wandb_frames(path: Path) -> Iterator[bytes | None]:
+    """The records of a ``.wandb`` file: W&B's transaction log, LevelDB's log format (32 KiB blocks; each chunk a
+    CRC-32 of its type byte and data, a length, a type: whole, first, middle or last) behind a 7-byte header. The
+    Python ``wandb`` package no longer ships a reader of it (from 0.18 its Go service reads it); this one follows
+    the format the package's own writer documented, every chunk's CRC checked with ``zlib``. A record cut off in the
+    file's last block (a run killed while writing) yields None and ends the file; any other break is an error."""
+    import zlib
+
+    crcs = [zlib.crc32(bytes([t])) for t in range(5)]
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if f.read(7) != _WANDB_HEADER:
+            raise JournalIOError(f"{path}: not a W&B run file (no :W&B header)")
+        pos = 7
+        parts: list[bytes] | None = None
+        joined = 0
+        while True:
+            left = _WANDB_BLOCK - pos % _WANDB_BLOCK
+            if left < 7:  # a block's tail too short for a chunk header: zeros
+                f.read(left)
+                pos += left
+            head = f.read(7)
+            if not head:
+                if parts is not None:
+                    yield None
+                return
+            last_block = pos > size - _WANDB_BLOCK
+            if len(head) < 7:
+                if last_block:
+                    yield None
+                    return
+                raise JournalIOError(f"{path}: a chunk header cut off at byte {pos}")
+            crc, n, kind = struct.unpack("<IHB", head)
+            data = f.read(n)
+            bad = (len(data) < n or kind not in (1, 2, 3, 4) or
+                   zlib.crc32(data, crcs[kind]) & 0xFFFFFFFF != crc)
+            if bad:
+                if last_block:  # what a killed writer leaves: its last chunk half written
+                    yield None
+                    return
+                raise JournalIOError(f"{path}: the chunk at byte {pos} is corrupt (its CRC or framing)")
+            pos += 7 + n
+            if kind == 1:
+                if parts is not None:
+                    raise JournalIOError(f"{path}: byte {pos}: a whole record inside a split one")
+                yield data
+            elif kind == 2:
+                parts, joined = [data], n
+            else:
+                if parts is None:
+                    raise JournalIOError(f"{path}: byte {pos}: the middle or end of a record that never began")
+                parts.append(data)
+                joined += n
+                if joined > _WANDB_MAX_RECORD:
+                    raise JournalIOError(f"{path}: a record of more than {_WANDB_MAX_RECORD >> 20} MiB at byte {pos}")
+                if kind == 4:
+                    yield b"".join(parts)
+                    parts = None
+
+
+def _wandb_records(path: Path) -> Iterator[tuple[int, Any]]:
+    """(index, record) of every record of a ``.wandb`` file (:func:`_wandb_frames`), each parsed with the wandb
+    package's own protobuf schema (``wandb.proto.wandb_internal_pb2.Record``); ``(index, None)`` last for a file
+    cut off by a killed run."""
+    try:
+        from wandb.proto import wandb_internal_pb2
+    except ImportError:
+        raise UsageError("importing a W&B run needs the wandb package: pip install 'trainledger[wandb]'") from None
+    for k, data in enumerate(_wandb_frames(path)):
+        if data is None:
+            yield k, None
+            return
+        rec = wandb_internal_pb2.Record()
+        try:
+            rec.ParseFromString(data)
+        except Exception as e:  # protobuf's DecodeError
+            raise JournalIOError(f"{path}: record {k} does not parse ({type(e).__name__})") from None
+        yield k, rec
+
+
+def _wandb_items(items: Any) -> Iterator[tuple[str, str]]:
+    """(name, value JSON) of a history row's or config's items; a nested key joined with "/" as W&B shows it."""
+    for it in items:
+        key = "/".join(it.nested_key) if len(it.nested_key) else it.key
+        yield key, it.value_json
+
+
+def import_wandb(run_dir: str | os.PathLike, out_dir: str | os.PathLike, signer: Signer, *,
+                 loss_tag: str | None = None, grad_norm_tag: str | None = None,
+                 lr_tag: str | None = None) -> ImportResult:
+    """Import a W&B offline run (its folder, ``wandb/offline-run-*``, or its ``.wandb`` file) into a new signed
+    journal: every logged row's numbers at its ``_step`` (the loss, grad-norm and learning-rate keys as
+    ``step_observed`` fields when the row has a loss, every other number a ``metrics_logged``; booleans as 0/1; NaN
+    and the infinities kept), the run's config as ``config_logged``. A value that is not a number (an image, a
+    table, a string) is not a point: each is named in ``skipped`` (its row and key). The count of every name's
+    points in the journal is held to the count in the file before the import is closed; a point the file holds and
+    the journal lacks is named and the import fails."""
+    import json
+
+    from trainledger.training.kinds import ConfigLogged
+
+    root = Path(run_dir)
+    if not root.exists():
+        raise UsageError(f"{root}: no such file or folder")
+    path = _wandb_file(root)
+    rows: list[tuple[int, dict[str, float]]] = []
+    config: dict[str, Any] = {}
+    skipped: list[tuple[int, str]] = []
+    meta: dict[str, Any] = {}
+    held: dict[str, int] = {}   # every name's points in the file
+    last_step = -1
+    for k, rec in _wandb_records(path):
+        if rec is None:
+            skipped.append((k, "the file ends in a record cut off (a run killed while writing): read up to it"))
+            break
+        kind = rec.WhichOneof("record_type")
+        if kind == "run":
+            meta = {"id": rec.run.run_id, "name": rec.run.display_name, "project": rec.run.project}
+            for key, vj in _wandb_items(rec.run.config.update):
+                if not key.startswith("_"):
+                    config[key] = _json_value(vj)
+        elif kind == "config":
+            for key, vj in _wandb_items(rec.config.update):
+                if not key.startswith("_"):   # _wandb: the tool's own settings
+                    config[key] = _json_value(vj)
+        elif kind == "history":
+            vals: dict[str, float] = {}
+            step = None
+            for key, vj in _wandb_items(rec.history.item):
+                v = _json_value(vj)
+                if key == "_step":
+                    step = v if isinstance(v, int) and not isinstance(v, bool) else None
+                    continue
+                if key.startswith("_"):       # _runtime, _timestamp: W&B's clock, not a logged value
+                    continue
+                if isinstance(v, bool):
+                    v = float(v)
+                if not isinstance(v, (int, float)) or len(key) > 1024:
+                    what = "a name over 1024 characters" if len(key) > 1024 else f"not a number ({type(v).__name__})"
+                    skipped.append((k, f"{key[:200]}: {what}"))
+                    continue
+                try:
+                    vals[key] = float(v)
+                except OverflowError:
+                    skipped.append((k, f"{key[:200]}: a number past a double's range"))
+                    continue
+                held[key] = held.get(key, 0) + 1
+            if step is None:
+                step = last_step + 1          # a row logged with commit=False and no _step: the next one
+            last_step = step
+            if vals:
+                rows.append((step, vals))
+    if not rows:
+        raise UsageError(f"{path}: no logged numbers in it (an empty or unsynced run?)")
+    names = set(held)
+    pick = lambda given, known: given if given is not None else next((t for t in known if t in names), None)  # noqa: E731
+    lt, gt, rt = pick(loss_tag, LOSS_TAGS), pick(grad_norm_tag, GRAD_NORM_TAGS), pick(lr_tag, LR_TAGS)
+    j = _new_journal(Path(out_dir), signer, "wandb", _source([path], root if root.is_dir() else root.parent),
+                     f"W&B run {json.dumps(meta, ensure_ascii=False)[:300]}; loss {lt!r}, grad norm {gt!r}, "
+                     f"learning rate {rt!r}")
+    em = _Emitter(j)
+    got: dict[str, int] = {}
+    try:
+        if config:
+            j.append(ConfigLogged(config=config, source="wandb"))
+        for step, vals in rows:
+            rest = dict(vals)
+            if lt is not None and lt in vals:
+                em.step(StepObserved(step=step, loss=rest.pop(lt), grad_norm=_finite_or_none(rest.pop(gt, None)),
+                                     lr=_finite_or_none(rest.pop(rt, None))))
+                for t in (lt, gt, rt):
+                    if t is not None and t in vals:
+                        got[t] = got.get(t, 0) + 1
+            em.other(step, rest, "wandb")
+            for t in rest:
+                got[t] = got.get(t, 0) + 1
+        lacking = sorted((n, held[n] - got.get(n, 0)) for n in held if got.get(n, 0) != held[n])
+        if lacking:
+            raise JournalIOError(f"{path}: the journal lacks points the file holds: " + ", ".join(
+                f"{n} ({c})" for n, c in lacking[:10]))
+        j.close()
+    except BaseException:
+        j.suspend()
+        raise
+    return ImportResult(j.path, em.steps, em.metrics, skipped, 1)
+
+
+def _json_value(text: str) -> Any:
+    """A W&B value's JSON (``NaN`` and ``Infinity`` as Python reads them); undecodable text as the text."""
+    import json
+
+    try:
+        return json.loads(text) if len(text) <= 1 << 20 else text[:200]
+    except ValueError:
+        return text[:200]
+
+
+# ---------------------------------------------------------------- MLflow
+
+_MLFLOW_MAX_FILE = 1 << 30   # a metric file past this is not read (a run's history is megabytes)
+
+
+def _mlflow_run(root: Path) -> Path:
+    """The run folder of a local MLflow file store: ``root`` itself (``mlruns/EXP/RUN``, it has ``meta.yaml`` and
+    ``metrics/``), or the only run under ``root`` (``mlruns/`` or ``mlruns/EXP``)."""
+    if (root / "metrics").is_dir() and (root / "meta.yaml").is_file():
+        return root
+    runs = sorted(p.parent for p in root.glob("*/metrics") if p.is_dir()) + \
+        sorted(p.parent for p in root.glob("*/*/metrics") if p.is_dir())
+    runs = [r for r in runs if (r / "meta.yaml").is_file()]
+    if len(runs) == 1:
+        return runs[0]
+    if not runs:
+        raise UsageError(f"{root}: no MLflow run in it (a local file store: mlruns/EXPERIMENT/RUN with meta.yaml "
+                         "and metrics/)")
+    names = ", ".join(str(r.relative_to(root)) for r in runs[:5])
+    raise UsageError(f"{root}: {len(runs)} MLflow runs in it ({names}{', ...' if len(runs) > 5 else ''}); import one "
+                     "(its folder)")
+
+
+def _mlflow_value(text: str) -> float:
+    return float(text)  # MLflow writes repr(float): nan, inf and -inf included
+
+
+def import_mlflow(mlruns: str | os.PathLike, out_dir: str | os.PathLike, signer: Signer, *,
+                  loss_tag: str | None = None, grad_norm_tag: str | None = None,
+                  lr_tag: str | None = None) -> ImportResult:
+    """Import one run of a local MLflow file store (``mlruns/``, an experiment's folder holding one run, or the run's
+    folder) into a new signed journal: every line of every metric file (``timestamp value step``) a point at its
+    step (the loss, grad-norm and learning-rate metrics as ``step_observed`` fields where a step has a loss, every
+    other a ``metrics_logged``), the params as ``config_logged``. A line that does not parse is named (its file and
+    line); the count of every metric's points in the journal is held to the file's before the import is closed."""
+    from trainledger.training.kinds import ConfigLogged
+
+    root = Path(mlruns)
+    if not root.exists():
+        raise UsageError(f"{root}: no such file or folder")
+    run = _mlflow_run(root)
+    files = sorted(p for p in (run / "metrics").rglob("*") if p.is_file() and not p.is_symlink())
+    if not files:
+        raise UsageError(f"{run}: the run logged no metrics")
+    by_step: dict[int, dict[str, float]] = {}
+    held: dict[str, int] = {}
+    skipped: list[tuple[int, str]] = []
+    for f in files:
+        name = f.relative_to(run / "metrics").as_posix()
+        if f.stat().st_size > _MLFLOW_MAX_FILE:
+            raise UsageError(f"{f}: {f.stat().st_size:,} bytes, more than a metric's history holds; not read")
+        with open(f, "rb") as fh:
+            n = 0
+            while raw := fh.readline(_MAX_LINE + 1):
+                n += 1
+                parts = raw.split()
+                try:
+                    if len(raw) > _MAX_LINE or len(parts) not in (2, 3):
+                        raise ValueError
+                    value = _mlflow_value(parts[1].decode("ascii"))
+                    step = int(parts[2]) if len(parts) == 3 else 0
+                    if not -2**63 <= step < 2**63:
+                        raise ValueError
+                except (ValueError, UnicodeDecodeError):
+                    skipped.append((n, f"{name}: line {n} is not 'timestamp value step'"))
+                    continue
+                row = by_step.setdefault(step, {})
+                if name in row:  # the same metric twice at one step: the later line, as MLflow's own history
+                    skipped.append((n, f"{name}: line {n} logs step {step} again; the later value is kept"))
+                    held[name] -= 1
+                row[name] = value
+                held[name] = held.get(name, 0) + 1
+    params: dict[str, Any] = {}
+    pdir = run / "params"
+    if pdir.is_dir():
+        for f in sorted(p for p in pdir.rglob("*") if p.is_file() and not p.is_symlink())[:10_000]:
+            with open(f, "rb") as fh:
+                params[f.relative_to(pdir).as_posix()] = fh.read(1 << 16).decode("utf-8", "replace")
+    names = set(held)
+    pick = lambda given, known: given if given is not None else next((t for t in known if t in names), None)  # noqa: E731
+    lt, gt, rt = pick(loss_tag, LOSS_TAGS), pick(grad_norm_tag, GRAD_NORM_TAGS), pick(lr_tag, LR_TAGS)
+    j = _new_journal(Path(out_dir), signer, "mlflow", _source(files, run),
+                     f"MLflow run {run.name} of experiment {run.parent.name}; loss {lt!r}, grad norm {gt!r}, "
+                     f"learning rate {rt!r}")
+    em = _Emitter(j)
+    got: dict[str, int] = {}
+    try:
+        if params:
+            j.append(ConfigLogged(config=params, source="mlflow"))
+        for step in sorted(by_step):
+            rest = dict(by_step[step])
+            if lt is not None and lt in rest:
+                vals = dict(rest)
+                em.step(StepObserved(step=step, loss=rest.pop(lt), grad_norm=_finite_or_none(rest.pop(gt, None)),
+                                     lr=_finite_or_none(rest.pop(rt, None))))
+                for t in (lt, gt, rt):
+                    if t is not None and t in vals:
+                        got[t] = got.get(t, 0) + 1
+            em.other(step, rest, "mlflow")
+            for t in rest:
+                got[t] = got.get(t, 0) + 1
+        lacking = sorted((n, held[n] - got.get(n, 0)) for n in held if got.get(n, 0) != held[n])
+        if lacking:
+            raise JournalIOError(f"{run}: the journal lacks points the store holds: " + ", ".join(
+                f"{n} ({c})" for n, c in lacking[:10]))
+        j.close()
+    except BaseException:
+        j.suspend()
+        raise
+    return ImportResult(j.path, em.steps, em.metrics, skipped, len(files))
 
 
 # ---------------------------------------------------------------- Megatron

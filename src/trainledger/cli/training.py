@@ -25,6 +25,7 @@ from trainledger.cli.options import (add_json_option, add_partial_option, add_pr
 from trainledger.journal.verify import verify
 from trainledger.journal.errors import JournalError, UsageError
 from trainledger.journal.keys import keygen
+from trainledger.journal.text import safe
 
 __all__ = ["register"]
 
@@ -52,12 +53,12 @@ def register(sub) -> None:
                         "failure as one object with \"ok\": false")
     p.set_defaults(func=_cmd_watch)
 
-    p = sub.add_parser("import", help="write a signed journal from logs you already have (TensorBoard, Megatron)",
+    p = sub.add_parser("import", help="write a signed journal from logs you already have (TensorBoard, W&B, MLflow, Megatron)",
                        description="Import a run's existing logs into a new signed journal that says it was imported "
                                    "(from which files, their SHA-256, by which tool, when): it attests what the files "
                                    "said at import time, never that the run happened. The steps go through the health "
                                    "projection, so replay, query and report work on the old run.")
-    isub = p.add_subparsers(dest="source", required=True, metavar="SOURCE", help="tensorboard or megatron")
+    isub = p.add_subparsers(dest="source", required=True, metavar="SOURCE", help="tensorboard, wandb, mlflow or megatron")
     q = isub.add_parser("tensorboard", help="TensorBoard event files (the tensorboard package's own reader)")
     q.add_argument("logdir", metavar="LOGDIR", help="the folder of TensorBoard event files to read")
     q.add_argument("out_dir", metavar="OUT_DIR", help="the run folder to write journal.jsonl into")
@@ -67,6 +68,31 @@ def register(sub) -> None:
     q.add_argument("--grad-norm-tag", default=None, help="the gradient norm's tag (default: the first of grad_norm, "
                                                          "train/grad_norm, ...)")
     q.add_argument("--lr-tag", default=None, help="the learning rate's tag (default: the first of lr, "
+                                                  "learning_rate, ...)")
+    add_json_option(q)
+    q.set_defaults(func=_cmd_import)
+    q = isub.add_parser("wandb", help="a W&B offline run (its records parsed with the wandb package's own schema)")
+    q.add_argument("logdir", metavar="RUN_DIR", help="the offline run's folder (wandb/offline-run-*) or its .wandb file")
+    q.add_argument("out_dir", metavar="OUT_DIR", help="the run folder to write journal.jsonl into")
+    q.add_argument("--key", required=True, metavar="KEY",
+                   help="the private key that signs the imported journal (a key file or a pkcs11: URI)")
+    q.add_argument("--loss-tag", default=None, help="the loss key (default: the first of loss, train/loss, ...)")
+    q.add_argument("--grad-norm-tag", default=None, help="the gradient norm's key (default: the first of grad_norm, "
+                                                         "train/grad_norm, ...)")
+    q.add_argument("--lr-tag", default=None, help="the learning rate's key (default: the first of lr, "
+                                                  "learning_rate, ...)")
+    add_json_option(q)
+    q.set_defaults(func=_cmd_import)
+    q = isub.add_parser("mlflow", help="one run of a local MLflow file store (mlruns/)")
+    q.add_argument("logdir", metavar="MLRUNS_DIR", help="mlruns/ (holding one run), an experiment's folder, or the run's "
+                                                        "folder (mlruns/EXPERIMENT/RUN)")
+    q.add_argument("out_dir", metavar="OUT_DIR", help="the run folder to write journal.jsonl into")
+    q.add_argument("--key", required=True, metavar="KEY",
+                   help="the private key that signs the imported journal (a key file or a pkcs11: URI)")
+    q.add_argument("--loss-tag", default=None, help="the loss metric (default: the first of loss, train/loss, ...)")
+    q.add_argument("--grad-norm-tag", default=None, help="the gradient norm's metric (default: the first of "
+                                                         "grad_norm, train/grad_norm, ...)")
+    q.add_argument("--lr-tag", default=None, help="the learning rate's metric (default: the first of lr, "
                                                   "learning_rate, ...)")
     add_json_option(q)
     q.set_defaults(func=_cmd_import)
@@ -351,12 +377,13 @@ def _cmd_watch(args: argparse.Namespace) -> int:
 
 
 def _cmd_import(args: argparse.Namespace) -> int:
-    from trainledger.training.interop import import_megatron, import_tensorboard
+    from trainledger.training.interop import import_megatron, import_mlflow, import_tensorboard, import_wandb
 
     signer = load_signer(args.key)
-    if args.source == "tensorboard":
-        r = import_tensorboard(args.logdir, args.out_dir, signer, loss_tag=args.loss_tag,
-                               grad_norm_tag=args.grad_norm_tag, lr_tag=args.lr_tag)
+    if args.source in ("tensorboard", "wandb", "mlflow"):
+        r = {"tensorboard": import_tensorboard, "wandb": import_wandb, "mlflow": import_mlflow}[args.source](
+            args.logdir, args.out_dir, signer, loss_tag=args.loss_tag, grad_norm_tag=args.grad_norm_tag,
+            lr_tag=args.lr_tag)
     else:
         r = import_megatron(args.logfile, args.out_dir, signer)
     if args.json:
@@ -365,10 +392,11 @@ def _cmd_import(args: argparse.Namespace) -> int:
         return 0
     say(f"IMPORTED {r.steps:,} steps and {r.metrics:,} other values from {r.files} {args.source} file(s) into "
         f"{r.journal} (signed; it attests what the files said now, not that the run happened)")
-    for line, why in r.skipped[:10]:
-        say(f"  skipped line {line}: {why}")
+    unit = {"wandb": "record", "mlflow": "value"}.get(args.source, "line")
+    for line, why in r.skipped[:10]:  # an MLflow reason names its own file and line
+        say(f"  skipped {safe(why)}" if args.source == "mlflow" else f"  skipped {unit} {line}: {safe(why)}")
     if r.skipped:
-        say(f"  {len(r.skipped)} line(s) skipped in all", file=sys.stderr)
+        say(f"  {len(r.skipped)} {unit}(s) skipped in all", file=sys.stderr)
     return 0
 
 
