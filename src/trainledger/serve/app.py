@@ -160,27 +160,46 @@ def make_app(board: Board | Fleet, *, token: str | None, follow: bool = True) ->
         s["metrics"] = list(METRICS)
         return s
 
-    def _curve(request: Request) -> tuple[str, int | None, Any, Any, str]:
-        """A curve request's (metric, width, lo, hi, x): the bounds are steps (64-bit integers) on the step axis,
-        finite numbers in the units of another."""
+    def _curve(request: Request) -> tuple[str, int | None, Any, Any, str, bool]:
+        """A curve request's (metric, width, lo, hi, x, logged): the bounds are steps (64-bit integers) on the step
+        axis, finite numbers in the units of another; ``logged=NAME`` asks for a logged metric instead of
+        ``metric``."""
         x = request.query_params.get("x", "step")
         num = _int if x == "step" else _float
-        return (request.query_params.get("metric", "loss"), _int(request, "width", 1200), num(request, "lo"),
-                num(request, "hi"), x)
+        name = request.query_params.get("logged")
+        if name is not None and not 0 < len(name) <= 1024:
+            raise UsageError("logged=: a metric's name, 1 to 1024 characters")
+        return (name if name is not None else request.query_params.get("metric", "loss"),
+                _int(request, "width", 1200), num(request, "lo"), num(request, "hi"), x, name is not None)
 
     def series(request: Request) -> dict[str, Any]:
-        metric, width, lo, hi, x = _curve(request)
-        return run_of(request).series(metric, width, lo, hi, x=x)
+        metric, width, lo, hi, x, logged = _curve(request)
+        return run_of(request).series(metric, width, lo, hi, x=x, logged=logged)
+
+    def logged(request: Request) -> dict[str, Any]:
+        """The names of the metrics logged in the runs asked for (``run=A&run=B...``; none: the first), each with
+        its points in all of them together."""
+        names = request.query_params.getlist("run") or [None]
+        if len(names) > MAX_RUNS:
+            raise UsageError(f"{len(names)} runs asked for: at most {MAX_RUNS}")
+        points: dict[str, int] = {}
+        left_out = 0
+        for name in names:
+            got = fleet.board(name).logged_names()
+            left_out += got["left_out"]
+            for k, n in got["names"]:
+                points[k] = points.get(k, 0) + n
+        return {"names": [[k, points[k]] for k in sorted(points)], "left_out": left_out}
 
     def curves(request: Request) -> dict[str, Any]:
         """One curve of several runs at once (``run=A&run=B...``; none: the first run): what the page overlays."""
         names = request.query_params.getlist("run") or [None]
         if len(names) > MAX_RUNS:
             raise UsageError(f"{len(names)} runs asked for: at most {MAX_RUNS}")
-        metric, width, lo, hi, x = _curve(request)
+        metric, width, lo, hi, x, logged = _curve(request)
         out = []
         for name in names:
-            body = dict(fleet.board(name).series(metric, width, lo, hi, x=x))
+            body = dict(fleet.board(name).series(metric, width, lo, hi, x=x, logged=logged))
             body["run"] = name
             out.append(body)
         return {"metric": metric, "x_axis": x, "runs": out}
@@ -260,7 +279,7 @@ def make_app(board: Board | Fleet, *, token: str | None, follow: bool = True) ->
         return Response(status_code=204)
 
     routes = [Route("/", page), Route("/favicon.ico", favicon), Route("/static/{name}", static), Route("/api/state", api(state)),
-              Route("/api/series", api(series)), Route("/api/curves", api(curves)), Route("/api/heatmap", api(heatmap)),
+              Route("/api/series", api(series)), Route("/api/curves", api(curves)), Route("/api/logged", api(logged)), Route("/api/heatmap", api(heatmap)),
               Route("/api/telemetry", api(telemetry)), Route("/api/devices", api(devices)), Route("/api/event", api(event)),
               Route("/api/proof", api(proof)), Route("/api/runs", api(runs)), Route("/api/stream", stream)]
     return Starlette(routes=routes, lifespan=lifespan)

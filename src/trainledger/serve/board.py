@@ -43,7 +43,7 @@ __all__ = ["Board", "METRICS", "DEVICE_METRICS", "MAX_WIDTH"]
 
 #: the curves the page draws: name -> the SQL of its value over ``steps``
 _TOKENS = "CAST(COALESCE(tokens, examples * seq_len) AS DOUBLE)"
-METRICS = {"loss": "loss", "grad_norm": "grad_norm", "step_time_s": "step_time_s",
+METRICS = {"loss": "loss", "grad_norm": "grad_norm", "lr": "lr", "step_time_s": "step_time_s",
            # PaLM appendix B, against the run_configured in force in the step's segment (segs)
            "mfu": f"CASE WHEN step_time_s > 0 AND peak > 0 THEN {_TOKENS} * fpt / step_time_s / peak END",
            "tokens_per_s": f"CASE WHEN step_time_s > 0 THEN {_TOKENS} / step_time_s END"}
@@ -53,12 +53,18 @@ X_AXES = {"tokens": f"sum({_TOKENS}) OVER (PARTITION BY rank, rung ORDER BY seq)
           "time": "(ts - min(ts) OVER ()) / 1e9"}
 #: the device readings drawn over time (columns of ``telemetry``)
 DEVICE_METRICS = ("temp_c", "temp_hbm_c", "power_w", "sm_clock_mhz")
+#: the most distinct names of logged metrics (``metrics_logged``) a board keeps: past it, a name's points are counted
+#: and left out, and the page says how many names were left out
+MAX_NAMES = 20_000
+#: the most configuration keys of a run the run table shows (``config_logged``, nested keys joined with ".")
+MAX_CONFIG_KEYS = 200
 #: the widest downsampling a request may ask for (pixels)
 MAX_WIDTH = 4096
 #: signed events handed to the tables at a time
 BATCH = 16_384
 #: the most events past the last seal kept to draw (a run whose seals stopped: the rest are only counted)
 MAX_UNSIGNED = 20_000
+_TABLES = ("steps", "segs", "marks", "telemetry", "metrics")
 _SEGMENT_KINDS = {"run_resumed", "rewind_decided", "run_configured", "rung_started", "weights_restored"}
 _MARK_KINDS = {"anomaly_detected", "spike_suspected", "rewind_decided", "run_resumed", "checkpoint_saved",
                "shards_saved", "device_changed", "run_stopped", "straggler_detected", "weights_restored"}
@@ -233,6 +239,12 @@ class Board:
         self.fail: str | None = None
         self.notes: list[str] = []
         self.listed: list[dict[str, Any]] = []
+        #: each logged metric's name and how many points it has (at most MAX_NAMES names), and the points of names
+        #: past that left out
+        self.names: dict[str, int] = {}
+        self.names_left_out = 0
+        #: each journal's configuration as its config_logged events set it (by rank; -1: a lone journal)
+        self.configs: dict[int, dict[str, Any]] = {}
         self.journals: dict[int | None, _Journal] = {}
         self.run: str | None = None
         #: replay's verdict on what was concluded: run once every journal has closed (the whole run is then signed)
@@ -246,7 +258,10 @@ class Board:
 
     def _create(self) -> None:
         self.con.execute("CREATE TABLE steps (rank INTEGER, segment INTEGER, rung VARCHAR, seq BIGINT, step BIGINT, "
-                         "loss DOUBLE, grad_norm DOUBLE, step_time_s DOUBLE, tokens BIGINT, examples BIGINT, ts BIGINT)")
+                         "loss DOUBLE, grad_norm DOUBLE, lr DOUBLE, step_time_s DOUBLE, tokens BIGINT, examples BIGINT, ts BIGINT)")
+        # every scalar a logging call reported (Recorder.log, wandb.log, add_scalar, the callbacks): one row a value
+        self.con.execute("CREATE TABLE metrics (rank INTEGER, segment INTEGER, rung VARCHAR, seq BIGINT, step BIGINT, "
+                         "name VARCHAR, value DOUBLE)")
         self.con.execute("CREATE TABLE segs (rank INTEGER, segment INTEGER, fpt DOUBLE, peak DOUBLE, seq_len BIGINT)")
         self.con.execute("CREATE TABLE marks (rank INTEGER, seq BIGINT, step BIGINT, kind VARCHAR, label VARCHAR)")
         self.con.execute("CREATE TABLE telemetry (rank INTEGER, seq BIGINT, ts BIGINT, device INTEGER, temp_c DOUBLE, "
@@ -352,9 +367,11 @@ class Board:
         self.fail = line
         self._curves.clear()
         self.data_version += 1
-        for t in ("steps", "segs", "marks", "telemetry"):
+        for t in _TABLES:
             self.con.execute(f"DELETE FROM {t}")
         self.listed.clear()
+        self.names.clear()
+        self.configs.clear()
         for j in self.journals.values():
             j.pending.clear()
             j.pending_at.clear()
@@ -362,9 +379,11 @@ class Board:
     def _rewritten(self, j: _Journal) -> None:
         self.notes.append(f"{j.path}: the journal was cut back and rewritten: read again from its first line")
         r = -1 if j.rank is None else j.rank
-        for t in ("steps", "segs", "marks", "telemetry"):
+        for t in _TABLES:
             self.con.execute(f"DELETE FROM {t} WHERE rank = ?", [r])
         self.listed = [x for x in self.listed if x["rank"] != j.rank]
+        self.configs.pop(r, None)
+        self.names = dict(self.con.execute("SELECT name, count(*) FROM metrics GROUP BY name").fetchall())
         j.restart()
         j.read_new()
 
@@ -385,6 +404,7 @@ class Board:
         marks: list[tuple[Any, ...]] = []
         tele: list[tuple[Any, ...]] = []
         segs: list[tuple[Any, ...]] = []
+        logged: list[list[Any]] = [[], [], [], [], [], []]  # the metrics table's columns after rank
         i = 0
         while i < n:
             t = type(recs[i])
@@ -398,16 +418,25 @@ class Board:
                 for ev in recs[i:k]:
                     kind = _tag(ev)
                     kinds.append(kind)
-                    self._other(j, r, ev, kind, marks, tele, segs)
+                    if kind == "metrics_logged":
+                        self._logged(seg, ev, logged)
+                    else:
+                        self._other(j, r, ev, kind, marks, tele, segs)
             i = k
         if steps:
             m = len(steps)
             cols = {"rank": pa.repeat(pa.scalar(r, pa.int32()), m), "segment": pa.concat_arrays(seg_cols),
                     "rung": pa.concat_arrays(rung_cols), "seq": _ints(steps, "seq"), "step": _ints(steps, "step"),
-                    "loss": _floats(steps, "loss"), "grad_norm": _floats(steps, "grad_norm"),
+                    "loss": _floats(steps, "loss"), "grad_norm": _floats(steps, "grad_norm"), "lr": _floats(steps, "lr"),
                     "step_time_s": _floats(steps, "step_time_s"), "tokens": _ints(steps, "tokens"),
                     "examples": _ints(steps, "examples"), "ts": _ints(steps, "ts")}
             self._insert("steps", pa.table(cols))
+        if logged[0]:
+            cols = {"rank": pa.repeat(pa.scalar(r, pa.int32()), len(logged[0])),
+                    "segment": pa.array(logged[0], pa.int32()), "rung": pa.array(logged[1], pa.string()),
+                    "seq": pa.array(logged[2], pa.int64()), "step": pa.array(logged[3], pa.int64()),
+                    "name": pa.array(logged[4], pa.string()), "value": pa.array(logged[5], pa.float64())}
+            self._insert("metrics", pa.table(cols))
         j.index.append(recs, at)
         if marks:
             self.con.executemany("INSERT INTO marks VALUES (?, ?, ?, ?, ?)", marks)
@@ -415,6 +444,26 @@ class Board:
             self.con.executemany("INSERT INTO telemetry VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", tele)
         if segs:
             self.con.executemany("INSERT INTO segs VALUES (?, ?, ?, ?, ?)", segs)
+
+    def _logged(self, seg: _Segment, ev: Any, cols: list[list[Any]]) -> None:
+        """A ``metrics_logged`` event's values as rows of the metrics table (columns in ``cols``): each name as
+        logged, each value as a double (NaN and infinities kept; the curves leave them out). A name past the
+        board's :data:`MAX_NAMES` distinct ones is counted, not kept."""
+        step = ev.step if isinstance(ev.step, int) and -2**63 <= ev.step < 2**63 else None
+        names = self.names
+        for name, v in ev.metrics.items():
+            if name not in names:
+                if len(names) >= MAX_NAMES:
+                    self.names_left_out += 1
+                    continue
+                names[name] = 0
+            names[name] += 1
+            cols[0].append(seg.index)
+            cols[1].append(seg.rung)
+            cols[2].append(ev.seq)
+            cols[3].append(step)
+            cols[4].append(name)
+            cols[5].append(_double(v))
 
     def _other(self, j: _Journal, r: int, ev: Any, kind: str, marks: list, tele: list, segs: list) -> None:
         """One event that is not a step: a new segment, a mark, a device reading, a listed event."""
@@ -441,6 +490,9 @@ class Board:
                          _num(ev.sm_clock_mhz), bool(ev.clock_event_reasons), _num(float(unc))))
         if kind == "run_closed":
             j.closed = True
+        if kind == "config_logged" and isinstance(ev.config, dict):
+            cfg = self.configs.setdefault(r, {})
+            cfg.update(_flat_config(ev.config))
         if kind == "ranks_anchored" and j.rank is not None:
             for other, head in ev.heads.items():
                 s_, _, h_ = str(head).partition(":")
@@ -549,37 +601,55 @@ class Board:
             return out
 
     def series(self, metric: str, width: int, lo: int | float | None = None, hi: int | float | None = None,
-               x: str = "step") -> dict[str, Any]:
+               x: str = "step", *, logged: bool = False) -> dict[str, Any]:
         """``metric`` by step, per rank, segment and rung, at most two points (the lowest and the highest, in step
         order) per pixel of ``width``; the events past each journal's last seal apart, as they are. ``x``: ``step``,
         ``tokens`` (each rank's tokens so far) or ``time`` (seconds since the run's first step); ``lo`` and ``hi``
-        are in its units."""
-        if metric not in METRICS:
+        are in its units. ``logged``: ``metric`` is the name of a logged metric (``metrics_logged``), drawn at the
+        steps it was logged at (on another x axis, at that step's value of it)."""
+        if not logged and metric not in METRICS:
             raise UsageError(f"no such curve {metric!r}: one of {', '.join(METRICS)}")
         if x != "step" and x not in X_AXES:
             raise UsageError(f"no such x axis {x!r}: one of step, {', '.join(X_AXES)}")
-        key = (metric, max(1, min(int(width), MAX_WIDTH)), lo, hi, x)
+        key = (metric, max(1, min(int(width), MAX_WIDTH)), lo, hi, x, logged)
         with self.lock:
             # a whole run's curve asked for again (another page, a refresh) is the one computed, until new lines are
-            # read; a failure empties every curve at once. Only whole runs, at most four a board: a zoom is asked for
+            # read; a failure empties every curve at once. Only whole runs, at most 16 a board: a zoom is asked for
             # once, and a fleet's boards together keep a few megabytes
             got = self._curves.get(key) if self.fail is None else None
             if got is None:
                 got = self._series(*key)
                 if self.fail is None and lo is None and hi is None:
-                    if len(self._curves) >= 4:
+                    if len(self._curves) >= 16:
                         self._curves.pop(next(iter(self._curves)))
                     self._curves[key] = got
             return got
 
+    def _source(self, metric: str, logged: bool, x: str = "step") -> tuple[str, list[Any]]:
+        """The SQL of a curve's points, (rank, segment, rung, seq, step, v) or with ``x`` not the step (rank,
+        segment, rung, seq, xv, v), and its parameters."""
+        if x == "step":
+            if logged:
+                return "SELECT rank, segment, rung, seq, step, value AS v FROM metrics WHERE name = ?", [metric]
+            return (f"SELECT rank, segment, rung, seq, step, {METRICS[metric]} AS v FROM steps "
+                    "LEFT JOIN segs USING (rank, segment)"), []
+        if logged:
+            # a logged value is drawn at its step's tokens or time (the last time that step was taken)
+            return ("SELECT rank, segment, rung, seq, xs.xv, value AS v FROM metrics JOIN (SELECT rank, step, "
+                    f"max(xv) AS xv FROM (SELECT rank, step, {X_AXES[x]} AS xv FROM steps LEFT JOIN segs "
+                    "USING (rank, segment)) GROUP BY rank, step) xs USING (rank, step) WHERE name = ?"), [metric]
+        return (f"SELECT rank, segment, rung, seq, {X_AXES[x]} AS xv, {METRICS[metric]} AS v FROM steps "
+                "LEFT JOIN segs USING (rank, segment)"), []
+
     def _series(self, metric: str, width: int, lo: int | float | None, hi: int | float | None,
-                x: str) -> dict[str, Any]:
+                x: str, logged: bool = False) -> dict[str, Any]:
         if x != "step":
-            return self._series_by(metric, width, lo, hi, x)
+            return self._series_by(metric, width, lo, hi, x, logged)
         with self.lock:
             if self.fail is not None:
                 return {"metric": metric, "series": [], "unsigned": []}
-            lo_, hi_ = self.con.execute("SELECT min(step), max(step) FROM steps").fetchall()[0]
+            src, sp = self._source(metric, logged)
+            lo_, hi_ = self.con.execute(f"SELECT min(step), max(step) FROM ({src})", sp).fetchall()[0]
             # a window asked for is cut to the steps there are (any 64-bit bounds: the arithmetic never overflows)
             lo = lo_ if lo is None or (lo_ is not None and lo < lo_) else lo
             hi = hi_ if hi is None or (hi_ is not None and hi > hi_) else hi
@@ -587,32 +657,31 @@ class Board:
             if lo is not None and hi is not None and lo <= hi:
                 span = float(max(hi - lo + 1, 1))
                 rows = self.con.execute(
-                    f"WITH s AS (SELECT rank, segment, rung, seq, step, {METRICS[metric]} AS v FROM steps "
-                    "LEFT JOIN segs USING (rank, segment) WHERE step BETWEEN ? AND ?), b AS (SELECT *, CAST(floor((step::DOUBLE - ?) * ? / ?) AS BIGINT) AS px "
-                    "FROM s WHERE v IS NOT NULL AND isfinite(v)) "
+                    f"WITH s AS (SELECT * FROM ({src}) WHERE step BETWEEN ? AND ?), b AS (SELECT *, "
+                    "CAST(floor((step::DOUBLE - ?) * ? / ?) AS BIGINT) AS px FROM s WHERE v IS NOT NULL AND "
+                    "isfinite(v)) "
                     "SELECT rank, segment, rung, px, arg_min(step, v), min(v), arg_min(seq, v), arg_max(step, v), "
                     "max(v), arg_max(seq, v) FROM b GROUP BY rank, segment, rung, px "
-                    "ORDER BY rank, segment, px", [lo, hi, float(lo), width, span]).fetchall()
+                    "ORDER BY rank, segment, px", [*sp, lo, hi, float(lo), width, span]).fetchall()
                 series = _grouped(rows)
             unsigned = []
             for rank, j in sorted(self.journals.items(), key=lambda x: -1 if x[0] is None else x[0]):
-                pts = [(ev.step, _value(ev, metric, j.segment), ev.seq) for ev in j.pending[-MAX_UNSIGNED:]
-                       if _tag(ev) == "step_observed"]
-                pts = [p for p in pts if p[1] is not None]
+                pts = _unsigned_points(j, metric, logged)
                 if pts:
                     unsigned.append({"rank": rank, "x": [p[0] for p in pts], "y": [p[1] for p in pts],
                                      "seq": [p[2] for p in pts]})
             return {"metric": metric, "lo": lo, "hi": hi, "width": width, "series": series, "unsigned": unsigned}
 
-    def _series_by(self, metric: str, width: int, lo: float | None, hi: float | None, x: str) -> dict[str, Any]:
+    def _series_by(self, metric: str, width: int, lo: float | None, hi: float | None, x: str,
+                   logged: bool = False) -> dict[str, Any]:
         """:meth:`series` against tokens or wall time: the same per-pixel lowest and highest points, of signed steps
         only (the events past the last seal are drawn on the step axis)."""
         with self.lock:
             if self.fail is not None:
                 return {"metric": metric, "x_axis": x, "series": [], "unsigned": []}
-            base = (f"WITH s AS (SELECT rank, segment, rung, seq, {X_AXES[x]} AS xv, {METRICS[metric]} AS v FROM steps "
-                    "LEFT JOIN segs USING (rank, segment))")
-            lo_, hi_ = self.con.execute(f"{base} SELECT min(xv), max(xv) FROM s").fetchall()[0]
+            src, sp = self._source(metric, logged, x)
+            base = f"WITH s AS ({src})"
+            lo_, hi_ = self.con.execute(f"{base} SELECT min(xv), max(xv) FROM s", sp).fetchall()[0]
             lo = lo_ if lo is None or (lo_ is not None and lo < lo_) else float(lo)
             hi = hi_ if hi is None or (hi_ is not None and hi > hi_) else float(hi)
             series: list[dict[str, Any]] = []
@@ -623,10 +692,27 @@ class Board:
                     "WHERE xv BETWEEN ? AND ? AND v IS NOT NULL AND isfinite(v)) "
                     "SELECT rank, segment, rung, px, arg_min(xv, v), min(v), arg_min(seq, v), arg_max(xv, v), max(v), "
                     "arg_max(seq, v) FROM b GROUP BY rank, segment, rung, px ORDER BY rank, segment, px",
-                    [float(lo), width, span, width, float(lo), float(hi)]).fetchall()
+                    [*sp, float(lo), width, span, width, float(lo), float(hi)]).fetchall()
                 series = _grouped(rows)
             return {"metric": metric, "x_axis": x, "lo": lo, "hi": hi, "width": width, "series": series,
                     "unsigned": []}
+
+    def logged_names(self) -> dict[str, Any]:
+        """The logged metrics' names, each with its number of points, in name order; and how many points of names
+        past :data:`MAX_NAMES` were left out."""
+        with self.lock:
+            if self.fail is not None:
+                return {"names": [], "left_out": 0}
+            return {"names": [[k, self.names[k]] for k in sorted(self.names)], "left_out": self.names_left_out}
+
+    def config(self) -> dict[str, Any]:
+        """The run's configuration as its config_logged events set it (each rank's, the lowest rank's first)."""
+        with self.lock:
+            out: dict[str, Any] = {}
+            for r in sorted(self.configs):
+                for k, v in self.configs[r].items():
+                    out.setdefault(k, v)
+            return out
 
     def device_series(self, metric: str, width: int) -> dict[str, Any]:
         """A device reading over time (seconds since the first reading), per rank and device, at most two points a
@@ -871,6 +957,52 @@ def _value(ev: Any, metric: str, seg: _Segment) -> float | None:
             return _num(tokens / st)
         return _num(tokens * seg.flops_per_token / st / seg.peak) if seg.flops_per_token and seg.peak else None
     return _num(getattr(ev, metric, None))
+
+
+def _double(v: Any) -> float | None:
+    """A logged value as a double: NaN and the infinities as they are, a number past a double's range as None."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    try:
+        return float(v)
+    except OverflowError:
+        return None
+
+
+def _flat_config(cfg: dict[str, Any], prefix: str = "", out: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A configuration as the run table shows it: nested keys joined with "." (as W&B shows them), each value a
+    number, string, boolean or None, or its JSON (a list); at most :data:`MAX_CONFIG_KEYS` keys."""
+    import json
+
+    out = {} if out is None else out
+    for k, v in cfg.items():
+        if len(out) >= MAX_CONFIG_KEYS:
+            break
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            _flat_config(v, key + ".", out)
+        elif v is None or isinstance(v, (str, bool, int, float)):
+            out[key] = v if not isinstance(v, float) or math.isfinite(v) else str(v)
+        else:
+            out[key] = json.dumps(v, ensure_ascii=False)[:500]
+    return out
+
+
+def _unsigned_points(j: _Journal, metric: str, logged: bool) -> list[tuple[Any, float, int]]:
+    """(step, value, seq) of ``metric`` in the events past journal ``j``'s last seal (the last MAX_UNSIGNED)."""
+    out = []
+    for ev in j.pending[-MAX_UNSIGNED:]:
+        kind = _tag(ev)
+        if logged:
+            if kind == "metrics_logged" and metric in ev.metrics:
+                v = _double(ev.metrics[metric])
+                if v is not None and math.isfinite(v):
+                    out.append((ev.step, v, ev.seq))
+        elif kind == "step_observed":
+            v = _value(ev, metric, j.segment)
+            if v is not None:
+                out.append((ev.step, v, ev.seq))
+    return out
 
 
 def _mark_step(ev: Any, kind: str) -> int | None:

@@ -224,6 +224,7 @@ def _row(name: str, b: Board) -> dict[str, Any]:
             "SELECT count(*), max(step), arg_max(loss, seq) FILTER (WHERE isfinite(loss)), "
             "min(loss) FILTER (WHERE isfinite(loss)) FROM steps").fetchall()[0]
         seg = b.con.execute("SELECT fpt, peak, seq_len FROM segs ORDER BY segment DESC LIMIT 1").fetchall()
+        config = b.config()
     closed = bool(js) and all(j.closed for j in js)
     fpt, peak, seq_len = seg[0] if seg else (None, None, None)
     return {"name": name, "path": str(b.path), "fail": None, "data_version": b.data_version,
@@ -234,4 +235,5 @@ def _row(name: str, b: Board) -> dict[str, Any]:
             "status": "closed" if closed else "live", "final_loss": final,
             "best_loss": best, "unsigned": sum(len(j.pending) for j in js),
             "settings": {"ranks": len(js) if b.is_run_dir else None, "flops_per_token": fpt, "peak_flops": peak,
-                         "seq_len": seq_len}}
+                         "seq_len": seq_len, **{f"config.{k}": v for k, v in config.items()}},
+            "config": config}

@@ -691,7 +691,7 @@ def test_the_x_axis_by_tokens_or_wall_time(browser, tmp_path):
             p.until(f"window.__trainledger.data.loss && window.__trainledger.data.loss.x === '{x}'")
             u = p.js("(() => { const u = window.__trainledger.charts.loss; "
                      "return [u.axes[0].label, Math.max(...u.data[0]), u.series.length]; })()")
-            assert u[0] == title and u[2] == 8, u  # seven rungs, each its own line
+            assert u[0] == title and u[2] == 1 + 7 * 2, u  # seven rungs, each its own line and its average
             if x == "tokens":
                 assert u[1] > 100 * steps_max  # hundreds of tokens a step
         assert p.errors == []
@@ -842,3 +842,130 @@ def test_a_curve_asked_again_is_the_one_computed_until_new_lines_are_read(tmp_pa
     finally:
         j.close()
         b.close()
+
+
+def _logged_runs(root: Path, n: int, steps: int, spike: tuple[int, int] | None = None):
+    """``n`` signed runs under ``root`` (run-000, ...), each with its steps, two logged metrics a step (train/acc,
+    eval/loss every 10th) and a configuration whose lr differs by run; ``spike``: (run, step) whose loss is 100x."""
+    from trainledger.training.kinds import ConfigLogged, MetricsLogged
+
+    signer = Signer.generate()
+    for r in range(n):
+        (root / f"run-{r:03d}").mkdir(parents=True)
+        with Journal.create(root / f"run-{r:03d}" / "journal.jsonl", signer=signer, seal_every=500) as j:
+            j.append(ConfigLogged(config={"lr": 1e-3 * (1 + r % 5), "model": {"layers": 2}, "seed": 0}, source="test"))
+            for i in range(steps):
+                loss = 3.0 - i / steps + 0.01 * ((i * 7 + r) % 5)
+                if spike == (r, i):
+                    loss = 300.0
+                j.append(StepObserved(step=i, loss=loss, grad_norm=0.5, lr=1e-3 * (1 + r % 5) * min(1.0, (i + 1) / 50)))
+                metrics = {"train/acc": 0.5 + 0.4 * i / steps}
+                if i % 10 == 0:
+                    metrics["eval/loss"] = 3.2 - i / steps
+                j.append(MetricsLogged(step=i, metrics=metrics, source="test"))
+    return signer
+
+
+def test_every_logged_metric_is_a_curve_of_its_own(tmp_path):
+    """The board keeps each logged metric by name (NaN and infinities kept in the table, left out of the curve), a
+    run's configuration as config_logged set it, and draws a logged metric per pixel as it draws the loss."""
+    from trainledger.serve.board import Board
+    from trainledger.training.kinds import ConfigLogged, MetricsLogged
+
+    s = Signer.generate()
+    path = tmp_path / "m.jsonl"
+    with Journal.create(path, signer=s, seal_every=50) as j:
+        j.append(ConfigLogged(config={"optimizer": {"name": "adamw", "betas": [0.9, 0.95]}, "lr": 3e-4}, source="t"))
+        for i in range(200):
+            j.append(StepObserved(step=i, loss=2.0, lr=1e-4 * i))
+            j.append(MetricsLogged(step=i, metrics={"train/acc": i / 200, "ünïcode/naïve": float("nan") if i == 5
+                                                    else float("inf") if i == 6 else 1.0}, source="log"))
+    b = Board(path, trust=TrustPolicy(keys=[s.public]))
+    try:
+        b.poll()
+        assert b.logged_names() == {"names": [["train/acc", 200], ["ünïcode/naïve", 200]], "left_out": 0}
+        assert b.config() == {"optimizer.name": "adamw", "optimizer.betas": "[0.9, 0.95]", "lr": 3e-4}
+        acc = b.series("train/acc", 50, logged=True)
+        pts = [(x, y) for s_ in acc["series"] for x, y in zip(s_["x"], s_["y"])]
+        assert len(pts) == 100 and pts[0] == (0, 0.0) and pts[-1] == (199, 199 / 200)  # two a pixel, ends kept
+        odd = b.series("ünïcode/naïve", 400, logged=True)
+        assert sum(len(s_["y"]) for s_ in odd["series"]) == 198  # NaN and inf are not drawn
+        lr = b.series("lr", 400)
+        assert max(y for s_ in lr["series"] for y in s_["y"]) == pytest.approx(1e-4 * 199)
+        assert b.series("no such name", 100, logged=True)["series"] == []
+        tok = b.series("train/acc", 50, x="time", logged=True)  # at its step's wall time
+        assert sum(len(s_["x"]) for s_ in tok["series"]) >= 50
+    finally:
+        b.close()
+
+
+def test_a_hundred_runs_with_a_spike_first_view_zoom_hover_and_colours(browser, tmp_path):
+    """A folder of 100 runs, one with a loss spike 100x the rest: at the first view the spike is drawn (at the
+    chart's edge, marked, the y range robust to it) and after a zoom; axis labels do not overlap (linear and log);
+    hover lists every run's value with smoothing on; colours stay the same across zoom and reload; each logged
+    metric has its panel, grouped by prefix and found by the search box; the run table filters by regex and by a
+    configuration value, and two runs ticked are compared."""
+    runs = tmp_path / "runs"
+    signer = _logged_runs(runs, 100, 300, spike=(3, 150))
+    with serving_fleet([runs], [signer.public]) as url:
+        p = Page(browser, url, viewport={"width": 1400, "height": 1000})
+        p.until("window.__trainledger.drawn > 0 && window.__trainledger.data.loss && "
+                "window.__trainledger.data.loss.runs === 8 && !window.__trainledger.busy", timeout=300)
+        loss = p.js("window.__trainledger.data.loss")
+        assert loss["smoothing"] == 0.6 and loss["rawMax"] == 300.0  # smoothing on by default; the spike drawn
+        assert loss["range"][1] < 10 and loss["clipped"] >= 1  # the range leaves the spike out; it sits at the edge
+        assert p.js("window.__trainledger.data['m:train/acc'].points") > 0
+        groups = p.js("Array.from(document.querySelectorAll('#charts > h2')).map(h => h.textContent)")
+        assert groups == ["Training", "eval/", "train/"], groups
+        colours = dict(map(tuple, loss["colours"]))
+        assert len(set(colours.values())) == 8  # eight runs, eight colours
+
+        def no_overlap(chart: str) -> list[float]:
+            return p.js("(() => { const u = window.__trainledger.charts[CHART]; const ys = u.axes[1]._splits"
+                        ".map(v => u.valToPos(v, 'y')).sort((a, b) => a - b); const labels = u.axes[1]._values"
+                        ".filter(v => v); return [Math.min(...ys.slice(1).map((y, i) => y - ys[i])), labels.length]; "
+                        "})()".replace("CHART", repr(chart)))
+        gap, labelled = no_overlap("loss")
+        assert gap >= 14 and labelled >= 3, (gap, labelled)
+        p.js("(() => { const c = document.getElementById('log-lr'); c.checked = true; "
+             "c.dispatchEvent(new Event('change')); })()")
+        p.until("window.__trainledger.data.lr.log === true")
+        gap, labelled = no_overlap("lr")
+        assert gap >= 14 and labelled >= 2, (gap, labelled)
+        # hover: a value for every run ticked, with the average beside it
+        p.js("(() => { const u = window.__trainledger.charts.loss; u.setCursor({left: u.bbox.width / devicePixelRatio"
+             " / 2, top: 20}); })()")
+        assert p.js("window.__trainledger.data.loss.hover") == 8
+        assert "smoothed" in p.js("document.querySelector('#chart-loss').parentNode.querySelector('.hover')"
+                                  ".textContent")
+        # zoom around the spike: still drawn, colours kept
+        p.js("window.__trainledger.zoom(140, 160)")
+        p.until("JSON.stringify(window.__trainledger.data.loss.zoom) === '[140,160]' && !window.__trainledger.busy")
+        assert p.js("window.__trainledger.data.loss.rawMax") == 300.0
+        assert dict(map(tuple, p.js("window.__trainledger.data.loss.colours"))) == colours
+        # the search box keeps the panels it names
+        p.js("(() => { const s = document.getElementById('metric-search'); s.value = 'acc'; "
+             "s.dispatchEvent(new Event('input')); })()")
+        p.until("JSON.stringify(window.__trainledger.data.panels.keys) === '[\"m:train/acc\"]'")
+        # the run table: a regex, then a configuration value
+        p.js("(() => { const f = document.getElementById('runs-filter'); f.value = '/run-00[0-4]$/'; "
+             "f.dispatchEvent(new Event('input')); })()")
+        assert p.js("document.querySelectorAll('#runs tr:not(.filtered)').length") == 6  # the heading and 5 runs
+        assert "config.lr" in p.js("document.querySelector('#runs tr').textContent")
+        # nothing ticked by hand: the runs the filter keeps are the ones ticked, and compared side by side
+        compare = p.js("window.__trainledger.data.compare")
+        assert compare["runs"] == [f"run-00{k}" for k in range(5)] and compare["differ"] == ["config.lr"]
+        p.js("(() => { const f = document.getElementById('runs-filter'); f.value = 'lr=0.002'; "
+             "f.dispatchEvent(new Event('input')); })()")
+        assert p.js("document.querySelectorAll('#runs tr:not(.filtered)').length") == 21  # runs 1, 6, ..., 96
+        compare = p.js("window.__trainledger.data.compare")
+        assert compare["runs"] == [f"run-{k:03d}" for k in range(1, 40, 5)] and compare["differ"] == []
+        assert p.errors == []
+        p.close()
+        # a reload: the same colours
+        p = Page(browser, url, viewport={"width": 1400, "height": 1000})
+        p.until("window.__trainledger.data.loss && window.__trainledger.data.loss.runs === 8 && "
+                "!window.__trainledger.busy", timeout=300)
+        assert dict(map(tuple, p.js("window.__trainledger.data.loss.colours"))) == colours
+        assert p.errors == []
+        p.close()

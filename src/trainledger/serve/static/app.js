@@ -3,20 +3,34 @@
 "use strict";
 (function () {
   const token = new URLSearchParams(location.search).get("token");
-  const METRICS = ["loss", "grad_norm", "mfu", "tokens_per_s"];
+  // the curves every step records, then every metric a logging call reported (by name, "m:" + name)
+  const METRICS = ["loss", "grad_norm", "lr", "mfu", "tokens_per_s"];
+  // logged metrics charted at most (the others found through the search box)
+  const MAX_PANELS = 36;
   // Okabe and Ito's colour-blind-safe eight (the yellow darkened to read on white), then Paul Tol's muted set:
   // sixteen colours that stay apart for every common colour-vision deficiency
   const COLORS = ["#0072b2", "#d55e00", "#009e73", "#cc79a7", "#e69f00", "#56b4e9", "#000000", "#b8a800",
                   "#332288", "#88ccee", "#44aa99", "#117733", "#999933", "#cc6677", "#882255", "#aa4499"];
   // each curve's axis title with its unit, how its values are shown, and whether a log axis is offered
-  const AXES = {loss: {title: "loss (nats)", scale: 1}, grad_norm: {title: "gradient norm (L2)", scale: 1},
-                mfu: {title: "MFU (%)", scale: 100}, tokens_per_s: {title: "tokens / s", scale: 1}};
+  const AXES = {loss: {title: "loss (nats)", scale: 1, head: "Loss"},
+                grad_norm: {title: "gradient norm (L2)", scale: 1, head: "Gradient norm"},
+                lr: {title: "learning rate", scale: 1, head: "Learning rate"},
+                mfu: {title: "MFU (%)", scale: 100, head: "MFU"},
+                tokens_per_s: {title: "tokens / s", scale: 1, head: "Tokens/s"}};
+  const axisOf = key => AXES[key] || {title: key.slice(2), scale: 1, head: key.slice(2)};
   // zoom: null, or the visible x range [lo, hi] in the x axis's units, fetched again at full resolution
-  const VIEW = {smoothing: 0, x: "step", zoom: null,
-                log: {loss: false, grad_norm: false, mfu: false, tokens_per_s: false}};
+  // smoothing on by default (TensorBoard's 0.6), over the raw curve drawn faintly; the y range robust by default
+  const VIEW = {smoothing: 0.6, x: "step", zoom: null, robust: true, search: "", log: {}};
+  // the logged metrics' names ([name, points]) of the runs shown, and the chart panels made, by key
+  const LOGGED = {names: [], leftOut: 0, key: null};
+  const PANELS = new Map();
+  // colours fixed for the page's life: a run's by its place in the folder's list, a curve's within a run by the
+  // order its rank, rung or segment was first drawn (the whole run comes first, so a zoom keeps them)
+  const SUBCOLOURS = new Map();
   const X_TITLES = {step: "step", tokens: "tokens processed", time: "wall time (s)"};
   const BODIES = {};
-  const LAST = {curves: null, marks: null};  // what the curves drawn were fetched for
+  const LAST = {marks: null};  // the marks the curves were drawn with
+  const FETCHED = {};  // each chart's request, as last fetched
   // a folder of runs: the run the panels show (RUN), and the runs the charts overlay (SELECTED), by name
   const RUNS = {list: [], focus: null, selected: new Set(), chosen: false};
   const MARK_COLORS = {anomaly_detected: "#cf222e", spike_suspected: "#fb8500", rewind_decided: "#8250df",
@@ -69,16 +83,64 @@
     if (a >= 1e9) return (v / 1e9).toPrecision(3) + "G";
     if (a >= 1e6) return (v / 1e6).toPrecision(3) + "M";
     if (a >= 1e4) return (v / 1e3).toPrecision(3) + "k";
+    if (a > 0 && a < 1e-3) return (+v.toPrecision(3)).toExponential();  // 2e-4, 1.25e-5: short, never 0.0000
     return String(+v.toPrecision(4));
   }
   function logSplits(u, axisIdx, min, max) {
-    // 1, 2 and 5 times each power of ten in range: enough labelled ticks on a log axis
+    // ticks a log axis can label without piling up: 1, 2 and 5 times each power of ten where they fit (a label
+    // needs about 18 px), else each power of ten, else every k-th; within one decade, each multiple of its power
     const out = [];
     if (!(min > 0) || !(max > 0)) return out;
-    for (let e = Math.floor(Math.log10(min)); e <= Math.ceil(Math.log10(max)); e++) {
-      for (const m of [1, 2, 5]) { const v = m * Math.pow(10, e); if (v >= min && v <= max) out.push(v); }
+    const room = Math.max(2, Math.floor(((u && u.bbox ? u.bbox.height / devicePixelRatio : 180)) / 18));
+    const e0 = Math.floor(Math.log10(min)), e1 = Math.ceil(Math.log10(max)), decades = Math.max(1, e1 - e0);
+    const mults = 3 * decades <= room ? [1, 2, 5] : [1];
+    const step = mults.length === 1 ? Math.max(1, Math.ceil(decades / room)) : 1;
+    for (let e = e0; e <= e1; e++) {
+      if ((e - e0) % step) continue;
+      for (const m of mults) { const v = m * Math.pow(10, e); if (v >= min && v <= max) out.push(v); }
+    }
+    if (out.length < 2) {
+      // a range inside one decade: its multiples of the power of ten below, thinned to fit
+      out.length = 0;
+      const p = Math.pow(10, Math.floor(Math.log10(max - min || max)));
+      const n = Math.ceil((max - min) / p) + 1, k = Math.max(1, Math.ceil(n / room));
+      for (let v = Math.ceil(min / (p * k)) * p * k; v <= max; v += p * k) out.push(+v.toPrecision(6));
     }
     return out;
+  }
+  function robustRange(parts, log) {
+    // the y range without the outliers: a point far from the median of its 11 neighbours (over 8 times the
+    // curve's typical distance from it, and over a quarter of the span of its middle 90%) is left out, unless more
+    // than 2% of a curve's points are (then they are the curve, not outliers). A curve's trend (a high start)
+    // stays in range; a lone spike does not
+    let lo = Infinity, hi = -Infinity, all = Infinity, allHi = -Infinity;
+    const tf = log ? (v => v > 0 ? Math.log10(v) : null) : (v => v);
+    for (const s of parts) {
+      const ys = s.y.map(v => v === null ? null : tf(v)).filter(v => v !== null && isFinite(v));
+      for (const v of ys) { if (v < all) all = v; if (v > allHi) allHi = v; }
+      const n = ys.length, res = new Array(n);
+      for (let i = 0; i < n; i++) {  // the 11 around it (the first or last 11 at the ends)
+        const a = Math.max(0, Math.min(i - 5, n - 11));
+        const w = ys.slice(a, a + 11).sort((p, q) => p - q);
+        res[i] = ys[i] - w[w.length >> 1];
+      }
+      const mad = res.map(Math.abs).sort((a, b) => a - b)[n >> 1] || 0;
+      // and far against the curve's own spread (its 5th to 95th percentile): a ramp's end or a bend is never one
+      const sorted = ys.slice().sort((a, b) => a - b);
+      const spread = n ? sorted[Math.floor(0.95 * (n - 1))] - sorted[Math.floor(0.05 * (n - 1))] : 0;
+      const limit = Math.max(8 * 1.4826 * mad, 0.25 * spread, 1e-300);
+      const out = res.filter(r => Math.abs(r) > limit).length;
+      for (let i = 0; i < n; i++) {
+        if (out <= 0.02 * n && Math.abs(res[i]) > limit) continue;
+        if (ys[i] < lo) lo = ys[i]; if (ys[i] > hi) hi = ys[i];
+      }
+    }
+    if (!isFinite(lo)) return null;
+    const clipped = lo > all || hi < allHi;
+    const pad = 0.05 * (hi - lo || Math.abs(hi) || 1);
+    lo -= pad; hi += pad;
+    if (!log && all >= 0 && lo < 0) lo = 0;
+    return {lo: log ? Math.pow(10, lo) : lo, hi: log ? Math.pow(10, hi) : hi, clipped: clipped};
   }
   function ema(ys, w) {
     // TensorBoard's smoothing: an exponential moving average, debiased at the start; gaps stay gaps
@@ -116,16 +178,60 @@
     return "#" + c.map(v => v.toString(16).padStart(2, "0")).join("");
   }
 
+  function runFilter() {
+    // the filter box: key=value (a setting or configuration value, "config." optional), /regex/ or text in the name
+    const q = document.getElementById("runs-filter").value.trim();
+    if (!q) return () => true;
+    const eq = q.indexOf("=");
+    if (eq > 0 && !q.startsWith("/")) {
+      const k = q.slice(0, eq).trim(), v = q.slice(eq + 1).trim();
+      return r => { const st = r.settings || {};
+                    const got = k in st ? st[k] : st["config." + k];
+                    return got !== undefined && (typeof got === "number" ? got === Number(v) : fmt(got) === v); };
+    }
+    let re = null;
+    if (q.length > 2 && q.startsWith("/") && q.endsWith("/")) { try { re = new RegExp(q.slice(1, -1), "i"); } catch (e) { re = null; } }
+    return re ? r => re.test(r.name) : r => r.name.toLowerCase().includes(q.toLowerCase());
+  }
+
+  function drawCompare(runs) {
+    // the runs ticked side by side: what differs between them (settings, configuration), their steps and losses
+    const box = document.getElementById("compare-box"), t = document.getElementById("compare");
+    const picked = runs.filter(r => !r.fail && RUNS.selected.has(r.name)).slice(0, 8);
+    box.hidden = picked.length < 2;
+    t.replaceChildren();
+    if (picked.length < 2) return;
+    document.getElementById("compare-title").textContent = picked.length === 2
+      ? "Compare " + picked[0].name + " and " + picked[1].name : "Compare the " + picked.length + " runs ticked";
+    const keys = [...new Set(picked.flatMap(r => Object.keys(r.settings || {})))].sort();
+    const differ = keys.filter(k => new Set(picked.map(r => JSON.stringify((r.settings || {})[k]))).size > 1);
+    row(t, ["", ...picked.map(r => r.name)], true);
+    for (const [label, f] of [["steps", r => r.steps], ["final loss", r => fmt(r.final_loss)],
+                              ["best loss", r => fmt(r.best_loss)], ["status", r => r.status]]) row(t, [label, ...picked.map(f)]);
+    for (const k of differ) {
+      const tr = row(t, [k, ...picked.map(r => fmt((r.settings || {})[k]))]);
+      tr.querySelectorAll("td").forEach((td, i) => { if (i) td.className = "differs"; });
+    }
+    if (!differ.length) row(t, ["configuration", "the same in every run ticked"]);
+    T.data.compare = {runs: picked.map(r => r.name), differ: differ};
+  }
+
   function drawRuns(runs) {
     // the run table of a folder of runs: a FAIL row is listed and never drawn
     RUNS.list = runs;
     const box = document.getElementById("runs-box");
     box.hidden = runs.length <= 1;
     if (runs.length <= 1) return;
-    const ok = runs.filter(r => !r.fail).map(r => r.name);
+    // the runs the filter keeps: the ones "tick every run" ticks; a run ticked stays ticked while it verifies
+    const keep = runFilter();
+    const shown = runs.filter(keep);
+    const ok = runs.filter(r => !r.fail && keep(r)).map(r => r.name);
+    const good = runs.filter(r => !r.fail).map(r => r.name);
+    document.getElementById("runs-shown").textContent = shown.length < runs.length
+      ? shown.length + " of " + runs.length + " runs match" : runs.length + " runs";
     if (!RUNS.chosen) { RUNS.selected = new Set(ok.slice(0, 8)); }
-    for (const n of Array.from(RUNS.selected)) if (!ok.includes(n)) RUNS.selected.delete(n);
-    if (RUNS.focus === null || !ok.includes(RUNS.focus)) RUNS.focus = ok.length ? ok[0] : null;
+    for (const n of Array.from(RUNS.selected)) if (!good.includes(n)) RUNS.selected.delete(n);
+    if (RUNS.focus === null || !good.includes(RUNS.focus)) RUNS.focus = ok.length ? ok[0] : good.length ? good[0] : null;
     const t = document.getElementById("runs");
     t.replaceChildren();
     const differ = [...new Set(runs.flatMap(r => Object.keys(r.differs || {})))];
@@ -155,7 +261,13 @@
       const tr = row(t, [tick, name, r.run_id, r.key_id, r.fail ? "FAIL: " + r.fail : r.status, r.steps, r.last_seal,
                          fmt(r.final_loss), fmt(r.best_loss)].concat(differ.map(k => fmt((r.differs || {})[k]))));
       if (r.fail) tr.className = "fail-row";
+      if (!keep(r)) tr.classList.add("filtered");
     }
+    drawCompare(runs);
+  }
+  function runColour(run) {
+    const i = RUNS.list.findIndex(r => r.name === run);
+    return COLORS[(i < 0 ? 0 : i) % COLORS.length];
   }
 
   async function openEvent(rank, seq, run) {
@@ -273,41 +385,51 @@
     return {data: data, seqs: seqs};
   }
 
+  function colourKey(s, ranks) {
+    // a curve's family member within its run: its rank in a run folder, else its rung (a ladder), else its segment
+    return ranks > 1 ? "r" + s.rank : (s.rung ? "g" + s.rung : "s" + s.segment);
+  }
+  function subColour(run, sub) {
+    // the index of a run's curve among its run's, in the order first drawn: kept for the page's life
+    const k = (run || "") + "|" + sub;
+    if (!SUBCOLOURS.has(k)) {
+      let n = 0;
+      for (const key of SUBCOLOURS.keys()) if (key.startsWith((run || "") + "|")) n += 1;
+      SUBCOLOURS.set(k, n);
+    }
+    return SUBCOLOURS.get(k);
+  }
+
   function drawChart(metric, body, marks) {
     BODIES[metric] = [body, marks];
-    const box = document.getElementById("chart-" + metric);
-    const axis = AXES[metric], log = VIEW.log[metric], w = VIEW.smoothing;
+    const panel = PANELS.get(metric);
+    if (!panel) return;
+    const box = panel.box;
+    const axis = axisOf(metric), log = !!VIEW.log[metric], w = VIEW.smoothing;
     const shown = s => Object.assign({}, s, {y: s.y.map(v => v === null ? null : (log && !(v > 0) ? null : v * axis.scale))});
     const parts = body.series.map(s => Object.assign(shown(s), {unsigned: false}))
       .concat(body.unsigned.map(s => Object.assign(shown(s), {unsigned: true})));
     let rawMax = null;
     for (const s of parts) for (const v of s.y) if (v !== null && (rawMax === null || v > rawMax)) rawMax = v;
-    T.data[metric] = {points: parts.reduce((n, s) => n + s.x.length, 0), series: parts.length,
-                      unsigned: body.unsigned.reduce((n, s) => n + s.x.length, 0), smoothing: w, log: log,
-                      rawMax: rawMax, title: axis.title, x: body.x_axis || "step", runs: [...new Set(parts.map(s => s.run || ""))].length,
-                      zoom: VIEW.zoom ? VIEW.zoom.slice() : null};
     const {data, seqs} = chartData(parts);
-    const ranks = [...new Set(parts.map(s => s.rank))];
+    const ranks = [...new Set(parts.map(s => s.rank))].length;
     const runs = [...new Set(parts.map(s => s.run || ""))];
-    // colour by rank in a run folder, else by rung (a ladder), else by segment; several runs: a colour family per
-    // run, its ranks or rungs as shades
-    const subOf = s => ranks.length > 1 ? "r" + s.rank : (s.rung ? "g" + s.rung : "s" + s.segment);
-    const keyOf = s => (s.run || "") + "|" + subOf(s);
-    const keys = [...new Set(parts.filter(s => !s.unsigned).map(keyOf))];
-    const subs = {};
-    for (const k of keys) { const r = k.split("|")[0]; (subs[r] = subs[r] || []).push(k); }
-    const colour = s => s.unsigned ? "#9a6700" : runs.length > 1
-      ? shade(COLORS[runs.indexOf(s.run || "") % COLORS.length], (subs[s.run || ""] || []).indexOf(keyOf(s)),
-              (subs[s.run || ""] || []).length)
-      : COLORS[keys.indexOf(keyOf(s)) % COLORS.length];
-    const name = s => ((runs.length > 1 ? s.run + " " : "") + (s.unsigned ? "not signed yet " : "") +
+    const many = RUNS.list.length > 1;
+    // several runs: a colour family per run (fixed by its place in the folder), its ranks or rungs as shades; one
+    // run: a colour per rank, rung or segment, in the order first drawn
+    const colour = s => {
+      if (s.unsigned) return "#9a6700";
+      const k = subColour(s.run, colourKey(s, ranks));
+      return many ? shade(runColour(s.run || ""), k, Math.max(k + 1, 4)) : COLORS[k % COLORS.length];
+    };
+    const name = s => ((runs.length > 1 || many ? (s.run || "") + " " : "") + (s.unsigned ? "not signed yet " : "") +
                        (s.rank !== null && s.rank !== undefined ? "rank " + s.rank + " " : "") +
-                       (s.rung ? s.rung : (!s.unsigned && s.segment ? "segment " + s.segment : ""))).trim() || metric;
-    // smoothing draws the moving average over the raw curve, which stays drawn (thin, lighter): a spike is never
+                       (s.rung ? s.rung : (!s.unsigned && s.segment ? "segment " + s.segment : ""))).trim() || axis.head;
+    // smoothing draws the moving average over the raw curve, which stays drawn (thin, faint): a spike is never
     // smoothed away, it stays in the raw band under the average
-    const series = [{label: "step"}];
+    const series = [{label: X_TITLES[body.x_axis || "step"]}];
     for (const s of parts) series.push({label: name(s), stroke: colour(s),
-      alpha: w > 0 ? 0.35 : 1, dash: s.unsigned ? [4, 4] : undefined, spanGaps: true, width: w > 0 ? 1 : 1.25,
+      alpha: w > 0 ? 0.3 : 1, dash: s.unsigned ? [4, 4] : undefined, spanGaps: true, width: w > 0 ? 1 : 1.25,
       points: {show: false}});
     if (w > 0) {
       parts.forEach((s, i) => {
@@ -316,20 +438,29 @@
         series.push({label: name(s) + " (smoothed)", stroke: colour(s), width: 2, spanGaps: true, points: {show: false}});
       });
     }
-    const yScale = log ? {distr: 3, log: 10} : {};
+    const range = VIEW.robust ? robustRange(parts, log) : null;
+    const yScale = Object.assign(log ? {distr: 3, log: 10} : {}, range ? {range: () => [range.lo, range.hi]} : {});
+    T.data[metric] = {points: parts.reduce((n, s) => n + s.x.length, 0), series: parts.length,
+                      unsigned: body.unsigned.reduce((n, s) => n + s.x.length, 0), smoothing: w, log: log,
+                      rawMax: rawMax, title: axis.title, x: body.x_axis || "step", runs: runs.length,
+                      zoom: VIEW.zoom ? VIEW.zoom.slice() : null, range: range ? [range.lo, range.hi] : null,
+                      clipped: 0, colours: parts.map(s => [name(s), colour(s)])};
+    const width = Math.max(300, box.clientWidth || 900);
     const opts = {
-      width: Math.max(300, box.clientWidth || 900), height: 220,
+      width: width, height: metric === "loss" || metric === "grad_norm" ? 240 : 200,
       // zoomed: the axis shows the range asked for (the server sent every point in it, at most two a pixel)
       scales: {x: VIEW.zoom ? {time: false, range: () => VIEW.zoom.slice()} : {time: false}, y: yScale},
       // a drag selects a range of x: the curves are fetched again for it (no zoom into the coarse overview)
       cursor: {drag: {x: true, y: false, setScale: false}},
-      axes: [{label: X_TITLES[body.x_axis || "step"], size: 44}, Object.assign({label: axis.title, size: 72, values: (u, vals) => vals.map(axisLabel)},
-                                                     log ? {splits: logSplits, filter: (u, splits) => splits} : {})],
+      axes: [{label: X_TITLES[body.x_axis || "step"], size: 44, values: (u, vals) => vals.map(axisLabel)},
+             Object.assign({label: axis.title, size: 72, values: (u, vals) => vals.map(axisLabel)},
+                           log ? {splits: logSplits, filter: (u, splits) => splits} : {})],
       series: series,
-      // one entry per curve and no per-point values once there are many; past 24 curves, a compact legend instead
-      // (below): a run's colour and name, or each curve's colour and name in small type
-      legend: {show: parts.length <= 24, live: series.length <= 8},
-      hooks: {draw: [u => drawMarks(u, marks, body.x_axis || "step")], setSelect: [u => {
+      // the values at the cursor are listed under the chart for every curve (hover), not in uPlot's legend
+      legend: {show: false},
+      hooks: {draw: [u => { drawMarks(u, marks, body.x_axis || "step"); drawClipped(u, parts, metric); }],
+              setCursor: [u => hoverValues(u, panel.hover, parts, w > 0, metric)],
+              setSelect: [u => {
         if (u.select.width < 3) return;
         const a = u.posToVal(u.select.left, "x"), b = u.posToVal(u.select.left + u.select.width, "x");
         u.__dragged = true;
@@ -339,29 +470,27 @@
     };
     if (T.charts[metric]) { T.charts[metric].destroy(); delete T.charts[metric]; }
     box.replaceChildren();
+    panel.hover.replaceChildren();
+    // an empty chart is not drawn: its panel is hidden (the loss's says why it is empty)
+    panel.section.hidden = !parts.length && metric !== "loss";
     if (!parts.length) {
-      box.appendChild(el("p", metric === "mfu" ? "no MFU: no run_configured with the model's size and the devices' peak"
-                                             : "nothing to draw yet", "legend"));
+      box.appendChild(el("p", "nothing to draw yet", "legend"));
       return;
     }
     const u = new uPlot(opts, data, box);
-    if (parts.length > 24) {
-      const lg = el("div", null, "compact-legend");
-      const entries = runs.length > 1
-        ? runs.map(r => [COLORS[runs.indexOf(r) % COLORS.length], r + " (" + parts.filter(s => (s.run || "") === r).length + " lines)"])
-        : parts.map(s => [colour(s), name(s)]);
-      for (const [c, label] of entries) {
-        const e = el("span", null, "entry"), sw = el("span", null, "swatch");
-        sw.style.background = c;
-        e.appendChild(sw); e.appendChild(document.createTextNode(label));
-        lg.appendChild(e);
-      }
-      box.appendChild(lg);
+    // the legend: each run's colour and name (several runs), else each curve's
+    const lg = el("div", null, "compact-legend");
+    const entries = runs.length > 1
+      ? runs.map(r => [runColour(r), r + " (" + parts.filter(s => (s.run || "") === r).length + " lines)"])
+      : parts.map(s => [colour(s), name(s)]);
+    for (const [c, label] of entries.slice(0, 200)) {
+      const e = el("span", null, "entry"), sw = el("span", null, "swatch");
+      sw.style.background = c;
+      e.appendChild(sw); e.appendChild(document.createTextNode(label));
+      lg.appendChild(e);
     }
+    box.appendChild(lg);
     T.data[metric].legend = parts.length > 24 ? "compact" : "full";
-    // the averages share their curve's colour: the legend lists each curve once
-    const rows = u.root.querySelectorAll(".u-legend .u-series"), averages = w > 0 ? parts.length : 0;
-    rows.forEach((tr, k) => { if (k >= rows.length - averages) tr.style.display = "none"; });
     u.__seqs = seqs; u.__parts = parts; u.__x = body.x_axis || "step";
     // a double-click shows the whole run; a click waits out a double-click's time before it opens an event
     let pending = null;
@@ -387,6 +516,63 @@
       if (best !== null) { const s = parts[(best - 1) % parts.length]; openEvent(s.rank, seqs[best][i], s.run); }
     };
     T.charts[metric] = u;
+  }
+
+  function hoverValues(u, box, parts, smoothed, metric) {
+    // the value of every curve at the cursor's x (the raw value, and the average where smoothing is on), largest
+    // first; the nearest point of a curve that has none at that x
+    const i = u.cursor.idx;
+    if (i === null || i === undefined) { box.replaceChildren(); return; }
+    const x = u.data[0][i], n = parts.length, rows = [];
+    for (let k = 0; k < n; k++) {
+      let j = i;
+      const ys = u.data[k + 1];
+      if (ys[j] === null) {  // the curve's nearest point at most 8 columns away
+        j = null;
+        for (let d = 1; d <= 8 && j === null; d++) {
+          if (i - d >= 0 && ys[i - d] !== null) j = i - d; else if (i + d < ys.length && ys[i + d] !== null) j = i + d;
+        }
+      }
+      if (j === null) continue;
+      rows.push([u.series[k + 1].stroke(), u.series[k + 1].label, ys[j], smoothed ? u.data[k + 1 + n][j] : null]);
+    }
+    rows.sort((a, b) => b[2] - a[2]);
+    box.replaceChildren(el("span", X_TITLES[u.__x || "step"] + " " + axisLabel(x)));
+    for (const [c, label, v, sm] of rows.slice(0, 40)) {
+      const e = el("span"), sw = el("span", null, "swatch");
+      sw.style.background = c;
+      e.appendChild(sw);
+      e.appendChild(document.createTextNode(label + " " + fmt(v) + (sm !== null && sm !== undefined ? " (smoothed " + fmt(sm) + ")" : "")));
+      box.appendChild(e);
+    }
+    if (rows.length > 40) box.appendChild(el("span", "and " + (rows.length - 40) + " more"));
+    T.data[metric].hover = rows.length;
+  }
+
+  function drawClipped(u, parts, metric) {
+    // points outside the robust y range: drawn at the chart's edge as a triangle pointing out, in their colour
+    const sc = u.scales.y;
+    if (!VIEW.robust || sc.min === undefined || sc.min === null) return;
+    const ctx = u.ctx, dpr = devicePixelRatio, top = u.bbox.top, bottom = u.bbox.top + u.bbox.height;
+    let n = 0;
+    ctx.save();
+    for (let k = 0; k < parts.length; k++) {
+      const ys = u.data[k + 1], colour = u.series[k + 1].stroke();
+      ctx.fillStyle = colour;
+      for (let i = 0; i < ys.length; i++) {
+        const v = ys[i];
+        if (v === null || (v >= sc.min && v <= sc.max)) continue;
+        const px = u.valToPos(u.data[0][i], "x", true);
+        if (px < u.bbox.left || px > u.bbox.left + u.bbox.width) continue;
+        const up = v > sc.max, y = up ? top : bottom, d = 6 * dpr;
+        ctx.beginPath();
+        ctx.moveTo(px, y + (up ? 0 : 0)); ctx.lineTo(px - d / 2, y + (up ? d : -d)); ctx.lineTo(px + d / 2, y + (up ? d : -d));
+        ctx.closePath(); ctx.fill();
+        n += 1;
+      }
+    }
+    ctx.restore();
+    if (T.data[metric]) T.data[metric].clipped = n;
   }
 
   function drawMarks(u, marks, xa) {
@@ -580,6 +766,80 @@
                                      r.throttled ? "yes" : "no", fmt(r.ecc_uncorrected)]);
   }
 
+  function groupOf(key) {
+    // the builtin curves are "Training"; a logged metric's group is its name up to the first "/" (train/, eval/)
+    if (!key.startsWith("m:")) return "Training";
+    const n = key.slice(2), cut = n.indexOf("/");
+    return cut > 0 ? n.slice(0, cut) : "logged";
+  }
+  function searchTest() {
+    const q = VIEW.search.trim();
+    if (!q) return () => true;
+    if (q.length > 2 && q.startsWith("/") && q.endsWith("/")) {
+      try { const re = new RegExp(q.slice(1, -1), "i"); return k => re.test(k.startsWith("m:") ? k.slice(2) : k); }
+      catch (e) { /* not a regex: the text itself */ }
+    }
+    const t = q.toLowerCase();
+    return k => (k.startsWith("m:") ? k.slice(2) : k + " " + axisOf(k).head).toLowerCase().includes(t);
+  }
+  function panelKeys() {
+    // the charts the page draws: the builtin curves and the logged metrics the search keeps (MAX_PANELS at most)
+    const test = searchTest();
+    const logged = LOGGED.names.map(x => "m:" + x[0]).filter(test);
+    const keys = METRICS.filter(test).concat(logged.slice(0, MAX_PANELS));
+    const note = document.getElementById("charts-note");
+    const left = logged.length - Math.min(logged.length, MAX_PANELS);
+    note.textContent = (left > 0 ? "showing " + MAX_PANELS + " of " + logged.length + " logged metrics: type in the " +
+                                   "metrics box to find the others. " : "") +
+      (LOGGED.leftOut ? LOGGED.leftOut + " points of metrics past the board's limit of distinct names are not charted." : "");
+    T.data.panels = {keys: keys.slice(), logged: logged.length, shown: keys.length};
+    return keys;
+  }
+  function ensurePanels(keys) {
+    // a panel per chart, in groups, made once and kept (a chart drawn again keeps its panel and its log box)
+    const root = document.getElementById("charts");
+    const want = new Set(keys);
+    for (const [k, p] of PANELS) if (!want.has(k)) { if (T.charts[k]) { T.charts[k].destroy(); delete T.charts[k]; }
+                                                   p.section.remove(); PANELS.delete(k); delete BODIES[k]; delete T.data[k]; }
+    const groups = [];
+    for (const k of keys) { const g = groupOf(k); if (!groups.includes(g)) groups.push(g); }
+    const frag = [];
+    for (const g of groups) {
+      let h = root.querySelector('h2[data-group="' + CSS.escape(g) + '"]');
+      if (!h) { h = el("h2", g === "Training" ? "Training" : g === "logged" ? "Logged" : g + "/"); h.dataset.group = g; }
+      frag.push(h);
+      for (const k of keys.filter(x => groupOf(x) === g)) {
+        let p = PANELS.get(k);
+        if (!p) {
+          // the loss and the gradient norm across the page, as before; the others two a row
+          const section = el("section", null, "panel" + (k === "loss" || k === "grad_norm" ? " wide" : ""));
+          const head = el("div", null, "panel-head");
+          head.appendChild(el("h3", axisOf(k).head));
+          const lab = el("label"), box = document.createElement("input");
+          box.type = "checkbox";
+          if (!k.startsWith("m:")) box.id = "log-" + k;  // the builtin curves' boxes keep their names
+          box.checked = !!VIEW.log[k];
+          box.addEventListener("change", () => { VIEW.log[k] = box.checked; if (BODIES[k]) drawChart(k, BODIES[k][0], BODIES[k][1]); });
+          lab.appendChild(box); lab.appendChild(document.createTextNode(" log axis"));
+          head.appendChild(lab);
+          const chart = el("div", null, "chart");
+          if (!k.startsWith("m:")) chart.id = "chart-" + k;
+          const hover = el("div", null, "hover");
+          section.appendChild(head); section.appendChild(chart); section.appendChild(hover);
+          p = {section: section, box: chart, hover: hover};
+          PANELS.set(k, p);
+        }
+        frag.push(p.section);
+      }
+    }
+    for (const h of root.querySelectorAll("h2")) if (!frag.includes(h)) h.remove();
+    frag.forEach((n, i) => { if (root.children[i] !== n) root.insertBefore(n, root.children[i] || null); });
+  }
+  function chartWidth(key) {
+    const p = PANELS.get(key);
+    return Math.max(300, Math.min(2000, (p && p.box.clientWidth) || 1200));
+  }
+
   let busy = false, again = false;
   async function refresh() {
     if (busy) { again = true; return; }
@@ -596,7 +856,6 @@
         T.state = s;
         drawState(s);
         if (!s.fail) {
-          const width = Math.max(300, Math.min(2000, document.getElementById("chart-loss").clientWidth || 1200));
           const many = RUNS.list.length > 1;
           const names = many ? Array.from(RUNS.selected) : [null];
           const diffs = ((s.replay || {}).differences || []).map(d => ({step: d.step, kind: "replay_difference",
@@ -606,24 +865,35 @@
           // width, or new lines read in one of those runs (a replay ending elsewhere changes none of them)
           const dv = many ? names.map(n => (RUNS.list.find(r => r.name === n) || {}).data_version)
                           : [s.data_version];
-          const key = JSON.stringify([names, VIEW.x, VIEW.zoom, width, dv]), mkey = JSON.stringify(marks);
-          if (key !== LAST.curves || !BODIES.loss) {
-            const bodies = await Promise.all(METRICS.map(async m => {
-              // one request a curve, every run ticked in it
-              const ask = {metric: m, width: width, x: VIEW.x};
+          const nkey = JSON.stringify([names, dv]);
+          if (nkey !== LOGGED.key) {  // the logged metrics' names: asked again when the runs or their lines changed
+            const got = many && !names.length ? {names: [], left_out: 0}
+                                              : await get("api/logged", many ? {run: names} : {});
+            LOGGED.names = got.names; LOGGED.leftOut = got.left_out; LOGGED.key = nkey;
+          }
+          const keys = panelKeys();
+          ensurePanels(keys);
+          const mkey = JSON.stringify(marks);
+          // each chart fetched again only when its own request changed, and drawn as soon as it arrives (the loss
+          // first: it is asked for first)
+          await Promise.all(keys.map(async k => {
+            const width = chartWidth(k);
+            const fkey = JSON.stringify([names, VIEW.x, VIEW.zoom, width, dv]);
+            if (FETCHED[k] !== fkey || !BODIES[k]) {
+              const ask = k.startsWith("m:") ? {logged: k.slice(2)} : {metric: k};
+              Object.assign(ask, {width: width, x: VIEW.x});
               if (VIEW.zoom) { ask.lo = VIEW.zoom[0]; ask.hi = VIEW.zoom[1]; }
               if (many) ask.run = names;
               const got = many && !names.length ? [] : (await get("api/curves", ask)).runs;
               const tag = (arr, n) => arr.map(x => Object.assign(x, {run: n === null ? undefined : n}));
-              return {series: got.flatMap((b, i) => tag(b.series, names[i])),
-                      unsigned: got.flatMap((b, i) => tag(b.unsigned, names[i])), x_axis: ask.x};
-            }));
-            METRICS.forEach((m, i) => drawChart(m, bodies[i], marks));
-            LAST.curves = key; LAST.marks = mkey;
-          } else if (mkey !== LAST.marks) {
-            METRICS.forEach(m => drawChart(m, BODIES[m][0], marks));
-            LAST.marks = mkey;
-          }
+              FETCHED[k] = fkey;
+              drawChart(k, {series: got.flatMap((b, i) => tag(b.series, names[i])),
+                            unsigned: got.flatMap((b, i) => tag(b.unsigned, names[i])), x_axis: ask.x}, marks);
+            } else if (mkey !== LAST.marks) {
+              drawChart(k, BODIES[k][0], marks);
+            }
+          }));
+          LAST.marks = mkey;
           drawFit(s);
           drawHeatmap(await get("api/heatmap", {width: 600}));
           const tele = await get("api/telemetry");
@@ -645,8 +915,8 @@
   }
 
   function redraw() {
-    // the view changed (smoothing, a log axis): the curves drawn again from what was fetched
-    for (const m of METRICS) if (BODIES[m]) drawChart(m, BODIES[m][0], BODIES[m][1]);
+    // the view changed (smoothing, the y range): the curves drawn again from what was fetched
+    for (const k of PANELS.keys()) if (BODIES[k]) drawChart(k, BODIES[k][0], BODIES[k][1]);
   }
   const slider = document.getElementById("smoothing");
   slider.addEventListener("input", () => {
@@ -674,10 +944,14 @@
   const xsel = document.getElementById("x-axis");
   // another axis: fetched again, the whole run (a zoom's range was in the other axis's units)
   xsel.addEventListener("change", () => { VIEW.x = xsel.value; zoomTo(null); });
-  for (const m of METRICS) {
-    const box = document.getElementById("log-" + m);
-    if (box) box.addEventListener("change", () => { VIEW.log[m] = box.checked; redraw(); });
-  }
+  const robust = document.getElementById("robust");
+  robust.addEventListener("change", () => { VIEW.robust = robust.checked; redraw(); });
+  const search = document.getElementById("metric-search");
+  search.addEventListener("input", () => { VIEW.search = search.value; refresh(); });
+  const runsFilter = document.getElementById("runs-filter");
+  runsFilter.addEventListener("input", () => { drawRuns(RUNS.list); });
+  VIEW.smoothing = Math.min(0.999, Math.max(0, Number(slider.value) || 0));  // as the page opened (a reload keeps it)
+  document.getElementById("smoothing-value").textContent = VIEW.smoothing.toFixed(2);
 
   refresh();
   const es = new EventSource(url("api/stream"));
