@@ -237,7 +237,6 @@ def _run_pilot_ladder(rungs: list[Rung], peak_flops_per_sec: float | None, journ
                 j.append(f5, durable=True)
             opened = j.append(RungStarted(rung=rung.name, real_target=rung.real_target,
                                           spec=dataclasses.asdict(rung)))
-            (work / rung.name).mkdir(parents=True, exist_ok=True)
             progress(f"rung {k}/{len(rungs)} {rung.name}: {rung.steps:,} steps, d_model {rung.d_model}, "
                      f"{rung.n_layer} layer(s)" + (f" (sized by the fit; binding: {f5.choice['binding']})"
                                                    if f5 is not None else ""))

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Create .venv and install trainledger into it. torch is pinned to the local CPU build by constraints.txt
 # (pyproject keeps an open range).
-#   (no flag)  what the main job needs, `trainledger ladder`: the torch, report and scaling extras
+#   (no flag)  what the main job needs, `trainledger ladder`: the torch, report and scaling extras, and serve (the
+#              dashboard the ladder ends by pointing at)
 #   --dev      also the dev extra: pytest and the real frameworks, servers and tools the tests drive
 #   --browser  --dev, and Debian's chromium for the browser tests and softhsm2 for the PKCS#11 tests (root or sudo)
 # docs/bench/setup.txt has the time each takes, measured on a fresh clone.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
-EXTRAS="torch,report,scaling"
+EXTRAS="torch,report,scaling,serve"
 case "${1:-}" in
   "") ;;
   --dev) EXTRAS="dev,$EXTRAS" ;;

@@ -255,6 +255,13 @@ def _cmd_ladder(args: argparse.Namespace) -> int:
                                                            "receipts" if rec.ok else "found DIFFERENCES"))
         summary.update(report=str(out / "report.html"), replay_consistent=rec.ok, ok=rec.ok)
         code = 0 if rec.ok else 1
+    import importlib.util
+
+    # where to look next: the live dashboard on what was just written (its extra is in the main job's setup)
+    if all(importlib.util.find_spec(m) is not None for m in ("starlette", "uvicorn", "pyarrow")):
+        say(f"open the dashboard: trainledger serve {out} --pubkey {pub}   (then the URL it prints)")
+    else:
+        say(f"for the dashboard: pip install '.[serve]', then trainledger serve {out} --pubkey {pub}")
     if args.json:
         import json
 

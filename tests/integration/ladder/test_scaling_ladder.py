@@ -37,6 +37,8 @@ def ladder(tmp_path_factory):
 def test_the_default_ladder_climbs_and_checks_its_prediction(ladder):
     out, printed, _ = ladder
     assert not list(out.rglob("*.key")) and (out / "trainledger.pub").exists()  # the private key stays outside
+    empty = [p for p in out.rglob("*") if p.is_dir() and not any(p.iterdir())]
+    assert empty == []  # a rung's folder exists only where it wrote something (its F2 checkpoint)
     assert "rung 1/7 pilot_1" in printed and "rung 7/7 rung_iv_headline" in printed  # progress, a rung at a time
     assert "binding constraint: flops" in printed  # the box binds on FLOPs, so the headline reproduces
     assert "ladder 'scaling'" in printed and "no rung halted" in printed and "halted_at=" not in printed

@@ -132,14 +132,14 @@ def test_an_s3_url_with_no_server_names_the_endpoint_it_could_not_reach(capsys, 
 
 
 def test_setup_installs_the_main_job_by_default_and_the_tests_with_a_flag():
-    """The README's first command installs what `trainledger ladder` imports (torch, the report, the fit); the
-    second, the dev extra too; a misspelt flag is refused, not taken for the default."""
+    """The README's first command installs what `trainledger ladder` imports (torch, the report, the fit) and the
+    dashboard it ends by pointing at; the second, the dev extra too; a misspelt flag is refused, not taken for the default."""
     import subprocess
     from pathlib import Path
 
     script = Path(__file__).resolve().parents[3] / "tools" / "setup.sh"
     text = script.read_text()
-    assert 'EXTRAS="torch,report,scaling"' in text
+    assert 'EXTRAS="torch,report,scaling,serve"' in text
     assert '--dev) EXTRAS="dev,$EXTRAS"' in text and '--browser) EXTRAS="dev,$EXTRAS"' in text
     r = subprocess.run(["bash", str(script), "--brwoser"], capture_output=True, text=True, timeout=30)
     assert r.returncode == 2 and "unknown option --brwoser" in r.stderr
