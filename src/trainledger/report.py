@@ -149,7 +149,7 @@ def _drawable(ys: list[float]) -> list[float]:
 
 
 def _figure(plt, s: _Series) -> str:
-    panels = [("loss", _drawable(s.loss), False), ("grad norm", _drawable(s.grad_norm), True),
+    panels = [("loss (nats)", _drawable(s.loss), False), ("grad norm (L2)", _drawable(s.grad_norm), True),
               ("step time (s)", _drawable(s.step_time), False),
               ("MFU (%)", _drawable([100 * m for m in s.mfu]), False)]  # a percent, as in the tables
     panels = [p for p in panels if any(v - v == 0 for v in p[1])]
@@ -194,7 +194,14 @@ def _figure(plt, s: _Series) -> str:
             # default labels would print as raw "$\mathdefault{...}$".
             from matplotlib.ticker import FuncFormatter
 
+            from matplotlib.ticker import LogLocator
+
             plain = FuncFormatter(lambda v, _: f"{v:g}")
+            # labelled ticks at 1, 2 and 5 times each power of ten, or at every multiple within a range narrower
+            # than a decade (a grad norm between 0.3 and 0.9 would otherwise get one label, or none)
+            shown = [v for v in ys if v - v == 0 and v > 0]
+            narrow = bool(shown) and max(shown) / min(shown) < 10
+            ax.yaxis.set_major_locator(LogLocator(base=10, subs=tuple(range(1, 10)) if narrow else (1.0, 2.0, 5.0)))
             ax.yaxis.set_major_formatter(plain)
             ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
         for steps, color, name, style in marks:
@@ -276,11 +283,15 @@ def _table(headers: list[str], rows: list[list[Any]], empty: str) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def _fmt(v: Any) -> str:
+def _fmt(v: Any, key: str = "") -> str:
+    """A value as the tables show it: 4 significant digits, an MFU (a key naming it) in percent as everywhere else
+    on the page, an interval as ``[lo, hi]`` of such numbers."""
     if isinstance(v, float):
-        return f"{v:.4g}"
+        return f"{v:.2%}" if "mfu" in key.lower() and v - v == 0 else f"{v:.4g}"
     if isinstance(v, dict):
-        return ", ".join(f"{k}={_fmt(x)}" for k, x in v.items() if x is not None)
+        return ", ".join(f"{k}={_fmt(x, str(k))}" for k, x in v.items() if x is not None)
+    if isinstance(v, (list, tuple)) and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v):
+        return "[" + ", ".join(_fmt(float(x), key) for x in v) + "]"
     return str(v)
 
 
@@ -387,6 +398,7 @@ def render(rec: Reconstruction, s: _Series, png: str | None) -> str:
         lad = rec.ladder
         parts.append(f"<p>GO: {_e(', '.join(lad['passed_rungs']) or 'none')}; "
                      f"{_e('halted at ' + lad['halted_at'] if lad['halted_at'] else 'no rung halted')}</p>")
+        parts.append("<h3>Gate verdicts</h3>")
         parts.append(_table(["seq", "rung", "verdict", "reason", "measured", "bars"],
                             [[g.seq, g.rung, "GO" if g.passed else "NO-GO", g.reason, _fmt(dict(g.measured)),
                               _fmt(dict(g.bars))] for g in s.verdicts], "no verdicts"))
@@ -416,6 +428,7 @@ def render(rec: Reconstruction, s: _Series, png: str | None) -> str:
                                   f.choice.get("binding"), f"{f.choice.get('predicted_loss', float('nan')):.4f}",
                                   f"[{lo:.4f}, {hi:.4f}]" if lo is not None else "-",
                                   "-" if measured is None else f"{measured:.4f}"]], ""))
+        parts.append("<h3>Decisions</h3>")
         parts.append(_table(["seq", "rung", "action", "belief before", "belief after", "evidence"],
                             [[d.seq, d.rung, d.action_chosen, _fmt(dict(d.belief_before)), _fmt(dict(d.belief_after)),
                               ", ".join(x[:12] for x in d.evidence)] for d in s.decisions], "no decisions"))

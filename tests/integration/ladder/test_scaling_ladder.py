@@ -108,6 +108,14 @@ def test_a_degenerate_fit_is_flagged_recorded_and_recomputed(ladder, capsys):
     assert all(f"FIT WARNING (the fit that sized rung_iv_headline): {w}" in shown for w in warned)
     html = (out / "report.html").read_text()
     assert ("FIT WARNING" in html) == bool(warned)
+    # the tables a reader scans: headed, MFU in percent as everywhere, an interval as two short numbers
+    import re
+
+    assert "<h3>Gate verdicts</h3>" in html and "<h3>Decisions</h3>" in html
+    mfus = re.findall(r"mfu_mean=([^,<]+)", html)
+    assert mfus and all(m.endswith("%") for m in mfus), mfus
+    intervals = re.findall(r"loss_interval=\[([^\]]+)\]", html)
+    assert intervals and all(len(x) <= 6 for iv in intervals for x in iv.split(", ")), intervals
 
 
 def test_fit_warnings_name_each_implausible_parameter():
