@@ -74,6 +74,10 @@ class Reconstruction:
     #: format 1.6: each ``model_exported`` (the weights the run shipped): seq, path, digest, step, checkpoint, files,
     #: bytes, same_as_checkpoint (its files that are the checkpoint's bytes), base
     exports: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    #: which events each conclusion was recomputed from: ``{"conclusion": name, "folds": {kind: events}}`` per
+    #: projection (the kinds it folds that the journal holds, with their counts), then ``{"conclusion": None,
+    #: "folds": {...}}`` for the kinds no conclusion folds (logged metrics, configuration: records only)
+    inputs: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -147,7 +151,35 @@ def _reconstruction(report: VerifyReport, projections: list[Projection]) -> Reco
         episodes=[{k: getattr(e, k) for k in type(e).__struct_fields__ if k not in ("seq", "ts", "h")}
                   for _, e in health_audit.ended],
         exports=list(exports.exports) if exports is not None else [],
+        inputs=conclusion_inputs(projections, report.kinds),
     )
+
+
+def _tag_of(cls: type) -> str:
+    tag = getattr(getattr(cls, "__struct_config__", None), "tag", None)
+    return tag if isinstance(tag, str) else cls.__name__
+
+
+def conclusion_inputs(projections: list[Projection], kinds: dict[str, int]) -> list[dict[str, Any]]:
+    """Which of the journal's event kinds (``kinds``: tag -> count) each projection folds, and those none folds:
+    what replay names as the inputs of each conclusion (a projection that folds every event lists them all)."""
+    out: list[dict[str, Any]] = []
+    used: set[str] = set()
+    for p in projections:
+        if p.kinds is None:
+            folds = dict(kinds)
+        else:
+            tags = {_tag_of(c) for c in p.kinds}
+            folds = {t: n for t, n in kinds.items() if t in tags}
+        used |= set(folds)
+        out.append({"conclusion": p.name, "folds": folds})
+    rest = {t: n for t, n in kinds.items() if t not in used and t not in _BOOKKEEPING}
+    out.append({"conclusion": None, "folds": rest})
+    return out
+
+
+#: the journal's own lines (opening, seals, closing), which carry no observation of the run
+_BOOKKEEPING = frozenset({"run_opened", "seal", "run_closed", "tail_repaired", "seal_signed"})
 
 
 def _threshold_of(events: list[Any], flagged: Any) -> float | None:

@@ -181,6 +181,11 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 
         r = h["restarts"]
         say(f"  restarts {r['count']} (continuity {'ok' if r['continuity_ok'] else 'BROKEN'})")
+    # what no conclusion was recomputed from (logged metrics, configuration: records only); --json has, for every
+    # conclusion, the kinds it was recomputed from
+    unused = next((x["folds"] for x in rec.inputs if x["conclusion"] is None), {})
+    if unused:
+        say("  used by no conclusion (records only): " + ", ".join(f"{k} {n:,}" for k, n in sorted(unused.items())))
     if rec.compute is not None:
         c = rec.compute
         say(f"  compute {c['steps']:,} steps, {c['tokens']:,} tokens, {c['flops']:.4g} model FLOPs (every step "

@@ -36,7 +36,7 @@ def test_metric_values_flattens_and_keeps_every_real_number():
             metric_values(bad)
 
 
-def test_log_and_evaluate_are_signed_replayed_and_queried(tmp_path, signer, pubkey):
+def test_log_and_evaluate_are_signed_replayed_and_queried(tmp_path, signer, pubkey, capsys):
     from trainledger.journal.views.query import connect
 
     model, opt = _model()
@@ -73,6 +73,19 @@ def test_log_and_evaluate_are_signed_replayed_and_queried(tmp_path, signer, pubk
     assert math.isnan(nan)
     assert con.execute("SELECT hook, checkpoint_sha256, metrics->>'acc' FROM evaluations").fetchall() == [
         ("heldout", ck.sha256, "0.75")]
+    # replay names what each conclusion was recomputed from, and that no conclusion used the logged metrics
+    from trainledger.audit import replay
+    from trainledger.cli import main
+
+    rec = replay(journal, keys=[pubkey])
+    inputs = {x["conclusion"]: x["folds"] for x in rec.inputs}
+    assert inputs["health"]["step_observed"] == 6 and "metrics_logged" not in inputs["health"]
+    assert inputs[None] == {"metrics_logged": 7}
+    assert any("evaluation_recorded" in folds for name, folds in inputs.items() if name is not None)
+    pub = tmp_path / "run.pub"
+    pub.write_text(pubkey.line() + "\n")
+    assert main(["replay", str(journal), "--pubkey", str(pub)]) == 0
+    assert "used by no conclusion (records only): metrics_logged 7" in capsys.readouterr().out
 
 
 def test_log_costs_little_and_never_waits_for_the_disk(tmp_path, signer):
