@@ -524,6 +524,12 @@ def metric_values(values: Any, *, what: str = "metrics") -> dict[str, float]:
     nested mapping flattened with ``.`` as W&B does (``{"eval": {"acc": 0.9}}`` is ``eval.acc``). Raises
     :class:`ValueError` naming the first name or value that is not one: an empty or over-long name, a string, a
     list, an image."""
+    if type(values) is dict:  # the common row, flat names to floats: taken as it is (a logging call in a loop)
+        for k, v in values.items():
+            if type(v) is not float or type(k) is not str or not 0 < len(k) <= MAX_METRIC_NAME:
+                break
+        else:
+            return dict(values)
     out: dict[str, float] = {}
 
     def walk(prefix: str, d: Any) -> None:

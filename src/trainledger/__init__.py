@@ -88,7 +88,9 @@ def __getattr__(name: str):
     import importlib
 
     if name in _JOURNAL_NAMES:
-        return getattr(importlib.import_module("trainledger.journal"), name)
+        value = getattr(importlib.import_module("trainledger.journal"), name)
+        globals()[name] = value  # resolved once: the next use is a plain module attribute (wandb.log in a loop)
+        return value
     if name in _CURRENT:
         tracking = importlib.import_module("trainledger.tracking")
         run = tracking.current
@@ -99,7 +101,9 @@ def __getattr__(name: str):
         return getattr(run, name)
     if name not in _LAZY:
         raise AttributeError(f"module 'trainledger' has no attribute {name!r}")
-    return getattr(importlib.import_module(_LAZY[name]), name)
+    value = getattr(importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value
+    return value
 
 
 __all__ = [*_JOURNAL_NAMES, *_LAZY]

@@ -181,10 +181,24 @@ class Summary:
         return repr(self._merged())
 
 
+#: ``trainledger.training.kinds.metric_values``, imported on first use (``import trainledger`` stays light)
+metric_values: Any = None
+
+
+def _metrics_logged(**fields: Any) -> Any:
+    """A ``metrics_logged`` event (its class imported once, on first use)."""
+    global _metrics_logged
+    from trainledger.training.kinds import MetricsLogged
+
+    _metrics_logged = MetricsLogged
+    return MetricsLogged(**fields)
+
+
 def _numbers(row: Mapping[str, Any], what: str) -> dict[str, float]:
     """``metric_values`` of ``row``; a value that is not a number is left out, its name said once on stderr."""
-    from trainledger.training.kinds import metric_values
-
+    global metric_values
+    if metric_values is None:
+        from trainledger.training.kinds import metric_values
     try:
         return metric_values(row)
     except ValueError:  # one value is not a number: the others are recorded
@@ -213,6 +227,7 @@ class Run:
         self._source = source  # what metrics_logged names as the call
         self._row: dict[str, Any] = {}
         self._metric_rules: dict[str, dict[str, Any]] = {}
+        self._summary_n: dict[str, int] = {}  # values seen of each metric summarised by its mean
         self.config = Config(self, config)
         self.summary = Summary()
         self._finished = False
@@ -234,6 +249,18 @@ class Run:
         name: trainledger records scalars."""
         if self._finished:
             raise RuntimeError(f"this run ({self.name}) has finished: init() another")
+        if step is None and commit is None and not self._row and not self._metric_rules and type(data) is dict \
+                and self.journal is not None:
+            # the call of nearly every loop, log(row): one row, recorded now, at the next step; kept short, since it
+            # runs between a training step and the next, with the caches cold
+            numbers = _numbers(data, "value")
+            with self._lock:
+                if numbers:
+                    self.journal.append_deferred(_metrics_logged(step=self._step, metrics=numbers,
+                                                                 source=self._source))
+                    self.summary._auto.update(numbers)
+                self._step += 1
+            return
         with self._lock:
             if step is not None:
                 if type(step) is not int or step < 0:
@@ -255,24 +282,35 @@ class Run:
         row, self._row = self._row, {}
         if not row:
             return
-        from trainledger.training.kinds import MetricsLogged
-
         numbers = _numbers(row, "value")
         if numbers:
-            self.journal.append_deferred(MetricsLogged(step=self._step, metrics=numbers, source=self._source))
-            self.summary._auto.update(self._summarised(numbers))
+            self.journal.append_deferred(_metrics_logged(step=self._step, metrics=numbers, source=self._source))
+            if self._metric_rules:
+                self.summary._auto.update(self._summarised(numbers))
+            else:  # every metric's summary is its last value
+                self.summary._auto.update(numbers)
 
     def _summarised(self, numbers: dict[str, float]) -> dict[str, float]:
-        """The summary's values after this row: the last value, or min/max/mean where ``define_metric`` asked."""
+        """The summary's values after this row: the last value, or min/max/mean/best where ``define_metric`` asked
+        (``none``: no value)."""
         out = {}
         for k, v in numbers.items():
-            rule = self._metric_rules.get(k)
-            how = (rule or {}).get("summary") or "last"
+            rule = self._metric_rules.get(k) or {}
+            how = rule.get("summary") or "last"
+            if how == "best":  # W&B's: the lowest, or the highest with goal="maximize"
+                how = "max" if str(rule.get("goal", "minimize")).startswith("max") else "min"
             old = self.summary._auto.get(k)
+            if how == "none":
+                self.summary._auto.pop(k, None)
+                continue
             if how == "min" and old is not None:
                 v = min(old, v)
             elif how == "max" and old is not None:
                 v = max(old, v)
+            elif how == "mean":  # the running mean of every value logged
+                n = self._summary_n.get(k, 0) + 1
+                self._summary_n[k] = n
+                v = v if old is None or n == 1 else old + (v - old) / n
             out[k] = v
         return out
 
@@ -280,7 +318,8 @@ class Run:
                       hidden: bool | None = None, summary: str | None = None, goal: str | None = None,
                       overwrite: bool | None = None) -> dict[str, Any]:
         """W&B's ``define_metric``: how a metric is charted and summarised; recorded (``config_logged``, source
-        ``define_metric``). ``summary`` ``min``, ``max`` or ``last`` sets what ``run.summary`` holds for it."""
+        ``define_metric``). ``summary`` sets what ``run.summary`` holds for it: ``last`` (the default), ``min``,
+        ``max``, ``mean``, ``best`` (``min``, or ``max`` with ``goal="maximize"``) or ``none``."""
         rule = {k: v for k, v in (("step_metric", step_metric), ("summary", summary), ("goal", goal),
                                   ("hidden", hidden)) if v is not None}
         if summary is not None and summary not in ("min", "max", "last", "mean", "best", "none", "copy"):
@@ -489,7 +528,10 @@ def _current(what: str) -> Run:
 
 def log(data: Mapping[str, Any], step: int | None = None, commit: bool | None = None, sync: bool | None = None) -> None:
     """``wandb.log``: :meth:`Run.log` of the current run."""
-    _current("log").log(data, step=step, commit=commit)
+    run = current
+    if run is None:
+        raise RuntimeError("log: call trainledger.init() first")
+    run.log(data, step, commit)
 
 
 def define_metric(name: str, *args: Any, **kwargs: Any) -> dict[str, Any]:

@@ -39,7 +39,7 @@ from lightning.pytorch.loggers import Logger
 
 from trainledger.training.health.mfu import record_compute
 from trainledger.journal import Journal, Signer, read_signed_events
-from trainledger.training.kinds import CheckpointSaved, MetricsLogged, ResumeRejectedEvent, RunStopped
+from trainledger.training.kinds import CheckpointSaved, MetricsLogged, ResumeRejectedEvent, RunStopped, metric_values
 
 from trainledger.training.checkpoints.state import ResumeRejected, file_sha256
 from trainledger.training.health.monitor import TrainingHealthMonitor
@@ -417,6 +417,9 @@ class TrainledgerLogger(Logger):
         j = self.callback.journal
         if j is None:
             return
-        clean = {str(k): float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
+        try:  # as Recorder.log and the W&B calls convert them (a tensor or NumPy scalar by its value)
+            clean = metric_values(metrics, what="Lightning's metrics")
+        except ValueError:  # something that is not a number: the numbers kept, the run never stopped by a log
+            clean = {str(k): float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
         if clean:
             j.append(MetricsLogged(step=-1 if step is None else int(step), metrics=clean, source="lightning"))
