@@ -45,6 +45,20 @@ def test_the_readme_recorder_example_runs(tmp_path, monkeypatch):
     assert all(s.grad_norm is not None and s.lr == 1e-2 and s.tokens == 128 for s in steps)
 
 
+def test_the_readme_wandb_example_runs_and_verifies(tmp_path, monkeypatch):
+    """`import trainledger as wandb`: the page's five lines as written, then the journal they leave verified with
+    the public key beside it, every row a metrics_logged, the config recorded."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TRAINLEDGER_KEY_DIR", str(tmp_path / "home-keys"))
+    exec(compile(example("readme-wandb"), "README.md (wandb)", "exec"), {})  # noqa: S102
+    from trainledger.journal import load_public_key, verify
+
+    run = tmp_path / "trainledger-runs" / "mine" / "first"
+    rep = verify(run / "journal.jsonl", keys=[load_public_key(run / "trainledger.pub")], require_closed=True)
+    assert rep.kinds["metrics_logged"] == 100 and rep.kinds["config_logged"] >= 1
+    assert not list(run.rglob("*.key"))
+
+
 def test_the_readme_audit_commands_run(tmp_path, monkeypatch, capsys):
     """'Check a journal someone sent you': each command, as written, exits 0."""
     monkeypatch.chdir(tmp_path)
