@@ -969,3 +969,31 @@ def test_a_hundred_runs_with_a_spike_first_view_zoom_hover_and_colours(browser, 
         assert dict(map(tuple, p.js("window.__trainledger.data.loss.colours"))) == colours
         assert p.errors == []
         p.close()
+
+
+def test_ten_thousand_metric_names_are_kept_listed_and_drawn(tmp_path):
+    """Per-layer statistics under 10,000 distinct names, logged at five steps: the journal verifies, the query's
+    metrics view holds every value, and the board lists every name with its points and draws any of them."""
+    from trainledger.journal.views.query import connect
+    from trainledger.serve.board import Board
+    from trainledger.training.kinds import MetricsLogged, metric_values
+
+    s = Signer.generate()
+    path = tmp_path / "wide.jsonl"
+    names = [f"layers/{k:05d}/grad_rms" for k in range(10_000)]
+    with Journal.create(path, signer=s) as j:
+        for step in range(5):
+            j.append(StepObserved(step=step, loss=1.0))
+            j.append(MetricsLogged(step=step, metrics=metric_values({n: step + k / 1e4 for k, n in enumerate(names)}),
+                                   source="log"))
+    con = connect([path], keys=[s.public])
+    assert con.execute("SELECT count(*), count(DISTINCT name) FROM metrics").fetchone() == (50_000, 10_000)
+    b = Board(path, trust=TrustPolicy(keys=[s.public]))
+    try:
+        b.poll()
+        got = b.logged_names()
+        assert len(got["names"]) == 10_000 and got["left_out"] == 0 and {n for _, n in got["names"]} == {5}
+        one = b.series("layers/09999/grad_rms", 100, logged=True)
+        assert [y for s_ in one["series"] for y in s_["y"]] == [step + 0.9999 for step in range(5)]
+    finally:
+        b.close()
