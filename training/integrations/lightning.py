@@ -411,12 +411,33 @@ class TrainledgerLogger(Logger):
         return "0"
 
     def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
-        pass  # the run's configuration is the callback's run_opened
+        """The module's and datamodule's hyperparameters (``save_hyperparameters``) as ``config_logged`` (source
+        ``lightning``): the run table's configuration columns. Lightning calls it after the callback's ``setup``
+        has opened the journal; before that they wait for the first metrics."""
+        from trainledger.training.kinds import config_values
+
+        try:
+            cfg = config_values(params if hasattr(params, "items") else vars(params), what="hyperparameters")
+        except (ValueError, TypeError):  # keys that are not strings: the metrics still go in
+            return
+        if cfg:
+            self._pending_config = {**getattr(self, "_pending_config", {}), **cfg}
+            self._record_config()
+
+    def _record_config(self) -> None:
+        j = self.callback.journal
+        pending = getattr(self, "_pending_config", None)
+        if j is not None and pending:
+            from trainledger.training.kinds import ConfigLogged
+
+            j.append(ConfigLogged(config=pending, source="lightning"))
+            self._pending_config = {}
 
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
         j = self.callback.journal
         if j is None:
             return
+        self._record_config()
         try:  # as Recorder.log and the W&B calls convert them (a tensor or NumPy scalar by its value)
             clean = metric_values(metrics, what="Lightning's metrics")
         except ValueError:  # something that is not a number: the numbers kept, the run never stopped by a log

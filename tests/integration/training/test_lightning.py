@@ -26,6 +26,7 @@ pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning"),
 class Tiny(L.LightningModule):
     def __init__(self, crash_at: int | None = None):
         super().__init__()
+        self.save_hyperparameters()  # what the logger records as the run's configuration
         torch.manual_seed(0)
         self.net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
         self.crash_at = crash_at
@@ -92,6 +93,8 @@ def test_steps_checkpoints_and_metrics_are_journaled(tmp_path, signer, pubkey):
     assert any(e.seq == int(seq) and e.h == h for e in read_events(tmp_path / "journal.jsonl"))
     logged = _events(tmp_path, "metrics_logged")
     assert logged and "train_loss" in logged[0].metrics
+    (cfg,) = _events(tmp_path, "config_logged")  # save_hyperparameters, through the logger
+    assert cfg.config == {"crash_at": None} and cfg.source == "lightning"
     assert verify(tmp_path / "journal.jsonl", keys=[pubkey], require_closed=True).ok
     assert replay(tmp_path / "journal.jsonl", keys=[pubkey]).ok
 
