@@ -352,14 +352,16 @@ def render(rec: Reconstruction, s: _Series, png: str | None) -> str:
     parts.append("<h2>Health</h2>")
     mfu = (h.get("mfu") or {})
     if s.segments > 1:  # a ladder: every rung is a segment, and the monitor's own figures are the last one's
-        ms = [m for m in s.mfu if m - m == 0]
-        parts.append(_table(["segments", "steps (all)", "anomalies", "MFU mean (all steps)", "MFU min", "MFU max"],
+        # the MFU figures are replay's (the health projection's: the last segment's steps), as `trainledger replay`
+        # prints them, each said to cover those steps; each rung's own are in the ladder's table
+        parts.append(_table(["segments", "steps (all)", "anomalies", "MFU mean", "MFU min", "MFU max",
+                             "MFU over"],
                             [[s.segments, f"{len(s.step):,}", sum(len(x) for x in rec.anomalies_by_kind.values()),
-                              *((f"{sum(ms) / len(ms):.2%}", f"{min(ms):.2%}", f"{max(ms):.2%}") if ms
-                                else ("-", "-", "-"))]], ""))
+                              *(f"{mfu[k]:.2%}" if mfu.get(k) is not None else "-" for k in ("mean", "min", "max")),
+                              f"the last segment's {mfu.get('count', 0):,} steps"]], ""))
         parts.append(f"<p class=muted>{s.segments} segments (one <code>run_configured</code> each: a ladder's "
-                     "rungs, or a monitor started over): the figures above are over every step"
-                     + ("; each rung's own are in the ladder's table below" if rec.ladder is not None else "")
+                     "rungs, or a monitor started over): the MFU figures are the last segment's, as replay prints "
+                     "them" + ("; each rung's own are in the ladder's table below" if rec.ladder is not None else "")
                      + ".</p>")
     else:
         parts.append(_table(["steps", "last step", "anomalies", "MFU mean", "MFU min", "MFU max", "tokens/s"],

@@ -172,7 +172,10 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         mfu = h["mfu"]
         m = "-" if mfu["mean"] is None else f"{mfu['mean']:.2%} (min {mfu['min']:.2%}, max {mfu['max']:.2%})"
         tps = "-" if h["tokens_per_s"] is None else f"{h['tokens_per_s']:,.0f}"
-        say(f"  steps {h['steps']:,}; MFU mean {m} over {mfu['count']:,} steps; tokens/s {tps}")
+        seen = v.kinds.get("step_observed", 0)
+        over = (f"over the last segment's {mfu['count']:,} steps (of {seen:,}; each run_configured starts one)"
+                if mfu["mean"] is not None and seen > h["steps"] else f"over {mfu['count']:,} steps")
+        say(f"  steps {h['steps']:,}; MFU mean {m} {over}; tokens/s {tps}")
         if mfu.get("implausible"):
             say(f"  MFU IMPLAUSIBLE: {mfu['above_100pct']:,} steps above 100%: the peak they are measured against "
                  f"({mfu.get('peak_source') or 'unstated source'}) is too low; not a receipt")

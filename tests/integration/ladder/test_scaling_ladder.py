@@ -112,6 +112,9 @@ def test_a_degenerate_fit_is_flagged_recorded_and_recomputed(ladder, capsys):
     import re
 
     assert "<h3>Gate verdicts</h3>" in html and "<h3>Decisions</h3>" in html
+    # one MFU figure, the same in replay and the report, each saying which steps it covers
+    mean, n = re.search(r"MFU mean ([0-9.]+%) .*over the last segment's ([0-9,]+) steps", shown).groups()
+    assert f"<td>{mean}</td>" in html and f"the last segment&#x27;s {n} steps" in html
     mfus = re.findall(r"mfu_mean=([^,<]+)", html)
     assert mfus and all(m.endswith("%") for m in mfus), mfus
     intervals = re.findall(r"loss_interval=\[([^\]]+)\]", html)
