@@ -32,7 +32,7 @@ from trainledger.journal.errors import JournalIOError, UsageError
 from trainledger.journal.events import StepObserved
 from trainledger.training.health.detectors import HealthProjection
 from trainledger.journal.keys import Signer
-from trainledger.training.kinds import MetricsLogged
+from trainledger.training.kinds import ConfigLogged, MetricsLogged
 from trainledger.journal.writer import Journal
 
 __all__ = ["import_tensorboard", "import_megatron", "import_wandb", "import_mlflow", "export_tensorboard", "ImportResult",
@@ -86,6 +86,46 @@ class _Emitter:
         if metrics:
             self.j.append(MetricsLogged(step=step, metrics=metrics, source=source))
             self.metrics += len(metrics)
+
+
+def _pick_tags(names: set[str], loss_tag: str | None, grad_norm_tag: str | None,
+               lr_tag: str | None) -> tuple[str | None, str | None, str | None]:
+    """The names of the loss, grad-norm and learning-rate series: each as given, else the first usual one the
+    source holds."""
+    def pick(given: str | None, known: tuple[str, ...]) -> str | None:
+        return given if given is not None else next((t for t in known if t in names), None)
+    return pick(loss_tag, LOSS_TAGS), pick(grad_norm_tag, GRAD_NORM_TAGS), pick(lr_tag, LR_TAGS)
+
+
+def _write_rows(j: Journal, rows: Iterable[tuple[int, dict[str, float]]], held: dict[str, int],
+                config: dict[str, Any], tags: tuple[str | None, str | None, str | None], source: str,
+                lacking: str) -> _Emitter:
+    """An import's rows (step, {name: value}) into ``j``, after its configuration (``config_logged``): a row with
+    the loss as a step (the grad-norm and learning-rate values its fields), every other value a ``metrics_logged``.
+    Each name's points written are held to ``held``, the source's count, before the journal is closed; a name short
+    of it fails the import (``lacking`` names where). The journal is suspended on any failure."""
+    lt, gt, rt = tags
+    em = _Emitter(j)
+    got: dict[str, int] = {}
+    try:
+        if config:
+            j.append(ConfigLogged(config=config, source=source))
+        for step, vals in rows:
+            rest = dict(vals)
+            if lt is not None and lt in vals:
+                em.step(StepObserved(step=step, loss=rest.pop(lt), grad_norm=_finite_or_none(rest.pop(gt, None)),
+                                     lr=_finite_or_none(rest.pop(rt, None))))
+            em.other(step, rest, source)
+            for t in vals:  # the row's names, each now written: its step's fields or its metrics_logged
+                got[t] = got.get(t, 0) + 1
+        short = sorted((n, held[n] - got.get(n, 0)) for n in held if got.get(n, 0) != held[n])
+        if short:
+            raise JournalIOError(f"{lacking}: " + ", ".join(f"{n} ({c})" for n, c in short[:10]))
+        j.close()
+    except BaseException:
+        j.suspend()
+        raise
+    return em
 
 
 def _finite_or_none(v: float | None) -> float | None:
@@ -191,8 +231,7 @@ def import_tensorboard(logdir: str | os.PathLike, out_dir: str | os.PathLike, si
         except (OSError, ValueError) as e:  # a truncated record, a bad CRC: say which file
             raise JournalIOError(f"{f}: not a readable TensorBoard event file ({type(e).__name__}: {e})") from None
     tags = {t for vals in by_step.values() for t in vals}
-    pick = lambda given, known: given if given is not None else next((t for t in known if t in tags), None)  # noqa: E731
-    lt, gt, rt = pick(loss_tag, LOSS_TAGS), pick(grad_norm_tag, GRAD_NORM_TAGS), pick(lr_tag, LR_TAGS)
+    lt, gt, rt = _pick_tags(tags, loss_tag, grad_norm_tag, lr_tag)
     if lt is None or lt not in tags:
         raise UsageError(f"{root}: no loss tag found (tags: {', '.join(sorted(tags)[:12])}); name it with --loss-tag")
     j = _new_journal(Path(out_dir), signer, "tensorboard", _source(files, root if root.is_dir() else root.parent),
@@ -333,8 +372,6 @@ def import_wandb(run_dir: str | os.PathLike, out_dir: str | os.PathLike, signer:
     the journal lacks is named and the import fails."""
     import json
 
-    from trainledger.training.kinds import ConfigLogged
-
     root = Path(run_dir)
     if not root.exists():
         raise UsageError(f"{root}: no such file or folder")
@@ -388,36 +425,11 @@ def import_wandb(run_dir: str | os.PathLike, out_dir: str | os.PathLike, signer:
                 rows.append((step, vals))
     if not rows:
         raise UsageError(f"{path}: no logged numbers in it (an empty or unsynced run?)")
-    names = set(held)
-    pick = lambda given, known: given if given is not None else next((t for t in known if t in names), None)  # noqa: E731
-    lt, gt, rt = pick(loss_tag, LOSS_TAGS), pick(grad_norm_tag, GRAD_NORM_TAGS), pick(lr_tag, LR_TAGS)
+    lt, gt, rt = _pick_tags(set(held), loss_tag, grad_norm_tag, lr_tag)
     j = _new_journal(Path(out_dir), signer, "wandb", _source([path], root if root.is_dir() else root.parent),
                      f"W&B run {json.dumps(meta, ensure_ascii=False)[:300]}; loss {lt!r}, grad norm {gt!r}, "
                      f"learning rate {rt!r}")
-    em = _Emitter(j)
-    got: dict[str, int] = {}
-    try:
-        if config:
-            j.append(ConfigLogged(config=config, source="wandb"))
-        for step, vals in rows:
-            rest = dict(vals)
-            if lt is not None and lt in vals:
-                em.step(StepObserved(step=step, loss=rest.pop(lt), grad_norm=_finite_or_none(rest.pop(gt, None)),
-                                     lr=_finite_or_none(rest.pop(rt, None))))
-                for t in (lt, gt, rt):
-                    if t is not None and t in vals:
-                        got[t] = got.get(t, 0) + 1
-            em.other(step, rest, "wandb")
-            for t in rest:
-                got[t] = got.get(t, 0) + 1
-        lacking = sorted((n, held[n] - got.get(n, 0)) for n in held if got.get(n, 0) != held[n])
-        if lacking:
-            raise JournalIOError(f"{path}: the journal lacks points the file holds: " + ", ".join(
-                f"{n} ({c})" for n, c in lacking[:10]))
-        j.close()
-    except BaseException:
-        j.suspend()
-        raise
+    em = _write_rows(j, rows, held, config, (lt, gt, rt), "wandb", f"{path}: the journal lacks points the file holds")
     return ImportResult(j.path, em.steps, em.metrics, skipped, 1)
 
 
@@ -466,8 +478,6 @@ def import_mlflow(mlruns: str | os.PathLike, out_dir: str | os.PathLike, signer:
     step (the loss, grad-norm and learning-rate metrics as ``step_observed`` fields where a step has a loss, every
     other a ``metrics_logged``), the params as ``config_logged``. A line that does not parse is named (its file and
     line); the count of every metric's points in the journal is held to the file's before the import is closed."""
-    from trainledger.training.kinds import ConfigLogged
-
     root = Path(mlruns)
     if not root.exists():
         raise UsageError(f"{root}: no such file or folder")
@@ -509,37 +519,12 @@ def import_mlflow(mlruns: str | os.PathLike, out_dir: str | os.PathLike, signer:
         for f in sorted(p for p in pdir.rglob("*") if p.is_file() and not p.is_symlink())[:10_000]:
             with open(f, "rb") as fh:
                 params[f.relative_to(pdir).as_posix()] = fh.read(1 << 16).decode("utf-8", "replace")
-    names = set(held)
-    pick = lambda given, known: given if given is not None else next((t for t in known if t in names), None)  # noqa: E731
-    lt, gt, rt = pick(loss_tag, LOSS_TAGS), pick(grad_norm_tag, GRAD_NORM_TAGS), pick(lr_tag, LR_TAGS)
+    lt, gt, rt = _pick_tags(set(held), loss_tag, grad_norm_tag, lr_tag)
     j = _new_journal(Path(out_dir), signer, "mlflow", _source(files, run),
                      f"MLflow run {run.name} of experiment {run.parent.name}; loss {lt!r}, grad norm {gt!r}, "
                      f"learning rate {rt!r}")
-    em = _Emitter(j)
-    got: dict[str, int] = {}
-    try:
-        if params:
-            j.append(ConfigLogged(config=params, source="mlflow"))
-        for step in sorted(by_step):
-            rest = dict(by_step[step])
-            if lt is not None and lt in rest:
-                vals = dict(rest)
-                em.step(StepObserved(step=step, loss=rest.pop(lt), grad_norm=_finite_or_none(rest.pop(gt, None)),
-                                     lr=_finite_or_none(rest.pop(rt, None))))
-                for t in (lt, gt, rt):
-                    if t is not None and t in vals:
-                        got[t] = got.get(t, 0) + 1
-            em.other(step, rest, "mlflow")
-            for t in rest:
-                got[t] = got.get(t, 0) + 1
-        lacking = sorted((n, held[n] - got.get(n, 0)) for n in held if got.get(n, 0) != held[n])
-        if lacking:
-            raise JournalIOError(f"{run}: the journal lacks points the store holds: " + ", ".join(
-                f"{n} ({c})" for n, c in lacking[:10]))
-        j.close()
-    except BaseException:
-        j.suspend()
-        raise
+    em = _write_rows(j, ((step, by_step[step]) for step in sorted(by_step)), held, params, (lt, gt, rt), "mlflow",
+                     f"{run}: the journal lacks points the store holds")
     return ImportResult(j.path, em.steps, em.metrics, skipped, len(files))
 
 

@@ -59,50 +59,15 @@ def register(sub) -> None:
                                    "said at import time, never that the run happened. The steps go through the health "
                                    "projection, so replay, query and report work on the old run.")
     isub = p.add_subparsers(dest="source", required=True, metavar="SOURCE", help="tensorboard, wandb, mlflow or megatron")
-    q = isub.add_parser("tensorboard", help="TensorBoard event files (the tensorboard package's own reader)")
-    q.add_argument("logdir", metavar="LOGDIR", help="the folder of TensorBoard event files to read")
-    q.add_argument("out_dir", metavar="OUT_DIR", help="the run folder to write journal.jsonl into")
-    q.add_argument("--key", required=True, metavar="KEY",
-                   help="the private key that signs the imported journal (a key file or a pkcs11: URI)")
-    q.add_argument("--loss-tag", default=None, help="the loss scalar's tag (default: the first of loss, train/loss, ...)")
-    q.add_argument("--grad-norm-tag", default=None, help="the gradient norm's tag (default: the first of grad_norm, "
-                                                         "train/grad_norm, ...)")
-    q.add_argument("--lr-tag", default=None, help="the learning rate's tag (default: the first of lr, "
-                                                  "learning_rate, ...)")
-    add_json_option(q)
-    q.set_defaults(func=_cmd_import)
-    q = isub.add_parser("wandb", help="a W&B offline run (its records parsed with the wandb package's own schema)")
-    q.add_argument("logdir", metavar="RUN_DIR", help="the offline run's folder (wandb/offline-run-*) or its .wandb file")
-    q.add_argument("out_dir", metavar="OUT_DIR", help="the run folder to write journal.jsonl into")
-    q.add_argument("--key", required=True, metavar="KEY",
-                   help="the private key that signs the imported journal (a key file or a pkcs11: URI)")
-    q.add_argument("--loss-tag", default=None, help="the loss key (default: the first of loss, train/loss, ...)")
-    q.add_argument("--grad-norm-tag", default=None, help="the gradient norm's key (default: the first of grad_norm, "
-                                                         "train/grad_norm, ...)")
-    q.add_argument("--lr-tag", default=None, help="the learning rate's key (default: the first of lr, "
-                                                  "learning_rate, ...)")
-    add_json_option(q)
-    q.set_defaults(func=_cmd_import)
-    q = isub.add_parser("mlflow", help="one run of a local MLflow file store (mlruns/)")
-    q.add_argument("logdir", metavar="MLRUNS_DIR", help="mlruns/ (holding one run), an experiment's folder, or the run's "
-                                                        "folder (mlruns/EXPERIMENT/RUN)")
-    q.add_argument("out_dir", metavar="OUT_DIR", help="the run folder to write journal.jsonl into")
-    q.add_argument("--key", required=True, metavar="KEY",
-                   help="the private key that signs the imported journal (a key file or a pkcs11: URI)")
-    q.add_argument("--loss-tag", default=None, help="the loss metric (default: the first of loss, train/loss, ...)")
-    q.add_argument("--grad-norm-tag", default=None, help="the gradient norm's metric (default: the first of "
-                                                         "grad_norm, train/grad_norm, ...)")
-    q.add_argument("--lr-tag", default=None, help="the learning rate's metric (default: the first of lr, "
-                                                  "learning_rate, ...)")
-    add_json_option(q)
-    q.set_defaults(func=_cmd_import)
-    q = isub.add_parser("megatron", help="a Megatron-LM / DeepSpeed-style log (iteration lines)")
-    q.add_argument("logfile", metavar="LOGFILE", help="the training log to read")
-    q.add_argument("out_dir", metavar="OUT_DIR", help="the run folder to write journal.jsonl into")
-    q.add_argument("--key", required=True, metavar="KEY",
-                   help="the private key that signs the imported journal (a key file or a pkcs11: URI)")
-    add_json_option(q)
-    q.set_defaults(func=_cmd_import)
+    _add_import(isub, "tensorboard", "TensorBoard event files (the tensorboard package's own reader)", "logdir",
+                "LOGDIR", "the folder of TensorBoard event files to read", ("the loss scalar's tag", "tag"))
+    _add_import(isub, "wandb", "a W&B offline run (its records parsed with the wandb package's own schema)", "logdir",
+                "RUN_DIR", "the offline run's folder (wandb/offline-run-*) or its .wandb file", ("the loss key", "key"))
+    _add_import(isub, "mlflow", "one run of a local MLflow file store (mlruns/)", "logdir", "MLRUNS_DIR",
+                "mlruns/ (holding one run), an experiment's folder, or the run's folder (mlruns/EXPERIMENT/RUN)",
+                ("the loss metric", "metric"))
+    _add_import(isub, "megatron", "a Megatron-LM / DeepSpeed-style log (iteration lines)", "logfile", "LOGFILE",
+                "the training log to read")
 
     p = sub.add_parser("export", help="write verified journals into another format: TensorBoard scalars, or a "
                                       "Parquet dataset with receipts",
@@ -363,6 +328,27 @@ def _cmd_approve(args: argparse.Namespace) -> int:
         return 0
     say(f"wrote {out}: {a.decision} of {a.manifest_id} by {a.authority} (key {a.key_id})")
     return 0
+
+
+def _add_import(isub: Any, source: str, help_: str, dest: str, metavar: str, where: str,
+                tags: tuple[str, str] | None = None) -> None:
+    """``trainledger import SOURCE``: what to read, the run folder to write, the key; ``tags`` (how the loss is
+    named, and what a name is called in that source) adds the options that name the loss, grad-norm and
+    learning-rate series."""
+    q = isub.add_parser(source, help=help_)
+    q.add_argument(dest, metavar=metavar, help=where)
+    q.add_argument("out_dir", metavar="OUT_DIR", help="the run folder to write journal.jsonl into")
+    q.add_argument("--key", required=True, metavar="KEY",
+                   help="the private key that signs the imported journal (a key file or a pkcs11: URI)")
+    if tags is not None:
+        loss, word = tags
+        q.add_argument("--loss-tag", default=None, help=f"{loss} (default: the first of loss, train/loss, ...)")
+        q.add_argument("--grad-norm-tag", default=None, help=f"the gradient norm's {word} (default: the first of "
+                                                             "grad_norm, train/grad_norm, ...)")
+        q.add_argument("--lr-tag", default=None, help=f"the learning rate's {word} (default: the first of lr, "
+                                                      "learning_rate, ...)")
+    add_json_option(q)
+    q.set_defaults(func=_cmd_import)
 
 
 def _cmd_watch(args: argparse.Namespace) -> int:
