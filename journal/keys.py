@@ -440,12 +440,18 @@ def run_key(run_dir: str | os.PathLike, key: str | os.PathLike | None = None) ->
         run.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise JournalIOError(f"{run}: cannot create the run folder: {e.strerror}") from None
-    pub = run / "trainledger.pub"
+    return priv, publish_key(run, signer.public)
+
+
+def publish_key(run_dir: str | os.PathLike, public: Any) -> Path:
+    """``run_dir/trainledger.pub``: the public key a reviewer verifies the run with, written atomically beside its
+    journal (a failure to write it is a :class:`JournalIOError` naming the file)."""
+    pub = Path(run_dir) / "trainledger.pub"
     try:
-        write_atomically(pub, (signer.public.line() + "\n").encode())
+        write_atomically(pub, (public.line() + "\n").encode())
     except OSError as e:
         raise JournalIOError(f"{pub}: cannot write the public key: {e.strerror}") from None
-    return priv, pub
+    return pub
 
 
 # ---------------------------------------------------------------- keys held by a service or in hardware

@@ -44,7 +44,7 @@ from trainledger.training.health.mfu import carried_by, record_compute
 from trainledger.journal import Journal, Signer
 from trainledger.training.distributed.ranks import in_torchrun, journal_name, rank_info
 from trainledger.journal.errors import JournalClosed, UsageError
-from trainledger.journal.keys import default_key
+from trainledger.journal.keys import default_key, publish_key
 
 from trainledger.training.checkpoints.state import (
     CheckpointSaved,
@@ -149,22 +149,18 @@ class Recorder:
         self.run.mkdir(parents=True, exist_ok=True)
         #: under torchrun, this process's place (rank, world size, the run identity every rank shares); else None
         self.rank_info = _rank_info(self.run)
-        if key is None and signer is None:
+        by_default = key is None and signer is None
+        if by_default:
             if self.rank_info is not None and self.rank_info.world_size > 1:
                 # each node would make its own: the ranks of one run would not share a key
                 raise UsageError("Recorder under torchrun needs the run's signing key: key='path/to/trainledger.key' "
                                  "(or a pkcs11: URI, or signer=)")
             key = default_key()
             _say_key(key)
-            self.signer = run_key_for_rank(key, signer, info=self.rank_info, rank_keys=rank_keys,
-                                           continue_from=continue_from)
-            # the public key beside the journal, as the main job and the W&B calls leave it: what a reviewer needs
-            from trainledger.journal.paths import write_atomically
-
-            write_atomically(self.run / "trainledger.pub", (self.signer.public.line() + "\n").encode())
-        else:
-            self.signer = run_key_for_rank(key, signer, info=self.rank_info, rank_keys=rank_keys,
-                                           continue_from=continue_from)
+        self.signer = run_key_for_rank(key, signer, info=self.rank_info, rank_keys=rank_keys,
+                                       continue_from=continue_from)
+        if by_default:  # the public key beside the journal, as the main job and the W&B calls leave it
+            publish_key(self.run, self.signer.public)
         self.model, self.optimizer, self.scheduler, self.scaler, self.data = model, optimizer, scheduler, scaler, data
         self.keep_last = keep_last
         #: an ECDSA P-256 release key (trainledger keygen --release): close() releases the last recorded export

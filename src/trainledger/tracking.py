@@ -31,6 +31,8 @@ from typing import Any
 # the journal's writer first: its exit handler (seal what is open) is registered before this module's (finish the
 # run), so that ours runs first (atexit runs the last registered first)
 from trainledger.journal import writer as _writer  # noqa: F401
+# what each logged row becomes, imported here rather than in the call: log() runs between two training steps
+from trainledger.training.kinds import MetricsLogged, metric_values
 
 __all__ = ["init", "log", "finish", "define_metric", "watch", "login", "save", "Settings", "Run", "Config",
            "Summary", "SummaryWriter"]
@@ -39,8 +41,6 @@ __all__ = ["init", "log", "finish", "define_metric", "watch", "login", "save", "
 #: ``trainledger`` in the working folder would be imported instead of the package by a script run from it, where the
 #: package is installed in editable mode: a hyphen is never a module name)
 ROOT = "trainledger-runs"
-#: The name of the key used when none is given, in :func:`trainledger.journal.keys.key_home`
-DEFAULT_KEY = "default"
 
 _said: set[str] = set()
 _lock = threading.Lock()
@@ -181,24 +181,8 @@ class Summary:
         return repr(self._merged())
 
 
-#: ``trainledger.training.kinds.metric_values``, imported on first use (``import trainledger`` stays light)
-metric_values: Any = None
-
-
-def _metrics_logged(**fields: Any) -> Any:
-    """A ``metrics_logged`` event (its class imported once, on first use)."""
-    global _metrics_logged
-    from trainledger.training.kinds import MetricsLogged
-
-    _metrics_logged = MetricsLogged
-    return MetricsLogged(**fields)
-
-
 def _numbers(row: Mapping[str, Any], what: str) -> dict[str, float]:
     """``metric_values`` of ``row``; a value that is not a number is left out, its name said once on stderr."""
-    global metric_values
-    if metric_values is None:
-        from trainledger.training.kinds import metric_values
     try:
         return metric_values(row)
     except ValueError:  # one value is not a number: the others are recorded
@@ -255,10 +239,7 @@ class Run:
             # runs between a training step and the next, with the caches cold
             numbers = _numbers(data, "value")
             with self._lock:
-                if numbers:
-                    self.journal.append_deferred(_metrics_logged(step=self._step, metrics=numbers,
-                                                                 source=self._source))
-                    self.summary._auto.update(numbers)
+                self._record(numbers)
                 self._step += 1
             return
         with self._lock:
@@ -282,9 +263,13 @@ class Run:
         row, self._row = self._row, {}
         if not row:
             return
-        numbers = _numbers(row, "value")
+        self._record(_numbers(row, "value"))
+
+    def _record(self, numbers: dict[str, float]) -> None:
+        """A row's numbers at the current step: one ``metrics_logged``, queued (never waiting for the disk or a
+        signature), and the summary after it."""
         if numbers:
-            self.journal.append_deferred(_metrics_logged(step=self._step, metrics=numbers, source=self._source))
+            self.journal.append_deferred(MetricsLogged(step=self._step, metrics=numbers, source=self._source))
             if self._metric_rules:
                 self.summary._auto.update(self._summarised(numbers))
             else:  # every metric's summary is its last value
@@ -350,8 +335,6 @@ class Run:
         with self._lock:
             self._commit()
             if self.summary._set:
-                from trainledger.training.kinds import MetricsLogged
-
                 numbers = _numbers(self.summary._set, "summary")
                 if numbers:
                     self.journal.append(MetricsLogged(step=max(0, self._step - 1), metrics=numbers,
@@ -458,8 +441,7 @@ def _open_journal(path: Path, key: str | os.PathLike | None, meta: dict[str, Any
     it. Returns the journal and whether it was continued. A finished run is never reopened (:class:`UsageError`)."""
     from trainledger.journal import Journal
     from trainledger.journal.errors import JournalClosed, UsageError
-    from trainledger.journal.keys import default_key, load_signer
-    from trainledger.journal.paths import write_atomically
+    from trainledger.journal.keys import default_key, load_signer, publish_key
 
     if key is None:
         priv = default_key()
@@ -476,7 +458,7 @@ def _open_journal(path: Path, key: str | os.PathLike | None, meta: dict[str, Any
             journal = Journal.create(journal_path, signer=signer, meta=meta)
     except JournalClosed:
         raise UsageError(f"{who}: the run in {path} has finished; give the new run another name") from None
-    write_atomically(path / "trainledger.pub", (signer.public.line() + "\n").encode())
+    publish_key(path, signer.public)
     return journal, resumed
 
 
