@@ -150,6 +150,13 @@ def make_app(board: Board | Fleet, *, token: str | None, follow: bool = True) ->
             raise UsageError(f"{name}={v[:40]}: not a finite number")
         return f
 
+    def _runs(request: Request) -> list[str | None]:
+        """The runs a request names (``run=A&run=B...``; none: the first), at most :data:`MAX_RUNS`."""
+        names: list[str | None] = list(request.query_params.getlist("run")) or [None]
+        if len(names) > MAX_RUNS:
+            raise UsageError(f"{len(names)} runs asked for: at most {MAX_RUNS}")
+        return names
+
     def _rank(request: Request) -> int | None:
         return _int(request, "rank")
 
@@ -179,9 +186,7 @@ def make_app(board: Board | Fleet, *, token: str | None, follow: bool = True) ->
     def logged(request: Request) -> dict[str, Any]:
         """The names of the metrics logged in the runs asked for (``run=A&run=B...``; none: the first), each with
         its points in all of them together."""
-        names = request.query_params.getlist("run") or [None]
-        if len(names) > MAX_RUNS:
-            raise UsageError(f"{len(names)} runs asked for: at most {MAX_RUNS}")
+        names = _runs(request)
         points: dict[str, int] = {}
         left_out = 0
         for name in names:
@@ -193,9 +198,7 @@ def make_app(board: Board | Fleet, *, token: str | None, follow: bool = True) ->
 
     def curves(request: Request) -> dict[str, Any]:
         """One curve of several runs at once (``run=A&run=B...``; none: the first run): what the page overlays."""
-        names = request.query_params.getlist("run") or [None]
-        if len(names) > MAX_RUNS:
-            raise UsageError(f"{len(names)} runs asked for: at most {MAX_RUNS}")
+        names = _runs(request)
         metric, width, lo, hi, x, logged = _curve(request)
         out = []
         for name in names:

@@ -235,5 +235,4 @@ def _row(name: str, b: Board) -> dict[str, Any]:
             "status": "closed" if closed else "live", "final_loss": final,
             "best_loss": best, "unsigned": sum(len(j.pending) for j in js),
             "settings": {"ranks": len(js) if b.is_run_dir else None, "flops_per_token": fpt, "peak_flops": peak,
-                         "seq_len": seq_len, **{f"config.{k}": v for k, v in config.items()}},
-            "config": config}
+                         "seq_len": seq_len, **{f"config.{k}": v for k, v in config.items()}}}
