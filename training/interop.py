@@ -439,7 +439,7 @@ def _json_value(text: str) -> Any:
 
     try:
         return json.loads(text) if len(text) <= 1 << 20 else text[:200]
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested past the decoder's stack: the text, not a number
         return text[:200]
 
 

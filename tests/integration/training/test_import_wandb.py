@@ -119,3 +119,7 @@ def test_what_the_import_cannot_keep_is_named(tmp_path, capsys):
     assert "no .wandb file in it" in capsys.readouterr().err
     assert main(["import", "wandb", str(run), str(tmp_path / "a"), "--key", str(priv)]) == 2
     assert "already exists" in capsys.readouterr().err
+    # a value nested past the JSON decoder's stack is text, not a number (never a RecursionError's traceback)
+    from trainledger.training.interop import _json_value
+
+    assert _json_value("[" * 100_000 + "]" * 100_000) == "[" * 200
