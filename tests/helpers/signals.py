@@ -34,8 +34,14 @@ def interrupted(argv: list[str], delay: float, timeout: float = 60.0) -> tuple[i
     assert ready.wait(timeout), "the command never finished importing trainledger"
     time.sleep(delay)
     proc.send_signal(signal.SIGINT)
+    try:  # bounded: a Ctrl-C the command lost must fail this test, never hang the suite
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise AssertionError(f"{argv[0]}: still running {timeout:.0f} s after Ctrl-C (sent {delay} s after the "
+                             "package's import): the interrupt was lost") from None
     out = proc.stdout.read()
-    proc.wait(timeout)
     t.join(timeout)
     proc.stdout.close()
     proc.stderr.close()
