@@ -25,7 +25,8 @@ import secrets
 import threading
 import time
 import weakref
-from collections.abc import Mapping
+from collections import deque
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +96,10 @@ def _encode_new(event: Event) -> bytes:
 
 _now = time.time_ns
 
+#: in a list an :meth:`Journal.append_later` build returns: seal and fsync the lines before it (a compute threshold's
+#: receipt, on disk at once)
+DURABLE = object()
+
 
 class Fault(enum.Enum):
     """Why a journal takes no append now (``Journal.fault``); its one-line message is kept beside it. A write or
@@ -150,7 +155,7 @@ class Journal:
     _ticker: Ticker | None
     _kick: threading.Event
     _lock: threading.Lock
-    _pending: list[tuple[Event, int]]
+    _pending: deque[tuple[Any, int]]
     _last: tuple[int, Event] | None
     _closed: bool
     _stopped: bool
@@ -192,7 +197,9 @@ class Journal:
         #: no tree). Lines join it a batch at a time, when the buffer is flushed or sealed (off the append path).
         self._chain = ChainBuffer(seq, prev, tree)
         self._last = None  # (seq after it, event) of the last append()
-        self._pending = []  # deferred appends, encoded and chained by the next drain
+        #: deferred appends, encoded and chained by the next drain: (event, time) or ((build, arg), time). A deque,
+        #: appended to without the lock (atomic under the GIL) and taken from the left under it
+        self._pending = deque()
         self._lock = threading.Lock()
         self._closed = False  # released: lock dropped, file closed
         self._stopped = False  # no more appends: released, or run_closed already chained by a close() that failed
@@ -432,30 +439,95 @@ class Journal:
 
         For the training loop's hottest call (``TrainingHealthMonitor.observe_step``), and any caller that
         builds its events with the declared types itself: the event and its
-        timestamp are queued in the training thread (well under a microsecond), and encoded, chained and
-        written in order, in batches, by whatever touches the journal next: the background thread within
-        ``flush_interval_s``, any other append, seal, flush, suspend or close. Batches run with warm caches,
-        which is where the time goes inside a real loop. Nothing is validated here: a caller that is not
+        timestamp are queued in the training thread (well under a microsecond, without taking the journal's lock),
+        and encoded, chained and written in order, in batches, by whatever touches the journal next: the background
+        thread within ``flush_interval_s``, any other append, seal, flush, suspend or close. Batches run with warm
+        caches, which is where the time goes inside a real loop. Nothing is validated here: a caller that is not
         sure of its types uses :meth:`append`. The crash model is the buffer's: at most a flush interval.
         """
-        ts = _now()
+        if self._stopped or self._fault is not None or len(self._chain.buf) >= _MAX_BUFFER:
+            self._refused()
+        pending = self._pending
+        pending.append((event, _now()))
+        if len(pending) >= self._sealer.seal_every or self._stopped:
+            self._drain_or_refuse()
+
+    def append_later(self, build: Callable[[Any], Any], arg: Any) -> None:
+        """Queue ``build(arg)`` to be appended at the time of this call, as :meth:`append_deferred` queues an event:
+        the event is made by the next drain (on the background thread or the next call that touches the journal),
+        in order with every other deferred append. ``build`` returns an event whose fields have their declared
+        types, a list of them (where :data:`DURABLE` seals and fsyncs what came before it), or None for nothing; it
+        must not raise (it runs where nobody can catch it: a build that raises writes nothing) and must not touch
+        the journal. For a logging call whose event costs more to make than to queue (``wandb.log``'s row, the
+        monitor's fold of a step)."""
+        if self._stopped or self._fault is not None or len(self._chain.buf) >= _MAX_BUFFER:
+            self._refused()
+        pending = self._pending
+        pending.append(((build, arg), _now()))
+        if len(pending) >= self._sealer.seal_every or self._stopped:
+            self._drain_or_refuse()
+
+    def drain(self) -> None:
+        """Encode and chain every deferred append now (what :meth:`flush` does before writing)."""
+        with self._lock:
+            if self._pending and not self._stopped:
+                self._drain_locked()
+
+    def _chain_built_locked(self, ev: Any, ts: int) -> None:
+        """One line of a build's list (:meth:`append_later`), or :data:`DURABLE`: a durable seal of what came before
+        it (a failure is recorded and raised by the next call, as a drain's own seals are)."""
+        sealer = self._sealer
+        try:
+            if ev is DURABLE:
+                self._seal_locked(durable=True)
+                return
+            self._chain.add(codec.encode_trusted(ev), ts)
+            sealer.since_seal += 1
+            if sealer.since_seal >= sealer.seal_every:
+                self._seal_locked(durable=False)
+        except JournalIOError:
+            pass  # recorded; the buffer is retried and the next call raises it
+
+    def _refused(self) -> None:
         with self._lock:
             if self._stopped or self._fault is not None or len(self._chain.buf) >= _MAX_BUFFER:
                 self._refuse_locked()
-            pending = self._pending
-            pending.append((event, ts))
-            if len(pending) >= self._sealer.seal_every:
-                self._drain_locked()
+
+    def _drain_or_refuse(self) -> None:
+        """A full queue drained; or, when the journal stopped while this call queued its event (a close on another
+        thread), what no drain will take now is dropped and refused, never left behind silently."""
+        with self._lock:
+            if self._stopped:
+                if self._pending:
+                    self._pending.clear()
+                    self._refuse_locked()
+                return
+            self._drain_locked()
 
     def _drain_locked(self) -> None:
-        """Encode, chain and buffer every deferred event, in order, sealing every ``seal_every`` as append does."""
-        pending, self._pending = self._pending, []
+        """Encode, chain and buffer every deferred append, in order, sealing every ``seal_every`` as append does."""
+        queue = self._pending
+        popleft = queue.popleft
+        pending = [popleft() for _ in range(len(queue))]  # what is queued now; later appends wait for the next drain
         encode = codec.encode_trusted
         chain, sealer = self._chain, self._sealer
         buf, seal_every = chain.buf, sealer.seal_every
         # ChainBuffer.add inlined over the batch, its state in locals (written back before a seal reads it)
         seq, prev, hx, since = chain.seq, chain.prev, chain.head_hex, sealer.since_seal
         for ev, ts in pending:
+            if type(ev) is tuple:  # append_later: made now
+                try:
+                    ev = ev[0](ev[1])
+                except Exception:  # a broken build (its contract is not to raise) costs its own lines only
+                    ev = None
+                if ev is None:
+                    continue
+                if type(ev) is list:  # several lines, in order, each with the call's time
+                    chain.seq, chain.prev, chain.head_hex, sealer.since_seal = seq, prev, hx, since
+                    for x in ev:
+                        self._chain_built_locked(x, ts)
+                    seq, prev, hx, since = chain.seq, chain.prev, chain.head_hex, sealer.since_seal
+                    continue
             prev, hx = _chain(buf, encode(ev), prev, seq, ts)  # with the time it was appended, not written
             seq += 1
             since += 1

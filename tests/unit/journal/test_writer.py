@@ -296,3 +296,65 @@ def test_deferred_appends_reach_the_os_within_the_flush_interval(tmp_path, signe
         time.sleep(0.02)
     assert b'"step":0' in p.read_bytes()  # written by the background thread, nobody else touched the journal
     j.close()
+
+
+def test_append_later_makes_its_event_at_the_drain_in_order_with_the_call_time(tmp_path, signer, pubkey):
+    """append_later: the event is made by the drain (not at the call), lands in call order between deferred and
+    ordinary appends, with the time of the call; a build that gives None writes nothing, one that raises costs
+    its own line only."""
+    import math
+
+    p = tmp_path / "j.jsonl"
+    made = []
+
+    def build(i):
+        made.append(i)
+        if i == 5:
+            return None
+        if i == 7:
+            raise RuntimeError("broken build")
+        return step(i, loss=math.inf if i == 2 else 1.0)
+
+    with Journal.create(p, signer=signer, seal_every=1000, background=False) as j:
+        for i in range(10):
+            if i == 3:
+                j.append(step(i))
+            elif i % 2:
+                j.append_later(build, i)
+            else:
+                j.append_deferred(step(i))
+            if i == 1:
+                t_call = time.time_ns()
+                time.sleep(0.02)  # the drain comes later: the line keeps its call's time
+        assert made == [1]  # the ordinary append at 3 drained the queue; nothing else is made until a drain
+        j.drain()
+        assert made == [1, 5, 7, 9]
+    lines = [x for x in map(parse, read_lines(p)) if x.get("kind") == "step_observed"]
+    assert [x["step"] for x in lines] == [0, 1, 2, 3, 4, 6, 8, 9]
+    assert lines[1]["ts"] <= t_call < lines[2]["ts"] - 10_000_000
+    assert verify(p, keys=[pubkey], require_closed=True).ok
+
+
+def test_a_deferred_append_that_races_a_close_is_refused_never_lost(tmp_path, signer, pubkey, monkeypatch):
+    """The deferred queue takes no lock: a close on another thread may come between an append's check and its
+    queueing. That interleaving is forced here (the close runs inside the append's clock read): the append raises
+    JournalClosed; it is never left in a queue no drain will take."""
+    from trainledger.journal import writer
+
+    p = tmp_path / "j.jsonl"
+    j = Journal.create(p, signer=signer, background=False)
+    j.append_deferred(step(0))
+    real_now, closing = writer._now, []
+
+    def now():
+        if not closing:
+            closing.append(1)
+            j.close()  # what another thread's close does between the check and the append
+        return real_now()
+
+    monkeypatch.setattr(writer, "_now", now)
+    with pytest.raises(JournalClosed):
+        j.append_deferred(step(1))
+    monkeypatch.setattr(writer, "_now", real_now)
+    assert [e.step for e in read_events(p) if type(e).__struct_config__.tag == "step_observed"] == [0]
+    assert verify(p, keys=[pubkey], require_closed=True).ok and not j._pending
