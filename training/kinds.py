@@ -518,6 +518,18 @@ def config_values(values: Any, *, what: str = "config") -> dict[str, Any]:
 MAX_METRIC_NAME = 1024
 
 
+#: the value types a queued row may hold by reference (immutable, numbers): a row of only these, with valid names,
+#: is queued as it is and made into its event by the journal's drain (:func:`logged_row`)
+PLAIN_NUMBERS = frozenset((float, int, bool))
+
+
+def logged_row(item: tuple[dict[str, Any], int, str]) -> MetricsLogged:
+    """``(row, step, source)`` of plain numbers (names checked by the caller) as its ``metrics_logged``: what a
+    logging call queues with ``Journal.append_later``, made at the drain."""
+    row, step, source = item
+    return MetricsLogged(step=step, metrics={k: float(v) for k, v in row.items()}, source=source)
+
+
 def metric_values(values: Any, *, what: str = "metrics") -> dict[str, float]:
     """The scalars of a logging call as ``metrics_logged`` records them: every value a real number as a float
     (ints, bools as 0/1, NaN and the infinities kept; a NumPy scalar or a one-element tensor by its ``item()``), a

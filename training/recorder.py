@@ -56,6 +56,7 @@ from trainledger.training.checkpoints.state import (
     signed_history,
 )
 from trainledger.training.health.monitor import TrainingHealthMonitor
+from trainledger.training.kinds import MAX_METRIC_NAME, PLAIN_NUMBERS, logged_row
 from trainledger.training.integrations.hooks import StepBuffer, check_folder, learn_run_key, open_run_journal, \
     record_checkpoint, run_key_for_rank, signer_from
 
@@ -344,6 +345,15 @@ class Recorder:
         not a number (a string, a list, an image) raises :class:`UsageError` naming it. Queued like a step: it never
         waits for the disk or a signature (the journal's flush interval bounds what a crash loses). With ``batch``,
         a ``metrics_logged`` may come before the lines of steps still queued: each names its step."""
+        if type(metrics) is dict:  # a row of plain numbers with good names: queued as it is, made at the drain
+            for k, v in metrics.items():
+                if type(v) not in PLAIN_NUMBERS or type(k) is not str or not 0 < len(k) <= MAX_METRIC_NAME:
+                    break
+            else:
+                at = self._step if step is None else step
+                if type(at) is int and at >= 0:
+                    self.journal.append_later(logged_row, (metrics.copy(), at, "log"))
+                    return
         from trainledger.training.kinds import MetricsLogged, metric_values
 
         try:

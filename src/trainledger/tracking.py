@@ -32,7 +32,7 @@ from typing import Any
 # run), so that ours runs first (atexit runs the last registered first)
 from trainledger.journal import writer as _writer  # noqa: F401
 # what each logged row becomes, imported here rather than in the call: log() runs between two training steps
-from trainledger.training.kinds import MetricsLogged, metric_values
+from trainledger.training.kinds import PLAIN_NUMBERS, MetricsLogged, metric_values
 
 __all__ = ["init", "log", "finish", "define_metric", "watch", "login", "save", "Settings", "Run", "Config",
            "Summary", "SummaryWriter"]
@@ -136,18 +136,25 @@ class Config:
         return repr(self._values)
 
 
+def _nothing(build: Any, arg: Any) -> None:
+    return None
+
+
 class Summary:
     """``run.summary``: the last value of every logged metric (or its min/max/mean where ``define_metric`` asked),
     and values set by hand, which ``finish`` records (``metrics_logged``, source ``summary``)."""
 
-    def __init__(self) -> None:
-        object.__setattr__(self, "_auto", {})
+    def __init__(self, sync: Any = None) -> None:
+        object.__setattr__(self, "_auto", {})  # made by the journal's drain, in order: sync() before reading it
         object.__setattr__(self, "_set", {})
+        object.__setattr__(self, "_sync", sync)
 
     def update(self, d: Mapping[str, Any]) -> None:
         self._set.update(d)
 
     def _merged(self) -> dict[str, Any]:
+        if self._sync is not None:  # the rows still queued made into values first
+            self._sync()
         return {**self._auto, **self._set}
 
     def get(self, key: str, default: Any = None) -> Any:
@@ -213,7 +220,9 @@ class Run:
         self._metric_rules: dict[str, dict[str, Any]] = {}
         self._summary_n: dict[str, int] = {}  # values seen of each metric summarised by its mean
         self.config = Config(self, config)
-        self.summary = Summary()
+        #: queues a row for the journal's next drain (Journal.append_later); nothing for a disabled run
+        self._later = journal.append_later if journal is not None else _nothing
+        self.summary = Summary(journal.drain if journal is not None else None)
         self._finished = False
         self._lock = threading.Lock()
 
@@ -233,15 +242,19 @@ class Run:
         name: trainledger records scalars."""
         if self._finished:
             raise RuntimeError(f"this run ({self.name}) has finished: init() another")
-        if step is None and commit is None and not self._row and not self._metric_rules and type(data) is dict \
-                and self.journal is not None:
-            # the call of nearly every loop, log(row): one row, recorded now, at the next step; kept short, since it
-            # runs between a training step and the next, with the caches cold
-            numbers = _numbers(data, "value")
-            with self._lock:
-                self._record(numbers)
-                self._step += 1
-            return
+        if step is None and commit is None and type(data) is dict and not self._row:
+            # the call of nearly every loop, log(row): a row of plain numbers (immutable: taken by reference) queued
+            # at the next step, made into its event (and its summary values) by the journal's next drain; kept
+            # short, since it runs between a training step and the next, with the caches cold. A tensor or a nested
+            # dict is read now, below (the caller may change it in place afterwards)
+            for v in data.values():
+                if type(v) not in PLAIN_NUMBERS:
+                    break
+            else:
+                s = self._step
+                self._step = s + 1
+                self._later(self._build, (data.copy(), s))
+                return
         with self._lock:
             if step is not None:
                 if type(step) is not int or step < 0:
@@ -261,19 +274,26 @@ class Run:
     def _commit(self) -> None:
         """Record the current row at the current step (nothing when it is empty)."""
         row, self._row = self._row, {}
-        if not row:
-            return
-        self._record(_numbers(row, "value"))
+        if row:
+            self._record(_numbers(row, "value"))  # read now: a tensor may change in place afterwards
 
-    def _record(self, numbers: dict[str, float]) -> None:
-        """A row's numbers at the current step: one ``metrics_logged``, queued (never waiting for the disk or a
-        signature), and the summary after it."""
-        if numbers:
-            self.journal.append_deferred(MetricsLogged(step=self._step, metrics=numbers, source=self._source))
-            if self._metric_rules:
-                self.summary._auto.update(self._summarised(numbers))
-            else:  # every metric's summary is its last value
-                self.summary._auto.update(numbers)
+    def _record(self, row: dict[str, Any]) -> None:
+        """A row of plain numbers at the current step: one ``metrics_logged``, queued (never waiting for the disk or
+        a signature)."""
+        self._later(self._build, (row, self._step))
+
+    def _build(self, item: tuple[dict[str, Any], int]) -> MetricsLogged | None:
+        """A queued row's event, made by the journal's drain (in order, under its lock): its numbers (a value that
+        is not a number left out, said once) and the summary after it. None for a row with no number."""
+        row, step = item
+        numbers = _numbers(row, "value")
+        if not numbers:
+            return None
+        if self._metric_rules:
+            self.summary._auto.update(self._summarised(numbers))
+        else:  # every metric's summary is its last value
+            self.summary._auto.update(numbers)
+        return MetricsLogged(step=step, metrics=numbers, source=self._source)
 
     def _summarised(self, numbers: dict[str, float]) -> dict[str, float]:
         """The summary's values after this row: the last value, or min/max/mean/best where ``define_metric`` asked
@@ -513,6 +533,15 @@ def log(data: Mapping[str, Any], step: int | None = None, commit: bool | None = 
     run = current
     if run is None:
         raise RuntimeError("log: call trainledger.init() first")
+    if step is None and commit is None and type(data) is dict and not run._row and not run._finished:
+        for v in data.values():  # Run.log's own first lines, one call fewer (this runs with the caches cold)
+            if type(v) not in PLAIN_NUMBERS:
+                break
+        else:
+            s = run._step
+            run._step = s + 1
+            run._later(run._build, (data.copy(), s))
+            return
     run.log(data, step, commit)
 
 

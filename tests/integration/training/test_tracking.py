@@ -161,3 +161,30 @@ def test_a_tensorboard_summarywriter_script_runs_unchanged(tmp_path, monkeypatch
     hp = con.execute("SELECT config FROM config_logged WHERE source = 'hparams'").fetchone()[0]
     assert json.loads(hp) == {"lr": 0.1, "optimizer": "sgd"}
     assert con.execute("SELECT count(*) FROM events WHERE kind = 'tail_repaired'").fetchone()[0] <= 1
+
+
+def test_log_queues_plain_rows_and_reads_a_tensor_at_the_call(tmp_path, monkeypatch):
+    """log(row) queues a row of plain numbers for the journal's drain (its event is made there); a tensor (or a
+    nested dict) is read at the call, so changing it in place afterwards changes nothing recorded; the summary
+    sees queued rows at once; rows from the queued and the other paths keep the steps' order."""
+    import torch
+
+    import trainledger as wandb
+    from trainledger.journal import load_public_key
+    from trainledger.journal.views.query import connect
+
+    monkeypatch.setenv("TRAINLEDGER_KEY_DIR", str(tmp_path / "keys"))
+    run = wandb.init(project="p", name="queued", dir=str(tmp_path))
+    acc = torch.zeros(())
+    wandb.log({"loss": 2.0, "epoch": 0})  # step 0: queued
+    acc += 0.5
+    wandb.log({"acc": acc})  # step 1: a tensor, read now
+    acc.zero_()
+    wandb.log({"lr": 0.1}, commit=False)  # step 2 by the row path
+    wandb.log({"loss": 1.0})
+    assert run.summary["loss"] == 1.0 and run.summary["acc"] == 0.5 and run.summary["epoch"] == 0
+    wandb.finish()
+    key = load_public_key(run.path / "trainledger.pub")
+    con = connect([run.path / "journal.jsonl"], keys=[key])
+    rows = con.execute("SELECT step, name, value FROM metrics ORDER BY seq, name").fetchall()
+    assert rows == [(0, "epoch", 0.0), (0, "loss", 2.0), (1, "acc", 0.5), (2, "loss", 1.0), (2, "lr", 0.1)]
