@@ -146,6 +146,10 @@ class Recorder:
         #: (:meth:`hand_over`), with warm caches, instead of one step at a time after each training step has cooled
         #: them; every other method hands the queue over first, so the journal's order is the steps' own
         self._queue = StepBuffer(batch, max_wait_s=0.2) if batch is not None and batch > 1 else None
+        #: no batch (the default): step() queues its step with the journal, whose next drain (the background
+        #: thread within the flush interval, or any other call that touches the journal) folds it in order;
+        #: batch=1: the monitor folds each step inside step(), which returns that step's own anomalies
+        self._queued = batch is None
         self.run = Path(run_dir)
         self.run.mkdir(parents=True, exist_ok=True)
         #: under torchrun, this process's place (rank, world size, the run identity every rank shares); else None
@@ -206,6 +210,9 @@ class Recorder:
             self._learn_run_key()
             self.monitor = TrainingHealthMonitor(journal=self.journal, flop_config=flop_config,
                                                  peak_flops_per_sec=peak_flops_per_sec, **self._monitor_options)
+        #: the default step's path, looked up once: the journal's queue, the monitor's fold and what it found
+        self._later, self._fold = self.journal.append_later, self.monitor.fold_queued
+        self._found = self.monitor.found_queued
         self._t = time.perf_counter()
 
     def _learn_run_key(self) -> None:
@@ -312,7 +319,11 @@ class Recorder:
     def step(self, step: int, loss: float, *, grad_norm: float | None = None, lr: float | None = None,
              tokens: int | None = None, batch_size: int | None = None, step_time_s: float | None = None,
              batch_fingerprint: Any = None) -> list[Any]:
-        """Record one optimizer step (a Python float loss; ``loss.item()``); returns its anomalies. The step time
+        """Record one optimizer step (a Python float loss; ``loss.item()``); returns the anomalies found since the
+        previous call (each names its step). By default the step is queued with the journal and folded by the
+        monitor at the journal's next drain, in order (on its background thread within the flush interval, or at
+        the Recorder's next other call), so a step's own anomalies come with a later call; ``Recorder(batch=1)``
+        folds each step inside this call and returns its own anomalies. The step time
         defaults to the wall time since the previous call (or since the recorder was made). ``tokens`` (per step)
         gives tokens/s and, with ``flop_config`` and ``peak_flops_per_sec``, MFU. ``batch_fingerprint``
         (``batch_fingerprint(x, y)`` from ``trainledger.training``, a tensor or its float): a step run again after
@@ -321,8 +332,27 @@ class Recorder:
         dt = now - self._t if step_time_s is None else step_time_s
         self._t = now
         self._step = step
+        if self._queued:
+            if type(step) is int and type(loss) is float and type(dt) is float \
+                    and (grad_norm is None or type(grad_norm) is float) and (lr is None or type(lr) is float) \
+                    and (tokens is None or type(tokens) is int) and (batch_size is None or type(batch_size) is int) \
+                    and batch_fingerprint is None:
+                # the default: the step queued with the journal, folded by its next drain (in order, warm, off this
+                # call); returned are the anomalies the folds found since the previous call
+                self._later(self._fold, (step, loss, grad_norm, lr, dt, batch_size, tokens))
+                found = self._found
+                if found:
+                    n = len(found)
+                    out = found[:n]
+                    del found[:n]  # (a drain on the journal's thread may append meanwhile: kept for the next call)
+                    return out
+                return []
+            before = self.hand_over()  # a step not queued: the queued ones are folded first
+            found = self.monitor.observe_step(step, loss, grad_norm=grad_norm, step_time_s=dt, batch_size=batch_size,
+                                              tokens=tokens, lr=lr, batch_fingerprint=batch_fingerprint)
+            return before + found if before else found
         q = self._queue
-        if q is None:
+        if q is None:  # batch=1
             return self.monitor.observe_step(step, loss, grad_norm=grad_norm, step_time_s=dt, batch_size=batch_size,
                                              tokens=tokens, lr=lr, batch_fingerprint=batch_fingerprint)
         if q.add(step, loss, grad_norm, {"step_time_s": dt, "batch_size": batch_size, "tokens": tokens, "lr": lr,
@@ -331,11 +361,27 @@ class Recorder:
         return []
 
     def hand_over(self) -> list[Any]:
-        """With ``batch``: hand the queued steps to the monitor now, in order; returns their anomalies (each names
-        its step). Every other method of the Recorder does this first; call it before appending events of your own
-        to ``rec.journal``, so that they follow the steps before them. Without ``batch``: nothing queued, []."""
+        """Hand the queued steps to the monitor now, in order; returns the anomalies found since the previous call
+        (each names its step). Call it before reading ``rec.monitor`` yourself. With ``batch=1``: nothing queued,
+        []."""
+        self._settle()
+        found = self.monitor.found_queued
+        n = len(found)
+        out = found[:n]
+        del found[:n]
+        return out
+
+    def _settle(self) -> None:
+        """Fold the queued steps (every other method does this first, so the journal's order is the steps' own);
+        their anomalies wait for the next :meth:`step` or :meth:`hand_over` to return them."""
+        if self._queued:
+            j = self.journal
+            if j._pending:
+                j.drain()
+            return
         q = self._queue
-        return q.hand_over(self.monitor) if q is not None and q.pending else []
+        if q is not None and q.pending:
+            self.monitor.found_queued += q.hand_over(self.monitor)
 
     def log(self, metrics: Mapping[str, Any], *, step: int | None = None) -> None:
         """Record any scalars, as ``wandb.log`` or ``add_scalar`` would log them: accuracy, an eval loss, the learning
@@ -378,7 +424,7 @@ class Recorder:
         from trainledger.training.experiment.loop import write_eval_cases
         from trainledger.training.kinds import EvaluationRecorded, metric_values
 
-        self.hand_over()
+        self._settle()
         if not isinstance(name, str) or not name:
             raise UsageError(f"evaluate: name must be a non-empty string, got {name!r}"[:200])
         if role not in ("target", "retention", "control"):
@@ -416,7 +462,7 @@ class Recorder:
 
         A checkpoint path the journal already recorded, whose file is still there (a run that re-saves right
         after resuming), is written beside it (``step-000000099-1.pt``), never over bytes a record names."""
-        self.hand_over()
+        self._settle()
         ev = save_checkpoint(self.run, self.journal, step=step, model=self.model, optimizer=self.optimizer,
                              scheduler=self.scheduler, scaler=self.scaler, sampler=self.data, tokens=tokens,
                              data_state=data_state, extra={"monitor": self.monitor.state()},
@@ -433,7 +479,7 @@ class Recorder:
         """Under torchrun, with the process group initialized: anchor every rank's journal to the others (one small
         collective: call it on every rank at the same point; :meth:`checkpoint` and :meth:`close` do). Returns
         ``{rank: "SEQ:HASH"}``; None in a single process, or before ``init_process_group``."""
-        self.hand_over()
+        self._settle()
         if self.rank_info is None or not _grouped():
             return None
         from trainledger.training.distributed.ranks import anchor_ranks
@@ -449,7 +495,7 @@ class Recorder:
         over at the resume."""
         from trainledger.training.kinds import CheckpointDeleted
 
-        self.hand_over()
+        self._settle()
         p = Path(path)
         if not p.resolve().is_relative_to(self.run.resolve()):
             raise UsageError(f"{p}: a checkpoint outside the run folder {self.run}: save it inside")
@@ -473,7 +519,7 @@ class Recorder:
         (its digest, and the run its provenance names)."""
         from trainledger.journal.statements.release.export import base_of, checkpoint_of, record_export
 
-        self.hand_over()
+        self._settle()
         step = self.monitor.last_step if step is None else step
         lineage = None
         if base_model is not None:
@@ -486,18 +532,18 @@ class Recorder:
     def check_checkpoint(self, path: str | os.PathLike) -> CheckpointSaved:
         """Before loading a checkpoint your own code wrote: check it against its signed record and record the
         verdict (``run_resumed``; or ``resume_rejected`` and :class:`ResumeRejected`). Returns the record."""
-        self.hand_over()
+        self._settle()
         rec = check_folder(self.journal, self.run, Path(path))
         self.monitor.observe_resume(rec.step, checkpoint=rec.path, append=False)
         return rec
 
     def report(self) -> dict[str, Any]:
-        self.hand_over()
+        self._settle()
         return self.monitor.report()
 
     def close(self, status: str = "completed", reason: str | None = None) -> dict[str, Any]:
         """Close the journal (sealed, durable); returns the monitor's report."""
-        self.hand_over()
+        self._settle()
         report = self.monitor.report()
         record_compute(self.journal)
         if self.rank_info is not None and status == "completed":
@@ -524,7 +570,7 @@ class Recorder:
         from trainledger.training.kinds import RunStopped
 
         try:
-            self.hand_over()  # the steps queued before the crash (batch) happened before it
+            self._settle()  # the steps queued before the crash (batch) happened before it
         except Exception:  # noqa: BLE001 - a journal that refuses them refuses the record below too, and says why
             pass
         try:

@@ -20,6 +20,7 @@ from typing import Any
 
 from trainledger.journal import Journal, RunResumed, StepObserved
 from trainledger.journal.reader import fold_events
+from trainledger.journal.writer import DURABLE
 from trainledger.training.health.detectors import (RANGE_DEFAULTS, RESUME_HORIZON, AnomalyDetected, DetectorParams,
                                                    HealthProjection, RunConfigured)
 
@@ -114,6 +115,8 @@ class TrainingHealthMonitor:
         self.journal = journal
         self._proj = HealthProjection(self.config)
         self._compute = None
+        #: the anomalies :meth:`fold_queued` found, until whoever queued the steps takes them
+        self.found_queued: list[AnomalyDetected] = []
         if journal is not None:
             journal.append(self.config)
             self._watch_compute()
@@ -174,6 +177,36 @@ class TrainingHealthMonitor:
             if proj.ended_new:
                 proj.ended_new.clear()
         return found
+
+    def fold_queued(self, item: tuple[int, float, float | None, float | None, float, int | None, int | None]) \
+            -> list[Any]:
+        """A step queued with ``Journal.append_later`` (the Recorder's default): ``(step, loss, grad_norm, lr,
+        step_time_s, batch_size, tokens)``, each already of its type, folded by the journal's drain (in order, with
+        warm caches, off the training thread's call). Returns the lines it adds, as :meth:`observe_step` appends
+        them: the step, a compute threshold's receipt (then sealed durably: ``DURABLE``), its anomalies, the
+        candidates not confirmed and the episodes ended. Its anomalies are also kept in :attr:`found_queued`, for
+        whoever queued the step to take. Never raises (a drain has no caller to raise to)."""
+        step, loss, grad_norm, lr, dt, batch_size, tokens = item
+        ev = StepObserved(step=step, loss=loss, grad_norm=grad_norm, lr=lr, step_time_s=dt, examples=batch_size,
+                          tokens=tokens)
+        out: list[Any] = [ev]
+        proj = self._proj
+        found = proj.apply(ev)
+        c = self._compute
+        if c is not None:
+            c.watch(ev)
+            if len(c.crossed) > self._crossed:  # a compute threshold reached: its receipt at once, on disk
+                out += [x for _, x in c.crossed[self._crossed:]]
+                out.append(DURABLE)
+                self._crossed = len(c.crossed)
+        if found:
+            out += found
+            self.found_queued += found
+        if proj.suspected_new:
+            out += proj.take_suspected()
+        if proj.ended_new:
+            out += proj.take_ended()
+        return out
 
     def observe_resume(self, from_step: int | None, *, reason: str = "checkpoint",
                        checkpoint: str | None = None, append: bool = True) -> None:
@@ -265,6 +298,7 @@ class TrainingHealthMonitor:
         self.config = proj.config
         self.journal = journal
         self._compute = None
+        self.found_queued = []
         if journal is not None:
             self._watch_compute()
         return self

@@ -273,7 +273,7 @@ def test_batched_steps_record_what_one_at_a_time_records_in_the_steps_order(tmp_
             report = rec.report()
         return found, report
 
-    one, r1 = run(tmp_path / "one", None)
+    one, r1 = run(tmp_path / "one", 1)
     many, r8 = run(tmp_path / "many", 8)
     assert [(a.kind, a.step) for a in many] == [(a.kind, a.step) for a in one] and one
     assert {k: v for k, v in r8.items() if "time" not in k} == {k: v for k, v in r1.items() if "time" not in k}
@@ -292,3 +292,43 @@ def test_batched_steps_record_what_one_at_a_time_records_in_the_steps_order(tmp_
         with pytest.raises(Exception, match="batch must be"):
             Recorder(tmp_path / "bad", signer=signer, model=torch.nn.Linear(1, 1),
                      optimizer=torch.optim.SGD(torch.nn.Linear(1, 1).parameters(), lr=0.1), batch=bad)
+
+
+def test_the_default_queues_each_step_with_the_journal_and_records_what_batch_1_records(tmp_path, signer, pubkey):
+    """By default step() queues the step with the journal, whose drain folds it: the journal holds the same lines
+    in the same order as batch=1 (which folds inside the call), a compute threshold's receipt included (sealed
+    durably where it falls), every anomaly is returned by some later call, and replay agrees."""
+    from trainledger.audit import replay
+    from trainledger.training.health.flops import FlopConfig
+
+    shape = FlopConfig(n_params=1000, n_layer=1, n_head=1, head_dim=8, seq_len=8)
+
+    def run(folder, batch):
+        model, opt, _ = _setup()
+        found = []
+        with Recorder(folder, signer=signer, model=model, optimizer=opt, batch=batch, flop_config=shape,
+                      peak_flops_per_sec=1e9, compute_thresholds={"small": 6000 * 64 * 30.5}) as rec:
+            for step in range(40):
+                loss = 1.0 / (step + 1) + (50.0 if step == 25 else 0.0)  # a spike at step 25
+                found += rec.step(step, loss, grad_norm=0.5, lr=1e-3, tokens=64, step_time_s=0.01)
+                if step == 20:
+                    rec.log({"acc": 0.5})
+            found += rec.hand_over()
+            report = rec.report()
+        return found, report
+
+    one, r1 = run(tmp_path / "one", 1)
+    queued, rq = run(tmp_path / "queued", None)
+    assert [(a.kind, a.step) for a in queued] == [(a.kind, a.step) for a in one] and one
+    assert {k: v for k, v in rq.items() if "time" not in k} == {k: v for k, v in r1.items() if "time" not in k}
+
+    def lines(d):
+        p = tmp_path / d / "journal.jsonl"
+        return [(t, getattr(e, "step", None)) for e, t in zip(read_events(p), _tags(p)) if t not in ("seal",)]
+    assert lines("queued") == lines("one")
+    assert ("compute_threshold_crossed", None) in [(t, None) for t, _ in lines("queued")]
+    p = tmp_path / "queued" / "journal.jsonl"
+    tags = _tags(p)
+    crossed = tags.index("compute_threshold_crossed")
+    assert tags[crossed + 1] == "seal"  # the receipt sealed where it fell (durably), as batch=1 does
+    assert replay(p, keys=[pubkey]).ok
