@@ -607,9 +607,39 @@ def main(argv: Sequence[str] | None = None, *, parser: argparse.ArgumentParser |
 _INTERRUPTED: list[bool] = []
 
 
+#: seconds a command has to end once Ctrl-C reached it; past them it is ended from a watchdog thread (journals
+#: suspended first, exit 130): a KeyboardInterrupt that a library swallowed (one raised inside a ``__del__`` or a C
+#: callback is only printed) or that lands in native code that never returns must never leave the command running
+LOST_INTERRUPT_S = 10.0
+
+
 def _on_sigint(signum: int, frame: Any) -> None:
+    first = not _INTERRUPTED
     _INTERRUPTED.append(True)
+    if not first:  # Ctrl-C again: the user insists
+        _end_interrupted()
+    import threading
+
+    watchdog = threading.Timer(LOST_INTERRUPT_S, _end_interrupted)
+    watchdog.daemon = True
+    watchdog.start()
     raise KeyboardInterrupt
+
+
+def _end_interrupted() -> None:
+    """End the process now, exit 130: the journals still open sealed and suspended first (at most 5 s for that,
+    in a thread of its own, since the main thread may hold one of them)."""
+    import threading
+
+    from trainledger.journal.writer import suspend_all
+
+    t = threading.Thread(target=suspend_all, daemon=True)
+    t.start()
+    t.join(5.0)
+    sys.stderr.write("trainledger: interrupted\n")
+    sys.stderr.flush()
+    sys.stdout.flush()
+    os._exit(130)
 
 
 def _interrupted(args: argparse.Namespace) -> int:

@@ -103,3 +103,46 @@ def test_warm_cache_is_used_for_relative_paths(journal_file, pubkey, monkeypatch
 def test_query_connections_do_not_autoinstall_extensions(journal_file, pubkey):
     con = q.connect([journal_file], keys=[pubkey], use_cache=False)
     assert con.execute("SELECT current_setting('autoinstall_known_extensions')").fetchone() == (False,)
+
+
+def test_a_ctrl_c_that_a_library_swallowed_still_ends_the_command(tmp_path):
+    """A KeyboardInterrupt raised where it is only printed (a __del__, a C callback) or swallowed by a library, and
+    a command that then goes on in code that never returns: the interrupt is not lost. A watchdog ends the command
+    LOST_INTERRUPT_S after the Ctrl-C, journals suspended, exit 130, one line, no traceback."""
+    import signal
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent('''
+        import time
+        from trainledger.cli import journal as cli
+        from trainledger.journal import Journal, Signer, StepObserved
+        cli.LOST_INTERRUPT_S = 1.0
+        def main():
+            j = Journal.create(sys.argv[1], signer=Signer.generate(), seal_every=10_000)
+            j.append(StepObserved(step=0, loss=1.0))
+            print("READY", flush=True)
+            try:
+                time.sleep(120)
+            except KeyboardInterrupt:
+                pass  # a library that swallowed it
+            time.sleep(120)  # and went on
+            return 0
+        import sys
+        cli.entry(main)
+    ''')
+    proc = subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "j.jsonl")], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "READY", proc.stderr.read()
+        proc.send_signal(signal.SIGINT)
+        proc.wait(60)
+    finally:
+        proc.kill()
+        out, err = proc.communicate()
+    assert proc.returncode == 130 and err.strip() == "trainledger: interrupted", err
+    from trainledger.journal import verify
+
+    r = verify(tmp_path / "j.jsonl", allow_unsealed=True, trust_embedded=True)
+    assert r.ok and r.unsealed_events == 0 and r.kinds["step_observed"] == 1  # suspended: sealed, durable
