@@ -162,7 +162,11 @@ def make_app(board: Board | Fleet, *, token: str | None, follow: bool = True) ->
 
     def state(request: Request) -> dict[str, Any]:
         s = run_of(request).state()
-        s["runs"] = fleet.runs()
+        # the run table; with runs_since=CURSOR (the page's, from the answer before) only the rows made since
+        rs = fleet.runs_since(_int(request, "runs_since"))
+        s["runs"], s["runs_partial"], s["runs_cursor"] = rs["rows"], rs["partial"], rs["cursor"]
+        if rs["partial"]:
+            s["runs_names"] = rs["names"]
         s["server_error"] = follower.error if follower is not None else None
         s["metrics"] = list(METRICS)
         return s
@@ -179,9 +183,24 @@ def make_app(board: Board | Fleet, *, token: str | None, follow: bool = True) ->
         return (name if name is not None else request.query_params.get("metric", "loss"),
                 _int(request, "width", 1200), num(request, "lo"), num(request, "hi"), x, name is not None)
 
+    def _since(request: Request, n: int) -> list[int | None]:
+        """``since=CURSOR`` once per run asked for (``-1``: none, the whole curve), or none at all."""
+        got = request.query_params.getlist("since")
+        if not got:
+            return [None] * n
+        if len(got) != n:
+            raise UsageError(f"since=: one cursor a run, {n} here, got {len(got)}")
+        out: list[int | None] = []
+        for v in got:
+            c = int(v)
+            if not -1 <= c < (1 << 31):
+                raise UsageError(f"since={v[:40]}: not a cursor")
+            out.append(None if c < 0 else c)
+        return out
+
     def series(request: Request) -> dict[str, Any]:
         metric, width, lo, hi, x, logged = _curve(request)
-        return run_of(request).series(metric, width, lo, hi, x=x, logged=logged)
+        return run_of(request).series(metric, width, lo, hi, x=x, logged=logged, since=_since(request, 1)[0])
 
     def logged(request: Request) -> dict[str, Any]:
         """The names of the metrics logged in the runs asked for (``run=A&run=B...``; none: the first), each with
@@ -197,12 +216,15 @@ def make_app(board: Board | Fleet, *, token: str | None, follow: bool = True) ->
         return {"names": [[k, points[k]] for k in sorted(points)], "left_out": left_out}
 
     def curves(request: Request) -> dict[str, Any]:
-        """One curve of several runs at once (``run=A&run=B...``; none: the first run): what the page overlays."""
+        """One curve of several runs at once (``run=A&run=B...``; none: the first run): what the page overlays.
+        ``since=C1&since=C2...``: each run's cursor from the answer before (-1: none): what is new since, where it is
+        little (Board.series)."""
         names = _runs(request)
         metric, width, lo, hi, x, logged = _curve(request)
+        since = _since(request, len(names))
         out = []
-        for name in names:
-            body = dict(fleet.board(name).series(metric, width, lo, hi, x=x, logged=logged))
+        for name, c in zip(names, since):
+            body = dict(fleet.board(name).series(metric, width, lo, hi, x=x, logged=logged, since=c))
             body["run"] = name
             out.append(body)
         return {"metric": metric, "x_axis": x, "runs": out}

@@ -254,14 +254,17 @@ class Board:
         #: read the anchored rank whole short of it (or it closed short of it)
         self.anchors: list[tuple[int, int, str, int, int, int]] = []
         self.polls = 0
+        #: the last poll that took lines out of the tables (a journal rewritten): a cursor before it is no cursor
+        self.reset_poll = 0
         self._pool: Any = None
 
     def _create(self) -> None:
         self.con.execute("CREATE TABLE steps (rank INTEGER, segment INTEGER, rung VARCHAR, seq BIGINT, step BIGINT, "
-                         "loss DOUBLE, grad_norm DOUBLE, lr DOUBLE, step_time_s DOUBLE, tokens BIGINT, examples BIGINT, ts BIGINT)")
+                         "loss DOUBLE, grad_norm DOUBLE, lr DOUBLE, step_time_s DOUBLE, tokens BIGINT, examples BIGINT, ts BIGINT, "
+                         "poll INTEGER)")  # poll: the poll that read the line (a page's cursor: what is new since)
         # every scalar a logging call reported (Recorder.log, wandb.log, add_scalar, the callbacks): one row a value
         self.con.execute("CREATE TABLE metrics (rank INTEGER, segment INTEGER, rung VARCHAR, seq BIGINT, step BIGINT, "
-                         "name VARCHAR, value DOUBLE)")
+                         "name VARCHAR, value DOUBLE, poll INTEGER)")
         self.con.execute("CREATE TABLE segs (rank INTEGER, segment INTEGER, fpt DOUBLE, peak DOUBLE, seq_len BIGINT)")
         self.con.execute("CREATE TABLE marks (rank INTEGER, seq BIGINT, step BIGINT, kind VARCHAR, label VARCHAR)")
         self.con.execute("CREATE TABLE telemetry (rank INTEGER, seq BIGINT, ts BIGINT, device INTEGER, temp_c DOUBLE, "
@@ -378,6 +381,7 @@ class Board:
 
     def _rewritten(self, j: _Journal) -> None:
         self.notes.append(f"{j.path}: the journal was cut back and rewritten: read again from its first line")
+        self.reset_poll = self.polls  # a page's curve from before holds lines that are gone: drawn whole again
         r = -1 if j.rank is None else j.rank
         for t in _TABLES:
             self.con.execute(f"DELETE FROM {t} WHERE rank = ?", [r])
@@ -429,13 +433,15 @@ class Board:
                     "rung": pa.concat_arrays(rung_cols), "seq": _ints(steps, "seq"), "step": _ints(steps, "step"),
                     "loss": _floats(steps, "loss"), "grad_norm": _floats(steps, "grad_norm"), "lr": _floats(steps, "lr"),
                     "step_time_s": _floats(steps, "step_time_s"), "tokens": _ints(steps, "tokens"),
-                    "examples": _ints(steps, "examples"), "ts": _ints(steps, "ts")}
+                    "examples": _ints(steps, "examples"), "ts": _ints(steps, "ts"),
+                    "poll": pa.repeat(pa.scalar(self.polls, pa.int32()), m)}
             self._insert("steps", pa.table(cols))
         if logged[0]:
             cols = {"rank": pa.repeat(pa.scalar(r, pa.int32()), len(logged[0])),
                     "segment": pa.array(logged[0], pa.int32()), "rung": pa.array(logged[1], pa.string()),
                     "seq": pa.array(logged[2], pa.int64()), "step": pa.array(logged[3], pa.int64()),
-                    "name": pa.array(logged[4], pa.string()), "value": pa.array(logged[5], pa.float64())}
+                    "name": pa.array(logged[4], pa.string()), "value": pa.array(logged[5], pa.float64()),
+                    "poll": pa.repeat(pa.scalar(self.polls, pa.int32()), len(logged[0]))}
             self._insert("metrics", pa.table(cols))
         j.index.append(recs, at)
         if marks:
@@ -601,17 +607,25 @@ class Board:
             return out
 
     def series(self, metric: str, width: int, lo: int | float | None = None, hi: int | float | None = None,
-               x: str = "step", *, logged: bool = False) -> dict[str, Any]:
+               x: str = "step", *, logged: bool = False, since: int | None = None) -> dict[str, Any]:
         """``metric`` by step, per rank, segment and rung, at most two points (the lowest and the highest, in step
         order) per pixel of ``width``; the events past each journal's last seal apart, as they are. ``x``: ``step``,
         ``tokens`` (each rank's tokens so far) or ``time`` (seconds since the run's first step); ``lo`` and ``hi``
         are in its units. ``logged``: ``metric`` is the name of a logged metric (``metrics_logged``), drawn at the
-        steps it was logged at (on another x axis, at that step's value of it)."""
+        steps it was logged at (on another x axis, at that step's value of it).
+
+        Every answer names its ``cursor``. ``since=CURSOR`` (the whole run on the step axis): when fewer points than
+        ``width`` were read after that cursor, only those, as they are (``"append": true``: the page adds them to the
+        curve it has), and the unsigned tail as now; else the whole curve, as without it."""
         if not logged and metric not in METRICS:
             raise UsageError(f"no such curve {metric!r}: one of {', '.join(METRICS)}")
         if x != "step" and x not in X_AXES:
             raise UsageError(f"no such x axis {x!r}: one of step, {', '.join(X_AXES)}")
         key = (metric, max(1, min(int(width), MAX_WIDTH)), lo, hi, x, logged)
+        if since is not None and lo is None and hi is None and x == "step":
+            got = self._since(metric, key[1], since, logged)
+            if got is not None:
+                return got
         with self.lock:
             # a whole run's curve asked for again (another page, a refresh) is the one computed, until new lines are
             # read; a failure empties every curve at once. Only whole runs, at most 16 a board: a zoom is asked for
@@ -625,13 +639,38 @@ class Board:
                     self._curves[key] = got
             return got
 
+    def _since(self, metric: str, width: int, since: int, logged: bool) -> dict[str, Any] | None:
+        """The points read after poll ``since`` as they are, with the unsigned tail; None when there are ``width``
+        or more of them (the whole curve costs no more then), or the cursor is not one this board gave."""
+        with self.lock:
+            if self.fail is not None or not self.reset_poll <= since <= self.polls:
+                return None
+            src, sp = self._source(metric, logged)
+            new = f"SELECT * FROM ({src}) WHERE poll > ? AND v IS NOT NULL AND isfinite(v)"
+            rows = self.con.execute(f"SELECT rank, segment, rung, 0, step, v, seq, step, v, seq FROM ({new}) "
+                                    "ORDER BY rank, segment, step, seq LIMIT ?", [*sp, since, width]).fetchall()
+            if len(rows) >= width:
+                return None
+            return {"metric": metric, "append": True, "cursor": self.polls, "since": since, "width": width,
+                    "series": _grouped(rows), "unsigned": self._unsigned(metric, logged)}
+
+    def _unsigned(self, metric: str, logged: bool) -> list[dict[str, Any]]:
+        """Each journal's points past its last seal (drawn apart)."""
+        unsigned = []
+        for rank, j in sorted(self.journals.items(), key=lambda x: -1 if x[0] is None else x[0]):
+            pts = _unsigned_points(j, metric, logged)
+            if pts:
+                unsigned.append({"rank": rank, "x": [p[0] for p in pts], "y": [p[1] for p in pts],
+                                 "seq": [p[2] for p in pts]})
+        return unsigned
+
     def _source(self, metric: str, logged: bool, x: str = "step") -> tuple[str, list[Any]]:
         """The SQL of a curve's points, (rank, segment, rung, seq, step, v) or with ``x`` not the step (rank,
         segment, rung, seq, xv, v), and its parameters."""
         if x == "step":
             if logged:
-                return "SELECT rank, segment, rung, seq, step, value AS v FROM metrics WHERE name = ?", [metric]
-            return (f"SELECT rank, segment, rung, seq, step, {METRICS[metric]} AS v FROM steps "
+                return "SELECT rank, segment, rung, seq, step, value AS v, poll FROM metrics WHERE name = ?", [metric]
+            return (f"SELECT rank, segment, rung, seq, step, {METRICS[metric]} AS v, poll FROM steps "
                     "LEFT JOIN segs USING (rank, segment)"), []
         if logged:
             # a logged value is drawn at its step's tokens or time (the last time that step was taken)
@@ -647,7 +686,7 @@ class Board:
             return self._series_by(metric, width, lo, hi, x, logged)
         with self.lock:
             if self.fail is not None:
-                return {"metric": metric, "series": [], "unsigned": []}
+                return {"metric": metric, "series": [], "unsigned": [], "cursor": self.polls}
             src, sp = self._source(metric, logged)
             lo_, hi_ = self.con.execute(f"SELECT min(step), max(step) FROM ({src})", sp).fetchall()[0]
             # a window asked for is cut to the steps there are (any 64-bit bounds: the arithmetic never overflows)
@@ -664,13 +703,8 @@ class Board:
                     "max(v), arg_max(seq, v) FROM b GROUP BY rank, segment, rung, px "
                     "ORDER BY rank, segment, px", [*sp, lo, hi, float(lo), width, span]).fetchall()
                 series = _grouped(rows)
-            unsigned = []
-            for rank, j in sorted(self.journals.items(), key=lambda x: -1 if x[0] is None else x[0]):
-                pts = _unsigned_points(j, metric, logged)
-                if pts:
-                    unsigned.append({"rank": rank, "x": [p[0] for p in pts], "y": [p[1] for p in pts],
-                                     "seq": [p[2] for p in pts]})
-            return {"metric": metric, "lo": lo, "hi": hi, "width": width, "series": series, "unsigned": unsigned}
+            return {"metric": metric, "lo": lo, "hi": hi, "width": width, "series": series,
+                    "unsigned": self._unsigned(metric, logged), "cursor": self.polls}
 
     def _series_by(self, metric: str, width: int, lo: float | None, hi: float | None, x: str,
                    logged: bool = False) -> dict[str, Any]:

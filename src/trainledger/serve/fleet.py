@@ -93,6 +93,11 @@ class Fleet:
         self._scanned = 0.0
         #: each run's row as of its board's version: the table is asked for at every change of any run
         self._rows: dict[str, tuple[int, dict[str, Any]]] = {}
+        #: a page's cursor into the run table: grows when a row is made again; each row's value of it then
+        self._tick = 0
+        self._stamps: dict[str, int] = {}
+        self._differ: list[str] = []
+        self._differ_tick = 0
         if boards is None:
             self.scan()
             if not self.boards and not self.unopened:
@@ -120,6 +125,7 @@ class Fleet:
                 with self.lock:
                     self.unopened[name] = str(e)
                     self._bumps += 1
+                    self._tick += 1
                 new = True
                 continue
             b.progress = self.progress
@@ -130,6 +136,7 @@ class Fleet:
                 with self.lock:
                     self.unopened[name] = str(e)
                     self._bumps += 1
+                    self._tick += 1
                 new = True
                 continue
             finally:
@@ -138,6 +145,7 @@ class Fleet:
             with self.lock:
                 self.boards[name] = b
                 self._bumps += 1
+                self._tick += 1
             new = True
         self._scanned = time.monotonic()
         return new
@@ -148,7 +156,10 @@ class Fleet:
         got = self._rows.get(name)
         if got is None or got[0] != v:
             got = (v, _row(name, b))
-            self._rows[name] = got
+            with self.lock:
+                self._rows[name] = got
+                self._tick += 1
+                self._stamps[name] = self._tick
         return got[1]
 
     def poll(self) -> bool:
@@ -182,6 +193,23 @@ class Fleet:
         if b is None:
             raise UsageError(f"no such run {name[:200]!r}")
         return b
+
+    def runs_since(self, since: int | None) -> dict[str, Any]:
+        """The run table for a page that has it as of cursor ``since``: only the rows made again after it
+        (``"partial": true``, with every run's name), when the settings that differ between runs are the same as
+        then; else every row. Its ``cursor`` for the next time."""
+        rows = self.runs()
+        differ = sorted({k for r in rows for k in r.get("differs", {})})
+        with self.lock:
+            if differ != self._differ:  # a column of the table came or went: every row is sent again
+                self._differ = differ
+                self._tick += 1
+                self._differ_tick = self._tick
+            cursor, stamps, whole_after = self._tick, dict(self._stamps), self._differ_tick
+        if since is not None and whole_after <= since <= cursor:
+            return {"rows": [r for r in rows if stamps.get(r["name"], cursor) > since], "partial": True,
+                    "names": [r["name"] for r in rows], "cursor": cursor}
+        return {"rows": rows, "partial": False, "cursor": cursor}
 
     def runs(self) -> list[dict[str, Any]]:
         """The run table: a row per run (a FAIL row for one that does not verify), and which settings differ."""

@@ -199,6 +199,7 @@ def test_a_step_sealed_by_another_process_appears_within_two_seconds_and_an_unsi
         assert p.js("window.__trainledger.data.loss.points") == 20
         subprocess.run([sys.executable, str(writer), str(path), str(priv), "seal", "20"], check=True, timeout=60)
         p.until("window.__trainledger.data.loss.points === 25")  # how soon: tools/bench_serve.py measures it
+        assert p.js("window.__trainledger.appended") >= 5  # each chart given the 5 new points, not fetched whole
         subprocess.run([sys.executable, str(writer), str(path), str(priv), "flush", "25"], check=True, timeout=60)
         p.until("window.__trainledger.data.loss.unsigned === 5")
         assert p.js("window.__trainledger.data.loss.points") == 30  # 25 signed, 5 drawn apart
@@ -844,6 +845,58 @@ def test_a_curve_asked_again_is_the_one_computed_until_new_lines_are_read(tmp_pa
         b.close()
 
 
+def test_a_cursor_gives_only_the_points_read_since(tmp_path):
+    """Every curve names a cursor; asked again with since=CURSOR, the board gives only the points read after it (as
+    they are: the page adds them to its curve), logged metrics too; the whole curve when as many as the width are
+    new, or when the cursor is from before the journal was rewritten, or is none this board gave."""
+    from trainledger.serve.board import Board
+    from trainledger.training.kinds import MetricsLogged
+
+    s = Signer.generate()
+    path = tmp_path / "c.jsonl"
+    j = Journal.create(path, signer=s, seal_every=10_000, background=False)
+    for i in range(3000):
+        j.append(StepObserved(step=i, loss=1.0 + i, grad_norm=0.1))
+        j.append(MetricsLogged(step=i, metrics={"acc": i / 3000}, source="test"))
+    j.seal(durable=True)
+    b = Board(path, trust=TrustPolicy(keys=[s.public]))
+    try:
+        b.poll()
+        whole = b.series("loss", 300)
+        c = whole["cursor"]
+        assert "append" not in whole and len(whole["series"][0]["x"]) <= 600  # the whole run, two points a pixel
+        nothing = b.series("loss", 300, since=c)
+        assert nothing["append"] and nothing["series"] == [] and nothing["cursor"] == c
+        for i in range(3000, 3005):
+            j.append(StepObserved(step=i, loss=1.0 + i, grad_norm=0.1))
+            j.append(MetricsLogged(step=i, metrics={"acc": i / 3000}, source="test"))
+        j.seal(durable=True)
+        assert b.poll()
+        new = b.series("loss", 300, since=c)
+        assert new["append"] and new["cursor"] > c
+        assert new["series"][0]["x"] == [3000, 3001, 3002, 3003, 3004]
+        assert new["series"][0]["y"] == [3001.0, 3002.0, 3003.0, 3004.0, 3005.0]
+        assert len(json.dumps(new)) < len(json.dumps(whole)) / 20  # what is new, not the whole curve again
+        acc = b.series("acc", 300, logged=True, since=c)
+        assert acc["append"] and acc["series"][0]["x"] == [3000, 3001, 3002, 3003, 3004]
+        assert "append" not in b.series("loss", 4, since=c)  # as many new points as the width: the whole curve
+        assert "append" not in b.series("loss", 300, since=new["cursor"] + 5)  # a cursor it never gave
+        assert "append" not in b.series("loss", 300, lo=10, hi=20, since=c)  # a zoom: always the window
+        j.suspend()
+        lines = path.read_bytes().splitlines(keepends=True)  # cut back to the run's opening and written again
+        keep = next(i for i, x in enumerate(lines) if b'"kind":"seal"' in x) + 1
+        path.write_bytes(b"".join(lines[:keep]))
+        j = Journal.open_append(path, signer=s, background=False)
+        j.append(StepObserved(step=0, loss=9.0, grad_norm=0.1))
+        j.seal(durable=True)
+        assert b.poll()
+        again = b.series("loss", 300, since=new["cursor"])
+        assert "append" not in again and again["series"][0]["y"] == [9.0]
+    finally:
+        j.close()
+        b.close()
+
+
 def _logged_runs(root: Path, n: int, steps: int, spike: tuple[int, int] | None = None):
     """``n`` signed runs under ``root`` (run-000, ...), each with its steps, two logged metrics a step (train/acc,
     eval/loss every 10th) and a configuration whose lr differs by run; ``spike``: (run, step) whose loss is 100x."""
@@ -997,3 +1050,43 @@ def test_ten_thousand_metric_names_are_kept_listed_and_drawn(tmp_path):
         assert [y for s_ in one["series"] for y in s_["y"]] == [step + 0.9999 for step in range(5)]
     finally:
         b.close()
+
+
+def test_the_run_table_is_sent_whole_once_then_only_the_rows_that_changed(tmp_path):
+    """No browser: the fleet's run table with a cursor. Asked again with it, only the rows of runs that read new
+    lines come (with every run's name, to keep the order); a new run comes too; when the settings that differ
+    between runs change (a new column), every row comes again."""
+    from trainledger.serve.fleet import Fleet
+    from trainledger.training.kinds import ConfigLogged
+
+    s = Signer.generate()
+    journals = {}
+    for r in range(3):
+        (tmp_path / f"run-{r}").mkdir()
+        j = journals[r] = Journal.create(tmp_path / f"run-{r}" / "journal.jsonl", signer=s, background=False)
+        j.append(ConfigLogged(config={"lr": 0.1}, source="test"))
+        j.append(StepObserved(step=0, loss=1.0))
+        j.seal(durable=True)
+    f = Fleet([tmp_path], TrustPolicy(keys=[s.public]))
+    try:
+        whole = f.runs_since(None)
+        assert not whole["partial"] and [r["name"] for r in whole["rows"]] == ["run-0", "run-1", "run-2"]
+        c = whole["cursor"]
+        assert f.runs_since(c)["rows"] == [] and f.runs_since(c)["partial"]
+        journals[1].append(StepObserved(step=1, loss=0.5))
+        journals[1].seal(durable=True)
+        f.poll()
+        got = f.runs_since(c)
+        assert got["partial"] and [r["name"] for r in got["rows"]] == ["run-1"] and got["rows"][0]["steps"] == 2
+        assert got["names"] == ["run-0", "run-1", "run-2"]
+        journals[2].append(ConfigLogged(config={"lr": 0.3}, source="test"))  # lr now differs: a new column
+        journals[2].seal(durable=True)
+        f.poll()
+        again = f.runs_since(got["cursor"])
+        assert not again["partial"] and len(again["rows"]) == 3
+        assert all("config.lr" in r["differs"] for r in again["rows"])
+        assert f.runs_since(again["cursor"] + 1)["partial"] is False  # a cursor it never gave: the whole table
+    finally:
+        for j in journals.values():
+            j.close()
+        f.close()

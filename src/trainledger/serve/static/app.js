@@ -32,12 +32,15 @@
   const LAST = {marks: null};  // the marks the curves were drawn with
   const FETCHED = {};  // each chart's request, as last fetched
   // a folder of runs: the run the panels show (RUN), and the runs the charts overlay (SELECTED), by name
-  const RUNS = {list: [], focus: null, selected: new Set(), chosen: false};
+  const RUNS = {list: [], focus: null, selected: new Set(), chosen: false, cursor: null};
   const MARK_COLORS = {anomaly_detected: "#cf222e", spike_suspected: "#fb8500", rewind_decided: "#8250df",
                        run_resumed: "#0969da", checkpoint_saved: "#1a7f37", shards_saved: "#1a7f37",
                        device_changed: "#953800", run_stopped: "#1b1f24", straggler_detected: "#bf8700",
                        weights_restored: "#8250df", replay_difference: "#ff0000"};
-  const T = window.__trainledger = {charts: {}, data: {}, state: null, version: -1, drawn: 0, errors: []};
+  // each chart's cursors, by run, as its last answer gave them; the runs' data versions then; points added since
+  const CURSORS = {};
+  const T = window.__trainledger = {charts: {}, data: {}, state: null, version: -1, drawn: 0, errors: [], bytes: 0,
+                                    first: null, appended: 0};
 
   function url(path, params) {
     const q = new URLSearchParams();
@@ -51,7 +54,9 @@
   }
   async function get(path, params) {
     const r = await fetch(url(path, params), {cache: "no-store"});
-    const body = await r.json();
+    const text = await r.text();
+    T.bytes += text.length;  // what the page has fetched (tools/bench_serve.py reads it)
+    const body = JSON.parse(text);
     if (!r.ok) throw new Error(body.error || r.statusText);
     return body;
   }
@@ -440,6 +445,7 @@
     }
     const range = VIEW.robust ? robustRange(parts, log) : null;
     const yScale = Object.assign(log ? {distr: 3, log: 10} : {}, range ? {range: () => [range.lo, range.hi]} : {});
+    if (T.first === null && parts.some(s => s.x.length)) T.first = performance.now();  // ms since the page opened
     T.data[metric] = {points: parts.reduce((n, s) => n + s.x.length, 0), series: parts.length,
                       unsigned: body.unsigned.reduce((n, s) => n + s.x.length, 0), smoothing: w, log: log,
                       rawMax: rawMax, title: axis.title, x: body.x_axis || "step", runs: runs.length,
@@ -840,6 +846,45 @@
     return Math.max(300, Math.min(2000, (p && p.box.clientWidth) || 1200));
   }
 
+  async function appendTo(k, ask, names, idx, cur, tag) {
+    // the runs at idx asked for what is new since their cursors; false when an answer is not an append (the chart
+    // is then fetched whole)
+    const q = Object.assign({}, ask, {since: idx.map(i => cur.cursor[i] === undefined ? -1 : cur.cursor[i])});
+    if (names[0] !== null) q.run = idx.map(i => names[i]);
+    const got = (await get("api/curves", q)).runs;
+    const body = BODIES[k][0];
+    for (let j = 0; j < got.length; j++) {
+      const b = got[j], n = names[idx[j]], run = n === null ? undefined : n;
+      if (!b.append) return false;
+      for (const s of tag(b.series, n)) {
+        const have = body.series.find(x => x.run === run && x.rank === s.rank && x.segment === s.segment &&
+                                           x.rung === s.rung);
+        if (!have) { body.series.push(s); continue; }
+        if (s.x.length && have.x.length && s.x[0] < have.x[have.x.length - 1]) return false;  // a step back
+        have.x.push(...s.x); have.y.push(...s.y); have.seq.push(...s.seq);
+      }
+      body.unsigned = body.unsigned.filter(u => u.run !== run).concat(tag(b.unsigned, n));
+      const added = b.series.reduce((a, s) => a + s.x.length, 0);
+      cur.added += added;
+      T.appended += added;
+      cur.cursor[idx[j]] = b.cursor;
+    }
+    return true;
+  }
+
+  async function getState() {
+    // the state, with the run table as of the page's cursor: only the rows made since come, merged here
+    const s = await get("api/state", RUNS.cursor === null ? {} : {runs_since: RUNS.cursor});
+    if (s.runs_partial) {
+      const by = new Map(RUNS.list.map(r => [r.name, r]));
+      for (const r of s.runs) by.set(r.name, r);
+      if (!s.runs_names.every(n => by.has(n))) { RUNS.cursor = null; return getState(); }
+      s.runs = s.runs_names.map(n => by.get(n));
+    }
+    RUNS.cursor = s.runs_cursor === undefined ? null : s.runs_cursor;
+    return s;
+  }
+
   let busy = false, again = false;
   async function refresh() {
     if (busy) { again = true; return; }
@@ -847,12 +892,12 @@
     try {
       do {
         again = false;
-        let s = await get("api/state");
+        let s = await getState();
         const focus = RUNS.focus;
         drawRuns(s.runs || []);
         // the first look at a folder: the state read is the first run's, the one shown, unless that one failed
         const first = focus === null && (s.runs || []).length > 0 && s.runs[0].name === RUNS.focus && !s.runs[0].fail;
-        if (RUNS.focus !== focus && !first) s = await get("api/state");
+        if (RUNS.focus !== focus && !first) s = await getState();
         T.state = s;
         drawState(s);
         if (!s.fail) {
@@ -876,23 +921,41 @@
           const mkey = JSON.stringify(marks);
           // each chart fetched again only when its own request changed, and drawn as soon as it arrives (the loss
           // first: it is asked for first)
-          await Promise.all(keys.map(async k => {
+          const one = async k => {
             const width = chartWidth(k);
-            const fkey = JSON.stringify([names, VIEW.x, VIEW.zoom, width, dv]);
-            if (FETCHED[k] !== fkey || !BODIES[k]) {
-              const ask = k.startsWith("m:") ? {logged: k.slice(2)} : {metric: k};
-              Object.assign(ask, {width: width, x: VIEW.x});
+            const fkey = JSON.stringify([names, VIEW.x, VIEW.zoom, width]);
+            const ask = k.startsWith("m:") ? {logged: k.slice(2)} : {metric: k};
+            Object.assign(ask, {width: width, x: VIEW.x});
+            const tag = (arr, n) => arr.map(x => Object.assign(x, {run: n === null ? undefined : n}));
+            const cur = CURSORS[k];
+            if (FETCHED[k] === fkey && BODIES[k] && cur && VIEW.x === "step" && !VIEW.zoom && cur.added < width) {
+              // the same curves with new lines in some runs: only what is new since each one's cursor, added to
+              // what the chart has (a whole run's curve is fetched again once that has added a chart's width)
+              const idx = names.map((n, i) => i).filter(i => cur.dv[i] !== dv[i]);
+              if (idx.length && !(await appendTo(k, ask, names, idx, cur, tag))) {
+                cur.added = Infinity;  // not an append (a rewritten journal, a step back): drawn whole, below
+              } else {
+                idx.forEach(i => { cur.dv[i] = dv[i]; });
+                if (idx.length) drawChart(k, BODIES[k][0], marks); else if (mkey !== LAST.marks) drawChart(k, BODIES[k][0], marks);
+                return;
+              }
+            }
+            if (FETCHED[k] !== fkey || !BODIES[k] || !cur || cur.dv.some((v, i) => v !== dv[i]) || cur.added >= width) {
               if (VIEW.zoom) { ask.lo = VIEW.zoom[0]; ask.hi = VIEW.zoom[1]; }
               if (many) ask.run = names;
               const got = many && !names.length ? [] : (await get("api/curves", ask)).runs;
-              const tag = (arr, n) => arr.map(x => Object.assign(x, {run: n === null ? undefined : n}));
               FETCHED[k] = fkey;
+              CURSORS[k] = {cursor: got.map(b => b.cursor), dv: dv.slice(), added: 0};
               drawChart(k, {series: got.flatMap((b, i) => tag(b.series, names[i])),
                             unsigned: got.flatMap((b, i) => tag(b.unsigned, names[i])), x_axis: ask.x}, marks);
             } else if (mkey !== LAST.marks) {
               drawChart(k, BODIES[k][0], marks);
             }
-          }));
+          };
+          // the first chart alone, then the others together: the first is drawn without waiting on the rest
+          const firstShown = keys.find(k => k.startsWith("m:") || (T.state && T.state.steps && T.state.steps[0]));
+          if (firstShown !== undefined) await one(firstShown);
+          await Promise.all(keys.filter(k => k !== firstShown).map(one));
           LAST.marks = mkey;
           drawFit(s);
           drawHeatmap(await get("api/heatmap", {width: 600}));
