@@ -5,6 +5,7 @@ before it draws one).
 
     .venv/bin/python tools/bench_serve.py [--sizes 1e5,1e6] [--rounds 3] [--out docs/bench/serve.txt]
     .venv/bin/python tools/bench_serve.py --fleet 50x1e5,1e6 [--out docs/bench/serve_fleet.txt]
+    .venv/bin/python tools/bench_serve.py --fleet 100x1e5 --metrics 10 [--out docs/bench/serve_metrics.txt]
 
 For each size, a signed journal is written through the health monitor (seals every 1,000 events); then, round by
 round, each in a fresh process: ``trainledger verify`` under ``/usr/bin/time`` (CPU, wall, peak RSS), and
@@ -19,6 +20,11 @@ its own loss curve) served as one page: the library's ``verify`` of every journa
 eight runs overlaid, then all 51), a zoom's server time (the per-pixel query of the 1e6-step run for a range, timed
 by HTTP round trips on the loopback, medians of 5) and a zoom's redraw in the page (every chart of the ticked runs
 fetched again), and the server's peak RSS against DuckDB's limit (one database for every run's tables, 256 MB).
+
+``--metrics 10`` with ``--fleet 100x1e5``: W&B-style runs (ten scalars logged a step, no monitor), the issue's 100
+runs x 100,000 steps x 10 metrics: the time until serving, the first chart drawn (from the page's own clock: when the
+first chart with points was drawn), the whole first view, then live updates (run 0 gains rows, sealed every 0.5 s)
+and the bytes the page fetches an update, against the first view's.
 """
 
 from __future__ import annotations
@@ -56,17 +62,48 @@ def write_journal(path: Path, steps: int, signer=None, seed: int = 0) -> Path:
     return k
 
 
+#: the names a W&B-style run logs every step (--metrics takes the first N, and makes up more past these)
+LOGGED = ["train/loss", "train/acc", "train/lr", "train/grad_norm", "train/tokens_per_s", "eval/loss", "eval/acc",
+          "eval/perplexity", "system/gpu_util", "system/memory_gb"]
+
+
+def write_logged(path: Path, steps: int, signer, seed: int, metrics: int, *, close: bool = True) -> None:
+    """A W&B-style run: ``metrics`` scalars every step, one ``metrics_logged`` a step, as ``wandb.log(row)`` writes
+    them (a row queued, made into its event at the journal's drain); a spike in train/loss at step 60% of the way
+    in run 0. ``close=False`` leaves the journal open (sealed: a run still going)."""
+    from trainledger.journal import Journal
+    from trainledger.training.kinds import logged_row
+
+    names = (LOGGED + [f"extra/m{i}" for i in range(max(0, metrics - len(LOGGED)))])[:metrics]
+    rng = random.Random(seed)
+    j = Journal.create(path, signer=signer, run_id=f"bench-{seed:03d}")
+    floor, scale = 2.0 + 0.01 * seed, 3.0 * (1 + 0.02 * seed)
+    spike = int(steps * 0.6) if seed == 0 else -1
+    for i in range(steps):
+        loss = floor + scale * (1 + i / 50) ** -0.5 + rng.gauss(0, 0.02) + (40.0 if i == spike else 0.0)
+        row = {n: loss * (1 + 0.01 * k) if k != 2 else 3e-4 for k, n in enumerate(names)}
+        j.append_later(logged_row, (row, i, "wandb"))
+    if close:
+        j.close()
+    else:
+        j.suspend()
+
+
 def _write_run(args: tuple) -> None:
     from trainledger.journal import load_signer
 
-    folder, steps, key, seed = args
+    folder, steps, key, seed, metrics = args
     folder.mkdir(parents=True, exist_ok=True)
-    write_journal(folder / "journal.jsonl", steps, load_signer(key), seed)
+    if metrics:
+        write_logged(folder / "journal.jsonl", steps, load_signer(key), seed, metrics, close=seed != 0)
+    else:
+        write_journal(folder / "journal.jsonl", steps, load_signer(key), seed)
 
 
-def write_fleet(root: Path, spec: str) -> tuple[Path, list[tuple[str, int]]]:
+def write_fleet(root: Path, spec: str, metrics: int = 0) -> tuple[Path, list[tuple[str, int]]]:
     """The folder of runs ``spec`` asks for (``50x1e5,1e6``), all under one key, written two at a time; the public
-    key's path and (run name, steps) of each."""
+    key's path and (run name, steps) of each. ``metrics``: W&B-style runs of that many scalars a step instead of the
+    monitor's steps (the first left open, for the live updates)."""
     from concurrent.futures import ProcessPoolExecutor
 
     from trainledger.journal import keygen
@@ -77,7 +114,7 @@ def write_fleet(root: Path, spec: str) -> tuple[Path, list[tuple[str, int]]]:
         for _ in range(int(n or 1)):
             runs.append((f"run-{len(runs):03d}-{int(float(size)):.0e}".replace("+", ""), int(float(size))))
     priv, pub = keygen(root.parent / "keys")
-    jobs = [(root / name, steps, priv, k) for k, (name, steps) in enumerate(runs)]
+    jobs = [(root / name, steps, priv, k, metrics) for k, (name, steps) in enumerate(runs)]
     jobs.sort(key=lambda x: -x[1])  # the longest first: the two workers end together
     with ProcessPoolExecutor(2) as pool:
         list(pool.map(_write_run, jobs))
@@ -207,6 +244,118 @@ def fleet(a, say) -> None:
         f"(DuckDB's limit {MEMORY_LIMIT} for the {len(runs)} runs' tables together, on disk past it)")
 
 
+_LIVE = """
+import sys, time
+from trainledger.journal import Journal, load_signer
+from trainledger.training.kinds import logged_row
+path, key, start, updates, rows, names = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6].split(",")
+j = Journal.open_append(path, signer=load_signer(key))
+step = start
+for u in range(updates):
+    for _ in range(rows):
+        j.append_later(logged_row, ({n: 1.0 + 1.0 / (step + 1) for n in names}, step, "wandb"))
+        step += 1
+    j.seal(durable=True)
+    time.sleep(0.5)
+j.suspend()
+"""
+
+
+def fleet_metrics(a, say) -> None:
+    """--fleet with --metrics: W&B-style runs (see the module doc)."""
+
+    from playwright.sync_api import sync_playwright
+
+    from trainledger.serve.fleet import MEMORY_LIMIT
+
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        raise SystemExit("chromium is not installed: bash tools/setup.sh --browser")
+    load0 = os.getloadavg()
+    t_start = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp) / "runs"
+        t = time.perf_counter()
+        pub, runs = write_fleet(root, a.fleet, a.metrics)
+        wrote = time.perf_counter() - t
+        priv = pub.with_suffix(".key")
+        steps = sum(n for _, n in runs)
+        nbytes = sum(p.stat().st_size for p in root.rglob("*.jsonl"))
+        code = ("import sys, pathlib; from trainledger.journal import verify, TrustPolicy, load_public_key; "
+                "t = TrustPolicy(keys=[load_public_key(sys.argv[1])]); "
+                "[verify(p, trust=t, workers=1, allow_unsealed=True) "
+                "for p in sorted(pathlib.Path(sys.argv[2]).rglob('journal.jsonl'))]")
+        out = subprocess.run(["/usr/bin/time", "-f", "TIME %U %S %e %M", PY, "-c", code, str(pub), str(root)],
+                             capture_output=True, text=True)
+        if out.returncode != 0:
+            raise SystemExit(f"verify: {out.stderr[-1000:]}")
+        u, s_, e, m = out.stderr.strip().splitlines()[-1].split()[1:]
+        ver = {"cpu": float(u) + float(s_), "wall": float(e), "rss": int(m) / 1024}
+        t0 = time.perf_counter()
+        proc = subprocess.Popen([TL, "serve", str(root), "--pubkey", str(pub), "--port", "0"],
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        try:
+            line = proc.stdout.readline()
+            while line and " at http" not in line:
+                line = proc.stdout.readline()
+            ready = time.perf_counter() - t0
+            if " at http" not in line:
+                raise SystemExit(f"serve: {line}")
+            url = line.split(" at ", 1)[1].split()[0]
+            cpu_ready, rss_ready = proc_figures(proc.pid)
+            names = (LOGGED + [f"extra/m{i}" for i in range(max(0, a.metrics - len(LOGGED)))])[:a.metrics]
+            with sync_playwright() as pw:
+                browser = pw.chromium.launch(executable_path=chromium, headless=True,
+                                             args=["--no-sandbox", "--disable-gpu"])
+                page = browser.new_page(viewport={"width": 1280, "height": 1000})
+                t = time.perf_counter()
+                page.goto(url)
+                page.wait_for_function("() => window.__trainledger && window.__trainledger.drawn > 0",
+                                       timeout=600_000, polling=10)
+                paint = time.perf_counter() - t
+                first = page.evaluate("() => window.__trainledger.first") / 1000
+                view = page.evaluate("() => { const d = window.__trainledger.data; const k = Object.keys(d)"
+                                     ".filter(x => x.startsWith('m:')); return {charts: k.length, "
+                                     "runs: d['m:train/loss'].runs, points: k.reduce((n, x) => n + d[x].points, 0), "
+                                     "clipped: d['m:train/loss'].clipped, bytes: window.__trainledger.bytes}; }")
+                # live: run 0 (left open) gains rows, sealed every update; the page adds what is new to each chart
+                b0, a0, d0 = page.evaluate("() => [window.__trainledger.bytes, window.__trainledger.appended, "
+                                           "window.__trainledger.drawn]")
+                updates, rows = 10, 20
+                subprocess.run([PY, "-c", _LIVE, str(root / runs[0][0] / "journal.jsonl"), str(priv),
+                                str(runs[0][1]), str(updates), str(rows), ",".join(names)], check=True, timeout=600)
+                want = a0 + updates * rows * len(names)
+                page.wait_for_function(f"() => window.__trainledger.appended >= {want} && !window.__trainledger.busy",
+                                       timeout=600_000, polling=50)
+                b1, a1, d1 = page.evaluate("() => [window.__trainledger.bytes, window.__trainledger.appended, "
+                                           "window.__trainledger.drawn]")
+                live_points = (a1 - a0) / max(1, len(names))
+                browser.close()
+            cpu_after, rss_after = proc_figures(proc.pid)
+        finally:
+            proc.terminate()
+            proc.wait(30)
+            proc.stdout.close()
+    say(f"tools/bench_serve.py --fleet {a.fleet} --metrics {a.metrics}: {time.perf_counter() - t_start:.0f} s; "
+        f"{os.cpu_count()} CPUs; load average {' '.join(f'{x:.2f}' for x in load0)} before, "
+        f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} after")
+    say(f"  a folder of {len(runs)} runs, {steps:,d} steps of {a.metrics} logged metrics each "
+        f"({steps * a.metrics:,d} points), {nbytes / 2**20:,.0f} MiB of journals (written in {wrote:.0f} s, two "
+        "processes, as wandb.log writes them)")
+    say(f"  floor: verify every journal, one process, one worker: {ver['cpu']:.2f} s CPU, {ver['wall']:.2f} s wall, "
+        f"{ver['rss']:.0f} MiB peak RSS")
+    say(f"  trainledger serve DIR: serving after {ready:.2f} s (every journal verified and in its tables), "
+        f"{cpu_ready:.2f} s CPU, {rss_ready:.0f} MiB peak RSS then")
+    say(f"  first chart drawn {first:.2f} s after the page opened; the whole first view ({view['charts']} charts, "
+        f"the default {view['runs']} runs overlaid, {view['points']:,d} points, {view['bytes'] / 1024:,.0f} KiB "
+        f"fetched) {paint:.2f} s from goto; run 0's spike clipped and marked: {view['clipped']} point(s)")
+    say(f"  live: run 0 gained {updates} x {rows} rows ({live_points:,.0f} points a chart, sealed each 0.5 s): "
+        f"{d1 - d0} page updates fetched {(b1 - b0) / 1024:,.1f} KiB in all, {(b1 - b0) / max(1, d1 - d0) / 1024:,.1f} "
+        f"KiB an update against {view['bytes'] / 1024:,.0f} KiB for the first view")
+    say(f"  server after all that: {cpu_after:.2f} s CPU, {rss_after:.0f} MiB peak RSS "
+        f"(DuckDB's limit {MEMORY_LIMIT} for the {len(runs)} runs' tables together, on disk past it)")
+
+
 def proc_figures(pid: int) -> tuple[float, float]:
     """(CPU seconds, peak RSS MiB) of a live process, from /proc."""
     with open(f"/proc/{pid}/stat") as f:
@@ -248,9 +397,10 @@ def serve_once(j: Path, k: Path, browser) -> dict:
             time.sleep(0.01)
         paint = time.perf_counter() - t1
         points = page.evaluate("() => window.__trainledger.data.loss.points")
+        first = page.evaluate("() => window.__trainledger.first") / 1000  # the page's own clock, from its opening
         page.close()
         cpu_after, rss_after = proc_figures(proc.pid)
-        return {"ready": ready, "cpu_ready": cpu_ready, "rss_ready": rss_ready, "paint": paint,
+        return {"ready": ready, "cpu_ready": cpu_ready, "rss_ready": rss_ready, "paint": paint, "first": first,
                 "cpu_after": cpu_after, "rss_after": rss_after, "points": points}
     finally:
         proc.terminate()
@@ -263,6 +413,8 @@ def main() -> int:
     ap.add_argument("--sizes", default="1e5,1e6")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--fleet", metavar="SPEC", help="a folder of runs instead: 50x1e5,1e6 (runs x steps, ...)")
+    ap.add_argument("--metrics", type=int, default=0, help="with --fleet: W&B-style runs of this many logged "
+                                                               "scalars a step (the first run left open, for live updates)")
     ap.add_argument("--out", metavar="FILE")
     a = ap.parse_args()
     from playwright.sync_api import sync_playwright
@@ -274,7 +426,7 @@ def main() -> int:
         lines.append(t)
 
     if a.fleet:
-        fleet(a, say)
+        (fleet_metrics if a.metrics else fleet)(a, say)
         if a.out:
             Path(a.out).write_text("\n".join(lines) + "\n")
         return 0
@@ -304,11 +456,11 @@ def main() -> int:
         f"{os.cpu_count()} CPUs; load average {' '.join(f'{x:.2f}' for x in load0)} before, "
         f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} after; medians of {a.rounds} fresh processes each")
     say(f"  {'steps':>9s} {'MiB':>6s} | {'verify CPU s':>12s} {'wall s':>7s} {'RSS MiB':>8s} | {'serving after s':>15s} "
-        f"{'CPU s':>6s} {'RSS MiB':>8s} | {'first paint s':>13s} {'points':>7s} {'server RSS MiB':>15s} "
-        f"{'CPU s':>6s}")
+        f"{'CPU s':>6s} {'RSS MiB':>8s} | {'first chart s':>13s} {'first paint s':>13s} {'points':>7s} "
+        f"{'server RSS MiB':>15s} {'CPU s':>6s}")
     for size, nbytes, wrote, v, m in rows:
         say(f"  {size:9,d} {nbytes / 2**20:6.0f} | {v['cpu']:12.2f} {v['wall']:7.2f} {v['rss']:8.0f} | "
-            f"{m['ready']:15.2f} {m['cpu_ready']:6.2f} {m['rss_ready']:8.0f} | {m['paint']:13.2f} "
+            f"{m['ready']:15.2f} {m['cpu_ready']:6.2f} {m['rss_ready']:8.0f} | {m['first']:13.2f} {m['paint']:13.2f} "
             f"{m['points']:7.0f} {m['rss_after']:15.0f} {m['cpu_after']:6.2f}")
     if a.out:
         Path(a.out).write_text("\n".join(lines) + "\n")
