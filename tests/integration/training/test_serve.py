@@ -101,6 +101,13 @@ class Page:
     def js(self, expr: str):
         return self.page.evaluate(f"() => {expr}")
 
+    def settled(self) -> None:
+        """Wait until a closed run's replay has ended and the page has drawn it (not busy): a click on a listed
+        event then lands on a button that no redraw replaces under it (the replay's end redraws the list)."""
+        self.until("(() => { const t = window.__trainledger, s = t.state; if (!s || t.busy || !s.journals) "
+                   "return false; const r = (s.replay || {}).state; return r !== 'running' && "
+                   "(r !== 'waiting' || !s.journals.every(j => j.closed)); })()")
+
     def until(self, expr: str, timeout: float = 120.0) -> float:
         """Seconds until ``expr`` is true in the page. The bound only catches a page that never gets there: a
         loaded machine may take long, and a test here never fails for being slow (tools/bench_serve.py measures
@@ -280,6 +287,7 @@ def test_a_downloaded_proof_verifies(browser, tmp_path, capsys):
     with serving(path, [load_public_key(pub)]) as url:
         p = Page(browser, url, accept_downloads=True)
         p.until("window.__trainledger.drawn > 0")
+        p.settled()
         p.page.click("#listed tr:nth-child(2) button")  # the verdict
         p.until("!document.getElementById('event').hidden")
         assert p.js("document.getElementById('event-title').textContent").startswith("gate_verdict at seq ")
@@ -298,6 +306,7 @@ def test_a_journal_without_tree_heads_says_it_has_no_proof(browser):
     with serving(GOLDEN / "scaling_ladder_v1_2.jsonl", [load_public_key(GOLDEN / "scaling_ladder_v1_2.pub")]) as url:
         p = Page(browser, url)
         p.until("window.__trainledger.drawn > 0")
+        p.settled()
         p.page.click("#listed tr:nth-child(3) button")
         p.until("!document.getElementById('event').hidden")
         assert p.js("document.getElementById('event-proof').hidden") is True
@@ -319,6 +328,7 @@ def test_hostile_strings_stay_text(browser, tmp_path):
         assert p.js("window.__pwned === undefined")
         assert p.js("document.querySelectorAll('img, script:not([src])').length") == 0
         assert evil in p.js("document.getElementById('listed').textContent")
+        p.settled()
         p.page.click("#listed tr:nth-child(2) button")
         p.until("!document.getElementById('event').hidden")
         shown = json.loads(p.js("document.getElementById('event-fields').textContent"))
@@ -749,6 +759,7 @@ def test_the_event_panel_leaves_the_seq_buttons_in_view(browser):
     with serving(ladder, [_pub(ladder)]) as url:
         p = Page(browser, url, viewport={"width": 1280, "height": 900})
         p.until("window.__trainledger.drawn > 0")
+        p.settled()
         p.page.click("#listed tr:nth-child(2) button")
         p.until("!document.getElementById('event').hidden && !window.__trainledger.busy")
         panel = p.js("document.getElementById('event').getBoundingClientRect().left")
@@ -757,6 +768,7 @@ def test_the_event_panel_leaves_the_seq_buttons_in_view(browser):
         assert rights and max(rights) <= panel, (max(rights), panel)
         assert p.js("document.documentElement.scrollWidth") <= 1280
         first = p.js("document.getElementById('event-title').textContent")
+        p.settled()
         p.page.click("#listed tr:nth-child(3) button")  # another event, opened with the panel open
         p.until(f"document.getElementById('event-title').textContent !== {json.dumps(first)}")
         p.page.keyboard.press("Escape")
