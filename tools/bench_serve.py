@@ -67,6 +67,42 @@ LOGGED = ["train/loss", "train/acc", "train/lr", "train/grad_norm", "train/token
           "eval/perplexity", "system/gpu_util", "system/memory_gb"]
 
 
+def logged_names(metrics: int) -> list[str]:
+    """The first ``metrics`` names of :data:`LOGGED`, and made-up ones past it."""
+    return (LOGGED + [f"extra/m{i}" for i in range(max(0, metrics - len(LOGGED)))])[:metrics]
+
+
+def verify_floor(pub: Path, root: Path, *, allow_unsealed: bool = False) -> dict[str, float]:
+    """The floor: every journal under ``root`` verified by the library, one process, one worker; its CPU, wall
+    time and peak RSS (MiB), from ``/usr/bin/time``."""
+    code = ("import sys, pathlib; from trainledger.journal import verify, TrustPolicy, load_public_key; "
+            "t = TrustPolicy(keys=[load_public_key(sys.argv[1])]); "
+            f"[verify(p, trust=t, workers=1, allow_unsealed={allow_unsealed}) "
+            "for p in sorted(pathlib.Path(sys.argv[2]).rglob('journal.jsonl'))]")
+    out = subprocess.run(["/usr/bin/time", "-f", "TIME %U %S %e %M", PY, "-c", code, str(pub), str(root)],
+                         capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"verify: {out.stderr[-1000:]}")
+    u, s_, e, m = out.stderr.strip().splitlines()[-1].split()[1:]
+    return {"cpu": float(u) + float(s_), "wall": float(e), "rss": int(m) / 1024}
+
+
+def start_serve(root: Path, pub: Path) -> tuple[subprocess.Popen, str, float]:
+    """``trainledger serve ROOT`` on a free port: the process, its URL and the seconds until it printed it (every
+    journal verified and in its tables). The caller terminates it."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([TL, "serve", str(root), "--pubkey", str(pub), "--port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    line = proc.stdout.readline()
+    while line and " at http" not in line:
+        line = proc.stdout.readline()
+    ready = time.perf_counter() - t0
+    if " at http" not in line:
+        proc.terminate()
+        raise SystemExit(f"serve: {line}")
+    return proc, line.split(" at ", 1)[1].split()[0], ready
+
+
 def write_logged(path: Path, steps: int, signer, seed: int, metrics: int, *, close: bool = True) -> None:
     """A W&B-style run: ``metrics`` scalars every step, one ``metrics_logged`` a step, as ``wandb.log(row)`` writes
     them (a row queued, made into its event at the journal's drain); a spike in train/loss at step 60% of the way
@@ -74,7 +110,7 @@ def write_logged(path: Path, steps: int, signer, seed: int, metrics: int, *, clo
     from trainledger.journal import Journal
     from trainledger.training.kinds import logged_row
 
-    names = (LOGGED + [f"extra/m{i}" for i in range(max(0, metrics - len(LOGGED)))])[:metrics]
+    names = logged_names(metrics)
     rng = random.Random(seed)
     j = Journal.create(path, signer=signer, run_id=f"bench-{seed:03d}")
     floor, scale = 2.0 + 0.01 * seed, 3.0 * (1 + 0.02 * seed)
@@ -149,27 +185,9 @@ def fleet(a, say) -> None:
         wrote = time.perf_counter() - t
         steps = sum(n for _, n in runs)
         nbytes = sum(p.stat().st_size for p in root.rglob("*.jsonl"))
-        # the floor: every journal verified by the library, one process, one core
-        code = ("import sys, pathlib; from trainledger.journal import verify, TrustPolicy, load_public_key; "
-                "t = TrustPolicy(keys=[load_public_key(sys.argv[1])]); "
-                "[verify(p, trust=t, workers=1) for p in sorted(pathlib.Path(sys.argv[2]).rglob('journal.jsonl'))]")
-        out = subprocess.run(["/usr/bin/time", "-f", "TIME %U %S %e %M", PY, "-c", code, str(pub), str(root)],
-                             capture_output=True, text=True)
-        if out.returncode != 0:
-            raise SystemExit(f"verify: {out.stderr[-1000:]}")
-        u, s_, e, m = out.stderr.strip().splitlines()[-1].split()[1:]
-        ver = {"cpu": float(u) + float(s_), "wall": float(e), "rss": int(m) / 1024}
-        t0 = time.perf_counter()
-        proc = subprocess.Popen([TL, "serve", str(root), "--pubkey", str(pub), "--port", "0"],
-                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        ver = verify_floor(pub, root)
+        proc, url, ready = start_serve(root, pub)
         try:
-            line = proc.stdout.readline()
-            while line and " at http" not in line:
-                line = proc.stdout.readline()
-            ready = time.perf_counter() - t0
-            if " at http" not in line:
-                raise SystemExit(f"serve: {line}")
-            url = line.split(" at ", 1)[1].split()[0]
             base, _, query = url.partition("?")
             token = urllib.parse.parse_qs(query).get("token", [None])[0]
             cpu_ready, rss_ready = proc_figures(proc.pid)
@@ -281,29 +299,11 @@ def fleet_metrics(a, say) -> None:
         priv = pub.with_suffix(".key")
         steps = sum(n for _, n in runs)
         nbytes = sum(p.stat().st_size for p in root.rglob("*.jsonl"))
-        code = ("import sys, pathlib; from trainledger.journal import verify, TrustPolicy, load_public_key; "
-                "t = TrustPolicy(keys=[load_public_key(sys.argv[1])]); "
-                "[verify(p, trust=t, workers=1, allow_unsealed=True) "
-                "for p in sorted(pathlib.Path(sys.argv[2]).rglob('journal.jsonl'))]")
-        out = subprocess.run(["/usr/bin/time", "-f", "TIME %U %S %e %M", PY, "-c", code, str(pub), str(root)],
-                             capture_output=True, text=True)
-        if out.returncode != 0:
-            raise SystemExit(f"verify: {out.stderr[-1000:]}")
-        u, s_, e, m = out.stderr.strip().splitlines()[-1].split()[1:]
-        ver = {"cpu": float(u) + float(s_), "wall": float(e), "rss": int(m) / 1024}
-        t0 = time.perf_counter()
-        proc = subprocess.Popen([TL, "serve", str(root), "--pubkey", str(pub), "--port", "0"],
-                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        ver = verify_floor(pub, root, allow_unsealed=True)  # run 0 is left open
+        proc, url, ready = start_serve(root, pub)
         try:
-            line = proc.stdout.readline()
-            while line and " at http" not in line:
-                line = proc.stdout.readline()
-            ready = time.perf_counter() - t0
-            if " at http" not in line:
-                raise SystemExit(f"serve: {line}")
-            url = line.split(" at ", 1)[1].split()[0]
             cpu_ready, rss_ready = proc_figures(proc.pid)
-            names = (LOGGED + [f"extra/m{i}" for i in range(max(0, a.metrics - len(LOGGED)))])[:a.metrics]
+            names = logged_names(a.metrics)
             with sync_playwright() as pw:
                 browser = pw.chromium.launch(executable_path=chromium, headless=True,
                                              args=["--no-sandbox", "--disable-gpu"])
