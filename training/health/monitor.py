@@ -153,30 +153,31 @@ class TrainingHealthMonitor:
             # Deferred: the event's types are fixed above, so the writer encodes and chains it later, in a
             # batch (inside a real loop that is most of the cost of a call made with cold caches).
             j.append_deferred(ev)
+        found, crossed, after = self._fold(ev)
+        if j is not None:
+            for x in crossed:  # a compute threshold reached: its receipt at once, on disk
+                j.append(x, durable=True)
+            for x in after:
+                j.append_deferred(x)
+        return found
+
+    def _fold(self, ev: StepObserved) -> tuple[list[AnomalyDetected], Any, list[Any]]:
+        """Fold a step in: its anomalies; the compute thresholds' receipts it reached (a journal's monitor only;
+        none: ``()``); and the lines that follow them, in order: its anomalies, the candidates the next step did not
+        confirm, the episodes it ended."""
         proj = self._proj
         found = proj.apply(ev)
+        crossed: Any = ()
         c = self._compute
         if c is not None:
             c.watch(ev)
-            if len(c.crossed) > self._crossed:  # a compute threshold reached: its receipt at once, on disk
-                for _, x in c.crossed[self._crossed:]:
-                    j.append(x, durable=True)
+            if len(c.crossed) > self._crossed:
+                crossed = [x for _, x in c.crossed[self._crossed:]]
                 self._crossed = len(c.crossed)
-        if j is not None:
-            for a in found:
-                j.append_deferred(a)
-            if proj.suspected_new:  # a candidate the next step did not confirm: on record, not an anomaly
-                for sus in proj.take_suspected():
-                    j.append_deferred(sus)
-            if proj.ended_new:  # an episode closed: its extent on record
-                for end in proj.take_ended():
-                    j.append_deferred(end)
-        else:
-            if proj.suspected_new:
-                proj.suspected_new.clear()
-            if proj.ended_new:
-                proj.ended_new.clear()
-        return found
+        after = found
+        if proj.suspected_new or proj.ended_new:
+            after = found + proj.take_suspected() + proj.take_ended()
+        return found, crossed, after
 
     def fold_queued(self, item: tuple[int, float, float | None, float | None, float, int | None, int | None]) \
             -> list[Any]:
@@ -189,24 +190,10 @@ class TrainingHealthMonitor:
         step, loss, grad_norm, lr, dt, batch_size, tokens = item
         ev = StepObserved(step=step, loss=loss, grad_norm=grad_norm, lr=lr, step_time_s=dt, examples=batch_size,
                           tokens=tokens)
-        out: list[Any] = [ev]
-        proj = self._proj
-        found = proj.apply(ev)
-        c = self._compute
-        if c is not None:
-            c.watch(ev)
-            if len(c.crossed) > self._crossed:  # a compute threshold reached: its receipt at once, on disk
-                out += [x for _, x in c.crossed[self._crossed:]]
-                out.append(DURABLE)
-                self._crossed = len(c.crossed)
+        found, crossed, after = self._fold(ev)
         if found:
-            out += found
             self.found_queued += found
-        if proj.suspected_new:
-            out += proj.take_suspected()
-        if proj.ended_new:
-            out += proj.take_ended()
-        return out
+        return [ev, *crossed, DURABLE, *after] if crossed else [ev, *after]
 
     def observe_resume(self, from_step: int | None, *, reason: str = "checkpoint",
                        checkpoint: str | None = None, append: bool = True) -> None:
