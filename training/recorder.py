@@ -116,6 +116,15 @@ def _agreed(kept: list[CheckpointSaved]) -> CheckpointSaved | None:
     return [c for c in kept if c.step == step][-1]
 
 
+def _taken(found: list[Any]) -> list[Any]:
+    """Every anomaly in ``found`` now, taken out of it (a drain on the journal's thread may append more meanwhile:
+    those stay for the next taker)."""
+    n = len(found)
+    out = found[:n]
+    del found[:n]
+    return out
+
+
 _SAID_KEY: set[str] = set()
 
 
@@ -340,13 +349,7 @@ class Recorder:
                 # the default: the step queued with the journal, folded by its next drain (in order, warm, off this
                 # call); returned are the anomalies the folds found since the previous call
                 self._later(self._fold, (step, loss, grad_norm, lr, dt, batch_size, tokens))
-                found = self._found
-                if found:
-                    n = len(found)
-                    out = found[:n]
-                    del found[:n]  # (a drain on the journal's thread may append meanwhile: kept for the next call)
-                    return out
-                return []
+                return _taken(self._found) if self._found else []
             before = self.hand_over()  # a step not queued: the queued ones are folded first
             found = self.monitor.observe_step(step, loss, grad_norm=grad_norm, step_time_s=dt, batch_size=batch_size,
                                               tokens=tokens, lr=lr, batch_fingerprint=batch_fingerprint)
@@ -365,23 +368,17 @@ class Recorder:
         (each names its step). Call it before reading ``rec.monitor`` yourself. With ``batch=1``: nothing queued,
         []."""
         self._settle()
-        found = self.monitor.found_queued
-        n = len(found)
-        out = found[:n]
-        del found[:n]
-        return out
+        return _taken(self._found)
 
     def _settle(self) -> None:
         """Fold the queued steps (every other method does this first, so the journal's order is the steps' own);
         their anomalies wait for the next :meth:`step` or :meth:`hand_over` to return them."""
         if self._queued:
-            j = self.journal
-            if j._pending:
-                j.drain()
+            self.journal.drain()
             return
         q = self._queue
         if q is not None and q.pending:
-            self.monitor.found_queued += q.hand_over(self.monitor)
+            self._found += q.hand_over(self.monitor)
 
     def log(self, metrics: Mapping[str, Any], *, step: int | None = None) -> None:
         """Record any scalars, as ``wandb.log`` or ``add_scalar`` would log them: accuracy, an eval loss, the learning
