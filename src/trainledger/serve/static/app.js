@@ -927,30 +927,26 @@
             const ask = k.startsWith("m:") ? {logged: k.slice(2)} : {metric: k};
             Object.assign(ask, {width: width, x: VIEW.x});
             const tag = (arr, n) => arr.map(x => Object.assign(x, {run: n === null ? undefined : n}));
-            const cur = CURSORS[k];
-            if (FETCHED[k] === fkey && BODIES[k] && cur && VIEW.x === "step" && !VIEW.zoom && cur.added < width) {
-              // the same curves with new lines in some runs: only what is new since each one's cursor, added to
-              // what the chart has (a whole run's curve is fetched again once that has added a chart's width)
-              const idx = names.map((n, i) => i).filter(i => cur.dv[i] !== dv[i]);
-              if (idx.length && !(await appendTo(k, ask, names, idx, cur, tag))) {
-                cur.added = Infinity;  // not an append (a rewritten journal, a step back): drawn whole, below
-              } else {
+            const cur = FETCHED[k] === fkey && BODIES[k] ? CURSORS[k] : undefined;  // the same curves as drawn
+            if (cur) {
+              const idx = names.map((n, i) => i).filter(i => cur.dv[i] !== dv[i]);  // the runs with new lines
+              // only what is new since each one's cursor, added to what the chart has: on the step axis, the whole
+              // run, until that has added a chart's width (an answer that is not an append, a journal rewritten or
+              // a step back, draws the chart whole below)
+              const append = VIEW.x === "step" && !VIEW.zoom && cur.added < width;
+              if (!idx.length || (append && await appendTo(k, ask, names, idx, cur, tag))) {
                 idx.forEach(i => { cur.dv[i] = dv[i]; });
-                if (idx.length) drawChart(k, BODIES[k][0], marks); else if (mkey !== LAST.marks) drawChart(k, BODIES[k][0], marks);
+                if (idx.length || mkey !== LAST.marks) drawChart(k, BODIES[k][0], marks);
                 return;
               }
             }
-            if (FETCHED[k] !== fkey || !BODIES[k] || !cur || cur.dv.some((v, i) => v !== dv[i]) || cur.added >= width) {
-              if (VIEW.zoom) { ask.lo = VIEW.zoom[0]; ask.hi = VIEW.zoom[1]; }
-              if (many) ask.run = names;
-              const got = many && !names.length ? [] : (await get("api/curves", ask)).runs;
-              FETCHED[k] = fkey;
-              CURSORS[k] = {cursor: got.map(b => b.cursor), dv: dv.slice(), added: 0};
-              drawChart(k, {series: got.flatMap((b, i) => tag(b.series, names[i])),
-                            unsigned: got.flatMap((b, i) => tag(b.unsigned, names[i])), x_axis: ask.x}, marks);
-            } else if (mkey !== LAST.marks) {
-              drawChart(k, BODIES[k][0], marks);
-            }
+            if (VIEW.zoom) { ask.lo = VIEW.zoom[0]; ask.hi = VIEW.zoom[1]; }
+            if (many) ask.run = names;
+            const got = many && !names.length ? [] : (await get("api/curves", ask)).runs;
+            FETCHED[k] = fkey;
+            CURSORS[k] = {cursor: got.map(b => b.cursor), dv: dv.slice(), added: 0};
+            drawChart(k, {series: got.flatMap((b, i) => tag(b.series, names[i])),
+                          unsigned: got.flatMap((b, i) => tag(b.unsigned, names[i])), x_axis: ask.x}, marks);
           };
           // the first chart alone, then the others together: the first is drawn without waiting on the rest
           const firstShown = keys.find(k => k.startsWith("m:") || (T.state && T.state.steps && T.state.steps[0]));
