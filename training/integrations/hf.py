@@ -57,7 +57,7 @@ from trainledger.training.health.flops import flop_config_from_hf
 from trainledger.training.health.monitor import TrainingHealthMonitor
 from trainledger.training.integrations.hooks import (StepBuffer, check_folder, export_settings, fingerprint_batch,
                       monitor_options, training_dtype, learn_run_key, open_run_journal, previous_run, record_checkpoint, run_key_for_rank, signer_from, step_loss,
-                      tap_clip, total_norm, untap_clip)
+                      tap_clip, norm_parts, untap_clip)
 
 __all__ = ["TrainledgerCallback", "check_resume", "ResumeRejected"]
 
@@ -229,7 +229,7 @@ class TrainledgerCallback(TrainerCallback):
         fired = self._fired
         fired.append(p)
         if len(fired) == self._expected:
-            self._grad_norm = total_norm([q.grad for q in fired if q.grad is not None])
+            self._grad_norm = norm_parts([q.grad for q in fired if q.grad is not None])
             self._fired = []
 
     # -------------------------------------------------------------- steps
@@ -249,11 +249,11 @@ class TrainledgerCallback(TrainerCallback):
                     h.remove()
                 self._hooks = self._hooks[:1]
         elif self._tapped:  # it did not clip this step (max_grad_norm 0 on an older transformers): unclipped grads
-            self._grad_norm = total_norm([p.grad for p in self._params if p.grad is not None])
+            self._grad_norm = norm_parts([p.grad for p in self._params if p.grad is not None])
         elif self._fired:  # some parameters got no gradient this step: fewer hooks fire from now on
             self._expected = len({id(q) for q in self._fired})
             if self._grad_norm is None:  # this step's norm, after clipping (the next steps' before)
-                self._grad_norm = total_norm([q.grad for q in self._fired if q.grad is not None])
+                self._grad_norm = norm_parts([q.grad for q in self._fired if q.grad is not None])
             self._fired = []
         opt = optimizer if optimizer is not None else kwargs.get("optimizer")
         if opt is not None:

@@ -13,6 +13,7 @@ from trainledger.journal import Journal, RunResumed, Signer, load_signer
 from trainledger.journal.paths import confined
 from trainledger.journal.errors import JournalClosed, UnsafePath, UsageError
 from trainledger.training.kinds import CheckpointSaved, ResumeRejectedEvent, folder_digest
+from trainledger.training.health.batching import NormParts
 from trainledger.training.health.batching import StepBuffer  # noqa: F401 - here until 0.2.0: still importable
 
 __all__ = ["open_run_journal", "record_checkpoint", "check_folder", "StepBuffer", "signer_from", "step_loss",
@@ -361,6 +362,20 @@ def total_norm(grads: list[Any]) -> Any:
     g0 = grads[0]
     if all(g.device == g0.device and g.dtype == g0.dtype for g in grads):
         return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+    return torch.nn.utils.get_total_norm(grads)
+
+
+def norm_parts(grads: list[Any]) -> Any:
+    """What a callback queues for a step's gradient norm when it computes it itself: :class:`NormParts` (one
+    ``torch._foreach_norm`` call now; the queue combines them a batch of steps at a time), or :func:`total_norm`'s
+    tensor where the gradients do not share a device and dtype."""
+    import torch
+
+    if not grads:
+        return None
+    g0 = grads[0]
+    if all(g.device == g0.device and g.dtype == g0.dtype for g in grads):
+        return NormParts(torch._foreach_norm(grads))
     return torch.nn.utils.get_total_norm(grads)
 
 

@@ -46,7 +46,7 @@ from trainledger.training.health.monitor import TrainingHealthMonitor
 from trainledger.journal.errors import UsageError
 from trainledger.training.integrations.hooks import (StepBuffer, export_settings, fingerprint_batch, learn_run_key,
                       monitor_options, training_dtype, open_run_journal, previous_run, record_checkpoint, run_key_for_rank, step_loss, tap_clip,
-                      total_norm, untap_clip)
+                      norm_parts, untap_clip)
 
 __all__ = ["TrainledgerCallback", "TrainledgerLogger", "ResumeRejected"]
 
@@ -258,7 +258,7 @@ class TrainledgerCallback(Callback):
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
         if not self._tapped:  # before Lightning clips
             params = self._params if self._params is not None else pl_module.parameters()
-            self._grad_norm = total_norm([p.grad for p in params if p.grad is not None])
+            self._grad_norm = norm_parts([p.grad for p in params if p.grad is not None])
         self._lr = float(optimizer.param_groups[0]["lr"])
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
@@ -283,7 +283,7 @@ class TrainledgerCallback(Callback):
             self._grad_norm = self._clip_norm
             self._tapped = True
         elif self._tapped:  # no clipping this step: the gradients are as the backward left them
-            self._grad_norm = total_norm([p.grad for p in self._params if p.grad is not None])
+            self._grad_norm = norm_parts([p.grad for p in self._params if p.grad is not None])
         due = self.buffer.add(step, step_loss(self._losses), self._grad_norm, {"lr": self._lr, "tokens": self._tokens or None,
                                                           "step_time_s": time.perf_counter() - (self._t0 or 0),
                                                           "batch_fingerprint": self._fp})
