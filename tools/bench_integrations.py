@@ -316,23 +316,30 @@ def _lightning_blocks(tmp: Path, steps: int, signer, block: int) -> dict:
     return _blocks(clock.t, block)
 
 
-def _timed(cls, names: tuple[str, ...], acc: dict[str, float]):
-    """A subclass of a trainledger callback whose methods (hooks included) add their own time to ``acc``."""
+def _timed(cls, names: tuple[str, ...], acc: dict[str, float], *, inner: tuple[str, ...] = (),
+           marks: list[dict[str, float]] | None = None):
+    """A subclass of a trainledger callback whose methods (hooks included) add their own time to ``acc`` (``acc["t"]``:
+    their total); ``inner``: methods they call, timed apart and left out of the total; ``marks``: a copy of ``acc``
+    taken as each call of ``names[0]`` (the step's first hook) begins, so a steady state can be told from the run's
+    first steps (the monitor's creation, the first batch's imports)."""
 
     class Timed(cls):
         def __init__(self, *a, **k):
             super().__init__(*a, **k)
-            for name in names:
+            for name in names + inner:
                 f = getattr(self, name)
 
-                def wrap(f=f, name=name):
+                def wrap(f=f, name=name, top=name in names, first=name == names[0]):
                     def timed(*a, **k):
+                        if first and marks is not None:
+                            marks.append(dict(acc))
                         t = time.perf_counter()
                         try:
                             return f(*a, **k)
                         finally:
                             dt = time.perf_counter() - t
-                            acc["t"] += dt
+                            if top:
+                                acc["t"] += dt
                             acc[name] = acc.get(name, 0.0) + dt
                     return timed
                 setattr(self, name, wrap())
@@ -340,35 +347,43 @@ def _timed(cls, names: tuple[str, ...], acc: dict[str, float]):
     return Timed
 
 
-def _self_time(tmp: Path, steps: int, reps: int, signer) -> None:
+def _self_time(tmp: Path, steps: int, reps: int, signer, skip: int = 48) -> None:
     """The callbacks' own time per step, measured inside the run: every method and hook of theirs timed (the end-to-end
-    difference above cannot resolve 1% of a step on this machine: runs drift by more than that)."""
+    difference above cannot resolve 1% of a step on this machine: runs drift by more than that), from step ``skip`` on
+    (the steady state: the first steps pay once for the monitor's creation and first imports), beside the same over
+    the whole run. "of which the fold": the monitor's work on a batch of queued steps and its journal lines, spread
+    over the steps. The timer's own cost is in every figure: an empty hook timed the same way is printed with them."""
     from trainledger.training.integrations import hf, lightning
 
-    for title, mod, names, fn in (
-            ("HF Trainer", hf, ("on_step_begin", "on_pre_optimizer_step", "on_step_end", "on_optimizer_step",
-                                "_forward", "_accumulated"), _hf),
-            ("Lightning", lightning, ("on_train_batch_start", "on_before_optimizer_step", "on_train_batch_end"),
-             _lightning),
-            ("Lightning LM", lightning, ("on_train_batch_start", "on_before_optimizer_step", "on_train_batch_end"),
-             _lightning_lm)):
+    pl = ("on_train_batch_start", "on_before_optimizer_step", "on_train_batch_end")
+    for title, mod, names, empty, fn in (
+            ("HF Trainer", hf, ("on_step_begin", "on_pre_optimizer_step", "on_step_end", "_forward", "_accumulated"),
+             "on_optimizer_step", _hf),
+            ("Lightning", lightning, pl, "on_before_zero_grad", _lightning),
+            ("Lightning LM", lightning, pl, "on_before_zero_grad", _lightning_lm)):
         real = mod.TrainledgerCallback
-        per, step, hooks = [], [], {}
+        per, whole, step, hooks = [], [], [], {}
         for _ in range(reps):
-            acc = {"t": 0.0}
-            mod.TrainledgerCallback = _timed(real, names, acc)
+            acc: dict[str, float] = {"t": 0.0}
+            marks: list[dict[str, float]] = []
+            mod.TrainledgerCallback = _timed(real, names, acc, inner=("_drain", empty), marks=marks)
             try:
                 step.append(fn("trainledger", tmp, steps, signer))
             finally:
                 mod.TrainledgerCallback = real
-            per.append(acc["t"] / steps)
-            for name in names:
-                hooks.setdefault(name, []).append(acc.get(name, 0.0) / steps)
+            a0, n = marks[skip], len(marks) - 1 - skip
+            a1 = marks[-1]
+            per.append((a1["t"] - a0["t"]) / n)
+            whole.append(acc["t"] / steps)
+            for name in names + ("_drain", empty):
+                hooks.setdefault(name, []).append((a1.get(name, 0.0) - a0.get(name, 0.0)) / n)
         p, s = statistics.median(per), statistics.median(step)
-        print(f"  {title:<11} callback's own time {p * 1e6:6.1f} us per step, {p / s:.2%} of its {s * 1e3:.3f} ms step "
-              f"(median of {reps})", flush=True)
-        print("              by hook: " + ", ".join(f"{n} {statistics.median(v) * 1e6:.1f} us" for n, v in hooks.items()
-                                                   if max(v) > 0), flush=True)
+        print(f"  {title:<11} callback's own time {p * 1e6:6.1f} us per step from step {skip} on, {p / s:.2%} of its "
+              f"{s * 1e3:.3f} ms step; {statistics.median(whole) * 1e6:.1f} us over the whole run (median of {reps})",
+              flush=True)
+        label = {"_drain": "of which the fold", empty: f"(an empty hook, {empty}, timed alike)"}
+        print("              by hook: " + ", ".join(f"{label.get(n, n)} {statistics.median(v) * 1e6:.1f} us"
+                                                   for n, v in hooks.items()), flush=True)
 
 
 def _table(title: str, kinds: list[str], fn, tmp: Path, steps: int, reps: int, signer) -> None:
