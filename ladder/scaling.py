@@ -55,6 +55,14 @@ _GRID = {"alpha": [0.0, 0.5, 1.0, 1.5, 2.0], "beta": [0.0, 0.5, 1.0, 1.5, 2.0], 
          "a": [0.0, 5.0, 10.0, 15.0, 20.0, 25.0], "b": [0.0, 5.0, 10.0, 15.0, 20.0, 25.0]}
 
 
+def _exp(t: float) -> float:
+    """``math.exp``, infinite where the value is past a float (a refit on a few resampled points can get there)."""
+    try:
+        return math.exp(t)
+    except OverflowError:
+        return math.inf
+
+
 def _np():
     try:
         import numpy as np
@@ -271,7 +279,10 @@ class ScalingFit:
         preds = []
         for th in self._boot_thetas():
             a, b, e, al, be = th
-            law = math.exp(e) + math.exp(a) / n_params ** al + math.exp(b) / tokens ** be
+            try:
+                law = math.exp(e) + math.exp(a) / n_params ** al + math.exp(b) / tokens ** be
+            except OverflowError:  # a refit on a few resampled points can put A or B past a float: the log form
+                law = _exp(e) + _exp(a - al * math.log(n_params)) + _exp(b - be * math.log(tokens))
             preds.append(law * math.exp(-res[rng.integers(0, len(res))]))
         lo, hi = np.quantile(np.array(preds), [(1 - level) / 2, 1 - (1 - level) / 2])
         return float(lo), float(hi)
@@ -291,7 +302,7 @@ class ScalingFit:
         errs = []
         for i, th in enumerate(thetas):
             a, b, e, al, be = th
-            pred = math.exp(e) + math.exp(a - al * x[i]) + math.exp(b - be * y[i])
+            pred = _exp(e) + _exp(a - al * x[i]) + _exp(b - be * y[i])
             errs.append(abs(pred - math.exp(logl[i])) / math.exp(logl[i]))
         return float(np.mean(errs))
 

@@ -143,3 +143,25 @@ def test_the_box_binds_on_memory():
                    memory_bytes_per_device=1e6, measured_mfu=0.4).choose(_fit(), SIZES)
 
 
+
+
+def test_an_interval_survives_a_bootstrap_refit_past_a_float():
+    """A refit on a few resampled points can put A or B past what a float holds (seen on a nine-point IsoFLOP grid:
+    math.exp(b) raised OverflowError from the interval): such a refit predicts by the log form (infinite where the
+    term itself is), and the interval is still made; the refits that fit in a float give the values they gave."""
+    import numpy as np
+
+    from trainledger.ladder import scaling
+
+    fit = fit_scaling_law([[n, d, 2.0 + 5 / n ** 0.3 + 40 / d ** 0.4] for n in (400, 1200, 4000)
+                           for d in (2e4, 8e4, 3e5)], seed=0)
+    before = fit.interval(8000, 2e5)
+    thetas = list(fit._boot_thetas())
+    a, b, e, al, be = thetas[0]
+    thetas[0] = np.array([a, 800.0, e, al, 120.0])  # B = e^800: past a float; B / D^beta is not (800 - 120 ln D)
+    thetas[1] = np.array([a, 2000.0, e, al, 0.1])  # a term that is itself past a float: infinite
+    scaling._BOOT[fit] = thetas
+    lo, hi = fit.interval(8000, 2e5)
+    assert math.isfinite(lo) and lo <= hi
+    assert lo == pytest.approx(before[0], rel=0.05)
+    scaling._BOOT.pop(fit)
