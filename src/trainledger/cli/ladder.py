@@ -27,7 +27,8 @@ def register(sub) -> None:
                                    "real ones that cannot run here. Needs the torch extra.")
     p.add_argument("out", metavar="OUT_DIR", help="run folder to create (must not hold a ladder yet)")
     p.add_argument("--preset", choices=("scaling", "tiny", "halt"), default="scaling",
-                   help="scaling (the default): six pilots of increasing size measured on held-out data, then the "
+                   help="scaling (the default): nine pilots (three sizes at each of three compute budgets) measured on "
+                        "held-out data, then the "
                         "headline run sized by the scaling-law fit inside a compute box, its prediction checked; tiny: the seed's "
                         "three-rung ladder that passes; halt: the seed's ladder with an impossible bar")
     p.add_argument("--peak-flops", type=float, default=None,
