@@ -37,7 +37,7 @@ __all__ = [
 
 #: Major.minor version of the line format this package writes. A reader refuses
 #: a newer major version; a newer minor version only adds event kinds.
-FORMAT_VERSION = "1.9"
+FORMAT_VERSION = "1.10"
 
 
 class Event(

@@ -148,6 +148,18 @@ def every_kind(path: Path) -> Path:
     j.append(DecisionRecorded(rung="rung_i", belief_before={"a": 1.0, "b": 1.0, "mean": 0.5},
                               evidence=[started_h, verdict_h], belief_after={"a": a, "b": b, "mean": a / (a + b)},
                               action_chosen="advance" if passed else "halt_ladder"), durable=True)
+    # 1.10: the blow-up and divergence rules, in a segment of their own (a run_configured starts one): a declared
+    # chance level of 12, a loss that falls to 2 (a quarter of it and less), blows up to 30 (over twice 12: loss_blowup), comes
+    # back and then climbs to 4.5 in blocks of two (loss_divergence)
+    from trainledger.training.health.trend import TREND_DEFAULTS
+
+    config = RunConfigured(n_params=7104, n_layer=2, n_head=2, head_dim=8, seq_len=8, peak_flops_per_sec=1e12,
+                           devices=1, loss_window=16, loss_min_periods=4, grad_norm_window=16, grad_norm_min_periods=4,
+                           loss_scale="log", **RANGE_DEFAULTS, **dict(TREND_DEFAULTS, trend_window=2, chance_loss=12.0))
+    proj = HealthProjection(config)
+    j.append(config)
+    for i, loss in enumerate([2.0, 2.0, 2.02, 1.98, 2.0, 2.0, 2.0, 2.0, 30.0, 2.0, 3.0, 3.0, 4.5, 4.5], start=27):
+        observe(StepObserved(step=i, loss=loss, grad_norm=1.0, lr=3e-4, step_time_s=0.01, tokens=32))
     from trainledger.training.health.mfu import record_compute
 
     record_compute(j)  # 1.3: the training compute of every step above, one figure
@@ -327,8 +339,8 @@ def expectations(path: Path) -> dict:
 #: The goldens this code can write. Older ones (every_kind_v1.jsonl: format 1.0, before spike_suspected and the
 #: peak's provenance) are frozen: no builder, never rewritten, and they must keep verifying and replaying.
 # every_kind_v1.jsonl (1.0), every_kind_v1_1.jsonl (1.1), every_kind_v1_2.jsonl (1.2), every_kind_v1_3.jsonl (1.3)
-# and every_kind_v1_6.jsonl (1.6) are frozen: this code writes the current format.
-GOLDENS = {"every_kind_v1_9.jsonl": every_kind, "resumed_rewound_v1_1.jsonl": resumed_rewound,
+# every_kind_v1_6.jsonl (1.6) and every_kind_v1_9.jsonl (1.9) are frozen: this code writes the current format.
+GOLDENS = {"every_kind_v1_10.jsonl": every_kind, "resumed_rewound_v1_1.jsonl": resumed_rewound,
            "ladder_halt_v1_1.jsonl": ladder_halt, "experiment_v1_1.jsonl": experiment,
            "scaling_ladder_v1_2.jsonl": scaling_ladder, "rank_keys_v1_7.jsonl": rank_keys,
            "compute_v1_7.jsonl": compute, "ladder_closed_v1_7.jsonl": ladder_closed}

@@ -91,6 +91,17 @@ class RunConfigured(Event, tag="run_configured", frozen=True, kw_only=True):
     #: 1.7: model FLOPs of this model's earlier runs (a base model's, a pre-training run's), declared, counted toward
     #: the thresholds
     carried_flops: float = 0.0
+    #: 1.10: the blow-up rule (training/health/trend.py, docs/monitor.md): once a block of ``trend_window`` losses has
+    #: a median at most the start level / blowup_factor, a loss above sqrt(blowup_factor) x it is a ``loss_blowup``; the start
+    #: level is ``chance_loss`` where declared, else the median of the first ``loss_min_periods`` losses. Absent:
+    #: off (every journal before 1.10)
+    blowup_factor: float | None = None
+    chance_loss: float | None = None
+    #: 1.10: the divergence rule: each series in blocks of ``trend_window`` values; a block whose median is at least
+    #: ``trend_ratio`` x the lowest of the blocks before it (after the block before it rose to sqrt of that) is a
+    #: ``loss_divergence`` / ``grad_norm_divergence``. Absent: off (every journal before 1.10)
+    trend_window: int | None = None
+    trend_ratio: float = 2.0
 
     def __post_init__(self) -> None:
         # Runs on decode too (msgspec): a signed journal with impossible settings fails verification as a schema
@@ -132,6 +143,16 @@ class RunConfigured(Event, tag="run_configured", frozen=True, kw_only=True):
         if not (isinstance(self.carried_flops, (int, float)) and math.isfinite(self.carried_flops)
                 and self.carried_flops >= 0):
             raise ValueError(f"carried_flops must be a finite number >= 0, got {self.carried_flops!r}")
+        for name, lo in (("blowup_factor", 1.0), ("chance_loss", 0.0)):
+            v = getattr(self, name)
+            if v is not None and not (isinstance(v, (int, float)) and math.isfinite(v) and v > lo):
+                raise ValueError(f"{name} must be a finite number above {lo:g} or absent, got {v!r}")
+        w = self.trend_window
+        if w is not None and not (isinstance(w, int) and 2 <= w <= MAX_WINDOW):
+            raise ValueError(f"trend_window must be an integer from 2 to {MAX_WINDOW} or absent, got {w!r}")
+        r = self.trend_ratio
+        if not (isinstance(r, (int, float)) and math.isfinite(r) and r > 1):
+            raise ValueError(f"trend_ratio must be a finite number above 1, got {r!r}")
 
 
 class AnomalyDetected(Event, tag="anomaly_detected", frozen=True, kw_only=True):

@@ -144,7 +144,8 @@ class Recorder:
                  meta: dict[str, Any] | None = None, continue_from: str | os.PathLike | None = None,
                  release_key: str | os.PathLike | None = None, rank_keys: str | None = None,
                  fail_closed_after_s: float | None = None, compute_thresholds: dict[str, float] | None = None,
-                 carried_flops: float | None = None, device_kind: str | None = None, batch: int | None = None):
+                 carried_flops: float | None = None, device_kind: str | None = None, batch: int | None = None,
+                 chance_loss: float | None = None):
         if key is not None and signer is not None:
             raise UsageError("Recorder takes the run's signing key once: key= or signer=, not both")
         if keep_last is not None and keep_last < 1:
@@ -194,6 +195,8 @@ class Recorder:
                                                  "compute_thresholds": compute_thresholds}
         if carried_flops is not None:
             self._monitor_options["carried_flops"] = carried_flops
+        if chance_loss is not None:  # the blow-up rule's start level (format 1.10): ln 10 for ten classes
+            self._monitor_options["chance_loss"] = chance_loss
         #: the step to run next: 0 for a new run, the restored checkpoint's step + 1 after a resume
         self.start = 0
         #: the restored checkpoint's ``data_state`` (what you passed to checkpoint()), or None

@@ -26,6 +26,7 @@ from trainledger.journal import accel as _accel
 from trainledger.journal.codec import UnknownEvent, record_type
 from trainledger.journal.events import RunResumed, StepObserved
 from trainledger.training.health.mfu import MfuAccounting
+from trainledger.training.health.trend import TrendRules
 from trainledger.training.kinds import (MAX_WINDOW, AnomalyDetected, AnomalyEnded, DataWindowSkipped,  # noqa: F401
                                         DetectorParams, RewindDecided, RunConfigured, SpikeSuspected)
 
@@ -573,6 +574,11 @@ class HealthProjection:
             self._handlers[cls] = fn
             self._handlers[record_type(cls)] = fn
         self.mfu_accounting = MfuAccounting(c)  # the one MFU implementation (training/health/mfu.py)
+        #: format 1.10: the blow-up and divergence rules (training/health/trend.py); None where the run configured
+        #: neither (every journal before 1.10)
+        self._trend = TrendRules(blowup_factor=c.blowup_factor, chance_loss=c.chance_loss,
+                                 start_periods=c.loss_min_periods, window=c.trend_window, ratio=c.trend_ratio) \
+            if c.blowup_factor is not None or c.trend_window is not None else None
 
     # ------------------------------------------------------------ the fold
 
@@ -636,6 +642,10 @@ class HealthProjection:
                                              value=g)]
         if self._range and (self._joint is not None or (self._loss.joint and self._grad.joint)):
             out = self._joint_rule(step, loss, g, out, in_episode)  # (force is only ever set with a joint pending)
+        if self._trend is not None:
+            t = self._trend.step(step, loss, g)
+            if t:
+                out = out + t
         fp = ev.batch_fingerprint
         if fp is not None:
             fps = self._fingerprints
@@ -745,6 +755,8 @@ class HealthProjection:
                     self.mfu_over += out[8]
                     if compute is not None:
                         compute.add_run(k, out[1], out[9], out[10], out[11], out[12], events, i)
+                    if self._trend is not None:  # (format 1.10: not in the C run; every step, in order)
+                        self._trend_run(events, i, stop, after)
                     i = stop
                     if i >= hi:
                         break
@@ -755,6 +767,20 @@ class HealthProjection:
             if after is not None:
                 after(ev, found)
             i += 1
+
+    def _trend_run(self, events: list[Any], lo: int, hi: int,
+                   after: Callable[[Any, list[AnomalyDetected]], None] | None) -> None:
+        """The blow-up and divergence rules (format 1.10) over ``events[lo:hi]``, steps the C run folded: what
+        :meth:`_step` does for them on each step, the anomalies counted the same way."""
+        rules = self._trend.step
+        for ev in events[lo:hi]:
+            found = rules(ev.step, ev.loss, ev.grad_norm)
+            if found:
+                for a in found:
+                    self.anomalies.append(a)
+                    self.by_kind[a.anomaly] = self.by_kind.get(a.anomaly, 0) + 1
+                if after is not None:
+                    after(ev, found)
 
     def take_suspected(self) -> list[SpikeSuspected]:
         """The ``spike_suspected`` events the last folds produced (the live monitor appends them; replay
@@ -795,6 +821,8 @@ class HealthProjection:
         if s is not None:
             self._loss.base.rewind_to(s)
             self._grad.base.rewind_to(s)
+        if self._trend is not None:
+            self._trend.resume(s)
         self._pending_resume = {"from_step": s, "reason": ev.reason, "checkpoint": ev.checkpoint,
                                 "left": RESTART_WINDOW}
         return _NONE
@@ -880,6 +908,7 @@ class HealthProjection:
             **({"loss_episode": self._loss.episode} if self._loss_log else {}),  # 1.4 only: older digests hold
             **({"range": {"grad_episode": self._grad.episode, "joint": self._joint, "loss_ep": self._loss.ep,
                           "grad_ep": self._grad.ep, "data_ep": self._dd}} if self._range else {}),  # 1.6
+            **({"trend": self._trend.state()} if self._trend is not None else {}),  # 1.10
         }
 
     @classmethod
@@ -911,4 +940,6 @@ class HealthProjection:
             for det, key in ((p._loss, "loss_ep"), (p._grad, "grad_ep")):
                 det.ep = list(rng[key]) if rng.get(key) is not None else None
             p._dd = list(rng["data_ep"]) if rng.get("data_ep") is not None else None
+        if p._trend is not None and isinstance(d.get("trend"), dict):
+            p._trend.load(d["trend"])
         return p

@@ -23,6 +23,7 @@ from trainledger.journal.reader import fold_events
 from trainledger.journal.writer import DURABLE
 from trainledger.training.health.detectors import (RANGE_DEFAULTS, RESUME_HORIZON, AnomalyDetected, DetectorParams,
                                                    HealthProjection, RunConfigured)
+from trainledger.training.health.trend import TREND_DEFAULTS
 
 from trainledger.journal.statements.compute.figures import DEFAULT_COMPUTE_THRESHOLDS
 from trainledger.training.health.flops import FlopConfig
@@ -58,6 +59,13 @@ class TrainingHealthMonitor:
     that the rule scored (``log_z``). ``spike_rule=None`` keeps the rules of formats 1.4-1.5 (and
     ``loss_scale="linear"`` the seed's, 1.0-1.3).
 
+    ``trend_rules=True`` (journal format 1.10, the default with the default spike rule) adds two rules for what a
+    rolling window cannot see (training/health/trend.py, docs/monitor.md): ``loss_blowup``, a loss above twice where
+    the run started (or twice ``chance_loss``, a declared chance level such as ln 10 for ten classes) after it had
+    fallen to a quarter of it, and ``loss_divergence`` / ``grad_norm_divergence``, a series whose 25-step median
+    doubled against its own earlier level. ``trend_rules=False`` leaves them out (a loss meant to rise: an
+    adversarial or RL objective).
+
     Raises ``ValueError`` at construction for an invalid setting.
     """
 
@@ -82,6 +90,8 @@ class TrainingHealthMonitor:
         device_kind: str | None = None,
         compute_thresholds: dict[str, float] | None = None,
         carried_flops: float = 0.0,
+        trend_rules: bool = True,
+        chance_loss: float | None = None,
     ):
         DetectorParams(loss_window, loss_min_periods, loss_z_thresh, "loss")
         DetectorParams(grad_norm_window, grad_norm_min_periods, grad_norm_z_thresh, "grad_norm")
@@ -94,6 +104,13 @@ class TrainingHealthMonitor:
             raise ValueError("flop_config must be a training.flops.FlopConfig (see flop_config_from_causal_lm)")
         if spike_rule == "default":  # the range rule scores the log of the loss: with the linear scale, the seed's rule
             spike_rule = "range" if loss_scale == "log" else None
+        if chance_loss is not None and not (trend_rules and spike_rule is not None):
+            raise ValueError("chance_loss= is the blow-up rule's start level: it needs trend_rules=True and the "
+                             "default spike rule")
+        # format 1.10's blow-up and divergence rules, with the default rules only: spike_rule=None and the linear
+        # scale keep the rules of the formats they name
+        trend = dict(TREND_DEFAULTS, chance_loss=_opt_float("chance_loss", chance_loss)) \
+            if trend_rules and spike_rule is not None else {}
         fc = flop_config
         self.config = RunConfigured(
             n_params=fc.n_params if fc else None, n_layer=fc.n_layer if fc else None,
@@ -110,7 +127,7 @@ class TrainingHealthMonitor:
             # format 1.6's "range" rule, with the immediate factor tools/bench_detection.py chose for it
             **(dict(RANGE_DEFAULTS, spike_rule=spike_rule) if spike_rule is not None else {}),
             device_kind=device_kind, compute_thresholds={**DEFAULT_COMPUTE_THRESHOLDS, **(compute_thresholds or {})},
-            carried_flops=float(carried_flops),
+            carried_flops=float(carried_flops), **trend,
         )
         self.journal = journal
         self._proj = HealthProjection(self.config)

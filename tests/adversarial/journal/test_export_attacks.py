@@ -350,7 +350,7 @@ def test_a_decompression_bomb_fails_at_once_within_bounded_memory_and_disk(tmp_p
     assert main(["export", "parquet", str(GOLDEN / "every_kind_v1_3.jsonl"), str(ex), "--lines",
                  "--pubkey", str(pub)]) == 0
     bomb = _bomb(ex, tmp_path / "bomb", dictionary=dictionary)
-    assert sum(f.stat().st_size for f in bomb.rglob("*") if f.is_file()) < 200_000
+    assert sum(f.stat().st_size for f in bomb.rglob("*") if f.is_file()) < 256_000  # (600 MiB once decoded)
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     # the peak from /proc (VmHWM starts anew at exec; ru_maxrss would count the forked test process's)

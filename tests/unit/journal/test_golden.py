@@ -15,8 +15,8 @@ JOURNALS = sorted(GOLDEN.glob("*.jsonl"))
 
 
 def test_goldens_exist():
-    assert [p.name for p in JOURNALS] == ["compute_v1_7.jsonl", "every_kind_v1.jsonl", "every_kind_v1_1.jsonl", "every_kind_v1_2.jsonl",
-                                          "every_kind_v1_3.jsonl", "every_kind_v1_6.jsonl", "every_kind_v1_9.jsonl", "experiment_v1_1.jsonl", "ladder_closed_v1_7.jsonl", "ladder_halt_v1_1.jsonl",
+    assert [p.name for p in JOURNALS] == ["compute_v1_7.jsonl", "every_kind_v1.jsonl", "every_kind_v1_1.jsonl", "every_kind_v1_10.jsonl",
+                                          "every_kind_v1_2.jsonl", "every_kind_v1_3.jsonl", "every_kind_v1_6.jsonl", "every_kind_v1_9.jsonl", "experiment_v1_1.jsonl", "ladder_closed_v1_7.jsonl", "ladder_halt_v1_1.jsonl",
                                           "rank_keys_v1_7.jsonl", "resumed_rewound_v1_1.jsonl", "scaling_ladder_v1_2.jsonl"]
 
 

@@ -22,6 +22,7 @@ from trainledger.training.kinds import RunConfigured
 from trainledger.journal.kinds import RunResumed
 from trainledger.training.audit import HealthAudit
 from trainledger.training.health import detectors
+from trainledger.training.health.trend import TREND_DEFAULTS
 
 pytestmark = pytest.mark.skipif(detectors._health_run is None, reason="the C accelerator is not built")
 
@@ -36,10 +37,16 @@ def _journal(events, path):
 
 
 def stream(seed: int, path, n: int = 3000, spike_rule: str | None = None):
-    """``spike_rule="range"`` (format 1.6): the loss on the log scale, scored with the range rule's episodes."""
+    """``spike_rule="range"`` (format 1.6): the loss on the log scale, scored with the range rule's episodes;
+    ``"trend"``: that and format 1.10's blow-up and divergence rules (a declared chance level or the start's), over
+    a stream whose loss climbs 4x over 300 steps in the middle."""
     rng = random.Random(seed)
     scale = rng.choice(["log", "linear"])
-    rule = {} if spike_rule is None else dict(detectors.RANGE_DEFAULTS, spike_rule=spike_rule)
+    rule = {} if spike_rule is None else dict(detectors.RANGE_DEFAULTS, spike_rule="range")
+    trend = {}
+    if spike_rule == "trend":  # (a later segment's run_configured keeps them)
+        trend = dict(TREND_DEFAULTS, chance_loss=rng.choice([None, 9.0]), trend_window=rng.choice([10, 25]))
+        rule.update(trend)
     evs: list = [RunConfigured(n_params=1000, n_layer=2, n_head=2, head_dim=4, seq_len=16, peak_flops_per_sec=1e9,
                                loss_window=rng.choice([8, 16, 64]), loss_min_periods=rng.choice([4, 8]),
                                loss_scale="log" if rule else scale, grad_norm_window=16, grad_norm_min_periods=4,
@@ -47,15 +54,19 @@ def stream(seed: int, path, n: int = 3000, spike_rule: str | None = None):
     step = 0
     for _ in range(n):
         r = rng.random()
+        if trend and 900 <= step < 1400:  # no resume or new segment while the divergence rises
+            r = 1.0
         if r < 0.004:
             evs.append(RunResumed(from_step=max(0, step - rng.randint(1, 50)), reason="crash"))
             continue
         if r < 0.006:
             evs.append(RunConfigured(peak_flops_per_sec=None if rng.random() < 0.5 else 2e9, loss_window=16,
                                      loss_min_periods=4, n_params=None if rng.random() < 0.5 else 500, n_layer=1,
-                                     n_head=1, head_dim=4, seq_len=8, resume_horizon=24))
+                                     n_head=1, head_dim=4, seq_len=8, resume_horizon=24, **trend))
             continue
         loss = 2.0 + math.exp(-step / 500) + rng.gauss(0, 0.02)
+        if spike_rule == "trend" and 1000 <= step < 1600:
+            loss *= 1 + 3 * min(step - 1000, 300) / 300  # a slow divergence, then back
         u = rng.random()
         if u < 0.01:
             loss *= rng.choice([3.0, 10.0, 50.0])  # a spike
@@ -87,7 +98,7 @@ def fold(path, key) -> HealthAudit:
     return a
 
 
-@pytest.mark.parametrize("spike_rule", [None, "range"])
+@pytest.mark.parametrize("spike_rule", [None, "range", "trend"])
 @pytest.mark.parametrize("seed", range(8))
 def test_runs_in_c_fold_as_the_python_steps_do(seed, spike_rule, tmp_path, monkeypatch):
     path, key = stream(seed, tmp_path / "j.jsonl", spike_rule=spike_rule)
@@ -103,6 +114,11 @@ def test_runs_in_c_fold_as_the_python_steps_do(seed, spike_rule, tmp_path, monke
                 [(q, msgspec.to_builtins(x)) for q, x in py.recomputed + py.suspected + py.ended])
     assert [getattr(c.compute, f) for f in c.compute.__slots__] == [getattr(py.compute, f) for f in py.compute.__slots__]
     assert c.recomputed, "the stream should find some anomalies"
+    if spike_rule == "trend":  # the new rules fired, in the C runs' steps too
+        kinds = {a.anomaly for _, a in c.recomputed}
+        assert "loss_divergence" in kinds, kinds
+        if c.proj.config.chance_loss is not None:
+            assert "loss_blowup" in kinds, kinds
 
 
 @pytest.mark.parametrize("spike_rule", [None, "range"])
