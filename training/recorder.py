@@ -93,6 +93,57 @@ def _grouped() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
+class _ComputeClock:
+    """The moment a DDP model's last gradient bucket of a step is ready (its communication hook: the default
+    all-reduce, with a timestamp when ``bucket.is_last()``): the end of this rank's own backward, before it waits on
+    the other ranks. :meth:`take` gives the time from the previous step's end to that moment."""
+
+    __slots__ = ("ready", "start")
+
+    def __init__(self) -> None:
+        self.ready: float | None = None
+        self.start = 0.0
+
+    @classmethod
+    def attach(cls, model: Any) -> _ComputeClock | None:
+        """A clock on ``model``'s communication hook; None, said once on stderr, where there is no DDP model to
+        time or it has a hook of its own (then the straggler windows score the step time, which every rank shares
+        under a synchronous all-reduce)."""
+        from torch.nn.parallel import DistributedDataParallel
+
+        if not isinstance(model, DistributedDataParallel):
+            sys.stderr.write("trainledger: the model is not a DistributedDataParallel: the straggler windows score "
+                             "the step time (pass the DDP model as model= for each rank's own compute time)\n")
+            return None
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+        clock = cls()
+
+        def hook(group, bucket):
+            if bucket.is_last():
+                clock.ready = time.perf_counter()
+            return allreduce_hook(group, bucket)
+
+        import torch
+        import torch.distributed as dist
+
+        # DDP checks the hook's annotations as objects (this module's are strings: postponed evaluation)
+        hook.__annotations__ = {"bucket": dist.GradBucket, "return": torch.futures.Future[torch.Tensor]}
+
+        try:
+            model.register_comm_hook(model.process_group, hook)
+        except RuntimeError as e:  # a hook of the user's own (compression, PowerSGD): DDP takes one
+            sys.stderr.write(f"trainledger: cannot time this rank's compute ({str(e).splitlines()[0][:120]}): the "
+                             "straggler windows score the step time\n")
+            return None
+        return clock
+
+    def take(self, now: float) -> float | None:
+        ready, self.ready = self.ready, None
+        start, self.start = self.start, now
+        return None if ready is None or ready < start else ready - start
+
+
 def _rank_info(run: Path) -> Any:
     """torchrun's place for this process, else None."""
     return rank_info(run_dir=run) if in_torchrun() else None
@@ -145,7 +196,8 @@ class Recorder:
                  release_key: str | os.PathLike | None = None, rank_keys: str | None = None,
                  fail_closed_after_s: float | None = None, compute_thresholds: dict[str, float] | None = None,
                  carried_flops: float | None = None, device_kind: str | None = None, batch: int | None = None,
-                 chance_loss: float | None = None):
+                 chance_loss: float | None = None, stragglers: bool = True, straggler_every: int | None = None,
+                 straggler_threshold: float = 0.8):
         if key is not None and signer is not None:
             raise UsageError("Recorder takes the run's signing key once: key= or signer=, not both")
         if keep_last is not None and keep_last < 1:
@@ -225,7 +277,20 @@ class Recorder:
         #: the default step's path, looked up once: the journal's queue, the monitor's fold and what it found
         self._later, self._fold = self.journal.append_later, self.monitor.fold_queued
         self._found = self.monitor.found_queued
+        #: under torchrun with a process group (world > 1): the straggler windows (training.distributed's detector,
+        #: every rank, one small collective a window) over each rank's own compute time, timed by ``_clock`` (the
+        #: DDP model's communication hook: the moment its last gradient bucket is ready, before it waits on the
+        #: others); None in one process, or with ``stragglers=False``
+        self._stragglers: Any = None
+        self._clock: _ComputeClock | None = None
+        if stragglers and self.rank_info is not None and _grouped():
+            from trainledger.training.distributed.ranks import StragglerDetector
+
+            self._clock = _ComputeClock.attach(model)
+            self._stragglers = StragglerDetector(self.journal, every=straggler_every, threshold=straggler_threshold)
         self._t = time.perf_counter()
+        if self._clock is not None:
+            self._clock.start = self._t
 
     def _learn_run_key(self) -> None:
         learn_run_key(self.signer, self.journal)
@@ -344,6 +409,9 @@ class Recorder:
         dt = now - self._t if step_time_s is None else step_time_s
         self._t = now
         self._step = step
+        ct = None
+        if self._stragglers is not None:  # under torchrun: this rank's own time, and the straggler windows
+            ct = self._compute_time(step, now, dt)
         if self._queued:
             if type(step) is int and type(loss) is float and type(dt) is float \
                     and (grad_norm is None or type(grad_norm) is float) and (lr is None or type(lr) is float) \
@@ -351,20 +419,31 @@ class Recorder:
                     and batch_fingerprint is None:
                 # the default: the step queued with the journal, folded by its next drain (in order, warm, off this
                 # call); returned are the anomalies the folds found since the previous call
-                self._later(self._fold, (step, loss, grad_norm, lr, dt, batch_size, tokens))
+                self._later(self._fold, (step, loss, grad_norm, lr, dt, batch_size, tokens) if ct is None
+                            else (step, loss, grad_norm, lr, dt, batch_size, tokens, ct))
                 return _taken(self._found) if self._found else []
             before = self.hand_over()  # a step not queued: the queued ones are folded first
             found = self.monitor.observe_step(step, loss, grad_norm=grad_norm, step_time_s=dt, batch_size=batch_size,
-                                              tokens=tokens, lr=lr, batch_fingerprint=batch_fingerprint)
+                                              tokens=tokens, lr=lr, batch_fingerprint=batch_fingerprint,
+                                              compute_time_s=ct)
             return before + found if before else found
         q = self._queue
         if q is None:  # batch=1
             return self.monitor.observe_step(step, loss, grad_norm=grad_norm, step_time_s=dt, batch_size=batch_size,
-                                             tokens=tokens, lr=lr, batch_fingerprint=batch_fingerprint)
+                                             tokens=tokens, lr=lr, batch_fingerprint=batch_fingerprint,
+                                             compute_time_s=ct)
         if q.add(step, loss, grad_norm, {"step_time_s": dt, "batch_size": batch_size, "tokens": tokens, "lr": lr,
-                                         "batch_fingerprint": batch_fingerprint}):
+                                         "batch_fingerprint": batch_fingerprint, "compute_time_s": ct}):
             return self.hand_over()
         return []
+
+    def _compute_time(self, step: int, now: float, dt: float) -> float | None:
+        """This rank's own time in the step (its batch, forward and backward, up to its last gradient bucket being
+        ready: before it waits on the other ranks), journaled as ``compute_time_s``; the straggler windows score it
+        (the step time where the model gives no such moment: every rank then shows the slowest one's time)."""
+        ct = self._clock.take(now) if self._clock is not None else None
+        self._stragglers.observe(step, ct if ct is not None else dt)
+        return ct
 
     def hand_over(self) -> list[Any]:
         """Hand the queued steps to the monitor now, in order; returns the anomalies found since the previous call
@@ -545,6 +624,8 @@ class Recorder:
         """Close the journal (sealed, durable); returns the monitor's report."""
         self._settle()
         report = self.monitor.report()
+        if self._stragglers is not None and status == "completed":
+            self._stragglers.finish()  # the last, partial window (a collective: every rank closes together)
         record_compute(self.journal)
         if self.rank_info is not None and status == "completed":
             self.anchor(report["last_step"])  # every rank reaches the end together

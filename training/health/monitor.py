@@ -196,17 +196,17 @@ class TrainingHealthMonitor:
             after = found + proj.take_suspected() + proj.take_ended()
         return found, crossed, after
 
-    def fold_queued(self, item: tuple[int, float, float | None, float | None, float, int | None, int | None]) \
-            -> list[Any]:
+    def fold_queued(self, item: tuple[Any, ...]) -> list[Any]:
         """A step queued with ``Journal.append_later`` (the Recorder's default): ``(step, loss, grad_norm, lr,
-        step_time_s, batch_size, tokens)``, each already of its type, folded by the journal's drain (in order, with
+        step_time_s, batch_size, tokens)`` and, under torchrun, ``compute_time_s`` (the rank's own time), each
+        already of its type, folded by the journal's drain (in order, with
         warm caches, off the training thread's call). Returns the lines it adds, as :meth:`observe_step` appends
         them: the step, a compute threshold's receipt (then sealed durably: ``DURABLE``), its anomalies, the
         candidates not confirmed and the episodes ended. Its anomalies are also kept in :attr:`found_queued`, for
         whoever queued the step to take. Never raises (a drain has no caller to raise to)."""
-        step, loss, grad_norm, lr, dt, batch_size, tokens = item
+        step, loss, grad_norm, lr, dt, batch_size, tokens = item[:7]
         ev = StepObserved(step=step, loss=loss, grad_norm=grad_norm, lr=lr, step_time_s=dt, examples=batch_size,
-                          tokens=tokens)
+                          tokens=tokens, compute_time_s=item[7] if len(item) > 7 else None)
         found, crossed, after = self._fold(ev)
         if found:
             self.found_queued += found
