@@ -149,8 +149,8 @@ def every_kind(path: Path) -> Path:
                               evidence=[started_h, verdict_h], belief_after={"a": a, "b": b, "mean": a / (a + b)},
                               action_chosen="advance" if passed else "halt_ladder"), durable=True)
     # 1.10: the blow-up and divergence rules, in a segment of their own (a run_configured starts one): a declared
-    # chance level of 12, a loss that falls to 2 (a quarter of it and less), blows up to 30 (over twice 12: loss_blowup), comes
-    # back and then climbs to 4.5 in blocks of two (loss_divergence)
+    # chance level of 12, a loss about 2 (a quarter of it and less) that climbs to 4.5 in blocks of two
+    # (loss_divergence), blows up to 30 (over twice 12: loss_blowup) and comes back
     from trainledger.training.health.trend import TREND_DEFAULTS
 
     config = RunConfigured(n_params=7104, n_layer=2, n_head=2, head_dim=8, seq_len=8, peak_flops_per_sec=1e12,
@@ -158,7 +158,8 @@ def every_kind(path: Path) -> Path:
                            loss_scale="log", **RANGE_DEFAULTS, **dict(TREND_DEFAULTS, trend_window=2, chance_loss=12.0))
     proj = HealthProjection(config)
     j.append(config)
-    for i, loss in enumerate([2.0, 2.0, 2.02, 1.98, 2.0, 2.0, 2.0, 2.0, 30.0, 2.0, 3.0, 3.0, 4.5, 4.5], start=27):
+    for i, loss in enumerate([1.6, 2.4, 1.6, 2.4, 1.6, 2.4, 1.6, 2.4, 3.0, 3.0, 3.2, 3.2, 4.5, 4.5, 30.0, 2.0],
+                             start=27):
         observe(StepObserved(step=i, loss=loss, grad_norm=1.0, lr=3e-4, step_time_s=0.01, tokens=32))
     from trainledger.training.health.mfu import record_compute
 

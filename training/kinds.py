@@ -98,7 +98,7 @@ class RunConfigured(Event, tag="run_configured", frozen=True, kw_only=True):
     blowup_factor: float | None = None
     chance_loss: float | None = None
     #: 1.10: the divergence rule: each series in blocks of ``trend_window`` values; a block whose median is at least
-    #: ``trend_ratio`` x the lowest of the blocks before it (after the block before it rose to sqrt of that) is a
+    #: ``trend_ratio`` x the second lowest of the 24 blocks before it (the two before it half as far) is a
     #: ``loss_divergence`` / ``grad_norm_divergence``. Absent: off (every journal before 1.10)
     trend_window: int | None = None
     trend_ratio: float = 2.0

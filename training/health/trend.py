@@ -19,11 +19,14 @@ Each series (the loss; the grad norm) is cut into blocks of W finite positive va
 level. The ``TREND_LOOKBACK`` blocks before a block give a baseline, the second lowest of their levels, and a
 spread, their block-to-block wander: 1.4826 x the median absolute difference of consecutive levels' logs, over
 sqrt 2 (a steady trend is not wander). A block whose level is above the baseline by at least max(log R,
-``TREND_NOISE`` x spread), in log units, after the block before it rose by half that, is a divergence of that
+``TREND_NOISE`` x spread), in log units, after the ``TREND_PERSIST`` blocks before it rose by half that, is a
+divergence of that
 series, flagged at the block's last step (``value`` its level, ``baseline_median`` the baseline, ``mad`` the
 spread, ``z_score`` the rise over the spread, ``threshold`` the multiple needed). Nearly the lowest, not the
 median: a rise that takes as long as the lookback would carry a median up with it; not the lowest itself, the
-luckiest block of a noisy series. A loss that climbs for hundreds of
+luckiest block of a noisy series. A step the spike rules flagged (a spike, a NaN) makes both series forget their
+earlier levels too: what follows is measured from where it leaves the run, since the anomaly is on record against
+the level before it. A loss that climbs for hundreds of
 steps follows a rolling window up, so the spike rules never see it; this rule holds the series to its own earlier
 level instead, and a series whose block medians wander (a classifier's batch losses span decades) must rise further
 than its wandering. Falling curves (warm-up, a schedule's decay, an lr drop) never trip it; a series must have
@@ -47,7 +50,9 @@ TREND_LOOKBACK = 24
 TREND_MIN_BLOCKS = 4
 #: a rise must also be this many robust sigma of the earlier blocks' levels (log units): a noisy series' block
 #: medians wander by more than a quiet one's
-TREND_NOISE = 5.0
+TREND_NOISE = 7.0
+#: the blocks before the flagged one that must have risen half as far (a climb, not one block's wander)
+TREND_PERSIST = 2
 #: 1 / Phi^-1(3/4), as the spike rules' MAD (detectors.MAD_SCALE)
 MAD_SCALE = 1.4826
 #: what the monitor records by default (format 1.10)
@@ -86,7 +91,8 @@ class _Series:
             base = sorted(logs)[1]  # the second lowest: low enough to hold a slow rise, not the luckiest block
             need = max(math.log(ratio), TREND_NOISE * spread)
             rise = math.log(level) - base
-            if rise >= need and math.log(levels[-1][1]) - base >= need / 2:
+            if rise >= need \
+                    and all(math.log(lv) - base >= need / 2 for _, lv in levels[-TREND_PERSIST:]):
                 found = AnomalyDetected(step=step, anomaly=f"{self.name}_divergence", value=level,
                                         baseline_median=math.exp(base), mad=spread, z_score=rise / spread
                                         if spread > 0 else None, threshold=math.exp(need), rule="trend")
@@ -129,8 +135,14 @@ class TrendRules:
         self.grad = _Series("grad_norm")
         self._arm_block: list[float] = []  # without a trend window, the blocks that arm the blow-up rule
 
-    def step(self, step: int, loss: float, g: float | None) -> list[AnomalyDetected]:
+    def step(self, step: int, loss: float, g: float | None, spiked: bool = False) -> list[AnomalyDetected]:
+        """``spiked``: the spike rules flagged this step (a spike, a NaN): what follows it is measured from where
+        it leaves the run (both series' earlier levels forgotten), not held to the level before it, which that
+        anomaly is already on record against."""
         out: list[AnomalyDetected] = []
+        if spiked and self.window is not None:
+            self.loss.levels.clear()
+            self.grad.levels.clear()
         if loss - loss == 0 and loss > 0:  # finite and positive: what both rules read
             if self.blowup is not None:
                 a = self._blowup(step, loss)

@@ -68,6 +68,8 @@ def stream(seed: int, path, n: int = 3000, spike_rule: str | None = None):
         if spike_rule == "trend" and 1000 <= step < 1600:
             loss *= 1 + 3 * min(step - 1000, 300) / 300  # a slow divergence, then back
         u = rng.random()
+        if trend and 900 <= step < 1400:  # no spike on the way up (a flagged spike makes the rule start over)
+            u = 1.0
         if u < 0.01:
             loss *= rng.choice([3.0, 10.0, 50.0])  # a spike
         elif u < 0.013:
@@ -75,6 +77,8 @@ def stream(seed: int, path, n: int = 3000, spike_rule: str | None = None):
         elif u < 0.015:
             loss = 3  # an int
         g = rng.choice([0.8 + abs(rng.gauss(0, 0.05))] * 8 + [None, 0.0, math.nan, 40.0])
+        if trend and 900 <= step < 1400 and (g is None or not 0.7 < g < 2):
+            g = 0.8 + 0.04 * abs(math.sin(step))  # nor a NaN or spiking grad norm
         fields = dict(step=step, loss=loss, grad_norm=g)
         v = rng.random()
         if v < 0.9:
