@@ -16,6 +16,12 @@ before clipping, and the steps a fault was injected at):
   fits: batch losses span decades;
 - ``charlm``: the reference causal LM (d 48, 2 layers, context 32) on this repository's own docs as bytes, AdamW
   3e-3 with warm-up and cosine decay;
+- ``logreg``: logistic regression of 20 features with 10% positives (SGD 0.1, batches of 64): a loss that falls
+  from ln 2 to about 0.25 and stays noisy;
+- ``gru``: a GRU (d 32) classifying sequences of 16 tokens of 8 by whether token 0 or token 1 is the more frequent
+  (AdamW 3e-3, batches of 32);
+- ``vae``: a VAE (MLP, latent 8) of the CNN's noisy templates, its KL weight annealed from 0 to 1 over the first
+  40% of the run (Adam 1e-3, batches of 32): a loss that rises as the weight does;
 - ``hfgpt2``: a tiny GPT-2 (transformers, from a config) under the Hugging Face Trainer on the same bytes, the
   loss and grad norm as the Trainer logs them; each fault is a run of its own, injected once (at 60%);
 - ``ddplm`` and ``ddplm0``: the charlm under real torchrun, DDP over gloo, 2 ranks (tools/bench_detection_ddp.py),
@@ -29,8 +35,13 @@ after it (batches come from a generator seeded by (seed, step)), so the healthy 
 - ``loss_x50``: the step's loss multiplied by 50 before the backward pass (a loss-scale bug: the gradient too);
 - ``lr_x50``: the learning rate times 50 for that one update (the loss rises from the next step: its onset);
 - ``corrupt_batch``: a batch the pipeline broke: undecoded bytes for the CNN's images (noise in 0..255), features
-  not normalised (x 100), the LM's targets not shifted (y = x);
+  not normalised (x 100), the LM's targets not shifted (y = x), the GRU's labels flipped;
 - ``random_tokens`` (LM only): a batch of uniformly random bytes;
+- ``lr_ramp`` (the models trained here, not the Trainer's or torchrun's runs, which cannot branch): a slow
+  divergence, the lr ramped geometrically to 100x over 200 steps and held (a branch of 300 steps); *visible* when
+  the branch's 25-step median loss or grad norm reaches 3x the healthy run's, and *caught* when a rule flags
+  anything from the ramp's start to 100 steps after that (its latency counted from the 3x step: negative is
+  before it);
 - a data-order change after a resume (the MLP: the loader restarted from its beginning instead of its cursor),
   folded through the product's own projection with every step's batch fingerprint (:func:`data_order`).
 
@@ -44,7 +55,8 @@ robust z of the raw loss, formats 1.0-1.3), ``log`` (formats 1.4-1.5: the log of
 prototype the format 1.6 rule was designed with (:class:`_Series`, :func:`rule_candidate`; parameters chosen on
 seeds 0 and 1, seeds 2 and 3 held out), and that rule as the product folds it by default (``spike_rule="range"``,
 with the grad norm's immediate factor of 1.25 chosen after ddplm0's corrupted batches were seen only suspected on
-every seed). Per model and fault: visible episodes *caught* (an anomaly at the onset or the step after, detected by
+every seed), and the default from format 1.10: that with the blow-up and divergence rules. Per model and fault:
+visible episodes *caught* (an anomaly at the onset or the step after, detected by
 then), only *suspected* (a ``spike_suspected`` there), the mean latency, how many of them were in range, how many
 injections were invisible, and of the visible ones out of range (the target's denominator) how many were caught; per
 model, false alarms per 1,000 healthy steps (any anomaly on a healthy run).
@@ -66,10 +78,15 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 CACHE = ROOT / "bench-out" / "detection"
-MODELS = ("mlp", "linreg", "cnn", "charlm", "hfgpt2", "ddplm", "ddplm0")
-STEPS = {"mlp": 4000, "linreg": 3000, "cnn": 4000, "charlm": 3000, "hfgpt2": 800, "ddplm": 1500, "ddplm0": 1500}
-FAULTS = ("none", "loss_x50", "lr_x50", "corrupt_batch", "random_tokens")
+MODELS = ("mlp", "linreg", "cnn", "logreg", "gru", "vae", "charlm", "hfgpt2", "ddplm", "ddplm0")
+STEPS = {"mlp": 4000, "linreg": 3000, "cnn": 4000, "logreg": 3000, "gru": 3000, "vae": 3000, "charlm": 3000,
+         "hfgpt2": 800, "ddplm": 1500, "ddplm0": 1500}
+FAULTS = ("none", "loss_x50", "lr_x50", "corrupt_batch", "random_tokens", "lr_ramp")
 LM_ONLY = {"random_tokens"}
+#: faults only the models trained here in one process can take (a branch from a state): not the Trainer's or torchrun's
+BRANCHED_ONLY = {"lr_ramp"}
+#: a slow divergence: the lr ramped geometrically to RAMP_X times over RAMP_STEPS steps, then held there
+RAMP_X, RAMP_STEPS = 100.0, 200
 
 
 # ---------------------------------------------------------------- the models
@@ -125,6 +142,103 @@ def _cnn(seed: int, steps: int):
     return model, opt, None, batch, torch.nn.functional.cross_entropy, "pixels"
 
 
+def _logreg(seed: int, steps: int):
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(20, 1, generator=g)
+    model = torch.nn.Linear(20, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def batch(gen):
+        x = torch.randn(64, 20, generator=gen)
+        y = ((x @ w).squeeze(1) + 0.5 * torch.randn(64, generator=gen) > 1.28 * w.norm()).float()  # about 10% ones
+        return x, y
+
+    def loss_fn(out, y):
+        return torch.nn.functional.binary_cross_entropy_with_logits(out.squeeze(1), y)
+
+    return model, opt, None, batch, loss_fn, "features"
+
+
+def _gru(seed: int, steps: int):
+    import torch
+
+    class Gru(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Embedding(8, 32)
+            self.rnn = torch.nn.GRU(32, 32, batch_first=True)
+            self.out = torch.nn.Linear(32, 2)
+
+        def forward(self, x):
+            return self.out(self.rnn(self.emb(x))[0][:, -1])
+
+    torch.manual_seed(seed)
+    model = Gru()
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+
+    def batch(gen):
+        x = torch.randint(0, 8, (32, 16), generator=gen)
+        return x, ((x == 0).sum(1) > (x == 1).sum(1)).long()
+
+    return model, opt, None, batch, torch.nn.functional.cross_entropy, "labels"
+
+
+def _vae(seed: int, steps: int):
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    templates = torch.randn(10, 144, generator=g)
+
+    class Vae(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.enc = torch.nn.Sequential(torch.nn.Linear(144, 64), torch.nn.ReLU(), torch.nn.Linear(64, 16))
+            self.dec = torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.ReLU(), torch.nn.Linear(64, 144))
+            self.register_buffer("t", torch.zeros(()))  # steps taken: the KL weight's clock (copied with a branch)
+
+        def forward(self, x):
+            mu, logvar = self.enc(x).chunk(2, dim=1)
+            z = mu + torch.randn_like(mu) * (0.5 * logvar).exp()
+            beta = torch.clamp(self.t / (0.4 * steps), max=1.0)
+            return self.dec(z), mu, logvar, beta
+
+    class Anneal:  # the KL weight's schedule, stepped as a scheduler is
+        def __init__(self, model):
+            self.model = model
+
+        def step(self):
+            self.model.t += 1
+
+    torch.manual_seed(seed)
+    model = Vae()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+
+    def batch(gen):
+        y = torch.randint(0, 10, (32,), generator=gen)
+        return templates[y] + 0.5 * torch.randn(32, 144, generator=gen), y
+
+    def loss_fn(out, y):
+        recon, mu, logvar, beta = out
+        x = loss_fn.x
+        rec = ((recon - x) ** 2).sum(1).mean()
+        kl = (-0.5 * (1 + logvar - mu ** 2 - logvar.exp()).sum(1)).mean()
+        return rec + beta * kl
+
+    class Model(torch.nn.Module):  # hands the loss its input (the target of a reconstruction)
+        def __init__(self):
+            super().__init__()
+            self.vae = model
+
+        def forward(self, x):
+            loss_fn.x = x
+            return self.vae(x)
+
+    wrapped = Model()
+    return wrapped, opt, Anneal(model), batch, loss_fn, "features"
+
+
 _DOC_BYTES = None
 
 
@@ -153,7 +267,8 @@ def _charlm(seed: int, steps: int):
     return model, opt, sched, batch, loss_fn, "tokens"
 
 
-BUILD = {"mlp": _mlp, "linreg": _linreg, "cnn": _cnn, "charlm": _charlm}
+BUILD = {"mlp": _mlp, "linreg": _linreg, "cnn": _cnn, "logreg": _logreg, "gru": _gru, "vae": _vae,
+         "charlm": _charlm}
 
 
 def fault_steps(steps: int) -> list[int]:
@@ -161,6 +276,16 @@ def fault_steps(steps: int) -> list[int]:
 
 
 BRANCH = 100  # steps a faulty branch runs past its injection
+RAMP_BRANCH = 300  # ... and a slow divergence's
+
+
+def _lr_x(fault: str, k: int) -> float:
+    """The lr multiple of a branch's ``k``-th step (0: the injection)."""
+    if fault == "lr_x50":
+        return 50.0 if k == 0 else 1.0
+    if fault == "lr_ramp":
+        return RAMP_X ** (min(k, RAMP_STEPS) / RAMP_STEPS)
+    return 1.0
 
 
 def _step(model, opt, sched, params, x, y, loss_fn, *, lr_x: float = 1.0, loss_x: float = 1.0):
@@ -189,6 +314,8 @@ def _faulty(fault: str, inputs: str, x, y, gen):
     import torch
 
     if fault == "corrupt_batch":
+        if inputs == "labels":
+            return x, 1 - y                # every label flipped
         if inputs == "tokens":
             return x, x.clone()            # the targets not shifted
         if inputs == "pixels":             # undecoded bytes: noise in 0..255
@@ -229,11 +356,11 @@ def train(model_name: str, seed: int) -> dict:
                 m2, o2, s2 = copy.deepcopy(snap)
                 p2 = list(m2.parameters())
                 bl, bg = [], []
-                for k in range(step, min(steps, step + BRANCH)):
+                for k in range(step, min(steps, step + (RAMP_BRANCH if f == "lr_ramp" else BRANCH))):
                     (x, y), gen = batch_at(k)
                     if k == step:
                         x, y = _faulty(f, inputs, x, y, gen)
-                    lv, gv = _step(m2, o2, s2, p2, x, y, loss_fn, lr_x=50.0 if (k == step and f == "lr_x50") else 1.0,
+                    lv, gv = _step(m2, o2, s2, p2, x, y, loss_fn, lr_x=_lr_x(f, k - step),
                                    loss_x=50.0 if (k == step and f == "loss_x50") else 1.0)
                     bl.append(lv)
                     bg.append(gv)
@@ -324,7 +451,7 @@ def _train_hf(seed: int) -> dict:
     loss, grad = _hf_run(seed, steps, "none", None)
     s = int(steps * 0.6)
     branches = {}
-    for f in (f for f in FAULTS if f != "none"):
+    for f in (f for f in FAULTS if f != "none" and f not in BRANCHED_ONLY):
         fl, fg = _hf_run(seed, steps, f, s)
         if fl[:s] != loss[:s]:
             raise SystemExit(f"hfgpt2 seed {seed}: the {f} run differs from the healthy run before its fault")
@@ -346,7 +473,7 @@ def _train_ddp(seed: int) -> dict[str, dict]:
     t0 = time.perf_counter()
     curves: dict[str, dict[int, dict]] = {}
     with tempfile.TemporaryDirectory(prefix="tl-bench-ddp-") as d:
-        for f in FAULTS:
+        for f in (f for f in FAULTS if f not in BRANCHED_ONLY):
             out = Path(d) / f
             env = {**os.environ, "OMP_NUM_THREADS": "1"}
             r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
@@ -361,7 +488,7 @@ def _train_ddp(seed: int) -> dict[str, dict]:
     for name, k in (("ddplm", 1), ("ddplm0", 0)):
         h = curves["none"][k]
         branches = {}
-        for f in FAULTS[1:]:
+        for f in (f for f in FAULTS[1:] if f not in BRANCHED_ONLY):
             c = curves[f][k]
             if c["loss"][:s] != h["loss"][:s]:
                 raise SystemExit(f"{name} seed {seed}: the {f} run differs from the healthy run before its fault")
@@ -398,6 +525,9 @@ def episodes(run: dict, fault: str) -> list[dict]:
     out = []
     for b in run["branches"].get(fault, []):
         s = b["at"]
+        if fault == "lr_ramp":
+            out.append(_ramp_episode(run, b))
+            continue
         onset = s + (fault == "lr_x50")
         k = onset - s
         hl, hg = run["loss"][s:s + BRANCH], run["grad_norm"][s:s + BRANCH]
@@ -409,6 +539,29 @@ def episodes(run: dict, fault: str) -> list[dict]:
                     "in_range": in_range, "steps": s + len(b["loss"]),
                     "loss": run["loss"][:s] + b["loss"], "grad_norm": run["grad_norm"][:s] + b["grad_norm"]})
     return out
+
+
+def _median(xs: list[float]) -> float:
+    s = sorted(xs)
+    return s[len(s) // 2] if len(s) % 2 else 0.5 * (s[len(s) // 2 - 1] + s[len(s) // 2])
+
+
+def _ramp_episode(run: dict, b: dict) -> dict:
+    """A slow divergence: the step where the branch's 25-step median loss (or grad norm) first reaches 3x the healthy
+    run's over the same steps (``three``; None: it never does, and the episode is not visible)."""
+    s, n = b["at"], len(b["loss"])
+    three = None
+    for j in range(25, n + 1):
+        for series in ("loss", "grad_norm"):
+            healthy = run[series][s + j - 25:s + j]
+            if len(healthy) == 25 and _median(b[series][j - 25:j]) >= 3 * _median(healthy):
+                three = s + j - 1
+                break
+        if three is not None:
+            break
+    return {"model": run["model"], "fault": "lr_ramp", "onset": s, "three": three, "visible": three is not None,
+            "in_range": False, "steps": s + n, "loss": run["loss"][:s] + b["loss"],
+            "grad_norm": run["grad_norm"][:s] + b["grad_norm"]}
 
 
 def data_order(seed: int, *, checkpoint: int = 2000, crash: int = 2400, after: int = 100) -> dict:
@@ -608,10 +761,13 @@ def rule_candidate(p: dict = CANDIDATE):
 
 
 from trainledger.training.health.detectors import RANGE_DEFAULTS  # noqa: E402  (the monitor's default rule)
+from trainledger.training.health.trend import TREND_DEFAULTS  # noqa: E402  (format 1.10's, beside it)
 
 RULES = {"linear (seed, 1.0-1.3)": rule_trainledger("linear"), "log (1.4-1.5)": rule_trainledger("log"),
          "OLMo-core 6σ/128": rule_olmo, "candidate (prototype)": rule_candidate(),
-         "range (1.6, the default)": rule_trainledger("log", **RANGE_DEFAULTS)}
+         "range (1.6)": rule_trainledger("log", **RANGE_DEFAULTS),
+         "range + blow-up + divergence (1.10, the default)": rule_trainledger("log", **RANGE_DEFAULTS,
+                                                                              **TREND_DEFAULTS)}
 
 
 def false_alarms(run: dict, rule) -> int:
@@ -622,8 +778,13 @@ def false_alarms(run: dict, rule) -> int:
 
 def caught(ep: dict, rule) -> tuple[str, int | None]:
     """'caught' (an anomaly at the onset or the step after, detected by then), 'suspected' (only a spike_suspected
-    there) or 'missed'; and the latency."""
+    there) or 'missed'; and the latency. A slow divergence (``lr_ramp``): 'caught' when an anomaly is detected from
+    its onset to 100 steps after it reached 3x, the latency counted from the 3x step (negative: before it got
+    there)."""
     flagged, suspected = rule(ep)
+    if ep["fault"] == "lr_ramp":
+        hits = [d - ep["three"] for step, d in flagged if ep["onset"] <= d <= ep["three"] + 100]
+        return ("caught", min(hits)) if hits else ("missed", None)
     o = ep["onset"]
     hits = [d - o for step, d in flagged if o <= step <= o + 1 and d <= o + 1]
     if hits:
@@ -699,13 +860,16 @@ def main() -> int:
     lines += ["", "## totals over every model and seed scored: visible episodes that leave the healthy range, caught "
                   "within a step; the worst model's false alarms per 1,000 healthy steps"]
     for name, rule in rules.items():
-        out = [e for es in eps.values() for e in es if e["visible"] and not e["in_range"]]
+        out = [e for es in eps.values() for e in es if e["visible"] and not e["in_range"] and e["fault"] != "lr_ramp"]
         res = [caught(e, rule)[0] for e in out]
+        ramps = [caught(e, rule)[0] for es in eps.values() for e in es if e["visible"] and e["fault"] == "lr_ramp"]
         worst = max((sum(false_alarms(r, rule) for r in runs if r["model"] == m)
                      / sum(r["steps"] for r in runs if r["model"] == m) * 1000, m)
                     for m in models if any(r["model"] == m for r in runs))
         lines.append(f"{name:<24} caught {res.count('caught')}/{len(out)} ({res.count('caught') / len(out):.1%}), "
-                     f"only suspected {res.count('suspected')}; false alarms {worst[0]:.2f}/1k at worst ({worst[1]})")
+                     f"only suspected {res.count('suspected')}; false alarms {worst[0]:.2f}/1k at worst ({worst[1]})"
+                     + (f"; slow divergences caught by 100 steps past 3x {ramps.count('caught')}/{len(ramps)}"
+                        if ramps else ""))
     if "mlp" in models:
         t1 = time.perf_counter()
         lines += ["", "## data-order change after a resume (mlp; checkpoint at 2,000, crash at 2,400, resumed to 2,500; "

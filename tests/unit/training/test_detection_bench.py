@@ -41,3 +41,18 @@ def test_episodes_and_scores(run):
         rule = bench.RULES[name]
         assert all(bench.caught(e, rule) == ("caught", 0) for e in eps)
         assert bench.false_alarms(run, rule) == 0
+
+
+def test_a_slow_divergence_branch_and_its_score(run):
+    """lr_ramp: the lr ramped to 100x over 200 steps from the injection, a branch of 300 steps (cut at the run's end);
+    visible once its 25-step median reaches 3x the healthy run's, and scored by 100 steps past that."""
+    first = run["branches"]["lr_ramp"][0]
+    assert first["at"] == 240 and len(first["loss"]) == 300 and first["loss"][0] == run["loss"][240]
+    eps = bench.episodes(run, "lr_ramp")
+    assert [e["onset"] for e in eps] == [240, 360, 480]
+    assert all(e["three"] is None or e["onset"] < e["three"] < e["steps"] for e in eps)
+    first = eps[0]  # the one whose branch runs its whole ramp before the run ends: it reaches 3x
+    assert first["visible"] and first["three"] > first["onset"] + 100
+    assert bench.caught(first, bench.RULES["range + blow-up + divergence (1.10, the default)"])[0] == "caught"
+    # the scoring's window: a flag after 100 steps past 3x does not count
+    assert bench.caught(first, lambda c: ([(first["three"] + 150, first["three"] + 150)], []))[0] == "missed"
