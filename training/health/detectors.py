@@ -855,6 +855,9 @@ class HealthProjection:
             "tokens_per_s": self.tokens / self.token_time_s if self.token_time_s > 0 else None,
             "anomalies_by_kind": dict(sorted(self.by_kind.items())),
             "anomalies": len(self.anomalies),
+            # format 1.10: the steps each signal was there for, so a verdict says what it rested on (a run that
+            # records no grad norm is watched from its loss alone)
+            **({"signals": dict(self._trend.seen)} if self._trend is not None else {}),
             "spikes_suspected": len(self.suspected),
             "restarts": {
                 # a resume whose continuity window is still open counts, and is not yet judged

@@ -134,16 +134,20 @@ class TrendRules:
         self.loss = _Series("loss")
         self.grad = _Series("grad_norm")
         self._arm_block: list[float] = []  # without a trend window, the blocks that arm the blow-up rule
+        #: the steps each signal was there for (a finite, positive loss; grad norm): what the rules had to go on
+        self.seen = {"loss": 0, "grad_norm": 0}
 
     def step(self, step: int, loss: float, g: float | None, spiked: bool = False) -> list[AnomalyDetected]:
         """``spiked``: the spike rules flagged this step (a spike, a NaN): what follows it is measured from where
         it leaves the run (both series' earlier levels forgotten), not held to the level before it, which that
         anomaly is already on record against."""
         out: list[AnomalyDetected] = []
+        seen = self.seen
         if spiked and self.window is not None:
             self.loss.levels.clear()
             self.grad.levels.clear()
         if loss - loss == 0 and loss > 0:  # finite and positive: what both rules read
+            seen["loss"] += 1
             if self.blowup is not None:
                 a = self._blowup(step, loss)
                 if a is not None:
@@ -152,6 +156,8 @@ class TrendRules:
                 a = self.loss.add(step, loss, self.window, self.ratio)
                 if a is not None:
                     out.append(a)
+        if g is not None and g - g == 0 and g > 0:
+            seen["grad_norm"] += 1
         if self.window is not None and g is not None and g - g == 0 and g > 0:
             a = self.grad.add(step, g, self.window, self.ratio)
             if a is not None:
@@ -192,7 +198,8 @@ class TrendRules:
 
     def state(self) -> dict[str, Any]:
         return {"start": self.start, "first": list(self._first), "armed": self.armed, "in_blowup": self.in_blowup,
-                "arm_block": list(self._arm_block), "loss": self.loss.state(), "grad_norm": self.grad.state()}
+                "arm_block": list(self._arm_block), "loss": self.loss.state(), "grad_norm": self.grad.state(),
+                "seen": dict(self.seen)}
 
     def load(self, d: dict[str, Any]) -> None:
         s = d.get("start")
@@ -202,3 +209,5 @@ class TrendRules:
         self._arm_block = [float(x) for x in d.get("arm_block", [])]
         self.loss.load(d.get("loss", {}))
         self.grad.load(d.get("grad_norm", {}))
+        seen = d.get("seen") or {}
+        self.seen = {k: int(seen.get(k, 0)) for k in ("loss", "grad_norm")}

@@ -181,6 +181,11 @@ def _cmd_replay(args: argparse.Namespace) -> int:
                  f"({mfu.get('peak_source') or 'unstated source'}) is too low; not a receipt")
         if h.get("spikes_suspected"):
             say(f"  spikes suspected (unconfirmed, not anomalies): {h['spikes_suspected']}")
+        sig = h.get("signals")
+        if sig is not None and sig.get("loss") and not sig.get("grad_norm"):
+            say("  signals: the loss alone (no grad norm recorded): the grad norm's rules had nothing to score")
+        elif sig is not None and sig.get("grad_norm") and sig["grad_norm"] < sig.get("loss", 0):
+            say(f"  signals: the loss on {sig['loss']:,} steps, the grad norm on {sig['grad_norm']:,}")
 
         r = h["restarts"]
         say(f"  restarts {r['count']} (continuity {'ok' if r['continuity_ok'] else 'BROKEN'})")

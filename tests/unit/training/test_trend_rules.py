@@ -234,3 +234,31 @@ def test_the_recorder_records_a_declared_chance_level(tmp_path, signer):
         assert (c.chance_loss, c.blowup_factor, c.trend_window) == (math.log(10), 4.0, 25)
     finally:
         rec.close()
+
+
+def test_the_report_and_replay_say_which_signals_the_rules_had(tmp_path, signer, capsys):
+    """A run that records no grad norm is watched from its loss alone, and says so: the monitor's report counts the
+    steps each signal was there for, and replay prints it."""
+    from trainledger.cli import main
+
+    rng = random.Random(1)
+    path = tmp_path / "j.jsonl"
+    j = Journal.create(path, signer=signer, background=False)
+    m = TrainingHealthMonitor(journal=j)
+    for i in range(300):
+        m.observe_step(i, 2.0 * math.exp(rng.gauss(0, 0.1)), grad_norm=1.0 if i < 100 else None)
+    j.close()
+    assert m.report()["signals"] == {"loss": 300, "grad_norm": 100}
+    assert replay(path, keys=[signer.public]).health["signals"] == {"loss": 300, "grad_norm": 100}
+    pub = tmp_path / "k.pub"
+    pub.write_text(signer.public.line() + "\n")
+    assert main(["replay", "--pubkey", str(pub), str(path)]) == 0
+    assert "signals: the loss on 300 steps, the grad norm on 100" in capsys.readouterr().out
+    alone = tmp_path / "alone.jsonl"
+    j = Journal.create(alone, signer=signer, background=False)
+    m = TrainingHealthMonitor(journal=j)
+    for i in range(50):
+        m.observe_step(i, 2.0)
+    j.close()
+    assert main(["replay", "--pubkey", str(pub), str(alone)]) == 0
+    assert "signals: the loss alone (no grad norm recorded)" in capsys.readouterr().out
