@@ -93,7 +93,7 @@ class RunConfigured(Event, tag="run_configured", frozen=True, kw_only=True):
     carried_flops: float = 0.0
     #: 1.10: the blow-up rule (training/health/trend.py, docs/monitor.md): once a block of ``trend_window`` losses has
     #: a median at most the start level / blowup_factor, a loss above sqrt(blowup_factor) x it is a ``loss_blowup``; the start
-    #: level is ``chance_loss`` where declared, else the median of the first ``loss_min_periods`` losses. Absent:
+    #: level is ``chance_loss`` where declared, else the segment's first finite positive loss. Absent:
     #: off (every journal before 1.10)
     blowup_factor: float | None = None
     chance_loss: float | None = None

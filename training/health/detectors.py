@@ -577,7 +577,7 @@ class HealthProjection:
         #: format 1.10: the blow-up and divergence rules (training/health/trend.py); None where the run configured
         #: neither (every journal before 1.10)
         self._trend = TrendRules(blowup_factor=c.blowup_factor, chance_loss=c.chance_loss,
-                                 start_periods=c.loss_min_periods, window=c.trend_window, ratio=c.trend_ratio) \
+                                 window=c.trend_window, ratio=c.trend_ratio) \
             if c.blowup_factor is not None or c.trend_window is not None else None
 
     # ------------------------------------------------------------ the fold

@@ -5,9 +5,10 @@ HealthProjection` feeds every step through :class:`TrendRules`, live and in repl
 **Blow-up** (``blowup_factor`` F, anomaly ``loss_blowup``). A loss is a ``loss_blowup`` on the step it rises above
 sqrt(F) times the run's *start level* after the run had fallen to at most 1/F of it (with F = 4: above twice the
 start, after falling to a quarter of it): the start level is the chance level the user declared (``chance_loss``:
-ln 10 for a 10-class classifier), else the median of the first ``loss_min_periods`` losses of the segment (what the
-model scored at the start); "fallen" is a block of ``trend_window`` steps whose median is at most that level over
-F. Twice the start, not the start itself: a batch of a model still learning can score above chance now and then
+ln 10 for a 10-class classifier), else the segment's first finite positive loss (what the model scored untrained:
+a model that learns fast is far below it within 16 steps, so no median of the first ones will do); "fallen" is a
+block of ``trend_window`` steps whose median is at most that level over F. A step the spike rules flagged is not
+flagged again as a blow-up (it opens the blow-up's episode all the same). Twice the start, not the start itself: a batch of a model still learning can score above chance now and then
 (its hardest examples confidently wrong); a batch averaging twice chance is a model that has stopped working. The rule exists for a fitted
 classifier whose batch losses span decades: its rolling window's spread grows so wide that the spike rules' own
 thresholds climb with it (an lr x50 step sending a CNN's loss from 0.05 to 23-82 nats, above chance, was not even
@@ -119,16 +120,14 @@ class TrendRules:
     """The two rules over one segment's steps (see the module doc). ``step(step, loss, grad_norm)`` returns what
     the step revealed (a new list, or the shared empty one)."""
 
-    def __init__(self, *, blowup_factor: float | None, chance_loss: float | None, start_periods: int,
-                 window: int | None, ratio: float):
+    def __init__(self, *, blowup_factor: float | None, chance_loss: float | None, window: int | None,
+                 ratio: float):
         self.blowup = blowup_factor
         self._over = math.sqrt(blowup_factor) if blowup_factor is not None else math.inf  # the flag's multiple
         self.chance = chance_loss
-        self.start_periods = start_periods
         self.window = window
         self.ratio = ratio
         self.start: float | None = chance_loss  # the start level, once known
-        self._first: list[float] = []  # the first losses, until the start level is known
         self.armed = False  # a block's level fell to the start level / blowup_factor
         self.in_blowup = False
         self.loss = _Series("loss")
@@ -149,7 +148,7 @@ class TrendRules:
         if loss - loss == 0 and loss > 0:  # finite and positive: what both rules read
             seen["loss"] += 1
             if self.blowup is not None:
-                a = self._blowup(step, loss)
+                a = self._blowup(step, loss, spiked)
                 if a is not None:
                     out.append(a)
             if self.window is not None:
@@ -164,20 +163,19 @@ class TrendRules:
                 out.append(a)
         return out
 
-    def _blowup(self, step: int, loss: float) -> AnomalyDetected | None:
+    def _blowup(self, step: int, loss: float, spiked: bool) -> AnomalyDetected | None:
         start = self.start
-        if start is None:
-            self._first.append(loss)
-            if len(self._first) >= self.start_periods:
-                self.start = _median(self._first)
-                self._first = []
+        if start is None:  # the segment's first loss: what the model scored untrained
+            self.start = loss
             return None
         if self.in_blowup:
             if loss <= start:
                 self.in_blowup = False
             return None
         if self.armed and loss > start * self._over:
-            self.in_blowup = True
+            self.in_blowup = True  # (an episode either way: its later steps are the same blow-up)
+            if spiked:  # the spike rules flagged it already: one anomaly for one event
+                return None
             return AnomalyDetected(step=step, anomaly="loss_blowup", value=loss, baseline_median=start,
                                    threshold=start * self._over, rule="blowup")
         if not self.armed:
@@ -197,14 +195,13 @@ class TrendRules:
             self.grad.rewind_to(from_step)
 
     def state(self) -> dict[str, Any]:
-        return {"start": self.start, "first": list(self._first), "armed": self.armed, "in_blowup": self.in_blowup,
+        return {"start": self.start, "armed": self.armed, "in_blowup": self.in_blowup,
                 "arm_block": list(self._arm_block), "loss": self.loss.state(), "grad_norm": self.grad.state(),
                 "seen": dict(self.seen)}
 
     def load(self, d: dict[str, Any]) -> None:
         s = d.get("start")
         self.start = None if s is None else float(s)
-        self._first = [float(x) for x in d.get("first", [])]
         self.armed, self.in_blowup = bool(d.get("armed")), bool(d.get("in_blowup"))
         self._arm_block = [float(x) for x in d.get("arm_block", [])]
         self.loss.load(d.get("loss", {}))
