@@ -93,57 +93,6 @@ def _grouped() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
-class _ComputeClock:
-    """The moment a DDP model's last gradient bucket of a step is ready (its communication hook: the default
-    all-reduce, with a timestamp when ``bucket.is_last()``): the end of this rank's own backward, before it waits on
-    the other ranks. :meth:`take` gives the time from the previous step's end to that moment."""
-
-    __slots__ = ("ready", "start")
-
-    def __init__(self) -> None:
-        self.ready: float | None = None
-        self.start = 0.0
-
-    @classmethod
-    def attach(cls, model: Any) -> _ComputeClock | None:
-        """A clock on ``model``'s communication hook; None, said once on stderr, where there is no DDP model to
-        time or it has a hook of its own (then the straggler windows score the step time, which every rank shares
-        under a synchronous all-reduce)."""
-        from torch.nn.parallel import DistributedDataParallel
-
-        if not isinstance(model, DistributedDataParallel):
-            sys.stderr.write("trainledger: the model is not a DistributedDataParallel: the straggler windows score "
-                             "the step time (pass the DDP model as model= for each rank's own compute time)\n")
-            return None
-        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-
-        clock = cls()
-
-        def hook(group, bucket):
-            if bucket.is_last():
-                clock.ready = time.perf_counter()
-            return allreduce_hook(group, bucket)
-
-        import torch
-        import torch.distributed as dist
-
-        # DDP checks the hook's annotations as objects (this module's are strings: postponed evaluation)
-        hook.__annotations__ = {"bucket": dist.GradBucket, "return": torch.futures.Future[torch.Tensor]}
-
-        try:
-            model.register_comm_hook(model.process_group, hook)
-        except RuntimeError as e:  # a hook of the user's own (compression, PowerSGD): DDP takes one
-            sys.stderr.write(f"trainledger: cannot time this rank's compute ({str(e).splitlines()[0][:120]}): the "
-                             "straggler windows score the step time\n")
-            return None
-        return clock
-
-    def take(self, now: float) -> float | None:
-        ready, self.ready = self.ready, None
-        start, self.start = self.start, now
-        return None if ready is None or ready < start else ready - start
-
-
 def _rank_info(run: Path) -> Any:
     """torchrun's place for this process, else None."""
     return rank_info(run_dir=run) if in_torchrun() else None
@@ -282,11 +231,11 @@ class Recorder:
         #: DDP model's communication hook: the moment its last gradient bucket is ready, before it waits on the
         #: others); None in one process, or with ``stragglers=False``
         self._stragglers: Any = None
-        self._clock: _ComputeClock | None = None
+        self._clock: Any = None
         if stragglers and self.rank_info is not None and _grouped():
-            from trainledger.training.distributed.ranks import StragglerDetector
+            from trainledger.training.distributed.ranks import ComputeClock, StragglerDetector
 
-            self._clock = _ComputeClock.attach(model)
+            self._clock = ComputeClock.attach(model)
             self._stragglers = StragglerDetector(self.journal, every=straggler_every, threshold=straggler_threshold)
         self._t = time.perf_counter()
         if self._clock is not None:

@@ -1,9 +1,11 @@
-"""Run under real torchrun (gloo, CPU) by tests/integration/training/test_lightning.py: Lightning DDP on 2 ranks with the callback.
+"""Run under real torchrun (gloo, CPU) by tests/integration/training/test_lightning.py: Lightning DDP on 2 ranks with the
+callback, rank 1's compute 1.3x rank 0's (a sleep), straggler windows of 3 steps.
 
     python -m torch.distributed.run --standalone --nproc_per_node=2 lightning_ddp_worker.py RUN_DIR KEY
 """
 
 import sys
+import time
 import warnings
 
 import lightning as L
@@ -22,6 +24,7 @@ class Tiny(L.LightningModule):
         self.net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
 
     def training_step(self, batch, batch_idx):
+        time.sleep(0.1 * (1.3 if self.global_rank == 1 else 1.0))  # rank 1's own work takes 1.3x rank 0's
         x, y = batch
         return torch.nn.functional.mse_loss(self.net(x), y)
 
@@ -37,7 +40,7 @@ def main() -> None:
     run, key = sys.argv[1], sys.argv[2]
     trainer = L.Trainer(max_steps=6, accelerator="cpu", devices=2, strategy="ddp", logger=False,
                         enable_progress_bar=False, enable_model_summary=False,
-                        callbacks=[TrainledgerCallback(run, key=key),
+                        callbacks=[TrainledgerCallback(run, key=key, straggler_every=3),
                                    ModelCheckpoint(dirpath=f"{run}/ckpts", every_n_train_steps=3, save_top_k=-1)])
     trainer.fit(Tiny())
 

@@ -10,7 +10,7 @@ They resolve on first use (PEP 562), so ``trainledger.training.distributed.strag
 """
 
 _RANKS = ("RankInfo", "rank_info", "open_rank_journal", "anchor_ranks", "anchor_record", "rank_journal_name",
-          "in_torchrun", "journal_name", "init_process_group", "StragglerDetector", "save_sharded",
+          "in_torchrun", "journal_name", "init_process_group", "StragglerDetector", "ComputeClock", "save_sharded",
           "restore_sharded", "ShardedCheckpointer", "ShardedRestore", "rank_key")
 
 

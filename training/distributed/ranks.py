@@ -20,7 +20,9 @@ import os
 import platform
 import re
 import socket
+import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +33,7 @@ from trainledger.training.distributed.stragglers import DEFAULT_THRESHOLD
 
 __all__ = ["RankInfo", "rank_info", "open_rank_journal", "certify_rank_key", "RANK_KEYS", "anchor_ranks", "anchor_record", "rank_journal_name", "in_torchrun",
            "journal_name", "init_process_group",
-           "StragglerDetector", "save_sharded", "restore_sharded", "ShardedCheckpointer", "ShardedRestore", "rank_key"]
+           "StragglerDetector", "ComputeClock", "save_sharded", "restore_sharded", "ShardedCheckpointer", "ShardedRestore", "rank_key"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -305,6 +307,58 @@ def anchor_record(rank: int, got: list[tuple[str, str | None]], *, step: int | N
         return RanksAnchored(heads={str(r): head for r, (head, _) in enumerate(got)}, step=step,
                              keys={str(r): key for r, (_, key) in enumerate(got) if key is not None})
     return AnchorRecorded(rank=0, head=got[0][0], step=step, key=got[0][1])
+
+
+class ComputeClock:
+    """The moment a DDP model's last gradient bucket of a step is ready (its communication hook: the default
+    all-reduce, with a timestamp when ``bucket.is_last()``): the end of this rank's own backward, before it waits on
+    the other ranks. :meth:`take` gives the time from the previous step's end to that moment."""
+
+    __slots__ = ("ready", "start")
+
+    def __init__(self) -> None:
+        self.ready: float | None = None
+        self.start = 0.0
+
+    @classmethod
+    def attach(cls, model: Any) -> ComputeClock | None:
+        """A clock on ``model``'s communication hook; None, said once on stderr, where there is no DDP model to
+        time or it has a hook of its own (then the straggler windows score the step time, which every rank shares
+        under a synchronous all-reduce)."""
+        from torch.nn.parallel import DistributedDataParallel
+
+        if not isinstance(model, DistributedDataParallel):
+            sys.stderr.write("trainledger: the model is not a DistributedDataParallel: the straggler windows score "
+                             "the step time (pass the DDP model as model= for each rank's own compute time)\n")
+            return None
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+        clock = cls()
+
+        def hook(group, bucket):
+            if bucket.is_last():
+                clock.ready = time.perf_counter()
+            return allreduce_hook(group, bucket)
+
+        import torch
+        import torch.distributed as dist
+
+        # DDP checks the hook's annotations as objects (this module's are strings: postponed evaluation)
+        hook.__annotations__ = {"bucket": dist.GradBucket, "return": torch.futures.Future[torch.Tensor]}
+
+        try:
+            model.register_comm_hook(model.process_group, hook)
+        except RuntimeError as e:  # a hook of the user's own (compression, PowerSGD): DDP takes one
+            sys.stderr.write(f"trainledger: cannot time this rank's compute ({str(e).splitlines()[0][:120]}): the "
+                             "straggler windows score the step time\n")
+            return None
+        return clock
+
+    def take(self, now: float) -> float | None:
+        ready, self.ready = self.ready, None
+        start, self.start = self.start, now
+        return None if ready is None or ready < start else ready - start
+
 
 
 class StragglerDetector:

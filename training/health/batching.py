@@ -82,7 +82,8 @@ class StepBuffer:
         for step, loss, gn, f in self.drain():
             found = monitor.observe_step(step, loss, grad_norm=gn,
                                          step_time_s=f["step_time_s"], tokens=f["tokens"], lr=f["lr"],
-                                         batch_fingerprint=_host(f.get("batch_fingerprint")))
+                                         batch_fingerprint=_host(f.get("batch_fingerprint")),
+                                         compute_time_s=f.get("compute_time_s"))
             hit = next((a for a in found if a.kind in stop_on), None)
             if hit is not None and stop is None:
                 stop = RunStopped(rule=f"stop_on:{hit.kind}", reason=f"{hit.kind} at step {hit.step}",

@@ -101,8 +101,16 @@ class TrainledgerCallback(TrainerCallback):
                  batch_fingerprint: bool = False, export_dir: str | os.PathLike | None = None,
                  release_key: str | os.PathLike | None = None, base_model: str | os.PathLike | None = None,
                  compute_thresholds: dict[str, float] | None = None, carried_flops: float | None = None,
-                 device_kind: str | None = None):
+                 device_kind: str | None = None, stragglers: bool = True, straggler_every: int | None = None,
+                 straggler_threshold: float = 0.8):
         self.signer = run_key_for_rank(key, signer, continue_from=continue_from)
+        #: on more than one rank: each rank's own compute time (from the step's start to the moment every parameter
+        #: has its gradient: the per-parameter hooks, kept for it, fire before DDP waits on the other ranks),
+        #: journaled as ``compute_time_s`` and scored in straggler windows, as the Recorder does (the Trainer wraps
+        #: the model in DDP itself, so no communication hook is the callback's to set)
+        self._straggler_options = {"every": straggler_every, "threshold": straggler_threshold} if stragglers else None
+        self._stragglers: Any = None
+        self._ready: float | None = None
         #: what the Recorder takes for the compute statement (docs/compute.md): the thresholds watched beside the
         #: defaults, the model FLOPs of earlier runs counted toward them (default: a continued run's predecessor's
         #: total) and the device kind (default: the model's device's name); recorded in run_configured
@@ -180,6 +188,10 @@ class TrainledgerCallback(TrainerCallback):
             self._hooks.append(p.register_post_accumulate_grad_hook(self._accumulated))
         self._thread = threading.get_ident()
         tap_clip(self)
+        if self._straggler_options is not None and self.rank is not None and self._stragglers is None:
+            from trainledger.training.distributed.ranks import StragglerDetector
+
+            self._stragglers = StragglerDetector(self.journal, **self._straggler_options)
         history = signed_history(self.journal)
         self._live = [e for e in history if isinstance(e, CheckpointSaved) and e.files is not None]
         if state.global_step > 0:  # resume_from_checkpoint: the Trainer restored checkpoint-<global_step>
@@ -229,7 +241,9 @@ class TrainledgerCallback(TrainerCallback):
         fired = self._fired
         fired.append(p)
         if len(fired) == self._expected:
-            self._grad_norm = norm_parts([q.grad for q in fired if q.grad is not None])
+            self._ready = time.perf_counter()  # this rank's backward is done (DDP waits on the others after)
+            if not self._tapped:
+                self._grad_norm = norm_parts([q.grad for q in fired if q.grad is not None])
             self._fired = []
 
     # -------------------------------------------------------------- steps
@@ -237,7 +251,7 @@ class TrainledgerCallback(TrainerCallback):
     def on_step_begin(self, args, state, control, **kwargs):
         self._t0 = time.perf_counter()
         self._losses, self._tokens, self._fired, self._grad_norm, self._clip_norm = [], 0, [], None, None
-        self._fp = None
+        self._fp = self._ready = None
 
     def on_pre_optimizer_step(self, args, state, control, optimizer=None, **kwargs):
         if self._clip_norm is not None:  # the Trainer clipped through torch: its pre-clip norm, computed once
@@ -245,9 +259,10 @@ class TrainledgerCallback(TrainerCallback):
             self._fired = []
             if not self._tapped:  # the Trainer's clipping path is fixed for the run: the hooks are not needed
                 self._tapped = True
-                for h in self._hooks[1:]:
-                    h.remove()
-                self._hooks = self._hooks[:1]
+                if self._stragglers is None:  # (on more than one rank they time the rank's own backward)
+                    for h in self._hooks[1:]:
+                        h.remove()
+                    self._hooks = self._hooks[:1]
         elif self._tapped:  # it did not clip this step (max_grad_norm 0 on an older transformers): unclipped grads
             self._grad_norm = norm_parts([p.grad for p in self._params if p.grad is not None])
         elif self._fired:  # some parameters got no gradient this step: fewer hooks fire from now on
@@ -265,9 +280,14 @@ class TrainledgerCallback(TrainerCallback):
         if self.monitor is None:
             fc = flop_config_from_hf(self._model, self._seq_len) if self._seq_len and _has_shape(self._model) else None
             self.monitor = TrainingHealthMonitor(journal=self.journal, flop_config=fc, **self._monitor_options)
+        dt = time.perf_counter() - self._t0
+        ct = None
+        if self._stragglers is not None:  # more than one rank: this rank's own time, and the straggler windows
+            ct = self._ready - self._t0 if self._ready is not None else None
+            self._stragglers.observe(state.global_step - 1, ct if ct is not None else dt)
         due = self.buffer.add(state.global_step - 1, step_loss(self._losses), self._grad_norm,
-                              {"lr": self._lr, "tokens": self._tokens or None,
-                               "step_time_s": time.perf_counter() - self._t0, "batch_fingerprint": self._fp})
+                              {"lr": self._lr, "tokens": self._tokens or None, "step_time_s": dt,
+                               "batch_fingerprint": self._fp, "compute_time_s": ct})
         if due:
             self._drain(control)
 
@@ -323,6 +343,8 @@ class TrainledgerCallback(TrainerCallback):
             return
         if self.monitor is not None:
             self._drain(control)
+        if self._stragglers is not None:
+            self._stragglers.finish()  # the last, partial window (every rank ends training together)
         self._remove_hooks()
         exported = self.export_dir is not None and state.is_world_process_zero
         if exported:

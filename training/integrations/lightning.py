@@ -84,8 +84,15 @@ class TrainledgerCallback(Callback):
                  continue_from: str | os.PathLike | None = None, batch_fingerprint: bool = False,
                  export_dir: str | os.PathLike | None = None, release_key: str | os.PathLike | None = None,
                  base_model: str | os.PathLike | None = None, compute_thresholds: dict[str, float] | None = None,
-                 carried_flops: float | None = None, device_kind: str | None = None):
+                 carried_flops: float | None = None, device_kind: str | None = None, stragglers: bool = True,
+                 straggler_every: int | None = None, straggler_threshold: float = 0.8):
         self.signer = run_key_for_rank(key, signer, continue_from=continue_from)
+        #: on more than one rank: each rank's own compute time (the DDP model's communication hook: its last
+        #: gradient bucket ready, before it waits on the others), journaled as ``compute_time_s`` and scored in
+        #: straggler windows, as the Recorder does (docs/distributed.md)
+        self._straggler_options = {"every": straggler_every, "threshold": straggler_threshold} if stragglers else None
+        self._stragglers: Any = None
+        self._clock: Any = None
         #: what the Recorder takes for the compute statement (docs/compute.md): the thresholds watched beside the
         #: defaults, the model FLOPs of earlier runs counted toward them (default: a continued run's predecessor's
         #: total) and the device kind (default: the module's device's name); recorded in run_configured
@@ -159,6 +166,11 @@ class TrainledgerCallback(Callback):
         if trainer.gradient_clip_val:  # Lightning will compute the norm itself to clip by it: read it there
             self._thread = threading.get_ident()
             tap_clip(self)
+        if self._straggler_options is not None and trainer.world_size > 1 and self._stragglers is None:
+            from trainledger.training.distributed.ranks import ComputeClock, StragglerDetector
+
+            self._clock = ComputeClock.attach(trainer.strategy.model)
+            self._stragglers = StragglerDetector(self.journal, **self._straggler_options)
 
     def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
         """A resume: the file against its signed record, and the head it carries against the journal."""
@@ -254,6 +266,8 @@ class TrainledgerCallback(Callback):
         self._clip_norm = None
         if self._t0 is None:
             self._t0 = time.perf_counter()
+            if self._clock is not None:
+                self._clock.start = self._t0
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
         if not self._tapped:  # before Lightning clips
@@ -284,9 +298,15 @@ class TrainledgerCallback(Callback):
             self._tapped = True
         elif self._tapped:  # no clipping this step: the gradients are as the backward left them
             self._grad_norm = norm_parts([p.grad for p in self._params if p.grad is not None])
+        now = time.perf_counter()
+        dt = now - (self._t0 or 0)
+        ct = None
+        if self._stragglers is not None:  # more than one rank: this rank's own time, and the straggler windows
+            ct = self._clock.take(now) if self._clock is not None else None
+            self._stragglers.observe(step, ct if ct is not None else dt)
         due = self.buffer.add(step, step_loss(self._losses), self._grad_norm, {"lr": self._lr, "tokens": self._tokens or None,
-                                                          "step_time_s": time.perf_counter() - (self._t0 or 0),
-                                                          "batch_fingerprint": self._fp})
+                                                          "step_time_s": dt, "batch_fingerprint": self._fp,
+                                                          "compute_time_s": ct})
         self._losses, self._tokens, self._t0, self._grad_norm, self._fp = [], 0, None, None, None
         if due:
             self._drain(trainer)
@@ -377,6 +397,8 @@ class TrainledgerCallback(Callback):
             return
         if self.monitor is not None:
             self._drain(trainer)
+        if self._stragglers is not None:
+            self._stragglers.finish()  # the last, partial window (every rank ends the fit together)
         self._record_checkpoints(trainer)
         exported = self.export_dir is not None and trainer.is_global_zero
         if exported:

@@ -229,7 +229,13 @@ def test_every_rank_journals_its_steps_under_torchrun(tmp_path):
         assert steps == list(range(6)), (rank, steps)
         saved = [e.path for e in evs if type(e).__struct_config__.tag == "checkpoint_saved"]
         assert saved == (["checkpoint-3", "checkpoint-6"] if rank == 0 else [])
+        assert all(e.compute_time_s is not None for e in evs if type(e).__struct_config__.tag == "step_observed")
+    zero = list(read_events(out / "rank-00000.jsonl"))
+    scores = [e for e in zero if type(e).__struct_config__.tag == "straggler_scores"]
+    assert len(scores) == 2 and all(s.scores["1"] < 0.8 < s.scores["0"] for s in scores), [s.scores for s in scores]
+    assert [e.rank for e in zero if type(e).__struct_config__.tag == "straggler_detected"] == [1, 1]
     assert main(["verify", "--pubkey", str(pub), "--require-closed", str(out)]) == 0
+    assert main(["replay", "--pubkey", str(pub), str(out)]) == 0
 
 
 def test_batch_fingerprint_is_taken_from_the_batch_the_trainer_hands_the_model(tmp_path, signer, pubkey):

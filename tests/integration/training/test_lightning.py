@@ -127,7 +127,8 @@ def test_a_changed_byte_in_the_checkpoint_is_refused(tmp_path, signer):
 
 def test_every_rank_journals_its_steps_under_torchrun(tmp_path):
     """Lightning DDP on 2 ranks under torchrun (gloo): a journal per rank with every step; checkpoints recorded by
-    the rank that writes them; the run folder verifies whole."""
+    the rank that writes them; each rank's own compute time journaled and rank 1, whose compute takes 1.3x rank 0's,
+    flagged in both straggler windows; the run folder verifies and replays whole."""
     import os
     import subprocess
     import sys
@@ -147,7 +148,14 @@ def test_every_rank_journals_its_steps_under_torchrun(tmp_path):
         assert [e.step for e in evs if type(e).__struct_config__.tag == "step_observed"] == list(range(6))
         saved = [e.path for e in evs if type(e).__struct_config__.tag == "checkpoint_saved"]
         assert saved == (["ckpts/epoch=0-step=3.ckpt", "ckpts/epoch=0-step=6.ckpt"] if rank == 0 else [])
+        assert all(e.compute_time_s is not None for e in evs if type(e).__struct_config__.tag == "step_observed")
+    zero = list(read_events(run / "rank-00000.jsonl"))
+    scores = [e for e in zero if type(e).__struct_config__.tag == "straggler_scores"]
+    flagged = [e for e in zero if type(e).__struct_config__.tag == "straggler_detected"]
+    assert len(scores) == 2 and all(s.scores["1"] < 0.8 < s.scores["0"] for s in scores), [s.scores for s in scores]
+    assert [e.rank for e in flagged] == [1, 1]
     assert main(["verify", "--pubkey", str(pub), "--require-closed", str(run)]) == 0
+    assert main(["replay", "--pubkey", str(pub), str(run)]) == 0
 
 
 def test_a_finished_run_is_continued_in_a_new_folder_linked_to_its_journal(tmp_path, signer, pubkey):
