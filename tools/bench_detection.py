@@ -22,6 +22,8 @@ before clipping, and the steps a fault was injected at):
   (AdamW 3e-3, batches of 32);
 - ``vae``: a VAE (MLP, latent 8) of the CNN's noisy templates, its KL weight annealed from 0 to 1 over the first
   40% of the run (Adam 1e-3, batches of 32): a loss that rises as the weight does;
+- ``mlp_bf16``, ``mlp_amp``, ``mlp_accum``: the MLP in pure bfloat16, under bfloat16 autocast, and with its
+  batch as four accumulated micro-batches;
 - ``hfgpt2``: a tiny GPT-2 (transformers, from a config) under the Hugging Face Trainer on the same bytes, the
   loss and grad norm as the Trainer logs them; each fault is a run of its own, injected once (at 60%);
 - ``ddplm`` and ``ddplm0``: the charlm under real torchrun, DDP over gloo, 2 ranks (tools/bench_detection_ddp.py),
@@ -78,9 +80,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 CACHE = ROOT / "bench-out" / "detection"
-MODELS = ("mlp", "linreg", "cnn", "logreg", "gru", "vae", "charlm", "hfgpt2", "ddplm", "ddplm0")
-STEPS = {"mlp": 4000, "linreg": 3000, "cnn": 4000, "logreg": 3000, "gru": 3000, "vae": 3000, "charlm": 3000,
-         "hfgpt2": 800, "ddplm": 1500, "ddplm0": 1500}
+MODELS = ("mlp", "linreg", "cnn", "logreg", "gru", "vae", "mlp_bf16", "mlp_amp", "mlp_accum", "charlm", "hfgpt2",
+          "ddplm", "ddplm0")
+STEPS = {"mlp": 4000, "linreg": 3000, "cnn": 4000, "logreg": 3000, "gru": 3000, "vae": 3000, "mlp_bf16": 4000,
+         "mlp_amp": 4000, "mlp_accum": 4000, "charlm": 3000, "hfgpt2": 800, "ddplm": 1500, "ddplm0": 1500}
 FAULTS = ("none", "loss_x50", "lr_x50", "corrupt_batch", "random_tokens", "lr_ramp")
 LM_ONLY = {"random_tokens"}
 #: faults only the models trained here in one process can take (a branch from a state): not the Trainer's or torchrun's
@@ -106,6 +109,40 @@ def _mlp(seed: int, steps: int):
         return x, torch.sin(x @ w / 4)
 
     return model, opt, None, batch, torch.nn.functional.mse_loss, "features"
+
+
+def _mlp_variant(kind: str):
+    """The MLP of ``mlp`` three ways users train: ``bf16`` (its parameters and inputs in bfloat16, AdamW on them),
+    ``amp`` (fp32 parameters, the forward under ``torch.autocast`` in bfloat16) and ``accum`` (batches of 64 as 4
+    micro-batches of 16, a backward each, one optimizer step)."""
+    def build(seed: int, steps: int):
+        import torch
+
+        model, opt, sched, batch, loss_fn, inputs = _mlp(seed, steps)
+        if kind == "bf16":
+            model = model.to(torch.bfloat16)
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+            def batch16(gen, batch=batch):
+                x, y = batch(gen)
+                return x.to(torch.bfloat16), y.to(torch.bfloat16)
+
+            return model, opt, sched, batch16, lambda out, y: loss_fn(out.float(), y.float()), inputs
+        if kind == "amp":
+            class Amp(torch.nn.Module):
+                def __init__(self, inner):
+                    super().__init__()
+                    self.inner = inner
+
+                def forward(self, x):
+                    with torch.autocast("cpu", dtype=torch.bfloat16):
+                        return self.inner(x).float()
+
+            wrapped = Amp(model)
+            return wrapped, torch.optim.AdamW(wrapped.parameters(), lr=1e-3), sched, batch, loss_fn, inputs
+        model.accumulate = 4
+        return model, opt, sched, batch, loss_fn, inputs
+    return build
 
 
 def _linreg(seed: int, steps: int):
@@ -268,6 +305,7 @@ def _charlm(seed: int, steps: int):
 
 
 BUILD = {"mlp": _mlp, "linreg": _linreg, "cnn": _cnn, "logreg": _logreg, "gru": _gru, "vae": _vae,
+         "mlp_bf16": _mlp_variant("bf16"), "mlp_amp": _mlp_variant("amp"), "mlp_accum": _mlp_variant("accum"),
          "charlm": _charlm}
 
 
@@ -296,9 +334,17 @@ def _step(model, opt, sched, params, x, y, loss_fn, *, lr_x: float = 1.0, loss_x
         saved = [grp["lr"] for grp in opt.param_groups]
         for grp in opt.param_groups:
             grp["lr"] *= lr_x
-    loss = loss_fn(model(x), y) * loss_x
     opt.zero_grad(set_to_none=True)
-    loss.backward()
+    k = getattr(model, "accumulate", 1)  # gradient accumulation: k micro-batches, a backward each
+    if k == 1:
+        loss = loss_fn(model(x), y) * loss_x
+        loss.backward()
+    else:
+        loss = 0.0
+        for xc, yc in zip(x.chunk(k), y.chunk(k)):
+            part = loss_fn(model(xc), yc) * loss_x / k
+            part.backward()
+            loss = loss + part.detach()
     norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
     opt.step()
     if saved is not None:
