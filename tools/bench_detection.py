@@ -71,6 +71,7 @@ import json
 import math
 import os
 import resource
+import statistics
 import sys
 import time
 from collections import deque
@@ -589,11 +590,6 @@ def episodes(run: dict, fault: str) -> list[dict]:
     return out
 
 
-def _median(xs: list[float]) -> float:
-    s = sorted(xs)
-    return s[len(s) // 2] if len(s) % 2 else 0.5 * (s[len(s) // 2 - 1] + s[len(s) // 2])
-
-
 def _ramp_episode(run: dict, b: dict) -> dict:
     """A slow divergence: the step where the branch's 25-step median loss (or grad norm) first reaches 3x the healthy
     run's over the same steps (``three``; None: it never does, and the episode is not visible)."""
@@ -602,7 +598,7 @@ def _ramp_episode(run: dict, b: dict) -> dict:
     for j in range(25, n + 1):
         for series in ("loss", "grad_norm"):
             healthy = run[series][s + j - 25:s + j]
-            if len(healthy) == 25 and _median(b[series][j - 25:j]) >= 3 * _median(healthy):
+            if len(healthy) == 25 and statistics.median(b[series][j - 25:j]) >= 3 * statistics.median(healthy):
                 three = s + j - 1
                 break
         if three is not None:

@@ -360,7 +360,6 @@ class ComputeClock:
         return None if ready is None or ready < start else ready - start
 
 
-
 class StragglerDetector:
     """Every rank calls :meth:`observe` after each step (a dict insert); every window the ranks exchange their
     window medians (one ``all_gather_object`` of a tuple) and rank 0 records ``straggler_scores`` (relative and

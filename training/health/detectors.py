@@ -643,7 +643,7 @@ class HealthProjection:
         if self._range and (self._joint is not None or (self._loss.joint and self._grad.joint)):
             out = self._joint_rule(step, loss, g, out, in_episode)  # (force is only ever set with a joint pending)
         if self._trend is not None:
-            t = self._trend.step(step, loss, g, bool(out))  # (a spike flagged here hushes the divergences)
+            t = self._trend.step(step, loss, g, bool(out))  # (a spike flagged here starts the divergences over)
             if t:
                 out = out + t
         fp = ev.batch_fingerprint

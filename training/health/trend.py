@@ -8,9 +8,10 @@ start, after falling to a quarter of it): the start level is the chance level th
 ln 10 for a 10-class classifier), else the segment's first finite positive loss (what the model scored untrained:
 a model that learns fast is far below it within 16 steps, so no median of the first ones will do); "fallen" is a
 block of ``trend_window`` steps whose median is at most that level over F. A step the spike rules flagged is not
-flagged again as a blow-up (it opens the blow-up's episode all the same). Twice the start, not the start itself: a batch of a model still learning can score above chance now and then
-(its hardest examples confidently wrong); a batch averaging twice chance is a model that has stopped working. The rule exists for a fitted
-classifier whose batch losses span decades: its rolling window's spread grows so wide that the spike rules' own
+flagged again as a blow-up (it opens the blow-up's episode all the same). Twice the start, not the start itself: a
+batch of a model still learning can score above chance now and then (its hardest examples confidently wrong); a
+batch averaging twice chance is a model that has stopped working. The rule exists for a fitted classifier whose
+batch losses span decades: its rolling window's spread grows so wide that the spike rules' own
 thresholds climb with it (an lr x50 step sending a CNN's loss from 0.05 to 23-82 nats, above chance, was not even
 suspected). A loss far above what the model scored untrained is a failure whatever the window's spread. One anomaly
 an episode; the episode ends at the first loss back at or under the start level.
@@ -21,14 +22,12 @@ level. The ``TREND_LOOKBACK`` blocks before a block give a baseline, the second 
 spread, their block-to-block wander: 1.4826 x the median absolute difference of consecutive levels' logs, over
 sqrt 2 (a steady trend is not wander). A block whose level is above the baseline by at least max(log R,
 ``TREND_NOISE`` x spread), in log units, after the ``TREND_PERSIST`` blocks before it rose by half that, is a
-divergence of that
-series, flagged at the block's last step (``value`` its level, ``baseline_median`` the baseline, ``mad`` the
+divergence of that series, flagged at the block's last step (``value`` its level, ``baseline_median`` the baseline, ``mad`` the
 spread, ``z_score`` the rise over the spread, ``threshold`` the multiple needed). Nearly the lowest, not the
 median: a rise that takes as long as the lookback would carry a median up with it; not the lowest itself, the
 luckiest block of a noisy series. A step the spike rules flagged (a spike, a NaN) makes both series forget their
 earlier levels too: what follows is measured from where it leaves the run, since the anomaly is on record against
-the level before it. A loss that climbs for hundreds of
-steps follows a rolling window up, so the spike rules never see it; this rule holds the series to its own earlier
+the level before it. A loss that climbs for hundreds of steps follows a rolling window up, so the spike rules never see it; this rule holds the series to its own earlier
 level instead, and a series whose block medians wander (a classifier's batch losses span decades) must rise further
 than its wandering. Falling curves (warm-up, a schedule's decay, an lr drop) never trip it; a series must have
 ``TREND_MIN_BLOCKS`` blocks behind it first (a grad norm that grows out of its initialisation does so early). After
@@ -39,6 +38,7 @@ A resume (``run_resumed`` from the checkpoint of step s) drops the blocks that e
 from __future__ import annotations
 
 import math
+from statistics import median as _median
 from typing import Any
 
 from trainledger.training.kinds import AnomalyDetected
@@ -58,13 +58,6 @@ TREND_PERSIST = 2
 MAD_SCALE = 1.4826
 #: what the monitor records by default (format 1.10)
 TREND_DEFAULTS = {"blowup_factor": 4.0, "trend_window": 25, "trend_ratio": 2.0}
-
-
-def _median(xs: list[float]) -> float:
-    s = sorted(xs)
-    n = len(s)
-    h = n // 2
-    return s[h] if n % 2 else 0.5 * (s[h - 1] + s[h])
 
 
 class _Series:
@@ -118,13 +111,12 @@ class _Series:
 
 class TrendRules:
     """The two rules over one segment's steps (see the module doc). ``step(step, loss, grad_norm)`` returns what
-    the step revealed (a new list, or the shared empty one)."""
+    the step revealed (a new list)."""
 
     def __init__(self, *, blowup_factor: float | None, chance_loss: float | None, window: int | None,
                  ratio: float):
         self.blowup = blowup_factor
         self._over = math.sqrt(blowup_factor) if blowup_factor is not None else math.inf  # the flag's multiple
-        self.chance = chance_loss
         self.window = window
         self.ratio = ratio
         self.start: float | None = chance_loss  # the start level, once known
@@ -132,7 +124,7 @@ class TrendRules:
         self.in_blowup = False
         self.loss = _Series("loss")
         self.grad = _Series("grad_norm")
-        self._arm_block: list[float] = []  # without a trend window, the blocks that arm the blow-up rule
+        self._arm_block: list[float] = []  # the open block of losses that may arm the blow-up rule
         #: the steps each signal was there for (a finite, positive loss; grad norm): what the rules had to go on
         self.seen = {"loss": 0, "grad_norm": 0}
 
@@ -157,10 +149,10 @@ class TrendRules:
                     out.append(a)
         if g is not None and g - g == 0 and g > 0:
             seen["grad_norm"] += 1
-        if self.window is not None and g is not None and g - g == 0 and g > 0:
-            a = self.grad.add(step, g, self.window, self.ratio)
-            if a is not None:
-                out.append(a)
+            if self.window is not None:
+                a = self.grad.add(step, g, self.window, self.ratio)
+                if a is not None:
+                    out.append(a)
         return out
 
     def _blowup(self, step: int, loss: float, spiked: bool) -> AnomalyDetected | None:
@@ -181,7 +173,7 @@ class TrendRules:
         if not self.armed:
             block = self._arm_block
             block.append(loss)
-            if len(block) >= (self.window or 25):
+            if len(block) >= (self.window or TREND_DEFAULTS["trend_window"]):
                 self.armed = _median(block) * self.blowup <= start
                 self._arm_block = []
         return None
