@@ -354,21 +354,18 @@ def untap_clip(owner: Any) -> None:
 
 def total_norm(grads: list[Any]) -> Any:
     """The L2 norm of all of ``grads`` together, a tensor (no transfer): ``torch.nn.utils.get_total_norm``'s value, in
-    three fused calls where every gradient shares a device and dtype (the usual case; it groups them first)."""
+    three fused calls where every gradient shares a device and dtype (the usual case; it groups them first):
+    :func:`norm_parts`, combined at once."""
     import torch
 
-    if not grads:
-        return None
-    g0 = grads[0]
-    if all(g.device == g0.device and g.dtype == g0.dtype for g in grads):
-        return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
-    return torch.nn.utils.get_total_norm(grads)
+    parts = norm_parts(grads)
+    return torch.linalg.vector_norm(torch.stack(parts)) if isinstance(parts, NormParts) else parts
 
 
 def norm_parts(grads: list[Any]) -> Any:
     """What a callback queues for a step's gradient norm when it computes it itself: :class:`NormParts` (one
-    ``torch._foreach_norm`` call now; the queue combines them a batch of steps at a time), or :func:`total_norm`'s
-    tensor where the gradients do not share a device and dtype."""
+    ``torch._foreach_norm`` call now; the queue combines them a batch of steps at a time), or the whole norm
+    (``torch.nn.utils.get_total_norm``) where the gradients do not share a device and dtype; None without any."""
     import torch
 
     if not grads:
