@@ -501,6 +501,8 @@ class Recorder:
         if self.rank_info is not None:
             self.anchor(step)
         self._t = time.perf_counter()  # the save is not part of the next step's time
+        if self._clock is not None:
+            self._clock.start = self._t  # nor of this rank's own compute time
         return ev
 
     def anchor(self, step: int | None = None) -> dict[int, str] | None:
