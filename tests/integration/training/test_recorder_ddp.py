@@ -5,25 +5,16 @@ newest step both saved, and a run folder ``trainledger verify`` accepts."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
+
+from torchrun_tools import free_port, kind
 
 from trainledger.cli import main
 from trainledger.journal import keygen, read_events
 
 WORKER = Path(__file__).resolve().parents[2] / "helpers" / "recorder_ddp_worker.py"
-
-
-def kind(ev) -> str:
-    return type(ev).__struct_config__.tag
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_recorder_under_torchrun_one_journal_per_rank_anchored_resumed_and_verified(tmp_path, capsys):
@@ -34,7 +25,7 @@ def test_recorder_under_torchrun_one_journal_per_rank_anchored_resumed_and_verif
     env.pop("TRAINLEDGER_RUN", None)
     # No --standalone and no --rdzv-id: torchrun's run id is then "none", which every such job would share.
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--max-restarts=1",
-                           "--monitor-interval=0.1", "--master-addr=127.0.0.1", f"--master-port={_free_port()}",
+                           "--monitor-interval=0.1", "--master-addr=127.0.0.1", f"--master-port={free_port()}",
                            str(WORKER), str(run), str(priv), "25", "14"],
                           capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]

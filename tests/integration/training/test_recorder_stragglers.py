@@ -8,27 +8,17 @@ a sleep, so the verdicts do not depend on the machine's load."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from torchrun_tools import free_port, kind
 
 from trainledger.cli import main
 from trainledger.journal import keygen, read_events
 
-WORKER = Path(__file__).resolve().parents[2] / "helpers" / "straggler_ddp_worker.py"
-
-
-def kind(ev) -> str:
-    return type(ev).__struct_config__.tag
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+WORKER = Path(__file__).resolve().parents[2] / "helpers" / "recorder_ddp_worker.py"
 
 
 def _job(tmp_path, name: str, slow_x: float, priv) -> Path:
@@ -37,8 +27,8 @@ def _job(tmp_path, name: str, slow_x: float, priv) -> Path:
     env.pop("TORCHELASTIC_RUN_ID", None)
     env.pop("TRAINLEDGER_RUN", None)
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-                           "--master-addr=127.0.0.1", f"--master-port={_free_port()}", "--rdzv-id", name,
-                           str(WORKER), str(run), str(priv), "40", "10", str(slow_x)],
+                           "--master-addr=127.0.0.1", f"--master-port={free_port()}", "--rdzv-id", name,
+                           str(WORKER), str(run), str(priv), "40", "-", "10", str(slow_x)],
                           capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return run
