@@ -208,7 +208,8 @@ def test_a_nan_stops_the_run_through_the_trainer(tmp_path, signer, pubkey):
 
 def test_every_rank_journals_its_steps_under_torchrun(tmp_path):
     """The Trainer on 2 ranks (torchrun, gloo, DDP on the CPU): one journal per rank, every step on each, the
-    checkpoints recorded by the rank that writes them; the run folder verifies whole."""
+    checkpoints recorded by the rank that writes them; rank 1, whose compute takes 3x rank 0's, flagged in both straggler
+    windows; the run folder verifies and replays whole."""
     import os
     import subprocess
     import sys

@@ -1,9 +1,11 @@
 """Stragglers under the README's torchrun lines: the Recorder times each rank's own compute (the DDP model's
 communication hook: its last gradient bucket ready, before the all-reduce waits on the other rank), journals it as
 ``compute_time_s`` beside the step's wall time, and scores the ranks in straggler windows. A rank whose compute
-takes 1.3x its peer's is flagged in the first two windows; a balanced job is flagged in none; tokens/s stays the
-step's; replay recomputes every window from the ranks' journals. Real torchrun, gloo, two processes; the compute is
-a sleep, so the verdicts do not depend on the machine's load."""
+takes 3x its peer's is flagged in every window; in a balanced job the ranks score alike; tokens/s stays the step's;
+replay recomputes every window from the ranks' journals. Real torchrun, gloo, two processes; the compute is a sleep
+(0.1 s, 0.3 s for the slow rank), and every assertion on a time is a bound a sleep guarantees or a gap only a stall
+of rank 0 alone, of the order of the sleep itself, could close. The threshold's own margin (1.3x flagged, 1.2x not)
+is tested with the times given, in tests/unit/training/test_stragglers.py."""
 
 from __future__ import annotations
 
@@ -39,15 +41,15 @@ def keys(tmp_path_factory):
     return keygen(tmp_path_factory.mktemp("keys") / "k")
 
 
-def test_a_rank_with_30_percent_more_compute_is_flagged_within_two_windows(tmp_path, keys, capsys):
+def test_a_rank_with_three_times_the_compute_is_flagged_in_every_window(tmp_path, keys, capsys):
     priv, pub = keys
-    run = _job(tmp_path, "slow", 1.3, priv)
+    run = _job(tmp_path, "slow", 3.0, priv)
     rank0 = list(read_events(run / "rank-00000.jsonl"))
     rank1 = list(read_events(run / "rank-00001.jsonl"))
     scores = [ev for ev in rank0 if kind(ev) == "straggler_scores"]
     flagged = [ev for ev in rank0 if kind(ev) == "straggler_detected"]
     assert len(scores) == 4, [(s.window_start, s.window_end) for s in scores]  # 40 steps, windows of 10
-    assert flagged and flagged[0].rank == 1 and flagged[0].window_end <= scores[1].window_end
+    assert [ev.rank for ev in flagged] == [1] * 4
     assert all(s.scores["1"] < 0.8 < s.scores["0"] for s in scores), [s.scores for s in scores]
     steps1 = [ev for ev in rank1 if kind(ev) == "step_observed"]
     steps0 = [ev for ev in rank0 if kind(ev) == "step_observed"]
@@ -56,17 +58,23 @@ def test_a_rank_with_30_percent_more_compute_is_flagged_within_two_windows(tmp_p
     mid = slice(5, 35)
     own1 = sorted(ev.compute_time_s for ev in steps1[mid])[15]
     own0 = sorted(ev.compute_time_s for ev in steps0[mid])[15]
-    assert 1.15 < own1 / own0 < 1.5, (own0, own1)
-    wall0 = sorted(ev.step_time_s for ev in steps0[mid])[15]
-    assert wall0 > own0 * 1.1 and all(ev.tokens == 16 for ev in steps0)  # rank 0 waits: tokens/s from the wall time
+    assert own1 >= 0.3 and own0 >= 0.1 and own1 > 1.25 * own0, (own0, own1)  # each rank's own sleep, at least
+    # Rank 0 waits on rank 1 every step, so its steps take rank 1's 0.3 s on average (the all-reduce of step k
+    # ends 0.3 s after that of step k - 1 at the earliest): tokens/s rests on that wall time, not on its own.
+    wall0 = sum(ev.step_time_s for ev in steps0[mid]) / 30
+    assert wall0 > 0.28 and all(ev.tokens == 16 for ev in steps0), wall0
     assert main(["replay", "--pubkey", str(pub), str(run)]) == 0
     assert "straggler" in capsys.readouterr().out
 
 
-def test_a_balanced_job_flags_no_rank(tmp_path, keys):
-    priv, _ = keys
+def test_a_balanced_job_scores_its_ranks_alike(tmp_path, keys):
+    """Both ranks sleep 0.1 s: their scores stay far from the slow job's 0.33 (a clock that counted the wait on
+    the other rank, or missed the sleep, would not). Whether one is flagged at 0.8 would depend on the load on the
+    machine; that margin is the unit test's, with the times given."""
+    priv, pub = keys
     run = _job(tmp_path, "even", 1.0, priv)
     rank0 = list(read_events(run / "rank-00000.jsonl"))
     scores = [ev for ev in rank0 if kind(ev) == "straggler_scores"]
-    assert len(scores) == 4 and not [ev for ev in rank0 if kind(ev) == "straggler_detected"]
-    assert all(min(s.scores.values()) > 0.9 for s in scores), [s.scores for s in scores]
+    assert len(scores) == 4 and all(min(s.scores.values()) > 0.5 for s in scores), [s.scores for s in scores]
+    assert all(min(s.medians.values()) >= 0.1 for s in scores), [s.medians for s in scores]
+    assert main(["replay", "--pubkey", str(pub), str(run)]) == 0

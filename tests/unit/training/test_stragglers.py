@@ -23,3 +23,45 @@ def test_finish_scores_the_last_partial_window_and_nothing_when_there_is_none(tm
         assert windows == [(0, 4), (5, 9), (10, 11)]
     finally:
         dist.destroy_process_group()
+
+
+
+_SLOWDOWNS = (1.3, 1.2, 1.0)
+
+
+def _two_ranks(rank: int, tmp: str) -> None:
+    from trainledger.journal import load_signer
+
+    store = dist.FileStore(f"{tmp}/store2", 2)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
+    try:
+        signer = load_signer(f"{tmp}/keys/trainledger.key")
+        for x in _SLOWDOWNS:  # rank 1's time is x times rank 0's
+            with Journal.create(f"{tmp}/{x}-rank-{rank}.jsonl", signer=signer) as j:
+                det = StragglerDetector(j, every=10, threshold=0.8)
+                for step in range(20):
+                    det.observe(step, 0.1 * (x if rank else 1.0) * (1 + 0.01 * (step % 3)))  # the same jitter
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_rank_whose_compute_takes_1_3x_is_flagged_at_the_recorders_threshold(tmp_path):
+    """Two real gloo ranks with their step times given (not measured, so the verdict cannot depend on the machine's
+    load): at the Recorder's threshold of 0.8 a rank taking 1.3x its peer's time scores 0.77 and is flagged in every
+    window; 1.2x (0.83) and equal ranks are not. The integration tests time real compute, with wider margins."""
+    import inspect
+
+    import torch.multiprocessing as mp
+
+    from trainledger.journal import keygen
+    from trainledger.training import Recorder
+
+    assert inspect.signature(Recorder).parameters["straggler_threshold"].default == 0.8
+    keygen(tmp_path / "keys")
+    mp.spawn(_two_ranks, args=(str(tmp_path),), nprocs=2, join=True)
+    for x in _SLOWDOWNS:
+        evs = list(read_events(tmp_path / f"{x}-rank-0.jsonl"))
+        scores = [round(e.scores["1"], 3) for e in evs if type(e).__struct_config__.tag == "straggler_scores"]
+        flagged = [(e.rank, e.window_start) for e in evs if type(e).__struct_config__.tag == "straggler_detected"]
+        assert scores == [round(1 / x, 3)] * 2, (x, scores)
+        assert flagged == ([(1, 0), (1, 10)] if x == 1.3 else []), (x, flagged)
