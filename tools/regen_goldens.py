@@ -161,6 +161,9 @@ def every_kind(path: Path) -> Path:
     for i, loss in enumerate([1.6, 2.4, 1.6, 2.4, 1.6, 2.4, 1.6, 2.4, 3.0, 3.0, 3.2, 3.2, 4.5, 4.5, 30.0, 2.0],
                              start=27):
         observe(StepObserved(step=i, loss=loss, grad_norm=1.0, lr=3e-4, step_time_s=0.01, tokens=32))
+    # ... and an epoch's last, partial batch (8 tokens after 32): its grad norm, 40x the others', is not scored
+    observe(StepObserved(step=43, loss=2.0, grad_norm=40.0, lr=3e-4, step_time_s=0.01, tokens=8))
+    observe(StepObserved(step=44, loss=2.0, grad_norm=1.0, lr=3e-4, step_time_s=0.01, tokens=32))
     from trainledger.training.health.mfu import record_compute
 
     record_compute(j)  # 1.3: the training compute of every step above, one figure

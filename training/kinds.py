@@ -102,6 +102,11 @@ class RunConfigured(Event, tag="run_configured", frozen=True, kw_only=True):
     #: ``loss_divergence`` / ``grad_norm_divergence``. Absent: off (every journal before 1.10)
     trend_window: int | None = None
     trend_ratio: float = 2.0
+    #: 1.10: a step whose batch (``examples``, else ``tokens``) is under ``partial_batch`` x the step before's (an
+    #: epoch's last, partial batch) is not scored by the spike rules: its loss and grad norm are a smaller sample's,
+    #: noisier by design. NaN and the infinities, the blow-up and the divergence rules still apply. Absent: every
+    #: step is scored (every journal before 1.10)
+    partial_batch: float | None = None
 
     def __post_init__(self) -> None:
         # Runs on decode too (msgspec): a signed journal with impossible settings fails verification as a schema
@@ -147,6 +152,9 @@ class RunConfigured(Event, tag="run_configured", frozen=True, kw_only=True):
             v = getattr(self, name)
             if v is not None and not (isinstance(v, (int, float)) and math.isfinite(v) and v > lo):
                 raise ValueError(f"{name} must be a finite number above {lo:g} or absent, got {v!r}")
+        pb = self.partial_batch
+        if pb is not None and not (isinstance(pb, (int, float)) and 0 < pb < 1):
+            raise ValueError(f"partial_batch must be a number between 0 and 1 (exclusive) or absent, got {pb!r}")
         w = self.trend_window
         if w is not None and not (isinstance(w, int) and 2 <= w <= MAX_WINDOW):
             raise ValueError(f"trend_window must be an integer from 2 to {MAX_WINDOW} or absent, got {w!r}")

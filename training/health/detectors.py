@@ -579,6 +579,11 @@ class HealthProjection:
         self._trend = TrendRules(blowup_factor=c.blowup_factor, chance_loss=c.chance_loss,
                                  window=c.trend_window, ratio=c.trend_ratio) \
             if c.blowup_factor is not None or c.trend_window is not None else None
+        #: format 1.10: a step whose batch is under this fraction of the step before's is not scored by the spike
+        #: rules (None: every step is); ``_batch``: the step before's size; ``partial_steps``: how many were not
+        self._partial = c.partial_batch
+        self._batch: int | None = None
+        self.partial_steps = 0
 
     # ------------------------------------------------------------ the fold
 
@@ -617,12 +622,20 @@ class HealthProjection:
         after_resume = self._pending_resume is not None
         out = _NONE
         loss = ev.loss
+        partial = False
+        if self._partial is not None:  # format 1.10: an epoch's last, partial batch is not scored by the spike rules
+            n = ev.examples if ev.examples is not None else ev.tokens
+            b = self._batch
+            if n is not None and b is not None and n < b * self._partial:
+                partial = True
+                self.partial_steps += 1
+            self._batch = n
         if self._range:  # the joint rule reads what each detector saw of this step
             in_episode = bool(self._loss.episode or self._grad.episode)
             self._loss.joint = self._grad.joint = False
             self._loss.last_z = self._grad.last_z = None
         if loss - loss == 0:  # finite (NaN and +/-inf give NaN)
-            if loss > 0 or not self._loss_log:  # on the log scale a loss <= 0 is not scored (it is no spike)
+            if (loss > 0 or not self._loss_log) and not partial:  # on the log scale a loss <= 0 is not scored
                 a = self._loss.score(step, loss, after_resume)
                 if a is not None:
                     out = [a]
@@ -632,7 +645,7 @@ class HealthProjection:
         g = ev.grad_norm
         if g is not None:
             if g - g == 0:
-                if g > 0:
+                if g > 0 and not partial:
                     a = self._grad.score(step, g, after_resume)
                     if a is not None:
                         out = out + [a]
@@ -732,12 +745,19 @@ class HealthProjection:
         anomalies or release a suspected spike."""
         i = lo
         run = _health_run
+        # format 1.10: the partial batches in events[lo:hi] (the C run knows nothing of them: each is folded by
+        # _step), found with the same comparison _step makes, in the same order
+        partial = self._partial_at(events, lo, hi) if self._partial is not None and run is not None else []
+        pi = 0
         while i < hi:
             loss, grad = self._loss, self._grad
-            if run is not None and self._pending_resume is None and loss.pending is None and grad.pending is None \
-                    and not loss.episode and not grad.episode and self._joint is None:
+            while pi < len(partial) and partial[pi] < i:
+                pi += 1
+            end = partial[pi] if pi < len(partial) else hi
+            if run is not None and end > i and self._pending_resume is None and loss.pending is None \
+                    and grad.pending is None and not loss.episode and not grad.episode and self._joint is None:
                 lb, gb, acc = loss.base, grad.base, self.mfu_accounting
-                out = run(events, i, hi, type(events[i]),
+                out = run(events, i, end, type(events[i]),
                           (lb._sorted, lb._values, lb._steps, loss.min_periods, loss.inv_scale, loss.window, lb.trim_at,
                            loss.log, self._range and loss.range_params()),
                           (gb._sorted, gb._values, gb._steps, grad.min_periods, grad.inv_scale, grad.window, gb.trim_at,
@@ -757,6 +777,9 @@ class HealthProjection:
                         compute.add_run(k, out[1], out[9], out[10], out[11], out[12], events, i)
                     if self._trend is not None:  # (format 1.10: not in the C run; every step, in order)
                         self._trend_run(events, i, stop, after)
+                    if self._partial is not None:
+                        last = events[stop - 1]
+                        self._batch = last.examples if last.examples is not None else last.tokens
                     i = stop
                     if i >= hi:
                         break
@@ -767,6 +790,17 @@ class HealthProjection:
             if after is not None:
                 after(ev, found)
             i += 1
+
+    def _partial_at(self, events: list[Any], lo: int, hi: int) -> list[int]:
+        """The indexes in ``events[lo:hi]`` of the steps :meth:`_step` will find partial, in order."""
+        out, b, r = [], self._batch, self._partial
+        for k in range(lo, hi):
+            ev = events[k]
+            n = ev.examples if ev.examples is not None else ev.tokens
+            if n is not None and b is not None and n < b * r:
+                out.append(k)
+            b = n
+        return out
 
     def _trend_run(self, events: list[Any], lo: int, hi: int,
                    after: Callable[[Any, list[AnomalyDetected]], None] | None) -> None:
@@ -823,6 +857,7 @@ class HealthProjection:
             self._grad.base.rewind_to(s)
         if self._trend is not None:
             self._trend.resume(s)
+        self._batch = None  # (the step before the first redone one is not on this side of the resume)
         self._pending_resume = {"from_step": s, "reason": ev.reason, "checkpoint": ev.checkpoint,
                                 "left": RESTART_WINDOW}
         return _NONE
@@ -858,6 +893,8 @@ class HealthProjection:
             # format 1.10: the steps each signal was there for, so a verdict says what it rested on (a run that
             # records no grad norm is watched from its loss alone)
             **({"signals": dict(self._trend.seen)} if self._trend is not None else {}),
+            # format 1.10: the steps the spike rules left unscored, their batch under partial_batch x the one before
+            **({"partial_batches": self.partial_steps} if self._partial is not None else {}),
             "spikes_suspected": len(self.suspected),
             "restarts": {
                 # a resume whose continuity window is still open counts, and is not yet judged
@@ -912,6 +949,7 @@ class HealthProjection:
             **({"range": {"grad_episode": self._grad.episode, "joint": self._joint, "loss_ep": self._loss.ep,
                           "grad_ep": self._grad.ep, "data_ep": self._dd}} if self._range else {}),  # 1.6
             **({"trend": self._trend.state()} if self._trend is not None else {}),  # 1.10
+            **({"partial": [self._batch, self.partial_steps]} if self._partial is not None else {}),  # 1.10
         }
 
     @classmethod
@@ -945,4 +983,8 @@ class HealthProjection:
             p._dd = list(rng["data_ep"]) if rng.get("data_ep") is not None else None
         if p._trend is not None and isinstance(d.get("trend"), dict):
             p._trend.load(d["trend"])
+        part = d.get("partial")
+        if p._partial is not None and isinstance(part, list) and len(part) == 2:
+            p._batch = None if part[0] is None else int(part[0])
+            p.partial_steps = int(part[1])
         return p

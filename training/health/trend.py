@@ -56,8 +56,9 @@ TREND_NOISE = 7.0
 TREND_PERSIST = 2
 #: 1 / Phi^-1(3/4), as the spike rules' MAD (detectors.MAD_SCALE)
 MAD_SCALE = 1.4826
-#: what the monitor records by default (format 1.10)
-TREND_DEFAULTS = {"blowup_factor": 4.0, "trend_window": 25, "trend_ratio": 2.0}
+#: what the monitor records by default (format 1.10), with the partial-batch rule of the spike rules
+#: (``RunConfigured.partial_batch``: a batch under half the step before's is not scored by them)
+TREND_DEFAULTS = {"blowup_factor": 4.0, "trend_window": 25, "trend_ratio": 2.0, "partial_batch": 0.5}
 
 
 class _Series:

@@ -186,6 +186,9 @@ def _cmd_replay(args: argparse.Namespace) -> int:
             say("  signals: the loss alone (no grad norm recorded): the grad norm's rules had nothing to score")
         elif sig is not None and sig.get("grad_norm") and sig["grad_norm"] < sig.get("loss", 0):
             say(f"  signals: the loss on {sig['loss']:,} steps, the grad norm on {sig['grad_norm']:,}")
+        if h.get("partial_batches"):
+            say(f"  partial batches: {h['partial_batches']:,} steps whose batch was a fraction of the step before's "
+                "(run_configured's partial_batch), not scored by the spike rules")
 
         r = h["restarts"]
         say(f"  restarts {r['count']} (continuity {'ok' if r['continuity_ok'] else 'BROKEN'})")

@@ -14,7 +14,7 @@ import pytest
 from journal_tools import dump, parse, read_lines, rechain, write_lines
 
 from trainledger.audit import replay
-from trainledger.journal import Journal, StepObserved
+from trainledger.journal import Journal, RunResumed, StepObserved
 from trainledger.training.health.detectors import RANGE_DEFAULTS, HealthProjection
 from trainledger.training.health.monitor import TrainingHealthMonitor
 from trainledger.training.health.trend import TREND_DEFAULTS, TrendRules
@@ -269,3 +269,92 @@ def test_the_report_and_replay_say_which_signals_the_rules_had(tmp_path, signer,
     j.close()
     assert main(["replay", "--pubkey", str(pub), str(alone)]) == 0
     assert "signals: the loss alone (no grad norm recorded)" in capsys.readouterr().out
+
+
+def _epochs(rng: random.Random, n: int = 900, per_epoch: int = 397) -> list[StepObserved]:
+    """An LM under the Hugging Face Trainer with drop_last off: 16 sequences of 64 tokens a step, and each epoch's
+    last step the 6 left over, whose grad norm (a smaller sample's) is 3x the others', as measured on
+    tools/bench_detection.py's hfgpt2."""
+    out = []
+    for i in range(n):
+        last = i % per_epoch == per_epoch - 1
+        g = 0.7 * math.exp(rng.gauss(0, 0.1)) * (3.0 if last else 1.0)
+        out.append(StepObserved(step=i, loss=2.6 * math.exp(rng.gauss(0, 0.03)), grad_norm=g,
+                                tokens=(6 if last else 16) * 64))
+    return out
+
+
+def _anomalies(config: RunConfigured, events) -> tuple[list, HealthProjection]:
+    p = HealthProjection(config)
+    found = []
+    for ev in events:
+        found += p.apply(ev)
+    return [(a.anomaly, a.step) for a in found], p
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_an_epochs_last_partial_batch_is_not_scored_by_the_spike_rules(seed):
+    """Format 1.6's rules flag a partial batch's grad norm (as on the Trainer's runs: step 793 on every seed, 396 on one); with
+    partial_batch (the default from 1.10) those steps are left unscored, counted in the report; the full-size steps
+    around them are scored as before, and a NaN or a blow-up on a partial step is still an anomaly."""
+    evs = _epochs(random.Random(seed))
+    old, _ = _anomalies(RunConfigured(loss_scale="log", **RANGE_DEFAULTS), evs)
+    assert {s for k, s in old if k == "grad_norm_spike"} & {396, 793}
+    new, p = _anomalies(_config(), evs)
+    assert new == [] and p.report()["partial_batches"] == 2
+    hit = list(evs)  # a spike on a full step right after the partial one is still flagged
+    hit[398] = StepObserved(step=398, loss=2.6, grad_norm=70.0, tokens=1024)
+    assert ("grad_norm_spike", 398) in _anomalies(_config(), hit)[0]
+    nan = list(evs)
+    nan[396] = StepObserved(step=396, loss=math.nan, grad_norm=2.0, tokens=384)
+    assert _anomalies(_config(), nan)[0] == [("nan_loss", 396)]
+    blown = list(evs)
+    blown[793] = StepObserved(step=793, loss=40.0, grad_norm=2.0, tokens=384)
+    assert _anomalies(_config(chance_loss=12.0), blown)[0] == [("loss_blowup", 793)]  # armed: 2.6 <= 12 / 4
+
+
+def test_a_smaller_batch_from_then_on_leaves_one_step_unscored():
+    """The comparison is with the step before, so a run that halves its batch for good loses one step's scoring,
+    not the rest of the run; examples are compared where recorded, else tokens; a resume forgets the step before."""
+    p = HealthProjection(_config())
+    for i in range(200):
+        p.apply(StepObserved(step=i, loss=2.0, grad_norm=1.0, examples=32 if i < 100 else 8, tokens=4096))
+    assert p.partial_steps == 1
+    p.apply(RunResumed(from_step=150, reason="crash"))
+    p.apply(StepObserved(step=151, loss=2.0, grad_norm=1.0, examples=1))
+    assert p.partial_steps == 1
+    p.apply(StepObserved(step=152, loss=2.0, grad_norm=1.0, examples=1))
+    restored = HealthProjection.from_state(p.state())
+    assert restored.state() == p.state() and p.state()["partial"] == [1, 1]
+    assert "partial" not in HealthProjection(RunConfigured(loss_scale="log", **RANGE_DEFAULTS)).state()
+    with pytest.raises(ValueError, match="partial_batch"):
+        RunConfigured(partial_batch=1.5)
+
+
+def test_the_monitor_records_partial_batch_and_replay_says_how_many(tmp_path, signer, capsys):
+    from trainledger.cli import main
+
+    path = tmp_path / "j.jsonl"
+    j = Journal.create(path, signer=signer, background=False)
+    m = TrainingHealthMonitor(journal=j)
+    for ev in _epochs(random.Random(5)):
+        m.observe_step(ev.step, ev.loss, grad_norm=ev.grad_norm, tokens=ev.tokens)
+    j.close()
+    assert m.config.partial_batch == 0.5 and m.report()["anomalies"] == 0
+    assert replay(path, keys=[signer.public]).health["partial_batches"] == 2
+    pub = tmp_path / "k.pub"
+    pub.write_text(signer.public.line() + "\n")
+    assert main(["replay", "--pubkey", str(pub), str(path)]) == 0
+    assert "partial batches: 2 steps" in capsys.readouterr().out
+
+
+def test_the_golden_of_1_10_leaves_its_partial_batch_unscored():
+    """The signed golden's last segment ends on a partial batch (8 tokens after 32) whose grad norm is 40x the
+    others': replay leaves it out of the spike rules, and says so."""
+    from pathlib import Path
+
+    from trainledger.journal import load_public_key
+
+    golden = Path(__file__).resolve().parents[2] / "assets" / "golden" / "every_kind_v1_10.jsonl"
+    r = replay(golden, keys=[load_public_key(golden.with_suffix(".pub"))])
+    assert r.ok and r.health["partial_batches"] == 1 and all(43 not in s for s in r.anomalies_by_kind.values())
