@@ -34,7 +34,7 @@ class Tokens(torch.utils.data.Dataset):
 
 
 def _trainer(out, signer, *, steps=12, callbacks=(), continue_from=None, batch_fingerprint=False, callback=None,
-             **kw):
+             data=None, **kw):
     from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 
     transformers.logging.set_verbosity_error()
@@ -46,7 +46,7 @@ def _trainer(out, signer, *, steps=12, callbacks=(), continue_from=None, batch_f
                              learning_rate=1e-3, **kw)
     cb = TrainledgerCallback(signer=signer, continue_from=continue_from, batch_fingerprint=batch_fingerprint,
                              **(callback or {}))
-    return Trainer(model=model, args=args, train_dataset=Tokens(), callbacks=[cb, *callbacks]), cb
+    return Trainer(model=model, args=args, train_dataset=data or Tokens(), callbacks=[cb, *callbacks]), cb
 
 
 def _events(out, tag):
@@ -103,6 +103,18 @@ def test_every_step_is_journaled_and_checkpoint_folders_are_digested(tmp_path, s
     assert {"model", "optimizer", "scheduler", "rng", "counters"} <= set(saved[0].contents)
     assert verify(tmp_path / "journal.jsonl", keys=[pubkey], require_closed=True).ok
     assert replay(tmp_path / "journal.jsonl", keys=[pubkey]).ok
+
+
+def test_an_epochs_last_partial_batch_is_left_out_of_the_spike_rules(tmp_path, signer, pubkey):
+    """17 sequences in batches of 4: each epoch ends on a batch of 1 (16 tokens after 64). The callback journals
+    each step's own tokens, so the monitor leaves those steps out of the spike rules, and replay agrees."""
+    trainer, cb = _trainer(tmp_path, signer, data=Tokens(n=17))
+    trainer.train()
+    steps = _events(tmp_path, "step_observed")
+    assert [s.step for s in steps if s.tokens == 16] == [4, 9] and {s.tokens for s in steps} == {16, 64}
+    assert _events(tmp_path, "run_configured")[0].partial_batch == 0.5
+    assert cb.monitor.report()["partial_batches"] == 2
+    assert replay(tmp_path / "journal.jsonl", keys=[pubkey]).health["partial_batches"] == 2
 
 
 class Crash(transformers.TrainerCallback):
