@@ -14,8 +14,8 @@ before clipping, and the steps a fault was injected at):
   ~1e-6;
 - ``cnn``: a two-layer CNN classifying 10 noisy 12x12 templates (SGD 0.02, momentum 0.9, batches of 32), which it
   fits: batch losses span decades;
-- ``charlm``: the reference causal LM (d 48, 2 layers, context 32) on this repository's own docs as bytes, AdamW
-  3e-3 with warm-up and cosine decay;
+- ``charlm``: the reference causal LM (d 48, 2 layers, context 32) on this repository's own docs as bytes (as they
+  were at one commit: tools/bench_corpus.py), AdamW 3e-3 with warm-up and cosine decay;
 - ``logreg``: logistic regression of 20 features with 10% positives (SGD 0.1, batches of 64): a loss that falls
   from ln 2 to about 0.25 and stays noisy;
 - ``gru``: a GRU (d 32) classifying sequences of 16 tokens of 8 by whether token 0 or token 1 is the more frequent
@@ -427,17 +427,19 @@ def _doc_tokens():
 
     global _DOC_BYTES
     if _DOC_BYTES is None:
-        text = b"".join(p.read_bytes() for p in sorted((ROOT / "docs").glob("*.md")))
-        _DOC_BYTES = torch.tensor(list(text), dtype=torch.long)
+        from bench_corpus import corpus_bytes  # the docs at a fixed commit, so the curves do not move with them
+
+        _DOC_BYTES = torch.tensor(list(corpus_bytes()), dtype=torch.long)
     return _DOC_BYTES
 
 
-def _hf_run(seed: int, steps: int, fault: str, at: int | None) -> tuple[list[float], list[float]]:
+def _hf_run(seed: int, steps: int, fault: str, at: int | None) -> tuple[list[float], list[float], list[int]]:
     """One run of a tiny GPT-2 (2 layers, d64, bytes) under the Hugging Face Trainer (AdamW 1e-3, warm-up and cosine,
     clipping at 1.0, batches of 16 x 64 bytes of the docs): the loss and grad norm the Trainer itself logs each step
     (logging_steps=1). ``fault`` is injected at step ``at`` through ``compute_loss``: it sees the step's batch
     before the forward pass and its loss before the backward pass; the lr is multiplied there and the scheduler
-    sets it back at its own step."""
+    sets it back at its own step. Also each step's tokens (the Trainer's own count, ``num_input_tokens_seen``): the
+    docs do not split into whole batches, so each epoch ends on a partial one."""
     import tempfile
 
     import torch
@@ -481,12 +483,15 @@ def _hf_run(seed: int, steps: int, fault: str, at: int | None) -> tuple[list[flo
     with tempfile.TemporaryDirectory(prefix="tl-bench-det-") as d:
         args = TrainingArguments(output_dir=d, max_steps=steps, per_device_train_batch_size=16, logging_steps=1,
                                  learning_rate=1e-3, warmup_steps=50, lr_scheduler_type="cosine", report_to="none",
-                                 use_cpu=True, seed=seed, disable_tqdm=True, save_strategy="no")
+                                 use_cpu=True, seed=seed, disable_tqdm=True, save_strategy="no",
+                                 include_num_input_tokens_seen=True)
         t = Faulty(model=model, args=args, train_dataset=Blocks())
         t.remove_callback(transformers.trainer_callback.PrinterCallback)   # the logs are read from log_history
         t.train()
     logs = [h for h in t.state.log_history if "loss" in h and "grad_norm" in h]
-    return [float(h["loss"]) for h in logs], [float(h["grad_norm"]) for h in logs]
+    seen = [0] + [int(h["num_input_tokens_seen"]) for h in logs]
+    return ([float(h["loss"]) for h in logs], [float(h["grad_norm"]) for h in logs],
+            [b - a for a, b in zip(seen, seen[1:])])
 
 
 def _train_hf(seed: int) -> dict:
@@ -497,16 +502,16 @@ def _train_hf(seed: int) -> dict:
     torch.set_num_threads(1)
     steps = STEPS["hfgpt2"]
     t0 = time.process_time()
-    loss, grad = _hf_run(seed, steps, "none", None)
+    loss, grad, tokens = _hf_run(seed, steps, "none", None)
     s = int(steps * 0.6)
     branches = {}
     for f in (f for f in FAULTS if f != "none" and f not in BRANCHED_ONLY):
-        fl, fg = _hf_run(seed, steps, f, s)
+        fl, fg, ft = _hf_run(seed, steps, f, s)
         if fl[:s] != loss[:s]:
             raise SystemExit(f"hfgpt2 seed {seed}: the {f} run differs from the healthy run before its fault")
-        branches[f] = [{"at": s, "loss": fl[s:s + BRANCH], "grad_norm": fg[s:s + BRANCH]}]
-    return {"model": "hfgpt2", "seed": seed, "steps": steps, "loss": loss, "grad_norm": grad, "branches": branches,
-            "cpu_s": time.process_time() - t0}
+        branches[f] = [{"at": s, "loss": fl[s:s + BRANCH], "grad_norm": fg[s:s + BRANCH], "tokens": ft[s:s + BRANCH]}]
+    return {"model": "hfgpt2", "seed": seed, "steps": steps, "loss": loss, "grad_norm": grad, "tokens": tokens,
+            "branches": branches, "cpu_s": time.process_time() - t0}
 
 
 def _train_ddp(seed: int) -> dict[str, dict]:
@@ -586,7 +591,8 @@ def episodes(run: dict, fault: str) -> list[dict]:
         in_range = peak_l <= max(run["loss"][s - 64:s]) and peak_g <= max(run["grad_norm"][s - 64:s])
         out.append({"model": run["model"], "fault": fault, "onset": onset, "visible": ratio >= 2.0,
                     "in_range": in_range, "steps": s + len(b["loss"]),
-                    "loss": run["loss"][:s] + b["loss"], "grad_norm": run["grad_norm"][:s] + b["grad_norm"]})
+                    "loss": run["loss"][:s] + b["loss"], "grad_norm": run["grad_norm"][:s] + b["grad_norm"],
+                    **({"tokens": run["tokens"][:s] + b["tokens"]} if "tokens" in run else {})})
     return out
 
 
@@ -605,7 +611,8 @@ def _ramp_episode(run: dict, b: dict) -> dict:
             break
     return {"model": run["model"], "fault": "lr_ramp", "onset": s, "three": three, "visible": three is not None,
             "in_range": False, "steps": s + n, "loss": run["loss"][:s] + b["loss"],
-            "grad_norm": run["grad_norm"][:s] + b["grad_norm"]}
+            "grad_norm": run["grad_norm"][:s] + b["grad_norm"],
+            **({"tokens": run["tokens"][:s] + b["tokens"]} if "tokens" in run else {})}
 
 
 def data_order(seed: int, *, checkpoint: int = 2000, crash: int = 2400, after: int = 100) -> dict:
@@ -667,8 +674,9 @@ def rule_trainledger(scale: str, **rule):
 
         proj = HealthProjection(RunConfigured(loss_scale=scale, **rule))
         flagged: list[tuple[int, int]] = []
+        tokens = c.get("tokens") or [None] * len(c["loss"])  # (the Trainer's runs: each step's own count)
         for i, (loss, gn) in enumerate(zip(c["loss"], c["grad_norm"])):
-            for a in proj.apply(StepObserved(step=i, loss=loss, grad_norm=gn)):
+            for a in proj.apply(StepObserved(step=i, loss=loss, grad_norm=gn, tokens=tokens[i])):
                 flagged.append((a.step, a.detected_at if a.detected_at is not None else a.step))
         return flagged, [s.step for s in proj.suspected]
     return run
@@ -816,7 +824,7 @@ RULES = {"linear (seed, 1.0-1.3)": rule_trainledger("linear"), "log (1.4-1.5)": 
 
 def false_alarms(run: dict, rule) -> int:
     """Anomalies on the healthy run: every one is a false alarm."""
-    flagged, _ = rule({"loss": run["loss"], "grad_norm": run["grad_norm"]})
+    flagged, _ = rule({k: run[k] for k in ("loss", "grad_norm", "tokens") if k in run})
     return len(flagged)
 
 
@@ -834,6 +842,22 @@ def caught(ep: dict, rule) -> tuple[str, int | None]:
     if hits:
         return "caught", min(hits)
     return ("suspected" if any(o <= q <= o + 1 for q in suspected) else "missed"), None
+
+
+def _over_median(c: dict, s: int) -> tuple[float, float]:
+    """The loss and the grad norm at step ``s`` of curve ``c`` over their medians of the 64 steps before it."""
+    out = []
+    for series in ("loss", "grad_norm"):
+        before = [x for x in c[series][max(0, s - 64):s] if x is not None and math.isfinite(x)]
+        v = c[series][s]
+        out.append(v / statistics.median(before) if before and statistics.median(before) > 0 and v is not None
+                   else math.nan)
+    return out[0], out[1]
+
+
+def _span(xs) -> str:
+    v = sorted(x for x in xs if math.isfinite(x))
+    return f"{v[0]:.3g}-{v[-1]:.3g}x (median {v[len(v) // 2]:.3g}x)" if v else "-"
 
 
 def main() -> int:
@@ -915,6 +939,25 @@ def main() -> int:
                      f"only suspected {res.count('suspected')}; false alarms {worst[0]:.2f}/1k at worst ({worst[1]})"
                      + (f"; slow divergences caught by 100 steps past 3x {ramps.count('caught')}/{len(ramps)}"
                         if ramps else ""))
+    default = RULES.get("range + blow-up + divergence (1.10, the default)")
+    if default is not None and (args.rules is None or default in rules.values()):
+        lines += ["", "## the default rule's false alarms beside the faults it must catch, in one unit: the loss and the "
+                      "grad norm over their medians of the 64 steps before (healthy runs: each flagged step; faults: "
+                      "each visible episode's onset, by what the rule said of it)"]
+        for m in models:
+            hr = [r for r in runs if r["model"] == m]
+            flags = [_over_median(r, s) for r in hr for s, _ in default(r)[0]]
+            if not flags:
+                continue
+            row = [f"{m:<8} {len(flags)} false alarms: loss {_span(x for x, _ in flags)}, grad norm "
+                   f"{_span(y for _, y in flags)}"]
+            for verdict in ("caught", "suspected", "missed"):
+                at = [_over_median(e, e["onset"]) for (mm, f), es in eps.items() if mm == m and f != "lr_ramp"
+                      for e in es if e["visible"] and caught(e, default)[0] == verdict]
+                if at:
+                    row.append(f"{len(at)} faults {verdict}: loss {_span(x for x, _ in at)}, grad norm "
+                               f"{_span(y for _, y in at)}")
+            lines.append("; ".join(row))
     if "mlp" in models:
         t1 = time.perf_counter()
         lines += ["", "## data-order change after a resume (mlp; checkpoint at 2,000, crash at 2,400, resumed to 2,500; "

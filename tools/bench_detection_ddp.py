@@ -4,8 +4,8 @@
         SEED STEPS FAULT AT OUT_DIR
 
 The reference causal LM of bench_detection's ``charlm`` (d 48, 2 layers, context 32, this repository's docs as
-bytes, AdamW 3e-3 with warm-up and cosine decay), wrapped in DistributedDataParallel; each rank draws its own
-batches (a generator seeded by (seed, rank, step)). ``FAULT`` (``none``, ``loss_x50``, ``lr_x50``,
+bytes at tools/bench_corpus.py's commit, AdamW 3e-3 with warm-up and cosine decay), wrapped in
+DistributedDataParallel; each rank draws its own batches (a generator seeded by (seed, rank, step)). ``FAULT`` (``none``, ``loss_x50``, ``lr_x50``,
 ``corrupt_batch``, ``random_tokens``) is injected at step ``AT``: on rank 1's batch alone (its loss and, through
 the averaged gradient, both ranks' grad norms), and for ``lr_x50`` on every rank's update. Each rank writes
 OUT_DIR/rank-R.json: its per-step loss (its own batch's) and the grad norm before clipping (the averaged gradient).
@@ -28,12 +28,12 @@ def main() -> int:
     import torch.distributed as dist
 
     from trainledger.training.reference.model import build_causal_lm
+    from bench_corpus import corpus_bytes  # (tools/, this script's folder)
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    text = b"".join(p.read_bytes() for p in sorted((ROOT / "docs").glob("*.md")))
-    tokens = torch.tensor(list(text), dtype=torch.long)
+    tokens = torch.tensor(list(corpus_bytes()), dtype=torch.long)  # the docs at a fixed commit
     block = 32
     torch.manual_seed(seed)   # the same initial weights on every rank
     model = torch.nn.parallel.DistributedDataParallel(build_causal_lm(vocab=256, d_model=48, n_layer=2, n_head=4,
