@@ -21,6 +21,12 @@
 3. ``trainledger verify RUN_DIR`` over 4 signed rank journals of ``--events`` events each, anchored to each other
    every 10,000 steps, against ``sha256sum`` of the same four files (page cache warm for both); the verify's peak
    RSS (the largest of its processes).
+4. The ``Recorder`` as the README's torchrun lines use it (``--recorder-trials``, default 5; ``--only-recorder``
+   runs this part alone): a DDP model, the Recorder on every rank with its defaults (compute timed by the
+   communication hook, threshold 0.8) and windows of 10 steps over 40 steps; each step a rank works 100 ms (a sleep,
+   the model's own compute is microseconds), rank 1 ``--slow-x`` (1.3) times that in one job of each trial and 1.0
+   in the other: counts the trials in which rank 1 was flagged within 2 windows, the false flags of the balanced
+   jobs, and the scores.
 The async-checkpoint stall is tools/bench_sharded_checkpoint.py.
 """
 
@@ -156,6 +162,68 @@ dist.destroy_process_group()
 """
 
 
+RECORDER_WORKER = r"""
+import json, sys, time, torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from trainledger.journal import read_events
+from trainledger.training import Recorder
+from trainledger.training.distributed.ranks import init_process_group
+
+run_dir, key, slow_x = sys.argv[1], sys.argv[2], float(sys.argv[3])
+torch.set_num_threads(1)
+init_process_group("gloo")
+rank = dist.get_rank()
+torch.manual_seed(0)
+model = DDP(torch.nn.Linear(8, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.05)
+rec = Recorder(run_dir, key=key, model=model, optimizer=opt, straggler_every=10)
+torch.manual_seed(1 + rank)
+for step in range(40):
+    time.sleep(0.100 * (slow_x if rank == 1 else 1.0))  # this rank's own work before its forward pass
+    x = torch.randn(16, 8)
+    loss = ((model(x) - x.sum(1, keepdim=True)) ** 2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    rec.step(step, loss.item(), tokens=16, batch_size=16)
+rec.close()
+if rank == 0:
+    evs = list(read_events(f"{run_dir}/rank-00000.jsonl"))
+    kind = lambda e: type(e).__struct_config__.tag
+    scores = [e for e in evs if kind(e) == "straggler_scores"]
+    flagged = [(e.rank, e.window_end) for e in evs if kind(e) == "straggler_detected"]
+    print("RESULT " + json.dumps({"scores": [e.scores.get("1") for e in scores],
+                                   "windows": [e.window_end for e in scores], "flagged": flagged}))
+dist.destroy_process_group()
+"""
+
+
+def _recorder_report(tmp: Path, priv: Path, trials: int, slow_x: float) -> None:
+    script = tmp / "recorder_worker.py"
+    script.write_text(RECORDER_WORKER)
+    caught, false, slow_scores, even_scores = 0, 0, [], []
+    t0, c0 = time.perf_counter(), os.times()
+    for t in range(trials):
+        for x in (slow_x, 1.0):
+            r = _torchrun(script, str(tmp / f"rec{t}-{x}"), str(priv), str(x), cwd=str(tmp))
+            ones = [w for rank, w in r["flagged"] if rank == 1]
+            if x == 1.0:
+                false += len(r["flagged"])
+                even_scores += [min(1.0, s) for s in r["scores"]]
+            else:
+                caught += bool(ones) and ones[0] <= r["windows"][1]
+                slow_scores += r["scores"]
+    c1 = os.times()
+    print(f"4. Recorder stragglers (compute by the DDP hook, threshold 0.8, windows of 10 steps, 4 a job): rank 1 "
+          f"at {slow_x}x flagged within 2 windows in {caught} of {trials} trials, its scores "
+          f"{min(slow_scores):.3f}-{max(slow_scores):.3f} (median {statistics.median(slow_scores):.3f}); "
+          f"{false} false flags over {trials} balanced jobs, their lowest score {min(even_scores):.3f} (median "
+          f"{statistics.median(even_scores):.3f}); {time.perf_counter() - t0:.0f} s wall, "
+          f"{c1.children_user + c1.children_system - c0.children_user - c0.children_system:.0f} s CPU of the jobs; "
+          f"load average {os.getloadavg()[0]:.2f}", flush=True)
+
+
 def _torchrun(script: Path, *args: str, cwd: str, pin: bool = False) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS="1")
     if pin:
@@ -251,6 +319,9 @@ def main() -> int:
     ap.add_argument("--window-steps", type=int, default=500,
                     help="steps per straggler window in part 2 (the detector's default is about a minute of steps; "
                          "runs A and B used 20, C-H 100)")
+    ap.add_argument("--recorder-trials", type=int, default=5, help="part 4's trials (each a slowed and a balanced job)")
+    ap.add_argument("--slow-x", type=float, default=1.3, help="part 4: rank 1's compute, times rank 0's")
+    ap.add_argument("--only-recorder", action="store_true", help="part 4 alone")
     args = ap.parse_args()
     from trainledger.journal import keygen, load_signer
 
@@ -259,6 +330,9 @@ def main() -> int:
         priv, pub = keygen(tmp / "keys")
         script = tmp / "worker.py"
         script.write_text(WORKER)
+        if args.only_recorder:
+            _recorder_report(tmp, priv, args.recorder_trials, args.slow_x)
+            return 0
 
         kinds = ["control"] if args.control else ["calls", "control"] if args.and_control else ["calls"]
         jobs: dict[str, list] = {k: [] for k in kinds}
@@ -317,6 +391,8 @@ def main() -> int:
                   f"{statistics.median(sha):.2f} s: {statistics.median(sha) / statistics.median(ver):.2f}x "
                   f"sha256sum; peak RSS {max(rss):.0f} MB (the largest of verify's processes)", flush=True)
             print("   " + p.stdout.splitlines()[0])
+        if args.recorder_trials:
+            _recorder_report(tmp, priv, args.recorder_trials, args.slow_x)
     return 0
 
 
