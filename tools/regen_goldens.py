@@ -137,6 +137,13 @@ def every_kind(path: Path) -> Path:
                              scores={"0": 1.0, "1": 0.25}, threshold=0.75, individual={"0": 1.0, "1": 1.0}),
              durable=True)
     j.append(StragglerDetected(rank=1, score=0.25, window_start=0, window_end=9, node="node-1"), durable=True)
+    # 1.10: this rank's state fingerprint at step 25, with its digests (the ranks' roots disagreed: rank 1's
+    # exp_avg had a flipped bit), and rank 0's verdict: two replicas, no majority, both named
+    from trainledger.training.kinds import StateDiverged, StateFingerprinted
+
+    j.append(StateFingerprinted(step=25, root="5e" * 32, tensors=2,
+                                digests={"param:w": "0a" * 16, "optim:w:exp_avg": "0b" * 16}), durable=True)
+    j.append(StateDiverged(step=25, rank=0, ranks=[0, 1], replicas=2, tensor="optim:w:exp_avg"), durable=True)
     _, started_h = j.append(RungStarted(rung="rung_i", real_target="1B params / 8 GPUs", spec={"steps": 26}),
                             durable=True)
     bars = {"max_final_loss": 5.0, "max_forgetting_gap": 1.0, "max_anomalies": 5}

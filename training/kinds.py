@@ -22,6 +22,7 @@ __all__ = ["CHECKPOINT_CONTRACT", "LOSS_SCALES", "SPIKE_RULES", "RunConfigured",
            "EvaluationRecorded", "CheckpointSelected", "ResourceRecorded", "ShardsSaved", "DeviceSampled",
            "DeviceChanged", "DEVICE_ANOMALIES", "device_anomaly", "TelemetryUnavailable", "StragglerScores",
            "StragglerDetected", "MetricsLogged", "metric_values", "MAX_METRIC_NAME", "ConfigLogged",
+           "StateFingerprinted", "StateDiverged",
            "config_values", "ComputeTotaled", "ComputeThresholdCrossed"]
 
 #: What a checkpoint must hold for a resume to continue the run exactly (training/checkpoints/state.py enforces it;
@@ -510,6 +511,64 @@ class ConfigLogged(Event, tag="config_logged", frozen=True, kw_only=True):
     step: int | None = None
 
 
+_HEX = frozenset("0123456789abcdef")
+
+
+def _hex(v: Any, n: int, what: str) -> None:
+    if not (isinstance(v, str) and len(v) == n and _HEX.issuperset(v)):
+        raise ValueError(f"{what} must be {n} lowercase hex digits, got {str(v)[:80]!r}")
+
+
+class StateFingerprinted(Event, tag="state_fingerprinted", frozen=True, kw_only=True):
+    """Format 1.10: this rank's training state after ``step``'s optimizer step, as
+    ``training.health.state_fingerprint`` computes it (docs/sdc.md): ``root`` (64 hex digits) over every tensor's
+    pair, ``tensors`` how many; ``digests`` each tensor's pair (name -> 32 hex digits) where recorded (when the
+    ranks' roots disagreed, or always when asked), so a divergence can be named to its tensor; ``excluded`` what was
+    left out on purpose because replicas hold it differently (names); ``grads`` whether the gradients are in it;
+    ``at`` why now (``every``, ``checkpoint``, ``start``)."""
+
+    step: int
+    root: str
+    tensors: int
+    digests: dict[str, str] | None = None
+    excluded: list[str] = []
+    grads: bool = False
+    at: str = "every"
+
+    def __post_init__(self) -> None:  # on decode too: the SDC fold reads these fields
+        _hex(self.root, 64, "root")
+        if self.tensors < 0:
+            raise ValueError(f"tensors must be >= 0, got {self.tensors}")
+        if self.digests is not None:
+            if len(self.digests) != self.tensors:
+                raise ValueError(f"digests: {len(self.digests)} for {self.tensors} tensors")
+            for name, d in self.digests.items():
+                _hex(d, 32, f"digest of {name[:80]!r}")
+
+
+class StateDiverged(Event, tag="state_diverged", frozen=True, kw_only=True):
+    """Format 1.10: data-parallel replicas whose state fingerprints disagreed at ``step`` (derived: rank 0 records
+    it, replay recomputes it from every rank's ``state_fingerprinted``; training/distributed/sdc.py). ``ranks``: the
+    ranks named, those outside the majority's root (every rank of the step where no root has a strict majority:
+    both, of two); ``rank`` the first of them; ``tensor`` the first tensor whose pair differs from the majority's (or
+    the other rank's), None where no digests were recorded; ``replicas`` how many ranks fingerprinted the step;
+    ``majority`` the majority's root (None without one). A rank is named once an episode (its first step outside
+    the majority, until every replica agrees again)."""
+
+    step: int
+    rank: int
+    ranks: list[int]
+    replicas: int
+    tensor: str | None = None
+    majority: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.ranks or self.rank != self.ranks[0] or any(r < 0 for r in self.ranks):
+            raise ValueError(f"ranks must be non-negative, rank the first of them: {self.rank}, {self.ranks[:16]}")
+        if self.majority is not None:
+            _hex(self.majority, 64, "majority")
+
+
 def config_values(values: Any, *, what: str = "config") -> dict[str, Any]:
     """A configuration as ``config_logged`` records it: a mapping (an ``argparse.Namespace`` or any object with
     ``__dict__`` by its attributes) of string keys to JSON values; numbers, strings, booleans and None as they are,
@@ -665,5 +724,5 @@ KINDS: tuple[type[Event], ...] = (
     WeightsRestored, CheckpointFailed, CheckpointDeleted, RewindDecided, DataWindowSkipped, RunStopped,
     PreflightGate, PreflightCompleted, EvaluationRecorded, CheckpointSelected, ResourceRecorded, ShardsSaved,
     DeviceSampled, DeviceChanged, TelemetryUnavailable, StragglerScores, StragglerDetected, MetricsLogged,
-    ComputeTotaled, ComputeThresholdCrossed, ConfigLogged,
+    ComputeTotaled, ComputeThresholdCrossed, ConfigLogged, StateFingerprinted, StateDiverged,
 )

@@ -146,7 +146,8 @@ class Recorder:
                  fail_closed_after_s: float | None = None, compute_thresholds: dict[str, float] | None = None,
                  carried_flops: float | None = None, device_kind: str | None = None, batch: int | None = None,
                  chance_loss: float | None = None, stragglers: bool = True, straggler_every: int | None = None,
-                 straggler_threshold: float = 0.8):
+                 straggler_threshold: float = 0.8, fingerprints: bool | None = None,
+                 fingerprint_every: int | None = None, fingerprint_exclude: Any = (), on_divergence: str = "raise"):
         if key is not None and signer is not None:
             raise UsageError("Recorder takes the run's signing key once: key= or signer=, not both")
         if keep_last is not None and keep_last < 1:
@@ -237,6 +238,21 @@ class Recorder:
 
             self._clock = ComputeClock.attach(model)
             self._stragglers = StragglerDetector(self.journal, every=straggler_every, threshold=straggler_threshold)
+        #: the replicas' states held to each other (docs/sdc.md): by default for a DistributedDataParallel model under
+        #: torchrun with a process group, every ``fingerprint_every`` steps (None: chosen from the cost, about 1% of
+        #: the training time) and at each checkpoint; otherwise (one process, or a sharded model whose ranks hold
+        #: different state) only when fingerprints=True or fingerprint_every is given
+        self._watch: Any = None
+        if fingerprints is None:
+            from trainledger.training.distributed.state_watch import _is_ddp
+
+            fingerprints = fingerprint_every is not None or (self.rank_info is not None and _grouped()
+                                                             and _is_ddp(model))
+        if fingerprints:
+            from trainledger.training.distributed.state_watch import StateWatch
+
+            self._watch = StateWatch(self.journal, model, optimizer, every=fingerprint_every,
+                                     exclude=fingerprint_exclude, on_divergence=on_divergence)
         self._t = time.perf_counter()
         if self._clock is not None:
             self._clock.start = self._t
@@ -361,6 +377,18 @@ class Recorder:
         ct = None
         if self._stragglers is not None:  # under torchrun: this rank's own time, and the straggler windows
             ct = self._compute_time(step, now, dt)
+        if self._watch is not None:
+            found = self._record_step(step, loss, dt, ct, grad_norm, lr, tokens, batch_size, batch_fingerprint)
+            w = self._watch
+            if w.every is None or step % w.every == 0:  # due (or choosing its cadence): in the journal's order
+                self._settle()
+                w.after_step(step, dt)
+            return found
+        return self._record_step(step, loss, dt, ct, grad_norm, lr, tokens, batch_size, batch_fingerprint)
+
+    def _record_step(self, step: int, loss: float, dt: float, ct: float | None, grad_norm: float | None,
+                     lr: float | None, tokens: int | None, batch_size: int | None,
+                     batch_fingerprint: Any) -> list[Any]:
         if self._queued:
             if type(step) is int and type(loss) is float and type(dt) is float \
                     and (grad_norm is None or type(grad_norm) is float) and (lr is None or type(lr) is float) \
@@ -491,6 +519,8 @@ class Recorder:
         A checkpoint path the journal already recorded, whose file is still there (a run that re-saves right
         after resuming), is written beside it (``step-000000099-1.pt``), never over bytes a record names."""
         self._settle()
+        if self._watch is not None:  # replicas compared before their state is saved (a divergence raises here)
+            self._watch.check(step, at="checkpoint")
         ev = save_checkpoint(self.run, self.journal, step=step, model=self.model, optimizer=self.optimizer,
                              scheduler=self.scheduler, scaler=self.scaler, sampler=self.data, tokens=tokens,
                              data_state=data_state, extra={"monitor": self.monitor.state()},

@@ -27,11 +27,12 @@ from trainledger.journal.audit.rundir import RunDirReport, rank_files, verify_ru
 from trainledger.journal.errors import SemanticError
 from trainledger.journal.events import StepObserved
 from trainledger.journal.kinds import RankJoined
-from trainledger.training.kinds import StragglerDetected, StragglerScores
+from trainledger.training.kinds import StateDiverged, StateFingerprinted, StragglerDetected, StragglerScores
 from trainledger.journal.trust import TrustPolicy
 from trainledger.journal.verify import VerifyReport
 from trainledger.ladder import audit as _ladder_audit
 from trainledger.training import audit as _training_audit
+from trainledger.training.distributed.sdc import audit_state
 from trainledger.training.distributed.stragglers import audit_stragglers
 
 __all__ = ["PROJECTIONS", "default_projections", "Reconstruction", "replay", "RunDirReconstruction", "replay_run_dir",
@@ -195,12 +196,14 @@ def _threshold_of(events: list[Any], flagged: Any) -> float | None:
 
 @dataclasses.dataclass
 class RunDirReconstruction:
-    """``replay`` of a run folder: every rank's reconstruction, the straggler windows, and every difference."""
+    """``replay`` of a run folder: every rank's reconstruction, the straggler windows, the replicas whose state
+    diverged (``divergences``, recomputed from every rank's fingerprints), and every difference."""
 
     verify: RunDirReport
     ranks: dict[int, Any]
     stragglers: list[dict[str, Any]]
     differences: list[dict[str, Any]]
+    divergences: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -208,7 +211,7 @@ class RunDirReconstruction:
 
     def to_dict(self) -> dict[str, Any]:
         return {"ok": self.ok, "verify": self.verify.to_dict(), "stragglers": self.stragglers,
-                "differences": self.differences,
+                "divergences": self.divergences, "differences": self.differences,
                 "ranks": {str(r): rec.to_dict() for r, rec in sorted(self.ranks.items())}}
 
 
@@ -220,7 +223,7 @@ def replay_run_dir(path: str | os.PathLike, *, trust: TrustPolicy | None = None,
     replayed as far as the ranks present go (``verify.partial``, ``verify.missing``: the caller labels it)."""
     trust = TrustPolicy.of(trust, **trust_options)
     report = verify_run_dir(path, trust=trust, partial=partial)
-    keep = (StepObserved, StragglerScores, StragglerDetected, RankJoined)
+    keep = (StepObserved, StragglerScores, StragglerDetected, RankJoined, StateFingerprinted, StateDiverged)
     events: dict[int, list[Any]] = {}
     recs = {}
     for r, f in rank_files(path).items():
@@ -236,10 +239,13 @@ def replay_run_dir(path: str | os.PathLike, *, trust: TrustPolicy | None = None,
         events[r] = kept
     differences = [{**d, "rank": r} for r, rec in sorted(recs.items()) for d in rec.differences]
     differences += [{**d, "rank": 0} for d in audit_stragglers(events)]
+    divergences, sdc = audit_state(events)  # replicas held to each other (docs/sdc.md)
+    differences += [{**d, "rank": 0} for d in sdc]
     flagged = [{"seq": e.seq, "rank": e.rank, "score": e.score, "window": [e.window_start, e.window_end],
                 "node": e.node, "threshold": _threshold_of(events.get(0, []), e)}
                for e in events.get(0, []) if isinstance(e, StragglerDetected)]
-    return RunDirReconstruction(verify=report, ranks=recs, stragglers=flagged, differences=differences)
+    return RunDirReconstruction(verify=report, ranks=recs, stragglers=flagged, differences=differences,
+                                divergences=divergences)
 
 
 def compute_statement(paths: Any, keys: Any, **options: Any) -> dict[str, Any]:

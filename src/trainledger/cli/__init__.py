@@ -269,6 +269,12 @@ def _replay_run_dir(args: argparse.Namespace) -> int:
         say(f"  straggler: rank {s_['rank']} ({s_['node']}) score {s_['score']:.3f} over steps "
             f"{s_['window'][0]}-{s_['window'][1]} (score = the fastest rank's median step time / this rank's: "
             f"its steps took {slow} as long{thr})")
+    for d in rec.divergences:
+        who = (f"rank {d['rank']}" if len(d["ranks"]) == 1 else "ranks " + ", ".join(map(str, d["ranks"])))
+        how = ("outside the majority" if d["majority"] is not None
+               else "no majority to tell which is right")
+        where = f" in {d['tensor']}" if d["tensor"] else ""
+        say(f"  STATE DIVERGED at step {d['step']}: {who} of {d['replicas']} replicas{where} ({how})")
     for d in rec.differences:
         say(f"  DIFFERENCE rank {d['rank']} seq {d['seq']} ({d['kind']}): {d['detail']}")
     return 0 if rec.ok else 1

@@ -1,0 +1,164 @@
+"""Data-parallel replicas held to each other while they train (docs/sdc.md): every so many steps, and at each
+checkpoint, each rank fingerprints its state after the optimizer step (training/health/state_fingerprint.py),
+the ranks exchange their roots (one small collective), and each journals a ``state_fingerprinted``. When the roots
+disagree, every rank journals its per-tensor digests (durable: sealed and fsynced), the ranks exchange them, rank 0
+records ``state_diverged`` (the rule of training/distributed/sdc.py, which replay runs again over the journals),
+durable, and then every rank raises :class:`StateDivergence`, before the loop can save a checkpoint of the
+corrupted state or take another step on it (``on_divergence="record"`` goes on instead).
+
+The cadence: ``every`` steps; by default (``every=None``) chosen at the first fingerprint, taken after
+``CALIBRATION`` steps, from what it cost, so that fingerprints take about ``budget`` (1%) of the training time:
+the smallest power of two N with (fingerprint time) / N <= budget x (median step time of those steps), the slowest
+rank's figures, the same N on every rank (they compute it from the same gathered numbers), from 1 to 2^20.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Iterable
+
+from trainledger.journal import Journal
+from trainledger.journal.errors import TrainledgerError, UsageError
+
+__all__ = ["StateWatch", "StateDivergence", "MAX_EVERY"]
+
+#: the longest a cadence chosen from the cost can be
+MAX_EVERY = 1 << 20
+#: steps timed before the first fingerprint, when the cadence is chosen from the cost
+CALIBRATION = 16
+
+
+class StateDivergence(TrainledgerError, RuntimeError):
+    """Data-parallel replicas' states differ after a step: the verdict is on record (sealed) before this is raised.
+    ``verdict``: the ``state_diverged`` fields (``step``, ``rank``, ``ranks``, ``tensor``, ...)."""
+
+    def __init__(self, message: str, verdict: dict[str, Any]):
+        super().__init__(message)
+        self.verdict = verdict
+
+
+class StateWatch:
+    """Fingerprints a rank's state and compares it with the other ranks' (see the module docstring). Every rank
+    calls :meth:`after_step` after each optimizer step and :meth:`check` at each checkpoint, at the same places.
+    Without a process group (one process) the fingerprints are journaled and nothing is compared."""
+
+    def __init__(self, journal: Journal, model: Any, optimizer: Any, *, every: int | None = None,
+                 budget: float = 0.01, exclude: Iterable[str] = (), grads: bool = False,
+                 on_divergence: str = "raise", group: Any = None):
+        if every is not None and (isinstance(every, bool) or not isinstance(every, int) or not 1 <= every <= MAX_EVERY):
+            raise UsageError(f"fingerprint_every must be a whole number of steps from 1 to {MAX_EVERY}, got {every!r}")
+        if not 0 < budget < 1:
+            raise UsageError(f"the fingerprint budget must be a fraction of the step time in (0, 1), got {budget!r}")
+        if isinstance(exclude, str):
+            raise UsageError(f"fingerprint_exclude takes a list of names, got the string {exclude[:80]!r}")
+        if on_divergence not in ("raise", "record"):
+            raise UsageError(f"on_divergence must be 'raise' or 'record', got {on_divergence!r}")
+        self.journal, self.model, self.optimizer = journal, model, optimizer
+        self.every, self.budget, self.grads, self.group = every, budget, grads, group
+        #: what is left out, recorded in every fingerprint: the caller's, and a DDP model's buffers, which replicas
+        #: do not hold alike after a step (a BatchNorm's running statistics are updated from each rank's own batch
+        #: in the forward pass; DDP broadcasts rank 0's at the next one)
+        self.exclude = sorted(set(exclude) | ({"buffer:*"} if _is_ddp(model) and any(True for _ in
+                                                                                     model.buffers()) else set()))
+        self.on_divergence = on_divergence
+        self._named: set[int] = set()
+        self._times: list[float] = []  # step times while the cadence is being chosen
+        #: seconds the last fingerprint took on this rank (the tensors' sums and the host transfer); all of them,
+        #: and how many (with the exchanges and the journal lines: what the watch cost the loop)
+        self.last_s: float | None = None
+        self.total_s = 0.0
+        self.count = 0
+        #: the verdicts rank 0 recorded (every rank keeps the same list)
+        self.divergences: list[dict[str, Any]] = []
+
+    def after_step(self, step: int, step_time_s: float | None = None) -> dict[str, Any] | None:
+        """Fingerprint now if ``step`` is due (with the cadence chosen from the cost, the first fingerprint comes
+        after ``CALIBRATION`` steps and sets it); returns the verdict when replicas diverged."""
+        if self.every is None:
+            if step_time_s is not None and step_time_s > 0:
+                self._times.append(step_time_s)
+            if len(self._times) < CALIBRATION:
+                return None
+            times, self._times = sorted(self._times), []
+            return self.check(step, at="start", step_time_s=times[len(times) // 2])
+        if step % self.every:
+            return None
+        return self.check(step, at="every")
+
+    def check(self, step: int, *, at: str = "checkpoint", step_time_s: float | None = None) -> dict[str, Any] | None:
+        """Fingerprint now, on every rank together (a collective under torchrun)."""
+        t0 = time.perf_counter()
+        try:
+            return self._check(step, at, step_time_s, t0)
+        finally:
+            self.total_s += time.perf_counter() - t0
+            self.count += 1
+
+    def _check(self, step: int, at: str, step_time_s: float | None, t0: float) -> dict[str, Any] | None:
+        import torch.distributed as dist
+
+        from trainledger.training.distributed.sdc import diverged
+        from trainledger.training.health.state_fingerprint import fingerprint_root, pair_hex, state_fingerprint
+        from trainledger.training.kinds import StateDiverged, StateFingerprinted
+
+        fp = state_fingerprint(self.model, self.optimizer, grads=self.grads, exclude=self.exclude)
+        root = fingerprint_root(fp)
+        self.last_s = time.perf_counter() - t0
+        grouped = dist.is_available() and dist.is_initialized()
+        world = dist.get_world_size(self.group) if grouped else 1
+        mine = (root, self.last_s, step_time_s)
+        gathered: list[Any] = [mine]
+        if world > 1:
+            gathered = [None] * world
+            dist.all_gather_object(gathered, mine, group=self.group)
+        if self.every is None and at == "start":  # the cadence from the slowest rank's cost and step time
+            self.every = _cadence([g[1] for g in gathered], [g[2] for g in gathered], self.budget)
+        roots = {r: g[0] for r, g in enumerate(gathered)}
+        agree = len(set(roots.values())) == 1
+        digests = None if agree else {name: pair_hex(pair) for name, pair in fp.items()}
+        self.journal.append(StateFingerprinted(step=step, root=root, tensors=len(fp), digests=digests,
+                                               excluded=self.exclude, grads=self.grads, at=at), durable=not agree)
+        if agree:
+            self._named.clear()  # the episode is over (the rule's own bookkeeping: sdc.diverged does the same)
+            return None
+        every: list[Any] = [digests]
+        if world > 1:
+            every = [None] * world
+            dist.all_gather_object(every, digests, group=self.group)
+        verdict = diverged(roots, dict(enumerate(every)), self._named)  # every rank: the same named set
+        if verdict is None:
+            return None
+        verdict = {"step": step, **verdict}
+        self.divergences.append(verdict)
+        if (dist.get_rank(self.group) if grouped else 0) == 0:
+            self.journal.append(StateDiverged(**verdict), durable=True)
+        if world > 1:
+            dist.barrier(group=self.group)  # rank 0's verdict is on disk before any rank raises
+        if self.on_divergence == "raise":
+            who = ", ".join(map(str, verdict["ranks"]))
+            where = f" in {verdict['tensor']}" if verdict["tensor"] else ""
+            raise StateDivergence(f"step {step}: the state of rank(s) {who}{where} differs from the other "
+                                  f"replicas' ({verdict['replicas']} fingerprinted); the verdict is sealed in the "
+                                  "journal (replay RUN_DIR recomputes it)", verdict)
+        return verdict
+
+
+def _is_ddp(model: Any) -> bool:
+    """A torch DistributedDataParallel model (whose replicas hold the same parameters and optimizer state)."""
+    try:
+        from torch.nn.parallel import DistributedDataParallel
+    except ImportError:
+        return False
+    return isinstance(model, DistributedDataParallel)
+
+
+def _cadence(costs: list[float], step_times: list[float | None], budget: float) -> int:
+    """The smallest power of two N with max(cost) / N <= budget x max(step time); 1 without a step time."""
+    times = [t for t in step_times if t is not None and t > 0]
+    if not times:
+        return 1
+    need = max(costs) / (budget * max(times))
+    n = 1
+    while n < need and n < MAX_EVERY:
+        n *= 2
+    return n
