@@ -12,10 +12,11 @@
    step of the same model (batch 8 x 16 tokens) and beside one plain read of the same tensors (``torch.sum``, the
    floor of any fingerprint that reads every byte); the cadence the default chooses (about 1% of the step time),
    and, in the reference loop with the Recorder (one process, fingerprints on, the cadence chosen from the cost),
-   the share of the loop's time the fingerprints took, measured around each one.
+   the share of the loop's time the fingerprints took, measured around each one; and the replay checks'
+   (``rec.backward`` with ``sdc_check=100``): a check step's forward and backward against the others'.
 3. A projection, labelled as one (no GPU here): the fingerprint's memory traffic per element (its source read, a
-   float64 copy written, read twice by the two matrix-vector products) over an H100 SXM's 3.35 TB/s, for a 7B and a
-   70B model in mixed precision (bf16 weights, fp32 master weights and AdamW moments), one full replica.
+   float64 copy written, read once by the matrix product) over an H100 SXM's 3.35 TB/s, for a 7B and a 70B model in
+   mixed precision (bf16 weights, fp32 master weights and AdamW moments), one full replica.
 """
 
 from __future__ import annotations
@@ -164,15 +165,38 @@ def cost(args, tmp: Path, priv: Path, lines: list[str]) -> None:
     lines.append(f"   the reference loop with the Recorder, {args.loop_steps:,} steps: cadence chosen every {w.every} "
                  f"steps; {w.count} fingerprints took {w.total_s * 1e3:.1f} ms of the loop's {wall:.2f} s "
                  f"({w.total_s / wall:.2%}; the loop's CPU {cpu:.2f} s)")
+    # replay checks: the same loop through rec.backward, a check every 100 steps; each step's forward and backward
+    # timed, check steps against the others
+    torch.manual_seed(0)
+    model = build_causal_lm(vocab=32, d_model=32, n_layer=2, n_head=2, block=16)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    data = BatchSampler(MarkovSource(32, seed=0).sample(20_000, seed=0), 8, 16, seed=0)
+    rec = Recorder(tmp / "replay", key=priv, model=model, optimizer=opt, fingerprints=False, sdc_check=100)
+    plain, checked = [], []
+    for k in range(args.loop_steps):
+        x, y = data.next()
+        opt.zero_grad()
+        t = time.perf_counter()
+        loss = rec.backward(k, lambda: torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten()))
+        (checked if k % 100 == 0 else plain).append(time.perf_counter() - t)
+        opt.step()
+        rec.step(k, loss.item(), tokens=x.numel())
+    rec.close()
+    p_med, c_med = statistics.median(plain), statistics.median(checked)
+    lines.append(f"   replay checks in the same loop (rec.backward, sdc_check=100, {args.loop_steps:,} steps): a "
+                 f"check step's forward and backward {c_med * 1e3:.2f} ms against {p_med * 1e3:.2f} ms (medians of "
+                 f"{len(checked)} and {len(plain)}): {(c_med - p_med) * 1e3:.2f} ms more, "
+                 f"{(c_med - p_med) / 100 / p_med:.2%} of the forward and backward time at one check every 100 steps, "
+                 f"{(c_med - p_med) / 1000 / p_med:.3%} at one every 1,000")
 
 
 def projection(lines: list[str]) -> None:
     bw = 3.35e12  # H100 SXM HBM3, bytes/s
     lines.append("3. projection (not a measurement; no GPU here): bytes moved per element = its own read (2 for bf16, "
-                 "4 for fp32) + 8 written to the float64 buffer + 16 read by the two matrix-vector products; one full "
+                 "4 for fp32) + 8 written to the float64 buffer + 8 read back by the matrix product; one full "
                  "replica (DDP) at an H100 SXM's 3.35 TB/s:")
     for name, n in (("7B", 7e9), ("70B", 70e9)):
-        traffic = n * (2 + 24) + 3 * n * (4 + 24)  # bf16 weights; fp32 master weights, exp_avg, exp_avg_sq
+        traffic = n * (2 + 16) + 3 * n * (4 + 16)  # bf16 weights; fp32 master weights, exp_avg, exp_avg_sq
         lines.append(f"   {name}: {traffic / 1e9:,.0f} GB moved, {traffic / bw:.2f} s a fingerprint; at 1% of the "
                      f"time, one every {traffic / bw / 0.01:.0f} s of training (a 70B replica does not fit one "
                      "H100's memory: under FSDP each rank fingerprints its shard, 1/N of this)" if name == "70B" else

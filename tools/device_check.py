@@ -310,6 +310,50 @@ def _checkpoint_stall(out: Path, signer, smoke: bool, rounds: int = 5) -> None:
          exchange_s=ex, anchor_s=anchor)
 
 
+def _state_fingerprint(smoke: bool) -> None:
+    """Silent data corruption (docs/sdc.md): the state fingerprint of a model and its AdamW state on the device,
+    timed with CUDA events, beside one plain read of the same tensors (the floor) and the device's memory
+    bandwidth: the measured figure for docs/sdc.md's projection."""
+    import torch
+
+    from trainledger.training.health.state_fingerprint import state_fingerprint
+
+    dev = "cuda" if torch.cuda.is_available() and not smoke else "cpu"
+    width, layers = (256, 2) if smoke else (4096, 8)
+    model = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(layers)]).to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    model(torch.randn(4, width, device=dev)).sum().backward()
+    opt.step()
+    tensors = list(model.parameters()) + [v for st in opt.state.values() for v in st.values()
+                                          if isinstance(v, torch.Tensor)]
+    elems = sum(t.numel() for t in tensors)
+    nbytes = sum(t.numel() * t.element_size() for t in tensors)
+    state_fingerprint(model, opt)  # warm: the buffer, the kernels
+
+    def timed(fn, reps=5):
+        out = []
+        for _ in range(reps):
+            if dev == "cuda":
+                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                s.record()
+                fn()
+                e.record()
+                torch.cuda.synchronize()
+                out.append(s.elapsed_time(e) / 1e3)
+            else:
+                t = time.perf_counter()
+                fn()
+                out.append(time.perf_counter() - t)
+        return sorted(out)[len(out) // 2]
+
+    fp = timed(lambda: state_fingerprint(model, opt))
+    rd = timed(lambda: [t.sum() for t in tensors])
+    _say("state_fingerprint", f"6. state fingerprint on {dev}: {elems / 1e6:.1f} M elements ({nbytes / 2**20:.0f} MiB, "
+                              f"parameters and AdamW state): {fp * 1e3:.2f} ms ({nbytes / fp / 1e9:.0f} GB/s of state), "
+                              f"one plain read {rd * 1e3:.2f} ms ({fp / rd:.1f}x)",
+         elements=elems, bytes=nbytes, fingerprint_s=fp, read_s=rd, device=dev)
+
+
 def _cpu_benches(jobs: int, smoke: bool) -> None:
     """tools/bench_distributed.py's verify and DDP-overhead parts on this host's CPUs, from a temporary folder."""
     import subprocess
@@ -357,7 +401,8 @@ def main() -> int:
     except Exception as e:  # noqa: BLE001
         _say("matmul", f"matmul: FAILED {type(e).__name__}: {e}")
     for name, fn in (("model", lambda: _model_run(out, signer, steps, args.smoke, peak, args.attn)),
-                     ("checkpoint", lambda: _checkpoint_stall(out, signer, args.smoke))):
+                     ("checkpoint", lambda: _checkpoint_stall(out, signer, args.smoke)),
+                     ("state_fingerprint", lambda: _state_fingerprint(args.smoke))):
         try:
             fn()
         except Exception as e:  # noqa: BLE001

@@ -144,6 +144,10 @@ def every_kind(path: Path) -> Path:
     j.append(StateFingerprinted(step=25, root="5e" * 32, tensors=2,
                                 digests={"param:w": "0a" * 16, "optim:w:exp_avg": "0b" * 16}), durable=True)
     j.append(StateDiverged(step=25, rank=0, ranks=[0, 1], replicas=2, tensor="optim:w:exp_avg"), durable=True)
+    from trainledger.training.kinds import ReplayChecked  # ... and a replay check of step 25's pass, which agreed
+
+    j.append(ReplayChecked(step=25, ok=True, loss="4004cccccccccccd", loss_again="4004cccccccccccd", root="7a" * 32,
+                           root_again="7a" * 32, tensors=2), durable=True)
     _, started_h = j.append(RungStarted(rung="rung_i", real_target="1B params / 8 GPUs", spec={"steps": 26}),
                             durable=True)
     bars = {"max_final_loss": 5.0, "max_forgetting_gap": 1.0, "max_anomalies": 5}

@@ -22,7 +22,7 @@ __all__ = ["CHECKPOINT_CONTRACT", "LOSS_SCALES", "SPIKE_RULES", "RunConfigured",
            "EvaluationRecorded", "CheckpointSelected", "ResourceRecorded", "ShardsSaved", "DeviceSampled",
            "DeviceChanged", "DEVICE_ANOMALIES", "device_anomaly", "TelemetryUnavailable", "StragglerScores",
            "StragglerDetected", "MetricsLogged", "metric_values", "MAX_METRIC_NAME", "ConfigLogged",
-           "StateFingerprinted", "StateDiverged",
+           "StateFingerprinted", "StateDiverged", "ReplayChecked",
            "config_values", "ComputeTotaled", "ComputeThresholdCrossed"]
 
 #: What a checkpoint must hold for a resume to continue the run exactly (training/checkpoints/state.py enforces it;
@@ -569,6 +569,30 @@ class StateDiverged(Event, tag="state_diverged", frozen=True, kw_only=True):
             _hex(self.majority, 64, "majority")
 
 
+class ReplayChecked(Event, tag="replay_checked", frozen=True, kw_only=True):
+    """Format 1.10: this rank's forward and backward pass of ``step`` computed again, on the same batch, weights and
+    random state, before the optimizer step, and held to the first (docs/sdc.md): ``loss`` and ``loss_again``
+    (the two losses' bits as 16 hex digits of their float64), ``root`` and ``root_again`` (over every parameter's
+    local gradient, before the all-reduce, as the state fingerprint reduces a tensor), ``tensors`` how many
+    gradients; ``ok`` whether both agree bit for bit; ``tensor`` the first gradient that differs (None where they
+    agree or only the loss differs). Replay holds ``ok`` to the fields."""
+
+    step: int
+    ok: bool
+    loss: str
+    loss_again: str
+    root: str
+    root_again: str
+    tensors: int
+    tensor: str | None = None
+
+    def __post_init__(self) -> None:
+        _hex(self.loss, 16, "loss")
+        _hex(self.loss_again, 16, "loss_again")
+        _hex(self.root, 64, "root")
+        _hex(self.root_again, 64, "root_again")
+
+
 def config_values(values: Any, *, what: str = "config") -> dict[str, Any]:
     """A configuration as ``config_logged`` records it: a mapping (an ``argparse.Namespace`` or any object with
     ``__dict__`` by its attributes) of string keys to JSON values; numbers, strings, booleans and None as they are,
@@ -724,5 +748,5 @@ KINDS: tuple[type[Event], ...] = (
     WeightsRestored, CheckpointFailed, CheckpointDeleted, RewindDecided, DataWindowSkipped, RunStopped,
     PreflightGate, PreflightCompleted, EvaluationRecorded, CheckpointSelected, ResourceRecorded, ShardsSaved,
     DeviceSampled, DeviceChanged, TelemetryUnavailable, StragglerScores, StragglerDetected, MetricsLogged,
-    ComputeTotaled, ComputeThresholdCrossed, ConfigLogged, StateFingerprinted, StateDiverged,
+    ComputeTotaled, ComputeThresholdCrossed, ConfigLogged, StateFingerprinted, StateDiverged, ReplayChecked,
 )

@@ -147,7 +147,8 @@ class Recorder:
                  carried_flops: float | None = None, device_kind: str | None = None, batch: int | None = None,
                  chance_loss: float | None = None, stragglers: bool = True, straggler_every: int | None = None,
                  straggler_threshold: float = 0.8, fingerprints: bool | None = None,
-                 fingerprint_every: int | None = None, fingerprint_exclude: Any = (), on_divergence: str = "raise"):
+                 fingerprint_every: int | None = None, fingerprint_exclude: Any = (), on_divergence: str = "raise",
+                 sdc_check: int | None = None):
         if key is not None and signer is not None:
             raise UsageError("Recorder takes the run's signing key once: key= or signer=, not both")
         if keep_last is not None and keep_last < 1:
@@ -233,11 +234,21 @@ class Recorder:
         #: others); None in one process, or with ``stragglers=False``
         self._stragglers: Any = None
         self._clock: Any = None
-        if stragglers and self.rank_info is not None and _grouped():
+        if (stragglers or sdc_check is not None) and self.rank_info is not None and _grouped():
             from trainledger.training.distributed.ranks import ComputeClock, StragglerDetector
 
             self._clock = ComputeClock.attach(model)
-            self._stragglers = StragglerDetector(self.journal, every=straggler_every, threshold=straggler_threshold)
+            if stragglers:
+                self._stragglers = StragglerDetector(self.journal, every=straggler_every,
+                                                     threshold=straggler_threshold)
+        #: replay checks (docs/sdc.md): :meth:`backward` runs the forward and backward pass of the first step and of
+        #: every ``sdc_check`` steps twice, held to each other before the optimizer step; None: off
+        self._replay: Any = None
+        if sdc_check is not None:
+            from trainledger.training.distributed.state_watch import ReplayCheck
+
+            self._replay = ReplayCheck(self.journal, model, every=sdc_check, clock=self._clock,
+                                       on_mismatch=on_divergence)
         #: the replicas' states held to each other (docs/sdc.md): by default for a DistributedDataParallel model under
         #: torchrun with a process group, every ``fingerprint_every`` steps (None: chosen from the cost, about 1% of
         #: the training time) and at each checkpoint; otherwise (one process, or a sharded model whose ranks hold
@@ -413,6 +424,25 @@ class Recorder:
                                          "batch_fingerprint": batch_fingerprint, "compute_time_s": ct}):
             return self.hand_over()
         return []
+
+    def backward(self, step: int, closure: Any) -> Any:
+        """The forward and backward pass of ``step``, with replay checks (``Recorder(sdc_check=M)``, docs/sdc.md):
+        ``closure()`` runs the forward pass and returns the loss; this runs its backward pass and returns the loss.
+        On the first step and every M steps it runs both again, with the random state as it was and the gradients
+        kept apart, holds the two to each other bit for bit, and records ``replay_checked``; a mismatch is sealed
+        and raises ``ReplayMismatch`` before your optimizer step. Without ``sdc_check``, only the pass::
+
+            loss = rec.backward(step, lambda: loss_fn(model(x), y))
+            opt.step()
+            rec.step(step, loss.item())
+        """
+        if self._replay is None:
+            loss = closure()
+            loss.backward()
+            return loss
+        if self._replay.due(step):
+            self._settle()  # the check's line after the steps before it
+        return self._replay.backward(step, closure)
 
     def _compute_time(self, step: int, now: float, dt: float) -> float | None:
         """This rank's own time in the step (its batch, forward and backward, up to its last gradient bucket being

@@ -1,7 +1,8 @@
 """A plain-PyTorch DDP loop with the Recorder on every rank and a bit-flip injector (run by test_sdc_torchrun.py and
 tools/bench_sdc.py):
 
-    python -m torch.distributed.run --nproc_per_node=4 sdc_worker.py RUN_DIR KEY STEPS EVERY PLAN [raise|record]
+    python -m torch.distributed.run --nproc_per_node=4 sdc_worker.py RUN_DIR KEY STEPS EVERY PLAN [raise|record
+        [CHECK_EVERY]]
 
 PLAN: a JSON list of injections, each {"step", "rank", "what", "tensor", "index", "bit"}: after the optimizer step of
 ``step``, on ``rank`` alone, ``what`` = "param" flips bit ``bit`` of element ``index`` of the parameter named
@@ -9,6 +10,9 @@ PLAN: a JSON list of injections, each {"step", "rank", "what", "tensor", "index"
 ``record`` (the default; with EVERY 1) each injection is undone right after the step's fingerprint (the replicas
 agree again: the next episode can be told from this one); with ``raise`` the Recorder raises StateDivergence at the first
 fingerprint after it, and every rank kills itself (SIGKILL) at once, as a crash right after detection would.
+With CHECK_EVERY, the forward and backward pass go through ``rec.backward`` with replay checks every CHECK_EVERY
+steps, and ``what`` = "grad" flips bit ``bit`` of element ``index`` of the parameter's gradient as the first pass
+computes it (a unit that computed wrong once; the replay computes it right).
 Rank 0 prints one line, RESULT {"divergences": [...], "steps": N}.
 """
 
@@ -23,7 +27,27 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from trainledger.training import Recorder
 from trainledger.training.distributed.ranks import init_process_group
-from trainledger.training.distributed.state_watch import StateDivergence
+from trainledger.training.distributed.state_watch import ReplayMismatch, StateDivergence
+
+
+def _flip(t, inj: dict):
+    ints = t.view(-1).view(torch.int32)
+    bit = inj["bit"]
+    ints[inj["index"]] ^= torch.tensor(-(1 << 31) if bit == 31 else 1 << bit, dtype=torch.int32)
+
+
+def _glitch(model, inj: dict) -> None:
+    """A one-shot hook on the parameter's gradient: the next backward pass's, with one bit flipped."""
+    p = dict(model.named_parameters())[inj["tensor"]]
+    handle = None
+
+    def once(g):
+        handle.remove()
+        g = g.clone()
+        _flip(g, inj)
+        return g
+
+    handle = p.register_hook(once)
 
 
 def _inject(model, opt, inj: dict) -> None:
@@ -34,17 +58,14 @@ def _inject(model, opt, inj: dict) -> None:
             i = inj["index"]
             flat[i], flat[i + 1] = flat[i + 1].clone(), flat[i].clone()
             return
-        t = p if inj["what"] == "param" else opt.state[p]["exp_avg"]
-        ints = t.view(-1).view(torch.int32)
-        bit = inj["bit"]
-        one = torch.tensor(-(1 << 31) if bit == 31 else 1 << bit, dtype=torch.int32)
-        ints[inj["index"]] ^= one
+        _flip(p if inj["what"] == "param" else opt.state[p]["exp_avg"], inj)
 
 
 def main() -> None:
     run_dir, key, steps, every = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     plan = json.loads(sys.argv[5])
     mode = sys.argv[6] if len(sys.argv) > 6 else "record"
+    check = int(sys.argv[7]) if len(sys.argv) > 7 else None
     torch.set_num_threads(1)
     init_process_group("gloo")
     rank = dist.get_rank()
@@ -52,27 +73,34 @@ def main() -> None:
     model = DDP(torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1)))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     rec = Recorder(run_dir, key=key, model=model, optimizer=opt, fingerprint_every=every, on_divergence=mode,
-                   stragglers=False)
+                   stragglers=False, sdc_check=check)
     torch.manual_seed(1 + rank)  # each rank its own batches
     for step in range(steps):
         x = torch.randn(8, 16)
-        loss = ((model(x) - x.sum(1, keepdim=True)) ** 2).mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
         mine = [i for i in plan if i["step"] == step and i["rank"] == rank]
-        for inj in mine:
+        for inj in (i for i in mine if i["what"] == "grad"):
+            _glitch(model, inj)
+        opt.zero_grad()
+        try:
+            loss = rec.backward(step, lambda: ((model(x) - x.sum(1, keepdim=True)) ** 2).mean())
+        except ReplayMismatch:
+            sys.stdout.flush()
+            os.kill(os.getpid(), signal.SIGKILL)  # a crash right after the check was sealed, before opt.step()
+        opt.step()
+        state = [i for i in mine if i["what"] != "grad"]
+        for inj in state:
             _inject(model, opt, inj)
         try:
             rec.step(step, loss.item())
         except StateDivergence:
             sys.stdout.flush()
             os.kill(os.getpid(), signal.SIGKILL)  # a crash right after the verdict was sealed
-        for inj in mine if mode == "record" else ():  # undone, so the next fingerprint agrees again
+        for inj in state if mode == "record" else ():  # undone, so the next fingerprint agrees again
             _inject(model, opt, inj)
     rec.close()
     if rank == 0:
-        print("RESULT " + json.dumps({"divergences": rec._watch.divergences, "steps": steps}), flush=True)
+        print("RESULT " + json.dumps({"divergences": rec._watch.divergences, "steps": steps,
+                                      "checks": rec._replay.checks if rec._replay else []}), flush=True)
     dist.destroy_process_group()
 
 

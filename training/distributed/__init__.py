@@ -16,7 +16,7 @@ _RANKS = ("RankInfo", "rank_info", "open_rank_journal", "anchor_ranks", "anchor_
 
 
 #: silent data corruption (docs/sdc.md): the replicas' state fingerprints held to each other while they train
-_STATE = ("StateWatch", "StateDivergence")
+_STATE = ("StateWatch", "StateDivergence", "ReplayCheck", "ReplayMismatch")
 
 
 def __getattr__(name: str):

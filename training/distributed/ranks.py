@@ -314,11 +314,14 @@ class ComputeClock:
     all-reduce, with a timestamp when ``bucket.is_last()``): the end of this rank's own backward, before it waits on
     the other ranks. :meth:`take` gives the time from the previous step's end to that moment."""
 
-    __slots__ = ("ready", "start")
+    __slots__ = ("ready", "start", "capture")
 
     def __init__(self) -> None:
         self.ready: float | None = None
         self.start = 0.0
+        #: when a list (armed for a replay check, docs/sdc.md): each bucket's (parameters, their local gradients'
+        #: fingerprint sums) appended before its all-reduce; None: nothing captured
+        self.capture: list[tuple[list[Any], Any]] | None = None
 
     @classmethod
     def attach(cls, model: Any) -> ComputeClock | None:
@@ -338,6 +341,10 @@ class ComputeClock:
         def hook(group, bucket):
             if bucket.is_last():
                 clock.ready = time.perf_counter()
+            if clock.capture is not None:  # this rank's own gradients, before the average replaces them
+                from trainledger.training.health.state_fingerprint import sums_of
+
+                clock.capture.append((list(bucket.parameters()), sums_of(list(bucket.gradients()))))
             return allreduce_hook(group, bucket)
 
         import torch

@@ -6,6 +6,9 @@ records ``state_diverged`` (the rule of training/distributed/sdc.py, which repla
 durable, and then every rank raises :class:`StateDivergence`, before the loop can save a checkpoint of the
 corrupted state or take another step on it (``on_divergence="record"`` goes on instead).
 
+:class:`ReplayCheck` is the other half: a step's forward and backward pass run twice and held to each other before
+the optimizer step (``Recorder(sdc_check=M)`` and ``rec.backward``), for a unit that computes wrong now and then.
+
 The cadence: ``every`` steps; by default (``every=None``) chosen at the first fingerprint, taken after
 ``CALIBRATION`` steps, from what it cost, so that fingerprints take about ``budget`` (1%) of the training time:
 the smallest power of two N with (fingerprint time) / N <= budget x (median step time of those steps), the slowest
@@ -20,12 +23,13 @@ from typing import Any, Iterable
 from trainledger.journal import Journal
 from trainledger.journal.errors import TrainledgerError, UsageError
 
-__all__ = ["StateWatch", "StateDivergence", "MAX_EVERY"]
+__all__ = ["StateWatch", "StateDivergence", "ReplayCheck", "ReplayMismatch", "MAX_EVERY"]
 
 #: the longest a cadence chosen from the cost can be
 MAX_EVERY = 1 << 20
 #: steps timed before the first fingerprint, when the cadence is chosen from the cost
 CALIBRATION = 16
+_MASK64 = (1 << 64) - 1
 
 
 class StateDivergence(TrainledgerError, RuntimeError):
@@ -162,3 +166,129 @@ def _cadence(costs: list[float], step_times: list[float | None], budget: float) 
     while n < need and n < MAX_EVERY:
         n *= 2
     return n
+
+
+class ReplayMismatch(TrainledgerError, RuntimeError):
+    """A step's forward and backward pass, computed again, did not give the same bits (docs/sdc.md): the
+    ``replay_checked`` is on record (sealed) before this is raised, and before the optimizer step. ``record``: its
+    fields."""
+
+    def __init__(self, message: str, record: dict[str, Any]):
+        super().__init__(message)
+        self.record = record
+
+
+def _loss_hex(loss: Any) -> str:
+    import struct
+
+    return struct.pack(">d", float(loss.detach().double().item())).hex()
+
+
+class ReplayCheck:
+    """A step's forward and backward pass run twice and held to each other, bit for bit, before the optimizer
+    step (docs/sdc.md): a unit that computes wrong now and then gives two results. :meth:`backward` runs the
+    caller's closure (the forward pass: it returns the loss) and the backward pass; on a check step (the first this
+    process runs, and every ``every`` steps) it runs them again with the random state as it was and the gradients
+    kept apart (under a DDP model's ``no_sync``: this rank's own gradients, held to the ones the first pass had before
+    the all-reduce, which ``clock``'s communication hook fingerprints), journals ``replay_checked``, and raises
+    :class:`ReplayMismatch` when they differ (``on_mismatch="record"`` goes on). The kernels must be deterministic
+    (``torch.use_deterministic_algorithms(True)`` on a GPU), or every check differs."""
+
+    def __init__(self, journal: Journal, model: Any, *, every: int, clock: Any = None, on_mismatch: str = "raise"):
+        if isinstance(every, bool) or not isinstance(every, int) or not 1 <= every <= MAX_EVERY:
+            raise UsageError(f"sdc_check must be a whole number of steps from 1 to {MAX_EVERY}, got {every!r}")
+        if on_mismatch not in ("raise", "record"):
+            raise UsageError(f"on_divergence must be 'raise' or 'record', got {on_mismatch!r}")
+        if _is_ddp(model) and clock is None:
+            raise UsageError("sdc_check on a DistributedDataParallel model needs its communication hook to see this "
+                             "rank's own gradients before the all-reduce, and the model has a hook of its own")
+        self.journal, self.model, self.every, self.clock = journal, model, every, clock
+        self.on_mismatch = on_mismatch
+        self._first = True
+        #: the checks run, and their records (each ``replay_checked``'s fields)
+        self.checks: list[dict[str, Any]] = []
+
+    def due(self, step: int) -> bool:
+        return self._first or step % self.every == 0
+
+    def backward(self, step: int, closure: Any) -> Any:
+        """``closure()`` (the forward pass, returning the loss), then its backward pass; on a check step both again
+        and compared. Returns the first pass's loss; the gradients are the first pass's."""
+        if not self.due(step):
+            loss = closure()
+            loss.backward()
+            return loss
+        self._first = False
+        import contextlib
+
+        import torch
+
+        from trainledger.training.health.state_fingerprint import fingerprint_root, sums_of
+        from trainledger.training.kinds import ReplayChecked
+
+        params = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+        name_of = {id(p): n for n, p in params}
+        cpu_rng = torch.get_rng_state()
+        cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() \
+            else None
+        ddp = _is_ddp(self.model)
+        if ddp:
+            self.clock.capture = []
+        try:
+            loss = closure()
+            loss.backward()
+        finally:
+            captured = None
+            if ddp:
+                captured, self.clock.capture = self.clock.capture, None
+        first: dict[str, tuple[int, int]] = {}
+        if ddp:
+            for ps, sums in captured or []:
+                for p, (a, b) in zip(ps, sums.cpu().tolist()):
+                    first[name_of.get(id(p), "?")] = (a & _MASK64, b & _MASK64)
+        else:
+            with_grad = [(n, p) for n, p in params if p.grad is not None]
+            for (n, _), (a, b) in zip(with_grad, sums_of([p.grad for _, p in with_grad]).cpu().tolist()
+                                      if with_grad else []):
+                first[n] = (a & _MASK64, b & _MASK64)
+        stash = [p.grad for _, p in params]
+        for _, p in params:
+            p.grad = None
+        torch.set_rng_state(cpu_rng)
+        if cuda_rng is not None:
+            torch.cuda.set_rng_state_all(cuda_rng)
+        try:
+            with self.model.no_sync() if ddp else contextlib.nullcontext():
+                loss2 = closure()
+                loss2.backward()
+            with_grad = [(n, p) for n, p in params if p.grad is not None]
+            again = {n: (a & _MASK64, b & _MASK64) for (n, _), (a, b) in
+                     zip(with_grad, sums_of([p.grad for _, p in with_grad]).cpu().tolist() if with_grad else [])}
+        finally:
+            for (_, p), g in zip(params, stash):
+                p.grad = g
+        order = [n for n, _ in params if n in first or n in again]
+        a_fp = {n: first[n] for n in order if n in first}
+        b_fp = {n: again[n] for n in order if n in again}
+        tensor = next((n for n in order if first.get(n) != again.get(n)), None)
+        lh, lh2 = _loss_hex(loss), _loss_hex(loss2)
+        rec = {"step": step, "ok": tensor is None and lh == lh2, "loss": lh, "loss_again": lh2,
+               "root": fingerprint_root(a_fp), "root_again": fingerprint_root(b_fp), "tensors": len(order),
+               "tensor": tensor}
+        self.checks.append(rec)
+        self.journal.append(ReplayChecked(**rec), durable=not rec["ok"])
+        bad = [] if rec["ok"] else [None]
+        import torch.distributed as dist
+
+        if ddp and dist.is_initialized() and dist.get_world_size() > 1:  # every rank learns whether one differed
+            every: list[Any] = [None] * dist.get_world_size()
+            dist.all_gather_object(every, rec["ok"])
+            bad = [r for r, ok in enumerate(every) if not ok]
+        if bad and self.on_mismatch == "raise":
+            self.journal.seal(durable=True)  # every rank's record, the agreeing ones' too, on disk before it stops
+            where = f" in {tensor}" if tensor else (" in the loss" if not rec["ok"] else "")
+            who = "this rank" if bad == [None] else "rank(s) " + ", ".join(map(str, bad))
+            raise ReplayMismatch(f"step {step}: the forward and backward pass of {who}, computed again, differ from "
+                                 f"the first{where}; on record (replay_checked, sealed) before the optimizer step",
+                                 rec)
+        return loss

@@ -23,14 +23,15 @@ WORKER = Path(__file__).resolve().parents[2] / "helpers" / "sdc_worker.py"
 TENSORS = {"module.0.weight": 16 * 32, "module.0.bias": 32, "module.2.weight": 32}
 
 
-def _job(tmp_path, name, priv, steps, every, plan, mode="record"):
+def _job(tmp_path, name, priv, steps, every, plan, mode="record", check=None):
     run = tmp_path / name
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env.pop("TORCHELASTIC_RUN_ID", None)
     env.pop("TRAINLEDGER_RUN", None)
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=4",
                            "--master-addr=127.0.0.1", f"--master-port={free_port()}", "--rdzv-id", name,
-                           str(WORKER), str(run), str(priv), str(steps), str(every), json.dumps(plan), mode],
+                           str(WORKER), str(run), str(priv), str(steps), str(every), json.dumps(plan), mode,
+                           *([str(check)] if check else [])],
                           capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
     return run, proc
 
@@ -97,3 +98,29 @@ def test_the_verdict_survives_a_sigkill_right_after_detection(tmp_path, keys, ca
     rec = replay_run_dir(run, keys=[load_public_key(pub)])
     assert [(d["step"], d["rank"], d["tensor"]) for d in rec.divergences] == [(15, 3, "param:module.0.weight")]
     assert rec.ok, rec.differences
+
+
+def test_a_gradient_computed_wrong_once_is_caught_by_the_replay_check_before_the_optimizer_step(tmp_path, keys):
+    """Replay checks every 5 steps: on rank 1, step 10's first backward pass flips a bit of one gradient (a unit
+    that computed wrong once). The replay of that pass computes it right: rank 1's replay_checked at step 10 names
+    the gradient, every other check agrees; with "raise", every rank stops before its optimizer step and the record
+    is sealed on disk."""
+    priv, pub = keys
+    plan = [{"step": 10, "rank": 1, "what": "grad", "tensor": "module.2.weight", "index": 7, "bit": 12}]
+    run, proc = _job(tmp_path, "grad", priv, 16, 100, plan, check=5)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for r in range(4):
+        checks = [(e.step, e.ok, e.tensor) for e in read_events(run / f"rank-0000{r}.jsonl")
+                  if kind(e) == "replay_checked"]
+        assert checks == [(0, True, None), (5, True, None), (10, r != 1, "module.2.weight" if r == 1 else None),
+                          (15, True, None)], (r, checks)
+    run, proc = _job(tmp_path, "grad-raise", priv, 16, 100, plan, mode="raise", check=5)
+    assert proc.returncode != 0
+    bad = [e for e in read_events(run / "rank-00001.jsonl") if kind(e) == "replay_checked" and not e.ok]
+    assert [(e.step, e.tensor) for e in bad] == [(10, "module.2.weight")]
+    for r in range(4):  # no rank recorded step 10 (each was killed before its optimizer step)
+        assert all(e.step < 10 for e in read_events(run / f"rank-0000{r}.jsonl") if kind(e) == "step_observed")
+    assert main(["verify", "--pubkey", str(pub), str(run)]) == 0
+    from trainledger.journal import verify
+
+    assert verify(run / "rank-00001.jsonl", keys=[load_public_key(pub)]).last_sealed_seq >= bad[0].seq

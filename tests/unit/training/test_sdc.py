@@ -272,3 +272,79 @@ def test_a_ddp_models_buffers_are_left_out_and_listed(tmp_path):
     assert res == {"divergences": [], "excluded": ["buffer:*"], "with_buffers_equal": False}
     fps = [e for e in read_events(tmp_path / "rank-1.jsonl") if type(e).__struct_config__.tag == "state_fingerprinted"]
     assert len(fps) == 6 and all(e.excluded == ["buffer:*"] and e.digests is None for e in fps)
+
+
+# ---------------------------------------------------------------- replay checks
+
+class _Glitch(torch.nn.Module):
+    """Dropout and a unit that computes wrong once: on the call numbered ``at``, one output's bit flips."""
+
+    def __init__(self, at: int | None):
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Dropout(0.3), torch.nn.Linear(16, 1))
+        self.calls, self.at = 0, at
+
+    def forward(self, x):
+        y = self.net(x)
+        self.calls += 1
+        if self.calls == self.at:
+            y = y.clone()
+            y.view(-1).view(torch.int32)[0] ^= 1 << 20
+        return y
+
+
+def test_a_replay_check_agrees_with_dropout_and_keeps_the_first_passs_gradients(tmp_path, signer):
+    from trainledger.journal import Journal, read_events
+    from trainledger.training.distributed.state_watch import ReplayCheck
+
+    torch.manual_seed(0)
+    model, twin = _Glitch(None), _Glitch(None)
+    twin.load_state_dict(model.state_dict())
+    with Journal.create(tmp_path / "j.jsonl", signer=signer) as j:
+        check = ReplayCheck(j, model, every=4)
+        for step in range(9):
+            x = torch.randn(4, 8, generator=torch.Generator().manual_seed(step))
+            torch.manual_seed(100 + step)
+            loss = check.backward(step, lambda: model(x).square().mean())
+            torch.manual_seed(100 + step)
+            twin(x).square().mean().backward()  # the same pass once: the same gradients
+            for p, q in zip(model.parameters(), twin.parameters()):
+                assert torch.equal(p.grad, q.grad), step
+                p.grad = q.grad = None
+            assert loss.requires_grad
+    checks = [e for e in read_events(tmp_path / "j.jsonl") if type(e).__struct_config__.tag == "replay_checked"]
+    assert [(e.step, e.ok) for e in checks] == [(0, True), (4, True), (8, True)]  # the first step, then every 4
+    assert all(e.root == e.root_again and e.loss == e.loss_again and e.tensors == 4 for e in checks)
+
+
+def test_a_unit_that_computes_wrong_once_is_caught_before_the_optimizer_step(tmp_path, signer):
+    from trainledger.journal import Journal, read_events, verify
+    from trainledger.training.distributed.state_watch import ReplayCheck, ReplayMismatch
+
+    torch.manual_seed(0)
+    model = _Glitch(at=6)  # the first pass of step 4 (calls 1, 2: step 0's two passes; 3-5: steps 1-3)
+    with Journal.create(tmp_path / "j.jsonl", signer=signer) as j:
+        check = ReplayCheck(j, model, every=4)
+        with pytest.raises(ReplayMismatch, match="step 4") as e:
+            for step in range(8):
+                x = torch.randn(4, 8, generator=torch.Generator().manual_seed(step))
+                check.backward(step, lambda: model(x).square().mean())
+                for p in model.parameters():
+                    p.grad = None
+        assert e.value.record["ok"] is False and e.value.record["tensor"] == "net.0.weight"  # the first in order
+        j.suspend()  # as a crash leaves it: the check's line is sealed already
+    (bad,) = [ev for ev in read_events(tmp_path / "j.jsonl") if type(ev).__struct_config__.tag == "replay_checked"
+              and not ev.ok]
+    assert bad.step == 4 and bad.loss != bad.loss_again and bad.root != bad.root_again
+    assert verify(tmp_path / "j.jsonl", keys=[signer.public]).last_sealed_seq >= bad.seq
+
+
+def test_replay_names_a_replay_check_whose_verdict_its_fields_do_not_give():
+    from trainledger.training.kinds import ReplayChecked
+
+    ok = dict(step=5, loss="0" * 16, loss_again="0" * 16, root=R_OK, root_again=R_OK, tensors=3)
+    events = {0: [_joined(0, 0), ReplayChecked(ok=True, **ok)],
+              1: [_joined(1, 0), ReplayChecked(ok=False, tensor="param:w", **{**ok, "root_again": R_BAD}),
+                  ReplayChecked(ok=True, **{**ok, "step": 10, "root_again": R_BAD})]}  # doctored: they differ
+    _, diffs = audit_state(events)
+    assert [(d["kind"], "step 10" in d["detail"]) for d in diffs] == [("replay_checked", True)]
