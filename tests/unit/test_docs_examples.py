@@ -43,6 +43,8 @@ GIVEN_NAMES = {n for n in re.findall(r"^(?:def )?([a-z_][a-z_, ]*?)\s*[=(]", GIV
 
 #: blocks that cannot run here, by file and first line: why. Their imports are still checked.
 NOT_RUN = {
+    ("docs/sdc.md", "from trainledger.training import Recorder"):
+        "a DDP model under torchrun (tests/helpers/sdc_worker.py makes the same calls on 4 ranks)",
     ("README.md", "from trainledger.training import Recorder, check_checkpoint"):
         "nanoGPT's train.py around it (tests/helpers/nanogpt_shaped.py runs the same lines)",
     ("README.md", "from trainledger.training.integrations.hf import TrainledgerCallback          # pip install "

@@ -66,6 +66,11 @@ def test_every_flip_and_swap_is_named_to_its_rank_step_and_tensor(tmp_path, keys
     assert main(["replay", "--pubkey", str(pub), str(run)]) == 0
     out = capsys.readouterr().out
     assert out.count("STATE DIVERGED") == len(plan) and f"rank {plan[0]['rank']} of 4 replicas" in out
+    assert main(["query", "--pubkey", str(pub), "--format", "csv", str(run),
+                 "SELECT (SELECT count(DISTINCT rank) FROM fingerprints), (SELECT count(*) FROM divergences), "
+                 "(SELECT list(tensor ORDER BY step) FROM divergences)"]) == 0
+    row = capsys.readouterr().out.strip().splitlines()[-1]
+    assert row.startswith(f"4,{len(plan)},") and want[0][2] in row
 
 
 def test_a_doctored_fingerprint_is_named(tmp_path, keys, capsys):
