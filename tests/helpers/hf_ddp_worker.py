@@ -39,7 +39,7 @@ def main() -> None:
     model.register_forward_pre_hook(lambda m, a: time.sleep(0.1 * (3.0 if rank == 1 else 1.0)))  # rank 1: 3x
     args = TrainingArguments(output_dir=out, max_steps=6, per_device_train_batch_size=4, save_steps=3,
                              report_to="none", use_cpu=True, ddp_backend="gloo", disable_tqdm=True, seed=0)
-    Trainer(model=model, args=args, train_dataset=Tokens(), callbacks=[TrainledgerCallback(key=key, straggler_every=3)]).train()
+    Trainer(model=model, args=args, train_dataset=Tokens(), callbacks=[TrainledgerCallback(key=key, straggler_every=3, fingerprint_every=2)]).train()
 
 
 if __name__ == "__main__":

@@ -41,7 +41,7 @@ def main() -> None:
     run, key = sys.argv[1], sys.argv[2]
     trainer = L.Trainer(max_steps=6, accelerator="cpu", devices=2, strategy="ddp", logger=False,
                         enable_progress_bar=False, enable_model_summary=False,
-                        callbacks=[TrainledgerCallback(run, key=key, straggler_every=3),
+                        callbacks=[TrainledgerCallback(run, key=key, straggler_every=3, fingerprint_every=2),
                                    ModelCheckpoint(dirpath=f"{run}/ckpts", every_n_train_steps=3, save_top_k=-1)])
     trainer.fit(Tiny())
 

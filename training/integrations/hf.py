@@ -102,8 +102,14 @@ class TrainledgerCallback(TrainerCallback):
                  release_key: str | os.PathLike | None = None, base_model: str | os.PathLike | None = None,
                  compute_thresholds: dict[str, float] | None = None, carried_flops: float | None = None,
                  device_kind: str | None = None, stragglers: bool = True, straggler_every: int | None = None,
-                 straggler_threshold: float = 0.8):
+                 straggler_threshold: float = 0.8, fingerprints: bool | None = None,
+                 fingerprint_every: int | None = None, fingerprint_exclude: Any = (), on_divergence: str = "raise"):
         self.signer = run_key_for_rank(key, signer, continue_from=continue_from)
+        #: the replicas' states held to each other (docs/sdc.md), as the Recorder does: by default when the Trainer
+        #: runs plain DDP (not FSDP nor DeepSpeed, whose ranks hold different shards) on more than one rank
+        self._fingerprint_options = {"fingerprints": fingerprints, "every": fingerprint_every,
+                                     "exclude": fingerprint_exclude, "on_divergence": on_divergence}
+        self._watch: Any = None
         #: on more than one rank: each rank's own compute time (from the step's start to the moment every parameter
         #: has its gradient: the per-parameter hooks, kept for it, fire before DDP waits on the other ranks),
         #: journaled as ``compute_time_s`` and scored in straggler windows, as the Recorder does (the Trainer wraps
@@ -192,6 +198,18 @@ class TrainledgerCallback(TrainerCallback):
             from trainledger.training.distributed.ranks import StragglerDetector
 
             self._stragglers = StragglerDetector(self.journal, **self._straggler_options)
+        fo = self._fingerprint_options
+        if self._watch is None and fo["fingerprints"] is not False:
+            from transformers.training_args import ParallelMode
+
+            ddp = (args.world_size > 1 and args.parallel_mode == ParallelMode.DISTRIBUTED and not args.fsdp
+                   and not args.deepspeed)
+            if fo["fingerprints"] or fo["every"] is not None or ddp:
+                from trainledger.training.distributed.state_watch import StateWatch
+
+                exclude = list(fo["exclude"]) + (["buffer:*"] if ddp and any(True for _ in model.buffers()) else [])
+                self._watch = StateWatch(self.journal, model, kwargs.get("optimizer"), every=fo["every"],
+                                         exclude=exclude, on_divergence=fo["on_divergence"])
         history = signed_history(self.journal)
         self._live = [e for e in history if isinstance(e, CheckpointSaved) and e.files is not None]
         if state.global_step > 0:  # resume_from_checkpoint: the Trainer restored checkpoint-<global_step>
@@ -288,7 +306,11 @@ class TrainledgerCallback(TrainerCallback):
         due = self.buffer.add(state.global_step - 1, step_loss(self._losses), self._grad_norm,
                               {"lr": self._lr, "tokens": self._tokens or None, "step_time_s": dt,
                                "batch_fingerprint": self._fp, "compute_time_s": ct})
-        if due:
+        w, step = self._watch, state.global_step - 1
+        if w is not None and (w.every is None or step % w.every == 0):  # fingerprint now, after the steps before
+            self._drain(control)
+            w.after_step(step, dt)
+        elif due:
             self._drain(control)
 
     def _drain(self, control) -> None:

@@ -85,8 +85,15 @@ class TrainledgerCallback(Callback):
                  export_dir: str | os.PathLike | None = None, release_key: str | os.PathLike | None = None,
                  base_model: str | os.PathLike | None = None, compute_thresholds: dict[str, float] | None = None,
                  carried_flops: float | None = None, device_kind: str | None = None, stragglers: bool = True,
-                 straggler_every: int | None = None, straggler_threshold: float = 0.8):
+                 straggler_every: int | None = None, straggler_threshold: float = 0.8,
+                 fingerprints: bool | None = None, fingerprint_every: int | None = None,
+                 fingerprint_exclude: Any = (), on_divergence: str = "raise"):
         self.signer = run_key_for_rank(key, signer, continue_from=continue_from)
+        #: the replicas' states held to each other (docs/sdc.md), as the Recorder does: by default when Lightning's
+        #: strategy wraps the module in DistributedDataParallel on more than one rank
+        self._fingerprint_options = {"fingerprints": fingerprints, "every": fingerprint_every,
+                                     "exclude": fingerprint_exclude, "on_divergence": on_divergence}
+        self._watch: Any = None
         #: on more than one rank: each rank's own compute time (the DDP model's communication hook: its last
         #: gradient bucket ready, before it waits on the others), journaled as ``compute_time_s`` and scored in
         #: straggler windows, as the Recorder does (docs/distributed.md)
@@ -171,6 +178,18 @@ class TrainledgerCallback(Callback):
 
             self._clock = ComputeClock.attach(trainer.strategy.model)
             self._stragglers = StragglerDetector(self.journal, **self._straggler_options)
+        fo = self._fingerprint_options
+        if self._watch is None and fo["fingerprints"] is not False:
+            from trainledger.training.distributed.state_watch import StateWatch, _is_ddp
+
+            wrapped = trainer.strategy.model
+            if fo["fingerprints"] or fo["every"] is not None or (trainer.world_size > 1 and _is_ddp(wrapped)):
+                opt = trainer.optimizers[0] if len(trainer.optimizers) == 1 else None
+                if opt is None:
+                    raise UsageError("fingerprints: this callback fingerprints one optimizer's state; the module "
+                                     f"has {len(trainer.optimizers)} (fingerprints=False leaves them out)")
+                self._watch = StateWatch(self.journal, wrapped, opt, every=fo["every"], exclude=fo["exclude"],
+                                         on_divergence=fo["on_divergence"])
 
     def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
         """A resume: the file against its signed record, and the head it carries against the journal."""
@@ -308,7 +327,11 @@ class TrainledgerCallback(Callback):
                                                           "step_time_s": dt, "batch_fingerprint": self._fp,
                                                           "compute_time_s": ct})
         self._losses, self._tokens, self._t0, self._grad_norm, self._fp = [], 0, None, None, None
-        if due:
+        w = self._watch
+        if w is not None and (w.every is None or step % w.every == 0):  # fingerprint now, after the steps before
+            self._drain(trainer)
+            w.after_step(step, dt)
+        elif due:
             self._drain(trainer)
 
     def _drain(self, trainer) -> None:

@@ -154,6 +154,11 @@ def test_every_rank_journals_its_steps_under_torchrun(tmp_path):
     flagged = [e for e in zero if type(e).__struct_config__.tag == "straggler_detected"]
     assert len(scores) == 2 and all(s.scores["1"] < 0.8 < s.scores["0"] for s in scores), [s.scores for s in scores]
     assert [e.rank for e in flagged] == [1, 1]
+    # the replicas' states, fingerprinted every 2 steps on both ranks (the DDP module's buffers left out): equal
+    fps = {r: [(e.step, e.root, e.excluded) for e in read_events(run / f"rank-0000{r}.jsonl")
+               if type(e).__struct_config__.tag == "state_fingerprinted"] for r in (0, 1)}
+    assert [s for s, _, _ in fps[0]] == [0, 2, 4] and fps[0] == fps[1]
+    assert not [e for e in zero if type(e).__struct_config__.tag == "state_diverged"]
     assert main(["verify", "--pubkey", str(pub), "--require-closed", str(run)]) == 0
     assert main(["replay", "--pubkey", str(pub), str(run)]) == 0
 
