@@ -27,8 +27,7 @@ from trainledger.journal.audit.rundir import RunDirReport, rank_files, verify_ru
 from trainledger.journal.errors import SemanticError
 from trainledger.journal.events import StepObserved
 from trainledger.journal.kinds import RankJoined
-from trainledger.training.kinds import (ReplayChecked, StateDiverged, StateFingerprinted, StragglerDetected,
-                                        StragglerScores)
+from trainledger.training.kinds import StateDiverged, StateFingerprinted, StragglerDetected, StragglerScores
 from trainledger.journal.trust import TrustPolicy
 from trainledger.journal.verify import VerifyReport
 from trainledger.ladder import audit as _ladder_audit
@@ -137,6 +136,9 @@ def _reconstruction(report: VerifyReport, projections: list[Projection]) -> Reco
     exports = by_name.get("exports")
     if exports is not None:
         notes += exports.notes()
+    checks = by_name.get("replay_checks")
+    if checks is not None:
+        notes += checks.notes()
     return Reconstruction(
         verify=report,
         health=health,
@@ -224,8 +226,7 @@ def replay_run_dir(path: str | os.PathLike, *, trust: TrustPolicy | None = None,
     replayed as far as the ranks present go (``verify.partial``, ``verify.missing``: the caller labels it)."""
     trust = TrustPolicy.of(trust, **trust_options)
     report = verify_run_dir(path, trust=trust, partial=partial)
-    keep = (StepObserved, StragglerScores, StragglerDetected, RankJoined, StateFingerprinted, StateDiverged,
-            ReplayChecked)
+    keep = (StepObserved, StragglerScores, StragglerDetected, RankJoined, StateFingerprinted, StateDiverged)
     events: dict[int, list[Any]] = {}
     recs = {}
     for r, f in rank_files(path).items():

@@ -22,8 +22,8 @@ from trainledger.journal.chain import format_at_least
 from trainledger.journal.events import RunOpened, RunResumed, StepObserved
 from trainledger.training.kinds import AnomalyDetected, ComputeThresholdCrossed, DeviceSampled, CheckpointSaved, \
     CheckpointSelected, ComputeTotaled, DataWindowSkipped, DeviceChanged, EvaluationRecorded, PreflightCompleted, \
-    PreflightGate, ResumeRejectedEvent, RewindDecided, RunConfigured, RunStopped, SpikeSuspected, AnomalyEnded, \
-    device_anomaly
+    PreflightGate, ReplayChecked, ResumeRejectedEvent, RewindDecided, RunConfigured, RunStopped, SpikeSuspected, \
+    AnomalyEnded, device_anomaly
 from trainledger.journal.kinds import ModelExported
 from trainledger.journal.statements.release.export import same_as_checkpoint
 from trainledger.journal.statements.release.manifest import FileDigest, root_digest
@@ -31,7 +31,7 @@ from trainledger.training.audit.approval import ApprovalInvalid, SignedApproval,
 from trainledger.training.health.detectors import HealthProjection, state_digest
 from trainledger.training.health.mfu import ComputeTotals
 
-__all__ = ["HealthAudit", "ExportAudit", "compare_crossings", "CheckpointLog", "RewindAudit", "StopLog", "SelectionAudit", "PreflightAudit",
+__all__ = ["HealthAudit", "ExportAudit", "ReplayCheckAudit", "compare_crossings", "CheckpointLog", "RewindAudit", "StopLog", "SelectionAudit", "PreflightAudit",
            "compare_derived", "rewind_allowed", "select_checkpoint", "approval_problem", "register"]
 
 
@@ -476,6 +476,34 @@ class ExportAudit(Projection):
         return out
 
 
+class ReplayCheckAudit(Projection):
+    """Every ``replay_checked`` (format 1.10, docs/sdc.md): its verdict is the one its own fields give (``ok`` when
+    the two losses and the two gradient roots are equal; a tensor named exactly when the roots differ)."""
+
+    name = "replay_checks"
+    kinds = (ReplayChecked,)  # the events it folds (journal.audit.projection)
+
+    def __init__(self) -> None:
+        self.checks = 0
+        self.mismatches: list[dict[str, Any]] = []
+        self._diffs = []
+
+    def apply(self, ev: Any) -> None:
+        self.checks += 1
+        same_roots = ev.root == ev.root_again
+        agree = same_roots and ev.loss == ev.loss_again
+        if ev.ok != agree or (ev.tensor is not None) == same_roots:
+            self._diffs.append(_diff(ev.seq, "replay_checked",
+                                     f"step {ev.step}: recorded ok={ev.ok}, tensor {ev.tensor}; its losses and "
+                                     f"roots {'agree' if agree else 'differ'}"))
+        if not agree:
+            self.mismatches.append({"seq": ev.seq, "step": ev.step, "tensor": ev.tensor})
+
+    def notes(self) -> list[str]:
+        return [f"replay check of step {m['step']} differed from the first pass"
+                + (f" in {m['tensor']}" if m["tensor"] else " in the loss") for m in self.mismatches]
+
+
 def register(registry: ProjectionRegistry) -> None:
     """Add the training domain's projections to ``registry``, in replay's order."""
     registry.add("health", HealthAudit)
@@ -485,3 +513,4 @@ def register(registry: ProjectionRegistry) -> None:
     registry.add("selection", lambda _fv: SelectionAudit())
     registry.add("preflight", lambda _fv: PreflightAudit())
     registry.add("exports", lambda _fv: ExportAudit())
+    registry.add("replay_checks", lambda _fv: ReplayCheckAudit())

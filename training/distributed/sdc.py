@@ -69,12 +69,13 @@ def _first_tensor(mine: dict[str, str] | None, theirs: dict[str, str] | None) ->
 
 def audit_state(rank_events: dict[int, list[Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Recompute every divergence from every rank's ``state_fingerprinted`` and hold rank 0's ``state_diverged``
-    records to them, and every rank's ``replay_checked`` verdict to its own fields. Returns (the divergences, each {step, rank, ranks, replicas, tensor, majority, round}; the
+    records to them (each rank's ``replay_checked`` verdicts are held to their own fields by its journal's replay:
+    ``training.audit.ReplayCheckAudit``). Returns (the divergences, each {step, rank, ranks, replicas, tensor, majority, round}; the
     differences, each {seq, kind, detail}). A step is compared within the torchrun round it was fingerprinted in
     (the ``rank_joined`` before it); a step fingerprinted more than once in a round (a resume redid it) by its last
     fingerprint."""
     from trainledger.journal.kinds import RankJoined
-    from trainledger.training.kinds import ReplayChecked, StateDiverged, StateFingerprinted
+    from trainledger.training.kinds import StateDiverged, StateFingerprinted
 
     # round -> step -> rank -> the fingerprint
     by_round: dict[int, dict[int, dict[int, Any]]] = {}
@@ -117,14 +118,6 @@ def audit_state(rank_events: dict[int, list[Any]]) -> tuple[list[dict[str, Any]]
                                 "detail": f"step {ev.step}: recorded {got}, the fingerprints give "
                                           f"{ {k: d[k] for k in got} }"})
         seen.add((rnd, ev.step))
-    for r, events in sorted(rank_events.items()):  # a replay check's verdict follows from its own fields
-        for ev in events:
-            if isinstance(ev, ReplayChecked):
-                agree = ev.loss == ev.loss_again and ev.root == ev.root_again
-                if ev.ok != agree or (ev.tensor is not None) == (ev.root == ev.root_again):
-                    differences.append({"seq": getattr(ev, "seq", None), "kind": "replay_checked",
-                                        "detail": f"rank {r} step {ev.step}: recorded ok={ev.ok} tensor={ev.tensor}, "
-                                                  f"its losses and roots {'agree' if agree else 'differ'}"})
     later = {rnd: max(steps) for rnd, steps in
              ((rnd, [s for s, fps in by_round[rnd].items() if 0 in fps]) for rnd in by_round) if steps}
     for key, d in expected.items():

@@ -339,12 +339,18 @@ def test_a_unit_that_computes_wrong_once_is_caught_before_the_optimizer_step(tmp
     assert verify(tmp_path / "j.jsonl", keys=[signer.public]).last_sealed_seq >= bad.seq
 
 
-def test_replay_names_a_replay_check_whose_verdict_its_fields_do_not_give():
+def test_replay_names_a_replay_check_whose_verdict_its_fields_do_not_give(tmp_path, signer):
+    """A lone journal's replay holds each replay_checked to its own fields: a mismatch is a note, a verdict its
+    fields do not give (ok with roots that differ) a difference."""
+    from trainledger.audit import replay
+    from trainledger.journal import Journal
     from trainledger.training.kinds import ReplayChecked
 
-    ok = dict(step=5, loss="0" * 16, loss_again="0" * 16, root=R_OK, root_again=R_OK, tensors=3)
-    events = {0: [_joined(0, 0), ReplayChecked(ok=True, **ok)],
-              1: [_joined(1, 0), ReplayChecked(ok=False, tensor="param:w", **{**ok, "root_again": R_BAD}),
-                  ReplayChecked(ok=True, **{**ok, "step": 10, "root_again": R_BAD})]}  # doctored: they differ
-    _, diffs = audit_state(events)
-    assert [(d["kind"], "step 10" in d["detail"]) for d in diffs] == [("replay_checked", True)]
+    ok = dict(loss="0" * 16, loss_again="0" * 16, root=R_OK, root_again=R_OK, tensors=3)
+    with Journal.create(tmp_path / "j.jsonl", signer=signer) as j:
+        j.append(ReplayChecked(step=0, ok=True, **ok))
+        j.append(ReplayChecked(step=5, ok=False, tensor="w", **{**ok, "root_again": R_BAD}))
+        j.append(ReplayChecked(step=10, ok=True, **{**ok, "root_again": R_BAD}))  # doctored: the roots differ
+    rec = replay(tmp_path / "j.jsonl", keys=[signer.public])
+    assert [(d["kind"], "step 10" in d["detail"]) for d in rec.differences] == [("replay_checked", True)]
+    assert any("replay check of step 5 differed" in n and "in w" in n for n in rec.notes)
