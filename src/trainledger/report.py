@@ -520,8 +520,10 @@ class _RankSeries:
             self.devices.add(ev.device)
 
 
-def _run_dir_figure(plt, ranks: dict[int, _RankSeries], stragglers: list[dict[str, Any]]) -> str:
-    """Per-rank step-time heatmap (stragglers boxed) above per-rank loss curves."""
+def _run_dir_figure(plt, ranks: dict[int, _RankSeries], stragglers: list[dict[str, Any]],
+                    divergences: list[dict[str, Any]] = ()) -> str:
+    """Per-rank step-time heatmap (stragglers boxed, a replica whose state diverged marked where it did) above
+    per-rank loss curves."""
     import statistics
 
     from matplotlib.patches import Rectangle
@@ -550,9 +552,13 @@ def _run_dir_figure(plt, ranks: dict[int, _RankSeries], stragglers: list[dict[st
             a, b = sd["window"]
             ax1.add_patch(Rectangle((a - 0.5, y - 0.5), b - a + 1, 1, fill=False, ec="red", lw=2,
                                     label="straggler" if k == 0 else None))
-    if stragglers:
+    marked = [(d["step"], rows.index(r)) for d in divergences for r in d["ranks"] if r in rows]
+    if marked:
+        ax1.scatter([s for s, _ in marked], [y for _, y in marked], marker="X", s=90, c="red", edgecolors="white",
+                    linewidths=0.8, zorder=3, label="state diverged (docs/sdc.md)")
+    if stragglers or marked:
         ax1.legend(loc="upper right", fontsize=7)
-    ax1.set_title("per-rank step time (the rank's own time; stragglers boxed)", fontsize=9)
+    ax1.set_title("per-rank step time (the rank's own time; stragglers boxed, state divergences marked)", fontsize=9)
     for r in rows:
         xs = sorted(ranks[r].loss)
         ys = _drawable([ranks[r].loss[x] for x in xs])
@@ -589,7 +595,7 @@ def write_run_dir_report(path: str | os.PathLike, out: str | os.PathLike, *, tru
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("error")
-                png = _run_dir_figure(plt, ranks, rec.stragglers)
+                png = _run_dir_figure(plt, ranks, rec.stragglers, rec.divergences)
         except (ValueError, OverflowError, RuntimeError, Warning) as e:
             plot_error = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
     v = rec.verify
@@ -607,7 +613,10 @@ def write_run_dir_report(path: str | os.PathLike, out: str | os.PathLike, *, tru
                  if v.partial else f"<span class=ok>VERIFIED</span> {len(v.ranks)} of {v.world_size} ranks") +
              f", {v.anchors} cross-rank anchors hold; keys bound to ranks by {_e(v.keys_binding(policy.roster))}</dd>",
              f"<dt>replay</dt><dd>{ok}</dd>",
-             f"<dt>stragglers</dt><dd>{len(rec.stragglers)} flagged</dd></dl>"]
+             f"<dt>stragglers</dt><dd>{len(rec.stragglers)} flagged</dd>",
+             "<dt>replicas' state</dt><dd>" + (f"<span class=bad>{len(rec.divergences)} divergence(s)</span>"
+                                                 if rec.divergences else "no divergence recorded or recomputed")
+             + "</dd></dl>"]
     if rec.differences:
         parts.append("<h2>Differences from the recomputation</h2>")
         parts.append(_table(["rank", "seq", "kind", "detail"],
@@ -637,6 +646,14 @@ def write_run_dir_report(path: str | os.PathLike, out: str | os.PathLike, *, tru
     parts.append(_table(["seq", "rank", "node", "score", "steps"],
                         [[x["seq"], x["rank"], x["node"] or "-", f"{x['score']:.3f}", f"{x['window'][0]}-{x['window'][1]}"]
                          for x in rec.stragglers], "no straggler flagged"))
+    parts.append("<h2>Silent data corruption</h2>")
+    parts.append(_table(["step", "ranks", "of replicas", "tensor", "majority"],
+                        [[d["step"], ", ".join(map(str, d["ranks"])), d["replicas"], d["tensor"] or "-",
+                          "yes" if d["majority"] else "none (every rank named)"] for d in rec.divergences],
+                        "the replicas' fingerprints never disagreed (or none were recorded)"))
+    checks = [[r, n] for r, one in sorted(rec.ranks.items()) for n in one.notes if n.startswith("replay check")]
+    if checks:
+        parts.append(_table(["rank", "replay check"], checks, ""))
     anomalies = [[r, k, len(st), one.anomaly_steps(k, 20)]
                  for r, one in sorted(rec.ranks.items()) for k, st in sorted(one.anomalies_by_kind.items())]
     parts.append("<h2>Anomalies</h2>")

@@ -71,6 +71,10 @@ def test_every_flip_and_swap_is_named_to_its_rank_step_and_tensor(tmp_path, keys
                  "(SELECT list(tensor ORDER BY step) FROM divergences)"]) == 0
     row = capsys.readouterr().out.strip().splitlines()[-1]
     assert row.startswith(f"4,{len(plan)},") and want[0][2] in row
+    # the report's page: the divergences in their table and marked on the per-rank step-time panel
+    assert main(["report", "--pubkey", str(pub), str(run), "--out", str(tmp_path / "page.html")]) == 0
+    page = (tmp_path / "page.html").read_text()
+    assert f"{len(plan)} divergence(s)" in page and "Silent data corruption" in page and want[-1][2] in page
 
 
 def test_a_doctored_fingerprint_is_named(tmp_path, keys, capsys):
