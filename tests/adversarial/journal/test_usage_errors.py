@@ -115,7 +115,8 @@ def test_a_ctrl_c_that_a_library_swallowed_still_ends_the_command(tmp_path):
     import textwrap
 
     script = textwrap.dedent('''
-        import time
+        import faulthandler, time
+        faulthandler.dump_traceback_later(40)  # still running then: every thread's stack on stderr, for the failure
         from trainledger.cli import journal as cli
         from trainledger.journal import Journal, Signer, StepObserved
         cli.LOST_INTERRUPT_S = 1.0
@@ -134,13 +135,18 @@ def test_a_ctrl_c_that_a_library_swallowed_still_ends_the_command(tmp_path):
     ''')
     proc = subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "j.jsonl")], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
+    late = False
     try:
         assert proc.stdout.readline().strip() == "READY", proc.stderr.read()
         proc.send_signal(signal.SIGINT)
-        proc.wait(60)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            late = True
     finally:
         proc.kill()
         out, err = proc.communicate()
+    assert not late, f"still running 60 s after Ctrl-C; its stderr (threads' stacks at 40 s):\n{err[-6000:]}"
     assert proc.returncode == 130 and err.strip() == "trainledger: interrupted", err
     from trainledger.journal import verify
 
