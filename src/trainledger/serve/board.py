@@ -67,8 +67,10 @@ MAX_UNSIGNED = 20_000
 _TABLES = ("steps", "segs", "marks", "telemetry", "metrics")
 _SEGMENT_KINDS = {"run_resumed", "rewind_decided", "run_configured", "rung_started", "weights_restored"}
 _MARK_KINDS = {"anomaly_detected", "spike_suspected", "rewind_decided", "run_resumed", "checkpoint_saved",
-               "shards_saved", "device_changed", "run_stopped", "straggler_detected", "weights_restored"}
+               "shards_saved", "device_changed", "run_stopped", "straggler_detected", "weights_restored",
+               "state_diverged"}
 _LISTED = {"gate_verdict", "decision_recorded", "scaling_fitted", "run_stopped", "straggler_detected", "rung_started",
+           "state_diverged",
            "run_closed", "preflight_completed", "evaluation_recorded"}
 
 
@@ -779,14 +781,15 @@ class Board:
             return {"metric": metric, "series": series}
 
     def heatmap(self, width: int) -> dict[str, Any]:
-        """Step time per rank, averaged per pixel of steps, and the stragglers' windows to outline."""
+        """Step time per rank, averaged per pixel of steps, the stragglers' windows to outline, and the replicas
+        whose state diverged (docs/sdc.md), to mark at their rank and step."""
         width = max(1, min(int(width), MAX_WIDTH))
         with self.lock:
             if self.fail is not None:
-                return {"ranks": [], "cells": [], "stragglers": []}
+                return {"ranks": [], "cells": [], "stragglers": [], "divergences": []}
             lo, hi = self.con.execute("SELECT min(step), max(step) FROM steps").fetchall()[0]
             if lo is None:
-                return {"ranks": [], "cells": [], "stragglers": []}
+                return {"ranks": [], "cells": [], "stragglers": [], "divergences": []}
             span = max(hi - lo + 1, 1)
             cells = self.con.execute(
                 "SELECT rank, CAST(floor((step::DOUBLE - ?) * ? / ?) AS BIGINT) AS px, avg(step_time_s) FROM steps "
@@ -797,7 +800,10 @@ class Board:
                     "cells": [[c[0], c[1], c[2]] for c in cells],
                     "stragglers": [{"rank": x["fields"].get("rank"), "from": x["fields"].get("window_start"),
                                     "to": x["fields"].get("window_end"), "score": x["fields"].get("score"),
-                                    "seq": x["seq"], "by": x["rank"]} for x in strag]}
+                                    "seq": x["seq"], "by": x["rank"]} for x in strag],
+                    "divergences": [{"ranks": x["fields"].get("ranks"), "step": x["fields"].get("step"),
+                                     "tensor": x["fields"].get("tensor"), "seq": x["seq"], "by": x["rank"]}
+                                    for x in self.listed if x["kind"] == "state_diverged"]}
 
     def telemetry(self) -> dict[str, Any]:
         with self.lock:
@@ -1056,6 +1062,9 @@ def _mark_label(ev: Any, kind: str) -> str:
         return f"stop: {ev.rule}"
     if kind == "straggler_detected":
         return f"straggler rank {ev.rank}"
+    if kind == "state_diverged":
+        return (f"state diverged: rank{'s' if len(ev.ranks) > 1 else ''} {', '.join(map(str, ev.ranks))}"
+                + (f" ({ev.tensor})" if ev.tensor else ""))
     if kind == "checkpoint_saved":
         from trainledger.journal.text import trainer_step_note
 

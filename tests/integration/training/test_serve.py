@@ -244,6 +244,11 @@ def _run_folder(d: Path, s: Signer) -> Path:
             j.append(StepObserved(step=i, loss=2.0 - i / 100 + r / 50, grad_norm=0.5, step_time_s=0.1 * (1 + 2 * r),
                                   tokens=512))
     js[0].append(StragglerDetected(rank=1, score=1 / 3, window_start=0, window_end=39, node="n1"))
+    from trainledger.training.kinds import StateDiverged, StateFingerprinted
+
+    for r, j in enumerate(js):  # step 20: the two replicas' states differ (no majority: both named)
+        j.append(StateFingerprinted(step=20, root=("a" if r else "b") * 64, tensors=1, digests={"param:w": str(r) * 32}))
+    js[0].append(StateDiverged(step=20, rank=0, ranks=[0, 1], replicas=2, tensor="param:w"))
     for k in range(5):
         js[1].append(DeviceSampled(device=0, temp_c=67.0 + k, temp_hbm_c=76.5 + k, power_w=297.0 + k,
                                    sm_clock_mhz=1410, clock_event_reasons=0, ecc={"volatile_uncorrected": 2}))
@@ -261,11 +266,13 @@ def test_a_run_folder_shows_every_rank_and_the_slow_rank_outlined(browser, tmp_p
         p.until("window.__trainledger.drawn > 0")
         data = p.js("window.__trainledger.data")
         assert data["heatmap"]["ranks"] == [0, 1] and data["heatmap"]["stragglers"] == 1
+        assert data["heatmap"]["divergences"] == 1
         assert data["loss"]["series"] == 2 and data["loss"]["points"] == 80
         legend = p.js("document.getElementById('heatmap-legend').textContent")
-        assert "ranks 0, 1" in legend and "stragglers flagged (1)" in legend
+        assert "ranks 0, 1" in legend and "stragglers flagged (1)" in legend and "state divergences (1)" in legend
         marks = p.js("document.getElementById('marks').textContent")
         assert "straggler rank 1" in marks and "device 0: xid" in marks
+        assert "state diverged: ranks 0, 1 (param:w)" in marks
         devices = p.js("[...document.querySelectorAll('#telemetry tr')].map(r => r.textContent)")
         assert len(devices) == 2 and "80.5" in devices[1] and "301" in devices[1] and devices[1].endswith("2")
         assert data["temp_c"] == {"points": 5, "series": 1} and data["power_w"]["points"] == 5

@@ -705,7 +705,9 @@
   function drawHeatmap(h) {
     const c = document.getElementById("heatmap");
     const rows = h.ranks.length;
-    T.data.heatmap = {ranks: h.ranks.slice(), stragglers: h.stragglers.length, cells: h.cells.length};
+    const divs = h.divergences || [];
+    T.data.heatmap = {ranks: h.ranks.slice(), stragglers: h.stragglers.length, cells: h.cells.length,
+                      divergences: divs.length};
     const legend = document.getElementById("heatmap-legend");
     if (!rows) { c.hidden = true; legend.textContent = "no step times"; return; }
     c.hidden = false;
@@ -731,8 +733,22 @@
       const x0 = (s.from - h.lo) / span * c.width, x1 = (s.to - h.lo + 1) / span * c.width;
       ctx.strokeRect(x0, r * rowH + 1, Math.max(x1 - x0, 2), rowH - 2);
     }
+    // a replica whose state diverged (docs/sdc.md): a cross at its rank and step
+    for (const d of divs) {
+      for (const rank of d.ranks || []) {
+        const r = h.ranks.indexOf(rank);
+        if (r < 0) continue;
+        const x = (d.step - h.lo + 0.5) / span * c.width, y = (r + 0.5) * rowH, k = Math.max(3, rowH / 2 - 1);
+        for (const [w, col] of [[4, "#fff"], [2, "#d00"]]) {
+          ctx.lineWidth = w; ctx.strokeStyle = col;
+          ctx.beginPath(); ctx.moveTo(x - k, y - k); ctx.lineTo(x + k, y + k);
+          ctx.moveTo(x + k, y - k); ctx.lineTo(x - k, y + k); ctx.stroke();
+        }
+      }
+    }
     legend.textContent = "rows: " + (h.ranks.length === 1 && h.ranks[0] < 0 ? "the journal" : "ranks " + h.ranks.join(", ")) + "; colour: step time " + fmt(lo) + " s (blue) to " +
-      fmt(hi) + " s (red), steps " + h.lo + " to " + h.hi + "; outlined: stragglers flagged (" + h.stragglers.length + ")";
+      fmt(hi) + " s (red), steps " + h.lo + " to " + h.hi + "; outlined: stragglers flagged (" + h.stragglers.length + ")" +
+      (divs.length ? "; crossed: state divergences (" + divs.length + ")" : "");
   }
 
   function drawDevices(metric, body) {
