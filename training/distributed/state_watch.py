@@ -29,7 +29,14 @@ __all__ = ["StateWatch", "StateDivergence", "ReplayCheck", "ReplayMismatch", "MA
 MAX_EVERY = 1 << 20
 #: steps timed before the first fingerprint, when the cadence is chosen from the cost
 CALIBRATION = 16
-_MASK64 = (1 << 64) - 1
+
+
+def _options(every: Any, what: str, on_divergence: str) -> None:
+    """The checks StateWatch's and ReplayCheck's options share: a cadence of whole steps, and what to do."""
+    if every is not None and (isinstance(every, bool) or not isinstance(every, int) or not 1 <= every <= MAX_EVERY):
+        raise UsageError(f"{what} must be a whole number of steps from 1 to {MAX_EVERY}, got {every!r}")
+    if on_divergence not in ("raise", "record"):
+        raise UsageError(f"on_divergence must be 'raise' or 'record', got {on_divergence!r}")
 
 
 class StateDivergence(TrainledgerError, RuntimeError):
@@ -49,14 +56,11 @@ class StateWatch:
     def __init__(self, journal: Journal, model: Any, optimizer: Any, *, every: int | None = None,
                  budget: float = 0.01, exclude: Iterable[str] = (), grads: bool = False,
                  on_divergence: str = "raise", group: Any = None):
-        if every is not None and (isinstance(every, bool) or not isinstance(every, int) or not 1 <= every <= MAX_EVERY):
-            raise UsageError(f"fingerprint_every must be a whole number of steps from 1 to {MAX_EVERY}, got {every!r}")
+        _options(every, "fingerprint_every", on_divergence)
         if not 0 < budget < 1:
             raise UsageError(f"the fingerprint budget must be a fraction of the step time in (0, 1), got {budget!r}")
         if isinstance(exclude, str):
             raise UsageError(f"fingerprint_exclude takes a list of names, got the string {exclude[:80]!r}")
-        if on_divergence not in ("raise", "record"):
-            raise UsageError(f"on_divergence must be 'raise' or 'record', got {on_divergence!r}")
         self.journal, self.model, self.optimizer = journal, model, optimizer
         self.every, self.budget, self.grads, self.group = every, budget, grads, group
         #: what is left out, recorded in every fingerprint: the caller's, and a DDP model's buffers, which replicas
@@ -195,10 +199,9 @@ class ReplayCheck:
     (``torch.use_deterministic_algorithms(True)`` on a GPU), or every check differs."""
 
     def __init__(self, journal: Journal, model: Any, *, every: int, clock: Any = None, on_mismatch: str = "raise"):
-        if isinstance(every, bool) or not isinstance(every, int) or not 1 <= every <= MAX_EVERY:
-            raise UsageError(f"sdc_check must be a whole number of steps from 1 to {MAX_EVERY}, got {every!r}")
-        if on_mismatch not in ("raise", "record"):
-            raise UsageError(f"on_divergence must be 'raise' or 'record', got {on_mismatch!r}")
+        if every is None:
+            raise UsageError("sdc_check must be a whole number of steps, got None")
+        _options(every, "sdc_check", on_mismatch)
         if _is_ddp(model) and clock is None:
             raise UsageError("sdc_check on a DistributedDataParallel model needs its communication hook to see this "
                              "rank's own gradients before the all-reduce, and the model has a hook of its own")
@@ -222,8 +225,9 @@ class ReplayCheck:
         import contextlib
 
         import torch
+        import torch.distributed as dist
 
-        from trainledger.training.health.state_fingerprint import fingerprint_root, sums_of
+        from trainledger.training.health.state_fingerprint import fingerprint_root, named_pairs, unsigned_pairs
         from trainledger.training.kinds import ReplayChecked
 
         params = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
@@ -241,16 +245,11 @@ class ReplayCheck:
             captured = None
             if ddp:
                 captured, self.clock.capture = self.clock.capture, None
-        first: dict[str, tuple[int, int]] = {}
-        if ddp:
-            for ps, sums in captured or []:
-                for p, (a, b) in zip(ps, sums.cpu().tolist()):
-                    first[name_of.get(id(p), "?")] = (a & _MASK64, b & _MASK64)
+        if ddp:  # this rank's own gradients, as each bucket left for the all-reduce
+            first = {name_of.get(id(p), "?"): pair for ps, sums in captured or []
+                     for p, pair in zip(ps, unsigned_pairs(sums))}
         else:
-            with_grad = [(n, p) for n, p in params if p.grad is not None]
-            for (n, _), (a, b) in zip(with_grad, sums_of([p.grad for _, p in with_grad]).cpu().tolist()
-                                      if with_grad else []):
-                first[n] = (a & _MASK64, b & _MASK64)
+            first = named_pairs((n, p.grad) for n, p in params if p.grad is not None)
         stash = [p.grad for _, p in params]
         for _, p in params:
             p.grad = None
@@ -261,9 +260,7 @@ class ReplayCheck:
             with self.model.no_sync() if ddp else contextlib.nullcontext():
                 loss2 = closure()
                 loss2.backward()
-            with_grad = [(n, p) for n, p in params if p.grad is not None]
-            again = {n: (a & _MASK64, b & _MASK64) for (n, _), (a, b) in
-                     zip(with_grad, sums_of([p.grad for _, p in with_grad]).cpu().tolist() if with_grad else [])}
+            again = named_pairs((n, p.grad) for n, p in params if p.grad is not None)
         finally:
             for (_, p), g in zip(params, stash):
                 p.grad = g
@@ -278,8 +275,6 @@ class ReplayCheck:
         self.checks.append(rec)
         self.journal.append(ReplayChecked(**rec), durable=not rec["ok"])
         bad = [] if rec["ok"] else [None]
-        import torch.distributed as dist
-
         if ddp and dist.is_initialized() and dist.get_world_size() > 1:  # every rank learns whether one differed
             every: list[Any] = [None] * dist.get_world_size()
             dist.all_gather_object(every, rec["ok"])

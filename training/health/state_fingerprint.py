@@ -34,7 +34,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any, Iterable
 
-__all__ = ["CHUNK", "sums_of", "tensor_sums", "state_fingerprint", "fingerprint_root", "pair_hex"]
+__all__ = ["CHUNK", "sums_of", "unsigned_pairs", "named_pairs", "tensor_sums", "state_fingerprint", "fingerprint_root", "pair_hex"]
 
 #: the buffer is ROWS x COLS: each tensor's integers laid in whole rows (the last one padded with zeros), many small
 #: tensors to a buffer, a large one over as many buffers as it needs. One matrix product per buffer gives each row's
@@ -164,18 +164,17 @@ def _named_state(model: Any, optimizer: Any, grads: bool) -> Iterable[tuple[str,
                         yield f"optim:{pname}:{key}", v
 
 
-def state_fingerprint(model: Any = None, optimizer: Any = None, *, grads: bool = False,
-                      exclude: Iterable[str] = ()) -> dict[str, tuple[int, int]]:
-    """Every tensor of the state, by name, as its (s0, s1) pair (unsigned, < 2^64), in a fixed order: the model's
-    parameters, its buffers, the gradients (``grads=True``), then the optimizer's state. Names in ``exclude`` are
-    left out, and every name that starts with one ending in ``*`` (``buffer:*``: every buffer). One transfer to the host per device."""
-    skip = {e for e in exclude if not e.endswith("*")}
-    prefixes = tuple(e[:-1] for e in exclude if e.endswith("*"))
+def unsigned_pairs(sums: Any) -> list[tuple[int, int]]:
+    """:func:`sums_of`'s (n, 2) tensor on the host, each pair as unsigned integers (< 2^64): one transfer."""
+    return [(a & _MASK, b & _MASK) for a, b in sums.cpu().tolist()]
+
+
+def named_pairs(named: Iterable[tuple[str, Any]]) -> dict[str, tuple[int, int]]:
+    """Each named tensor's (s0, s1) pair (unsigned, < 2^64), in the order given; one transfer to the host per
+    device."""
     names: list[str] = []
     tensors: list[Any] = []
-    for name, t in _named_state(model, optimizer, grads):
-        if name in skip or (prefixes and name.startswith(prefixes)):
-            continue
+    for name, t in named:
         names.append(name)
         tensors.append(t)
     by_device: dict[Any, list[int]] = {}
@@ -183,10 +182,21 @@ def state_fingerprint(model: Any = None, optimizer: Any = None, *, grads: bool =
         by_device.setdefault(t.device, []).append(i)
     values: list[tuple[int, int]] = [(0, 0)] * len(tensors)
     for idx in by_device.values():
-        host = sums_of([tensors[i] for i in idx]).cpu().tolist()  # one transfer per device
-        for i, (a, b) in zip(idx, host):
-            values[i] = (a & _MASK, b & _MASK)
+        for i, pair in zip(idx, unsigned_pairs(sums_of([tensors[i] for i in idx]))):
+            values[i] = pair
     return dict(zip(names, values))
+
+
+def state_fingerprint(model: Any = None, optimizer: Any = None, *, grads: bool = False,
+                      exclude: Iterable[str] = ()) -> dict[str, tuple[int, int]]:
+    """Every tensor of the state, by name, as its (s0, s1) pair (unsigned, < 2^64), in a fixed order: the model's
+    parameters, its buffers, the gradients (``grads=True``), then the optimizer's state. Names in ``exclude`` are
+    left out, and every name that starts with one ending in ``*`` (``buffer:*``: every buffer). One transfer to the
+    host per device."""
+    skip = {e for e in exclude if not e.endswith("*")}
+    prefixes = tuple(e[:-1] for e in exclude if e.endswith("*"))
+    return named_pairs((name, t) for name, t in _named_state(model, optimizer, grads)
+                       if not (name in skip or (prefixes and name.startswith(prefixes))))
 
 
 def pair_hex(pair: tuple[int, int]) -> str:
