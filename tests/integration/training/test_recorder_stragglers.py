@@ -9,13 +9,10 @@ is tested with the times given, in tests/unit/training/test_stragglers.py."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from torchrun_tools import free_port, kind
+from torchrun_tools import kind, torchrun
 
 from trainledger.cli import main
 from trainledger.journal import keygen, read_events
@@ -25,13 +22,7 @@ WORKER = Path(__file__).resolve().parents[2] / "helpers" / "recorder_ddp_worker.
 
 def _job(tmp_path, name: str, slow_x: float, priv) -> Path:
     run = tmp_path / name
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    env.pop("TORCHELASTIC_RUN_ID", None)
-    env.pop("TRAINLEDGER_RUN", None)
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-                           "--master-addr=127.0.0.1", f"--master-port={free_port()}", "--rdzv-id", name,
-                           str(WORKER), str(run), str(priv), "40", "-", "10", str(slow_x)],
-                          capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    proc = torchrun(WORKER, [str(run), str(priv), "40", "-", "10", str(slow_x)], nproc=2, name=name, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return run
 

@@ -7,13 +7,10 @@ and the verdict survives a SIGKILL right after detection, sealed and verifiable.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from torchrun_tools import free_port, kind
+from torchrun_tools import kind, torchrun
 
 from trainledger.audit import replay_run_dir
 from trainledger.cli import main
@@ -25,14 +22,8 @@ TENSORS = {"module.0.weight": 16 * 32, "module.0.bias": 32, "module.2.weight": 3
 
 def _job(tmp_path, name, priv, steps, every, plan, mode="record", check=None):
     run = tmp_path / name
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    env.pop("TORCHELASTIC_RUN_ID", None)
-    env.pop("TRAINLEDGER_RUN", None)
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=4",
-                           "--master-addr=127.0.0.1", f"--master-port={free_port()}", "--rdzv-id", name,
-                           str(WORKER), str(run), str(priv), str(steps), str(every), json.dumps(plan), mode,
-                           *([str(check)] if check else [])],
-                          capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    proc = torchrun(WORKER, [str(run), str(priv), str(steps), str(every), json.dumps(plan), mode,
+                             *([str(check)] if check else [])], nproc=4, name=name, cwd=tmp_path)
     return run, proc
 
 
