@@ -149,10 +149,13 @@ def cost(args, tmp: Path, priv: Path, lines: list[str]) -> None:
     from trainledger.training import Recorder
     from trainledger.training.reference.corpus import BatchSampler, MarkovSource
 
-    torch.manual_seed(0)
-    model = build_causal_lm(vocab=32, d_model=32, n_layer=2, n_head=2, block=16)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    data = BatchSampler(MarkovSource(32, seed=0).sample(20_000, seed=0), 8, 16, seed=0)
+    def reference():  # the reference loop's model, optimizer and batches, the same for both runs below
+        torch.manual_seed(0)
+        model = build_causal_lm(vocab=32, d_model=32, n_layer=2, n_head=2, block=16)
+        return (model, torch.optim.AdamW(model.parameters(), lr=3e-3),
+                BatchSampler(MarkovSource(32, seed=0).sample(20_000, seed=0), 8, 16, seed=0))
+
+    model, opt, data = reference()
     rec = Recorder(tmp / "loop", key=priv, model=model, optimizer=opt, fingerprints=True)
     t0, c0 = time.perf_counter(), time.process_time()
     for k in range(args.loop_steps):
@@ -167,10 +170,7 @@ def cost(args, tmp: Path, priv: Path, lines: list[str]) -> None:
                  f"({w.total_s / wall:.2%}; the loop's CPU {cpu:.2f} s)")
     # replay checks: the same loop through rec.backward, a check every 100 steps; each step's forward and backward
     # timed, check steps against the others
-    torch.manual_seed(0)
-    model = build_causal_lm(vocab=32, d_model=32, n_layer=2, n_head=2, block=16)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    data = BatchSampler(MarkovSource(32, seed=0).sample(20_000, seed=0), 8, 16, seed=0)
+    model, opt, data = reference()
     rec = Recorder(tmp / "replay", key=priv, model=model, optimizer=opt, fingerprints=False, sdc_check=100)
     plain, checked = [], []
     for k in range(args.loop_steps):
@@ -198,10 +198,9 @@ def projection(lines: list[str]) -> None:
     for name, n in (("7B", 7e9), ("70B", 70e9)):
         traffic = n * (2 + 16) + 3 * n * (4 + 16)  # bf16 weights; fp32 master weights, exp_avg, exp_avg_sq
         lines.append(f"   {name}: {traffic / 1e9:,.0f} GB moved, {traffic / bw:.2f} s a fingerprint; at 1% of the "
-                     f"time, one every {traffic / bw / 0.01:.0f} s of training (a 70B replica does not fit one "
-                     "H100's memory: under FSDP each rank fingerprints its shard, 1/N of this)" if name == "70B" else
-                     f"   {name}: {traffic / 1e9:,.0f} GB moved, {traffic / bw:.2f} s a fingerprint; at 1% of the "
-                     f"time, one every {traffic / bw / 0.01:.0f} s of training")
+                     f"time, one every {traffic / bw / 0.01:.0f} s of training"
+                     + (" (a 70B replica does not fit one H100's memory: under FSDP each rank fingerprints its shard, "
+                        "1/N of this)" if name == "70B" else ""))
 
 
 def main() -> int:
