@@ -1,6 +1,7 @@
 """Run under real torchrun (gloo, CPU) by tests/integration/training/test_lightning.py: Lightning DDP on 2 ranks with the
 callback, rank 1's compute 3x rank 0's (a sleep: 0.3 s against 0.1 s; only rank 0 alone stalling some 0.14 s a step
-would hide it), straggler windows of 3 steps.
+would hide it), straggler windows of 3 steps, fingerprints every 2 steps and at each checkpoint, replay checks
+of steps 0 and 3.
 
     python -m torch.distributed.run --standalone --nproc_per_node=2 lightning_ddp_worker.py RUN_DIR KEY
 """
@@ -41,7 +42,8 @@ def main() -> None:
     run, key = sys.argv[1], sys.argv[2]
     trainer = L.Trainer(max_steps=6, accelerator="cpu", devices=2, strategy="ddp", logger=False,
                         enable_progress_bar=False, enable_model_summary=False,
-                        callbacks=[TrainledgerCallback(run, key=key, straggler_every=3, fingerprint_every=2),
+                        callbacks=[TrainledgerCallback(run, key=key, straggler_every=3, fingerprint_every=2,
+                                                       sdc_check=3),
                                    ModelCheckpoint(dirpath=f"{run}/ckpts", every_n_train_steps=3, save_top_k=-1)])
     trainer.fit(Tiny())
 

@@ -45,6 +45,9 @@ GIVEN_NAMES = {n for n in re.findall(r"^(?:def )?([a-z_][a-z_, ]*?)\s*[=(]", GIV
 NOT_RUN = {
     ("docs/sdc.md", "from trainledger.training import Recorder"):
         "a DDP model under torchrun (tests/helpers/sdc_worker.py makes the same calls on 4 ranks)",
+    ("docs/sdc.md", "# Lightning: the callback runs training_step and its backward pass again in "
+                    "on_before_optimizer_step, on the"):
+        "a Lightning module and a Hugging Face model and dataset (test_lightning.py and test_hf.py run both)",
     ("README.md", "from trainledger.training import Recorder, check_checkpoint"):
         "nanoGPT's train.py around it (tests/helpers/nanogpt_shaped.py runs the same lines)",
     ("README.md", "from trainledger.training.integrations.hf import TrainledgerCallback          # pip install "

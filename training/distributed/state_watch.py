@@ -78,6 +78,9 @@ class StateWatch:
         self.count = 0
         #: the verdicts rank 0 recorded (every rank keeps the same list)
         self.divergences: list[dict[str, Any]] = []
+        #: the steps whose fingerprints every rank agreed on (what a rewind may go back to), and the last one taken
+        self.agreed: list[int] = []
+        self.last_step: int | None = None
 
     def after_step(self, step: int, step_time_s: float | None = None) -> dict[str, Any] | None:
         """Fingerprint now if ``step`` is due (with the cadence chosen from the cost, the first fingerprint comes
@@ -94,7 +97,11 @@ class StateWatch:
         return self.check(step, at="every")
 
     def check(self, step: int, *, at: str = "checkpoint", step_time_s: float | None = None) -> dict[str, Any] | None:
-        """Fingerprint now, on every rank together (a collective under torchrun)."""
+        """Fingerprint now, on every rank together (a collective under torchrun). At a checkpoint of a step already
+        fingerprinted (the cadence's), nothing again: those replicas were compared after that very step."""
+        if at == "checkpoint" and step == self.last_step:
+            return None
+        self.last_step = step
         t0 = time.perf_counter()
         try:
             return self._check(step, at, step_time_s, t0)
@@ -208,6 +215,8 @@ class ReplayCheck:
         self.journal, self.model, self.every, self.clock = journal, model, every, clock
         self.on_mismatch = on_mismatch
         self._first = True
+        #: (step, CPU random state, CUDA random states) between :meth:`begin` and :meth:`finish`
+        self._armed: tuple[int, Any, Any] | None = None
         #: the checks run, and their records (each ``replay_checked``'s fields)
         self.checks: list[dict[str, Any]] = []
 
@@ -217,11 +226,59 @@ class ReplayCheck:
     def backward(self, step: int, closure: Any) -> Any:
         """``closure()`` (the forward pass, returning the loss), then its backward pass; on a check step both again
         and compared. Returns the first pass's loss; the gradients are the first pass's."""
-        if not self.due(step):
+        if not self.begin(step):
             loss = closure()
             loss.backward()
             return loss
+        try:
+            loss = closure()
+            loss.backward()
+        except BaseException:
+            self.disarm()
+            raise
+
+        def again() -> Any:
+            loss2 = closure()
+            loss2.backward()
+            return loss2
+
+        self.finish(step, loss, again)
+        return loss
+
+    def begin(self, step: int) -> bool:
+        """Before the forward pass of ``step`` (before the framework draws anything random for it): on a check
+        step, the random state kept and this rank's own gradients captured as they leave for the all-reduce (a DDP
+        model); True then, and :meth:`finish` must follow the first pass's backward."""
+        if self.clock is not None:
+            self.clock.capture = None
+        if not self.due(step):
+            self._armed = None
+            return False
         self._first = False
+        import torch
+
+        cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+        self._armed = (step, torch.get_rng_state(), cuda)
+        if _is_ddp(self.model):
+            self.clock.capture = []
+        return True
+
+    def disarm(self) -> None:
+        """The first pass failed: nothing to compare."""
+        self._armed = None
+        if self.clock is not None:
+            self.clock.capture = None
+
+    def finish(self, step: int, loss: Any, again: Any) -> dict[str, Any]:
+        """After the first pass's backward, before the optimizer step: ``again()`` runs the forward and backward
+        pass a second time (with the random state as :meth:`begin` kept it, the gradients kept apart, under a DDP
+        model's ``no_sync``) and returns its loss; the two are compared, ``replay_checked`` journaled, and
+        :class:`ReplayMismatch` raised on a difference (``on_mismatch="raise"``). The gradients stay the first
+        pass's."""
+        if self._armed is None or self._armed[0] != step:
+            raise UsageError(f"a replay check of step {step} finished without begin({step}) before its forward pass")
+        _, cpu_rng, cuda_rng = self._armed
+        self._armed = None
         import contextlib
 
         import torch
@@ -232,20 +289,9 @@ class ReplayCheck:
 
         params = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
         name_of = {id(p): n for n, p in params}
-        cpu_rng = torch.get_rng_state()
-        cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() \
-            else None
         ddp = _is_ddp(self.model)
-        if ddp:
-            self.clock.capture = []
-        try:
-            loss = closure()
-            loss.backward()
-        finally:
-            captured = None
-            if ddp:
-                captured, self.clock.capture = self.clock.capture, None
         if ddp:  # this rank's own gradients, as each bucket left for the all-reduce
+            captured, self.clock.capture = self.clock.capture, None
             first = {name_of.get(id(p), "?"): pair for ps, sums in captured or []
                      for p, pair in zip(ps, unsigned_pairs(sums))}
         else:
@@ -258,16 +304,15 @@ class ReplayCheck:
             torch.cuda.set_rng_state_all(cuda_rng)
         try:
             with self.model.no_sync() if ddp else contextlib.nullcontext():
-                loss2 = closure()
-                loss2.backward()
-            again = named_pairs((n, p.grad) for n, p in params if p.grad is not None)
+                loss2 = again()
+            again_fp = named_pairs((n, p.grad) for n, p in params if p.grad is not None)
         finally:
             for (_, p), g in zip(params, stash):
                 p.grad = g
-        order = [n for n, _ in params if n in first or n in again]
+        order = [n for n, _ in params if n in first or n in again_fp]
         a_fp = {n: first[n] for n in order if n in first}
-        b_fp = {n: again[n] for n in order if n in again}
-        tensor = next((n for n in order if first.get(n) != again.get(n)), None)
+        b_fp = {n: again_fp[n] for n in order if n in again_fp}
+        tensor = next((n for n in order if first.get(n) != again_fp.get(n)), None)
         lh, lh2 = _loss_hex(loss), _loss_hex(loss2)
         rec = {"step": step, "ok": tensor is None and lh == lh2, "loss": lh, "loss_again": lh2,
                "root": fingerprint_root(a_fp), "root_again": fingerprint_root(b_fp), "tensors": len(order),
@@ -286,4 +331,4 @@ class ReplayCheck:
             raise ReplayMismatch(f"step {step}: the forward and backward pass of {who}, computed again, differ from "
                                  f"the first{where}; on record (replay_checked, sealed) before the optimizer step",
                                  rec)
-        return loss
+        return rec

@@ -45,12 +45,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import TrainerCallback
+from transformers import Trainer, TrainerCallback
 
 from trainledger.training.health.mfu import record_compute
 from trainledger.journal import Signer
 from trainledger.journal.errors import UsageError
-from trainledger.training.kinds import CheckpointDeleted, CheckpointSaved, MetricsLogged, metric_values
+from trainledger.training.kinds import CheckpointDeleted, CheckpointSaved, MetricsLogged, RunStopped, metric_values
 
 from trainledger.training.checkpoints.state import ResumeRejected, signed_history
 from trainledger.training.health.flops import flop_config_from_hf
@@ -59,7 +59,7 @@ from trainledger.training.integrations.hooks import (StepBuffer, check_folder, e
                       monitor_options, training_dtype, learn_run_key, open_run_journal, previous_run, record_checkpoint, run_key_for_rank, signer_from, step_loss,
                       tap_clip, norm_parts, untap_clip)
 
-__all__ = ["TrainledgerCallback", "check_resume", "ResumeRejected"]
+__all__ = ["TrainledgerCallback", "check_resume", "ResumeRejected", "ReplayCheckMixin", "ReplayCheckTrainer"]
 
 _MONITOR_FILE = "trainledger-monitor.pt"
 _STOP_ON = ("nan_loss", "inf_loss", "nan_grad_norm", "inf_grad_norm")
@@ -103,13 +103,25 @@ class TrainledgerCallback(TrainerCallback):
                  compute_thresholds: dict[str, float] | None = None, carried_flops: float | None = None,
                  device_kind: str | None = None, stragglers: bool = True, straggler_every: int | None = None,
                  straggler_threshold: float = 0.8, fingerprints: bool | None = None,
-                 fingerprint_every: int | None = None, fingerprint_exclude: Any = (), on_divergence: str = "raise"):
+                 fingerprint_every: int | None = None, fingerprint_exclude: Any = (), on_divergence: str = "raise",
+                 sdc_check: int | None = None):
         self.signer = run_key_for_rank(key, signer, continue_from=continue_from)
         #: the replicas' states held to each other (docs/sdc.md), as the Recorder does: by default when the Trainer
         #: runs plain DDP (not FSDP nor DeepSpeed, whose ranks hold different shards) on more than one rank
         self._fingerprint_options = {"fingerprints": fingerprints, "every": fingerprint_every,
                                      "exclude": fingerprint_exclude, "on_divergence": on_divergence}
         self._watch: Any = None
+        #: replay checks (docs/sdc.md): the first step and every ``sdc_check`` steps run twice and held to each
+        #: other before the optimizer step; the Trainer runs them (a callback cannot): :class:`ReplayCheckTrainer`,
+        #: or :class:`ReplayCheckMixin` in your own Trainer subclass
+        if sdc_check is not None:
+            from trainledger.training.distributed.state_watch import _options
+
+            _options(sdc_check, "sdc_check", on_divergence)
+        self._sdc_every = sdc_check
+        self._replay: Any = None
+        self._replay_driver = False  # set by ReplayCheckMixin.train
+        self._replaying = False  # the second pass is running: the callback's own hooks look away
         #: on more than one rank: each rank's own compute time (from the step's start to the moment every parameter
         #: has its gradient: the per-parameter hooks, kept for it, fire before DDP waits on the other ranks),
         #: journaled as ``compute_time_s`` and scored in straggler windows, as the Recorder does (the Trainer wraps
@@ -169,6 +181,17 @@ class TrainledgerCallback(TrainerCallback):
 
         from trainledger.training.experiment.manifest import scrub
 
+        if self._sdc_every is not None:  # before anything is written
+            if not self._replay_driver:
+                raise UsageError("sdc_check runs a step's forward and backward pass twice, which only the Trainer can "
+                                 "do: use trainledger.training.integrations.hf.ReplayCheckTrainer (or mix "
+                                 "ReplayCheckMixin into your Trainer subclass)")
+            if args.gradient_accumulation_steps != 1:
+                raise UsageError(f"sdc_check compares one batch's gradients; gradient_accumulation_steps="
+                                 f"{args.gradient_accumulation_steps} sums several (use 1 with sdc_check)")
+            if args.fp16:
+                raise UsageError("sdc_check compares gradients bit for bit; fp16's loss scaler unscales them in "
+                                 "between (use bf16=True or full precision with sdc_check)")
         run = self.run_dir or Path(args.output_dir)
         self.run_dir = run
         meta = {"integration": "transformers.Trainer", "transformers": transformers.__version__,
@@ -239,7 +262,7 @@ class TrainledgerCallback(TrainerCallback):
         untap_clip(self)
 
     def _forward(self, module, args, kwargs, output):
-        if not module.training:
+        if not module.training or self._replaying:
             return
         loss = output.get("loss") if isinstance(output, dict) else getattr(output, "loss", None)
         if isinstance(loss, torch.Tensor):
@@ -256,6 +279,8 @@ class TrainledgerCallback(TrainerCallback):
     def _accumulated(self, p: torch.Tensor) -> None:
         # Every parameter's gradient is in once as many hooks fired as the model has parameters with gradients: the
         # norm of all of them then, before any clipping, in one foreach call (the last micro-batch's counts).
+        if self._replaying:
+            return
         fired = self._fired
         fired.append(p)
         if len(fired) == self._expected:
@@ -312,6 +337,41 @@ class TrainledgerCallback(TrainerCallback):
             w.after_step(step, dt)
         elif due:
             self._drain(control)
+        if w is not None and control.should_save:  # the Trainer saves next: the replicas compared before it does
+            self._drain(control)
+            w.check(step, at="checkpoint")
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        if self._watch is not None and control.should_save and self.journal is not None and state.global_step:
+            self._drain(control)
+            self._watch.check(state.global_step - 1, at="checkpoint")
+
+    def stopped_by(self, exception: BaseException) -> None:
+        """``train()`` raised (the Trainer has no hook for it; :class:`ReplayCheckMixin` calls this): the steps still
+        queued and ``run_stopped`` (rule ``exception``) on record, durable, and the journal left open for a resume;
+        the callback's hooks removed."""
+        self._remove_hooks()
+        j = self.journal
+        if j is None or j.closed or isinstance(exception, ResumeRejected):
+            return
+        if self.monitor is not None:
+            self.buffer.observe(self.monitor, j, frozenset())
+        j.append(RunStopped(rule="exception", reason=f"{type(exception).__name__}: {exception}"[:500]), durable=True)
+        j.suspend()
+        self.journal = None
+
+    def replay_check(self, trainer: Any, model: Any) -> Any:
+        """The replay check :class:`ReplayCheckMixin` runs steps through (made at the first step: ``model`` is the
+        model the Trainer trains, DDP-wrapped on more than one rank, whose communication hook then keeps this
+        rank's own gradients of a checked step before the all-reduce)."""
+        if self._replay is None:
+            from trainledger.training.distributed.ranks import ComputeClock
+            from trainledger.training.distributed.state_watch import ReplayCheck, _is_ddp
+
+            clock = ComputeClock.attach(model) if _is_ddp(model) else None
+            self._replay = ReplayCheck(self.journal, model, every=self._sdc_every, clock=clock,
+                                       on_mismatch=self._fingerprint_options["on_divergence"])
+        return self._replay
 
     def _drain(self, control) -> None:
         stop = self.buffer.observe(self.monitor, self.journal, self.stop_on if self.stopped is None else frozenset())
@@ -396,6 +456,67 @@ class TrainledgerCallback(TrainerCallback):
         base, base_release, lineage = base_of(self.base_model) if self.base_model is not None else (None, None, None)
         record_export(self.journal, self.export_dir, step=step, checkpoint=checkpoint_of(self._live, step),
                       base=base, base_release=base_release, relative_to=self.run_dir, lineage=lineage)
+
+
+class ReplayCheckMixin:
+    """A Trainer that runs replay checks for its :class:`TrainledgerCallback`'s ``sdc_check=M`` (docs/sdc.md): on
+    the first step and every M steps, :meth:`training_step` (the forward pass, the loss and the backward pass) runs
+    a second time on the same inputs with the random state as it was and the gradients kept apart (under DDP's
+    ``no_sync``: this rank's own gradients), the two are held to each other bit for bit, ``replay_checked`` is
+    journaled, and a mismatch is sealed and raises ``ReplayMismatch`` before the optimizer step. Mix it in first::
+
+        class MyTrainer(ReplayCheckMixin, Trainer): ...
+
+    or use :class:`ReplayCheckTrainer`. Without a callback that has ``sdc_check``, it is the Trainer it mixes into."""
+
+    def train(self, *args: Any, **kwargs: Any) -> Any:
+        cb = _callback_of(self)
+        if cb is not None:
+            cb._replay_driver = True
+        try:
+            return super().train(*args, **kwargs)  # type: ignore[misc]
+        except BaseException as e:
+            if cb is not None:
+                cb.stopped_by(e)
+            raise
+
+    def training_step(self, model: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
+        cb = _callback_of(self)
+        if cb is None or cb._sdc_every is None or cb.journal is None:
+            return super().training_step(model, inputs, *args, **kwargs)  # type: ignore[misc]
+        check, step = cb.replay_check(self, model), self.state.global_step  # type: ignore[attr-defined]
+        if not check.begin(step):
+            return super().training_step(model, inputs, *args, **kwargs)  # type: ignore[misc]
+        try:
+            loss = super().training_step(model, inputs, *args, **kwargs)  # type: ignore[misc]
+        except BaseException:
+            check.disarm()
+            raise
+        if cb.monitor is not None:
+            cb.buffer.observe(cb.monitor, cb.journal, frozenset())  # the steps before it on record first
+
+        def again() -> Any:
+            cb._replaying = True
+            try:
+                return super(ReplayCheckMixin, self).training_step(model, inputs, *args, **kwargs)  # type: ignore[misc]
+            finally:
+                cb._replaying = False
+
+        check.finish(step, loss, again)
+        return loss
+
+
+def _callback_of(trainer: Any) -> TrainledgerCallback | None:
+    handler = getattr(trainer, "callback_handler", None)
+    return next((c for c in getattr(handler, "callbacks", ()) if isinstance(c, TrainledgerCallback)), None)
+
+
+class ReplayCheckTrainer(ReplayCheckMixin, Trainer):
+    """``transformers.Trainer`` with :class:`ReplayCheckMixin`: the Trainer for ``TrainledgerCallback(sdc_check=M)``.
+    It takes what the installed ``Trainer`` takes."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
 
 
 def _has_shape(model: Any) -> bool:

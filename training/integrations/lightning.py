@@ -87,13 +87,22 @@ class TrainledgerCallback(Callback):
                  carried_flops: float | None = None, device_kind: str | None = None, stragglers: bool = True,
                  straggler_every: int | None = None, straggler_threshold: float = 0.8,
                  fingerprints: bool | None = None, fingerprint_every: int | None = None,
-                 fingerprint_exclude: Any = (), on_divergence: str = "raise"):
+                 fingerprint_exclude: Any = (), on_divergence: str = "raise", sdc_check: int | None = None):
         self.signer = run_key_for_rank(key, signer, continue_from=continue_from)
         #: the replicas' states held to each other (docs/sdc.md), as the Recorder does: by default when Lightning's
         #: strategy wraps the module in DistributedDataParallel on more than one rank
         self._fingerprint_options = {"fingerprints": fingerprints, "every": fingerprint_every,
                                      "exclude": fingerprint_exclude, "on_divergence": on_divergence}
         self._watch: Any = None
+        #: replay checks (docs/sdc.md): the first step and every ``sdc_check`` steps, ``training_step`` and its
+        #: backward pass run again in ``on_before_optimizer_step`` and held to the first, bit for bit
+        if sdc_check is not None:
+            from trainledger.training.distributed.state_watch import _options
+
+            _options(sdc_check, "sdc_check", on_divergence)
+        self._sdc_every = sdc_check
+        self._replay: Any = None
+        self._replay_at: tuple[Any, Any, Any] | None = None  # (batch, batch_idx, the first pass's loss)
         #: on more than one rank: each rank's own compute time (the DDP model's communication hook: its last
         #: gradient bucket ready, before it waits on the others), journaled as ``compute_time_s`` and scored in
         #: straggler windows, as the Recorder does (docs/distributed.md)
@@ -173,14 +182,18 @@ class TrainledgerCallback(Callback):
         if trainer.gradient_clip_val:  # Lightning will compute the norm itself to clip by it: read it there
             self._thread = threading.get_ident()
             tap_clip(self)
+        from trainledger.training.distributed.state_watch import _is_ddp
+
         if self._straggler_options is not None and trainer.world_size > 1 and self._stragglers is None:
             from trainledger.training.distributed.ranks import ComputeClock, StragglerDetector
 
             self._clock = ComputeClock.attach(trainer.strategy.model)
             self._stragglers = StragglerDetector(self.journal, **self._straggler_options)
+        if self._sdc_every is not None and self._replay is None:
+            self._replay = self._replay_check(trainer, pl_module)
         fo = self._fingerprint_options
         if self._watch is None and fo["fingerprints"] is not False:
-            from trainledger.training.distributed.state_watch import StateWatch, _is_ddp
+            from trainledger.training.distributed.state_watch import StateWatch
 
             wrapped = trainer.strategy.model
             if fo["fingerprints"] or fo["every"] is not None or (trainer.world_size > 1 and _is_ddp(wrapped)):
@@ -190,6 +203,55 @@ class TrainledgerCallback(Callback):
                                      f"has {len(trainer.optimizers)} (fingerprints=False leaves them out)")
                 self._watch = StateWatch(self.journal, wrapped, opt, every=fo["every"], exclude=fo["exclude"],
                                          on_divergence=fo["on_divergence"])
+
+    def _replay_check(self, trainer, pl_module) -> Any:
+        from trainledger.training.distributed.ranks import ComputeClock
+        from trainledger.training.distributed.state_watch import ReplayCheck, _is_ddp
+
+        if not pl_module.automatic_optimization:
+            raise UsageError("sdc_check runs training_step again under Lightning's automatic optimization; with "
+                             "manual optimization use the Recorder's backward(step, closure) in training_step")
+        if trainer.accumulate_grad_batches != 1:
+            raise UsageError(f"sdc_check compares one batch's gradients; accumulate_grad_batches="
+                             f"{trainer.accumulate_grad_batches} sums several (use 1 with sdc_check)")
+        if getattr(trainer.precision_plugin, "scaler", None) is not None:
+            raise UsageError("sdc_check compares gradients bit for bit; 16-bit mixed precision's loss scaler unscales "
+                             "them in between (use precision='bf16-mixed' or 32 with sdc_check)")
+        wrapped = trainer.strategy.model
+        if _is_ddp(wrapped) and self._clock is None:
+            self._clock = ComputeClock.attach(wrapped)
+        return ReplayCheck(self.journal, wrapped, every=self._sdc_every, clock=self._clock,
+                           on_mismatch=self._fingerprint_options["on_divergence"])
+
+    def on_before_backward(self, trainer, pl_module, loss) -> None:
+        if self._replay_at is not None:
+            self._replay_at = (*self._replay_at[:2], loss)
+
+    def _check_replay(self, trainer, pl_module) -> None:
+        """The replay check of this step (docs/sdc.md): ``training_step`` and its backward pass again, on the
+        batch kept at its start, ``self.log`` quiet (the step is logged once)."""
+        batch, batch_idx, loss = self._replay_at
+        self._replay_at = None
+        step = trainer.global_step
+        if loss is None:  # training_step returned None: Lightning skipped the backward, nothing to compare
+            self._replay.disarm()
+            return
+        if self.monitor is not None:
+            self._drain(trainer)  # the steps before it on record first
+
+        def again() -> Any:
+            quiet = {"log": lambda *a, **k: None, "log_dict": lambda *a, **k: None}
+            pl_module.__dict__.update(quiet)
+            try:
+                out = trainer.strategy.training_step(batch, batch_idx)
+            finally:
+                for name in quiet:
+                    pl_module.__dict__.pop(name, None)
+            loss2 = out.get("loss") if isinstance(out, dict) else out
+            pl_module.backward(loss2)
+            return loss2
+
+        self._replay.finish(step, loss, again)
 
     def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
         """A resume: the file against its signed record, and the head it carries against the journal."""
@@ -283,6 +345,8 @@ class TrainledgerCallback(Callback):
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self._record_checkpoints(trainer)
         self._clip_norm = None
+        if self._replay is not None:
+            self._replay_at = (batch, batch_idx, None) if self._replay.begin(trainer.global_step) else None
         if self._t0 is None:
             self._t0 = time.perf_counter()
             if self._clock is not None:
@@ -293,6 +357,8 @@ class TrainledgerCallback(Callback):
             params = self._params if self._params is not None else pl_module.parameters()
             self._grad_norm = norm_parts([p.grad for p in params if p.grad is not None])
         self._lr = float(optimizer.param_groups[0]["lr"])
+        if self._replay_at is not None:  # before the optimizer step (and Lightning's clipping)
+            self._check_replay(trainer, pl_module)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
@@ -347,6 +413,8 @@ class TrainledgerCallback(Callback):
             return
         if self.monitor is not None:
             self._drain(trainer)
+        if self._watch is not None:  # the replicas compared before their state is saved (a divergence raises here)
+            self._watch.check(trainer.global_step - 1, at="checkpoint")
         seq, h = self.journal.seal(durable=True, signed=True) or self.journal.head  # a signed head
         checkpoint["trainledger"] = {"head": f"{seq}:{h}",
                                      "monitor": self.monitor.state() if self.monitor is not None else None}

@@ -34,7 +34,7 @@ class Tokens(torch.utils.data.Dataset):
 
 
 def _trainer(out, signer, *, steps=12, callbacks=(), continue_from=None, batch_fingerprint=False, callback=None,
-             data=None, **kw):
+             data=None, trainer_class=None, **kw):
     from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 
     transformers.logging.set_verbosity_error()
@@ -46,7 +46,8 @@ def _trainer(out, signer, *, steps=12, callbacks=(), continue_from=None, batch_f
                              learning_rate=1e-3, **kw)
     cb = TrainledgerCallback(signer=signer, continue_from=continue_from, batch_fingerprint=batch_fingerprint,
                              **(callback or {}))
-    return Trainer(model=model, args=args, train_dataset=data or Tokens(), callbacks=[cb, *callbacks]), cb
+    return (trainer_class or Trainer)(model=model, args=args, train_dataset=data or Tokens(),
+                                      callbacks=[cb, *callbacks]), cb
 
 
 def _events(out, tag):
@@ -247,10 +248,18 @@ def test_every_rank_journals_its_steps_under_torchrun(tmp_path):
     scores = [e for e in zero if type(e).__struct_config__.tag == "straggler_scores"]
     assert len(scores) == 2 and all(s.scores["1"] < 0.8 < s.scores["0"] for s in scores), [s.scores for s in scores]
     assert [e.rank for e in zero if type(e).__struct_config__.tag == "straggler_detected"] == [1, 1]
-    # the replicas' states, fingerprinted every 2 steps on both ranks: equal
-    fps = {r: [(e.step, e.root) for e in read_events(out / f"rank-0000{r}.jsonl")
+    # the replicas' states, fingerprinted every 2 steps and before each save (the one after step 2 taken by the
+    # cadence's) on both ranks: equal
+    fps = {r: [(e.step, e.root, e.at) for e in read_events(out / f"rank-0000{r}.jsonl")
                if type(e).__struct_config__.tag == "state_fingerprinted"] for r in (0, 1)}
-    assert [s for s, _ in fps[0]] == [0, 2, 4] and fps[0] == fps[1]
+    assert [(s, at) for s, _, at in fps[0]] == [(0, "every"), (2, "every"), (4, "every"), (5, "checkpoint")]
+    assert fps[0] == fps[1]
+    # steps 0 and 3 run twice on each rank (dropout's random state restored), this rank's own gradients held to
+    # each other before the all-reduce
+    checks = {r: [(e.step, e.ok, e.tensors) for e in read_events(out / f"rank-0000{r}.jsonl")
+                  if type(e).__struct_config__.tag == "replay_checked"] for r in (0, 1)}
+    assert [(s, ok) for s, ok, _ in checks[0]] == [(0, True), (3, True)] and checks[0][0][2] > 10
+    assert [(s, ok) for s, ok, _ in checks[1]] == [(0, True), (3, True)]
     assert main(["verify", "--pubkey", str(pub), "--require-closed", str(out)]) == 0
     assert main(["replay", "--pubkey", str(pub), str(out)]) == 0
 
@@ -267,3 +276,56 @@ def test_batch_fingerprint_is_taken_from_the_batch_the_trainer_hands_the_model(t
     assert len(one) == 8 and None not in one and len(set(one)) == 8 and None not in two
     assert two[0] != one[0]                    # two micro-batches a step: their sum, not the first batch's alone
     assert replay(tmp_path / "a" / "journal.jsonl", keys=[pubkey]).ok
+
+
+def test_sdc_check_runs_the_trainers_step_again_and_stops_a_glitch_before_the_optimizer_step(tmp_path, signer, pubkey):
+    """ReplayCheckTrainer with sdc_check=4: steps 0, 4 and 8 run twice (GPT-2's dropout: the random state restored)
+    and agree; every step journaled once, the weights bit for bit those of a plain Trainer's run. A forward pass
+    that computes wrong once (the 7th call: the second pass of step 4) is caught: replay_checked ok=False, and
+    ReplayMismatch raised before the optimizer stepped (AdamW counted 4 steps); the journal verifies and replays."""
+    from trainledger.journal.errors import UsageError
+    from trainledger.training.distributed.state_watch import ReplayMismatch
+    from trainledger.training.integrations.hf import ReplayCheckTrainer
+    from trainledger.training.integrations.hooks import _tap
+
+    plain, _ = _trainer(tmp_path / "plain", signer, steps=9)
+    plain.train()
+    checked, _ = _trainer(tmp_path / "checked", signer, steps=9, callback={"sdc_check": 4},
+                          trainer_class=ReplayCheckTrainer)
+    checked.train()
+    checks = [(e.step, e.ok) for e in _events(tmp_path / "checked", "replay_checked")]
+    assert checks == [(0, True), (4, True), (8, True)]
+    assert [e.step for e in _events(tmp_path / "checked", "step_observed")] == list(range(9))
+    steps = {e.step: e for e in _events(tmp_path / "checked", "step_observed")}
+    plain_steps = {e.step: e for e in _events(tmp_path / "plain", "step_observed")}
+    assert all(steps[s].tokens == plain_steps[s].tokens == 64 and steps[s].loss == plain_steps[s].loss
+               and steps[s].grad_norm == plain_steps[s].grad_norm for s in range(9))
+    for a, b in zip(plain.model.state_dict().values(), checked.model.state_dict().values()):
+        assert torch.equal(a, b)
+
+    bad, _ = _trainer(tmp_path / "bad", signer, steps=9, callback={"sdc_check": 4}, trainer_class=ReplayCheckTrainer)
+    calls = []
+
+    def glitch(module, args, output):
+        calls.append(1)
+        if len(calls) == 7:
+            output.logits.mul_(1 + 2 ** -20)
+            output.loss = output.loss * (1 + 2 ** -20)
+
+    bad.model.register_forward_hook(glitch)
+    with pytest.raises(ReplayMismatch, match="step 4: .* differ from the first"):
+        bad.train()
+    assert {int(st["step"]) for st in bad.optimizer.state.values()} == {4}
+    assert [(c.step, c.ok) for c in _events(tmp_path / "bad", "replay_checked")] == [(0, True), (4, False)]
+    assert _events(tmp_path / "bad", "run_stopped")[0].reason.startswith("ReplayMismatch")
+    assert _tap["listener"] is None and _tap["original"] is None  # clip_grad_norm_ itself again
+    assert replay(tmp_path / "bad" / "journal.jsonl", keys=[pubkey]).ok
+
+    plain_sdc, _ = _trainer(tmp_path / "nomixin", signer, steps=2, callback={"sdc_check": 4})
+    with pytest.raises(UsageError, match="ReplayCheckTrainer"):
+        plain_sdc.train()
+    assert not (tmp_path / "nomixin" / "journal.jsonl").exists()
+    acc, _ = _trainer(tmp_path / "acc", signer, steps=2, callback={"sdc_check": 4}, trainer_class=ReplayCheckTrainer,
+                      gradient_accumulation_steps=2)
+    with pytest.raises(UsageError, match="gradient_accumulation_steps=2"):
+        acc.train()

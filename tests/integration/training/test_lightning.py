@@ -48,16 +48,34 @@ class Tiny(L.LightningModule):
         return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(xs, xs.sum(1, keepdim=True)), batch_size=8)
 
 
-def _fit(run, signer, *, crash_at=None, ckpt_path=None, logger=False, clip=1.0, steps=12, **options):
+def _fit(run, signer, *, crash_at=None, ckpt_path=None, logger=False, clip=1.0, steps=12, module=None,
+         trainer_options=None, **options):
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     cb = TrainledgerCallback(run, signer=signer, **options)
     trainer = L.Trainer(max_steps=steps, accelerator="cpu", devices=1, enable_progress_bar=False,
                         enable_model_summary=False, logger=TrainledgerLogger(cb) if logger else False,
                         callbacks=[cb, ModelCheckpoint(dirpath=run / "ckpts", every_n_train_steps=5, save_top_k=-1)],
-                        log_every_n_steps=1, gradient_clip_val=clip)
-    trainer.fit(Tiny(crash_at), ckpt_path=ckpt_path)
+                        log_every_n_steps=1, gradient_clip_val=clip, **(trainer_options or {}))
+    trainer.fit(Tiny(crash_at) if module is None else module, ckpt_path=ckpt_path)
     return trainer, cb
+
+
+class Glitchy(Tiny):
+    """Dropout, so a replay check must restore the random state; and a unit that computes wrong once: the loss of
+    the ``glitch_at``-th call of training_step off by 2^-20 of itself."""
+
+    def __init__(self, glitch_at=None):
+        super().__init__()
+        self.drop = torch.nn.Dropout(0.5)
+        self.calls, self.glitch_at = 0, glitch_at
+
+    def training_step(self, batch, batch_idx):
+        self.calls += 1
+        x, y = batch
+        loss = torch.nn.functional.mse_loss(self.net(self.drop(x)), y)
+        self.log("train_loss", loss)
+        return loss * (1 + 2 ** -20) if self.calls == self.glitch_at else loss
 
 
 def _events(run, tag):
@@ -154,10 +172,17 @@ def test_every_rank_journals_its_steps_under_torchrun(tmp_path):
     flagged = [e for e in zero if type(e).__struct_config__.tag == "straggler_detected"]
     assert len(scores) == 2 and all(s.scores["1"] < 0.8 < s.scores["0"] for s in scores), [s.scores for s in scores]
     assert [e.rank for e in flagged] == [1, 1]
-    # the replicas' states, fingerprinted every 2 steps on both ranks (the DDP module's buffers left out): equal
-    fps = {r: [(e.step, e.root, e.excluded) for e in read_events(run / f"rank-0000{r}.jsonl")
+    # the replicas' states, fingerprinted every 2 steps and at the checkpoints (the one after step 2 taken by the
+    # cadence's) on both ranks, the DDP module's buffers left out: equal
+    fps = {r: [(e.step, e.root, e.excluded, e.at) for e in read_events(run / f"rank-0000{r}.jsonl")
                if type(e).__struct_config__.tag == "state_fingerprinted"] for r in (0, 1)}
-    assert [s for s, _, _ in fps[0]] == [0, 2, 4] and fps[0] == fps[1]
+    assert [(s, at) for s, _, _, at in fps[0]] == [(0, "every"), (2, "every"), (4, "every"), (5, "checkpoint")]
+    assert fps[0] == fps[1]
+    # steps 0 and 3 run twice on each rank, this rank's own gradients held to each other before the all-reduce
+    for r in (0, 1):
+        checks = [(e.step, e.ok, e.tensors) for e in read_events(run / f"rank-0000{r}.jsonl")
+                  if type(e).__struct_config__.tag == "replay_checked"]
+        assert checks == [(0, True, 4), (3, True, 4)], checks
     assert not [e for e in zero if type(e).__struct_config__.tag == "state_diverged"]
     assert main(["verify", "--pubkey", str(pub), "--require-closed", str(run)]) == 0
     assert main(["replay", "--pubkey", str(pub), str(run)]) == 0
@@ -240,3 +265,44 @@ def test_the_fitted_module_is_exported_recorded_and_released_at_fit_end(tmp_path
     assert exp.step == 9 and exp.checkpoint is not None and [f["file"] for f in exp.files] == ["model.safetensors"]
     v = verify_model(run / "export", release_keys=[key.public], run_keys=[signer.public], journal=run / "journal.jsonl")
     assert v.final and v.step == 9 and v.compute["steps"] == 10 and v.journal["ok"]
+
+
+def test_sdc_check_runs_training_step_again_and_stops_a_glitch_before_the_optimizer_step(tmp_path, signer, pubkey):
+    """sdc_check=4: steps 0, 4 and 8 run twice (dropout's random state restored, self.log quiet the second time)
+    and agree, and the run's weights are bit for bit those of a run without checks. A unit that computes wrong on
+    the second pass of step 4 (the 7th call: steps 0 and 1-3 took 5) is caught: replay_checked ok=False on record
+    and ReplayMismatch raised before the optimizer stepped (AdamW counted 4 steps), the journal verifying and
+    replaying with the mismatch in it."""
+    from trainledger.training.distributed.state_watch import ReplayMismatch
+
+    plain, checked = Glitchy(), Glitchy()
+    torch.manual_seed(5)  # dropout's masks: the same random stream for both runs
+    _fit(tmp_path / "plain", signer, steps=9, module=plain)
+    torch.manual_seed(5)
+    _fit(tmp_path / "checked", signer, steps=9, module=checked, sdc_check=4)
+    checks = [(e.step, e.ok, e.tensors) for e in _events(tmp_path / "checked", "replay_checked")]
+    assert checks == [(0, True, 4), (4, True, 4), (8, True, 4)]
+    assert checked.calls == 12 and plain.calls == 9
+    for a, b in zip(plain.net.state_dict().values(), checked.net.state_dict().values()):
+        assert torch.equal(a, b)
+    logged = [e.step for e in _events(tmp_path / "checked", "step_observed")]
+    assert logged == list(range(9))
+
+    bad = Glitchy(glitch_at=7)
+    with pytest.raises(ReplayMismatch, match="step 4: .* differ from the first in net.0.weight") as e:
+        _fit(tmp_path / "bad", signer, steps=9, module=bad, sdc_check=4)
+    assert e.value.record["ok"] is False and e.value.record["loss"] != e.value.record["loss_again"]
+    assert {int(st["step"]) for st in bad.trainer.optimizers[0].state.values()} == {4}
+    assert [(c.step, c.ok) for c in _events(tmp_path / "bad", "replay_checked")] == [(0, True), (4, False)]
+    assert _events(tmp_path / "bad", "run_stopped")[0].reason.startswith("ReplayMismatch")
+    assert replay(tmp_path / "bad" / "journal.jsonl", keys=[pubkey]).ok
+
+
+def test_sdc_check_refuses_what_it_cannot_compare(tmp_path, signer):
+    """Gradient accumulation (a sum of batches) and 16-bit loss scaling: a one-line UsageError before a step."""
+    from trainledger.journal.errors import UsageError
+
+    with pytest.raises(UsageError, match="accumulate_grad_batches=2"):
+        _fit(tmp_path / "acc", signer, steps=2, sdc_check=4, trainer_options={"accumulate_grad_batches": 2})
+    with pytest.raises(UsageError, match="sdc_check must be a whole number"):
+        TrainledgerCallback(tmp_path / "x", signer=signer, sdc_check=0)
