@@ -525,7 +525,9 @@ class StateFingerprinted(Event, tag="state_fingerprinted", frozen=True, kw_only=
     pair, ``tensors`` how many; ``digests`` each tensor's pair (name -> 32 hex digits) where recorded (when the
     ranks' roots disagreed, or always when asked), so a divergence can be named to its tensor; ``excluded`` what was
     left out on purpose because replicas hold it differently (names); ``grads`` whether the gradients are in it;
-    ``at`` why now (``every``, ``checkpoint``, ``start``)."""
+    ``at`` why now (``every``, ``checkpoint``, ``start``); ``replicas`` the ranks whose state must equal this
+    rank's (its own among them) where the state is sharded (FSDP, HSDP: the ranks that hold the same shards; a
+    rank alone where no other does), None for every rank of the run (DDP)."""
 
     step: int
     root: str
@@ -534,6 +536,7 @@ class StateFingerprinted(Event, tag="state_fingerprinted", frozen=True, kw_only=
     excluded: list[str] = []
     grads: bool = False
     at: str = "every"
+    replicas: list[int] | None = None
 
     def __post_init__(self) -> None:  # on decode too: the SDC fold reads these fields
         _hex(self.root, 64, "root")

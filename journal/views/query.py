@@ -60,8 +60,8 @@ from trainledger.journal.verify import Verification, VerifyReport, open_checked,
 __all__ = ["connect", "open_views", "build_cache", "refresh_cache_in_background", "keep_cold_load", "cache_dir",
            "journal_files", "VIEWS", "Source", "CACHE_MIN_BYTES"]  # noqa: F822 - VIEWS: __getattr__
 
-CACHE_VERSION = 9  # bumped whenever a view's columns change (timeline, runs.imported, the 1.2 kinds, events.rank,
-#                   the 1.6 fields and anomaly_ended, metrics and evaluations, the 1.10 SDC kinds)
+CACHE_VERSION = 10  # bumped whenever a view's columns change (timeline, runs.imported, the 1.2 kinds, events.rank,
+#                    the 1.6 fields and anomaly_ended, metrics and evaluations, the 1.10 SDC kinds, replicas)
 #: ``trainledger query`` keeps a columnar copy only of journals at least this large; smaller ones load in
 #: well under a tenth of a second anyway.
 CACHE_MIN_BYTES = 16 * 1024 * 1024

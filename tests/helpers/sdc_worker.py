@@ -10,6 +10,9 @@ PLAN: a JSON list of injections, each {"step", "rank", "what", "tensor", "index"
 ``record`` (the default; with EVERY 1) each injection is undone right after the step's fingerprint (the replicas
 agree again: the next episode can be told from this one); with ``raise`` the Recorder raises StateDivergence at the first
 fingerprint after it, and every rank kills itself (SIGKILL) at once, as a crash right after detection would.
+With ``SDC_MESH=hsdp`` (an environment variable) the model is not DDP but FSDP2 on a (replicate 2, shard N/2) mesh,
+each rank holding half of every tensor, two replicas of each half; ``SDC_MESH=fsdp``: one shard dimension over
+every rank (no replicas). Tensor names then lack DDP's ``module.``.
 With CHECK_EVERY, the forward and backward pass go through ``rec.backward`` with replay checks every CHECK_EVERY
 steps, and ``what`` = "grad" flips bit ``bit`` of element ``index`` of the parameter's gradient as the first pass
 computes it (a unit that computed wrong once; the replay computes it right).
@@ -31,6 +34,7 @@ from trainledger.training.distributed.state_watch import ReplayMismatch, StateDi
 
 
 def _flip(t, inj: dict):
+    t = t.to_local() if hasattr(t, "to_local") else t  # a DTensor: this rank's shard
     ints = t.view(-1).view(torch.int32)
     bit = inj["bit"]
     ints[inj["index"]] ^= torch.tensor(-(1 << 31) if bit == 31 else 1 << bit, dtype=torch.int32)
@@ -54,7 +58,7 @@ def _inject(model, opt, inj: dict) -> None:
     p = dict(model.named_parameters())[inj["tensor"]]
     with torch.no_grad():
         if inj["what"] == "permute":
-            flat = p.view(-1)
+            flat = (p.to_local() if hasattr(p, "to_local") else p).view(-1)
             i = inj["index"]
             flat[i], flat[i + 1] = flat[i + 1].clone(), flat[i].clone()
             return
@@ -70,7 +74,20 @@ def main() -> None:
     init_process_group("gloo")
     rank = dist.get_rank()
     torch.manual_seed(0)
-    model = DDP(torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1)))
+    net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+    mesh = os.environ.get("SDC_MESH")
+    if mesh:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        world = dist.get_world_size()
+        dm = (init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("replicate", "shard")) if mesh == "hsdp"
+              else init_device_mesh("cpu", (world,)))
+        for layer in (net[0], net[2]):
+            fully_shard(layer, mesh=dm)
+        model = fully_shard(net, mesh=dm)
+    else:
+        model = DDP(net)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     rec = Recorder(run_dir, key=key, model=model, optimizer=opt, fingerprint_every=every, on_divergence=mode,
                    stragglers=False, sdc_check=check)

@@ -16,6 +16,10 @@ Recorder runs on rank 0 (over the roots it gathers) and replay runs here (over t
   repaired (a rewind to a checkpoint the ranks agree on), and the later steps add nothing; once every replica
   agrees again the episode is over. A torchrun restart starts a new round, and its own episodes.
 
+Where the state is sharded (FSDP2, HSDP), each rank's fingerprint is of its own shards and states which ranks
+hold the same ones (``replicas``): the rule runs within each such set (:func:`diverged_within`), and a rank that
+no other rank replicates is compared with nobody.
+
 It cannot raise a false alarm on replicas that are meant to be identical: equal bits give equal roots. State that
 replicas hold differently on purpose (a per-rank RNG, a non-replicated buffer) must be left out when
 fingerprinting (``excluded``, recorded, the same on every rank); a rank that left out other tensors than its peers
@@ -27,7 +31,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-__all__ = ["diverged", "audit_state"]
+__all__ = ["diverged", "diverged_within", "replica_sets", "audit_state"]
 
 
 def diverged(roots: dict[int, str], digests: dict[int, dict[str, str] | None],
@@ -53,6 +57,29 @@ def diverged(roots: dict[int, str], digests: dict[int, dict[str, str] | None],
         ref = min(r for r in roots if roots[r] != roots[first])
     return {"rank": first, "ranks": new, "replicas": len(roots),
             "tensor": _first_tensor(digests.get(first), digests.get(ref)), "majority": majority}
+
+
+def replica_sets(stated: dict[int, list[int] | None]) -> list[list[int]]:
+    """A step's ranks partitioned by the replica group each stated (``state_fingerprinted.replicas``; None: every
+    rank of the run): the ranks stating the same group are held to each other, in order of their lowest rank."""
+    sets: dict[Any, list[int]] = {}
+    for r in sorted(stated):
+        g = stated[r]
+        sets.setdefault(None if g is None else tuple(sorted(g)), []).append(r)
+    return sorted(sets.values())
+
+
+def diverged_within(roots: dict[int, str], digests: dict[int, dict[str, str] | None],
+                    stated: dict[int, list[int] | None], named: dict[Any, set[int]]) -> list[dict[str, Any]]:
+    """:func:`diverged` within each set of :func:`replica_sets` (``named``: each set's episode, by its ranks);
+    the verdicts, in order of their sets."""
+    out = []
+    for ranks in replica_sets(stated):
+        d = diverged({r: roots[r] for r in ranks}, {r: digests.get(r) for r in ranks},
+                     named.setdefault(tuple(ranks), set()))
+        if d is not None:
+            out.append(d)
+    return out
 
 
 def _first_tensor(mine: dict[str, str] | None, theirs: dict[str, str] | None) -> str | None:
@@ -87,12 +114,15 @@ def audit_state(rank_events: dict[int, list[Any]]) -> tuple[list[dict[str, Any]]
             elif isinstance(ev, StateFingerprinted):
                 by_round.setdefault(current, {}).setdefault(ev.step, {})[r] = ev
     found: list[dict[str, Any]] = []
+    sets: dict[tuple[int, int], list[list[int]]] = {}  # (round, step) -> its replica sets
     for rnd in sorted(by_round):
-        named: set[int] = set()
+        named: dict[Any, set[int]] = {}
         for step in sorted(by_round[rnd]):
             fps = by_round[rnd][step]
-            d = diverged({r: e.root for r, e in fps.items()}, {r: e.digests for r, e in fps.items()}, named)
-            if d is not None:
+            stated = {r: e.replicas for r, e in fps.items()}
+            sets[(rnd, step)] = replica_sets(stated)
+            for d in diverged_within({r: e.root for r, e in fps.items()}, {r: e.digests for r, e in fps.items()},
+                                     stated, named):
                 found.append({"step": step, **d, "round": rnd})
     # rank 0's records, in its rounds, against what the fingerprints give
     recorded: list[tuple[int, Any]] = []
@@ -103,10 +133,17 @@ def audit_state(rank_events: dict[int, list[Any]]) -> tuple[list[dict[str, Any]]
         elif isinstance(ev, StateDiverged):
             recorded.append((current, ev))
     differences: list[dict[str, Any]] = []
-    expected = {(d["round"], d["step"]): d for d in found}
-    seen: set[tuple[int, int]] = set()
+    def set_of(rnd: int, step: int, rank: int) -> tuple[int, ...]:
+        """The replica set of ``rank`` at that step: what a verdict is keyed by (a record naming another rank of
+        the same set is a wrong record, not a missing one)."""
+        ranks = next((s for s in sets.get((rnd, step), []) if rank in s), None)
+        return tuple(ranks) if ranks is not None else (rank,)
+
+    expected = {(d["round"], d["step"], set_of(d["round"], d["step"], d["rank"])): d for d in found}
+    seen: set[tuple[int, int, tuple[int, ...]]] = set()
     for rnd, ev in recorded:
-        d = expected.get((rnd, ev.step))
+        key = (rnd, ev.step, set_of(rnd, ev.step, ev.rank))
+        d = expected.get(key)
         got = {"rank": ev.rank, "ranks": list(ev.ranks), "replicas": ev.replicas, "tensor": ev.tensor,
                "majority": ev.majority}
         if d is None:
@@ -117,7 +154,7 @@ def audit_state(rank_events: dict[int, list[Any]]) -> tuple[list[dict[str, Any]]
             differences.append({"seq": getattr(ev, "seq", None), "kind": "state_diverged",
                                 "detail": f"step {ev.step}: recorded {got}, the fingerprints give "
                                           f"{ {k: d[k] for k in got} }"})
-        seen.add((rnd, ev.step))
+        seen.add(key)
     later = {rnd: max(steps) for rnd, steps in
              ((rnd, [s for s, fps in by_round[rnd].items() if 0 in fps]) for rnd in by_round) if steps}
     for key, d in expected.items():

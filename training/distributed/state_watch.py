@@ -69,7 +69,10 @@ class StateWatch:
         self.exclude = sorted(set(exclude) | ({"buffer:*"} if _is_ddp(model) and any(True for _ in
                                                                                      model.buffers()) else set()))
         self.on_divergence = on_divergence
-        self._named: set[int] = set()
+        self._named: dict[Any, set[int]] = {}  # each replica set's episode (training/distributed/sdc.py)
+        #: the ranks holding the same shards as this one (sharded state; None: every rank), found at the first
+        #: fingerprint and recorded in each
+        self.replicas: list[int] | None | bool = False
         self._times: list[float] = []  # step times while the cadence is being chosen
         #: seconds the last fingerprint took on this rank (the tensors' sums and the host transfer); all of them,
         #: and how many (with the exchanges and the journal lines: what the watch cost the loop)
@@ -112,8 +115,9 @@ class StateWatch:
     def _check(self, step: int, at: str, step_time_s: float | None, t0: float) -> dict[str, Any] | None:
         import torch.distributed as dist
 
-        from trainledger.training.distributed.sdc import diverged
-        from trainledger.training.health.state_fingerprint import fingerprint_root, pair_hex, state_fingerprint
+        from trainledger.training.distributed.sdc import diverged_within, replica_sets
+        from trainledger.training.health.state_fingerprint import (fingerprint_root, pair_hex, replica_group,
+                                                                   state_fingerprint)
         from trainledger.training.kinds import StateDiverged, StateFingerprinted
 
         fp = state_fingerprint(self.model, self.optimizer, grads=self.grads, exclude=self.exclude)
@@ -121,7 +125,9 @@ class StateWatch:
         self.last_s = time.perf_counter() - t0
         grouped = dist.is_available() and dist.is_initialized()
         world = dist.get_world_size(self.group) if grouped else 1
-        mine = (root, self.last_s, step_time_s)
+        if self.replicas is False:  # once: the ranks holding the same shards (None: every rank, nothing sharded)
+            self.replicas = replica_group(self.model)
+        mine = (root, self.last_s, step_time_s, self.replicas)
         gathered: list[Any] = [mine]
         if world > 1:
             gathered = [None] * world
@@ -129,24 +135,29 @@ class StateWatch:
         if self.every is None and at == "start":  # the cadence from the slowest rank's cost and step time
             self.every = _cadence([g[1] for g in gathered], [g[2] for g in gathered], self.budget)
         roots = {r: g[0] for r, g in enumerate(gathered)}
-        agree = len(set(roots.values())) == 1
+        stated = {r: g[3] for r, g in enumerate(gathered)}
+        agree = all(len({roots[r] for r in ranks}) == 1 for ranks in replica_sets(stated))
         digests = None if agree else {name: pair_hex(pair) for name, pair in fp.items()}
         self.journal.append(StateFingerprinted(step=step, root=root, tensors=len(fp), digests=digests,
-                                               excluded=self.exclude, grads=self.grads, at=at), durable=not agree)
+                                               excluded=self.exclude, grads=self.grads, at=at,
+                                               replicas=self.replicas), durable=not agree)
         if agree:
+            self.agreed.append(step)
             self._named.clear()  # the episode is over (the rule's own bookkeeping: sdc.diverged does the same)
             return None
         every: list[Any] = [digests]
         if world > 1:
             every = [None] * world
             dist.all_gather_object(every, digests, group=self.group)
-        verdict = diverged(roots, dict(enumerate(every)), self._named)  # every rank: the same named set
-        if verdict is None:
+        # every rank: the same verdicts, from the same gathered numbers and the same named sets
+        verdicts = [{"step": step, **v} for v in diverged_within(roots, dict(enumerate(every)), stated, self._named)]
+        if not verdicts:
             return None
-        verdict = {"step": step, **verdict}
-        self.divergences.append(verdict)
+        self.divergences += verdicts
         if (dist.get_rank(self.group) if grouped else 0) == 0:
-            self.journal.append(StateDiverged(**verdict), durable=True)
+            for v in verdicts:
+                self.journal.append(StateDiverged(**v), durable=True)
+        verdict = verdicts[0]
         if world > 1:
             dist.barrier(group=self.group)  # rank 0's verdict is on disk before any rank raises
         if self.on_divergence == "raise":

@@ -25,8 +25,9 @@ kind of device gives the same sums (integer sums are exact and their order does 
 
 Which tensors: the model's named parameters and buffers (``param:NAME``, ``buffer:NAME``) and every tensor in the
 optimizer's state (``optim:NAME:KEY``, the parameter named as the model names it; a scalar ``step`` counter too),
-and with ``grads=True`` each parameter's gradient (``grad:NAME``). :func:`excluded_by_default` names what replicas
-hold differently on purpose and is left out (and listed) by the caller.
+and with ``grads=True`` each parameter's gradient (``grad:NAME``). A sharded tensor (a DTensor: FSDP2, HSDP,
+tensor parallelism) is fingerprinted by this rank's own shard (``to_local()``, nothing gathered), and
+:func:`replica_group` says which ranks hold the same shards, so that only those are held to each other.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any, Iterable
 
-__all__ = ["CHUNK", "sums_of", "unsigned_pairs", "named_pairs", "tensor_sums", "state_fingerprint", "fingerprint_root", "pair_hex"]
+__all__ = ["CHUNK", "replica_group", "sums_of", "unsigned_pairs", "named_pairs", "tensor_sums", "state_fingerprint", "fingerprint_root", "pair_hex"]
 
 #: the buffer is ROWS x COLS: each tensor's integers laid in whole rows (the last one padded with zeros), many small
 #: tensors to a buffer, a large one over as many buffers as it needs. One matrix product per buffer gives each row's
@@ -135,6 +136,41 @@ def tensor_sums(t: Any) -> Any:
     return sums_of([t])[0]
 
 
+def _local(t: Any) -> Any:
+    """A DTensor's own shard on this rank (nothing gathered); any other tensor as it is."""
+    return t.to_local() if hasattr(t, "device_mesh") and hasattr(t, "to_local") else t
+
+
+def replica_group(model: Any) -> list[int] | None:
+    """The global ranks whose parameters must equal this rank's, bit for bit, where the model's state is sharded:
+    for each DTensor parameter, the ranks of its device mesh at this rank's coordinates along every dimension that
+    is not ``Replicate`` (FSDP2 on a 1-D mesh: this rank alone; HSDP on a (replicate, shard) mesh: the ranks holding
+    the same shard), intersected over the parameters; a model wrapped in the older ``FullyShardedDataParallel``
+    (flat shards): this rank alone. None where nothing is sharded: every rank is a replica (DDP)."""
+    group: set[int] | None = None
+    for p in model.parameters():
+        mesh, placements = getattr(p, "device_mesh", None), getattr(p, "placements", None)
+        if mesh is None or placements is None:
+            continue
+        coord = mesh.get_coordinate()
+        if coord is None:  # this rank is not in the parameter's mesh
+            continue
+        at = tuple(slice(None) if pl.is_replicate() else c for pl, c in zip(placements, coord))
+        mine = {int(r) for r in mesh.mesh[at].reshape(-1).tolist()}
+        group = mine if group is None else group & mine
+    if group is not None:
+        return sorted(group)
+    try:
+        from torch.distributed.fsdp import FullyShardedDataParallel
+    except ImportError:  # a torch without distributed
+        return None
+    if any(isinstance(m, FullyShardedDataParallel) for m in model.modules()):
+        import torch.distributed as dist
+
+        return [dist.get_rank()] if dist.is_initialized() else [0]
+    return None
+
+
 def _named_state(model: Any, optimizer: Any, grads: bool) -> Iterable[tuple[str, Any]]:
     import torch
 
@@ -142,13 +178,13 @@ def _named_state(model: Any, optimizer: Any, grads: bool) -> Iterable[tuple[str,
     if model is not None:
         for name, p in model.named_parameters():
             names[id(p)] = name
-            yield f"param:{name}", p
+            yield f"param:{name}", _local(p)
         for name, b in model.named_buffers():
-            yield f"buffer:{name}", b
+            yield f"buffer:{name}", _local(b)
         if grads:
             for name, p in model.named_parameters():
                 if p.grad is not None:
-                    yield f"grad:{name}", p.grad
+                    yield f"grad:{name}", _local(p.grad)
     if optimizer is not None:
         k = 0
         for group in optimizer.param_groups:
@@ -161,7 +197,7 @@ def _named_state(model: Any, optimizer: Any, grads: bool) -> Iterable[tuple[str,
                 for key in sorted(state):
                     v = state[key]
                     if isinstance(v, torch.Tensor):
-                        yield f"optim:{pname}:{key}", v
+                        yield f"optim:{pname}:{key}", _local(v)
 
 
 def unsigned_pairs(sums: Any) -> list[tuple[int, int]]:

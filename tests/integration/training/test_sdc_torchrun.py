@@ -124,3 +124,32 @@ def test_a_gradient_computed_wrong_once_is_caught_by_the_replay_check_before_the
     from trainledger.journal import verify
 
     assert verify(run / "rank-00001.jsonl", keys=[load_public_key(pub)]).last_sealed_seq >= bad[0].seq
+
+
+def test_sharded_state_is_held_to_the_ranks_that_hold_the_same_shards(tmp_path, keys):
+    """FSDP2 on a (replicate 2, shard 2) mesh, 4 ranks: each rank fingerprints its own shards and states its replica
+    set (ranks 0 and 2 hold one half, 1 and 3 the other). A bit flipped in rank 3's shard after step 5 is named at
+    step 5 within its set (two replicas: both ranks) and nowhere else; the halves, which differ by design, are
+    never compared; replay recomputes it."""
+    import os
+
+    priv, pub = keys
+    plan = [{"step": 5, "rank": 3, "what": "param", "tensor": "0.weight", "index": 3, "bit": 7}]
+    run = tmp_path / "hsdp"
+    os.environ["SDC_MESH"] = "hsdp"
+    try:
+        proc = torchrun(WORKER, [str(run), str(priv), "8", "1", json.dumps(plan), "record"], nproc=4,
+                        name="hsdp", cwd=tmp_path)
+    finally:
+        del os.environ["SDC_MESH"]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    fps = {r: [e for e in read_events(run / f"rank-0000{r}.jsonl") if kind(e) == "state_fingerprinted"]
+           for r in range(4)}
+    assert {r: {tuple(e.replicas) for e in fps[r]} for r in range(4)} == \
+        {0: {(0, 2)}, 1: {(1, 3)}, 2: {(0, 2)}, 3: {(1, 3)}}
+    assert all(a.root == b.root for a, b in zip(fps[0], fps[2])) and fps[0][0].root != fps[1][0].root
+    zero = list(read_events(run / "rank-00000.jsonl"))
+    assert [(e.step, e.ranks, e.replicas, e.tensor) for e in zero if kind(e) == "state_diverged"] == \
+        [(5, [1, 3], 2, "param:0.weight")]
+    rec = replay_run_dir(run, keys=[load_public_key(pub)])
+    assert [(d["step"], d["ranks"]) for d in rec.divergences] == [(5, [1, 3])] and rec.ok, rec.differences

@@ -354,3 +354,31 @@ def test_replay_names_a_replay_check_whose_verdict_its_fields_do_not_give(tmp_pa
     rec = replay(tmp_path / "j.jsonl", keys=[signer.public])
     assert [(d["kind"], "step 10" in d["detail"]) for d in rec.differences] == [("replay_checked", True)]
     assert any("replay check of step 5 differed" in n and "in w" in n for n in rec.notes)
+
+
+
+def test_sharded_ranks_are_held_only_to_the_ranks_that_state_the_same_shards():
+    """The fold over stated replica sets: 4 ranks of HSDP ({0, 2} and {1, 3}), rank 2's shard corrupted from step
+    20: named within its set (two replicas: both), the other set's different roots never compared with it; FSDP
+    with no replicas (each rank alone): different roots every step and no verdict; a record naming ranks that hold
+    different shards is one the fingerprints do not give."""
+    hsdp = {r: [_joined(r, 0)] for r in range(4)}
+    for step in range(0, 40, 10):
+        for r in range(4):
+            bad = r == 2 and step >= 20
+            root = (R_BAD if bad else R_OK) if r % 2 == 0 else "cd" * 32
+            hsdp[r].append(StateFingerprinted(step=step, root=root, tensors=2, replicas=[r % 2, r % 2 + 2],
+                                              digests=(D_BAD if bad else D_OK) if step >= 20 and r % 2 == 0
+                                              else None))
+    found, diffs = audit_state(hsdp)
+    assert [(d["step"], d["ranks"], d["replicas"], d["tensor"]) for d in found] == [(20, [0, 2], 2, "optim:w:exp_avg")]
+    assert len(diffs) == 1 and "recorded no state_diverged" in diffs[0]["detail"]  # rank 0 recorded nothing here
+    hsdp[0].insert(3, StateDiverged(step=20, **{k: found[0][k] for k in ("rank", "ranks", "replicas", "tensor",
+                                                                          "majority")}))
+    assert audit_state(hsdp)[1] == []
+    fsdp = {r: [_joined(r, 0)] + [StateFingerprinted(step=s, root=f"{r}{s % 10}" * 32, tensors=2, replicas=[r])
+                                  for s in range(5)] for r in range(4)}
+    assert audit_state(fsdp) == ([], [])
+    fsdp[0].append(StateDiverged(step=4, rank=0, ranks=[0, 1], replicas=2))
+    _, diffs = audit_state(fsdp)
+    assert len(diffs) == 1 and "do not give" in diffs[0]["detail"]
