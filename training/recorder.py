@@ -148,9 +148,11 @@ class Recorder:
                  chance_loss: float | None = None, stragglers: bool = True, straggler_every: int | None = None,
                  straggler_threshold: float = 0.8, fingerprints: bool | None = None,
                  fingerprint_every: int | None = None, fingerprint_exclude: Any = (), on_divergence: str = "raise",
-                 sdc_check: int | None = None):
+                 sdc_check: int | None = None, fingerprint_grads: bool = False):
         if key is not None and signer is not None:
             raise UsageError("Recorder takes the run's signing key once: key= or signer=, not both")
+        if on_divergence not in ("raise", "record", "rewind"):
+            raise UsageError(f"on_divergence must be 'raise', 'record' or 'rewind', got {on_divergence!r}")
         if keep_last is not None and keep_last < 1:
             raise UsageError(f"keep_last must be at least 1, got {keep_last}")
         if batch is not None and (isinstance(batch, bool) or not isinstance(batch, int) or batch < 1):
@@ -244,11 +246,13 @@ class Recorder:
         #: replay checks (docs/sdc.md): :meth:`backward` runs the forward and backward pass of the first step and of
         #: every ``sdc_check`` steps twice, held to each other before the optimizer step; None: off
         self._replay: Any = None
+        #: what a divergence does: raise StateDivergence, record and go on, or rewind (:meth:`_rewind`)
+        self._on_divergence = on_divergence
         if sdc_check is not None:
             from trainledger.training.distributed.state_watch import ReplayCheck
 
             self._replay = ReplayCheck(self.journal, model, every=sdc_check, clock=self._clock,
-                                       on_mismatch=on_divergence)
+                                       on_mismatch="raise" if on_divergence == "rewind" else on_divergence)
         #: the replicas' states held to each other (docs/sdc.md): by default for a DistributedDataParallel model under
         #: torchrun with a process group, every ``fingerprint_every`` steps (None: chosen from the cost, about 1% of
         #: the training time) and at each checkpoint; otherwise (one process, or a sharded model whose ranks hold
@@ -263,7 +267,8 @@ class Recorder:
             from trainledger.training.distributed.state_watch import StateWatch
 
             self._watch = StateWatch(self.journal, model, optimizer, every=fingerprint_every,
-                                     exclude=fingerprint_exclude, on_divergence=on_divergence)
+                                     exclude=fingerprint_exclude, grads=bool(fingerprint_grads),
+                                     on_divergence="raise" if on_divergence == "rewind" else on_divergence)
         self._t = time.perf_counter()
         if self._clock is not None:
             self._clock.start = self._t
@@ -393,7 +398,7 @@ class Recorder:
             w = self._watch
             if w.every is None or step % w.every == 0:  # due (or choosing its cadence): in the journal's order
                 self._settle()
-                w.after_step(step, dt)
+                self._watched(lambda: w.after_step(step, dt))
             return found
         return self._record_step(step, loss, dt, ct, grad_norm, lr, tokens, batch_size, batch_fingerprint)
 
@@ -550,7 +555,7 @@ class Recorder:
         after resuming), is written beside it (``step-000000099-1.pt``), never over bytes a record names."""
         self._settle()
         if self._watch is not None:  # replicas compared before their state is saved (a divergence raises here)
-            self._watch.check(step, at="checkpoint")
+            self._watched(lambda: self._watch.check(step, at="checkpoint"))
         ev = save_checkpoint(self.run, self.journal, step=step, model=self.model, optimizer=self.optimizer,
                              scheduler=self.scheduler, scaler=self.scaler, sampler=self.data, tokens=tokens,
                              data_state=data_state, extra={"monitor": self.monitor.state()},
@@ -564,6 +569,58 @@ class Recorder:
         if self._clock is not None:
             self._clock.start = self._t  # nor of this rank's own compute time
         return ev
+
+    def _watched(self, compare: Any) -> Any:
+        """``compare()`` (a fingerprint comparison); with ``on_divergence="rewind"``, its StateDivergence turned
+        into a rewind (:meth:`_rewind`)."""
+        from trainledger.training.distributed.state_watch import StateDivergence
+
+        try:
+            return compare()
+        except StateDivergence as e:
+            if self._on_divergence != "rewind":
+                raise
+            self._rewind(e)
+
+    def _rewind(self, error: Any) -> None:
+        """Replicas diverged, with ``on_divergence="rewind"``: on every rank, ``rewind_decided`` naming the newest
+        of this rank's checkpoints whose fingerprints every rank agreed on (at or before the verdict's step), the
+        checkpoints after it deleted (``checkpoint_deleted``), durable; then :class:`StateRewound`, and the restart
+        (torchrun's ``--max-restarts``, or your job run again) resumes every rank from that checkpoint. Past the
+        budget (:class:`RewindPolicy`'s defaults: 3 rewinds within 1,000 steps, counted from the journal, so a
+        restart does not reset it) or with no such checkpoint: ``run_stopped`` and the StateDivergence itself."""
+        from trainledger.training.audit import rewind_allowed
+        from trainledger.training.checkpoints.rewind import RewindPolicy
+        from trainledger.training.distributed.state_watch import StateRewound
+        from trainledger.training.kinds import CheckpointDeleted, RewindDecided, RunStopped
+        from trainledger.journal.paths import confined
+
+        v, policy = error.verdict, RewindPolicy()
+        history = signed_history(self.journal)
+        agreed = set(self._watch.agreed) | {e.step for e in history if type(e).__struct_config__.tag ==
+                                            "state_fingerprinted" and e.digests is None}
+        spent = [e.spike_step for e in history if isinstance(e, RewindDecided)]
+        target = next((c for c in reversed(self._kept) if self._own(c) and c.step in agreed and c.step <= v["step"]),
+                      None)
+        what = f"state diverged at step {v['step']}: rank(s) {', '.join(map(str, v['ranks']))}" + (
+            f" in {v['tensor']}" if v.get("tensor") else "")
+        allowed = rewind_allowed(spent, v["step"], policy.max_rewinds, policy.window_steps)
+        if target is None or not allowed:
+            rule = (f"max_rewinds={policy.max_rewinds} per {policy.window_steps} steps" if not allowed else
+                    "no checkpoint whose fingerprints every rank agreed on")
+            self.journal.append(RunStopped(rule=rule, reason=what), durable=True)
+            raise error
+        self.journal.append(RewindDecided(spike_step=v["step"], anomaly="state_diverged", checkpoint=target.path,
+                                          from_step=target.step, skip_batches=0, lr_scale=1.0, reason=what,
+                                          max_rewinds=policy.max_rewinds, window_steps=policy.window_steps),
+                            durable=True)
+        for c in [c for c in self._kept if c.step > target.step and self._own(c)]:  # the branch left behind
+            confined(self.run, c.path, what="checkpoint path").unlink(missing_ok=True)
+            self.journal.append(CheckpointDeleted(path=c.path, step=c.step, reason=f"rewound to step {target.step}"),
+                                durable=True)
+        self._kept = [c for c in self._kept if c.step <= target.step or not self._own(c)]
+        raise StateRewound(f"{error} - rewound: the restart resumes every rank from the checkpoint of step "
+                           f"{target.step} ({target.path}; rewind_decided, sealed)", v, target.step) from None
 
     def anchor(self, step: int | None = None) -> dict[int, str] | None:
         """Under torchrun, with the process group initialized: anchor every rank's journal to the others (one small

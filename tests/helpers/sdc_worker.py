@@ -1,7 +1,7 @@
 """A plain-PyTorch DDP loop with the Recorder on every rank and a bit-flip injector (run by test_sdc_torchrun.py and
 tools/bench_sdc.py):
 
-    python -m torch.distributed.run --nproc_per_node=4 sdc_worker.py RUN_DIR KEY STEPS EVERY PLAN [raise|record
+    python -m torch.distributed.run --nproc_per_node=4 sdc_worker.py RUN_DIR KEY STEPS EVERY PLAN [raise|record|rewind
         [CHECK_EVERY]]
 
 PLAN: a JSON list of injections, each {"step", "rank", "what", "tensor", "index", "bit"}: after the optimizer step of
@@ -10,6 +10,10 @@ PLAN: a JSON list of injections, each {"step", "rank", "what", "tensor", "index"
 ``record`` (the default; with EVERY 1) each injection is undone right after the step's fingerprint (the replicas
 agree again: the next episode can be told from this one); with ``raise`` the Recorder raises StateDivergence at the first
 fingerprint after it, and every rank kills itself (SIGKILL) at once, as a crash right after detection would.
+With ``rewind`` (and CHECK_EVERY 0 or a number), the loop runs from ``rec.start``, saves a checkpoint every
+``SDC_CKPT_EVERY`` steps (an environment variable, default 4), injects only on torchrun's first attempt, and exits
+(status 3) on the Recorder's StateRewound, for torchrun's ``--max-restarts`` to restart it from the checkpoint the
+Recorder rewound to.
 With ``SDC_MESH=hsdp`` (an environment variable) the model is not DDP but FSDP2 on a (replicate 2, shard N/2) mesh,
 each rank holding half of every tensor, two replicas of each half; ``SDC_MESH=fsdp``: one shard dimension over
 every rank (no replicas). Tensor names then lack DDP's ``module.``.
@@ -30,7 +34,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from trainledger.training import Recorder
 from trainledger.training.distributed.ranks import init_process_group
-from trainledger.training.distributed.state_watch import ReplayMismatch, StateDivergence
+from trainledger.training.distributed.state_watch import ReplayMismatch, StateDivergence, StateRewound
 
 
 def _flip(t, inj: dict):
@@ -69,7 +73,10 @@ def main() -> None:
     run_dir, key, steps, every = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     plan = json.loads(sys.argv[5])
     mode = sys.argv[6] if len(sys.argv) > 6 else "record"
-    check = int(sys.argv[7]) if len(sys.argv) > 7 else None
+    check = int(sys.argv[7]) if len(sys.argv) > 7 and int(sys.argv[7]) else None
+    ckpt_every = int(os.environ.get("SDC_CKPT_EVERY", "4"))
+    if mode == "rewind" and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")):
+        plan = []  # the fault does not come back after the restart
     torch.set_num_threads(1)
     init_process_group("gloo")
     rank = dist.get_rank()
@@ -92,7 +99,7 @@ def main() -> None:
     rec = Recorder(run_dir, key=key, model=model, optimizer=opt, fingerprint_every=every, on_divergence=mode,
                    stragglers=False, sdc_check=check)
     torch.manual_seed(1 + rank)  # each rank its own batches
-    for step in range(steps):
+    for step in range(rec.start, steps):
         x = torch.randn(8, 16)
         mine = [i for i in plan if i["step"] == step and i["rank"] == rank]
         for inj in (i for i in mine if i["what"] == "grad"):
@@ -109,6 +116,11 @@ def main() -> None:
             _inject(model, opt, inj)
         try:
             rec.step(step, loss.item())
+            if mode == "rewind" and (step + 1) % ckpt_every == 0:
+                rec.checkpoint(step, data_state={"step": step})  # the batches: drawn from the seed below
+        except StateRewound as e:
+            print(f"REWOUND {e.from_step}", flush=True)
+            os._exit(3)  # torchrun restarts every rank; the Recorder resumes from the checkpoint it rewound to
         except StateDivergence:
             sys.stdout.flush()
             os.kill(os.getpid(), signal.SIGKILL)  # a crash right after the verdict was sealed

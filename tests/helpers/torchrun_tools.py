@@ -23,7 +23,7 @@ def kind(ev: Any) -> str:
 
 
 def torchrun(worker: Path, args: list[str], *, nproc: int, name: str, cwd: Path,
-             timeout: int = 300) -> subprocess.CompletedProcess:
+             timeout: int = 300, restarts: int = 0) -> subprocess.CompletedProcess:
     """``python -m torch.distributed.run`` of ``worker`` on ``nproc`` local ranks, a rendezvous of its own (id
     ``name``, a free port), one thread each, and none of the torchrun or trainledger run identity of the caller's
     environment: the completed process, its output captured."""
@@ -32,4 +32,4 @@ def torchrun(worker: Path, args: list[str], *, nproc: int, name: str, cwd: Path,
     env.pop("TRAINLEDGER_RUN", None)
     return subprocess.run([sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
                            "--master-addr=127.0.0.1", f"--master-port={free_port()}", "--rdzv-id", name,
-                           str(worker), *args], capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
+                           f"--max-restarts={restarts}", str(worker), *args], capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)

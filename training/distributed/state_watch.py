@@ -23,7 +23,7 @@ from typing import Any, Iterable
 from trainledger.journal import Journal
 from trainledger.journal.errors import TrainledgerError, UsageError
 
-__all__ = ["StateWatch", "StateDivergence", "ReplayCheck", "ReplayMismatch", "MAX_EVERY"]
+__all__ = ["StateWatch", "StateDivergence", "StateRewound", "ReplayCheck", "ReplayMismatch", "MAX_EVERY"]
 
 #: the longest a cadence chosen from the cost can be
 MAX_EVERY = 1 << 20
@@ -35,6 +35,9 @@ def _options(every: Any, what: str, on_divergence: str) -> None:
     """The checks StateWatch's and ReplayCheck's options share: a cadence of whole steps, and what to do."""
     if every is not None and (isinstance(every, bool) or not isinstance(every, int) or not 1 <= every <= MAX_EVERY):
         raise UsageError(f"{what} must be a whole number of steps from 1 to {MAX_EVERY}, got {every!r}")
+    if on_divergence == "rewind":
+        raise UsageError("on_divergence='rewind' is the Recorder's (it resumes from its own checkpoints); here: "
+                         "'raise' or 'record'")
     if on_divergence not in ("raise", "record"):
         raise UsageError(f"on_divergence must be 'raise' or 'record', got {on_divergence!r}")
 
@@ -46,6 +49,16 @@ class StateDivergence(TrainledgerError, RuntimeError):
     def __init__(self, message: str, verdict: dict[str, Any]):
         super().__init__(message)
         self.verdict = verdict
+
+
+class StateRewound(StateDivergence):
+    """A divergence the Recorder rewound (``on_divergence="rewind"``): ``rewind_decided`` names the checkpoint of
+    ``from_step``, whose fingerprints every rank agreed on, and the checkpoints after it are deleted; the restart
+    resumes every rank from it."""
+
+    def __init__(self, message: str, verdict: dict[str, Any], from_step: int):
+        super().__init__(message, verdict)
+        self.from_step = from_step
 
 
 class StateWatch:

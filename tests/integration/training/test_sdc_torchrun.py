@@ -126,6 +126,43 @@ def test_a_gradient_computed_wrong_once_is_caught_by_the_replay_check_before_the
     assert verify(run / "rank-00001.jsonl", keys=[load_public_key(pub)]).last_sealed_seq >= bad[0].seq
 
 
+def test_a_divergence_rewinds_to_the_last_checkpoint_every_rank_agreed_on_and_the_restart_goes_on(tmp_path, keys):
+    """on_divergence="rewind" on 2 ranks, fingerprints every 2 steps, a checkpoint every 4 (after steps 3, 7, ...):
+    rank 1's weight gets a flipped bit after step 9, the verdict comes at step 10, every rank records rewind_decided
+    naming its checkpoint of step 7 (whose fingerprints agreed) and exits; torchrun's restart resumes both ranks
+    from it, the fault does not come back, and the run ends with the replicas agreeing. The folder verifies closed
+    and replay recomputes the verdict and the rewind's budget."""
+    import os
+
+    priv, pub = keys
+    plan = [{"step": 9, "rank": 1, "what": "param", "tensor": "module.0.weight", "index": 5, "bit": 20}]
+    run = tmp_path / "rewind"
+    os.environ["SDC_CKPT_EVERY"] = "4"
+    try:
+        proc = torchrun(WORKER, [str(run), str(priv), "16", "2", json.dumps(plan), "rewind", "0"], nproc=2,
+                        name="rewind", cwd=tmp_path, restarts=1)
+    finally:
+        del os.environ["SDC_CKPT_EVERY"]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("REWOUND 7") == 2, proc.stdout
+    zero = list(read_events(run / "rank-00000.jsonl"))
+    assert [(e.step, e.ranks) for e in zero if kind(e) == "state_diverged"] == [(10, [0, 1])]
+    for r in (0, 1):
+        evs = list(read_events(run / f"rank-0000{r}.jsonl"))
+        (decided,) = [e for e in evs if kind(e) == "rewind_decided"]
+        assert (decided.spike_step, decided.anomaly, decided.from_step, decided.skip_batches) == \
+            (10, "state_diverged", 7, 0)
+        assert [e.from_step for e in evs if kind(e) == "run_resumed"] == [7]
+        steps = [e.step for e in evs if kind(e) == "step_observed"]
+        assert steps == list(range(11)) + list(range(8, 16)), steps
+    last = {r: [e.root for e in read_events(run / f"rank-0000{r}.jsonl") if kind(e) == "state_fingerprinted"][-1]
+            for r in (0, 1)}
+    assert last[0] == last[1]
+    assert main(["verify", "--pubkey", str(pub), "--require-closed", str(run)]) == 0
+    rec = replay_run_dir(run, keys=[load_public_key(pub)])
+    assert [d["step"] for d in rec.divergences] == [10] and rec.ok, rec.differences
+
+
 def test_sharded_state_is_held_to_the_ranks_that_hold_the_same_shards(tmp_path, keys):
     """FSDP2 on a (replicate 2, shard 2) mesh, 4 ranks: each rank fingerprints its own shards and states its replica
     set (ranks 0 and 2 hold one half, 1 and 3 the other). A bit flipped in rank 3's shard after step 5 is named at

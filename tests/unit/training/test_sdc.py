@@ -356,6 +356,92 @@ def test_replay_names_a_replay_check_whose_verdict_its_fields_do_not_give(tmp_pa
     assert any("replay check of step 5 differed" in n and "in w" in n for n in rec.notes)
 
 
+# ---------------------------------------------------------------- on_divergence="rewind" and the options
+
+
+def _verdict(step):
+    from trainledger.training.distributed.state_watch import StateDivergence
+
+    def compare():
+        raise StateDivergence(f"step {step}: diverged", {"step": step, "rank": 1, "ranks": [1], "replicas": 3,
+                                                         "tensor": "param:0.weight"})
+    return compare
+
+
+def test_a_rewind_goes_to_the_last_agreed_checkpoint_within_its_budget_then_the_run_stops(tmp_path, signer, pubkey):
+    """The Recorder's rewind (the verdict handed in as StateWatch raises it: one process cannot diverge): the first
+    three verdicts within 1,000 steps rewind to the newest checkpoint whose fingerprints agreed (step 3; not the
+    user's own record_checkpoint of step 5, which has no fingerprint), each a rewind_decided on record; the fourth is
+    past the budget: run_stopped and the StateDivergence itself. A run with no agreed checkpoint stops at once.
+    Replay finds the budget kept; an unknown on_divergence is refused before the journal is opened."""
+    from trainledger.audit import replay
+    from trainledger.journal import read_events
+    from trainledger.journal.errors import UsageError
+    from trainledger.training import Recorder
+    from trainledger.training.distributed.state_watch import StateDivergence, StateRewound
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    rec = Recorder(tmp_path / "r", signer=signer, model=model, optimizer=opt, fingerprint_every=1,
+                   on_divergence="rewind")
+    for step in range(6):
+        rec.step(step, 1.0)
+        if step == 3:
+            rec.checkpoint(step, data_state={"step": step})
+    torch.save(model.state_dict(), tmp_path / "r" / "mine.pt")
+    rec.record_checkpoint(tmp_path / "r" / "mine.pt", step=5)
+    for step in (6, 7, 8):
+        with pytest.raises(StateRewound, match="resumes every rank from the checkpoint of step 3") as e:
+            rec._watched(_verdict(step))
+        assert e.value.from_step == 3 and e.value.verdict["step"] == step
+    with pytest.raises(StateDivergence) as e:
+        rec._watched(_verdict(9))
+    assert not isinstance(e.value, StateRewound)
+    rec.close(status="stopped")
+    evs = list(read_events(tmp_path / "r" / "journal.jsonl"))
+    decided = [(e.spike_step, e.from_step, e.anomaly) for e in evs if type(e).__struct_config__.tag == "rewind_decided"]
+    assert decided == [(6, 3, "state_diverged"), (7, 3, "state_diverged"), (8, 3, "state_diverged")]
+    (stopped,) = [e for e in evs if type(e).__struct_config__.tag == "run_stopped"]
+    assert stopped.rule == "max_rewinds=3 per 1000 steps" and "rank(s) 1 in param:0.weight" in stopped.reason
+    assert replay(tmp_path / "r" / "journal.jsonl", keys=[pubkey]).ok
+
+    bare = Recorder(tmp_path / "bare", signer=signer, model=model, optimizer=opt, fingerprint_every=1,
+                    on_divergence="rewind")
+    bare.step(0, 1.0)
+    with pytest.raises(StateDivergence):
+        bare._watched(_verdict(0))
+    bare.close(status="stopped")
+    assert [e.rule for e in read_events(tmp_path / "bare" / "journal.jsonl")
+            if type(e).__struct_config__.tag == "run_stopped"] == ["no checkpoint whose fingerprints every rank agreed on"]
+    with pytest.raises(UsageError, match="on_divergence must be 'raise', 'record' or 'rewind'"):
+        Recorder(tmp_path / "never", signer=signer, model=model, optimizer=opt, on_divergence="restart")
+    assert not (tmp_path / "never").exists()
+    with pytest.raises(UsageError, match="'rewind' is the Recorder's"):
+        from trainledger.training.distributed.state_watch import StateWatch
+
+        StateWatch(None, model, opt, on_divergence="rewind")
+
+
+def test_fingerprint_grads_adds_the_gradients_after_the_step(tmp_path, signer):
+    """fingerprint_grads=True: each fingerprint holds the gradients as the optimizer step left them (grad:NAME)
+    beside the parameters and the optimizer state, and says so (grads=True)."""
+    from trainledger.journal import read_events
+    from trainledger.training import Recorder
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 2))
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    rec = Recorder(tmp_path / "g", signer=signer, model=model, optimizer=opt, fingerprint_every=2,
+                   fingerprint_grads=True)
+    for step in range(4):
+        opt.zero_grad()
+        model(torch.ones(3, 4)).sum().backward()
+        opt.step()
+        rec.step(step, 1.0)
+    rec.close()
+    fps = [e for e in read_events(tmp_path / "g" / "journal.jsonl")
+           if type(e).__struct_config__.tag == "state_fingerprinted"]
+    assert [(e.step, e.grads, e.tensors) for e in fps] == [(0, True, 2 + 2 + 3 * 2), (2, True, 2 + 2 + 3 * 2)]
+
 
 def test_sharded_ranks_are_held_only_to_the_ranks_that_state_the_same_shards():
     """The fold over stated replica sets: 4 ranks of HSDP ({0, 2} and {1, 3}), rank 2's shard corrupted from step
