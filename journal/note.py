@@ -7,6 +7,10 @@ seal will carry so that every seal is a checkpoint a standard witness can cosign
 - tlog-checkpoint: the note text ``<origin>\\n<tree size>\\n<base64 root hash>\\n`` (and optional extension lines).
 - tlog-cosignature/v1: a witness signs ``cosignature/v1\\ntime <unix seconds>\\n`` followed by the checkpoint text,
   with key hash type 0x04; its signature line carries key hash || timestamp (8 bytes, big-endian) || signature.
+  The ML-DSA-44 type (key hash type 0x06, the 1312-byte public key) signs the binary ``subtree/v1`` message
+  instead: a 12-byte label ``subtree/v1\\n\\0``, the cosigner's name and the origin each with a one-byte length,
+  the timestamp, start (0 for a checkpoint) and end (the size) as big-endian u64, and the 32-byte root; extension
+  lines are not covered. Its line carries key hash || timestamp || a 2420-byte signature.
 
 Checked against the Go reference implementation's example (golang.org/x/mod/sumdb/note: the PeterNeumann key and
 note) in tests/unit/journal/test_note.py.
@@ -28,10 +32,15 @@ from trainledger.journal.errors import TrainledgerError
 
 __all__ = ["NoteError", "Verifier", "key_hash", "verifier_key", "parse_verifier_key", "sign_note", "open_note",
            "checkpoint_text", "parse_checkpoint", "Checkpoint", "cosign", "verify_cosignature", "SIG_ED25519",
-           "SIG_COSIGNATURE", "cosigner_key", "note_signature_line", "check_cosignatures"]
+           "SIG_COSIGNATURE", "SIG_MLDSA44_COSIGNATURE", "cosigner_key", "note_signature_line", "check_cosignatures",
+           "subtree_message"]
 
 SIG_ED25519 = 0x01
 SIG_COSIGNATURE = 0x04
+SIG_MLDSA44_COSIGNATURE = 0x06
+#: the raw public key's length for each verifier key type
+_KEY_LEN = {SIG_ED25519: 32, SIG_COSIGNATURE: 32, SIG_MLDSA44_COSIGNATURE: 1312}
+_MLDSA44_SIG = 2420
 _DASH = "\u2014 "
 MAX_SIGNATURES = 100
 
@@ -61,8 +70,9 @@ def verifier_key(name: str, public: bytes, sig_type: int = SIG_ED25519) -> str:
 
 
 def cosigner_key(name: str, public: bytes) -> str:
-    """A witness's verifier key (tlog-cosignature/v1: type 0x04)."""
-    return verifier_key(name, public, SIG_COSIGNATURE)
+    """A witness's verifier key: type 0x04 (an Ed25519 cosigner) for a 32-byte key, 0x06 (ML-DSA-44) for a
+    1312-byte one."""
+    return verifier_key(name, public, SIG_MLDSA44_COSIGNATURE if len(public) == 1312 else SIG_COSIGNATURE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,8 +94,8 @@ def parse_verifier_key(vkey: str) -> Verifier:
         raw = base64.b64decode(k, validate=True)
     except (ValueError, binascii.Error):
         raise NoteError(f"{vkey[:80]!r}: the hash or the key is not encoded properly") from None
-    if len(raw) != 33 or raw[0] not in (SIG_ED25519, SIG_COSIGNATURE):
-        raise NoteError(f"{vkey[:80]!r}: not an Ed25519 or a cosignature/v1 key")
+    if not raw or _KEY_LEN.get(raw[0]) != len(raw) - 1:
+        raise NoteError(f"{vkey[:80]!r}: not an Ed25519 (0x01), cosigner (0x04) or ML-DSA-44 cosigner (0x06) key")
     if key_hash(name, raw[1:], raw[0]) != want:
         raise NoteError(f"{vkey[:80]!r}: the key hash does not match the name and key")
     return Verifier(name, want, raw[1:], raw[0])
@@ -108,7 +118,7 @@ def check_cosignatures(msg: str, witnesses: list[Verifier]) -> list[tuple[Verifi
     timestamp. A pinned witness's cosignature that does not verify rejects the note; unpinned lines are
     ignored."""
     text, sigs = _split(msg)
-    by = {(v.name, v.hash): v for v in witnesses if v.sig_type == SIG_COSIGNATURE}
+    by = {(v.name, v.hash): v for v in witnesses if v.sig_type in (SIG_COSIGNATURE, SIG_MLDSA44_COSIGNATURE)}
     out: list[tuple[Verifier, int]] = []
     for name, raw in sigs:
         v = by.get((name, int.from_bytes(raw[:4], "big")))
@@ -210,10 +220,32 @@ def _cosigned_message(text: str, timestamp: int) -> bytes:
     return f"cosignature/v1\ntime {timestamp}\n".encode() + text.encode()
 
 
+def subtree_message(name: str, timestamp: int, origin: str, start: int, end: int, root: bytes) -> bytes:
+    """The ``subtree/v1`` message an ML-DSA-44 cosigner signs (tlog-cosignature): for a checkpoint, start 0 and end
+    its size."""
+    n, o = name.encode(), origin.encode()
+    if not 1 <= len(n) <= 255 or not 1 <= len(o) <= 255 or len(root) != 32 or not 0 <= timestamp < 1 << 63:
+        raise NoteError("a subtree/v1 message needs a name and an origin of 1-255 bytes, a 32-byte root and a "
+                        "timestamp below 2^63")
+    return (b"subtree/v1\n\0" + bytes([len(n)]) + n + struct.pack(">Q", timestamp) + bytes([len(o)]) + o
+            + struct.pack(">QQ", start, end) + root)
+
+
+def _is_mldsa(key: Any) -> bool:
+    return type(key).__name__ == "MLDSA44PrivateKey"
+
+
 def cosign(checkpoint: str, name: str, private: Any, timestamp: int) -> str:
-    """A witness's cosignature line (tlog-cosignature/v1) on a checkpoint's text. ``private``: an
-    ``Ed25519PrivateKey``, or a :class:`~trainledger.journal.keys.Signer` (a key file, a token, a KMS key)."""
+    """A witness's cosignature line (tlog-cosignature) on a checkpoint's text. ``private``: an
+    ``Ed25519PrivateKey`` or a :class:`~trainledger.journal.keys.Signer` (a key file, a token, a KMS key): the
+    Ed25519 type (``cosignature/v1``); an ``MLDSA44PrivateKey``: the ML-DSA-44 type (``subtree/v1``)."""
     _check_text(checkpoint)
+    if _is_mldsa(private):
+        cp = parse_checkpoint(checkpoint)
+        pub = private.public_key().public_bytes_raw()
+        sig = private.sign(subtree_message(name, timestamp, cp.origin, 0, cp.size, cp.root))
+        raw = struct.pack(">IQ", key_hash(name, pub, SIG_MLDSA44_COSIGNATURE), timestamp) + sig
+        return f"{_DASH}{name} {base64.b64encode(raw).decode()}\n"
     if isinstance(private, Ed25519PrivateKey):
         pub = private.public_key().public_bytes_raw()
     else:
@@ -224,7 +256,8 @@ def cosign(checkpoint: str, name: str, private: Any, timestamp: int) -> str:
 
 
 def verify_cosignature(checkpoint: str, line: str, name: str, public: bytes) -> int:
-    """Check a witness's cosignature line on a checkpoint's text; returns its timestamp."""
+    """Check a witness's cosignature line on a checkpoint's text (an Ed25519 cosigner's for a 32-byte key, an
+    ML-DSA-44 cosigner's for a 1312-byte one); returns its timestamp."""
     if not line.startswith(_DASH) or not line.endswith("\n"):
         raise NoteError("not a signature line")
     got, _, b64 = line[len(_DASH):-1].rpartition(" ")
@@ -232,11 +265,26 @@ def verify_cosignature(checkpoint: str, line: str, name: str, public: bytes) -> 
         raw = base64.b64decode(b64, validate=True)
     except (ValueError, binascii.Error):
         raise NoteError("a cosignature that is not base64") from None
-    if got != name or len(raw) != 76:
+    mldsa = len(public) == 1312
+    if got != name or len(raw) != 12 + (_MLDSA44_SIG if mldsa else 64):
         raise NoteError("not this witness's cosignature")
     h, ts = struct.unpack(">IQ", raw[:12])
-    if h != key_hash(name, public, SIG_COSIGNATURE):
+    if h != key_hash(name, public, SIG_MLDSA44_COSIGNATURE if mldsa else SIG_COSIGNATURE):
         raise NoteError("the cosignature's key hash is not this witness's")
+    if mldsa:
+        if ts >= 1 << 63:
+            raise NoteError("a cosignature timestamp at or past 2^63")
+        try:
+            from cryptography.hazmat.primitives.asymmetric.mldsa import MLDSA44PublicKey
+        except ImportError:  # a cryptography without ML-DSA
+            raise NoteError("ML-DSA-44 cosignatures need a cryptography with ML-DSA (47 or newer)") from None
+        cp = parse_checkpoint(checkpoint)
+        try:
+            MLDSA44PublicKey.from_public_bytes(public).verify(raw[12:], subtree_message(name, ts, cp.origin, 0,
+                                                                                        cp.size, cp.root))
+        except (InvalidSignature, ValueError):
+            raise NoteError(f"the cosignature of {name} does not verify") from None
+        return ts
     try:
         Ed25519PublicKey.from_public_bytes(public).verify(raw[12:], _cosigned_message(checkpoint, ts))
     except InvalidSignature:

@@ -99,3 +99,64 @@ def test_a_cosignature_line_has_the_c2sp_layout():
     v = parse_verifier_key(cosigner_key("witness.example.com/w1", key.public_key().public_bytes_raw()))
     assert mine[:4] == v.hash.to_bytes(4, "big") and v.sig_type == 0x04
     assert verify_cosignature(text, line, v.name, v.public) == 1679315147
+
+
+# ---------------------------------------------------------------- ML-DSA-44 cosignatures (tlog-cosignature)
+
+
+def test_the_subtree_message_is_laid_out_as_the_spec_says():
+    """The ML-DSA-44 cosigner's signed message, built by hand from tlog-cosignature's struct: a 12-byte label, the
+    name and the origin each behind a one-byte length, the timestamp, start and end as big-endian u64, the root."""
+    from trainledger.journal.note import subtree_message
+
+    r = bytes(range(32))
+    want = (b"subtree/v1\n\x00" + b"\x02w1" + (1679315147).to_bytes(8, "big") + b"\x0bexample.com"
+            + (0).to_bytes(8, "big") + (20852163).to_bytes(8, "big") + r)
+    assert subtree_message("w1", 1679315147, "example.com", 0, 20852163, r) == want
+    with pytest.raises(NoteError):
+        subtree_message("w" * 256, 0, "o", 0, 1, r)
+
+
+def test_an_ml_dsa_44_cosignature_verifies_here_and_under_an_independent_implementation():
+    """A witness's ML-DSA-44 cosignature: its vkey is of type 0x06 (the 1312-byte key), its line carries the key
+    hash, the timestamp and a 2420-byte signature; it verifies here and under dilithium-py (a pure-Python FIPS 204
+    implementation, independent of the cryptography package that made it) over the subtree/v1 message. It does not
+    cover extension lines (the spec: they are not signed), while an Ed25519 cosignature does; another root, another
+    name or a flipped signature byte is refused."""
+    from cryptography.hazmat.primitives.asymmetric.mldsa import MLDSA44PrivateKey
+    from dilithium_py.ml_dsa import ML_DSA_44
+
+    from trainledger.journal.note import (SIG_MLDSA44_COSIGNATURE, check_cosignatures, cosigner_key,
+                                          subtree_message)
+
+    key = MLDSA44PrivateKey.generate()
+    pub = key.public_key().public_bytes_raw()
+    vkey = cosigner_key("witness.example/w1", pub)
+    v = parse_verifier_key(vkey)
+    assert v.sig_type == SIG_MLDSA44_COSIGNATURE and v.public == pub and len(pub) == 1312
+    cp = checkpoint_text("example.com/log", 5, root([leaf_hash(bytes([i])) for i in range(5)]))
+    line = cosign(cp, "witness.example/w1", key, 1_700_000_000)
+    raw = base64.b64decode(line.split()[-1])
+    assert len(raw) == 4 + 8 + 2420 and int.from_bytes(raw[4:12], "big") == 1_700_000_000
+    assert verify_cosignature(cp, line, "witness.example/w1", pub) == 1_700_000_000
+    c = parse_checkpoint(cp)
+    msg = subtree_message("witness.example/w1", 1_700_000_000, c.origin, 0, c.size, c.root)
+    assert ML_DSA_44.verify(pub, msg, raw[12:])
+    signed = sign_note(cp, "example.com/log", Ed25519PrivateKey.generate())
+    assert [ts for _, ts in check_cosignatures(signed + line, [v])] == [1_700_000_000]
+    with_ext = cp + "an extension line\n"
+    assert verify_cosignature(with_ext, line, "witness.example/w1", pub) == 1_700_000_000
+    ed = Ed25519PrivateKey.generate()
+    ed_line = cosign(cp, "witness.example/w2", ed, 1_700_000_000)
+    with pytest.raises(NoteError):
+        verify_cosignature(with_ext, ed_line, "witness.example/w2", ed.public_key().public_bytes_raw())
+    other = checkpoint_text("example.com/log", 5, bytes(32))
+    bad = bytearray(raw)
+    bad[100] ^= 1
+    for args in [(other, line, "witness.example/w1", pub), (cp, line, "witness.example/w9", pub),
+                 (cp, f"\u2014 witness.example/w1 {base64.b64encode(bytes(bad)).decode()}\n", "witness.example/w1",
+                  pub)]:
+        with pytest.raises(NoteError):
+            verify_cosignature(*args)
+    with pytest.raises(NoteError):  # a pinned witness's forged cosignature rejects the note, never counted absent
+        check_cosignatures(signed + f"\u2014 witness.example/w1 {base64.b64encode(bytes(bad)).decode()}\n", [v])
