@@ -3,7 +3,9 @@ cosigns), its verifier key, and opening one under a pinned key."""
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Sequence
+from typing import Any
 
 from trainledger.journal.chain import HEAD_EXTENSION, is_hash_hex, origin, seal_checkpoint
 from trainledger.journal.errors import (
@@ -21,7 +23,7 @@ from trainledger.journal.note import (
     parse_checkpoint,
 )
 
-__all__ = ["log_verifier", "checkpoint_note", "open_checkpoint", "head_extension"]
+__all__ = ["log_verifier", "checkpoint_note", "open_checkpoint", "head_extension", "report_note", "tree_head"]
 
 
 # ------------------------------------------------------------------ checkpoints as signed notes
@@ -40,6 +42,34 @@ def checkpoint_note(run_id: str, tree_size: int, tree_root: bytes, sealed_hash: 
     raw = public.raw if isinstance(public, PublicKey) else public
     text = seal_checkpoint(run_id, tree_size, tree_root, tree_size - 1, sealed_hash)
     return text + "\n" + note_signature_line(origin(run_id), raw, sig)
+
+
+def report_note(r: Any, pub: PublicKey) -> str:
+    """The latest seal of a verified journal (``r``: its :class:`~trainledger.journal.verify.VerifyReport`) as a
+    signed checkpoint note under ``pub``, the key that signed it; :class:`UsageError` where its seals cannot be one
+    (no seal, a format before 1.3, seals signed by rank keys whose certificate a bare note cannot carry)."""
+    if r.head is None:
+        raise UsageError(f"{r.path}: no seal yet: nothing to publish")
+    if r.last_tree_root is None or r.last_seal_sig is None:
+        raise UsageError(f"{r.path}: format {r.format_version}: its seals are not checkpoints (signed format "
+                         "1.3 journals only)")
+    if r.signing_keys and r.key_id not in r.signing_keys:
+        raise UsageError(f"{r.path}: its seals are signed by rank keys that key {r.key_id} certified: a bare "
+                         "checkpoint note cannot carry the certificate; 'trainledger prove' makes a bundle that does")
+    return checkpoint_note(r.run_id, r.last_sealed_seq + 1, bytes.fromhex(r.last_tree_root),
+                           bytes.fromhex(r.last_sealed_hash), base64.b64decode(r.last_seal_sig), pub)
+
+
+def tree_head(path: Any, keys: Sequence[PublicKey], *, require_closed: bool = True) -> str:
+    """A journal verified under ``keys`` (closed, unless ``require_closed=False``: then its signed prefix), and its
+    latest seal as a signed checkpoint note (what ``trainledger tree-head`` prints)."""
+    from trainledger.journal.verify import verify
+
+    r = verify(path, keys=list(keys), require_closed=require_closed, allow_unsealed=not require_closed)
+    pub = next((k for k in keys if k.key_id == r.key_id), None)
+    if pub is None:
+        raise UntrustedKey(f"{path}: signed by key {r.key_id}, which is not pinned", seq=None)
+    return report_note(r, pub)
 
 
 def head_extension(cp: Checkpoint) -> tuple[int, str]:

@@ -192,7 +192,7 @@ def _usage(p: argparse.ArgumentParser) -> int:
 def _cmd_checkpoint(args: argparse.Namespace) -> int:
     from trainledger.cli.options import verify_from_args, say
     from trainledger.journal.keys import PublicKey, trusted_keys
-    from trainledger.journal.proofs.checkpoint import checkpoint_note
+    from trainledger.journal.proofs.checkpoint import report_note
     from trainledger.journal.chain import origin
     from trainledger.journal.note import verifier_key
 
@@ -208,12 +208,6 @@ def _cmd_checkpoint(args: argparse.Namespace) -> int:
         return say_failed(args, e, args.path, file=sys.stderr)
     if r.head is None:
         raise JournalError(f"{args.path}: no seal yet: nothing to publish")
-    if r.last_tree_root is None or r.last_seal_sig is None:
-        raise UsageError(f"{args.path}: format {r.format_version}: its seals are not checkpoints (signed format "
-                         "1.3 journals only)")
-    if r.signing_keys and r.key_id not in r.signing_keys:
-        raise UsageError(f"{args.path}: its seals are signed by rank keys that key {r.key_id} certified: a bare "
-                         "checkpoint note cannot carry the certificate; 'trainledger prove' makes a bundle that does")
     pinned = [k for k in trusted_keys(args.pubkey) if k.key_id == r.key_id]
     if pinned:
         pub = pinned[0]
@@ -222,8 +216,7 @@ def _cmd_checkpoint(args: argparse.Namespace) -> int:
 
         opened, _ = read_opening(Path(args.path), open_checked(Path(args.path)))
         pub = PublicKey(base64.b64decode(opened.public_key), source="embedded")
-    note = checkpoint_note(r.run_id, r.last_sealed_seq + 1, bytes.fromhex(r.last_tree_root),
-                           bytes.fromhex(r.last_sealed_hash), base64.b64decode(r.last_seal_sig), pub)
+    note = report_note(r, pub)
     if args.json:
         say(json.dumps({"ok": True, "note": note, "origin": origin(r.run_id), "tree_size": r.last_sealed_seq + 1,
                         "root": base64.b64encode(bytes.fromhex(r.last_tree_root)).decode(), "head": r.head,
