@@ -157,6 +157,19 @@ class Signer:
             serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
         )
 
+    def derived_seed(self, label: bytes) -> bytes:
+        """32 bytes derived from this key (HKDF-SHA256 over its private bytes, ``label`` as the info): the seed of a
+        second key that belongs with this one (a witness's ML-DSA-44 key beside its Ed25519 key), never the key
+        itself. A key in a token or a KMS has no bytes to give: :class:`UsageError`."""
+        from cryptography.hazmat.primitives import hashes
+        from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+        key = getattr(self, "_key", None)
+        if not isinstance(key, Ed25519PrivateKey):
+            raise UsageError(f"key {self.key_id}: held in a token or a KMS, it has no bytes to derive a second key from "
+                             "(use a key file for this)")
+        return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=label).derive(key.private_bytes_raw())
+
     def __repr__(self) -> str:
         return f"Signer(key_id={self.key_id!r})"
 

@@ -31,7 +31,7 @@ from trainledger.journal.note import (
 from trainledger.journal.proofs.bundle import _b64_hashes, parse_bundle
 from trainledger.journal.proofs.checkpoint import open_checkpoint
 
-__all__ = ["Witness", "WitnessRefused", "parse_witness_keys"]
+__all__ = ["Witness", "WitnessRefused", "parse_witness_keys", "parse_log_keys"]
 
 
 class WitnessRefused(IntegrityError):
@@ -137,6 +137,15 @@ class Witness:
 
 def parse_witness_keys(items: Sequence[str]) -> list[Verifier]:
     """``--witness-key`` values: a verifier key (``name+hash+base64``), or a file holding one per line."""
+    return _vkeys(items, (0x04, 0x06), "a witness (cosigner) key")
+
+
+def parse_log_keys(items: Sequence[str]) -> list[Verifier]:
+    """``--log`` values of a witness: a log's verifier key (type 0x01, named by its origin), or a file of them."""
+    return _vkeys(items, (0x01,), "a log's (Ed25519 note) key")
+
+
+def _vkeys(items: Sequence[str], types: tuple[int, ...], what: str) -> list[Verifier]:
     out = []
     for item in items:
         texts = [item]
@@ -147,7 +156,7 @@ def parse_witness_keys(items: Sequence[str]) -> list[Verifier]:
                      .splitlines() if x.strip() and not x.lstrip().startswith("#")]
         for t in texts:
             v = parse_verifier_key(t)
-            if v.sig_type != 0x04:
-                raise UsageError(f"{t[:60]!r}: not a witness (cosignature/v1) key")
+            if v.sig_type not in types:
+                raise UsageError(f"{t[:60]!r}: not {what}")
             out.append(v)
     return out

@@ -20,6 +20,7 @@ from trainledger.cli import journal as _journal_cli
 from trainledger.cli import release as _release_cli
 from trainledger.cli import ladder as _ladder_cli
 from trainledger.cli import training as _training_cli
+from trainledger.cli import publish as _publish_cli
 from trainledger.cli import compute as _compute_cli
 from trainledger.journal.audit.rundir import is_run_dir
 from trainledger.journal.errors import IntegrityError, UsageError
@@ -40,6 +41,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     register(slot)
     _release_cli.register(slot)
     _compute_cli.register(slot)
+    _publish_cli.register(slot)
     _training_cli.register(slot)
     _ladder_cli.register(slot)
     if only is not None and not slot.found:

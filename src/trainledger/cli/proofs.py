@@ -155,11 +155,13 @@ def register(sub) -> None:
                        description="A witness keeps, per origin, the last checkpoint it cosigned, and cosigns a "
                                    "new one only with a valid consistency proof from it: a rollback or a fork is "
                                    "refused and named (exit 1).")
-    wsub = p.add_subparsers(dest="witness_command", metavar="ACTION", help="vkey or cosign")
+    wsub = p.add_subparsers(dest="witness_command", metavar="ACTION", help="vkey, cosign or serve")
     q = wsub.add_parser("vkey", help="print the witness's verifier key (what verifiers pin with --witness-key)")
     q.add_argument("--key", required=True, metavar="KEY", help="the witness's private key (trainledger keygen), or a "
                                                              "pkcs11: or awskms:// URI (docs/keys.md)")
     q.add_argument("--name", required=True, help="the witness's name (no spaces or '+')")
+    q.add_argument("--ml-dsa", action="store_true",
+                   help="also print the ML-DSA-44 key 'witness serve --ml-dsa' cosigns with (derived from --key)")
     add_json_option(q)
     q.set_defaults(func=_cmd_witness_vkey)
     q = wsub.add_parser("cosign", help="check a bundle's checkpoint and print it with this witness's cosignature")
@@ -175,6 +177,9 @@ def register(sub) -> None:
                    help="write the bundle with the cosignature added to its checkpoint (default: print the note)")
     add_json_option(q)
     q.set_defaults(func=_cmd_witness_cosign)
+    from trainledger.cli.publish import register_witness_serve
+
+    register_witness_serve(wsub)
     p.set_defaults(func=lambda args: _usage(p))
 
 
@@ -479,6 +484,16 @@ def _cmd_witness_vkey(args: argparse.Namespace) -> int:
 
     s = load_signer(args.key)
     vkey = cosigner_key(args.name, s.public.raw)
+    if getattr(args, "ml_dsa", False):
+        from trainledger.journal.statements.publish.witness_http import mldsa_key
+
+        pq = cosigner_key(args.name, mldsa_key(s).public_key().public_bytes_raw())
+        if args.json:
+            say(json.dumps({"ok": True, "name": args.name, "vkey": vkey, "ml_dsa_vkey": pq}))
+        else:
+            say(vkey)
+            say(pq)
+        return 0
     say(json.dumps({"ok": True, "name": args.name, "vkey": vkey}) if args.json else vkey)
     return 0
 

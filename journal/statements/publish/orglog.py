@@ -1,0 +1,146 @@
+"""An organisation's log of its runs (``trainledger log``, docs/publishing.md): one append-only tlog-tiles folder
+per team (journal/proofs/tiles.py) whose entries are its runs' signed checkpoint notes, so that witnesses outside
+the trainer can cosign the team's history and nobody can show two of it.
+
+An entry is a journal's latest seal as a signed checkpoint note (``trainledger tree-head``'s output), byte for
+byte: origin ``trainledger/<run id>``, tree size, root, the chain head and the run key's signature. Anyone holding
+the run's public key checks an entry by itself; the log's inclusion proof binds it to the team's checkpoint. A run
+folder of rank journals adds one entry per rank. The same note is never added twice.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from trainledger.journal.errors import UsageError
+from trainledger.journal.keys import PublicKey
+from trainledger.journal.proofs.checkpoint import tree_head
+from trainledger.journal.proofs.tiles import LogView, TileLog
+
+__all__ = ["run_journals", "run_notes", "add_runs", "Added", "entry_index", "publish", "Published",
+           "MIN_INTERVAL_S"]
+
+#: the least time between two checkpoints sent to witnesses: the public witness network admits long-tail logs
+#: that add about one checkpoint a minute
+MIN_INTERVAL_S = 60.0
+
+
+def run_journals(path: str | os.PathLike) -> list[Path]:
+    """The journals a path names: a journal file; a run folder's one journal; every rank journal of a distributed
+    run's folder, in rank order."""
+    from trainledger.journal.audit.rundir import rank_files, run_journal
+
+    p = Path(path)
+    if p.is_file():
+        return [p]
+    ranks = rank_files(p) if p.is_dir() else {}
+    if ranks:
+        return [ranks[r] for r in sorted(ranks)]
+    j = run_journal(p)
+    if j is None:
+        raise UsageError(f"{p}: not a journal, a run folder or a distributed run's folder")
+    return [j]
+
+
+def run_notes(paths: Sequence[str | os.PathLike], keys: Sequence[PublicKey], *,
+              require_closed: bool = True) -> list[tuple[Path, str]]:
+    """(journal, its signed checkpoint note) for every journal the paths name, each verified under ``keys`` first
+    (closed, unless ``require_closed=False``: a running job's signed prefix)."""
+    return [(j, tree_head(j, keys, require_closed=require_closed)) for p in paths for j in run_journals(p)]
+
+
+def entry_index(view: LogView, note: str) -> int | None:
+    """The index of ``note`` among the log's entries, or None."""
+    data = note.encode()
+    assert view.entries is not None
+    return next((i for i, e in enumerate(view.entries) if e == data), None)
+
+
+@dataclasses.dataclass(frozen=True)
+class Added:
+    """What ``log add`` did: each journal with its entry's index (``new`` False where the log held it already), and
+    the log's checkpoint note after (unchanged when nothing was new)."""
+
+    entries: list[tuple[Path, int, bool]]
+    note: str
+    size: int
+
+
+def add_runs(logdir: str | os.PathLike, paths: Sequence[str | os.PathLike], keys: Sequence[PublicKey],
+             signer: Any, *, require_closed: bool = True) -> Added:
+    """Verify every journal the paths name and append the checkpoint notes the log does not hold yet, in one new
+    checkpoint signed by ``signer`` (the log's key). Nothing is appended unless every journal verified."""
+    notes = run_notes(paths, keys, require_closed=require_closed)
+    before, note, where = TileLog(logdir).add([n.encode() for _, n in notes], signer, dedupe=True)
+    size = before.checkpoint.size
+    return Added([(j, i, i >= size) for (j, _), i in zip(notes, where)], note,
+                 size + len({i for i in where if i >= size}))
+
+
+@dataclasses.dataclass(frozen=True)
+class Published:
+    """What ``log publish`` did: the checkpoint's size, each witness's answer
+    (:class:`~.witness_http.Submitted`), and the note now served (the checkpoint with every cosignature kept)."""
+
+    size: int
+    answers: list[Any]
+    note: str
+
+
+def publish(logdir: str | os.PathLike, witnesses: Sequence[tuple[str, Sequence[Any]]], log_public: bytes, *,
+            min_interval_s: float = MIN_INTERVAL_S, now: float | None = None) -> Published:
+    """Send the log's current checkpoint to each witness (``(url, its pinned keys)``; with no key pinned its lines
+    are kept unchecked, for a policy to check later) with a consistency proof from the size it last cosigned (kept
+    in ``LOGDIR/.witnesses.json``), and serve the checkpoint with the cosignatures that came back. Refused within
+    ``min_interval_s`` of the last publish of another checkpoint (the rate witnesses admit); the same checkpoint
+    may be sent again (to more witnesses, or after one failed)."""
+    import json
+    import time
+
+    from trainledger.journal.note import check_cosignatures
+    from trainledger.journal.paths import read_regular, write_atomically
+    from trainledger.journal.statements.publish.witness_http import submit
+
+    log = TileLog(logdir)
+    view = log.read(log_public, entries=False)
+    state_path = Path(logdir) / ".witnesses.json"
+    try:
+        state = json.loads(read_regular(state_path, 1 << 20, what="publish state"))
+    except FileNotFoundError:
+        state = {}
+    if not isinstance(state, dict) or not isinstance(state.get("sizes", {}), dict):
+        raise UsageError(f"{state_path}: not a publish state file (remove it to start over)")
+    t = time.time() if now is None else now
+    last_size, last_t = state.get("size"), state.get("time", 0.0)
+    if last_size != view.checkpoint.size and isinstance(last_t, (int, float)) and t - last_t < min_interval_s:
+        raise UsageError(f"{logdir}: a checkpoint was published {t - last_t:.0f} s ago; witnesses admit about one a "
+                         f"minute: publish again in {min_interval_s - (t - last_t):.0f} s")
+    text = view.note[:view.note.rfind("\n\n") + 1]
+    own = view.note[view.note.rfind("\n\n") + 2:]
+    log_line = own.split("\n")[0] + "\n"  # the log's own signature; the cosignatures after it are replaced below
+    kept = own[len(log_line):]  # cosignatures an earlier publish of this checkpoint brought
+    note = text + "\n" + log_line
+    answers = []
+    sizes = state.get("sizes", {})
+    for url, keys in witnesses:
+        a = submit(url, note, view.leaves, int(sizes.get(url, 0)))
+        if a.lines and keys:
+            try:
+                good = check_cosignatures(note + a.lines, list(keys))
+            except Exception as e:  # noqa: BLE001 - a cosignature that does not verify is that witness's failure
+                a = dataclasses.replace(a, lines="", error=f"its cosignature does not verify: {e}")
+            else:
+                if not good:
+                    a = dataclasses.replace(a, lines="", error="none of its cosignatures is by a key pinned for it")
+        if a.size is not None and a.error is None:
+            sizes[url] = a.size
+        answers.append(a)
+        kept += a.lines
+    full = note + "".join(dict.fromkeys(kept.splitlines(keepends=True)))
+    log.cosigned(full)
+    write_atomically(state_path, json.dumps({"size": view.checkpoint.size, "time": t, "sizes": sizes}).encode())
+    return Published(view.checkpoint.size, answers, full)

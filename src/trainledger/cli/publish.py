@@ -1,0 +1,205 @@
+"""The organisation log's commands: ``log init``, ``log add``, ``log serve``, ``log publish``, and ``witness serve``
+(docs/publishing.md). The work is in :mod:`trainledger.journal.statements.publish` and
+:mod:`trainledger.journal.proofs.tiles`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from trainledger.journal.errors import UsageError
+
+__all__ = ["register", "register_witness_serve"]
+
+
+def register(sub) -> None:
+    from trainledger.cli.options import add_json_option
+
+    p = sub.add_parser("log", help="a team's log of its runs, for witnesses to cosign (C2SP tlog-tiles)",
+                       description="One append-only log per team: its entries are the runs' signed checkpoint "
+                                   "notes, its folder a C2SP tlog-tiles log that any web server serves, and "
+                                   "'log publish' has witnesses outside the trainer cosign it (docs/publishing.md).")
+    lsub = p.add_subparsers(dest="log_command", metavar="ACTION", help="init, add, serve or publish")
+    q = lsub.add_parser("init", help="make an empty log folder, signed by the log's key")
+    q.add_argument("logdir", metavar="LOGDIR")
+    q.add_argument("--origin", required=True, help="the log's name: a schema-less URL prefix (example.com/ml-runs)")
+    q.add_argument("--key", required=True, metavar="LOG.key", help="the log's private key (trainledger keygen)")
+    add_json_option(q)
+    q.set_defaults(func=_cmd_init)
+
+    q = lsub.add_parser("add", help="verify runs and append their signed checkpoints to the log")
+    q.add_argument("logdir", metavar="LOGDIR")
+    q.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run folders or journals (every rank of a "
+                                                              "distributed run's folder)")
+    q.add_argument("--pubkey", action="append", default=[], metavar="RUN.pub", required=True,
+                   help="the runs' public key(s) (repeatable)")
+    q.add_argument("--key", required=True, metavar="LOG.key", help="the log's private key")
+    q.add_argument("--allow-open", action="store_true",
+                   help="add a run still being written (its signed prefix: a periodic entry); default: closed runs")
+    add_json_option(q)
+    q.set_defaults(func=_cmd_add)
+
+    q = lsub.add_parser("serve", help="serve the log folder read-only over HTTP (127.0.0.1)")
+    q.add_argument("logdir", metavar="LOGDIR")
+    q.add_argument("--port", type=int, default=8765)
+    q.add_argument("--host", default="127.0.0.1", help="the address to bind (default 127.0.0.1: this machine only)")
+    q.set_defaults(func=_cmd_serve)
+
+    q = lsub.add_parser("publish", help="have witnesses cosign the log's checkpoint (C2SP tlog-witness)")
+    q.add_argument("logdir", metavar="LOGDIR")
+    q.add_argument("--witness", action="append", default=[], metavar="URL",
+                   help="a witness's submission prefix (repeatable); its cosignature is kept unchecked")
+    q.add_argument("--policy", metavar="FILE", default=None,
+                   help="a C2SP tlog-policy file: its witnesses with a URL are asked, each cosignature checked under "
+                        "its key, and whether the quorum is met is printed")
+    q.add_argument("--min-interval", type=float, default=60.0, metavar="SECONDS",
+                   help="the least time since another checkpoint was published (default 60: the rate witnesses "
+                        "admit)")
+    add_json_option(q)
+    q.set_defaults(func=_cmd_publish)
+    p.set_defaults(func=lambda args: _usage(p))
+
+
+def register_witness_serve(wsub) -> None:
+    q = wsub.add_parser("serve", help="run a witness over HTTP (C2SP tlog-witness add-checkpoint), 127.0.0.1",
+                        description="Cosign the checkpoints of the logs it follows, over HTTP: each add-checkpoint "
+                                    "answered as the C2SP witness protocol says (400, 403, 404, 409 with the size it "
+                                    "holds, 422, 200 with its cosignatures), the state on disk before it answers.")
+    q.add_argument("--key", required=True, metavar="W.key", help="the witness's private key (a key file)")
+    q.add_argument("--name", required=True, help="the witness's name (a schema-less URL, e.g. witness.example/w1)")
+    q.add_argument("--state", required=True, metavar="FILE", help="the witness's state (created if absent)")
+    q.add_argument("--log", action="append", default=[], metavar="VKEY", required=True,
+                   help="a log to follow: its verifier key (name = origin; 'trainledger log init' prints it), or a "
+                        "file of them (repeatable)")
+    q.add_argument("--port", type=int, default=8766)
+    q.add_argument("--host", default="127.0.0.1")
+    q.add_argument("--ml-dsa", action="store_true", help="cosign with ML-DSA-44 too (a key derived from --key)")
+    q.set_defaults(func=_cmd_witness_serve)
+
+
+def _usage(p: argparse.ArgumentParser) -> int:
+    p.print_help(sys.stderr)
+    return 2
+
+
+def _log_key(logdir: str) -> bytes:
+    """The log's public key, from the verifier key 'log init' wrote beside it."""
+    from trainledger.journal.keys import read_small_file
+    from trainledger.journal.note import parse_verifier_key
+
+    path = Path(logdir) / "log.vkey"
+    if not path.is_file():
+        raise UsageError(f"{logdir}: not a log folder ('trainledger log init' writes log.vkey there)")
+    return parse_verifier_key(read_small_file(path, "log verifier key").decode().strip()).public
+
+
+def _cmd_init(args: argparse.Namespace) -> int:
+    from trainledger.cli.options import say
+    from trainledger.journal.keys import load_signer
+    from trainledger.journal.note import verifier_key
+    from trainledger.journal.paths import write_atomically
+    from trainledger.journal.proofs.tiles import TileLog
+
+    s = load_signer(args.key)
+    TileLog.init(args.logdir, args.origin, s)
+    vkey = verifier_key(args.origin, s.public.raw)
+    write_atomically(Path(args.logdir) / "log.vkey", (vkey + "\n").encode())
+    if args.json:
+        say(json.dumps({"ok": True, "log": args.logdir, "origin": args.origin, "vkey": vkey}))
+        return 0
+    say(f"log {args.origin} in {args.logdir}: size 0; its verifier key (for witnesses and policy files, also in "
+        "log.vkey):")
+    say(vkey)
+    return 0
+
+
+def _cmd_add(args: argparse.Namespace) -> int:
+    from trainledger.cli.options import say
+    from trainledger.journal.keys import load_signer, trusted_keys
+    from trainledger.journal.statements.publish.orglog import add_runs
+
+    s = load_signer(args.key)
+    if _log_key(args.logdir) != s.public.raw:
+        raise UsageError(f"{args.key}: not the key of the log in {args.logdir}")
+    got = add_runs(args.logdir, args.runs, trusted_keys(args.pubkey), s, require_closed=not args.allow_open)
+    if args.json:
+        say(json.dumps({"ok": True, "size": got.size, "entries": [{"journal": str(j), "index": i, "new": n}
+                                                                  for j, i, n in got.entries]}))
+        return 0
+    for j, i, n in got.entries:
+        say(f"{'added' if n else 'already'}  {j}: entry {i}")
+    say(f"log size {got.size}")
+    return 0
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from trainledger.cli.options import say
+    from trainledger.journal.statements.publish.witness_http import serve_folder
+
+    _log_key(args.logdir)
+    server = serve_folder(args.logdir, args.port, host=args.host)
+    host, port = server.server_address[:2]
+    say(f"serving {args.logdir} at http://{host}:{port}/ (checkpoint, tile/...); Ctrl-C stops")
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        server.shutdown()
+        return 0
+
+
+def _cmd_witness_serve(args: argparse.Namespace) -> int:
+    from trainledger.cli.options import say
+    from trainledger.journal.keys import load_signer
+    from trainledger.journal.proofs.witness import parse_log_keys
+    from trainledger.journal.statements.publish.witness_http import HttpWitness, serve_witness
+
+    w = HttpWitness(args.name, load_signer(args.key), args.state, parse_log_keys(args.log), ml_dsa=args.ml_dsa)
+    server = serve_witness(w, args.port, host=args.host)
+    host, port = server.server_address[:2]
+    say(f"witness {args.name} at http://{host}:{port}/add-checkpoint, following {len(w.logs)} log(s); its keys:")
+    for v in w.vkeys():
+        say(v)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        server.shutdown()
+        return 0
+
+
+def _cmd_publish(args: argparse.Namespace) -> int:
+    from trainledger.cli.options import say
+    from trainledger.journal.note import NoteError
+    from trainledger.journal.proofs.policy import check_checkpoint, read_policy
+    from trainledger.journal.statements.publish.orglog import publish
+
+    witnesses: list[tuple[str, list]] = [(u, []) for u in args.witness]
+    policy = read_policy(args.policy) if args.policy else None
+    if policy is not None:
+        witnesses += [(url, [policy.witnesses[n]]) for n, url in policy.witness_urls.items()]
+    if not witnesses:
+        raise UsageError("no witness to ask: give --witness URL or a --policy whose witness lines carry URLs")
+    got = publish(args.logdir, witnesses, _log_key(args.logdir), min_interval_s=args.min_interval)
+    quorum = None
+    if policy is not None:
+        try:
+            _, quorum = check_checkpoint(policy, got.note)
+        except NoteError as e:
+            raise UsageError(f"{args.policy}: the log's checkpoint is not one this policy accepts: {e}") from None
+    if args.json:
+        say(json.dumps({"ok": all(a.error is None for a in got.answers), "size": got.size,
+                        "witnesses": [{"url": a.url, "cosigned": a.error is None, "error": a.error}
+                                      for a in got.answers],
+                        "quorum": None if quorum is None else {"met": quorum.met, "detail": quorum.detail}}))
+    else:
+        for a in got.answers:
+            say(f"cosigned  {a.url}" if a.error is None else f"REFUSED   {a.url}: {a.error}")
+        say(f"checkpoint of size {got.size} now carries {got.note.count(chr(0x2014)) - 1} cosignature(s)")
+        if quorum is not None:
+            say(quorum.detail)
+    failed = any(a.error is not None for a in got.answers) or (quorum is not None and not quorum.met)
+    return 1 if failed else 0

@@ -1,0 +1,152 @@
+"""The organisation log end to end (docs/publishing.md): two runs added with 'trainledger log add', the folder served
+by 'trainledger log serve' and read back over HTTP, two witnesses run as their own processes ('trainledger witness
+serve', loopback, their own keys; one with ML-DSA-44) cosigning it through 'log publish', a policy's quorum met,
+the witnesses' state surviving a restart, and a forked log refused by the witness and caught by the quorum."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from trainledger.cli import main
+from trainledger.journal import Journal, keygen, load_signer
+from trainledger.journal.note import parse_verifier_key
+from trainledger.journal.proofs.policy import check_checkpoint, parse_policy
+from trainledger.journal.proofs.tiles import read_log
+from trainledger.journal.statements.publish.witness_http import add_checkpoint
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from conftest import step  # noqa: E402
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run(path: Path, signer, n: int) -> Path:
+    j = Journal.create(path, signer=signer, seal_every=4, background=False)
+    for i in range(n):
+        j.append(step(i))
+    j.close()
+    return path
+
+
+def _start(args: list[str], ready: str) -> subprocess.Popen:
+    p = subprocess.Popen([sys.executable, "-m", "trainledger", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    line = p.stdout.readline()
+    assert ready in line, (line, p.stderr.read() if p.poll() is not None else "")
+    return p
+
+
+@pytest.fixture
+def world(tmp_path):
+    keys = {n: keygen(tmp_path / "keys" / n) for n in ("run", "log", "w1", "w2")}
+    run = load_signer(keys["run"][0])
+    runs = [_run(tmp_path / "a" / "journal.jsonl", run, 9).parent, _run(tmp_path / "b" / "journal.jsonl", run, 5).parent]
+    procs: list[subprocess.Popen] = []
+    yield tmp_path, keys, runs, procs
+    for p in procs:
+        _stop(p)
+
+
+def _stop(p: subprocess.Popen) -> None:
+    p.terminate()
+    p.wait(timeout=10)
+    p.stdout.close()
+    p.stderr.close()
+
+
+def test_runs_published_cosigned_and_a_fork_refused(world, capsys):
+    tmp, keys, runs, procs = world
+    logdir = tmp / "log"
+    assert main(["log", "init", str(logdir), "--origin", "example.com/ml-runs", "--key", str(keys["log"][0])]) == 0
+    log_vkey = (logdir / "log.vkey").read_text().strip()
+    assert main(["log", "add", str(logdir), *map(str, runs), "--pubkey", str(keys["run"][1]),
+                 "--key", str(keys["log"][0])]) == 0
+    assert main(["log", "add", str(logdir), str(runs[0]), "--pubkey", str(keys["run"][1]), "--key",
+                 str(keys["log"][0]), "--json"]) == 0  # added again: already there, the log unchanged
+    out = capsys.readouterr().out.strip().splitlines()[-1]
+    assert json.loads(out)["entries"][0] == {"journal": str(runs[0] / "journal.jsonl"), "index": 0, "new": False}
+
+    # the folder over HTTP, read and checked as any client would: two entries, each a run's signed checkpoint
+    port = _free_port()
+    procs.append(_start(["log", "serve", str(logdir), "--port", str(port)], "serving"))
+    base = f"http://127.0.0.1:{port}/"
+
+    def fetch(rel: str) -> bytes:
+        with urllib.request.urlopen(base + rel, timeout=10) as r:
+            return r.read()
+
+    view = read_log(fetch, parse_verifier_key(log_vkey))
+    assert view.checkpoint.size == 2 and all(e.startswith(b"trainledger/") for e in view.entries)
+    with pytest.raises(urllib.error.HTTPError):  # nothing but the checkpoint and tiles, nothing outside the folder
+        fetch("log.vkey")
+    with pytest.raises(urllib.error.HTTPError):
+        fetch("tile/../../keys/log/trainledger.key")
+
+    # two witnesses, their own processes and keys, w2 also ML-DSA-44
+    urls, vkeys = [], {}
+    for name, extra in (("w1", []), ("w2", ["--ml-dsa"])):
+        wport = _free_port()
+        p = _start(["witness", "serve", "--key", str(keys[name][0]), "--name", f"witness.example/{name}",
+                    "--state", str(tmp / f"{name}.state"), "--log", log_vkey, "--port", str(wport), *extra],
+                   "witness")
+        vkeys[name] = [p.stdout.readline().strip() for _ in range(1 + len(extra))]
+        procs.append(p)
+        urls.append(f"http://127.0.0.1:{wport}")
+    assert parse_verifier_key(vkeys["w2"][1]).sig_type == 0x06
+    policy = tmp / "team.policy"
+    policy.write_text(f"log {log_vkey}\n"
+                      f"witness w1 {vkeys['w1'][0]} {urls[0]}\n"
+                      f"witness w2pq {vkeys['w2'][1]} {urls[1]}\n"
+                      "group both all w1 w2pq\nquorum both\n")
+    assert main(["log", "publish", str(logdir), "--policy", str(policy), "--min-interval", "0"]) == 0
+    said = capsys.readouterr().out
+    assert said.count("cosigned  http://") == 2 and "quorum met: both: 2 of 2" in said
+    served = fetch("checkpoint").decode()
+    cp, q = check_checkpoint(parse_policy(policy.read_bytes()), served)
+    assert cp.size == 2 and q.met and set(q.witnesses) == {"w1", "w2pq"} and all(q.witnesses.values())
+
+    # a third run; within the minute, publishing another checkpoint is refused (the rate witnesses admit)
+    c = _run(tmp / "c" / "journal.jsonl", load_signer(keys["run"][0]), 3).parent
+    assert main(["log", "add", str(logdir), str(c), "--pubkey", str(keys["run"][1]), "--key",
+                 str(keys["log"][0])]) == 0
+    assert main(["log", "publish", str(logdir), "--policy", str(policy)]) == 2
+    assert "witnesses admit about one a minute" in capsys.readouterr().err
+    # restart w1 on its state: it remembers size 2 and takes the consistency proof to 3
+    _stop(procs[1])
+    wport = int(urls[0].rsplit(":", 1)[1])
+    procs[1] = _start(["witness", "serve", "--key", str(keys["w1"][0]), "--name", "witness.example/w1",
+                       "--state", str(tmp / "w1.state"), "--log", log_vkey, "--port", str(wport)], "witness")
+    procs[1].stdout.readline()
+    assert main(["log", "publish", str(logdir), "--policy", str(policy), "--min-interval", "0"]) == 0
+    assert json.loads((tmp / "w1.state").read_text())["example.com/ml-runs"]["size"] == 3
+
+    # a fork: the same origin and key, another history of size 4 (its second entry another run's), shown to w1 as
+    # the extension of the size 3 it holds -> 422; as a first view (old 0) -> 409 naming the size it holds; the
+    # quorum is not met on the forked checkpoint
+    fork = tmp / "fork"
+    assert main(["log", "init", str(fork), "--origin", "example.com/ml-runs", "--key", str(keys["log"][0])]) == 0
+    d = _run(tmp / "d" / "journal.jsonl", load_signer(keys["run"][0]), 2).parent
+    assert main(["log", "add", str(fork), str(runs[0]), str(d), str(c), str(runs[1]), "--pubkey",
+                 str(keys["run"][1]), "--key", str(keys["log"][0])]) == 0
+    from trainledger.journal.merkle import consistency_proof
+    from trainledger.journal.proofs.tiles import TileLog
+
+    forked = TileLog(fork).read(load_signer(keys["log"][0]).public.raw)
+    status, _, _ = add_checkpoint(urls[0], 3, consistency_proof(forked.leaves, 3), forked.note)
+    assert status == 422
+    status, ctype, body = add_checkpoint(urls[0], 0, [], forked.note)
+    assert (status, ctype, body) == (409, "text/x.tlog.size", "3\n")
+    assert main(["log", "publish", str(fork), "--policy", str(policy), "--min-interval", "0"]) == 1
+    said = capsys.readouterr().out
+    assert "REFUSED" in said and "quorum NOT met" in said
