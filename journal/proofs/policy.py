@@ -20,7 +20,7 @@ import dataclasses
 from pathlib import Path
 
 from trainledger.journal.errors import TrainledgerError
-from trainledger.journal.note import (SIG_COSIGNATURE, SIG_ED25519, SIG_MLDSA44_COSIGNATURE, NoteError, Verifier,
+from trainledger.journal.note import (SIG_COSIGNATURE, SIG_ED25519, SIG_MLDSA44_COSIGNATURE, Checkpoint, NoteError, Verifier,
                                       check_cosignatures, open_note, parse_checkpoint, parse_verifier_key)
 
 __all__ = ["Policy", "PolicyError", "parse_policy", "read_policy", "evaluate", "check_checkpoint", "Quorum",
@@ -189,7 +189,7 @@ def evaluate(policy: Policy, cosigned: dict[str, int]) -> Quorum:
     return Quorum(ok, dict(cosigned), ("quorum met: " if ok else "quorum NOT met: ") + detail)
 
 
-def check_checkpoint(policy: Policy, note: str) -> tuple[object, Quorum]:
+def check_checkpoint(policy: Policy, note: str) -> tuple[Checkpoint, Quorum]:
     """A signed checkpoint note under the policy: signed by one of its logs (the key whose name is the origin),
     each pinned witness's cosignature verified (a pinned witness's that does not verify rejects the note: a
     forgery is never counted as absent), and the quorum evaluated. Returns (the checkpoint, the quorum);

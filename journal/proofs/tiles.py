@@ -263,6 +263,16 @@ class TileLog:
         finally:
             os.close(lock)
 
+    def last_cosigned(self) -> str | None:
+        """The newest checkpoint served with cosignatures (kept when an add replaces the served one), or None."""
+        from trainledger.journal.paths import read_regular
+
+        try:
+            return read_regular(self.folder / ".cosigned-checkpoint", MAX_CHECKPOINT,
+                                what="cosigned checkpoint").decode()
+        except FileNotFoundError:
+            return None
+
     def cosigned(self, note: str) -> None:
         """Serve ``note`` (the current checkpoint with witnesses' cosignature lines appended) as the checkpoint;
         refused unless its text is the current checkpoint's."""
@@ -271,3 +281,4 @@ class TileLog:
         if not note.startswith(base + cur[len(base):].split("\n")[0] + "\n"):
             raise UsageError("the cosigned checkpoint is not the log's current one (an add came in between)")
         self._write("checkpoint", note.encode())
+        self._write(".cosigned-checkpoint", note.encode())

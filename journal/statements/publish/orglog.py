@@ -22,7 +22,7 @@ from trainledger.journal.proofs.checkpoint import tree_head
 from trainledger.journal.proofs.tiles import LogView, TileLog
 
 __all__ = ["run_journals", "run_notes", "add_runs", "Added", "entry_index", "publish", "Published",
-           "MIN_INTERVAL_S"]
+           "MIN_INTERVAL_S", "prove", "check_published", "Publication", "proof_path"]
 
 #: the least time between two checkpoints sent to witnesses: the public witness network admits long-tail logs
 #: that add about one checkpoint a minute
@@ -144,3 +144,79 @@ def publish(logdir: str | os.PathLike, witnesses: Sequence[tuple[str, Sequence[A
     log.cosigned(full)
     write_atomically(state_path, json.dumps({"size": view.checkpoint.size, "time": t, "sizes": sizes}).encode())
     return Published(view.checkpoint.size, answers, full)
+
+
+def proof_path(journal: Path) -> Path:
+    """Where a journal's proof of logging lies by default: beside it, ``<name>.tlog-proof``."""
+    return journal.with_suffix(".tlog-proof")
+
+
+def prove(logdir: str | os.PathLike, paths: Sequence[str | os.PathLike], keys: Sequence[PublicKey],
+          log_public: bytes, *, require_closed: bool = True) -> list[tuple[Path, str]]:
+    """A C2SP tlog-proof for each journal the paths name: its checkpoint note (the entry, carried as the proof's
+    extra data), its index and inclusion proof under the newest checkpoint that holds it and carries cosignatures
+    (the served one, else the last one published; an unwitnessed one only when no cosigned checkpoint holds it)."""
+    from trainledger.journal.merkle import inclusion_proof
+    from trainledger.journal.proofs.tiles import folder_fetch, read_log
+    from trainledger.journal.proofs.tlogproof import format_proof
+
+    log = TileLog(logdir)
+    view = log.read(log_public, entries=True)
+    assert view.entries is not None
+    index = {e: i for i, e in enumerate(view.entries)}
+    cosigned = log.last_cosigned()
+    older = None
+    if cosigned is not None and cosigned.count("\u2014 ") > 1 and view.note.count("\u2014 ") <= 1:
+        older = read_log(folder_fetch(logdir), log.verifier(log_public), entries=False, note=cosigned)
+    out = []
+    for j, note in run_notes(paths, keys, require_closed=require_closed):
+        i = index.get(note.encode())
+        if i is None:
+            raise UsageError(f"{j}: its checkpoint is not in the log {logdir} ('trainledger log add' it first; a "
+                             "run that went on since it was added has another checkpoint now)")
+        use = older if older is not None and i < older.checkpoint.size else view
+        out.append((j, format_proof(i, inclusion_proof(use.leaves, i), use.note, note.encode())))
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Publication:
+    """Whether a journal is published under a policy: ``ok`` (its checkpoint in the log under a checkpoint the
+    quorum cosigned), and what was found (one line: the entry, the log's size, the quorum, or why not)."""
+
+    journal: Path
+    ok: bool
+    detail: str
+    index: int | None = None
+    log_size: int | None = None
+
+
+def check_published(journal: Path, keys: Sequence[PublicKey], policy: Any, proof: Path | None = None) -> Publication:
+    """Hold a journal to its proof of logging (``proof``, default :func:`proof_path`) under ``policy``: the entry
+    (the proof's extra data) a checkpoint of this run signed by a pinned key, the journal extending it, the entry
+    included under the proof's checkpoint, and that checkpoint signed by a listed log and cosigned by the quorum."""
+    from trainledger.journal.errors import IntegrityError
+    from trainledger.journal.keys import read_small_file
+    from trainledger.journal.merkle import ProofError
+    from trainledger.journal.note import NoteError
+    from trainledger.journal.proofs.checkpoint import open_checkpoint
+    from trainledger.journal.proofs.tlogproof import MAX_PROOF, check, parse_proof
+    from trainledger.journal.verify import verify
+
+    path = proof or proof_path(journal)
+    if not path.is_file():
+        return Publication(journal, False, f"no proof of logging at {path} ('trainledger log prove' writes it)")
+    try:
+        tp = parse_proof(read_small_file(path, "tlog-proof", limit=MAX_PROOF).decode("utf-8", "replace"))
+        if tp.extra is None:
+            return Publication(journal, False, f"{path}: the proof does not carry the entry (its extra line)")
+        entry_cp, _ = open_checkpoint(tp.extra.decode("utf-8", "replace"), None, keys)
+        verify(journal, keys=list(keys), allow_unsealed=True, expect_checkpoint=entry_cp)
+        cp, quorum = check(policy, tp, tp.extra)
+    except (NoteError, ProofError, IntegrityError) as e:
+        return Publication(journal, False, f"{path}: {e}")
+    if not quorum.met:
+        return Publication(journal, False, f"entry {tp.index} of {cp.origin} (size {cp.size}), but {quorum.detail}",
+                           tp.index, cp.size)
+    return Publication(journal, True, f"entry {tp.index} of {cp.origin} under its checkpoint of size {cp.size}; "
+                                      f"{quorum.detail}", tp.index, cp.size)

@@ -91,6 +91,12 @@ def register(sub) -> None:
     from trainledger.cli.proofs import add_witness_options
 
     add_witness_options(p)
+    p.add_argument("--policy", metavar="FILE", default=None,
+                   help="a C2SP tlog-policy file: also fail unless the run is published, its checkpoint in the team "
+                        "log under a checkpoint the policy's quorum cosigned (its proof of logging beside each "
+                        "journal: 'trainledger log prove'; docs/publishing.md)")
+    p.add_argument("--log-proof", metavar="FILE", default=None,
+                   help="with --policy: the journal's proof of logging, if not beside it (<journal>.tlog-proof)")
     add_json_option(p)
     p.add_argument("--workers", type=int, default=None, help="processes for large journals (default: all cores)")
     p.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
@@ -237,15 +243,28 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     finally:
         if progress is not None:
             progress.close()
+    published, lines = True, []
+    if args.policy is not None:
+        from trainledger.cli.publish import policy_lines
+
+        published, lines = policy_lines(args.path, kind, trust.keys, args.policy, args.log_proof)
+    elif args.log_proof is not None:
+        raise UsageError("--log-proof goes with --policy (the policy says which log and witnesses to trust)")
     if args.json:
-        say(json.dumps({"ok": True, "partial": r.partial, **r.to_dict()} if kind == "export" else r.to_dict()))
+        d = {"ok": True, "partial": r.partial, **r.to_dict()} if kind == "export" else r.to_dict()
+        if args.policy is not None:
+            d = {**d, "ok": d.get("ok", True) and published, "published": published, "publication": lines}
+        say(json.dumps(d))
     elif kind == "export":
         _print_export(r)
     elif kind == "run_dir":
         _print_run_dir(r, trust)
     else:
         print_report(r, title="OK  ")
-    return 0
+    if not args.json:
+        for line in lines:
+            say(line)
+    return 0 if published else 1
 
 
 def _print_export(r: Any) -> None:

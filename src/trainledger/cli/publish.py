@@ -22,7 +22,7 @@ def register(sub) -> None:
                        description="One append-only log per team: its entries are the runs' signed checkpoint "
                                    "notes, its folder a C2SP tlog-tiles log that any web server serves, and "
                                    "'log publish' has witnesses outside the trainer cosign it (docs/publishing.md).")
-    lsub = p.add_subparsers(dest="log_command", metavar="ACTION", help="init, add, serve or publish")
+    lsub = p.add_subparsers(dest="log_command", metavar="ACTION", help="init, add, serve, publish or prove")
     q = lsub.add_parser("init", help="make an empty log folder, signed by the log's key")
     q.add_argument("logdir", metavar="LOGDIR")
     q.add_argument("--origin", required=True, help="the log's name: a schema-less URL prefix (example.com/ml-runs)")
@@ -47,6 +47,17 @@ def register(sub) -> None:
     q.add_argument("--port", type=int, default=8765)
     q.add_argument("--host", default="127.0.0.1", help="the address to bind (default 127.0.0.1: this machine only)")
     q.set_defaults(func=_cmd_serve)
+
+    q = lsub.add_parser("prove", help="write each run's proof of logging (C2SP tlog-proof) beside its journal")
+    q.add_argument("logdir", metavar="LOGDIR")
+    q.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run folders or journals, each added before")
+    q.add_argument("--pubkey", action="append", default=[], metavar="RUN.pub", required=True,
+                   help="the runs' public key(s) (repeatable)")
+    q.add_argument("--allow-open", action="store_true", help="a run still being written (its signed prefix)")
+    q.add_argument("-o", "--out", metavar="PATH", default=None,
+                   help="write the proof here instead (one journal), or into this folder (several)")
+    add_json_option(q)
+    q.set_defaults(func=_cmd_prove)
 
     q = lsub.add_parser("publish", help="have witnesses cosign the log's checkpoint (C2SP tlog-witness)")
     q.add_argument("logdir", metavar="LOGDIR")
@@ -203,3 +214,47 @@ def _cmd_publish(args: argparse.Namespace) -> int:
             say(quorum.detail)
     failed = any(a.error is not None for a in got.answers) or (quorum is not None and not quorum.met)
     return 1 if failed else 0
+
+
+def _cmd_prove(args: argparse.Namespace) -> int:
+    from trainledger.cli.options import say, write_out
+    from trainledger.journal.keys import trusted_keys
+    from trainledger.journal.statements.publish.orglog import proof_path, prove
+
+    proofs = prove(args.logdir, args.runs, trusted_keys(args.pubkey), _log_key(args.logdir),
+                   require_closed=not args.allow_open)
+    written = []
+    for j, text in proofs:
+        if args.out is None:
+            dest = proof_path(j)
+        elif len(proofs) == 1 and not Path(args.out).is_dir():
+            dest = Path(args.out)
+        else:
+            Path(args.out).mkdir(parents=True, exist_ok=True)
+            dest = Path(args.out) / proof_path(j).name
+        write_out(str(dest), text.encode())
+        written.append((j, dest, text.count("\u2014 ") - 1))
+    if args.json:
+        say(json.dumps({"ok": True, "proofs": [{"journal": str(j), "proof": str(d), "cosignatures": n}
+                                              for j, d, n in written]}))
+        return 0
+    for j, d, n in written:
+        say(f"wrote {d}: {j} in the log, under a checkpoint with {n} cosignature(s)")
+    return 0
+
+
+def policy_lines(path: str, kind: str, keys, policy_file: str, proof: str | None) -> tuple[bool, list[str]]:
+    """``verify --policy``: whether every journal of ``path`` is published under the policy, and a line each."""
+    from trainledger.journal.proofs.policy import read_policy
+    from trainledger.journal.statements.publish.orglog import check_published, run_journals
+
+    if kind not in ("journal", "run_dir"):
+        raise UsageError("--policy applies to a journal or a run folder (an export carries no proof of logging)")
+    policy = read_policy(policy_file)
+    journals = run_journals(path)
+    if proof is not None and len(journals) != 1:
+        raise UsageError("--log-proof names one proof: give it for one journal (a run folder's proofs lie beside its "
+                         "rank journals)")
+    results = [check_published(j, keys, policy, Path(proof) if proof else None) for j in journals]
+    return all(r.ok for r in results), [f"{'PUBLISHED' if r.ok else 'NOT PUBLISHED'}  {r.journal}: {r.detail}"
+                                        for r in results]

@@ -150,3 +150,61 @@ def test_runs_published_cosigned_and_a_fork_refused(world, capsys):
     assert main(["log", "publish", str(fork), "--policy", str(policy), "--min-interval", "0"]) == 1
     said = capsys.readouterr().out
     assert "REFUSED" in said and "quorum NOT met" in said
+
+
+def test_verify_with_a_policy_says_whether_a_run_is_published(world, capsys):
+    """log prove writes each run's C2SP tlog-proof beside its journal (the entry carried as its extra line); verify
+    --policy then holds the run to it offline: published once the quorum cosigned; a run added after the last
+    publish proves only under the unwitnessed checkpoint, NOT published until the next publish; a proof with a
+    flipped hash, or another run's proof, fails; a run with no proof is NOT published (exit 1)."""
+    tmp, keys, runs, procs = world
+    logdir, run_pub = tmp / "log", str(keys["run"][1])
+    main(["log", "init", str(logdir), "--origin", "example.com/ml-runs", "--key", str(keys["log"][0])])
+    log_vkey = (logdir / "log.vkey").read_text().strip()
+    main(["log", "add", str(logdir), str(runs[0]), "--pubkey", run_pub, "--key", str(keys["log"][0])])
+    wport = _free_port()
+    procs.append(_start(["witness", "serve", "--key", str(keys["w1"][0]), "--name", "witness.example/w1",
+                         "--state", str(tmp / "w1.state"), "--log", log_vkey, "--port", str(wport), "--ml-dsa"],
+                        "witness"))
+    w1 = [procs[-1].stdout.readline().strip() for _ in range(2)]
+    policy = tmp / "team.policy"
+    policy.write_text(f"log {log_vkey}\nwitness pq {w1[1]} http://127.0.0.1:{wport}\nquorum pq\n")
+    assert main(["log", "publish", str(logdir), "--policy", str(policy)]) == 0
+    main(["log", "add", str(logdir), str(runs[1]), "--pubkey", run_pub, "--key", str(keys["log"][0])])
+    assert main(["log", "prove", str(logdir), *map(str, runs), "--pubkey", run_pub]) == 0
+    capsys.readouterr()
+    proof_a = runs[0] / "journal.tlog-proof"
+    assert proof_a.read_text().startswith("c2sp.org/tlog-proof@v1\nextra ")
+
+    def verify(run, *extra):
+        code = main(["verify", str(run), "--pubkey", run_pub, "--policy", str(policy), *extra])
+        return code, capsys.readouterr().out
+
+    code, out = verify(runs[0])
+    assert code == 0 and "PUBLISHED" in out and "entry 0 of example.com/ml-runs" in out and "quorum met" in out
+    code, out = verify(runs[1])  # added after the publish: under the log's own, uncosigned checkpoint
+    assert code == 1 and "NOT PUBLISHED" in out and "quorum NOT met" in out
+    assert main(["log", "publish", str(logdir), "--policy", str(policy), "--min-interval", "0"]) == 0
+    main(["log", "prove", str(logdir), str(runs[1]), "--pubkey", run_pub])
+    capsys.readouterr()
+    assert verify(runs[1])[0] == 0
+    # another run's proof for this run: its entry is not this journal's checkpoint
+    code, out = verify(runs[1], "--log-proof", str(proof_a))
+    assert code == 1 and "not of this run" in out
+    # one inclusion hash flipped
+    lines = proof_a.read_text().split("\n")
+    i = next(k for k, x in enumerate(lines) if x.startswith("index ")) + 1
+    if i < len(lines) and lines[i]:
+        import base64
+
+        h = bytearray(base64.b64decode(lines[i]))
+        h[0] ^= 1
+        lines[i] = base64.b64encode(bytes(h)).decode()
+    else:  # a tree of one leaf has no inclusion hash: flip the index instead
+        lines[i - 1] = "index 1"
+    bad = tmp / "bad.tlog-proof"
+    bad.write_text("\n".join(lines))
+    assert verify(runs[0], "--log-proof", str(bad))[0] == 1
+    c = _run(tmp / "c" / "journal.jsonl", load_signer(keys["run"][0]), 3).parent
+    code, out = verify(c)
+    assert code == 1 and "no proof of logging" in out
