@@ -25,7 +25,7 @@ from trainledger.journal.events import Event, KeyCertified, RunClosed, RunOpened
 
 # BUILTIN_KINDS is built on first use (module __getattr__)
 __all__ = ["BUILTIN_KINDS", "KIND_MODULES", "ModelExported", "RankJoined", "RanksAnchored",  # noqa: F822
-           "AnchorRecorded", "check_files", "check_ranks"]
+           "AnchorRecorded", "TimestampRecorded", "check_files", "check_ranks"]
 
 #: The modules that define the built-in kinds beyond this one's, imported with the codec (by name: the core
 #: stands below them and never imports them otherwise). Each defines ``KINDS``, its event classes.
@@ -132,9 +132,30 @@ class AnchorRecorded(Event, tag="anchor_recorded", frozen=True, kw_only=True):
             _check_key_id(self.key)
 
 
+class TimestampRecorded(Event, tag="timestamp_recorded", frozen=True, kw_only=True):
+    """Format 1.10: an RFC 3161 time-stamping authority's token over an earlier seal's checkpoint note
+    (journal/proofs/timestamp.py, docs/publishing.md), recorded when it arrived: ``seal_seq`` the seal's line,
+    ``note_sha256`` the note's SHA-256 (hex) the token's imprint must be, ``tsa`` the authority asked, ``token`` the
+    DER token (base64), ``time`` the time it states (ISO 8601, UTC) as the writer read it; or, where none came,
+    ``error`` why (the run went on without it). ``verify --tsa-cert`` checks each token offline."""
+
+    seal_seq: int
+    note_sha256: str
+    tsa: str
+    token: str | None = None
+    time: str | None = None
+    error: str | None = None
+
+    def __post_init__(self) -> None:
+        if len(self.note_sha256) != 64 or self.note_sha256.strip("0123456789abcdef"):
+            raise ValueError("note_sha256 is not 64 lowercase hex digits")
+        if (self.token is None) == (self.error is None):
+            raise ValueError("a timestamp_recorded holds a token or an error, one of them")
+
+
 _CORE_KINDS: tuple[type[Event], ...] = (RunOpened, Seal, StepObserved, RunResumed, TailRepaired, RunClosed,
                                         KeyCertified, SealSigned, ModelExported, RankJoined, RanksAnchored,
-                                        AnchorRecorded)
+                                        AnchorRecorded, TimestampRecorded)
 #: The names that moved out of this module in 0.2.0, and their new homes
 _MOVED = {**{n: "trainledger.training.kinds" for n in ['CHECKPOINT_CONTRACT', 'LOSS_SCALES', 'SPIKE_RULES', 'RunConfigured', 'AnomalyDetected', 'SpikeSuspected', 'AnomalyEnded', 'MAX_WINDOW', 'DetectorParams', 'CheckpointSaved', 'folder_digest', 'ResumeRejectedEvent', 'WeightsRestored', 'CheckpointFailed', 'CheckpointDeleted', 'RewindDecided', 'DataWindowSkipped', 'RunStopped', 'PreflightGate', 'PreflightCompleted', 'EvaluationRecorded', 'CheckpointSelected', 'ResourceRecorded', 'ShardsSaved', 'DeviceSampled', 'DeviceChanged', 'DEVICE_ANOMALIES', 'device_anomaly', 'TelemetryUnavailable', 'StragglerScores', 'StragglerDetected', 'MetricsLogged', 'ComputeTotaled', 'ComputeThresholdCrossed']},
           **{n: "trainledger.ladder.kinds" for n in ['RungStarted', 'GateVerdict', 'DecisionRecorded', 'ScalingFitted']}}

@@ -19,6 +19,7 @@ Crash model (docs/FORMAT.md states it for auditors):
 from __future__ import annotations
 
 import atexit
+import base64
 import enum
 import os
 import secrets
@@ -157,6 +158,7 @@ class Journal:
     _lock: threading.Lock
     _pending: deque[tuple[Any, int]]
     _last: tuple[int, Event] | None
+    _last_signed: tuple[int, int, str, str, str] | None
     _closed: bool
     _stopped: bool
     _close_head: tuple[int, str] | None
@@ -204,6 +206,8 @@ class Journal:
         self._closed = False  # released: lock dropped, file closed
         self._stopped = False  # no more appends: released, or run_closed already chained by a close() that failed
         self._close_head = None  # the closing seal's head, once chained
+        #: the newest signed seal: (its line, tree size, tree root hex, sealed hash hex, signature b64)
+        self._last_signed = None
         self._fault = None
         self._io_error = None  # the fault's one-line message
         self._flush_interval_ns = min(int(flush_interval_s * 1e9), _NEVER_NS)
@@ -577,6 +581,10 @@ class Journal:
         """Chain a line the journal writes itself (run_opened, a seal, seal_signed, run_closed, ...); its time."""
         ts = _now()
         self._chain.add(_encode_event(event), ts)
+        if isinstance(event, Seal) and event.sig is not None and event.tree_root is not None and event.tree_size:
+            self._last_signed = (self._chain.head[0], event.tree_size, event.tree_root, event.sealed_hash, event.sig)
+        elif isinstance(event, SealSigned):
+            self._last_signed = (event.seal_seq, event.tree_size, event.tree_root, event.sealed_hash, event.sig)
         return ts
 
     def _append_owned(self, *events: Event) -> None:
@@ -795,6 +803,21 @@ class Journal:
         return self._closed
 
     # ------------------------------------------------------------ closing
+
+    def last_seal_note(self) -> tuple[int, str] | None:
+        """The newest signed seal as its C2SP checkpoint note (what a witness cosigns and a time-stamping authority
+        stamps): (the seal's line, the note); None before a signed format 1.3 seal."""
+        from trainledger.journal.chain import origin, seal_checkpoint
+        from trainledger.journal.note import note_signature_line
+
+        with self._lock:
+            last, signer = self._last_signed, self._sealer.signer
+        pub = signer.public if signer is not None else None
+        if last is None or pub is None:
+            return None
+        seq, size, root, sealed_hash, sig = last
+        text = seal_checkpoint(self.run_id, size, bytes.fromhex(root), size - 1, bytes.fromhex(sealed_hash))
+        return seq, text + "\n" + note_signature_line(origin(self.run_id), pub.raw, base64.b64decode(sig))
 
     def close(self, status: str = "completed", reason: str | None = None) -> tuple[int, str]:
         """End the run: append ``run_closed``, seal, fsync, release the lock.

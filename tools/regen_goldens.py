@@ -148,6 +148,15 @@ def every_kind(path: Path) -> Path:
 
     j.append(ReplayChecked(step=25, ok=True, loss="4004cccccccccccd", loss_again="4004cccccccccccd", root="7a" * 32,
                            root_again="7a" * 32, tensors=2), durable=True)
+    # 1.10: the time-stamping authority asked for a token over the seal just written could not be reached
+    import hashlib
+
+    from trainledger.journal.kinds import TimestampRecorded
+
+    seal_seq, note = j.last_seal_note()
+    j.append(TimestampRecorded(seal_seq=seal_seq, note_sha256=hashlib.sha256(note.encode()).hexdigest(),
+                               tsa="http://tsa.example/", error="URLError: <urlopen error [Errno 111] Connection "
+                                                                "refused>"), durable=True)
     _, started_h = j.append(RungStarted(rung="rung_i", real_target="1B params / 8 GPUs", spec={"steps": 26}),
                             durable=True)
     bars = {"max_final_loss": 5.0, "max_forgetting_gap": 1.0, "max_anomalies": 5}

@@ -20,6 +20,7 @@ NEED=""
 if [ "${1:-}" = "--browser" ]; then
   command -v chromium >/dev/null 2>&1 || NEED="$NEED chromium"
   command -v softhsm2-util >/dev/null 2>&1 || NEED="$NEED softhsm2"
+  command -v openssl >/dev/null 2>&1 || NEED="$NEED openssl"  # 'openssl ts': the RFC 3161 authority of the tests
 fi
 if [ -n "$NEED" ]; then
   SUDO=""
@@ -27,7 +28,7 @@ if [ -n "$NEED" ]; then
     command -v sudo >/dev/null 2>&1 || { echo "setup.sh: --browser needs root or sudo to install$NEED" >&2; exit 1; }
     SUDO=sudo
   fi
-  echo "setup.sh: installing Debian's$NEED for the browser and PKCS#11 tests" >&2
+  echo "setup.sh: installing Debian's$NEED for the browser, PKCS#11 and time-stamping tests" >&2
   $SUDO apt-get update -qq >/dev/null
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends $NEED >/dev/null
 fi

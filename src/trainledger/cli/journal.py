@@ -97,6 +97,9 @@ def register(sub) -> None:
                         "journal: 'trainledger log prove'; docs/publishing.md)")
     p.add_argument("--log-proof", metavar="FILE", default=None,
                    help="with --policy: the journal's proof of logging, if not beside it (<journal>.tlog-proof)")
+    p.add_argument("--tsa-cert", action="append", default=[], metavar="FILE",
+                   help="a time-stamping authority's certificate, or the CA that issued it (PEM; repeatable): check "
+                        "every RFC 3161 token on the journal's seals and print when each seal existed by")
     add_json_option(p)
     p.add_argument("--workers", type=int, default=None, help="processes for large journals (default: all cores)")
     p.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
@@ -250,9 +253,14 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         published, lines = policy_lines(args.path, kind, trust.keys, args.policy, args.log_proof)
     elif args.log_proof is not None:
         raise UsageError("--log-proof goes with --policy (the policy says which log and witnesses to trust)")
+    if args.tsa_cert:
+        from trainledger.cli.publish import tsa_lines
+
+        timed, more = tsa_lines(args.path, kind, trust.keys, args.tsa_cert)
+        published, lines = published and timed, lines + more
     if args.json:
         d = {"ok": True, "partial": r.partial, **r.to_dict()} if kind == "export" else r.to_dict()
-        if args.policy is not None:
+        if args.policy is not None or args.tsa_cert:
             d = {**d, "ok": d.get("ok", True) and published, "published": published, "publication": lines}
         say(json.dumps(d))
     elif kind == "export":

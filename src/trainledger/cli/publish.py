@@ -24,14 +24,14 @@ def register(sub) -> None:
                                    "'log publish' has witnesses outside the trainer cosign it (docs/publishing.md).")
     lsub = p.add_subparsers(dest="log_command", metavar="ACTION", help="init, add, serve, publish or prove")
     q = lsub.add_parser("init", help="make an empty log folder, signed by the log's key")
-    q.add_argument("logdir", metavar="LOGDIR")
+    q.add_argument("logdir", metavar="LOGDIR", help="the log's folder")
     q.add_argument("--origin", required=True, help="the log's name: a schema-less URL prefix (example.com/ml-runs)")
     q.add_argument("--key", required=True, metavar="LOG.key", help="the log's private key (trainledger keygen)")
     add_json_option(q)
     q.set_defaults(func=_cmd_init)
 
     q = lsub.add_parser("add", help="verify runs and append their signed checkpoints to the log")
-    q.add_argument("logdir", metavar="LOGDIR")
+    q.add_argument("logdir", metavar="LOGDIR", help="the log's folder")
     q.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run folders or journals (every rank of a "
                                                               "distributed run's folder)")
     q.add_argument("--pubkey", action="append", default=[], metavar="RUN.pub", required=True,
@@ -43,13 +43,13 @@ def register(sub) -> None:
     q.set_defaults(func=_cmd_add)
 
     q = lsub.add_parser("serve", help="serve the log folder read-only over HTTP (127.0.0.1)")
-    q.add_argument("logdir", metavar="LOGDIR")
-    q.add_argument("--port", type=int, default=8765)
+    q.add_argument("logdir", metavar="LOGDIR", help="the log's folder")
+    q.add_argument("--port", type=int, default=8765, help="the port (default 8765; 0: a free one)")
     q.add_argument("--host", default="127.0.0.1", help="the address to bind (default 127.0.0.1: this machine only)")
     q.set_defaults(func=_cmd_serve)
 
     q = lsub.add_parser("prove", help="write each run's proof of logging (C2SP tlog-proof) beside its journal")
-    q.add_argument("logdir", metavar="LOGDIR")
+    q.add_argument("logdir", metavar="LOGDIR", help="the log's folder")
     q.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run folders or journals, each added before")
     q.add_argument("--pubkey", action="append", default=[], metavar="RUN.pub", required=True,
                    help="the runs' public key(s) (repeatable)")
@@ -60,7 +60,7 @@ def register(sub) -> None:
     q.set_defaults(func=_cmd_prove)
 
     q = lsub.add_parser("publish", help="have witnesses cosign the log's checkpoint (C2SP tlog-witness)")
-    q.add_argument("logdir", metavar="LOGDIR")
+    q.add_argument("logdir", metavar="LOGDIR", help="the log's folder")
     q.add_argument("--witness", action="append", default=[], metavar="URL",
                    help="a witness's submission prefix (repeatable); its cosignature is kept unchecked")
     q.add_argument("--policy", metavar="FILE", default=None,
@@ -72,6 +72,21 @@ def register(sub) -> None:
     add_json_option(q)
     q.set_defaults(func=_cmd_publish)
     p.set_defaults(func=lambda args: _usage(p))
+
+    q = sub.add_parser("timestamp", help="have a time-stamping authority (RFC 3161) sign that a seal existed",
+                       description="Ask an RFC 3161 time-stamping authority for a token over the journal's last "
+                                   "signed seal (its checkpoint note), or over every seal without one (--all-seals), "
+                                   "and keep the tokens beside it (<journal>.timestamps.jsonl). 'verify --tsa-cert' "
+                                   "checks them offline and prints when each seal existed by.")
+    q.add_argument("path", metavar="JOURNAL", help="a journal (signed, format 1.3 or later)")
+    q.add_argument("--tsa", required=True, metavar="URL", help="the authority's RFC 3161 HTTP endpoint")
+    q.add_argument("--pubkey", action="append", default=[], metavar="FILE", required=True,
+                   help="the journal's public key (it is verified first)")
+    q.add_argument("--all-seals", action="store_true", help="every seal without a token, not only the last")
+    q.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS",
+                   help="how long to wait for the authority (default 10)")
+    add_json_option(q)
+    q.set_defaults(func=_cmd_timestamp)
 
 
 def register_witness_serve(wsub) -> None:
@@ -85,8 +100,8 @@ def register_witness_serve(wsub) -> None:
     q.add_argument("--log", action="append", default=[], metavar="VKEY", required=True,
                    help="a log to follow: its verifier key (name = origin; 'trainledger log init' prints it), or a "
                         "file of them (repeatable)")
-    q.add_argument("--port", type=int, default=8766)
-    q.add_argument("--host", default="127.0.0.1")
+    q.add_argument("--port", type=int, default=8766, help="the port (default 8766; 0: a free one)")
+    q.add_argument("--host", default="127.0.0.1", help="the address to bind (default 127.0.0.1: this machine only)")
     q.add_argument("--ml-dsa", action="store_true", help="cosign with ML-DSA-44 too (a key derived from --key)")
     q.set_defaults(func=_cmd_witness_serve)
 
@@ -258,3 +273,59 @@ def policy_lines(path: str, kind: str, keys, policy_file: str, proof: str | None
     results = [check_published(j, keys, policy, Path(proof) if proof else None) for j in journals]
     return all(r.ok for r in results), [f"{'PUBLISHED' if r.ok else 'NOT PUBLISHED'}  {r.journal}: {r.detail}"
                                         for r in results]
+
+
+def _when(ns: int | None) -> str:
+    import datetime
+
+    return "?" if ns is None else datetime.datetime.fromtimestamp(ns / 1e9, datetime.timezone.utc).isoformat(
+        timespec="seconds")
+
+
+def stamped_line(st) -> str:
+    """One seal's token, as verify and timestamp print it."""
+    tree = f" (tree of {st.tree_size:,})" if st.tree_size is not None else ""
+    if st.error is not None:
+        return f"NO TIME  seal at line {st.seal_seq}{tree}: {st.error} [{st.where}]"
+    return (f"EXISTED BY {st.time.isoformat(timespec='seconds')}  seal at line {st.seal_seq}{tree}, per {st.tsa} "
+            f"(the trainer's clock: {_when(st.own_ns)}) [{st.where}]")
+
+
+def _cmd_timestamp(args: argparse.Namespace) -> int:
+    from trainledger.cli.options import say
+    from trainledger.journal.keys import trusted_keys
+    from trainledger.journal.proofs.timestamp import stamp
+    from trainledger.journal.verify import verify
+
+    keys = trusted_keys(args.pubkey)
+    verify(args.path, keys=keys, allow_unsealed=True)
+    got = stamp(args.path, keys, args.tsa, all_seals=args.all_seals, timeout=args.timeout)
+    if args.json:
+        say(json.dumps({"ok": all(s.error is None for s in got),
+                        "seals": [{"seal_seq": s.seal_seq, "tree_size": s.tree_size, "error": s.error,
+                                   "time": None if s.time is None else s.time.isoformat()} for s in got]}))
+    else:
+        for s in got:
+            say(stamped_line(s))
+    return 0 if all(s.error is None for s in got) else 1
+
+
+def tsa_lines(path: str, kind: str, keys, cert_files) -> tuple[bool, list[str]]:
+    """``verify --tsa-cert``: every token of every journal of ``path`` checked; (all hold, a line each)."""
+    from trainledger.journal.keys import read_small_file
+    from trainledger.journal.proofs.timestamp import check_journal, load_certificates
+    from trainledger.journal.statements.publish.orglog import run_journals
+
+    if kind not in ("journal", "run_dir"):
+        raise UsageError("--tsa-cert applies to a journal or a run folder")
+    certs = [c for f in cert_files for c in load_certificates(read_small_file(Path(f), "certificate",
+                                                                              limit=1 << 20))]
+    lines, ok = [], True
+    for j in run_journals(path):
+        found = check_journal(j, keys, certs)
+        if not found:
+            lines.append(f"NO TIME  {j}: no timestamp token ('trainledger timestamp', or Recorder(tsa=))")
+        for st in found:
+            ok = ok and st.error is None
+            lines.append(stamped_line(st))
+    return ok, lines

@@ -1,0 +1,137 @@
+"""RFC 3161 trusted time on seals, against a real authority: Debian's ``openssl ts -reply`` behind a loopback
+endpoint (tests/helpers/openssl_tsa.py). Tokens over a journal's seals from 'trainledger timestamp' and from the
+Recorder's tsa= (in the journal after each checkpoint, beside it for the final seal), each checked by
+'openssl ts -verify' and by 'verify --tsa-cert' (printed as "existed by" beside the trainer's clock); a token over
+another note, one signed by an authority not pinned, one whose certificate is not for time stamping, and a
+tampered token refused; an authority that cannot be reached leaves the run training and says which seal lacks one."""
+
+from __future__ import annotations
+
+import base64
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "helpers"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from conftest import step  # noqa: E402
+from openssl_tsa import OpensslTsa  # noqa: E402
+
+from trainledger.cli import main  # noqa: E402
+from trainledger.journal import Journal, keygen, load_signer, read_events  # noqa: E402
+from trainledger.journal.proofs.timestamp import (TimestampError, check_journal, load_certificates,  # noqa: E402
+                                                  seal_notes, sidecar, verify_token)
+
+
+@pytest.fixture(scope="module")
+def tsa(tmp_path_factory):
+    t = OpensslTsa(tmp_path_factory.mktemp("tsa"))
+    url = t.start()
+    yield t, url
+    t.stop()
+
+
+def _journal(path: Path, signer, n: int = 12) -> Path:
+    j = Journal.create(path, signer=signer, seal_every=5, background=False)
+    for i in range(n):
+        j.append(step(i))
+    j.close()
+    return path
+
+
+def test_a_written_journal_is_timestamped_and_every_token_checked_both_ways(tmp_path, tsa, capsys):
+    t, url = tsa
+    priv, pub = keygen(tmp_path / "keys")
+    jp = _journal(tmp_path / "run" / "journal.jsonl", load_signer(priv))
+    assert main(["timestamp", str(jp), "--tsa", url, "--pubkey", str(pub), "--all-seals"]) == 0
+    out = capsys.readouterr().out
+    notes = seal_notes(jp, [load_signer(priv).public])
+    assert out.count("EXISTED BY") == len(notes) >= 3
+    recs = [json.loads(x) for x in sidecar(jp).read_text().splitlines()]
+    assert sorted(r["seal_seq"] for r in recs) == sorted(notes)
+    for r in recs:  # the stock verifier agrees on every token
+        proc = t.openssl_verify(notes[r["seal_seq"]][0].encode(), base64.b64decode(r["token"]))
+        assert "Verification: OK" in proc.stdout, proc.stderr
+    # verify --tsa-cert: every token checked, printed beside the trainer's own clock
+    assert main(["verify", str(jp), "--pubkey", str(pub), "--tsa-cert", str(t.dir / "ca.crt")]) == 0
+    out = capsys.readouterr().out
+    assert out.count("EXISTED BY") == len(notes) and "the trainer's clock:" in out
+    # pinned to the TSA's own certificate instead of its CA: also holds
+    assert main(["verify", str(jp), "--pubkey", str(pub), "--tsa-cert", str(t.dir / "tsa.crt")]) == 0
+    capsys.readouterr()
+    # a token moved onto another seal's line: over another note, refused (exit 1), and openssl agrees
+    bad = [dict(r) for r in recs]
+    bad[0]["seal_seq"], bad[1]["seal_seq"] = bad[1]["seal_seq"], bad[0]["seal_seq"]
+    sidecar(jp).write_text("".join(json.dumps(r) + "\n" for r in bad))
+    assert main(["verify", str(jp), "--pubkey", str(pub), "--tsa-cert", str(t.dir / "ca.crt")]) == 1
+    assert "is over another note" in capsys.readouterr().out
+    assert "Verification: OK" not in t.openssl_verify(notes[bad[0]["seal_seq"]][0].encode(),
+                                                      base64.b64decode(bad[0]["token"])).stdout
+    # one digit of the time a token states changed (inside the signed TSTInfo): refused
+    tok = bytearray(base64.b64decode(recs[0]["token"]))
+    at = bytes(tok).index(b"\x18\x0f") + 2  # the GeneralizedTime: YYYYMMDDHHMMSSZ
+    tok[at + 3] ^= 1
+    with pytest.raises(TimestampError):
+        verify_token(bytes(tok), notes[recs[0]["seal_seq"]][0], load_certificates((t.dir / "ca.crt").read_bytes()))
+
+
+def test_an_authority_not_pinned_or_not_for_time_stamping_is_refused(tmp_path, tsa):
+    t, url = tsa
+    other = OpensslTsa(tmp_path / "other")
+    no_eku = OpensslTsa(tmp_path / "noeku", eku=False)
+    note = "trainledger/r\n1\n" + base64.b64encode(bytes(32)).decode() + "\n\n\u2014 x y\n"
+    token = base64.b64decode(__import__("trainledger.journal.proofs.timestamp", fromlist=["x"]).stamp_record(
+        url, 0, note)["token"])
+    ours = load_certificates((t.dir / "ca.crt").read_bytes())
+    assert verify_token(token, note, ours).digest
+    with pytest.raises(TimestampError, match="neither the pinned authority nor issued by it"):
+        verify_token(token, note, load_certificates((other.dir / "ca.crt").read_bytes()))
+    u2 = no_eku.start()
+    try:
+        from trainledger.journal.proofs.timestamp import request
+
+        try:
+            tok2 = request(u2, note)
+        except (TimestampError, OSError):
+            return  # this openssl refuses to sign with a certificate not for time stamping: refused either way
+        with pytest.raises(TimestampError, match="not one for time stamping"):
+            verify_token(tok2, note, load_certificates((no_eku.dir / "ca.crt").read_bytes()))
+    finally:
+        no_eku.stop()
+
+
+def test_the_recorder_stamps_each_checkpoint_and_the_final_seal_and_goes_on_without_an_authority(tmp_path, tsa):
+    torch = pytest.importorskip("torch")
+    from trainledger.journal.kinds import TimestampRecorded
+    from trainledger.training import Recorder
+
+    t, url = tsa
+    priv, pub = keygen(tmp_path / "keys")
+
+    def train(run, tsa_url):
+        model = torch.nn.Linear(4, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        rec = Recorder(run, key=priv, model=model, optimizer=opt, tsa=tsa_url)
+        for s in range(6):
+            rec.step(s, 1.0 / (s + 1))
+            if s % 3 == 2:
+                rec.checkpoint(s, data_state={"s": s})
+        rec.close()
+        return run / "journal.jsonl"
+
+    jp = train(tmp_path / "ok", url)
+    inline = [e for e in read_events(jp) if isinstance(e, TimestampRecorded)]
+    assert len(inline) >= 1 and all(e.token for e in inline)  # the first checkpoint's came in before the close
+    side = [json.loads(x) for x in sidecar(jp).read_text().splitlines()]
+    assert side[-1]["token"] and max(seal_notes(jp, [load_signer(priv).public])) == side[-1]["seal_seq"]
+    checked = check_journal(jp, [load_signer(priv).public], load_certificates((t.dir / "ca.crt").read_bytes()))
+    assert all(c.error is None for c in checked) and len(checked) == len(inline) + len(side)
+    # no authority: training goes on, each seal that lacks a token says so
+    jp2 = train(tmp_path / "down", "http://127.0.0.1:9/")
+    lacking = [e for e in read_events(jp2) if isinstance(e, TimestampRecorded)]
+    assert lacking and all(e.error and e.token is None for e in lacking)
+    assert "error" in json.loads(sidecar(jp2).read_text().splitlines()[-1])
+    assert main(["verify", str(jp2), "--pubkey", str(pub), "--tsa-cert", str(t.dir / "ca.crt")]) == 1
