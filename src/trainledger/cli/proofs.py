@@ -114,6 +114,13 @@ def register(sub) -> None:
                    help="prove against the seal at seq N (its tree of N lines) instead of the latest")
     p.add_argument("--index", metavar="FILE", default=None, help="the tree index (default: JOURNAL.tlindex)")
     p.add_argument("-o", "--out", metavar="BUNDLE", required=True, help="the bundle file to write")
+    p.add_argument("--cose", metavar="DIR", default=None,
+                   help="also write, into DIR, each line's RFC 9942 COSE receipt (line-SEQ.receipt.cose) and the "
+                        "checkpoint as a COSE_Sign1 statement (checkpoint.cose), signed with --cose-key "
+                        "(docs/cose.md)")
+    p.add_argument("--cose-key", metavar="KEY", default=None,
+                   help="the key that signs them: the run's Ed25519 key file (EdDSA) or a P-256 PEM, a release "
+                        "key (ES256)")
     _add_rank_option(p)
     add_trust_options(p)
     add_json_option(p)
@@ -345,6 +352,8 @@ def _cmd_prove(args: argparse.Namespace) -> int:
         say(f"trainledger prove: note: {note}", file=sys.stderr)
     _write_out(args.out, (json.dumps(res.bundle, indent=1) + "\n").encode())
     b = res.bundle
+    if args.cose is not None:
+        _write_cose(args, b)
     size = b["checkpoint"].split("\n")[1]
     if args.json:
         say(json.dumps({"ok": True, "out": args.out, "run_id": b["run_id"], "tree_size": int(size),
@@ -358,6 +367,25 @@ def _cmd_prove(args: argparse.Namespace) -> int:
                                      "built the tree index in memory (could not write it beside the journal)"),
             file=sys.stderr)
     return 0
+
+
+def _write_cose(args: argparse.Namespace, b: dict) -> None:
+    from trainledger.cli.options import say
+    from trainledger.journal.note import parse_checkpoint
+    from trainledger.journal.proofs.cose import load_key, receipt, statement
+
+    if args.cose_key is None:
+        raise UsageError("--cose needs --cose-key KEY (the key the receipts are signed with)")
+    signer = load_key(args.cose_key)
+    note = b["checkpoint"]
+    cp = parse_checkpoint(note[:note.rfind("\n\n") + 1])
+    out = Path(args.cose)
+    out.mkdir(parents=True, exist_ok=True)
+    for e in b["entries"]:
+        path = [base64.b64decode(h) for h in e["proof"]]
+        _write_out(str(out / f"line-{e['seq']}.receipt.cose"), receipt(e["seq"], cp.size, path, cp.root, signer))
+    _write_out(str(out / "checkpoint.cose"), statement(note, signer))
+    say(f"wrote {len(b['entries'])} COSE receipt(s) and checkpoint.cose into {out}", file=sys.stderr)
 
 
 def _cmd_consistency(args: argparse.Namespace) -> int:

@@ -56,6 +56,9 @@ def register(sub) -> None:
     q.add_argument("--allow-open", action="store_true", help="a run still being written (its signed prefix)")
     q.add_argument("-o", "--out", metavar="PATH", default=None,
                    help="write the proof here instead (one journal), or into this folder (several)")
+    q.add_argument("--cose-key", metavar="LOG.key", default=None,
+                   help="also write each entry's RFC 9942 COSE receipt beside its proof (<journal>.receipt.cose), "
+                        "signed with this key: the log's (EdDSA), or a P-256 PEM (ES256) (docs/cose.md)")
     add_json_option(q)
     q.set_defaults(func=_cmd_prove)
 
@@ -249,6 +252,8 @@ def _cmd_prove(args: argparse.Namespace) -> int:
             dest = Path(args.out) / proof_path(j).name
         write_out(str(dest), text.encode())
         written.append((j, dest, text.count("\u2014 ") - 1))
+        if args.cose_key is not None:
+            write_out(str(dest.with_suffix(".receipt.cose")), _receipt_of(text, args.cose_key))
     if args.json:
         say(json.dumps({"ok": True, "proofs": [{"journal": str(j), "proof": str(d), "cosignatures": n}
                                               for j, d, n in written]}))
@@ -256,6 +261,17 @@ def _cmd_prove(args: argparse.Namespace) -> int:
     for j, d, n in written:
         say(f"wrote {d}: {j} in the log, under a checkpoint with {n} cosignature(s)")
     return 0
+
+
+def _receipt_of(proof_text: str, key: str) -> bytes:
+    """A tlog-proof's inclusion as an RFC 9942 COSE receipt signed with ``key``."""
+    from trainledger.journal.note import parse_checkpoint
+    from trainledger.journal.proofs.cose import load_key, receipt
+    from trainledger.journal.proofs.tlogproof import parse_proof
+
+    tp = parse_proof(proof_text)
+    cp = parse_checkpoint(tp.note[:tp.note.rfind("\n\n") + 1])
+    return receipt(tp.index, cp.size, tp.hashes, cp.root, load_key(key))
 
 
 def policy_lines(path: str, kind: str, keys, policy_file: str, proof: str | None) -> tuple[bool, list[str]]:

@@ -208,3 +208,46 @@ def test_verify_with_a_policy_says_whether_a_run_is_published(world, capsys):
     c = _run(tmp / "c" / "journal.jsonl", load_signer(keys["run"][0]), 3).parent
     code, out = verify(c)
     assert code == 1 and "no proof of logging" in out
+
+
+def test_receipts_in_cose_for_a_journals_lines_and_for_the_logs_entries(world, capsys):
+    """prove --cose writes each proven line's RFC 9942 receipt and the checkpoint as a COSE_Sign1 statement, signed
+    with the run's key; log prove --cose-key the same for each run's entry in the team log, signed with the log's
+    key. Each checks here and under pycose with the root its own proof gives; another line does not."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+    from pycose.keys import OKPKey
+    from pycose.messages import Sign1Message
+
+    from trainledger.journal.proofs.cose import verify_receipt, verify_statement
+
+    tmp, keys, runs, _ = world
+    jp = runs[0] / "journal.jsonl"
+    out = tmp / "cose"
+    assert main(["prove", str(jp), "--seq", "3", "--seq", "5", "-o", str(tmp / "b.json"), "--pubkey",
+                 str(keys["run"][1]), "--cose", str(out), "--cose-key", str(keys["run"][0])]) == 0
+    capsys.readouterr()
+    run_pub = Ed25519PublicKey.from_public_bytes(load_signer(keys["run"][0]).public.raw)
+    lines = jp.read_bytes().split(b"\n")
+    for seq in (3, 5):
+        data = (out / f"line-{seq}.receipt.cose").read_bytes()
+        index, size, r = verify_receipt(data, lines[seq], run_pub)
+        assert index == seq
+        msg = Sign1Message.decode(data)
+        msg.key = OKPKey(crv="ED25519", x=load_signer(keys["run"][0]).public.raw)
+        assert msg.verify_signature(detached_payload=r)
+        with pytest.raises(Exception):
+            verify_receipt(data, lines[seq + 1], run_pub)
+    assert verify_statement((out / "checkpoint.cose").read_bytes(), run_pub) == json.loads(
+        (tmp / "b.json").read_text())["checkpoint"]
+
+    logdir = tmp / "log"
+    main(["log", "init", str(logdir), "--origin", "example.com/ml-runs", "--key", str(keys["log"][0])])
+    main(["log", "add", str(logdir), *map(str, runs), "--pubkey", str(keys["run"][1]), "--key", str(keys["log"][0])])
+    assert main(["log", "prove", str(logdir), *map(str, runs), "--pubkey", str(keys["run"][1]), "--cose-key",
+                 str(keys["log"][0])]) == 0
+    log_pub = Ed25519PublicKey.from_public_bytes(load_signer(keys["log"][0]).public.raw)
+    from trainledger.journal.proofs.tlogproof import parse_proof
+
+    for i, run in enumerate(runs):
+        entry = parse_proof((run / "journal.tlog-proof").read_text()).extra
+        assert verify_receipt((run / "journal.receipt.cose").read_bytes(), entry, log_pub)[:2] == (i, 2)
