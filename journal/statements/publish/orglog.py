@@ -22,7 +22,8 @@ from trainledger.journal.proofs.checkpoint import tree_head
 from trainledger.journal.proofs.tiles import LogView, TileLog
 
 __all__ = ["run_journals", "run_notes", "add_runs", "Added", "entry_index", "publish", "Published",
-           "MIN_INTERVAL_S", "prove", "check_published", "Publication", "proof_path"]
+           "MIN_INTERVAL_S", "prove", "check_published", "check_checkpoint_published", "held", "Publication",
+           "proof_path"]
 
 #: the least time between two checkpoints sent to witnesses: the public witness network admits long-tail logs
 #: that add about one checkpoint a minute
@@ -184,7 +185,7 @@ class Publication:
     """Whether a journal is published under a policy: ``ok`` (its checkpoint in the log under a checkpoint the
     quorum cosigned), and what was found (one line: the entry, the log's size, the quorum, or why not)."""
 
-    journal: Path
+    journal: Any
     ok: bool
     detail: str
     index: int | None = None
@@ -195,28 +196,55 @@ def check_published(journal: Path, keys: Sequence[PublicKey], policy: Any, proof
     """Hold a journal to its proof of logging (``proof``, default :func:`proof_path`) under ``policy``: the entry
     (the proof's extra data) a checkpoint of this run signed by a pinned key, the journal extending it, the entry
     included under the proof's checkpoint, and that checkpoint signed by a listed log and cosigned by the quorum."""
+    from trainledger.journal.verify import verify
+
+    def extends(entry_cp: Any) -> None:
+        verify(journal, keys=list(keys), allow_unsealed=True, expect_checkpoint=entry_cp)
+
+    return held(proof or proof_path(journal), keys, policy, extends, journal)
+
+
+def check_checkpoint_published(proof: Path, keys: Sequence[PublicKey], policy: Any, origin: str, size: int,
+                               head: str, subject: Any) -> Publication:
+    """A signed checkpoint of a run (``origin``, tree ``size``, chain ``head`` "SEQ:HASH": a proof bundle's, a
+    release's) held to a proof of logging under ``policy``: the proof's entry must be that very checkpoint."""
+    from trainledger.journal.note import NoteError
+    from trainledger.journal.proofs.checkpoint import head_extension
+
+    def same(entry_cp: Any) -> None:
+        seq, h = head_extension(entry_cp)
+        if entry_cp.origin != origin or entry_cp.size != size or f"{seq}:{h}" != head:
+            raise NoteError(f"the proof's entry is the checkpoint of {entry_cp.origin} at size {entry_cp.size}, not "
+                            f"the one this proves against ({origin} at size {size}): prove against the published "
+                            "size (--tree-size), or publish this one")
+
+    return held(proof, keys, policy, same, subject)
+
+
+def held(path: Path, keys: Sequence[PublicKey], policy: Any, match: Any, subject: Any) -> Publication:
+    """The proof of logging at ``path`` under ``policy``: its entry opened under ``keys`` and handed to ``match``
+    (which raises when it is not the checkpoint wanted), included at its index, under a checkpoint the quorum
+    cosigned."""
     from trainledger.journal.errors import IntegrityError
     from trainledger.journal.keys import read_small_file
     from trainledger.journal.merkle import ProofError
     from trainledger.journal.note import NoteError
     from trainledger.journal.proofs.checkpoint import open_checkpoint
     from trainledger.journal.proofs.tlogproof import MAX_PROOF, check, parse_proof
-    from trainledger.journal.verify import verify
 
-    path = proof or proof_path(journal)
     if not path.is_file():
-        return Publication(journal, False, f"no proof of logging at {path} ('trainledger log prove' writes it)")
+        return Publication(subject, False, f"no proof of logging at {path} ('trainledger log prove' writes it)")
     try:
         tp = parse_proof(read_small_file(path, "tlog-proof", limit=MAX_PROOF).decode("utf-8", "replace"))
         if tp.extra is None:
-            return Publication(journal, False, f"{path}: the proof does not carry the entry (its extra line)")
+            return Publication(subject, False, f"{path}: the proof does not carry the entry (its extra line)")
         entry_cp, _ = open_checkpoint(tp.extra.decode("utf-8", "replace"), None, keys)
-        verify(journal, keys=list(keys), allow_unsealed=True, expect_checkpoint=entry_cp)
+        match(entry_cp)
         cp, quorum = check(policy, tp, tp.extra)
     except (NoteError, ProofError, IntegrityError) as e:
-        return Publication(journal, False, f"{path}: {e}")
+        return Publication(subject, False, f"{path}: {e}")
     if not quorum.met:
-        return Publication(journal, False, f"entry {tp.index} of {cp.origin} (size {cp.size}), but {quorum.detail}",
+        return Publication(subject, False, f"entry {tp.index} of {cp.origin} (size {cp.size}), but {quorum.detail}",
                            tp.index, cp.size)
-    return Publication(journal, True, f"entry {tp.index} of {cp.origin} under its checkpoint of size {cp.size}; "
+    return Publication(subject, True, f"entry {tp.index} of {cp.origin} under its checkpoint of size {cp.size}; "
                                       f"{quorum.detail}", tp.index, cp.size)

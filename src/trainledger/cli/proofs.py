@@ -23,6 +23,28 @@ __all__ = ["register", "expected_checkpoint", "add_witness_options", "FAILS"]
 _MAX_NOTE = 1 << 20
 
 
+def add_policy_options(p: argparse.ArgumentParser, what: str) -> None:
+    """``--policy FILE`` and ``--log-proof FILE``: whether ``what`` is published in the team log (docs/publishing.md)."""
+    p.add_argument("--policy", metavar="FILE", default=None,
+                   help=f"a C2SP tlog-policy file: also fail unless {what} is published: its checkpoint an entry of "
+                        "the team log under a checkpoint the policy's quorum cosigned (docs/publishing.md)")
+    p.add_argument("--log-proof", metavar="FILE", default=None,
+                   help="with --policy: the proof of logging ('trainledger log prove'; a .tlog-proof)")
+
+
+def published_line(proof: str | None, keys: Any, policy_file: str, origin: str, size: int, head: str,
+                   subject: str, default: Path | None = None) -> tuple[bool, str]:
+    """(published, the line to print) for a run checkpoint held to a proof of logging under a policy."""
+    from trainledger.journal.proofs.policy import read_policy
+    from trainledger.journal.statements.publish.orglog import check_checkpoint_published
+
+    path = Path(proof) if proof is not None else default
+    if path is None:
+        raise UsageError("--policy needs --log-proof FILE, the checkpoint's proof of logging ('trainledger log prove')")
+    r = check_checkpoint_published(path, keys, read_policy(policy_file), origin, size, head, subject)
+    return r.ok, f"{'PUBLISHED' if r.ok else 'NOT PUBLISHED'}  {subject}: {r.detail}"
+
+
 def add_witness_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("witnesses")
     g.add_argument("--witness-key", action="append", default=[], metavar="VKEY",
@@ -138,6 +160,7 @@ def register(sub) -> None:
     p.add_argument("--expect-checkpoint", metavar="NOTE", default=None,
                    help="a consistency bundle must run from this checkpoint (published earlier)")
     add_witness_options(p)
+    add_policy_options(p, "the bundle's checkpoint")
     add_json_option(p)
     p.set_defaults(func=_cmd_verify_proof)
 
@@ -453,9 +476,20 @@ def _cmd_verify_proof(args: argparse.Namespace) -> int:
         r = verify_bundle(data, keys, witnesses=witnesses, quorum=k, expect_checkpoint=note)
     except FAILS as e:
         return say_proof_failed(args, e)
+    published, line = True, None
+    if args.policy is not None:
+        from trainledger.journal.chain import origin
+
+        published, line = published_line(args.log_proof, keys, args.policy, origin(r.run_id), r.tree_size, r.head,
+                                          args.bundle)
+    elif args.log_proof is not None:
+        raise UsageError("--log-proof goes with --policy (the policy says which log and witnesses to trust)")
     if args.json:
-        say(json.dumps(r.to_dict()))
-        return 0
+        d = r.to_dict()
+        if line is not None:
+            d = {**d, "ok": d.get("ok", True) and published, "published": published, "publication": line}
+        say(json.dumps(d))
+        return 0 if published else 1
     say(f"OK    {args.bundle}: run {r.run_id}, key {r.key_id} (pinned), signed checkpoint of {r.tree_size:,} lines "
         f"(head {r.head[:32]}...)")
     for ev in r.events:
@@ -466,7 +500,9 @@ def _cmd_verify_proof(args: argparse.Namespace) -> int:
         say(f"  cosigned by {name} at {ts}")
     if k:
         say(f"  published: {len(r.witnesses)} of the quorum of {k} witness cosignature(s)")
-    return 0
+    if line is not None:
+        say(line)
+    return 0 if published else 1
 
 
 def say_proof_failed(args: argparse.Namespace, e: Exception) -> int:

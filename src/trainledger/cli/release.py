@@ -65,6 +65,9 @@ def register(sub) -> None:
     p.add_argument("--allow-intermediate", action="store_true",
                    help="accept an export of a step before the run's last (an intermediate model)")
     add_witness_options(p)
+    from trainledger.cli.proofs import add_policy_options
+
+    add_policy_options(p, "the run that made the model (the checkpoint the release proves against)")
     add_json_option(p)
     add_progress_option(p)
     p.set_defaults(func=_cmd_verify_model)
@@ -222,9 +225,21 @@ def _cmd_verify_model(args: argparse.Namespace) -> int:
     finally:
         if bar is not None:
             bar.close()
+    published, line = True, None
+    if args.policy is not None:
+        from trainledger.cli.proofs import published_line
+        from trainledger.journal.chain import origin
+
+        published, line = published_line(args.log_proof, trusted_keys(args.pubkey), args.policy, origin(res.run_id),
+                                          res.tree_size, res.head, args.model_dir)
+    elif args.log_proof is not None:
+        raise UsageError("--log-proof goes with --policy (the policy says which log and witnesses to trust)")
     if args.json:
-        say(json.dumps(res.to_dict()))
-        return 0
+        d = res.to_dict()
+        if line is not None:
+            d = {**d, "ok": published, "published": published, "publication": line}
+        say(json.dumps(d))
+        return 0 if published else 1
     say(f"OK    {args.model_dir}  {res.files} files, {res.bytes:,} bytes, sha256:{res.digest}")
     say(f"  signed by release key {res.release_key}; made by run {res.run_id} (run key {res.run_key})")
     from trainledger.journal.text import trainer_step_note
@@ -247,5 +262,7 @@ def _cmd_verify_model(args: argparse.Namespace) -> int:
         say(f"  journal {j['path']}: verified{' and replayed' if j['replayed'] else ''}, {j['events']:,} events"
             + ("" if not j["replayed"] else ", every conclusion recomputed" if j["ok"]
                else f", {j['differences']} difference(s): run replay"))
-    return 0
+    if line is not None:
+        say(line)
+    return 0 if published else 1
 

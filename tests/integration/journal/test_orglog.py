@@ -208,6 +208,21 @@ def test_verify_with_a_policy_says_whether_a_run_is_published(world, capsys):
     c = _run(tmp / "c" / "journal.jsonl", load_signer(keys["run"][0]), 3).parent
     code, out = verify(c)
     assert code == 1 and "no proof of logging" in out
+    # a proof bundle of some of run a's lines, against the checkpoint the log holds: published (verify-proof); a
+    # bundle against an earlier seal of the run is not that checkpoint, and says so
+    main(["prove", str(runs[0] / "journal.jsonl"), "--seq", "2", "-o", str(tmp / "a.json"), "--pubkey", run_pub])
+    from trainledger.journal.proofs.timestamp import seal_notes
+
+    first = min(seal_notes(runs[0] / "journal.jsonl", [load_signer(keys["run"][0]).public]))
+    assert main(["prove", str(runs[0] / "journal.jsonl"), "--seq", "0", "--tree-size", str(first), "-o",
+                 str(tmp / "a5.json"), "--pubkey", run_pub]) == 0
+    capsys.readouterr()
+    assert main(["verify-proof", str(tmp / "a.json"), "--pubkey", run_pub, "--policy", str(policy),
+                 "--log-proof", str(proof_a)]) == 0
+    assert "PUBLISHED" in capsys.readouterr().out
+    assert main(["verify-proof", str(tmp / "a5.json"), "--pubkey", run_pub, "--policy", str(policy),
+                 "--log-proof", str(proof_a)]) == 1
+    assert "not the one this proves against" in capsys.readouterr().out
 
 
 def test_receipts_in_cose_for_a_journals_lines_and_for_the_logs_entries(world, capsys):

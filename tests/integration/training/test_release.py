@@ -199,6 +199,28 @@ def test_the_commands_end_to_end(tmp_path, signer, capsys):
     assert out.startswith("OK ") and ("step 4; the weights: converted or merged from checkpoint "
                                       "checkpoints/step-000000004.pt, as the run recorded: none of its files") in out
     assert "verified and replayed" in out
+    # published: the run's checkpoint in a team log (a policy of quorum none: the log's own signature suffices)
+    from trainledger.journal import keygen
+
+    log_priv, _ = keygen(tmp_path / "logkey")
+    assert main(["log", "init", str(tmp_path / "log"), "--origin", "example.com/ml-runs", "--key", str(log_priv)]) == 0
+    assert main(["log", "add", str(tmp_path / "log"), str(run), "--pubkey", str(pub), "--key", str(log_priv)]) == 0
+    assert main(["log", "prove", str(tmp_path / "log"), str(run), "--pubkey", str(pub), "-o",
+                 str(tmp_path / "run.tlog-proof")]) == 0
+    policy = tmp_path / "p.policy"
+    policy.write_text(f"log {(tmp_path / 'log' / 'log.vkey').read_text().strip()}\nquorum none\n")
+    capsys.readouterr()
+    assert main(["verify-model", str(model), "--release-key", str(tmp_path / "keys" / "release.pub"),
+                 "--pubkey", str(pub), "--policy", str(policy), "--log-proof", str(tmp_path / "run.tlog-proof")]) == 0
+    assert "PUBLISHED" in capsys.readouterr().out
+    from trainledger.journal import Signer
+    from trainledger.journal.note import verifier_key
+
+    other = tmp_path / "other.policy"  # another log's key: not published under it
+    other.write_text(f"log {verifier_key('example.com/ml-runs', Signer.generate().public.raw)}\nquorum none\n")
+    assert main(["verify-model", str(model), "--release-key", str(tmp_path / "keys" / "release.pub"),
+                 "--pubkey", str(pub), "--policy", str(other), "--log-proof", str(tmp_path / "run.tlog-proof")]) == 1
+    assert "NOT PUBLISHED" in capsys.readouterr().out
     (model / "weights.pt").write_bytes(b"not the weights")
     assert main(["verify-model", str(model), "--release-key", str(tmp_path / "keys" / "release.pub"),
                  "--pubkey", str(pub), "--json"]) == 1
