@@ -148,11 +148,15 @@ class Recorder:
                  chance_loss: float | None = None, stragglers: bool = True, straggler_every: int | None = None,
                  straggler_threshold: float = 0.8, fingerprints: bool | None = None,
                  fingerprint_every: int | None = None, fingerprint_exclude: Any = (), on_divergence: str = "raise",
-                 sdc_check: int | None = None, fingerprint_grads: bool = False, tsa: str | None = None):
+                 sdc_check: int | None = None, fingerprint_grads: bool = False, tsa: str | None = None,
+                 team_log: str | os.PathLike | None = None, team_log_key: str | os.PathLike | None = None):
         if key is not None and signer is not None:
             raise UsageError("Recorder takes the run's signing key once: key= or signer=, not both")
         if on_divergence not in ("raise", "record", "rewind"):
             raise UsageError(f"on_divergence must be 'raise', 'record' or 'rewind', got {on_divergence!r}")
+        from trainledger.training.integrations.hooks import Publisher
+
+        Publisher.check(team_log, team_log_key)
         if keep_last is not None and keep_last < 1:
             raise UsageError(f"keep_last must be at least 1, got {keep_last}")
         if batch is not None and (isinstance(batch, bool) or not isinstance(batch, int) or batch < 1):
@@ -248,12 +252,13 @@ class Recorder:
         self._replay: Any = None
         #: what a divergence does: raise StateDivergence, record and go on, or rewind (:meth:`_rewind`)
         self._on_divergence = on_divergence
-        #: an RFC 3161 time-stamping authority (docs/publishing.md): the seal after each checkpoint gets a token, on a
-        #: thread of its own (``timestamp_recorded``, or the error when none came: training never waits on it), and
-        #: the final seal at close (beside the journal: a closed journal takes no line); rank 0 alone under torchrun
-        #: (its anchors name every rank's head)
-        self._tsa = tsa if tsa and (self.rank_info is None or self.rank_info.rank == 0) else None
-        self._stamps: list[Any] = []
+        #: an RFC 3161 time-stamping authority and the team's log (docs/publishing.md): the seal after each checkpoint
+        #: gets a token, on a thread of its own (``timestamp_recorded``, or the error when none came: training never
+        #: waits on it), and the final seal at close (beside the journal: a closed journal takes no line), rank 0
+        #: alone under torchrun (its anchors name every rank's head); at close the journal's checkpoint is added to
+        #: ``team_log``, signed with ``team_log_key``
+        self._publisher = Publisher(self.journal, tsa=tsa, team_log=team_log, team_log_key=team_log_key,
+                                    lead=self.rank_info is None or self.rank_info.rank == 0)
         if sdc_check is not None:
             from trainledger.training.distributed.state_watch import ReplayCheck
 
@@ -571,8 +576,7 @@ class Recorder:
             enforce_retention(self.run, self.journal, self._kept, self.keep_last)
         if self.rank_info is not None:
             self.anchor(step)
-        if self._tsa is not None:
-            self._stamp_last_seal()
+        self._publisher.after_seal()
         self._t = time.perf_counter()  # the save is not part of the next step's time
         if self._clock is not None:
             self._clock.start = self._t  # nor of this rank's own compute time
@@ -629,33 +633,6 @@ class Recorder:
         self._kept = [c for c in self._kept if c.step <= target.step or not self._own(c)]
         raise StateRewound(f"{error} - rewound: the restart resumes every rank from the checkpoint of step "
                            f"{target.step} ({target.path}; rewind_decided, sealed)", v, target.step) from None
-
-    def _stamp_last_seal(self) -> None:
-        """A token over the newest signed seal, asked for on a thread; its ``timestamp_recorded`` (or the error)
-        follows in the journal when it comes."""
-        import threading
-
-        got = self.journal.last_seal_note()
-        if got is None:
-            return
-
-        def ask(seq: int, note: str) -> None:
-            from trainledger.journal.kinds import TimestampRecorded
-            from trainledger.journal.proofs.timestamp import stamp_record
-
-            rec = stamp_record(self._tsa, seq, note)
-            if "error" in rec:
-                sys.stderr.write(f"trainledger: no timestamp for the seal at line {seq}: {rec['error']}\n")
-            try:
-                self.journal.append(TimestampRecorded(**rec))
-            except JournalClosed:  # the run closed meanwhile: kept beside it
-                from trainledger.journal.proofs.timestamp import append_sidecar
-
-                append_sidecar(self.journal.path, [rec])
-
-        t = threading.Thread(target=ask, args=got, daemon=True, name="trainledger-tsa")
-        t.start()
-        self._stamps.append(t)
 
     def anchor(self, step: int | None = None) -> dict[int, str] | None:
         """Under torchrun, with the process group initialized: anchor every rank's journal to the others (one small
@@ -732,18 +709,9 @@ class Recorder:
         record_compute(self.journal)
         if self.rank_info is not None and status == "completed":
             self.anchor(report["last_step"])  # every rank reaches the end together
-        for t in self._stamps:  # each bounded by the authority's timeout
-            t.join()
+        self._publisher.before_close()
         self.journal.close(status=status, reason=reason)
-        if self._tsa is not None:  # the final seal, beside the journal (it takes no more lines)
-            from trainledger.journal.proofs.timestamp import append_sidecar, stamp_record
-
-            got = self.journal.last_seal_note()
-            if got is not None:
-                rec = stamp_record(self._tsa, *got)
-                if "error" in rec:
-                    sys.stderr.write(f"trainledger: no timestamp for the final seal: {rec['error']}\n")
-                append_sidecar(self.journal.path, [rec])
+        self._publisher.after_close([self.signer.public])
         if self.release_key is not None and self._exported is not None and status == "completed":
             from trainledger.journal.statements.release.attest import release
             from trainledger.journal.statements.release.keys import load_release_key

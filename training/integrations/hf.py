@@ -104,7 +104,14 @@ class TrainledgerCallback(TrainerCallback):
                  device_kind: str | None = None, stragglers: bool = True, straggler_every: int | None = None,
                  straggler_threshold: float = 0.8, fingerprints: bool | None = None,
                  fingerprint_every: int | None = None, fingerprint_exclude: Any = (), on_divergence: str = "raise",
-                 sdc_check: int | None = None):
+                 sdc_check: int | None = None, tsa: str | None = None, team_log: str | os.PathLike | None = None,
+                 team_log_key: str | os.PathLike | None = None):
+        from trainledger.training.integrations.hooks import Publisher
+
+        Publisher.check(team_log, team_log_key)
+        #: an RFC 3161 authority and the team's log (docs/publishing.md), as the Recorder takes them
+        self._publish = {"tsa": tsa, "team_log": team_log, "team_log_key": team_log_key}
+        self._publisher: Any = None
         self.signer = run_key_for_rank(key, signer, continue_from=continue_from)
         #: the replicas' states held to each other (docs/sdc.md), as the Recorder does: by default when the Trainer
         #: runs plain DDP (not FSDP nor DeepSpeed, whose ranks hold different shards) on more than one rank
@@ -204,6 +211,9 @@ class TrainledgerCallback(TrainerCallback):
             prev = _previous_run(self.continue_from, self.signer, state.global_step)
             meta["continues"] = prev[0]
         self.journal, self.rank = open_run_journal(run, self.signer, meta)
+        from trainledger.training.integrations.hooks import Publisher
+
+        self._publisher = Publisher(self.journal, **self._publish, lead=self.rank in (None, 0))
         learn_run_key(self.signer, self.journal)
         self._model = model
         self._monitor_options = monitor_options(model, previous=prev[1] if prev is not None else None,
@@ -417,6 +427,7 @@ class TrainledgerCallback(TrainerCallback):
                                                       reason="removed by the Trainer (save_total_limit)"),
                                     durable=True)
         self._live = [o for o in self._live if (self.run_dir / o.path).exists()] + [ev]
+        self._publisher.after_seal()
 
     # -------------------------------------------------------------- end
 
@@ -432,10 +443,12 @@ class TrainledgerCallback(TrainerCallback):
         if exported:
             self._export(kwargs.get("model"), kwargs.get("processing_class") or kwargs.get("tokenizer"))
         record_compute(self.journal)
+        self._publisher.before_close()
         if self.stopped:
             self.journal.close(status="stopped", reason=self.stopped)
         else:
             self.journal.close()
+        self._publisher.after_close([self.signer.public])
         if exported and self.release_key is not None:
             from trainledger.journal.statements.release.attest import release
             from trainledger.journal.statements.release.keys import load_release_key

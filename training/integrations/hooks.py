@@ -17,7 +17,7 @@ from trainledger.training.health.batching import NormParts
 from trainledger.training.health.batching import StepBuffer  # noqa: F401 - here until 0.2.0: still importable
 
 __all__ = ["open_run_journal", "record_checkpoint", "check_folder", "StepBuffer", "signer_from", "step_loss",
-           "batch_tensors", "fingerprint_batch", "previous_run", "monitor_options", "training_dtype"]
+           "batch_tensors", "fingerprint_batch", "previous_run", "monitor_options", "training_dtype", "Publisher"]
 
 
 def signer_from(key: str | os.PathLike | None, signer: Signer | None) -> Signer:
@@ -409,3 +409,83 @@ def fingerprint_batch(batch: Any) -> Any:
 
     tensors = batch_tensors(batch)
     return batch_fingerprint(*tensors) if tensors else None
+
+
+class Publisher:
+    """What a run does for the world outside the trainer (docs/publishing.md), the same for the Recorder and the
+    callbacks: with ``tsa`` (an RFC 3161 authority's URL), a token over the seal after each checkpoint, asked for on
+    a thread (``timestamp_recorded``, or the error; training never waits), and over the final seal at close, kept
+    beside the journal; with ``team_log`` (a log folder) and ``team_log_key`` (its key: a file, a ``pkcs11:`` or KMS
+    URI), the closed journal's checkpoint added to the team's log. ``lead``: whether this process asks the authority
+    (rank 0 under torchrun: its anchors name every rank's head); every rank adds its own journal to the log."""
+
+    @staticmethod
+    def check(team_log: Any, team_log_key: Any) -> None:
+        """The options, refused before anything is written."""
+        if (team_log is None) != (team_log_key is None):
+            raise UsageError("team_log= and team_log_key= go together: the log's folder and the key that signs it")
+        if team_log is not None and not (Path(team_log) / "log.vkey").is_file():
+            raise UsageError(f"team_log={str(team_log)!r}: not a log folder ('trainledger log init' makes one)")
+
+    def __init__(self, journal: Any, *, tsa: str | None = None, team_log: Any = None, team_log_key: Any = None,
+                 lead: bool = True):
+        self.check(team_log, team_log_key)
+        self.journal, self.tsa = journal, (tsa if tsa and lead else None)
+        self.team_log, self.team_log_key = team_log, team_log_key
+        self._threads: list[Any] = []
+
+    def after_seal(self) -> None:
+        """After a checkpoint's durable seal: a token over it, asked for on a thread."""
+        if self.tsa is None:
+            return
+        import threading
+
+        got = self.journal.last_seal_note()
+        if got is not None:
+            t = threading.Thread(target=self._ask, args=got, daemon=True, name="trainledger-tsa")
+            t.start()
+            self._threads.append(t)
+
+    def _ask(self, seq: int, note: str) -> None:
+        import sys
+
+        from trainledger.journal.errors import JournalClosed
+        from trainledger.journal.kinds import TimestampRecorded
+        from trainledger.journal.proofs.timestamp import append_sidecar, stamp_record
+
+        assert self.tsa is not None
+        rec = stamp_record(self.tsa, seq, note)
+        if "error" in rec:
+            sys.stderr.write(f"trainledger: no timestamp for the seal at line {seq}: {rec['error']}\n")
+        try:
+            self.journal.append(TimestampRecorded(**rec))
+        except JournalClosed:  # the run closed meanwhile: kept beside it
+            append_sidecar(self.journal.path, [rec])
+
+    def before_close(self) -> None:
+        """Wait for the tokens asked for (each bounded by the authority's timeout), so they land in the journal."""
+        for t in self._threads:
+            t.join()
+
+    def after_close(self, keys: Any) -> None:
+        """The closed journal: its final seal's token, beside it; its checkpoint added to the team log (verified
+        under ``keys`` first)."""
+        import sys
+
+        if self.tsa is not None:
+            from trainledger.journal.proofs.timestamp import append_sidecar, stamp_record
+
+            got = self.journal.last_seal_note()
+            if got is not None:
+                rec = stamp_record(self.tsa, *got)
+                if "error" in rec:
+                    sys.stderr.write(f"trainledger: no timestamp for the final seal: {rec['error']}\n")
+                append_sidecar(self.journal.path, [rec])
+        if self.team_log is not None:
+            from trainledger.journal.keys import load_signer
+            from trainledger.journal.statements.publish.orglog import add_runs
+
+            got = add_runs(self.team_log, [self.journal.path], list(keys), load_signer(self.team_log_key))
+            for j, i, new in got.entries:
+                sys.stderr.write(f"trainledger: {j} is entry {i} of the team log {self.team_log}"
+                                 f"{'' if new else ' (already there)'}\n")

@@ -87,7 +87,15 @@ class TrainledgerCallback(Callback):
                  carried_flops: float | None = None, device_kind: str | None = None, stragglers: bool = True,
                  straggler_every: int | None = None, straggler_threshold: float = 0.8,
                  fingerprints: bool | None = None, fingerprint_every: int | None = None,
-                 fingerprint_exclude: Any = (), on_divergence: str = "raise", sdc_check: int | None = None):
+                 fingerprint_exclude: Any = (), on_divergence: str = "raise", sdc_check: int | None = None,
+                 tsa: str | None = None, team_log: str | os.PathLike | None = None,
+                 team_log_key: str | os.PathLike | None = None):
+        from trainledger.training.integrations.hooks import Publisher
+
+        Publisher.check(team_log, team_log_key)
+        #: an RFC 3161 authority and the team's log (docs/publishing.md), as the Recorder takes them
+        self._publish = {"tsa": tsa, "team_log": team_log, "team_log_key": team_log_key}
+        self._publisher: Any = None
         self.signer = run_key_for_rank(key, signer, continue_from=continue_from)
         #: the replicas' states held to each other (docs/sdc.md), as the Recorder does: by default when Lightning's
         #: strategy wraps the module in DistributedDataParallel on more than one rank
@@ -162,6 +170,9 @@ class TrainledgerCallback(Callback):
             self._prev = ({"run_id": rep.run_id, "head": rep.head, "folder": self.continue_from.name}, history)
             meta["continues"] = self._prev[0]
         self.journal = _open(self.run_dir, self.signer, trainer, meta)
+        from trainledger.training.integrations.hooks import Publisher
+
+        self._publisher = Publisher(self.journal, **self._publish, lead=trainer.global_rank == 0)
         learn_run_key(self.signer, self.journal)
         precision = str(getattr(trainer, "precision", ""))
         self._monitor_options = monitor_options(pl_module, previous=self._prev[1] if self._prev is not None else None,
@@ -465,6 +476,8 @@ class TrainledgerCallback(Callback):
                 # Looked at from the next step's start (or validation's or fit's end): the file holds the state
                 # after the last completed step, global_step - 1.
                 self.record_checkpoint(p, step=trainer.global_step - 1)
+                if self._publisher is not None:
+                    self._publisher.after_seal()
 
     def on_validation_end(self, trainer, pl_module) -> None:
         self._record_checkpoints(trainer)
@@ -495,10 +508,12 @@ class TrainledgerCallback(Callback):
         if exported:
             self._export(pl_module)
         record_compute(self.journal)
+        self._publisher.before_close()
         if self.stopped:
             self.journal.close(status="stopped", reason=self.stopped)
         else:
             self.journal.close()
+        self._publisher.after_close([self.signer.public])
         path, self.journal = self.journal.path, None
         if exported and self.release_key is not None:
             from trainledger.journal.statements.release.attest import release

@@ -135,3 +135,87 @@ def test_the_recorder_stamps_each_checkpoint_and_the_final_seal_and_goes_on_with
     assert lacking and all(e.error and e.token is None for e in lacking)
     assert "error" in json.loads(sidecar(jp2).read_text().splitlines()[-1])
     assert main(["verify", str(jp2), "--pubkey", str(pub), "--tsa-cert", str(t.dir / "ca.crt")]) == 1
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # Lightning's advice on a toy run, and its use of a torch API
+@pytest.mark.filterwarnings("ignore:`isinstance\\(treespec, LeafSpec\\)` is deprecated:FutureWarning")
+def test_the_callbacks_stamp_their_seals_and_add_the_run_to_the_team_log(tmp_path, tsa, capsys):
+    """Lightning and the Hugging Face Trainer take tsa=, team_log= and team_log_key= as the Recorder does: a token
+    after each recorded checkpoint (in the journal) and over the final seal (beside it), every one verifying; and at
+    the end the run's checkpoint is an entry of the team log, which 'log prove' and 'verify --policy' then hold."""
+    pytest.importorskip("lightning")
+    pytest.importorskip("transformers")
+    import lightning as L
+    import torch
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from trainledger.journal.kinds import TimestampRecorded
+    from trainledger.training.integrations.lightning import TrainledgerCallback
+
+    t, url = tsa
+    priv, pub = keygen(tmp_path / "keys")
+    log_priv, _ = keygen(tmp_path / "logkey")
+    assert main(["log", "init", str(tmp_path / "log"), "--origin", "example.com/ml-runs", "--key", str(log_priv)]) == 0
+
+    class Tiny(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = torch.nn.Linear(4, 1)
+
+        def training_step(self, batch, i):
+            return torch.nn.functional.mse_loss(self.net(batch[0]), batch[1])
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+        def train_dataloader(self):
+            xs = torch.randn(64, 4, generator=torch.Generator().manual_seed(0))
+            return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(xs, xs.sum(1, keepdim=True)), batch_size=8)
+
+    run = tmp_path / "lit"
+    cb = TrainledgerCallback(run, key=str(priv), tsa=url, team_log=tmp_path / "log", team_log_key=log_priv)
+    L.Trainer(max_steps=6, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+              enable_model_summary=False, callbacks=[cb, ModelCheckpoint(dirpath=run / "ckpts", every_n_train_steps=3,
+                                                                         save_top_k=-1)]).fit(Tiny())
+    jp = run / "journal.jsonl"
+    inline = [e for e in read_events(jp) if isinstance(e, TimestampRecorded)]
+    assert inline and all(e.token for e in inline)
+    found = check_journal(jp, [load_signer(priv).public], load_certificates((t.dir / "ca.crt").read_bytes()))
+    assert found and all(s.error is None for s in found) and len(found) == len(inline) + 1
+    assert "entry 0 of the team log" in capsys.readouterr().err
+    policy = tmp_path / "p.policy"
+    policy.write_text(f"log {(tmp_path / 'log' / 'log.vkey').read_text().strip()}\nquorum none\n")
+    assert main(["log", "prove", str(tmp_path / "log"), str(run), "--pubkey", str(pub)]) == 0
+    assert main(["verify", str(run), "--pubkey", str(pub), "--policy", str(policy), "--tsa-cert",
+                 str(t.dir / "ca.crt")]) == 0
+    out = capsys.readouterr().out
+    assert "PUBLISHED" in out and "EXISTED BY" in out
+
+    # the Hugging Face Trainer, the same options
+    import transformers
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+
+    from trainledger.training.integrations.hf import TrainledgerCallback as HfCallback
+
+    transformers.logging.set_verbosity_error()
+
+    class Tokens(torch.utils.data.Dataset):
+        def __len__(self):
+            return 32
+
+        def __getitem__(self, i):
+            x = torch.arange(8) % 16
+            return {"input_ids": x, "labels": x}
+
+    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=16, n_positions=8))
+    out_dir = tmp_path / "hf"
+    args = TrainingArguments(output_dir=str(out_dir), max_steps=4, per_device_train_batch_size=4, save_steps=2,
+                             report_to="none", use_cpu=True, disable_tqdm=True)
+    Trainer(model=model, args=args, train_dataset=Tokens(),
+            callbacks=[HfCallback(key=str(priv), tsa=url, team_log=tmp_path / "log", team_log_key=log_priv)]).train()
+    jp = out_dir / "journal.jsonl"
+    found = check_journal(jp, [load_signer(priv).public], load_certificates((t.dir / "ca.crt").read_bytes()))
+    assert len(found) >= 2 and all(s.error is None for s in found)
+    assert "entry 1 of the team log" in capsys.readouterr().err
+    with pytest.raises(Exception, match="team_log= and team_log_key= go together"):
+        TrainledgerCallback(run, key=str(priv), team_log=tmp_path / "log")
