@@ -136,10 +136,10 @@ def register(sub) -> None:
                    help="prove against the seal at seq N (its tree of N lines) instead of the latest")
     p.add_argument("--index", metavar="FILE", default=None, help="the tree index (default: JOURNAL.tlindex)")
     p.add_argument("-o", "--out", metavar="BUNDLE", required=True, help="the bundle file to write")
-    p.add_argument("--cose", metavar="DIR", default=None,
-                   help="also write, into DIR, each line's RFC 9942 COSE receipt (line-SEQ.receipt.cose) and the "
-                        "checkpoint as a COSE_Sign1 statement (checkpoint.cose), signed with --cose-key "
-                        "(docs/cose.md)")
+    p.add_argument("--cose", metavar="DIR", nargs="?", const="", default=None,
+                   help="also write, into DIR (default: BUNDLE's name with .cose), each line's RFC 9942 COSE receipt "
+                        "(line-SEQ.receipt.cose) and the checkpoint as a COSE_Sign1 statement (checkpoint.cose), "
+                        "signed with --cose-key (docs/cose.md)")
     p.add_argument("--cose-key", metavar="KEY", default=None,
                    help="the key that signs them: the run's Ed25519 key file (EdDSA) or a P-256 PEM, a release "
                         "key (ES256)")
@@ -402,7 +402,7 @@ def _write_cose(args: argparse.Namespace, b: dict) -> None:
     signer = load_key(args.cose_key)
     note = b["checkpoint"]
     cp = parse_checkpoint(note[:note.rfind("\n\n") + 1])
-    out = Path(args.cose)
+    out = Path(args.cose) if args.cose else Path(args.out).with_suffix(".cose")
     out.mkdir(parents=True, exist_ok=True)
     for e in b["entries"]:
         path = [base64.b64decode(h) for h in e["proof"]]

@@ -36,7 +36,9 @@ def register(sub) -> None:
                                                               "distributed run's folder)")
     q.add_argument("--pubkey", action="append", default=[], metavar="RUN.pub", required=True,
                    help="the runs' public key(s) (repeatable)")
-    q.add_argument("--key", required=True, metavar="LOG.key", help="the log's private key")
+    q.add_argument("--key", default=None, metavar="LOG.key",
+                   help="the log's private key (a file, a pkcs11: or KMS URI; default: the one 'log init' was given, "
+                        "which it noted in LOGDIR/.keyref: where the key is, never the key)")
     q.add_argument("--allow-open", action="store_true",
                    help="add a run still being written (its signed prefix: a periodic entry); default: closed runs")
     add_json_option(q)
@@ -83,8 +85,10 @@ def register(sub) -> None:
                                    "checks them offline and prints when each seal existed by.")
     q.add_argument("path", metavar="JOURNAL", help="a journal (signed, format 1.3 or later)")
     q.add_argument("--tsa", required=True, metavar="URL", help="the authority's RFC 3161 HTTP endpoint")
-    q.add_argument("--pubkey", action="append", default=[], metavar="FILE", required=True,
-                   help="the journal's public key (it is verified first)")
+    q.add_argument("--pubkey", action="append", default=[], metavar="FILE",
+                   help="the journal's public key, verified first (default: the key the journal names: a token is "
+                        "over the note's bytes whoever reads it; verify --tsa-cert later checks it under the key "
+                        "you pin)")
     q.add_argument("--all-seals", action="store_true", help="every seal without a token, not only the last")
     q.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS",
                    help="how long to wait for the authority (default 10)")
@@ -101,8 +105,9 @@ def register_witness_serve(wsub) -> None:
     q.add_argument("--name", required=True, help="the witness's name (a schema-less URL, e.g. witness.example/w1)")
     q.add_argument("--state", required=True, metavar="FILE", help="the witness's state (created if absent)")
     q.add_argument("--log", action="append", default=[], metavar="VKEY", required=True,
-                   help="a log to follow: its verifier key (name = origin; 'trainledger log init' prints it), or a "
-                        "file of them (repeatable)")
+                   help="a log to follow: its verifier key (name = origin; 'trainledger log init' prints it, and "
+                        "writes it to LOGDIR/log.vkey), or a file of them (repeatable). A checkpoint carries only its "
+                        "signer's key hash, never the key: a witness cannot learn a log on first use")
     q.add_argument("--port", type=int, default=8766, help="the port (default 8766; 0: a free one)")
     q.add_argument("--host", default="127.0.0.1", help="the address to bind (default 127.0.0.1: this machine only)")
     q.add_argument("--ml-dsa", action="store_true", help="cosign with ML-DSA-44 too (a key derived from --key)")
@@ -136,6 +141,8 @@ def _cmd_init(args: argparse.Namespace) -> int:
     TileLog.init(args.logdir, args.origin, s)
     vkey = verifier_key(args.origin, s.public.raw)
     write_atomically(Path(args.logdir) / "log.vkey", (vkey + "\n").encode())
+    ref = args.key if ":" in args.key and not Path(args.key).exists() else str(Path(args.key).resolve())
+    write_atomically(Path(args.logdir) / ".keyref", (ref + "\n").encode())  # where the key is, not the key
     if args.json:
         say(json.dumps({"ok": True, "log": args.logdir, "origin": args.origin, "vkey": vkey}))
         return 0
@@ -150,9 +157,17 @@ def _cmd_add(args: argparse.Namespace) -> int:
     from trainledger.journal.keys import load_signer, trusted_keys
     from trainledger.journal.statements.publish.orglog import add_runs
 
-    s = load_signer(args.key)
+    key = args.key
+    if key is None:
+        from trainledger.journal.keys import read_small_file
+
+        ref = Path(args.logdir) / ".keyref"
+        if not ref.is_file():
+            raise UsageError(f"{args.logdir}: no --key, and no .keyref from 'log init' to find the log's key by")
+        key = read_small_file(ref, "key reference").decode().strip()
+    s = load_signer(key)
     if _log_key(args.logdir) != s.public.raw:
-        raise UsageError(f"{args.key}: not the key of the log in {args.logdir}")
+        raise UsageError(f"{key}: not the key of the log in {args.logdir}")
     got = add_runs(args.logdir, args.runs, trusted_keys(args.pubkey), s, require_closed=not args.allow_open)
     if args.json:
         say(json.dumps({"ok": True, "size": got.size, "entries": [{"journal": str(j), "index": i, "new": n}
@@ -314,7 +329,19 @@ def _cmd_timestamp(args: argparse.Namespace) -> int:
     from trainledger.journal.verify import verify
 
     keys = trusted_keys(args.pubkey)
-    verify(args.path, keys=keys, allow_unsealed=True)
+    if keys:
+        verify(args.path, keys=keys, allow_unsealed=True)
+    else:
+        import base64
+
+        from trainledger.journal.keys import PublicKey
+        from trainledger.journal.verify import open_checked, read_opening
+
+        opened, _ = read_opening(Path(args.path), open_checked(Path(args.path)))
+        if not opened.public_key:
+            raise UsageError(f"{args.path}: an unsigned journal has no seal to timestamp")
+        keys = [PublicKey(base64.b64decode(opened.public_key), source="the journal (embedded)")]
+        verify(args.path, keys=keys, allow_unsealed=True)
     got = stamp(args.path, keys, args.tsa, all_seals=args.all_seals, timeout=args.timeout)
     if args.json:
         say(json.dumps({"ok": all(s.error is None for s in got),

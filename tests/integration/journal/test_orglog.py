@@ -72,8 +72,9 @@ def test_runs_published_cosigned_and_a_fork_refused(world, capsys):
     log_vkey = (logdir / "log.vkey").read_text().strip()
     assert main(["log", "add", str(logdir), *map(str, runs), "--pubkey", str(keys["run"][1]),
                  "--key", str(keys["log"][0])]) == 0
-    assert main(["log", "add", str(logdir), str(runs[0]), "--pubkey", str(keys["run"][1]), "--key",
-                 str(keys["log"][0]), "--json"]) == 0  # added again: already there, the log unchanged
+    assert main(["log", "add", str(logdir), str(runs[0]), "--pubkey", str(keys["run"][1]),
+                 "--json"]) == 0  # added again (its key found where 'log init' noted it): already there, unchanged
+    assert str(keys["log"][0].resolve()) in (logdir / ".keyref").read_text()
     out = capsys.readouterr().out.strip().splitlines()[-1]
     assert json.loads(out)["entries"][0] == {"journal": str(runs[0] / "journal.jsonl"), "index": 0, "new": False}
 
@@ -237,9 +238,9 @@ def test_receipts_in_cose_for_a_journals_lines_and_for_the_logs_entries(world, c
 
     tmp, keys, runs, _ = world
     jp = runs[0] / "journal.jsonl"
-    out = tmp / "cose"
     assert main(["prove", str(jp), "--seq", "3", "--seq", "5", "-o", str(tmp / "b.json"), "--pubkey",
-                 str(keys["run"][1]), "--cose", str(out), "--cose-key", str(keys["run"][0])]) == 0
+                 str(keys["run"][1]), "--cose", "--cose-key", str(keys["run"][0])]) == 0
+    out = tmp / "b.cose"  # beside the bundle, by default
     capsys.readouterr()
     run_pub = Ed25519PublicKey.from_public_bytes(load_signer(keys["run"][0]).public.raw)
     lines = jp.read_bytes().split(b"\n")

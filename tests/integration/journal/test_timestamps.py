@@ -70,6 +70,12 @@ def test_a_written_journal_is_timestamped_and_every_token_checked_both_ways(tmp_
     assert "is over another note" in capsys.readouterr().out
     assert "Verification: OK" not in t.openssl_verify(notes[bad[0]["seal_seq"]][0].encode(),
                                                       base64.b64decode(bad[0]["token"])).stdout
+    # a journal someone else wrote, stamped without a key pinned (the key it names: a token is over bytes), then
+    # checked under the key pinned
+    jp2 = _journal(tmp_path / "run2" / "journal.jsonl", load_signer(priv), 4)
+    assert main(["timestamp", str(jp2), "--tsa", url]) == 0
+    assert main(["verify", str(jp2), "--pubkey", str(pub), "--tsa-cert", str(t.dir / "ca.crt")]) == 0
+    capsys.readouterr()
     # one digit of the time a token states changed (inside the signed TSTInfo): refused
     tok = bytearray(base64.b64decode(recs[0]["token"]))
     at = bytes(tok).index(b"\x18\x0f") + 2  # the GeneralizedTime: YYYYMMDDHHMMSSZ
