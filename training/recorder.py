@@ -582,6 +582,17 @@ class Recorder:
             self._clock.start = self._t  # nor of this rank's own compute time
         return ev
 
+    def timestamp(self) -> None:
+        """Have the time-stamping authority (``tsa=``) stamp what the journal holds now: the events so far sealed,
+        durably, and a token asked for over that seal on a thread (``timestamp_recorded`` follows when it comes). Call
+        it after an event whose time matters to someone else (a threshold crossing, a release); each checkpoint and
+        the close are stamped anyway."""
+        if self._publisher.tsa is None:
+            raise UsageError("timestamp() needs Recorder(tsa=URL), an RFC 3161 time-stamping authority")
+        self._settle()
+        self.journal.seal(durable=True, signed=True)
+        self._publisher.after_seal()
+
     def _watched(self, compare: Any) -> Any:
         """``compare()`` (a fingerprint comparison); with ``on_divergence="rewind"``, its StateDivergence turned
         into a rewind (:meth:`_rewind`)."""

@@ -128,6 +128,18 @@ def test_the_recorder_stamps_each_checkpoint_and_the_final_seal_and_goes_on_with
         rec.close()
         return run / "journal.jsonl"
 
+    # an event the user names: rec.timestamp() seals what is there and stamps that seal
+    model = torch.nn.Linear(4, 1)
+    rec = Recorder(tmp_path / "named", key=priv, model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                   tsa=url)
+    rec.step(0, 1.0)
+    rec.log({"crossed_1e25": 1.0})
+    rec.timestamp()
+    rec.close()
+    named = [e for e in read_events(tmp_path / "named" / "journal.jsonl") if isinstance(e, TimestampRecorded)]
+    logged = next(e for e in read_events(tmp_path / "named" / "journal.jsonl")
+                  if type(e).__struct_config__.tag == "metrics_logged")
+    assert named and named[0].token and named[0].seal_seq > logged.seq  # a seal after the event, stamped
     jp = train(tmp_path / "ok", url)
     inline = [e for e in read_events(jp) if isinstance(e, TimestampRecorded)]
     assert len(inline) >= 1 and all(e.token for e in inline)  # the first checkpoint's came in before the close
