@@ -34,6 +34,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from trainledger.journal.errors import TrainledgerError
 from trainledger.journal.merkle import ProofError, verify_consistency
 from trainledger.journal.note import NoteError, Verifier, cosign, cosigner_key, open_note, parse_checkpoint
 
@@ -57,7 +58,11 @@ def mldsa_key(signer: Any) -> Any:
     return MLDSA44PrivateKey.from_seed_bytes(signer.derived_seed(MLDSA_LABEL))
 
 
-class _Answer(Exception):
+class _Answer(TrainledgerError):
+    """A witness's answer other than 200, raised inside a request and turned into the HTTP response."""
+
+    exit_code = 1
+
     def __init__(self, status: int, body: str = "", ctype: str = "text/plain; charset=utf-8"):
         super().__init__(body)
         self.status, self.body, self.ctype = status, body, ctype
