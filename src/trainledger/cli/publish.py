@@ -37,8 +37,9 @@ def register(sub) -> None:
     q.add_argument("--pubkey", action="append", default=[], metavar="RUN.pub", required=True,
                    help="the runs' public key(s) (repeatable)")
     q.add_argument("--key", default=None, metavar="LOG.key",
-                   help="the log's private key (a file, a pkcs11: or KMS URI; default: the one 'log init' was given, "
-                        "which it noted in LOGDIR/.keyref: where the key is, never the key)")
+                   help="the log's private key (a file, a pkcs11: or KMS URI; default: the one 'log init' was given "
+                        "for this log's key, as it noted in your own key folder: where the key is, never the key, "
+                        "and never read from the log folder)")
     q.add_argument("--allow-open", action="store_true",
                    help="add a run still being written (its signed prefix: a periodic entry); default: closed runs")
     add_json_option(q)
@@ -130,6 +131,44 @@ def _log_key(logdir: str) -> bytes:
     return parse_verifier_key(read_small_file(path, "log verifier key").decode().strip()).public
 
 
+def _remembered() -> tuple[Path, dict[str, str]]:
+    """Where each log's key is, as 'log init' was told: ``key_home()/logs.json``, this user's own file (a log folder
+    is anyone's to write: nothing in it may choose which key file a command opens)."""
+    from trainledger.journal.keys import key_home
+    from trainledger.journal.paths import read_regular
+
+    path = key_home() / "logs.json"
+    try:
+        d = json.loads(read_regular(path, 1 << 20, what="log key list", owned=True))
+    except FileNotFoundError:
+        return path, {}
+    except ValueError:
+        raise UsageError(f"{path}: not a list of log keys (remove it; pass --key)") from None
+    if not isinstance(d, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in d.items()):
+        raise UsageError(f"{path}: not a list of log keys (remove it; pass --key)")
+    return path, d
+
+
+def _remember_key(vkey: str, key: str) -> None:
+    from trainledger.journal.paths import write_atomically
+
+    path, d = _remembered()
+    d[vkey] = key if ":" in key and not Path(key).exists() else str(Path(key).resolve())
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    write_atomically(path, json.dumps(d, indent=1, sort_keys=True).encode(), 0o600)
+
+
+def _remembered_key(logdir: str) -> str:
+    """The key 'log init' was given for the log in ``logdir`` (found by its verifier key)."""
+    from trainledger.journal.keys import read_small_file
+
+    vkey = read_small_file(Path(logdir) / "log.vkey", "log verifier key").decode().strip()
+    key = _remembered()[1].get(vkey)
+    if key is None:
+        raise UsageError(f"{logdir}: no --key, and 'log init' was not given this log's key on this account")
+    return key
+
+
 def _cmd_init(args: argparse.Namespace) -> int:
     from trainledger.cli.options import say
     from trainledger.journal.keys import load_signer
@@ -141,8 +180,7 @@ def _cmd_init(args: argparse.Namespace) -> int:
     TileLog.init(args.logdir, args.origin, s)
     vkey = verifier_key(args.origin, s.public.raw)
     write_atomically(Path(args.logdir) / "log.vkey", (vkey + "\n").encode())
-    ref = args.key if ":" in args.key and not Path(args.key).exists() else str(Path(args.key).resolve())
-    write_atomically(Path(args.logdir) / ".keyref", (ref + "\n").encode())  # where the key is, not the key
+    _remember_key(vkey, args.key)
     if args.json:
         say(json.dumps({"ok": True, "log": args.logdir, "origin": args.origin, "vkey": vkey}))
         return 0
@@ -157,14 +195,7 @@ def _cmd_add(args: argparse.Namespace) -> int:
     from trainledger.journal.keys import load_signer, trusted_keys
     from trainledger.journal.statements.publish.orglog import add_runs
 
-    key = args.key
-    if key is None:
-        from trainledger.journal.keys import read_small_file
-
-        ref = Path(args.logdir) / ".keyref"
-        if not ref.is_file():
-            raise UsageError(f"{args.logdir}: no --key, and no .keyref from 'log init' to find the log's key by")
-        key = read_small_file(ref, "key reference").decode().strip()
+    key = args.key if args.key is not None else _remembered_key(args.logdir)
     s = load_signer(key)
     if _log_key(args.logdir) != s.public.raw:
         raise UsageError(f"{key}: not the key of the log in {args.logdir}")

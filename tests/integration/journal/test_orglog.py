@@ -74,7 +74,14 @@ def test_runs_published_cosigned_and_a_fork_refused(world, capsys):
                  "--key", str(keys["log"][0])]) == 0
     assert main(["log", "add", str(logdir), str(runs[0]), "--pubkey", str(keys["run"][1]),
                  "--json"]) == 0  # added again (its key found where 'log init' noted it): already there, unchanged
-    assert str(keys["log"][0].resolve()) in (logdir / ".keyref").read_text()
+    from trainledger.journal.keys import key_home
+
+    remembered = json.loads((key_home() / "logs.json").read_text())
+    assert remembered[(logdir / "log.vkey").read_text().strip()] == str(keys["log"][0].resolve())
+    assert not any(p.name.startswith(".key") for p in logdir.iterdir())  # nothing in the folder names a key file
+    (key_home() / "logs.json").write_text("{}")
+    assert main(["log", "add", str(logdir), str(runs[0]), "--pubkey", str(keys["run"][1])]) == 2
+    assert "'log init' was not given this log's key on this account" in capsys.readouterr().err
     out = capsys.readouterr().out.strip().splitlines()[-1]
     assert json.loads(out)["entries"][0] == {"journal": str(runs[0] / "journal.jsonl"), "index": 0, "new": False}
 
