@@ -74,6 +74,8 @@ def test_runs_published_cosigned_and_a_fork_refused(world, capsys):
                  "--key", str(keys["log"][0])]) == 0
     assert main(["log", "add", str(logdir), str(runs[0]), "--pubkey", str(keys["run"][1]),
                  "--json"]) == 0  # added again (its key found where 'log init' noted it): already there, unchanged
+    out = capsys.readouterr().out.strip().splitlines()[-1]
+    assert json.loads(out)["entries"][0] == {"journal": str(runs[0] / "journal.jsonl"), "index": 0, "new": False}
     from trainledger.journal.keys import key_home
 
     remembered = json.loads((key_home() / "logs.json").read_text())
@@ -82,8 +84,6 @@ def test_runs_published_cosigned_and_a_fork_refused(world, capsys):
     (key_home() / "logs.json").write_text("{}")
     assert main(["log", "add", str(logdir), str(runs[0]), "--pubkey", str(keys["run"][1])]) == 2
     assert "'log init' was not given this log's key on this account" in capsys.readouterr().err
-    out = capsys.readouterr().out.strip().splitlines()[-1]
-    assert json.loads(out)["entries"][0] == {"journal": str(runs[0] / "journal.jsonl"), "index": 0, "new": False}
 
     # the folder over HTTP, read and checked as any client would: two entries, each a run's signed checkpoint
     port = _free_port()
