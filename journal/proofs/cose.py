@@ -124,7 +124,10 @@ def _item(d: bytes, i: int, depth: int) -> tuple[Any, int]:
         if i + n > len(d):
             raise CoseError("CBOR: a string runs past the end", seq=None)
         raw = d[i:i + n]
-        return (raw if major == 2 else raw.decode("utf-8")), i + n
+        try:
+            return (raw if major == 2 else raw.decode("utf-8")), i + n
+        except UnicodeDecodeError:
+            raise CoseError("CBOR: a text string that is not UTF-8", seq=None) from None
     if major == 4:
         if n > len(d):
             raise CoseError("CBOR: an array longer than the data", seq=None)

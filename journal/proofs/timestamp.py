@@ -189,6 +189,14 @@ def _gentime(raw: bytes) -> datetime.datetime:
 
 
 def _parse(token: bytes) -> Token:
+    """A token's statement, read (not checked); :class:`TimestampError` for any token that does not parse."""
+    try:
+        return _read_token(token)
+    except (IndexError, StopIteration, ValueError) as e:  # a structure shorter or other than a token's
+        raise TimestampError(f"a malformed token ({type(e).__name__})", seq=None) from None
+
+
+def _read_token(token: bytes) -> Token:
     if len(token) > MAX_TOKEN:
         raise TimestampError(f"a token larger than {MAX_TOKEN} bytes", seq=None)
     tag, s, e = _tlv(token, 0, len(token))
@@ -229,13 +237,20 @@ def _parse(token: bytes) -> Token:
 def verify_token(token: bytes, note: str, trusted: Sequence[Any]) -> Token:
     """Check ``token`` (DER) over ``note`` against ``trusted`` (``cryptography`` X.509 certificates: the authority's
     own, or the CA that issued it); returns what it states. Raises :class:`TimestampError` naming what fails."""
+    if not trusted:
+        raise UsageError("no time-stamping authority certificate pinned (--tsa-cert FILE)")
+    try:
+        return _verify(token, note, trusted)
+    except (IndexError, StopIteration, ValueError) as e:  # a signer structure shorter or other than a token's
+        raise TimestampError(f"a malformed token ({type(e).__name__})", seq=None) from None
+
+
+def _verify(token: bytes, note: str, trusted: Sequence[Any]) -> Token:
     from cryptography import x509
-    from cryptography.exceptions import InvalidSignature
+    from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
     from cryptography.hazmat.primitives import hashes
     from cryptography.hazmat.primitives.asymmetric import ec, ed25519, padding, rsa
 
-    if not trusted:
-        raise UsageError("no time-stamping authority certificate pinned (--tsa-cert FILE)")
     t = _parse(token)
     if t.digest != hashlib.sha256(note.encode()).digest():
         raise TimestampError("the token is over another note", seq=None)
@@ -277,7 +292,10 @@ def verify_token(token: bytes, note: str, trusted: Sequence[Any]) -> Token:
     hash_obj = {hashlib.sha256: hashes.SHA256(), hashlib.sha384: hashes.SHA384(), hashlib.sha512: hashes.SHA512()}[h]
     signer = None
     for cert in pool:
-        key = cert.public_key()
+        try:
+            key = cert.public_key()
+        except UnsupportedAlgorithm:  # a certificate the token carries, of a key type this verifier takes no part in
+            continue
         try:
             if isinstance(key, rsa.RSAPublicKey):
                 key.verify(signature, signed, padding.PKCS1v15(), hash_obj)
@@ -463,10 +481,11 @@ def check_journal(journal: Any, keys: Sequence[Any], certs: Sequence[Any]) -> li
     from trainledger.journal.reader import read_signed_events
 
     notes = seal_notes(journal, keys)
-    found: list[tuple[int, str, str | None, str | None, str]] = []  # seal, tsa, token, error, where
+    # seal, tsa, token, error, where, the note's digest and the time as recorded
+    found: list[tuple[int, str, str | None, str | None, str, str | None, str | None]] = []
     for ev in read_signed_events(journal, keys):
         if isinstance(ev, TimestampRecorded):
-            found.append((ev.seal_seq, ev.tsa, ev.token, ev.error, f"line {ev.seq}"))
+            found.append((ev.seal_seq, ev.tsa, ev.token, ev.error, f"line {ev.seq}", ev.note_sha256, ev.time))
     path = sidecar(journal)
     if path.is_file():
         from trainledger.journal.paths import read_regular
@@ -477,13 +496,16 @@ def check_journal(journal: Any, keys: Sequence[Any], certs: Sequence[Any]) -> li
                 continue
             try:
                 d = json.loads(line)
-                found.append((int(d["seal_seq"]), str(d["tsa"]), d.get("token"), d.get("error"), f"{path.name}:{n}"))
-                if (d.get("token") is None) == (d.get("error") is None):
+                rec = (d["seal_seq"], d["tsa"], d.get("token"), d.get("error"), f"{path.name}:{n}",
+                       d.get("note_sha256"), d.get("time"))
+                if (type(rec[0]) is not int or not all(x is None or isinstance(x, str) for x in rec[1:])
+                        or not isinstance(rec[1], str) or (rec[2] is None) == (rec[3] is None)):
                     raise ValueError
-            except (ValueError, KeyError, TypeError):
-                found.append((-1, "?", None, "a line that is not a timestamp record", f"{path.name}:{n}"))
+                found.append(rec)
+            except (ValueError, KeyError, TypeError, AttributeError):
+                found.append((-1, "?", None, "a line that is not a timestamp record", f"{path.name}:{n}", None, None))
     out = []
-    for seq, tsa, token, error, where in found:
+    for seq, tsa, token, error, where, digest, when in found:
         note, own = notes.get(seq, (None, None))
         if error is not None:
             out.append(Stamped(seq, None, None, own, tsa, error, where))
@@ -495,6 +517,14 @@ def check_journal(journal: Any, keys: Sequence[Any], certs: Sequence[Any]) -> li
             t = verify_token(base64.b64decode(token or "", validate=True), note, certs)
         except (TimestampError, ValueError) as e:
             out.append(Stamped(seq, _size(note), None, own, tsa, str(e), where))
+            continue
+        if digest is not None and digest != hashlib.sha256(note.encode()).hexdigest():
+            out.append(Stamped(seq, _size(note), None, own, tsa, "its recorded note_sha256 is not the seal's note's",
+                               where))
+            continue
+        if when is not None and when != t.time.isoformat():
+            out.append(Stamped(seq, _size(note), None, own, tsa, f"its recorded time {when[:40]!r} is not the token's "
+                                                                  f"{t.time.isoformat()}", where))
             continue
         out.append(Stamped(seq, _size(note), t.time, own, tsa, None, where))
     return out

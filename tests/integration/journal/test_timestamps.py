@@ -237,3 +237,35 @@ def test_the_callbacks_stamp_their_seals_and_add_the_run_to_the_team_log(tmp_pat
     assert "entry 1 of the team log" in capsys.readouterr().err
     with pytest.raises(Exception, match="team_log= and team_log_key= go together"):
         TrainledgerCallback(run, key=str(priv), team_log=tmp_path / "log")
+
+
+def test_a_malformed_token_or_record_is_refused_in_one_line_never_a_traceback(tmp_path, tsa, capsys):
+    """Written by someone without the key (the file beside the journal is anyone's): every truncation and every
+    single flipped byte of a real token is a TimestampError (or verifies: a flip in what the signature does not
+    cover), a record whose fields are not a record's is listed as such, and a recorded time or digest that is not the
+    token's is refused; verify exits 1 with one line each, no traceback."""
+    t, url = tsa
+    priv, pub = keygen(tmp_path / "keys")
+    jp = _journal(tmp_path / "run" / "journal.jsonl", load_signer(priv))
+    assert main(["timestamp", str(jp), "--tsa", url, "--pubkey", str(pub)]) == 0
+    rec = json.loads(sidecar(jp).read_text())
+    token = base64.b64decode(rec["token"])
+    note = seal_notes(jp, [load_signer(priv).public])[rec["seal_seq"]][0]
+    ca = load_certificates((t.dir / "ca.crt").read_bytes())
+    for k in range(0, len(token), 7):
+        for bad in (token[:k], token[:k] + bytes([token[k] ^ 0x40]) + token[k + 1:]):
+            try:
+                verify_token(bad, note, ca)
+            except TimestampError:
+                pass
+    lines = [json.dumps({**rec, "time": "2001-01-01T00:00:00+00:00"}),
+             json.dumps({**rec, "note_sha256": "0" * 64}),
+             json.dumps({**rec, "token": [1, 2]}),
+             json.dumps({"seal_seq": "x", "tsa": 5}),
+             "not json"]
+    sidecar(jp).write_text("\n".join(lines) + "\n")
+    capsys.readouterr()
+    assert main(["verify", str(jp), "--pubkey", str(pub), "--tsa-cert", str(t.dir / "ca.crt")]) == 1
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err
+    assert "recorded time" in out and "recorded note_sha256" in out and out.count("not a timestamp record") == 3

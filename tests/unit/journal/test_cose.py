@@ -107,3 +107,16 @@ def test_a_checkpoint_statement_under_pycose_and_refused_when_changed():
         bad = data.replace(b"trainledger/r\n3", b"trainledger/r\n4")
         with pytest.raises(CoseError):
             verify_statement(bad, _public(signer))
+
+
+def test_every_truncation_of_a_receipt_is_a_cose_error():
+    """A receipt cut short anywhere, or with a text string that is not UTF-8, is refused as such, never another
+    exception (a file someone without the key wrote reaches no traceback)."""
+    signer = Signer.generate()
+    leaves = [leaf_hash(bytes([i])) for i in range(5)]
+    data = receipt(2, 5, inclusion_proof(leaves, 2), root(leaves), signer)
+    for k in range(len(data)):
+        with pytest.raises(CoseError):
+            verify_receipt(data[:k], bytes([2]), _public(signer))
+    with pytest.raises(CoseError, match="not UTF-8"):
+        cbor_decode(b"\x62\xff\xfe")
