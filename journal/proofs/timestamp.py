@@ -19,6 +19,7 @@ import dataclasses
 import datetime
 import hashlib
 import os
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -241,7 +242,9 @@ def verify_token(token: bytes, note: str, trusted: Sequence[Any]) -> Token:
         raise UsageError("no time-stamping authority certificate pinned (--tsa-cert FILE)")
     try:
         return _verify(token, note, trusted)
-    except (IndexError, StopIteration, ValueError) as e:  # a signer structure shorter or other than a token's
+    except (TimestampError, UsageError):
+        raise
+    except Exception as e:  # noqa: BLE001 - the DER is anyone's: whatever a part of it fails on, it is no token
         raise TimestampError(f"a malformed token ({type(e).__name__})", seq=None) from None
 
 
@@ -285,8 +288,10 @@ def _verify(token: bytes, note: str, trusted: Sequence[Any]) -> Token:
         for _, _, _, at in _children(raw, certs[1], certs[2]):
             _, _, ce = _tlv(raw, at, certs[2])
             try:
-                pool.append(x509.load_der_x509_certificate(raw[at:ce]))
-            except ValueError:
+                with warnings.catch_warnings():  # a malformed carried certificate says so once, as a refusal below
+                    warnings.simplefilter("ignore")
+                    pool.append(x509.load_der_x509_certificate(raw[at:ce]))
+            except (ValueError, x509.InvalidVersion):
                 continue
     pool += list(trusted)
     hash_obj = {hashlib.sha256: hashes.SHA256(), hashlib.sha384: hashes.SHA384(), hashlib.sha512: hashes.SHA512()}[h]
