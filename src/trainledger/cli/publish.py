@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -77,6 +76,8 @@ def register(sub) -> None:
                         "admit)")
     add_json_option(q)
     q.set_defaults(func=_cmd_publish)
+    from trainledger.cli.proofs import _usage
+
     p.set_defaults(func=lambda args: _usage(p))
 
     q = sub.add_parser("timestamp", help="have a time-stamping authority (RFC 3161) sign that a seal existed",
@@ -113,11 +114,6 @@ def register_witness_serve(wsub) -> None:
     q.add_argument("--host", default="127.0.0.1", help="the address to bind (default 127.0.0.1: this machine only)")
     q.add_argument("--ml-dsa", action="store_true", help="cosign with ML-DSA-44 too (a key derived from --key)")
     q.set_defaults(func=_cmd_witness_serve)
-
-
-def _usage(p: argparse.ArgumentParser) -> int:
-    p.print_help(sys.stderr)
-    return 2
 
 
 def _log_key(logdir: str) -> bytes:
@@ -218,6 +214,11 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     server = serve_folder(args.logdir, args.port, host=args.host)
     host, port = server.server_address[:2]
     say(f"serving {args.logdir} at http://{host}:{port}/ (checkpoint, tile/...); Ctrl-C stops")
+    return _until_interrupted(server)
+
+
+def _until_interrupted(server) -> int:
+    """Serve (the server's own thread) until Ctrl-C, then stop it: the exit code of both serve commands."""
     try:
         while True:
             time.sleep(3600)
@@ -238,12 +239,7 @@ def _cmd_witness_serve(args: argparse.Namespace) -> int:
     say(f"witness {args.name} at http://{host}:{port}/add-checkpoint, following {len(w.logs)} log(s); its keys:")
     for v in w.vkeys():
         say(v)
-    try:
-        while True:
-            time.sleep(3600)
-    except KeyboardInterrupt:
-        server.shutdown()
-        return 0
+    return _until_interrupted(server)
 
 
 def _cmd_publish(args: argparse.Namespace) -> int:
