@@ -54,6 +54,12 @@ PATH_HELP = ("a journal, a run folder holding one (ladder.jsonl, journal.jsonl),
 SHOWN_AS: list[tuple[str, str]] = []
 
 
+def usage(p: argparse.ArgumentParser) -> int:
+    """A command group run without its action: its help on stderr, exit 2."""
+    p.print_help(sys.stderr)
+    return 2
+
+
 def say(*values: object, file=None, end: str = "\n", flush: bool = False) -> None:
     """Print one line. Every value is passed through :func:`trainledger.journal.text.safe`: whatever a journal or a
     manifest put in a run id, a reason or a path shows as visible escapes, never as terminal control."""

@@ -207,21 +207,17 @@ def register(sub) -> None:
                    help="write the bundle with the cosignature added to its checkpoint (default: print the note)")
     add_json_option(q)
     q.set_defaults(func=_cmd_witness_cosign)
+    from trainledger.cli.options import usage
     from trainledger.cli.publish import register_witness_serve
 
     register_witness_serve(wsub)
-    p.set_defaults(func=lambda args: _usage(p))
+    p.set_defaults(func=lambda args: usage(p))
 
 
 def _write_out(path: str, data: bytes) -> None:
     from trainledger.cli.options import write_out
 
     write_out(path, data)
-
-
-def _usage(p: argparse.ArgumentParser) -> int:
-    p.print_help(sys.stderr)
-    return 2
 
 
 def _cmd_checkpoint(args: argparse.Namespace) -> int:

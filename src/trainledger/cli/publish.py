@@ -76,9 +76,9 @@ def register(sub) -> None:
                         "admit)")
     add_json_option(q)
     q.set_defaults(func=_cmd_publish)
-    from trainledger.cli.proofs import _usage
+    from trainledger.cli.options import usage
 
-    p.set_defaults(func=lambda args: _usage(p))
+    p.set_defaults(func=lambda args: usage(p))
 
     q = sub.add_parser("timestamp", help="have a time-stamping authority (RFC 3161) sign that a seal existed",
                        description="Ask an RFC 3161 time-stamping authority for a token over the journal's last "
