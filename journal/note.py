@@ -200,20 +200,36 @@ def checkpoint_text(origin: str, size: int, root: bytes, extensions: tuple[str, 
     return "".join(f"{x}\n" for x in (origin, str(size), base64.b64encode(root).decode(), *extensions))
 
 
+def decimal(text: str) -> int | None:
+    """An ASCII decimal with no leading zero (``0`` itself allowed), as the C2SP formats write sizes and indexes;
+    None for anything else."""
+    if not text.isascii() or not text.isdigit() or (text != "0" and text.startswith("0")):
+        return None
+    return int(text)
+
+
+def b64_hash(text: str) -> bytes | None:
+    """A base64 SHA-256 hash (strict base64, 32 bytes), as the C2SP formats write roots and proof lines; None for
+    anything else."""
+    try:
+        h = base64.b64decode(text, validate=True)
+    except (ValueError, binascii.Error):
+        return None
+    return h if len(h) == 32 else None
+
+
 def parse_checkpoint(text: str) -> Checkpoint:
     lines = text.split("\n")
     if len(lines) < 4 or lines[-1] != "":
         raise NoteError("a checkpoint is an origin, a size and a root hash, a line each")
     origin, size_s, root_s, *ext = lines[:-1]
-    if not size_s.isdigit() or (size_s != "0" and size_s.startswith("0")):
+    size = decimal(size_s)
+    if size is None:
         raise NoteError(f"checkpoint size {size_s[:30]!r} is not a decimal number")
-    try:
-        root = base64.b64decode(root_s, validate=True)
-    except (ValueError, binascii.Error):
-        root = b""
-    if len(root) != 32:
+    root = b64_hash(root_s)
+    if root is None:
         raise NoteError("the checkpoint's root is not a base64 32-byte hash")
-    return Checkpoint(origin, int(size_s), root, tuple(ext))
+    return Checkpoint(origin, size, root, tuple(ext))
 
 
 def _cosigned_message(text: str, timestamp: int) -> bytes:

@@ -31,6 +31,7 @@ from trainledger.journal.merkle import ProofError, leaf_hash, verify_consistency
 from trainledger.journal.note import (
     NoteError,
     Verifier,
+    b64_hash,
     check_cosignatures,
 )
 from trainledger.journal.proofs.checkpoint import checkpoint_note, head_extension, open_checkpoint
@@ -330,11 +331,8 @@ def _b64_hashes(items: list[str], what: str) -> list[bytes]:
         raise ProofError(f"{what}: {len(items)} hashes, more than any tree needs")
     out = []
     for x in items:
-        try:
-            h = base64.b64decode(x, validate=True)
-        except (binascii.Error, ValueError):
-            h = b""
-        if len(h) != 32:
+        h = b64_hash(x) if isinstance(x, str) else None
+        if h is None:
             raise ProofError(f"{what}: a hash that is not base64 of 32 bytes")
         out.append(h)
     return out

@@ -20,8 +20,9 @@ import dataclasses
 from pathlib import Path
 
 from trainledger.journal.errors import TrainledgerError
-from trainledger.journal.note import (SIG_COSIGNATURE, SIG_ED25519, SIG_MLDSA44_COSIGNATURE, Checkpoint, NoteError, Verifier,
-                                      check_cosignatures, open_note, parse_checkpoint, parse_verifier_key)
+from trainledger.journal.note import (SIG_COSIGNATURE, SIG_ED25519, SIG_MLDSA44_COSIGNATURE, Checkpoint, NoteError,
+                                      Verifier, check_cosignatures, decimal, open_note, parse_checkpoint,
+                                      parse_verifier_key)
 
 __all__ = ["Policy", "PolicyError", "parse_policy", "read_policy", "evaluate", "check_checkpoint", "Quorum",
            "MAX_ENTRIES", "MAX_BYTES"]
@@ -132,8 +133,8 @@ def parse_policy(data: bytes, where: str = "policy") -> Policy:
                 k = len(members)
             elif k_s == "any":
                 k = 1
-            elif k_s.isdigit() and k_s.isascii() and (k_s == "0" or not k_s.startswith("0")):
-                k = int(k_s)
+            elif (n := decimal(k_s)) is not None:
+                k = n
                 if not 1 <= k <= len(members):
                     raise PolicyError(f"{at}: group {name!r} needs 1 <= k <= {len(members)}, got {k}")
             else:

@@ -21,7 +21,7 @@ import binascii
 import dataclasses
 
 from trainledger.journal.merkle import leaf_hash, verify_inclusion
-from trainledger.journal.note import Checkpoint, NoteError
+from trainledger.journal.note import Checkpoint, NoteError, b64_hash, decimal
 from trainledger.journal.proofs.policy import Policy, Quorum
 
 __all__ = ["TlogProof", "format_proof", "parse_proof", "check", "HEADER", "MAX_PROOF"]
@@ -62,21 +62,15 @@ def parse_proof(text: str) -> TlogProof:
         i = 2
     if i >= len(lines) or not lines[i].startswith("index "):
         raise NoteError("the tlog-proof has no index line")
-    s = lines[i][6:]
-    if not s.isdigit() or not s.isascii() or (s != "0" and s.startswith("0")):
-        raise NoteError(f"the tlog-proof's index {s[:30]!r} is not a decimal number")
-    hashes = []
-    for line in lines[i + 1:]:
-        try:
-            h = base64.b64decode(line, validate=True)
-        except (ValueError, binascii.Error):
-            h = b""
-        if len(h) != 32:
-            raise NoteError("a tlog-proof inclusion line is not a base64 32-byte hash")
-        hashes.append(h)
+    index = decimal(lines[i][6:])
+    if index is None:
+        raise NoteError(f"the tlog-proof's index {lines[i][6:36]!r} is not a decimal number")
+    hashes = [b64_hash(line) for line in lines[i + 1:]]
     if len(hashes) > 64:
         raise NoteError("more inclusion proof lines than a tree can need")
-    return TlogProof(extra, int(s), hashes, note)
+    if any(h is None for h in hashes):
+        raise NoteError("a tlog-proof inclusion line is not a base64 32-byte hash")
+    return TlogProof(extra, index, [h for h in hashes if h is not None], note)
 
 
 def check(policy: Policy, proof: TlogProof, entry: bytes) -> tuple[Checkpoint, Quorum]:

@@ -22,7 +22,6 @@ a request, and gives each connection :data:`TIMEOUT_S`.
 from __future__ import annotations
 
 import base64
-import binascii
 import dataclasses
 import fcntl
 import json
@@ -36,7 +35,8 @@ from typing import Any
 
 from trainledger.journal.errors import TrainledgerError
 from trainledger.journal.merkle import ProofError, verify_consistency
-from trainledger.journal.note import NoteError, Verifier, cosign, cosigner_key, open_note, parse_checkpoint
+from trainledger.journal.note import (NoteError, Verifier, b64_hash, cosign, cosigner_key, decimal, open_note,
+                                      parse_checkpoint)
 
 __all__ = ["HttpWitness", "add_checkpoint", "submit", "serve_witness", "serve_folder", "Submitted", "MAX_BODY",
            "TIMEOUT_S", "SIZE_TYPE", "mldsa_key"]
@@ -77,21 +77,15 @@ def _parse_request(body: bytes) -> tuple[int, list[bytes], str]:
     if not sep:
         raise _Answer(400, "no blank line before the checkpoint\n")
     lines = head.split("\n")
-    old_s = lines[0][4:] if lines[0].startswith("old ") else ""
-    if not old_s.isdigit() or not old_s.isascii() or (old_s != "0" and old_s.startswith("0")):
+    old = decimal(lines[0][4:]) if lines[0].startswith("old ") else None
+    if old is None:
         raise _Answer(400, "the first line is not 'old <size>'\n")
-    proof = []
-    for line in lines[1:]:
-        try:
-            h = base64.b64decode(line, validate=True)
-        except (ValueError, binascii.Error):
-            h = b""
-        if len(h) != 32:
-            raise _Answer(400, "a consistency proof line is not a base64 32-byte hash\n")
-        proof.append(h)
-    if len(proof) > 63:
+    if len(lines) - 1 > 63:
         raise _Answer(400, "more than 63 consistency proof lines\n")
-    return int(old_s), proof, note
+    proof = [b64_hash(line) for line in lines[1:]]
+    if any(h is None for h in proof):
+        raise _Answer(400, "a consistency proof line is not a base64 32-byte hash\n")
+    return old, [h for h in proof if h is not None], note
 
 
 class HttpWitness:
