@@ -31,7 +31,7 @@ from trainledger.journal.trust import TrustPolicy
 from trainledger.journal.verify import SharedWorkers, Verification, VerifyReport, verify_with
 
 __all__ = ["AnchorMismatch", "RunDirReport", "verify_run_dir", "verify_rank", "check_run", "hold_ranks", "is_run_dir",
-           "rank_files", "run_journal", "JOURNAL_NAMES",
+           "rank_files", "run_journal", "journals_of", "run_journals", "JOURNAL_NAMES",
            "split_run_id"]
 
 _RANK_FILE = re.compile(r"rank-(\d{5})\.jsonl\Z")
@@ -95,6 +95,25 @@ def rank_files(d: str | os.PathLike) -> dict[int, Path]:
                 confined(d, p.name, what="rank journal")
             out[int(m.group(1))] = p
     return out
+
+
+def journals_of(path: str | os.PathLike) -> dict[int, Path]:
+    """``{rank: journal}`` of what a path names: every rank journal of a distributed run's folder; else ``{0: the
+    journal}``, a journal file or a run folder's one journal. ``UsageError`` when it names none."""
+    p = Path(path)
+    ranks = rank_files(p) if p.is_dir() else {}
+    if ranks:
+        return ranks
+    j = run_journal(p) if p.is_dir() else p
+    if j is None or not j.is_file():
+        raise UsageError(f"{p}: not a journal, a run folder or a distributed run's folder")
+    return {0: j}
+
+
+def run_journals(path: str | os.PathLike) -> list[Path]:
+    """The journals a path names (:func:`journals_of`), in rank order."""
+    ranks = journals_of(path)
+    return [ranks[r] for r in sorted(ranks)]
 
 
 def run_dirs_among(paths: Sequence[str | os.PathLike]) -> list[Path]:

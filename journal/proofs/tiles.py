@@ -191,7 +191,8 @@ class TileLog:
 
     def verifier(self, public: bytes) -> Verifier:
         """The log's verifier key for ``public`` (its name the origin)."""
-        cp = parse_checkpoint(self._note()[:self._note().rfind("\n\n") + 1])
+        note = self._note()
+        cp = parse_checkpoint(note[:note.rfind("\n\n") + 1])
         return Verifier(cp.origin, key_hash(cp.origin, public), public)
 
     def _note(self) -> str:

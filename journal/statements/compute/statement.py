@@ -106,14 +106,9 @@ def _continued_run(ev: Any) -> str | None:
 
 
 def _journals_of(path: Path) -> tuple[bool, dict[int, Path]]:
-    from trainledger.journal.audit.rundir import is_run_dir, rank_files, run_journal
+    from trainledger.journal.audit.rundir import is_run_dir, journals_of
 
-    if is_run_dir(path):
-        return True, rank_files(path)
-    j = run_journal(path) if path.is_dir() else path
-    if j is None or not j.is_file():
-        raise UsageError(f"{path}: not a journal, a run folder or a distributed run's folder")
-    return False, {0: j}
+    return is_run_dir(path), journals_of(path)
 
 
 def _replayed(path: Path, keys: Sequence[PublicKey], findings: list[str], replay: Callable[..., Any],

@@ -17,11 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from trainledger.journal.errors import UsageError
+from trainledger.journal.audit.rundir import run_journals
 from trainledger.journal.keys import PublicKey
 from trainledger.journal.proofs.checkpoint import tree_head
-from trainledger.journal.proofs.tiles import LogView, TileLog
+from trainledger.journal.proofs.tiles import TileLog
 
-__all__ = ["run_journals", "run_notes", "add_runs", "Added", "entry_index", "publish", "Published",
+__all__ = ["run_journals", "run_notes", "add_runs", "Added", "publish", "Published",
            "MIN_INTERVAL_S", "prove", "check_published", "check_checkpoint_published", "held", "Publication",
            "proof_path"]
 
@@ -30,35 +31,11 @@ __all__ = ["run_journals", "run_notes", "add_runs", "Added", "entry_index", "pub
 MIN_INTERVAL_S = 60.0
 
 
-def run_journals(path: str | os.PathLike) -> list[Path]:
-    """The journals a path names: a journal file; a run folder's one journal; every rank journal of a distributed
-    run's folder, in rank order."""
-    from trainledger.journal.audit.rundir import rank_files, run_journal
-
-    p = Path(path)
-    if p.is_file():
-        return [p]
-    ranks = rank_files(p) if p.is_dir() else {}
-    if ranks:
-        return [ranks[r] for r in sorted(ranks)]
-    j = run_journal(p)
-    if j is None:
-        raise UsageError(f"{p}: not a journal, a run folder or a distributed run's folder")
-    return [j]
-
-
 def run_notes(paths: Sequence[str | os.PathLike], keys: Sequence[PublicKey], *,
               require_closed: bool = True) -> list[tuple[Path, str]]:
     """(journal, its signed checkpoint note) for every journal the paths name, each verified under ``keys`` first
     (closed, unless ``require_closed=False``: a running job's signed prefix)."""
     return [(j, tree_head(j, keys, require_closed=require_closed)) for p in paths for j in run_journals(p)]
-
-
-def entry_index(view: LogView, note: str) -> int | None:
-    """The index of ``note`` among the log's entries, or None."""
-    data = note.encode()
-    assert view.entries is not None
-    return next((i for i, e in enumerate(view.entries) if e == data), None)
 
 
 @dataclasses.dataclass(frozen=True)

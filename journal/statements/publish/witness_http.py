@@ -247,8 +247,7 @@ def serve_folder(folder: str | os.PathLike, port: int, *, host: str = "127.0.0.1
     """A started read-only server of a log folder: ``/checkpoint`` (text, not cached beyond a few seconds) and
     ``/tile/...`` (immutable, cached long); nothing else, nothing outside the folder, no listing."""
     from trainledger.journal.errors import UnsafePath
-    from trainledger.journal.proofs.tiles import folder_fetch
-    from trainledger.journal.proofs.tiles import TileError
+    from trainledger.journal.proofs.tiles import TileError, folder_fetch
 
     fetch = folder_fetch(folder)
 
