@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
-import resource
 import shutil
 import statistics
 import sys
@@ -166,9 +165,9 @@ def main() -> int:
     ap.add_argument("--entries", type=int, default=10_000)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    lines = [f"# .venv/bin/python tools/bench_publish.py {' '.join(sys.argv[1:])}",
-             f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} cores, load "
-             f"{os.getloadavg()[0]:.2f} before"]
+    from bench_report import finish, header
+
+    lines = header("bench_publish.py")
     with tempfile.TemporaryDirectory(prefix="tl-bench-publish-") as d:
         tmp = Path(d)
         for part in (team_log, witness, proof_and_cose, rfc3161):
@@ -177,14 +176,7 @@ def main() -> int:
             else:
                 part(tmp, lines)
             print(lines[-1], flush=True)
-    ru, rc = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    lines.append(f"# whole process: CPU {ru.ru_utime + ru.ru_stime:.1f} s (children {rc.ru_utime + rc.ru_stime:.1f} s), "
-                 f"peak RSS {ru.ru_maxrss / 1024:.0f} MiB; load {os.getloadavg()[0]:.2f} after")
-    text = "\n".join(lines) + "\n"
-    if args.out:
-        Path(args.out).write_text(text)
-    print(text, end="")
-    return 0
+    return finish(lines, args.out)
 
 
 if __name__ == "__main__":

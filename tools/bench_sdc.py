@@ -25,7 +25,6 @@ import argparse
 import json
 import os
 import random
-import resource
 import statistics
 import subprocess
 import sys
@@ -215,9 +214,9 @@ def main() -> int:
     args = ap.parse_args()
     from trainledger.journal import keygen
 
-    lines = [f"# .venv/bin/python tools/bench_sdc.py {' '.join(sys.argv[1:])}",
-             f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} cores, load "
-             f"{os.getloadavg()[0]:.2f} before"]
+    from bench_report import finish, header
+
+    lines = header("bench_sdc.py")
     with tempfile.TemporaryDirectory(prefix="tl-bench-sdc-") as d:
         tmp = Path(d)
         priv, pub = keygen(tmp / "keys")
@@ -226,14 +225,7 @@ def main() -> int:
             print(lines[-1], flush=True)
         cost(args, tmp, priv, lines)
         projection(lines)
-    ru, rc = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    lines.append(f"# whole process: CPU {ru.ru_utime + ru.ru_stime:.1f} s (children {rc.ru_utime + rc.ru_stime:.1f} s), "
-                 f"peak RSS {ru.ru_maxrss / 1024:.0f} MiB; load {os.getloadavg()[0]:.2f} after")
-    text = "\n".join(lines) + "\n"
-    sys.stdout.write(text)
-    if args.out:
-        Path(args.out).write_text(text)
-    return 0
+    return finish(lines, args.out)
 
 
 if __name__ == "__main__":
