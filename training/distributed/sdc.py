@@ -97,15 +97,17 @@ def _first_tensor(mine: dict[str, str] | None, theirs: dict[str, str] | None) ->
 def audit_state(rank_events: dict[int, list[Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Recompute every divergence from every rank's ``state_fingerprinted`` and hold rank 0's ``state_diverged``
     records to them (each rank's ``replay_checked`` verdicts are held to their own fields by its journal's replay:
-    ``training.audit.ReplayCheckAudit``). Returns (the divergences, each {step, rank, ranks, replicas, tensor, majority, round}; the
+    ``training.audit.ReplayCheckAudit``), and every rank's ``rewind_decided`` for a state divergence to a divergence
+    the fingerprints give at its step. Returns (the divergences, each {step, rank, ranks, replicas, tensor, majority, round}; the
     differences, each {seq, kind, detail}). A step is compared within the torchrun round it was fingerprinted in
     (the ``rank_joined`` before it); a step fingerprinted more than once in a round (a resume redid it) by its last
     fingerprint."""
     from trainledger.journal.kinds import RankJoined
-    from trainledger.training.kinds import StateDiverged, StateFingerprinted
+    from trainledger.training.kinds import RewindDecided, StateDiverged, StateFingerprinted
 
-    # round -> step -> rank -> the fingerprint
+    # round -> step -> rank -> the fingerprint; and each rank's rewinds for a state divergence, with their round
     by_round: dict[int, dict[int, dict[int, Any]]] = {}
+    rewinds: list[tuple[int, Any]] = []
     for r, events in rank_events.items():
         current = 0
         for ev in events:
@@ -113,6 +115,8 @@ def audit_state(rank_events: dict[int, list[Any]]) -> tuple[list[dict[str, Any]]
                 current = ev.restart_count
             elif isinstance(ev, StateFingerprinted):
                 by_round.setdefault(current, {}).setdefault(ev.step, {})[r] = ev
+            elif isinstance(ev, RewindDecided) and ev.anomaly == "state_diverged":
+                rewinds.append((current, ev))
     found: list[dict[str, Any]] = []
     sets: dict[tuple[int, int], list[list[int]]] = {}  # (round, step) -> its replica sets
     for rnd in sorted(by_round):
@@ -163,4 +167,11 @@ def audit_state(rank_events: dict[int, list[Any]]) -> tuple[list[dict[str, Any]]
             differences.append({"seq": None, "kind": "state_diverged",
                                 "detail": f"step {d['step']}: ranks {d['ranks']} diverged (tensor {d['tensor']}), "
                                           "and rank 0 recorded no state_diverged"})
+    # a rewind for a state divergence rests on one the fingerprints give, at its step, in its round
+    at = {(d["round"], d["step"]) for d in found}
+    for rnd, ev in rewinds:
+        if (rnd, ev.spike_step) not in at:
+            differences.append({"seq": getattr(ev, "seq", None), "kind": "rewind_decided",
+                                "detail": f"a rewind for a state divergence at step {ev.spike_step}, which the ranks' "
+                                          "fingerprints do not give"})
     return found, differences

@@ -468,3 +468,23 @@ def test_sharded_ranks_are_held_only_to_the_ranks_that_state_the_same_shards():
     fsdp[0].append(StateDiverged(step=4, rank=0, ranks=[0, 1], replicas=2))
     _, diffs = audit_state(fsdp)
     assert len(diffs) == 1 and "do not give" in diffs[0]["detail"]
+
+
+def test_a_rewind_for_a_state_divergence_rests_on_one_the_fingerprints_give():
+    """replay holds every rank's rewind_decided (anomaly state_diverged) to a divergence the fingerprints give at its
+    step: the one at step 40 stands; one at step 50, or one in a run whose replicas all agreed, is named."""
+    from trainledger.training.kinds import RewindDecided
+
+    def rewind(step):
+        return RewindDecided(spike_step=step, anomaly="state_diverged", checkpoint="checkpoints/rank-00001/x.pt",
+                             from_step=29, skip_batches=0, lr_scale=1.0, reason="state diverged")
+
+    events = _runs(40)
+    events[1].append(rewind(40))
+    assert audit_state(events)[1] == []
+    events[2].append(rewind(50))
+    (d,) = audit_state(events)[1]
+    assert d["kind"] == "rewind_decided" and "step 50" in d["detail"]
+    healthy = _runs(None)
+    healthy[0].append(rewind(40))
+    assert [x["kind"] for x in audit_state(healthy)[1]] == ["rewind_decided"]
