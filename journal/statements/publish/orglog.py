@@ -90,11 +90,15 @@ def publish(logdir: str | os.PathLike, witnesses: Sequence[tuple[str, Sequence[A
         state = json.loads(read_regular(state_path, 1 << 20, what="publish state"))
     except FileNotFoundError:
         state = {}
-    if not isinstance(state, dict) or not isinstance(state.get("sizes", {}), dict):
+    except ValueError:
+        state = None
+    sizes = state.get("sizes", {}) if isinstance(state, dict) else None
+    if (not isinstance(sizes, dict) or not all(type(v) is int and v >= 0 for v in sizes.values())
+            or not isinstance(state.get("time", 0.0), (int, float)) or type(state.get("size", 0)) is not int):
         raise UsageError(f"{state_path}: not a publish state file (remove it to start over)")
     t = time.time() if now is None else now
     last_size, last_t = state.get("size"), state.get("time", 0.0)
-    if last_size != view.checkpoint.size and isinstance(last_t, (int, float)) and t - last_t < min_interval_s:
+    if last_size != view.checkpoint.size and t - last_t < min_interval_s:
         raise UsageError(f"{logdir}: a checkpoint was published {t - last_t:.0f} s ago; witnesses admit about one a "
                          f"minute: publish again in {min_interval_s - (t - last_t):.0f} s")
     text = view.note[:view.note.rfind("\n\n") + 1]
@@ -103,9 +107,8 @@ def publish(logdir: str | os.PathLike, witnesses: Sequence[tuple[str, Sequence[A
     kept = own[len(log_line):]  # cosignatures an earlier publish of this checkpoint brought
     note = text + "\n" + log_line
     answers = []
-    sizes = state.get("sizes", {})
     for url, keys in witnesses:
-        a = submit(url, note, view.leaves, int(sizes.get(url, 0)))
+        a = submit(url, note, view.leaves, sizes.get(url, 0))
         if a.lines and keys:
             try:
                 good = check_cosignatures(note + a.lines, list(keys))

@@ -274,3 +274,17 @@ def test_receipts_in_cose_for_a_journals_lines_and_for_the_logs_entries(world, c
     for i, run in enumerate(runs):
         entry = parse_proof((run / "journal.tlog-proof").read_text()).extra
         assert verify_receipt((run / "journal.receipt.cose").read_bytes(), entry, log_pub)[:2] == (i, 2)
+
+
+def test_a_publish_state_file_someone_else_wrote_is_refused_in_one_line(world, capsys):
+    """.witnesses.json lies in the log folder, which anyone may write: not JSON, or sizes that are not sizes, is a
+    one-line usage error (exit 2) naming the file, never a traceback."""
+    tmp, keys, _, _ = world
+    logdir = tmp / "log"
+    main(["log", "init", str(logdir), "--origin", "example.com/ml-runs", "--key", str(keys["log"][0])])
+    for junk in ("{not json", '{"sizes": {"http://w": [1]}}', '{"sizes": {}, "time": "soon"}', "[]"):
+        (logdir / ".witnesses.json").write_text(junk)
+        capsys.readouterr()
+        assert main(["log", "publish", str(logdir), "--witness", "http://127.0.0.1:9"]) == 2
+        out, err = capsys.readouterr()
+        assert "not a publish state file" in err and "Traceback" not in out + err
