@@ -26,8 +26,8 @@ from typing import Any
 from trainledger.journal.errors import IntegrityError, UsageError
 
 __all__ = ["TimestampError", "request", "verify_token", "Token", "request_body", "MAX_TOKEN", "seal_notes",
-           "stamp", "check_journal", "sidecar", "Stamped", "load_certificates", "token_time", "stamp_record",
-           "append_sidecar"]
+           "stamp", "check_journal", "list_tokens", "sidecar", "Stamped", "load_certificates", "token_time",
+           "stamp_record", "append_sidecar"]
 
 #: the largest token read or accepted (an authority's chain of certificates included)
 MAX_TOKEN = 1 << 16
@@ -402,6 +402,8 @@ class Stamped:
     tsa: str
     error: str | None
     where: str
+    #: False where the token was read, not checked (``show``): its time is only what it says
+    checked: bool = True
 
 
 def token_time(token: bytes) -> datetime.datetime:
@@ -476,19 +478,16 @@ def _size(note: str) -> int | None:
         return None
 
 
-def check_journal(journal: Any, keys: Sequence[Any], certs: Sequence[Any]) -> list[Stamped]:
-    """Every token a verified journal carries (its ``timestamp_recorded`` lines, and its sidecar's), each checked
-    against its seal's note and ``certs``; a recorded failure (no token came) is listed too."""
-    import base64
+def _records(journal: Any, events: Any) -> list[tuple[int, str, str | None, str | None, str, str | None, str | None]]:
+    """Every token record of a journal: its ``timestamp_recorded`` lines (from ``events``) and its sidecar's, as
+    (seal, tsa, token, error, where, the note's digest, the time as recorded); a sidecar line that is no record is
+    one with an error."""
     import json
 
     from trainledger.journal.kinds import TimestampRecorded
-    from trainledger.journal.reader import read_signed_events
 
-    notes = seal_notes(journal, keys)
-    # seal, tsa, token, error, where, the note's digest and the time as recorded
     found: list[tuple[int, str, str | None, str | None, str, str | None, str | None]] = []
-    for ev in read_signed_events(journal, keys):
+    for ev in events:
         if isinstance(ev, TimestampRecorded):
             found.append((ev.seal_seq, ev.tsa, ev.token, ev.error, f"line {ev.seq}", ev.note_sha256, ev.time))
     path = sidecar(journal)
@@ -509,6 +508,40 @@ def check_journal(journal: Any, keys: Sequence[Any], certs: Sequence[Any]) -> li
                 found.append(rec)
             except (ValueError, KeyError, TypeError, AttributeError):
                 found.append((-1, "?", None, "a line that is not a timestamp record", f"{path.name}:{n}", None, None))
+    return found
+
+
+def list_tokens(journal: Any) -> list[Stamped]:
+    """Every token a journal carries, read but NOT checked (``show``: no key, no authority pinned): each with the
+    time it states, ``checked`` False; :func:`check_journal` is the check."""
+    import base64
+
+    from trainledger.journal.reader import read_events
+
+    out = []
+    for seq, tsa, token, error, where, _digest, _when in _records(journal, read_events(journal)):
+        if error is None:
+            try:
+                out.append(Stamped(seq, None, token_time(base64.b64decode(token or "", validate=True)), None, tsa,
+                                   None, where, checked=False))
+                continue
+            except (TimestampError, ValueError) as e:
+                error = str(e) if isinstance(e, TimestampError) else "a token that is not base64"
+            except Exception as e:  # noqa: BLE001 - the DER is anyone's: whatever part of it fails, it is no token
+                error = f"a malformed token ({type(e).__name__})"
+        out.append(Stamped(seq, None, None, None, tsa, error, where, checked=False))
+    return out
+
+
+def check_journal(journal: Any, keys: Sequence[Any], certs: Sequence[Any]) -> list[Stamped]:
+    """Every token a verified journal carries (its ``timestamp_recorded`` lines, and its sidecar's), each checked
+    against its seal's note and ``certs``; a recorded failure (no token came) is listed too."""
+    import base64
+
+    from trainledger.journal.reader import read_signed_events
+
+    notes = seal_notes(journal, keys)
+    found = _records(journal, read_signed_events(journal, keys))
     out = []
     for seq, tsa, token, error, where, digest, when in found:
         note, own = notes.get(seq, (None, None))

@@ -141,7 +141,7 @@ def register(sub) -> None:
                    help="interrupt the SQL after this long (default 600; 0 for no limit)")
     p.set_defaults(func=_cmd_query)
 
-    p = sub.add_parser("show", help="summarise a journal: run, key, events by kind, seals, tail",
+    p = sub.add_parser("show", help="summarise a journal: run, key, events by kind, seals, tail, timestamp tokens",
                        description="Summarise a journal. Checks the chain but not signatures (use verify for that).")
     p.add_argument("path", metavar="PATH", help=PATH_HELP)
     add_json_option(p)
@@ -305,8 +305,9 @@ def _print_run_dir(r: Any, trust: Any) -> None:
         say(f"  rank {rank:<5} {rep.events:>10,} events  key {rep.key_id} ({rep.trust})  tail {rep.tail}{unsigned}")
 
 
-def _verify_and_print(args: argparse.Namespace, title: str, **extra) -> int:
-    """Verify, then print the report (or the one-line failure); the exit code of verify and show."""
+def _verify_and_print(args: argparse.Namespace, title: str, *, tokens=None, **extra) -> int:
+    """Verify, then print the report (or the one-line failure) and what ``tokens(report)`` lists (show's RFC 3161
+    tokens, unchecked); the exit code of verify and show."""
     try:
         r = verify_from_args(args, **extra)
     except IntegrityError as e:
@@ -317,10 +318,13 @@ def _verify_and_print(args: argparse.Namespace, title: str, **extra) -> int:
         else:
             say(e.fail_line(args.path))
         return 1
+    stamps = [] if tokens is None else tokens(r)
     if args.json:
-        say(json.dumps(r.to_dict()))
+        say(json.dumps(r.to_dict() if tokens is None else {**r.to_dict(), "timestamps": stamps}))
     else:
         print_report(r, title=title)
+        for t in stamps:
+            say(t["line"])
     return 0
 
 
@@ -486,7 +490,16 @@ def _ql(text: str) -> str:
 
 
 def _cmd_show(args: argparse.Namespace) -> int:
-    return _verify_and_print(args, "JOURNAL", label="reading", check_signatures=False)
+    def tokens(r) -> list[dict]:
+        """The journal's RFC 3161 tokens, read only where it or its sidecar has one (a second read otherwise)."""
+        from trainledger.cli.publish import token_lines
+        from trainledger.journal.proofs.timestamp import sidecar
+
+        if not r.kinds.get("timestamp_recorded") and not sidecar(args.path).is_file():
+            return []
+        return token_lines(args.path)
+
+    return _verify_and_print(args, "JOURNAL", label="reading", check_signatures=False, tokens=tokens)
 
 
 # ---------------------------------------------------------------- entry point

@@ -345,6 +345,9 @@ def stamped_line(st) -> str:
     tree = f" (tree of {st.tree_size:,})" if st.tree_size is not None else ""
     if st.error is not None:
         return f"NO TIME  seal at line {st.seal_seq}{tree}: {st.error} [{st.where}]"
+    if not st.checked:
+        return (f"TOKEN    seal at line {st.seal_seq}: says it existed by {st.time.isoformat(timespec='seconds')}, per "
+                f"{st.tsa}; NOT checked here (verify --tsa-cert FILE checks it) [{st.where}]")
     return (f"EXISTED BY {st.time.isoformat(timespec='seconds')}  seal at line {st.seal_seq}{tree}, per {st.tsa} "
             f"(the trainer's clock: {_when(st.own_ns)}) [{st.where}]")
 
@@ -378,6 +381,15 @@ def _cmd_timestamp(args: argparse.Namespace) -> int:
         for s in got:
             say(stamped_line(s))
     return 0 if all(s.error is None for s in got) else 1
+
+
+def token_lines(path: str) -> list[dict]:
+    """``show``: every token a journal carries, read but not checked, as records for --json (``line``: as printed)."""
+    from trainledger.journal.proofs.timestamp import list_tokens
+
+    return [{"seal_seq": st.seal_seq, "tsa": st.tsa, "says": None if st.time is None else st.time.isoformat(),
+             "error": st.error, "where": st.where, "checked": False, "line": stamped_line(st)}
+            for st in list_tokens(path)]
 
 
 def tsa_lines(path: str, kind: str, keys, cert_files) -> tuple[bool, list[str]]:

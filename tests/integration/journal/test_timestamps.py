@@ -62,6 +62,14 @@ def test_a_written_journal_is_timestamped_and_every_token_checked_both_ways(tmp_
     # pinned to the TSA's own certificate instead of its CA: also holds
     assert main(["verify", str(jp), "--pubkey", str(pub), "--tsa-cert", str(t.dir / "tsa.crt")]) == 0
     capsys.readouterr()
+    # show lists each token with the time it states, and says it did not check it (no authority pinned)
+    assert main(["show", str(jp)]) == 0
+    out = capsys.readouterr().out
+    assert out.count("NOT checked here") == len(notes) and "EXISTED BY" not in out and url in out
+    assert main(["show", str(jp), "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)["timestamps"]
+    assert sorted(x["seal_seq"] for x in shown) == sorted(notes) and not any(x["checked"] for x in shown)
+    assert {x["says"] for x in shown} == {r["time"] for r in recs}
     # a token moved onto another seal's line: over another note, refused (exit 1), and openssl agrees
     bad = [dict(r) for r in recs]
     bad[0]["seal_seq"], bad[1]["seal_seq"] = bad[1]["seal_seq"], bad[0]["seal_seq"]
@@ -269,3 +277,10 @@ def test_a_malformed_token_or_record_is_refused_in_one_line_never_a_traceback(tm
     out, err = capsys.readouterr()
     assert "Traceback" not in out + err
     assert "recorded time" in out and "recorded note_sha256" in out and out.count("not a timestamp record") == 3
+    # show reads the same records without checking them: the two whose token parses state a time, the rest are named
+    sidecar(jp).write_text("\n".join(lines + [json.dumps({**rec, "token": "AAAA"})]) + "\n")
+    assert main(["show", str(jp)]) == 0
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err
+    assert out.count("NOT checked here") == 2 and out.count("not a timestamp record") == 3
+    assert out.count("NO TIME") == 4 and "[journal.timestamps.jsonl:6]" in out
