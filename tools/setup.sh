@@ -24,6 +24,8 @@ if [ "${1:-}" = "--browser" ]; then
   # Go and its x/mod (sumdb/note, sumdb/tlog): the independent check of the team log's C2SP formats
   command -v go >/dev/null 2>&1 || NEED="$NEED golang-go"
   [ -d /usr/share/gocode/src/golang.org/x/mod/sumdb ] || NEED="$NEED golang-golang-x-mod-dev"
+  # the PCI ID Repository's list: the accelerator variants' names are held to it
+  [ -f /usr/share/misc/pci.ids ] || NEED="$NEED pci.ids"
 fi
 if [ -n "$NEED" ]; then
   SUDO=""
@@ -31,7 +33,7 @@ if [ -n "$NEED" ]; then
     command -v sudo >/dev/null 2>&1 || { echo "setup.sh: --browser needs root or sudo to install$NEED" >&2; exit 1; }
     SUDO=sudo
   fi
-  echo "setup.sh: installing Debian's$NEED for the browser, PKCS#11, time-stamping and C2SP tests" >&2
+  echo "setup.sh: installing Debian's$NEED for the browser, PKCS#11, time-stamping, C2SP and PCI ID tests" >&2
   $SUDO apt-get update -qq >/dev/null
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends $NEED >/dev/null
 fi

@@ -35,6 +35,8 @@ CHECKPOINT_CONTRACT = ("model", "optimizer", "scheduler", "scaler", "rng", "samp
 LOSS_SCALES = ("log", "linear")
 #: 1.6: the spike rules a run_configured may name (``spike_rule``; absent: the robust z alone)
 SPIKE_RULES = ("range",)
+#: 1.10: which attention FLOPs model FLOPs count: "full" (PaLM's 12·L·H·Q·T) or "causal" (half of it)
+ATTENTION_CONVENTIONS = ("full", "causal")
 
 
 class RunConfigured(Event, tag="run_configured", frozen=True, kw_only=True):
@@ -108,6 +110,19 @@ class RunConfigured(Event, tag="run_configured", frozen=True, kw_only=True):
     #: noisier by design. NaN and the infinities, the blow-up and the divergence rules still apply. Absent: every
     #: step is scored (every journal before 1.10)
     partial_batch: float | None = None
+    #: 1.10, the settings that move a compute statement by more than its 30% margin (docs/compute.md): the
+    #: executed-over-model FLOP ratio of activation recomputation, measured once on the real model with
+    #: FlopCounterMode (training.health.flops.measure_recompute_ratio; 1.0: none); which attention FLOPs the model
+    #: FLOPs count ("full": PaLM's 12·L·H·Q·T, every score of the square; "causal": half, the scores a causal mask
+    #: keeps); the accelerator's variant ("H100 SXM5 80GB") with the PCI device ID it was read from and where the
+    #: name and peak come from; the power limit the devices ran under, in watts. Absent: not recorded (every
+    #: journal before 1.10, and a run whose devices could not be read)
+    recompute_ratio: float | None = None
+    attention_convention: str | None = None
+    device_variant: str | None = None
+    pci_device_id: str | None = None
+    variant_source: str | None = None
+    power_limit_w: float | None = None
 
     def __post_init__(self) -> None:
         # Runs on decode too (msgspec): a signed journal with impossible settings fails verification as a schema
@@ -162,6 +177,16 @@ class RunConfigured(Event, tag="run_configured", frozen=True, kw_only=True):
         r = self.trend_ratio
         if not (isinstance(r, (int, float)) and math.isfinite(r) and r > 1):
             raise ValueError(f"trend_ratio must be a finite number above 1, got {r!r}")
+        rr = self.recompute_ratio
+        if rr is not None and not (isinstance(rr, (int, float)) and math.isfinite(rr) and 1 <= rr <= 4):
+            raise ValueError(f"recompute_ratio must be a number from 1 to 4 (executed over model FLOPs) or absent, "
+                             f"got {rr!r}")
+        if self.attention_convention is not None and self.attention_convention not in ATTENTION_CONVENTIONS:
+            raise ValueError(f"attention_convention must be one of {', '.join(ATTENTION_CONVENTIONS)} or absent, "
+                             f"got {self.attention_convention!r}")
+        pw = self.power_limit_w
+        if pw is not None and not (isinstance(pw, (int, float)) and math.isfinite(pw) and 0 < pw < 1e6):
+            raise ValueError(f"power_limit_w must be a positive number of watts under 1e6 or absent, got {pw!r}")
 
 
 class AnomalyDetected(Event, tag="anomaly_detected", frozen=True, kw_only=True):

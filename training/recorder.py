@@ -149,7 +149,8 @@ class Recorder:
                  straggler_threshold: float = 0.8, fingerprints: bool | None = None,
                  fingerprint_every: int | None = None, fingerprint_exclude: Any = (), on_divergence: str = "raise",
                  sdc_check: int | None = None, fingerprint_grads: bool = False, tsa: str | None = None,
-                 team_log: str | os.PathLike | None = None, team_log_key: str | os.PathLike | None = None):
+                 team_log: str | os.PathLike | None = None, team_log_key: str | os.PathLike | None = None,
+                 device_settings: dict[str, Any] | None = None):
         if key is not None and signer is not None:
             raise UsageError("Recorder takes the run's signing key once: key= or signer=, not both")
         if on_divergence not in ("raise", "record", "rewind"):
@@ -206,6 +207,12 @@ class Recorder:
             self._monitor_options["carried_flops"] = carried_flops
         if chance_loss is not None:  # the blow-up rule's start level (format 1.10): ln 10 for ten classes
             self._monitor_options["chance_loss"] = chance_loss
+        # format 1.10: the accelerator's variant (SXM or PCIe, from its PCI device ID) and power limit, read from
+        # NVML for a model on a CUDA device; device_settings= gives them (or {} records none)
+        from trainledger.training.integrations.hooks import device_settings_of
+
+        self._monitor_options["device_settings"] = device_settings_of(model) if device_settings is None \
+            else device_settings
         #: the step to run next: 0 for a new run, the restored checkpoint's step + 1 after a resume
         self.start = 0
         #: the restored checkpoint's ``data_state`` (what you passed to checkpoint()), or None

@@ -60,8 +60,9 @@ from trainledger.journal.verify import Verification, VerifyReport, open_checked,
 __all__ = ["connect", "open_views", "build_cache", "refresh_cache_in_background", "keep_cold_load", "cache_dir",
            "journal_files", "VIEWS", "Source", "CACHE_MIN_BYTES"]  # noqa: F822 - VIEWS: __getattr__
 
-CACHE_VERSION = 10  # bumped whenever a view's columns change (timeline, runs.imported, the 1.2 kinds, events.rank,
-#                    the 1.6 fields and anomaly_ended, metrics and evaluations, the 1.10 SDC kinds, replicas)
+CACHE_VERSION = 11  # bumped whenever a view's columns change (timeline, runs.imported, the 1.2 kinds, events.rank,
+#                    the 1.6 fields and anomaly_ended, metrics and evaluations, the 1.10 SDC kinds, replicas,
+#                    the 1.10 compute settings)
 #: ``trainledger query`` keeps a columnar copy only of journals at least this large; smaller ones load in
 #: well under a tenth of a second anyway.
 CACHE_MIN_BYTES = 16 * 1024 * 1024
@@ -159,7 +160,9 @@ _DERIVED: dict[str, str] = {
                 "(SELECT 1 FROM configs c WHERE c.run_id = s.run_id AND c.rank IS NOT DISTINCT FROM s.rank "
                 "AND c.seq > s.seq AND c.seq < r.seq))",  # a run_configured between them starts a new segment
     # MFU per step, PaLM appendix B against the run_configured in force at that step (ASOF: the latest before it).
-    "mfu": "SELECT s.run_id, s.rank, s.seq, s.step, (6.0 * c.n_params + 12.0 * c.n_layer * c.n_head * c.head_dim * c.seq_len) "
+    # 1.10: a causal attention convention halves the attention term.
+    "mfu": "SELECT s.run_id, s.rank, s.seq, s.step, (6.0 * c.n_params + (CASE WHEN c.attention_convention = 'causal' "
+           "THEN 6.0 ELSE 12.0 END) * c.n_layer * c.n_head * c.head_dim * c.seq_len) "
            "* COALESCE(s.tokens, s.examples * c.seq_len) / s.step_time_s / (c.peak_flops_per_sec * c.devices) AS mfu "
            "FROM steps s ASOF JOIN configs c ON s.run_id = c.run_id AND s.seq >= c.seq "
            "WHERE s.step_time_s > 0 AND c.peak_flops_per_sec IS NOT NULL AND c.n_params IS NOT NULL",

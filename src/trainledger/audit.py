@@ -254,7 +254,7 @@ def replay_run_dir(path: str | os.PathLike, *, trust: TrustPolicy | None = None,
 def compute_statement(paths: Any, keys: Any, **options: Any) -> dict[str, Any]:
     """The compute statement of a model's runs (run folders or journals), every run verified under ``keys`` and
     replayed here (docs/compute.md): :func:`trainledger.journal.statements.compute.statement.build_statement` with this
-    module's replays. ``options``: ``thresholds``, ``mfu_range``, ``board_power_w``, ``progress``."""
+    module's replays. ``options``: ``thresholds``, ``mfu_range``, ``board_power_w``, ``utilisation``, ``progress``."""
     from trainledger.journal.statements.compute.statement import build_statement
 
     return build_statement(paths, keys, replay=replay, replay_run_dir=replay_run_dir, **options)

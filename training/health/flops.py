@@ -29,6 +29,10 @@ __all__ = [
     "count_training_flops",
     "measure_matmul_peak",
     "PeakMeasurement",
+    "PCI_VARIANTS",
+    "VARIANT_SOURCE",
+    "device_variant",
+    "measure_recompute_ratio",
 ]
 
 _RECOMPUTE = ("none", "selective", "full")
@@ -47,6 +51,15 @@ class FlopConfig:
     #: (the whole forward recomputed in the backward pass). Model FLOPs ignore it;
     #: hardware FLOPs count it.
     recompute: str = "none"
+    #: Which attention FLOPs model FLOPs count (format 1.10, ``run_configured.attention_convention``): "full",
+    #: PaLM's 12·L·H·Q·T (every score of the square, as PaLM and the Chinchilla-style 6N counts do), or "causal",
+    #: half of it (the scores a causal mask keeps; what FlopCounterMode counts for a causal SDPA kernel is neither).
+    attention: str = "full"
+    #: Executed over model FLOPs of one training step, measured once on the real model
+    #: (:func:`measure_recompute_ratio`): 1.0 without recomputation, about 4/3 with full activation checkpointing.
+    #: Recorded (``run_configured.recompute_ratio``) and shown by the compute statement, which excludes the
+    #: recomputation from its FLOPs as the Commission's guidelines do. None: not measured.
+    recompute_ratio: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("n_params", "n_layer", "n_head", "head_dim", "seq_len"):
@@ -55,16 +68,22 @@ class FlopConfig:
                 raise ValueError(f"FlopConfig.{name} must be a positive integer, got {v!r}")
         if self.recompute not in _RECOMPUTE:
             raise ValueError(f"FlopConfig.recompute must be one of {_RECOMPUTE}, got {self.recompute!r}")
+        if self.attention not in ("full", "causal"):
+            raise ValueError(f"FlopConfig.attention must be 'full' or 'causal', got {self.attention!r}")
+        r = self.recompute_ratio
+        if r is not None and not (isinstance(r, (int, float)) and 1 <= r <= 4):
+            raise ValueError(f"FlopConfig.recompute_ratio must be a number from 1 to 4, got {r!r}")
 
     @property
     def attention_flops_per_token(self) -> int:
-        """12·L·H·Q·T: QK^T and AV, forward (4·L·H·Q·T) and backward (twice that)."""
-        return 12 * self.n_layer * self.n_head * self.head_dim * self.seq_len
+        """12·L·H·Q·T: QK^T and AV, forward (4·L·H·Q·T) and backward (twice that); half under "causal"."""
+        return (6 if self.attention == "causal" else 12) * self.n_layer * self.n_head * self.head_dim * self.seq_len
 
     @property
     def flops_per_token(self) -> int:
         """Model FLOPs per token, PaLM appendix B: 6N + 12·L·H·Q·T (``journal.mfu``, the one implementation)."""
-        return model_flops_per_token(self.n_params, self.n_layer, self.n_head, self.head_dim, self.seq_len)
+        return model_flops_per_token(self.n_params, self.n_layer, self.n_head, self.head_dim, self.seq_len,
+                                     self.attention)
 
     def flops_per_iter(self, batch: int) -> int:
         """Model FLOPs of one optimizer step on ``batch`` sequences of ``seq_len`` tokens."""
@@ -177,6 +196,32 @@ PEAK_FLOPS: Mapping[tuple[str, str], tuple[float, str]] = {
     ("mi300x", "tf32"): (653.7 * _T, "AMD Instinct MI300X datasheet"),
     ("mi300x", "fp32"): (163.4 * _T, "AMD Instinct MI300X datasheet, matrix"),
 }
+
+#: NVIDIA PCI device IDs (vendor 0x10de) -> (the variant, its key in PEAK_FLOPS). A device's name ("NVIDIA H100
+#: 80GB HBM3") does not say SXM or PCIe, whose peaks differ 1.31x (989.4 / 756 TF BF16): the PCI device ID does.
+#: Names as the PCI ID Repository's pci.ids lists them (Debian's ``pci.ids`` package; a test holds this table to
+#: it where it is installed). A device not listed is left unnamed, never guessed.
+PCI_VARIANTS: Mapping[int, tuple[str, str]] = {
+    0x20B0: ("A100 SXM4 40GB", "a100"),
+    0x20B2: ("A100 SXM4 80GB", "a100"),
+    0x20B5: ("A100 PCIe 80GB", "a100"),
+    0x20F1: ("A100 PCIe 40GB", "a100"),
+    0x2330: ("H100 SXM5 80GB", "h100-sxm"),
+    0x2331: ("H100 PCIe", "h100-pcie"),
+}
+VARIANT_SOURCE = "PCI device ID; name per pci.ids (the PCI ID Repository)"
+
+
+def device_variant(pci_device_id: int | str | None) -> tuple[str, str] | None:
+    """(variant, peak key) of an NVIDIA PCI device ID (``0x2330`` or ``"0x2330"``), None when not listed."""
+    if pci_device_id is None:
+        return None
+    try:
+        i = int(pci_device_id, 16) if isinstance(pci_device_id, str) else int(pci_device_id)
+    except ValueError:
+        return None
+    return PCI_VARIANTS.get(i)
+
 
 _ALIASES = {"a100-sxm": "a100", "a100-pcie": "a100", "h100": "h100-sxm", "h200-sxm": "h200", "bfloat16": "bf16",
             "float16": "fp16", "half": "fp16", "float32": "fp32", "float8": "fp8"}
@@ -302,6 +347,49 @@ def count_training_flops(model_factory, batch: int, seq_len: int) -> int:
     if not any("bmm" in op or "matmul" in op for op in ops):
         raise FlopCrossCheckRefused(f"the counter saw no attention matmuls (ops: {sorted(ops)})")
     return int(counter.get_total_flops())
+
+
+def measure_recompute_ratio(model: Any, run_step: Any, *, checkpointing: Any = None) -> float:
+    """Executed over model FLOPs of one training step, counted by ``torch.utils.flop_counter.FlopCounterMode`` on
+    the real model: ``run_step()`` (your forward and ``loss.backward()`` on one batch, no optimizer step) is
+    counted once as the model is set up and once with recomputation off, and the model is left as it was.
+    ``checkpointing(on: bool)`` turns recomputation on and off (given: the model is taken to recompute as it is, and
+    is turned back on after); by default the model's own
+    ``gradient_checkpointing_enable``/``_disable`` (Hugging Face models, the reference CausalLM). The gradients
+    the two passes leave are cleared. Returns 1.0 for a model that recomputes nothing; about 4/3 with full
+    activation checkpointing (the forward done twice). Record it with
+    ``FlopConfig(..., recompute_ratio=...)``: the compute statement shows it and excludes the recomputation, as the
+    Commission's guidelines do."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    if checkpointing is None:
+        on, off = (getattr(model, "gradient_checkpointing_enable", None),
+                   getattr(model, "gradient_checkpointing_disable", None))
+        if on is None or off is None:
+            raise ValueError("measure_recompute_ratio: the model has no gradient_checkpointing_enable/_disable; "
+                             "pass checkpointing=lambda on: ... that turns its recomputation on and off")
+        was = bool(getattr(model, "is_gradient_checkpointing", getattr(model, "activation_checkpointing", True)))
+
+        def checkpointing(flag: bool) -> None:
+            (on if flag else off)()
+    else:
+        was = True
+
+    def counted() -> int:
+        with FlopCounterMode(display=False) as counter:
+            run_step()
+        model.zero_grad(set_to_none=True)
+        return int(counter.get_total_flops())
+
+    try:
+        executed = counted()  # as the model is set up
+        checkpointing(False)
+        plain = counted()
+    finally:
+        checkpointing(was)
+    if plain <= 0:
+        raise ValueError("measure_recompute_ratio: the step counted no FLOPs (does run_step call backward?)")
+    return executed / plain
 
 
 def device_kind(model: Any) -> str | None:

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["model_flops_per_token", "MfuAccounting", "ComputeTotals", "record_compute", "carried_by"]
+__all__ = ["model_flops_per_token", "MfuAccounting", "ComputeTotals", "record_compute", "carried_by", "SETTINGS"]
 
 
-def model_flops_per_token(n_params: int, n_layer: int, n_head: int, head_dim: int, seq_len: int) -> int:
-    """PaLM appendix B: 6N + 12·L·H·Q·T."""
-    return 6 * n_params + 12 * n_layer * n_head * head_dim * seq_len
+def model_flops_per_token(n_params: int, n_layer: int, n_head: int, head_dim: int, seq_len: int,
+                          attention: str | None = None) -> int:
+    """PaLM appendix B: 6N + 12·L·H·Q·T; with ``attention="causal"`` (format 1.10's ``attention_convention``) the
+    attention term is halved, 6N + 6·L·H·Q·T: only the scores a causal mask keeps."""
+    return 6 * n_params + (6 if attention == "causal" else 12) * n_layer * n_head * head_dim * seq_len
 
 
 class MfuAccounting:
@@ -26,7 +28,8 @@ class MfuAccounting:
 
     def __init__(self, config: Any) -> None:
         c = config
-        self.fpt = (model_flops_per_token(c.n_params, c.n_layer, c.n_head, c.head_dim, c.seq_len)
+        self.fpt = (model_flops_per_token(c.n_params, c.n_layer, c.n_head, c.head_dim, c.seq_len,
+                                          getattr(c, "attention_convention", None))
                     if c.n_params is not None else None)
         self.peak = c.peak_flops_per_sec * c.devices if c.peak_flops_per_sec is not None else None
         self.seq_len = c.seq_len
@@ -46,6 +49,18 @@ class MfuAccounting:
 
 _INF = float("inf")
 
+#: format 1.10's ``run_configured`` fields that move a compute statement (docs/compute.md), carried into each
+#: ``compute_totaled.hardware`` entry they apply to
+SETTINGS = ("recompute_ratio", "attention_convention", "device_variant", "pci_device_id", "variant_source",
+            "power_limit_w")
+
+
+def _settings(config: Any) -> tuple | None:
+    """A ``run_configured``'s 1.10 compute settings, or None where it records none of them (every journal before
+    1.10: its totals stay as they were written)."""
+    values = tuple(getattr(config, k, None) for k in SETTINGS)
+    return None if all(v is None for v in values) else values
+
 
 class ComputeTotals:
     """The training compute a journal's steps add up to (``compute_totaled``): one fold, for the writer that records
@@ -61,7 +76,7 @@ class ComputeTotals:
     (its ``run_opened`` says so) is totalled as it was written."""
 
     __slots__ = ("steps", "tokens", "flops", "last_step", "steps_without_tokens", "tokens_without_shape", "_fpt",
-                 "_seq_len", "full", "busy_ns", "steps_without_time", "_groups", "_group", "started_ns", "ended_ns",
+                 "_six_n", "_seq_len", "full", "busy_ns", "steps_without_time", "_groups", "_group", "started_ns", "ended_ns",
                  "energy_mj", "energy_ns", "energy_pairs", "energy_resets", "power_j", "power_ns", "power_pairs",
                  "_samples", "_thresholds", "_carried", "_next", "crossed_names", "crossed", "watched")
 
@@ -69,13 +84,15 @@ class ComputeTotals:
         self.steps = self.tokens = self.flops = self.steps_without_tokens = self.tokens_without_shape = 0
         self.last_step: int | None = None
         self._fpt: int | None = None
+        self._six_n: int | None = None  # 6N of a run_configured with format 1.10's settings (the 6ND method)
         self._seq_len: int | None = None
         #: whether the event carries format 1.7's fields (a run_opened of an earlier format turns it off)
         self.full = True
         #: whether it carries 1.8's (the thresholds watched, the carry and the crossings)
         self.watched = True
         self.busy_ns = self.steps_without_time = 0
-        self._groups: dict[tuple, list[int]] = {}  # (devices, peak, source, kind) -> [steps, busy ns]
+        #: (devices, peak, source, kind, 1.10's settings or None) -> [steps, busy ns, model FLOPs, 6ND FLOPs]
+        self._groups: dict[tuple, list[int]] = {}
         self._group: list[int] | None = None
         self.started_ns: int | None = None
         self.ended_ns: int | None = None
@@ -103,8 +120,11 @@ class ComputeTotals:
         """A ``run_configured``: the steps after it are counted under its FLOP shape, hardware and thresholds."""
         self._fpt = MfuAccounting(config).fpt
         self._seq_len = config.seq_len
-        key = (config.devices, config.peak_flops_per_sec, config.peak_source, getattr(config, "device_kind", None))
-        self._group = self._groups.setdefault(key, [0, 0])
+        settings = _settings(config)
+        self._six_n = 6 * config.n_params if settings is not None and config.n_params is not None else None
+        key = (config.devices, config.peak_flops_per_sec, config.peak_source, getattr(config, "device_kind", None),
+               settings)
+        self._group = self._groups.setdefault(key, [0, 0, 0, 0])
         self._thresholds = sorted((float(v), k) for k, v in getattr(config, "compute_thresholds", {}).items())
         self._carried = float(getattr(config, "carried_flops", 0.0))
         self._set_next()
@@ -130,7 +150,7 @@ class ComputeTotals:
         self._set_next()
 
     def _default_group(self) -> list[int]:
-        g = self._group = self._groups.setdefault((1, None, None, None), [0, 0])
+        g = self._group = self._groups.setdefault((1, None, None, None, None), [0, 0, 0, 0])
         return g
 
     def add(self, step: Any) -> None:
@@ -158,6 +178,9 @@ class ComputeTotals:
             self.tokens_without_shape += t
         else:
             self.flops += self._fpt * t
+            if self._six_n is not None:
+                g[2] += self._fpt * t
+                g[3] += self._six_n * t
             if self._next is not None and float(self.flops) + self._carried >= self._next:
                 self._cross(step)
 
@@ -202,6 +225,9 @@ class ComputeTotals:
             self.tokens_without_shape += tokens
         else:
             self.flops += self._fpt * tokens
+            if self._six_n is not None:
+                g[2] += self._fpt * tokens
+                g[3] += self._six_n * tokens
 
     def sample(self, ev: Any) -> None:
         """A ``device_sampled``: the energy between it and the device's previous sample, from NVML's counter (a
@@ -230,9 +256,20 @@ class ComputeTotals:
             self.power_pairs += 1
 
     def hardware(self) -> list[dict[str, Any]]:
-        """The steps by the hardware they ran on (groups with steps, in order of first use)."""
-        return [{"devices": d, "peak_flops_per_sec": p, "peak_source": s, "device_kind": k, "steps": n,
-                 "busy_s": ns / 1e9} for (d, p, s, k), (n, ns) in self._groups.items() if n]
+        """The steps by the hardware they ran on (groups with steps, in order of first use); under a
+        ``run_configured`` with format 1.10's compute settings, those settings too, and the group's model FLOPs
+        and its 6·N·D FLOPs (the guidelines' architecture method)."""
+        out = []
+        for (d, p, s, k, settings), (n, ns, flops, six_nd) in self._groups.items():
+            if not n:
+                continue
+            h: dict[str, Any] = {"devices": d, "peak_flops_per_sec": p, "peak_source": s, "device_kind": k,
+                                 "steps": n, "busy_s": ns / 1e9}
+            if settings is not None:
+                h.update(zip(SETTINGS, settings))
+                h.update(flops=float(flops), six_nd_flops=float(six_nd))
+            out.append(h)
+        return out
 
     def event(self) -> Any:
         from trainledger.training.kinds import ComputeTotaled

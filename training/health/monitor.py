@@ -92,6 +92,7 @@ class TrainingHealthMonitor:
         carried_flops: float = 0.0,
         trend_rules: bool = True,
         chance_loss: float | None = None,
+        device_settings: dict[str, Any] | None = None,
     ):
         DetectorParams(loss_window, loss_min_periods, loss_z_thresh, "loss")
         DetectorParams(grad_norm_window, grad_norm_min_periods, grad_norm_z_thresh, "grad_norm")
@@ -128,6 +129,10 @@ class TrainingHealthMonitor:
             **(dict(RANGE_DEFAULTS, spike_rule=spike_rule) if spike_rule is not None else {}),
             device_kind=device_kind, compute_thresholds={**DEFAULT_COMPUTE_THRESHOLDS, **(compute_thresholds or {})},
             carried_flops=float(carried_flops), **trend,
+            # format 1.10: the settings that move a compute statement (docs/compute.md)
+            attention_convention=fc.attention if fc else None,
+            recompute_ratio=float(fc.recompute_ratio) if fc and fc.recompute_ratio is not None else None,
+            **_device_settings(device_settings),
         )
         self.journal = journal
         self._proj = HealthProjection(self.config)
@@ -333,3 +338,20 @@ class TrainingHealthMonitor:
         # run_configured (the first event the monitor writes) re-initializes it
         fold_events(path, proj.apply_all)
         return proj
+
+
+_DEVICE_SETTINGS = ("device_variant", "pci_device_id", "variant_source", "power_limit_w")
+
+
+def _device_settings(given: dict[str, Any] | None) -> dict[str, Any]:
+    """The accelerator's variant and power limit for ``run_configured`` (training.health.telemetry.device_settings
+    reads them from NVML): only those keys, each checked."""
+    if not given:
+        return {}
+    unknown = set(given) - set(_DEVICE_SETTINGS)
+    if unknown:
+        raise ValueError(f"device_settings: unknown key(s) {sorted(unknown)}; known: {', '.join(_DEVICE_SETTINGS)}")
+    out = {k: given[k] for k in _DEVICE_SETTINGS if given.get(k) is not None}
+    if "power_limit_w" in out:
+        out["power_limit_w"] = float(out["power_limit_w"])
+    return out

@@ -24,7 +24,7 @@ from typing import Any
 from trainledger.journal import Journal
 from trainledger.training.kinds import DeviceChanged, DeviceSampled, TelemetryUnavailable, device_anomaly
 
-__all__ = ["DeviceTelemetry", "read_device"]
+__all__ = ["DeviceTelemetry", "read_device", "device_settings"]
 
 # NVML constants (nvml.h), so that a stand-in needs no pynvml.
 _TEMPERATURE_GPU = 0
@@ -69,6 +69,36 @@ def read_device(nvml: Any, handle: Any) -> dict[str, Any]:
     return {"energy_mj": None if energy is None else int(energy), "temp_c": None if temp is None else float(temp), "temp_hbm_c": temp_hbm,
             "power_w": None if power is None else power / 1000.0, "sm_clock_mhz": None if sm is None else int(sm),
             "clock_event_reasons": None if reasons is None else int(reasons), "ecc": ecc}
+
+
+def device_settings(index: int = 0, *, nvml: Any = None) -> dict[str, Any]:
+    """What a compute statement needs of device ``index`` (format 1.10's ``run_configured`` fields): its PCI
+    device ID, the variant that ID names (SXM or PCIe, training.health.flops.PCI_VARIANTS) and where the name comes
+    from, and the power limit it runs under (NVML's enforced limit, watts). Empty where NVML cannot be read (no
+    driver, no GPU, the ``telemetry`` extra missing): nothing is guessed. ``nvml``: a stand-in with NVML's function
+    names (tests); pynvml by default."""
+    from trainledger.training.health.flops import VARIANT_SOURCE, device_variant
+
+    try:
+        if nvml is None:
+            import pynvml as nvml  # nvidia-ml-py
+        nvml.nvmlInit()
+        handle = nvml.nvmlDeviceGetHandleByIndex(index)
+    except Exception:  # noqa: BLE001 - ImportError, NVMLError_LibraryNotFound, no driver, no such device
+        return {}
+    out: dict[str, Any] = {}
+    pci = _try(nvml.nvmlDeviceGetPciInfo, handle)
+    raw = getattr(pci, "pciDeviceId", None)
+    if isinstance(raw, int) and raw >= 0:
+        dev_id = (raw >> 16) & 0xFFFF  # NVML packs the device ID over the vendor ID: 0x233010DE
+        out["pci_device_id"] = f"0x{dev_id:04x}"
+        named = device_variant(dev_id) if raw & 0xFFFF == 0x10DE else None
+        if named is not None:
+            out["device_variant"], out["variant_source"] = named[0], VARIANT_SOURCE
+    limit = _try(nvml.nvmlDeviceGetEnforcedPowerLimit, handle)  # milliwatts
+    if isinstance(limit, (int, float)) and limit > 0:
+        out["power_limit_w"] = limit / 1000.0
+    return out
 
 
 class DeviceTelemetry:

@@ -94,11 +94,17 @@ def monitor_options(model: Any, *, device_kind: str | None, compute_thresholds: 
     from trainledger.training.health.flops import peak_flops_per_sec
     from trainledger.training.health.mfu import carried_by
 
+    from trainledger.training.health.flops import device_variant
+
     kind = device_kind or device_kind_of(model)
+    settings = device_settings_of(model)
     out: dict[str, Any] = {"device_kind": kind, "compute_thresholds": compute_thresholds,
-                           "peak_flops_per_sec": peak, "peak_source": None if peak is None else "given"}
+                           "peak_flops_per_sec": peak, "peak_source": None if peak is None else "given",
+                           "device_settings": settings}
     if peak is None and kind is not None and dtype is not None:
-        sheet = peak_flops_per_sec(kind, dtype)
+        # the variant the PCI device ID names (SXM or PCIe) before the name, which does not say
+        named = device_variant(settings.get("pci_device_id"))
+        sheet = peak_flops_per_sec(named[1] if named is not None else kind, dtype)
         if sheet is not None:
             out["peak_flops_per_sec"], out["peak_source"] = sheet, "datasheet"
     if carried_flops is not None:
@@ -108,6 +114,22 @@ def monitor_options(model: Any, *, device_kind: str | None, compute_thresholds: 
     elif previous is not None:
         out["carried_flops"] = carried_by(previous)
     return out
+
+
+def device_settings_of(model: Any) -> dict[str, Any]:
+    """The variant and power limit of the CUDA device ``model``'s first parameter is on, from NVML
+    (:func:`trainledger.training.health.telemetry.device_settings`); empty on a CPU or where NVML cannot be read."""
+    try:
+        dev = next(iter(model.parameters())).device
+    except (AttributeError, StopIteration, TypeError):
+        return {}
+    if dev.type != "cuda":
+        return {}
+    import torch
+
+    from trainledger.training.health.telemetry import device_settings
+
+    return device_settings(dev.index if dev.index is not None else torch.cuda.current_device())
 
 
 def training_dtype(model: Any, *, bf16: bool = False, fp16: bool = False) -> str | None:

@@ -94,6 +94,9 @@ class CausalLM(nn.Module):
             raise ValueError(f"attn_impl must be one of {_ATTN_IMPLS}, got {attn_impl!r}")
         self.vocab, self.d_model, self.n_layer, self.n_head, self.block = vocab, d_model, n_layer, n_head, block
         self.attn_impl = attn_impl
+        #: full activation checkpointing: each block's forward is recomputed in the backward pass (off by default;
+        #: ``gradient_checkpointing_enable()``, the name Hugging Face models use)
+        self.activation_checkpointing = False
         self.wte = nn.Embedding(vocab, d_model)
         self.wpe = nn.Embedding(block, d_model)
         self.drop = nn.Dropout(dropout)
@@ -125,14 +128,27 @@ class CausalLM(nn.Module):
             n -= self.wpe.weight.numel()
         return n
 
+    def gradient_checkpointing_enable(self) -> None:
+        """Recompute each block's forward in the backward pass (full activation checkpointing)."""
+        self.activation_checkpointing = True
+
+    def gradient_checkpointing_disable(self) -> None:
+        self.activation_checkpointing = False
+
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         b, t = idx.shape
         if t > self.block:
             raise ValueError(f"sequence length {t} exceeds the model's block size {self.block}")
         pos = torch.arange(t, device=idx.device)
         x = self.drop(self.wte(idx) + self.wpe(pos))
+        recompute = self.activation_checkpointing and self.training and torch.is_grad_enabled()
         for blk in self.h:
-            x = blk(x)
+            if recompute:
+                from torch.utils.checkpoint import checkpoint
+
+                x = checkpoint(blk, x, use_reentrant=False)
+            else:
+                x = blk(x)
         return self.lm_head(self.ln_f(x))
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["DEFAULT_COMPUTE_THRESHOLDS", "DEFAULT_MFU_RANGE", "run_figures", "model_figures", "two_figures"]
+__all__ = ["DEFAULT_COMPUTE_THRESHOLDS", "DEFAULT_MFU_RANGE", "MARGIN", "run_figures", "model_figures", "two_figures"]
 
 #: The cumulative training compute watched by default (model FLOPs; docs/compute.md): the EU Commission's indicative
 #: threshold for a general-purpose AI model, and the AI Act's presumption of systemic risk (Article 51(2)), whose
@@ -96,6 +96,7 @@ def run_figures(journals: list[dict[str, Any]], *, board_power_w: float | None =
             power_j += c["power_j"]
         power_s += c.get("power_s", 0.0)
         resets += c.get("energy_resets", 0)
+    settings = _settings(journals)
     measured_s = energy_s + power_s
     uncovered = max(span_dev_s - measured_s, 0.0)
     estimate, basis = None, None
@@ -127,11 +128,51 @@ def run_figures(journals: list[dict[str, Any]], *, board_power_w: float | None =
                    "coverage": energy_s / span_dev_s if span_dev_s > 0 else None, "counter_resets": resets,
                    "uncovered_device_s": uncovered, "estimate_j": estimate, "estimate_basis": basis,
                    "total_j": total},
+        **({} if settings is None else {"settings": settings}),
     }
 
 
+def _settings(journals: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """A run's format 1.10 compute settings, from the hardware entries that carry them: the model FLOPs those
+    steps count and the FLOPs they executed (each entry's FLOPs x its measured recompute ratio; 1 where none was
+    measured), their 6·N·D FLOPs (the architecture method), and every attention convention, accelerator variant and
+    power limit they ran under. None where no entry carries settings (a journal before 1.10)."""
+    covered = executed = six_nd = 0.0
+    unmeasured = 0.0
+    conventions: list[str] = []
+    variants: list[dict[str, Any]] = []
+    limits: list[float] = []
+    seen = False
+    for j in journals:
+        for h in j["compute"].get("hardware") or ():
+            if "flops" not in h:
+                continue
+            seen = True
+            covered += h["flops"]
+            six_nd += h["six_nd_flops"]
+            ratio = h.get("recompute_ratio")
+            executed += h["flops"] * (ratio if ratio is not None else 1.0)
+            if ratio is None:
+                unmeasured += h["flops"]
+            conv = h.get("attention_convention") or "full"
+            if conv not in conventions:
+                conventions.append(conv)
+            v = {k: h.get(k) for k in ("device_variant", "pci_device_id", "variant_source")}
+            if any(x is not None for x in v.values()) and v not in variants:
+                variants.append(v)
+            if h.get("power_limit_w") is not None and h["power_limit_w"] not in limits:
+                limits.append(h["power_limit_w"])
+    if not seen:
+        return None
+    return {"covered_flops": covered, "executed_flops": executed, "six_nd_flops": six_nd,
+            "recompute_ratio": executed / covered if covered > 0 else None,
+            "recompute_unmeasured_flops": unmeasured, "attention_conventions": conventions,
+            "device_variants": variants, "power_limits_w": sorted(limits)}
+
+
 def model_figures(runs: list[dict[str, Any]], thresholds: dict[str, float],
-                  mfu_range: tuple[float, float] = DEFAULT_MFU_RANGE) -> dict[str, Any]:
+                  mfu_range: tuple[float, float] = DEFAULT_MFU_RANGE, *,
+                  utilisation: float | None = None) -> dict[str, Any]:
     """A model's figures over its runs (``runs``: each ``{"run", "figures", "base_run", ...}``, in the statement's
     order): sums, the time span, every threshold the cumulative model FLOPs reach and at which run, each
     fine-tune's compute against a third of its base's, and whether the two FLOP methods agree within
@@ -195,4 +236,71 @@ def model_figures(runs: list[dict[str, Any]], thresholds: dict[str, float],
         "thresholds": {name: {"flops": v, "reached": name in crossed, "by_run": crossed.get(name)}
                        for name, v in sorted(thresholds.items(), key=lambda kv: (kv[1], kv[0]))},
         "fine_tunes": fine_tunes,
+        **_methods(runs, model, hw if hw > 0 else None, busy_dev_s, span_dev_s, started, ended,
+                   total_j if any_energy else None, estimated, utilisation),
     }
+
+
+#: the margin the Commission's guidelines accept for a training compute estimate
+MARGIN = 0.30
+
+
+def _methods(runs: list[dict[str, Any]], model: float, hw: float | None, busy_dev_s: float, span_dev_s: float,
+             started: int | None, ended: int | None, energy_j: float | None, estimated: bool,
+             utilisation: float | None) -> dict[str, Any]:
+    """Format 1.10's settings over the model's runs, the guidelines' two estimation methods side by side, and the
+    Model Documentation Form's figures. Nothing where no run recorded the settings (a statement of journals before
+    1.10 keeps its figures as they were)."""
+    sets = [r["figures"]["settings"] for r in runs if r["figures"].get("settings") is not None]
+    if not sets:
+        return {}
+    covered = sum(x["covered_flops"] for x in sets)
+    executed = sum(x["executed_flops"] for x in sets)
+    six_nd = sum(x["six_nd_flops"] for x in sets)
+    ratio = executed / covered if covered > 0 else None
+    conventions = sorted({c for x in sets for c in x["attention_conventions"]})
+    variants: list[dict[str, Any]] = []
+    for x in sets:
+        for v in x["device_variants"]:
+            if v not in variants:
+                variants.append(v)
+    limits = sorted({w for x in sets for w in x["power_limits_w"]})
+    # the hardware method: devices x busy time x peak x utilisation. Declared, the utilisation is the provider's
+    # own; else the one measured here, the executed FLOPs over what the devices could do at their peak in their busy
+    # time (what a profiler counting executed work reads). Recomputation is left out, as the guidelines ask.
+    if hw is not None and hw > 0:
+        u = utilisation if utilisation is not None else executed / hw * (model / covered if covered > 0 else 1.0)
+        source = "declared" if utilisation is not None else "measured: executed FLOPs over peak x busy time"
+        hardware = hw * u / (ratio or 1.0)
+    else:
+        u, source, hardware = utilisation, "no peak recorded: the hardware method cannot be computed", None
+    disagreement = hardware / six_nd - 1 if hardware is not None and six_nd > 0 else None
+    wall_days = (ended - started) / 86400e9 if started is not None and ended is not None else None
+    return {
+        "recompute_ratio": ratio, "executed_flops": executed * (model / covered) if covered > 0 else None,
+        "recompute_unmeasured_flops": sum(x["recompute_unmeasured_flops"] for x in sets),
+        "attention_convention": conventions[0] if len(conventions) == 1 else conventions,
+        "device_variant": variants, "power_limit_w": limits,
+        "methods": {
+            "architecture": {"flops": six_nd, "formula": "6 x parameters x tokens"},
+            "hardware": {"flops": hardware, "utilisation": u, "utilisation_source": source,
+                         "formula": "devices x busy time x peak x utilisation / recompute ratio"},
+            "counted": {"flops": model, "formula": "each step's tokens x (6N + attention), as recorded"},
+            "disagreement": disagreement,
+        },
+        "within_30_percent": None if disagreement is None else abs(disagreement) <= MARGIN,
+        "form": {
+            "training_compute_flop": two_figures(model),
+            "training_period": [_day(started), _day(ended)],
+            "wall_clock_days": wall_days, "hardware_days": busy_dev_s / 86400, "allocated_hardware_days":
+                span_dev_s / 86400,
+            "energy_mwh": None if energy_j is None else float(two_figures(energy_j / 3.6e9)),
+            "energy_method": None if energy_j is None else ("estimated in part" if estimated else "measured"),
+        },
+    }
+
+
+def _day(ns: int | None) -> str | None:
+    import time
+
+    return None if ns is None else time.strftime("%Y-%m-%d", time.gmtime(ns / 1e9))

@@ -85,12 +85,57 @@ def rows(st: dict[str, Any]) -> list[tuple[str, str, str, str]]:
         out.append((f"Threshold {name} ({t['flops']:.0e} FLOP)",
                     "reached" if t["reached"] else "not reached", t["by_run"] or "-",
                     at or ("cumulative over the runs" if t["reached"] else "no crossing recorded")))
+    out += _settings_rows(f)
     for ft in f["fine_tunes"]:
         out.append((f"Fine-tune {ft['run']} vs a third of {ft['base_run']}", two_figures(ft["flops"]),
                     f"{_exact(ft['flops'])} vs {_exact(ft['third_of_base'])}",
                     "exceeds a third of its base model's compute" if ft["exceeds_third"] else
                     "within a third of its base model's compute"))
     return out
+
+
+def _settings_rows(f: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """Format 1.10's rows: the settings that move the answer, both of the guidelines' methods and the Form's
+    figures (none for a statement of earlier journals)."""
+    if "methods" not in f:
+        return []
+    m = f["methods"]
+    ratio = f["recompute_ratio"]
+    dis = m["disagreement"]
+    variants = "; ".join(f"{v['device_variant'] or 'not named'} (PCI {v['pci_device_id'] or '-'}; "
+                         f"{v['variant_source'] or 'source not stated'})" for v in f["device_variant"])
+    conv = f["attention_convention"]
+    hw = m["hardware"]
+    form = f["form"]
+    return [
+        ("Recompute ratio (executed / model FLOPs)", "-" if ratio is None else f"{ratio:.3g}", _exact(ratio),
+         "FlopCounterMode on the real model, with and without activation recomputation; the FLOPs above exclude "
+         "the recomputation, as the guidelines do"
+         + ("" if not f["recompute_unmeasured_flops"] else
+            f"; not measured for {two_figures(f['recompute_unmeasured_flops'])} FLOP (counted as 1)")),
+        ("Executed FLOPs (recomputation included)", two_figures(f["executed_flops"]), _exact(f["executed_flops"]),
+         "model FLOPs x the measured recompute ratio"),
+        ("Attention convention", conv if isinstance(conv, str) else ", ".join(conv), "-",
+         "full: 12·L·H·Q·T per token (every score of the square); causal: half of it"),
+        ("Accelerator variant", ", ".join(v["device_variant"] or v["pci_device_id"] or "-"
+                                          for v in f["device_variant"]) or "not recorded",
+         "-", variants or "no PCI device ID read (no NVML device)"),
+        ("Power limit (W)", ", ".join(f"{w:g}" for w in f["power_limit_w"]) or "not recorded", "-",
+         "NVML's enforced power limit"),
+        ("Architecture method (FLOP)", two_figures(m["architecture"]["flops"]), _exact(m["architecture"]["flops"]),
+         m["architecture"]["formula"]),
+        ("Hardware method (FLOP)", two_figures(hw["flops"]), _exact(hw["flops"]),
+         f"{hw['formula']}; utilisation {'-' if hw['utilisation'] is None else format(hw['utilisation'], '.3g')} "
+         f"({hw['utilisation_source']})"),
+        ("Methods' disagreement", "-" if dis is None else f"{dis:+.1%}", _exact(dis),
+         "-" if f["within_30_percent"] is None else
+         ("within" if f["within_30_percent"] else "OUTSIDE") + " the 30% the guidelines accept"),
+        ("Form: training period", f"{form['training_period'][0]} to {form['training_period'][1]}", "-",
+         f"wall clock {two_figures(form['wall_clock_days'])} days; hardware {two_figures(form['hardware_days'])} "
+         f"device-days in steps ({two_figures(form['allocated_hardware_days'])} allocated)"),
+        ("Form: energy (MWh)", "-" if form["energy_mwh"] is None else f"{form['energy_mwh']:g}", "-",
+         form["energy_method"] or "no energy recorded"),
+    ]
 
 
 def _run_lines(st: dict[str, Any]) -> list[str]:

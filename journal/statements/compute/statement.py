@@ -152,13 +152,15 @@ def _prove(journal: Path, seen: _Seen, keys: Sequence[PublicKey]) -> dict[str, A
 def build_statement(paths: Sequence[str | os.PathLike], keys: Sequence[PublicKey], *, replay: Callable[..., Any],
                     replay_run_dir: Callable[..., Any], thresholds: dict[str, float] | None = None,
                     mfu_range: tuple[float, float] = DEFAULT_MFU_RANGE, board_power_w: float | None = None,
-                    progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+                    progress: Callable[[str], None] | None = None,
+                    utilisation: float | None = None) -> dict[str, Any]:
     """The statement of the runs at ``paths`` (run folders or journals; one model's), checked under ``keys`` and
     replayed by ``replay`` and ``replay_run_dir`` (:mod:`trainledger.audit`'s, which fold every package's projections:
     :func:`trainledger.audit.compute_statement` passes them).
     ``thresholds``: the cumulative compute to report against (default: 1e23 and 1e25 model FLOPs); ``mfu_range``:
     the tolerance between model- and hardware-based FLOPs; ``board_power_w``: the declared power of a device, for the
-    energy estimate where nothing was measured. Raises :class:`UsageError` for no key or a path that is not a run."""
+    energy estimate where nothing was measured; ``utilisation``: the hardware method's average utilisation, declared
+    (default: the one measured from the run's executed FLOPs, format 1.10). Raises :class:`UsageError` for no key or a path that is not a run."""
     if not keys:
         raise UsageError("no key pinned: pass --pubkey FILE (or set TRAINLEDGER_TRUSTED_KEYS): a statement rests on "
                          "signatures by known keys")
@@ -169,6 +171,8 @@ def build_statement(paths: Sequence[str | os.PathLike], keys: Sequence[PublicKey
         raise UsageError(f"--mfu-range {lo},{hi}: needs 0 < LOW <= HIGH")
     if board_power_w is not None and not 0 < board_power_w < 1e6:
         raise UsageError(f"--board-power-w {board_power_w}: a device's power in watts (0 to 1e6)")
+    if utilisation is not None and not 0 < utilisation <= 1:
+        raise UsageError(f"--utilisation {utilisation}: the devices' average utilisation, above 0 and at most 1")
     findings: list[str] = []
     notes: list[str] = []
     runs: list[dict[str, Any]] = []
@@ -224,9 +228,10 @@ def build_statement(paths: Sequence[str | os.PathLike], keys: Sequence[PublicKey
     for r in runs:
         r["figures"] = run_figures(r["journals"], board_power_w=board_power_w)
     return {"format": STATEMENT_FORMAT, "generated_ns": time.time_ns(), "thresholds": th,
-            "mfu_range": [lo, hi], "board_power_w": board_power_w, "runs": runs,
-            "figures": model_figures(runs, th, (lo, hi)), "findings": findings, "notes": notes,
-            "not_proven": NOT_PROVEN}
+            "mfu_range": [lo, hi], "board_power_w": board_power_w,
+            **({} if utilisation is None else {"utilisation": utilisation}), "runs": runs,
+            "figures": model_figures(runs, th, (lo, hi), utilisation=utilisation), "findings": findings,
+            "notes": notes, "not_proven": NOT_PROVEN}
 
 
 def _not_last(seq: int) -> str:
@@ -290,6 +295,8 @@ class _Statement(msgspec.Struct, forbid_unknown_fields=True):
     findings: list[str]
     notes: list[str]
     not_proven: str
+    #: the hardware method's utilisation, declared when the statement was built (format 1.10's figures)
+    utilisation: float | None = None
 
 
 def is_statement(data: bytes) -> bool:
@@ -429,7 +436,7 @@ def check_statement(data: bytes, keys: Sequence[PublicKey]) -> StatementCheck:
             raise IntegrityError(f"run {r.run}: its base run is stated as {r.base_run}, its proven base gives "
                                  f"{by_export.get(r.base) if r.base else None}", seq=None)
     lo, hi = (st.mfu_range + [0.0, 0.0])[:2]
-    want = model_figures(runs_out, st.thresholds, (lo, hi))
+    want = model_figures(runs_out, st.thresholds, (lo, hi), utilisation=st.utilisation)
     if not _same(want, st.figures):
         name = first_difference(st.figures, want, _same) or "the figures"
         raise IntegrityError(f"the model's figure {name} stated is not the one its runs' proven figures give",

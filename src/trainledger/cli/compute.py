@@ -77,6 +77,10 @@ def register(sub) -> None:
                    help="the tolerance of model-based over hardware-based FLOPs (default 0.01,1)")
     p.add_argument("--board-power-w", type=float, default=None, metavar="WATTS",
                    help="a device's power, declared, for the energy estimate of device time nothing measured")
+    p.add_argument("--utilisation", type=float, default=None, metavar="FRACTION",
+                   help="the devices' average utilisation for the guidelines' hardware method (devices x time x "
+                        "peak x utilisation), declared; default: the one measured from the run's executed FLOPs "
+                        "(format 1.10 runs)")
     p.set_defaults(func=_cmd_compute)
 
 
@@ -98,7 +102,7 @@ def _cmd_compute(args: argparse.Namespace) -> int:
 
     st = compute_statement(args.paths, keys, thresholds={**DEFAULT_COMPUTE_THRESHOLDS, **dict(args.threshold)},
                          mfu_range=args.mfu_range or DEFAULT_MFU_RANGE, board_power_w=args.board_power_w,
-                         progress=progress if sys.stderr.isatty() else None)
+                         utilisation=args.utilisation, progress=progress if sys.stderr.isatty() else None)
     data = json.dumps(st, separators=(",", ":")) + "\n"
     if args.json:
         text = data
