@@ -25,7 +25,7 @@ from trainledger.journal.events import Event, KeyCertified, RunClosed, RunOpened
 
 # BUILTIN_KINDS is built on first use (module __getattr__)
 __all__ = ["BUILTIN_KINDS", "KIND_MODULES", "ModelExported", "RankJoined", "RanksAnchored",  # noqa: F822
-           "AnchorRecorded", "TimestampRecorded", "check_files", "check_ranks"]
+           "AnchorRecorded", "TimestampRecorded", "DocumentIssued", "check_files", "check_ranks"]
 
 #: The modules that define the built-in kinds beyond this one's, imported with the codec (by name: the core
 #: stands below them and never imports them otherwise). Each defines ``KINDS``, its event classes.
@@ -153,9 +153,27 @@ class TimestampRecorded(Event, tag="timestamp_recorded", frozen=True, kw_only=Tr
             raise ValueError("a timestamp_recorded holds a token or an error, one of them")
 
 
+class DocumentIssued(Event, tag="document_issued", frozen=True, kw_only=True):
+    """Format 1.10: a document about a model that ``trainledger bom`` wrote from the runs' signed events
+    (journal/statements/bom, docs/bom.md), issued under the run's key: ``format`` (``cyclonedx``, ``spdx``,
+    ``hf-card``, ``intoto-eval``), ``sha256`` the document's bytes' SHA-256 (hex), ``name`` its file name, and
+    ``heads`` each journal it rests on as ``run_id`` -> its signed head (``SEQ:HASH``). Recorded in the model's
+    run's documents journal (``<journal>.documents.jsonl``), so that a document cannot be swapped for another
+    unnoticed: ``verify-bom`` holds the document to it."""
+
+    format: str
+    sha256: str
+    name: str
+    heads: dict[str, str]
+
+    def __post_init__(self) -> None:
+        if len(self.sha256) != 64 or self.sha256.strip("0123456789abcdef"):
+            raise ValueError("sha256 is not 64 lowercase hex digits")
+
+
 _CORE_KINDS: tuple[type[Event], ...] = (RunOpened, Seal, StepObserved, RunResumed, TailRepaired, RunClosed,
                                         KeyCertified, SealSigned, ModelExported, RankJoined, RanksAnchored,
-                                        AnchorRecorded, TimestampRecorded)
+                                        AnchorRecorded, TimestampRecorded, DocumentIssued)
 #: The names that moved out of this module in 0.2.0, and their new homes
 _MOVED = {**{n: "trainledger.training.kinds" for n in ['CHECKPOINT_CONTRACT', 'LOSS_SCALES', 'SPIKE_RULES', 'RunConfigured', 'AnomalyDetected', 'SpikeSuspected', 'AnomalyEnded', 'MAX_WINDOW', 'DetectorParams', 'CheckpointSaved', 'folder_digest', 'ResumeRejectedEvent', 'WeightsRestored', 'CheckpointFailed', 'CheckpointDeleted', 'RewindDecided', 'DataWindowSkipped', 'RunStopped', 'PreflightGate', 'PreflightCompleted', 'EvaluationRecorded', 'CheckpointSelected', 'ResourceRecorded', 'ShardsSaved', 'DeviceSampled', 'DeviceChanged', 'DEVICE_ANOMALIES', 'device_anomaly', 'TelemetryUnavailable', 'StragglerScores', 'StragglerDetected', 'MetricsLogged', 'ComputeTotaled', 'ComputeThresholdCrossed']},
           **{n: "trainledger.ladder.kinds" for n in ['RungStarted', 'GateVerdict', 'DecisionRecorded', 'ScalingFitted']}}

@@ -157,6 +157,12 @@ def every_kind(path: Path) -> Path:
     j.append(TimestampRecorded(seal_seq=seal_seq, note_sha256=hashlib.sha256(note.encode()).hexdigest(),
                                tsa="http://tsa.example/", error="URLError: <urlopen error [Errno 111] Connection "
                                                                 "refused>"), durable=True)
+    # 1.10: a document about the model issued from the run's lines (trainledger bom): its format, digest, name and
+    # the heads it rests on (in a documents journal in practice; here, so that the golden holds every kind)
+    from trainledger.journal.kinds import DocumentIssued
+
+    j.append(DocumentIssued(format="cyclonedx", sha256="d0" * 32, name="model.cdx.json",
+                            heads={"run": f"{j.head[0]}:{j.head[1]}"}), durable=True)
     _, started_h = j.append(RungStarted(rung="rung_i", real_target="1B params / 8 GPUs", spec={"steps": 26}),
                             durable=True)
     bars = {"max_final_loss": 5.0, "max_forgetting_gap": 1.0, "max_anomalies": 5}

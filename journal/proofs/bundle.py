@@ -40,7 +40,7 @@ from trainledger.journal.trust import TrustPolicy
 from trainledger.journal.verify import open_checked, read_opening, resolve_signing
 
 __all__ = ["BUNDLE_FORMAT", "MAX_BUNDLE_BYTES", "MAX_ENTRIES", "ProveResult", "BundleResult", "prove", "consistency",
-           "parse_bundle", "verify_bundle", "MAX_CLOSING_LINES", "closing_seqs", "proven_to_close"]
+           "parse_bundle", "decode_document", "verify_bundle", "MAX_CLOSING_LINES", "closing_seqs", "proven_to_close"]
 
 
 BUNDLE_FORMAT = "trainledger-proof/v1"
@@ -338,15 +338,23 @@ def _b64_hashes(items: list[str], what: str) -> list[bytes]:
     return out
 
 
-def parse_bundle(data: bytes) -> Any:
-    if len(data) > MAX_BUNDLE_BYTES:
-        raise UsageError(f"a bundle of {len(data):,} bytes: more than {MAX_BUNDLE_BYTES:,}")
+def decode_document(data: bytes, type_: Any, fmt: str, *, what: str, short: str, limit: int) -> Any:
+    """A JSON document of trainledger's (a bundle, a compute statement, a proof pack) decoded into ``type_``, its
+    ``format`` field checked against ``fmt``: :class:`UsageError` past ``limit`` bytes, :class:`SchemaError` (one
+    line) for anything that is not one. ``what`` names it in "not a ...", ``short`` in "... format X, not Y"."""
+    if len(data) > limit:
+        raise UsageError(f"a {short} of {len(data):,} bytes: more than {limit:,}")
     try:
-        b = msgspec.json.decode(data, type=_Bundle)
+        doc = msgspec.json.decode(data, type=type_)
     except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, RecursionError) as e:
-        raise SchemaError(f"not a proof bundle: {e}", seq=None) from None
-    if b.format != BUNDLE_FORMAT:
-        raise SchemaError(f"bundle format {b.format[:40]!r}, not {BUNDLE_FORMAT}", seq=None)
+        raise SchemaError(f"not a {what}: {e}", seq=None) from None
+    if doc.format != fmt:
+        raise SchemaError(f"{short} format {doc.format[:40]!r}, not {fmt}", seq=None)
+    return doc
+
+
+def parse_bundle(data: bytes) -> Any:
+    b = decode_document(data, _Bundle, BUNDLE_FORMAT, what="proof bundle", short="bundle", limit=MAX_BUNDLE_BYTES)
     if len(b.entries) > MAX_ENTRIES:
         raise SchemaError(f"{len(b.entries):,} entries: more than {MAX_ENTRIES:,}", seq=None)
     return b

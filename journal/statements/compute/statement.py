@@ -337,17 +337,15 @@ def check_statement(data: bytes, keys: Sequence[PublicKey]) -> StatementCheck:
     something does not hold; the statement's own findings are returned for the caller to report."""
     from trainledger.journal.roster import split_run_id
     from trainledger.journal.proofs.bundle import verify_bundle
+    from trainledger.journal.proofs.bundle import decode_document
+
     t0 = time.perf_counter()
     if len(data) > MAX_STATEMENT_BYTES:
         raise UsageError(f"a statement of {len(data):,} bytes: more than {MAX_STATEMENT_BYTES:,}")
     if not keys:
         raise UsageError("no key pinned: pass --pubkey FILE (or set TRAINLEDGER_TRUSTED_KEYS)")
-    try:
-        st = msgspec.json.decode(data, type=_Statement)
-    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, RecursionError) as e:
-        raise SchemaError(f"not a compute statement: {e}", seq=None) from None
-    if st.format != STATEMENT_FORMAT:
-        raise SchemaError(f"statement format {st.format[:40]!r}, not {STATEMENT_FORMAT}", seq=None)
+    st = decode_document(data, _Statement, STATEMENT_FORMAT, what="compute statement", short="statement",
+                         limit=MAX_STATEMENT_BYTES)
     if not st.runs:
         raise IntegrityError("the statement holds no run: it proves nothing", seq=None)
     if len(st.runs) > _MAX_RUNS or sum(len(r.journals) for r in st.runs) > _MAX_JOURNALS:

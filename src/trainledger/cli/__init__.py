@@ -22,6 +22,7 @@ from trainledger.cli import ladder as _ladder_cli
 from trainledger.cli import training as _training_cli
 from trainledger.cli import publish as _publish_cli
 from trainledger.cli import compute as _compute_cli
+from trainledger.cli import bom as _bom_cli
 from trainledger.journal.audit.rundir import is_run_dir
 from trainledger.journal.errors import IntegrityError, UsageError
 from trainledger.cli.options import (EPILOG, PATH_HELP, add_json_option, add_partial_option,
@@ -41,6 +42,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     register(slot)
     _release_cli.register(slot)
     _compute_cli.register(slot)
+    _bom_cli.register(slot)
     _publish_cli.register(slot)
     _training_cli.register(slot)
     _ladder_cli.register(slot)

@@ -15,7 +15,7 @@ from trainledger.cli import build_parser, main
 ROOT = Path(__file__).resolve().parents[3]
 COMMANDS = ["keygen", "verify", "head", "show", "demo", "ladder", "replay", "query", "report", "serve", "watch", "manifest", "preflight", "approve", "import", "export", "fit",
             "tree-head", "prove", "verify-proof", "consistency", "witness", "release", "verify-model", "pubkey", "compute",
-            "log", "timestamp"]
+            "log", "timestamp", "bom", "verify-bom"]
 
 
 def run(capsys, *argv):
