@@ -75,7 +75,6 @@ def make(paths: Sequence[str | os.PathLike], keys: Sequence[PublicKey], fmt: str
     from trainledger.journal.audit.rundir import is_run_dir, journals_of
     from trainledger.journal.kinds import DocumentIssued
     from trainledger.journal.proofs.bundle import closing_seqs, prove, verify_bundle
-    from trainledger.journal.reader import read_signed_events
 
     if fmt not in FORMATS:
         raise UsageError(f"--format {fmt}: one of {', '.join(FORMATS)}")
@@ -90,24 +89,29 @@ def make(paths: Sequence[str | os.PathLike], keys: Sequence[PublicKey], fmt: str
         if progress is not None:
             progress(f"{p}: verifying and replaying")
         ranks = journals_of(p)
+        kept: dict[int, list[Any]] = {r: [] for r in ranks}
+
+        def observe(r: int, ev: Any, kept: dict[int, list[Any]] = kept) -> None:  # replay's own verified events
+            if _tag(ev) in _KINDS:
+                kept[r].append(ev)
         try:
-            rec = replay_run_dir(p, keys=list(keys)) if is_run_dir(p) else replay(ranks[0], keys=list(keys))
+            if is_run_dir(p):
+                rec = replay_run_dir(p, keys=list(keys), observe=observe)
+            else:
+                rec = replay(ranks[0], keys=list(keys), observe=lambda ev, kept=kept: observe(0, ev, kept))
         except TrainledgerError as e:
             raise IntegrityError(f"{p}: does not verify: {e}", seq=None) from None
         if rec.differences:
             d = rec.differences[0]
             raise IntegrityError(f"{p}: replay differs at seq {d['seq']} ({d['kind']}): {d['detail']}: a document "
                                  "rests only on what replay recomputes", seq=None)
-        journals = []
-        for r in sorted(ranks):
-            kept = []
-            for ev in read_signed_events(ranks[r], list(keys)):
-                if _tag(ev) in _KINDS:
-                    kept.append(ev)
-            journals.append(kept)
+        journals = [kept[r] for r in sorted(ranks)]
         runs.append(journals)
         files.append([ranks[r] for r in sorted(ranks)])
     c = collect(runs)
+    if fmt == "intoto-eval" and not any(g["metrics"] for g in c.gates) and not c.evaluations:
+        raise UsageError("the runs record no gate verdict with a bar and no evaluation: an evaluation-result "
+                         "statement would state nothing (choose another --format)")
     doc, links = build(c, fmt, version=version)
     bundles = []
     flat = [(f, events) for fs, js in zip(files, runs) for f, events in zip(fs, js)]

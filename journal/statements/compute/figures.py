@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["DEFAULT_COMPUTE_THRESHOLDS", "DEFAULT_MFU_RANGE", "MARGIN", "run_figures", "model_figures", "two_figures"]
+__all__ = ["DEFAULT_COMPUTE_THRESHOLDS", "DEFAULT_MFU_RANGE", "MARGIN", "run_figures", "model_figures", "two_figures",
+           "architecture_estimate", "hardware_estimate"]
 
 #: The cumulative training compute watched by default (model FLOPs; docs/compute.md): the EU Commission's indicative
 #: threshold for a general-purpose AI model, and the AI Act's presumption of systemic risk (Article 51(2)), whose
@@ -245,6 +246,19 @@ def model_figures(runs: list[dict[str, Any]], thresholds: dict[str, float],
 MARGIN = 0.30
 
 
+def architecture_estimate(parameters: float, tokens: float) -> float:
+    """The guidelines' architecture method: about 6 FLOP per parameter per training token (forward and backward of
+    every weight), recomputation and attention left out."""
+    return 6.0 * parameters * tokens
+
+
+def hardware_estimate(device_seconds_at_peak: float, utilisation: float, recompute_ratio: float = 1.0) -> float:
+    """The guidelines' hardware method: devices x time x peak (``device_seconds_at_peak``, FLOP: every device's
+    peak times its time) x the average utilisation, less the recomputation the guidelines leave out (divided by
+    the executed-over-model FLOP ratio)."""
+    return device_seconds_at_peak * utilisation / recompute_ratio
+
+
 def _methods(runs: list[dict[str, Any]], model: float, hw: float | None, busy_dev_s: float, span_dev_s: float,
              started: int | None, ended: int | None, energy_j: float | None, estimated: bool,
              utilisation: float | None) -> dict[str, Any]:
@@ -271,7 +285,7 @@ def _methods(runs: list[dict[str, Any]], model: float, hw: float | None, busy_de
     if hw is not None and hw > 0:
         u = utilisation if utilisation is not None else executed / hw * (model / covered if covered > 0 else 1.0)
         source = "declared" if utilisation is not None else "measured: executed FLOPs over peak x busy time"
-        hardware = hw * u / (ratio or 1.0)
+        hardware = hardware_estimate(hw, u, ratio or 1.0)
     else:
         u, source, hardware = utilisation, "no peak recorded: the hardware method cannot be computed", None
     disagreement = hardware / six_nd - 1 if hardware is not None and six_nd > 0 else None

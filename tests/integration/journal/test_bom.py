@@ -27,6 +27,8 @@ from trainledger.training.health.mfu import record_compute
 from trainledger.training.health.monitor import TrainingHealthMonitor
 from trainledger.training.kinds import ComputeTotaled, ConfigLogged, DeviceSampled, EvaluationRecorded
 
+from tests.helpers.compute_runs import write_run_folder
+
 GOLDEN = Path(__file__).resolve().parents[2] / "assets" / "golden"
 OPTS = dict(background=False, seal_every=64)
 SHAPE = FlopConfig(n_params=1_000_000, n_layer=2, n_head=4, head_dim=16, seq_len=64)
@@ -67,12 +69,16 @@ def world(tmp_path_factory):
     s = load_signer(d / "k.key")
     base = _run(d / "pretrain.jsonl", s, "pretrain", steps=60, seed="base weights")
     _run(d / "finetune.jsonl", s, "finetune", steps=30, base=base, seed="tuned weights")
+    # a distributed run's folder: two rank journals under keys the run key certified, energy on each rank
+    keygen(d, name="dist")
+    write_run_folder(d / "dist", load_signer(d / "dist.key"), run="dist", world=2, steps=40)
     return d
 
 
 #: (the runs, their key, the key that issues the documents)
 SOURCES = {"main job": (["ladder.jsonl"], "ladder.pub", "release"),
-           "lifecycle": (["pretrain.jsonl", "finetune.jsonl"], "k.pub", "k")}
+           "lifecycle": (["pretrain.jsonl", "finetune.jsonl"], "k.pub", "k"),
+           "run folder": (["dist"], "dist.pub", "dist")}
 
 
 def _pins(world: Path, source: str) -> list[str]:
@@ -111,7 +117,9 @@ def _validate(fmt: str, path: Path) -> None:
         from huggingface_hub import ModelCard
 
         card = ModelCard(text)
-        assert card.data.eval_results and card.data.to_dict()["trainledger"]["run"]
+        meta, _ = split_card(text)
+        assert card.data.to_dict()["trainledger"]["run"]
+        assert len(card.data.eval_results or []) == len(meta.get("model-index", [{}])[0].get("results", []))
     else:
         from google.protobuf import json_format
         from in_toto_attestation.v1 import statement_pb2
@@ -158,13 +166,18 @@ def test_every_format_validates_verifies_and_names_each_edited_figure(world, sou
     key = [Signer.generate().public]  # not the run's: every proof refused
     keys = _keys(world, source)
     for fmt in FORMATS:
+        if source == "run folder" and fmt == "intoto-eval":  # no verdict, no evaluation: nothing to state
+            assert main(["bom", str(world / "dist"), *_pins(world, source)[:2], "--key", str(world / "dist.key"),
+                         "--format", fmt, "-o", str(world / "empty.intoto")]) == 2
+            assert "would state nothing" in capsys.readouterr().err
+            continue
         out = _write(world, source, fmt, capsys)
         _validate(fmt, out)
         assert main(["verify-bom", str(out), *_pins(world, source)]) == 0
         assert f"OK    {out}" in capsys.readouterr().out
         # the runs' key alone: every figure holds, but whoever issued the document is not pinned
         assert main(["verify-bom", str(out), "--pubkey", str(world / SOURCES[source][1])]) == (
-            0 if SOURCES[source][2] == "k" else 1)
+            0 if SOURCES[source][1] == f"{SOURCES[source][2]}.pub" else 1)
         capsys.readouterr()
         pack = json.loads(pack_path(out).read_text())
         data = out.read_bytes()
@@ -194,6 +207,10 @@ def test_the_lifecycle_states_each_activitys_energy_and_the_base_model(world, ca
     assert [e["activityEnergyCost"]["value"] for e in energy] == [150_000.0 / 3.6e6, 60_000.0 / 3.6e6]
     props = {p["name"]: p["value"] for p in card["properties"]}
     assert props["trainledger:hyperparameter:lr"] == "0.0003" and "trainledger:base_model_sha256" in props
+    # a run folder's energy is every rank's: each rank's counter rose 1,000,000 mJ a sample, 3 rises each
+    dist = json.loads(_write(world, "run folder", "cyclonedx", capsys).read_text())["metadata"]["component"]
+    (e,) = dist["modelCard"]["considerations"]["environmentalConsiderations"]["energyConsumptions"]
+    assert e["activityEnergyCost"]["value"] == 2 * 3 * 1_000.0 / 3.6e6
     intoto = json.loads(_write(world, "lifecycle", "intoto-eval", capsys).read_text())
     assert {c["assuranceLevel"] for c in intoto["predicate"]["claims"]} == {"self_attested"}
     ladder = json.loads(_write(world, "main job", "intoto-eval", capsys).read_text())

@@ -182,3 +182,15 @@ def test_the_statement_shows_both_methods_and_excludes_the_recomputation(run, tm
         edit(d)
         with pytest.raises(IntegrityError):
             check_statement(json.dumps(d).encode(), [load_signer(path.parent / "keys" / "trainledger.key").public])
+
+
+def test_the_two_estimation_methods_are_the_guidelines_formulas():
+    """Worked by hand (not the Commission's own examples, whose text this project could not reach): 1,000 H100 SXM
+    for 30 days at 40% utilisation, and a 7B model on 2T tokens; a full checkpointing ratio taken back out."""
+    from trainledger.journal.statements.compute.figures import architecture_estimate, hardware_estimate
+
+    at_peak = 1_000 * 30 * 86_400 * 989.4e12
+    assert hardware_estimate(at_peak, 0.4) == at_peak * 0.4
+    assert f"{hardware_estimate(at_peak, 0.4):.2e}" == "1.03e+24"
+    assert hardware_estimate(at_peak, 0.4, 4 / 3) == pytest.approx(at_peak * 0.3)
+    assert architecture_estimate(7e9, 2e12) == 8.4e22
