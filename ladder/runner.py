@@ -29,7 +29,7 @@ from trainledger.training.health.mfu import MfuAccounting, record_compute
 from trainledger.ladder.outcome import LadderProjection, LadderResult, RungOutcome, decide, gate
 from trainledger.training.checkpoints.state import restore_checkpoint, save_checkpoint
 from trainledger.training.reference.corpus import BatchSampler, MarkovSource
-from trainledger.training.health.flops import device_kind, flop_config_from_causal_lm
+from trainledger.training.health.flops import device_kind, flop_config_from_causal_lm, measure_recompute_ratio
 from trainledger.training.reference.loop import train_step
 from trainledger.training.reference.model import build_causal_lm
 from trainledger.training.health.monitor import TrainingHealthMonitor
@@ -62,13 +62,16 @@ def _train_rung(rung: Rung, j: Journal, work: Path, peak: float | None, peak_inf
         return model, opt, sampler
 
     model, opt, sampler = build()
-    flops = flop_config_from_causal_lm(model, seq_len=rung.block)
+    # The first data the rung sees (a second sampler with the same seed draws the same batch), re-measured after
+    # every step for the forgetting curve; and, once before training, its executed over model FLOPs (format 1.10:
+    # the model recomputes nothing, and FlopCounterMode shows it; no weight, gradient or random state changes)
+    first_x, first_y = BatchSampler(sampler.tokens, rung.batch_size, rung.block, seed=rung.seed + 2).next()
+    ratio = measure_recompute_ratio(model, lambda: torch.nn.functional.cross_entropy(
+        model(first_x).flatten(0, 1), first_y.flatten()).backward())
+    flops = dataclasses.replace(flop_config_from_causal_lm(model, seq_len=rung.block), recompute_ratio=ratio)
     monitor = TrainingHealthMonitor(journal=j, flop_config=flops, peak_flops_per_sec=peak, device_kind=device_kind(model),
                                      **peak_info)
     mfu_of = MfuAccounting(monitor.config)  # the MFU the monitor records, step by step
-    # The first data the rung sees (a second sampler with the same seed draws the same batch),
-    # re-measured after every step for the forgetting curve.
-    first_x, first_y = BatchSampler(sampler.tokens, rung.batch_size, rung.block, seed=rung.seed + 2).next()
     forgetting: list[float] = []
     losses: list[float] = []
     mfu_series: list[float] = []
