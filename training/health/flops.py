@@ -33,6 +33,7 @@ __all__ = [
     "VARIANT_SOURCE",
     "device_variant",
     "measure_recompute_ratio",
+    "is_checkpointing",
 ]
 
 _RECOMPUTE = ("none", "selective", "full")
@@ -349,6 +350,16 @@ def count_training_flops(model_factory, batch: int, seq_len: int) -> int:
     return int(counter.get_total_flops())
 
 
+def is_checkpointing(model: Any) -> bool:
+    """Whether ``model`` recomputes its activations in the backward pass, as it says: transformers 5's
+    ``is_activation_checkpointing``, 4's ``is_gradient_checkpointing`` (read through the class, so that 5's
+    deprecation warning is not raised), the reference CausalLM's ``activation_checkpointing``."""
+    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
+        if hasattr(type(model), name):
+            return bool(getattr(model, name))
+    return bool(getattr(model, "activation_checkpointing", False))
+
+
 def measure_recompute_ratio(model: Any, run_step: Any, *, checkpointing: Any = None) -> float:
     """Executed over model FLOPs of one training step, counted by ``torch.utils.flop_counter.FlopCounterMode`` on
     the real model: ``run_step()`` (your forward and ``loss.backward()`` on one batch, no optimizer step) is
@@ -363,12 +374,15 @@ def measure_recompute_ratio(model: Any, run_step: Any, *, checkpointing: Any = N
     from torch.utils.flop_counter import FlopCounterMode
 
     if checkpointing is None:
-        on, off = (getattr(model, "gradient_checkpointing_enable", None),
-                   getattr(model, "gradient_checkpointing_disable", None))
+        # transformers 5's names first (activation_...), then 4's (gradient_..., deprecated in 5), the reference
+        # CausalLM's
+        prefix = "activation" if hasattr(model, "activation_checkpointing_enable") else "gradient"
+        on, off = (getattr(model, f"{prefix}_checkpointing_enable", None),
+                   getattr(model, f"{prefix}_checkpointing_disable", None))
         if on is None or off is None:
             raise ValueError("measure_recompute_ratio: the model has no gradient_checkpointing_enable/_disable; "
                              "pass checkpointing=lambda on: ... that turns its recomputation on and off")
-        was = bool(getattr(model, "is_gradient_checkpointing", getattr(model, "activation_checkpointing", True)))
+        was = is_checkpointing(model)
 
         def checkpointing(flag: bool) -> None:
             (on if flag else off)()

@@ -38,6 +38,8 @@ rank under torchrun (``rank-NNNNN.jsonl``). It records:
 
 from __future__ import annotations
 
+import dataclasses
+
 import os
 import threading
 import time
@@ -53,7 +55,7 @@ from trainledger.journal.errors import UsageError
 from trainledger.training.kinds import CheckpointDeleted, CheckpointSaved, MetricsLogged, RunStopped, metric_values
 
 from trainledger.training.checkpoints.state import ResumeRejected, signed_history
-from trainledger.training.health.flops import flop_config_from_hf
+from trainledger.training.health.flops import flop_config_from_hf, is_checkpointing
 from trainledger.training.health.monitor import TrainingHealthMonitor
 from trainledger.training.integrations.hooks import (StepBuffer, check_folder, export_settings, fingerprint_batch,
                       monitor_options, training_dtype, learn_run_key, open_run_journal, previous_run, record_checkpoint, run_key_for_rank, signer_from, step_loss,
@@ -105,8 +107,13 @@ class TrainledgerCallback(TrainerCallback):
                  straggler_threshold: float = 0.8, fingerprints: bool | None = None,
                  fingerprint_every: int | None = None, fingerprint_exclude: Any = (), on_divergence: str = "raise",
                  sdc_check: int | None = None, tsa: str | None = None, team_log: str | os.PathLike | None = None,
-                 team_log_key: str | os.PathLike | None = None):
+                 team_log_key: str | os.PathLike | None = None, recompute_ratio: float | None = None):
         from trainledger.training.integrations.hooks import Publisher
+
+        if recompute_ratio is not None and not (isinstance(recompute_ratio, (int, float)) and 1 <= recompute_ratio <= 4):
+            raise UsageError(f"recompute_ratio must be executed over model FLOPs, from 1 to 4, got {recompute_ratio!r}")
+        #: executed over model FLOPs of a step (format 1.10; measure_recompute_ratio), recorded with the FLOP shape
+        self._recompute_ratio = recompute_ratio
 
         Publisher.check(team_log, team_log_key)
         #: an RFC 3161 authority and the team's log (docs/publishing.md), as the Recorder takes them
@@ -331,7 +338,14 @@ class TrainledgerCallback(TrainerCallback):
         if self.journal is None:
             return
         if self.monitor is None:
-            fc = flop_config_from_hf(self._model, self._seq_len) if self._seq_len and _has_shape(self._model) else None
+            fc = None
+            if self._seq_len and _has_shape(self._model):
+                # gradient checkpointing on: the recomputation is declared ("full"), and the ratio recorded as
+                # given (recompute_ratio=, measured with measure_recompute_ratio); the statement excludes it
+                fc = flop_config_from_hf(self._model, self._seq_len,
+                                         recompute="full" if is_checkpointing(self._model) else "none")
+                if self._recompute_ratio is not None:
+                    fc = dataclasses.replace(fc, recompute_ratio=float(self._recompute_ratio))
             self.monitor = TrainingHealthMonitor(journal=self.journal, flop_config=fc, **self._monitor_options)
         dt = time.perf_counter() - self._t0
         ct = None

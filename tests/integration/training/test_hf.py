@@ -329,3 +329,34 @@ def test_sdc_check_runs_the_trainers_step_again_and_stops_a_glitch_before_the_op
                       gradient_accumulation_steps=2)
     with pytest.raises(UsageError, match="gradient_accumulation_steps=2"):
         acc.train()
+
+
+def test_gradient_checkpointing_is_declared_and_its_measured_ratio_recorded(tmp_path, signer):
+    """A Trainer with gradient checkpointing on: run_configured declares the recomputation ("full") and records the
+    ratio measured on the real model beforehand (measure_recompute_ratio, the Trainer's own checkpointing toggles),
+    and the training goes on as it would."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from trainledger.journal.errors import UsageError
+    from trainledger.training.health.flops import measure_recompute_ratio
+    from trainledger.training.kinds import RunConfigured
+
+    probe = GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=64, n_positions=32,
+                                       bos_token_id=0, eos_token_id=0))
+    probe.train()
+    ids = Tokens(n=4).x
+    kw = {"use_reentrant": False}
+    new = hasattr(probe, "activation_checkpointing_enable")  # transformers 5 renamed gradient_ to activation_
+    name = "activation" if new else "gradient"
+    getattr(probe, f"{name}_checkpointing_enable")(**{f"{name}_checkpointing_kwargs": kw})
+    ratio = measure_recompute_ratio(probe, lambda: probe(input_ids=ids, labels=ids).loss.backward(), checkpointing=(
+        lambda on: getattr(probe, f"{name}_checkpointing_enable")(**{f"{name}_checkpointing_kwargs": kw}) if on
+        else getattr(probe, f"{name}_checkpointing_disable")()))
+    assert 1.1 < ratio < 4 / 3 + 1e-9
+    trainer, cb = _trainer(tmp_path / "ckpt", signer, steps=3, callback={"recompute_ratio": ratio},
+                           **{f"{name}_checkpointing": True, f"{name}_checkpointing_kwargs": kw})
+    trainer.train()
+    (cfg,) = [e for e in read_events(tmp_path / "ckpt" / "journal.jsonl") if isinstance(e, RunConfigured)]
+    assert (cfg.recompute, cfg.recompute_ratio, cfg.attention_convention) == ("full", ratio, "full")
+    with pytest.raises(UsageError, match="recompute_ratio"):
+        TrainledgerCallback(signer=signer, recompute_ratio=0.5)
