@@ -267,6 +267,8 @@ def check(doc: bytes, pack_data: bytes, keys: Sequence[PublicKey]) -> BomCheck:
     for name, fact in c.facts.items():
         if stated.get(name) != fact.to_dict():
             raise BomRefused(f"the pack's fact {name} is not what its proven lines give", f"facts.{name}")
+    if pack.links != links:
+        raise BomRefused("the pack's links are not where the document's figures stand", "links")
     if doc != rebuilt:
         where = _first_difference(fmt, doc, rebuilt)
         raise BomRefused(f"the document's {where} is not what the proven lines give: edited after it was issued, "

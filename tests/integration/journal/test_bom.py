@@ -226,6 +226,10 @@ def test_a_pack_that_lies_or_a_run_replay_disagrees_with_is_refused(world, tmp_p
     pack["facts"][0]["value"] = 1.0
     with pytest.raises(BomRefused, match="the pack's fact"):
         check(out.read_bytes(), json.dumps(pack).encode(), keys)
+    pack = json.loads(pack_path(out).read_text())
+    pack["links"][0]["at"] = "/metadata/timestamp"  # a link that points a reader at another field
+    with pytest.raises(BomRefused, match="links"):
+        check(out.read_bytes(), json.dumps(pack).encode(), keys)
     # a proven line changed (the compute total's tokens): its proof no longer holds
     pack = json.loads(pack_path(out).read_text())
     entries = pack["bundles"][0]["entries"]
