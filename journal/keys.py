@@ -425,6 +425,25 @@ def default_key() -> Path:
     return Path(priv)
 
 
+def find_key(keys: Any, home: str | os.PathLike | None = None) -> Path | None:
+    """The private key in :func:`key_home` (or ``home``) whose public key is one of ``keys``: where a run this user
+    wrote keeps its key (the main job's, the Recorder's default). None when there is none; a file that is not a
+    key this user alone can read is passed over, never an error."""
+    want = {k.key_id for k in keys}
+    folder = Path(home) if home is not None else key_home()
+    if not want or not folder.is_dir():
+        return None
+    for f in sorted(folder.glob("*.key"))[:10_000]:
+        try:
+            if not f.is_file() or f.is_symlink():
+                continue
+            if load_signer(f).public.key_id in want:
+                return f
+        except (KeyFileError, OSError, ValueError):
+            continue
+    return None
+
+
 def run_key(run_dir: str | os.PathLike, key: str | os.PathLike | None = None) -> tuple[Path | str, Path]:
     """The signing key of a run a command creates, kept outside the run folder, and its public key inside it.
 

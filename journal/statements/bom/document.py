@@ -201,6 +201,8 @@ class BomCheck:
     not_proven: str = NOT_PROVEN
     #: the key that issued the document (its ``document_issued`` proven under a pinned key), or None: not issued
     issued_by: str | None = None
+    #: the key id an issuance names that no pinned key is (the issuance is then not checked, and not trusted)
+    issued_unpinned: str | None = None
 
 
 def _first_difference(fmt: str, got: bytes, want: bytes) -> str:
@@ -273,8 +275,15 @@ def check(doc: bytes, pack_data: bytes, keys: Sequence[PublicKey]) -> BomCheck:
         where = _first_difference(fmt, doc, rebuilt)
         raise BomRefused(f"the document's {where} is not what the proven lines give: edited after it was issued, "
                          "or never issued from them", where)
-    issued_by = None
+    issued_by = issued_unpinned = None
     raw = bytes(pack.issued)
+    if raw.strip() != b"null":
+        from trainledger.journal.proofs.bundle import parse_bundle
+
+        by = parse_bundle(raw).key_id
+        if by not in {k.key_id for k in keys}:  # issued by someone this reader does not pin: said, not trusted
+            raw = b"null"
+            issued_unpinned = by
     if raw.strip() != b"null":
         try:
             res = verify_bundle(raw, keys)
@@ -294,4 +303,4 @@ def check(doc: bytes, pack_data: bytes, keys: Sequence[PublicKey]) -> BomCheck:
         issued_by = res.key_id
     return BomCheck(fmt, [info["run"] for info in c.runs], len(c.facts), len(links),
                     sum(f.basis == "reproduced" for f in c.facts.values()), _sha(doc) == pack.document.sha256,
-                    time.perf_counter() - t0, issued_by=issued_by)
+                    time.perf_counter() - t0, issued_by=issued_by, issued_unpinned=issued_unpinned)

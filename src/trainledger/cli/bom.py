@@ -32,10 +32,12 @@ def register(sub) -> None:
                                                            "in lifecycle order)")
     p.add_argument("--pubkey", action="append", default=[], metavar="FILE",
                    help="pinned public key (repeatable); also read from $TRAINLEDGER_TRUSTED_KEYS")
-    p.add_argument("--key", required=True, metavar="KEY",
+    p.add_argument("--key", metavar="KEY",
                    help="the key that issues the document (the run's private key, a release team's, or a pkcs11: "
                         "URI): its digest is sealed as document_issued into the model's run's documents journal "
-                        "(JOURNAL.documents.jsonl beside it); verify-bom needs that key pinned")
+                        "(JOURNAL.documents.jsonl beside it). Default: the private key of a pinned key in "
+                        "$TRAINLEDGER_KEY_DIR or ~/.config/trainledger/keys (where the run that wrote it keeps it); "
+                        "none there: the document is written, not issued, and bom says so")
     p.add_argument("--format", required=True, choices=FORMATS, help="the document to write")
     p.add_argument("-o", "--out", required=True, metavar="FILE",
                    help="the document (its proof pack goes beside it, FILE.proof.json)")
@@ -52,6 +54,10 @@ def register(sub) -> None:
     p.add_argument("document", metavar="DOC", help="the document (a CycloneDX or SPDX JSON file, a model card, an "
                                                    "in-toto statement)")
     p.add_argument("--proof", metavar="FILE", help="its proof pack (default: DOC.proof.json beside it)")
+    p.add_argument("--require-issued", action="store_true",
+                   help="exit 1 unless a pinned key issued the document (its document_issued proven); without it, a "
+                        "document whose every figure holds but that no pinned key issued passes with a NOT ISSUED "
+                        "line")
     p.add_argument("--pubkey", action="append", default=[], metavar="FILE",
                    help="pinned public key (repeatable); also read from $TRAINLEDGER_TRUSTED_KEYS")
     add_json_option(p)
@@ -62,13 +68,14 @@ def _cmd_bom(args: argparse.Namespace) -> int:
     from trainledger.audit import replay, replay_run_dir
     from trainledger.cli.options import say, write_out
     from trainledger.journal import __version__
-    from trainledger.journal.keys import load_signer, trusted_keys
+    from trainledger.journal.keys import find_key, load_signer, trusted_keys
     from trainledger.journal.statements.bom.document import make, pack_path
 
     keys = trusted_keys(args.pubkey)
     progress = (lambda what: print(f"trainledger bom: {what}", file=sys.stderr, flush=True)) \
         if sys.stderr.isatty() else None
-    issuer = load_signer(args.key)
+    found = find_key(keys) if args.key is None else None
+    issuer = load_signer(args.key) if args.key is not None else (load_signer(found) if found is not None else None)
     doc, pack = make(args.paths, keys, args.format, replay=replay, replay_run_dir=replay_run_dir,
                      version=__version__, issuer=issuer, name=Path(args.out).name, progress=progress)
     proof = pack_path(args.out)
@@ -77,10 +84,17 @@ def _cmd_bom(args: argparse.Namespace) -> int:
     if args.json:
         say(json.dumps({"ok": True, "document": args.out, "proof": str(proof), "format": args.format,
                         "facts": len(pack["facts"]), "links": len(pack["links"]),
-                        "sha256": pack["document"]["sha256"]}))
+                        "sha256": pack["document"]["sha256"],
+                        "issued_by": None if issuer is None else issuer.public.key_id}))
     else:
         say(f"OK    wrote {args.out} ({args.format}): {len(pack['links'])} figure(s) from {len(pack['facts'])} "
             f"fact(s) of {len(pack['runs'])} run(s), each a signed line; proofs in {proof}")
+        if issuer is None:
+            say("  NOT ISSUED: no --key, and no private key of a pinned key in the key folder: the document is "
+                "proven line by line, but nobody sealed it (pass --key to issue it)")
+        else:
+            say(f"  issued by key {issuer.public.key_id} ({args.key or found}): document_issued sealed beside the "
+                "model's run's journal")
         say(f"  check it: trainledger verify-bom {args.out} --pubkey KEY")
     return 0
 
@@ -104,21 +118,28 @@ def _cmd_verify_bom(args: argparse.Namespace) -> int:
         else:
             say(f"FAIL  {args.document}: {e}")
         return 1
+    why = None
     if r.issued_by is None:
-        why = "it was not issued: no document_issued line proven under a pinned key (trainledger bom --key)"
-        if args.json:
-            say(json.dumps({"ok": False, "document": args.document, "error": why, "field": "issued"}))
-        else:
-            say(f"FAIL  {args.document}: every figure holds, but {why}")
-        return 1
+        why = ("no pinned key issued it: " + (f"its document_issued is signed by key {r.issued_unpinned}, not pinned"
+                                              if r.issued_unpinned else "it carries no document_issued")
+               + " (trainledger bom --key)")
+        if args.require_issued:
+            if args.json:
+                say(json.dumps({"ok": False, "document": args.document, "error": why, "field": "issued"}))
+            else:
+                say(f"FAIL  {args.document}: every figure holds, but {why}")
+            return 1
     out: dict[str, Any] = {"ok": True, "document": args.document, "format": r.format, "runs": r.runs,
                            "facts": r.facts, "reproduced": r.reproduced, "figures": r.links,
-                           "issued_as": r.issued_as, "issued_by": r.issued_by, "not_proven": r.not_proven, "seconds": round(r.seconds, 3)}
+                           "issued_as": r.issued_as, "issued_by": r.issued_by, "not_issued": why, "not_proven": r.not_proven, "seconds": round(r.seconds, 3)}
     if args.json:
         say(json.dumps(out))
         return 0
     say(f"OK    {args.document} ({r.format}): its {r.links} figure(s) are {r.facts} fact(s) of run(s) "
         f"{', '.join(str(x) for x in r.runs)}, each a line the pinned keys signed ({r.reproduced} recomputed by "
-        f"replay: verdicts and totals); issued by key {r.issued_by} ({r.seconds:.2f} s)")
+        f"replay: verdicts and totals)" + (f"; issued by key {r.issued_by}" if r.issued_by else "")
+        + f" ({r.seconds:.2f} s)")
+    if why is not None:
+        say(f"  NOT ISSUED {why}")
     say(f"  what it does not prove: {r.not_proven}")
     return 0

@@ -175,9 +175,12 @@ def test_every_format_validates_verifies_and_names_each_edited_figure(world, sou
         _validate(fmt, out)
         assert main(["verify-bom", str(out), *_pins(world, source)]) == 0
         assert f"OK    {out}" in capsys.readouterr().out
-        # the runs' key alone: every figure holds, but whoever issued the document is not pinned
-        assert main(["verify-bom", str(out), "--pubkey", str(world / SOURCES[source][1])]) == (
-            0 if SOURCES[source][1] == f"{SOURCES[source][2]}.pub" else 1)
+        # the runs' key alone: every figure holds; an issuer not pinned is said (and refused on demand)
+        by_run_key = SOURCES[source][1] == f"{SOURCES[source][2]}.pub"
+        assert main(["verify-bom", str(out), "--pubkey", str(world / SOURCES[source][1])]) == 0
+        assert ("NOT ISSUED" in capsys.readouterr().out) is not by_run_key
+        assert main(["verify-bom", str(out), "--pubkey", str(world / SOURCES[source][1]),
+                     "--require-issued"]) == (0 if by_run_key else 1)
         capsys.readouterr()
         pack = json.loads(pack_path(out).read_text())
         data = out.read_bytes()
@@ -246,8 +249,10 @@ def test_a_pack_that_lies_or_a_run_replay_disagrees_with_is_refused(world, tmp_p
     bare.write_bytes(out.read_bytes())
     pack_path(bare).write_text(json.dumps(pack))
     assert check(bare.read_bytes(), pack_path(bare).read_bytes(), keys).issued_by is None
-    assert main(["verify-bom", str(bare), *_pins(world, "lifecycle")]) == 1
-    assert "it was not issued" in capsys.readouterr().out
+    assert main(["verify-bom", str(bare), *_pins(world, "lifecycle")]) == 0
+    assert "NOT ISSUED no pinned key issued it: it carries no document_issued" in capsys.readouterr().out
+    assert main(["verify-bom", str(bare), *_pins(world, "lifecycle"), "--require-issued"]) == 1
+    assert "every figure holds, but no pinned key issued it" in capsys.readouterr().out
     # another document's issuance (the SPDX one's) over this one: not the document issued
     spdx = json.loads(pack_path(_write(world, "lifecycle", "spdx", capsys)).read_text())
     pack["issued"] = spdx["issued"]
@@ -266,3 +271,20 @@ def test_a_pack_that_lies_or_a_run_replay_disagrees_with_is_refused(world, tmp_p
     assert main(["bom", str(tmp_path / "lie.jsonl"), "--pubkey", str(tmp_path / "lie.pub"), "--format", "spdx",
                  "--key", str(world / "k.key"), "-o", str(tmp_path / "lie.spdx")]) == 1
     assert "replay differs" in capsys.readouterr().err and not (tmp_path / "lie.spdx").exists()
+
+
+def test_without_key_the_runs_own_key_issues_it_if_this_user_keeps_it(world, tmp_path, monkeypatch, capsys):
+    """bom with no --key: the private key of a pinned key in the user's key folder issues the document (where the
+    run that wrote it keeps it); none there: the document is written, proven, and said not issued."""
+    monkeypatch.setenv("TRAINLEDGER_KEY_DIR", str(world))  # holds k.key, the lifecycle's run key
+    runs = [str(world / r) for r in SOURCES["lifecycle"][0]]
+    out = tmp_path / "found.spdx"
+    assert main(["bom", *runs, "--pubkey", str(world / "k.pub"), "--format", "spdx", "-o", str(out)]) == 0
+    assert f"issued by key {load_signer(world / 'k.key').public.key_id}" in capsys.readouterr().out
+    assert main(["verify-bom", str(out), "--pubkey", str(world / "k.pub"), "--require-issued"]) == 0
+    monkeypatch.setenv("TRAINLEDGER_KEY_DIR", str(tmp_path / "empty"))
+    out = tmp_path / "bare.spdx"
+    assert main(["bom", *runs, "--pubkey", str(world / "k.pub"), "--format", "spdx", "-o", str(out)]) == 0
+    assert "NOT ISSUED" in capsys.readouterr().out
+    assert main(["verify-bom", str(out), "--pubkey", str(world / "k.pub")]) == 0
+    assert main(["verify-bom", str(out), "--pubkey", str(world / "k.pub"), "--require-issued"]) == 1
