@@ -121,7 +121,12 @@ def make(paths: Sequence[str | os.PathLike], keys: Sequence[PublicKey], fmt: str
         total = next((ev for ev in reversed(events) if _tag(ev) == "compute_totaled"), None)
         closed = next((ev for ev in reversed(events) if _tag(ev) == "run_closed"), None)
         if total is not None and total.seq in seqs:
-            seqs |= set(closing_seqs(total.seq, closed.seq if closed is not None else None))
+            closing = closing_seqs(total.seq, closed.seq if closed is not None else None)
+            if not closing:
+                raise IntegrityError(f"{f}: its compute total (seq {total.seq}) is not followed by its run_closed: a "
+                                     "document states a run's last total, which only a closed journal shows (close "
+                                     "the run: Recorder.close())", seq=None)
+            seqs |= set(closing)
         bundles.append(prove(f, sorted(seqs), keys=list(keys), keep_index=False).bundle)
     heads = {}
     for b in bundles:

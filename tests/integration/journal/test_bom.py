@@ -288,3 +288,21 @@ def test_without_key_the_runs_own_key_issues_it_if_this_user_keeps_it(world, tmp
     assert "NOT ISSUED" in capsys.readouterr().out
     assert main(["verify-bom", str(out), "--pubkey", str(world / "k.pub")]) == 0
     assert main(["verify-bom", str(out), "--pubkey", str(world / "k.pub"), "--require-issued"]) == 1
+
+
+def test_a_run_not_closed_after_its_total_is_refused(tmp_path, capsys):
+    """A document states a run's last compute total, which only a journal closed after it shows: an open one is
+    refused in one line, and nothing is written."""
+    s = Signer.generate()
+    j = Journal.create(tmp_path / "open.jsonl", signer=s, run_id="open", **OPTS)
+    TrainingHealthMonitor(journal=j, flop_config=SHAPE)
+    for step in range(5):
+        j.append(StepObserved(step=step, loss=2.0, tokens=512))
+    record_compute(j)
+    j.suspend()  # stopped, not closed: more steps could follow
+    (tmp_path / "k.pub").write_text(s.public.line() + "\n")
+    assert main(["bom", str(tmp_path / "open.jsonl"), "--pubkey", str(tmp_path / "k.pub"), "--format", "cyclonedx",
+                 "-o", str(tmp_path / "doc.cdx")]) == 1
+    err = capsys.readouterr().err
+    assert "not followed by its run_closed" in err and "Traceback" not in err
+    assert not (tmp_path / "doc.cdx").exists()
