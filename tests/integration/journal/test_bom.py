@@ -191,6 +191,12 @@ def test_every_format_validates_verifies_and_names_each_edited_figure(world, sou
             assert e.value.where == _pointer_path(link["at"]), (fmt, link)
         with pytest.raises(IntegrityError):
             check(data, pack_path(out).read_bytes(), key)
+        if fmt == "hf-card":  # the prose is rendered from the metadata: a figure edited there is named as the body
+            meta_part, body = data.decode().split("\n---\n", 1)
+            with pytest.raises(BomRefused) as e:
+                check((meta_part + "\n---\n" + body.replace("| ", "| 9", 1)).encode(), pack_path(out).read_bytes(),
+                      keys)
+            assert e.value.where == "body"
         # the CLI names the field in one line and exits 1
         edited = world / f"edited.{fmt}"
         edited.write_bytes(_edit(fmt, data, pack["links"][0]["at"]))
