@@ -25,6 +25,9 @@ On the device (no registry there) the core's wheels travel in ``.whl`` and the p
 6. With ``--cpu-benches JOBS``: the distributed CPU targets on the host's cores (``tools/bench_distributed.py``: verify
    RUN_DIR against ``sha256sum``, and the 2-rank DDP overhead, with calls and as a control), run from a temporary
    folder.
+7. The compute statement's settings (format 1.10, docs/compute.md): NVML's PCI device ID, the variant it names (SXM
+   or PCIe) and the enforced power limit (``device_settings``), the datasheet peak that variant gets, and the recompute
+   ratio of a small GPT with activation checkpointing counted on the device (``measure_recompute_ratio``).
 Prints one summary and writes ``device.json``, the journals and their public key under ``--out`` (verify them
 with ``trainledger verify --pubkey OUT/device.pub OUT/model.jsonl`` and ``replay``).
 """
@@ -354,6 +357,31 @@ def _state_fingerprint(smoke: bool) -> None:
          elements=elems, bytes=nbytes, fingerprint_s=fp, read_s=rd, device=dev)
 
 
+def _compute_settings(smoke: bool) -> None:
+    """What format 1.10 records of the device for a compute statement, read on the real GPU, and the recompute
+    ratio of a small GPT with activation checkpointing counted there."""
+    import torch
+
+    from trainledger.training.health.flops import device_variant, measure_recompute_ratio, peak_flops_per_sec
+    from trainledger.training.health.telemetry import device_settings
+    from trainledger.training.reference.model import build_causal_lm
+
+    dev = "cuda" if torch.cuda.is_available() and not smoke else "cpu"
+    settings = device_settings(0) if dev == "cuda" else {}
+    named = device_variant(settings.get("pci_device_id"))
+    peak = peak_flops_per_sec(named[1], "bf16") if named is not None else None
+    width, layers, block = (64, 2, 32) if smoke else (768, 12, 1024)
+    model = build_causal_lm(256, width, layers, max(width // 64, 1), block).to(dev)
+    model.gradient_checkpointing_enable()
+    ids = torch.randint(0, 256, (2, block), device=dev)
+    ratio = measure_recompute_ratio(model, lambda: torch.nn.functional.cross_entropy(
+        model(ids).flatten(0, 1), ids.flatten()).backward())
+    _say("compute_settings", f"7. compute settings on {dev}: {settings or 'none read (no NVML device)'}; the "
+                             f"variant's bf16 datasheet peak {peak}; recompute ratio of a {layers}-layer GPT "
+                             f"(width {width}, {block} tokens) with full checkpointing {ratio:.4f}",
+         settings=settings, peak=peak, recompute_ratio=ratio, device=dev)
+
+
 def _cpu_benches(jobs: int, smoke: bool) -> None:
     """tools/bench_distributed.py's verify and DDP-overhead parts on this host's CPUs, from a temporary folder."""
     import subprocess
@@ -402,7 +430,8 @@ def main() -> int:
         _say("matmul", f"matmul: FAILED {type(e).__name__}: {e}")
     for name, fn in (("model", lambda: _model_run(out, signer, steps, args.smoke, peak, args.attn)),
                      ("checkpoint", lambda: _checkpoint_stall(out, signer, args.smoke)),
-                     ("state_fingerprint", lambda: _state_fingerprint(args.smoke))):
+                     ("state_fingerprint", lambda: _state_fingerprint(args.smoke)),
+                     ("compute_settings", lambda: _compute_settings(args.smoke))):
         try:
             fn()
         except Exception as e:  # noqa: BLE001
