@@ -1,6 +1,7 @@
 """The numbers a model's documents state, as facts: each a value and the signed lines it is computed from (journal,
-seq, field), with the operations that compute it. One function, :func:`value_of`, computes a fact from events, for
-the command that writes a document and for ``verify-bom``, which recomputes it from the proven events alone.
+seq, field), with the operations that compute it. Every fact's value is :func:`value_of` its sources and
+operations, so what the proof pack states of a fact is how it was computed; ``verify-bom`` collects the facts again
+from the proven lines alone.
 
 A fold over verified events (:func:`collect`), no I/O. Facts are only taken from events replay recomputes or from
 observations signed as they were made; which is which is kept (``reproduced``: a conclusion replay recomputed, a gate
@@ -41,9 +42,16 @@ class Fact:
                 "ops": list(self.ops), "basis": self.basis}
 
 
+def _path(*parts: str) -> str:
+    """A field path into an event's fields: its parts joined by ``/``, each escaped as a JSON pointer's (``~0``,
+    ``~1``), so that a metric named ``eval/loss`` is one part."""
+    return "/".join(x.replace("~", "~0").replace("/", "~1") for x in parts)
+
+
 def _get(record: dict[str, Any], path: str) -> Any:
     cur: Any = record
     for part in path.split("/"):
+        part = part.replace("~1", "/").replace("~0", "~")
         if not isinstance(cur, dict) or part not in cur:
             raise KeyError(path)
         cur = cur[part]
@@ -126,11 +134,12 @@ def _collect_run(out: Collected, r: int, journals: list[list[Any]], g0: int, *, 
     facts, lines = out.facts, out.lines
     p = f"run{r}:"
 
-    def add(name: str, value: Any, sources: list[tuple[int, Any, str]], ops: tuple[str, ...] = ("first",),
+    def add(name: str, sources: list[tuple[int, Any, str]], ops: tuple[str, ...] = ("first",),
             basis: str = "attested") -> None:
         for j, ev, _ in sources:
             lines[(j, ev.seq)] = _fields(ev)
-        facts[name] = Fact(name, value, tuple((j, ev.seq, f) for j, ev, f in sources), ops, basis)
+        refs = tuple((j, ev.seq, f) for j, ev, f in sources)
+        facts[name] = Fact(name, value_of(refs, ops, lines), refs, ops, basis)
 
     info: dict[str, Any] = {"run": None, "fine_tune": False, "journals": list(range(g0, g0 + len(journals)))}
     out.runs.append(info)
@@ -143,18 +152,15 @@ def _collect_run(out: Collected, r: int, journals: list[list[Any]], g0: int, *, 
         if tot is not None:
             totals.append((g0 + k, tot))
     if totals:
-        add(p + "training_flops", math.fsum(t.flops for _, t in totals), [(j, t, "flops") for j, t in totals],
-            ("sum",), "reproduced")
-        add(p + "tokens", sum(t.tokens for _, t in totals), [(j, t, "tokens") for j, t in totals], ("sum",),
-            "reproduced")
+        add(p + "training_flops", [(j, t, "flops") for j, t in totals], ("sum",), "reproduced")
+        add(p + "tokens", [(j, t, "tokens") for j, t in totals], ("sum",), "reproduced")
         j0, t0 = totals[0]
-        add(p + "steps", t0.steps, [(j0, t0, "steps")], basis="reproduced")
+        add(p + "steps", [(j0, t0, "steps")], basis="reproduced")
         if t0.busy_s is not None:
-            add(p + "training_hours", t0.busy_s / 3600.0, [(j0, t0, "busy_s")], ("first", "hours"), "reproduced")
+            add(p + "training_hours", [(j0, t0, "busy_s")], ("first", "hours"), "reproduced")
         energy = [(j, t, f) for j, t in totals for f in ("energy_j", "power_j") if getattr(t, f) is not None]
         if energy:
-            add(p + "energy_kwh", math.fsum(getattr(t, f) for _, t, f in energy) / 3.6e6, energy, ("sum", "kwh"),
-                "reproduced")
+            add(p + "energy_kwh", energy, ("sum", "kwh"), "reproduced")
     rank0 = journals[0] if journals else []
     config = None
     model = None
@@ -171,30 +177,30 @@ def _collect_run(out: Collected, r: int, journals: list[list[Any]], g0: int, *, 
                 if "/" not in k and isinstance(v, (bool, int, float, str)) \
                         and not (isinstance(v, float) and not math.isfinite(v)):
                     name = f"hyperparameter:{k}"
-                    add(name, v, [(g0, ev, f"config/{k}")])
+                    add(name, [(g0, ev, _path("config", k))])
                     if name not in out.hyperparameters:
                         out.hyperparameters.append(name)
         elif tag == "gate_verdict":
             gate = {"run": r, "rung": ev.rung, "passed": f"{p}gate:{ev.rung}:passed", "metrics": []}
-            add(gate["passed"], ev.passed, [(g0, ev, "passed")], basis="reproduced")
+            add(gate["passed"], [(g0, ev, "passed")], basis="reproduced")
             for bar, threshold in sorted(ev.bars.items()):
                 prefix, metric = bar[:4], bar[4:]
                 if threshold is None or prefix not in GATE_METRICS or metric not in ev.measured:
                     continue
                 m = f"{p}gate:{ev.rung}:{metric}"
-                add(m, ev.measured[metric], [(g0, ev, f"measured/{metric}")], basis="reproduced")
-                add(m + ":threshold", threshold, [(g0, ev, f"bars/{bar}")], basis="reproduced")
+                add(m, [(g0, ev, _path("measured", metric))], basis="reproduced")
+                add(m + ":threshold", [(g0, ev, _path("bars", bar))], basis="reproduced")
                 gate["metrics"].append({"metric": metric, "comparator": GATE_METRICS[prefix], "value": m,
                                         "threshold": m + ":threshold"})
             out.gates.append(gate)
         elif tag == "evaluation_recorded":
             e = {"run": r, "hook": ev.hook, "role": ev.role, "step": ev.step,
                  "cases": f"{p}eval:{ev.hook}:{ev.step}:cases", "metrics": []}
-            add(e["cases"], ev.cases, [(g0, ev, "cases")])
+            add(e["cases"], [(g0, ev, "cases")])
             for k, v in sorted(ev.metrics.items()):
                 if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
                     name = f"{p}eval:{ev.hook}:{ev.step}:{k}"
-                    add(name, v, [(g0, ev, f"metrics/{k}")])
+                    add(name, [(g0, ev, _path("metrics", k))])
                     e["metrics"].append({"metric": k, "value": name})
             out.evaluations.append(e)
         elif tag == "model_exported":
@@ -206,8 +212,8 @@ def _collect_run(out: Collected, r: int, journals: list[list[Any]], g0: int, *, 
     if config is not None:
         for f in ("n_params", "n_layer", "n_head", "head_dim", "seq_len"):
             if getattr(config, f) is not None:
-                add(f"shape:{f}", getattr(config, f), [(g0, config, f)])
+                add(f"shape:{f}", [(g0, config, f)])
     if model is not None:
-        add("model_digest", model.digest, [(g0, model, "digest")])
+        add("model_digest", [(g0, model, "digest")])
         if model.base is not None:
-            add("base_model_digest", model.base, [(g0, model, "base")])
+            add("base_model_digest", [(g0, model, "base")])
