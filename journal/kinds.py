@@ -20,6 +20,7 @@ import re
 import warnings
 from typing import Any
 
+from trainledger.journal.chain import is_hash_hex
 from trainledger.journal.events import Event, KeyCertified, RunClosed, RunOpened, RunResumed, Seal, SealSigned, \
     StepObserved, TailRepaired
 
@@ -147,7 +148,7 @@ class TimestampRecorded(Event, tag="timestamp_recorded", frozen=True, kw_only=Tr
     error: str | None = None
 
     def __post_init__(self) -> None:
-        if len(self.note_sha256) != 64 or self.note_sha256.strip("0123456789abcdef"):
+        if not is_hash_hex(self.note_sha256):
             raise ValueError("note_sha256 is not 64 lowercase hex digits")
         if (self.token is None) == (self.error is None):
             raise ValueError("a timestamp_recorded holds a token or an error, one of them")
@@ -167,7 +168,7 @@ class DocumentIssued(Event, tag="document_issued", frozen=True, kw_only=True):
     heads: dict[str, str]
 
     def __post_init__(self) -> None:
-        if len(self.sha256) != 64 or self.sha256.strip("0123456789abcdef"):
+        if not is_hash_hex(self.sha256):
             raise ValueError("sha256 is not 64 lowercase hex digits")
 
 

@@ -33,6 +33,7 @@ from trainledger.journal.note import (
     Verifier,
     b64_hash,
     check_cosignatures,
+    parse_checkpoint,
 )
 from trainledger.journal.proofs.checkpoint import checkpoint_note, head_extension, open_checkpoint
 from trainledger.journal.proofs.index import IndexMismatch, TreeIndex, TreeView, build_index, index_path_for, load_index, read_seal, save_index
@@ -40,7 +41,7 @@ from trainledger.journal.trust import TrustPolicy
 from trainledger.journal.verify import open_checked, read_opening, resolve_signing
 
 __all__ = ["BUNDLE_FORMAT", "MAX_BUNDLE_BYTES", "MAX_ENTRIES", "ProveResult", "BundleResult", "prove", "consistency",
-           "parse_bundle", "decode_document", "verify_bundle", "MAX_CLOSING_LINES", "closing_seqs", "proven_to_close"]
+           "parse_bundle", "bundle_head", "decode_document", "verify_bundle", "MAX_CLOSING_LINES", "closing_seqs", "proven_to_close"]
 
 
 BUNDLE_FORMAT = "trainledger-proof/v1"
@@ -351,6 +352,14 @@ def decode_document(data: bytes, type_: Any, fmt: str, *, what: str, short: str,
     if doc.format != fmt:
         raise SchemaError(f"{short} format {doc.format[:40]!r}, not {fmt}", seq=None)
     return doc
+
+
+def bundle_head(bundle: dict[str, Any]) -> str:
+    """The chain head (``SEQ:HASH``) a bundle's checkpoint names, read, not checked: for a bundle :func:`prove`
+    just made and verified; :func:`verify_bundle` reads a received one's the same way, after checking it."""
+    note = bundle["checkpoint"]
+    seq, head = head_extension(parse_checkpoint(note[:note.rfind("\n\n") + 1]))
+    return f"{seq}:{head}"
 
 
 def parse_bundle(data: bytes) -> Any:
