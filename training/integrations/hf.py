@@ -59,7 +59,7 @@ from trainledger.training.health.flops import flop_config_from_hf, is_checkpoint
 from trainledger.training.health.monitor import TrainingHealthMonitor
 from trainledger.training.integrations.hooks import (StepBuffer, check_folder, export_settings, fingerprint_batch,
                       monitor_options, training_dtype, learn_run_key, open_run_journal, previous_run, record_checkpoint, run_key_for_rank, signer_from, step_loss,
-                      tap_clip, norm_parts, untap_clip)
+                      tap_clip, norm_parts, untap_clip, replica_options)
 
 __all__ = ["TrainledgerCallback", "check_resume", "ResumeRejected", "ReplayCheckMixin", "ReplayCheckTrainer"]
 
@@ -122,16 +122,12 @@ class TrainledgerCallback(TrainerCallback):
         self.signer = run_key_for_rank(key, signer, continue_from=continue_from)
         #: the replicas' states held to each other (docs/sdc.md), as the Recorder does: by default when the Trainer
         #: runs plain DDP (not FSDP nor DeepSpeed, whose ranks hold different shards) on more than one rank
-        self._fingerprint_options = {"fingerprints": fingerprints, "every": fingerprint_every,
-                                     "exclude": fingerprint_exclude, "on_divergence": on_divergence}
+        self._fingerprint_options = replica_options(fingerprints, fingerprint_every, fingerprint_exclude,
+                                                    on_divergence, sdc_check)
         self._watch: Any = None
         #: replay checks (docs/sdc.md): the first step and every ``sdc_check`` steps run twice and held to each
         #: other before the optimizer step; the Trainer runs them (a callback cannot): :class:`ReplayCheckTrainer`,
         #: or :class:`ReplayCheckMixin` in your own Trainer subclass
-        if sdc_check is not None:
-            from trainledger.training.distributed.state_watch import _options
-
-            _options(sdc_check, "sdc_check", on_divergence)
         self._sdc_every = sdc_check
         self._replay: Any = None
         self._replay_driver = False  # set by ReplayCheckMixin.train

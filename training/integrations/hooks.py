@@ -116,6 +116,17 @@ def monitor_options(model: Any, *, device_kind: str | None, compute_thresholds: 
     return out
 
 
+def replica_options(fingerprints: bool | None, every: int | None, exclude: Any, on_divergence: str,
+                    sdc_check: int | None) -> dict[str, Any]:
+    """What both callbacks hold their replicas with (docs/sdc.md): the fingerprint options, and ``sdc_check`` (the
+    replay checks' cadence) checked as StateWatch and ReplayCheck check theirs."""
+    if sdc_check is not None:
+        from trainledger.training.distributed.state_watch import _options
+
+        _options(sdc_check, "sdc_check", on_divergence)
+    return {"fingerprints": fingerprints, "every": every, "exclude": exclude, "on_divergence": on_divergence}
+
+
 def device_settings_of(model: Any) -> dict[str, Any]:
     """The variant and power limit of the CUDA device ``model``'s first parameter is on, from NVML
     (:func:`trainledger.training.health.telemetry.device_settings`); empty on a CPU or where NVML cannot be read."""

@@ -46,7 +46,7 @@ from trainledger.training.health.monitor import TrainingHealthMonitor
 from trainledger.journal.errors import UsageError
 from trainledger.training.integrations.hooks import (StepBuffer, export_settings, fingerprint_batch, learn_run_key,
                       monitor_options, training_dtype, open_run_journal, previous_run, record_checkpoint, run_key_for_rank, step_loss, tap_clip,
-                      norm_parts, untap_clip)
+                      norm_parts, untap_clip, replica_options)
 
 __all__ = ["TrainledgerCallback", "TrainledgerLogger", "ResumeRejected"]
 
@@ -99,15 +99,11 @@ class TrainledgerCallback(Callback):
         self.signer = run_key_for_rank(key, signer, continue_from=continue_from)
         #: the replicas' states held to each other (docs/sdc.md), as the Recorder does: by default when Lightning's
         #: strategy wraps the module in DistributedDataParallel on more than one rank
-        self._fingerprint_options = {"fingerprints": fingerprints, "every": fingerprint_every,
-                                     "exclude": fingerprint_exclude, "on_divergence": on_divergence}
+        self._fingerprint_options = replica_options(fingerprints, fingerprint_every, fingerprint_exclude,
+                                                    on_divergence, sdc_check)
         self._watch: Any = None
         #: replay checks (docs/sdc.md): the first step and every ``sdc_check`` steps, ``training_step`` and its
         #: backward pass run again in ``on_before_optimizer_step`` and held to the first, bit for bit
-        if sdc_check is not None:
-            from trainledger.training.distributed.state_watch import _options
-
-            _options(sdc_check, "sdc_check", on_divergence)
         self._sdc_every = sdc_check
         self._replay: Any = None
         self._replay_at: tuple[Any, Any, Any] | None = None  # (batch, batch_idx, the first pass's loss)
