@@ -149,11 +149,14 @@ def documents_journal(journal: str | os.PathLike) -> Path:
 
 def _issue(journal: Path, run_id: str, issuer: Any, ev: Any) -> dict[str, Any]:
     """Seal ``ev`` (a ``document_issued``) into ``journal``'s documents journal under ``issuer``, and its proof."""
+    from trainledger.journal.paths import confined
     from trainledger.journal.proofs.bundle import prove
     from trainledger.journal.writer import Journal
 
     path = documents_journal(journal)
-    if path.exists():
+    if path.is_symlink():  # whoever can write the run folder could point it elsewhere: it must stay in the folder
+        confined(path.parent, path.name, what="documents journal")
+    if path.exists() or path.is_symlink():
         j = Journal.open_append(path, signer=issuer, background=False)
     else:
         j = Journal.create(path, signer=issuer, run_id=run_id, background=False)

@@ -312,3 +312,21 @@ def test_a_run_not_closed_after_its_total_is_refused(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "not followed by its run_closed" in err and "Traceback" not in err
     assert not (tmp_path / "doc.cdx").exists()
+
+
+def test_a_documents_journal_linked_out_of_the_run_folder_is_refused(world, tmp_path, capsys):
+    """Whoever can write the run folder cannot make bom write elsewhere: a documents journal that is a link leading
+    out of the folder (dangling, or to another run's documents journal) is refused, and its target left as it was."""
+    run = tmp_path / "run"
+    run.mkdir()
+    for ext in ("jsonl", "pub"):
+        shutil.copy(world / f"ladder.{ext}", run / f"ladder.{ext}")
+    elsewhere = tmp_path / "elsewhere.jsonl"
+    (run / "ladder.documents.jsonl").symlink_to(elsewhere)
+    args = ["bom", str(run / "ladder.jsonl"), "--pubkey", str(run / "ladder.pub"), "--key", str(world / "release.key"),
+            "--format", "cyclonedx", "-o", str(tmp_path / "doc.cdx")]
+    assert main(args) == 1
+    assert "outside" in capsys.readouterr().err and not elsewhere.exists()
+    elsewhere.write_bytes(b"kept\n")
+    assert main(args) == 1
+    assert elsewhere.read_bytes() == b"kept\n" and not (tmp_path / "doc.cdx").exists()
