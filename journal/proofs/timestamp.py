@@ -27,7 +27,7 @@ from trainledger.journal.errors import IntegrityError, UsageError
 
 __all__ = ["TimestampError", "request", "verify_token", "Token", "request_body", "MAX_TOKEN", "seal_notes",
            "stamp", "check_journal", "list_tokens", "sidecar", "Stamped", "load_certificates", "token_time",
-           "stamp_record", "append_sidecar"]
+           "stamp_record", "append_sidecar", "MAX_SIDECAR"]
 
 #: the largest token read or accepted (an authority's chain of certificates included)
 MAX_TOKEN = 1 << 16
@@ -426,6 +426,22 @@ def stamp_record(url: str, seal_seq: int, note: str, *, timeout: float = 10.0) -
     return rec
 
 
+#: the most a timestamps file beside a journal is read: a token is about 2 KB, so some 30,000 seals' worth
+MAX_SIDECAR = 64 << 20
+
+
+def _sidecar_lines(journal: Any) -> list[str]:
+    """The lines of the journal's timestamps file, none when there is none: read as a regular file of at most
+    :data:`MAX_SIDECAR` bytes (a link, a FIFO or a bigger file is refused in one line: whoever can write the run
+    folder can put anything there)."""
+    from trainledger.journal.paths import read_regular
+
+    path = sidecar(journal)
+    if not (path.is_file() or path.is_symlink()):
+        return []
+    return read_regular(path, MAX_SIDECAR, what="timestamps file").decode("utf-8", "replace").splitlines()
+
+
 def append_sidecar(journal: Any, records: Sequence[dict[str, Any]]) -> None:
     """Add records (:func:`stamp_record`'s) to the journal's sidecar, the file rewritten whole."""
     import json
@@ -433,7 +449,7 @@ def append_sidecar(journal: Any, records: Sequence[dict[str, Any]]) -> None:
     from trainledger.journal.paths import write_atomically
 
     path = sidecar(journal)
-    lines = path.read_text().splitlines() if path.is_file() else []
+    lines = _sidecar_lines(journal)
     lines += [json.dumps(r, sort_keys=True) for r in records]
     write_atomically(path, ("\n".join(x for x in lines if x.strip()) + "\n").encode())
 
@@ -451,8 +467,14 @@ def stamp(journal: Any, keys: Sequence[Any], url: str, *, all_seals: bool = Fals
         raise UsageError(f"{journal}: no signed format 1.3 seal to timestamp")
     path = sidecar(journal)
 
-    have = {json.loads(x).get("seal_seq") for x in (path.read_text().splitlines() if path.is_file() else [])
-            if x.strip() and "token" in json.loads(x)}
+    have = set()
+    for x in _sidecar_lines(journal):  # the seals with a token already; a line that is no record is not one
+        try:
+            d = json.loads(x)
+        except ValueError:
+            continue
+        if isinstance(d, dict) and d.get("token") is not None:
+            have.add(d.get("seal_seq"))
     todo = sorted(s for s in notes if s not in have) if all_seals else [max(notes)]
     out, keep = [], []
     for seq in todo:
@@ -490,24 +512,20 @@ def _records(journal: Any, events: Any) -> list[tuple[int, str, str | None, str 
     for ev in events:
         if isinstance(ev, TimestampRecorded):
             found.append((ev.seal_seq, ev.tsa, ev.token, ev.error, f"line {ev.seq}", ev.note_sha256, ev.time))
-    path = sidecar(journal)
-    if path.is_file():
-        from trainledger.journal.paths import read_regular
-
-        for n, line in enumerate(read_regular(path, 64 << 20, what="timestamps file").decode("utf-8",
-                                                                                           "replace").splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                d = json.loads(line)
-                rec = (d["seal_seq"], d["tsa"], d.get("token"), d.get("error"), f"{path.name}:{n}",
-                       d.get("note_sha256"), d.get("time"))
-                if (type(rec[0]) is not int or not all(x is None or isinstance(x, str) for x in rec[1:])
-                        or not isinstance(rec[1], str) or (rec[2] is None) == (rec[3] is None)):
-                    raise ValueError
-                found.append(rec)
-            except (ValueError, KeyError, TypeError, AttributeError):
-                found.append((-1, "?", None, "a line that is not a timestamp record", f"{path.name}:{n}", None, None))
+    name = sidecar(journal).name
+    for n, line in enumerate(_sidecar_lines(journal), 1):
+        if not line.strip():
+            continue
+        try:
+            d = json.loads(line)
+            rec = (d["seal_seq"], d["tsa"], d.get("token"), d.get("error"), f"{name}:{n}", d.get("note_sha256"),
+                   d.get("time"))
+            if (type(rec[0]) is not int or not all(x is None or isinstance(x, str) for x in rec[1:])
+                    or not isinstance(rec[1], str) or (rec[2] is None) == (rec[3] is None)):
+                raise ValueError
+            found.append(rec)
+        except (ValueError, KeyError, TypeError, AttributeError):
+            found.append((-1, "?", None, "a line that is not a timestamp record", f"{name}:{n}", None, None))
     return found
 
 

@@ -284,3 +284,16 @@ def test_a_malformed_token_or_record_is_refused_in_one_line_never_a_traceback(tm
     assert "Traceback" not in out + err
     assert out.count("NOT checked here") == 2 and out.count("not a timestamp record") == 3
     assert out.count("NO TIME") == 4 and "[journal.timestamps.jsonl:6]" in out
+    # stamping again over that file: the junk lines are kept and passed over, never a traceback
+    before = sidecar(jp).read_text()
+    assert main(["timestamp", str(jp), "--tsa", url, "--pubkey", str(pub), "--all-seals"]) == 0
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err and sidecar(jp).read_text().startswith(before)
+    # a timestamps file that is a link (to anything outside the folder) is refused in one line, and left as it is
+    outside = tmp_path / "outside.jsonl"
+    outside.write_text(before)
+    sidecar(jp).unlink()
+    sidecar(jp).symlink_to(outside)
+    assert main(["timestamp", str(jp), "--tsa", url, "--pubkey", str(pub)]) == 1
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err and "link" in out + err and outside.read_text() == before
