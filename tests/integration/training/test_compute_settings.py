@@ -194,3 +194,37 @@ def test_the_two_estimation_methods_are_the_guidelines_formulas():
     assert f"{hardware_estimate(at_peak, 0.4):.2e}" == "1.03e+24"
     assert hardware_estimate(at_peak, 0.4, 4 / 3) == pytest.approx(at_peak * 0.3)
     assert architecture_estimate(7e9, 2e12) == 8.4e22
+
+
+@pytest.mark.parametrize("key, lie", [("recompute_ratio", 1.0), ("six_nd_flops", 1.0), ("flops", 1.0),
+                                      ("device_variant", "H100 SXM5 80GB"), ("power_limit_w", 700.0)])
+def test_a_total_whose_settings_lie_is_named_by_replay(tmp_path, key, lie):
+    """The settings a total carries per hardware group are derived from the run_configured in force: a total signed
+    by the run's key that moves the ratio, the 6ND FLOPs, the group's FLOPs, the variant or the power limit is a
+    difference replay names."""
+    import msgspec
+
+    from trainledger.journal import Journal, Signer
+    from trainledger.journal.reader import read_signed_events
+    from trainledger.training.health.flops import FlopConfig
+    from trainledger.training.health.mfu import ComputeTotals
+    from trainledger.training.health.monitor import TrainingHealthMonitor
+
+    s = Signer.generate()
+    p = tmp_path / "lie.jsonl"
+    with Journal.create(p, signer=s, run_id="lie", background=False) as j:
+        m = TrainingHealthMonitor(journal=j, flop_config=FlopConfig(n_params=1_000_000, n_layer=2, n_head=4,
+                                                                    head_dim=16, seq_len=64, recompute="full",
+                                                                    recompute_ratio=1.25),
+                                  peak_flops_per_sec=1e12, device_settings=device_settings(
+                                      nvml=FakeNvml(0x233110DE, 350_000)))
+        for step in range(10):
+            m.observe_step(step, 2.0, grad_norm=1.0, step_time_s=0.01, tokens=512)
+        j.seal(durable=True, signed=True)
+        honest = ComputeTotals().fold(read_signed_events(p, [s.public])).event()
+        fields = {k: v for k, v in msgspec.to_builtins(honest).items() if k not in ("kind", "seq", "ts", "h")}
+        assert fields["hardware"][0][key] != lie
+        fields["hardware"] = [{**fields["hardware"][0], key: lie}]
+        j.append(ComputeTotaled(**fields), durable=True)
+    diffs = replay(p, keys=[s.public]).differences
+    assert [d["kind"] for d in diffs] == ["compute_totaled"] and "recorded hardware " in diffs[0]["detail"]
