@@ -185,8 +185,9 @@ def test_the_statement_shows_both_methods_and_excludes_the_recomputation(run, tm
 
 
 def test_the_two_estimation_methods_are_the_guidelines_formulas():
-    """Worked by hand (not the Commission's own examples, whose text this project could not reach): 1,000 H100 SXM
-    for 30 days at 40% utilisation, and a 7B model on 2T tokens; a full checkpointing ratio taken back out."""
+    """Worked by hand, beside the Commission's own examples (tests/unit/journal/test_commission_examples.py): 1,000
+    H100 SXM for 30 days at 40% utilisation, and a 7B model on 2T tokens; a full checkpointing ratio taken back out,
+    which none of the Commission's examples has."""
     from trainledger.journal.statements.compute.figures import architecture_estimate, hardware_estimate
 
     at_peak = 1_000 * 30 * 86_400 * 989.4e12
