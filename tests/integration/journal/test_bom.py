@@ -279,6 +279,31 @@ def test_a_pack_that_lies_or_a_run_replay_disagrees_with_is_refused(world, tmp_p
     assert "replay differs" in capsys.readouterr().err and not (tmp_path / "lie.spdx").exists()
 
 
+@pytest.mark.parametrize("name", [["a", "list"], {"a": 1}, 7, None])
+def test_a_pack_whose_fact_names_are_not_names_is_refused_in_one_line(world, tmp_path, capsys, name):
+    """Found by mutating packs at random: a fact named by a list ended verify-bom in a traceback (unhashable)."""
+    out = _write(world, "lifecycle", "spdx", capsys)
+    pack = json.loads(pack_path(out).read_text())
+    pack["facts"][0]["name"] = name
+    pack_path(out).write_text(json.dumps(pack))
+    assert main(["verify-bom", str(out), *_pins(world, "lifecycle")]) == 1
+    got = capsys.readouterr()
+    assert got.out.startswith("FAIL") and "the pack's fact" in got.out and len(got.out.splitlines()) == 1
+    assert "Traceback" not in got.err
+
+
+def test_an_unpinned_issuer_is_named_no_longer_than_a_key_id(world, tmp_path, capsys):
+    """The key id an issuance names, when no pinned key is it, is the pack's word: shown escaped and cut to a key
+    id's 16 characters, and the document is NOT ISSUED."""
+    out = _write(world, "lifecycle", "intoto-eval", capsys)
+    pack = json.loads(pack_path(out).read_text())
+    pack["issued"]["key_id"] = "\x1b[2J" + "f" * 200
+    pack_path(out).write_text(json.dumps(pack))
+    assert main(["verify-bom", str(out), *_pins(world, "lifecycle")]) == 0
+    said = capsys.readouterr().out
+    assert "NOT ISSUED" in said and "\x1b" not in said and "\\x1b[2J" in said and "f" * 17 not in said
+
+
 def test_without_key_the_runs_own_key_issues_it_if_this_user_keeps_it(world, tmp_path, monkeypatch, capsys):
     """bom with no --key: the private key of a pinned key in the user's key folder issues the document (where the
     run that wrote it keeps it); none there: the document is written, proven, and said not issued."""
