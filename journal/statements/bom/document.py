@@ -244,6 +244,9 @@ def check(doc: bytes, pack_data: bytes, keys: Sequence[PublicKey]) -> BomCheck:
     pack = decode_document(pack_data, _Pack, PACK_FORMAT, what="document's proof pack", short="proof pack",
                            limit=MAX_DOCUMENT_BYTES)
     fmt = pack.document.format
+    if pack.not_proven != NOT_PROVEN:  # a reader of the pack itself would take its word for what it proves
+        raise BomRefused("the pack's text of what it does not prove is not the one trainledger writes (changed "
+                         "after it was written)", "not_proven")
     if fmt not in FORMATS:
         raise SchemaError(f"a document format {fmt[:40]!r} not among {', '.join(FORMATS)}", seq=None)
     proven: list[list[Any]] = []

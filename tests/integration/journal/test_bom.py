@@ -355,3 +355,13 @@ def test_a_documents_journal_linked_out_of_the_run_folder_is_refused(world, tmp_
     elsewhere.write_bytes(b"kept\n")
     assert main(args) == 1
     assert elsewhere.read_bytes() == b"kept\n" and not (tmp_path / "doc.cdx").exists()
+
+
+def test_a_pack_whose_text_of_what_it_does_not_prove_was_changed_is_refused(world, capsys):
+    """Held as the compute statement's is: a reader of the pack itself would take that text's word."""
+    out = _write(world, "lifecycle", "cyclonedx", capsys)
+    pack = json.loads(pack_path(out).read_text())
+    pack["not_proven"] = "nothing: every figure is true"
+    pack_path(out).write_text(json.dumps(pack))
+    assert main(["verify-bom", str(out), *_pins(world, "lifecycle")]) == 1
+    assert "what it does not prove is not the one trainledger writes" in capsys.readouterr().out
