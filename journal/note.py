@@ -89,6 +89,9 @@ def parse_verifier_key(vkey: str) -> Verifier:
     h, _, k = rest.partition("+")
     if not name or len(h) != 8 or not k:
         raise NoteError(f"{vkey[:80]!r}: not a verifier key (name+hash+key)")
+    # C2SP signed-note: a key name is well-formed UTF-8 with no Unicode space (a '+' ends it, above)
+    if any(c.isspace() or 0xD800 <= ord(c) <= 0xDFFF for c in name):
+        raise NoteError(f"{vkey[:80]!r}: a key name is UTF-8 text with no spaces")
     try:
         want = int(h, 16)
         raw = base64.b64decode(k, validate=True)

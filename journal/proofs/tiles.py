@@ -42,6 +42,14 @@ MAX_ENTRY = 0xFFFF
 MAX_CHECKPOINT = 1 << 19
 
 
+
+def _text(data: bytes, path: Path) -> str:
+    """A checkpoint file's text: a signed note is UTF-8, and a file that is not is refused as a bad note."""
+    try:
+        return data.decode()
+    except UnicodeDecodeError as e:
+        raise NoteError(f"{path}: not a signed note (not UTF-8 text at byte {e.start})") from None
+
 class TileError(IntegrityError):
     """A tile, bundle or checkpoint that is missing, malformed or does not hash to the signed root (the message
     says which path)."""
@@ -198,7 +206,8 @@ class TileLog:
     def _note(self) -> str:
         from trainledger.journal.paths import read_regular
 
-        return read_regular(self.folder / "checkpoint", MAX_CHECKPOINT, what="log checkpoint").decode()
+        return _text(read_regular(self.folder / "checkpoint", MAX_CHECKPOINT, what="log checkpoint"),
+                     self.folder / "checkpoint")
 
     def _sign(self, origin: str, size: int, root_: bytes, signer: Any) -> str:
         text = checkpoint_text(origin, size, root_)
@@ -269,8 +278,8 @@ class TileLog:
         from trainledger.journal.paths import read_regular
 
         try:
-            return read_regular(self.folder / ".cosigned-checkpoint", MAX_CHECKPOINT,
-                                what="cosigned checkpoint").decode()
+            return _text(read_regular(self.folder / ".cosigned-checkpoint", MAX_CHECKPOINT,
+                                      what="cosigned checkpoint"), self.folder / ".cosigned-checkpoint")
         except FileNotFoundError:
             return None
 

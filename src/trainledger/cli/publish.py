@@ -118,13 +118,12 @@ def register_witness_serve(wsub) -> None:
 
 def _log_key(logdir: str) -> bytes:
     """The log's public key, from the verifier key 'log init' wrote beside it."""
-    from trainledger.journal.keys import read_small_file
     from trainledger.journal.note import parse_verifier_key
 
     path = Path(logdir) / "log.vkey"
     if not path.is_file():
         raise UsageError(f"{logdir}: not a log folder ('trainledger log init' writes log.vkey there)")
-    return parse_verifier_key(read_small_file(path, "log verifier key").decode().strip()).public
+    return parse_verifier_key(_vkey_text(logdir)).public
 
 
 def _remembered() -> tuple[Path, dict[str, str]]:
@@ -154,11 +153,21 @@ def _remember_key(vkey: str, key: str) -> None:
     write_atomically(path, json.dumps(d, indent=1, sort_keys=True).encode(), 0o600)
 
 
+def _vkey_text(logdir: str) -> str:
+    """The text of the verifier key 'log init' wrote beside the log (a file that is not UTF-8 is no key)."""
+    from trainledger.journal.keys import read_small_file
+    from trainledger.journal.note import NoteError
+
+    path = Path(logdir) / "log.vkey"
+    try:
+        return read_small_file(path, "log verifier key").decode().strip()
+    except UnicodeDecodeError as e:
+        raise NoteError(f"{path}: not a verifier key (not UTF-8 text at byte {e.start})") from None
+
+
 def _remembered_key(logdir: str) -> str:
     """The key 'log init' was given for the log in ``logdir`` (found by its verifier key)."""
-    from trainledger.journal.keys import read_small_file
-
-    vkey = read_small_file(Path(logdir) / "log.vkey", "log verifier key").decode().strip()
+    vkey = _vkey_text(logdir)
     key = _remembered()[1].get(vkey)
     if key is None:
         raise UsageError(f"{logdir}: no --key, and 'log init' was not given this log's key on this account")

@@ -288,3 +288,19 @@ def test_a_publish_state_file_someone_else_wrote_is_refused_in_one_line(world, c
         assert main(["log", "publish", str(logdir), "--witness", "http://127.0.0.1:9"]) == 2
         out, err = capsys.readouterr()
         assert "not a publish state file" in err and "Traceback" not in out + err
+
+
+@pytest.mark.parametrize("rel", ["log.vkey", "checkpoint", ".cosigned-checkpoint"])
+def test_a_log_file_that_is_not_utf8_is_refused_in_one_line(world, capsys, rel):
+    """Found by mutating a log folder at random: a byte that is not UTF-8 in the log's verifier key or checkpoints
+    ended 'log prove' in a traceback. Each is a bad note now: one line naming the file, exit 1."""
+    tmp, keys, runs, _ = world
+    logdir = tmp / "log"
+    main(["log", "init", str(logdir), "--origin", "example.com/ml-runs", "--key", str(keys["log"][0])])
+    main(["log", "add", str(logdir), str(runs[0]), "--pubkey", str(keys["run"][1]), "--key", str(keys["log"][0])])
+    (logdir / rel).write_bytes((logdir / "checkpoint").read_bytes()[:30] + b"\xff\n")
+    capsys.readouterr()
+    assert main(["log", "prove", str(logdir), str(runs[0]), "--pubkey", str(keys["run"][1])]) == 1
+    out, err = capsys.readouterr()
+    assert f"{rel}: not a" in out + err and "not UTF-8 text" in out + err and "Traceback" not in out + err
+    assert len((out + err).strip().splitlines()) == 1

@@ -63,6 +63,8 @@ def test_the_specs_two_level_example():
     (b"witness A {w}\x0b\nquorum A\n", "control character 0x0b"),
     (b"witnesses A {w}\nquorum A\n", "unknown line 'witnesses'"),
     (b"witness A not+a+key\nquorum A\n", "witness key"),
+    # found by mutating a policy at random: a key name with a byte that is not UTF-8 ended verify in a traceback
+    (b"witness A \xa7{w}\nquorum A\n", "a key name is UTF-8 text with no spaces"),
 ])
 def test_every_rule_of_the_syntax_is_enforced_and_the_line_named(text, says):
     w = cosigner_key("w.example/A", W["X1"][1]).encode()

@@ -74,6 +74,14 @@ def test_a_changed_byte_anywhere_is_refused_with_its_path(tmp_path):
             log.read(pub)
         p.write_bytes(good)
     assert log.read(pub).entries == [b"run a", b"run b", b"run c"]
+    # found by mutating a log folder at random: a checkpoint with a byte that is not UTF-8 was a traceback
+    for rel, read in (("checkpoint", lambda: log.read(pub)), (".cosigned-checkpoint", log.last_cosigned)):
+        p = tmp_path / "log" / rel
+        good = p.read_bytes() if p.exists() else None
+        p.write_bytes(b"example.com/log\n3\n\xff\n")
+        with pytest.raises(NoteError, match=f"{rel}: not a signed note \\(not UTF-8 text at byte 18\\)"):
+            read()
+        p.unlink() if good is None else p.write_bytes(good)
     with pytest.raises(NoteError):  # another key
         log.read(Ed25519PrivateKey.generate().public_key().public_bytes_raw())
     with pytest.raises(UsageError, match="already a log"):
