@@ -171,6 +171,8 @@ class Token:
     serial: int
     nonce: int | None
     _signed: Any = dataclasses.field(repr=False, default=None)
+    #: the subject of the certificate whose key verified the token (set by :func:`verify_token`; None when only read)
+    signer: str | None = None
 
 
 def _gentime(raw: bytes) -> datetime.datetime:
@@ -328,7 +330,7 @@ def _verify(token: bytes, note: str, trusted: Sequence[Any]) -> Token:
         raise TimestampError("the signing certificate is not one for time stamping (extended key usage)", seq=None)
     if not signer.not_valid_before_utc <= t.time <= signer.not_valid_after_utc:
         raise TimestampError(f"the token's time {t.time.isoformat()} is outside its certificate's validity", seq=None)
-    return t
+    return dataclasses.replace(t, signer=signer.subject.rfc4514_string()[:200])
 
 
 def _issued_by(cert: Any, ca: Any) -> bool:
@@ -404,6 +406,8 @@ class Stamped:
     where: str
     #: False where the token was read, not checked (``show``): its time is only what it says
     checked: bool = True
+    #: the subject of the certificate that signed a checked token (the ``tsa`` URL is only where it was fetched)
+    authority: str | None = None
 
 
 def token_time(token: bytes) -> datetime.datetime:
@@ -582,5 +586,5 @@ def check_journal(journal: Any, keys: Sequence[Any], certs: Sequence[Any]) -> li
             out.append(Stamped(seq, _size(note), None, own, tsa, f"its recorded time {when[:40]!r} is not the token's "
                                                                   f"{t.time.isoformat()}", where))
             continue
-        out.append(Stamped(seq, _size(note), t.time, own, tsa, None, where))
+        out.append(Stamped(seq, _size(note), t.time, own, tsa, None, where, authority=t.signer))
     return out

@@ -357,7 +357,8 @@ def stamped_line(st) -> str:
     if not st.checked:
         return (f"TOKEN    seal at line {st.seal_seq}: says it existed by {st.time.isoformat(timespec='seconds')}, per "
                 f"{st.tsa}; NOT checked here (verify --tsa-cert FILE checks it) [{st.where}]")
-    return (f"EXISTED BY {st.time.isoformat(timespec='seconds')}  seal at line {st.seal_seq}{tree}, per {st.tsa} "
+    signed = f", signed by {st.authority}" if st.authority else ""
+    return (f"EXISTED BY {st.time.isoformat(timespec='seconds')}  seal at line {st.seal_seq}{tree}, per {st.tsa}{signed} "
             f"(the trainer's clock: {_when(st.own_ns)}) [{st.where}]")
 
 

@@ -59,6 +59,8 @@ def test_a_written_journal_is_timestamped_and_every_token_checked_both_ways(tmp_
     assert main(["verify", str(jp), "--pubkey", str(pub), "--tsa-cert", str(t.dir / "ca.crt")]) == 0
     out = capsys.readouterr().out
     assert out.count("EXISTED BY") == len(notes) and "the trainer's clock:" in out
+    # the authority named is the certificate whose key verified each token, not only the URL it was fetched from
+    assert out.count(f"per {url}, signed by CN=trainledger test TSA (") == len(notes)
     # pinned to the TSA's own certificate instead of its CA: also holds
     assert main(["verify", str(jp), "--pubkey", str(pub), "--tsa-cert", str(t.dir / "tsa.crt")]) == 0
     capsys.readouterr()
