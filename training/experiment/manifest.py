@@ -498,7 +498,7 @@ def validate(m: ExperimentManifest, *, raw: Any = None) -> list[Finding]:
             out.append(Finding("E_WARMUP_UNANCHORED", "optimization.warmup_fraction_of",
                                f"warm-up is {o.warmup_fraction:g} of what? Name the planned update count it is a "
                                "fraction of (a resumed or shortened run must not recompute it)"))
-        else:
+        elif 0 <= o.warmup_fraction <= 1:  # out of range (or NaN, or infinite) is named above: no count follows
             w = round(o.warmup_fraction * o.warmup_fraction_of)
             if o.warmup_updates is not None and o.warmup_updates != w:
                 out.append(Finding("E_WARMUP_CONFLICT", "optimization.warmup_updates",

@@ -67,6 +67,18 @@ def test_warmup_must_name_what_it_is_a_fraction_of():
     assert typed(d).warmup() == 8
 
 
+@pytest.mark.parametrize("fraction", [1e308, float("inf"), float("nan"), -1e308])
+def test_a_warmup_fraction_out_of_range_is_one_finding_not_a_crash(fraction):
+    """Found by mutating a manifest at random: a fraction of 1e308 made the count it implies overflow in validate
+    (an OverflowError, a traceback from 'manifest validate' and 'manifest id')."""
+    d = base()
+    d["artifacts"]["config"] = typed(base()).artifacts.config
+    d["optimization"]["warmup_fraction"] = fraction
+    found = codes(d)
+    assert ("E_RANGE", "optimization.warmup_fraction") in found
+    assert ("E_WARMUP_CONFLICT", "optimization.warmup_updates") not in found
+
+
 def test_secrets_paths_missing_and_unknown_fields():
     d = base()
     d["artifacts"]["config"] = typed(base()).artifacts.config
