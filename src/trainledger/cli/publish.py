@@ -310,7 +310,8 @@ def _cmd_prove(args: argparse.Namespace) -> int:
                                               for j, d, n in written]}))
         return 0
     for j, d, n in written:
-        say(f"wrote {d}: {j} in the log, under a checkpoint with {n} cosignature(s)")
+        say(f"wrote {d}: {j} in the log, under a checkpoint carrying {n} cosignature line(s), copied as served "
+            "(verify --policy checks them)")
     return 0
 
 
