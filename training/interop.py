@@ -273,12 +273,23 @@ _WANDB_BLOCK = 32768
 _WANDB_MAX_RECORD = 64 << 20  # a record past this (chunks joined) is not a scalar log's; refused, not read on
 
 
+def _zeros_to_end(f: Any) -> bool:
+    """Whether nothing but zero bytes is left in ``f`` (read a MiB at a time; stops at the first byte that is not)."""
+    while True:
+        piece = f.read(1 << 20)
+        if not piece:
+            return True
+        if piece.strip(b"\0"):
+            return False
+
+
 def _wandb_frames(path: Path) -> Iterator[bytes | None]:
     """The records of a ``.wandb`` file: W&B's transaction log, LevelDB's log format (32 KiB blocks; each chunk a
     CRC-32 of its type byte and data, a length, a type: whole, first, middle or last) behind a 7-byte header. The
     Python ``wandb`` package no longer ships a reader of it (from 0.18 its Go service reads it); this one follows
     the format the package's own writer documented, every chunk's CRC checked with ``zlib``. A record cut off in the
-    file's last block (a run killed while writing) yields None and ends the file; any other break is an error."""
+    file's last block (a run killed while writing: the chunk runs past the end, or only zeros follow it) yields None
+    and ends the file; any other break, a bad chunk with data after it included, is an error."""
     import zlib
 
     crcs = [zlib.crc32(bytes([t])) for t in range(5)]
@@ -310,10 +321,13 @@ def _wandb_frames(path: Path) -> Iterator[bytes | None]:
             bad = (len(data) < n or kind not in (1, 2, 3, 4) or
                    zlib.crc32(data, crcs[kind]) & 0xFFFFFFFF != crc)
             if bad:
-                if last_block:  # what a killed writer leaves: its last chunk half written
+                # what a killed writer leaves: its last chunk half written, at the end of the file (or zeros after
+                # it, where the system lost the tail). A bad chunk with records after it is damage, not a cut.
+                if len(data) < n or _zeros_to_end(f):
                     yield None
                     return
-                raise JournalIOError(f"{path}: the chunk at byte {pos} is corrupt (its CRC or framing)")
+                raise JournalIOError(f"{path}: the chunk at byte {pos} is corrupt (its CRC or framing), and the "
+                                     "file goes on after it: damaged, not cut off")
             pos += 7 + n
             if kind == 1:
                 if parts is not None:

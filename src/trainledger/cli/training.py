@@ -379,7 +379,11 @@ def _cmd_import(args: argparse.Namespace) -> int:
     say(f"IMPORTED {r.steps:,} steps and {r.metrics:,} other values from {r.files} {args.source} file(s) into "
         f"{r.journal} (signed; it attests what the files said now, not that the run happened)")
     unit = {"wandb": "record", "mlflow": "value"}.get(args.source, "line")
-    for line, why in r.skipped[:10]:  # an MLflow reason names its own file and line
+    # the first ten, and the last: where a file ends cut off, that is said last, and it must show
+    shown = r.skipped[:10] + r.skipped[-1:] if len(r.skipped) > 10 else r.skipped
+    for n, (line, why) in enumerate(shown):  # an MLflow reason names its own file and line
+        if n == 10:
+            say(f"  ... {len(r.skipped) - 11} more")
         say(f"  skipped {safe(why)}" if args.source == "mlflow" else f"  skipped {unit} {line}: {safe(why)}")
     if r.skipped:
         say(f"  {len(r.skipped)} {unit}(s) skipped in all", file=sys.stderr)

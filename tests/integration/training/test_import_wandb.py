@@ -109,6 +109,20 @@ def test_what_the_import_cannot_keep_is_named(tmp_path, capsys):
     cut.write_bytes(data[: len(data) * 2 // 3])
     assert main(["import", "wandb", str(cut), str(tmp_path / "b"), "--key", str(priv)]) == 0
     assert "a record cut off" in capsys.readouterr().out
+    # found by mutating a run file at random: one flipped byte in the last (here the only) block was taken for a
+    # killed writer's cut, and every record after it was left out with exit 0; it is damage, named, exit 2
+    flipped = bytearray(data)
+    flipped[len(data) // 3] ^= 0x10
+    bad = tmp_path / "flipped.wandb"
+    bad.write_bytes(bytes(flipped))
+    assert main(["import", "wandb", str(bad), str(tmp_path / "e"), "--key", str(priv)]) == 2
+    assert "damaged, not cut off" in capsys.readouterr().err
+    assert not (tmp_path / "e" / "journal.jsonl").exists()
+    # a tail the system lost as zeros is a cut, as a killed writer's is
+    zeros = tmp_path / "zeros.wandb"
+    zeros.write_bytes(data[: len(data) * 2 // 3] + bytes(len(data) // 3))
+    assert main(["import", "wandb", str(zeros), str(tmp_path / "f"), "--key", str(priv)]) == 0
+    assert "a record cut off" in capsys.readouterr().out
     # not a W&B run, a folder without one, an existing journal: one line each, exit 2, nothing written
     junk = tmp_path / "junk.wandb"
     junk.write_bytes(b"not a wandb file at all" * 10)
