@@ -42,13 +42,13 @@ MAX_ENTRY = 0xFFFF
 MAX_CHECKPOINT = 1 << 19
 
 
-
 def _text(data: bytes, path: Path) -> str:
     """A checkpoint file's text: a signed note is UTF-8, and a file that is not is refused as a bad note."""
     try:
         return data.decode()
     except UnicodeDecodeError as e:
         raise NoteError(f"{path}: not a signed note (not UTF-8 text at byte {e.start})") from None
+
 
 class TileError(IntegrityError):
     """A tile, bundle or checkpoint that is missing, malformed or does not hash to the signed root (the message
