@@ -13,7 +13,18 @@ from pathlib import Path, PurePosixPath
 
 from trainledger.journal.errors import UnsafePath
 
-__all__ = ["confined", "open_new", "write_atomically", "file_sha256", "stream_sha256", "open_regular", "read_regular"]
+__all__ = ["confined", "open_new", "write_atomically", "file_sha256", "stream_sha256", "open_regular", "read_regular",
+           "SIDECAR_SUFFIXES", "is_sidecar"]
+
+#: files written beside a journal that are not runs of their own: its RFC 3161 tokens (``trainledger timestamp``,
+#: ``Recorder(tsa=)``) and the journal of documents issued about its run (``trainledger bom``). A folder's journals
+#: are found without them; named directly, a documents journal is read as the journal it is.
+SIDECAR_SUFFIXES = (".timestamps.jsonl", ".documents.jsonl")
+
+
+def is_sidecar(path: str | os.PathLike) -> bool:
+    """Whether ``path``'s name is one of :data:`SIDECAR_SUFFIXES`'s (``journal.timestamps.jsonl``)."""
+    return Path(path).name.endswith(SIDECAR_SUFFIXES)
 
 
 def file_sha256(path: str | os.PathLike) -> tuple[str, int]:

@@ -25,6 +25,7 @@ from typing import Any
 from trainledger.journal.roster import RosterMismatch, key_words, split_run_id
 from trainledger.journal.codec import decode_line
 from trainledger.journal.errors import IntegrityError, JournalIOError, UsageError
+from trainledger.journal.paths import is_sidecar
 from trainledger.journal.events import KeyCertified
 from trainledger.journal.kinds import AnchorRecorded, RankJoined, RanksAnchored
 from trainledger.journal.trust import TrustPolicy
@@ -142,7 +143,7 @@ def run_journal(path: str | os.PathLike) -> Path | None:
     for name in JOURNAL_NAMES:
         if (p / name).is_file() and not (p / name).is_symlink():
             return p / name
-    found = sorted(f for f in p.glob("*.jsonl") if f.is_file() and not f.is_symlink())
+    found = sorted(f for f in p.glob("*.jsonl") if f.is_file() and not f.is_symlink() and not is_sidecar(f))
     if len(found) == 1:
         return found[0]
     if not found:

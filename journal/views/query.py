@@ -306,11 +306,14 @@ class Source:
 
 
 def journal_files(paths: Sequence[str | os.PathLike]) -> list[Path]:
-    """Journal files named directly, or every ``*.jsonl`` under a named folder (recursively)."""
+    """Journal files named directly, or every ``*.jsonl`` under a named folder (recursively), the files written
+    beside journals left out (their tokens and documents: :data:`trainledger.journal.paths.SIDECAR_SUFFIXES`)."""
+    from trainledger.journal.paths import is_sidecar
+
     out: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():
-            out += sorted(x for x in p.rglob("*.jsonl") if x.is_file())
+            out += sorted(x for x in p.rglob("*.jsonl") if x.is_file() and not is_sidecar(x))
         elif p.is_file():
             out.append(p)
         else:

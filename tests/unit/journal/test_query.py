@@ -182,3 +182,29 @@ def test_the_command_refuses_a_statement_that_changes_its_session(tmp_path, sign
     err = capsys.readouterr().err
     assert "the session is read-only" in err and err.count("\n") == 1
     assert main(["query", "--pubkey", str(keypair[2]), str(p), "DESCRIBE steps"]) == 0
+
+
+def test_a_folders_journals_leave_out_the_files_written_beside_them(tmp_path, signer, keypair, capsys):
+    """Found in a review: 'trainledger timestamp' (and Recorder(tsa=)) writes <journal>.timestamps.jsonl beside a
+    journal, and query over the folder read it as a journal and failed ("not an event line"). A documents journal
+    ('trainledger bom', signed by whoever issued them) is no run of the folder either; named directly, it is read."""
+    from trainledger.journal import Signer
+    from trainledger.journal.paths import SIDECAR_SUFFIXES, is_sidecar
+    from trainledger.journal.proofs.timestamp import sidecar
+    from trainledger.journal.statements.bom.document import documents_journal
+
+    _, _, pub = keypair
+    run = tmp_path / "run"
+    j = _journal(run / "journal.jsonl", signer, n=5, run_id="the-run")
+    sidecar(j).write_text('{"seal_seq": 3, "tsa": "http://tsa.example/", "error": "unreachable"}\n')
+    _journal(documents_journal(j), Signer.generate(), n=1, run_id="the-run.documents")  # another key's journal
+    assert is_sidecar(sidecar(j)) and is_sidecar(documents_journal(j)) and not is_sidecar(j)
+    assert {sidecar(j).name[len("journal"):], documents_journal(j).name[len("journal"):]} == set(SIDECAR_SUFFIXES)
+    assert main(["query", "--pubkey", str(pub), str(run), "SELECT run_id, count(*) FROM steps GROUP BY 1"]) == 0
+    assert "the-run" in capsys.readouterr().out
+    from trainledger.journal.audit.rundir import run_journal
+
+    loose = tmp_path / "loose"
+    k = _journal(loose / "x.jsonl", signer, n=2)
+    sidecar(k).write_text("{}\n")
+    assert run_journal(loose) == k  # the folder's one journal, not "a folder of 2 journals"
