@@ -23,7 +23,7 @@ import msgspec
 
 from trainledger.journal.errors import IntegrityError, SchemaError, TrainledgerError, UsageError
 from trainledger.journal.keys import PublicKey
-from trainledger.journal.statements.bom.facts import collect
+from trainledger.journal.statements.bom.facts import _tag, collect
 from trainledger.journal.statements.bom.formats import FORMATS, build, split_card
 
 __all__ = ["PACK_FORMAT", "NOT_PROVEN", "MAX_DOCUMENT_BYTES", "make", "check", "BomCheck", "BomRefused",
@@ -53,10 +53,6 @@ def pack_path(document: str | os.PathLike) -> Path:
     """Where a document's proof pack is kept: beside it, ``<name>.proof.json``."""
     p = Path(document)
     return p.with_name(p.name + ".proof.json")
-
-
-def _tag(ev: Any) -> str:
-    return type(ev).__struct_config__.tag
 
 
 def _sha(data: bytes) -> str:
