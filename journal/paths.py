@@ -14,12 +14,14 @@ from pathlib import Path, PurePosixPath
 from trainledger.journal.errors import UnsafePath
 
 __all__ = ["confined", "open_new", "write_atomically", "file_sha256", "stream_sha256", "open_regular", "read_regular",
-           "SIDECAR_SUFFIXES", "is_sidecar"]
+           "SIDECAR_SUFFIXES", "TIMESTAMPS_SUFFIX", "DOCUMENTS_SUFFIX", "is_sidecar"]
 
 #: files written beside a journal that are not runs of their own: its RFC 3161 tokens (``trainledger timestamp``,
 #: ``Recorder(tsa=)``) and the journal of documents issued about its run (``trainledger bom``). A folder's journals
 #: are found without them; named directly, a documents journal is read as the journal it is.
-SIDECAR_SUFFIXES = (".timestamps.jsonl", ".documents.jsonl")
+TIMESTAMPS_SUFFIX = ".timestamps.jsonl"
+DOCUMENTS_SUFFIX = ".documents.jsonl"
+SIDECAR_SUFFIXES = (TIMESTAMPS_SUFFIX, DOCUMENTS_SUFFIX)
 
 
 def is_sidecar(path: str | os.PathLike) -> bool:

@@ -359,8 +359,10 @@ def sidecar(journal: Any) -> Any:
     signature of the run's: the authority's signature and the note's digest are what make it."""
     from pathlib import Path
 
+    from trainledger.journal.paths import TIMESTAMPS_SUFFIX
+
     p = Path(journal)
-    return p.with_name(p.stem + ".timestamps.jsonl")
+    return p.with_name(p.stem + TIMESTAMPS_SUFFIX)
 
 
 def seal_notes(journal: Any, keys: Sequence[Any]) -> dict[int, tuple[str, int]]:

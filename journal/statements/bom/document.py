@@ -139,8 +139,10 @@ def make(paths: Sequence[str | os.PathLike], keys: Sequence[PublicKey], fmt: str
 
 def documents_journal(journal: str | os.PathLike) -> Path:
     """The journal a run's documents are issued in: beside its (rank 0's) journal, ``<name>.documents.jsonl``."""
+    from trainledger.journal.paths import DOCUMENTS_SUFFIX
+
     p = Path(journal)
-    return p.with_name(p.stem + ".documents.jsonl")
+    return p.with_name(p.stem + DOCUMENTS_SUFFIX)
 
 
 def _issue(journal: Path, run_id: str, issuer: Any, ev: Any) -> dict[str, Any]:
