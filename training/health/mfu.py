@@ -51,8 +51,9 @@ _INF = float("inf")
 
 #: format 1.10's ``run_configured`` fields that move a compute statement (docs/compute.md), carried into each
 #: ``compute_totaled.hardware`` entry they apply to
-SETTINGS = ("recompute_ratio", "attention_convention", "device_variant", "pci_device_id", "variant_source",
-            "power_limit_w")
+#: (the last four are the accelerator's: ``device_settings=``, read from NVML)
+DEVICE_SETTINGS = ("device_variant", "pci_device_id", "variant_source", "power_limit_w")
+SETTINGS = ("recompute_ratio", "attention_convention", *DEVICE_SETTINGS)
 
 
 def _settings(config: Any) -> tuple | None:

@@ -27,6 +27,7 @@ from trainledger.training.health.trend import TREND_DEFAULTS
 
 from trainledger.journal.statements.compute.figures import DEFAULT_COMPUTE_THRESHOLDS
 from trainledger.training.health.flops import FlopConfig
+from trainledger.training.health.mfu import DEVICE_SETTINGS
 
 __all__ = ["TrainingHealthMonitor", "AnomalyDetected", "DEFAULT_COMPUTE_THRESHOLDS"]
 
@@ -340,18 +341,15 @@ class TrainingHealthMonitor:
         return proj
 
 
-_DEVICE_SETTINGS = ("device_variant", "pci_device_id", "variant_source", "power_limit_w")
-
-
 def _device_settings(given: dict[str, Any] | None) -> dict[str, Any]:
     """The accelerator's variant and power limit for ``run_configured`` (training.health.telemetry.device_settings
     reads them from NVML): only those keys, each checked."""
     if not given:
         return {}
-    unknown = set(given) - set(_DEVICE_SETTINGS)
+    unknown = set(given) - set(DEVICE_SETTINGS)
     if unknown:
-        raise ValueError(f"device_settings: unknown key(s) {sorted(unknown)}; known: {', '.join(_DEVICE_SETTINGS)}")
-    out = {k: given[k] for k in _DEVICE_SETTINGS if given.get(k) is not None}
+        raise ValueError(f"device_settings: unknown key(s) {sorted(unknown)}; known: {', '.join(DEVICE_SETTINGS)}")
+    out = {k: given[k] for k in DEVICE_SETTINGS if given.get(k) is not None}
     if "power_limit_w" in out:
         out["power_limit_w"] = float(out["power_limit_w"])
     return out
