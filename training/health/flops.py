@@ -17,6 +17,7 @@ from typing import Any
 
 from trainledger.journal.errors import TrainledgerError
 from trainledger.training.health.mfu import model_flops_per_token
+from trainledger.training.kinds import ATTENTION_CONVENTIONS
 
 __all__ = [
     "FlopConfig",
@@ -37,6 +38,13 @@ __all__ = [
 ]
 
 _RECOMPUTE = ("none", "selective", "full")
+
+
+def check_recompute_ratio(ratio: Any, name: str = "recompute_ratio") -> None:
+    """A recompute ratio as FlopConfig and the callbacks take it: executed over model FLOPs, from 1 (nothing
+    recomputed) to 4, or None (not measured). ``ValueError`` naming ``name`` otherwise."""
+    if ratio is not None and not (isinstance(ratio, (int, float)) and 1 <= ratio <= 4):
+        raise ValueError(f"{name} must be a number from 1 to 4 (executed over model FLOPs), got {ratio!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,11 +77,9 @@ class FlopConfig:
                 raise ValueError(f"FlopConfig.{name} must be a positive integer, got {v!r}")
         if self.recompute not in _RECOMPUTE:
             raise ValueError(f"FlopConfig.recompute must be one of {_RECOMPUTE}, got {self.recompute!r}")
-        if self.attention not in ("full", "causal"):
+        if self.attention not in ATTENTION_CONVENTIONS:
             raise ValueError(f"FlopConfig.attention must be 'full' or 'causal', got {self.attention!r}")
-        r = self.recompute_ratio
-        if r is not None and not (isinstance(r, (int, float)) and 1 <= r <= 4):
-            raise ValueError(f"FlopConfig.recompute_ratio must be a number from 1 to 4, got {r!r}")
+        check_recompute_ratio(self.recompute_ratio, "FlopConfig.recompute_ratio")
 
     @property
     def attention_flops_per_token(self) -> int:

@@ -39,7 +39,6 @@ rank under torchrun (``rank-NNNNN.jsonl``). It records:
 from __future__ import annotations
 
 import dataclasses
-
 import os
 import threading
 import time
@@ -55,7 +54,7 @@ from trainledger.journal.errors import UsageError
 from trainledger.training.kinds import CheckpointDeleted, CheckpointSaved, MetricsLogged, RunStopped, metric_values
 
 from trainledger.training.checkpoints.state import ResumeRejected, signed_history
-from trainledger.training.health.flops import flop_config_from_hf, is_checkpointing
+from trainledger.training.health.flops import check_recompute_ratio, flop_config_from_hf, is_checkpointing
 from trainledger.training.health.monitor import TrainingHealthMonitor
 from trainledger.training.integrations.hooks import (StepBuffer, check_folder, export_settings, fingerprint_batch,
                       monitor_options, training_dtype, learn_run_key, open_run_journal, previous_run, record_checkpoint, run_key_for_rank, signer_from, step_loss,
@@ -110,8 +109,10 @@ class TrainledgerCallback(TrainerCallback):
                  team_log_key: str | os.PathLike | None = None, recompute_ratio: float | None = None):
         from trainledger.training.integrations.hooks import Publisher
 
-        if recompute_ratio is not None and not (isinstance(recompute_ratio, (int, float)) and 1 <= recompute_ratio <= 4):
-            raise UsageError(f"recompute_ratio must be executed over model FLOPs, from 1 to 4, got {recompute_ratio!r}")
+        try:
+            check_recompute_ratio(recompute_ratio)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
         #: executed over model FLOPs of a step (format 1.10; measure_recompute_ratio), recorded with the FLOP shape
         self._recompute_ratio = recompute_ratio
 

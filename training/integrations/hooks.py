@@ -91,10 +91,8 @@ def monitor_options(model: Any, *, device_kind: str | None, compute_thresholds: 
     the defaults, and the model FLOPs of earlier runs counted toward them (default: a continued run's predecessor's
     total, its own carry included; ``previous``: that run's signed events)."""
     from trainledger.training.health.flops import device_kind as device_kind_of
-    from trainledger.training.health.flops import peak_flops_per_sec
+    from trainledger.training.health.flops import device_variant, peak_flops_per_sec
     from trainledger.training.health.mfu import carried_by
-
-    from trainledger.training.health.flops import device_variant
 
     kind = device_kind or device_kind_of(model)
     settings = device_settings_of(model)
