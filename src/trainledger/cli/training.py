@@ -382,7 +382,7 @@ def _cmd_import(args: argparse.Namespace) -> int:
     # the first ten, and the last: where a file ends cut off, that is said last, and it must show
     shown = r.skipped[:10] + r.skipped[-1:] if len(r.skipped) > 10 else r.skipped
     for n, (line, why) in enumerate(shown):  # an MLflow reason names its own file and line
-        if n == 10:
+        if n == 10 and len(r.skipped) > 11:
             say(f"  ... {len(r.skipped) - 11} more")
         say(f"  skipped {safe(why)}" if args.source == "mlflow" else f"  skipped {unit} {line}: {safe(why)}")
     if r.skipped:

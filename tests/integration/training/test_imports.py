@@ -87,6 +87,27 @@ def test_a_megatron_log_is_imported_with_its_nan_and_every_skip_named(tmp_path, 
     assert any(e.step == 300 and e.metrics.get("number of skipped iterations") == 1 for e in other)
 
 
+@pytest.mark.parametrize("extra, more", [(9, None), (12, "  ... 3 more")])
+def test_the_skipped_listing_shows_the_last_entry_and_counts_the_rest(tmp_path, capsys, extra, more):
+    """The first ten skipped lines are listed, and the last (where a cut-off file is named) always; "... N more"
+    stands between them only when something is left out (with eleven, nothing is)."""
+    from trainledger.journal import keygen
+
+    priv, _ = keygen(tmp_path / "keys")
+    log = tmp_path / "train.log"
+    _megatron_log(log)
+    lines = log.read_text().split("\n")
+    for _ in range(extra):  # each a line the import skips, before the cut-off last line
+        lines.insert(30, " iteration      195/    5000 | lm loss: 7.1x3 | garbled |")
+    log.write_text("\n".join(lines))
+    assert main(["import", "megatron", str(log), str(tmp_path / "run"), "--key", str(priv)]) == 0
+    out, err = capsys.readouterr()
+    shown = [x for x in out.splitlines() if x.startswith("  ")]
+    assert f"{extra + 2} line(s) skipped" in err and "the last line is cut off" in shown[-1]
+    assert len([x for x in shown if x.startswith("  skipped")]) == 11
+    assert (more in shown) if more else not any("more" in x for x in shown)
+
+
 def test_export_to_tensorboard_reads_back(tmp_path, capsys):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
