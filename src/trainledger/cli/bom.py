@@ -15,7 +15,7 @@ __all__ = ["register"]
 
 def register(sub) -> None:
     """Add ``bom`` and ``verify-bom``."""
-    from trainledger.cli.options import EPILOG, add_json_option
+    from trainledger.cli.options import EPILOG, add_json_option, add_pubkey_option
     from trainledger.journal.statements.bom.formats import FORMATS
 
     p = sub.add_parser("bom", help="write a document about a model (CycloneDX, SPDX 3, HF card, in-toto eval) whose "
@@ -30,8 +30,7 @@ def register(sub) -> None:
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("paths", nargs="+", metavar="RUN", help="a run folder or journal of the model (several: its runs, "
                                                            "in lifecycle order)")
-    p.add_argument("--pubkey", action="append", default=[], metavar="FILE",
-                   help="pinned public key (repeatable); also read from $TRAINLEDGER_TRUSTED_KEYS")
+    add_pubkey_option(p)
     p.add_argument("--key", metavar="KEY",
                    help="the key that issues the document (the run's private key, a release team's, or a pkcs11: "
                         "URI): its digest is sealed as document_issued into the model's run's documents journal "
@@ -58,8 +57,7 @@ def register(sub) -> None:
                    help="exit 1 unless a pinned key issued the document (its document_issued proven); without it, a "
                         "document whose every figure holds but that no pinned key issued passes with a NOT ISSUED "
                         "line")
-    p.add_argument("--pubkey", action="append", default=[], metavar="FILE",
-                   help="pinned public key (repeatable); also read from $TRAINLEDGER_TRUSTED_KEYS")
+    add_pubkey_option(p)
     add_json_option(p)
     p.set_defaults(func=_cmd_verify_bom)
 

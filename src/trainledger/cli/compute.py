@@ -42,6 +42,7 @@ def _range(text: str) -> tuple[float, float]:
 def register(sub) -> None:
     """Add ``compute`` (the statement built by :func:`trainledger.audit.compute_statement`, which replays with every
     package's projections)."""
+    from trainledger.cli.options import add_pubkey_option
     from trainledger.cli.proofs import DOCUMENT_CHECKERS
     from trainledger.journal.statements.compute.statement import MAX_STATEMENT_BYTES, is_statement
 
@@ -63,8 +64,7 @@ def register(sub) -> None:
                        epilog="exit codes: 0 a clean statement, 1 findings (listed), 2 usage or I/O error",
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("paths", nargs="+", metavar="RUN", help="a run folder or journal of the model (several: its runs)")
-    p.add_argument("--pubkey", action="append", default=[], metavar="FILE",
-                   help="pinned public key (repeatable); also read from $TRAINLEDGER_TRUSTED_KEYS")
+    add_pubkey_option(p)
     form = p.add_mutually_exclusive_group()
     form.add_argument("--json", action="store_true", help="the statement itself (figures and proofs), as JSON")
     form.add_argument("--markdown", action="store_true", help="the figures as a Markdown table")

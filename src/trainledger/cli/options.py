@@ -132,10 +132,15 @@ def say_failed(args: argparse.Namespace, e: Any, path: str, *, file=None) -> int
     return 1
 
 
+def add_pubkey_option(p: Any) -> None:
+    """``--pubkey FILE``, repeatable, the pinned keys (a parser or an argument group)."""
+    p.add_argument("--pubkey", action="append", default=[], metavar="FILE",
+                   help=f"pinned public key (repeatable); also read from ${TRUSTED_KEYS_ENV}")
+
+
 def add_trust_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("trust")
-    g.add_argument("--pubkey", action="append", default=[], metavar="FILE",
-                   help=f"pinned public key (repeatable); also read from ${TRUSTED_KEYS_ENV}")
+    add_pubkey_option(g)
     g.add_argument("--trust-embedded", action="store_true",
                    help="check against the key embedded in the journal (integrity only: authenticity not established)")
     g.add_argument("--allow-unsigned", action="store_true", help="accept a journal that carries no signatures")

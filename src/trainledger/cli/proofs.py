@@ -97,7 +97,7 @@ def expected_checkpoint(args: argparse.Namespace, keys: Any = None) -> Any:
 
 
 def register(sub) -> None:
-    from trainledger.cli.options import EPILOG, add_json_option, add_progress_option, add_trust_options
+    from trainledger.cli.options import EPILOG, add_json_option, add_progress_option, add_pubkey_option, add_trust_options
 
     journal_help = "the journal (or, with --rank, a distributed run's folder)"
 
@@ -155,8 +155,7 @@ def register(sub) -> None:
                                    "witnesses' cosignatures. Exit 0 holds, 1 does not, 2 usage or I/O error.",
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("bundle", metavar="BUNDLE", help="a bundle written by 'trainledger prove' or 'consistency'")
-    p.add_argument("--pubkey", action="append", default=[], metavar="FILE",
-                   help="pinned public key (repeatable); also read from $TRAINLEDGER_TRUSTED_KEYS")
+    add_pubkey_option(p)
     p.add_argument("--expect-checkpoint", metavar="NOTE", default=None,
                    help="a consistency bundle must run from this checkpoint (published earlier)")
     add_witness_options(p)
