@@ -32,6 +32,7 @@ from trainledger.journal import Journal, Signer, StepObserved, TrustPolicy  # no
 from trainledger.training.kinds import DeviceChanged, DeviceSampled, StragglerDetected
 from trainledger.ladder.kinds import GateVerdict  # noqa: E402
 from trainledger.training.distributed.ranks import RankInfo, open_rank_journal  # noqa: E402
+from tests.helpers.even_clock import even_clock  # noqa: E402
 
 GOLDEN = Path(__file__).resolve().parents[2] / "assets" / "golden"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -237,6 +238,11 @@ def test_a_changed_byte_shows_one_fail_banner_and_no_curve(browser, tmp_path):
 
 
 def _run_folder(d: Path, s: Signer) -> Path:
+    with even_clock():  # the device readings drawn over time fall in pixels of their own whatever the load
+        return _write_run_folder(d, s)
+
+
+def _write_run_folder(d: Path, s: Signer) -> Path:
     js = [open_rank_journal(d, s, info=RankInfo(run="srv", rank=r, world_size=2, local_rank=0, node=f"n{r}",
                                                 restart_count=0)) for r in range(2)]
     for i in range(40):
@@ -946,7 +952,8 @@ def test_every_logged_metric_is_a_curve_of_its_own(tmp_path):
 
     s = Signer.generate()
     path = tmp_path / "m.jsonl"
-    with Journal.create(path, signer=s, seal_every=50) as j:
+    # the steps' wall times evenly spread whatever the machine's load (a stall bunches them: fewer pixels hold one)
+    with even_clock(), Journal.create(path, signer=s, seal_every=50, background=False) as j:
         j.append(ConfigLogged(config={"optimizer": {"name": "adamw", "betas": [0.9, 0.95]}, "lr": 3e-4}, source="t"))
         for i in range(200):
             j.append(StepObserved(step=i, loss=2.0, lr=1e-4 * i))
@@ -966,7 +973,11 @@ def test_every_logged_metric_is_a_curve_of_its_own(tmp_path):
         assert max(y for s_ in lr["series"] for y in s_["y"]) == pytest.approx(1e-4 * 199)
         assert b.series("no such name", 100, logged=True)["series"] == []
         tok = b.series("train/acc", 50, x="time", logged=True)  # at its step's wall time
-        assert sum(len(s_["x"]) for s_ in tok["series"]) >= 50
+        ts = {e["step"]: e["ts"] for e in map(json.loads, path.read_bytes().splitlines())
+              if e["kind"] == "step_observed"}
+        pts = [(x, y) for s_ in tok["series"] for x, y in zip(s_["x"], s_["y"])]
+        assert len(pts) >= 50 and pts[0] == (0.0, 0.0) and pts[-1][1] == 199 / 200
+        assert all(x == pytest.approx((ts[round(y * 200)] - ts[0]) / 1e9) for x, y in pts)
     finally:
         b.close()
 
