@@ -50,7 +50,10 @@ def _is_command() -> bool:
 if _is_command():  # the first thing the command runs: from here Ctrl-C is one line and exit 130, never a traceback
     import signal as _signal
 
-    _signal.signal(_signal.SIGINT, _interrupted_at_startup)
+    # unless SIGINT came ignored (``nohup``, or ``CMD &`` in a script: the terminal's Ctrl-C is not for this
+    # command), which Python itself honours and the command keeps
+    if _signal.getsignal(_signal.SIGINT) is not _signal.SIG_IGN:
+        _signal.signal(_signal.SIGINT, _interrupted_at_startup)
 
 from trainledger import _moved  # noqa: E402
 

@@ -13,11 +13,21 @@ import threading
 import time
 
 
-def interrupted(argv: list[str], delay: float, timeout: float = 60.0) -> tuple[int, str, str]:
-    """Run ``python -X importtime -m trainledger ARGV``, send SIGINT ``delay`` seconds after the package's import
-    finished, and return (exit code, stdout, stderr without the import-time lines)."""
-    proc = subprocess.Popen([sys.executable, "-X", "importtime", "-m", "trainledger", *argv], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+def with_sigint(disposition: str, argv: list[str]) -> list[str]:
+    """``argv`` (a program and its arguments) run with SIGINT's disposition ``"SIG_DFL"`` (as from a terminal) or
+    ``"SIG_IGN"`` (as under ``nohup`` or ``CMD &`` in a script), whatever this process has: a child inherits an
+    ignored SIGINT, and a suite started in the background would otherwise test the wrong thing. ``exec`` keeps both."""
+    assert disposition in ("SIG_DFL", "SIG_IGN")
+    return [sys.executable, "-c", f"import os, signal, sys; signal.signal(signal.SIGINT, signal.{disposition}); "
+            "os.execv(sys.argv[1], sys.argv[1:])", *argv]
+
+
+def interrupted(argv: list[str], delay: float, timeout: float = 60.0, sigint: str = "SIG_DFL") -> tuple[int, str, str]:
+    """Run ``python -X importtime -m trainledger ARGV`` as from a terminal (``sigint``: or as under nohup), send
+    SIGINT ``delay`` seconds after the package's import finished, and return (exit code, stdout, stderr without the
+    import-time lines)."""
+    proc = subprocess.Popen(with_sigint(sigint, [sys.executable, "-X", "importtime", "-m", "trainledger", *argv]),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     ready = threading.Event()
     err: list[str] = []
 

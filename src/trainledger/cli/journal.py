@@ -705,8 +705,10 @@ def entry(main=main) -> None:
     """
     import signal
 
+    # SIGINT that came ignored (``nohup``, ``CMD &`` in a script) stays ignored, to the end
+    ignored = signal.getsignal(signal.SIGINT) is signal.SIG_IGN
     try:
-        if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # armed inside the block that catches it
+        if not ignored:  # armed inside the block that catches it
             signal.signal(signal.SIGINT, _on_sigint)
         code = main()
     except BaseException as e:  # before a command's own handling (its arguments still being parsed), or after
@@ -721,7 +723,8 @@ def entry(main=main) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(130)
-    signal.signal(signal.SIGINT, _exit_interrupted)  # a Ctrl-C while the interpreter shuts down: exit 130, no trace
+    if not ignored:
+        signal.signal(signal.SIGINT, _exit_interrupted)  # a Ctrl-C while the interpreter shuts down: exit 130, no trace
     sys.exit(code)
 
 

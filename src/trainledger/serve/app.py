@@ -380,7 +380,9 @@ def serve(path: str | Path | list[str | Path], *, trust: Any, host: str = "127.0
     app = make_app(board, token=token)
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on", server_header=False,
                             date_header=False)
-    server = uvicorn.Server(config)
+    import signal
+
+    server = _server(config, sigint_ignored=signal.getsignal(signal.SIGINT) is signal.SIG_IGN)
 
     async def main() -> None:
         task = asyncio.create_task(server.serve(sockets=[sock]))
@@ -395,8 +397,6 @@ def serve(path: str | Path | list[str | Path], *, trust: Any, host: str = "127.0
         # the board's private folder and replay's processes are removed before the process ends
         raise SystemExit(128 + signum)
 
-    import signal
-
     before = signal.signal(signal.SIGTERM, terminated) if threading.current_thread() is threading.main_thread() \
         else None
     try:
@@ -407,6 +407,21 @@ def serve(path: str | Path | list[str | Path], *, trust: Any, host: str = "127.0
         if before is not None:
             signal.signal(signal.SIGTERM, before)
     return 0
+
+
+def _server(config: Any, *, sigint_ignored: bool) -> Any:
+    """uvicorn's server, but a SIGINT the process came with ignored (``nohup``, ``CMD &`` in a script) stays ignored:
+    uvicorn installs its own handler for it while it serves."""
+    import signal
+
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            if not (sigint_ignored and sig == signal.SIGINT):
+                super().handle_exit(sig, frame)
+
+    return Server(config)
 
 
 def _wait_for_journal(path: Path, interval: float = 0.5, *, wait: bool | None = None) -> None:

@@ -11,6 +11,8 @@ from test_cli import run
 from trainledger.journal import Journal, StepObserved
 from trainledger.journal.views import query as q
 
+from tests.helpers.signals import with_sigint
+
 
 @pytest.fixture
 def journal_file(tmp_path, signer):
@@ -85,6 +87,17 @@ def test_ctrl_c_interrupts_a_query_at_any_moment(big_journal, delay):
     assert len(err.strip().splitlines()) == 1, err
 
 
+def test_a_command_started_with_ctrl_c_ignored_keeps_ignoring_it(big_journal):
+    """Started under nohup (or ``CMD &`` in a script, whose children ignore SIGINT so that the terminal's Ctrl-C
+    is not theirs), a command ignores SIGINT to the end, as Python itself does: the query runs on until its own
+    --timeout ends it (exit 2), never 130."""
+    from signals import interrupted
+
+    code, _, err = interrupted(["query", "--trust-embedded", "--timeout", "2", "--no-cache", str(big_journal),
+                                "SELECT count(*) FROM range(1000000000000) a, range(10) b"], 0.3, sigint="SIG_IGN")
+    assert code == 2 and err.startswith("trainledger query: error: the query ran longer than --timeout"), err
+
+
 def test_integers_beyond_bigint_are_not_null_in_views(tmp_path, signer, pubkey):
     p = tmp_path / "big.jsonl"
     with Journal.create(p, signer=signer, background=False) as j:
@@ -133,8 +146,8 @@ def test_a_ctrl_c_that_a_library_swallowed_still_ends_the_command(tmp_path):
         import sys
         cli.entry(main)
     ''')
-    proc = subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "j.jsonl")], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(with_sigint("SIG_DFL", [sys.executable, "-c", script, str(tmp_path / "j.jsonl")]),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     late = False
     try:
         assert proc.stdout.readline().strip() == "READY", proc.stderr.read()

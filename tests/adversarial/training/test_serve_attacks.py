@@ -27,6 +27,7 @@ from trainledger.journal import Journal, Signer, StepObserved, TrustPolicy  # no
 from trainledger.journal.errors import IntegrityError  # noqa: E402
 from trainledger.serve.board import open_board  # noqa: E402
 from trainledger.training.distributed.ranks import RankInfo, anchor_record, open_rank_journal  # noqa: E402
+from tests.helpers.signals import with_sigint  # noqa: E402
 
 
 def _journal(path: Path, s: Signer, n: int = 30, close: bool = True) -> Path:
@@ -144,9 +145,11 @@ def test_a_rank_rolled_back_before_rank_0s_anchor_fails_the_page_while_it_is_sti
         j1.suspend()
 
 
-def _serve(path: Path, pub: Path, tmp: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "trainledger", "serve", str(path), "--pubkey", str(pub),
-                             "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+def _serve(path: Path, pub: Path, tmp: Path, sigint: str = "SIG_DFL") -> subprocess.Popen:
+    """``trainledger serve PATH``, SIGINT as from a terminal (or ``sigint="SIG_IGN"``: as under nohup)."""
+    return subprocess.Popen(with_sigint(sigint, [sys.executable, "-m", "trainledger", "serve", str(path), "--pubkey",
+                                                 str(pub), "--port", "0"]),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "TMPDIR": str(tmp)})
 
 
@@ -259,3 +262,26 @@ def test_a_folder_of_runs_finds_run_folders_only_and_follows_no_link(tmp_path):
     (deep / "journal.jsonl").write_text("{}\n")
     assert find_runs([root]) == {"a": root / "a", "group/b": root / "group" / "b"}
     assert find_runs([root / "a"]) == {str(root / "a"): root / "a"}  # a root that is a run keeps its name
+
+
+def test_serve_started_with_ctrl_c_ignored_keeps_serving_through_it(tmp_path, keypair):
+    """Started under nohup (or ``serve &`` in a script), serve ignores SIGINT as the command does (uvicorn installs
+    its own handler while it serves): the page still answers, and SIGTERM, not the Ctrl-C, ends it."""
+    p = _journal(tmp_path / "j.jsonl", keypair[0])
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    proc = _serve(p, keypair[2], tmp, sigint="SIG_IGN")
+    try:
+        url = _url(proc)
+        proc.send_signal(signal.SIGINT)
+        for _ in range(3):  # the loop that serves these also runs any handler the signal reached
+            assert _get(f"{url}api/state")[0] == 200
+            time.sleep(0.2)
+        assert proc.poll() is None
+        proc.send_signal(signal.SIGTERM)
+        out = proc.communicate(timeout=60)[0]
+    finally:
+        proc.kill()
+        proc.wait(30)
+        proc.stdout.close()
+    assert proc.returncode == 128 + signal.SIGTERM and "interrupted" not in out, (proc.returncode, out)
