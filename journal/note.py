@@ -33,7 +33,7 @@ from trainledger.journal.errors import TrainledgerError
 __all__ = ["NoteError", "Verifier", "key_hash", "verifier_key", "parse_verifier_key", "sign_note", "open_note",
            "checkpoint_text", "parse_checkpoint", "Checkpoint", "cosign", "verify_cosignature", "SIG_ED25519",
            "SIG_COSIGNATURE", "SIG_MLDSA44_COSIGNATURE", "cosigner_key", "note_signature_line", "check_cosignatures",
-           "subtree_message"]
+           "subtree_message", "note_text"]
 
 SIG_ED25519 = 0x01
 SIG_COSIGNATURE = 0x04
@@ -49,6 +49,15 @@ class NoteError(TrainledgerError, ValueError):
     """A note, key or checkpoint that is malformed or does not verify (the message says which); exit 1."""
 
     exit_code = 1
+
+
+def note_text(data: bytes, where: Any, what: str) -> str:
+    """``data`` as the UTF-8 text a signed note or a verifier key is (C2SP signed-note); bytes that are not are
+    refused as ``what`` (``"a signed note"``), naming ``where`` and the byte."""
+    try:
+        return data.decode()
+    except UnicodeDecodeError as e:
+        raise NoteError(f"{where}: not {what} (not UTF-8 text at byte {e.start})") from None
 
 
 def _valid_name(name: str) -> None:

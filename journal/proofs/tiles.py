@@ -29,7 +29,7 @@ from typing import Any
 
 from trainledger.journal.errors import IntegrityError, UsageError
 from trainledger.journal.merkle import EMPTY_ROOT, leaf_hash, node_hash, root
-from trainledger.journal.note import (Checkpoint, NoteError, Verifier, checkpoint_text, key_hash,
+from trainledger.journal.note import (Checkpoint, NoteError, Verifier, checkpoint_text, key_hash, note_text,
                                       note_signature_line, open_note, parse_checkpoint)
 
 __all__ = ["TileLog", "TileError", "tile_path", "read_log", "LogView", "WIDTH", "MAX_ENTRY", "folder_fetch"]
@@ -40,14 +40,6 @@ WIDTH = 256
 MAX_ENTRY = 0xFFFF
 #: the largest checkpoint note read (a log signature and up to 100 cosignatures, ML-DSA ones at 3.3 KB each)
 MAX_CHECKPOINT = 1 << 19
-
-
-def _text(data: bytes, path: Path) -> str:
-    """A checkpoint file's text: a signed note is UTF-8, and a file that is not is refused as a bad note."""
-    try:
-        return data.decode()
-    except UnicodeDecodeError as e:
-        raise NoteError(f"{path}: not a signed note (not UTF-8 text at byte {e.start})") from None
 
 
 class TileError(IntegrityError):
@@ -206,8 +198,8 @@ class TileLog:
     def _note(self) -> str:
         from trainledger.journal.paths import read_regular
 
-        return _text(read_regular(self.folder / "checkpoint", MAX_CHECKPOINT, what="log checkpoint"),
-                     self.folder / "checkpoint")
+        path = self.folder / "checkpoint"
+        return note_text(read_regular(path, MAX_CHECKPOINT, what="log checkpoint"), path, "a signed note")
 
     def _sign(self, origin: str, size: int, root_: bytes, signer: Any) -> str:
         text = checkpoint_text(origin, size, root_)
@@ -278,8 +270,8 @@ class TileLog:
         from trainledger.journal.paths import read_regular
 
         try:
-            return _text(read_regular(self.folder / ".cosigned-checkpoint", MAX_CHECKPOINT,
-                                      what="cosigned checkpoint"), self.folder / ".cosigned-checkpoint")
+            path = self.folder / ".cosigned-checkpoint"
+            return note_text(read_regular(path, MAX_CHECKPOINT, what="cosigned checkpoint"), path, "a signed note")
         except FileNotFoundError:
             return None
 

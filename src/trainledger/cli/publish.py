@@ -156,13 +156,10 @@ def _remember_key(vkey: str, key: str) -> None:
 def _vkey_text(logdir: str) -> str:
     """The text of the verifier key 'log init' wrote beside the log (a file that is not UTF-8 is no key)."""
     from trainledger.journal.keys import read_small_file
-    from trainledger.journal.note import NoteError
+    from trainledger.journal.note import note_text
 
     path = Path(logdir) / "log.vkey"
-    try:
-        return read_small_file(path, "log verifier key").decode().strip()
-    except UnicodeDecodeError as e:
-        raise NoteError(f"{path}: not a verifier key (not UTF-8 text at byte {e.start})") from None
+    return note_text(read_small_file(path, "log verifier key"), path, "a verifier key").strip()
 
 
 def _remembered_key(logdir: str) -> str:
